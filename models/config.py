@@ -1,0 +1,512 @@
+"""Typed, torch-free configuration of a hivepath run: the lattice shape and the training recipe.
+
+This module is the part of ``models`` the coordinator may import: it must never import torch.
+It knows the lattice's shape (module ids, paths, parameter counts) without building it.
+
+A run's compatibility key is :meth:`LatticeConfig.content_hash`: the same config gives the same hash
+on every machine and in every process, so peers with different models never average together.
+
+Presets are plain functions (:func:`tiny_cpu`, :func:`demo`, :func:`dense`); a run config file
+(TOML) overrides any field, and the command line overrides the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Optional, Union, get_args, get_origin, get_type_hints
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+from models.errors import ConfigError
+
+__all__ = [
+    "LatticeConfig",
+    "InnerConfig",
+    "OuterConfig",
+    "DataConfig",
+    "RunConfig",
+    "Path_",
+    "CODECS",
+    "parse_path",
+    "format_path",
+    "is_module_id",
+    "tiny_cpu",
+    "demo",
+    "dense",
+    "PRESETS",
+    "load_run_config",
+]
+
+Path_ = tuple[int, ...]
+"""A path through the lattice: one module index per level, e.g. ``(1, 0)``."""
+
+CODECS = ("none", "fp16", "int8", "int4")
+"""Pseudo-gradient codecs, from exact to smallest."""
+
+_MODULE_RE = re.compile(r"^(embed|head)(_\d+(_\d+)*)?$|^L(\d+)M(\d+)$")
+_RUN_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+
+
+def format_path(path: Path_) -> str:
+    """``(1, 0)`` -> ``"1,0"`` (the form used on the command line and in file names as ``1-0``)."""
+    return ",".join(str(i) for i in path)
+
+
+def parse_path(text: str, levels: Optional[int] = None) -> Path_:
+    """Parse ``"1,0"``, ``"1-0"``, ``"(1, 0)"`` or ``"L0M1-L1M0"`` into ``(1, 0)``."""
+    raw = text.strip().strip("()")
+    if raw.startswith("L"):
+        parts = raw.split("-")
+        out = []
+        for level, part in enumerate(parts):
+            m = re.fullmatch(r"L(\d+)M(\d+)", part)
+            if not m or int(m.group(1)) != level:
+                raise ConfigError("path", f"'{text}' is not a path like 0,1 or L0M0-L1M1")
+            out.append(int(m.group(2)))
+        path = tuple(out)
+    else:
+        try:
+            path = tuple(int(p) for p in re.split(r"[,\-\s]+", raw) if p != "")
+        except ValueError:
+            raise ConfigError("path", f"'{text}' is not a path like 0,1 (one module index per level)") from None
+    if not path:
+        raise ConfigError("path", f"'{text}' is empty; give one module index per level, e.g. 0,1")
+    if levels is not None and len(path) != levels:
+        raise ConfigError("path", f"'{text}' has {len(path)} indices but the lattice has {levels} levels")
+    return path
+
+
+def is_module_id(text: str) -> bool:
+    """True for well-formed module ids (``embed``, ``head``, ``embed_0_1``, ``L0M1``)."""
+    return bool(_MODULE_RE.match(text))
+
+
+@dataclass(frozen=True)
+class LatticeConfig:
+    """Shape of the module lattice (DiPaCo, Douillard et al. 2024): ``levels`` x ``modules_per_level``
+    transformer modules between an embedding and a head. A 1x1 lattice is a dense GPT."""
+
+    vocab_size: int = 256
+    """Number of token ids (256 for byte-level; the BPE vocabulary size otherwise)."""
+    d_model: int = 128
+    """Width of the residual stream."""
+    n_heads: int = 4
+    """Attention heads per block; must divide ``d_model``."""
+    blocks_per_module: int = 2
+    """Transformer blocks stacked in each lattice module."""
+    levels: int = 2
+    """Number of lattice levels; a path picks one module per level."""
+    modules_per_level: int = 2
+    """Modules at each level; the lattice has ``modules_per_level ** levels`` paths."""
+    seq_len: int = 128
+    """Training context length in tokens."""
+    dropout: float = 0.0
+    """Dropout probability inside blocks (0 for small runs)."""
+    shared_embed: bool = True
+    """True: one ``embed`` and one ``head`` shared by every path. False: each path owns
+    ``embed_{i}_{j}`` and ``head_{i}_{j}``."""
+    tie_embeddings: bool = True
+    """True: the head projects with the embedding matrix and owns only its final norm."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first offending field."""
+        _check_types(self)
+        for name in ("vocab_size", "d_model", "n_heads", "blocks_per_module", "levels", "modules_per_level", "seq_len"):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
+        if self.vocab_size < 2:
+            raise ConfigError("vocab_size", f"must be >= 2, got {self.vocab_size}")
+        if self.d_model % self.n_heads != 0:
+            raise ConfigError("n_heads", f"{self.n_heads} does not divide d_model={self.d_model}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError("dropout", f"must be in [0, 1), got {self.dropout}")
+        if self.levels > 16 or self.modules_per_level > 64:
+            raise ConfigError("levels", "the lattice is limited to 16 levels of at most 64 modules")
+
+    # -- identity -----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def content_hash(self) -> str:
+        """A stable 16-hex-digit hash of every field: the run's compatibility key."""
+        return _stable_hash(self.to_dict())
+
+    # -- shape --------------------------------------------------------------------------------
+
+    @property
+    def num_paths(self) -> int:
+        return self.modules_per_level**self.levels
+
+    def paths(self) -> list[Path_]:
+        """Every path, in lexicographic order."""
+        return list(itertools.product(range(self.modules_per_level), repeat=self.levels))
+
+    def check_path(self, path: Path_) -> Path_:
+        path = tuple(path)
+        if len(path) != self.levels or any(not 0 <= i < self.modules_per_level for i in path):
+            raise ConfigError(
+                "path",
+                f"{format_path(path)} is not in a {self.levels}-level lattice of "
+                f"{self.modules_per_level} modules per level",
+            )
+        return path
+
+    def embed_id(self, path: Optional[Path_] = None) -> str:
+        return "embed" if self.shared_embed else "embed_" + "_".join(map(str, self.check_path(path)))
+
+    def head_id(self, path: Optional[Path_] = None) -> str:
+        return "head" if self.shared_embed else "head_" + "_".join(map(str, self.check_path(path)))
+
+    @staticmethod
+    def block_id(level: int, index: int) -> str:
+        return f"L{level}M{index}"
+
+    def path_modules(self, path: Path_) -> list[str]:
+        """Module ids of one path, input to output: ``[embed, L0M_, L1M_, ..., head]``."""
+        path = self.check_path(path)
+        return [self.embed_id(path)] + [self.block_id(l, i) for l, i in enumerate(path)] + [self.head_id(path)]
+
+    def module_ids(self) -> list[str]:
+        """Every module id of the lattice, embeddings first, then levels, then heads."""
+        if self.shared_embed:
+            embeds, heads = ["embed"], ["head"]
+        else:
+            embeds = [self.embed_id(p) for p in self.paths()]
+            heads = [self.head_id(p) for p in self.paths()]
+        blocks = [self.block_id(l, i) for l in range(self.levels) for i in range(self.modules_per_level)]
+        return embeds + blocks + heads
+
+    def paths_through(self, module_id: str) -> list[Path_]:
+        """Paths that contain ``module_id`` (DiPaCo scales its delta by sqrt of their count)."""
+        return [p for p in self.paths() if module_id in self.path_modules(p)]
+
+    def module_kind(self, module_id: str) -> str:
+        """``"embed"``, ``"block"`` or ``"head"``."""
+        if module_id.startswith("embed"):
+            return "embed"
+        if module_id.startswith("head"):
+            return "head"
+        if _MODULE_RE.match(module_id):
+            return "block"
+        raise ConfigError("module", f"'{module_id}' is not a module id (embed, head or L<level>M<index>)")
+
+    # -- size ---------------------------------------------------------------------------------
+
+    def block_param_count(self) -> int:
+        """Parameters of one pre-norm block: two weight-only LayerNorms, qkv, proj, 4x MLP (no biases)."""
+        d = self.d_model
+        return 12 * d * d + 2 * d
+
+    def module_param_count(self, module_id: str) -> int:
+        """Parameters of one module, computed without building it (matches ``ModularLM``)."""
+        kind = self.module_kind(module_id)
+        d = self.d_model
+        if kind == "embed":
+            return self.vocab_size * d + self.seq_len * d
+        if kind == "head":
+            return d + (0 if self.tie_embeddings else self.vocab_size * d)
+        return self.blocks_per_module * self.block_param_count()
+
+    def path_param_count(self, path: Optional[Path_] = None) -> int:
+        path = path if path is not None else self.paths()[0]
+        return sum(self.module_param_count(m) for m in self.path_modules(path))
+
+    def total_param_count(self) -> int:
+        return sum(self.module_param_count(m) for m in self.module_ids())
+
+    def training_memory_bytes(self, module_ids: list[str], batch_size: int) -> int:
+        """Rough bytes to train ``module_ids`` in fp32 with AdamW and DiLoCo state.
+
+        Per parameter: weight, grad, two Adam moments, the global copy, outer momentum and
+        error feedback (7 x 4 bytes). Activations: per token and block about 20 * d_model floats
+        plus the attention matrix per head.
+        """
+        params = sum(self.module_param_count(m) for m in module_ids)
+        blocks = sum(self.blocks_per_module for m in module_ids if self.module_kind(m) == "block")
+        tokens = batch_size * self.seq_len
+        act = tokens * blocks * (20 * self.d_model + self.n_heads * self.seq_len) * 4
+        logits = tokens * self.vocab_size * 4 * 3
+        return params * 28 + act + logits
+
+
+@dataclass(frozen=True)
+class InnerConfig:
+    """The inner optimizer (AdamW) that every peer runs on its own path."""
+
+    lr: float = 3e-3
+    """Peak AdamW learning rate."""
+    weight_decay: float = 0.1
+    """AdamW decoupled weight decay."""
+    beta1: float = 0.9
+    """AdamW first-moment decay."""
+    beta2: float = 0.95
+    """AdamW second-moment decay."""
+    warmup_steps: int = 50
+    """Linear learning-rate warm-up in inner steps."""
+    grad_clip: float = 1.0
+    """Clip the gradient's global norm to this (0 disables)."""
+    batch_size: int = 16
+    """Sequences per inner step on one peer."""
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        _positive(self, "lr", "batch_size")
+        _non_negative(self, "weight_decay", "warmup_steps", "grad_clip")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(name, f"must be in [0, 1), got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class OuterConfig:
+    """DiLoCo's outer step (Douillard et al. 2023): Nesterov SGD on averaged pseudo-gradients."""
+
+    lr: float = 0.7
+    """Outer learning rate."""
+    momentum: float = 0.9
+    """Outer momentum."""
+    nesterov: bool = True
+    """Nesterov momentum (DiLoCo's default)."""
+    inner_steps: int = 50
+    """H: inner steps between outer steps (a round ends after H steps ...)."""
+    round_seconds: float = 0.0
+    """... or after this many seconds of inner work when > 0 (time-bounded rounds)."""
+    round_timeout: float = 30.0
+    """Seconds a round's exchange may take before slow or gone members are dropped."""
+    codec: str = "int8"
+    """Pseudo-gradient codec: none, fp16, int8 (blockwise absmax) or int4."""
+    error_feedback: bool = True
+    """Carry what the codec dropped into the next round's delta."""
+    sqrt_sharing: bool = False
+    """DiPaCo: scale a module's averaged delta by sqrt(number of paths sharing it)."""
+    overlap: bool = False
+    """Run round t's exchange behind round t+1's inner steps and apply it one round late."""
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        _positive(self, "lr", "inner_steps", "round_timeout")
+        _non_negative(self, "round_seconds")
+        if not 0.0 <= self.momentum < 1.0:
+            raise ConfigError("momentum", f"must be in [0, 1), got {self.momentum}")
+        if self.codec not in CODECS:
+            raise ConfigError("codec", f"'{self.codec}' is not one of {', '.join(CODECS)}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which dataset the run trains on."""
+
+    corpus: str = "default"
+    """``default`` (the built-in corpus) or a directory of documents every peer has."""
+    tokenizer: str = "bytes"
+    """``bytes`` or ``bpe:VOCAB`` (e.g. ``bpe:4096``)."""
+    manifest_hash: str = ""
+    """The dataset's manifest hash; empty until the data is prepared. Peers with other data are refused."""
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        if self.tokenizer != "bytes" and not re.fullmatch(r"bpe:\d+", self.tokenizer):
+            raise ConfigError("tokenizer", f"'{self.tokenizer}' is not 'bytes' or 'bpe:VOCAB' (e.g. bpe:4096)")
+        if self.manifest_hash and not re.fullmatch(r"[0-9a-f]{16,64}", self.manifest_hash):
+            raise ConfigError("manifest_hash", f"'{self.manifest_hash}' is not a hex digest")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything peers must agree on to train together; the coordinator hands it out at join."""
+
+    run_id: str = "hivepath"
+    """Short slug naming the run; prefixes every DHT key."""
+    seed: int = 0
+    """Seed of the initial weights: every peer starts from the same model."""
+    lattice: LatticeConfig = field(default_factory=LatticeConfig)
+    inner: InnerConfig = field(default_factory=InnerConfig)
+    outer: OuterConfig = field(default_factory=OuterConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        if not _RUN_ID_RE.match(self.run_id):
+            raise ConfigError("run_id", f"'{self.run_id}' must be 1-40 lowercase letters, digits or '-'")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "RunConfig":
+        """Build from a nested mapping (e.g. parsed TOML); unknown keys are errors."""
+        return _from_dict(cls, data, "")
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunConfig":
+        return cls.from_dict(json.loads(text))
+
+    def content_hash(self) -> str:
+        """Hash of the whole run recipe (lattice, optimizers, data, seed)."""
+        return _stable_hash(self.to_dict())
+
+    def replace(self, **sections: Any) -> "RunConfig":
+        """``cfg.replace(outer={"codec": "fp16"}, run_id="x")``: override fields, validated."""
+        data = self.to_dict()
+        for key, value in sections.items():
+            if isinstance(value, Mapping):
+                if key not in data or not isinstance(data[key], dict):
+                    raise ConfigError(key, "is not a config section")
+                data[key] = {**data[key], **value}
+            else:
+                data[key] = value
+        return RunConfig.from_dict(data)
+
+
+def load_run_config(path: Union[str, Path], ignore_sections: tuple[str, ...] = ()) -> RunConfig:
+    """Read a TOML run config; sections named in ``ignore_sections`` belong to someone else
+    (the coordinator reads its own ``[coordinator]`` section)."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError("run-config", f"file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError("run-config", f"cannot read {path}: {e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError("run-config", f"{path} is not valid TOML: {e}") from None
+    raw = {k: v for k, v in raw.items() if k not in ignore_sections}
+    preset = raw.pop("preset", None)
+    base = PRESETS[_preset_name(preset)]().to_dict() if preset else RunConfig().to_dict()
+    for key, value in raw.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            base[key] = {**base[key], **value}
+        else:
+            base[key] = value
+    return RunConfig.from_dict(base)
+
+
+# -- presets ----------------------------------------------------------------------------------
+
+
+def tiny_cpu() -> RunConfig:
+    """A few-thousand-parameter 2x2 lattice for tests: trains in seconds on one core."""
+    return RunConfig(
+        run_id="tiny",
+        lattice=LatticeConfig(d_model=32, n_heads=2, blocks_per_module=1, seq_len=32),
+        inner=InnerConfig(lr=3e-3, warmup_steps=5, batch_size=8),
+        outer=OuterConfig(inner_steps=10, round_timeout=20.0),
+    )
+
+
+def demo() -> RunConfig:
+    """The demo network's 2x2 byte-level lattice, sized for a 2-core laptop."""
+    return RunConfig(
+        run_id="demo",
+        lattice=LatticeConfig(d_model=96, n_heads=4, blocks_per_module=1, seq_len=96),
+        inner=InnerConfig(lr=3e-3, warmup_steps=30, batch_size=16),
+        outer=OuterConfig(inner_steps=30, round_timeout=20.0),
+    )
+
+
+def dense() -> RunConfig:
+    """The dense baseline: a 1x1 lattice (plain data-parallel DiLoCo)."""
+    return RunConfig(
+        run_id="dense",
+        lattice=LatticeConfig(d_model=128, n_heads=4, blocks_per_module=2, levels=1, modules_per_level=1),
+    )
+
+
+PRESETS = {"tiny": tiny_cpu, "demo": demo, "dense": dense}
+
+
+def _preset_name(name: Any) -> str:
+    if name not in PRESETS:
+        raise ConfigError("preset", f"'{name}' is not one of {', '.join(PRESETS)}")
+    return name
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _stable_hash(data: Any) -> str:
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+def _fields(obj_or_cls: Any) -> Iterator[tuple[str, Any]]:
+    cls = obj_or_cls if isinstance(obj_or_cls, type) else type(obj_or_cls)
+    hints = get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        yield f.name, hints[f.name]
+
+
+def _type_ok(value: Any, hint: Any) -> bool:
+    if get_origin(hint) is Union:
+        return any(_type_ok(value, h) for h in get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True
+
+
+def _check_types(obj: Any) -> None:
+    for name, hint in _fields(obj):
+        value = getattr(obj, name)
+        if not _type_ok(value, hint):
+            want = getattr(hint, "__name__", str(hint))
+            raise ConfigError(name, f"expected {want}, got {value!r}")
+        if hint is float and isinstance(value, int):
+            object.__setattr__(obj, name, float(value))
+
+
+def _positive(obj: Any, *names: str) -> None:
+    for name in names:
+        if getattr(obj, name) <= 0:
+            raise ConfigError(name, f"must be > 0, got {getattr(obj, name)}")
+
+
+def _non_negative(obj: Any, *names: str) -> None:
+    for name in names:
+        if getattr(obj, name) < 0:
+            raise ConfigError(name, f"must be >= 0, got {getattr(obj, name)}")
+
+
+def _from_dict(cls: type, data: Any, prefix: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise ConfigError(prefix.rstrip(".") or cls.__name__, "must be a table of fields")
+    known = dict(_fields(cls))
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigError(prefix + unknown[0], f"unknown field (known: {', '.join(known)})")
+    kwargs = {}
+    for name, value in data.items():
+        hint = known[name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _from_dict(hint, value, prefix + name + ".")
+        else:
+            kwargs[name] = value
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        if prefix and not e.field.startswith(prefix):
+            raise ConfigError(prefix + e.field, str(e).split(": ", 1)[1]) from None
+        raise

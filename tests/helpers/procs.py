@@ -1,0 +1,105 @@
+"""Start real processes for tests and reap them whatever happens."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional, Sequence, TypeVar
+
+T = TypeVar("T")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def wait_for(condition: Callable[[], T], timeout: float, what: str = "condition", interval: float = 0.05) -> T:
+    """Poll ``condition`` until it returns something truthy; fail with ``what`` after ``timeout`` s.
+
+    This is the only way tests wait: on a condition with a deadline, never a bare sleep.
+    """
+    deadline = time.monotonic() + timeout
+    last_exc: Optional[BaseException] = None
+    while True:
+        try:
+            value = condition()
+            if value:
+                return value
+        except Exception as e:  # the condition may not be checkable yet
+            last_exc = e
+        if time.monotonic() > deadline:
+            detail = f" (last error: {last_exc!r})" if last_exc else ""
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    """An ephemeral TCP port on loopback that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def hivepath_cmd(*args: str) -> list[str]:
+    """The installed ``hivepath`` command (the console script next to this interpreter)."""
+    exe = Path(sys.executable).with_name("hivepath")
+    return [str(exe) if exe.exists() else "hivepath", *args]
+
+
+class ProcessGroup:
+    """Child processes started by a test; :meth:`close` terminates and reaps every one."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, cmd: Sequence[str], env: Optional[dict] = None, **kw) -> subprocess.Popen:
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        log = open(self.log_dir / f"{name}.log", "ab")
+        proc = subprocess.Popen(
+            list(cmd), stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=kw.pop("cwd", ROOT),
+            start_new_session=True, **kw,
+        )
+        log.close()
+        self.procs[name] = proc
+        return proc
+
+    def log(self, name: str) -> str:
+        path = self.log_dir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def signal(self, name: str, sig: int) -> None:
+        self.procs[name].send_signal(sig)
+
+    def kill(self, name: str) -> None:
+        """``kill -9`` the process and its session (its p2p daemon included)."""
+        proc = self.procs[name]
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    continue
+        deadline = time.monotonic() + 10
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # also reaps p2pd children left in the session
+            except (ProcessLookupError, PermissionError):
+                pass
+            if proc.poll() is None:
+                proc.wait(timeout=5)
