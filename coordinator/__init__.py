@@ -1,5 +1,51 @@
 """The coordinator service: admission, leases, work assignment, persisted state, status.
 
-It imports neither torch nor hivemind, and never touches weights or gradients."""
+It imports neither torch nor hivemind, and never touches weights or gradients.
 
-__all__: list[str] = []
+- :mod:`coordinator.core`: :class:`Coordinator`, the state machine (injected clock, no transport)
+- :mod:`coordinator.scheduler`: pure assignment functions returning ``(decision, reason)``
+- :mod:`coordinator.view`: :class:`ClusterView`, the aggregates decisions read
+- :mod:`coordinator.store`, :mod:`coordinator.sqlite_store`: the store interface, memory and SQLite-WAL
+- :mod:`coordinator.committer`: group commit of write batches
+- :mod:`coordinator.servicer`, :mod:`coordinator.server`: gRPC (grpc.aio on uvloop), health, TLS
+- :mod:`coordinator.web`, :mod:`coordinator.metrics`, :mod:`coordinator.status`: status page, JSON, /metrics
+- :mod:`coordinator.settings`: the ``[coordinator]`` section of run.toml
+- :mod:`coordinator.validation`, :mod:`coordinator.errors`: request checks and refusals
+"""
+
+from coordinator.core import Coordinator, HeartbeatResult, JoinResult, ProgressReport
+from coordinator.records import Assignment, Capabilities, Lease, ModuleProgress, PeerRecord
+from coordinator.scheduler import Move, assign_peer, rebalance
+from coordinator.server import BackgroundServer, ServeOptions, run_server, serve
+from coordinator.settings import CoordinatorSettings, load_run_and_settings, load_settings
+from coordinator.sqlite_store import SQLiteStore
+from coordinator.store import MemoryStore, Store, WriteBatch, open_store
+from coordinator.view import ClusterView
+
+__all__ = [
+    "Coordinator",
+    "JoinResult",
+    "HeartbeatResult",
+    "ProgressReport",
+    "Assignment",
+    "Capabilities",
+    "Lease",
+    "ModuleProgress",
+    "PeerRecord",
+    "Move",
+    "assign_peer",
+    "rebalance",
+    "ClusterView",
+    "CoordinatorSettings",
+    "load_settings",
+    "load_run_and_settings",
+    "Store",
+    "MemoryStore",
+    "SQLiteStore",
+    "WriteBatch",
+    "open_store",
+    "ServeOptions",
+    "BackgroundServer",
+    "serve",
+    "run_server",
+]

@@ -2,9 +2,17 @@
 
 - ``models.config``: typed, torch-free run and lattice config (the coordinator imports only this).
 - ``models.errors``: user-fixable errors shared by every package.
+- ``models.lattice``: ``ModularLM``, the DiPaCo lattice of modules, and ``PathModel``.
+- ``models.tokenizer``, ``models.corpus``, ``models.data``: tokenizers, the built-in corpus, streaming
+  ``prepare`` into routed, memory-mapped shards, and ``Dataset``.
+- ``models.routing``: prefix features, k-means, the ``Router`` that maps a prompt to a path.
+- ``models.training``: the inner step's pieces (AdamW with warm-up, autocast).
+- ``models.evaluate``: bits per byte, routed evaluation.
+- ``models.checkpoint``: atomic safetensors files per module.
+- ``models.run_dir``: the one loader of run directories (train-local outputs, peer and archive snapshots).
+- ``models.generate``, ``models.export``: sampling with routing, one path as a standalone model.
 
-Heavier parts (the lattice ``ModularLM``, tokenizers, data shards, routing, evaluation) are
-imported from their own modules; this package's import pulls in no torch.
+Only ``config`` and ``errors`` are imported here, so ``import models`` pulls in no torch.
 """
 
 from models.config import LatticeConfig, RunConfig

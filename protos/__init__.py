@@ -1,3 +1,12 @@
-"""gRPC contracts between peers and the coordinator, with their generated (committed) stubs."""
+"""gRPC contracts between peers and the coordinator, with their generated (committed) stubs.
 
-__all__: list[str] = []
+``protos/hivepath/coordinator/v1/coordinator.proto`` is the source; ``python -m protos.generate``
+rewrites the generated ``*_pb2.py``, ``*_pb2.pyi`` and ``*_pb2_grpc.py`` beside it.
+
+- :mod:`protos.hivepath.coordinator.v1.coordinator_pb2` (messages, exported as ``coordinator_pb2``)
+- :mod:`protos.hivepath.coordinator.v1.coordinator_pb2_grpc` (stubs, exported as ``coordinator_pb2_grpc``)
+"""
+
+from protos.hivepath.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
+
+__all__ = ["coordinator_pb2", "coordinator_pb2_grpc"]

@@ -1,0 +1,208 @@
+"""bench.comm: average one 64 MB module among 4 peers on rate-limited links (issue 3).
+
+Four peers, each in its own network namespace behind one bridge (:mod:`bench.netns`), each with
+egress shaped to 100 Mbit/s by ``tbf``, run real DHTs and p2p daemons and average one module of
+16 Mi fp32 values (64 MB) with :class:`peer.net_averager.NetAverager`, once per codec.
+
+Keys (``bench/results/comm.json``):
+
+- ``link_efficiency``: int8's bandwidth-optimal time ``2 (n - 1) / n * compressed_size / rate`` over
+  the measured all-reduce time (from the group forming to the average decoded; target >= 0.9).
+- ``speedup_vs_fp32_optimal``: bandwidth-optimal fp32 time over the measured int8 time.
+- ``bytes_ratio_vs_ddp``: bytes a synchronous DDP ring all-reduce sends per peer for H = 100 steps
+  (``H * 2 (n - 1) / n * 4 P``) over the payload bytes a peer sent in one int8 outer step
+  (target >= 400); ``bytes_ratio_vs_ddp_wire`` uses the bytes the peer's interface really sent
+  (TCP, TLS, DHT traffic included).
+- ``replica_max_abs_diff``: largest difference between the peers' averages (target 0.0).
+- ``codecs``: per codec, compressed size, measured times and bytes.
+
+Run as root: ``python -m bench.comm`` (``--mb``, ``--rate-mbit``, ``--peers``, ``--codecs``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+from bench.common import emit
+
+log = logging.getLogger("bench.comm")
+
+RUN_ID = "bench"
+CONFIG_HASH = "c0ffee00c0ffee00"
+MODULE = "L0M0"
+H = 100
+
+
+def _tx_bytes() -> int:
+    try:
+        return int(Path("/sys/class/net/eth0/statistics/tx_bytes").read_text())
+    except OSError:
+        return -1
+
+
+def run_peer(args: argparse.Namespace) -> None:
+    """One peer inside its namespace: join, average once per codec, write timings and the averages."""
+    import torch
+
+    from peer.dht import DHTOptions, start_dht
+    from peer.net_averager import NetAverager
+    from peer.records import HolderRecord, holders_key, read_records
+
+    torch.set_num_threads(1)
+    out = Path(args.out)
+    dht = start_dht(DHTOptions(host_maddrs=[f"/ip4/{args.host}/tcp/0"], initial_peers=args.initial or []))
+    if args.peer == 0:
+        (out / "maddrs.tmp").write_text(json.dumps(dht.maddrs()))
+        os.replace(out / "maddrs.tmp", out / "maddrs")
+    marks: dict[str, float] = {}
+    rate = args.rate_mbit * 1e6 / 8
+    avg = NetAverager(dht, RUN_ID, CONFIG_HASH, bandwidth=rate, event_hook=lambda p: marks.setdefault(p, time.monotonic()))
+    try:
+        avg.hold(MODULE, 0)
+        deadline = time.monotonic() + 120
+        while len(read_records(dht.dht, holders_key(RUN_ID, MODULE), HolderRecord)) < args.peers:
+            if time.monotonic() > deadline:
+                raise TimeoutError("not every peer appeared")
+            time.sleep(0.2)
+        numel = args.mb * 2**20 // 4
+        delta = torch.randn(numel, generator=torch.Generator().manual_seed(args.peer)) * 0.01  # (numel,)
+        results = {}
+        for k, codec in enumerate(args.codecs.split(",")):
+            marks.clear()
+            tx0, t0, cpu0 = _tx_bytes(), time.monotonic(), time.process_time()
+            res = avg.average(MODULE, k, [delta], float(1 + args.peer), codec, args.timeout)
+            t1 = time.monotonic()
+            if res.averaged is None:
+                raise RuntimeError(f"{codec} round failed: {res.reason}")
+            flat = res.averaged[0]
+            results[codec] = dict(
+                seconds_total=t1 - t0, seconds_allreduce=t1 - marks.get("group_formed", t0),
+                cpu_seconds=time.process_time() - cpu0, bytes_sent=res.bytes_sent, bytes_received=res.bytes_received, wire_tx_bytes=_tx_bytes() - tx0,
+                group_size=res.group_size, sha256=hashlib.sha256(flat.numpy().tobytes()).hexdigest(),
+            )
+            if codec == "int8":
+                torch.save(flat, out / f"avg{args.peer}.pt")
+            log.info("%s: %.2fs (all-reduce %.2fs), sent %d bytes", codec, results[codec]["seconds_total"],
+                     results[codec]["seconds_allreduce"], res.bytes_sent)
+        (out / f"peer{args.peer}.tmp").write_text(json.dumps(results))
+        os.replace(out / f"peer{args.peer}.tmp", out / f"peer{args.peer}.json")
+    finally:
+        avg.shutdown()
+        dht.shutdown()
+
+
+def _wait(path: Path, procs: list, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if any(p.poll() not in (None, 0) for p in procs):
+            raise RuntimeError(f"a peer exited before writing {path.name}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {path.name} after {timeout:.0f}s")
+        time.sleep(0.1)
+
+
+def run_bench(args: argparse.Namespace) -> dict:
+    import torch
+
+    from bench.netns import NetnsBridge, netns_available
+    from peer.compression import get_codec
+
+    why = netns_available()
+    if why:
+        raise SystemExit(f"bench.comm {why}")
+    n, numel = args.peers, args.mb * 2**20 // 4
+    rate = args.rate_mbit * 1e6 / 8
+    codecs = args.codecs.split(",")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    with tempfile.TemporaryDirectory(prefix="hivepath-comm-") as tmp, NetnsBridge(n, rate=f"{args.rate_mbit}mbit") as net:
+        out = Path(tmp)
+        procs = []
+        logs = [open(out / f"peer{i}.log", "wb") for i in range(n)]
+        try:
+            base = [sys.executable, "-m", "bench.comm", "--out", tmp, "--peers", str(n), "--mb", str(args.mb),
+                    "--rate-mbit", str(args.rate_mbit), "--codecs", args.codecs, "--timeout", str(args.timeout)]
+            procs.append(net.popen(0, [*base, "--peer", "0", "--host", net.address(0)], env=env,
+                                   stdout=logs[0], stderr=subprocess.STDOUT))
+            _wait(out / "maddrs", procs, 120)
+            maddrs = json.loads((out / "maddrs").read_text())
+            for i in range(1, n):
+                procs.append(net.popen(i, [*base, "--peer", str(i), "--host", net.address(i), "--initial", *maddrs],
+                                       env=env, stdout=logs[i], stderr=subprocess.STDOUT))
+            for i, p in enumerate(procs):
+                p.wait(timeout=args.timeout * len(codecs) + 180)
+                if p.returncode != 0:
+                    raise RuntimeError(f"peer {i} exited {p.returncode}:\n{(out / f'peer{i}.log').read_text()[-3000:]}")
+            peers = [json.loads((out / f"peer{i}.json").read_text()) for i in range(n)]
+            avgs = [torch.load(out / f"avg{i}.pt") for i in range(n)] if "int8" in codecs else []
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, 9)
+                    p.wait()
+            for f in logs:
+                f.close()
+    per_codec = {}
+    for codec in codecs:
+        size = get_codec(codec).encoded_size(numel)
+        optimal = 2 * (n - 1) / n * size / rate
+        t_ar = max(p[codec]["seconds_allreduce"] for p in peers)
+        per_codec[codec] = dict(
+            compressed_bytes=size, optimal_seconds=round(optimal, 3), allreduce_seconds=round(t_ar, 3),
+            total_seconds=round(max(p[codec]["seconds_total"] for p in peers), 3),
+            link_efficiency=round(optimal / t_ar, 3),
+            bytes_sent_per_peer=round(sum(p[codec]["bytes_sent"] for p in peers) / n),
+            wire_tx_bytes_per_peer=round(sum(p[codec]["wire_tx_bytes"] for p in peers) / n),
+            wire_tx_bytes_by_peer=[p[codec]["wire_tx_bytes"] for p in peers],
+            allreduce_seconds_by_peer=[round(p[codec]["seconds_allreduce"], 3) for p in peers],
+            python_cpu_seconds_by_peer=[round(p[codec]["cpu_seconds"], 3) for p in peers],
+            identical_on_all_peers=len({p[codec]["sha256"] for p in peers}) == 1,
+            group_size=min(p[codec]["group_size"] for p in peers),
+        )
+    result: dict = {"peers": n, "module_mb": args.mb, "rate_mbit": args.rate_mbit, "codecs": per_codec}
+    if "int8" in per_codec:
+        c = per_codec["int8"]
+        fp32_optimal = 2 * (n - 1) / n * 4 * numel / rate
+        ddp = H * 2 * (n - 1) / n * 4 * numel
+        result.update(
+            link_efficiency=c["link_efficiency"],
+            speedup_vs_fp32_optimal=round(fp32_optimal / c["allreduce_seconds"], 3),
+            bytes_ratio_vs_ddp=round(ddp / c["bytes_sent_per_peer"], 1),
+            bytes_ratio_vs_ddp_wire=round(ddp / c["wire_tx_bytes_per_peer"], 1),
+            replica_max_abs_diff=max(float((a - avgs[0]).abs().max()) for a in avgs),
+        )
+    return result
+
+
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.comm", description=__doc__.split("\n")[0])
+    parser.add_argument("--peers", type=int, default=4)
+    parser.add_argument("--mb", type=int, default=64, help="module size in MB of fp32 values")
+    parser.add_argument("--rate-mbit", type=int, default=100, help="egress limit of every peer")
+    parser.add_argument("--codecs", default="int8,fp16,none,int4")
+    parser.add_argument("--timeout", type=float, default=120.0, help="round_timeout of each average")
+    parser.add_argument("--peer", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--host", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--initial", nargs="*", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.peer is not None:
+        run_peer(args)
+        return
+    emit("comm", run_bench(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""Load on the real coordinator: 10,000 live leases heartbeating over gRPC.
+
+The coordinator runs as its own process (``hivepath coordinator serve`` on an SQLite-WAL database
+with ``synchronous=FULL``); this process is the load generator on the same machine: it joins
+``--peers`` peers, then keeps ``--concurrency`` heartbeats in flight for ``--seconds`` over all
+leases (grpc.aio on uvloop). It also times one assignment decision with 100,000 peers in state.
+
+Keys: ``heartbeats_per_s`` (target >= 3000), ``p99_ms`` (target <= 20), ``leases``,
+``assign_ms_100k`` (target <= 50).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+from bench.common import emit
+
+log = logging.getLogger("bench.coordinator_load")
+
+TOKEN = "bench-token"
+RUN_TOML = """
+preset = "tiny"
+[coordinator]
+lease_timeout = 600.0
+heartbeat_interval = 5.0
+flush_interval = 1.0
+sqlite_synchronous = "FULL"
+max_peers = 200000
+"""
+
+
+def _peer_id(i: int) -> str:
+    alphabet = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+    s = ""
+    for _ in range(8):
+        i, r = divmod(i, 58)
+        s += alphabet[r]
+    return "12D3KooWbench" + s
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def assign_ms(peers: int, levels: int, modules_per_level: int, repeats: int = 30) -> float:
+    """Median milliseconds of one join decision with ``peers`` peers already holding work."""
+    from coordinator.records import Capabilities
+    from coordinator.scheduler import assign_peer, path_assignment
+    from coordinator.settings import CoordinatorSettings
+    from coordinator.view import ClusterView
+    from models.config import LatticeConfig, RunConfig
+
+    run = RunConfig(run_id="bench", lattice=LatticeConfig(d_model=64, n_heads=2, blocks_per_module=1, seq_len=64,
+                                                           levels=levels, modules_per_level=modules_per_level))
+    settings = CoordinatorSettings()
+    rng = random.Random(0)
+    view = ClusterView()
+    paths = run.lattice.paths()
+    for i in range(peers):  # state built directly (round-robin paths): only the decision below is timed
+        caps = Capabilities("cpu", 8 << 30, rng.uniform(100, 10000), rng.choice([0.0, 1e5, 1e8]), 1e8)
+        view.add(f"p{i}", path_assignment(paths[i % len(paths)], caps, run, settings, "bench", 1), caps.tokens_per_s)
+    times = []
+    for i in range(repeats):
+        caps = Capabilities("cpu", 8 << 30, rng.uniform(100, 10000), rng.choice([1e5, 1e8]), 1e8)
+        t0 = time.perf_counter()
+        a, reason = assign_peer(0.0, caps, view, run, settings)
+        times.append((time.perf_counter() - t0) * 1000)
+        assert a is not None and reason
+    return statistics.median(times)
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _load(port: int, peers: int, seconds: float, concurrency: int, server_pid: int) -> dict:
+    from protos.hivepath.coordinator.v1 import coordinator_pb2 as pb
+    from protos.hivepath.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
+
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    stub = pb_grpc.CoordinatorStub(channel)
+    caps = pb.Capabilities(device="cpu", memory_bytes=8 << 30, tokens_per_s=1000.0)
+    beats: list[pb.HeartbeatRequest] = []
+    next_peer = 0
+
+    async def joiner() -> None:
+        nonlocal next_peer
+        while next_peer < peers:
+            i = next_peer
+            next_peer += 1
+            pid = _peer_id(i)
+            r = await stub.Join(pb.JoinRequest(token=TOKEN, peer_id=pid, public_key=pid.encode(), capabilities=caps),
+                                timeout=60)
+            beats.append(pb.HeartbeatRequest(lease_id=r.lease.lease_id, peer_id=pid,
+                                              assignment_version=r.assignment.version))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(joiner() for _ in range(64)))
+    join_s = time.perf_counter() - t0
+    log.info("%d joins in %.1fs", peers, join_s)
+
+    latencies: list[float] = []
+    errors = 0
+    stop_at = time.perf_counter() + seconds
+    cursor = 0
+
+    async def beater() -> None:
+        nonlocal cursor, errors
+        while time.perf_counter() < stop_at:
+            req = beats[cursor % len(beats)]
+            cursor += 1
+            s = time.perf_counter()
+            try:
+                await stub.Heartbeat(req, timeout=10)
+            except grpc.RpcError:
+                errors += 1
+                continue
+            latencies.append(time.perf_counter() - s)
+
+    t0 = time.perf_counter()
+    server_cpu0, load_cpu0 = _cpu_s(server_pid), time.process_time()
+    await asyncio.gather(*(beater() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - t0
+    server_cpu, load_cpu = _cpu_s(server_pid) - server_cpu0, time.process_time() - load_cpu0
+    status = await stub.Status(pb.StatusRequest(token=TOKEN), timeout=60)
+    await channel.close()
+    latencies.sort()
+    q = lambda f: latencies[min(len(latencies) - 1, int(f * len(latencies)))] * 1000  # noqa: E731
+    return {
+        "heartbeats_per_s": round(len(latencies) / elapsed, 1),
+        "p50_ms": round(q(0.50), 2),
+        "p99_ms": round(q(0.99), 2),
+        "max_ms": round(latencies[-1] * 1000, 2),
+        "heartbeats": len(latencies),
+        "errors": errors,
+        "leases": status.live_leases,
+        "joins_per_s": round(peers / join_s, 1),
+        "server_cpu_us_per_heartbeat": round(server_cpu / max(1, len(latencies)) * 1e6, 1),
+        "load_cpu_us_per_heartbeat": round(load_cpu / max(1, len(latencies)) * 1e6, 1),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.coordinator_load", description=__doc__.splitlines()[0])
+    parser.add_argument("--peers", type=int, default=10000, help="live leases (default 10000)")
+    parser.add_argument("--seconds", type=float, default=15.0, help="heartbeat phase length (default 15)")
+    parser.add_argument("--concurrency", type=int, default=24, help="heartbeats in flight (default 24)")
+    parser.add_argument("--assign-peers", type=int, default=100000, help="peers in state for assign_ms (100000)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+
+    result = {
+        "assign_ms_100k": round(assign_ms(args.assign_peers, 2, 16), 3),
+        "assign_ms_100k_2x2": round(assign_ms(args.assign_peers, 2, 2), 3),
+    }
+    log.info("assign: %s", result)
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "run.toml").write_text(RUN_TOML)
+        port, http_port = _free_port(), _free_port()
+        server = subprocess.Popen(
+            [sys.executable, "-m", "hivepath.cli", "--log-level", "WARNING", "coordinator", "serve", "--run-config",
+             str(Path(tmp) / "run.toml"), "--db", str(Path(tmp) / "state.db"), "--host", "127.0.0.1", "--port",
+             str(port), "--http-port", str(http_port)],
+            env={**os.environ, "HIVEPATH_TOKEN": TOKEN}, cwd=Path(__file__).resolve().parents[1],
+        )
+        try:
+            _wait_serving(port, server)
+            try:
+                import uvloop
+
+                runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+            except ImportError:  # pragma: no cover
+                runner = asyncio.Runner()
+            with runner:
+                result.update(runner.run(_load(port, args.peers, args.seconds, args.concurrency, server.pid)))
+        finally:
+            server.terminate()
+            server.wait(30)
+    result.update(concurrency=args.concurrency, seconds=args.seconds, cpus=os.cpu_count(),
+                  targets={"heartbeats_per_s": ">= 3000", "p99_ms": "<= 20", "assign_ms_100k": "<= 50"})
+    emit("coordinator_load", result)
+    return 0
+
+
+def _wait_serving(port: int, server: subprocess.Popen, start_timeout: float = 60.0) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    deadline = time.monotonic() + start_timeout
+    while True:
+        if server.poll() is not None:
+            raise RuntimeError(f"the coordinator exited with {server.returncode}")
+        try:
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+                r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if r.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+        except grpc.RpcError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError("the coordinator did not start")
+        time.sleep(0.2)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

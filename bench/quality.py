@@ -1,0 +1,122 @@
+"""Training quality on real text (issue 6): DiLoCo vs synchronous, DiPaCo vs dense, heterogeneity,
+outer hyperparameters, on the built-in corpus.
+
+Run: ``python -m bench.quality [--quick] [--only diloco,dipaco,hetero,outer] [--jobs N]``.
+
+Prepares the built-in corpus for a 2x2 lattice (byte-level, and BPE 4096 for the full grid) under
+``data/quality-*`` once, runs every point of the chosen experiments (``bench.quality_sweeps``) with
+fixed seeds, appends each point's record to ``bench/results/quality_points.jsonl`` as it finishes
+(a rerun skips the points already recorded at the same scale; ``--fresh`` reruns them), then writes
+``bench/results/quality.json`` (every recorded point plus the headline figures of
+``bench.quality_report.summarize``) and the plots ``docs/img/quality_*.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from bench.common import RESULTS, emit
+from bench.quality_report import plot, summarize, tables
+from bench.quality_sweeps import EXPERIMENTS, grid, run_points, scale_by_name
+
+__all__ = ["main", "prepare_data", "load_records"]
+
+log = logging.getLogger(__name__)
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+TOKENIZERS = {"bytes": "bytes", "bpe": "bpe:4096"}
+
+
+def prepare_data(tokenizers: Sequence[str], root: Path = DATA) -> dict[str, str]:
+    """``{name: directory}`` of the built-in corpus prepared for a 2x2 lattice, preparing it once."""
+    from models.corpus import default_corpus
+    from models.data import prepare
+
+    dirs = {}
+    for name in tokenizers:
+        spec = TOKENIZERS[name]
+        d = root / f"quality-{spec.replace(':', '')}"
+        if not (d / "manifest.json").exists():
+            log.info("preparing the built-in corpus (%s) into %s", spec, d)
+            prepare(default_corpus(), d, levels=2, modules=2, tokenizer=spec)
+        dirs[name] = str(d)
+    return dirs
+
+
+def load_records(path: Path, scale: str) -> dict[str, dict]:
+    """The latest record of each point in a records file (JSON lines), for one scale."""
+    out: dict[str, dict] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                if rec.get("scale") == scale:
+                    out[rec["name"]] = rec
+    return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.quality", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="the reduced grid (a 2-core CPU, under an hour)")
+    ap.add_argument("--scale", choices=["tiny", "quick", "full"], help="scale preset (default full; --quick = quick)")
+    ap.add_argument("--only", default="", help=f"comma-separated experiments of {','.join(EXPERIMENTS)}")
+    ap.add_argument("--points", default="", help="comma-separated point names to run (default: all of the grid)")
+    ap.add_argument("--jobs", type=int, default=1, help="points run at once in worker processes (default 1)")
+    ap.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads in this process (default 1)")
+    ap.add_argument("--records", type=Path, default=RESULTS / "quality_points.jsonl", help="per-point records file")
+    ap.add_argument("--fresh", action="store_true", help="rerun points already recorded")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    scale = scale_by_name(args.scale or ("quick" if args.quick else "full"))
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    only = [e for e in args.only.split(",") if e]
+    points = grid(scale, only or None)
+    if args.points:
+        wanted = set(args.points.split(","))
+        points = [p for p in points if p.name in wanted]
+    records = load_records(args.records, scale.name)
+    todo = [p for p in points if args.fresh or records.get(p.name, {}).get("status") != "ok"]
+    data_dirs = prepare_data(sorted({"bytes"} | {p.args.get("tokenizer", "bytes") for p in points}))
+    log.info("%s scale: %d point(s) to run (%d already recorded), %d job(s) on %s",
+             scale.name, len(todo), len(points) - len(todo), args.jobs, device)
+    args.records.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+
+    def on_result(rec: dict) -> None:
+        rec = {**rec, "scale": scale.name, "device": device}
+        records[rec["name"]] = rec
+        with args.records.open("a") as f:
+            f.write(json.dumps(rec, sort_keys=True) + "\n")
+        bpb = rec.get("result", {}).get("bpb")
+        log.info("%s %s in %ss%s", rec["name"], rec["status"], rec["seconds"],
+                 f": {bpb:.4f} bpb" if bpb is not None else f" ({rec.get('error')})")
+
+    run_points(todo, scale, data_dirs, device=device, jobs=args.jobs, on_result=on_result)
+    ordered = [records[n] for n in sorted(records)]
+    summary = summarize(ordered)
+    for p in plot(ordered):
+        log.info("wrote %s", p)
+    sys.stderr.write(tables(ordered))
+    from dataclasses import asdict
+
+    emit("quality", {**summary, "scale": asdict(scale), "device": device,
+                     "seconds_this_invocation": round(time.monotonic() - start, 1),
+                     "points_run_this_invocation": [p.name for p in todo],
+                     "points_not_run": sorted(p.name for p in grid(scale) if p.name not in records),
+                     "points": ordered})
+    return 0 if all(r.get("status") == "ok" for r in ordered) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

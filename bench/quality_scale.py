@@ -1,0 +1,104 @@
+"""How big the quality sweeps are: model width, steps and evaluation budget, as named presets.
+
+``tiny`` exercises every code path in seconds (the harness test), ``quick`` is a reduced grid that
+runs on a shared 2-core CPU, ``full`` is the grid of issue 6 sized for one GPU (or many CPU cores):
+a ~0.45M-parameter byte-level model, thousands of inner steps per worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+__all__ = ["Scale", "tiny", "quick", "full", "SCALES"]
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Sizes shared by every point of one sweep."""
+
+    name: str
+    """Preset name, recorded in quality.json."""
+    d_model: int = 128
+    """Residual width of every model."""
+    n_heads: int = 4
+    """Attention heads."""
+    blocks_per_module: int = 2
+    """Blocks of the dense model P (a 2x2 lattice path has one block per module: same P)."""
+    seq_len: int = 128
+    """Context length in tokens."""
+    batch_size: int = 16
+    """Sequences per inner step per worker."""
+    lr: float = 3e-3
+    """Inner AdamW peak learning rate."""
+    warmup_steps: int = 50
+    """Inner warm-up steps."""
+    seed: int = 0
+    """Seed of weights and batches for every point."""
+    steps: int = 3000
+    """Inner steps per worker in experiments 1 and 4 (DiLoCo against synchronous)."""
+    dipaco_steps: int = 1500
+    """Inner steps per path in experiment 2 (DiPaCo against dense)."""
+    hetero_rounds: int = 40
+    """Experiment 3: simulated time budget, in rounds of H fast-worker steps."""
+    hetero_h: int = 50
+    """Experiment 3: H, in fast-worker steps."""
+    evals: int = 8
+    """Evaluations along each run (the curves)."""
+    eval_docs: int = 24
+    """Validation documents per shard in the fixed evaluation set."""
+    eval_tokens: int = 4096
+    """Tokens kept of each validation document (its bytes are counted for what is kept)."""
+    diloco_grid: tuple[tuple[int, str], ...] = tuple((H, c) for H in (10, 50, 100, 250)
+                                                     for c in ("none", "fp16", "int8", "int4"))
+    """Experiment 1: (H inner steps between outer steps, pseudo-gradient codec) points."""
+    bpe_grid: tuple[tuple[int, str], ...] = ((50, "int8"), (100, "int8"), (250, "int4"))
+    """Experiment 1 with the BPE tokenizer (besides its synchronous baseline); empty: no BPE run."""
+    outer_grid: tuple[tuple[float, float], ...] = ((0.4, 0.9), (1.0, 0.9), (0.4, 0.8), (0.7, 0.8), (1.0, 0.8),
+                                                   (0.7, 0.5), (1.0, 0.5))
+    """Experiment 4: (outer lr, momentum) pairs besides the 0.7 / 0.9 default."""
+    outer_H: tuple[int, ...] = (10, 100)
+    """Experiment 4: H values the outer grid is swept at."""
+    outer_codec: str = "none"
+    """Experiment 4's codec (its lr 0.7 / momentum 0.9 point is experiment 1's point of that H and codec)."""
+    equivalence: tuple[int, int] = (10, 3)
+    """(H, rounds) of the point trained both by the simulator and by the peers' DiLoCoOptimizer."""
+    reroute_windows: tuple[int, ...] = (64, 256)
+    """Experiment 2: re-route every W tokens."""
+    priority: tuple[str, ...] = ()
+    """Point names run first, in this order (the rest follow in grid order): what matters most finishes
+    first when compute is short."""
+
+    def replace(self, **changes) -> "Scale":
+        return dataclasses.replace(self, **changes)
+
+
+def full() -> Scale:
+    """Issue 6's grid at a GPU-friendly size."""
+    return Scale(name="full")
+
+
+def quick() -> Scale:
+    """A reduced grid (~0.12M parameters, 1000 steps per worker) for a shared 2-core CPU: about an hour
+    with two jobs on two free cores, in priority order."""
+    return Scale(name="quick", d_model=64, n_heads=4, seq_len=64, batch_size=8, steps=1000, dipaco_steps=500,
+                 hetero_rounds=16, hetero_h=25, evals=5, eval_docs=8, eval_tokens=1024, warmup_steps=30,
+                 diloco_grid=((10, "none"), (50, "none"), (100, "int4"), (250, "none"), (250, "int8"), (250, "int4")),
+                 bpe_grid=((250, "int4"),), outer_grid=((0.4, 0.9), (0.7, 0.5), (1.0, 0.5)), outer_H=(10,),
+                 reroute_windows=(64,),
+                 priority=("sync-bytes", "diloco-bytes-H250-int4", "diloco-bytes-H250-none", "diloco-bytes-H50-none",
+                           "diloco-bytes-H10-none", "dipaco-2x2", "dense-p", "dense-2p", "dense-p-equal-compute",
+                           "hetero-step", "hetero-time", "hetero-fast", "equivalence-bytes-H10-int8",
+                           "diloco-bytes-H250-int8", "diloco-bytes-H100-int4", "outer-H10-lr0.7-m0.5",
+                           "outer-H10-lr0.4-m0.9", "outer-H10-lr1-m0.5"))
+
+
+def tiny() -> Scale:
+    """Every code path in seconds: the harness test."""
+    return Scale(name="tiny", d_model=16, n_heads=2, blocks_per_module=2, seq_len=16, batch_size=2, steps=6,
+                 dipaco_steps=4, hetero_rounds=4, hetero_h=4, evals=2, eval_docs=2, eval_tokens=64,
+                 warmup_steps=1, diloco_grid=((3, "none"), (3, "int4")), bpe_grid=(), outer_grid=((0.4, 0.5),),
+                 outer_H=(3,), reroute_windows=(8,), equivalence=(3, 2))
+
+
+SCALES = {"tiny": tiny, "quick": quick, "full": full}

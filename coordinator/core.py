@@ -1,0 +1,485 @@
+"""The coordinator's state machine: admission, leases, assignment, drain, expiry and rebalancing.
+
+:class:`Coordinator` is synchronous and transport-free; the gRPC servicer translates protos into its
+calls. Time comes from an injected clock (wall-clock seconds, because leases outlive restarts), so
+tests drive expiry and rebalancing without sleeping. Decisions are delegated to the pure functions
+of :mod:`coordinator.scheduler`.
+
+Durability: joins, leaves, drains, expiries and assignment changes are handed to ``durable`` (which
+returns once they are committed) before the call returns. Heartbeat renewals and progress only mark
+records dirty; :meth:`Coordinator.take_dirty` collects them for a group commit every
+``flush_interval``. After a restart every loaded lease gets at least ``restart_grace`` seconds.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import heapq
+import logging
+import secrets
+import threading
+import time
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from typing import Callable, Iterator, Mapping, Optional, Sequence
+
+from coordinator.errors import Incompatible, InvalidArgument, LeaseNotFound, NoFit, Overloaded, PeerNotFound
+from coordinator.records import Assignment, Capabilities, Lease, ModuleProgress, PeerRecord
+from coordinator.scheduler import assign_peer, rebalance
+from coordinator.settings import CoordinatorSettings
+from coordinator.store import Store, WriteBatch
+from coordinator.view import ClusterView
+from models.config import RunConfig
+from models.errors import HivepathError
+
+__all__ = ["Coordinator", "JoinResult", "HeartbeatResult", "ProgressReport", "StatusView", "key_fingerprint"]
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class ProgressReport:
+    """One module's progress as a heartbeat reports it (validated by the servicer)."""
+
+    module_id: str
+    round: int
+    tokens: int
+    loss: float
+
+
+@dataclass(frozen=True)
+class JoinResult:
+    lease: Lease
+    assignment: Assignment
+    initial_peers: list[str]
+    rejoined: bool
+
+
+@dataclass(frozen=True)
+class StatusView:
+    """What :meth:`Coordinator.status_view` returns: copies, safe to read without the lock."""
+
+    now: float
+    peers: list[PeerRecord]
+    lease_expiry: dict[str, float]
+    """peer id -> when its lease expires."""
+    progress: dict[str, dict[str, ModuleProgress]]
+    """peer id -> module id -> latest progress."""
+    counters: dict[str, int]
+    rebalance_reason: str
+
+
+@dataclass(frozen=True)
+class HeartbeatResult:
+    lease_remaining: float
+    assignment: Optional[Assignment]
+    """Set when the peer's assignment version is older than the coordinator's."""
+    drain: bool
+    drain_reason: str
+
+
+class _LastMoved(Mapping):
+    def __init__(self, peers: dict[str, PeerRecord]):
+        self._peers = peers
+
+    def __getitem__(self, peer_id: str) -> float:
+        return self._peers[peer_id].last_moved
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._peers)
+
+    def __len__(self) -> int:
+        return len(self._peers)
+
+
+class _Caps(_LastMoved):
+    def __getitem__(self, peer_id: str) -> Capabilities:  # type: ignore[override]
+        return self._peers[peer_id].capabilities
+
+
+def key_fingerprint(public_key: bytes) -> str:
+    """What binds a peer id to its key: sha256 of the libp2p public key (empty when none was sent)."""
+    return hashlib.sha256(public_key).hexdigest()[:32] if public_key else ""
+
+
+class Coordinator:
+    """Admission, leases and work for one run (DiPaCo lattice, DiLoCo rounds)."""
+
+    def __init__(
+        self,
+        run: RunConfig,
+        settings: CoordinatorSettings,
+        store: Store,
+        clock: Clock = time.time,
+        durable: Optional[Callable[[WriteBatch], None]] = None,
+    ):
+        self.run = run
+        self.settings = settings
+        self.store = store
+        self.clock = clock
+        self._durable = durable or store.apply
+        self.run_json = run.to_json()
+        self.run_hash = run.content_hash()
+        self.lattice_hash = run.lattice.content_hash()
+        self._module_ids = frozenset(run.lattice.module_ids())
+        self._lock = threading.RLock()
+        self.counters: Counter[str] = Counter()
+        self.last_rebalance_reason = "not run yet"
+        self.started_at = clock()
+
+        state = store.load()
+        stored_hash = state.meta.get("run_config_hash")
+        if stored_hash is not None and stored_hash != self.run_hash:
+            raise HivepathError(
+                f"the database belongs to run '{state.meta.get('run_id')}' (config hash {stored_hash}) but the run "
+                f"config hashes to {self.run_hash}; use the run config it was created with or a new --db"
+            )
+        self._peers: dict[str, PeerRecord] = state.peers
+        self._leases: dict[str, Lease] = state.leases
+        self._lease_of: dict[str, str] = {}
+        self._progress: dict[tuple[str, str], ModuleProgress] = state.progress
+        self._progress_by_peer: dict[str, dict[str, ModuleProgress]] = {}
+        for (peer_id, module_id), p in self._progress.items():
+            self._progress_by_peer.setdefault(peer_id, {})[module_id] = p
+        self._session_base: dict[str, tuple[int, int]] = {}
+        self._dirty_leases: set[str] = set()
+        self._dirty_peers: set[str] = set()
+        self._dirty_progress: set[tuple[str, str]] = set()
+        self._live_addrs: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+
+        now = clock()
+        fixes = WriteBatch(meta={"run_config_hash": self.run_hash, "run_id": run.run_id})
+        for lease in list(self._leases.values()):
+            peer = self._peers.get(lease.peer_id)
+            if peer is None or peer.state not in ("active", "draining") or lease.peer_id in self._lease_of:
+                del self._leases[lease.lease_id]
+                fixes.deleted_leases.add(lease.lease_id)
+                continue
+            if lease.expires_at < now + settings.restart_grace:
+                lease.expires_at = now + settings.restart_grace
+                self._dirty_leases.add(lease.lease_id)
+            self._lease_of[lease.peer_id] = lease.lease_id
+            self._session_base[peer.peer_id] = (peer.tokens, peer.bytes_exchanged)
+        for peer in self._peers.values():
+            if peer.state in ("active", "draining") and peer.peer_id not in self._lease_of:
+                peer.state = "expired"
+                fixes.peers[peer.peer_id] = copy.copy(peer)
+            if peer.state == "active" and peer.capabilities.multiaddrs:
+                self._live_addrs[peer.peer_id] = peer.capabilities.multiaddrs
+        self.view = ClusterView.from_peers(p for p in self._peers.values() if p.state == "active")
+        # (scheduled check time, lease id): a lease is looked at when its check time passes and, if a
+        # heartbeat renewed it meanwhile, rescheduled; so a tick costs O(leases due), not O(leases).
+        self._expiry_heap: list[tuple[float, str]] = [(l.expires_at, l.lease_id) for l in self._leases.values()]
+        heapq.heapify(self._expiry_heap)
+        self._durable(fixes)
+        if self._leases:
+            log.info("restored %d peers and %d leases (grace %.0fs)", len(self._peers), len(self._leases),
+                     settings.restart_grace)
+
+    # -- peers' calls -------------------------------------------------------------------------
+
+    def join(self, peer_id: str, public_key: bytes, caps: Capabilities, manifest_hash: str = "") -> JoinResult:
+        """Admit ``peer_id`` (token already checked) and give it a lease and work; durable on return."""
+        want = self.run.data.manifest_hash
+        if want and manifest_hash and manifest_hash != want:
+            self.counters["rejected_incompatible"] += 1
+            raise Incompatible(
+                f"manifest_hash: the peer's data has manifest {manifest_hash} but the run trains on {want}; "
+                "prepare the run's data (hivepath data prepare) and join again"
+            )
+        fingerprint = key_fingerprint(public_key)
+        batch = WriteBatch()
+        with self._lock:
+            now = self.clock()
+            peer = self._peers.get(peer_id)
+            if peer is not None and peer.key_fingerprint and peer.key_fingerprint != fingerprint:
+                self.counters["rejected_key"] += 1
+                raise InvalidArgument("peer_id", f"{peer_id} is registered with a different public key; "
+                                                 "each peer needs its own identity")
+            if len(self._leases) >= self.settings.max_peers and peer_id not in self._lease_of:
+                raise Overloaded(f"the coordinator holds {len(self._leases)} leases, its max_peers; try again later")
+            previous = peer.assignment if peer is not None else None
+            if peer is not None:
+                self._release(peer, batch)
+            assignment, reason = assign_peer(
+                now, caps, self.view, self.run, self.settings, previous=previous,
+                version=(previous.version + 1) if previous is not None else 1,
+            )
+            if assignment is None:
+                self.counters["rejected_no_fit"] += 1
+                refusal = NoFit(f"capabilities.memory_bytes: {reason}")
+                if peer is None:
+                    raise refusal
+                peer.state = "expired" if peer.state in ("active", "draining") else peer.state
+                batch.peers[peer_id] = copy.copy(peer)
+            else:
+                refusal = None
+                lease, assignment, initial, rejoined = self._admit(peer_id, peer, fingerprint, caps, assignment,
+                                                                   previous, now, batch)
+        self._durable(batch)
+        if refusal is not None:  # the old lease was released: that is recorded, then the join refused
+            raise refusal
+        log.info("peer %s joined: %s (%s)", peer_id, assignment.label(), reason)
+        return JoinResult(copy.copy(lease), assignment, initial, rejoined)
+
+    def heartbeat(
+        self,
+        lease_id: str,
+        peer_id: str,
+        progress: Sequence[ProgressReport] = (),
+        assignment_version: int = 0,
+        tokens_per_s: float = 0.0,
+        bytes_exchanged: int = 0,
+        preempting: bool = False,
+    ) -> HeartbeatResult:
+        """Renew the lease and record progress; renewals are durable at the next flush, not on return."""
+        with self._lock:
+            lease = self._leases.get(lease_id)
+            now = self.clock()
+            if lease is None or lease.peer_id != peer_id or lease.expires_at <= now:
+                self.counters["heartbeats_unknown_lease"] += 1
+                raise LeaseNotFound(f"lease_id: no live lease {lease_id[:8]}... for {peer_id}; join again")
+            for p in progress:
+                if p.module_id not in self._module_ids:
+                    raise InvalidArgument("progress.module_id", f"{p.module_id!r} is not a module of this run's lattice")
+            self.counters["heartbeats"] += 1
+            lease.expires_at = now + self.settings.lease_timeout
+            self._dirty_leases.add(lease_id)
+            peer = self._peers[peer_id]
+            peer.last_seen = now
+            if progress or bytes_exchanged or (tokens_per_s and tokens_per_s != peer.capabilities.tokens_per_s):
+                self._record_progress(peer, progress, tokens_per_s, bytes_exchanged, now)
+            batch = None
+            if preempting and peer.state == "active":
+                batch = WriteBatch()
+                self._start_drain(peer, "the peer announced preemption", batch)
+            assignment = peer.assignment if (peer.assignment and peer.assignment.version > assignment_version) else None
+            draining = peer.state == "draining"
+            result = HeartbeatResult(lease.expires_at - now, None if draining else assignment, draining,
+                                     peer.drain_reason)
+        if batch is not None:
+            self._durable(batch)
+        return result
+
+    def leave(self, lease_id: str, peer_id: str, reason: str = "") -> None:
+        """The peer gives its lease back; its work is freed at once. Durable on return."""
+        batch = WriteBatch()
+        with self._lock:
+            lease = self._leases.get(lease_id)
+            if lease is None or lease.peer_id != peer_id:
+                raise LeaseNotFound(f"lease_id: no live lease {lease_id[:8]}... for {peer_id}")
+            peer = self._peers[peer_id]
+            self._release(peer, batch)
+            peer.state = "left"
+            batch.peers[peer_id] = copy.copy(peer)
+            self.counters["leaves"] += 1
+        self._durable(batch)
+        log.info("peer %s left%s", peer_id, f": {reason}" if reason else "")
+
+    # -- operator -----------------------------------------------------------------------------
+
+    def drain(self, peer_id: str, reason: str = "") -> str:
+        """Tell ``peer_id`` to finish its round and leave; its work is handed to others now."""
+        batch = WriteBatch()
+        with self._lock:
+            peer = self._peers.get(peer_id)
+            if peer is None:
+                raise PeerNotFound(f"peer_id: no peer {peer_id} has joined this run")
+            if peer.state == "active":
+                self._start_drain(peer, reason or "drained by the operator", batch)
+            state = peer.state
+        self._durable(batch)
+        return state
+
+    # -- time ---------------------------------------------------------------------------------
+
+    def tick(self) -> list[str]:
+        """Expire lapsed leases (their work is freed) and rebalance; returns what happened."""
+        events: list[str] = []
+        batch = WriteBatch()
+        with self._lock:
+            now = self.clock()
+            for lease in self._due_leases(now):
+                peer = self._peers[lease.peer_id]
+                self._release(peer, batch)
+                peer.state = "expired"
+                batch.peers[peer.peer_id] = copy.copy(peer)
+                self.counters["expirations"] += 1
+                events.append(f"lease of {peer.peer_id} expired")
+            for _ in range(self.settings.max_moves_per_tick):
+                move, reason = rebalance(now, _LastMoved(self._peers), _Caps(self._peers), self.view, self.run,
+                                         self.settings)
+                self.last_rebalance_reason = reason
+                if move is None:
+                    break
+                peer = self._peers[move.peer_id]
+                self.view.remove(peer.peer_id)
+                self.view.add(peer.peer_id, move.assignment, peer.capabilities.tokens_per_s)
+                peer.assignment = move.assignment
+                peer.last_moved = now
+                batch.peers[peer.peer_id] = copy.copy(peer)
+                self.counters["moves"] += 1
+                events.append(f"{peer.peer_id}: {move.reason}")
+        self._durable(batch)
+        for e in events:
+            log.info("%s", e)
+        return events
+
+    def take_dirty(self) -> WriteBatch:
+        """Renewals and progress since the last call, for a group commit."""
+        with self._lock:
+            leases = self._leases
+            batch = WriteBatch(
+                peers={p: copy.copy(self._peers[p]) for p in self._dirty_peers},
+                renewals={i: leases[i].expires_at for i in self._dirty_leases if i in leases},
+                progress={k: copy.copy(self._progress[k]) for k in self._dirty_progress if k in self._progress},
+            )
+            self._dirty_peers = set()
+            self._dirty_leases = set()
+            self._dirty_progress = set()
+        return batch
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def peers(self) -> list[PeerRecord]:
+        with self._lock:
+            return [copy.copy(p) for p in self._peers.values()]
+
+    def peer(self, peer_id: str) -> Optional[PeerRecord]:
+        with self._lock:
+            p = self._peers.get(peer_id)
+            return copy.copy(p) if p is not None else None
+
+    def leases(self) -> list[Lease]:
+        with self._lock:
+            return [copy.copy(l) for l in self._leases.values()]
+
+    def progress_of(self, peer_id: str) -> dict[str, ModuleProgress]:
+        with self._lock:
+            return {m: copy.copy(p) for m, p in self._progress_by_peer.get(peer_id, {}).items()}
+
+    def status_view(self) -> "StatusView":
+        """A consistent copy of what the status page shows, taken under the lock."""
+        with self._lock:
+            return StatusView(
+                now=self.clock(),
+                peers=[copy.copy(p) for p in self._peers.values()],
+                lease_expiry={l.peer_id: l.expires_at for l in self._leases.values()},
+                progress={pid: dict(mods) for pid, mods in self._progress_by_peer.items()},
+                counters=dict(self.counters),
+                rebalance_reason=self.last_rebalance_reason,
+            )
+
+    def initial_peers(self) -> list[str]:
+        """DHT bootstrap multiaddrs of the most recently joined live peers."""
+        with self._lock:
+            return self._initial_peers("")
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _admit(self, peer_id: str, peer: Optional[PeerRecord], fingerprint: str, caps: Capabilities,
+               assignment: Assignment, previous: Optional[Assignment], now: float,
+               batch: WriteBatch) -> tuple[Lease, Assignment, list[str], bool]:
+        """Record an admitted peer with its new lease and work (under the lock)."""
+        rejoined = peer is not None
+        if peer is None:
+            peer = PeerRecord(peer_id, fingerprint, caps, first_joined=now)
+            self._peers[peer_id] = peer
+        if previous is not None and previous.same_work(assignment):
+            assignment = dataclasses.replace(assignment, version=previous.version)
+        peer.key_fingerprint = peer.key_fingerprint or fingerprint
+        peer.capabilities = caps
+        peer.state = "active"
+        peer.assignment = assignment
+        peer.last_joined = peer.last_seen = now
+        peer.joins += 1
+        peer.drain_reason = ""
+        lease = Lease(secrets.token_hex(16), peer_id, now + self.settings.lease_timeout)
+        self._leases[lease.lease_id] = lease
+        heapq.heappush(self._expiry_heap, (lease.expires_at, lease.lease_id))
+        self._lease_of[peer_id] = lease.lease_id
+        self._session_base[peer_id] = (peer.tokens, peer.bytes_exchanged)
+        self._progress_by_peer.pop(peer_id, None)
+        self.view.add(peer_id, assignment, caps.tokens_per_s)
+        initial = self._initial_peers(peer_id)
+        if caps.multiaddrs:
+            self._live_addrs[peer_id] = caps.multiaddrs
+            self._live_addrs.move_to_end(peer_id)
+        batch.peers[peer_id] = copy.copy(peer)
+        batch.leases[lease.lease_id] = copy.copy(lease)
+        self._dirty_leases.discard(lease.lease_id)
+        self.counters["rejoins" if rejoined else "joins"] += 1
+        return lease, assignment, initial, rejoined
+
+    def _due_leases(self, now: float) -> list[Lease]:
+        """Leases that have expired by ``now``; renewed ones met on the way are rescheduled."""
+        heap, due = self._expiry_heap, []
+        while heap and heap[0][0] <= now:
+            _, lease_id = heapq.heappop(heap)
+            lease = self._leases.get(lease_id)
+            if lease is None:
+                continue
+            if lease.expires_at <= now:
+                due.append(lease)
+            else:
+                heapq.heappush(heap, (lease.expires_at, lease_id))
+        return due
+
+    def _initial_peers(self, joining: str) -> list[str]:
+        out: list[str] = []
+        for peer_id in reversed(self._live_addrs):
+            if len(out) >= self.settings.initial_peers:
+                break
+            if peer_id == joining:
+                continue
+            for addr in self._live_addrs[peer_id]:
+                out.append(addr if "/p2p/" in addr else f"{addr}/p2p/{peer_id}")
+                break
+        return out
+
+    def _release(self, peer: PeerRecord, batch: WriteBatch) -> None:
+        """Drop the peer's lease and stop counting its work (the assignment stays as a rejoin hint)."""
+        lease_id = self._lease_of.pop(peer.peer_id, None)
+        if lease_id is not None:
+            self._leases.pop(lease_id, None)
+            self._dirty_leases.discard(lease_id)
+            batch.deleted_leases.add(lease_id)
+        self.view.remove(peer.peer_id)
+        self._live_addrs.pop(peer.peer_id, None)
+
+    def _start_drain(self, peer: PeerRecord, reason: str, batch: WriteBatch) -> None:
+        self.view.remove(peer.peer_id)
+        self._live_addrs.pop(peer.peer_id, None)
+        peer.state = "draining"
+        peer.drain_reason = reason
+        batch.peers[peer.peer_id] = copy.copy(peer)
+        self.counters["drains"] += 1
+        log.info("draining %s: %s", peer.peer_id, reason)
+
+    def _record_progress(
+        self, peer: PeerRecord, progress: Sequence[ProgressReport], tokens_per_s: float, bytes_exchanged: int,
+        now: float,
+    ) -> None:
+        base_tokens, base_bytes = self._session_base.get(peer.peer_id, (peer.tokens, peer.bytes_exchanged))
+        mine = self._progress_by_peer.setdefault(peer.peer_id, {})
+        for p in progress:
+            key = (peer.peer_id, p.module_id)
+            row = ModuleProgress(peer.peer_id, p.module_id, p.round, p.tokens, p.loss, now)
+            self._progress[key] = row
+            mine[p.module_id] = row
+            self._dirty_progress.add(key)
+        if progress:
+            peer.tokens = base_tokens + max(r.tokens for r in mine.values())
+        if bytes_exchanged:
+            peer.bytes_exchanged = base_bytes + bytes_exchanged
+        if tokens_per_s and tokens_per_s != peer.capabilities.tokens_per_s:
+            caps = peer.capabilities
+            peer.capabilities = Capabilities(caps.device, caps.memory_bytes, tokens_per_s, caps.upload_bps,
+                                             caps.download_bps, caps.multiaddrs)
+            if peer.state == "active":
+                self.view.set_tokens_per_s(peer.peer_id, tokens_per_s)
+        self._dirty_peers.add(peer.peer_id)

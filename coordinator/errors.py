@@ -1,0 +1,63 @@
+"""Why the coordinator refuses a request; the servicer maps each to one gRPC status code."""
+
+from __future__ import annotations
+
+from models.errors import HivepathError
+
+__all__ = [
+    "RequestError",
+    "InvalidArgument",
+    "Unauthenticated",
+    "LeaseNotFound",
+    "NoFit",
+    "Incompatible",
+    "Overloaded",
+    "PeerNotFound",
+]
+
+
+class RequestError(HivepathError):
+    """A request the coordinator refuses; ``code`` names the gRPC status (grpc.StatusCode member)."""
+
+    code = "INVALID_ARGUMENT"
+
+
+class InvalidArgument(RequestError):
+    """A field is malformed or out of range; the message names the field."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+
+
+class Unauthenticated(RequestError):
+    code = "UNAUTHENTICATED"
+    exit_code = 3
+
+
+class LeaseNotFound(RequestError):
+    """Unknown or expired lease: the peer should join again."""
+
+    code = "NOT_FOUND"
+
+
+class PeerNotFound(RequestError):
+    code = "NOT_FOUND"
+
+
+class NoFit(RequestError):
+    """No work fits the peer's memory."""
+
+    code = "FAILED_PRECONDITION"
+    exit_code = 5
+
+
+class Incompatible(RequestError):
+    """The peer's data does not match the run."""
+
+    code = "FAILED_PRECONDITION"
+    exit_code = 4
+
+
+class Overloaded(RequestError):
+    code = "RESOURCE_EXHAUSTED"

@@ -1,0 +1,75 @@
+"""Prometheus metrics of the coordinator, rendered from :func:`coordinator.status.snapshot` at
+scrape time (no state of their own, so they can never disagree with the status page)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+__all__ = ["SnapshotCollector", "render_metrics", "CONTENT_TYPE"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_COUNTERS = {
+    "joins": "Peers admitted for the first time",
+    "rejoins": "Known peers admitted again",
+    "leaves": "Peers that gave their lease back",
+    "expirations": "Leases that expired without a heartbeat",
+    "drains": "Peers told to drain (preemption or operator)",
+    "moves": "Rebalancing moves",
+    "heartbeats": "Heartbeats accepted",
+    "heartbeats_unknown_lease": "Heartbeats refused for an unknown or expired lease",
+    "rejected_no_fit": "Joins refused because no work fits the peer's memory",
+    "rejected_key": "Joins refused because the peer id belongs to another key",
+    "rejected_incompatible": "Joins refused because the peer's data differs",
+}
+
+
+class SnapshotCollector(Collector):
+    """Turns one status snapshot into metric families per scrape."""
+
+    def __init__(self, get_snapshot: Callable[[], dict[str, Any]]):
+        self._get = get_snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._get()
+        peers = GaugeMetricFamily("hivepath_coordinator_peers", "Known peers by state", labels=["state"])
+        for state in ("active", "draining", "left", "expired"):
+            peers.add_metric([state], s["peer_states"].get(state, 0))
+        yield peers
+        yield GaugeMetricFamily("hivepath_coordinator_leases", "Live leases", value=s["live_leases"])
+        yield GaugeMetricFamily("hivepath_coordinator_tokens_per_second", "Sum of active peers' tokens/s",
+                                value=s["total_tokens_per_s"])
+        yield CounterMetricFamily("hivepath_coordinator_tokens", "Tokens processed by all peers", value=s["tokens"])
+        yield CounterMetricFamily("hivepath_coordinator_exchanged_bytes", "Bytes peers sent and received averaging",
+                                  value=s["bytes_exchanged"])
+        holders = GaugeMetricFamily("hivepath_coordinator_module_holders", "Peers training each module",
+                                    labels=["module"])
+        rounds = GaugeMetricFamily("hivepath_coordinator_module_round", "Highest outer round reported per module",
+                                   labels=["module"])
+        for m in s["modules"]:
+            holders.add_metric([m["module_id"]], len(m["holders"]))
+            rounds.add_metric([m["module_id"]], m["round"])
+        yield holders
+        yield rounds
+        path_tps = GaugeMetricFamily("hivepath_coordinator_path_tokens_per_second", "Path-mode tokens/s per path",
+                                     labels=["path"])
+        path_loss = GaugeMetricFamily("hivepath_coordinator_path_loss", "Mean latest loss per path", labels=["path"])
+        for p in s["paths"]:
+            path_tps.add_metric([p["name"]], p["tokens_per_s"])
+            if p["loss"] is not None:
+                path_loss.add_metric([p["name"]], p["loss"])
+        yield path_tps
+        yield path_loss
+        for name, doc in _COUNTERS.items():
+            yield CounterMetricFamily(f"hivepath_coordinator_{name}", doc, value=s["counters"].get(name, 0))
+
+
+def render_metrics(get_snapshot: Callable[[], dict[str, Any]]) -> bytes:
+    """The Prometheus text exposition of one snapshot."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(get_snapshot))
+    return generate_latest(registry)

@@ -1,0 +1,158 @@
+"""The coordinator's state as plain dataclasses: peers, their capabilities and assignments, leases,
+and per-module progress. Torch-free and proto-free: the servicer translates, the store persists."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+__all__ = [
+    "MODE_PATH",
+    "MODE_STAGE",
+    "PEER_STATES",
+    "Capabilities",
+    "Assignment",
+    "PeerRecord",
+    "Lease",
+    "ModuleProgress",
+]
+
+MODE_PATH = "path"
+"""Train a whole path locally (DiPaCo, Douillard et al. 2024)."""
+MODE_STAGE = "stage"
+"""Serve one module as a pipeline stage (SWARM, Ryabinin et al. 2023)."""
+
+PEER_STATES = ("active", "draining", "left", "expired")
+"""``active``: holds a lease and work. ``draining``: told to finish its round and leave.
+``left``/``expired``: no lease; the history (tokens, key, last assignment) is kept for a rejoin."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a peer reports about itself at join; validated before it gets here."""
+
+    device: str
+    """``cpu``, ``cuda``, ... with an optional model name."""
+    memory_bytes: int
+    """Memory available for training."""
+    tokens_per_s: float
+    """Measured training throughput on the run's model."""
+    upload_bps: float = 0.0
+    """Upload bandwidth in bytes/s (0: not measured, treated as a fast link)."""
+    download_bps: float = 0.0
+    """Download bandwidth in bytes/s (0: not measured)."""
+    multiaddrs: tuple[str, ...] = ()
+    """libp2p multiaddrs other peers can dial (empty for client-mode peers)."""
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Work for one peer: a path (path mode) or a module to serve (stage mode)."""
+
+    mode: str
+    """:data:`MODE_PATH` or :data:`MODE_STAGE`."""
+    path: tuple[int, ...] = ()
+    """Path mode: one module index per level."""
+    module_id: str = ""
+    """Stage mode: the module served."""
+    module_ids: tuple[str, ...] = ()
+    """Every module this assignment trains."""
+    inner_steps: int = 0
+    """H for this peer (larger than the run's on a slow link)."""
+    codec: str = ""
+    """Pseudo-gradient codec for this peer (stronger than the run's on a slow link)."""
+    reason: str = ""
+    """Why, in words."""
+    version: int = 0
+    """Increases with every change of this peer's assignment."""
+
+    def same_work(self, other: Optional["Assignment"]) -> bool:
+        """True when ``other`` trains the same modules the same way (reason and version aside)."""
+        return other is not None and (self.mode, self.path, self.module_id, self.inner_steps, self.codec) == (
+            other.mode, other.path, other.module_id, other.inner_steps, other.codec
+        )
+
+    def label(self) -> str:
+        """``path 1,0`` or ``stage L0M1``."""
+        if self.mode == MODE_PATH:
+            return "path " + ",".join(map(str, self.path))
+        return "stage " + self.module_id
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Assignment":
+        return cls(**{**d, "path": tuple(d.get("path", ())), "module_ids": tuple(d.get("module_ids", ()))})
+
+
+@dataclass
+class PeerRecord:
+    """Everything the coordinator remembers about one peer id, across leaves and rejoins."""
+
+    peer_id: str
+    key_fingerprint: str
+    """sha256 of the libp2p public key the peer id first joined with."""
+    capabilities: Capabilities
+    state: str = "active"
+    assignment: Optional[Assignment] = None
+    """Current work; kept after a leave or expiry as a hint for a rejoin (the work itself is freed)."""
+    first_joined: float = 0.0
+    last_joined: float = 0.0
+    last_seen: float = 0.0
+    last_moved: float = float("-inf")
+    """When the scheduler last moved this peer (rebalancing hysteresis)."""
+    joins: int = 0
+    tokens: int = 0
+    """Tokens processed in total, summed over modules and rejoins."""
+    bytes_exchanged: int = 0
+    drain_reason: str = ""
+
+    @property
+    def holds_work(self) -> bool:
+        return self.state in ("active", "draining") and self.assignment is not None
+
+    def to_json(self) -> str:
+        d = dataclasses.asdict(self)
+        d["capabilities"]["multiaddrs"] = list(self.capabilities.multiaddrs)
+        if d["last_moved"] == float("-inf"):
+            d["last_moved"] = None
+        return json.dumps(d, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "PeerRecord":
+        d = json.loads(text)
+        caps = d.pop("capabilities")
+        caps["multiaddrs"] = tuple(caps["multiaddrs"])
+        assignment = d.pop("assignment")
+        last_moved = d.pop("last_moved")
+        return cls(
+            capabilities=Capabilities(**caps),
+            assignment=Assignment.from_dict(assignment) if assignment else None,
+            last_moved=float("-inf") if last_moved is None else last_moved,
+            **d,
+        )
+
+
+@dataclass
+class Lease:
+    """A peer's right to its work; renewed by heartbeats, freed when it expires."""
+
+    lease_id: str
+    peer_id: str
+    expires_at: float
+    """Wall-clock time (``time.time()`` seconds)."""
+
+
+@dataclass
+class ModuleProgress:
+    """Latest progress a peer reported for one module."""
+
+    peer_id: str
+    module_id: str
+    round: int = 0
+    tokens: int = 0
+    loss: float = field(default=float("nan"))
+    updated_at: float = 0.0

@@ -1,0 +1,259 @@
+"""Work assignment: pure functions of (now, state, config) that return a decision and its reason.
+
+A peer whose memory fits a whole path trains a path (DiPaCo, Douillard et al. 2024, path mode); a
+smaller one serves a single module as a pipeline stage (SWARM, Ryabinin et al. 2023, stage mode).
+Paths are kept covered first and then balanced by throughput (tokens/s), not by head count. A peer
+on a slow link gets the work that needs least bandwidth: among equally good choices the module group
+with fewer members, and a stronger codec or a larger H so its exchange stays a small part of a round.
+
+Rebalancing moves one peer at a time, only when the spread of path throughput passes a threshold,
+never the same peer twice within ``min_move_interval``, and only moves that strictly lower the sum of
+squared path throughputs. That sum can only fall, so rebalancing converges and never oscillates.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Iterator, Mapping, Optional
+
+from coordinator.records import MODE_PATH, MODE_STAGE, Assignment, Capabilities
+from coordinator.settings import CoordinatorSettings
+from coordinator.view import ClusterView
+from models.config import CODECS, RunConfig, format_path
+
+__all__ = ["Move", "assign_peer", "rebalance", "link_overrides", "path_assignment", "fits_path", "BYTES_PER_PARAM"]
+
+Path_ = tuple[int, ...]
+
+BYTES_PER_PARAM = {"none": 4.0, "fp16": 2.0, "int8": 1.0 + 4.0 / 256, "int4": 0.5 + 4.0 / 256}
+"""Wire bytes per parameter of each codec (blockwise codecs carry one fp32 scale per 256 values)."""
+
+
+@dataclass(frozen=True)
+class Move:
+    """Rebalancing decision: move ``peer_id`` from one path to another."""
+
+    peer_id: str
+    assignment: Assignment
+    reason: str
+
+
+def _batch_size(run: RunConfig, settings: CoordinatorSettings) -> int:
+    return settings.batch_size or run.inner.batch_size
+
+
+def _usable(caps: Capabilities, settings: CoordinatorSettings) -> float:
+    return caps.memory_bytes * settings.memory_headroom
+
+
+def fits_path(caps: Capabilities, run: RunConfig, settings: CoordinatorSettings) -> tuple[bool, int]:
+    """Whether a whole path fits the peer's memory, and the bytes a path needs."""
+    lattice = run.lattice
+    need = lattice.training_memory_bytes(lattice.path_modules(lattice.paths()[0]), _batch_size(run, settings))
+    return _usable(caps, settings) >= need, need
+
+
+def link_overrides(
+    caps: Capabilities, params: int, run: RunConfig, settings: CoordinatorSettings
+) -> tuple[int, str, str]:
+    """(inner_steps, codec, reason) for a peer exchanging ``params`` parameters per round.
+
+    A round computes ``H * batch * seq_len / tokens_per_s`` seconds; exchanging the pseudo-gradient
+    costs about ``payload / upload + payload / download``. When that passes ``comm_budget`` of a round,
+    first the codec gets stronger (towards int4), then H doubles, up to ``max_inner_steps_factor``.
+    """
+    h, codec = run.outer.inner_steps, run.outer.codec
+    up, down = caps.upload_bps, caps.download_bps
+    if up <= 0 and down <= 0:
+        return h, codec, "link not measured"
+
+    def ratio(h_: int, codec_: str) -> float:
+        payload = params * BYTES_PER_PARAM[codec_]
+        comm = (payload / up if up > 0 else 0.0) + (payload / down if down > 0 else 0.0)
+        compute = h_ * _batch_size(run, settings) * run.lattice.seq_len / max(caps.tokens_per_s, 1e-9)
+        return comm / compute
+
+    r = ratio(h, codec)
+    if r <= settings.comm_budget:
+        return h, codec, f"exchange is {r:.0%} of a round"
+    codecs = list(CODECS)
+    for stronger in codecs[codecs.index(codec):]:
+        codec = stronger
+        if ratio(h, codec) <= settings.comm_budget:
+            break
+    max_h = run.outer.inner_steps * settings.max_inner_steps_factor
+    while ratio(h, codec) > settings.comm_budget and h * 2 <= max_h:
+        h *= 2
+    return h, codec, (
+        f"slow link ({up / 1e6:.2f} MB/s up, {down / 1e6:.2f} MB/s down): codec {codec}, H={h} "
+        f"make the exchange {ratio(h, codec):.0%} of a round (budget {settings.comm_budget:.0%})"
+    )
+
+
+def path_assignment(
+    path: Path_, caps: Capabilities, run: RunConfig, settings: CoordinatorSettings, reason: str, version: int
+) -> Assignment:
+    """A path-mode assignment for ``caps`` with its slow-link overrides; ``reason`` is extended."""
+    lattice = run.lattice
+    modules = tuple(lattice.path_modules(path))
+    h, codec, why = link_overrides(caps, lattice.path_param_count(path), run, settings)
+    return Assignment(
+        mode=MODE_PATH, path=tuple(path), module_ids=modules, inner_steps=h, codec=codec,
+        reason=f"{reason}; {why}", version=version,
+    )
+
+
+def _is_slow(caps: Capabilities, params: int, run: RunConfig, settings: CoordinatorSettings) -> bool:
+    h, codec, _ = link_overrides(caps, params, run, settings)
+    return (h, codec) != (run.outer.inner_steps, run.outer.codec)
+
+
+def _uncovered(run: RunConfig, view: ClusterView) -> Iterator[Path_]:
+    """Paths without a path-mode peer, in lexicographic order, lazily (cost grows with covered paths)."""
+    for path in itertools.product(range(run.lattice.modules_per_level), repeat=run.lattice.levels):
+        if path not in view.path_tps:
+            yield path
+
+
+def _members(run: RunConfig, view: ClusterView, path: Path_) -> int:
+    return sum(view.module_members.get(m, 0) for m in run.lattice.path_modules(path))
+
+
+def assign_peer(
+    now: float,
+    caps: Capabilities,
+    view: ClusterView,
+    run: RunConfig,
+    settings: CoordinatorSettings,
+    previous: Optional[Assignment] = None,
+    version: int = 1,
+) -> tuple[Optional[Assignment], str]:
+    """Work for a joining peer that holds nothing in ``view``: (assignment, reason), or (None, reason)
+    when nothing fits its memory. ``previous`` is its last work before a leave, expiry or restart."""
+    del now  # decisions at join do not depend on time; the argument keeps every decision's signature
+    lattice = run.lattice
+    fits, path_need = fits_path(caps, run, settings)
+    if fits:
+        slow = _is_slow(caps, lattice.path_param_count(), run, settings)
+        uncovered = next(_uncovered(run, view), None)
+        if uncovered is not None:
+            if previous is not None and previous.mode == MODE_PATH and previous.path not in view.path_tps:
+                a = path_assignment(
+                    previous.path, caps, run, settings,
+                    f"rejoined: keeps path {format_path(previous.path)}, which had no peer", version,
+                )
+                return a, a.reason
+            if slow:
+                candidates = itertools.islice(_uncovered(run, view), 64)
+                uncovered = min(candidates, key=lambda p: (_members(run, view, p), p))
+                why = f"path {format_path(uncovered)} had no peer (fewest module members, for a slow link)"
+            else:
+                why = f"path {format_path(uncovered)} had no peer"
+            a = path_assignment(uncovered, caps, run, settings, why, version)
+            return a, a.reason
+        lo = min(view.path_tps.values())
+        hi = max(view.path_tps.values())
+        tolerance = settings.rebalance_threshold * max(hi, caps.tokens_per_s)
+        if previous is not None and previous.mode == MODE_PATH and previous.path in view.path_tps:
+            if view.path_tps[previous.path] - lo <= tolerance:
+                a = path_assignment(
+                    previous.path, caps, run, settings,
+                    f"rejoined: keeps path {format_path(previous.path)} (within the balance threshold)", version,
+                )
+                return a, a.reason
+        if slow:
+            near = [p for p, t in view.path_tps.items() if t - lo <= tolerance]
+            best = min(near, key=lambda p: (_members(run, view, p), view.path_tps[p], p))
+            why = (f"path {format_path(best)} is within {settings.rebalance_threshold:.0%} of the least "
+                   f"throughput ({lo:.0f} tok/s) with the fewest module members, for a slow link")
+        else:
+            best = min(view.path_tps, key=lambda p: (view.path_tps[p], p))
+            why = f"path {format_path(best)} had the least throughput ({lo:.0f} tok/s)"
+        a = path_assignment(best, caps, run, settings, why, version)
+        return a, a.reason
+
+    batch = _batch_size(run, settings)
+    usable = _usable(caps, settings)
+    fitting = [m for m in lattice.module_ids() if lattice.training_memory_bytes([m], batch) <= usable]
+    if not fitting:
+        smallest = min(lattice.training_memory_bytes([m], batch) for m in lattice.module_ids())
+        return None, (
+            f"no work fits {caps.memory_bytes} bytes ({settings.memory_headroom:.0%} usable): a path needs "
+            f"{path_need} and the smallest module {smallest}; join with more memory or a smaller batch"
+        )
+    if previous is not None and previous.mode == MODE_STAGE and previous.module_id in fitting:
+        module = previous.module_id
+        why = f"rejoined: keeps serving {module}"
+    else:
+        slow = _is_slow(caps, max(lattice.module_param_count(m) for m in fitting), run, settings)
+
+        def key(m: str) -> tuple:
+            load = view.stage_tps.get(m, 0.0)
+            members = view.module_members.get(m, 0)
+            return (members, load, m) if slow else (load, members, m)
+
+        module = min(fitting, key=key)
+        why = (f"a path needs {path_need} bytes, more than {usable:.0f} usable; module {module} has the least "
+               f"stage throughput{' and fewest members, for a slow link' if slow else ''}")
+    h, codec, link = link_overrides(caps, lattice.module_param_count(module), run, settings)
+    a = Assignment(mode=MODE_STAGE, module_id=module, module_ids=(module,), inner_steps=h, codec=codec,
+                   reason=f"{why}; {link}", version=version)
+    return a, a.reason
+
+
+def rebalance(
+    now: float,
+    last_moved: Mapping[str, float],
+    caps: Mapping[str, Capabilities],
+    view: ClusterView,
+    run: RunConfig,
+    settings: CoordinatorSettings,
+) -> tuple[Optional[Move], str]:
+    """At most one path-mode move that lowers the throughput spread: (move, reason) or (None, reason).
+
+    ``last_moved`` maps peer ids to when they were last moved (absent: never); ``caps`` gives the
+    moved peer's capabilities for its new assignment's link overrides. Stage servers are not moved.
+    """
+    if not view.path_tps:
+        return None, "no path-mode peers"
+    target = next(_uncovered(run, view), None)
+    if target is not None:
+        target_tps = 0.0
+        trigger = f"path {format_path(target)} has no peer"
+    else:
+        target = min(view.path_tps, key=lambda p: (view.path_tps[p], p))
+        target_tps = view.path_tps[target]
+        hi = max(view.path_tps.values())
+        spread = (hi - target_tps) / hi if hi > 0 else 0.0
+        if spread <= settings.rebalance_threshold:
+            return None, f"balanced: throughput spread {spread:.0%} is within {settings.rebalance_threshold:.0%}"
+        trigger = f"throughput spread {spread:.0%} passes {settings.rebalance_threshold:.0%}"
+    sources = sorted(
+        (p for p, members in view.path_peers.items() if len(members) >= 2 and p != target),
+        key=lambda p: (-view.path_tps[p], p),
+    )
+    waiting = 0
+    for source in sources:
+        gap = view.path_tps[source] - target_tps
+        best: Optional[tuple[float, str]] = None
+        for peer_id, tps in view.path_peers[source].items():
+            if not 0 < tps < gap:
+                continue
+            if now - last_moved.get(peer_id, -math.inf) < settings.min_move_interval:
+                waiting += 1
+                continue
+            score = abs(tps - gap / 2)
+            if best is None or (score, peer_id) < best:
+                best = (score, peer_id)
+        if best is not None:
+            peer_id = best[1]
+            old = view.assignments[peer_id]
+            why = (f"rebalanced from path {format_path(source)} ({view.path_tps[source]:.0f} tok/s) to "
+                   f"{format_path(target)} ({target_tps:.0f} tok/s): {trigger}")
+            a = path_assignment(target, caps[peer_id], run, settings, why, old.version + 1)
+            return Move(peer_id, a, a.reason), a.reason
+    if waiting:
+        return None, f"{trigger}, but the peers that could move were moved less than {settings.min_move_interval:.0f}s ago"
+    return None, f"{trigger}, but no single move lowers the spread"

@@ -1,0 +1,223 @@
+"""Running the coordinator: gRPC (grpc.aio on uvloop) with the health service, the HTTP status
+server, the lease/rebalance ticker and the group-commit flusher, shut down cleanly on SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+
+from coordinator.committer import GroupCommitter
+from coordinator.core import Coordinator
+from coordinator.servicer import CoordinatorServicer
+from coordinator.settings import CoordinatorSettings
+from coordinator.status import snapshot
+from coordinator.store import open_store
+from coordinator.web import StatusServer
+from models.config import RunConfig
+from models.errors import HivepathError
+from protos.hivepath.coordinator.v1 import coordinator_pb2 as pb
+from protos.hivepath.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
+
+__all__ = ["ServeOptions", "serve", "run_server", "BackgroundServer", "SERVICE_NAME"]
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Coordinator"].full_name
+MAX_MESSAGE_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Where and how ``hivepath coordinator serve`` listens."""
+
+    db: str
+    """SQLite state file (``:memory:`` keeps state in memory only)."""
+    port: int
+    """gRPC port (0: any free port)."""
+    http_port: int
+    """Status page, JSON and metrics port (0: any free port)."""
+    token: str
+    """The run token peers present at join."""
+    host: str = "0.0.0.0"
+    tls_cert: Optional[str] = None
+    """PEM certificate chain; with ``tls_key`` the gRPC port speaks TLS."""
+    tls_key: Optional[str] = None
+
+
+def _credentials(opts: ServeOptions) -> Optional[grpc.ServerCredentials]:
+    if not opts.tls_cert and not opts.tls_key:
+        return None
+    if not (opts.tls_cert and opts.tls_key):
+        raise HivepathError("--tls-cert and --tls-key go together; pass both or neither")
+    try:
+        cert = Path(opts.tls_cert).read_bytes()
+        key = Path(opts.tls_key).read_bytes()
+    except OSError as e:
+        raise HivepathError(f"cannot read the TLS certificate or key: {e}") from None
+    return grpc.ssl_server_credentials([(key, cert)])
+
+
+async def serve(run: RunConfig, settings: CoordinatorSettings, opts: ServeOptions,
+                stop: Optional[asyncio.Event] = None,
+                on_ready: Optional[Callable[[Coordinator, int, int], None]] = None) -> None:
+    """Serve until ``stop`` is set (or SIGTERM/SIGINT); state is flushed before returning.
+    ``on_ready(coordinator, grpc_port, http_port)`` is called once both ports listen."""
+    loop = asyncio.get_running_loop()
+    stop = stop or asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # not the main thread (tests)
+            pass
+    store = open_store(opts.db, settings.sqlite_synchronous)
+    committer = GroupCommitter(store)
+    executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="coordinator")
+    http: Optional[StatusServer] = None
+    server: Optional[grpc.aio.Server] = None
+    try:
+        coord = Coordinator(run, settings, store, durable=committer.commit)
+        server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", 64 * MAX_MESSAGE_BYTES),
+        ])
+        pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(coord, opts.token, executor), server)
+        health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        creds = _credentials(opts)
+        address = f"{opts.host}:{opts.port}"
+        try:
+            port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
+        except RuntimeError as e:
+            raise HivepathError(f"--port {opts.port}: cannot listen on {address} ({e}); pick a free port") from None
+        try:
+            http = StatusServer(lambda max_peers: snapshot(coord, max_peers), opts.host, opts.http_port).start()
+        except OSError as e:
+            raise HivepathError(f"--http-port {opts.http_port}: cannot listen ({e}); pick a free port") from None
+        await server.start()
+        for name in ("", SERVICE_NAME):
+            await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("coordinator for run %s (config %s) serving gRPC%s on port %d, status on http://%s:%d/",
+                 run.run_id, coord.run_hash, " with TLS" if creds else "", port, opts.host, http.port)
+        if on_ready is not None:
+            on_ready(coord, port, http.port)
+
+        async def every(interval: float, fn) -> None:
+            while not stop.is_set():
+                try:
+                    await asyncio.wait_for(stop.wait(), timeout=interval)
+                except asyncio.TimeoutError:
+                    pass
+                try:
+                    await fn()
+                except Exception:
+                    log.exception("background task failed")
+
+        async def tick() -> None:
+            await loop.run_in_executor(executor, coord.tick)
+
+        async def flush() -> None:
+            await loop.run_in_executor(executor, lambda: committer.submit(coord.take_dirty()))
+
+        tasks = [asyncio.create_task(every(settings.tick_interval, tick)),
+                 asyncio.create_task(every(settings.flush_interval, flush))]
+        await stop.wait()
+        log.info("shutting down")
+        for name in ("", SERVICE_NAME):
+            await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await server.stop(grace=2.0)
+        server = None
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        committer.submit(coord.take_dirty())
+    finally:
+        if server is not None:
+            await server.stop(grace=None)
+        if http is not None:
+            http.stop()
+        executor.shutdown(wait=True)
+        committer.close()
+        store.close()
+
+
+def run_server(run: RunConfig, settings: CoordinatorSettings, opts: ServeOptions) -> int:
+    """Run :func:`serve` on uvloop (asyncio's loop where uvloop is missing); returns an exit code."""
+    try:
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
+        factory = None
+    if sys.version_info >= (3, 11):
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(serve(run, settings, opts))
+    else:  # pragma: no cover - Python 3.10
+        if factory is not None:
+            asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+        asyncio.run(serve(run, settings, opts))
+    return 0
+
+
+class BackgroundServer:
+    """The coordinator serving from a thread of this process (tests, benchmarks, embedding).
+
+    ``with BackgroundServer(run, settings, opts) as srv:`` gives ``srv.port``, ``srv.http_port`` and
+    ``srv.coordinator`` once both ports listen; leaving the block shuts it down and flushes state.
+    """
+
+    def __init__(self, run: RunConfig, settings: CoordinatorSettings, opts: ServeOptions,
+                 start_timeout: float = 30.0):
+        import threading
+
+        self._args = (run, settings, opts)
+        self._ready = threading.Event()
+        self._error: Optional[BaseException] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._stop: Optional[asyncio.Event] = None
+        self.coordinator: Optional[Coordinator] = None
+        self.port = self.http_port = 0
+        self._thread = threading.Thread(target=self._main, name="coordinator-server", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(start_timeout):
+            raise TimeoutError(f"the coordinator did not start within {start_timeout:.0f}s")
+        if self._error is not None:
+            raise self._error
+
+    def _main(self) -> None:
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+
+            def ready(coord: Coordinator, port: int, http_port: int) -> None:
+                self.coordinator, self.port, self.http_port = coord, port, http_port
+                self._ready.set()
+
+            await serve(*self._args, stop=self._stop, on_ready=ready)
+
+        try:
+            asyncio.run(main())
+        except BaseException as e:  # reported to the starting thread
+            self._error = e
+            self._ready.set()
+
+    def close(self, stop_timeout: float = 30.0) -> None:
+        if self._loop is not None and self._stop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(stop_timeout)
+
+    def __enter__(self) -> "BackgroundServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

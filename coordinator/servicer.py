@@ -1,0 +1,211 @@
+"""The gRPC face of the coordinator: checks the token and every field, translates protos into
+:class:`coordinator.core.Coordinator` calls, and maps refusals to status codes.
+
+=========================================  ===================
+wrong or missing run token                  UNAUTHENTICATED
+unknown or expired lease                    NOT_FOUND (re-join)
+malformed or out-of-range field             INVALID_ARGUMENT
+no work fits / data differs                 FAILED_PRECONDITION
+too many live leases                        RESOURCE_EXHAUSTED
+=========================================  ===================
+
+Anything else is a bug: it is logged with its traceback and answered INTERNAL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hmac
+import logging
+import math
+from concurrent.futures import Executor
+from typing import Any, Awaitable, Callable, Optional
+
+import grpc
+
+from coordinator.core import Coordinator, ProgressReport
+from coordinator.errors import InvalidArgument, RequestError, Unauthenticated
+from coordinator.records import MODE_PATH, Assignment
+from coordinator.status import snapshot
+from coordinator.validation import (
+    MAX_PROGRESS,
+    MAX_PUBLIC_KEY,
+    MAX_RATE,
+    check_capabilities,
+    check_lease_id,
+    check_number,
+    check_peer_id,
+    check_text,
+    check_unique,
+)
+from protos.hivepath.coordinator.v1 import coordinator_pb2 as pb
+from protos.hivepath.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
+
+__all__ = ["CoordinatorServicer", "assignment_to_proto", "assignment_from_proto"]
+
+log = logging.getLogger(__name__)
+
+MAX_COUNT = 1 << 62
+"""Largest round, token or byte count accepted."""
+
+
+def assignment_to_proto(a: Assignment) -> pb.Assignment:
+    return pb.Assignment(
+        mode=pb.MODE_PATH if a.mode == MODE_PATH else pb.MODE_STAGE, path=list(a.path), module_id=a.module_id,
+        module_ids=list(a.module_ids), inner_steps=a.inner_steps, codec=a.codec, reason=a.reason, version=a.version,
+    )
+
+
+def assignment_from_proto(m: pb.Assignment) -> Assignment:
+    return Assignment(
+        mode="path" if m.mode == pb.MODE_PATH else "stage", path=tuple(m.path), module_id=m.module_id,
+        module_ids=tuple(m.module_ids), inner_steps=m.inner_steps, codec=m.codec, reason=m.reason, version=m.version,
+    )
+
+
+def _rpc(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """Map :class:`RequestError` to its status code; anything else is logged and answered INTERNAL."""
+
+    @functools.wraps(method)
+    async def wrapper(self: "CoordinatorServicer", request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await method(self, request, context)
+        except RequestError as e:
+            await context.abort(getattr(grpc.StatusCode, e.code), str(e))
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as e:
+            log.exception("%s failed", method.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, f"coordinator bug: {type(e).__name__}")
+
+    return wrapper
+
+
+class CoordinatorServicer(pb_grpc.CoordinatorServicer):
+    """Implements ``hivepath.coordinator.v1.Coordinator`` on top of one :class:`Coordinator`."""
+
+    def __init__(self, coord: Coordinator, token: str, executor: Optional[Executor] = None):
+        if not token:
+            raise ValueError("the coordinator needs a run token")
+        self.coord = coord
+        self._token = token.encode("utf-8")
+        self._executor = executor
+
+    def _authorize(self, token: str) -> None:
+        if not token:
+            raise Unauthenticated("token: missing; pass the run token (--token, --token-file or HIVEPATH_TOKEN)")
+        if not hmac.compare_digest(token.encode("utf-8", "surrogatepass"), self._token):
+            raise Unauthenticated("token: wrong run token; ask the run's operator for the token")
+
+    async def _blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a call that waits for a durable commit off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args))
+
+    @_rpc
+    async def Join(self, request: pb.JoinRequest, context: grpc.aio.ServicerContext) -> pb.JoinResponse:
+        self._authorize(request.token)
+        peer_id = check_peer_id(request.peer_id)
+        if len(request.public_key) > MAX_PUBLIC_KEY:
+            raise InvalidArgument("public_key", f"is {len(request.public_key)} bytes, the limit is {MAX_PUBLIC_KEY}")
+        c = request.capabilities
+        if not request.HasField("capabilities"):
+            raise InvalidArgument("capabilities", "is required (device, memory_bytes, tokens_per_s)")
+        caps = check_capabilities(c.device, c.memory_bytes, c.tokens_per_s, c.upload_bps, c.download_bps,
+                                  list(c.multiaddrs))
+        manifest = check_text("manifest_hash", request.manifest_hash, 64)
+        result = await self._blocking(self.coord.join, peer_id, bytes(request.public_key), caps, manifest)
+        s = self.coord.settings
+        return pb.JoinResponse(
+            run_spec=self._run_spec(),
+            initial_peers=result.initial_peers,
+            lease=pb.Lease(lease_id=result.lease.lease_id, duration_s=s.lease_timeout,
+                           heartbeat_interval_s=s.heartbeat_interval),
+            assignment=assignment_to_proto(result.assignment),
+            rejoined=result.rejoined,
+        )
+
+    def _run_spec(self) -> pb.RunSpec:
+        c = self.coord
+        return pb.RunSpec(run_config_json=c.run_json, run_config_hash=c.run_hash, lattice_hash=c.lattice_hash,
+                          manifest_hash=c.run.data.manifest_hash)
+
+    @_rpc
+    async def GetRunSpec(self, request: pb.GetRunSpecRequest,
+                         context: grpc.aio.ServicerContext) -> pb.GetRunSpecResponse:
+        self._authorize(request.token)
+        return pb.GetRunSpecResponse(run_spec=self._run_spec(), initial_peers=self.coord.initial_peers())
+
+    @_rpc
+    async def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext) -> pb.HeartbeatResponse:
+        lease_id = check_lease_id(request.lease_id)
+        peer_id = check_peer_id(request.peer_id)
+        progress = []
+        if request.progress:
+            if len(request.progress) > MAX_PROGRESS:
+                raise InvalidArgument("progress", f"{len(request.progress)} entries, the limit is {MAX_PROGRESS}")
+            check_unique("progress.module_id", (p.module_id for p in request.progress))
+            for p in request.progress:
+                check_text("progress.module_id", p.module_id, 64, allow_empty=False)
+                if p.round > MAX_COUNT or p.tokens > MAX_COUNT:
+                    raise InvalidArgument("progress", f"round or tokens of {p.module_id} beyond {MAX_COUNT}")
+                if not math.isfinite(p.loss) or p.loss < 0:
+                    raise InvalidArgument("progress.loss", f"{p.loss} for {p.module_id} is not a finite loss >= 0")
+                progress.append(ProgressReport(p.module_id, p.round, p.tokens, p.loss))
+        check_number("tokens_per_s", request.tokens_per_s, 0.0, MAX_RATE)
+        if request.bytes_sent > MAX_COUNT or request.bytes_received > MAX_COUNT:
+            raise InvalidArgument("bytes_sent", f"byte counts beyond {MAX_COUNT}")
+        coord = self.coord
+        if request.preempting:
+            result = await self._blocking(
+                coord.heartbeat, lease_id, peer_id, progress, request.assignment_version, request.tokens_per_s,
+                request.bytes_sent + request.bytes_received, True,
+            )
+        else:
+            result = coord.heartbeat(lease_id, peer_id, progress, request.assignment_version, request.tokens_per_s,
+                                     request.bytes_sent + request.bytes_received)
+        reply = pb.HeartbeatResponse(lease_remaining_s=result.lease_remaining, drain=result.drain,
+                                     drain_reason=result.drain_reason)
+        if result.assignment is not None:
+            reply.assignment.CopyFrom(assignment_to_proto(result.assignment))
+        return reply
+
+    @_rpc
+    async def Leave(self, request: pb.LeaveRequest, context: grpc.aio.ServicerContext) -> pb.LeaveResponse:
+        lease_id = check_lease_id(request.lease_id)
+        peer_id = check_peer_id(request.peer_id)
+        reason = check_text("reason", request.reason)
+        await self._blocking(self.coord.leave, lease_id, peer_id, reason)
+        return pb.LeaveResponse()
+
+    @_rpc
+    async def Drain(self, request: pb.DrainRequest, context: grpc.aio.ServicerContext) -> pb.DrainResponse:
+        self._authorize(request.token)
+        peer_id = check_peer_id(request.peer_id)
+        reason = check_text("reason", request.reason)
+        state = await self._blocking(self.coord.drain, peer_id, reason)
+        return pb.DrainResponse(state=state)
+
+    @_rpc
+    async def Status(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusResponse:
+        self._authorize(request.token)
+        snap = await self._blocking(snapshot, self.coord)
+        reply = pb.StatusResponse(
+            run_id=snap["run_id"], run_config_hash=snap["run_config_hash"], total_tokens_per_s=snap["total_tokens_per_s"],
+            bytes_exchanged=snap["bytes_exchanged"], live_leases=snap["live_leases"],
+        )
+        for p in snap["peers"]:
+            row = reply.peers.add(
+                peer_id=p["peer_id"], device=p["device"], state=p["state"], tokens_per_s=p["tokens_per_s"],
+                memory_bytes=p["memory_bytes"], last_seen_age_s=p["last_seen_age_s"], tokens=p["tokens"],
+                bytes_exchanged=p["bytes_exchanged"],
+            )
+            if p["assignment"]:
+                row.assignment.CopyFrom(assignment_to_proto(Assignment.from_dict(p["assignment"])))
+        for m in snap["modules"]:
+            reply.modules.add(module_id=m["module_id"], holders=m["holders"], round=m["round"],
+                              tokens_per_s=m["tokens_per_s"])
+        for p in snap["paths"]:
+            reply.paths.add(path=p["path"], peers=p["peers"], tokens_per_s=p["tokens_per_s"],
+                            loss=float("nan") if p["loss"] is None else p["loss"])
+        return reply

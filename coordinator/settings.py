@@ -1,0 +1,137 @@
+"""The ``[coordinator]`` section of ``run.toml``: leases, durability, and the scheduler's policy.
+
+Everything else in the file is the run itself, read by :func:`models.config.load_run_config`.
+Precedence: command-line flags (the serve command's) over this section over the defaults here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Union
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from models.config import RunConfig, load_run_config
+from models.errors import ConfigError
+
+__all__ = ["CoordinatorSettings", "load_settings", "load_run_and_settings", "MAX_PATHS"]
+
+MAX_PATHS = 65536
+"""The scheduler keeps per-path state; lattices with more paths are refused at start-up."""
+
+
+@dataclass(frozen=True)
+class CoordinatorSettings:
+    """How the coordinator admits, leases and assigns; read from ``[coordinator]`` in run.toml."""
+
+    lease_timeout: float = 30.0
+    """Seconds a lease lives without a heartbeat; then its work is freed for another peer."""
+    heartbeat_interval: float = 5.0
+    """Seconds between a peer's heartbeats (told to peers at join)."""
+    restart_grace: float = 60.0
+    """After a restart every live lease gets at least this many seconds, so peers can reconnect
+    before any work is reshuffled."""
+    flush_interval: float = 1.0
+    """Seconds between group commits of heartbeat renewals and progress to SQLite."""
+    tick_interval: float = 1.0
+    """Seconds between lease-expiry and rebalancing passes."""
+    sqlite_synchronous: str = "FULL"
+    """SQLite ``synchronous`` pragma: FULL survives power loss, NORMAL survives process crashes."""
+    batch_size: int = 0
+    """Sequences per step used to judge memory fit (0: the run's ``inner.batch_size``)."""
+    memory_headroom: float = 0.8
+    """Fraction of a peer's reported memory the scheduler plans to use."""
+    rebalance_threshold: float = 0.25
+    """Move a peer only when (max - min) / max path throughput exceeds this."""
+    min_move_interval: float = 300.0
+    """A peer is moved at most once per this many seconds."""
+    max_moves_per_tick: int = 1
+    """Rebalancing moves per pass, so the network changes gradually."""
+    comm_budget: float = 0.1
+    """A link is slow when exchanging its pseudo-gradients would take more than this fraction of a
+    round's compute; the peer then gets a stronger codec and, if needed, a larger H."""
+    max_inner_steps_factor: int = 8
+    """Largest multiple of the run's H given to a slow-linked peer."""
+    initial_peers: int = 8
+    """Multiaddrs of live peers handed to a joining peer as DHT bootstrap addresses."""
+    max_peers: int = 200000
+    """Joins beyond this many live leases are refused (RESOURCE_EXHAUSTED)."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type in ("float", float):
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                    raise ConfigError(f"coordinator.{f.name}", f"expected a finite number, got {value!r}")
+                object.__setattr__(self, f.name, float(value))
+            elif f.type in ("int", int) and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigError(f"coordinator.{f.name}", f"expected an integer, got {value!r}")
+            elif f.type in ("str", str) and not isinstance(value, str):
+                raise ConfigError(f"coordinator.{f.name}", f"expected a string, got {value!r}")
+        for name in ("lease_timeout", "heartbeat_interval", "flush_interval", "tick_interval", "comm_budget"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"coordinator.{name}", f"must be > 0, got {getattr(self, name)}")
+        for name in ("restart_grace", "min_move_interval", "batch_size", "rebalance_threshold"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"coordinator.{name}", f"must be >= 0, got {getattr(self, name)}")
+        if self.heartbeat_interval >= self.lease_timeout:
+            raise ConfigError(
+                "coordinator.heartbeat_interval",
+                f"{self.heartbeat_interval} must be below lease_timeout={self.lease_timeout}",
+            )
+        if not 0 < self.memory_headroom <= 1:
+            raise ConfigError("coordinator.memory_headroom", f"must be in (0, 1], got {self.memory_headroom}")
+        if self.sqlite_synchronous.upper() not in ("FULL", "NORMAL", "EXTRA"):
+            raise ConfigError("coordinator.sqlite_synchronous", f"'{self.sqlite_synchronous}' is not FULL, NORMAL or EXTRA")
+        for name in ("max_moves_per_tick", "max_inner_steps_factor", "max_peers"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"coordinator.{name}", f"must be >= 1, got {getattr(self, name)}")
+        if self.initial_peers < 0:
+            raise ConfigError("coordinator.initial_peers", f"must be >= 0, got {self.initial_peers}")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "CoordinatorSettings":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"coordinator.{unknown[0]}", f"unknown field (known: {', '.join(sorted(known))})")
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> "CoordinatorSettings":
+        return dataclasses.replace(self, **changes)
+
+
+def load_settings(path: Union[str, Path]) -> CoordinatorSettings:
+    """Read the ``[coordinator]`` section of a run config file (defaults when it is absent)."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError("run-config", f"file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError("run-config", f"cannot read {path}: {e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError("run-config", f"{path} is not valid TOML: {e}") from None
+    section = raw.get("coordinator", {})
+    if not isinstance(section, dict):
+        raise ConfigError("coordinator", "must be a table ([coordinator])")
+    return CoordinatorSettings.from_dict(section)
+
+
+def load_run_and_settings(path: Union[str, Path]) -> tuple[RunConfig, CoordinatorSettings]:
+    """The run (every section but ``[coordinator]``) and the coordinator's own settings."""
+    run = load_run_config(path, ignore_sections=("coordinator",))
+    settings = load_settings(path)
+    if run.lattice.num_paths > MAX_PATHS:
+        raise ConfigError(
+            "lattice.modules_per_level",
+            f"{run.lattice.num_paths} paths is more than the coordinator schedules ({MAX_PATHS}); use a smaller lattice",
+        )
+    return run, settings

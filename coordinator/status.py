@@ -1,0 +1,107 @@
+"""One consistent picture of the run for people and tools: the JSON status endpoint, the HTML
+page, the Status RPC and the Prometheus metrics are all rendered from :func:`snapshot`."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+from coordinator.core import Coordinator
+from coordinator.records import MODE_PATH
+from models.config import format_path
+
+__all__ = ["snapshot"]
+
+
+def _mean(values: list[float]) -> float:
+    vals = [v for v in values if math.isfinite(v)]
+    return sum(vals) / len(vals) if vals else float("nan")
+
+
+def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, Any]:
+    """The run now: live peers (the first ``max_peers`` by id; None: all), the lattice grid with each
+    module's holders, paths with their throughput and loss, totals and counters."""
+    lattice = coord.run.lattice
+    v = coord.status_view()
+    now, peers, leases, progress, counters, reason = (
+        v.now, v.peers, v.lease_expiry, v.progress, v.counters, v.rebalance_reason
+    )
+    states: dict[str, int] = {}
+    live = []
+    for p in peers:
+        states[p.state] = states.get(p.state, 0) + 1
+        if p.state in ("active", "draining"):
+            live.append(p)
+    live.sort(key=lambda p: p.peer_id)
+    holders: dict[str, list[str]] = {m: [] for m in lattice.module_ids()}
+    module_tps: dict[str, float] = {m: 0.0 for m in holders}
+    module_round: dict[str, int] = {m: 0 for m in holders}
+    paths: dict[tuple[int, ...], dict[str, Any]] = {}
+    peer_rows = []
+    for p in live:
+        a = p.assignment
+        mine = progress.get(p.peer_id, {})
+        if p.state == "active" and a is not None:
+            for m in a.module_ids:
+                holders[m].append(p.peer_id)
+                module_tps[m] += p.capabilities.tokens_per_s
+            if a.mode == MODE_PATH:
+                row = paths.setdefault(a.path, {"peers": [], "tokens_per_s": 0.0, "losses": []})
+                row["peers"].append(p.peer_id)
+                row["tokens_per_s"] += p.capabilities.tokens_per_s
+                row["losses"].append(_mean([r.loss for r in mine.values()]))
+        for m, r in mine.items():
+            if m in module_round:
+                module_round[m] = max(module_round[m], r.round)
+        expiry = leases.get(p.peer_id)
+        if max_peers is None or len(peer_rows) < max_peers:
+            peer_rows.append({
+                "peer_id": p.peer_id,
+                "device": p.capabilities.device,
+                "state": p.state,
+                "tokens_per_s": p.capabilities.tokens_per_s,
+                "memory_bytes": p.capabilities.memory_bytes,
+                "assignment": a.to_dict() if a else None,
+                "work": a.label() if a else "",
+                "last_seen_age_s": max(0.0, now - p.last_seen),
+                "lease_remaining_s": max(0.0, expiry - now) if expiry is not None else 0.0,
+                "tokens": p.tokens,
+                "bytes_exchanged": p.bytes_exchanged,
+                "joins": p.joins,
+            })
+    path_rows = []
+    for path in sorted(set(paths) | set(lattice.paths()[:4096])):
+        row = paths.get(path, {"peers": [], "tokens_per_s": 0.0, "losses": []})
+        loss = _mean(row["losses"])
+        path_rows.append({
+            "path": list(path), "name": format_path(path), "peers": row["peers"],
+            "tokens_per_s": row["tokens_per_s"], "loss": loss if math.isfinite(loss) else None,
+        })
+    modules = [
+        {"module_id": m, "holders": holders[m], "round": module_round[m], "tokens_per_s": module_tps[m]}
+        for m in lattice.module_ids()
+    ]
+    grid = [
+        [{"module_id": lattice.block_id(l, i), "holders": len(holders[lattice.block_id(l, i)]),
+          "round": module_round[lattice.block_id(l, i)]} for i in range(lattice.modules_per_level)]
+        for l in range(lattice.levels)
+    ]
+    return {
+        "run_id": coord.run.run_id,
+        "run_config_hash": coord.run_hash,
+        "lattice_hash": coord.lattice_hash,
+        "manifest_hash": coord.run.data.manifest_hash,
+        "lattice": {"levels": lattice.levels, "modules_per_level": lattice.modules_per_level, "grid": grid},
+        "uptime_s": max(0.0, now - coord.started_at),
+        "live_leases": len(leases),
+        "peer_states": states,
+        "total_tokens_per_s": sum(p.capabilities.tokens_per_s for p in live if p.state == "active"),
+        "tokens": sum(p.tokens for p in peers),
+        "bytes_exchanged": sum(p.bytes_exchanged for p in peers),
+        "peers": peer_rows,
+        "peers_truncated": len(live) > len(peer_rows),
+        "modules": modules,
+        "paths": path_rows,
+        "rebalance": reason,
+        "counters": counters,
+    }

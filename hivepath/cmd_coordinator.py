@@ -1,0 +1,142 @@
+"""``hivepath coordinator``: run the coordinator service, or ask a running one for status or a drain.
+
+- ``serve --run-config run.toml --db state.db --port P --http-port Q``: the run token comes from
+  ``--token``, ``--token-file`` or ``HIVEPATH_TOKEN`` (first found, in that order).
+- ``status [--json]`` and ``drain PEER_ID``: operator commands over gRPC (``--coordinator`` or
+  ``HIVEPATH_COORDINATOR``, same token sources).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+from models.errors import ConfigError, HivepathError
+
+__all__ = ["register", "run", "read_token"]
+
+log = logging.getLogger(__name__)
+
+
+def read_token(token: Optional[str], token_file: Optional[str]) -> str:
+    """The run token: ``--token``, else ``--token-file``, else ``HIVEPATH_TOKEN``."""
+    if token:
+        return token
+    if token_file:
+        try:
+            text = Path(token_file).read_text(encoding="utf-8").strip()
+        except OSError as e:
+            raise ConfigError("token-file", f"cannot read {token_file}: {e}") from None
+        if not text:
+            raise ConfigError("token-file", f"{token_file} is empty; write the run token into it")
+        return text
+    env = os.environ.get("HIVEPATH_TOKEN", "").strip()
+    if env:
+        return env
+    raise ConfigError("token", "no run token; pass --token, --token-file or set HIVEPATH_TOKEN")
+
+
+def _add_token(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--token", help="the run token (prefer --token-file or HIVEPATH_TOKEN: flags show in ps)")
+    p.add_argument("--token-file", help="file holding the run token")
+
+
+def _add_client(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--coordinator", default=os.environ.get("HIVEPATH_COORDINATOR", "127.0.0.1:7700"),
+                   help="host:port of the coordinator (env HIVEPATH_COORDINATOR; default 127.0.0.1:7700)")
+    p.add_argument("--tls-ca", help="PEM CA certificate to verify a TLS coordinator")
+    _add_token(p)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "coordinator", help="run or query the coordinator service",
+        description="Run the coordinator service, or ask a running one for its status or to drain a peer.",
+    )
+    sub = parser.add_subparsers(dest="coordinator_command", metavar="ACTION", required=True)
+
+    serve = sub.add_parser("serve", help="run the coordinator (gRPC + status page)")
+    serve.add_argument("--run-config", required=True, help="run.toml: the run and its [coordinator] section")
+    serve.add_argument("--db", required=True, help="SQLite state file (created if missing; ':memory:' for none)")
+    serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    serve.add_argument("--port", type=int, default=7700, help="gRPC port (default 7700)")
+    serve.add_argument("--http-port", type=int, default=7701, help="status page / metrics port (default 7701)")
+    serve.add_argument("--tls-cert", help="PEM certificate chain: serve gRPC over TLS (with --tls-key)")
+    serve.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    _add_token(serve)
+    serve.set_defaults(func=run)
+
+    status = sub.add_parser("status", help="show a running coordinator's view of the run")
+    _add_client(status)
+    status.add_argument("--json", action="store_true", help="print the status as JSON")
+    status.set_defaults(func=run)
+
+    drain = sub.add_parser("drain", help="tell a peer to finish its round and leave")
+    drain.add_argument("peer_id", metavar="PEER_ID")
+    drain.add_argument("--reason", default="drained by the operator")
+    _add_client(drain)
+    drain.set_defaults(func=run)
+
+
+def _port(value: int, flag: str) -> int:
+    if not 0 <= value <= 65535:
+        raise ConfigError(flag, f"{value} is not a port (0-65535)")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.coordinator_command == "serve":
+        return _serve(args)
+    from peer.coordinator_client import CoordinatorClient
+
+    client = CoordinatorClient(args.coordinator, read_token(args.token, args.token_file), tls_ca=args.tls_ca,
+                               retry_timeout=10.0)
+    try:
+        if args.coordinator_command == "drain":
+            state = client.drain(args.peer_id, args.reason)
+            sys.stdout.write(f"{args.peer_id}: {state}\n")
+            return 0
+        status = client.status()
+        if args.json:
+            sys.stdout.write(json.dumps(status, indent=2, sort_keys=True) + "\n")
+        else:
+            _print_status(status)
+        return 0
+    finally:
+        client.close()
+
+
+def _print_status(s: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"run [bold]{s['run_id']}[/] config {s['run_config_hash']} · {s['live_leases']} live leases · "
+                  f"{s['total_tokens_per_s']:.0f} tokens/s")
+    peers = Table("peer", "device", "state", "work", "tokens/s", "tokens")
+    for p in s["peers"]:
+        peers.add_row(p["peer_id"], p["device"], p["state"], p["work"], f"{p['tokens_per_s']:.0f}", str(p["tokens"]))
+    console.print(peers)
+    modules = Table("module", "holders", "round")
+    for m in s["modules"]:
+        modules.add_row(m["module_id"], str(len(m["holders"])), str(m["round"]))
+    console.print(modules)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from coordinator.server import ServeOptions, run_server
+    from coordinator.settings import load_run_and_settings
+
+    run_cfg, settings = load_run_and_settings(args.run_config)
+    opts = ServeOptions(
+        db=args.db, port=_port(args.port, "port"), http_port=_port(args.http_port, "http-port"),
+        token=read_token(args.token, args.token_file), host=args.host, tls_cert=args.tls_cert, tls_key=args.tls_key,
+    )
+    if opts.db != ":memory:" and not Path(opts.db).resolve().parent.is_dir():
+        raise HivepathError(f"--db {opts.db}: directory {Path(opts.db).parent} does not exist; create it first")
+    return run_server(run_cfg, settings, opts)

@@ -1,0 +1,150 @@
+"""``hivepath peer join``: join a run as a volunteer peer.
+
+Every flag can come from an environment variable (for containers); a flag on the command line wins
+over the variable. The first SIGTERM or SIGINT drains (finish or abandon the round, checkpoint, leave,
+exit 0); a second one exits at once, losing nothing already checkpointed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from hivepath.cli import env_default
+from models.errors import HivepathError
+
+__all__ = ["register", "run", "install_drain_signals"]
+
+log = logging.getLogger(__name__)
+
+
+def _split(value: str | None) -> list[str]:
+    return [v for v in (value or "").replace(",", " ").split() if v]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "peer",
+        help="run a volunteer peer (hivepath peer join ...)",
+        description="Run a volunteer peer of a hivepath run.",
+    )
+    peer_sub = p.add_subparsers(dest="peer_command", metavar="SUBCOMMAND", required=True)
+    j = peer_sub.add_parser(
+        "join",
+        help="join a run: measure this machine, get work from the coordinator, train and average",
+        description=(
+            "Join a run through its coordinator: fetch the run spec, find or prepare the dataset, measure "
+            "tokens/s on the run's model, join the DHT, train the assigned path with DiLoCo outer rounds, "
+            "checkpoint after every round, and follow reassignments. SIGTERM/SIGINT drains and exits 0."
+        ),
+        epilog="Exit codes: 0 done or drained, 2 bad input, 3 coordinator unreachable or token refused, "
+        "4 incompatible data or config, 5 no work fits this machine, 6 identity in use.",
+    )
+    j.add_argument("--coordinator", default=env_default("HIVEPATH_COORDINATOR"), metavar="HOST:PORT",
+                   help="the coordinator's gRPC address (env HIVEPATH_COORDINATOR; required)")
+    j.add_argument("--token", default=env_default("HIVEPATH_TOKEN"),
+                   help="the run token (env HIVEPATH_TOKEN; or --token-file)")
+    j.add_argument("--token-file", default=env_default("HIVEPATH_TOKEN_FILE"), metavar="FILE",
+                   help="read the run token from FILE (env HIVEPATH_TOKEN_FILE)")
+    j.add_argument("--initial-peers", nargs="*", default=_split(env_default("HIVEPATH_INITIAL_PEERS")),
+                   metavar="MADDR", help="extra DHT bootstrap multiaddrs (env HIVEPATH_INITIAL_PEERS, space-separated)")
+    j.add_argument("--device", default=env_default("HIVEPATH_DEVICE", "auto"),
+                   help="auto, cpu, cuda or cuda:N (env HIVEPATH_DEVICE; default auto)")
+    j.add_argument("--max-memory", type=float, default=env_default("HIVEPATH_MAX_MEMORY", None, float), metavar="GB",
+                   help="use at most this much device memory (env HIVEPATH_MAX_MEMORY)")
+    j.add_argument("--work-dir", default=env_default("HIVEPATH_WORK_DIR", "~/.hivepath"), metavar="DIR",
+                   help="checkpoints, identity and data (env HIVEPATH_WORK_DIR; default ~/.hivepath)")
+    j.add_argument("--identity", default=env_default("HIVEPATH_IDENTITY"), metavar="FILE",
+                   help="identity key file for a stable peer id (env HIVEPATH_IDENTITY; default WORK_DIR/identity.key)")
+    j.add_argument("--data", default=env_default("HIVEPATH_DATA"), metavar="DIR",
+                   help="a prepared dataset (env HIVEPATH_DATA; default: prepared under WORK_DIR when missing)")
+    j.add_argument("--host-maddrs", nargs="*", default=_split(env_default("HIVEPATH_HOST_MADDRS", "/ip4/0.0.0.0/tcp/0")),
+                   metavar="MADDR", help="multiaddrs to listen on (env HIVEPATH_HOST_MADDRS)")
+    j.add_argument("--announce-maddrs", nargs="*", default=_split(env_default("HIVEPATH_ANNOUNCE_MADDRS")),
+                   metavar="MADDR", help="multiaddrs other peers should dial (env HIVEPATH_ANNOUNCE_MADDRS)")
+    j.add_argument("--client-mode", action="store_true", default=env_default("HIVEPATH_CLIENT_MODE", False, _bool),
+                   help="accept no incoming connections, e.g. behind NAT (env HIVEPATH_CLIENT_MODE=1)")
+    j.add_argument("--upload-mbps", type=float, default=env_default("HIVEPATH_UPLOAD_MBPS", None, float),
+                   metavar="MBIT", help="upload bandwidth in Mbit/s (env HIVEPATH_UPLOAD_MBPS; default 100)")
+    j.add_argument("--tls-ca", default=env_default("HIVEPATH_TLS_CA"), metavar="FILE",
+                   help="CA certificate to verify a TLS coordinator (env HIVEPATH_TLS_CA)")
+    j.add_argument("--progress", default=env_default("HIVEPATH_PROGRESS", "auto"), choices=["auto", "rich", "json"],
+                   help="live panel (rich), JSON lines on stdout (json), or rich on a terminal (auto; env HIVEPATH_PROGRESS)")
+    j.add_argument("--drain-timeout", type=float, default=env_default("HIVEPATH_DRAIN_TIMEOUT", 60.0, float),
+                   metavar="S", help="seconds allowed to finish a round when stopping (env HIVEPATH_DRAIN_TIMEOUT)")
+    j.add_argument("--max-steps", type=int, default=env_default("HIVEPATH_MAX_STEPS", 0, int), metavar="N",
+                   help="leave after N inner steps (0: run until stopped; env HIVEPATH_MAX_STEPS)")
+    j.add_argument("--threads", type=int, default=env_default("HIVEPATH_THREADS", None, int), metavar="N",
+                   help="CPU threads for torch (env HIVEPATH_THREADS)")
+    j.set_defaults(func=run)
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+def read_token(token: str | None, token_file: str | None) -> str:
+    """The run token from ``--token`` or ``--token-file``; a clear error when neither is given."""
+    if token_file:
+        try:
+            token = Path(token_file).expanduser().read_text().strip()
+        except OSError as e:
+            raise HivepathError(f"--token-file {token_file}: cannot read it ({e.strerror or e})") from None
+    if not token:
+        raise HivepathError("no run token: pass --token, --token-file or set HIVEPATH_TOKEN")
+    return token
+
+
+def install_drain_signals(on_first) -> None:
+    """First SIGTERM/SIGINT calls ``on_first(reason)``; a second exits at once with status 130."""
+    count = {"n": 0}
+
+    def handler(signum, _frame):
+        count["n"] += 1
+        name = signal.Signals(signum).name
+        if count["n"] == 1:
+            on_first(f"{name} received")
+        else:
+            sys.stderr.write(f"hivepath: second {name}: exiting now (the last checkpoint is intact)\n")
+            sys.stderr.flush()
+            os._exit(130)
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def run(args: argparse.Namespace) -> int:
+    from peer.node import PeerNode, PeerOptions
+
+    if not args.coordinator:
+        raise HivepathError("no coordinator address: pass --coordinator HOST:PORT or set HIVEPATH_COORDINATOR")
+    opts = PeerOptions(
+        coordinator=args.coordinator,
+        token=read_token(args.token, args.token_file),
+        initial_peers=tuple(args.initial_peers),
+        device=args.device,
+        max_memory_gb=args.max_memory,
+        work_dir=Path(args.work_dir).expanduser(),
+        identity=Path(args.identity).expanduser() if args.identity else None,
+        data_dir=Path(args.data).expanduser() if args.data else None,
+        host_maddrs=tuple(args.host_maddrs),
+        announce_maddrs=tuple(args.announce_maddrs),
+        client_mode=args.client_mode,
+        progress=args.progress,
+        tls_ca=args.tls_ca,
+        upload_mbps=args.upload_mbps,
+        drain_timeout=args.drain_timeout,
+        max_steps=args.max_steps,
+        threads=args.threads,
+    )
+    node = PeerNode(opts)
+    install_drain_signals(node.request_stop)
+    return node.run()

@@ -1,0 +1,500 @@
+"""The all-reduce of one averaging group over hivemind's P2P, giving every member the same bytes.
+
+A group's flat fp32 delta is cut into one part per member, at multiples of
+:data:`peer.compression.BLOCK` and sized by the members' measured upload bandwidth (client-mode
+members, bandwidth 0, reduce nothing). Member ``i`` reduces part ``i``:
+
+1. every member encodes each of its parts with the codec and streams part ``i`` to member ``i``
+   (header :class:`peer.net_pb2.PartHeader`, then the payload); the reducer acknowledges it at once;
+2. the reducer validates each contribution (size, codec, finite weight, decodable; a bad one drops
+   its sender), waits for every member until its deadline (a slow or gone member is dropped), takes
+   the weighted fp32 mean in sorted peer-id order and encodes it ONCE
+   (:func:`peer.averaging.weighted_mean`);
+3. it replies to every sender with those same bytes (:class:`peer.net_pb2.PartReply` + payload), and
+   decodes them itself: member and reducer apply identical bits.
+
+The vector is first cut into at most 16 block-aligned segments, each reduced this way, with
+:data:`PIPELINE` segments in flight: encoding and uploading segment s+1 overlaps the averages of
+segment s coming back (as hivemind's chunked all-reduce does), so the link is rarely idle.
+
+A part whose reducer fails (gone, refused, past the deadline) gets one retry at a fallback reducer,
+the first other member in sorted order that reduces anything; it serves the original average if it
+received one (so members the dead reducer did answer and those it did not still agree), else
+reduces the contributions of the members that ask. One case is not covered: the reducer dies after
+answering some members, and the fallback reducer is not among them; those members then disagree
+on that part for the round.
+
+Moving each byte once up and once down the sender's link, this is bandwidth-optimal:
+``2 (n - 1) / n * size`` per member, as in hivemind's butterfly all-reduce (Ryabinin et al. 2021).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from peer.averaging import weighted_mean
+from peer.compression import BLOCK, get_codec
+from peer.net_pb2 import PartHeader, PartReply
+
+__all__ = [
+    "Group", "AllReduceOutcome", "ReductionServer", "EventHook", "part_bounds", "segment_bounds", "fallback_reducer",
+    "PIPELINE",
+]
+
+log = logging.getLogger(__name__)
+
+
+def part_bounds(numel: int, bandwidths: Sequence[float]) -> list[tuple[int, int]]:
+    """Split ``numel`` elements into one ``(start, end)`` part per member, proportional to bandwidth,
+    with every boundary a multiple of ``BLOCK`` (the last end is ``numel``). Members with bandwidth
+    0 get empty parts; if every bandwidth is 0 the first member takes everything."""
+    n_blocks = math.ceil(numel / BLOCK)
+    bw = [max(0.0, float(b)) if math.isfinite(b) else 0.0 for b in bandwidths]
+    if not bw:
+        raise ValueError("a group has at least one member")
+    if sum(bw) <= 0:
+        bw = [1.0] + [0.0] * (len(bw) - 1)
+    total = sum(bw)
+    shares = [b / total * n_blocks for b in bw]
+    counts = [int(s) for s in shares]
+    # largest remainder, ties to the lower index: the same on every member
+    order = sorted(range(len(bw)), key=lambda i: (-(shares[i] - counts[i]), i))
+    for i in order[: n_blocks - sum(counts)]:
+        counts[i] += 1
+    bounds, start = [], 0
+    for c in counts:
+        end = min(numel, start + c * BLOCK)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+PIPELINE = 3
+"""Segments in flight at once: encoding and the upload of segment s+1 overlap the averages of s."""
+SEGMENT_BLOCKS = 256
+"""Smallest segment, in blocks; a vector is cut into at most 16 segments of at least this size."""
+
+
+def segment_bounds(numel: int, max_segments: int = 16) -> list[tuple[int, int]]:
+    """Cut ``numel`` elements into pipeline segments at multiples of ``BLOCK`` (at least one)."""
+    n_blocks = max(1, math.ceil(numel / BLOCK))
+    per = max(SEGMENT_BLOCKS, math.ceil(n_blocks / max_segments))
+    starts = list(range(0, n_blocks, per))
+    return [(s * BLOCK, min(numel, (s + per) * BLOCK)) for s in starts] or [(0, 0)]
+
+
+def fallback_reducer(failed: int, bounds: Sequence[tuple[int, int]]) -> Optional[int]:
+    """Index of the member that retries part ``failed``: the first other member with a non-empty part."""
+    for i, (a, b) in enumerate(bounds):
+        if i != failed and b > a:
+            return i
+    return None
+
+
+@dataclass(frozen=True)
+class Group:
+    """A formed averaging group: the same on every member (the leader sent it)."""
+
+    group_id: str
+    members: tuple[str, ...]
+    """Peer ids, sorted; member i reduces part i."""
+    bandwidths: tuple[float, ...]
+    allreduce_timeout: float
+    """Seconds the reduction may take, counted from when the member got the group."""
+
+
+@dataclass
+class AllReduceOutcome:
+    averaged: Optional[Tensor]
+    """(numel,) decoded average, identical on every member; None if a part failed."""
+    own_decoded: Tensor
+    """(numel,) what the group received from us after the codec."""
+    contributors: list[str]
+    """Peers whose contributions are in every part."""
+    bytes_sent: int
+    bytes_received: int
+    reason: str = ""
+
+
+@dataclass
+class _Slot:
+    """One part being reduced here: contributions by peer id, then the encoded average."""
+
+    numel: int
+    codec: str
+    expected: set[str]
+    decoded: dict[str, tuple[Tensor, float]] = field(default_factory=dict)
+    dropped: dict[str, str] = field(default_factory=dict)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    result: "asyncio.Future[tuple[bytes, list[str]]]" = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    def check(self, sender: str, header: PartHeader, payload: bytes) -> str:
+        """Why this contribution cannot be accepted ('' if it can be decoded and offered)."""
+        codec = get_codec(self.codec)
+        if sender not in self.expected:
+            return "sender is not a member of this group"
+        if sender in self.decoded or sender in self.dropped:
+            return "duplicate contribution"
+        if self.result.done():
+            return "the part was already reduced (too late)"
+        if header.codec != self.codec or header.numel != self.numel:
+            return f"part is {header.codec}/{header.numel} elements, expected {self.codec}/{self.numel}"
+        if len(payload) != codec.encoded_size(self.numel):
+            return f"payload is {len(payload)} bytes, expected {codec.encoded_size(self.numel)}"
+        if not (math.isfinite(header.weight) and header.weight > 0):
+            return f"weight {header.weight} is not a finite number > 0"
+        return ""
+
+    def accept(self, sender: str, values: Tensor, weight: float) -> str:
+        """Store a decoded contribution (numel,); '' if accepted."""
+        if self.result.done():
+            return "the part was already reduced (too late)"
+        self.decoded[sender] = (values, float(weight))
+        self.changed.set()
+        return ""
+
+    def drop(self, sender: str, problem: str) -> None:
+        """Exclude ``sender`` from this part (a bad contribution drops its sender)."""
+        if sender in self.expected and sender not in self.decoded:
+            self.dropped[sender] = problem
+            self.changed.set()
+
+    def complete(self) -> bool:
+        return self.expected <= set(self.decoded) | set(self.dropped)
+
+
+@dataclass
+class _GroupState:
+    group: Group
+    bounds: list[list[tuple[int, int]]]
+    """Per segment, per member: the (start, end) of the part that member reduces."""
+    codec: str
+    slots: dict[tuple[int, int, int], _Slot] = field(default_factory=dict)
+    """(segment, part, attempt) -> a part we reduce."""
+    finished: dict[tuple[int, int], tuple[bytes, list[str]]] = field(default_factory=dict)
+    phase1_done: asyncio.Event = field(default_factory=asyncio.Event)
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    sends_left: int = 0
+    serving: int = 0
+    """Accepted contributions whose average is not yet sent back."""
+    served: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+EventHook = Callable[[str], None]
+"""Called on the averager's loop with a point name, so tests can inject a fault exactly there (e.g.
+kill the process) and benchmarks can time phases: ``"group_formed"`` (matchmaking done, before
+the reduction), ``"parts_sent"`` (every part we contribute was acknowledged by its reducer),
+``"reduced"`` (a part we reduce is averaged and encoded, and about to be sent back)."""
+
+
+class ReductionServer:
+    """Serves the parts this peer reduces, and runs this peer's side of each group's all-reduce.
+
+    Lives on one asyncio loop with a ``hivemind.p2p.P2P`` handle; :meth:`start` registers the stream
+    handler ``{prefix}_part``.
+    """
+
+    def __init__(self, p2p: Any, peer_id: str, prefix: str, wait_timeout: float = 60.0,
+                 event_hook: Optional[EventHook] = None):
+        self.p2p = p2p
+        self.event_hook = event_hook
+        self.peer_id = peer_id
+        self.handler_name = f"{prefix}_part"
+        self.wait_timeout = wait_timeout
+        self._groups: dict[str, _GroupState] = {}
+        self._group_added = asyncio.Event()
+
+    async def start(self) -> None:
+        await self.p2p.add_binary_stream_handler(self.handler_name, self._handle)
+
+    # -- serving side -------------------------------------------------------------------------
+
+    async def _handle(self, stream_info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        from hivemind.p2p import P2P
+
+        sender = stream_info.peer_id.to_base58()
+        try:
+            header, err = await P2P.receive_protobuf(PartHeader, reader)
+            if header is None:
+                return
+            payload = await P2P.receive_raw_data(reader)
+            state = await self._wait_group(header.group_id, time.monotonic() + self.wait_timeout)
+            if state is not None:
+                state.bytes_received += len(payload)
+                state.serving += 1
+            try:
+                reply, data = await self._serve(sender, header, payload, writer)
+                await P2P.send_protobuf(reply, writer)
+                await P2P.send_raw_data(data, writer)
+                if state is not None:
+                    state.bytes_sent += len(data)
+            finally:
+                if state is not None:
+                    state.serving -= 1
+                    state.served.set()
+        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            log.debug("part stream from %s broke: %r", sender, e)
+        finally:
+            writer.close()
+
+    async def _serve(self, sender: str, header: PartHeader, payload: bytes,
+                     writer: asyncio.StreamWriter) -> tuple[PartReply, bytes]:
+        from hivemind.p2p import P2P
+
+        deadline = time.monotonic() + self.wait_timeout
+        state = await self._wait_group(header.group_id, deadline)
+        if state is None:
+            return PartReply(ok=False, error="unknown group"), b""
+        key = (header.segment, header.part_index, header.attempt)
+        if header.attempt == 1:
+            # the fallback: serve the original average if we have it, else reduce here
+            await _wait_event(state.phase1_done, deadline)
+            if key[:2] in state.finished:
+                data, contributors = state.finished[key[:2]]
+                return PartReply(ok=True, contributors=contributors, payload_len=len(data)), data
+        while key not in state.slots and time.monotonic() < deadline and not state.phase1_done.is_set():
+            await _wait_event(state.phase1_done, min(deadline, time.monotonic() + 0.05))
+        slot = state.slots.get(key)
+        if slot is None:
+            return PartReply(ok=False, error=f"not reducing part {header.part_index} attempt {header.attempt}"), b""
+        problem = slot.check(sender, header, payload)
+        if not problem:
+            try:
+                values = await asyncio.get_running_loop().run_in_executor(
+                    None, get_codec(slot.codec).decode, payload, slot.numel)  # (numel,)
+                problem = "" if bool(torch.isfinite(values).all()) else "decoded values are not finite"
+            except ValueError as e:
+                problem = f"undecodable: {e}"
+        problem = problem or slot.accept(sender, values, header.weight)
+        if problem:
+            slot.drop(sender, problem)
+            log.warning("dropped %s from part %d.%d of group %s: %s", sender, header.segment, header.part_index,
+                        header.group_id, problem)
+            return PartReply(ok=False, error=problem), b""
+        await P2P.send_protobuf(PartReply(ok=True, received=True), writer)
+        try:
+            data, contributors = await asyncio.wait_for(asyncio.shield(slot.result), max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            return PartReply(ok=False, error="reduction timed out"), b""
+        except Exception as e:  # the reduction itself failed (no contributions)
+            return PartReply(ok=False, error=f"reduction failed: {e}"), b""
+        if sender not in contributors:
+            return PartReply(ok=False, error="dropped from the part"), b""
+        return PartReply(ok=True, contributors=contributors, payload_len=len(data)), data
+
+    async def _wait_group(self, group_id: str, deadline: float) -> Optional[_GroupState]:
+        while group_id not in self._groups:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            self._group_added.clear()
+            await _wait_event(self._group_added, time.monotonic() + min(left, 0.5))
+        return self._groups[group_id]
+
+    async def _reduce(self, state: _GroupState, key: tuple[int, int, int], deadline: float) -> None:
+        """Wait for the slot's contributions until ``deadline``, then publish the encoded mean."""
+        slot = state.slots[key]
+        while not slot.complete() and time.monotonic() < deadline:
+            slot.changed.clear()
+            await _wait_event(slot.changed, deadline)
+        contributors = sorted(slot.decoded)
+        absent = sorted(slot.expected - set(slot.decoded) - set(slot.dropped))
+        if absent:
+            log.info("part %d.%d of group %s: dropped %s (no contribution by the deadline)", key[0], key[1],
+                     state.group.group_id, ", ".join(absent))
+        if not contributors:
+            slot.result.set_exception(RuntimeError("no contributions"))
+            return
+        codec = get_codec(slot.codec)
+        values = [slot.decoded[p][0] for p in contributors]
+        weights = [slot.decoded[p][1] for p in contributors]
+        loop = asyncio.get_running_loop()
+        data = await loop.run_in_executor(None, lambda: codec.encode(weighted_mean(values, weights)))
+        slot.decoded.clear()
+        if key[2] == 0:
+            self.event("reduced")
+        slot.result.set_result((data, contributors))
+
+    # -- member side --------------------------------------------------------------------------
+
+    async def run(self, group: Group, flat: Tensor, weight: float, codec_name: str) -> AllReduceOutcome:
+        """This member's side of the group's all-reduce of ``flat`` (numel,) with ``weight``.
+
+        The vector is cut into segments reduced as a pipeline (at most ``PIPELINE`` in flight), so
+        encoding, the upload of contributions and the download of averages overlap."""
+        t0 = time.monotonic()
+        # reducers close their parts well before members stop waiting for the averages
+        reduce_deadline = t0 + 0.5 * group.allreduce_timeout
+        phase1_deadline = t0 + 0.7 * group.allreduce_timeout
+        fallback_reduce_deadline = t0 + 0.85 * group.allreduce_timeout
+        final_deadline = t0 + group.allreduce_timeout
+        codec = get_codec(codec_name)
+        me = group.members.index(self.peer_id)
+        n = len(group.members)
+        segments = segment_bounds(flat.numel())
+        bounds = [[(s0 + a, s0 + b) for a, b in part_bounds(s1 - s0, group.bandwidths)] for s0, s1 in segments]
+        state = _GroupState(group, bounds, codec_name)
+        loop = asyncio.get_running_loop()
+        members = set(group.members)
+        encoded: dict[tuple[int, int], bytes] = {}
+        reducers: dict[int, asyncio.Task] = {}
+        for s, parts in enumerate(bounds):  # open our slots first: others may send before we encoded
+            a, b = parts[me]
+            if b > a:
+                state.slots[(s, me, 0)] = _Slot(b - a, codec_name, members)
+                reducers[s] = asyncio.create_task(self._reduce(state, (s, me, 0), reduce_deadline))
+        self._groups[group.group_id] = state
+        self._group_added.set()
+        results: dict[tuple[int, int], tuple[bytes, list[str]]] = {}
+        errors: dict[tuple[int, int], str] = {}
+        order = [(me + k) % n for k in range(1, n)]  # start after us so reducers are hit evenly
+        state.sends_left = sum(1 for parts in bounds for j in order if parts[j][1] > parts[j][0])
+        if state.sends_left == 0:
+            self.event("parts_sent")
+        window = asyncio.Semaphore(PIPELINE)
+
+        async def segment(s: int) -> None:
+            async with window:
+                tasks: dict[int, asyncio.Task] = {}
+                for j in order:
+                    a, b = bounds[s][j]
+                    if b > a:
+                        encoded[(s, j)] = await loop.run_in_executor(None, codec.encode, flat[a:b])
+                        tasks[j] = asyncio.create_task(self._exchange(
+                            state, group.members[j], s, j, 0, encoded[(s, j)], weight, phase1_deadline))
+                a, b = bounds[s][me]
+                if b > a:
+                    encoded[(s, me)] = await loop.run_in_executor(None, codec.encode, flat[a:b])
+                    values = await loop.run_in_executor(None, codec.decode, encoded[(s, me)], b - a)
+                    slot = state.slots[(s, me, 0)]
+                    slot.decoded[self.peer_id] = (values, float(weight))
+                    slot.changed.set()
+                    tasks[me] = asyncio.create_task(self._own_result(state, (s, me, 0), reducers[s]))
+                for j, task in tasks.items():
+                    try:
+                        results[(s, j)] = await task
+                    except Exception as e:
+                        errors[(s, j)] = f"{type(e).__name__}: {e}"
+
+        try:
+            await asyncio.gather(*(segment(s) for s in range(len(segments))))
+            own_decoded = await loop.run_in_executor(None, lambda: self._decode_all(
+                codec, bounds, encoded, flat))  # (numel,)
+            state.finished.update(results)
+            own_parts = {key: own_decoded[bounds[key[0]][key[1]][0]:bounds[key[0]][key[1]][1]] for key in errors}
+            for s, j in errors:
+                if fallback_reducer(j, bounds[s]) == me:
+                    slot = state.slots[(s, j, 1)] = _Slot(own_parts[(s, j)].numel(), codec_name,
+                                                          members - {group.members[j]})
+                    slot.decoded[self.peer_id] = (own_parts[(s, j)], float(weight))
+            state.phase1_done.set()
+            for (s, j), why in sorted(errors.items()):
+                log.warning("part %d.%d of group %s failed at %s (%s); retrying at the fallback reducer",
+                            s, j, group.group_id, group.members[j][-8:], why)
+                f = fallback_reducer(j, bounds[s])
+                try:
+                    if f is None:
+                        raise RuntimeError("no fallback reducer")
+                    if f == me:
+                        task = asyncio.create_task(self._reduce(state, (s, j, 1), fallback_reduce_deadline))
+                        results[(s, j)] = await self._own_result(state, (s, j, 1), task)
+                    else:
+                        results[(s, j)] = await self._exchange(state, group.members[f], s, j, 1, encoded[(s, j)],
+                                                               weight, final_deadline)
+                    errors.pop((s, j))
+                except Exception as e:
+                    errors[(s, j)] = f"{errors[(s, j)]}; fallback: {type(e).__name__}: {e}"
+            if errors:
+                reason = "; ".join(f"part {s}.{j} failed ({why})" for (s, j), why in sorted(errors.items()))
+                return AllReduceOutcome(None, own_decoded, [], state.bytes_sent, state.bytes_received, reason)
+            averaged = await loop.run_in_executor(None, lambda: self._decode_all(
+                codec, bounds, {k: v[0] for k, v in results.items()}, flat))  # (numel,)
+            contributors = set(group.members)
+            for data_and_peers in results.values():
+                contributors &= set(data_and_peers[1])
+            dropped = sorted(members - contributors)
+            reason = f"dropped {', '.join(dropped)}" if dropped else ""
+            while state.serving > 0 and time.monotonic() < final_deadline:  # our averages still going out
+                state.served.clear()
+                await _wait_event(state.served, final_deadline)
+            return AllReduceOutcome(averaged, own_decoded, sorted(contributors), state.bytes_sent,
+                                    state.bytes_received, reason)
+        finally:
+            for task in reducers.values():
+                if not task.done():
+                    task.cancel()
+            loop.call_later(max(0.0, final_deadline - time.monotonic()) + 5.0,
+                            self._groups.pop, group.group_id, None)
+
+    @staticmethod
+    def _decode_all(codec: Any, bounds: list[list[tuple[int, int]]], data: dict[tuple[int, int], bytes],
+                    like: Tensor) -> Tensor:
+        out = torch.empty_like(like)  # (numel,)
+        for s, parts in enumerate(bounds):
+            for j, (a, b) in enumerate(parts):
+                if b > a:
+                    out[a:b] = codec.decode(data[(s, j)], b - a)
+        return out
+
+    def event(self, point: str) -> None:
+        """Report reaching ``point`` to the event hook, if any."""
+        if self.event_hook is not None:
+            self.event_hook(point)
+
+    async def _own_result(self, state: _GroupState, key: tuple[int, int, int],
+                          task: "asyncio.Task") -> tuple[bytes, list[str]]:
+        await task
+        return state.slots[key].result.result()
+
+    async def _exchange(self, state: _GroupState, peer: str, segment: int, part: int, attempt: int,
+                        payload: bytes, weight: float, deadline: float) -> tuple[bytes, list[str]]:
+        """Send our part ``part`` of ``segment`` to ``peer`` and return the average it sends back."""
+        return await asyncio.wait_for(
+            self._exchange_unbounded(state, peer, segment, part, attempt, payload, weight),
+            max(0.01, deadline - time.monotonic()))
+
+    async def _exchange_unbounded(self, state: _GroupState, peer: str, segment: int, part: int, attempt: int,
+                                  payload: bytes, weight: float) -> tuple[bytes, list[str]]:
+        from hivemind.p2p import P2P, PeerID
+
+        a, b = state.bounds[segment][part]
+        header = PartHeader(group_id=state.group.group_id, segment=segment, part_index=part, attempt=attempt,
+                            weight=weight, numel=b - a, codec=state.codec, payload_len=len(payload))
+        _, reader, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer), self.handler_name)
+        try:
+            await P2P.send_protobuf(header, writer)
+            await P2P.send_raw_data(payload, writer)
+            state.bytes_sent += len(payload)
+            reply, err = await P2P.receive_protobuf(PartReply, reader)
+            if reply is not None and reply.ok and reply.received:
+                if attempt == 0:
+                    state.sends_left -= 1
+                    if state.sends_left == 0:
+                        self.event("parts_sent")
+                reply, err = await P2P.receive_protobuf(PartReply, reader)
+            data = await P2P.receive_raw_data(reader)
+        finally:
+            writer.close()
+        if reply is None or not reply.ok:
+            raise RuntimeError(reply.error if reply is not None else err.message)
+        expected = get_codec(state.codec).encoded_size(b - a)
+        if len(data) != expected or reply.payload_len != len(data):
+            raise RuntimeError(f"average is {len(data)} bytes, expected {expected}")
+        state.bytes_received += len(data)
+        return bytes(data), list(reply.contributors)
+
+
+async def _wait_event(event: asyncio.Event, deadline: float) -> None:
+    try:
+        await asyncio.wait_for(event.wait(), max(0.0, deadline - time.monotonic()))
+    except asyncio.TimeoutError:
+        pass

@@ -1,0 +1,322 @@
+"""Pseudo-gradient codecs and error feedback, deterministic on every machine.
+
+DiLoCo (Douillard et al. 2023) exchanges one pseudo-gradient per outer step; these codecs shrink it.
+Four codecs, from exact to smallest (names as in :data:`models.config.CODECS`):
+
+============  ==========================================  ==================================
+ name          encoding of a flat fp32 vector of n values   bytes
+============  ==========================================  ==================================
+ ``none``      little-endian fp32                          ``4 n``
+ ``fp16``      little-endian IEEE half                     ``2 n``
+ ``int8``      per block of :data:`BLOCK` values: fp32     ``n + 4 ceil(n / BLOCK)``
+               absmax scale, then int8 codes in [-127, 127]
+ ``int4``      per block: fp32 absmax scale, then codes    ``sum over blocks of ceil(len / 2)``
+                                                           ``+ 4 ceil(n / BLOCK)``
+               in [-7, 7] packed two per byte (low nibble
+               first, stored as code + 8)
+============  ==========================================  ==================================
+
+Blockwise codecs quantise consecutive blocks of :data:`BLOCK` elements starting at element 0 of the
+vector they are given, and lay each block out as ``scale | codes``. Hence encoding a vector whole, or
+in parts whose boundaries are multiples of :data:`BLOCK`, gives the same bytes (concatenated) and the
+same decoded values: the all-reduce may split a module's delta at any multiple of ``BLOCK``.
+
+Decoding is pure IEEE arithmetic on the CPU (an integer code times an fp32 scale, or an exact
+widening), so the same bytes decode to bit-identical tensors on every machine. Decoders validate the
+byte length, the scales and the codes, and raise :class:`ValueError` on malformed input.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from models.config import CODECS
+
+__all__ = [
+    "BLOCK",
+    "Codec",
+    "NoneCodec",
+    "Fp16Codec",
+    "Int8Codec",
+    "Int4Codec",
+    "get_codec",
+    "flatten",
+    "unflatten",
+    "ErrorFeedback",
+]
+
+logger = logging.getLogger(__name__)
+
+BLOCK = 1024
+"""Elements per quantisation block of the blockwise codecs (int8, int4)."""
+
+_SCALE_BYTES = 4
+
+
+def _check_flat(flat: Tensor) -> Tensor:
+    """Return ``flat`` as a contiguous CPU fp32 1-D tensor, or raise ValueError."""
+    if not isinstance(flat, Tensor):
+        raise ValueError(f"expected a tensor, got {type(flat).__name__}")
+    if flat.dim() != 1:
+        raise ValueError(f"expected a flat 1-D tensor, got shape {tuple(flat.shape)}")
+    flat = flat.detach().to(device="cpu", dtype=torch.float32).contiguous()
+    if not bool(torch.isfinite(flat).all()):
+        raise ValueError("cannot encode a vector holding NaN or Inf")
+    return flat
+
+
+class Codec(abc.ABC):
+    """Encodes a flat fp32 vector to bytes and back; see the module docstring for the formats."""
+
+    name: str = ""
+
+    @abc.abstractmethod
+    def encoded_size(self, numel: int) -> int:
+        """Exact number of bytes :meth:`encode` produces for ``numel`` values."""
+
+    @abc.abstractmethod
+    def encode(self, flat: Tensor) -> bytes:
+        """Encode a finite fp32 1-D tensor; raises ValueError on NaN/Inf or a wrong shape."""
+
+    @abc.abstractmethod
+    def decode(self, data: bytes, numel: int) -> Tensor:
+        """Decode ``numel`` values to a CPU fp32 1-D tensor; raises ValueError on malformed bytes."""
+
+    def roundtrip(self, flat: Tensor) -> Tensor:
+        """``decode(encode(flat))``: what a receiver of ``flat`` gets."""
+        return self.decode(self.encode(flat), flat.numel())
+
+    def _check_length(self, data: bytes, numel: int) -> None:
+        if numel < 0:
+            raise ValueError(f"numel must be >= 0, got {numel}")
+        expected = self.encoded_size(numel)
+        if len(data) != expected:
+            raise ValueError(f"{self.name}: {len(data)} bytes do not encode {numel} values (expected {expected})")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class NoneCodec(Codec):
+    """No compression: little-endian fp32."""
+
+    name = "none"
+
+    def encoded_size(self, numel: int) -> int:
+        return 4 * numel
+
+    def encode(self, flat: Tensor) -> bytes:
+        return _check_flat(flat).numpy().astype("<f4", copy=False).tobytes()
+
+    def decode(self, data: bytes, numel: int) -> Tensor:
+        self._check_length(data, numel)
+        out = torch.from_numpy(np.frombuffer(data, dtype="<f4").astype(np.float32))  # (numel,)
+        if not bool(torch.isfinite(out).all()):
+            raise ValueError("none: decoded values hold NaN or Inf")
+        return out
+
+
+class Fp16Codec(Codec):
+    """IEEE half precision (about 3 significant digits); values beyond 65504 are refused."""
+
+    name = "fp16"
+
+    def encoded_size(self, numel: int) -> int:
+        return 2 * numel
+
+    def encode(self, flat: Tensor) -> bytes:
+        half = _check_flat(flat).to(torch.float16)
+        if not bool(torch.isfinite(half).all()):
+            raise ValueError("fp16: values beyond the half-precision range (65504) cannot be encoded")
+        return half.numpy().astype("<f2", copy=False).tobytes()
+
+    def decode(self, data: bytes, numel: int) -> Tensor:
+        self._check_length(data, numel)
+        half = torch.from_numpy(np.frombuffer(data, dtype="<f2").astype(np.float16))  # (numel,)
+        if not bool(torch.isfinite(half).all()):
+            raise ValueError("fp16: decoded values hold NaN or Inf")
+        return half.to(torch.float32)
+
+
+class _BlockwiseCodec(Codec):
+    """Shared machinery of absmax block quantisers: ``scale = absmax / qmax``, ``q = round(x / scale)``."""
+
+    qmax: int = 127
+
+    @abc.abstractmethod
+    def _code_bytes(self, count: int) -> int:
+        """Bytes of packed codes for a block of ``count`` values."""
+
+    @abc.abstractmethod
+    def _pack(self, q: Tensor) -> np.ndarray:
+        """Integer codes ``(nb, count)`` in [-qmax, qmax] -> uint8 ``(nb, code_bytes)``."""
+
+    @abc.abstractmethod
+    def _unpack(self, raw: np.ndarray, count: int) -> Tensor:
+        """uint8 ``(nb, code_bytes)`` -> int codes ``(nb, count)``; ValueError on invalid codes."""
+
+    def encoded_size(self, numel: int) -> int:
+        full, tail = divmod(numel, BLOCK)
+        size = full * (_SCALE_BYTES + self._code_bytes(BLOCK))
+        if tail:
+            size += _SCALE_BYTES + self._code_bytes(tail)
+        return size
+
+    def _encode_blocks(self, blocks: Tensor) -> bytes:
+        # blocks: (nb, count) fp32
+        absmax = blocks.abs().amax(dim=1, keepdim=True)  # (nb, 1)
+        scale = absmax / self.qmax  # (nb, 1)
+        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+        q = torch.round(blocks / safe).clamp_(-self.qmax, self.qmax)  # (nb, count)
+        scale_bytes = scale.numpy().astype("<f4", copy=False).view(np.uint8)  # (nb, 4)
+        return np.concatenate([scale_bytes, self._pack(q)], axis=1).tobytes()
+
+    def encode(self, flat: Tensor) -> bytes:
+        flat = _check_flat(flat)
+        full = flat.numel() // BLOCK
+        parts = []
+        if full:
+            parts.append(self._encode_blocks(flat[: full * BLOCK].view(full, BLOCK)))
+        if flat.numel() % BLOCK:
+            parts.append(self._encode_blocks(flat[full * BLOCK :].view(1, -1)))
+        return b"".join(parts)
+
+    def _decode_blocks(self, raw: np.ndarray, count: int) -> Tensor:
+        # raw: (nb, 4 + code_bytes) uint8
+        scale = torch.from_numpy(raw[:, :_SCALE_BYTES].copy().view("<f4").astype(np.float32))  # (nb, 1)
+        if not bool(torch.isfinite(scale).all()) or bool((scale < 0).any()):
+            raise ValueError(f"{self.name}: a block scale is negative, NaN or Inf")
+        q = self._unpack(raw[:, _SCALE_BYTES:], count)  # (nb, count)
+        return (q.to(torch.float32) * scale).reshape(-1)
+
+    def decode(self, data: bytes, numel: int) -> Tensor:
+        self._check_length(data, numel)
+        buf = np.frombuffer(data, dtype=np.uint8)
+        full, tail = divmod(numel, BLOCK)
+        stride = _SCALE_BYTES + self._code_bytes(BLOCK)
+        parts = []
+        if full:
+            parts.append(self._decode_blocks(buf[: full * stride].reshape(full, stride), BLOCK))
+        if tail:
+            parts.append(self._decode_blocks(buf[full * stride :].reshape(1, -1), tail))
+        if not parts:
+            return torch.zeros(0, dtype=torch.float32)
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+class Int8Codec(_BlockwiseCodec):
+    """Blockwise absmax int8: one fp32 scale per :data:`BLOCK` values, codes in [-127, 127].
+    Round-trip error per element is at most ``absmax(block) / 254``."""
+
+    name = "int8"
+    qmax = 127
+
+    def _code_bytes(self, count: int) -> int:
+        return count
+
+    def _pack(self, q: Tensor) -> np.ndarray:
+        return q.to(torch.int8).numpy().view(np.uint8)
+
+    def _unpack(self, raw: np.ndarray, count: int) -> Tensor:
+        codes = torch.from_numpy(raw.view(np.int8).copy())  # (nb, count)
+        if bool((codes == -128).any()):
+            raise ValueError("int8: code -128 is outside [-127, 127]")
+        return codes
+
+
+class Int4Codec(_BlockwiseCodec):
+    """Blockwise absmax 4-bit: one fp32 scale per :data:`BLOCK` values, codes in [-7, 7] two per
+    byte. Round-trip error per element is at most ``absmax(block) / 14``."""
+
+    name = "int4"
+    qmax = 7
+
+    def _code_bytes(self, count: int) -> int:
+        return (count + 1) // 2
+
+    def _pack(self, q: Tensor) -> np.ndarray:
+        nib = (q.to(torch.int16) + 8).to(torch.uint8)  # (nb, count) in 1..15
+        if nib.shape[1] % 2:
+            nib = torch.cat([nib, torch.full((nib.shape[0], 1), 8, dtype=torch.uint8)], dim=1)
+        packed = nib[:, 0::2] | (nib[:, 1::2] << 4)  # (nb, code_bytes)
+        return packed.numpy()
+
+    def _unpack(self, raw: np.ndarray, count: int) -> Tensor:
+        packed = torch.from_numpy(raw.copy())  # (nb, code_bytes) uint8
+        low, high = packed & 0x0F, packed >> 4
+        nib = torch.stack([low, high], dim=2).reshape(packed.shape[0], -1)[:, :count]  # (nb, count)
+        if bool((nib == 0).any()):
+            raise ValueError("int4: nibble 0 (code -8) is outside [-7, 7]")
+        if count % 2 and bool((high[:, -1] != 8).any()):
+            raise ValueError("int4: the padding nibble of an odd-sized block is not zero")
+        return nib.to(torch.int8) - 8
+
+
+_CODECS: dict[str, Codec] = {c.name: c for c in (NoneCodec(), Fp16Codec(), Int8Codec(), Int4Codec())}
+assert tuple(_CODECS) == CODECS
+
+
+def get_codec(name: str) -> Codec:
+    """The codec called ``name`` (one of :data:`models.config.CODECS`); ValueError otherwise."""
+    try:
+        return _CODECS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown codec '{name}'; use one of {', '.join(CODECS)}") from None
+
+
+def flatten(tensors: Iterable[Tensor]) -> Tensor:
+    """Concatenate tensors, in order, into one CPU fp32 1-D vector (a copy)."""
+    parts = [t.detach().reshape(-1).to(device="cpu", dtype=torch.float32) for t in tensors]
+    if not parts:
+        return torch.zeros(0, dtype=torch.float32)
+    return torch.cat(parts)
+
+
+def unflatten(flat: Tensor, like: Sequence[Tensor]) -> list[Tensor]:
+    """Split ``flat`` into CPU fp32 tensors shaped like ``like`` (views into ``flat``)."""
+    sizes = [t.numel() for t in like]
+    if flat.dim() != 1 or flat.numel() != sum(sizes):
+        raise ValueError(f"cannot unflatten {tuple(flat.shape)} into tensors of {sum(sizes)} elements")
+    flat = flat.to(device="cpu", dtype=torch.float32)
+    return [chunk.view(t.shape) for chunk, t in zip(torch.split(flat, sizes), like)]
+
+
+class ErrorFeedback:
+    """Local error feedback (Seide et al. 2014; Karimireddy et al. 2019): what the codec dropped from
+    this round's delta is added to the next round's, so the sum of what was sent tracks the sum of
+    the true deltas to within one round's quantisation error.
+
+    Usage per round: ``x = ef.add(delta)``; send ``x``; ``ef.update(x, sent)`` with ``sent`` what the
+    group actually received (the codec round trip of ``x``). If nothing was sent, skip ``update``.
+    """
+
+    def __init__(self, numel: int):
+        self.residual = torch.zeros(numel, dtype=torch.float32)  # (numel,)
+
+    def add(self, flat: Tensor) -> Tensor:
+        """``flat + residual`` as a new CPU fp32 vector."""
+        if flat.shape != self.residual.shape:
+            raise ValueError(f"delta of shape {tuple(flat.shape)} does not fit residual {tuple(self.residual.shape)}")
+        return flat.to(device="cpu", dtype=torch.float32) + self.residual
+
+    def update(self, sent_input: Tensor, sent: Tensor) -> None:
+        """Keep ``sent_input - sent``: the part of the last exchanged vector the codec dropped."""
+        self.residual = (sent_input.to(torch.float32) - sent.to(torch.float32)).reshape(-1).clone()
+
+    def reset(self) -> None:
+        self.residual.zero_()
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {"residual": self.residual.clone()}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        residual = state["residual"].to(device="cpu", dtype=torch.float32).reshape(-1)
+        if residual.shape != self.residual.shape:
+            raise ValueError(f"residual of {residual.numel()} elements does not fit {self.residual.numel()}")
+        self.residual = residual.clone()

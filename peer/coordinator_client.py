@@ -1,0 +1,391 @@
+"""The peer's side of the coordinator API: a small synchronous client.
+
+The coordinator is never on the data path. While it is unreachable every call retries with
+exponential backoff and full jitter (up to ``retry_timeout``; :meth:`CoordinatorClient.start_heartbeats`
+retries forever in the background), so training and averaging go on. A heartbeat answered NOT_FOUND
+(the lease expired, or the coordinator lost it) re-joins transparently with the same peer id, which
+gets the peer its history back. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import grpc
+
+from models.config import RunConfig
+from models.errors import HivepathError
+from protos.hivepath.coordinator.v1 import coordinator_pb2 as pb
+from protos.hivepath.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
+
+__all__ = [
+    "CoordinatorClient",
+    "PeerInfo",
+    "WorkAssignment",
+    "JoinInfo",
+    "RunSpec",
+    "Progress",
+    "HeartbeatReply",
+    "CoordinatorUnavailable",
+    "CoordinatorRefused",
+    "NoAssignmentFits",
+    "IncompatibleRun",
+]
+
+log = logging.getLogger(__name__)
+
+MAX_REPLY_BYTES = 64 << 20
+"""Status replies list every live peer; 64 MiB holds a few hundred thousand."""
+
+_RETRIABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
+
+
+class CoordinatorUnavailable(HivepathError):
+    """The coordinator did not answer within ``retry_timeout``."""
+
+    exit_code = 3
+
+
+class CoordinatorRefused(HivepathError):
+    """Wrong token or a request the coordinator rejected; the message says which field."""
+
+    exit_code = 3
+
+
+class NoAssignmentFits(HivepathError):
+    """No work fits this machine's memory."""
+
+    exit_code = 5
+
+
+class IncompatibleRun(HivepathError):
+    """The peer's data or the run spec it received does not match the run."""
+
+    exit_code = 4
+
+
+@dataclass(frozen=True)
+class PeerInfo:
+    """What this peer tells the coordinator at join."""
+
+    peer_id: str
+    """libp2p peer id (base58)."""
+    device: str
+    memory_bytes: int
+    tokens_per_s: float
+    public_key: bytes = b""
+    """libp2p public key behind ``peer_id`` (binds the id to this key at the coordinator)."""
+    upload_bps: float = 0.0
+    download_bps: float = 0.0
+    multiaddrs: tuple[str, ...] = ()
+    manifest_hash: str = ""
+
+
+@dataclass(frozen=True)
+class WorkAssignment:
+    """A path to train (``mode == "path"``) or a module to serve (``mode == "stage"``)."""
+
+    mode: str
+    path: tuple[int, ...]
+    module_id: str
+    module_ids: tuple[str, ...]
+    inner_steps: int
+    codec: str
+    reason: str
+    version: int
+
+    @classmethod
+    def from_proto(cls, m: pb.Assignment) -> "WorkAssignment":
+        return cls("path" if m.mode == pb.MODE_PATH else "stage", tuple(m.path), m.module_id, tuple(m.module_ids),
+                   m.inner_steps, m.codec, m.reason, m.version)
+
+    def label(self) -> str:
+        return ("path " + ",".join(map(str, self.path))) if self.mode == "path" else f"stage {self.module_id}"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """The run as the coordinator hands it out before joining."""
+
+    run_config: RunConfig
+    run_config_hash: str
+    lattice_hash: str
+    manifest_hash: str
+    initial_peers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class JoinInfo:
+    """The join reply: the run spec rebuilt as a typed config, bootstrap peers, lease and work."""
+
+    run_config: RunConfig
+    run_config_hash: str
+    lattice_hash: str
+    manifest_hash: str
+    initial_peers: tuple[str, ...]
+    lease_id: str
+    lease_duration: float
+    heartbeat_interval: float
+    assignment: WorkAssignment
+    rejoined: bool
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One module's progress for a heartbeat."""
+
+    module_id: str
+    round: int
+    tokens: int
+    loss: float
+
+
+@dataclass(frozen=True)
+class HeartbeatReply:
+    lease_remaining: float
+    assignment: Optional[WorkAssignment]
+    """A new assignment to switch to (None: keep the current one)."""
+    drain: bool
+    drain_reason: str = ""
+    rejoined: bool = False
+    """True when the lease was gone and the client joined again to get this reply."""
+    join: Optional[JoinInfo] = None
+
+
+class CoordinatorClient:
+    """Join, heartbeat, leave and status against ``address`` (``host:port``), with retries."""
+
+    def __init__(
+        self,
+        address: str,
+        token: str,
+        peer: Optional[PeerInfo] = None,
+        tls_ca: Optional[str] = None,
+        rpc_timeout: float = 10.0,
+        retry_timeout: Optional[float] = 60.0,
+        backoff_base: float = 0.2,
+        backoff_max: float = 10.0,
+        seed: Optional[int] = None,
+    ):
+        self.address = address
+        self.peer = peer
+        self._token = token
+        self.rpc_timeout = rpc_timeout
+        self.retry_timeout = retry_timeout
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self._rng = random.Random(seed)
+        self._closed = threading.Event()
+        self._lock = threading.RLock()
+        options = [("grpc.max_receive_message_length", MAX_REPLY_BYTES)]
+        if tls_ca:
+            try:
+                ca = Path(tls_ca).read_bytes()
+            except OSError as e:
+                raise HivepathError(f"--tls-ca {tls_ca}: cannot read ({e})") from None
+            creds = grpc.ssl_channel_credentials(root_certificates=ca)
+            self._channel = grpc.secure_channel(address, creds, options=options)
+        else:
+            self._channel = grpc.insecure_channel(address, options=options)
+        self._stub = pb_grpc.CoordinatorStub(self._channel)
+        self.joined: Optional[JoinInfo] = None
+        self.assignment_version = 0
+        self._thread: Optional[threading.Thread] = None
+
+    # -- calls --------------------------------------------------------------------------------
+
+    def run_spec(self) -> RunSpec:
+        """The run spec and DHT bootstrap peers, without joining (prepare data, measure, then join)."""
+        reply = self._call(self._stub.GetRunSpec, pb.GetRunSpecRequest(token=self._token))
+        run = _checked_config(reply.run_spec)
+        spec = reply.run_spec
+        return RunSpec(run, spec.run_config_hash, spec.lattice_hash, spec.manifest_hash, tuple(reply.initial_peers))
+
+    def join(self) -> JoinInfo:
+        """Join (or re-join) the run; raises :class:`NoAssignmentFits`, :class:`CoordinatorRefused`, ..."""
+        if self.peer is None:
+            raise HivepathError("this client was made without PeerInfo; it cannot join")
+        p = self.peer
+        request = pb.JoinRequest(
+            token=self._token, peer_id=p.peer_id, public_key=p.public_key, manifest_hash=p.manifest_hash,
+            capabilities=pb.Capabilities(device=p.device, memory_bytes=p.memory_bytes, tokens_per_s=p.tokens_per_s,
+                                         upload_bps=p.upload_bps, download_bps=p.download_bps,
+                                         multiaddrs=list(p.multiaddrs)),
+        )
+        reply = self._call(self._stub.Join, request)
+        spec = reply.run_spec
+        run = _checked_config(spec)
+        info = JoinInfo(run, spec.run_config_hash, spec.lattice_hash, spec.manifest_hash, tuple(reply.initial_peers),
+                        reply.lease.lease_id, reply.lease.duration_s, reply.lease.heartbeat_interval_s,
+                        WorkAssignment.from_proto(reply.assignment), reply.rejoined)
+        with self._lock:
+            self.joined = info
+            self.assignment_version = info.assignment.version
+        log.info("joined run %s: %s (%s)", run.run_id, info.assignment.label(), info.assignment.reason)
+        return info
+
+    def heartbeat(
+        self,
+        progress: Sequence[Progress] = (),
+        tokens_per_s: float = 0.0,
+        bytes_sent: int = 0,
+        bytes_received: int = 0,
+        preempting: bool = False,
+    ) -> HeartbeatReply:
+        """Renew the lease; re-joins transparently when the coordinator answers NOT_FOUND."""
+        if self.joined is None:
+            info = self.join()
+            return HeartbeatReply(info.lease_duration, info.assignment, False, rejoined=True, join=info)
+        request = pb.HeartbeatRequest(
+            lease_id=self.joined.lease_id, peer_id=self.peer.peer_id if self.peer else "",
+            progress=[pb.ModuleProgress(module_id=p.module_id, round=p.round, tokens=p.tokens, loss=p.loss)
+                      for p in progress],
+            assignment_version=self.assignment_version, tokens_per_s=tokens_per_s, bytes_sent=bytes_sent,
+            bytes_received=bytes_received, preempting=preempting,
+        )
+        try:
+            reply = self._call(self._stub.Heartbeat, request, retry_not_found=False)
+        except _NotFound:
+            log.info("the coordinator does not know our lease any more; joining again")
+            info = self.join()
+            return HeartbeatReply(info.lease_duration, info.assignment, False, rejoined=True, join=info)
+        assignment = WorkAssignment.from_proto(reply.assignment) if reply.HasField("assignment") else None
+        if assignment is not None:
+            with self._lock:
+                self.assignment_version = assignment.version
+        return HeartbeatReply(reply.lease_remaining_s, assignment, reply.drain, reply.drain_reason)
+
+    def leave(self, reason: str = "") -> None:
+        """Give the lease back (best effort: a missing lease is already gone)."""
+        if self.joined is None:
+            return
+        try:
+            self._call(self._stub.Leave, pb.LeaveRequest(lease_id=self.joined.lease_id, peer_id=self.peer.peer_id,
+                                                         reason=reason[:256]), retry_not_found=False)
+        except _NotFound:
+            pass
+        self.joined = None
+
+    def drain(self, peer_id: str, reason: str = "") -> str:
+        """Operator: tell ``peer_id`` to drain; returns its state."""
+        return self._call(self._stub.Drain, pb.DrainRequest(token=self._token, peer_id=peer_id, reason=reason)).state
+
+    def status(self) -> dict[str, Any]:
+        """The coordinator's Status as plain data (peers, modules, paths, totals)."""
+        r = self._call(self._stub.Status, pb.StatusRequest(token=self._token))
+        peers = []
+        for p in r.peers:
+            a = WorkAssignment.from_proto(p.assignment) if p.HasField("assignment") else None
+            peers.append({"peer_id": p.peer_id, "device": p.device, "state": p.state, "tokens_per_s": p.tokens_per_s,
+                          "memory_bytes": p.memory_bytes, "work": a.label() if a else "", "tokens": p.tokens,
+                          "bytes_exchanged": p.bytes_exchanged, "last_seen_age_s": p.last_seen_age_s})
+        return {
+            "run_id": r.run_id, "run_config_hash": r.run_config_hash, "live_leases": r.live_leases,
+            "total_tokens_per_s": r.total_tokens_per_s, "bytes_exchanged": r.bytes_exchanged, "peers": peers,
+            "modules": [{"module_id": m.module_id, "holders": list(m.holders), "round": m.round,
+                         "tokens_per_s": m.tokens_per_s} for m in r.modules],
+            "paths": [{"path": list(p.path), "peers": list(p.peers), "tokens_per_s": p.tokens_per_s,
+                       "loss": p.loss if p.loss == p.loss else None} for p in r.paths],
+        }
+
+    # -- background heartbeats ----------------------------------------------------------------
+
+    def start_heartbeats(
+        self,
+        report: Callable[[], dict[str, Any]],
+        on_reply: Callable[[HeartbeatReply], None],
+        interval: Optional[float] = None,
+    ) -> threading.Thread:
+        """Heartbeat in a daemon thread until :meth:`close`: ``report()`` returns heartbeat keyword
+        arguments, ``on_reply`` receives each reply. While the coordinator is down the thread keeps
+        retrying (with backoff) and the caller keeps training; nothing here blocks the caller."""
+
+        def loop() -> None:
+            while not self._closed.is_set():
+                every = interval or (self.joined.heartbeat_interval if self.joined else 5.0)
+                try:
+                    on_reply(self.heartbeat(**report()))
+                except (CoordinatorUnavailable, _Closed):
+                    log.warning("coordinator %s unreachable; still training, retrying", self.address)
+                except HivepathError as e:
+                    log.error("heartbeat refused: %s", e)
+                except Exception:
+                    log.exception("heartbeat callback failed")
+                self._closed.wait(every)
+
+        self._thread = threading.Thread(target=loop, name="coordinator-heartbeat", daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def close(self) -> None:
+        """Stop background heartbeats and close the channel (does not leave: call :meth:`leave` first)."""
+        self._closed.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.rpc_timeout + 1)
+        self._channel.close()
+
+    # -- retries ------------------------------------------------------------------------------
+
+    def _call(self, method: Callable[..., Any], request: Any, retry_not_found: bool = True) -> Any:
+        deadline = None if self.retry_timeout is None else time.monotonic() + self.retry_timeout
+        attempt = 0
+        while True:
+            if self._closed.is_set():
+                raise _Closed("the client is closed")
+            try:
+                return method(request, timeout=self.rpc_timeout)
+            except grpc.RpcError as e:
+                code, detail = e.code(), e.details() or ""
+                if code == grpc.StatusCode.NOT_FOUND and not retry_not_found:
+                    raise _NotFound(detail) from None
+                if code in _RETRIABLE:
+                    delay = self._rng.uniform(0, min(self.backoff_max, self.backoff_base * 2**attempt))
+                    attempt += 1
+                    if deadline is not None and time.monotonic() + delay > deadline:
+                        raise CoordinatorUnavailable(
+                            f"coordinator {self.address} unreachable for {self.retry_timeout:.0f}s ({code.name}: "
+                            f"{detail}); check the address and that it is running"
+                        ) from None
+                    log.debug("coordinator %s: %s; retrying in %.2fs", self.address, code.name, delay)
+                    if self._closed.wait(delay):
+                        raise _Closed("the client is closed") from None
+                    continue
+                raise _refusal(code, detail) from None
+
+
+def _checked_config(spec: pb.RunSpec) -> RunConfig:
+    run = RunConfig.from_json(spec.run_config_json)
+    if run.content_hash() != spec.run_config_hash:
+        raise IncompatibleRun(
+            f"the run spec hashes to {run.content_hash()} here but {spec.run_config_hash} at the coordinator; "
+            "update hivepath to the coordinator's version"
+        )
+    return run
+
+
+class _NotFound(Exception):
+    pass
+
+
+class _Closed(CoordinatorUnavailable):
+    pass
+
+
+def _refusal(code: grpc.StatusCode, detail: str) -> HivepathError:
+    if code == grpc.StatusCode.FAILED_PRECONDITION and detail.startswith("capabilities.memory_bytes"):
+        return NoAssignmentFits(f"no work fits this machine: {detail}")
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        return IncompatibleRun(f"the coordinator refused this peer: {detail}")
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return CoordinatorRefused(f"the coordinator refused the run token: {detail}")
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        err = CoordinatorRefused(f"the coordinator rejected a field: {detail}")
+        err.exit_code = 2
+        return err
+    return CoordinatorRefused(f"the coordinator answered {code.name}: {detail}")

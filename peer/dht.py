@@ -1,0 +1,127 @@
+"""Start or join a hivemind DHT for one peer process.
+
+One DHT (and one p2p daemon) per process, shared by every module the peer holds and by the
+averager, state transfer and stage serving (start-up of a p2p daemon costs about a second).
+
+- ``initial_peers``: multiaddrs of any live peers (the coordinator hands them out); none starts a
+  new swarm.
+- ``host_maddrs``: where to listen (default every interface, an ephemeral port);
+  ``announce_maddrs``: the addresses other peers should dial (behind port forwarding).
+- ``client_mode``: for peers that cannot accept connections (behind NAT): they store and read
+  records and dial out, but are never dialled; they reduce no part of an all-reduce.
+- ``identity_path``: a persistent private key (:mod:`peer.identity`) so the peer id is stable across
+  restarts; the file is locked while the peer runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from models.errors import HivepathError
+from peer.identity import Identity, load_or_create_identity
+
+__all__ = ["DHTOptions", "DHTStartError", "PeerDHT", "start_dht", "unwrap_dht"]
+
+log = logging.getLogger(__name__)
+
+
+class DHTStartError(HivepathError):
+    """The DHT could not start or could not reach any initial peer."""
+
+    exit_code = 3
+
+
+@dataclass(frozen=True)
+class DHTOptions:
+    """How this peer joins the DHT."""
+
+    initial_peers: Sequence[str] = ()
+    """Multiaddrs of live peers to bootstrap from; empty starts a new swarm."""
+    host_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",)
+    """Multiaddrs to listen on."""
+    announce_maddrs: Sequence[str] = ()
+    """Multiaddrs other peers should dial (explicit ports); empty announces what we listen on."""
+    client_mode: bool = False
+    """Do not accept incoming connections (a peer behind NAT)."""
+    identity_path: Optional[str] = None
+    """Private-key file giving a stable peer id; None picks a fresh random identity."""
+    startup_timeout: float = 30.0
+    """Seconds to wait for the p2p daemon and the first contact with initial peers."""
+    check_identity_on_network: bool = False
+    """Also ask the swarm whether our identity is already in use elsewhere (costs a second p2p daemon)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Further keyword arguments for ``hivemind.dht.DHT`` (e.g. ``num_workers``)."""
+
+
+class PeerDHT:
+    """A running DHT node of this process, with its (locked) identity. Call :meth:`shutdown` at exit."""
+
+    def __init__(self, dht: Any, identity: Optional[Identity], client_mode: bool):
+        self.dht = dht
+        self.identity = identity
+        self.client_mode = client_mode
+        self.peer_id: str = dht.peer_id.to_base58()
+
+    def maddrs(self) -> list[str]:
+        """Multiaddrs (with ``/p2p/<peer id>``) under which other peers can reach us; empty in client mode."""
+        if self.client_mode:
+            return []
+        return [str(m) for m in self.dht.get_visible_maddrs()]
+
+    def shutdown(self) -> None:
+        """Stop the DHT process and its p2p daemon, and release the identity lock."""
+        try:
+            if self.dht.is_alive():
+                self.dht.shutdown()
+        finally:
+            if self.identity is not None:
+                self.identity.release()
+
+    def __enter__(self) -> "PeerDHT":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+def start_dht(options: DHTOptions = DHTOptions()) -> PeerDHT:
+    """Start this process's DHT node (and p2p daemon) and join the swarm of ``options.initial_peers``."""
+    from hivemind.dht import DHT
+
+    identity = load_or_create_identity(options.identity_path) if options.identity_path else None
+    kwargs: dict[str, Any] = dict(
+        initial_peers=list(options.initial_peers),
+        host_maddrs=list(options.host_maddrs),
+        client_mode=options.client_mode,
+        startup_timeout=options.startup_timeout,
+        await_ready=True,
+        start=True,
+        **options.extra,
+    )
+    if options.client_mode:
+        kwargs["no_listen"] = True  # hivemind's client mode alone still listens; we open no port at all
+    if options.announce_maddrs:
+        kwargs["announce_maddrs"] = list(options.announce_maddrs)
+    if identity is not None:
+        kwargs["identity_path"] = str(identity.path)
+        kwargs["check_if_identity_free"] = options.check_identity_on_network
+    try:
+        dht = DHT(**kwargs)
+    except Exception as e:
+        if identity is not None:
+            identity.release()
+        peers = ", ".join(options.initial_peers) or "none"
+        raise DHTStartError(
+            f"cannot start the DHT ({type(e).__name__}: {e}); initial peers: {peers}; "
+            "check that they are live and reachable, or start without initial peers for a new swarm"
+        ) from None
+    node = PeerDHT(dht, identity, options.client_mode)
+    log.info("DHT up: peer id %s, reachable at %s", node.peer_id, node.maddrs() or "(client mode)")
+    return node
+
+
+def unwrap_dht(dht: Any) -> Any:
+    """The hivemind DHT behind a :class:`PeerDHT` (or ``dht`` itself)."""
+    return dht.dht if isinstance(dht, PeerDHT) else dht

@@ -1,0 +1,236 @@
+"""Form one averaging group per (run, module, round) among the live holders, bounded by a deadline.
+
+Every member of a formed group gets the same membership from one leader (hivemind-style
+leader/follower matchmaking over the DHT, Ryabinin et al. 2021, made consistent):
+
+1. A member declares itself under :func:`peer.records.group_key` and, until a gather deadline,
+   reads the declarations and the module's :class:`~peer.records.HolderRecord` s; it stops early
+   once every live holder at this round has declared.
+2. The leader is the smallest peer id among the declared members that accept connections.
+   Followers join it over P2P (:class:`peer.net_pb2.JoinRequest`); a peer that follows someone
+   else answers ``NOT_A_LEADER`` with its leader, and the follower retries there.
+3. The leader closes the group when every declared member has joined, or at its deadline, and sends
+   the same sorted member list to each follower (``BEGIN``). A member that joined nobody, or whose
+   leader never began, fails the round and keeps its local progress.
+
+Peers whose config hash or dataset hash differ from ours are never grouped: their declarations
+are ignored and their join requests refused, with a log line naming both hashes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Optional
+
+from peer.allreduce import Group
+from peer.net_pb2 import JoinReply, JoinRequest
+from peer.records import GroupDeclaration, HolderRecord, group_key, holders_key, records_from_value, to_value
+
+__all__ = ["Matchmaker", "LONE"]
+
+log = logging.getLogger(__name__)
+
+LONE = "lone"
+"""Marker group id of a member that is the only holder of its module this round."""
+
+_POLL = 0.1  # seconds between DHT reads while gathering (a protocol poll, not a test wait)
+
+
+@dataclass
+class _Looking:
+    key: str
+    decided: asyncio.Event = field(default_factory=asyncio.Event)
+    leader: Optional[str] = None
+    """None while gathering or when we lead; else the peer we follow."""
+    closed: bool = False
+    followers: dict[str, tuple[float, "asyncio.Future[Optional[Group]]"]] = field(default_factory=dict)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Matchmaker:
+    """Runs this peer's side of matchmaking for every module it averages (one asyncio loop)."""
+
+    def __init__(self, dht: Any, p2p: Any, peer_id: str, run_id: str, config_hash: str, data_hash: str,
+                 bandwidth: float, prefix: str):
+        self.dht = dht
+        self.p2p = p2p
+        self.peer_id = peer_id
+        self.run_id = run_id
+        self.config_hash = config_hash
+        self.data_hash = data_hash
+        self.bandwidth = bandwidth
+        self.handler_name = f"{prefix}_join"
+        self._looking: dict[str, _Looking] = {}
+        self._warned: set[tuple[str, str]] = set()
+
+    async def start(self) -> None:
+        await self.p2p.add_protobuf_handler(self.handler_name, self._handle_join, JoinRequest, stream_output=True)
+
+    def _mismatch(self, who: str, config_hash: str, data_hash: str) -> str:
+        if config_hash != self.config_hash:
+            return f"config hash {config_hash} of {who} differs from ours {self.config_hash}"
+        if data_hash != self.data_hash:
+            return f"dataset hash {data_hash or '(none)'} of {who} differs from ours {self.data_hash or '(none)'}"
+        return ""
+
+    def _refuse_log(self, who: str, problem: str) -> None:
+        if (who, problem) not in self._warned:
+            self._warned.add((who, problem))
+            log.warning("not grouping with %s: %s", who, problem)
+
+    # -- leader side --------------------------------------------------------------------------
+
+    async def _handle_join(self, request: JoinRequest, context: Any) -> AsyncIterator[JoinReply]:
+        sender = context.remote_id.to_base58()
+        problem = self._mismatch(sender, request.config_hash, request.data_hash)
+        if problem:
+            self._refuse_log(sender, problem)
+            yield JoinReply(code=JoinReply.REFUSED, reason=problem)
+            return
+        looking = self._looking.get(request.group_key)
+        if looking is None:
+            yield JoinReply(code=JoinReply.REFUSED, reason="not looking for this group (formed or not started)")
+            return
+        await looking.decided.wait()
+        if looking.leader is not None:
+            yield JoinReply(code=JoinReply.NOT_A_LEADER, suggested_leader=looking.leader)
+            return
+        if looking.closed:
+            yield JoinReply(code=JoinReply.REFUSED, reason="the group already began")
+            return
+        future: asyncio.Future[Optional[Group]] = asyncio.get_running_loop().create_future()
+        looking.followers[sender] = (max(0.0, request.bandwidth), future)
+        looking.changed.set()
+        yield JoinReply(code=JoinReply.ACCEPTED)
+        group = await future
+        if group is None:
+            yield JoinReply(code=JoinReply.REFUSED, reason="the leader gave up")
+            return
+        yield JoinReply(code=JoinReply.BEGIN, group_id=group.group_id, members=list(group.members),
+                        bandwidths=list(group.bandwidths), allreduce_timeout=group.allreduce_timeout)
+
+    # -- every member -------------------------------------------------------------------------
+
+    async def form_group(self, module_id: str, round_no: int, timeout: float) -> tuple[Optional[Group], str]:
+        """Matchmake round ``round_no`` of ``module_id`` within ``timeout`` seconds (the whole round's
+        budget: the leader hands the rest to the all-reduce). Returns ``(group, reason)``: the group
+        (``group_id == LONE`` when we are the only holder) or None with why not."""
+        from hivemind.utils import get_dht_time
+
+        t0 = time.monotonic()
+        gather_deadline, close_deadline, join_deadline = t0 + 0.2 * timeout, t0 + 0.35 * timeout, t0 + 0.45 * timeout
+        end = t0 + 0.95 * timeout
+        key = group_key(self.run_id, module_id, round_no)
+        looking = self._looking[key] = _Looking(key)
+        try:
+            decl = GroupDeclaration(self.config_hash, self.data_hash, self.bandwidth)
+            await self.dht.store(key, to_value(decl), get_dht_time() + timeout, subkey=self.peer_id,
+                                 return_future=True)
+            declared = await self._gather(module_id, round_no, key, gather_deadline)
+            candidates = {p for p, d in declared.items() if d.bandwidth > 0} | ({self.peer_id} if self.bandwidth > 0 else set())
+            if not declared:
+                looking.decided.set()
+                return Group(LONE, (self.peer_id,), (self.bandwidth,), 0.0), ""
+            if not candidates:
+                looking.decided.set()
+                return None, "no member of the group accepts connections (all in client mode)"
+            leader = min(candidates)
+            if leader == self.peer_id:
+                looking.decided.set()
+                return await self._lead(looking, set(declared), close_deadline, end)
+            looking.leader = leader
+            looking.decided.set()
+            return await self._follow(key, leader, join_deadline)
+        finally:
+            looking.decided.set()
+            for _, future in looking.followers.values():
+                if not future.done():
+                    future.set_result(None)
+            self._looking.pop(key, None)
+
+    async def _gather(self, module_id: str, round_no: int, key: str, deadline: float) -> dict[str, GroupDeclaration]:
+        """Other members' valid declarations, read until every live holder at this round declared or ``deadline``."""
+        while True:
+            found, holders = await asyncio.gather(
+                self.dht.get(key, latest=True, return_future=True),
+                self.dht.get(holders_key(self.run_id, module_id), latest=True, return_future=True),
+            )
+            declared = {}
+            for peer, d in records_from_value(found, GroupDeclaration).items():
+                problem = self._mismatch(peer, d.config_hash, d.data_hash)
+                if problem:
+                    self._refuse_log(peer, problem)
+                elif peer != self.peer_id:
+                    declared[peer] = d
+            expected = {p for p, h in records_from_value(holders, HolderRecord).items()
+                        if h.round_no == round_no and not self._mismatch(p, h.config_hash, h.data_hash)}
+            expected.discard(self.peer_id)
+            if expected <= set(declared) or time.monotonic() >= deadline:
+                missing = sorted(expected - set(declared))
+                if missing:
+                    log.info("%s: holders %s did not declare by the gather deadline", key, ", ".join(missing))
+                return declared
+            await asyncio.sleep(_POLL)
+
+    async def _lead(self, looking: _Looking, others: set[str], close_deadline: float, end: float) -> tuple[Optional[Group], str]:
+        while not others <= set(looking.followers) and time.monotonic() < close_deadline:
+            looking.changed.clear()
+            try:
+                await asyncio.wait_for(looking.changed.wait(), max(0.0, close_deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                break
+        looking.closed = True
+        followers = dict(looking.followers)
+        if not followers:
+            return None, f"no declared member ({', '.join(sorted(others))}) joined us"
+        members = tuple(sorted([self.peer_id, *followers]))
+        bw = {self.peer_id: self.bandwidth, **{p: b for p, (b, _) in followers.items()}}
+        group = Group(f"{looking.key}-{self.peer_id[-8:]}-{secrets.token_hex(4)}", members,
+                      tuple(bw[p] for p in members), max(0.1, end - time.monotonic()))
+        for _, future in followers.values():
+            if not future.done():
+                future.set_result(group)
+        missing = sorted(others - set(followers))
+        return group, (f"dropped {', '.join(missing)} (did not join)" if missing else "")
+
+    async def _follow(self, key: str, leader: str, deadline: float) -> tuple[Optional[Group], str]:
+        try:
+            return await asyncio.wait_for(self._follow_unbounded(key, leader), max(0.01, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            return None, f"leader {leader} did not begin before the deadline"
+        except Exception as e:
+            return None, f"joining leader {leader} failed: {type(e).__name__}: {e}"
+
+    async def _follow_unbounded(self, key: str, leader: str) -> tuple[Optional[Group], str]:
+        from hivemind.p2p import PeerID
+
+        request = JoinRequest(group_key=key, config_hash=self.config_hash, data_hash=self.data_hash,
+                              bandwidth=self.bandwidth)
+        for _ in range(3):
+            stream = await self.p2p.iterate_protobuf_handler(PeerID.from_base58(leader), self.handler_name,
+                                                             request, JoinReply)
+            redirected = None
+            async for reply in stream:
+                if reply.code == JoinReply.ACCEPTED:
+                    continue
+                if reply.code == JoinReply.BEGIN:
+                    return self._check_group(reply, leader)
+                if reply.code == JoinReply.NOT_A_LEADER and reply.suggested_leader not in ("", leader, self.peer_id):
+                    redirected = reply.suggested_leader
+                    break
+                return None, f"leader {leader} refused: {reply.reason or JoinReply.Code.Name(reply.code)}"
+            if redirected is None:
+                return None, f"leader {leader} closed the stream without beginning"
+            leader = redirected
+        return None, "too many leader redirections"
+
+    def _check_group(self, reply: JoinReply, leader: str) -> tuple[Optional[Group], str]:
+        members = tuple(reply.members)
+        if (self.peer_id not in members or list(members) != sorted(set(members))
+                or len(reply.bandwidths) != len(members) or not reply.allreduce_timeout > 0):
+            return None, f"leader {leader} sent a malformed group"
+        return Group(reply.group_id, members, tuple(reply.bandwidths), float(reply.allreduce_timeout)), ""

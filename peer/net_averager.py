@@ -1,0 +1,248 @@
+"""``NetAverager``: the :class:`peer.averaging.ModuleAverager` of real peers, over hivemind's DHT and P2P.
+
+Per (module, round) it matchmakes a group among the module's live holders (:mod:`peer.matchmaking`)
+and runs the bit-identical all-reduce (:mod:`peer.allreduce`): every member applies the same
+decoded bytes, so replicas stay identical whatever the codec (DiLoCo, Douillard et al. 2023; DiPaCo,
+Douillard et al. 2024). It also publishes this peer's :class:`~peer.records.HolderRecord` for each
+module it holds (refreshed in the background) and serves module states to newcomers
+(:mod:`peer.state_transfer`).
+
+One ``NetAverager`` per process and run: it owns an asyncio loop on a background thread, on which
+a replica of the DHT's p2p daemon handle serves the ``hivepath_{run_id}_*`` protocols.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from typing import Any, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from peer.allreduce import EventHook, ReductionServer
+from peer.averaging import AverageResult
+from peer.compression import flatten, get_codec, unflatten
+from peer.diloco import ModuleState
+from peer.dht import unwrap_dht
+from peer.matchmaking import LONE, Matchmaker
+from peer.records import ArchiveRecord, HolderRecord, archive_key, holders_key, to_value
+from peer.state_transfer import StateProvider, StateServer, fetch_module_state
+
+__all__ = ["NetAverager"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BANDWIDTH = 100e6 / 8
+"""Bytes/s assumed for the upload link when none was measured (100 Mbit/s)."""
+
+
+class NetAverager:
+    """Averages module pseudo-gradients with the other holders of each module over the network.
+
+    Args:
+        dht: this process's DHT (``peer.dht.PeerDHT`` or ``hivemind.dht.DHT``).
+        run_id: the run's slug; prefixes DHT keys and protocol names.
+        config_hash: the run config hash; peers of another hash are never grouped.
+        data_hash: the dataset manifest hash ('' if none); peers of another dataset are never grouped.
+        bandwidth: measured upload bandwidth in bytes/s; it sizes our share of each reduction.
+            0 means client mode (we reduce nothing); default: 0 if the DHT is in client mode.
+        throughput: measured tokens/s, published in our holder records.
+        state_provider: ``module_id -> ModuleState`` to serve newcomers (see :meth:`serve_states`).
+        holder_ttl: seconds a holder record lives without refresh (refreshed every third of it).
+        startup_timeout: seconds to connect to the p2p daemon and register handlers.
+        event_hook: called at named points of a round, for fault injection in tests and phase timing in
+            benchmarks (see :data:`peer.allreduce.EventHook`).
+    """
+
+    def __init__(self, dht: Any, run_id: str, config_hash: str, data_hash: str = "",
+                 bandwidth: Optional[float] = None, throughput: float = 0.0,
+                 state_provider: Optional[StateProvider] = None, holder_ttl: float = 30.0,
+                 startup_timeout: float = 30.0, event_hook: Optional[EventHook] = None):
+        self.dht = unwrap_dht(dht)
+        self.run_id = run_id
+        self.config_hash = config_hash
+        self.data_hash = data_hash
+        if bandwidth is None:
+            bandwidth = 0.0 if self.dht.client_mode else DEFAULT_BANDWIDTH
+        if not (math.isfinite(bandwidth) and bandwidth >= 0):
+            raise ValueError(f"bandwidth must be a finite number >= 0, got {bandwidth}")
+        self.bandwidth = float(bandwidth)
+        self.throughput = float(throughput)
+        self.holder_ttl = holder_ttl
+        self.peer_id: str = self.dht.peer_id.to_base58()
+        self.prefix = f"hivepath_{run_id}"
+        self._event_hook = event_hook
+        self._held: dict[str, int] = {}
+        self._archived: dict[str, int] = {}
+        self._held_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="net-averager", daemon=True)
+        self._thread.start()
+        self._state_server: Optional[StateServer] = None
+        try:
+            self._call(self._start(state_provider), startup_timeout)
+        except BaseException:
+            self.shutdown()
+            raise
+        self._refresher = threading.Thread(target=self._refresh_loop, name="holder-refresh", daemon=True)
+        self._refresher.start()
+
+    async def _start(self, provider: Optional[StateProvider]) -> None:
+        self._p2p = await self.dht.replicate_p2p()
+        self._server = ReductionServer(self._p2p, self.peer_id, self.prefix, event_hook=self._event_hook)
+        self._matchmaker = Matchmaker(self.dht, self._p2p, self.peer_id, self.run_id, self.config_hash,
+                                      self.data_hash, self.bandwidth, self.prefix)
+        self._state_server = StateServer(self._p2p, self.config_hash, self.prefix, provider)
+        await self._server.start()
+        await self._matchmaker.start()
+        await self._state_server.start()
+
+    def _call(self, coro: Any, timeout: Optional[float]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    # -- holder records -----------------------------------------------------------------------
+
+    def hold(self, module_id: str, round_no: int, wait: bool = True) -> None:
+        """Announce that we hold ``module_id`` and will average its round ``round_no`` next
+        (``wait``: until the DHT stored it). Re-announcing the same round costs nothing."""
+        with self._held_lock:
+            if self._held.get(module_id) == int(round_no):
+                return
+            self._held[module_id] = int(round_no)
+        future = self._publish(module_id, int(round_no))
+        if wait:
+            future.result()
+
+    def announce_archive(self, module_id: str, round_no: int) -> None:
+        """Announce that we serve ``module_id``'s state at ``round_no`` without averaging it (an archive
+        peer): newcomers may fetch from us, but groups never wait for us. Refreshed in the background."""
+        with self._held_lock:
+            self._archived[module_id] = int(round_no)
+        self._publish_archive(module_id, int(round_no)).result()
+
+    def _publish_archive(self, module_id: str, round_no: int) -> Any:
+        from hivemind.utils import get_dht_time
+
+        record = ArchiveRecord(self.config_hash, self.data_hash, round_no)
+        return self.dht.store(archive_key(self.run_id, module_id), to_value(record),
+                              get_dht_time() + self.holder_ttl, subkey=self.peer_id, return_future=True)
+
+    def release(self, module_id: str) -> None:
+        """Stop announcing ``module_id`` (its record expires within ``holder_ttl``)."""
+        with self._held_lock:
+            self._held.pop(module_id, None)
+            self._archived.pop(module_id, None)
+
+    def _publish(self, module_id: str, round_no: int) -> Any:
+        from hivemind.utils import get_dht_time
+
+        record = HolderRecord(self.config_hash, self.data_hash, round_no, self.throughput, self.bandwidth)
+        return self.dht.store(holders_key(self.run_id, module_id), to_value(record),
+                              get_dht_time() + self.holder_ttl, subkey=self.peer_id, return_future=True)
+
+    def _refresh_loop(self) -> None:
+        while not self._stopping.wait(self.holder_ttl / 3):
+            with self._held_lock:
+                held, archived = dict(self._held), dict(self._archived)
+            try:
+                for module_id, round_no in held.items():
+                    self._publish(module_id, round_no)
+                for module_id, round_no in archived.items():
+                    self._publish_archive(module_id, round_no)
+            except Exception as e:  # the DHT may be shutting down
+                log.debug("refreshing records failed: %r", e)
+
+    # -- averaging ----------------------------------------------------------------------------
+
+    def average(self, module_id: str, round_no: int, tensors: list[Tensor], weight: float, codec: str,
+                timeout: float) -> AverageResult:
+        """One round of ``module_id``'s group (see :class:`peer.averaging.ModuleAverager`)."""
+        get_codec(codec)  # ValueError on an unknown codec, before anything is sent
+        if not (math.isfinite(weight) and weight > 0):
+            raise ValueError(f"weight must be a finite number > 0, got {weight}")
+        flat = flatten(tensors)  # (n,)
+        if not bool(torch.isfinite(flat).all()):
+            return AverageResult(None, None, 0, [], 0, 0, reason="not sent: the delta holds NaN or Inf")
+        t0 = time.monotonic()
+        self.hold(module_id, round_no)
+        try:
+            return self._call(self._average(module_id, round_no, flat, tensors, float(weight), codec, timeout),
+                              timeout + 10.0)
+        except Exception as e:
+            log.warning("module %s round %d failed: %r", module_id, round_no, e)
+            return AverageResult(None, None, 0, [], 0, 0, reason=f"{type(e).__name__}: {e}")
+        finally:
+            try:  # a no-op when the round's group formed: we announced round + 1 then
+                self.hold(module_id, round_no + 1)
+            except Exception as e:
+                log.debug("publishing holder record failed: %r", e)
+            log.debug("module %s round %d took %.2fs", module_id, round_no, time.monotonic() - t0)
+
+    async def _average(self, module_id: str, round_no: int, flat: Tensor, like: Sequence[Tensor], weight: float,
+                       codec: str, timeout: float) -> AverageResult:
+        c = get_codec(codec)
+        group, reason = await self._matchmaker.form_group(module_id, round_no, timeout)
+        # announce our next round now, in the background, so it is visible long before anyone's next round
+        self.hold(module_id, round_no + 1, wait=False)
+        if group is None:
+            log.info("module %s round %d: no group (%s)", module_id, round_no, reason)
+            return AverageResult(None, None, 0, [], 0, 0, reason=reason)
+        if group.group_id == LONE:
+            own = c.roundtrip(flat)  # (n,)
+            mine = unflatten(own, like)
+            return AverageResult([t.clone() for t in mine], mine, 1, [self.peer_id], 0, 0, reason="lone holder")
+        self._server.event("group_formed")
+        out = await self._server.run(group, flat, weight, codec)
+        notes = "; ".join(r for r in (reason, out.reason) if r)
+        own = unflatten(out.own_decoded, like)
+        if out.averaged is None:
+            log.warning("module %s round %d failed: %s", module_id, round_no, notes)
+            return AverageResult(None, own, 0, [], out.bytes_sent, out.bytes_received, reason=notes)
+        return AverageResult(unflatten(out.averaged, like), own, len(out.contributors), out.contributors,
+                             out.bytes_sent, out.bytes_received, reason=notes)
+
+    # -- state transfer -----------------------------------------------------------------------
+
+    def serve_states(self, provider: StateProvider) -> None:
+        """Serve newcomers the states ``provider(module_id)`` returns (e.g. ``DiLoCoOptimizer.module_state``)."""
+        assert self._state_server is not None
+        self._state_server.provider = provider
+
+    def fetch_state(self, module_id: str, timeout: float, like: Optional[Sequence[Tensor]] = None) -> ModuleState:
+        """Fetch ``module_id``'s global params, outer momentum and round from a live holder of our
+        config hash; raises :class:`peer.state_transfer.StateTransferError` if none can send it."""
+        return self._call(fetch_module_state(self.dht, self._p2p, self.run_id, module_id, self.config_hash,
+                                             self.prefix, self.peer_id, timeout, like), timeout + 5.0)
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Stop refreshing records and stop the loop (the DHT itself belongs to the caller)."""
+        self._stopping.set()
+        if self._loop.is_running():
+            try:
+                self._call(self._stop(), 5.0)
+            except Exception as e:
+                log.debug("stopping the averager loop: %r", e)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+
+    async def _stop(self) -> None:
+        p2p = getattr(self, "_p2p", None)
+        if p2p is not None:
+            await p2p.shutdown()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def __enter__(self) -> "NetAverager":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()

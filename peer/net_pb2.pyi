@@ -1,0 +1,104 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class JoinRequest(_message.Message):
+    __slots__ = ("group_key", "config_hash", "data_hash", "bandwidth")
+    GROUP_KEY_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
+    DATA_HASH_FIELD_NUMBER: _ClassVar[int]
+    BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
+    group_key: str
+    config_hash: str
+    data_hash: str
+    bandwidth: float
+    def __init__(self, group_key: _Optional[str] = ..., config_hash: _Optional[str] = ..., data_hash: _Optional[str] = ..., bandwidth: _Optional[float] = ...) -> None: ...
+
+class JoinReply(_message.Message):
+    __slots__ = ("code", "reason", "group_id", "members", "bandwidths", "allreduce_timeout", "suggested_leader")
+    class Code(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        UNKNOWN: _ClassVar[JoinReply.Code]
+        ACCEPTED: _ClassVar[JoinReply.Code]
+        BEGIN: _ClassVar[JoinReply.Code]
+        REFUSED: _ClassVar[JoinReply.Code]
+        NOT_A_LEADER: _ClassVar[JoinReply.Code]
+    UNKNOWN: JoinReply.Code
+    ACCEPTED: JoinReply.Code
+    BEGIN: JoinReply.Code
+    REFUSED: JoinReply.Code
+    NOT_A_LEADER: JoinReply.Code
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    BANDWIDTHS_FIELD_NUMBER: _ClassVar[int]
+    ALLREDUCE_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    SUGGESTED_LEADER_FIELD_NUMBER: _ClassVar[int]
+    code: JoinReply.Code
+    reason: str
+    group_id: str
+    members: _containers.RepeatedScalarFieldContainer[str]
+    bandwidths: _containers.RepeatedScalarFieldContainer[float]
+    allreduce_timeout: float
+    suggested_leader: str
+    def __init__(self, code: _Optional[_Union[JoinReply.Code, str]] = ..., reason: _Optional[str] = ..., group_id: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., bandwidths: _Optional[_Iterable[float]] = ..., allreduce_timeout: _Optional[float] = ..., suggested_leader: _Optional[str] = ...) -> None: ...
+
+class PartHeader(_message.Message):
+    __slots__ = ("group_id", "part_index", "attempt", "weight", "numel", "codec", "payload_len", "segment")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    PART_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    NUMEL_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_LEN_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    part_index: int
+    attempt: int
+    weight: float
+    numel: int
+    codec: str
+    payload_len: int
+    segment: int
+    def __init__(self, group_id: _Optional[str] = ..., part_index: _Optional[int] = ..., attempt: _Optional[int] = ..., weight: _Optional[float] = ..., numel: _Optional[int] = ..., codec: _Optional[str] = ..., payload_len: _Optional[int] = ..., segment: _Optional[int] = ...) -> None: ...
+
+class PartReply(_message.Message):
+    __slots__ = ("ok", "error", "contributors", "payload_len", "received")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTORS_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_LEN_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    error: str
+    contributors: _containers.RepeatedScalarFieldContainer[str]
+    payload_len: int
+    received: bool
+    def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., contributors: _Optional[_Iterable[str]] = ..., payload_len: _Optional[int] = ..., received: _Optional[bool] = ...) -> None: ...
+
+class StateRequest(_message.Message):
+    __slots__ = ("module_id", "config_hash")
+    MODULE_ID_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
+    module_id: str
+    config_hash: str
+    def __init__(self, module_id: _Optional[str] = ..., config_hash: _Optional[str] = ...) -> None: ...
+
+class StateReply(_message.Message):
+    __slots__ = ("ok", "error", "round_no", "payload_len")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ROUND_NO_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_LEN_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    error: str
+    round_no: int
+    payload_len: int
+    def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., round_no: _Optional[int] = ..., payload_len: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,145 @@
+"""Joining mid-run: a newcomer fetches a module's global params, outer momentum and round number
+from a peer that holds it, over P2P. The coordinator never carries weights (see DESIGN.md).
+
+Holder side: :class:`StateServer` answers ``{prefix}_state`` streams with a
+:class:`peer.net_pb2.StateReply` header and a safetensors blob (``p.{i}``: global params,
+``m.{i}``: outer momentum), refusing a requester whose config hash differs from ours.
+Newcomer side: :func:`fetch_module_state` tries the module's holders and archive peers (from their
+DHT records, same config hash, most advanced round first) until one answers, and checks what it
+received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable, Optional, Sequence
+
+from torch import Tensor
+
+from peer.diloco import ModuleState
+from peer.net_pb2 import StateReply, StateRequest
+from peer.records import ArchiveRecord, HolderRecord, archive_key, holders_key, records_from_value
+
+__all__ = ["StateServer", "StateProvider", "fetch_module_state", "StateTransferError"]
+
+log = logging.getLogger(__name__)
+
+StateProvider = Callable[[str], Optional[ModuleState]]
+"""``module_id -> ModuleState`` of a module this peer holds (e.g. ``DiLoCoOptimizer.module_state``),
+or None when it does not hold it."""
+
+
+class StateTransferError(RuntimeError):
+    """No holder could send a valid state for the module."""
+
+
+def _pack(state: ModuleState) -> bytes:
+    from safetensors.torch import save
+
+    tensors = {f"p.{i}": t.contiguous() for i, t in enumerate(state.global_params)}
+    tensors.update({f"m.{i}": t.contiguous() for i, t in enumerate(state.momentum)})
+    return save(tensors)
+
+
+def _unpack(blob: bytes, round_no: int, like: Optional[Sequence[Tensor]]) -> ModuleState:
+    from safetensors.torch import load
+
+    tensors = load(blob)
+    n = sum(1 for k in tensors if k.startswith("p."))
+    expected_keys = {f"p.{i}" for i in range(n)} | {f"m.{i}" for i in range(n)}
+    if set(tensors) != expected_keys:
+        raise ValueError(f"state holds tensors {sorted(tensors)[:6]}..., expected p.0..p.{n - 1} and m.0..m.{n - 1}")
+    params = [tensors[f"p.{i}"] for i in range(n)]
+    momentum = [tensors[f"m.{i}"] for i in range(n)]
+    for p, m in zip(params, momentum):
+        if p.shape != m.shape:
+            raise ValueError(f"momentum shape {tuple(m.shape)} differs from parameter shape {tuple(p.shape)}")
+    if like is not None:
+        shapes = [tuple(t.shape) for t in like]
+        if [tuple(p.shape) for p in params] != shapes:
+            raise ValueError("parameter shapes differ from this peer's module")
+    return ModuleState(params, momentum, round_no)
+
+
+class StateServer:
+    """Serves the states of the modules this peer holds (register on this process's P2P)."""
+
+    def __init__(self, p2p: Any, config_hash: str, prefix: str, provider: Optional[StateProvider] = None):
+        self.p2p = p2p
+        self.config_hash = config_hash
+        self.handler_name = f"{prefix}_state"
+        self.provider = provider
+
+    async def start(self) -> None:
+        await self.p2p.add_binary_stream_handler(self.handler_name, self._handle)
+
+    async def _handle(self, stream_info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        from hivemind.p2p import P2P
+
+        try:
+            request, _ = await P2P.receive_protobuf(StateRequest, reader)
+            if request is None:
+                return
+            blob, reply = b"", StateReply(ok=False)
+            if request.config_hash != self.config_hash:
+                reply.error = f"config hash {request.config_hash} differs from the holder's {self.config_hash}"
+                log.warning("refusing state of %s to %s: %s", request.module_id, stream_info.peer_id, reply.error)
+            else:
+                state = self.provider(request.module_id) if self.provider is not None else None
+                if state is None:
+                    reply.error = f"this peer does not hold {request.module_id}"
+                else:
+                    blob = await asyncio.get_running_loop().run_in_executor(None, _pack, state)
+                    reply = StateReply(ok=True, round_no=int(state.round_no), payload_len=len(blob))
+            await P2P.send_protobuf(reply, writer)
+            await P2P.send_raw_data(blob, writer)
+        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            log.debug("state stream broke: %r", e)
+        finally:
+            writer.close()
+
+
+async def fetch_module_state(dht: Any, p2p: Any, run_id: str, module_id: str, config_hash: str, prefix: str,
+                             own_peer_id: str, timeout: float, like: Optional[Sequence[Tensor]] = None) -> ModuleState:
+    """Fetch ``module_id``'s state from a live holder with our config hash (most advanced round first)."""
+    from hivemind.p2p import P2P, PeerID
+
+    deadline = time.monotonic() + timeout
+    found, archived = await asyncio.gather(
+        dht.get(holders_key(run_id, module_id), latest=True, return_future=True),
+        dht.get(archive_key(run_id, module_id), latest=True, return_future=True),
+    )
+    sources = {**records_from_value(archived, ArchiveRecord), **records_from_value(found, HolderRecord)}
+    candidates = sorted(((h.round_no, p) for p, h in sources.items()
+                         if p != own_peer_id and h.config_hash == config_hash), reverse=True)
+    if not candidates:
+        raise StateTransferError(f"no live holder of {module_id} with config hash {config_hash}")
+    errors = []
+    for round_no, peer in candidates:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            async def ask() -> tuple[StateReply, bytes]:
+                _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer), f"{prefix}_state")
+                try:
+                    await P2P.send_protobuf(StateRequest(module_id=module_id, config_hash=config_hash), writer)
+                    reply, err = await P2P.receive_protobuf(StateReply, reader)
+                    blob = await P2P.receive_raw_data(reader)
+                finally:
+                    writer.close()
+                if reply is None:
+                    raise RuntimeError(err.message)
+                return reply, blob
+
+            reply, blob = await asyncio.wait_for(ask(), left)
+            if not reply.ok:
+                raise RuntimeError(reply.error)
+            state = await asyncio.get_running_loop().run_in_executor(None, _unpack, bytes(blob), reply.round_no, like)
+            log.info("fetched %s at round %d from %s", module_id, reply.round_no, peer)
+            return state
+        except Exception as e:
+            errors.append(f"{peer[-8:]}: {type(e).__name__}: {e}")
+    raise StateTransferError(f"no holder sent a valid state of {module_id} ({'; '.join(errors) or 'timed out'})")

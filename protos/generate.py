@@ -1,0 +1,66 @@
+"""Regenerate the committed gRPC stubs: ``python -m protos.generate``.
+
+Protos live under ``protos/hivepath/coordinator/v1/`` (package ``hivepath.coordinator.v1``) and are
+compiled from the repository root, so the generated modules import each other as
+``protos.hivepath.coordinator.v1.*`` and never shadow the ``hivepath`` command package.
+``tests/test_protos_drift.py`` fails when the committed files differ from a fresh generation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+__all__ = ["PROTO_FILES", "generate", "main"]
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parent.parent
+PROTO_FILES = ["protos/hivepath/coordinator/v1/coordinator.proto"]
+SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
+
+
+def generate(out_dir: Path) -> list[Path]:
+    """Compile every proto into ``out_dir`` (mirroring the repository layout); return the files written."""
+    from grpc_tools import protoc
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    include = Path(protoc.__file__).resolve().parent / "_proto"
+    for proto in PROTO_FILES:
+        args = [
+            "grpc_tools.protoc",
+            f"-I{ROOT}",
+            f"-I{include}",
+            f"--python_out={out_dir}",
+            f"--pyi_out={out_dir}",
+            f"--grpc_python_out={out_dir}",
+            str(ROOT / proto),
+        ]
+        if protoc.main(args) != 0:
+            raise RuntimeError(f"protoc failed on {proto}")
+    written = []
+    for proto in PROTO_FILES:
+        stem = proto[: -len(".proto")]
+        written += [out_dir / (stem + s) for s in SUFFIXES]
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m protos.generate", description=__doc__.splitlines()[0])
+    parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in generate(Path(tmp)):
+            dest = ROOT / path.relative_to(tmp)
+            shutil.copyfile(path, dest)
+            log.info("wrote %s", dest.relative_to(ROOT))
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    sys.exit(main())

@@ -1,0 +1,263 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Mode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MODE_UNSPECIFIED: _ClassVar[Mode]
+    MODE_PATH: _ClassVar[Mode]
+    MODE_STAGE: _ClassVar[Mode]
+MODE_UNSPECIFIED: Mode
+MODE_PATH: Mode
+MODE_STAGE: Mode
+
+class Capabilities(_message.Message):
+    __slots__ = ("device", "memory_bytes", "tokens_per_s", "upload_bps", "download_bps", "multiaddrs")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_BPS_FIELD_NUMBER: _ClassVar[int]
+    DOWNLOAD_BPS_FIELD_NUMBER: _ClassVar[int]
+    MULTIADDRS_FIELD_NUMBER: _ClassVar[int]
+    device: str
+    memory_bytes: int
+    tokens_per_s: float
+    upload_bps: float
+    download_bps: float
+    multiaddrs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, device: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., upload_bps: _Optional[float] = ..., download_bps: _Optional[float] = ..., multiaddrs: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class JoinRequest(_message.Message):
+    __slots__ = ("token", "peer_id", "public_key", "capabilities", "manifest_hash")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_HASH_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    peer_id: str
+    public_key: bytes
+    capabilities: Capabilities
+    manifest_hash: str
+    def __init__(self, token: _Optional[str] = ..., peer_id: _Optional[str] = ..., public_key: _Optional[bytes] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ..., manifest_hash: _Optional[str] = ...) -> None: ...
+
+class RunSpec(_message.Message):
+    __slots__ = ("run_config_json", "run_config_hash", "lattice_hash", "manifest_hash")
+    RUN_CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    RUN_CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
+    LATTICE_HASH_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_HASH_FIELD_NUMBER: _ClassVar[int]
+    run_config_json: str
+    run_config_hash: str
+    lattice_hash: str
+    manifest_hash: str
+    def __init__(self, run_config_json: _Optional[str] = ..., run_config_hash: _Optional[str] = ..., lattice_hash: _Optional[str] = ..., manifest_hash: _Optional[str] = ...) -> None: ...
+
+class Assignment(_message.Message):
+    __slots__ = ("mode", "path", "module_id", "module_ids", "inner_steps", "codec", "reason", "version")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    MODULE_ID_FIELD_NUMBER: _ClassVar[int]
+    MODULE_IDS_FIELD_NUMBER: _ClassVar[int]
+    INNER_STEPS_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    mode: Mode
+    path: _containers.RepeatedScalarFieldContainer[int]
+    module_id: str
+    module_ids: _containers.RepeatedScalarFieldContainer[str]
+    inner_steps: int
+    codec: str
+    reason: str
+    version: int
+    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., path: _Optional[_Iterable[int]] = ..., module_id: _Optional[str] = ..., module_ids: _Optional[_Iterable[str]] = ..., inner_steps: _Optional[int] = ..., codec: _Optional[str] = ..., reason: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class Lease(_message.Message):
+    __slots__ = ("lease_id", "duration_s", "heartbeat_interval_s")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    duration_s: float
+    heartbeat_interval_s: float
+    def __init__(self, lease_id: _Optional[str] = ..., duration_s: _Optional[float] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+
+class JoinResponse(_message.Message):
+    __slots__ = ("run_spec", "initial_peers", "lease", "assignment", "rejoined")
+    RUN_SPEC_FIELD_NUMBER: _ClassVar[int]
+    INITIAL_PEERS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    REJOINED_FIELD_NUMBER: _ClassVar[int]
+    run_spec: RunSpec
+    initial_peers: _containers.RepeatedScalarFieldContainer[str]
+    lease: Lease
+    assignment: Assignment
+    rejoined: bool
+    def __init__(self, run_spec: _Optional[_Union[RunSpec, _Mapping]] = ..., initial_peers: _Optional[_Iterable[str]] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., rejoined: _Optional[bool] = ...) -> None: ...
+
+class ModuleProgress(_message.Message):
+    __slots__ = ("module_id", "round", "tokens", "loss")
+    MODULE_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    module_id: str
+    round: int
+    tokens: int
+    loss: float
+    def __init__(self, module_id: _Optional[str] = ..., round: _Optional[int] = ..., tokens: _Optional[int] = ..., loss: _Optional[float] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("lease_id", "peer_id", "progress", "assignment_version", "tokens_per_s", "bytes_sent", "bytes_received", "preempting")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTING_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    peer_id: str
+    progress: _containers.RepeatedCompositeFieldContainer[ModuleProgress]
+    assignment_version: int
+    tokens_per_s: float
+    bytes_sent: int
+    bytes_received: int
+    preempting: bool
+    def __init__(self, lease_id: _Optional[str] = ..., peer_id: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[ModuleProgress, _Mapping]]] = ..., assignment_version: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., preempting: _Optional[bool] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("lease_remaining_s", "assignment", "drain", "drain_reason")
+    LEASE_REMAINING_S_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_REASON_FIELD_NUMBER: _ClassVar[int]
+    lease_remaining_s: float
+    assignment: Assignment
+    drain: bool
+    drain_reason: str
+    def __init__(self, lease_remaining_s: _Optional[float] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., drain: _Optional[bool] = ..., drain_reason: _Optional[str] = ...) -> None: ...
+
+class LeaveRequest(_message.Message):
+    __slots__ = ("lease_id", "peer_id", "reason")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    peer_id: str
+    reason: str
+    def __init__(self, lease_id: _Optional[str] = ..., peer_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class LeaveResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ("token",)
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    def __init__(self, token: _Optional[str] = ...) -> None: ...
+
+class PeerStatus(_message.Message):
+    __slots__ = ("peer_id", "device", "state", "tokens_per_s", "memory_bytes", "assignment", "last_seen_age_s", "tokens", "bytes_exchanged")
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_EXCHANGED_FIELD_NUMBER: _ClassVar[int]
+    peer_id: str
+    device: str
+    state: str
+    tokens_per_s: float
+    memory_bytes: int
+    assignment: Assignment
+    last_seen_age_s: float
+    tokens: int
+    bytes_exchanged: int
+    def __init__(self, peer_id: _Optional[str] = ..., device: _Optional[str] = ..., state: _Optional[str] = ..., tokens_per_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., last_seen_age_s: _Optional[float] = ..., tokens: _Optional[int] = ..., bytes_exchanged: _Optional[int] = ...) -> None: ...
+
+class ModuleStatus(_message.Message):
+    __slots__ = ("module_id", "holders", "round", "tokens_per_s")
+    MODULE_ID_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    module_id: str
+    holders: _containers.RepeatedScalarFieldContainer[str]
+    round: int
+    tokens_per_s: float
+    def __init__(self, module_id: _Optional[str] = ..., holders: _Optional[_Iterable[str]] = ..., round: _Optional[int] = ..., tokens_per_s: _Optional[float] = ...) -> None: ...
+
+class PathStatus(_message.Message):
+    __slots__ = ("path", "peers", "tokens_per_s", "loss")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    path: _containers.RepeatedScalarFieldContainer[int]
+    peers: _containers.RepeatedScalarFieldContainer[str]
+    tokens_per_s: float
+    loss: float
+    def __init__(self, path: _Optional[_Iterable[int]] = ..., peers: _Optional[_Iterable[str]] = ..., tokens_per_s: _Optional[float] = ..., loss: _Optional[float] = ...) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ("run_id", "run_config_hash", "peers", "modules", "paths", "total_tokens_per_s", "bytes_exchanged", "live_leases")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    MODULES_FIELD_NUMBER: _ClassVar[int]
+    PATHS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    BYTES_EXCHANGED_FIELD_NUMBER: _ClassVar[int]
+    LIVE_LEASES_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    run_config_hash: str
+    peers: _containers.RepeatedCompositeFieldContainer[PeerStatus]
+    modules: _containers.RepeatedCompositeFieldContainer[ModuleStatus]
+    paths: _containers.RepeatedCompositeFieldContainer[PathStatus]
+    total_tokens_per_s: float
+    bytes_exchanged: int
+    live_leases: int
+    def __init__(self, run_id: _Optional[str] = ..., run_config_hash: _Optional[str] = ..., peers: _Optional[_Iterable[_Union[PeerStatus, _Mapping]]] = ..., modules: _Optional[_Iterable[_Union[ModuleStatus, _Mapping]]] = ..., paths: _Optional[_Iterable[_Union[PathStatus, _Mapping]]] = ..., total_tokens_per_s: _Optional[float] = ..., bytes_exchanged: _Optional[int] = ..., live_leases: _Optional[int] = ...) -> None: ...
+
+class DrainRequest(_message.Message):
+    __slots__ = ("token", "peer_id", "reason")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    peer_id: str
+    reason: str
+    def __init__(self, token: _Optional[str] = ..., peer_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class DrainResponse(_message.Message):
+    __slots__ = ("state",)
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    def __init__(self, state: _Optional[str] = ...) -> None: ...
+
+class GetRunSpecRequest(_message.Message):
+    __slots__ = ("token",)
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    def __init__(self, token: _Optional[str] = ...) -> None: ...
+
+class GetRunSpecResponse(_message.Message):
+    __slots__ = ("run_spec", "initial_peers")
+    RUN_SPEC_FIELD_NUMBER: _ClassVar[int]
+    INITIAL_PEERS_FIELD_NUMBER: _ClassVar[int]
+    run_spec: RunSpec
+    initial_peers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_spec: _Optional[_Union[RunSpec, _Mapping]] = ..., initial_peers: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -1,0 +1,257 @@
+"""Pseudo-gradient codecs: exact sizes, error bounds, block alignment, malformed input, error feedback."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from models.config import CODECS
+from peer.compression import BLOCK, ErrorFeedback, flatten, get_codec, unflatten
+
+
+def _gauss(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(n, generator=torch.Generator().manual_seed(seed))
+
+
+# -- sizes ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "numel, sizes",
+    [
+        (0, {"none": 0, "fp16": 0, "int8": 0, "int4": 0}),
+        (1, {"none": 4, "fp16": 2, "int8": 5, "int4": 5}),
+        (1024, {"none": 4096, "fp16": 2048, "int8": 1028, "int4": 516}),
+        (2049, {"none": 8196, "fp16": 4098, "int8": 2061, "int4": 1037}),
+        (2500, {"none": 10000, "fp16": 5000, "int8": 2512, "int4": 1262}),
+    ],
+)
+def test_encoded_sizes_are_exact(numel, sizes):
+    x = _gauss(numel)
+    for name in CODECS:
+        codec = get_codec(name)
+        assert codec.encoded_size(numel) == sizes[name], name
+        assert len(codec.encode(x)) == sizes[name], name
+
+
+def test_compressed_size_per_codec_on_a_large_vector():
+    """The ratios quoted in docs/bench/codecs.md (1 Mi values)."""
+    n = 1 << 20
+    ratios = {name: get_codec(name).encoded_size(n) / (4 * n) for name in CODECS}
+    assert ratios == {"none": 1.0, "fp16": 0.5, "int8": 0.2509765625, "int4": 0.1259765625}
+
+
+# -- round-trip error -------------------------------------------------------------------------------
+
+
+def test_roundtrip_error_on_gaussian_deltas():
+    """Relative L2 error of each codec on N(0, 1) values, as measured in docs/bench/codecs.md."""
+    x = _gauss(1 << 18)
+    rel = {}
+    for name in CODECS:
+        y = get_codec(name).roundtrip(x)
+        assert y.dtype == torch.float32 and y.shape == x.shape
+        rel[name] = float((y - x).norm() / x.norm())
+    assert rel["none"] == 0.0
+    assert 1e-4 < rel["fp16"] < 3e-4
+    assert 5e-3 < rel["int8"] < 1e-2
+    assert 0.1 < rel["int4"] < 0.16
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    values=st.lists(st.floats(-1e4, 1e4, allow_nan=False, width=32), min_size=1, max_size=2600),
+    name=st.sampled_from(["int8", "int4"]),
+)
+def test_blockwise_error_bounded_by_half_a_step(values, name):
+    x = torch.tensor(values, dtype=torch.float32)
+    codec = get_codec(name)
+    y = codec.roundtrip(x)
+    qmax = {"int8": 127, "int4": 7}[name]
+    for start in range(0, x.numel(), BLOCK):
+        block = x[start : start + BLOCK]
+        bound = float(block.abs().max()) / qmax / 2 * (1 + 1e-5)
+        assert float((y[start : start + BLOCK] - block).abs().max()) <= bound + 1e-30
+    assert bool((y[x == 0] == 0).all())
+
+
+@settings(max_examples=40, deadline=None)
+@given(values=st.lists(st.floats(-6e4, 6e4, allow_nan=False, width=32), min_size=1, max_size=300))
+def test_fp16_relative_error(values):
+    x = torch.tensor(values, dtype=torch.float32)
+    y = get_codec("fp16").roundtrip(x)
+    assert bool(((y - x).abs() <= x.abs() * 2**-11 + 2**-24).all())
+
+
+def test_none_is_exact_and_zero_vector_stays_zero():
+    x = _gauss(3000)
+    assert torch.equal(get_codec("none").roundtrip(x), x)
+    for name in CODECS:
+        assert torch.equal(get_codec(name).roundtrip(torch.zeros(2050)), torch.zeros(2050))
+
+
+# -- block alignment --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", CODECS)
+def test_encoding_in_block_aligned_parts_equals_encoding_whole(name):
+    codec = get_codec(name)
+    x = _gauss(5 * BLOCK + 77, seed=3) * torch.linspace(0.01, 10, 5 * BLOCK + 77)
+    bounds = [0, BLOCK, 3 * BLOCK, 5 * BLOCK, x.numel()]
+    parts = [x[a:b] for a, b in zip(bounds, bounds[1:])]
+    encoded_parts = [codec.encode(p) for p in parts]
+    assert b"".join(encoded_parts) == codec.encode(x)
+    decoded = torch.cat([codec.decode(e, p.numel()) for e, p in zip(encoded_parts, parts)])
+    assert torch.equal(decoded, codec.roundtrip(x))
+
+
+def test_unaligned_parts_differ_for_blockwise_codecs():
+    """The alignment rule matters: splitting mid-block changes the scales, hence the values."""
+    x = _gauss(2 * BLOCK, seed=4)
+    x[0] = 50.0  # a large value in block 0 only
+    codec = get_codec("int8")
+    split = torch.cat([codec.roundtrip(x[:100]), codec.roundtrip(x[100:])])
+    assert not torch.equal(split, codec.roundtrip(x))
+
+
+# -- golden bytes and determinism -------------------------------------------------------------------
+
+
+def test_golden_bytes_pin_the_formats():
+    x = torch.tensor([0.0, 1.0, -1.0, 0.5])
+    scale7 = struct.pack("<f", np.float32(1.0) / np.float32(7.0))
+    # int4: 0.5 / fp32(1/7) = 3.4999998 -> codes 0, 7, -7, 3 -> nibbles 8, 15, 1, 11, low nibble first
+    assert get_codec("int4").encode(x) == scale7 + bytes([0xF8, 0xB1])
+    scale127 = struct.pack("<f", np.float32(1.0) / np.float32(127.0))
+    # int8: 0.5 / fp32(1/127) = 63.5 exactly -> 64 (round half to even)
+    assert get_codec("int8").encode(x) == scale127 + bytes([0, 127, 0x81, 64])
+    assert get_codec("fp16").encode(x) == bytes.fromhex("0000003c00bc0038")
+    assert get_codec("none").encode(x) == struct.pack("<4f", 0.0, 1.0, -1.0, 0.5)
+
+
+@pytest.mark.parametrize("name", CODECS)
+def test_decode_is_deterministic_and_independent_of_input_memory(name):
+    codec = get_codec(name)
+    data = codec.encode(_gauss(3000, seed=5))
+    a = codec.decode(data, 3000)
+    b = codec.decode(bytearray(data), 3000)
+    assert torch.equal(a, b) and a.dtype == torch.float32 and a.is_contiguous()
+
+
+# -- bad input --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", CODECS)
+def test_decode_rejects_wrong_lengths(name):
+    codec = get_codec(name)
+    data = codec.encode(_gauss(1500))
+    with pytest.raises(ValueError, match="expected"):
+        codec.decode(data[:-1], 1500)
+    with pytest.raises(ValueError, match="expected"):
+        codec.decode(data + b"\0", 1500)
+    with pytest.raises(ValueError, match="expected"):
+        codec.decode(data, 1501)
+
+
+def test_decode_rejects_malformed_contents():
+    nan_scale = struct.pack("<f", float("nan")) + bytes(4)
+    with pytest.raises(ValueError, match="scale"):
+        get_codec("int8").decode(nan_scale, 4)
+    negative = struct.pack("<f", -1.0) + bytes(4)
+    with pytest.raises(ValueError, match="scale"):
+        get_codec("int8").decode(negative, 4)
+    with pytest.raises(ValueError, match="-128"):
+        get_codec("int8").decode(struct.pack("<f", 1.0) + bytes([0x80, 0, 0, 0]), 4)
+    with pytest.raises(ValueError, match="nibble"):
+        get_codec("int4").decode(struct.pack("<f", 1.0) + bytes([0x88, 0x08]), 4)
+    with pytest.raises(ValueError, match="padding"):
+        get_codec("int4").decode(struct.pack("<f", 1.0) + bytes([0x88, 0x98]), 3)
+    with pytest.raises(ValueError, match="NaN"):
+        get_codec("fp16").decode(bytes.fromhex("007c0000"), 2)  # +inf
+    with pytest.raises(ValueError, match="NaN"):
+        get_codec("none").decode(struct.pack("<f", float("nan")), 1)
+
+
+@pytest.mark.parametrize("name", CODECS)
+def test_encode_refuses_non_finite_and_non_flat(name):
+    codec = get_codec(name)
+    for bad in (float("nan"), float("inf")):
+        x = _gauss(10)
+        x[3] = bad
+        with pytest.raises(ValueError, match="NaN or Inf"):
+            codec.encode(x)
+    with pytest.raises(ValueError, match="1-D"):
+        codec.encode(torch.zeros(2, 2))
+
+
+def test_fp16_refuses_values_beyond_its_range():
+    with pytest.raises(ValueError, match="65504"):
+        get_codec("fp16").encode(torch.tensor([1e6]))
+
+
+def test_unknown_codec_name():
+    with pytest.raises(ValueError, match="int8"):
+        get_codec("int3")
+
+
+# -- flatten / unflatten ----------------------------------------------------------------------------
+
+
+def test_flatten_unflatten_roundtrip_any_dtype():
+    like = [torch.randn(3, 4, dtype=torch.float64), torch.randn(5).to(torch.bfloat16), torch.randn(2, 1, 2)]
+    flat = flatten(like)
+    assert flat.dtype == torch.float32 and flat.shape == (12 + 5 + 4,)
+    back = unflatten(flat, like)
+    assert [b.shape for b in back] == [t.shape for t in like]
+    for b, t in zip(back, like):
+        assert torch.equal(b, t.to(torch.float32))
+    with pytest.raises(ValueError, match="unflatten"):
+        unflatten(flat[:-1], like)
+
+
+# -- error feedback ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["int4", "int8"])
+def test_error_feedback_makes_sent_sum_track_true_sum(name):
+    """sum(sent) - sum(true) equals the residual: one round's error at most, never accumulating."""
+    codec = get_codec(name)
+    g = torch.Generator().manual_seed(7)
+    n, rounds = 3000, 60
+    bias = torch.full((n,), 0.03)  # a small, consistent component a quantiser keeps rounding away
+    ef = ErrorFeedback(n)
+    true_sum, sent_sum, plain_sum = torch.zeros(n), torch.zeros(n), torch.zeros(n)
+    worst_drift = 0.0
+    for _ in range(rounds):
+        delta = bias + torch.randn(n, generator=g)
+        x = ef.add(delta)
+        sent = codec.roundtrip(x)
+        ef.update(x, sent)
+        true_sum += delta
+        sent_sum += sent
+        plain_sum += codec.roundtrip(delta)
+        worst_drift = max(worst_drift, float((sent_sum - true_sum).abs().max()))
+    one_step = 5.0 / {"int4": 7, "int8": 127}[name]  # |x| stays below ~5: half a step is < this
+    assert worst_drift < one_step
+    assert torch.allclose(sent_sum - true_sum, -ef.residual, atol=1e-3)
+    plain_err = float((plain_sum - true_sum).norm())
+    tracked_err = float((sent_sum - true_sum).norm())
+    assert tracked_err < plain_err / 2
+
+
+def test_error_feedback_state_roundtrip_and_shape_checks():
+    ef = ErrorFeedback(4)
+    ef.update(torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([1.0, 2.5, 3.0, 3.0]))
+    assert torch.equal(ef.residual, torch.tensor([0.0, -0.5, 0.0, 1.0]))
+    other = ErrorFeedback(4)
+    other.load_state_dict(ef.state_dict())
+    assert torch.equal(other.add(torch.ones(4)), torch.tensor([1.0, 0.5, 1.0, 2.0]))
+    with pytest.raises(ValueError):
+        other.add(torch.ones(5))
+    with pytest.raises(ValueError):
+        ErrorFeedback(3).load_state_dict(ef.state_dict())

@@ -1,0 +1,72 @@
+"""The ``[coordinator]`` section of run.toml and the serve command's token sources."""
+
+from __future__ import annotations
+
+import pytest
+
+from coordinator.settings import CoordinatorSettings, load_run_and_settings, load_settings
+from hivepath.cmd_coordinator import read_token
+from models.errors import ConfigError
+
+
+def test_section_overrides_defaults_and_run_ignores_it(tmp_path):
+    p = tmp_path / "run.toml"
+    p.write_text('preset = "tiny"\n[outer]\ncodec = "fp16"\n[coordinator]\nlease_timeout = 12\nmax_peers = 5\n')
+    run, settings = load_run_and_settings(p)
+    assert run.run_id == "tiny" and run.outer.codec == "fp16"
+    assert settings.lease_timeout == 12.0 and isinstance(settings.lease_timeout, float) and settings.max_peers == 5
+    assert settings.heartbeat_interval == CoordinatorSettings().heartbeat_interval
+
+
+def test_missing_section_gives_defaults(tmp_path):
+    p = tmp_path / "run.toml"
+    p.write_text('run_id = "x"\n')
+    assert load_settings(p) == CoordinatorSettings()
+
+
+@pytest.mark.parametrize("body,field", [
+    ("lease_timeout = 0", "coordinator.lease_timeout"),
+    ("heartbeat_interval = 40", "coordinator.heartbeat_interval"),
+    ("memory_headroom = 1.5", "coordinator.memory_headroom"),
+    ("sqlite_synchronous = \"OFF\"", "coordinator.sqlite_synchronous"),
+    ("max_peers = true", "coordinator.max_peers"),
+    ("restart_grace = \"soon\"", "coordinator.restart_grace"),
+    ("typo = 1", "coordinator.typo"),
+])
+def test_bad_values_name_the_field(tmp_path, body, field):
+    p = tmp_path / "run.toml"
+    p.write_text(f"[coordinator]\n{body}\n")
+    with pytest.raises(ConfigError) as e:
+        load_settings(p)
+    assert e.value.field == field
+
+
+def test_huge_lattice_is_refused(tmp_path):
+    p = tmp_path / "run.toml"
+    p.write_text("[lattice]\nlevels = 4\nmodules_per_level = 17\n")
+    with pytest.raises(ConfigError, match="paths is more than the coordinator schedules"):
+        load_run_and_settings(p)
+
+
+def test_token_precedence(tmp_path, monkeypatch):
+    f = tmp_path / "token"
+    f.write_text("from-file\n")
+    monkeypatch.setenv("HIVEPATH_TOKEN", "from-env")
+    assert read_token("from-flag", str(f)) == "from-flag"
+    assert read_token(None, str(f)) == "from-file"
+    assert read_token(None, None) == "from-env"
+    monkeypatch.delenv("HIVEPATH_TOKEN")
+    with pytest.raises(ConfigError, match="HIVEPATH_TOKEN"):
+        read_token(None, None)
+    (tmp_path / "empty").write_text("  \n")
+    with pytest.raises(ConfigError, match="is empty"):
+        read_token(None, str(tmp_path / "empty"))
+
+
+def test_example_run_config_loads():
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[1] / "deploy" / "run.example.toml"
+    run, settings = load_run_and_settings(example)
+    assert run.run_id == "demo" and run.lattice.num_paths == 4
+    assert settings.lease_timeout == 30.0 and settings.rebalance_threshold == 0.25

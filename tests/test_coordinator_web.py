@@ -1,0 +1,98 @@
+"""The status page, the JSON status and Prometheus metrics, over real HTTP from a real server."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from html.parser import HTMLParser
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from coordinator.core import ProgressReport
+from coordinator.records import Capabilities
+from coordinator.server import BackgroundServer, ServeOptions
+from coordinator.settings import CoordinatorSettings
+from models.config import tiny_cpu
+
+RUN = tiny_cpu()
+
+
+@pytest.fixture(scope="module")
+def server():
+    opts = ServeOptions(db=":memory:", port=0, http_port=0, token="t", host="127.0.0.1")
+    with BackgroundServer(RUN, CoordinatorSettings(), opts) as srv:
+        coord = srv.coordinator
+        for i, tps in enumerate([1000.0, 2000.0, 500.0]):
+            pid = f"12D3KooWweb{'abc'[i]}xxxxxxxx"
+            j = coord.join(pid, b"k", Capabilities("cuda H100" if i == 1 else "cpu", 8 << 30, tps))
+            mods = j.assignment.module_ids
+            coord.heartbeat(j.lease.lease_id, pid, [ProgressReport(m, 3 + i, 1000 * (i + 1), 2.0 + i) for m in mods],
+                            bytes_exchanged=4096)
+        yield srv
+
+
+def get(server, path):
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}{path}", timeout=10) as r:
+        return r.status, r.headers.get("Content-Type"), r.read().decode()
+
+
+def test_json_status(server):
+    status, ctype, body = get(server, "/status.json")
+    assert status == 200 and ctype == "application/json"
+    s = json.loads(body)
+    assert s["run_id"] == RUN.run_id and s["live_leases"] == 3
+    assert s["total_tokens_per_s"] == 3500.0
+    assert s["bytes_exchanged"] == 3 * 4096
+    by_path = {p["name"]: p for p in s["paths"]}
+    assert by_path["0,0"]["loss"] == 2.0 and by_path["0,1"]["loss"] == 3.0 and by_path["1,1"]["loss"] is None
+    embed = next(m for m in s["modules"] if m["module_id"] == "embed")
+    assert len(embed["holders"]) == 3 and embed["round"] == 5
+    assert [[c["module_id"] for c in row] for row in s["lattice"]["grid"]] == [["L0M0", "L0M1"], ["L1M0", "L1M1"]]
+
+
+def test_metrics_parse_with_prometheus_parser(server):
+    status, ctype, body = get(server, "/metrics")
+    assert status == 200 and ctype.startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(body)}
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
+    assert samples[("hivepath_coordinator_leases", ())] == 3
+    assert samples[("hivepath_coordinator_peers", (("state", "active"),))] == 3
+    assert samples[("hivepath_coordinator_tokens_per_second", ())] == 3500.0
+    assert samples[("hivepath_coordinator_module_holders", (("module", "embed"),))] == 3
+    assert samples[("hivepath_coordinator_path_loss", (("path", "1,0"),))] == 4.0
+    assert samples[("hivepath_coordinator_joins_total", ())] == 3
+    assert samples[("hivepath_coordinator_heartbeats_total", ())] == 3
+
+
+class _Collect(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.text: list[str] = []
+        self.tags: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def test_status_page_for_people(server):
+    status, ctype, body = get(server, "/")
+    assert status == 200 and ctype.startswith("text/html")
+    page = _Collect()
+    page.feed(body)
+    text = " ".join(page.text)
+    assert "hivepath run" in text and "3500 tokens/s" in text
+    for needle in ("cuda H100", "path 0,1", "L0M0", "L1M1", "exchanged"):
+        assert needle in text, needle
+    assert page.tags.count("table") == 3
+
+
+def test_unknown_path_is_404_and_healthz(server):
+    with pytest.raises(urllib.error.HTTPError) as e:
+        get(server, "/nope")
+    assert e.value.code == 404
+    assert get(server, "/healthz")[2] == "ok\n"

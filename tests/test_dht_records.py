@@ -1,0 +1,86 @@
+"""Strict DHT record schemas: one key builder per record type, validation where records are read."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+
+from peer.records import (
+    GroupDeclaration,
+    HolderRecord,
+    group_key,
+    holders_key,
+    parse_record,
+    read_records,
+    to_value,
+)
+
+PEER = "12D3KooWPbySgUijvGYy1St7ys38Ccfc1ce5RqA2rc5aoSFH4tkJ"
+GOOD = {"config_hash": "ab12", "data_hash": "", "round_no": 3, "throughput": 100.0, "bandwidth": 1.25e7}
+
+
+def test_keys_have_run_and_module_and_no_dots():
+    assert holders_key("tiny", "L0M1") == "tiny_L0M1_holders"
+    assert group_key("tiny", "embed", 7) == "tiny_embed_r7_group"
+    assert group_key("run-2", "head_0_1", 0) == "run-2_head_0_1_r0_group"
+    for key in (holders_key("tiny", "L0M1"), group_key("tiny", "L1M0", 12)):
+        assert "." not in key
+    for run_id, module_id in (("Tiny", "L0M1"), ("a.b", "L0M1"), ("tiny", "L0.M1"), ("tiny", "mlp")):
+        with pytest.raises(ValueError):
+            holders_key(run_id, module_id)
+    with pytest.raises(ValueError):
+        group_key("tiny", "L0M1", -1)
+
+
+def test_valid_record_parses_and_round_trips():
+    record = parse_record(HolderRecord, PEER, GOOD)
+    assert record == HolderRecord("ab12", "", 3, 100.0, 1.25e7)
+    assert to_value(record) == GOOD
+    decl = parse_record(GroupDeclaration, PEER, {"config_hash": "ab", "data_hash": "cd", "bandwidth": 0})
+    assert decl == GroupDeclaration("ab", "cd", 0.0) and isinstance(decl.bandwidth, float)
+
+
+@pytest.mark.parametrize(
+    "subkey, value, why",
+    [
+        ("not a peer id!", GOOD, "subkey is not a peer id"),
+        (PEER, [1, 2], "not a table"),
+        (PEER, {k: v for k, v in GOOD.items() if k != "bandwidth"}, "missing ['bandwidth']"),
+        (PEER, {**GOOD, "admin": True}, "unexpected ['admin']"),
+        (PEER, {**GOOD, "round_no": True}, "round_no=True"),
+        (PEER, {**GOOD, "round_no": 2.0}, "round_no=2.0"),
+        (PEER, {**GOOD, "round_no": -1}, "round_no=-1"),
+        (PEER, {**GOOD, "throughput": math.nan}, "throughput=nan"),
+        (PEER, {**GOOD, "bandwidth": math.inf}, "bandwidth=inf"),
+        (PEER, {**GOOD, "bandwidth": -5.0}, "bandwidth=-5.0"),
+        (PEER, {**GOOD, "bandwidth": "fast"}, "bandwidth='fast'"),
+        (PEER, {**GOOD, "config_hash": "ZZ"}, "config_hash='ZZ'"),
+        (PEER, {**GOOD, "config_hash": "a" * 65}, "not a hex hash"),
+    ],
+)
+def test_invalid_records_are_ignored_and_logged(caplog, subkey, value, why):
+    with caplog.at_level(logging.WARNING, logger="peer.records"):
+        assert parse_record(HolderRecord, subkey, value) is None
+    assert why in caplog.text and "HolderRecord" in caplog.text
+
+
+@pytest.mark.integration
+def test_reading_a_real_dht_keeps_only_valid_records(caplog):
+    from hivemind.utils import get_dht_time
+
+    from peer.dht import DHTOptions, start_dht
+
+    opts = DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    with start_dht(opts) as a, start_dht(DHTOptions(host_maddrs=opts.host_maddrs, initial_peers=a.maddrs())) as b:
+        key = holders_key("tiny", "L0M1")
+        exp = get_dht_time() + 30
+        assert a.dht.store(key, to_value(HolderRecord("ab12", "", 1, 5.0, 9.0)), exp, subkey=a.peer_id)
+        assert b.dht.store(key, {**GOOD, "round_no": "many"}, exp, subkey=b.peer_id)
+        assert b.dht.store(key, GOOD, exp, subkey="bogus")
+        with caplog.at_level(logging.WARNING, logger="peer.records"):
+            found = read_records(b.dht, key, HolderRecord)
+        assert found == {a.peer_id: HolderRecord("ab12", "", 1, 5.0, 9.0)}
+        assert "round_no='many'" in caplog.text and "subkey is not a peer id" in caplog.text
+        assert read_records(a.dht, holders_key("tiny", "L1M1"), HolderRecord) == {}

@@ -1,0 +1,485 @@
+"""Networked averaging over real DHTs and p2p daemons on loopback, one process per peer (issue 3).
+
+The file is also the peer process: ``python tests/test_net_averaging.py '<json options>'`` starts
+one peer with its own DHT and p2p daemon, averages with :class:`peer.net_averager.NetAverager` and
+writes what it saw to ``<out>/<name>.pt`` (final module states, one record per (module, round)).
+Modes: ``lattice`` trains a path of a tiny 2x2 ``ModularLM`` with ``DiLoCoOptimizer`` (int8);
+``direct`` drives ``average()`` and an ``OuterOptimizer`` on one module with seeded deltas (fault
+injection, late joining, mismatched config hash). The tests check results, not return values:
+replicas are ``torch.equal``, and every average is the exact weighted mean within the codec's error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from peer.allreduce import fallback_reducer, part_bounds  # noqa: E402
+from peer.averaging import AverageResult  # noqa: E402
+from peer.compression import BLOCK, flatten  # noqa: E402
+from peer.dht import DHTOptions, start_dht  # noqa: E402
+from peer.diloco import ModuleState  # noqa: E402
+from peer.net_averager import DEFAULT_BANDWIDTH, NetAverager  # noqa: E402
+from peer.outer import OuterOptimizer  # noqa: E402
+from peer.records import HolderRecord, holders_key, read_records  # noqa: E402
+
+try:
+    from helpers import wait_for
+except ImportError:  # run as a peer process, outside pytest
+    wait_for = None
+
+log = logging.getLogger("net_worker")
+
+
+class Recorder:
+    """Wraps a NetAverager and keeps what went in and came out of every exchange."""
+
+    def __init__(self, inner: NetAverager):
+        self.inner = inner
+        self.records: list[dict] = []
+
+    def average(self, module_id, round_no, tensors, weight, codec, timeout) -> AverageResult:
+        t0 = time.monotonic()
+        res = self.inner.average(module_id, round_no, tensors, weight, codec, timeout)
+        self.records.append(dict(
+            module=module_id, round=round_no, weight=weight, sent=flatten(tensors),
+            averaged=None if res.averaged is None else flatten(res.averaged), peers=list(res.peers),
+            group_size=res.group_size, reason=res.reason, seconds=time.monotonic() - t0,
+            bytes_sent=res.bytes_sent, bytes_received=res.bytes_received,
+        ))
+        log.info("round %d of %s: group %d %s", round_no, module_id, res.group_size, res.reason)
+        return res
+
+
+def wait_holders(dht, run_id: str, module_id: str, config_hash: str, count: int, min_round: int = 0,
+                 timeout: float = 60.0) -> None:
+    """Start-up barrier: wait until ``count`` holders of our hash (any hash if None) at round >=
+    ``min_round`` are visible."""
+    deadline = time.monotonic() + timeout
+    while True:
+        holders = read_records(dht.dht, holders_key(run_id, module_id), HolderRecord)
+        ok = [p for p, h in holders.items()
+              if config_hash in (None, h.config_hash) and h.round_no >= min_round]
+        if len(ok) >= count:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {len(ok)} of {count} holders of {module_id} appeared")
+        time.sleep(0.1)
+
+
+def run_lattice(opts: dict, dht, out: dict) -> None:
+    from models.config import OuterConfig, tiny_cpu
+    from models.lattice import ModularLM
+    from peer.diloco import DiLoCoOptimizer
+
+    cfg = tiny_cpu()
+    path = tuple(opts["path"])
+    mids = cfg.lattice.path_modules(path)
+    model = ModularLM(cfg.lattice, seed=0, module_ids=mids)
+    pm = model.path_model(path)
+    avg = NetAverager(dht, cfg.run_id, cfg.content_hash())
+    rec = Recorder(avg)
+    for mid in mids:
+        avg.hold(mid, 0)
+    wait_holders(dht, cfg.run_id, "embed", cfg.content_hash(), opts["peers"])
+    outer = OuterConfig(inner_steps=opts["inner_steps"], codec="int8", round_timeout=opts["round_timeout"],
+                        overlap=opts.get("overlap", False))
+    opt = DiLoCoOptimizer(pm.modules_by_id(), inner=cfg.inner, outer=outer, lattice=cfg.lattice, averager=rec)
+    gen = torch.Generator().manual_seed(100 + opts["seed"])
+    losses = []
+    for _ in range(opts["rounds"] * opts["inner_steps"]):
+        x = torch.randint(0, 64, (2, cfg.lattice.seq_len + 1), generator=gen)  # (B, T+1): a small vocabulary
+        loss = pm(x[:, :-1], x[:, 1:])[1]
+        loss.backward()
+        opt.step(tokens=float(x[:, 1:].numel()))
+        opt.zero_grad()
+        losses.append(float(loss))
+    opt.flush()  # overlap mode: apply the exchange still in flight
+    out["modules"] = {mid: opt.module_state(mid) for mid in mids}
+    out["losses"] = losses
+    out["records"] = rec.records
+    avg.shutdown()
+
+
+def run_direct(opts: dict, dht, out: dict) -> None:
+    mid, numel, run_id = opts["module"], opts["numel"], "nettest"
+    config_hash = opts.get("config_hash", "aaaa0000aaaa0000")
+    lock = threading.Lock()
+    outer = OuterOptimizer([torch.zeros(numel)], lr=0.7, momentum=0.9)
+    current = {"round": 0}
+
+    def provider(module_id: str):
+        if module_id != mid:
+            return None
+        with lock:
+            return ModuleState([g.clone() for g in outer.global_params],
+                               [b.clone() for b in outer.momentum_buffers], current["round"])
+
+    def hook(point: str) -> None:
+        if point == opts.get("die_at") and current["round"] == opts.get("die_round"):
+            print(f"FAULT {point} round {current['round']}", flush=True)
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    avg = NetAverager(dht, run_id, config_hash, state_provider=provider, event_hook=hook)
+    rec = Recorder(avg)
+    if opts.get("join_late"):
+        wait_holders(dht, run_id, mid, config_hash, opts["peers"] - 1, min_round=opts["join_round"])
+        state = avg.fetch_state(mid, timeout=20.0)
+        deadline = time.monotonic() + 20.0
+        while state.round_no < opts["join_round"] and time.monotonic() < deadline:
+            state = avg.fetch_state(mid, timeout=20.0)  # a holder between its average and its outer step
+        with lock:
+            outer.load_state_dict({"global": state.global_params, "momentum": state.momentum})
+            current["round"] = state.round_no
+        out["fetched_round"] = state.round_no
+        log.info("joined at round %d", state.round_no)
+    avg.hold(mid, current["round"])
+    wait_holders(dht, run_id, mid, config_hash, opts.get("start_peers", opts["peers"]), min_round=current["round"])
+    if opts.get("wait_any"):  # also wait for peers of other config hashes (so that rounds overlap)
+        wait_holders(dht, run_id, mid, None, opts["wait_any"])
+    while current["round"] < opts["rounds"]:
+        r = current["round"]
+        if r == opts.get("wait_round"):
+            wait_holders(dht, run_id, mid, config_hash, opts["peers"], min_round=r)
+        gen = torch.Generator().manual_seed(1000 * opts["seed"] + r)
+        delta = torch.randn(numel, generator=gen) * 0.01  # (numel,)
+        res = rec.average(mid, r, [delta], float(opts["seed"] + 1), "int8", opts["round_timeout"])
+        with lock:
+            if res.averaged is not None:
+                outer.step(res.averaged)
+            current["round"] = r + 1
+    out["modules"] = {mid: ModuleState(outer.global_params, outer.momentum_buffers, current["round"])}
+    out["records"] = rec.records
+    avg.shutdown()
+
+
+
+# -- the peer process ---------------------------------------------------------------------------
+
+
+def main() -> None:
+    opts = json.loads(sys.argv[1])
+    torch.set_num_threads(1)
+    torch.manual_seed(opts.get("seed", 0))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    dht = start_dht(DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=opts.get("initial_peers", [])))
+    outdir = Path(opts["out"])
+    if opts.get("publish_maddrs"):
+        tmp = outdir / f"{opts['name']}.maddrs.tmp"
+        tmp.write_text(json.dumps(dht.maddrs()))
+        os.replace(tmp, outdir / f"{opts['name']}.maddrs")
+    out: dict = {"peer_id": dht.peer_id}
+    try:
+        (run_lattice if opts["mode"] == "lattice" else run_direct)(opts, dht, out)
+        tmp = outdir / f"{opts['name']}.pt.tmp"
+        torch.save(out, tmp)
+        os.replace(tmp, outdir / f"{opts['name']}.pt")
+    finally:
+        dht.shutdown()
+
+
+
+# -- tests --------------------------------------------------------------------------------------
+
+PEER_TIMEOUT = 120.0
+
+
+def _start(procs, tmp_path: Path, spec: dict) -> None:
+    opts = {**spec, "out": str(tmp_path)}
+    procs.start(spec["name"], [sys.executable, __file__, json.dumps(opts)], env={"OMP_NUM_THREADS": "1"})
+
+
+def _swarm(procs, tmp_path: Path, specs: list[dict]) -> list[str]:
+    """Start the first peer, wait for its address, start the rest bootstrapped from it."""
+    _start(procs, tmp_path, {**specs[0], "publish_maddrs": True})
+    path = tmp_path / f"{specs[0]['name']}.maddrs"
+    maddrs = wait_for(lambda: path.exists() and json.loads(path.read_text()), 60, "the first peer's address")
+    for spec in specs[1:]:
+        _start(procs, tmp_path, {**spec, "initial_peers": maddrs})
+    return maddrs
+
+
+def _result(procs, tmp_path: Path, name: str) -> dict:
+    proc = procs.procs[name]
+    try:
+        proc.wait(timeout=PEER_TIMEOUT)
+    except Exception:
+        pytest.fail(f"peer {name} did not finish:\n{procs.log(name)[-3000:]}")
+    assert proc.returncode == 0, f"peer {name} exited {proc.returncode}:\n{procs.log(name)[-3000:]}"
+    return torch.load(tmp_path / f"{name}.pt", weights_only=False)
+
+
+def _int8_tol(sent: list[torch.Tensor], exact: torch.Tensor) -> float:
+    """Blockwise absmax int8 error bound: each input quantised once, the mean once more."""
+    return (max(float(s.abs().max()) for s in sent) + float(exact.abs().max())) / 254 * 1.001 + 1e-7
+
+
+def _check_groups(outs: dict[str, dict]) -> dict[tuple[str, int], list[str]]:
+    """Every group's members got the same bytes, and they are the exact weighted mean within int8 error.
+    Returns the members of each (module, round) group."""
+    by_key: dict[tuple[str, int], dict[str, dict]] = {}
+    for out in outs.values():
+        for rec in out["records"]:
+            by_key.setdefault((rec["module"], rec["round"]), {})[out["peer_id"]] = rec
+    groups = {}
+    for key, recs in by_key.items():
+        for pid, rec in recs.items():
+            if rec["averaged"] is None:
+                continue
+            members = rec["peers"]
+            assert pid in members, f"{key}: {pid} applied an average it is not part of"
+            sent = [recs[m]["sent"] for m in members]
+            weights = [recs[m]["weight"] for m in members]
+            exact = sum(w * s for w, s in zip(weights, sent)) / math.fsum(weights)
+            err = float((rec["averaged"] - exact).abs().max())
+            assert err <= _int8_tol(sent, exact), f"{key}: average is {err} from the exact weighted mean"
+            for m in members:
+                if recs[m]["averaged"] is not None:  # None: a peer whose inputs the test re-created
+                    assert recs[m]["peers"] == members, f"{key}: {pid} and {m} disagree on the group"
+                    assert torch.equal(recs[m]["averaged"], rec["averaged"]), f"{key}: {pid} and {m} differ"
+            groups[key] = members
+    return groups
+
+
+# -- unit: part boundaries -------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(numel=st.integers(1, 50 * BLOCK), bw=st.lists(st.floats(0, 1e9, allow_nan=False), min_size=1, max_size=8))
+def test_part_bounds_are_block_aligned_and_cover_everything(numel, bw):
+    bounds = part_bounds(numel, bw)
+    assert len(bounds) == len(bw)
+    assert bounds[0][0] == 0 and bounds[-1][1] == numel
+    for (a, b), (c, _) in zip(bounds, bounds[1:]):
+        assert b == c and a <= b and (b % BLOCK == 0 or b == numel)
+    if sum(bw) > 0:
+        for (a, b), w in zip(bounds, bw):
+            if w == 0:
+                assert a == b, "a client-mode member (bandwidth 0) must reduce nothing"
+
+
+def test_part_bounds_follow_bandwidth():
+    bounds = part_bounds(100 * BLOCK, [3e6, 1e6, 0.0, 1e6])
+    sizes = [(b - a) // BLOCK for a, b in bounds]
+    assert sizes == [60, 20, 0, 20]
+    assert fallback_reducer(0, bounds) == 1 and fallback_reducer(1, bounds) == 0
+    assert fallback_reducer(0, [(0, 5), (5, 5)]) is None
+
+
+# -- integration: real peers on loopback ---------------------------------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+def test_three_peers_on_a_2x2_lattice_stay_bit_identical_with_int8(procs, tmp_path, overlap):
+    """Paths (0,0), (0,1), (1,1): embed/head shared by 3, L0M0 by 2, L1M1 by 2, L0M1 and L1M0 alone.
+    Trained through ``DiLoCoOptimizer``; with ``overlap`` each exchange runs behind the next round."""
+    from models.config import tiny_cpu
+    from models.lattice import ModularLM
+
+    paths = {"a": (0, 0), "b": (0, 1), "c": (1, 1)}
+    common = dict(mode="lattice", peers=3, rounds=3, inner_steps=2, round_timeout=20.0, overlap=overlap)
+    _swarm(procs, tmp_path, [dict(common, name=n, path=p, seed=i) for i, (n, p) in enumerate(paths.items())])
+    outs = {n: _result(procs, tmp_path, n) for n in paths}
+
+    groups = _check_groups(outs)
+    holders: dict[str, list[str]] = {}
+    for out in outs.values():
+        for mid in out["modules"]:
+            holders.setdefault(mid, []).append(out["peer_id"])
+    for mid, pids in holders.items():
+        for r in range(3):
+            assert groups[(mid, r)] == sorted(pids), f"{mid} round {r} did not group all its holders"
+        states = [out["modules"][mid] for out in outs.values() if mid in out["modules"]]
+        for s in states[1:]:
+            for x, y in zip(s.global_params + s.momentum, states[0].global_params + states[0].momentum):
+                assert torch.equal(x, y), f"replicas of {mid} differ"
+    assert sorted(len(v) for v in holders.values()) == [1, 1, 2, 2, 3, 3]
+    for out in outs.values():  # training still works: the loss falls on every path
+        first, last = out["losses"][:2], out["losses"][-2:]
+        assert sum(last) < sum(first) - 0.1, out["losses"]
+
+    # the replicated state is the outer optimizer applied to those averages, from the initial weights
+    cfg = tiny_cpu()
+    init = ModularLM(cfg.lattice, seed=0)
+    out = outs["b"]
+    for mid, state in out["modules"].items():
+        replay = OuterOptimizer(list(init.mods[mid].parameters()))
+        for rec in sorted((r for r in out["records"] if r["module"] == mid), key=lambda r: r["round"]):
+            from peer.compression import unflatten
+
+            replay.step(unflatten(rec["averaged"], replay.global_params))
+        assert all(torch.equal(a, b) for a, b in zip(replay.global_params, state.global_params)), mid
+        assert not all(torch.equal(a, b.detach()) for a, b in zip(state.global_params, init.mods[mid].parameters()))
+
+
+@pytest.mark.integration
+def test_member_killed_mid_round_the_rest_finish_identical(procs, tmp_path):
+    """Peer ``c`` kills itself (and its p2p daemon) in round 1 the moment it has averaged its own part,
+    before sending it back: that part is re-reduced at the fallback reducer and the survivors finish
+    in time with identical bytes."""
+    timeout = 12.0
+    common = dict(mode="direct", module="L0M0", numel=5 * BLOCK + 77, peers=3, rounds=3, round_timeout=timeout)
+    specs = [dict(common, name="a", seed=1), dict(common, name="b", seed=2),
+             dict(common, name="c", seed=3, die_at="reduced", die_round=1)]
+    _swarm(procs, tmp_path, specs)
+    procs.procs["c"].wait(timeout=PEER_TIMEOUT)
+    assert procs.procs["c"].returncode == -signal.SIGKILL
+    assert "FAULT reduced round 1" in procs.log("c"), "the fault did not fire where intended"
+    outs = {n: _result(procs, tmp_path, n) for n in ("a", "b")}
+    # c wrote nothing: re-create its seeded inputs (as run_direct makes them) and read its peer id from its log
+    c_id = re.search(r"DHT up: peer id (\w+)", procs.log("c")).group(1)
+    c_sent = {r: torch.randn(common["numel"], generator=torch.Generator().manual_seed(3000 + r)) * 0.01 for r in (0, 1)}
+    outs["c"] = {"peer_id": c_id, "records": [dict(module="L0M0", round=r, weight=4.0, sent=c_sent[r], averaged=None,
+                                                   peers=[]) for r in (0, 1)]}
+    survivors = sorted([outs["a"]["peer_id"], outs["b"]["peer_id"]])
+    everyone = sorted(survivors + [c_id])
+    groups = _check_groups({n: {**o, "records": [r for r in o["records"] if r["round"] != 1]} for n, o in outs.items()})
+    assert groups[("L0M0", 0)] == everyone and groups[("L0M0", 2)] == survivors
+
+    # round 1: c's own part was re-reduced by the fallback reducer from the survivors only; the other
+    # parts hold c's contribution if it was delivered before c died, else c was dropped from them
+    # after the reducers' deadline. Both survivors hold the same bytes either way.
+    r1 = {n: next(r for r in outs[n]["records"] if r["round"] == 1) for n in ("a", "b")}
+    for rec in r1.values():
+        assert rec["averaged"] is not None and rec["seconds"] < timeout, rec["reason"]
+        assert rec["peers"] == survivors
+    assert torch.equal(r1["a"]["averaged"], r1["b"]["averaged"])
+    assert "retrying at the fallback reducer" in procs.log("a") + procs.log("b")
+    sent = {outs[n]["peer_id"]: (r1[n]["sent"], r1[n]["weight"]) for n in ("a", "b")}
+    sent[c_id] = (c_sent[1], 4.0)
+    bounds = part_bounds(common["numel"], [DEFAULT_BANDWIDTH] * 3)
+    for j, (lo, hi) in enumerate(bounds):
+        errs = {}
+        for members in ((survivors,) if everyone[j] == c_id else (everyone, survivors)):
+            exact = sum(sent[m][1] * sent[m][0][lo:hi] for m in members) / sum(sent[m][1] for m in members)
+            err = float((r1["a"]["averaged"][lo:hi] - exact).abs().max())
+            errs[len(members)] = (err, _int8_tol([sent[m][0][lo:hi] for m in members], exact))
+        assert any(err <= tol for err, tol in errs.values()), f"part {j} is no weighted mean: {errs}"
+    a, b = outs["a"]["modules"]["L0M0"], outs["b"]["modules"]["L0M0"]
+    assert torch.equal(a.global_params[0], b.global_params[0]) and torch.equal(a.momentum[0], b.momentum[0])
+
+
+@pytest.mark.integration
+def test_late_joiner_is_bit_identical_and_other_config_hash_never_groups(procs, tmp_path):
+    """``a`` and ``b`` average rounds 0-1; ``c`` fetches the state from them and joins round 2; ``x``
+    holds the same module under another config hash the whole time and must never be grouped."""
+    common = dict(mode="direct", module="L1M1", numel=3 * BLOCK, rounds=4, round_timeout=15.0)
+    specs = [dict(common, name="a", seed=1, peers=3, start_peers=2, wait_round=2, wait_any=3),
+             dict(common, name="b", seed=2, peers=3, start_peers=2, wait_round=2, wait_any=3),
+             dict(common, name="c", seed=3, peers=3, join_late=True, join_round=2),
+             dict(common, name="x", seed=4, peers=1, config_hash="bbbb1111bbbb1111", wait_any=3)]
+    _swarm(procs, tmp_path, specs)
+    outs = {n: _result(procs, tmp_path, n) for n in ("a", "b", "c", "x")}
+    assert outs["c"]["fetched_round"] == 2
+    groups = _check_groups({n: outs[n] for n in "abc"})
+    ab = sorted([outs["a"]["peer_id"], outs["b"]["peer_id"]])
+    abc = sorted(ab + [outs["c"]["peer_id"]])
+    assert groups[("L1M1", 0)] == ab and groups[("L1M1", 1)] == ab
+    assert groups[("L1M1", 2)] == abc and groups[("L1M1", 3)] == abc
+    states = [outs[n]["modules"]["L1M1"] for n in "abc"]
+    for s in states[1:]:
+        assert torch.equal(s.global_params[0], states[0].global_params[0])
+        assert torch.equal(s.momentum[0], states[0].momentum[0])
+    x = outs["x"]
+    assert all(r["peers"] == [x["peer_id"]] for r in x["records"])
+    assert not torch.equal(x["modules"]["L1M1"].global_params[0], states[0].global_params[0])
+    # whichever side declared second saw the other's declaration and logged both hashes
+    logs = "".join(procs.log(n) for n in "abcx")
+    assert re.search(r"config hash (aaaa0000aaaa0000 of \w+ differs from ours bbbb1111bbbb1111"
+                     r"|bbbb1111bbbb1111 of \w+ differs from ours aaaa0000aaaa0000)", logs)
+
+
+@pytest.mark.integration
+def test_archive_peer_serves_state_but_is_never_waited_for(tmp_path):
+    """An archive peer announces a module's state: a newcomer of the same config hash fetches it
+    bit-exactly, one of another hash cannot, and averaging never waits for the archive."""
+    from peer.state_transfer import StateTransferError
+
+    gen = torch.Generator().manual_seed(5)
+    params, momentum = [torch.randn(40, 8, generator=gen), torch.randn(8, generator=gen)], [torch.randn(40, 8), torch.randn(8)]
+    host = ["/ip4/127.0.0.1/tcp/0"]
+    with start_dht(DHTOptions(host_maddrs=host)) as dht_a, \
+            start_dht(DHTOptions(host_maddrs=host, initial_peers=dht_a.maddrs())) as dht_b, \
+            start_dht(DHTOptions(host_maddrs=host, initial_peers=dht_a.maddrs())) as dht_c:
+        archive = NetAverager(dht_a, "arch", "aaaa0000aaaa0000",
+                              state_provider=lambda mid: ModuleState(params, momentum, 7) if mid == "L0M0" else None)
+        newcomer = NetAverager(dht_b, "arch", "aaaa0000aaaa0000")
+        stranger = NetAverager(dht_c, "arch", "bbbb1111bbbb1111")
+        try:
+            archive.announce_archive("L0M0", 7)
+            state = newcomer.fetch_state("L0M0", timeout=20.0, like=params)
+            assert state.round_no == 7
+            assert all(torch.equal(x, y) for x, y in zip(state.global_params + state.momentum, params + momentum))
+            with pytest.raises(StateTransferError, match="no live holder of L0M0 with config hash bbbb1111bbbb1111"):
+                stranger.fetch_state("L0M0", timeout=5.0)
+            with pytest.raises(StateTransferError):  # the archive does not hold L1M1
+                newcomer.fetch_state("L1M1", timeout=5.0)
+            t0 = time.monotonic()
+            res = newcomer.average("L0M0", 7, [torch.ones(10)], 1.0, "int8", timeout=20.0)
+            assert res.reason == "lone holder" and torch.equal(res.averaged[0], torch.ones(10))
+            assert time.monotonic() - t0 < 0.2 * 20.0, "the group waited for the archive peer"
+        finally:
+            for avg in (archive, newcomer, stranger):
+                avg.shutdown()
+
+
+@pytest.mark.integration
+def test_client_mode_peer_averages_without_reducing(tmp_path):
+    """A peer that accepts no connections (client mode, bandwidth 0) joins the group, reduces no part,
+    and ends with the same bytes as the two peers that reduce."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    host = ["/ip4/127.0.0.1/tcp/0"]
+    with start_dht(DHTOptions(host_maddrs=host)) as d0, \
+            start_dht(DHTOptions(host_maddrs=host, initial_peers=d0.maddrs())) as d1, \
+            start_dht(DHTOptions(initial_peers=d0.maddrs(), client_mode=True)) as d2:
+        assert d2.maddrs() == []
+        avgs = [NetAverager(d, "client", "aaaa0000aaaa0000") for d in (d0, d1, d2)]
+        try:
+            assert avgs[2].bandwidth == 0.0
+            for a in avgs:
+                a.hold("L0M0", 0)
+            for a in avgs:
+                wait_for(lambda: len(read_records(a.dht, holders_key("client", "L0M0"), HolderRecord)) == 3, 30,
+                         "every holder record")
+            deltas = [torch.randn(3 * BLOCK + 5, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+            with ThreadPoolExecutor(3) as pool:
+                results = list(pool.map(lambda i: avgs[i].average("L0M0", 0, [deltas[i]], float(i + 1), "fp16", 20.0),
+                                        range(3)))
+        finally:
+            for a in avgs:
+                a.shutdown()
+    ids = sorted(a.peer_id for a in avgs)
+    for res in results:
+        assert res.peers == ids and res.group_size == 3, res.reason
+        assert torch.equal(res.averaged[0], results[0].averaged[0])
+    exact = sum((i + 1) * d for i, d in enumerate(deltas)) / 6
+    assert float((results[0].averaged[0] - exact).abs().max()) < 1e-2 * float(exact.abs().max())
+    # the client sent its 3 parts and received 3 averages, but served no part to anyone
+    assert results[2].bytes_sent == sum(2 * n for n in _parts_sizes(3 * BLOCK + 5, ids, avgs))
+
+
+def _parts_sizes(numel: int, ids: list[str], avgs: list) -> list[int]:
+    bw = {a.peer_id: a.bandwidth for a in avgs}
+    return [b - a for a, b in part_bounds(numel, [bw[p] for p in ids])]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""The quality sweep harness (``bench.quality*``) on a tiny config: every variant of the four
+experiments runs and yields well-formed records, bytes follow the all-reduce formula, the routing
+analysis agrees with routed evaluation, and a broken variant is recorded as failed, not dropped."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from bench.quality_report import summarize, tables
+from bench.quality_runs import allreduce_bytes
+from bench.quality_scale import tiny
+from bench.quality_sweeps import EXPERIMENTS, Point, grid, load_context, run_point, run_points
+from models.corpus import Corpus, default_corpus
+from models.data import prepare
+from peer.compression import get_codec
+
+REQUIRED = ("diloco_best_bytes_ratio", "diloco_bpb_gap_at_best", "dipaco_bpb", "dense_p_bpb", "dense_2p_bpb",
+            "dense_p_equal_compute_bpb", "hetero_speedup")
+
+
+def _small_default(docs_per_source: int = 60) -> Corpus:
+    """The first documents of each domain of the built-in corpus: real text, prepared in a second."""
+    full = default_corpus()
+    cut = lambda read: lambda corpus: itertools.islice(read(corpus), docs_per_source)  # noqa: E731
+    return Corpus(name="default-small", sources=[(name, cut(read)) for name, read in full.sources])
+
+
+@pytest.fixture(scope="module")
+def data_dirs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("quality") / "bytes"
+    prepare(_small_default(), out, levels=2, modules=2, tokenizer="bytes")
+    return {"bytes": str(out)}
+
+
+@pytest.fixture(scope="module")
+def records(data_dirs):
+    return run_points(grid(tiny()), tiny(), data_dirs, device="cpu", jobs=1)
+
+
+def test_grid_covers_every_experiment_and_runner():
+    points = grid(tiny())
+    assert {p.experiment for p in points} == set(EXPERIMENTS)
+    assert {p.runner for p in points} == {"sync", "diloco", "equivalence", "dense", "dipaco", "hetero"}
+    assert len({p.name for p in points}) == len(points)
+    assert [p.experiment for p in grid(tiny(), ["hetero"])] == ["hetero"] * 3
+    with pytest.raises(ValueError, match="unknown experiment"):
+        grid(tiny(), ["nope"])
+
+
+def test_every_variant_runs_and_is_well_formed(records):
+    points = grid(tiny())
+    assert [r["name"] for r in records] == [p.name for p in points]
+    for r in records:
+        assert r["status"] == "ok", (r["name"], r.get("error"), r.get("traceback"))
+        res = r["result"]
+        assert math.isfinite(res["bpb"]) and 0 < res["bpb"] < 16, r["name"]
+        curve = res["curve"]
+        assert curve and curve[-1]["bpb"] == res["bpb"]
+        assert all(a["tokens"] < b["tokens"] for a, b in zip(curve, curve[1:])), r["name"]
+        assert res["tokens"] == curve[-1]["tokens"] > 0
+
+
+def test_bytes_follow_the_allreduce_formula(records):
+    s = tiny()
+    by = {r["name"]: r["result"] for r in records}
+    sync, dl = by["sync-bytes"], by["diloco-bytes-H3-int4"]
+    numel = sync["params"]
+    assert sync["bytes_per_worker"] == pytest.approx(s.steps * allreduce_bytes(4 * numel, 4))
+    assert allreduce_bytes(100, 4) == 150 and allreduce_bytes(100, 1) == 0
+    # int4 is encoded per module; two rounds of H=3 in 6 steps.
+    assert dl["rounds"] == 2
+    assert dl["bytes_per_worker"] < by["diloco-bytes-H3-none"]["bytes_per_worker"] < sync["bytes_per_worker"]
+    assert by["diloco-bytes-H3-none"]["bytes_per_worker"] == pytest.approx(2 * allreduce_bytes(get_codec("none").encoded_size(numel), 4))
+    # Tokens are equal at equal steps and per-worker batch: DiLoCo against synchronous.
+    assert dl["tokens"] == sync["tokens"]
+
+
+def test_dipaco_dense_and_routing_records(records):
+    by = {r["name"]: r["result"] for r in records}
+    dip = by["dipaco-2x2"]
+    assert dip["params_per_path"] == by["dense-p"]["params"]
+    assert by["dense-2p"]["params"] > 1.5 * by["dense-p"]["params"]
+    assert by["dense-p-equal-compute"]["tokens"] == 4 * by["dense-p"]["tokens"] == dip["tokens"]
+    routing = dip["routing"]
+    # Per-token scoring of the analysis agrees with routed bits-per-byte evaluation.
+    assert routing["bpb_prefix_routed"] == pytest.approx(dip["bpb"], rel=1e-4)
+    assert routing["bpb_oracle_per_document"] <= routing["bpb_prefix_routed"] + 1e-9
+    assert 0.0 <= routing["router_accuracy"] <= 1.0
+    assert set(routing["bpb_rerouted"]) == {"8"}
+    assert set(dip["shards"]) == {"0-0", "0-1", "1-0", "1-1"}
+
+
+def test_simulator_and_peer_optimizer_agree_bit_for_bit(records):
+    eq = next(r["result"] for r in records if r["name"].startswith("equivalence-"))
+    assert eq["max_abs_weight_diff"] == 0.0 and eq["max_abs_diff_between_peers"] == 0.0
+    assert eq["bpb"] == eq["simulator_bpb"]
+
+
+def test_hetero_modes_share_the_simulated_clock(records):
+    by = {r["name"]: r["result"] for r in records}
+    step, time_, fast = by["hetero-step"], by["hetero-time"], by["hetero-fast"]
+    assert time_["steps_per_round"] == [4, 4, 4, 1]
+    assert step["steps_per_round"] == [4, 4, 4, 4] and step["round_time"] == 16
+    assert fast["steps_per_round"] == [4, 4, 4]
+    assert step["sim_time"] == time_["sim_time"] == fast["sim_time"]
+
+
+def test_summary_has_the_issue_keys_and_tables_render(records):
+    summary = summarize(records)
+    for key in REQUIRED:
+        assert key in summary
+    for key in ("dipaco_bpb", "dense_p_bpb", "dense_2p_bpb", "dense_p_equal_compute_bpb"):
+        assert isinstance(summary[key], float)
+    assert summary["points_failed"] == {}
+    assert len(summary["points_ok"]) == len(records)
+    text = tables(records)
+    assert "DiLoCo vs synchronous" in text and "DiPaCo vs dense" in text and "Heterogeneity" in text
+
+
+def test_broken_variant_is_reported_failed_not_dropped(data_dirs):
+    ctx = load_context(tiny(), data_dirs, "cpu")
+    points = [Point("good", "diloco", "diloco", {"inner_steps": 3, "codec": "none"}),
+              Point("bad-codec", "diloco", "diloco", {"inner_steps": 3, "codec": "bogus"}),
+              Point("bad-runner", "outer", "no_such_runner")]
+    recs = [run_point(ctx, p) for p in points]
+    assert [r["status"] for r in recs] == ["ok", "failed", "failed"]
+    assert "codec" in recs[1]["error"] and "no_such_runner" in recs[2]["error"]
+    summary = summarize(recs)
+    assert set(summary["points_failed"]) == {"bad-codec", "bad-runner"}
+    assert "Failed points" in tables(recs)
+
+
+def test_worker_processes_record_failures_too(data_dirs):
+    points = [Point("hetero-fast", "hetero", "hetero", {"mode": "fast", "inner_steps": 4}),
+              Point("bad-mode", "hetero", "hetero", {"mode": "sideways"})]
+    recs = run_points(points, tiny(), data_dirs, device="cpu", jobs=2)
+    assert [r["name"] for r in recs] == ["hetero-fast", "bad-mode"]
+    assert recs[0]["status"] == "ok" and recs[1]["status"] == "failed"
+    assert "sideways" in recs[1]["error"]
