@@ -156,6 +156,8 @@ async def _load(port: int, peers: int, seconds: float, concurrency: int, server_
         "server_cpu_us_per_heartbeat": round(server_cpu / max(1, len(latencies)) * 1e6, 1),
         "load_cpu_us_per_heartbeat": round(load_cpu / max(1, len(latencies)) * 1e6, 1),
         "loadavg_1m": round(os.getloadavg()[0], 2),
+        # what two otherwise idle cores could sustain at the CPU cost measured per heartbeat
+        "cpu_ceiling_heartbeats_per_s": round(2.0 / max(1e-9, (server_cpu + load_cpu) / max(1, len(latencies))), 1),
     }
 
 

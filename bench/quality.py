@@ -23,6 +23,7 @@ from typing import Optional, Sequence
 
 from bench.common import RESULTS, emit
 from bench.quality_report import plot, summarize, tables
+from bench.quality_scale import SCALES
 from bench.quality_sweeps import EXPERIMENTS, grid, run_points, scale_by_name
 
 __all__ = ["main", "prepare_data", "load_records"]
@@ -64,7 +65,7 @@ def load_records(path: Path, scale: str) -> dict[str, dict]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.quality", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="the reduced grid (a 2-core CPU, under an hour)")
-    ap.add_argument("--scale", choices=["tiny", "quick", "full"], help="scale preset (default full; --quick = quick)")
+    ap.add_argument("--scale", choices=sorted(SCALES), help="scale preset (default full; --quick = quick)")
     ap.add_argument("--only", default="", help=f"comma-separated experiments of {','.join(EXPERIMENTS)}")
     ap.add_argument("--points", default="", help="comma-separated point names to run (default: all of the grid)")
     ap.add_argument("--jobs", type=int, default=1, help="points run at once in worker processes (default 1)")
@@ -105,12 +106,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     run_points(todo, scale, data_dirs, device=device, jobs=args.jobs, on_result=on_result)
     ordered = [records[n] for n in sorted(records)]
     summary = summarize(ordered)
-    for p in plot(ordered):
+    # quick and full are the report's quality.json; other scales write quality_SCALE.json and their own plots.
+    name = "quality" if scale.name in ("quick", "full") else f"quality_{scale.name}"
+    for p in plot(ordered, prefix=name):
         log.info("wrote %s", p)
     sys.stderr.write(tables(ordered))
     from dataclasses import asdict
 
-    emit("quality", {**summary, "scale": asdict(scale), "device": device,
+    emit(name, {**summary, "scale": asdict(scale), "device": device,
                      "seconds_this_invocation": round(time.monotonic() - start, 1),
                      "points_run_this_invocation": [p.name for p in todo],
                      "points_not_run": sorted(p.name for p in grid(scale) if p.name not in records),

@@ -110,6 +110,7 @@ def summarize(records: Sequence[dict]) -> dict[str, Any]:
         out["dipaco_bpb_oracle"] = r["bpb_oracle_per_document"]
         out["dipaco_bpb_rerouted"] = r["bpb_rerouted"]
     out["dipaco_sqrt_sharing_bpb"] = get("dipaco-2x2-sqrt")
+    out["dipaco_outer_variants_bpb"] = {n: ok[n]["bpb"] for n in sorted(ok) if n.startswith("dipaco-2x2-lr")}
     # 3. Heterogeneity (simulated wall clock).
     het = {m: ok.get(f"hetero-{m}") for m in ("step", "time", "fast")}
     if all(het.values()):
@@ -156,9 +157,10 @@ def tables(records: Sequence[dict]) -> str:
         k, v = eq
         lines.append(f"\n**Simulator vs peers' DiLoCoOptimizer** ({k}, {v['workers']} workers, {v['rounds']} rounds): "
                      f"bpb {v['simulator_bpb']:.4f} vs {v['bpb']:.4f}, max weight difference {v['max_abs_weight_diff']:.3g}\n")
-    names = [("dipaco-2x2", "DiPaCo 2x2, routed"), ("dipaco-2x2-sqrt", "DiPaCo 2x2, sqrt sharing"),
-             ("dense-p", "dense P, one path's tokens"), ("dense-2p", "dense 2P, one path's tokens"),
-             ("dense-p-equal-compute", "dense P, 4x tokens (equal compute)")]
+    names = [("dipaco-2x2", "DiPaCo 2x2, routed"), ("dipaco-2x2-sqrt", "DiPaCo 2x2, sqrt sharing")]
+    names += [(n, f"DiPaCo 2x2, outer {n[len('dipaco-2x2-'):]}") for n in sorted(ok) if n.startswith("dipaco-2x2-lr")]
+    names += [("dense-p", "dense P, one path's tokens"), ("dense-2p", "dense 2P, one path's tokens"),
+              ("dense-p-equal-compute", "dense P, 4x tokens (equal compute)")]
     if any(n in ok for n, _ in names):
         lines += ["\n**DiPaCo vs dense**\n", "| model | params | tokens | bpb |", "|---|---|---|---|"]
         for n, label in names:
@@ -203,8 +205,8 @@ def tables(records: Sequence[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(records: Sequence[dict], outdir: Path = IMG) -> list[Path]:
-    """Write the PNG plots of the experiments that have results; returns their paths."""
+def plot(records: Sequence[dict], outdir: Path = IMG, prefix: str = "quality") -> list[Path]:
+    """Write ``outdir/PREFIX_*.png`` for the experiments that have results; returns their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -229,15 +231,16 @@ def plot(records: Sequence[dict], outdir: Path = IMG) -> list[Path]:
               title="against bytes exchanged")
         a.legend(fontsize=7)
         b.legend(fontsize=6, ncol=2)
-        written.append(_save(fig, outdir / "quality_diloco.png"))
-    dense = [n for n in ("dipaco-2x2", "dense-p", "dense-2p", "dense-p-equal-compute", "dipaco-2x2-sqrt") if n in ok]
+        written.append(_save(fig, outdir / f"{prefix}_diloco.png"))
+    dense = [n for n in ("dipaco-2x2", "dense-p", "dense-2p", "dense-p-equal-compute") if n in ok]
+    dense += [n for n in sorted(ok) if n.startswith("dipaco-2x2-")]
     if dense:
         fig, ax = plt.subplots(figsize=(6.5, 4.5))
         for n in dense:
             ax.plot([p["tokens"] for p in ok[n]["curve"]], [p["bpb"] for p in ok[n]["curve"]], "-o", ms=3, label=n)
         ax.set(xlabel="tokens (whole run)", ylabel="validation bits per byte", title="DiPaCo 2x2 vs dense")
         ax.legend(fontsize=8)
-        written.append(_save(fig, outdir / "quality_dipaco.png"))
+        written.append(_save(fig, outdir / f"{prefix}_dipaco.png"))
     het = {m: ok[f"hetero-{m}"] for m in ("step", "time", "fast") if f"hetero-{m}" in ok}
     if het:
         fig, ax = plt.subplots(figsize=(6.5, 4.5))
@@ -247,7 +250,7 @@ def plot(records: Sequence[dict], outdir: Path = IMG) -> list[Path]:
         ax.set(xlabel="simulated wall clock (fast-worker inner steps)", ylabel="validation bits per byte",
                title="one worker 4x slower (simulated)")
         ax.legend(fontsize=8)
-        written.append(_save(fig, outdir / "quality_hetero.png"))
+        written.append(_save(fig, outdir / f"{prefix}_hetero.png"))
     return written
 
 
@@ -266,7 +269,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     src = Path(args[0]) if args else Path(__file__).resolve().parent / "results" / "quality.json"
     records = json.loads(src.read_text())["points"]
     sys.stdout.write(tables(records))
-    for p in plot(records):
+    for p in plot(records, prefix=src.stem):
         sys.stdout.write(f"wrote {p}\n")
     return 0
 

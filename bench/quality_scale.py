@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["Scale", "tiny", "quick", "full", "SCALES"]
+__all__ = ["Scale", "tiny", "quick", "long", "full", "SCALES"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,8 @@ class Scale:
     """Experiment 4: H values the outer grid is swept at."""
     outer_codec: str = "none"
     """Experiment 4's codec (its lr 0.7 / momentum 0.9 point is experiment 1's point of that H and codec)."""
+    dipaco_outer_grid: tuple[tuple[float, float], ...] = ((0.7, 0.5),)
+    """Experiment 4: (outer lr, momentum) pairs the DiPaCo lattice is also trained with."""
     equivalence: tuple[int, int] = (10, 3)
     """(H, rounds) of the point trained both by the simulator and by the peers' DiLoCoOptimizer."""
     reroute_windows: tuple[int, ...] = (64, 256)
@@ -93,12 +95,21 @@ def quick() -> Scale:
                            "outer-H10-lr0.4-m0.9", "outer-H10-lr1-m0.5"))
 
 
+def long() -> Scale:
+    """The quick model trained three times longer (3000 steps per worker) on the headline points only:
+    does the gap to synchronous training shrink with the horizon?"""
+    return quick().replace(name="long", steps=3000, diloco_grid=((50, "none"), (250, "int4")), bpe_grid=(),
+                           outer_grid=((0.7, 0.5),), outer_H=(50,), dipaco_outer_grid=(),
+                           priority=("sync-bytes", "diloco-bytes-H250-int4", "diloco-bytes-H50-none",
+                                     "outer-H50-lr0.7-m0.5"))
+
+
 def tiny() -> Scale:
     """Every code path in seconds: the harness test."""
     return Scale(name="tiny", d_model=16, n_heads=2, blocks_per_module=2, seq_len=16, batch_size=2, steps=6,
                  dipaco_steps=4, hetero_rounds=4, hetero_h=4, evals=2, eval_docs=2, eval_tokens=64,
                  warmup_steps=1, diloco_grid=((3, "none"), (3, "int4")), bpe_grid=(), outer_grid=((0.4, 0.5),),
-                 outer_H=(3,), reroute_windows=(8,), equivalence=(3, 2))
+                 outer_H=(3,), reroute_windows=(8,), equivalence=(3, 2), dipaco_outer_grid=())
 
 
-SCALES = {"tiny": tiny, "quick": quick, "full": full}
+SCALES = {"tiny": tiny, "quick": quick, "long": long, "full": full}

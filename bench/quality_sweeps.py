@@ -81,8 +81,13 @@ def _outer_points(s: Scale) -> list[Point]:
             pts.append(Point(f"outer-H{H}-lr{lr:g}-m{mom:g}", "outer", "diloco",
                              {"tokenizer": "bytes", "inner_steps": H, "codec": s.outer_codec, "outer_lr": lr,
                               "outer_momentum": mom}))
-    pts.append(Point("dipaco-2x2-sqrt", "outer", "dipaco",
-                     {"inner_steps": s.hetero_h, "codec": "int8", "sqrt_sharing": True, "routing": False}))
+    if s.outer_H or s.outer_grid:
+        pts.append(Point("dipaco-2x2-sqrt", "outer", "dipaco",
+                         {"inner_steps": s.hetero_h, "codec": "int8", "sqrt_sharing": True, "routing": False}))
+    for lr, mom in s.dipaco_outer_grid:
+        pts.append(Point(f"dipaco-2x2-lr{lr:g}-m{mom:g}", "outer", "dipaco",
+                         {"inner_steps": s.hetero_h, "codec": "int8", "outer_lr": lr, "outer_momentum": mom,
+                          "routing": False}))
     return pts
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 from coordinator.errors import Incompatible, InvalidArgument, LeaseNotFound, NoFit, Overloaded, PeerNotFound
-from coordinator.records import Assignment, Capabilities, Lease, ModuleProgress, PeerRecord
+from coordinator.records import MODE_ARCHIVE, Assignment, Capabilities, Lease, ModuleProgress, PeerRecord
 from coordinator.scheduler import assign_peer, rebalance
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import Store, WriteBatch
@@ -182,8 +182,12 @@ class Coordinator:
 
     # -- peers' calls -------------------------------------------------------------------------
 
-    def join(self, peer_id: str, public_key: bytes, caps: Capabilities, manifest_hash: str = "") -> JoinResult:
-        """Admit ``peer_id`` (token already checked) and give it a lease and work; durable on return."""
+    def join(self, peer_id: str, public_key: bytes, caps: Capabilities, manifest_hash: str = "",
+             archive: bool = False) -> JoinResult:
+        """Admit ``peer_id`` (token already checked) and give it a lease and work; durable on return.
+
+        An ``archive`` peer gets a lease but no work; its addresses are handed out first as DHT
+        bootstrap peers, since it is the longest-lived peer of a run."""
         want = self.run.data.manifest_hash
         if want and manifest_hash and manifest_hash != want:
             self.counters["rejected_incompatible"] += 1
@@ -205,10 +209,14 @@ class Coordinator:
             previous = peer.assignment if peer is not None else None
             if peer is not None:
                 self._release(peer, batch)
-            assignment, reason = assign_peer(
-                now, caps, self.view, self.run, self.settings, previous=previous,
-                version=(previous.version + 1) if previous is not None else 1,
-            )
+            version = (previous.version + 1) if previous is not None else 1
+            if archive:
+                reason = "archive peer: follows every module's rounds and trains nothing"
+                assignment = Assignment(mode=MODE_ARCHIVE, reason=reason, version=version)
+            else:
+                assignment, reason = assign_peer(
+                    now, caps, self.view, self.run, self.settings, previous=previous, version=version,
+                )
             if assignment is None:
                 self.counters["rejected_no_fit"] += 1
                 refusal = NoFit(f"capabilities.memory_bytes: {reason}")
@@ -431,7 +439,8 @@ class Coordinator:
 
     def _initial_peers(self, joining: str) -> list[str]:
         out: list[str] = []
-        for peer_id in reversed(self._live_addrs):
+        archives = [p for p in self._live_addrs if (a := self.view.assignments.get(p)) and a.mode == MODE_ARCHIVE]
+        for peer_id in archives + [p for p in reversed(self._live_addrs) if p not in archives]:
             if len(out) >= self.settings.initial_peers:
                 break
             if peer_id == joining:

@@ -11,6 +11,7 @@ from typing import Any, Optional
 __all__ = [
     "MODE_PATH",
     "MODE_STAGE",
+    "MODE_ARCHIVE",
     "PEER_STATES",
     "Capabilities",
     "Assignment",
@@ -23,6 +24,8 @@ MODE_PATH = "path"
 """Train a whole path locally (DiPaCo, Douillard et al. 2024)."""
 MODE_STAGE = "stage"
 """Serve one module as a pipeline stage (SWARM, Ryabinin et al. 2023)."""
+MODE_ARCHIVE = "archive"
+"""An archive peer: follows every module, trains nothing; never counted as covering work."""
 
 PEER_STATES = ("active", "draining", "left", "expired")
 """``active``: holds a lease and work. ``draining``: told to finish its round and leave.
@@ -78,6 +81,8 @@ class Assignment:
         """``path 1,0`` or ``stage L0M1``."""
         if self.mode == MODE_PATH:
             return "path " + ",".join(map(str, self.path))
+        if self.mode == MODE_ARCHIVE:
+            return "archive"
         return "stage " + self.module_id
 
     def to_dict(self) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import grpc
 
 from coordinator.core import Coordinator, ProgressReport
 from coordinator.errors import InvalidArgument, RequestError, Unauthenticated
-from coordinator.records import MODE_PATH, Assignment
+from coordinator.records import MODE_ARCHIVE, MODE_PATH, MODE_STAGE, Assignment
 from coordinator.status import snapshot
 from coordinator.validation import (
     MAX_PROGRESS,
@@ -50,16 +50,20 @@ MAX_COUNT = 1 << 62
 """Largest round, token or byte count accepted."""
 
 
+_MODES = {MODE_PATH: pb.MODE_PATH, MODE_STAGE: pb.MODE_STAGE, MODE_ARCHIVE: pb.MODE_ARCHIVE}
+_MODE_NAMES = {v: k for k, v in _MODES.items()}
+
+
 def assignment_to_proto(a: Assignment) -> pb.Assignment:
     return pb.Assignment(
-        mode=pb.MODE_PATH if a.mode == MODE_PATH else pb.MODE_STAGE, path=list(a.path), module_id=a.module_id,
+        mode=_MODES[a.mode], path=list(a.path), module_id=a.module_id,
         module_ids=list(a.module_ids), inner_steps=a.inner_steps, codec=a.codec, reason=a.reason, version=a.version,
     )
 
 
 def assignment_from_proto(m: pb.Assignment) -> Assignment:
     return Assignment(
-        mode="path" if m.mode == pb.MODE_PATH else "stage", path=tuple(m.path), module_id=m.module_id,
+        mode=_MODE_NAMES.get(m.mode, MODE_STAGE), path=tuple(m.path), module_id=m.module_id,
         module_ids=tuple(m.module_ids), inner_steps=m.inner_steps, codec=m.codec, reason=m.reason, version=m.version,
     )
 
@@ -112,9 +116,10 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         if not request.HasField("capabilities"):
             raise InvalidArgument("capabilities", "is required (device, memory_bytes, tokens_per_s)")
         caps = check_capabilities(c.device, c.memory_bytes, c.tokens_per_s, c.upload_bps, c.download_bps,
-                                  list(c.multiaddrs))
+                                  list(c.multiaddrs), trains=not request.archive)
         manifest = check_text("manifest_hash", request.manifest_hash, 64)
-        result = await self._blocking(self.coord.join, peer_id, bytes(request.public_key), caps, manifest)
+        result = await self._blocking(self.coord.join, peer_id, bytes(request.public_key), caps, manifest,
+                                      request.archive)
         s = self.coord.settings
         return pb.JoinResponse(
             run_spec=self._run_spec(),

@@ -122,13 +122,14 @@ def check_multiaddr(value: str, field: str = "capabilities.multiaddrs") -> str:
 
 def check_capabilities(
     device: str, memory_bytes: int, tokens_per_s: float, upload_bps: float, download_bps: float,
-    multiaddrs: Sequence[str],
+    multiaddrs: Sequence[str], trains: bool = True,
 ) -> Capabilities:
-    """Validated :class:`Capabilities`, or InvalidArgument naming the first bad field."""
+    """Validated :class:`Capabilities`, or InvalidArgument naming the first bad field. A peer that
+    ``trains`` must report memory and throughput; an archive peer may report zero."""
     check_text("capabilities.device", device, 64, allow_empty=False)
-    if memory_bytes <= 0 or memory_bytes > MAX_MEMORY:
+    if memory_bytes < (1 if trains else 0) or memory_bytes > MAX_MEMORY:
         raise InvalidArgument("capabilities.memory_bytes", f"{memory_bytes} is out of range (1 .. {MAX_MEMORY})")
-    check_number("capabilities.tokens_per_s", tokens_per_s, 0.0, MAX_RATE, allow_zero=False)
+    check_number("capabilities.tokens_per_s", tokens_per_s, 0.0, MAX_RATE, allow_zero=not trains)
     check_number("capabilities.upload_bps", upload_bps, 0.0, MAX_RATE)
     check_number("capabilities.download_bps", download_bps, 0.0, MAX_RATE)
     if len(multiaddrs) > MAX_MULTIADDRS:

@@ -11,7 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-from coordinator.records import MODE_PATH, Assignment, PeerRecord
+from coordinator.records import MODE_ARCHIVE, MODE_PATH, Assignment, PeerRecord
 
 __all__ = ["ClusterView"]
 
@@ -48,6 +48,8 @@ class ClusterView:
             raise ValueError(f"peer {peer_id} already holds {self.assignments[peer_id].label()}")
         self.holders[peer_id] = tokens_per_s
         self.assignments[peer_id] = assignment
+        if assignment.mode == MODE_ARCHIVE:  # an archive covers no work
+            return
         if assignment.mode == MODE_PATH:
             self.path_peers[assignment.path][peer_id] = tokens_per_s
             self.path_tps[assignment.path] += tokens_per_s
@@ -62,6 +64,8 @@ class ClusterView:
             return None
         tps = self.holders.pop(peer_id)
         assignment = self.assignments.pop(peer_id)
+        if assignment.mode == MODE_ARCHIVE:
+            return assignment
         if assignment.mode == MODE_PATH:
             members = self.path_peers[assignment.path]
             del members[peer_id]

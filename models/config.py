@@ -38,6 +38,7 @@ __all__ = [
     "RunConfig",
     "Path_",
     "CODECS",
+    "AGGREGATORS",
     "parse_path",
     "format_path",
     "is_module_id",
@@ -53,6 +54,10 @@ Path_ = tuple[int, ...]
 
 CODECS = ("none", "fp16", "int8", "int4")
 """Pseudo-gradient codecs, from exact to smallest."""
+
+AGGREGATORS = ("mean", "trimmed_mean", "centered_clip")
+"""How a reducer combines the members' pseudo-gradients: the weighted mean (DiLoCo), or a robust
+aggregator that bounds what a hostile member can do (trimmed mean; centered clipping, Karimireddy et al. 2021)."""
 
 _MODULE_RE = re.compile(r"^(embed|head)(_\d+(_\d+)*)?$|^L(\d+)M(\d+)$")
 _RUN_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
@@ -296,11 +301,18 @@ class OuterConfig:
     """DiPaCo: scale a module's averaged delta by sqrt(number of paths sharing it)."""
     overlap: bool = False
     """Run round t's exchange behind round t+1's inner steps and apply it one round late."""
+    aggregator: str = "mean"
+    """mean, trimmed_mean or centered_clip (see AGGREGATORS)."""
+    norm_bound: float = 0.0
+    """When > 0, a contribution whose norm exceeds this many times the group's median norm is
+    scaled down to it before aggregation (0 disables)."""
 
     def __post_init__(self) -> None:
         _check_types(self)
         _positive(self, "lr", "inner_steps", "round_timeout")
-        _non_negative(self, "round_seconds")
+        _non_negative(self, "round_seconds", "norm_bound")
+        if self.aggregator not in AGGREGATORS:
+            raise ConfigError("aggregator", f"'{self.aggregator}' is not one of {', '.join(AGGREGATORS)}")
         if not 0.0 <= self.momentum < 1.0:
             raise ConfigError("momentum", f"must be in [0, 1), got {self.momentum}")
         if self.codec not in CODECS:

@@ -2,7 +2,7 @@
 
 A group's flat fp32 delta is cut into one part per member, at multiples of
 :data:`peer.compression.BLOCK` and sized by the members' measured upload bandwidth (client-mode
-members, bandwidth 0, reduce nothing). Member ``i`` reduces part ``i``:
+members, bandwidth 0, reduce nothing; see :mod:`peer.partition`). Member ``i`` reduces part ``i``:
 
 1. every member encodes each of its parts with the codec and streams part ``i`` to member ``i``
    (header :class:`peer.net_pb2.PartHeader`, then the payload); the reducer acknowledges it at once;
@@ -17,12 +17,13 @@ The vector is first cut into at most 16 block-aligned segments, each reduced thi
 :data:`PIPELINE` segments in flight: encoding and uploading segment s+1 overlaps the averages of
 segment s coming back (as hivemind's chunked all-reduce does), so the link is rarely idle.
 
-A part whose reducer fails (gone, refused, past the deadline) gets one retry at a fallback reducer,
-the first other member in sorted order that reduces anything; it serves the original average if it
-received one (so members the dead reducer did answer and those it did not still agree), else
-reduces the contributions of the members that ask. One case is not covered: the reducer dies after
-answering some members, and the fallback reducer is not among them; those members then disagree
-on that part for the round.
+A stream that breaks at a live reducer is asked again (an accepted contribution is served its
+average, never added twice). A part whose reducer is gone (or refuses, or misses the deadline) goes
+to a fallback reducer, the first other member in sorted order that reduces anything: it serves the
+original average if it received one, else asks the other members for it (:data:`PROBE`) and adopts
+it, so members the dead reducer answered and those it did not still agree; only if nobody has it
+does it reduce the contributions of the members that ask. Not covered: a second fault in the same
+round (the fallback reducer dying as well), after which members may differ for that round.
 
 Moving each byte once up and once down the sender's link, this is bandwidth-optimal:
 ``2 (n - 1) / n * size`` per member, as in hivemind's butterfly all-reduce (Ryabinin et al. 2021).
@@ -35,80 +36,26 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
 
 from peer.averaging import weighted_mean
-from peer.compression import BLOCK, get_codec
+from peer.compression import get_codec
 from peer.net_pb2 import PartHeader, PartReply
+from peer.partition import PIPELINE, Group, fallback_reducer, part_bounds, segment_bounds
 
 __all__ = [
     "Group", "AllReduceOutcome", "ReductionServer", "EventHook", "part_bounds", "segment_bounds", "fallback_reducer",
-    "PIPELINE",
+    "PIPELINE", "PROBE", "linger",
 ]
 
 log = logging.getLogger(__name__)
 
 
-def part_bounds(numel: int, bandwidths: Sequence[float]) -> list[tuple[int, int]]:
-    """Split ``numel`` elements into one ``(start, end)`` part per member, proportional to bandwidth,
-    with every boundary a multiple of ``BLOCK`` (the last end is ``numel``). Members with bandwidth
-    0 get empty parts; if every bandwidth is 0 the first member takes everything."""
-    n_blocks = math.ceil(numel / BLOCK)
-    bw = [max(0.0, float(b)) if math.isfinite(b) else 0.0 for b in bandwidths]
-    if not bw:
-        raise ValueError("a group has at least one member")
-    if sum(bw) <= 0:
-        bw = [1.0] + [0.0] * (len(bw) - 1)
-    total = sum(bw)
-    shares = [b / total * n_blocks for b in bw]
-    counts = [int(s) for s in shares]
-    # largest remainder, ties to the lower index: the same on every member
-    order = sorted(range(len(bw)), key=lambda i: (-(shares[i] - counts[i]), i))
-    for i in order[: n_blocks - sum(counts)]:
-        counts[i] += 1
-    bounds, start = [], 0
-    for c in counts:
-        end = min(numel, start + c * BLOCK)
-        bounds.append((start, end))
-        start = end
-    return bounds
-
-
-PIPELINE = 3
-"""Segments in flight at once: encoding and the upload of segment s+1 overlap the averages of s."""
-SEGMENT_BLOCKS = 256
-"""Smallest segment, in blocks; a vector is cut into at most 16 segments of at least this size."""
-
-
-def segment_bounds(numel: int, max_segments: int = 16) -> list[tuple[int, int]]:
-    """Cut ``numel`` elements into pipeline segments at multiples of ``BLOCK`` (at least one)."""
-    n_blocks = max(1, math.ceil(numel / BLOCK))
-    per = max(SEGMENT_BLOCKS, math.ceil(n_blocks / max_segments))
-    starts = list(range(0, n_blocks, per))
-    return [(s * BLOCK, min(numel, (s + per) * BLOCK)) for s in starts] or [(0, 0)]
-
-
-def fallback_reducer(failed: int, bounds: Sequence[tuple[int, int]]) -> Optional[int]:
-    """Index of the member that retries part ``failed``: the first other member with a non-empty part."""
-    for i, (a, b) in enumerate(bounds):
-        if i != failed and b > a:
-            return i
-    return None
-
-
-@dataclass(frozen=True)
-class Group:
-    """A formed averaging group: the same on every member (the leader sent it)."""
-
-    group_id: str
-    members: tuple[str, ...]
-    """Peer ids, sorted; member i reduces part i."""
-    bandwidths: tuple[float, ...]
-    allreduce_timeout: float
-    """Seconds the reduction may take, counted from when the member got the group."""
+PROBE = 3
+"""``PartHeader.attempt`` of a fallback reducer asking a member for the original average of a part."""
 
 
 @dataclass
@@ -132,6 +79,8 @@ class _Slot:
     codec: str
     expected: set[str]
     decoded: dict[str, tuple[Tensor, float]] = field(default_factory=dict)
+    accepted: set[str] = field(default_factory=set)
+    """Senders whose contribution is in (kept after the reduction frees ``decoded``)."""
     dropped: dict[str, str] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     result: "asyncio.Future[tuple[bytes, list[str]]]" = field(default_factory=lambda: asyncio.get_running_loop().create_future())
@@ -158,6 +107,7 @@ class _Slot:
         if self.result.done():
             return "the part was already reduced (too late)"
         self.decoded[sender] = (values, float(weight))
+        self.accepted.add(sender)
         self.changed.set()
         return ""
 
@@ -180,10 +130,13 @@ class _GroupState:
     slots: dict[tuple[int, int, int], _Slot] = field(default_factory=dict)
     """(segment, part, attempt) -> a part we reduce."""
     finished: dict[tuple[int, int], tuple[bytes, list[str]]] = field(default_factory=dict)
+    fallback: dict[tuple[int, int], "asyncio.Future[tuple[bytes, list[str], bool]]"] = field(default_factory=dict)
+    """Parts we are the fallback reducer of: (average, contributors, reduced here rather than adopted)."""
     phase1_done: asyncio.Event = field(default_factory=asyncio.Event)
     bytes_sent: int = 0
     bytes_received: int = 0
     sends_left: int = 0
+    acked: set[tuple[int, int]] = field(default_factory=set)
     serving: int = 0
     """Accepted contributions whose average is not yet sent back."""
     served: asyncio.Event = field(default_factory=asyncio.Event)
@@ -193,7 +146,8 @@ EventHook = Callable[[str], None]
 """Called on the averager's loop with a point name, so tests can inject a fault exactly there (e.g.
 kill the process) and benchmarks can time phases: ``"group_formed"`` (matchmaking done, before
 the reduction), ``"parts_sent"`` (every part we contribute was acknowledged by its reducer),
-``"reduced"`` (a part we reduce is averaged and encoded, and about to be sent back)."""
+``"reduced"`` (a part we reduce is averaged and encoded, and about to be sent back),
+``"part_replied"`` (one member received, and closed the stream of, the average of a part we reduce)."""
 
 
 class ReductionServer:
@@ -237,6 +191,9 @@ class ReductionServer:
                 await P2P.send_raw_data(data, writer)
                 if state is not None:
                     state.bytes_sent += len(data)
+                await linger(reader, self.wait_timeout)
+                if reply.ok and header.attempt == 0:
+                    self.event("part_replied")
             finally:
                 if state is not None:
                     state.serving -= 1
@@ -255,28 +212,38 @@ class ReductionServer:
         if state is None:
             return PartReply(ok=False, error="unknown group"), b""
         key = (header.segment, header.part_index, header.attempt)
-        if header.attempt == 1:
-            # the fallback: serve the original average if we have it, else reduce here
+        if header.attempt in (1, PROBE):
+            # the fallback (1) or a fallback reducer's probe (PROBE): the original average if we have it
             await _wait_event(state.phase1_done, deadline)
             if key[:2] in state.finished:
                 data, contributors = state.finished[key[:2]]
                 return PartReply(ok=True, contributors=contributors, payload_len=len(data)), data
+            if header.attempt == PROBE:
+                return PartReply(ok=False, error="no original average of this part here"), b""
+            if key[:2] not in state.fallback:
+                return PartReply(ok=False, error=f"not the fallback reducer of part {key[0]}.{key[1]}"), b""
+            slot = state.slots[key]
+            if sender not in slot.accepted and not slot.result.done():
+                await self._offer(slot, sender, header, payload)
+            await P2P.send_protobuf(PartReply(ok=True, received=True), writer)
+            try:
+                data, contributors, reduced_here = await asyncio.wait_for(
+                    asyncio.shield(state.fallback[key[:2]]), max(0.0, deadline - time.monotonic()))
+            except Exception as e:
+                return PartReply(ok=False, error=f"fallback failed: {e!r}"), b""
+            if reduced_here and sender not in contributors:
+                return PartReply(ok=False, error="dropped from the part"), b""
+            return PartReply(ok=True, contributors=contributors, payload_len=len(data)), data
         while key not in state.slots and time.monotonic() < deadline and not state.phase1_done.is_set():
             await _wait_event(state.phase1_done, min(deadline, time.monotonic() + 0.05))
         slot = state.slots.get(key)
         if slot is None:
             return PartReply(ok=False, error=f"not reducing part {header.part_index} attempt {header.attempt}"), b""
-        problem = slot.check(sender, header, payload)
-        if not problem:
-            try:
-                values = await asyncio.get_running_loop().run_in_executor(
-                    None, get_codec(slot.codec).decode, payload, slot.numel)  # (numel,)
-                problem = "" if bool(torch.isfinite(values).all()) else "decoded values are not finite"
-            except ValueError as e:
-                problem = f"undecodable: {e}"
-        problem = problem or slot.accept(sender, values, header.weight)
+        if sender in slot.accepted:  # asked again after a broken stream: serve, do not add twice
+            problem = ""
+        else:
+            problem = await self._offer(slot, sender, header, payload)
         if problem:
-            slot.drop(sender, problem)
             log.warning("dropped %s from part %d.%d of group %s: %s", sender, header.segment, header.part_index,
                         header.group_id, problem)
             return PartReply(ok=False, error=problem), b""
@@ -290,6 +257,21 @@ class ReductionServer:
         if sender not in contributors:
             return PartReply(ok=False, error="dropped from the part"), b""
         return PartReply(ok=True, contributors=contributors, payload_len=len(data)), data
+
+    async def _offer(self, slot: _Slot, sender: str, header: PartHeader, payload: bytes) -> str:
+        """Validate, decode (off the loop) and add one contribution; returns why it was refused ('' if not)."""
+        problem = slot.check(sender, header, payload)
+        if not problem:
+            try:
+                values = await asyncio.get_running_loop().run_in_executor(
+                    None, get_codec(slot.codec).decode, payload, slot.numel)  # (numel,)
+                problem = "" if bool(torch.isfinite(values).all()) else "decoded values are not finite"
+            except ValueError as e:
+                problem = f"undecodable: {e}"
+        problem = problem or slot.accept(sender, values, header.weight)
+        if problem:
+            slot.drop(sender, problem)
+        return problem
 
     async def _wait_group(self, group_id: str, deadline: float) -> Optional[_GroupState]:
         while group_id not in self._groups:
@@ -383,7 +365,18 @@ class ReductionServer:
                     try:
                         results[(s, j)] = await task
                     except Exception as e:
-                        errors[(s, j)] = f"{type(e).__name__}: {e}"
+                        if j == me:
+                            errors[(s, j)] = f"{type(e).__name__}: {e}"
+                            continue
+                        # a broken stream at a live reducer: ask again (it serves an accepted contribution
+                        # its average without adding it twice); a gone reducer fails fast here
+                        log.info("part %d.%d of group %s: %r; asking %s again", s, j, group.group_id, e,
+                                 group.members[j][-8:])
+                        try:
+                            results[(s, j)] = await self._exchange(state, group.members[j], s, j, 0, encoded[(s, j)],
+                                                                   weight, phase1_deadline)
+                        except Exception as e2:
+                            errors[(s, j)] = f"{type(e).__name__}: {e}; again: {type(e2).__name__}: {e2}"
 
         try:
             await asyncio.gather(*(segment(s) for s in range(len(segments))))
@@ -395,7 +388,8 @@ class ReductionServer:
                 if fallback_reducer(j, bounds[s]) == me:
                     slot = state.slots[(s, j, 1)] = _Slot(own_parts[(s, j)].numel(), codec_name,
                                                           members - {group.members[j]})
-                    slot.decoded[self.peer_id] = (own_parts[(s, j)], float(weight))
+                    slot.accept(self.peer_id, own_parts[(s, j)], weight)
+                    state.fallback[(s, j)] = loop.create_future()
             state.phase1_done.set()
             for (s, j), why in sorted(errors.items()):
                 log.warning("part %d.%d of group %s failed at %s (%s); retrying at the fallback reducer",
@@ -405,8 +399,7 @@ class ReductionServer:
                     if f is None:
                         raise RuntimeError("no fallback reducer")
                     if f == me:
-                        task = asyncio.create_task(self._reduce(state, (s, j, 1), fallback_reduce_deadline))
-                        results[(s, j)] = await self._own_result(state, (s, j, 1), task)
+                        results[(s, j)] = await self._fallback(state, s, j, fallback_reduce_deadline)
                     else:
                         results[(s, j)] = await self._exchange(state, group.members[f], s, j, 1, encoded[(s, j)],
                                                                weight, final_deadline)
@@ -450,6 +443,43 @@ class ReductionServer:
         if self.event_hook is not None:
             self.event_hook(point)
 
+    async def _fallback(self, state: _GroupState, s: int, j: int, deadline: float) -> tuple[bytes, list[str]]:
+        """As the fallback reducer of part ``j`` of segment ``s``: adopt the original average if any
+        member received it (so every member applies the same bytes), else reduce what the members
+        send. The decision is served to every member that asks."""
+        future = state.fallback[(s, j)]
+        try:
+            found = await self._probe(state, s, j, deadline)
+            if found is not None:
+                log.info("part %d.%d of group %s: adopting the original average another member received",
+                         s, j, state.group.group_id)
+                future.set_result((*found, False))
+                return found
+            task = asyncio.create_task(self._reduce(state, (s, j, 1), deadline))
+            result = await self._own_result(state, (s, j, 1), task)
+            future.set_result((*result, True))
+            return result
+        except BaseException as e:
+            if not future.done():
+                future.set_exception(RuntimeError(f"fallback failed: {e!r}"))
+                future.exception()  # retrieved: askers get it through the handler
+            raise
+
+    async def _probe(self, state: _GroupState, s: int, j: int, deadline: float) -> Optional[tuple[bytes, list[str]]]:
+        """The original average of part ``j`` of segment ``s`` from any other member that received it."""
+        others = [m for i, m in enumerate(state.group.members) if i != j and m != self.peer_id]
+        tasks = [asyncio.create_task(self._exchange(state, m, s, j, PROBE, b"", 0.0, deadline)) for m in others]
+        try:
+            for next_done in asyncio.as_completed(tasks):
+                try:
+                    return await next_done
+                except Exception:
+                    continue
+            return None
+        finally:
+            for task in tasks:
+                task.cancel()
+
     async def _own_result(self, state: _GroupState, key: tuple[int, int, int],
                           task: "asyncio.Task") -> tuple[bytes, list[str]]:
         await task
@@ -476,7 +506,8 @@ class ReductionServer:
             state.bytes_sent += len(payload)
             reply, err = await P2P.receive_protobuf(PartReply, reader)
             if reply is not None and reply.ok and reply.received:
-                if attempt == 0:
+                if attempt == 0 and (segment, part) not in state.acked:
+                    state.acked.add((segment, part))
                     state.sends_left -= 1
                     if state.sends_left == 0:
                         self.event("parts_sent")
@@ -491,6 +522,15 @@ class ReductionServer:
             raise RuntimeError(f"average is {len(data)} bytes, expected {expected}")
         state.bytes_received += len(data)
         return bytes(data), list(reply.contributors)
+
+
+async def linger(reader: asyncio.StreamReader, timeout: float) -> None:
+    """Wait (at most ``timeout`` s) until the other side closes the stream, before we close ours:
+    closing right after a large write can cut the stream before the daemon forwarded all of it."""
+    try:
+        await asyncio.wait_for(reader.read(), timeout)
+    except (asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+        pass
 
 
 async def _wait_event(event: asyncio.Event, deadline: float) -> None:

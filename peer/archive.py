@@ -145,8 +145,8 @@ class ArchivePeer:
             for mid, st in self.states.items():
                 averager.announce_archive(mid, st.round_no)
             client.peer = PeerInfo(peer_id=dht.peer_id, device="cpu", memory_bytes=0, tokens_per_s=0.0,
-                                   multiaddrs=tuple(dht.maddrs()), manifest_hash=spec.manifest_hash)
-            client.join(archive=True)
+                                   multiaddrs=tuple(dht.maddrs()), manifest_hash=spec.manifest_hash, archive=True)
+            client.join()
             client.start_heartbeats(lambda: {}, lambda reply: None)
             log.info("archive %s following %d modules of run %s in %s", dht.peer_id, len(lat.module_ids()),
                      cfg.run_id, opts.directory)

@@ -85,6 +85,8 @@ class PeerInfo:
     download_bps: float = 0.0
     multiaddrs: tuple[str, ...] = ()
     manifest_hash: str = ""
+    archive: bool = False
+    """An archive peer: the coordinator gives it no work and hands its addresses out first."""
 
 
 @dataclass(frozen=True)
@@ -102,11 +104,13 @@ class WorkAssignment:
 
     @classmethod
     def from_proto(cls, m: pb.Assignment) -> "WorkAssignment":
-        return cls("path" if m.mode == pb.MODE_PATH else "stage", tuple(m.path), m.module_id, tuple(m.module_ids),
-                   m.inner_steps, m.codec, m.reason, m.version)
+        mode = {pb.MODE_PATH: "path", pb.MODE_ARCHIVE: "archive"}.get(m.mode, "stage")
+        return cls(mode, tuple(m.path), m.module_id, tuple(m.module_ids), m.inner_steps, m.codec, m.reason, m.version)
 
     def label(self) -> str:
-        return ("path " + ",".join(map(str, self.path))) if self.mode == "path" else f"stage {self.module_id}"
+        if self.mode == "path":
+            return "path " + ",".join(map(str, self.path))
+        return "archive" if self.mode == "archive" else f"stage {self.module_id}"
 
 
 @dataclass(frozen=True)
@@ -214,6 +218,7 @@ class CoordinatorClient:
         p = self.peer
         request = pb.JoinRequest(
             token=self._token, peer_id=p.peer_id, public_key=p.public_key, manifest_hash=p.manifest_hash,
+            archive=p.archive,
             capabilities=pb.Capabilities(device=p.device, memory_bytes=p.memory_bytes, tokens_per_s=p.tokens_per_s,
                                          upload_bps=p.upload_bps, download_bps=p.download_bps,
                                          multiaddrs=list(p.multiaddrs)),

@@ -217,7 +217,21 @@ class DiLoCoOptimizer:
         cfg = self.outer_cfg
         if self._steps_in_round >= cfg.inner_steps or (cfg.round_seconds > 0 and elapsed >= cfg.round_seconds):
             return self._end_round(elapsed)
+        if self._others_waiting():
+            return self._end_round(elapsed)
         return None
+
+    def _others_waiting(self) -> bool:
+        """True when another holder already waits to average one of our modules' current round.
+
+        Then this peer ends its round now with the tokens it has (a smaller weight) instead of
+        making the group wait for its remaining steps: the fastest member paces the round, as
+        with hivemind's target batch size. Averagers without this signal never end rounds early.
+        """
+        probe = getattr(self.averager, "others_waiting", None)
+        if probe is None or self.outer_cfg.overlap:
+            return False
+        return bool(probe({mid: st.round_no for mid, st in self._modules.items()}))
 
     def flush(self) -> Optional[RoundReport]:
         """Overlap mode: wait for the exchanges in flight and apply them (local progress kept).

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Optional
 
-from peer.allreduce import Group
+from peer.partition import Group
 from peer.net_pb2 import JoinReply, JoinRequest
 from peer.records import GroupDeclaration, HolderRecord, group_key, holders_key, records_from_value, to_value
 

@@ -18,7 +18,7 @@ import logging
 import math
 import threading
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -29,7 +29,16 @@ from peer.compression import flatten, get_codec, unflatten
 from peer.diloco import ModuleState
 from peer.dht import unwrap_dht
 from peer.matchmaking import LONE, Matchmaker
-from peer.records import ArchiveRecord, HolderRecord, archive_key, holders_key, to_value
+from peer.records import (
+    ArchiveRecord,
+    GroupDeclaration,
+    HolderRecord,
+    archive_key,
+    group_key,
+    holders_key,
+    records_from_value,
+    to_value,
+)
 from peer.state_transfer import StateProvider, StateServer, fetch_module_state
 
 __all__ = ["NetAverager"]
@@ -38,6 +47,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BANDWIDTH = 100e6 / 8
 """Bytes/s assumed for the upload link when none was measured (100 Mbit/s)."""
+WAITING_POLL = 1.0
+"""Seconds between the DHT checks behind :meth:`NetAverager.others_waiting`."""
 
 
 class NetAverager:
@@ -77,6 +88,8 @@ class NetAverager:
         self.prefix = f"hivepath_{run_id}"
         self._event_hook = event_hook
         self._held: dict[str, int] = {}
+        self._waiting_check: Optional[Any] = None
+        self._waiting_checked = -math.inf
         self._archived: dict[str, int] = {}
         self._held_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -156,6 +169,33 @@ class NetAverager:
                     self._publish_archive(module_id, round_no)
             except Exception as e:  # the DHT may be shutting down
                 log.debug("refreshing records failed: %r", e)
+
+    # -- pacing -------------------------------------------------------------------------------
+
+    def others_waiting(self, rounds: Mapping[str, int]) -> bool:
+        """True when another holder of our config already declared itself ready for the current round
+        of one of these modules (``module_id -> round``): it waits in matchmaking, so
+        ``DiLoCoOptimizer`` ends its round now with the tokens it has. Never blocks the training loop:
+        it answers from a DHT check at most ``WAITING_POLL`` seconds old, refreshed in the background
+        (False until a check for exactly these rounds has come back)."""
+        key = tuple(sorted(rounds.items()))
+        now = time.monotonic()
+        pending = self._waiting_check
+        if (pending is None or pending.done()) and now - self._waiting_checked >= WAITING_POLL:
+            self._waiting_checked = now
+            self._waiting_check = asyncio.run_coroutine_threadsafe(self._check_waiting(key), self._loop)
+        if pending is not None and pending.done() and pending.exception() is None:
+            checked_key, waiting = pending.result()
+            return waiting and checked_key == key
+        return False
+
+    async def _check_waiting(self, key: tuple) -> tuple[tuple, bool]:
+        for module_id, round_no in key:
+            found = await self.dht.get(group_key(self.run_id, module_id, round_no), latest=True, return_future=True)
+            for peer, decl in records_from_value(found, GroupDeclaration).items():
+                if peer != self.peer_id and decl.config_hash == self.config_hash and decl.data_hash == self.data_hash:
+                    return key, True
+        return key, False
 
     # -- averaging ----------------------------------------------------------------------------
 

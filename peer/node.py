@@ -196,7 +196,7 @@ class PeerNode:
             self.status.peer_id = dht.peer_id
             client.peer = PeerInfo(
                 peer_id=dht.peer_id, device=describe_device(device), memory_bytes=memory, tokens_per_s=tokens_per_s,
-                upload_bps=(bandwidth or 0.0) * 8, multiaddrs=tuple(dht.maddrs()), manifest_hash=dataset.manifest_hash,
+                upload_bps=bandwidth or 0.0, multiaddrs=tuple(dht.maddrs()), manifest_hash=dataset.manifest_hash,
             )
             joined = client.join()
             log.info("joined run %s as %s: %s (%s)", cfg.run_id, dht.peer_id, joined.assignment.label(),

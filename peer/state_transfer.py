@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from torch import Tensor
 
+from peer.allreduce import linger
 from peer.diloco import ModuleState
 from peer.net_pb2 import StateReply, StateRequest
 from peer.records import ArchiveRecord, HolderRecord, archive_key, holders_key, records_from_value
@@ -95,6 +96,7 @@ class StateServer:
                     reply = StateReply(ok=True, round_no=int(state.round_no), payload_len=len(blob))
             await P2P.send_protobuf(reply, writer)
             await P2P.send_raw_data(blob, writer)
+            await linger(reader, 60.0)
         except (asyncio.IncompleteReadError, ConnectionError) as e:
             log.debug("state stream broke: %r", e)
         finally:

@@ -79,6 +79,7 @@ class PathTrainer:
             lattice=cfg.lattice,
             averager=averager,
         )
+        self._fetch_state = fetch_state
         self.sources = self._adopt_state(fetch_state)
         seed = int.from_bytes(hashlib.sha256(f"{peer_id}/{format_path(self.path)}".encode()).digest()[:4], "little")
         self.batches = dataset.path_batches(self.path, "train", cfg.inner.batch_size, cfg.lattice.seq_len, seed)
@@ -198,11 +199,34 @@ class PathTrainer:
                 self._after_round(report)
                 on_round(report)
 
+    def _resync(self, mid: str) -> None:
+        """After a round this peer missed, adopt the state of a holder that completed it.
+
+        Members that averaged together applied the same bytes; a member dropped from the round (or
+        one that started from a state fetched mid-round) would otherwise drift from them for good.
+        Its local progress is kept on top of the group's state and goes into the next round.
+        """
+        if self._fetch_state is None or self.opt.outer_cfg.overlap:
+            return  # overlap mode: the next exchange is already in flight; it re-syncs after that one
+        mine = self.opt.module_state(mid)
+        like = [g for g in mine.global_params]
+        remote = self._fetch_state(mid, like)
+        if remote is None or remote.round_no < mine.round_no:
+            return
+        same = remote.round_no == mine.round_no and all(
+            torch.equal(a, b) for a, b in zip(remote.global_params, mine.global_params))
+        if not same:
+            self.opt.rebase_module_state(mid, remote.global_params, remote.momentum, remote.round_no)
+            log.info("module %s: re-synced to the group's state at round %d (local progress kept)", mid,
+                     remote.round_no)
+
     def _after_round(self, report: RoundReport) -> None:
         for mid, m in report.modules.items():
             self.status.bytes_sent += m.bytes_sent
             self.status.bytes_received += m.bytes_received
             self.status.group_sizes[mid] = m.group_size
+            if not m.applied and "NaN" not in m.reason:
+                self._resync(mid)
             self.averager.hold(mid, self.opt.module_round(mid))
         self.status.round_no = max(self.opt.module_round(m) for m in self.module_ids)
         self.checkpoint()

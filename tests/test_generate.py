@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import hivepath_cmd
+from helpers import hivepath_cmd, write_corpus
 from hivepath.cmd_eval import load_run
 from models.checkpoint import CheckpointError, module_file
 from models.config import format_path
@@ -27,7 +27,6 @@ from models.errors import ConfigError, DataError
 from models.generate import SamplingConfig, choose_path, generate, nearest_path, sample_next
 from models.routing import PREFIX_TOKENS
 from models.run_dir import load_run_dir
-from test_data import write_corpus
 
 torch.set_num_threads(1)
 

@@ -10,7 +10,7 @@ from models.corpus import corpus_from_paths
 from models.data import Dataset, prepare
 from models.errors import DataError
 from models.routing import PREFIX_TOKENS, Router, fit_router, kmeans, prefix_features
-from test_data import write_corpus
+from helpers import write_corpus
 
 
 def test_features_depend_only_on_the_prefix():

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import hivepath_cmd
+from helpers import hivepath_cmd, write_corpus
 from models.config import LatticeConfig, RunConfig, tiny_cpu
 from models.corpus import corpus_from_paths
 from models.data import prepare
@@ -19,7 +19,6 @@ from models.lattice import ModularLM
 from models.training import InnerLoop
 from peer.compression import flatten
 from peer.simulator import DiLoCoSimulator
-from test_data import write_corpus
 
 torch.set_num_threads(1)
 

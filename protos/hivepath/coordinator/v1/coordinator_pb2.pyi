@@ -12,9 +12,11 @@ class Mode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MODE_UNSPECIFIED: _ClassVar[Mode]
     MODE_PATH: _ClassVar[Mode]
     MODE_STAGE: _ClassVar[Mode]
+    MODE_ARCHIVE: _ClassVar[Mode]
 MODE_UNSPECIFIED: Mode
 MODE_PATH: Mode
 MODE_STAGE: Mode
+MODE_ARCHIVE: Mode
 
 class Capabilities(_message.Message):
     __slots__ = ("device", "memory_bytes", "tokens_per_s", "upload_bps", "download_bps", "multiaddrs")
@@ -33,18 +35,20 @@ class Capabilities(_message.Message):
     def __init__(self, device: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., upload_bps: _Optional[float] = ..., download_bps: _Optional[float] = ..., multiaddrs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("token", "peer_id", "public_key", "capabilities", "manifest_hash")
+    __slots__ = ("token", "peer_id", "public_key", "capabilities", "manifest_hash", "archive")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_HASH_FIELD_NUMBER: _ClassVar[int]
+    ARCHIVE_FIELD_NUMBER: _ClassVar[int]
     token: str
     peer_id: str
     public_key: bytes
     capabilities: Capabilities
     manifest_hash: str
-    def __init__(self, token: _Optional[str] = ..., peer_id: _Optional[str] = ..., public_key: _Optional[bytes] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ..., manifest_hash: _Optional[str] = ...) -> None: ...
+    archive: bool
+    def __init__(self, token: _Optional[str] = ..., peer_id: _Optional[str] = ..., public_key: _Optional[bytes] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ..., manifest_hash: _Optional[str] = ..., archive: _Optional[bool] = ...) -> None: ...
 
 class RunSpec(_message.Message):
     __slots__ = ("run_config_json", "run_config_hash", "lattice_hash", "manifest_hash")

@@ -1,0 +1,77 @@
+"""Fixtures of the container tests (marker ``docker``).
+
+Without a reachable engine every test here skips with the reason; ``HIVEPATH_REQUIRE_DOCKER=1`` (CI)
+turns that skip into a failure. Images are built once per session (Docker's layer cache makes a
+rebuild of unchanged sources take seconds) from ``HIVEPATH_BASE_IMAGE``: the locally built
+``local/hivepath-base:bookworm`` when it exists (CI: deploy/ci/docker-setup.sh), else the public
+``python:3.11-slim-bookworm``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from dockerctl import ROOT, Docker, engine_problem
+
+TAG = "test"
+LOCAL_BASE = "local/hivepath-base:bookworm"
+
+
+def pytest_collection_modifyitems(config, items):
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.docker)
+
+
+@dataclass
+class Images:
+    coordinator: str
+    peer: str
+    base: str
+    build_seconds: dict
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> None:
+    problem = engine_problem()
+    if problem:
+        if os.environ.get("HIVEPATH_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"HIVEPATH_REQUIRE_DOCKER=1 but {problem}")
+        pytest.skip(problem)
+
+
+@pytest.fixture(scope="session")
+def docker(docker_engine):
+    d = Docker(f"s{uuid.uuid4().hex[:8]}")
+    try:
+        yield d
+    finally:
+        d.cleanup()
+
+
+def base_image(docker: Docker) -> str:
+    explicit = os.environ.get("HIVEPATH_BASE_IMAGE")
+    if explicit:
+        return explicit
+    if docker("image", "inspect", LOCAL_BASE, check=False).returncode == 0:
+        return LOCAL_BASE
+    return "python:3.11-slim-bookworm"
+
+
+@pytest.fixture(scope="session")
+def images(docker) -> Images:
+    base = base_image(docker)
+    took = {}
+    for name in ("coordinator", "peer"):
+        start = time.monotonic()
+        docker("build", "-q", "-f", str(ROOT / "deploy" / f"Dockerfile.{name}"), "--build-arg", f"BASE_IMAGE={base}",
+               "-t", f"hivepath/{name}:{TAG}", str(ROOT), timeout=900)
+        took[name] = round(time.monotonic() - start, 1)
+    return Images(f"hivepath/coordinator:{TAG}", f"hivepath/peer:{TAG}", base, took)

@@ -1,0 +1,117 @@
+"""One stage server and one client over real hivemind DHTs and p2p daemons (in this process):
+forward/backward match local autograd, and every kind of bad input is refused with a clear error
+while the server keeps serving (issue 7)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.config import tiny_cpu
+from models.errors import ConfigError
+from models.lattice import ModularLM
+from peer.dht import DHTOptions, start_dht
+from peer.stage_client import StageClient, StageRequestError
+from peer.stage_pb2 import EncodedTensor, StageReply, StageRequest
+from peer.stage_server import StageServer, StageServerOptions
+from peer.stage_wire import encode_tensor
+
+pytestmark = pytest.mark.integration
+
+CFG = tiny_cpu()
+C, T = CFG.lattice.d_model, CFG.lattice.seq_len
+
+
+@pytest.fixture(scope="module")
+def stage():
+    torch.set_num_threads(1)
+    a = start_dht(DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"]))
+    b = start_dht(DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=a.maddrs()))
+    server = StageServer(CFG, "L0M0", a, options=StageServerOptions(max_elements=4 * T * C)).start()
+    client = StageClient(b, CFG.run_id, CFG.content_hash(), codec="none", request_timeout=10.0)
+    try:
+        yield server, client
+    finally:
+        client.close()
+        server.close()
+        b.shutdown()
+        a.shutdown()
+
+
+def _forward(x: torch.Tensor, rid: str = "r", codec: str = "none", **kw) -> StageRequest:
+    fields = dict(kind=StageRequest.FORWARD, module_id="L0M0", config_hash=CFG.content_hash(), request_id=rid,
+                  input=encode_tensor(x, codec))
+    fields.update(kw)
+    return StageRequest(**fields)
+
+
+def test_forward_and_backward_match_local_autograd(stage):
+    server, client = stage
+    ref = ModularLM(CFG.lattice, seed=CFG.seed, module_ids=["L0M0"]).mods["L0M0"]
+    x = torch.randn(2, T, C, generator=torch.Generator().manual_seed(3))  # (B, T, C)
+    y, hop = client.forward("L0M0", x)
+    xr = x.clone().requires_grad_(True)
+    yr = ref(xr)
+    assert torch.allclose(y, yr, atol=1e-5), "the server's forward is the module's forward"
+    g = torch.randn_like(yr)
+    gx = client.backward(hop, g)
+    yr.backward(g)
+    assert torch.allclose(gx, xr.grad, atol=1e-5), "the server's backward is the module's input gradient"
+    assert hop.peer_id == server.peer_id and client.stats.failovers == 0
+
+
+@pytest.mark.parametrize("name, change, code, needle", [
+    ("another module", dict(module_id="L1M1"), StageReply.NOT_HELD, "serves L0M0, not 'L1M1'"),
+    ("another run", dict(config_hash="ffff0000ffff0000"), StageReply.NOT_HELD, "differs from the server's"),
+    ("rank 2", dict(input=EncodedTensor(shape=[T, C], codec="none", data=bytes(4 * T * C))),
+     StageReply.BAD_REQUEST, "shape (batch, tokens, width)"),
+    ("wrong width", dict(input=EncodedTensor(shape=[1, T, C + 1], codec="none", data=bytes(4 * T * (C + 1)))),
+     StageReply.BAD_REQUEST, f"differs from the module's d_model {C}"),
+    ("too long", dict(input=EncodedTensor(shape=[1, T + 1, C], codec="none", data=bytes(4 * (T + 1) * C))),
+     StageReply.BAD_REQUEST, f"more than seq_len={T}"),
+    ("oversized", dict(input=EncodedTensor(shape=[64, T, C], codec="int8", data=b"x")),
+     StageReply.BAD_REQUEST, "more than this server accepts"),
+    ("truncated", dict(input=EncodedTensor(shape=[1, T, C], codec="none", data=bytes(4 * T * C - 4))),
+     StageReply.BAD_REQUEST, "payload is malformed"),
+    ("unknown codec", dict(input=EncodedTensor(shape=[1, T, C], codec="gzip", data=b"")),
+     StageReply.BAD_REQUEST, "is not one of"),
+    ("NaN", dict(input=EncodedTensor(shape=[1, T, C], codec="none",
+                                     data=torch.full((T * C,), float("nan")).numpy().tobytes())),
+     StageReply.BAD_REQUEST, "NaN"),
+    ("no kept input", dict(kind=StageRequest.BACKWARD, request_id="never-sent", input=None,
+                           grad=encode_tensor(torch.ones(1, T, C), "none")),
+     StageReply.UNKNOWN_REQUEST, "no kept input"),
+])
+def test_bad_input_is_refused_and_the_server_keeps_serving(stage, name, change, code, needle):
+    server, client = stage
+    rejected = server.counts["rejected"]
+    fields = dict(kind=StageRequest.FORWARD, module_id="L0M0", config_hash=CFG.content_hash(), request_id=name,
+                  input=encode_tensor(torch.ones(1, T, C), "none"))
+    fields.update(change)
+    fields = {k: v for k, v in fields.items() if v is not None}
+    reply = client.send(server.peer_id, StageRequest(**fields), timeout=10.0)
+    assert reply.code == code and needle in reply.error, (StageReply.Code.Name(reply.code), reply.error)
+    assert server.counts["rejected"] == rejected + 1
+    ok = client.send(server.peer_id, _forward(torch.zeros(1, 4, C), rid=f"{name}-after"), timeout=10.0)
+    assert ok.code == StageReply.OK and list(ok.output.shape) == [1, 4, C]
+
+
+def test_backward_with_a_gradient_of_another_shape_is_refused(stage):
+    server, client = stage
+    assert client.send(server.peer_id, _forward(torch.ones(2, 4, C), rid="g"), timeout=10.0).code == StageReply.OK
+    bad = StageRequest(kind=StageRequest.BACKWARD, module_id="L0M0", config_hash=CFG.content_hash(), request_id="g",
+                       grad=encode_tensor(torch.ones(2, 5, C), "none"))
+    reply = client.send(server.peer_id, bad, timeout=10.0)
+    assert reply.code == StageReply.BAD_REQUEST and "differs from the expected [2, 4, 32]" in reply.error
+
+
+def test_client_raises_a_clear_error_for_a_request_every_server_would_refuse(stage):
+    _, client = stage
+    with pytest.raises(StageRequestError, match="more than this server accepts"):
+        client.forward("L0M0", torch.ones(8, T, C))
+
+
+def test_embeddings_and_heads_are_not_served_as_stages(stage):
+    server, _ = stage
+    with pytest.raises(ConfigError, match="stage servers serve L<level>M<index> modules"):
+        StageServer(CFG, "embed", server.dht)
