@@ -33,6 +33,11 @@ def netns_available() -> str:
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             return f"needs the '{tool}' command (iproute2)"
+    probe = f"hpb-probe-{os.getpid()}"  # root in a container may still lack CAP_SYS_ADMIN
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"cannot create network namespaces here ({made.stderr.strip() or 'ip netns add failed'})"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
     return ""
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from bench.quality_runs import RunContext, _dense_bpb, _seed_batches, make_config
+from bench.quality_runs import RunContext, dense_bpb, seed_batches, make_config
 from models.lattice import ModularLM
 from models.training import make_adamw, warmup_lr
 from peer.averaging import LocalAverager
@@ -30,7 +30,7 @@ def run_equivalence(ctx: RunContext, tokenizer: str = "bytes", workers: int = 4,
     """Train ``rounds`` rounds both ways and compare the final global models."""
     cfg = make_config(ctx, tokenizer, inner_steps=inner_steps, codec=codec)
     ds = ctx.dataset(tokenizer)
-    batches = _seed_batches(ds, cfg, dense=True)
+    batches = seed_batches(ds, cfg, dense=True)
     steps = inner_steps * rounds
     sim = DiLoCoSimulator(cfg, [(0,)], workers, batches, device="cpu")
     sim.train(steps)
@@ -78,8 +78,8 @@ def run_equivalence(ctx: RunContext, tokenizer: str = "bytes", workers: int = 4,
     replicas = max(float((a.detach() - b.detach()).abs().max())
                    for _, m in models for mid in module_ids
                    for a, b in zip(m.mods[mid].parameters(), peer_model.mods[mid].parameters()))
-    sim_bpb = _dense_bpb(ctx, sim_model.path_model((0,)), tokenizer)
-    peer_bpb = _dense_bpb(ctx, peer_model.path_model((0,)), tokenizer)
+    sim_bpb = dense_bpb(ctx, sim_model.path_model((0,)), tokenizer)
+    peer_bpb = dense_bpb(ctx, peer_model.path_model((0,)), tokenizer)
     return {"bpb": peer_bpb, "simulator_bpb": sim_bpb, "max_abs_weight_diff": diff,
             "max_abs_diff_between_peers": replicas, "workers": workers, "rounds": rounds, "codec": codec,
             "tokens": workers * steps * cfg.inner.batch_size * cfg.lattice.seq_len,

@@ -38,13 +38,15 @@ def _diloco_rows(ok: dict[str, dict], tok: str) -> list[dict]:
     for name, res in ok.items():
         if not name.startswith(f"diloco-{tok}-"):
             continue
-        _, _, h, codec = name.split("-", 3)
-        row = {"name": name, "H": int(h[1:]), "codec": codec, "bpb": res["bpb"], "bytes": res["bytes_per_worker"]}
+        h, codec, *outer = name[len(f"diloco-{tok}-"):].split("-")
+        row = {"name": name, "H": int(h[1:]), "codec": codec, "outer": "/".join(o[1:] if o[0] == "m" else o[2:]
+                                                                            for o in outer) or "0.7/0.9",
+               "bpb": res["bpb"], "bytes": res["bytes_per_worker"]}
         if sync is not None:
             row["gap"] = (res["bpb"] - sync["bpb"]) / sync["bpb"]
             row["bytes_ratio"] = sync["bytes_per_worker"] / res["bytes_per_worker"]
         rows.append(row)
-    return sorted(rows, key=lambda r: (r["H"], ["none", "fp16", "int8", "int4"].index(r["codec"])))
+    return sorted(rows, key=lambda r: (r["H"], ["none", "fp16", "int8", "int4"].index(r["codec"]), r["outer"]))
 
 
 def _outer_rows(ok: dict[str, dict]) -> list[dict]:
@@ -111,6 +113,11 @@ def summarize(records: Sequence[dict]) -> dict[str, Any]:
         out["dipaco_bpb_rerouted"] = r["bpb_rerouted"]
     out["dipaco_sqrt_sharing_bpb"] = get("dipaco-2x2-sqrt")
     out["dipaco_outer_variants_bpb"] = {n: ok[n]["bpb"] for n in sorted(ok) if n.startswith("dipaco-2x2-lr")}
+    if out["dipaco_outer_variants_bpb"]:
+        name, bpb = min(out["dipaco_outer_variants_bpb"].items(), key=lambda kv: kv[1])
+        out["dipaco_best_outer_point"], out["dipaco_best_outer_bpb"] = name, bpb
+        if out["dense_p_bpb"] is not None:
+            out["dipaco_best_outer_gain_vs_dense_p"] = 1 - bpb / out["dense_p_bpb"]
     # 3. Heterogeneity (simulated wall clock).
     het = {m: ok.get(f"hetero-{m}") for m in ("step", "time", "fast")}
     if all(het.values()):
@@ -147,10 +154,10 @@ def tables(records: Sequence[dict]) -> str:
         s = ok[f"sync-{tok}"]
         lines += [f"\n**DiLoCo vs synchronous ({tok})**: synchronous {s['bpb']:.3f} bpb, "
                   f"{s['bytes_per_worker'] / 1e9:.2f} GB sent per worker\n",
-                  "| H | codec | bpb | gap vs sync | bytes / worker | fewer bytes than sync |",
-                  "|---|-------|-----|-------------|----------------|-----------------------|"]
+                  "| H | codec | outer lr/momentum | bpb | gap vs sync | bytes / worker | fewer bytes than sync |",
+                  "|---|-------|-------------------|-----|-------------|----------------|-----------------------|"]
         for r in _diloco_rows(ok, tok):
-            lines.append(f"| {r['H']} | {r['codec']} | {r['bpb']:.3f} | {100 * r['gap']:+.1f}% | "
+            lines.append(f"| {r['H']} | {r['codec']} | {r['outer']} | {r['bpb']:.3f} | {100 * r['gap']:+.1f}% | "
                          f"{r['bytes'] / 1e6:.1f} MB | {r['bytes_ratio']:,.0f}x |")
     eq = next(((k, v) for k, v in ok.items() if k.startswith("equivalence-")), None)
     if eq is not None:
@@ -223,9 +230,10 @@ def plot(records: Sequence[dict], outdir: Path = IMG, prefix: str = "quality") -
         for r in _diloco_rows(ok, "bytes"):
             curve = ok[r["name"]]["curve"]
             style = {"none": "-", "fp16": "--", "int8": "-.", "int4": ":"}[r["codec"]]
-            if r["codec"] in ("none", "int4"):
+            if r["codec"] in ("none", "int4") and r["outer"] == "0.7/0.9":
                 a.plot([p["tokens"] for p in curve], [p["bpb"] for p in curve], style, label=f"H={r['H']} {r['codec']}")
-            b.plot([p["bytes"] for p in curve], [p["bpb"] for p in curve], style, label=f"H={r['H']} {r['codec']}")
+            b.plot([p["bytes"] for p in curve], [p["bpb"] for p in curve], style,
+                   label=f"H={r['H']} {r['codec']}" + ("" if r["outer"] == "0.7/0.9" else f" outer {r['outer']}"))
         a.set(xlabel="tokens (all workers)", ylabel="validation bits per byte", title="DiLoCo vs synchronous, K=4")
         b.set(xscale="log", xlabel="bytes sent per worker", ylabel="validation bits per byte",
               title="against bytes exchanged")

@@ -30,8 +30,9 @@ from models.training import InnerLoop
 from peer.compression import get_codec
 from peer.simulator import DiLoCoSimulator
 
-__all__ = ["RunContext", "make_config", "allreduce_bytes", "run_sync", "run_diloco", "run_dense", "run_dipaco",
-           "HeteroSimulator", "run_hetero", "time_to_target"]
+__all__ = ["RunContext", "make_config", "allreduce_bytes", "seed_batches", "dense_bpb", "run_sync", "run_diloco",
+           "run_dense", "run_dipaco",
+           "HeteroSimulator", "run_hetero"]
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,8 @@ def _checkpoints(total: int, count: int) -> set[int]:
     return {max(1, round(total * (i + 1) / count)) for i in range(max(1, count))} | {total}
 
 
-def _seed_batches(ds: Dataset, cfg: RunConfig, dense: bool) -> Callable:
+def seed_batches(ds: Dataset, cfg: RunConfig, dense: bool) -> Callable:
+    """``batches(k, path)``: worker ``k``'s seeded batch iterator (all shards when ``dense``)."""
     B, T = cfg.inner.batch_size, cfg.lattice.seq_len
 
     def batches(k: int, path: Path_):
@@ -93,7 +95,8 @@ def _seed_batches(ds: Dataset, cfg: RunConfig, dense: bool) -> Callable:
     return batches
 
 
-def _dense_bpb(ctx: RunContext, model: torch.nn.Module, tokenizer: str) -> float:
+def dense_bpb(ctx: RunContext, model: torch.nn.Module, tokenizer: str) -> float:
+    """Bits per byte of ``model`` on every document of the sweep's evaluation set."""
     es = ctx.evalsets[tokenizer]
     return bits_per_byte(model.to(ctx.device), es.documents, ctx.scale.seq_len, ctx.device).bpb
 
@@ -107,7 +110,7 @@ def run_sync(ctx: RunContext, tokenizer: str = "bytes", workers: int = 4) -> dic
     model = ModularLM(cfg.lattice, seed=cfg.seed).to(ctx.device)
     pm = model.path_model((0,))
     loop = InnerLoop(pm, cfg.inner, ctx.device)
-    batches = _seed_batches(ds, cfg, dense=True)(0, (0,))
+    batches = seed_batches(ds, cfg, dense=True)(0, (0,))
     numel = cfg.lattice.total_param_count()
     per_step = allreduce_bytes(4.0 * numel, workers)
     tokens_per_step = cfg.inner.batch_size * cfg.lattice.seq_len
@@ -117,7 +120,7 @@ def run_sync(ctx: RunContext, tokenizer: str = "bytes", workers: int = 4) -> dic
         loop.step(x.to(ctx.device), y.to(ctx.device))
         if step in marks:
             curve.append({"step": step, "tokens": step * tokens_per_step, "bytes": step * per_step,
-                          "bpb": _dense_bpb(ctx, pm, tokenizer)})
+                          "bpb": dense_bpb(ctx, pm, tokenizer)})
     return {"bpb": curve[-1]["bpb"], "tokens": s.steps * tokens_per_step, "bytes_per_worker": s.steps * per_step,
             "params": numel, "curve": curve}
 
@@ -149,10 +152,10 @@ def run_diloco(ctx: RunContext, tokenizer: str = "bytes", workers: int = 4, inne
     cfg = make_config(ctx, tokenizer, inner_steps=inner_steps, codec=codec, outer_lr=outer_lr,
                       outer_momentum=outer_momentum)
     ds = ctx.dataset(tokenizer)
-    sim = DiLoCoSimulator(cfg, [(0,)], workers, _seed_batches(ds, cfg, dense=True), device=ctx.device)
+    sim = DiLoCoSimulator(cfg, [(0,)], workers, seed_batches(ds, cfg, dense=True), device=ctx.device)
     c = get_codec(codec)
     payload = sum(c.encoded_size(n) for n in _module_numels(cfg, sim.module_ids).values())
-    evaluate = lambda: _dense_bpb(ctx, sim.global_model().path_model((0,)), tokenizer)  # noqa: E731
+    evaluate = lambda: dense_bpb(ctx, sim.global_model().path_model((0,)), tokenizer)  # noqa: E731
     curve, sent = _train_rounds(ctx, sim, s.steps, allreduce_bytes(payload, workers), evaluate)
     return {"bpb": curve[-1]["bpb"], "tokens": curve[-1]["tokens"], "bytes_per_worker": sent,
             "params": cfg.lattice.total_param_count(), "rounds": sim.round_no, "curve": curve}
@@ -167,7 +170,7 @@ def run_dense(ctx: RunContext, tokenizer: str = "bytes", blocks: int = 2, token_
     model = ModularLM(cfg.lattice, seed=cfg.seed).to(ctx.device)
     pm = model.path_model((0,))
     loop = InnerLoop(pm, cfg.inner, ctx.device)
-    batches = _seed_batches(ds, cfg, dense=True)(0, (0,))
+    batches = seed_batches(ds, cfg, dense=True)(0, (0,))
     steps = s.dipaco_steps * token_multiple
     tokens_per_step = cfg.inner.batch_size * cfg.lattice.seq_len
     curve, marks = [], _checkpoints(steps, s.evals)
@@ -176,7 +179,7 @@ def run_dense(ctx: RunContext, tokenizer: str = "bytes", blocks: int = 2, token_
         loop.step(x.to(ctx.device), y.to(ctx.device))
         if step in marks:
             curve.append({"step": step, "tokens": step * tokens_per_step, "bytes": 0.0,
-                          "bpb": _dense_bpb(ctx, pm, tokenizer)})
+                          "bpb": dense_bpb(ctx, pm, tokenizer)})
     return {"bpb": curve[-1]["bpb"], "tokens": steps * tokens_per_step, "bytes_per_worker": 0.0,
             "params": cfg.lattice.total_param_count(), "curve": curve}
 
@@ -193,7 +196,7 @@ def run_dipaco(ctx: RunContext, tokenizer: str = "bytes", inner_steps: int = 50,
                       outer_lr=outer_lr, outer_momentum=outer_momentum, sqrt_sharing=sqrt_sharing)
     ds = ctx.dataset(tokenizer)
     paths = cfg.lattice.paths()
-    sim = DiLoCoSimulator(cfg, paths, len(paths), _seed_batches(ds, cfg, dense=False), device=ctx.device)
+    sim = DiLoCoSimulator(cfg, paths, len(paths), seed_batches(ds, cfg, dense=False), device=ctx.device)
     c = get_codec(codec)
     numels = _module_numels(cfg, sim.module_ids)
     per_worker = max(sum(allreduce_bytes(c.encoded_size(numels[m]), len(sim.holders(m)))
@@ -260,7 +263,7 @@ def run_hetero(ctx: RunContext, mode: str, tokenizer: str = "bytes", costs: Sequ
     cfg = make_config(ctx, tokenizer, inner_steps=inner_steps, codec=codec, outer_lr=outer_lr,
                       outer_momentum=outer_momentum)
     ds = ctx.dataset(tokenizer)
-    sim = HeteroSimulator(cfg, [(0,)], len(costs), _seed_batches(ds, cfg, dense=True), device=ctx.device)
+    sim = HeteroSimulator(cfg, [(0,)], len(costs), seed_batches(ds, cfg, dense=True), device=ctx.device)
     H = inner_steps
     if mode == "step":
         steps, round_time = [H] * len(costs), H * max(costs)
@@ -275,15 +278,6 @@ def run_hetero(ctx: RunContext, mode: str, tokenizer: str = "bytes", costs: Sequ
         clock += round_time
         if r % every == 0 or r == rounds:
             curve.append({"round": r, "time": clock, "tokens": tokens,
-                          "bpb": _dense_bpb(ctx, sim.global_model().path_model((0,)), tokenizer)})
+                          "bpb": dense_bpb(ctx, sim.global_model().path_model((0,)), tokenizer)})
     return {"bpb": curve[-1]["bpb"], "tokens": tokens, "sim_time": clock, "steps_per_round": steps,
             "round_time": round_time, "costs": list(costs), "curve": curve}
-
-
-def time_to_target(curve: Sequence[dict], target: float, key: str = "time") -> Optional[float]:
-    """First ``key`` value at which the curve's bpb is at or below ``target`` (None if never)."""
-    for point in curve:
-        if point["bpb"] <= target + 1e-12:
-            return float(point[key])
-    return None
-

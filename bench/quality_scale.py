@@ -52,6 +52,8 @@ class Scale:
     diloco_grid: tuple[tuple[int, str], ...] = tuple((H, c) for H in (10, 50, 100, 250)
                                                      for c in ("none", "fp16", "int8", "int4"))
     """Experiment 1: (H inner steps between outer steps, pseudo-gradient codec) points."""
+    diloco_tuned: tuple[tuple[int, str, float, float], ...] = ()
+    """Experiment 1 points with another outer optimizer: (H, codec, outer lr, outer momentum)."""
     bpe_grid: tuple[tuple[int, str], ...] = ((50, "int8"), (100, "int8"), (250, "int4"))
     """Experiment 1 with the BPE tokenizer (besides its synchronous baseline); empty: no BPE run."""
     outer_grid: tuple[tuple[float, float], ...] = ((0.4, 0.9), (1.0, 0.9), (0.4, 0.8), (0.7, 0.8), (1.0, 0.8),
@@ -86,6 +88,7 @@ def quick() -> Scale:
     return Scale(name="quick", d_model=64, n_heads=4, seq_len=64, batch_size=8, steps=1000, dipaco_steps=500,
                  hetero_rounds=16, hetero_h=25, evals=5, eval_docs=8, eval_tokens=1024, warmup_steps=30,
                  diloco_grid=((10, "none"), (50, "none"), (100, "int4"), (250, "none"), (250, "int8"), (250, "int4")),
+                 diloco_tuned=((250, "int4", 0.7, 0.5), (50, "none", 0.7, 0.5)),
                  bpe_grid=((250, "int4"),), outer_grid=((0.4, 0.9), (0.7, 0.5), (1.0, 0.5)), outer_H=(10,),
                  reroute_windows=(64,),
                  priority=("sync-bytes", "diloco-bytes-H250-int4", "diloco-bytes-H250-none", "diloco-bytes-H50-none",
@@ -99,6 +102,7 @@ def long() -> Scale:
     """The quick model trained three times longer (3000 steps per worker) on the headline points only:
     does the gap to synchronous training shrink with the horizon?"""
     return quick().replace(name="long", steps=3000, diloco_grid=((50, "none"), (250, "int4")), bpe_grid=(),
+                           diloco_tuned=(),
                            outer_grid=((0.7, 0.5),), outer_H=(50,), dipaco_outer_grid=(),
                            priority=("sync-bytes", "diloco-bytes-H250-int4", "diloco-bytes-H50-none",
                                      "outer-H50-lr0.7-m0.5"))

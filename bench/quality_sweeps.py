@@ -45,6 +45,10 @@ def _diloco_points(s: Scale) -> list[Point]:
     for H, codec in s.diloco_grid:
         pts.append(Point(f"diloco-bytes-H{H}-{codec}", "diloco", "diloco",
                          {"tokenizer": "bytes", "inner_steps": H, "codec": codec}))
+    for H, codec, lr, mom in s.diloco_tuned:
+        pts.append(Point(f"diloco-bytes-H{H}-{codec}-lr{lr:g}-m{mom:g}", "diloco", "diloco",
+                         {"tokenizer": "bytes", "inner_steps": H, "codec": codec, "outer_lr": lr,
+                          "outer_momentum": mom}))
     H, rounds = s.equivalence
     pts.append(Point(f"equivalence-bytes-H{H}-int8", "diloco", "equivalence",
                      {"tokenizer": "bytes", "inner_steps": H, "rounds": rounds, "codec": "int8"}))

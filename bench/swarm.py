@@ -27,6 +27,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -131,6 +132,15 @@ def _measure(trainer, seconds: float, gen: torch.Generator, on_tick=None) -> tup
     return tokens / (time.monotonic() - start), steps, losses
 
 
+def _throttled_share(client, served: dict[str, int]) -> float:
+    """Share of level 0's steady-phase requests that went to its slowest server."""
+    level0 = {p: e.record.throughput for p, e in client.servers("L0M0").items() if p in served}
+    if len(level0) < 2:
+        return float("nan")
+    slowest = min(level0, key=level0.get)
+    return round(served[slowest] / sum(served[p] for p in level0), 3)
+
+
 def pipeline(seconds: float, kill_seconds: float, kill_every: float, micro_batches: int, log_dir: Path) -> dict:
     from peer.dht import DHTOptions, start_dht
     from peer.stage_client import StageClient
@@ -139,7 +149,7 @@ def pipeline(seconds: float, kill_seconds: float, kill_every: float, micro_batch
     cfg = _config()
     dht = start_dht(DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"]))
     servers = Servers(dht.maddrs(), record_ttl=4.0, log_dir=log_dir)
-    client = StageClient(dht, cfg.run_id, cfg.content_hash(), codec="int8", request_timeout=3.0, seed=0)
+    client = StageClient(dht, cfg.run_id, cfg.content_hash(), codec="int8", request_timeout=10.0, seed=0)
     trainer = None
     try:
         for name in SPEEDS:
@@ -150,6 +160,7 @@ def pipeline(seconds: float, kill_seconds: float, kill_every: float, micro_batch
         _measure(trainer, 5.0, gen)  # warm-up: connections, measured throughputs
         steady_tps, steady_steps, losses = _measure(trainer, seconds, gen)
         served_steady = dict(client.stats.served_by)
+        throttled_share = _throttled_share(client, served_steady)
         measured_capacity = min(sum(e.record.throughput for e in client.servers(m).values()) for m in ("L0M0", "L1M0"))
         stats_before = (client.stats.bytes_sent + client.stats.bytes_received, client.stats.fp32_bytes)
 
@@ -166,7 +177,6 @@ def pipeline(seconds: float, kill_seconds: float, kill_every: float, micro_batch
         kill_tps, kill_steps, _ = _measure(trainer, kill_seconds, gen, on_tick=tick)
         wire, fp32 = client.stats.bytes_sent + client.stats.bytes_received, client.stats.fp32_bytes
         capacity = _bottleneck()
-        served = {client.stats.served_by.get(p, 0) for p in served_steady}
         return {
             "bottleneck_tokens_per_s": capacity,
             "bottleneck_tokens_per_s_as_servers_measured": round(measured_capacity, 1),
@@ -183,7 +193,8 @@ def pipeline(seconds: float, kill_seconds: float, kill_every: float, micro_batch
             "activation_bytes_ratio": round(wire / fp32, 4),
             "activation_bytes_ratio_steady": round(stats_before[0] / stats_before[1], 4),
             "requests_by_server_steady": sorted(served_steady.values()),
-            "distinct_servers_used": len(served),
+            "throttled_server_share_of_level0": throttled_share,
+            "servers_used_with_kills": len(client.stats.served_by),
             "loss_first_last": [round(losses[0], 3), round(sum(losses[-10:]) / 10, 3)],
         }
     finally:
@@ -259,8 +270,8 @@ def main() -> None:
         return
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    log_dir = ROOT / "bench" / "results" / "swarm-logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = Path(tempfile.mkdtemp(prefix="hivepath-swarm-"))  # the servers' logs, kept for a look after a run
+    print(f"stage server logs in {log_dir}", file=sys.stderr)
     seconds, kill_seconds, steps = (20.0, 0.0, 60) if args.quick else (60.0, 95.0, 400)
     result = pipeline(seconds, kill_seconds, kill_every=30.0, micro_batches=MICRO_BATCHES, log_dir=log_dir)
     result["loss_by_codec"] = loss_by_codec(steps, ROOT / "data" / "swarm-default-bytes")

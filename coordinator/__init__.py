@@ -11,9 +11,14 @@ It imports neither torch nor hivemind, and never touches weights or gradients.
 - :mod:`coordinator.web`, :mod:`coordinator.metrics`, :mod:`coordinator.status`: status page, JSON, /metrics
 - :mod:`coordinator.settings`: the ``[coordinator]`` section of run.toml
 - :mod:`coordinator.validation`, :mod:`coordinator.errors`: request checks and refusals
+- :mod:`coordinator.credentials`: the signing key and admission credentials (format: :mod:`protos.credential`)
+- :mod:`coordinator.bans`, :mod:`coordinator.moderation`: reports of misbehaving peers, the pure ban
+  decision, and the coordinator's report/ban/unban calls
 """
 
-from coordinator.core import Coordinator, HeartbeatResult, JoinResult, ProgressReport
+from coordinator.bans import Ban, BanBook, Report, ban_decision
+from coordinator.core import Coordinator, HeartbeatResult, JoinResult, ProgressReport, ReportResult
+from coordinator.credentials import CredentialIssuer, load_or_create_key
 from coordinator.records import Assignment, Capabilities, Lease, ModuleProgress, PeerRecord
 from coordinator.scheduler import Move, assign_peer, rebalance
 from coordinator.server import BackgroundServer, ServeOptions, run_server, serve
@@ -27,6 +32,13 @@ __all__ = [
     "JoinResult",
     "HeartbeatResult",
     "ProgressReport",
+    "ReportResult",
+    "Ban",
+    "BanBook",
+    "Report",
+    "ban_decision",
+    "CredentialIssuer",
+    "load_or_create_key",
     "Assignment",
     "Capabilities",
     "Lease",

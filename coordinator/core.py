@@ -22,11 +22,14 @@ import secrets
 import threading
 import time
 from collections import Counter, OrderedDict
-from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, Optional, Sequence
 
-from coordinator.errors import Incompatible, InvalidArgument, LeaseNotFound, NoFit, Overloaded, PeerNotFound
+from coordinator.bans import BANS_META_KEY, BanBook
+from coordinator.credentials import CredentialIssuer
+from coordinator.errors import Banned, Incompatible, InvalidArgument, LeaseNotFound, NoFit, Overloaded, PeerNotFound
+from coordinator.moderation import Moderation
 from coordinator.records import MODE_ARCHIVE, Assignment, Capabilities, Lease, ModuleProgress, PeerRecord
+from coordinator.results import HeartbeatResult, JoinResult, ProgressReport, ReportResult, StatusView
 from coordinator.scheduler import assign_peer, rebalance
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import Store, WriteBatch
@@ -34,52 +37,12 @@ from coordinator.view import ClusterView
 from models.config import RunConfig
 from models.errors import HivepathError
 
-__all__ = ["Coordinator", "JoinResult", "HeartbeatResult", "ProgressReport", "StatusView", "key_fingerprint"]
+__all__ = ["Coordinator", "JoinResult", "HeartbeatResult", "ProgressReport", "ReportResult", "StatusView",
+           "key_fingerprint"]
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
-
-
-@dataclass(frozen=True)
-class ProgressReport:
-    """One module's progress as a heartbeat reports it (validated by the servicer)."""
-
-    module_id: str
-    round: int
-    tokens: int
-    loss: float
-
-
-@dataclass(frozen=True)
-class JoinResult:
-    lease: Lease
-    assignment: Assignment
-    initial_peers: list[str]
-    rejoined: bool
-
-
-@dataclass(frozen=True)
-class StatusView:
-    """What :meth:`Coordinator.status_view` returns: copies, safe to read without the lock."""
-
-    now: float
-    peers: list[PeerRecord]
-    lease_expiry: dict[str, float]
-    """peer id -> when its lease expires."""
-    progress: dict[str, dict[str, ModuleProgress]]
-    """peer id -> module id -> latest progress."""
-    counters: dict[str, int]
-    rebalance_reason: str
-
-
-@dataclass(frozen=True)
-class HeartbeatResult:
-    lease_remaining: float
-    assignment: Optional[Assignment]
-    """Set when the peer's assignment version is older than the coordinator's."""
-    drain: bool
-    drain_reason: str
 
 
 class _LastMoved(Mapping):
@@ -106,8 +69,9 @@ def key_fingerprint(public_key: bytes) -> str:
     return hashlib.sha256(public_key).hexdigest()[:32] if public_key else ""
 
 
-class Coordinator:
-    """Admission, leases and work for one run (DiPaCo lattice, DiLoCo rounds)."""
+class Coordinator(Moderation):
+    """Admission, leases and work for one run (DiPaCo lattice, DiLoCo rounds); reports and bans come
+    from :class:`coordinator.moderation.Moderation`."""
 
     def __init__(
         self,
@@ -116,6 +80,7 @@ class Coordinator:
         store: Store,
         clock: Clock = time.time,
         durable: Optional[Callable[[WriteBatch], None]] = None,
+        issuer: Optional[CredentialIssuer] = None,
     ):
         self.run = run
         self.settings = settings
@@ -130,6 +95,12 @@ class Coordinator:
         self.counters: Counter[str] = Counter()
         self.last_rebalance_reason = "not run yet"
         self.started_at = clock()
+        if issuer is None:
+            from coordinator.credentials import load_or_create_key
+
+            issuer = CredentialIssuer(load_or_create_key(None), run.run_id, settings.credential_timeout)
+        self.issuer = issuer
+        self._credential_expiry: dict[str, float] = {}
 
         state = store.load()
         stored_hash = state.meta.get("run_config_hash")
@@ -139,6 +110,7 @@ class Coordinator:
                 f"config hashes to {self.run_hash}; use the run config it was created with or a new --db"
             )
         self._peers: dict[str, PeerRecord] = state.peers
+        self.bans = BanBook(state.meta.get(BANS_META_KEY))
         self._leases: dict[str, Lease] = state.leases
         self._lease_of: dict[str, str] = {}
         self._progress: dict[tuple[str, str], ModuleProgress] = state.progress
@@ -199,6 +171,11 @@ class Coordinator:
         batch = WriteBatch()
         with self._lock:
             now = self.clock()
+            ban = self.bans.is_banned(peer_id)
+            if ban is not None:
+                self.counters["rejected_banned"] += 1
+                raise Banned(f"peer_id: {peer_id} is banned from this run ({ban.reason}); "
+                             "ask the run's operator (hivepath coordinator unban)")
             peer = self._peers.get(peer_id)
             if peer is not None and peer.key_fingerprint and peer.key_fingerprint != fingerprint:
                 self.counters["rejected_key"] += 1
@@ -228,11 +205,12 @@ class Coordinator:
                 refusal = None
                 lease, assignment, initial, rejoined = self._admit(peer_id, peer, fingerprint, caps, assignment,
                                                                    previous, now, batch)
+                credential = self._issue(peer_id, now)
         self._durable(batch)
         if refusal is not None:  # the old lease was released: that is recorded, then the join refused
             raise refusal
         log.info("peer %s joined: %s (%s)", peer_id, assignment.label(), reason)
-        return JoinResult(copy.copy(lease), assignment, initial, rejoined)
+        return JoinResult(copy.copy(lease), assignment, initial, rejoined, credential)
 
     def heartbeat(
         self,
@@ -267,8 +245,9 @@ class Coordinator:
                 self._start_drain(peer, "the peer announced preemption", batch)
             assignment = peer.assignment if (peer.assignment and peer.assignment.version > assignment_version) else None
             draining = peer.state == "draining"
+            renew = self.issuer.needs_renewal(self._credential_expiry.get(peer_id, 0.0), now)
             result = HeartbeatResult(lease.expires_at - now, None if draining else assignment, draining,
-                                     peer.drain_reason)
+                                     peer.drain_reason, self._issue(peer_id, now) if renew else b"")
         if batch is not None:
             self._durable(batch)
         return result
@@ -459,6 +438,11 @@ class Coordinator:
             batch.deleted_leases.add(lease_id)
         self.view.remove(peer.peer_id)
         self._live_addrs.pop(peer.peer_id, None)
+
+    def _issue(self, peer_id: str, now: float) -> bytes:
+        cred = self.issuer.issue(peer_id, now)
+        self._credential_expiry[peer_id] = cred.expires_at
+        return cred.encode()
 
     def _start_drain(self, peer: PeerRecord, reason: str, batch: WriteBatch) -> None:
         self.view.remove(peer.peer_id)

@@ -13,6 +13,7 @@ __all__ = [
     "Incompatible",
     "Overloaded",
     "PeerNotFound",
+    "Banned",
 ]
 
 
@@ -61,3 +62,10 @@ class Incompatible(RequestError):
 
 class Overloaded(RequestError):
     code = "RESOURCE_EXHAUSTED"
+
+
+class Banned(RequestError):
+    """The peer is banned from the run (reported by other peers, or by the operator)."""
+
+    code = "PERMISSION_DENIED"
+    exit_code = 3

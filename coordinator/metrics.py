@@ -25,6 +25,9 @@ _COUNTERS = {
     "rejected_no_fit": "Joins refused because no work fits the peer's memory",
     "rejected_key": "Joins refused because the peer id belongs to another key",
     "rejected_incompatible": "Joins refused because the peer's data differs",
+    "rejected_banned": "Joins refused because the peer is banned",
+    "reports": "Reports of misbehaving peers received",
+    "bans": "Peers banned (by reports or by the operator)",
 }
 
 
@@ -37,7 +40,7 @@ class SnapshotCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         s = self._get()
         peers = GaugeMetricFamily("hivepath_coordinator_peers", "Known peers by state", labels=["state"])
-        for state in ("active", "draining", "left", "expired"):
+        for state in ("active", "draining", "left", "expired", "banned"):
             peers.add_metric([state], s["peer_states"].get(state, 0))
         yield peers
         yield GaugeMetricFamily("hivepath_coordinator_leases", "Live leases", value=s["live_leases"])

@@ -27,9 +27,10 @@ MODE_STAGE = "stage"
 MODE_ARCHIVE = "archive"
 """An archive peer: follows every module, trains nothing; never counted as covering work."""
 
-PEER_STATES = ("active", "draining", "left", "expired")
+PEER_STATES = ("active", "draining", "left", "expired", "banned")
 """``active``: holds a lease and work. ``draining``: told to finish its round and leave.
-``left``/``expired``: no lease; the history (tokens, key, last assignment) is kept for a rejoin."""
+``left``/``expired``: no lease; the history (tokens, key, last assignment) is kept for a rejoin.
+``banned``: reported by other peers or banned by the operator; its joins are refused."""
 
 
 @dataclass(frozen=True)

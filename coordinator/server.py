@@ -19,6 +19,7 @@ from grpc_health.v1.health import aio as health_aio
 
 from coordinator.committer import GroupCommitter
 from coordinator.core import Coordinator
+from coordinator.credentials import CredentialIssuer, default_key_path, load_or_create_key
 from coordinator.servicer import CoordinatorServicer
 from coordinator.settings import CoordinatorSettings
 from coordinator.status import snapshot
@@ -53,6 +54,8 @@ class ServeOptions:
     tls_cert: Optional[str] = None
     """PEM certificate chain; with ``tls_key`` the gRPC port speaks TLS."""
     tls_key: Optional[str] = None
+    key: Optional[str] = None
+    """Ed25519 key file that signs credentials (default ``<db>.key``; created on first start)."""
 
 
 def _credentials(opts: ServeOptions) -> Optional[grpc.ServerCredentials]:
@@ -80,13 +83,15 @@ async def serve(run: RunConfig, settings: CoordinatorSettings, opts: ServeOption
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):  # not the main thread (tests)
             pass
+    key = load_or_create_key(opts.key or default_key_path(opts.db))
+    issuer = CredentialIssuer(key, run.run_id, settings.credential_timeout)
     store = open_store(opts.db, settings.sqlite_synchronous)
     committer = GroupCommitter(store)
     executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="coordinator")
     http: Optional[StatusServer] = None
     server: Optional[grpc.aio.Server] = None
     try:
-        coord = Coordinator(run, settings, store, durable=committer.commit)
+        coord = Coordinator(run, settings, store, durable=committer.commit, issuer=issuer)
         server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", 64 * MAX_MESSAGE_BYTES),
@@ -107,8 +112,9 @@ async def serve(run: RunConfig, settings: CoordinatorSettings, opts: ServeOption
         await server.start()
         for name in ("", SERVICE_NAME):
             await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log.info("coordinator for run %s (config %s) serving gRPC%s on port %d, status on http://%s:%d/",
-                 run.run_id, coord.run_hash, " with TLS" if creds else "", port, opts.host, http.port)
+        log.info("coordinator for run %s (config %s, key %s) serving gRPC%s on port %d, status on http://%s:%d/",
+                 run.run_id, coord.run_hash, issuer.fingerprint, " with TLS" if creds else "", port, opts.host,
+                 http.port)
         if on_ready is not None:
             on_ready(coord, port, http.port)
 

@@ -7,6 +7,7 @@ unknown or expired lease                    NOT_FOUND (re-join)
 malformed or out-of-range field             INVALID_ARGUMENT
 no work fits / data differs                 FAILED_PRECONDITION
 too many live leases                        RESOURCE_EXHAUSTED
+banned peer                                 PERMISSION_DENIED
 =========================================  ===================
 
 Anything else is a bug: it is logged with its traceback and answered INTERNAL.
@@ -128,12 +129,13 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                            heartbeat_interval_s=s.heartbeat_interval),
             assignment=assignment_to_proto(result.assignment),
             rejoined=result.rejoined,
+            credential=result.credential,
         )
 
     def _run_spec(self) -> pb.RunSpec:
         c = self.coord
         return pb.RunSpec(run_config_json=c.run_json, run_config_hash=c.run_hash, lattice_hash=c.lattice_hash,
-                          manifest_hash=c.run.data.manifest_hash)
+                          manifest_hash=c.run.data.manifest_hash, coordinator_public_key=c.issuer.public_key)
 
     @_rpc
     async def GetRunSpec(self, request: pb.GetRunSpecRequest,
@@ -170,7 +172,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             result = coord.heartbeat(lease_id, peer_id, progress, request.assignment_version, request.tokens_per_s,
                                      request.bytes_sent + request.bytes_received)
         reply = pb.HeartbeatResponse(lease_remaining_s=result.lease_remaining, drain=result.drain,
-                                     drain_reason=result.drain_reason)
+                                     drain_reason=result.drain_reason, credential=result.credential)
         if result.assignment is not None:
             reply.assignment.CopyFrom(assignment_to_proto(result.assignment))
         return reply
@@ -190,6 +192,32 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         reason = check_text("reason", request.reason)
         state = await self._blocking(self.coord.drain, peer_id, reason)
         return pb.DrainResponse(state=state)
+
+    @_rpc
+    async def ReportPeer(self, request: pb.ReportPeerRequest,
+                         context: grpc.aio.ServicerContext) -> pb.ReportPeerResponse:
+        lease_id = check_lease_id(request.lease_id)
+        peer_id = check_peer_id(request.peer_id)
+        suspect = check_peer_id(request.suspect_peer_id, "suspect_peer_id")
+        module_id = check_text("module_id", request.module_id, 64, allow_empty=False)
+        if request.round > MAX_COUNT:
+            raise InvalidArgument("round", f"{request.round} is beyond {MAX_COUNT}")
+        reason = check_text("reason", request.reason)
+        result = await self._blocking(self.coord.report, lease_id, peer_id, suspect, module_id, request.round, reason)
+        return pb.ReportPeerResponse(banned=result.banned, reason=result.reason)
+
+    @_rpc
+    async def Ban(self, request: pb.BanRequest, context: grpc.aio.ServicerContext) -> pb.BanResponse:
+        self._authorize(request.token)
+        peer_id = check_peer_id(request.peer_id)
+        reason = check_text("reason", request.reason)
+        return pb.BanResponse(state=await self._blocking(self.coord.ban, peer_id, reason))
+
+    @_rpc
+    async def Unban(self, request: pb.UnbanRequest, context: grpc.aio.ServicerContext) -> pb.UnbanResponse:
+        self._authorize(request.token)
+        peer_id = check_peer_id(request.peer_id)
+        return pb.UnbanResponse(state=await self._blocking(self.coord.unban, peer_id))
 
     @_rpc
     async def Status(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusResponse:

@@ -63,6 +63,15 @@ class CoordinatorSettings:
     """Multiaddrs of live peers handed to a joining peer as DHT bootstrap addresses."""
     max_peers: int = 200000
     """Joins beyond this many live leases are refused (RESOURCE_EXHAUSTED)."""
+    credential_timeout: float = 3600.0
+    """Seconds an admission credential is valid; heartbeats renew it once half of that is left, so a
+    banned or vanished peer drops out of averaging groups within this long."""
+    ban_reporters: int = 2
+    """Ban a peer reported by this many distinct peers within ``ban_window``."""
+    ban_reports: int = 5
+    """... or reported this many times (distinct reporter, module, round) within ``ban_window``."""
+    ban_window: float = 600.0
+    """Seconds a report counts towards a ban."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -75,7 +84,8 @@ class CoordinatorSettings:
                 raise ConfigError(f"coordinator.{f.name}", f"expected an integer, got {value!r}")
             elif f.type in ("str", str) and not isinstance(value, str):
                 raise ConfigError(f"coordinator.{f.name}", f"expected a string, got {value!r}")
-        for name in ("lease_timeout", "heartbeat_interval", "flush_interval", "tick_interval", "comm_budget"):
+        for name in ("lease_timeout", "heartbeat_interval", "flush_interval", "tick_interval", "comm_budget",
+                     "credential_timeout", "ban_window"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"coordinator.{name}", f"must be > 0, got {getattr(self, name)}")
         for name in ("restart_grace", "min_move_interval", "batch_size", "rebalance_threshold"):
@@ -86,11 +96,17 @@ class CoordinatorSettings:
                 "coordinator.heartbeat_interval",
                 f"{self.heartbeat_interval} must be below lease_timeout={self.lease_timeout}",
             )
+        if self.credential_timeout <= 2 * self.heartbeat_interval:
+            raise ConfigError(
+                "coordinator.credential_timeout",
+                f"{self.credential_timeout} must exceed twice heartbeat_interval={self.heartbeat_interval} "
+                "(credentials are renewed in heartbeat replies)",
+            )
         if not 0 < self.memory_headroom <= 1:
             raise ConfigError("coordinator.memory_headroom", f"must be in (0, 1], got {self.memory_headroom}")
         if self.sqlite_synchronous.upper() not in ("FULL", "NORMAL", "EXTRA"):
             raise ConfigError("coordinator.sqlite_synchronous", f"'{self.sqlite_synchronous}' is not FULL, NORMAL or EXTRA")
-        for name in ("max_moves_per_tick", "max_inner_steps_factor", "max_peers"):
+        for name in ("max_moves_per_tick", "max_inner_steps_factor", "max_peers", "ban_reporters", "ban_reports"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"coordinator.{name}", f"must be >= 1, got {getattr(self, name)}")
         if self.initial_peers < 0:

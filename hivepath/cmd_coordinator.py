@@ -2,8 +2,9 @@
 
 - ``serve --run-config run.toml --db state.db --port P --http-port Q``: the run token comes from
   ``--token``, ``--token-file`` or ``HIVEPATH_TOKEN`` (first found, in that order).
-- ``status [--json]`` and ``drain PEER_ID``: operator commands over gRPC (``--coordinator`` or
-  ``HIVEPATH_COORDINATOR``, same token sources).
+  ``--key FILE`` (default ``<db>.key``) is the Ed25519 key that signs peers' credentials.
+- ``status [--json]``, ``drain PEER_ID``, ``ban PEER_ID`` and ``unban PEER_ID``: operator commands
+  over gRPC (``--coordinator`` or ``HIVEPATH_COORDINATOR``, same token sources).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--http-port", type=int, default=7701, help="status page / metrics port (default 7701)")
     serve.add_argument("--tls-cert", help="PEM certificate chain: serve gRPC over TLS (with --tls-key)")
     serve.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    serve.add_argument("--key", help="Ed25519 key file signing peer credentials (default <db>.key; created if missing)")
     _add_token(serve)
     serve.set_defaults(func=run)
 
@@ -81,6 +83,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     drain.add_argument("--reason", default="drained by the operator")
     _add_client(drain)
     drain.set_defaults(func=run)
+
+    ban = sub.add_parser("ban", help="ban a peer: its lease is dropped and its joins refused")
+    ban.add_argument("peer_id", metavar="PEER_ID")
+    ban.add_argument("--reason", default="banned by the operator")
+    _add_client(ban)
+    ban.set_defaults(func=run)
+
+    unban = sub.add_parser("unban", help="lift a peer's ban")
+    unban.add_argument("peer_id", metavar="PEER_ID")
+    _add_client(unban)
+    unban.set_defaults(func=run)
 
 
 def _port(value: int, flag: str) -> int:
@@ -97,8 +110,13 @@ def run(args: argparse.Namespace) -> int:
     client = CoordinatorClient(args.coordinator, read_token(args.token, args.token_file), tls_ca=args.tls_ca,
                                retry_timeout=10.0)
     try:
-        if args.coordinator_command == "drain":
-            state = client.drain(args.peer_id, args.reason)
+        if args.coordinator_command in ("drain", "ban", "unban"):
+            if args.coordinator_command == "drain":
+                state = client.drain(args.peer_id, args.reason)
+            elif args.coordinator_command == "ban":
+                state = client.ban(args.peer_id, args.reason)
+            else:
+                state = client.unban(args.peer_id)
             sys.stdout.write(f"{args.peer_id}: {state}\n")
             return 0
         status = client.status()
@@ -136,6 +154,7 @@ def _serve(args: argparse.Namespace) -> int:
     opts = ServeOptions(
         db=args.db, port=_port(args.port, "port"), http_port=_port(args.http_port, "http-port"),
         token=read_token(args.token, args.token_file), host=args.host, tls_cert=args.tls_cert, tls_key=args.tls_key,
+        key=args.key,
     )
     if opts.db != ":memory:" and not Path(opts.db).resolve().parent.is_dir():
         raise HivepathError(f"--db {opts.db}: directory {Path(opts.db).parent} does not exist; create it first")

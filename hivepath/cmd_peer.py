@@ -80,6 +80,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="leave after N inner steps (0: run until stopped; env HIVEPATH_MAX_STEPS)")
     j.add_argument("--threads", type=int, default=env_default("HIVEPATH_THREADS", None, int), metavar="N",
                    help="CPU threads for torch (env HIVEPATH_THREADS)")
+    j.add_argument("--measure-seconds", type=float, default=env_default("HIVEPATH_MEASURE_SECONDS", 2.0, float),
+                   metavar="S", help="seconds spent measuring tokens/s at start-up (env HIVEPATH_MEASURE_SECONDS; default 2)")
+    j.add_argument("--coordinator-timeout", type=float, default=env_default("HIVEPATH_COORDINATOR_TIMEOUT", 60.0, float),
+                   metavar="S", help="seconds to retry an unreachable coordinator at start-up (env HIVEPATH_COORDINATOR_TIMEOUT)")
+    j.add_argument("--keep-checkpoints", type=int, default=env_default("HIVEPATH_KEEP_CHECKPOINTS", 2, int), metavar="K",
+                   help="checkpoint snapshots kept in WORK_DIR/checkpoints (env HIVEPATH_KEEP_CHECKPOINTS; default 2)")
     j.set_defaults(func=run)
 
 
@@ -124,6 +130,8 @@ def install_drain_signals(on_first) -> None:
 def run(args: argparse.Namespace) -> int:
     from peer.node import PeerNode, PeerOptions
 
+    if args.keep_checkpoints < 1:
+        raise HivepathError(f"--keep-checkpoints must be >= 1, got {args.keep_checkpoints}")
     if not args.coordinator:
         raise HivepathError("no coordinator address: pass --coordinator HOST:PORT or set HIVEPATH_COORDINATOR")
     opts = PeerOptions(
@@ -144,6 +152,9 @@ def run(args: argparse.Namespace) -> int:
         drain_timeout=args.drain_timeout,
         max_steps=args.max_steps,
         threads=args.threads,
+        coordinator_timeout=args.coordinator_timeout,
+        measure_seconds=args.measure_seconds,
+        keep_checkpoints=args.keep_checkpoints,
     )
     node = PeerNode(opts)
     install_drain_signals(node.request_stop)

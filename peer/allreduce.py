@@ -8,8 +8,8 @@ members, bandwidth 0, reduce nothing; see :mod:`peer.partition`). Member ``i`` r
    (header :class:`peer.net_pb2.PartHeader`, then the payload); the reducer acknowledges it at once;
 2. the reducer validates each contribution (size, codec, finite weight, decodable; a bad one drops
    its sender), waits for every member until its deadline (a slow or gone member is dropped), takes
-   the weighted fp32 mean in sorted peer-id order and encodes it ONCE
-   (:func:`peer.averaging.weighted_mean`);
+   the weighted fp32 mean in sorted peer-id order (or the run's robust rule,
+   :func:`peer.averaging.aggregate`) and encodes it ONCE;
 3. it replies to every sender with those same bytes (:class:`peer.net_pb2.PartReply` + payload), and
    decodes them itself: member and reducer apply identical bits.
 
@@ -41,7 +41,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
-from peer.averaging import weighted_mean
+from peer.averaging import MEAN, Aggregation, aggregate
 from peer.compression import get_codec
 from peer.net_pb2 import PartHeader, PartReply
 from peer.partition import PIPELINE, Group, fallback_reducer, part_bounds, segment_bounds
@@ -69,6 +69,12 @@ class AllReduceOutcome:
     bytes_sent: int
     bytes_received: int
     reason: str = ""
+    suspects: dict[str, str] = field(default_factory=dict)
+    """Peer id -> why its contribution to a part reduced here was dropped or clipped."""
+
+
+BENIGN = ("too late", "not a member", "duplicate")
+"""Refusals that say nothing about a sender's honesty (late, another group, a retry)."""
 
 
 @dataclass
@@ -140,6 +146,11 @@ class _GroupState:
     serving: int = 0
     """Accepted contributions whose average is not yet sent back."""
     served: asyncio.Event = field(default_factory=asyncio.Event)
+    suspects: dict[str, str] = field(default_factory=dict)
+
+    def suspect(self, key: tuple[int, int, int], peer: str, why: str) -> None:
+        """Note a dropped or clipped contribution (the first reason per peer is kept)."""
+        self.suspects.setdefault(peer, f"part {key[0]}.{key[1]}: {why}")
 
 
 EventHook = Callable[[str], None]
@@ -154,12 +165,13 @@ class ReductionServer:
     """Serves the parts this peer reduces, and runs this peer's side of each group's all-reduce.
 
     Lives on one asyncio loop with a ``hivemind.p2p.P2P`` handle; :meth:`start` registers the stream
-    handler ``{prefix}_part``.
+    handler ``{prefix}_part``. ``aggregation`` is the run's rule for the parts reduced here.
     """
 
     def __init__(self, p2p: Any, peer_id: str, prefix: str, wait_timeout: float = 60.0,
-                 event_hook: Optional[EventHook] = None):
+                 event_hook: Optional[EventHook] = None, aggregation: Aggregation = MEAN):
         self.p2p = p2p
+        self.aggregation = aggregation
         self.event_hook = event_hook
         self.peer_id = peer_id
         self.handler_name = f"{prefix}_part"
@@ -288,19 +300,31 @@ class ReductionServer:
         while not slot.complete() and time.monotonic() < deadline:
             slot.changed.clear()
             await _wait_event(slot.changed, deadline)
-        contributors = sorted(slot.decoded)
+        for peer, problem in sorted(slot.dropped.items()):
+            if not any(b in problem for b in BENIGN):
+                state.suspect(key, peer, f"dropped: {problem}")
         absent = sorted(slot.expected - set(slot.decoded) - set(slot.dropped))
         if absent:
             log.info("part %d.%d of group %s: dropped %s (no contribution by the deadline)", key[0], key[1],
                      state.group.group_id, ", ".join(absent))
-        if not contributors:
+        if not slot.decoded:
             slot.result.set_exception(RuntimeError("no contributions"))
             return
         codec = get_codec(slot.codec)
-        values = [slot.decoded[p][0] for p in contributors]
-        weights = [slot.decoded[p][1] for p in contributors]
+        contributions, rule = dict(slot.decoded), self.aggregation
         loop = asyncio.get_running_loop()
-        data = await loop.run_in_executor(None, lambda: codec.encode(weighted_mean(values, weights)))
+        try:
+            reduced = await loop.run_in_executor(None, aggregate, contributions, rule)
+        except ValueError as e:
+            slot.result.set_exception(RuntimeError(f"aggregation failed: {e}"))
+            return
+        data = await loop.run_in_executor(None, codec.encode, reduced.value)
+        contributors = reduced.used
+        for peer, why in sorted(reduced.suspects.items()):
+            state.suspect(key, peer, why)
+        if reduced.suspects:
+            log.warning("part %d.%d of group %s (%s): %s", key[0], key[1], state.group.group_id, rule.rule,
+                        "; ".join(f"{p[-8:]} {why}" for p, why in sorted(reduced.suspects.items())))
         slot.decoded.clear()
         if key[2] == 0:
             self.event("reduced")
@@ -408,7 +432,8 @@ class ReductionServer:
                     errors[(s, j)] = f"{errors[(s, j)]}; fallback: {type(e).__name__}: {e}"
             if errors:
                 reason = "; ".join(f"part {s}.{j} failed ({why})" for (s, j), why in sorted(errors.items()))
-                return AllReduceOutcome(None, own_decoded, [], state.bytes_sent, state.bytes_received, reason)
+                return AllReduceOutcome(None, own_decoded, [], state.bytes_sent, state.bytes_received, reason,
+                                        dict(state.suspects))
             averaged = await loop.run_in_executor(None, lambda: self._decode_all(
                 codec, bounds, {k: v[0] for k, v in results.items()}, flat))  # (numel,)
             contributors = set(group.members)
@@ -420,7 +445,7 @@ class ReductionServer:
                 state.served.clear()
                 await _wait_event(state.served, final_deadline)
             return AllReduceOutcome(averaged, own_decoded, sorted(contributors), state.bytes_sent,
-                                    state.bytes_received, reason)
+                                    state.bytes_received, reason, dict(state.suspects))
         finally:
             for task in reducers.values():
                 if not task.done():

@@ -146,7 +146,8 @@ class ArchivePeer:
                 averager.announce_archive(mid, st.round_no)
             client.peer = PeerInfo(peer_id=dht.peer_id, device="cpu", memory_bytes=0, tokens_per_s=0.0,
                                    multiaddrs=tuple(dht.maddrs()), manifest_hash=spec.manifest_hash, archive=True)
-            client.join()
+            joined = client.join()
+            dht.connect(joined.initial_peers)
             client.start_heartbeats(lambda: {}, lambda reply: None)
             log.info("archive %s following %d modules of run %s in %s", dht.peer_id, len(lat.module_ids()),
                      cfg.run_id, opts.directory)
@@ -162,9 +163,10 @@ class ArchivePeer:
                     try:
                         state = averager.fetch_state(mid, timeout=10.0, like=likes[mid])
                     except StateTransferError as e:
-                        log.debug("could not fetch %s: %s", mid, e)
+                        log.warning("could not fetch %s at round %d: %s", mid, max(ahead), e)
                         continue
                     if state.round_no > have:
+                        log.info("archived %s at round %d", mid, state.round_no)
                         with self._lock:
                             self.states[mid] = state
                         averager.announce_archive(mid, state.round_no)

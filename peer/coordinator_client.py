@@ -34,6 +34,7 @@ __all__ = [
     "HeartbeatReply",
     "CoordinatorUnavailable",
     "CoordinatorRefused",
+    "PeerBanned",
     "NoAssignmentFits",
     "IncompatibleRun",
 ]
@@ -56,6 +57,10 @@ class CoordinatorRefused(HivepathError):
     """Wrong token or a request the coordinator rejected; the message says which field."""
 
     exit_code = 3
+
+
+class PeerBanned(CoordinatorRefused):
+    """The coordinator banned this peer id (other peers reported it, or the operator did)."""
 
 
 class NoAssignmentFits(HivepathError):
@@ -122,6 +127,8 @@ class RunSpec:
     lattice_hash: str
     manifest_hash: str
     initial_peers: tuple[str, ...]
+    coordinator_public_key: bytes = b""
+    """Raw Ed25519 key that signs credentials (see :mod:`peer.credentials`)."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +145,10 @@ class JoinInfo:
     heartbeat_interval: float
     assignment: WorkAssignment
     rejoined: bool
+    credential: bytes = b""
+    """This peer's admission credential (renewed later by heartbeats: read :attr:`CoordinatorClient.credential`)."""
+    coordinator_public_key: bytes = b""
+    """Raw Ed25519 key that signs every peer's credential."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +171,8 @@ class HeartbeatReply:
     rejoined: bool = False
     """True when the lease was gone and the client joined again to get this reply."""
     join: Optional[JoinInfo] = None
+    credential: bytes = b""
+    """A renewed credential (empty: the current one stays valid)."""
 
 
 class CoordinatorClient:
@@ -200,6 +213,8 @@ class CoordinatorClient:
         self._stub = pb_grpc.CoordinatorStub(self._channel)
         self.joined: Optional[JoinInfo] = None
         self.assignment_version = 0
+        self._credential = b""
+        self._reporter: Optional[Any] = None
         self._thread: Optional[threading.Thread] = None
 
     # -- calls --------------------------------------------------------------------------------
@@ -209,7 +224,8 @@ class CoordinatorClient:
         reply = self._call(self._stub.GetRunSpec, pb.GetRunSpecRequest(token=self._token))
         run = _checked_config(reply.run_spec)
         spec = reply.run_spec
-        return RunSpec(run, spec.run_config_hash, spec.lattice_hash, spec.manifest_hash, tuple(reply.initial_peers))
+        return RunSpec(run, spec.run_config_hash, spec.lattice_hash, spec.manifest_hash, tuple(reply.initial_peers),
+                       bytes(spec.coordinator_public_key))
 
     def join(self) -> JoinInfo:
         """Join (or re-join) the run; raises :class:`NoAssignmentFits`, :class:`CoordinatorRefused`, ..."""
@@ -228,10 +244,12 @@ class CoordinatorClient:
         run = _checked_config(spec)
         info = JoinInfo(run, spec.run_config_hash, spec.lattice_hash, spec.manifest_hash, tuple(reply.initial_peers),
                         reply.lease.lease_id, reply.lease.duration_s, reply.lease.heartbeat_interval_s,
-                        WorkAssignment.from_proto(reply.assignment), reply.rejoined)
+                        WorkAssignment.from_proto(reply.assignment), reply.rejoined, bytes(reply.credential),
+                        bytes(spec.coordinator_public_key))
         with self._lock:
             self.joined = info
             self.assignment_version = info.assignment.version
+            self._credential = info.credential
         log.info("joined run %s: %s (%s)", run.run_id, info.assignment.label(), info.assignment.reason)
         return info
 
@@ -261,10 +279,61 @@ class CoordinatorClient:
             info = self.join()
             return HeartbeatReply(info.lease_duration, info.assignment, False, rejoined=True, join=info)
         assignment = WorkAssignment.from_proto(reply.assignment) if reply.HasField("assignment") else None
-        if assignment is not None:
-            with self._lock:
+        with self._lock:
+            if assignment is not None:
                 self.assignment_version = assignment.version
-        return HeartbeatReply(reply.lease_remaining_s, assignment, reply.drain, reply.drain_reason)
+            if reply.credential:
+                self._credential = bytes(reply.credential)
+        return HeartbeatReply(reply.lease_remaining_s, assignment, reply.drain, reply.drain_reason,
+                              credential=bytes(reply.credential))
+
+    @property
+    def credential(self) -> bytes:
+        """This peer's current admission credential (empty before the first join); heartbeats renew it.
+        Pass ``lambda: client.credential`` wherever a credential provider is asked for."""
+        with self._lock:
+            return self._credential
+
+    def report_peer(self, suspect_peer_id: str, module_id: str, round_no: int, reason: str) -> tuple[bool, str]:
+        """Report ``suspect_peer_id`` for misbehaving in ``module_id``'s round ``round_no``; returns
+        ``(banned, why)``. Blocks (with retries); the averager's ``on_suspect`` hook wants
+        :meth:`report_peer_later`."""
+        if self.joined is None or self.peer is None:
+            raise HivepathError("report_peer needs a joined client")
+        reply = self._call(self._stub.ReportPeer, pb.ReportPeerRequest(
+            lease_id=self.joined.lease_id, peer_id=self.peer.peer_id, suspect_peer_id=suspect_peer_id,
+            module_id=module_id, round=round_no, reason=reason[:256]))
+        return reply.banned, reply.reason
+
+    def report_peer_later(self, suspect_peer_id: str, module_id: str, round_no: int, reason: str) -> None:
+        """:meth:`report_peer` in the background (never blocks the training loop); the outcome is
+        logged. Signature-compatible with ``NetAverager(on_suspect=...)``."""
+        with self._lock:
+            if self._reporter is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="coordinator-report")
+            reporter = self._reporter
+
+        def send() -> None:
+            try:
+                _, why = self.report_peer(suspect_peer_id, module_id, round_no, reason)
+                log.info("reported %s (%s round %d): %s", suspect_peer_id, module_id, round_no, why)
+            except Exception as e:  # the coordinator being down must not disturb training
+                log.warning("could not report %s: %s", suspect_peer_id, e)
+
+        try:
+            reporter.submit(send)
+        except RuntimeError:  # closed
+            log.debug("client closed; report of %s dropped", suspect_peer_id)
+
+    def ban(self, peer_id: str, reason: str = "") -> str:
+        """Operator: ban ``peer_id``; returns its state."""
+        return self._call(self._stub.Ban, pb.BanRequest(token=self._token, peer_id=peer_id, reason=reason[:256])).state
+
+    def unban(self, peer_id: str) -> str:
+        """Operator: lift the ban on ``peer_id``; returns its state."""
+        return self._call(self._stub.Unban, pb.UnbanRequest(token=self._token, peer_id=peer_id)).state
 
     def leave(self, reason: str = "") -> None:
         """Give the lease back (best effort: a missing lease is already gone)."""
@@ -333,6 +402,8 @@ class CoordinatorClient:
         self._closed.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.rpc_timeout + 1)
+        if self._reporter is not None:
+            self._reporter.shutdown(wait=True, cancel_futures=True)
         self._channel.close()
 
     # -- retries ------------------------------------------------------------------------------
@@ -387,6 +458,8 @@ def _refusal(code: grpc.StatusCode, detail: str) -> HivepathError:
         return NoAssignmentFits(f"no work fits this machine: {detail}")
     if code == grpc.StatusCode.FAILED_PRECONDITION:
         return IncompatibleRun(f"the coordinator refused this peer: {detail}")
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return PeerBanned(f"the coordinator refused this peer: {detail}")
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return CoordinatorRefused(f"the coordinator refused the run token: {detail}")
     if code == grpc.StatusCode.INVALID_ARGUMENT:

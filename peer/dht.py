@@ -70,6 +70,21 @@ class PeerDHT:
             return []
         return [str(m) for m in self.dht.get_visible_maddrs()]
 
+    def connect(self, maddrs: Sequence[str], timeout: float = 15.0) -> int:
+        """Join the swarm of the peers at ``maddrs`` after start-up; returns how many answered.
+
+        Peers that started at the same moment each began a swarm of their own; the coordinator's
+        join reply names the peers that joined before us, and connecting to them merges the swarms.
+        """
+        maddrs = [m for m in maddrs if "/p2p/" in m and not m.endswith(self.peer_id)]
+        if not maddrs:
+            return 0
+        try:
+            return int(self.dht.run_coroutine(_partial_connect(maddrs, timeout), return_future=True).result(timeout + 5))
+        except Exception as e:  # a failed merge is retried at the next heartbeat's peer list
+            log.warning("could not reach peers %s: %r", ", ".join(maddrs), e)
+            return 0
+
     def shutdown(self) -> None:
         """Stop the DHT process and its p2p daemon, and release the identity lock."""
         try:
@@ -120,6 +135,30 @@ def start_dht(options: DHTOptions = DHTOptions()) -> PeerDHT:
     node = PeerDHT(dht, identity, options.client_mode)
     log.info("DHT up: peer id %s, reachable at %s", node.peer_id, node.maddrs() or "(client mode)")
     return node
+
+
+class _partial_connect:
+    """A picklable coroutine factory run inside the DHT process (hivemind's ``run_coroutine``)."""
+
+    def __init__(self, maddrs: Sequence[str], timeout: float):
+        self.maddrs = list(maddrs)
+        self.timeout = timeout
+
+    async def __call__(self, dht: Any, node: Any) -> int:
+        import asyncio
+
+        from hivemind.p2p import PeerID
+        from hivemind.utils.multiaddr import Multiaddr
+
+        async def one(addr: str) -> bool:
+            m = Multiaddr(addr)
+            peer = PeerID.from_base58(m["p2p"])
+            await node.p2p._client.connect(peer, [m.decapsulate(Multiaddr(f"/p2p/{m['p2p']}"))])
+            return await node.protocol.call_ping(peer) is not None
+
+        results = await asyncio.wait_for(asyncio.gather(*(one(a) for a in self.maddrs), return_exceptions=True),
+                                         self.timeout)
+        return sum(1 for r in results if r is True)
 
 
 def unwrap_dht(dht: Any) -> Any:

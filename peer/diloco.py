@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from models.config import InnerConfig, LatticeConfig, OuterConfig
 from models.errors import ConfigError
-from peer.averaging import AverageResult, LocalAverager, ModuleAverager
+from peer.averaging import Aggregation, AverageResult, LocalAverager, ModuleAverager
 from peer.compression import ErrorFeedback, flatten, unflatten
 from peer.outer import OuterOptimizer
 
@@ -156,6 +156,9 @@ class DiLoCoOptimizer:
         if averager is None:
             averager = LocalAverager().member("local")
         self.averager = averager
+        configure = getattr(averager, "use_aggregation", None)
+        if configure is not None:  # the run's reduction rule (outer.aggregator, outer.norm_bound)
+            configure(Aggregation.from_config(outer))
         self.clock = clock
         self._modules: dict[str, _Module] = {}
         seen: set[int] = set()
@@ -172,10 +175,10 @@ class DiLoCoOptimizer:
         all_params = [p for m in self._modules.values() for p in m.params]
         self._inner_cfg: Optional[InnerConfig] = None
         if isinstance(inner, InnerConfig):
+            from models.training import make_adamw  # the simulator's inner optimizer, so peers match it
+
             self._inner_cfg = inner
-            inner = torch.optim.AdamW(
-                all_params, lr=inner.lr, betas=(inner.beta1, inner.beta2), weight_decay=inner.weight_decay
-            )
+            inner = make_adamw(all_params, inner)
         self.inner: torch.optim.Optimizer = inner
         self._inner_step = 0
         self.round = 0
@@ -206,9 +209,10 @@ class DiLoCoOptimizer:
             cfg = self._inner_cfg
             if cfg.grad_clip > 0:
                 nn.utils.clip_grad_norm_([p for m in self._modules.values() for p in m.params], cfg.grad_clip)
-            scale = min(1.0, (self._inner_step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0
+            from models.training import warmup_lr
+
             for group in self.inner.param_groups:
-                group["lr"] = cfg.lr * scale
+                group["lr"] = warmup_lr(cfg, self._inner_step)
         self.inner.step()
         self._inner_step += 1
         self._steps_in_round += 1
@@ -326,35 +330,43 @@ class DiLoCoOptimizer:
         )
 
     def _launch(self, st: _Module, tokens: float, keep_anchor: bool) -> None:
-        """Take the module's delta and start its exchange on the exchange threads."""
-        with self._state_lock:
-            round_no = st.round_no
-            st.round_no += 1
+        """Take the module's delta and start its exchange on the exchange threads.
+
+        The round number moves on and the exchange becomes pending under ``_state_lock`` in one go,
+        so :meth:`module_state` never labels this round's pre-step global copy with the next round."""
+        round_no = st.round_no
         sent, refused = self._prepare(st, round_no)
         if sent is None:
-            st.pending = _Pending(round_no, tokens, refused=refused)
+            with self._state_lock:
+                st.pending = _Pending(round_no, tokens, refused=refused)
+                st.round_no = round_no + 1
             return
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=len(self._modules), thread_name_prefix="diloco-exchange")
         anchor = None
         if keep_anchor:
             anchor = [p.detach().to(device="cpu", dtype=torch.float32, copy=True) for p in st.params]
-        future = self._executor.submit(self._exchange, st, round_no, sent, tokens)
-        st.pending = _Pending(round_no, tokens, sent, anchor, future)
+        with self._state_lock:
+            future = self._executor.submit(self._exchange, st, round_no, sent, tokens)
+            st.pending = _Pending(round_no, tokens, sent, anchor, future)
+            st.round_no = round_no + 1
 
     @torch.no_grad()
     def _complete(self, st: _Module) -> ModuleReport:
         """Wait for the module's exchange and apply it: ``local <- global``, plus (overlap mode) the
         local progress made since the delta was taken."""
-        pending, st.pending = st.pending, None
+        pending = st.pending
         if pending.future is None:
+            st.pending = None
             return ModuleReport(st.module_id, pending.round_no, False, pending.refused, tokens=pending.tokens)
         t0 = time.perf_counter()
         res = pending.future.result()
         wait = time.perf_counter() - t0
-        if res.ok:
-            with self._state_lock:
+        with self._state_lock:  # the post-step global copy and the end of the pending state, atomically
+            st.pending = None
+            if res.ok:
                 self._apply(st, pending.sent, res)
+        if res.ok:
             if pending.anchor is None:
                 st.outer.sync_to(st.params)
             else:

@@ -15,6 +15,12 @@ leader/follower matchmaking over the DHT, Ryabinin et al. 2021, made consistent)
 
 Peers whose config hash or dataset hash differ from ours are never grouped: their declarations
 are ignored and their join requests refused, with a log line naming both hashes.
+
+Admission (issue 9): with a ``verifier`` (:class:`peer.credentials.CredentialVerifier`) only
+admitted peers are grouped. Declarations and holder records without a valid credential for their
+writer are ignored; the leader refuses a join whose credential is not bound to the libp2p sender;
+a follower refuses a leader whose replies do not carry the leader's own valid credential. Every
+refusal is logged once per (peer, reason).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Optional
 
+from peer.credentials import CredentialProvider, CredentialVerifier
 from peer.partition import Group
 from peer.net_pb2 import JoinReply, JoinRequest
 from peer.records import GroupDeclaration, HolderRecord, group_key, holders_key, records_from_value, to_value
@@ -55,7 +62,10 @@ class Matchmaker:
     """Runs this peer's side of matchmaking for every module it averages (one asyncio loop)."""
 
     def __init__(self, dht: Any, p2p: Any, peer_id: str, run_id: str, config_hash: str, data_hash: str,
-                 bandwidth: float, prefix: str):
+                 bandwidth: float, prefix: str, credential: Optional[CredentialProvider] = None,
+                 verifier: Optional[CredentialVerifier] = None):
+        """``credential`` returns this peer's current credential; ``verifier`` checks everyone
+        else's (both None: an open run, no admission checks)."""
         self.dht = dht
         self.p2p = p2p
         self.peer_id = peer_id
@@ -66,6 +76,11 @@ class Matchmaker:
         self.handler_name = f"{prefix}_join"
         self._looking: dict[str, _Looking] = {}
         self._warned: set[tuple[str, str]] = set()
+        self.credential = credential
+        self.verifier = verifier
+
+    def _own_credential(self) -> bytes:
+        return self.credential() if self.credential is not None else b""
 
     async def start(self) -> None:
         await self.p2p.add_protobuf_handler(self.handler_name, self._handle_join, JoinRequest, stream_output=True)
@@ -86,32 +101,40 @@ class Matchmaker:
 
     async def _handle_join(self, request: JoinRequest, context: Any) -> AsyncIterator[JoinReply]:
         sender = context.remote_id.to_base58()
+        mine = self._own_credential()
+        if self.verifier is not None:
+            problem = self.verifier.check(request.credential, sender)
+            if problem:
+                self.verifier.log_refusal(sender, "a matchmaking join", problem)
+                yield JoinReply(code=JoinReply.REFUSED, reason=f"not admitted: {problem}", credential=mine)
+                return
         problem = self._mismatch(sender, request.config_hash, request.data_hash)
         if problem:
             self._refuse_log(sender, problem)
-            yield JoinReply(code=JoinReply.REFUSED, reason=problem)
+            yield JoinReply(code=JoinReply.REFUSED, reason=problem, credential=mine)
             return
         looking = self._looking.get(request.group_key)
         if looking is None:
-            yield JoinReply(code=JoinReply.REFUSED, reason="not looking for this group (formed or not started)")
+            yield JoinReply(code=JoinReply.REFUSED, reason="not looking for this group (formed or not started)",
+                            credential=mine)
             return
         await looking.decided.wait()
         if looking.leader is not None:
-            yield JoinReply(code=JoinReply.NOT_A_LEADER, suggested_leader=looking.leader)
+            yield JoinReply(code=JoinReply.NOT_A_LEADER, suggested_leader=looking.leader, credential=mine)
             return
         if looking.closed:
-            yield JoinReply(code=JoinReply.REFUSED, reason="the group already began")
+            yield JoinReply(code=JoinReply.REFUSED, reason="the group already began", credential=mine)
             return
         future: asyncio.Future[Optional[Group]] = asyncio.get_running_loop().create_future()
         looking.followers[sender] = (max(0.0, request.bandwidth), future)
         looking.changed.set()
-        yield JoinReply(code=JoinReply.ACCEPTED)
+        yield JoinReply(code=JoinReply.ACCEPTED, credential=mine)
         group = await future
         if group is None:
-            yield JoinReply(code=JoinReply.REFUSED, reason="the leader gave up")
+            yield JoinReply(code=JoinReply.REFUSED, reason="the leader gave up", credential=mine)
             return
         yield JoinReply(code=JoinReply.BEGIN, group_id=group.group_id, members=list(group.members),
-                        bandwidths=list(group.bandwidths), allreduce_timeout=group.allreduce_timeout)
+                        bandwidths=list(group.bandwidths), allreduce_timeout=group.allreduce_timeout, credential=mine)
 
     # -- every member -------------------------------------------------------------------------
 
@@ -127,13 +150,18 @@ class Matchmaker:
         key = group_key(self.run_id, module_id, round_no)
         looking = self._looking[key] = _Looking(key)
         try:
-            decl = GroupDeclaration(self.config_hash, self.data_hash, self.bandwidth)
+            decl = GroupDeclaration(self.config_hash, self.data_hash, self.bandwidth, self._own_credential())
             await self.dht.store(key, to_value(decl), get_dht_time() + timeout, subkey=self.peer_id,
                                  return_future=True)
-            declared = await self._gather(module_id, round_no, key, gather_deadline)
+            declared, ahead, same_round = await self._gather(module_id, round_no, key, gather_deadline)
             candidates = {p for p, d in declared.items() if d.bandwidth > 0} | ({self.peer_id} if self.bandwidth > 0 else set())
+            if ahead > round_no:
+                # the group applied rounds we missed: averaging now would fork the replicas
+                return None, f"behind: other holders are at round {ahead}; re-sync from them first"
             if not declared:
                 looking.decided.set()
+                if same_round:  # applying our delta alone would fork us from them
+                    return None, f"holders {', '.join(sorted(same_round))} at this round did not declare in time"
                 return Group(LONE, (self.peer_id,), (self.bandwidth,), 0.0), ""
             if not candidates:
                 looking.decided.set()
@@ -152,28 +180,32 @@ class Matchmaker:
                     future.set_result(None)
             self._looking.pop(key, None)
 
-    async def _gather(self, module_id: str, round_no: int, key: str, deadline: float) -> dict[str, GroupDeclaration]:
-        """Other members' valid declarations, read until every live holder at this round declared or ``deadline``."""
+    async def _gather(self, module_id: str, round_no: int, key: str,
+                      deadline: float) -> tuple[dict[str, GroupDeclaration], int, set[str]]:
+        """Other members' valid declarations, read until every live holder at this round declared or
+        ``deadline``; also the highest round any other live holder announces, and the other holders
+        at our round. A lone member may apply its own delta only when no other holder is at its round."""
         while True:
             found, holders = await asyncio.gather(
                 self.dht.get(key, latest=True, return_future=True),
                 self.dht.get(holders_key(self.run_id, module_id), latest=True, return_future=True),
             )
             declared = {}
-            for peer, d in records_from_value(found, GroupDeclaration).items():
+            for peer, d in records_from_value(found, GroupDeclaration, self.verifier).items():
                 problem = self._mismatch(peer, d.config_hash, d.data_hash)
                 if problem:
                     self._refuse_log(peer, problem)
                 elif peer != self.peer_id:
                     declared[peer] = d
-            expected = {p for p, h in records_from_value(holders, HolderRecord).items()
-                        if h.round_no == round_no and not self._mismatch(p, h.config_hash, h.data_hash)}
-            expected.discard(self.peer_id)
-            if expected <= set(declared) or time.monotonic() >= deadline:
+            live = {p: h for p, h in records_from_value(holders, HolderRecord, self.verifier).items()
+                    if p != self.peer_id and not self._mismatch(p, h.config_hash, h.data_hash)}
+            expected = {p for p, h in live.items() if h.round_no == round_no}
+            ahead = max((h.round_no for h in live.values()), default=-1)
+            if expected <= set(declared) or time.monotonic() >= deadline or ahead > round_no:
                 missing = sorted(expected - set(declared))
                 if missing:
                     log.info("%s: holders %s did not declare by the gather deadline", key, ", ".join(missing))
-                return declared
+                return declared, ahead, expected
             await asyncio.sleep(_POLL)
 
     async def _lead(self, looking: _Looking, others: set[str], close_deadline: float, end: float) -> tuple[Optional[Group], str]:
@@ -209,12 +241,18 @@ class Matchmaker:
         from hivemind.p2p import PeerID
 
         request = JoinRequest(group_key=key, config_hash=self.config_hash, data_hash=self.data_hash,
-                              bandwidth=self.bandwidth)
+                              bandwidth=self.bandwidth, credential=self._own_credential())
         for _ in range(3):
             stream = await self.p2p.iterate_protobuf_handler(PeerID.from_base58(leader), self.handler_name,
                                                              request, JoinReply)
-            redirected = None
+            redirected, checked = None, self.verifier is None
             async for reply in stream:
+                if not checked:  # one stream is one authenticated connection: its first reply vouches
+                    problem = self.verifier.check(reply.credential, leader)
+                    if problem:
+                        self.verifier.log_refusal(leader, "a leader's reply", problem)
+                        return None, f"leader {leader} is not admitted: {problem}"
+                    checked = True
                 if reply.code == JoinReply.ACCEPTED:
                     continue
                 if reply.code == JoinReply.BEGIN:

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from peer.allreduce import EventHook, ReductionServer
-from peer.averaging import AverageResult
+from peer.averaging import MEAN, Aggregation, AverageResult, SuspectHook
 from peer.compression import flatten, get_codec, unflatten
 from peer.diloco import ModuleState
 from peer.dht import unwrap_dht
@@ -67,12 +67,20 @@ class NetAverager:
         startup_timeout: seconds to connect to the p2p daemon and register handlers.
         event_hook: called at named points of a round, for fault injection in tests and phase timing in
             benchmarks (see :data:`peer.allreduce.EventHook`).
+        aggregation: the run's reduction rule (``Aggregation.from_config(cfg.outer)``; the config hash
+            keeps every group member on the same rule). ``DiLoCoOptimizer`` sets it through
+            :meth:`use_aggregation`.
+        on_suspect: ``(peer_id, module_id, round_no, why)``, called once per other peer whose
+            contribution to a part we reduced was dropped (NaN/Inf, malformed) or clipped by the rule:
+            the hook for reporting hostile peers to the coordinator. Runs on the calling exchange
+            thread right after the round; keep it quick (queue the report, do not block on an RPC).
     """
 
     def __init__(self, dht: Any, run_id: str, config_hash: str, data_hash: str = "",
                  bandwidth: Optional[float] = None, throughput: float = 0.0,
                  state_provider: Optional[StateProvider] = None, holder_ttl: float = 30.0,
-                 startup_timeout: float = 30.0, event_hook: Optional[EventHook] = None):
+                 startup_timeout: float = 30.0, event_hook: Optional[EventHook] = None,
+                 aggregation: Aggregation = MEAN, on_suspect: Optional[SuspectHook] = None):
         self.dht = unwrap_dht(dht)
         self.run_id = run_id
         self.config_hash = config_hash
@@ -87,6 +95,8 @@ class NetAverager:
         self.peer_id: str = self.dht.peer_id.to_base58()
         self.prefix = f"hivepath_{run_id}"
         self._event_hook = event_hook
+        self._aggregation = aggregation
+        self.on_suspect = on_suspect
         self._held: dict[str, int] = {}
         self._waiting_check: Optional[Any] = None
         self._waiting_checked = -math.inf
@@ -107,7 +117,8 @@ class NetAverager:
 
     async def _start(self, provider: Optional[StateProvider]) -> None:
         self._p2p = await self.dht.replicate_p2p()
-        self._server = ReductionServer(self._p2p, self.peer_id, self.prefix, event_hook=self._event_hook)
+        self._server = ReductionServer(self._p2p, self.peer_id, self.prefix, event_hook=self._event_hook,
+                                       aggregation=self._aggregation)
         self._matchmaker = Matchmaker(self.dht, self._p2p, self.peer_id, self.run_id, self.config_hash,
                                       self.data_hash, self.bandwidth, self.prefix)
         self._state_server = StateServer(self._p2p, self.config_hash, self.prefix, provider)
@@ -117,6 +128,18 @@ class NetAverager:
 
     def _call(self, coro: Any, timeout: Optional[float]) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    @property
+    def aggregation(self) -> Aggregation:
+        """The reduction rule of the parts this peer reduces."""
+        return self._aggregation
+
+    def use_aggregation(self, rule: Aggregation) -> None:
+        """Adopt the run's rule (``DiLoCoOptimizer`` calls this with its ``OuterConfig``); applies from
+        the next reduction on."""
+        self._aggregation = rule
+        if getattr(self, "_server", None) is not None:
+            self._server.aggregation = rule
 
     # -- holder records -----------------------------------------------------------------------
 
@@ -211,8 +234,10 @@ class NetAverager:
         t0 = time.monotonic()
         self.hold(module_id, round_no)
         try:
-            return self._call(self._average(module_id, round_no, flat, tensors, float(weight), codec, timeout),
-                              timeout + 10.0)
+            res = self._call(self._average(module_id, round_no, flat, tensors, float(weight), codec, timeout),
+                             timeout + 10.0)
+            self._report_suspects(module_id, round_no, res.suspects)
+            return res
         except Exception as e:
             log.warning("module %s round %d failed: %r", module_id, round_no, e)
             return AverageResult(None, None, 0, [], 0, 0, reason=f"{type(e).__name__}: {e}")
@@ -238,13 +263,26 @@ class NetAverager:
             return AverageResult([t.clone() for t in mine], mine, 1, [self.peer_id], 0, 0, reason="lone holder")
         self._server.event("group_formed")
         out = await self._server.run(group, flat, weight, codec)
-        notes = "; ".join(r for r in (reason, out.reason) if r)
+        suspicious = "; ".join(f"{p}: {why}" for p, why in sorted(out.suspects.items()))
+        notes = "; ".join(r for r in (reason, out.reason, suspicious) if r)
         own = unflatten(out.own_decoded, like)
         if out.averaged is None:
             log.warning("module %s round %d failed: %s", module_id, round_no, notes)
-            return AverageResult(None, own, 0, [], out.bytes_sent, out.bytes_received, reason=notes)
+            return AverageResult(None, own, 0, [], out.bytes_sent, out.bytes_received, reason=notes,
+                                 suspects=out.suspects)
         return AverageResult(unflatten(out.averaged, like), own, len(out.contributors), out.contributors,
-                             out.bytes_sent, out.bytes_received, reason=notes)
+                             out.bytes_sent, out.bytes_received, reason=notes, suspects=out.suspects)
+
+    def _report_suspects(self, module_id: str, round_no: int, suspects: Mapping[str, str]) -> None:
+        for peer, why in sorted(suspects.items()):
+            if peer == self.peer_id:
+                continue
+            log.warning("module %s round %d: suspect %s (%s)", module_id, round_no, peer, why)
+            if self.on_suspect is not None:
+                try:
+                    self.on_suspect(peer, module_id, round_no, why)
+                except Exception as e:  # a reporting failure must not fail the round
+                    log.warning("on_suspect hook failed: %r", e)
 
     # -- state transfer -----------------------------------------------------------------------
 

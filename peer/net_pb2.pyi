@@ -8,19 +8,21 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class JoinRequest(_message.Message):
-    __slots__ = ("group_key", "config_hash", "data_hash", "bandwidth")
+    __slots__ = ("group_key", "config_hash", "data_hash", "bandwidth", "credential")
     GROUP_KEY_FIELD_NUMBER: _ClassVar[int]
     CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
     DATA_HASH_FIELD_NUMBER: _ClassVar[int]
     BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     group_key: str
     config_hash: str
     data_hash: str
     bandwidth: float
-    def __init__(self, group_key: _Optional[str] = ..., config_hash: _Optional[str] = ..., data_hash: _Optional[str] = ..., bandwidth: _Optional[float] = ...) -> None: ...
+    credential: bytes
+    def __init__(self, group_key: _Optional[str] = ..., config_hash: _Optional[str] = ..., data_hash: _Optional[str] = ..., bandwidth: _Optional[float] = ..., credential: _Optional[bytes] = ...) -> None: ...
 
 class JoinReply(_message.Message):
-    __slots__ = ("code", "reason", "group_id", "members", "bandwidths", "allreduce_timeout", "suggested_leader")
+    __slots__ = ("code", "reason", "group_id", "members", "bandwidths", "allreduce_timeout", "suggested_leader", "credential")
     class Code(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         UNKNOWN: _ClassVar[JoinReply.Code]
@@ -40,6 +42,7 @@ class JoinReply(_message.Message):
     BANDWIDTHS_FIELD_NUMBER: _ClassVar[int]
     ALLREDUCE_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     SUGGESTED_LEADER_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     code: JoinReply.Code
     reason: str
     group_id: str
@@ -47,7 +50,8 @@ class JoinReply(_message.Message):
     bandwidths: _containers.RepeatedScalarFieldContainer[float]
     allreduce_timeout: float
     suggested_leader: str
-    def __init__(self, code: _Optional[_Union[JoinReply.Code, str]] = ..., reason: _Optional[str] = ..., group_id: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., bandwidths: _Optional[_Iterable[float]] = ..., allreduce_timeout: _Optional[float] = ..., suggested_leader: _Optional[str] = ...) -> None: ...
+    credential: bytes
+    def __init__(self, code: _Optional[_Union[JoinReply.Code, str]] = ..., reason: _Optional[str] = ..., group_id: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., bandwidths: _Optional[_Iterable[float]] = ..., allreduce_timeout: _Optional[float] = ..., suggested_leader: _Optional[str] = ..., credential: _Optional[bytes] = ...) -> None: ...
 
 class PartHeader(_message.Message):
     __slots__ = ("group_id", "part_index", "attempt", "weight", "numel", "codec", "payload_len", "segment")
@@ -84,12 +88,14 @@ class PartReply(_message.Message):
     def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., contributors: _Optional[_Iterable[str]] = ..., payload_len: _Optional[int] = ..., received: _Optional[bool] = ...) -> None: ...
 
 class StateRequest(_message.Message):
-    __slots__ = ("module_id", "config_hash")
+    __slots__ = ("module_id", "config_hash", "credential")
     MODULE_ID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     module_id: str
     config_hash: str
-    def __init__(self, module_id: _Optional[str] = ..., config_hash: _Optional[str] = ...) -> None: ...
+    credential: bytes
+    def __init__(self, module_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., credential: _Optional[bytes] = ...) -> None: ...
 
 class StateReply(_message.Message):
     __slots__ = ("ok", "error", "round_no", "payload_len")

@@ -32,6 +32,7 @@ import torch
 from models.config import RunConfig
 from models.errors import HivepathError
 from peer.checkpoint import CheckpointDir
+from peer.identity import load_or_create_identity
 from peer.coordinator_client import CoordinatorClient, HeartbeatReply, PeerInfo, Progress, WorkAssignment
 from peer.progress import PeerStatus, ProgressView, make_view
 from peer.resources import describe_device, measure_tokens_per_s, resolve_device, usable_memory_bytes
@@ -77,6 +78,10 @@ class PeerOptions:
     max_steps: int = 0
     """Stop after this many inner steps (0: run until stopped)."""
     threads: Optional[int] = None
+    coordinator_timeout: float = 60.0
+    """Seconds to keep retrying the coordinator at start-up before giving up (exit 3)."""
+    keep_checkpoints: int = 2
+    """Snapshots kept under WORK_DIR/checkpoints."""
 
     def __post_init__(self) -> None:
         self.work_dir = Path(self.work_dir).expanduser()
@@ -176,7 +181,9 @@ class PeerNode:
         if opts.threads:
             torch.set_num_threads(opts.threads)
         opts.work_dir.mkdir(parents=True, exist_ok=True)
-        client = CoordinatorClient(opts.coordinator, opts.token, tls_ca=opts.tls_ca)
+        load_or_create_identity(opts.identity).release()  # fail fast (exit 6) if a live peer holds it
+        client = CoordinatorClient(opts.coordinator, opts.token, tls_ca=opts.tls_ca,
+                                   retry_timeout=opts.coordinator_timeout)
         dht = averager = None
         try:
             spec = client.run_spec()
@@ -199,6 +206,7 @@ class PeerNode:
                 upload_bps=bandwidth or 0.0, multiaddrs=tuple(dht.maddrs()), manifest_hash=dataset.manifest_hash,
             )
             joined = client.join()
+            dht.connect(joined.initial_peers)
             log.info("joined run %s as %s: %s (%s)", cfg.run_id, dht.peer_id, joined.assignment.label(),
                      joined.assignment.reason)
             client.start_heartbeats(self._progress, self._on_heartbeat)
@@ -223,7 +231,7 @@ class PeerNode:
     def _train(self, cfg: RunConfig, assignment: WorkAssignment, dataset, device, averager, peer_id: str) -> None:
         from peer.trainer import PathTrainer
 
-        checkpoints = CheckpointDir(self.opts.work_dir / "checkpoints", keep=2)
+        checkpoints = CheckpointDir(self.opts.work_dir / "checkpoints", keep=self.opts.keep_checkpoints)
 
         def fetch(mid, like):
             from peer.state_transfer import StateTransferError

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import json
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -120,11 +121,12 @@ class RichView(ProgressView):
 
 
 def make_view(fmt: str = "auto") -> ProgressView:
-    """``rich`` on a terminal, ``json`` lines otherwise (``auto`` decides by stderr being a TTY)."""
+    """``rich`` on a terminal, ``json`` lines otherwise (``auto`` decides by stderr being a TTY).
+    JSON lines come at most every ``HIVEPATH_PROGRESS_INTERVAL`` seconds (default 5)."""
     if fmt == "auto":
         fmt = "rich" if sys.stderr.isatty() else "json"
     if fmt == "rich":
         return RichView()
     if fmt == "json":
-        return JsonLinesView()
+        return JsonLinesView(min_interval=float(os.environ.get("HIVEPATH_PROGRESS_INTERVAL", "5")))
     raise ValueError(f"unknown progress format {fmt!r}; use auto, rich or json")

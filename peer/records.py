@@ -5,6 +5,11 @@ dicts of primitive types (msgpack on the wire). Every record is validated where 
 with a missing or extra field, a wrong type, a non-finite or negative number, or a malformed hash or
 peer id is ignored and logged -- never trust a number another peer reported (STYLE item 8).
 
+Admission: holder records, group declarations and archive records carry the writer's credential
+(:mod:`peer.credentials`); given a :class:`~peer.credentials.CredentialVerifier`,
+:func:`records_from_value` drops every record whose credential is missing, forged, expired, for
+another run or bound to a peer id other than the record's subkey.
+
 Record types:
 
 - :class:`HolderRecord` under :func:`holders_key`: "I hold this module, I am at round R, this is my
@@ -22,9 +27,13 @@ import logging
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Mapping, Optional, TypeVar
 
 from models.config import is_module_id
+from protos.credential import MAX_CREDENTIAL_BYTES
+
+if TYPE_CHECKING:
+    from peer.credentials import CredentialVerifier
 
 __all__ = [
     "HolderRecord",
@@ -94,6 +103,8 @@ class HolderRecord:
     """Measured training throughput, tokens/s."""
     bandwidth: float
     """Measured upload bandwidth, bytes/s; 0 for a client-mode peer that cannot accept connections."""
+    credential: bytes = b""
+    """The holder's admission credential (:mod:`protos.credential` bytes)."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +117,8 @@ class GroupDeclaration:
     """Dataset manifest hash of the declaring peer."""
     bandwidth: float
     """Upload bandwidth, bytes/s (sizes its share of the reduction); 0 in client mode."""
+    credential: bytes = b""
+    """The declaring peer's admission credential."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +131,8 @@ class ArchiveRecord:
     """Dataset manifest hash of the archive."""
     round_no: int
     """Round number of the state it serves."""
+    credential: bytes = b""
+    """The archive's admission credential."""
 
 
 R = TypeVar("R", HolderRecord, GroupDeclaration, ArchiveRecord)
@@ -130,7 +145,7 @@ def parse_record(cls: type[R], subkey: Any, value: Any) -> Optional[R]:
         log.warning("ignoring invalid %s record from %r: %s", cls.__name__, subkey, problem)
         return None
     return cls(**{f.name: (float(value[f.name]) if f.type in ("float", float) else value[f.name])
-                  for f in dataclasses.fields(cls)})
+                  for f in dataclasses.fields(cls) if f.name in value})
 
 
 def _problem(cls: type, subkey: Any, value: Any) -> str:
@@ -139,11 +154,14 @@ def _problem(cls: type, subkey: Any, value: Any) -> str:
     if not isinstance(value, Mapping):
         return f"value is a {type(value).__name__}, not a table"
     fields = {f.name: f.type for f in dataclasses.fields(cls)}
+    required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
     extra = sorted(set(value) - set(fields))
-    missing = sorted(set(fields) - set(value))
+    missing = sorted(required - set(value))
     if extra or missing:
         return f"fields differ (missing {missing}, unexpected {extra})"
     for name, kind in fields.items():
+        if name not in value:
+            continue
         v = value[name]
         kind = kind if isinstance(kind, str) else kind.__name__
         if kind == "int":
@@ -155,17 +173,22 @@ def _problem(cls: type, subkey: Any, value: Any) -> str:
         elif kind == "str":
             if not isinstance(v, str) or not _HASH_RE.match(v):
                 return f"{name}={v!r} is not a hex hash"
+        elif kind == "bytes":
+            if not isinstance(v, bytes) or len(v) > MAX_CREDENTIAL_BYTES:
+                return f"{name} is not bytes of at most {MAX_CREDENTIAL_BYTES}"
     return ""
 
 
-def read_records(dht: Any, key: str, cls: type[R], latest: bool = True) -> dict[str, R]:
+def read_records(dht: Any, key: str, cls: type[R], latest: bool = True,
+                 verifier: Optional["CredentialVerifier"] = None) -> dict[str, R]:
     """Every valid ``cls`` record stored under ``key``, by peer id (invalid ones are logged and dropped)."""
     found = dht.get(key, latest=latest)
-    return records_from_value(found, cls)
+    return records_from_value(found, cls, verifier)
 
 
-def records_from_value(found: Any, cls: type[R]) -> dict[str, R]:
-    """Parse the result of a DHT get (a dictionary of subkeys) into valid records by peer id."""
+def records_from_value(found: Any, cls: type[R], verifier: Optional["CredentialVerifier"] = None) -> dict[str, R]:
+    """Parse the result of a DHT get (a dictionary of subkeys) into valid records by peer id; with a
+    ``verifier``, records without a valid credential for their subkey's peer id are dropped too."""
     if found is None:
         return {}
     entries = found.value
@@ -175,12 +198,16 @@ def records_from_value(found: Any, cls: type[R]) -> dict[str, R]:
     out: dict[str, R] = {}
     for subkey, item in entries.items():
         record = parse_record(cls, subkey, getattr(item, "value", None))
-        if record is not None:
+        if record is not None and (verifier is None
+                                   or verifier.admits(record.credential, subkey, f"{cls.__name__} record")):
             out[subkey] = record
     return out
 
 
 def to_value(record: Any) -> dict[str, Any]:
-    """The dict stored in the DHT for a record."""
-    return dataclasses.asdict(record)
+    """The dict stored in the DHT for a record (an empty credential is left out)."""
+    value = dataclasses.asdict(record)
+    if not value.get("credential", True):
+        del value["credential"]
+    return value
 

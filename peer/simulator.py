@@ -6,12 +6,13 @@ the global copy with Nesterov SGD. DiPaCo (Douillard et al. 2024) does this per 
 a module is averaged among the workers whose paths contain it.
 
 This simulator runs exactly the arithmetic the networked peers run (``peer.compression``,
-``peer.outer``, ``peer.averaging.weighted_mean``), so distributed runs can be checked against it.
+``peer.outer``, ``peer.averaging.aggregate``), so distributed runs can be checked against it.
 For each module ``m`` and each worker ``k`` holding it, in worker order::
 
     x_k = delta_k + residual_k                       (error feedback)
     sent_k = codec.roundtrip(flatten(x_k)); residual_k = x_k - sent_k
-    avg = codec.roundtrip(sum_k w_k sent_k / sum_k w_k)      (w_k: tokens this round)
+    avg = codec.roundtrip(sum_k w_k sent_k / sum_k w_k)      (w_k: tokens this round; or the run's
+                                                     robust rule on the whole module, outer.aggregator)
     avg *= sqrt(len(paths_through(m)))               (only with outer.sqrt_sharing)
     OuterOptimizer.step(avg); sync_to every worker's copy of m
 """
@@ -28,7 +29,7 @@ import torch
 from models.config import Path_, RunConfig, format_path
 from models.lattice import ModularLM
 from models.training import InnerLoop
-from peer.averaging import weighted_mean
+from peer.averaging import Aggregation, aggregate
 from peer.compression import flatten, get_codec, unflatten
 from peer.outer import OuterOptimizer
 
@@ -85,6 +86,7 @@ class DiLoCoSimulator:
         self.device = torch.device(device)
         self.outer_steps = outer_steps
         self.codec = get_codec(cfg.outer.codec)
+        self.aggregation = Aggregation.from_config(cfg.outer)
         self.workers: list[SimWorker] = []
         for k in range(workers):
             path = self.paths[k % len(self.paths)]
@@ -136,7 +138,8 @@ class DiLoCoSimulator:
                 if self.cfg.outer.error_feedback:
                     w.residual[mid] = x - s
                 sent.append(s)
-            avg = self.codec.roundtrip(weighted_mean(sent, [float(weights[w.index]) for w in holders]))
+            contributions = {f"{w.index:06d}": (s, float(weights[w.index])) for w, s in zip(holders, sent)}
+            avg = self.codec.roundtrip(aggregate(contributions, self.aggregation).value)
             if self.cfg.outer.sqrt_sharing:
                 avg = avg * math.sqrt(len(self.cfg.lattice.paths_through(mid)))
             opt.step(unflatten(avg, opt.global_params))

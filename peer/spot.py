@@ -336,7 +336,8 @@ class SpotWatcher:
 
 
 def supervise(cmd: Sequence[str], opts: SpotOptions) -> int:
-    """Run ``cmd``; on a spot notice send it one SIGTERM (drain). Returns its exit code.
+    """Run ``cmd``; on a spot notice send it one SIGTERM (drain). Returns its exit code (128 + N when
+    signal N killed it).
 
     SIGTERM and SIGINT received here are forwarded to the child, so under ``docker stop`` the peer
     drains exactly as it would without the supervisor.
@@ -357,9 +358,10 @@ def supervise(cmd: Sequence[str], opts: SpotOptions) -> int:
     signal.signal(signal.SIGINT, forward)
     watcher = SpotWatcher.from_options(opts, on_notice).start()
     try:
-        return child.wait()
+        code = child.wait()
     finally:
         watcher.stop()
+    return 128 - code if code < 0 else code  # killed by signal N: the shell's convention, 128 + N
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

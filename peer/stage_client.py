@@ -2,8 +2,8 @@
 
 SWARM parallelism (Ryabinin et al. 2023) wires a pipeline stochastically: for every micro-batch and
 level the trainer picks one of the module's servers at random, with probability proportional to
-its throughput over its expected wait (``throughput / (1 + queued requests)``), so fast and idle
-servers get more work and a slow one still gets its share. A request that fails or times out is
+its throughput over its expected wait (``throughput / ((1 + queued requests) / throughput)``), so
+fast and idle servers get more work and a slow one still gets some. A request that fails or times out is
 retried on another server; a server that fails ``max_failures`` times in a row is not used again
 until the DHT record we saw at that moment expires (a live server refreshes its record, a dead one
 vanishes). Throughputs start from the servers' own claims and are replaced by what the trainer
@@ -72,7 +72,8 @@ class _ServerStats:
 
 
 def choose_server(entries: list[StageServerEntry], stats: dict[str, _ServerStats], rng: random.Random) -> StageServerEntry:
-    """Pick a server with probability proportional to ``throughput / (1 + queued)``. Throughput: what
+    """Pick a server with probability proportional to its throughput over its expected wait, where the
+    wait is ``(1 + queued) / throughput``: so ``throughput**2 / (1 + queued)``. Throughput: what
     the server claims (its last reply, else its record; at least 1 token/s), but never more than
     twice what we measured once we have a measurement. Queued: the server's last reported queue
     plus our own requests in flight to it."""
@@ -83,7 +84,7 @@ def choose_server(entries: list[StageServerEntry], stats: dict[str, _ServerStats
         if s.measured > 0:
             tps = min(tps, 2.0 * s.measured)
         queue = e.record.queue_length if s.queue is None else s.queue
-        weights.append(tps / (1.0 + queue + s.in_flight))
+        weights.append(tps * tps / (1.0 + queue + s.in_flight))
     return rng.choices(entries, weights=weights, k=1)[0]
 
 

@@ -7,6 +7,10 @@ Holder side: :class:`StateServer` answers ``{prefix}_state`` streams with a
 Newcomer side: :func:`fetch_module_state` tries the module's holders and archive peers (from their
 DHT records, same config hash, most advanced round first) until one answers, and checks what it
 received.
+
+Admission (issue 9): with a ``verifier`` the holder refuses a requester whose credential is not
+bound to its libp2p peer id, and the newcomer only asks sources whose DHT records carry a valid
+credential. Requests larger than :data:`MAX_REQUEST_BYTES` are refused unread.
 """
 
 from __future__ import annotations
@@ -19,13 +23,17 @@ from typing import Any, Callable, Optional, Sequence
 from torch import Tensor
 
 from peer.allreduce import linger
+from peer.credentials import CredentialProvider, CredentialVerifier
 from peer.diloco import ModuleState
 from peer.net_pb2 import StateReply, StateRequest
 from peer.records import ArchiveRecord, HolderRecord, archive_key, holders_key, records_from_value
 
-__all__ = ["StateServer", "StateProvider", "fetch_module_state", "StateTransferError"]
+__all__ = ["StateServer", "StateProvider", "fetch_module_state", "StateTransferError", "MAX_REQUEST_BYTES"]
 
 log = logging.getLogger(__name__)
+
+MAX_REQUEST_BYTES = 4096
+"""A state request is a module id, a hash and a credential: anything larger is refused unread."""
 
 StateProvider = Callable[[str], Optional[ModuleState]]
 """``module_id -> ModuleState`` of a module this peer holds (e.g. ``DiLoCoOptimizer.module_state``),
@@ -67,8 +75,12 @@ def _unpack(blob: bytes, round_no: int, like: Optional[Sequence[Tensor]]) -> Mod
 class StateServer:
     """Serves the states of the modules this peer holds (register on this process's P2P)."""
 
-    def __init__(self, p2p: Any, config_hash: str, prefix: str, provider: Optional[StateProvider] = None):
+    def __init__(self, p2p: Any, config_hash: str, prefix: str, provider: Optional[StateProvider] = None,
+                 verifier: Optional[CredentialVerifier] = None):
         self.p2p = p2p
+        self.verifier = verifier
+        self.served = 0
+        """States sent so far (a refused request never counts)."""
         self.config_hash = config_hash
         self.handler_name = f"{prefix}_state"
         self.provider = provider
@@ -80,11 +92,16 @@ class StateServer:
         from hivemind.p2p import P2P
 
         try:
-            request, _ = await P2P.receive_protobuf(StateRequest, reader)
+            request = await _receive_request(reader)
             if request is None:
                 return
             blob, reply = b"", StateReply(ok=False)
-            if request.config_hash != self.config_hash:
+            sender = stream_info.peer_id.to_base58()
+            problem = self.verifier.check(request.credential, sender) if self.verifier is not None else ""
+            if problem:
+                reply.error = f"not admitted: {problem}"
+                self.verifier.log_refusal(sender, f"a state request for {request.module_id[:64]!r}", problem)
+            elif request.config_hash != self.config_hash:
                 reply.error = f"config hash {request.config_hash} differs from the holder's {self.config_hash}"
                 log.warning("refusing state of %s to %s: %s", request.module_id, stream_info.peer_id, reply.error)
             else:
@@ -94,6 +111,7 @@ class StateServer:
                 else:
                     blob = await asyncio.get_running_loop().run_in_executor(None, _pack, state)
                     reply = StateReply(ok=True, round_no=int(state.round_no), payload_len=len(blob))
+                    self.served += 1
             await P2P.send_protobuf(reply, writer)
             await P2P.send_raw_data(blob, writer)
             await linger(reader, 60.0)
@@ -103,9 +121,34 @@ class StateServer:
             writer.close()
 
 
+async def _receive_request(reader: asyncio.StreamReader) -> Optional[StateRequest]:
+    """One length-prefixed StateRequest (hivemind's framing), or None when it is oversized or malformed."""
+    from google.protobuf.message import DecodeError
+    from hivemind.p2p import P2P
+
+    if await reader.readexactly(1) != P2P.MESSAGE_MARKER:
+        log.warning("refusing a state request that is not a message")
+        return None
+    size = int.from_bytes(await reader.readexactly(P2P.HEADER_LEN), P2P.BYTEORDER)
+    if size > MAX_REQUEST_BYTES:
+        log.warning("refusing a state request of %d bytes (limit %d)", size, MAX_REQUEST_BYTES)
+        return None
+    payload = await reader.readexactly(size)
+    request = StateRequest()
+    try:
+        request.ParseFromString(payload)
+    except DecodeError:
+        log.warning("refusing a malformed state request")
+        return None
+    return request
+
+
 async def fetch_module_state(dht: Any, p2p: Any, run_id: str, module_id: str, config_hash: str, prefix: str,
-                             own_peer_id: str, timeout: float, like: Optional[Sequence[Tensor]] = None) -> ModuleState:
-    """Fetch ``module_id``'s state from a live holder with our config hash (most advanced round first)."""
+                             own_peer_id: str, timeout: float, like: Optional[Sequence[Tensor]] = None,
+                             credential: Optional[CredentialProvider] = None,
+                             verifier: Optional[CredentialVerifier] = None) -> ModuleState:
+    """Fetch ``module_id``'s state from a live holder with our config hash (most advanced round first);
+    ``credential`` is presented to holders, ``verifier`` keeps only admitted sources."""
     from hivemind.p2p import P2P, PeerID
 
     deadline = time.monotonic() + timeout
@@ -113,7 +156,9 @@ async def fetch_module_state(dht: Any, p2p: Any, run_id: str, module_id: str, co
         dht.get(holders_key(run_id, module_id), latest=True, return_future=True),
         dht.get(archive_key(run_id, module_id), latest=True, return_future=True),
     )
-    sources = {**records_from_value(archived, ArchiveRecord), **records_from_value(found, HolderRecord)}
+    sources = {**records_from_value(archived, ArchiveRecord, verifier),
+               **records_from_value(found, HolderRecord, verifier)}
+    own = credential() if credential is not None else b""
     candidates = sorted(((h.round_no, p) for p, h in sources.items()
                          if p != own_peer_id and h.config_hash == config_hash), reverse=True)
     if not candidates:
@@ -127,7 +172,8 @@ async def fetch_module_state(dht: Any, p2p: Any, run_id: str, module_id: str, co
             async def ask() -> tuple[StateReply, bytes]:
                 _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer), f"{prefix}_state")
                 try:
-                    await P2P.send_protobuf(StateRequest(module_id=module_id, config_hash=config_hash), writer)
+                    await P2P.send_protobuf(StateRequest(module_id=module_id, config_hash=config_hash,
+                                                         credential=own), writer)
                     reply, err = await P2P.receive_protobuf(StateReply, reader)
                     blob = await P2P.receive_raw_data(reader)
                 finally:

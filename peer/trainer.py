@@ -125,6 +125,10 @@ class PathTrainer:
             log.info("module %s: starting from %s (round %d)", s.module_id, s.origin, s.round_no)
         return sources
 
+    def provide_state(self, module_id: str):
+        """A module's replicated state for a newcomer (None for modules this path does not hold)."""
+        return self.opt.module_state(module_id) if module_id in self.module_ids else None
+
     def snapshot_groups(self) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, dict[str, str]], dict[str, int]]:
         """Tensors of a checkpoint: ``modules/<id>`` (global weights by name) and ``outer/<id>``."""
         groups: dict[str, dict[str, torch.Tensor]] = {}
@@ -180,6 +184,7 @@ class PathTrainer:
 
     def run(self, should_stop: Callable[[], Optional[str]], on_round: Callable[[RoundReport], None]) -> str:
         """Train until ``should_stop()`` returns a reason; return it. Checkpoints after every round."""
+        self.averager.serve_states(self.provide_state)
         for mid in self.module_ids:
             self.averager.hold(mid, self.opt.module_round(mid))
         started = time.monotonic()
@@ -221,6 +226,9 @@ class PathTrainer:
                      remote.round_no)
 
     def _after_round(self, report: RoundReport) -> None:
+        log.info("round %d: %s", report.round, "; ".join(
+            f"{mid} r{m.round_no} " + (f"averaged by {m.group_size}" if m.applied else f"not applied ({m.reason})")
+            for mid, m in report.modules.items()))
         for mid, m in report.modules.items():
             self.status.bytes_sent += m.bytes_sent
             self.status.bytes_received += m.bytes_received

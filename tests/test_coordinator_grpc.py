@@ -242,15 +242,30 @@ FUZZ = hsettings(max_examples=150, deadline=None, derandomize=True,
                  suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
+def _durable_view(coord):
+    return ({p.peer_id: (p.joins, p.key_fingerprint, p.tokens) for p in coord.peers()},
+            {l.lease_id: l.expires_at for l in coord.leases()})
+
+
+def _assert_unchanged(before, after):
+    """A rejected request adds or renews nothing (leases may only lapse meanwhile)."""
+    assert after[0] == before[0]
+    assert all(before[1].get(lease_id) == expires for lease_id, expires in after[1].items())
+
+
 @FUZZ
 @given(token=st.sampled_from([TOKEN, "", "x"]), peer_id=text, key=st.binary(max_size=3000), device=text,
        memory=u64, tps=floats, up=floats, down=floats, addrs=st.lists(multiaddr, max_size=20), manifest=text)
-def test_fuzzed_joins_never_yield_internal(stub, token, peer_id, key, device, memory, tps, up, down, addrs, manifest):
+def test_fuzzed_joins_never_yield_internal(server, stub, token, peer_id, key, device, memory, tps, up, down, addrs,
+                                           manifest):
     request = pb.JoinRequest(token=token, peer_id=peer_id, public_key=key, manifest_hash=manifest,
                              capabilities=pb.Capabilities(device=device, memory_bytes=memory, tokens_per_s=tps,
                                                           upload_bps=up, download_bps=down, multiaddrs=addrs))
+    before = _durable_view(server.coordinator)
     code, msg = code_of(stub.Join, request)
     assert code not in NEVER, msg
+    if code != grpc.StatusCode.OK:
+        _assert_unchanged(before, _durable_view(server.coordinator))
 
 
 @FUZZ
@@ -267,10 +282,16 @@ def test_fuzzed_heartbeats_never_yield_internal(server, stub, lease, peer_id, pr
         bytes_received=received, preempting=preempting,
         progress=[pb.ModuleProgress(module_id=m, round=r, tokens=t, loss=l) for m, r, t, l in progress],
     )
+    before = _durable_view(server.coordinator)
     code, msg = code_of(stub.Heartbeat, request)
     assert code not in NEVER, msg
+    if code != grpc.StatusCode.OK:
+        _assert_unchanged(before, _durable_view(server.coordinator))
+    before = _durable_view(server.coordinator)
     code, msg = code_of(stub.Leave, pb.LeaveRequest(lease_id=lease, peer_id=peer_id, reason="fuzz"))
     assert code not in NEVER, msg
+    if code != grpc.StatusCode.OK:
+        _assert_unchanged(before, _durable_view(server.coordinator))
 
 
 def test_service_is_healthy_after_fuzzing(stub):

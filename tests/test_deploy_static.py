@@ -346,3 +346,28 @@ def test_entrypoint_runs_spot_peers_under_the_supervisor(tmp_path):
     out = _entrypoint(["peer", "join"], env, tmp_path)
     assert out.returncode == 0 and out.stdout.split() == ["-m", "peer.spot", "--", "hivepath", "peer", "join"]
     assert os.access(DEPLOY / "entrypoint.sh", os.X_OK)
+
+
+def test_coordinator_requirements_cover_what_the_coordinator_imports():
+    """Every third-party module imported at the top of coordinator/ and protos/ is pinned in
+    deploy/requirements-coordinator.txt (the coordinator image installs nothing else)."""
+    import ast
+    from importlib.metadata import packages_distributions
+
+    ours = {"coordinator", "models", "protos", "peer", "hivepath"}
+    dists = packages_distributions()
+    pinned = {l.split("==")[0].lower().replace("_", "-")
+              for l in (DEPLOY / "requirements-coordinator.txt").read_text().splitlines() if "==" in l}
+    missing = {}
+    for path in [*(ROOT / "coordinator").glob("*.py"), *(ROOT / "protos").rglob("*.py")]:
+        for node in ast.parse(path.read_text()).body:  # module level only: lazy imports are the CLI's business
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
+            for name in names:
+                top = name.split(".")[0]
+                if top in ours or top in sys.stdlib_module_names or top == "__future__":
+                    continue
+                for dist in dists.get(top, [top]):
+                    if dist.lower().replace("_", "-") not in pinned:
+                        missing.setdefault(dist, set()).add(path.name)
+    assert not missing, f"pin these in deploy/requirements-coordinator.txt: {missing}"

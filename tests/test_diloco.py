@@ -455,3 +455,97 @@ def test_local_params_on_any_device_and_dtype_share_one_cpu_fp32_global_copy(dev
             for p, g in zip(mods_a[mid].parameters(), sa.global_params):
                 assert p.device.type == device and p.dtype == dtype
                 assert torch.equal(p.detach().cpu(), g.to(dtype))
+
+
+# -- module_state while an exchange is in flight, and rebase_module_state ----------------------------
+
+
+def _fingerprint(st) -> tuple:
+    """A module state's round and the exact bytes of its global copy and momentum (cheap to compare)."""
+    return (st.round_no, b"".join(t.numpy().tobytes() for t in st.global_params),
+            b"".join(t.numpy().tobytes() for t in st.momentum))
+
+
+def test_module_state_from_another_thread_is_never_torn_or_mislabelled():
+    """While round 0's exchange waits for the other member, a state-serving thread reads
+    ``module_state`` in a tight loop: it sees the pre-step global labelled round 0 (the round being
+    averaged), then the post-step global labelled round 1, and never anything in between."""
+    outer = OuterConfig(inner_steps=1, codec="none", round_timeout=60.0)
+    hub = LocalAverager()
+    other = hub.member("b")
+    w = make_worker("a", (0,), DENSE, outer, hub.member("a"), seed=0)
+    mid = w.opt.module_ids[0]
+    pre = _fingerprint(w.opt.module_state(mid))
+    samples: list[tuple] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            samples.append(_fingerprint(w.opt.module_state(mid)))
+            time.sleep(0)  # yield the GIL: a busy reader must not starve the training thread of the lock
+
+    reading = threading.Thread(target=reader)
+    stepping = threading.Thread(target=w.train_step)
+    reading.start()
+    stepping.start()
+    try:
+        from helpers import wait_for
+
+        wait_for(lambda: w.opt.module_round(mid) == 1, 60, "round 0's exchange to start")
+        n_in_flight = len(samples)
+        wait_for(lambda: len(samples) >= n_in_flight + 50, 60, "reads during the exchange")
+        assert all(s == pre for s in samples[n_in_flight:n_in_flight + 50]), \
+            "in flight: not the pre-step global labelled round 0"
+        assert stepping.is_alive(), "the exchange finished without the other member"
+        from concurrent.futures import ThreadPoolExecutor
+
+        def contribute(m: str):  # the other member's delta for each module ``a`` holds
+            like = w.opt.module_state(m).global_params
+            delta = [torch.randn(g.shape, generator=torch.Generator().manual_seed(7)) * 0.01 for g in like]
+            return other.average(m, 0, delta, float(BATCH * SEQ), "none", 60.0)
+
+        with ThreadPoolExecutor(len(w.opt.module_ids)) as pool:
+            for res in pool.map(contribute, w.opt.module_ids):
+                assert res.ok, res.reason
+        stepping.join(60)
+        assert not stepping.is_alive()
+        n_done = len(samples)
+        wait_for(lambda: len(samples) >= n_done + 20, 60, "reads after the exchange")
+    finally:
+        stop.set()
+        reading.join(60)
+    post = _fingerprint(w.opt.module_state(mid))
+    assert post[0] == 1 and post[1] != pre[1] and post[2] != pre[2], "round 0 was not applied"
+    kinds = ["pre" if s == pre else "post" if s == post else "torn" for s in samples]
+    assert "torn" not in kinds, f"read {kinds.index('torn')} was neither the pre- nor the post-step state"
+    assert kinds[-1] == "post" and "pre" not in kinds[kinds.index("post"):], "the state went back in time"
+
+
+def test_rebase_keeps_local_progress_exactly():
+    """``local <- new_global + (local - old_global)``, bit for bit; the new global copy, momentum and
+    round are adopted; the error-feedback residual is kept; and the next round's delta carries the
+    progress made before the rebase."""
+    outer = OuterConfig(inner_steps=4, codec="int8", round_timeout=10.0)
+    w = make_worker("a", (0,), DENSE, outer, LocalAverager().member("a"), seed=3)
+    for _ in range(3):  # three of the round's four inner steps
+        assert w.train_step() is None
+    mid = w.opt.module_ids[0]
+    old = w.opt.module_state(mid)
+    local = [p.detach().clone() for p in w.mods[mid].parameters()]
+    residual = w.opt.state_dict()["modules"][mid]["residual"].clone()
+    gen = torch.Generator().manual_seed(11)
+    new_global = [g + torch.randn(g.shape, generator=gen) * 0.1 for g in old.global_params]
+    new_momentum = [torch.randn(g.shape, generator=gen) for g in old.global_params]
+    w.opt.rebase_module_state(mid, new_global, new_momentum, 9)
+    for p, l, g_old, g_new in zip(w.mods[mid].parameters(), local, old.global_params, new_global):
+        assert torch.equal(p.detach(), g_new + (l - g_old)), "local progress not kept exactly"
+    st = w.opt.module_state(mid)
+    assert st.round_no == 9 and w.opt.module_round(mid) == 9
+    assert all(torch.equal(a, b) for a, b in zip(st.global_params + st.momentum, new_global + new_momentum))
+    assert torch.equal(w.opt.state_dict()["modules"][mid]["residual"], residual)
+    progress = [l - g for l, g in zip(local, old.global_params)]
+    delta_now = [g - p.detach() for g, p in zip(new_global, w.mods[mid].parameters())]
+    for d, pr in zip(delta_now, progress):
+        assert torch.allclose(d, -pr, atol=1e-6), "the pseudo-gradient lost the pre-rebase progress"
+    report = w.train_step()  # the round's last step: the carried progress is exchanged as round 9
+    assert report is not None and report.modules[mid].round_no == 9 and report.applied

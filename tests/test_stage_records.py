@@ -112,25 +112,24 @@ def test_wire_rejects_every_malformed_tensor():
 
 
 def test_stochastic_wiring_follows_throughput_over_expected_wait():
+    """P(server) is proportional to throughput / expected wait, the wait being (1 + queued) / throughput."""
     def entry(peer: str, tps: float, queue: int) -> StageServerEntry:
         return StageServerEntry(peer, StageServerRecord("L0M0", "ab", tps, queue), 1e12)
 
-    rng = random.Random(0)
+    def share(entries, stats) -> float:
+        rng = random.Random(0)
+        return Counter(choose_server(entries, stats, rng).peer_id for _ in range(4000))[PEER] / 4000
+
     fast, slow = entry(PEER, 3000.0, 0), entry(OTHER, 1000.0, 0)
-    picks = Counter(choose_server([fast, slow], {}, rng).peer_id for _ in range(4000))
-    assert 0.71 < picks[PEER] / 4000 < 0.79  # 3:1
-    # a queue of 5 requests on the fast server makes it the less attractive one (3000/6 < 1000/1)
-    busy = entry(PEER, 3000.0, 5)
-    picks = Counter(choose_server([busy, slow], {}, rng).peer_id for _ in range(4000))
-    assert 0.28 < picks[PEER] / 4000 < 0.38
+    assert 0.88 < share([fast, slow], {}) < 0.92  # 9:1
+    # a queue of 5 on the fast server: 3000 / (6 / 3000) = 1.5e6 against 1e6
+    assert 0.56 < share([entry(PEER, 3000.0, 5), slow], {}) < 0.64
+    # our own requests in flight count as queued too
+    assert 0.56 < share([fast, slow], {PEER: _ServerStats(in_flight=5)}) < 0.64
     # a claim is never trusted beyond twice what we measured: the "fast" server delivered 100 tokens/s
-    stats = {PEER: _ServerStats(measured=100.0, queue=0)}
-    picks = Counter(choose_server([fast, slow], stats, rng).peer_id for _ in range(4000))
-    assert 0.12 < picks[PEER] / 4000 < 0.22  # 200:1000
+    assert share([fast, slow], {PEER: _ServerStats(measured=100.0, queue=0)}) < 0.07  # 200^2 : 1000^2
     # the claim in the last reply is fresher than the record's
-    stats = {OTHER: _ServerStats(claimed=9000.0, queue=0)}
-    picks = Counter(choose_server([fast, slow], stats, rng).peer_id for _ in range(4000))
-    assert 0.2 < picks[PEER] / 4000 < 0.3  # 3000:9000
+    assert 0.08 < share([fast, slow], {OTHER: _ServerStats(claimed=9000.0, queue=0)}) < 0.12  # 3000^2 : 9000^2
 
 
 def test_committed_stage_stubs_match_the_proto(tmp_path):

@@ -16,6 +16,8 @@ from peer.stage_pb2 import EncodedTensor, StageReply, StageRequest
 from peer.stage_server import StageServer, StageServerOptions
 from peer.stage_wire import encode_tensor
 
+from helpers import wait_for
+
 pytestmark = pytest.mark.integration
 
 CFG = tiny_cpu()
@@ -115,3 +117,38 @@ def test_embeddings_and_heads_are_not_served_as_stages(stage):
     server, _ = stage
     with pytest.raises(ConfigError, match="stage servers serve L<level>M<index> modules"):
         StageServer(CFG, "embed", server.dht)
+
+
+def test_a_server_that_keeps_failing_is_skipped_until_its_record_expires(stage):
+    """A record claims our server serves L1M1 (it does not): two NOT_HELD replies in a row, then the
+    client stops asking it while that record lives, and asks again once a fresh record replaces it."""
+    from hivemind.utils import get_dht_time
+
+    from peer.stage_client import StageUnavailable
+    from peer.stage_records import StageServerRecord, stage_record_value, stage_servers_key
+
+    server, client = stage
+    key = stage_servers_key(CFG.run_id, "L1M1")
+
+    def announce(ttl: float) -> float:
+        expires = get_dht_time() + ttl
+        record = StageServerRecord("L1M1", CFG.content_hash(), 1000.0, 0)
+        assert server.dht.store(key, stage_record_value(record), expires, subkey=server.peer_id)
+        return expires
+
+    expires = announce(4.0)
+    lonely = StageClient(client.dht, CFG.run_id, CFG.content_hash(), call_timeout=1.5, max_failures=2)
+    try:
+        with pytest.raises(StageUnavailable, match="no server of L1M1"):
+            lonely.forward("L1M1", torch.ones(1, 4, C))
+        assert lonely.stats.requests == 2 and lonely.stats.failures == 2
+        with pytest.raises(StageUnavailable):
+            lonely.forward("L1M1", torch.ones(1, 4, C))
+        assert lonely.stats.requests == 2, "a banned server was asked again while its record lived"
+        wait_for(lambda: get_dht_time() > expires, 10, "the record to expire")
+        announce(30.0)
+        with pytest.raises(StageUnavailable):
+            lonely.forward("L1M1", torch.ones(1, 4, C))
+        assert lonely.stats.requests > 2, "a server with a fresh record was never asked again"
+    finally:
+        lonely.close()

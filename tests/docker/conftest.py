@@ -28,6 +28,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.docker)
+            # the first test also builds the images (a cold peer image takes minutes on 2 cores)
+            item.add_marker(pytest.mark.timeout(1500))
 
 
 @dataclass

@@ -51,16 +51,18 @@ class JoinRequest(_message.Message):
     def __init__(self, token: _Optional[str] = ..., peer_id: _Optional[str] = ..., public_key: _Optional[bytes] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ..., manifest_hash: _Optional[str] = ..., archive: _Optional[bool] = ...) -> None: ...
 
 class RunSpec(_message.Message):
-    __slots__ = ("run_config_json", "run_config_hash", "lattice_hash", "manifest_hash")
+    __slots__ = ("run_config_json", "run_config_hash", "lattice_hash", "manifest_hash", "coordinator_public_key")
     RUN_CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
     RUN_CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
     LATTICE_HASH_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_HASH_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     run_config_json: str
     run_config_hash: str
     lattice_hash: str
     manifest_hash: str
-    def __init__(self, run_config_json: _Optional[str] = ..., run_config_hash: _Optional[str] = ..., lattice_hash: _Optional[str] = ..., manifest_hash: _Optional[str] = ...) -> None: ...
+    coordinator_public_key: bytes
+    def __init__(self, run_config_json: _Optional[str] = ..., run_config_hash: _Optional[str] = ..., lattice_hash: _Optional[str] = ..., manifest_hash: _Optional[str] = ..., coordinator_public_key: _Optional[bytes] = ...) -> None: ...
 
 class Assignment(_message.Message):
     __slots__ = ("mode", "path", "module_id", "module_ids", "inner_steps", "codec", "reason", "version")
@@ -93,18 +95,20 @@ class Lease(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., duration_s: _Optional[float] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
-    __slots__ = ("run_spec", "initial_peers", "lease", "assignment", "rejoined")
+    __slots__ = ("run_spec", "initial_peers", "lease", "assignment", "rejoined", "credential")
     RUN_SPEC_FIELD_NUMBER: _ClassVar[int]
     INITIAL_PEERS_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     REJOINED_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     run_spec: RunSpec
     initial_peers: _containers.RepeatedScalarFieldContainer[str]
     lease: Lease
     assignment: Assignment
     rejoined: bool
-    def __init__(self, run_spec: _Optional[_Union[RunSpec, _Mapping]] = ..., initial_peers: _Optional[_Iterable[str]] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., rejoined: _Optional[bool] = ...) -> None: ...
+    credential: bytes
+    def __init__(self, run_spec: _Optional[_Union[RunSpec, _Mapping]] = ..., initial_peers: _Optional[_Iterable[str]] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., rejoined: _Optional[bool] = ..., credential: _Optional[bytes] = ...) -> None: ...
 
 class ModuleProgress(_message.Message):
     __slots__ = ("module_id", "round", "tokens", "loss")
@@ -139,16 +143,18 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., peer_id: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[ModuleProgress, _Mapping]]] = ..., assignment_version: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., preempting: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("lease_remaining_s", "assignment", "drain", "drain_reason")
+    __slots__ = ("lease_remaining_s", "assignment", "drain", "drain_reason", "credential")
     LEASE_REMAINING_S_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
     DRAIN_REASON_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     lease_remaining_s: float
     assignment: Assignment
     drain: bool
     drain_reason: str
-    def __init__(self, lease_remaining_s: _Optional[float] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., drain: _Optional[bool] = ..., drain_reason: _Optional[str] = ...) -> None: ...
+    credential: bytes
+    def __init__(self, lease_remaining_s: _Optional[float] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., drain: _Optional[bool] = ..., drain_reason: _Optional[str] = ..., credential: _Optional[bytes] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
     __slots__ = ("lease_id", "peer_id", "reason")
@@ -265,3 +271,57 @@ class GetRunSpecResponse(_message.Message):
     run_spec: RunSpec
     initial_peers: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, run_spec: _Optional[_Union[RunSpec, _Mapping]] = ..., initial_peers: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReportPeerRequest(_message.Message):
+    __slots__ = ("lease_id", "peer_id", "suspect_peer_id", "module_id", "round", "reason")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    SUSPECT_PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    MODULE_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    peer_id: str
+    suspect_peer_id: str
+    module_id: str
+    round: int
+    reason: str
+    def __init__(self, lease_id: _Optional[str] = ..., peer_id: _Optional[str] = ..., suspect_peer_id: _Optional[str] = ..., module_id: _Optional[str] = ..., round: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ReportPeerResponse(_message.Message):
+    __slots__ = ("banned", "reason")
+    BANNED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    banned: bool
+    reason: str
+    def __init__(self, banned: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class BanRequest(_message.Message):
+    __slots__ = ("token", "peer_id", "reason")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    peer_id: str
+    reason: str
+    def __init__(self, token: _Optional[str] = ..., peer_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class BanResponse(_message.Message):
+    __slots__ = ("state",)
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    def __init__(self, state: _Optional[str] = ...) -> None: ...
+
+class UnbanRequest(_message.Message):
+    __slots__ = ("token", "peer_id")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    peer_id: str
+    def __init__(self, token: _Optional[str] = ..., peer_id: _Optional[str] = ...) -> None: ...
+
+class UnbanResponse(_message.Message):
+    __slots__ = ("state",)
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    def __init__(self, state: _Optional[str] = ...) -> None: ...

@@ -65,6 +65,21 @@ class CoordinatorStub:
                 request_serializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.GetRunSpecRequest.SerializeToString,
                 response_deserializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.GetRunSpecResponse.FromString,
                 _registered_method=True)
+        self.ReportPeer = channel.unary_unary(
+                '/hivepath.coordinator.v1.Coordinator/ReportPeer',
+                request_serializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.ReportPeerRequest.SerializeToString,
+                response_deserializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.ReportPeerResponse.FromString,
+                _registered_method=True)
+        self.Ban = channel.unary_unary(
+                '/hivepath.coordinator.v1.Coordinator/Ban',
+                request_serializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.BanRequest.SerializeToString,
+                response_deserializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.BanResponse.FromString,
+                _registered_method=True)
+        self.Unban = channel.unary_unary(
+                '/hivepath.coordinator.v1.Coordinator/Unban',
+                request_serializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.UnbanRequest.SerializeToString,
+                response_deserializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.UnbanResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -114,6 +129,28 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportPeer(self, request, context):
+        """A peer (holding a live lease) reports another for misbehaving in a module's round; peers
+        reported by enough distinct peers within a window are banned.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Ban(self, request, context):
+        """Operator: ban a peer (its lease is dropped, its joins refused, its credential not renewed).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Unban(self, request, context):
+        """Operator: lift a ban (run token required).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -146,6 +183,21 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.GetRunSpec,
                     request_deserializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.GetRunSpecRequest.FromString,
                     response_serializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.GetRunSpecResponse.SerializeToString,
+            ),
+            'ReportPeer': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportPeer,
+                    request_deserializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.ReportPeerRequest.FromString,
+                    response_serializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.ReportPeerResponse.SerializeToString,
+            ),
+            'Ban': grpc.unary_unary_rpc_method_handler(
+                    servicer.Ban,
+                    request_deserializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.BanRequest.FromString,
+                    response_serializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.BanResponse.SerializeToString,
+            ),
+            'Unban': grpc.unary_unary_rpc_method_handler(
+                    servicer.Unban,
+                    request_deserializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.UnbanRequest.FromString,
+                    response_serializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.UnbanResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -311,6 +363,87 @@ class Coordinator:
             '/hivepath.coordinator.v1.Coordinator/GetRunSpec',
             protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.GetRunSpecRequest.SerializeToString,
             protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.GetRunSpecResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportPeer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hivepath.coordinator.v1.Coordinator/ReportPeer',
+            protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.ReportPeerRequest.SerializeToString,
+            protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.ReportPeerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Ban(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hivepath.coordinator.v1.Coordinator/Ban',
+            protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.BanRequest.SerializeToString,
+            protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.BanResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Unban(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hivepath.coordinator.v1.Coordinator/Unban',
+            protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.UnbanRequest.SerializeToString,
+            protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.UnbanResponse.FromString,
             options,
             channel_credentials,
             insecure,

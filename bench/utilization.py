@@ -1,0 +1,370 @@
+"""bench.utilization: share of wall time in inner compute on slow, far-apart links (issue 5).
+
+Four peers, each in its own network namespace behind one bridge (:mod:`bench.netns`), egress shaped
+to 50 Mbit/s by ``tbf``, about 40 ms round trip added by :mod:`bench.delay_relay` (each peer's p2p
+daemon listens on 127.0.0.1 inside its namespace; a relay in the same namespace is the announced,
+and only, way in, holding every byte 20 ms in each direction). Every variant starts four fresh peer
+processes (a real DHT and p2p daemon each, bootstrapped from the first) that train the same path of a
+small lattice from the same initialisation, each on its own random windows of the built-in corpus,
+at equal tokens (``--steps`` inner steps of ``--batch`` sequences per peer):
+
+- ``ddp``: every-step gradient averaging, synchronous data-parallel over the same transport
+  (:class:`peer.net_averager.NetAverager`, codec ``none``, one bucket holding every gradient);
+- ``h20``, ``h100``: hivepath, :class:`peer.diloco.DiLoCoOptimizer` with H = 20 / 100, int8;
+- ``h20_overlap``, ``h100_overlap``: the same with ``OuterConfig.overlap`` (Streaming DiLoCo).
+
+Keys (``bench/results/utilization.json``), per variant under ``variants``: ``utilization`` (wall time
+not spent blocked on the network, over wall time: ``1 - wait / wall``, wait from
+``RoundReport.wait_seconds``, or the gradient all-reduce time for ``ddp``; mean over peers, the final
+overlap flush excluded and reported as ``utilization_with_drain``), ``val_loss`` (mean cross-entropy of
+the final global model on fixed validation windows), ``bytes_sent_per_peer`` (payload) and
+``wire_tx_bytes_per_peer`` (eth0). ``utilization_overlap`` is ``h100_overlap``'s (target >= 0.95).
+
+Run as root: ``python -m bench.utilization`` (``--steps``, ``--preset``, ``--variants``). Without root
+it prints a ``{"skipped": ...}`` line and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+from bench.common import emit
+
+log = logging.getLogger("bench.utilization")
+
+P2P_PORT = 40000
+RELAY_PORT = 40001
+VARIANTS = {"ddp": (1, False), "h20": (20, False), "h20_overlap": (20, True), "h100": (100, False),
+            "h100_overlap": (100, True)}
+"""name -> (H, overlap); ddp averages gradients every step instead of DiLoCo pseudo-gradients."""
+PATH = (0, 0)
+EVAL_BATCHES = 16
+
+
+def _tx_bytes() -> int:
+    try:
+        return int(Path("/sys/class/net/eth0/statistics/tx_bytes").read_text())
+    except OSError:
+        return -1
+
+
+def _wait_holders(dht, run_id: str, module_id: str, count: int, barrier_timeout: float, min_round: int = 0) -> bool:
+    """Wait until ``count`` holders of ``module_id`` announce a round >= ``min_round``; False on timeout."""
+    from peer.records import HolderRecord, holders_key, read_records
+
+    deadline = time.monotonic() + barrier_timeout
+    while True:
+        holders = read_records(dht.dht, holders_key(run_id, module_id), HolderRecord)
+        if sum(1 for h in holders.values() if h.round_no >= min_round) >= count:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
+    """Train one variant on this peer; returns its timings, bytes and (peer 0) validation loss."""
+    import torch
+
+    from models.config import OuterConfig
+    from models.lattice import ModularLM
+    from peer.diloco import DiLoCoOptimizer
+    from peer.net_averager import NetAverager
+
+    h, overlap = VARIANTS[name]
+    run_id = f"util-{name.replace('_', '-')}"
+    mids = cfg.lattice.path_modules(PATH)
+    model = ModularLM(cfg.lattice, seed=0, module_ids=mids).path_model(PATH)
+    avg = NetAverager(dht, run_id, cfg.content_hash(), bandwidth=args.rate_mbit * 1e6 / 8)
+    batches = dataset.path_batches(PATH, "train", args.batch, cfg.lattice.seq_len, seed=1000 + args.peer)
+    wait = drain = sent = received = 0.0
+    failed = rounds = 0
+    reasons: list[str] = []
+    groups: list[int] = []  # members of every exchange we took part in
+    try:
+        keys = ["embed"] if name == "ddp" else mids
+        for mid in keys:
+            avg.hold(mid, 0)
+        if not _wait_holders(dht, run_id, keys[0], args.peers, 180.0):
+            raise TimeoutError(f"not every peer of {run_id} appeared within 180s")
+        tx0, t0 = _tx_bytes(), time.perf_counter()
+        if name == "ddp":
+            params = [p for p in model.parameters()]
+            for p in params:
+                p.grad = torch.zeros_like(p)  # every gradient is in the bucket, even one a step left untouched
+            inner = torch.optim.AdamW(params, lr=cfg.inner.lr, betas=(cfg.inner.beta1, cfg.inner.beta2),
+                                      weight_decay=cfg.inner.weight_decay)
+            for step in range(args.steps):
+                x, y = next(batches)  # (B, T), (B, T)
+                model(x, y)[1].backward()
+                w0 = time.perf_counter()
+                if groups and groups[-1] < args.peers:  # lock-step again after a short round, as DDP is
+                    _wait_holders(dht, run_id, "embed", args.peers, args.round_timeout, min_round=step)
+                res = avg.average("embed", step, [p.grad for p in params], float(y.numel()), "none", args.round_timeout)
+                wait += time.perf_counter() - w0
+                sent, received, rounds = sent + res.bytes_sent, received + res.bytes_received, rounds + 1
+                groups.append(res.group_size)
+                if res.ok:
+                    for p, g in zip(params, res.averaged):
+                        p.grad.copy_(g)
+                else:
+                    failed += 1
+                    reasons.append(f"step {step}: {res.reason}")
+                if cfg.inner.grad_clip > 0:
+                    torch.nn.utils.clip_grad_norm_(params, cfg.inner.grad_clip)
+                for group in inner.param_groups:
+                    group["lr"] = cfg.inner.lr * min(1.0, (step + 1) / max(1, cfg.inner.warmup_steps))
+                inner.step()
+                inner.zero_grad(set_to_none=False)
+            wall = time.perf_counter() - t0
+            state = [p.detach().clone() for p in params]
+        else:
+            outer = OuterConfig(inner_steps=h, codec="int8", overlap=overlap, round_timeout=args.round_timeout)
+            opt = DiLoCoOptimizer(model.modules_by_id(), inner=cfg.inner, outer=outer, lattice=cfg.lattice, averager=avg)
+            reports = []
+            for _ in range(args.steps):
+                x, y = next(batches)  # (B, T), (B, T)
+                model(x, y)[1].backward()
+                report = opt.step(tokens=float(y.numel()))
+                opt.zero_grad()
+                if report is not None:
+                    reports.append(report)
+            wall = time.perf_counter() - t0
+            d0 = time.perf_counter()
+            last = opt.flush()
+            drain = time.perf_counter() - d0
+            opt.close()
+            wait = sum(r.wait_seconds for r in reports)
+            reports += [last] if last is not None else []
+            mods = [m for r in reports for m in r.modules.values()]
+            sent, received = sum(m.bytes_sent for m in mods), sum(m.bytes_received for m in mods)
+            rounds, failed = len(reports), sum(1 for r in reports if not r.applied)
+            reasons = [f"{m.module_id} round {m.round_no}: {m.reason}" for m in mods if not m.applied]
+            groups = [m.group_size for m in mods]
+            state = [t for mid in mids for t in opt.module_state(mid).global_params]
+            with torch.no_grad():  # evaluate the group's global model, identical on every member
+                for p, g in zip([p for mid in mids for p in model.modules_by_id()[mid].parameters()], state):
+                    p.copy_(g)
+        wire = _tx_bytes() - tx0
+    finally:
+        avg.shutdown()
+    out = dict(wall_seconds=wall, wait_seconds=wait, drain_seconds=drain, bytes_sent=sent, bytes_received=received,
+               wire_tx_bytes=wire, rounds=rounds, failed_rounds=failed, failures=reasons[:5],
+               mean_group_size=sum(groups) / max(1, len(groups)),
+               state_sum=float(sum(float(t.double().sum()) for t in state)))
+    if args.peer == 0:
+        out["val_loss"] = evaluate(model, dataset, args.batch, cfg.lattice.seq_len)
+    log.info("%s: wall %.1fs, waited %.1fs, %d rounds (%d failed)", name, wall, wait, rounds, failed)
+    return out
+
+
+def evaluate(model, dataset, batch: int, seq_len: int) -> float:
+    """Mean cross-entropy over fixed validation windows (the same on every variant)."""
+    import torch
+
+    batches = dataset.path_batches(PATH, "validation", batch, seq_len, seed=4242)
+    with torch.no_grad():
+        return sum(float(model(*next(batches))[1]) for _ in range(EVAL_BATCHES)) / EVAL_BATCHES
+
+
+def run_peer(args: argparse.Namespace) -> None:
+    """One peer inside its namespace: every variant in turn, each under its own run id."""
+    import torch
+
+    from models.config import PRESETS
+    from models.data import Dataset
+    from peer.dht import DHTOptions, start_dht
+
+    torch.set_num_threads(1)
+    torch.manual_seed(args.peer)
+    out = Path(args.out)
+    cfg = PRESETS[args.preset]()
+    dataset = Dataset(args.data)
+    announce = f"/ip4/{args.host}/tcp/{RELAY_PORT}"
+    dht = start_dht(DHTOptions(host_maddrs=[f"/ip4/127.0.0.1/tcp/{P2P_PORT}"], announce_maddrs=[announce],
+                               initial_peers=args.initial or []))
+    if args.peer == 0:
+        (out / "maddr.tmp").write_text(f"{announce}/p2p/{dht.peer_id}")
+        os.replace(out / "maddr.tmp", out / "maddr")
+    results: dict = {}
+    try:
+        for name in args.variants.split(","):
+            results[name] = run_variant(name, args, dht, dataset, cfg)
+            (out / f"peer{args.peer}.tmp").write_text(json.dumps(results))
+            os.replace(out / f"peer{args.peer}.tmp", out / f"peer{args.peer}.json")
+    finally:
+        dht.shutdown()
+
+
+def _wait_file(path: Path, procs: list, wait_timeout: float) -> None:
+    deadline = time.monotonic() + wait_timeout
+    while not path.exists():
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError(f"a process exited before {path.name} appeared")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {path.name} after {wait_timeout:.0f}s")
+        time.sleep(0.1)
+
+
+def _summarize(peers: list[dict], relays: list[dict], names: list[str]) -> dict:
+    variants = {}
+    for name in names:
+        runs = [p[name] for p in peers]
+        util = [1 - r["wait_seconds"] / r["wall_seconds"] for r in runs]
+        with_drain = [1 - (r["wait_seconds"] + r["drain_seconds"]) / (r["wall_seconds"] + r["drain_seconds"]) for r in runs]
+        variants[name] = dict(
+            inner_steps=VARIANTS[name][0], overlap=VARIANTS[name][1],
+            utilization=round(sum(util) / len(util), 4), utilization_min=round(min(util), 4),
+            utilization_with_drain=round(sum(with_drain) / len(with_drain), 4),
+            wall_seconds=round(max(r["wall_seconds"] for r in runs), 2),
+            wait_seconds_mean=round(sum(r["wait_seconds"] for r in runs) / len(runs), 2),
+            val_loss=round(runs[0]["val_loss"], 4),
+            bytes_sent_per_peer=round(sum(r["bytes_sent"] for r in runs) / len(runs)),
+            wire_tx_bytes_per_peer=round(sum(r["wire_tx_bytes"] for r in runs) / len(runs)),
+            rounds=runs[0]["rounds"], failed_rounds=max(r["failed_rounds"] for r in runs),
+            replicas_identical=len({r["state_sum"] for r in runs}) == 1,
+            mean_group_size=round(sum(r["mean_group_size"] for r in runs) / len(runs), 2),
+            failures=sorted({f for r in runs for f in r["failures"]})[:5],
+        )
+    relayed = sum(s["bytes_to_target"] + s["bytes_to_client"] for r in relays for s in r.values())
+    return dict(variants=variants, relay_bytes_total=relayed)
+
+
+def _stop(procs: list) -> None:
+    """SIGTERM each process group, SIGKILL what is left after 10 s."""
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, 15)
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, 9)
+            p.wait()
+
+
+def _run_variant_swarm(net, name: str, out: Path, args: argparse.Namespace, data: Path, env: dict) -> list[dict]:
+    """Start one peer per namespace for variant ``name`` (the first one bootstraps the rest); their results."""
+    out.mkdir(parents=True)
+    n, procs = args.peers, []
+    logs = [open(out / f"peer{i}.log", "wb") for i in range(n)]
+    base = [sys.executable, "-m", "bench.utilization", "--out", str(out), "--data", str(data), "--peers", str(n),
+            "--preset", args.preset, "--steps", str(args.steps), "--batch", str(args.batch),
+            "--rate-mbit", str(args.rate_mbit), "--variants", name, "--round-timeout", str(args.round_timeout)]
+    try:
+        procs.append(net.popen(0, [*base, "--peer", "0", "--host", net.address(0)], env=env,
+                               stdout=logs[0], stderr=subprocess.STDOUT))
+        _wait_file(out / "maddr", procs, 120)
+        maddr = (out / "maddr").read_text()
+        for i in range(1, n):
+            procs.append(net.popen(i, [*base, "--peer", str(i), "--host", net.address(i), "--initial", maddr],
+                                   env=env, stdout=logs[i], stderr=subprocess.STDOUT))
+        for i, p in enumerate(procs):
+            p.wait(timeout=args.peer_timeout)
+            if p.returncode != 0:
+                raise RuntimeError(f"{name} peer {i} exited {p.returncode}:\n{(out / f'peer{i}.log').read_text()[-3000:]}")
+        log.info("%s done", name)
+        return [json.loads((out / f"peer{i}.json").read_text())[name] for i in range(n)]
+    finally:
+        _stop(procs)
+        for f in logs:
+            f.close()
+
+
+def run_bench(args: argparse.Namespace) -> dict:
+    from bench.netns import NetnsBridge, netns_available
+
+    why = netns_available()
+    if why:
+        return {"skipped": f"bench.utilization {why}"}
+    from models.config import PRESETS
+    from peer.node import ensure_dataset
+
+    cfg = PRESETS[args.preset]()
+    data = ensure_dataset(cfg, None, Path(args.work_dir), "").dir
+    names = args.variants.split(",")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "HIVEMIND_MEMORY_SHARING_STRATEGY": "file_descriptor"}
+    n = args.peers
+    peers: list[dict] = [{} for _ in range(n)]
+    with tempfile.TemporaryDirectory(prefix="hivepath-util-") as tmp, \
+            NetnsBridge(n, rate=f"{args.rate_mbit}mbit", subnet="10.78.0", prefix="hpu") as net:
+        out = Path(tmp)
+        relays = []
+        logs = [open(out / f"relay{i}.log", "wb") for i in range(n)]
+        try:
+            for i in range(n):
+                cmd = [sys.executable, "-m", "bench.delay_relay", "--delay-ms", str(args.rtt_ms / 2),
+                       "--map", f"{net.address(i)}:{RELAY_PORT}=127.0.0.1:{P2P_PORT}", "--stats", str(out / f"relay{i}.json")]
+                relays.append(net.popen(i, cmd, env=env, stdout=logs[i], stderr=subprocess.STDOUT))
+            for i in range(n):
+                _wait_file(out / f"relay{i}.json", relays, 60)
+            for name in names:  # fresh peers (DHT, p2p daemon) for every variant
+                for i, res in enumerate(_run_variant_swarm(net, name, out / name, args, data, env)):
+                    peers[i][name] = res
+        finally:
+            _stop(relays)
+            for f in logs:
+                f.close()
+            if args.logs:
+                for f in out.glob("**/*.log"):
+                    dest = Path(args.logs) / f.relative_to(out)
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(f, dest)
+        relay_stats = [json.loads((out / f"relay{i}.json").read_text()) for i in range(n)]
+    summary = _summarize(peers, relay_stats, names)
+    wire = sum(v["wire_tx_bytes_per_peer"] for v in summary["variants"].values()) * n
+    result = dict(peers=n, preset=args.preset, steps=args.steps, batch=args.batch,
+                  tokens_per_peer=args.steps * args.batch * cfg.lattice.seq_len, rate_mbit=args.rate_mbit,
+                  rtt_ms=args.rtt_ms, path_params=cfg.lattice.path_param_count(PATH),
+                  relay_share_of_wire_bytes=round(summary["relay_bytes_total"] / wire, 3) if wire > 0 else None,
+                  **summary)
+    if "h100_overlap" in summary["variants"]:
+        result["utilization_overlap"] = summary["variants"]["h100_overlap"]["utilization"]
+    for name, v in summary["variants"].items():
+        result[f"utilization_{name}"] = v["utilization"]
+    return result
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.utilization", description=__doc__.split("\n")[0])
+    parser.add_argument("--peers", type=int, default=4)
+    parser.add_argument("--preset", default="tiny", help="model size (models.config.PRESETS)")
+    parser.add_argument("--steps", type=int, default=300, help="inner steps per peer in every variant (equal tokens)")
+    parser.add_argument("--batch", type=int, default=8, help="sequences per inner step")
+    parser.add_argument("--rate-mbit", type=int, default=50, help="egress limit of every peer")
+    parser.add_argument("--rtt-ms", type=float, default=40.0, help="round trip added by the delay relays")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--round-timeout", type=float, default=30.0)
+    parser.add_argument("--peer-timeout", type=float, default=1200.0, help="seconds a peer may take for one variant")
+    parser.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "hivepath-bench-data"))
+    parser.add_argument("--logs", default=None, help="copy every peer's and relay's log into this folder")
+    parser.add_argument("--peer", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--host", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--initial", nargs="*", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--data", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.peer is not None:
+        run_peer(args)
+        return
+    result = run_bench(args)
+    if "skipped" in result:
+        print(json.dumps(result), flush=True)
+        return
+    emit("utilization", result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""Reports and bans, the part of :class:`coordinator.core.Coordinator` that removes peers from a run.
+
+Kept apart from the admission and lease state machine it extends; it works on that machine's state
+under its lock (``_lock``, ``_peers``, ``_leases``, ``_module_ids``, ``_credential_expiry``,
+``bans``, ``settings``, ``clock``, ``counters``, ``_durable``, ``_release``). The decision itself
+is the pure :func:`coordinator.bans.ban_decision`.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+from coordinator.bans import BANS_META_KEY, Report, ban_decision
+from coordinator.errors import InvalidArgument, LeaseNotFound, PeerNotFound
+from coordinator.results import ReportResult
+from coordinator.store import WriteBatch
+
+__all__ = ["Moderation"]
+
+log = logging.getLogger(__name__)
+
+
+class Moderation:
+    """``report``, ``ban`` and ``unban`` for :class:`coordinator.core.Coordinator`."""
+
+    def report(self, lease_id: str, reporter: str, suspect: str, module_id: str, round_no: int,
+               reason: str) -> ReportResult:
+        """A peer holding a live lease reports ``suspect`` for misbehaving in one module's round; the
+        suspect is banned when :func:`coordinator.bans.ban_decision` says so. Durable on return."""
+        batch = WriteBatch()
+        with self._lock:
+            now = self.clock()
+            lease = self._leases.get(lease_id)
+            if lease is None or lease.peer_id != reporter or lease.expires_at <= now:
+                raise LeaseNotFound(f"lease_id: no live lease {lease_id[:8]}... for {reporter}; join again")
+            if suspect == reporter:
+                raise InvalidArgument("suspect_peer_id", "a peer cannot report itself")
+            if module_id not in self._module_ids:
+                raise InvalidArgument("module_id", f"{module_id!r} is not a module of this run's lattice")
+            if suspect not in self._peers:
+                raise PeerNotFound(f"suspect_peer_id: no peer {suspect} has joined this run")
+            if self.bans.is_banned(suspect):
+                return ReportResult(True, f"{suspect} is already banned")
+            self.counters["reports"] += 1
+            recent = self.bans.add_report(Report(reporter, suspect, module_id, round_no, reason, now),
+                                          self.settings.ban_window)
+            s = self.settings
+            banned, why = ban_decision(recent, now, s.ban_window, s.ban_reporters, s.ban_reports)
+            if banned:
+                self._apply_ban(suspect, why, now, False, batch)
+        self._durable(batch)
+        log.info("%s reported %s (%s round %d: %s): %s", reporter, suspect, module_id, round_no, reason, why)
+        return ReportResult(banned, why)
+
+    def ban(self, peer_id: str, reason: str = "") -> str:
+        """Operator: ban ``peer_id`` (known or not); its lease is dropped and its joins refused."""
+        batch = WriteBatch()
+        with self._lock:
+            self._apply_ban(peer_id, reason or "banned by the operator", self.clock(), True, batch)
+        self._durable(batch)
+        return "banned"
+
+    def unban(self, peer_id: str) -> str:
+        """Operator: lift a ban; the peer may join again. Returns its state afterwards."""
+        batch = WriteBatch()
+        with self._lock:
+            if not self.bans.unban(peer_id):
+                raise PeerNotFound(f"peer_id: {peer_id} is not banned")
+            peer = self._peers.get(peer_id)
+            if peer is not None and peer.state == "banned":
+                peer.state = "left"
+                batch.peers[peer_id] = copy.copy(peer)
+            batch.meta[BANS_META_KEY] = self.bans.to_json()
+            state = peer.state if peer is not None else "unknown"
+        self._durable(batch)
+        log.info("unbanned %s", peer_id)
+        return state
+
+    def _apply_ban(self, peer_id: str, reason: str, now: float, by_operator: bool, batch: WriteBatch) -> None:
+        """Ban under the lock: lease dropped, work freed, credential never renewed, ban persisted."""
+        self.bans.ban(peer_id, reason, now, by_operator)
+        self._credential_expiry.pop(peer_id, None)
+        peer = self._peers.get(peer_id)
+        if peer is not None:
+            self._release(peer, batch)
+            peer.state = "banned"
+            batch.peers[peer_id] = copy.copy(peer)
+        batch.meta[BANS_META_KEY] = self.bans.to_json()
+        self.counters["bans"] += 1
+        log.warning("banned %s: %s", peer_id, reason)

@@ -1,0 +1,64 @@
+"""What :class:`coordinator.core.Coordinator` returns to its callers: plain frozen dataclasses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from coordinator.records import Assignment, Lease, ModuleProgress, PeerRecord
+
+__all__ = ["ProgressReport", "JoinResult", "StatusView", "HeartbeatResult", "ReportResult"]
+
+
+@dataclass(frozen=True)
+class ProgressReport:
+    """One module's progress as a heartbeat reports it (validated by the servicer)."""
+
+    module_id: str
+    round: int
+    tokens: int
+    loss: float
+
+
+@dataclass(frozen=True)
+class JoinResult:
+    lease: Lease
+    assignment: Assignment
+    initial_peers: list[str]
+    rejoined: bool
+    credential: bytes = b""
+    """The peer's admission credential (:mod:`protos.credential` bytes)."""
+
+
+@dataclass(frozen=True)
+class StatusView:
+    """What :meth:`Coordinator.status_view` returns: copies, safe to read without the lock."""
+
+    now: float
+    peers: list[PeerRecord]
+    lease_expiry: dict[str, float]
+    """peer id -> when its lease expires."""
+    progress: dict[str, dict[str, ModuleProgress]]
+    """peer id -> module id -> latest progress."""
+    counters: dict[str, int]
+    rebalance_reason: str
+
+
+@dataclass(frozen=True)
+class HeartbeatResult:
+    lease_remaining: float
+    assignment: Optional[Assignment]
+    """Set when the peer's assignment version is older than the coordinator's."""
+    drain: bool
+    drain_reason: str
+    credential: bytes = b""
+    """A renewed credential, when the current one is past half its life (else empty)."""
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    """What a ``ReportPeer`` led to: whether the suspect is banned now, and why (or why not)."""
+
+    banned: bool
+    reason: str
+

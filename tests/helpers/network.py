@@ -1,0 +1,126 @@
+"""A whole hivepath network of real processes for tests: coordinator, archive and peers on loopback.
+
+Every process is the installed ``hivepath`` command; the test only starts, signals and reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any, Optional
+
+from helpers.procs import ProcessGroup, free_port, hivepath_cmd, wait_for
+
+__all__ = ["Network", "TINY_RUN"]
+
+TINY_RUN = """preset = "tiny"
+run_id = "{run_id}"
+[outer]
+inner_steps = {inner_steps}
+round_timeout = 12.0
+[data]
+manifest_hash = "{manifest_hash}"
+[coordinator]
+lease_timeout = {lease_timeout}
+heartbeat_interval = 1.0
+restart_grace = 5.0
+"""
+
+
+class Network:
+    """Start and drive a small network; ``procs`` reaps every process at the end of the test."""
+
+    def __init__(self, procs: ProcessGroup, root: Path, data_dir: Path, manifest_hash: str,
+                 inner_steps: int = 10, lease_timeout: float = 8.0, run_id: str = "itest"):
+        self.procs = procs
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.data_dir = data_dir
+        self.token = "test-token-0123456789"
+        (self.root / "token").write_text(self.token)
+        self.run_toml = self.root / "run.toml"
+        self.run_toml.write_text(TINY_RUN.format(run_id=run_id, inner_steps=inner_steps, manifest_hash=manifest_hash,
+                                                 lease_timeout=lease_timeout))
+        self.port = free_port()
+        self.http_port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.env = {"HIVEPATH_THREADS": "1", "HIVEMIND_MEMORY_SHARING_STRATEGY": "file_descriptor",
+                    "HIVEPATH_PROGRESS_INTERVAL": "0.5"}
+        self._client = None
+
+    # -- processes ----------------------------------------------------------------------------
+
+    def start_coordinator(self) -> None:
+        self.procs.start("coordinator", hivepath_cmd(
+            "coordinator", "serve", "--run-config", str(self.run_toml), "--db", str(self.root / "state.db"),
+            "--host", "127.0.0.1", "--port", str(self.port), "--http-port", str(self.http_port),
+            "--token-file", str(self.root / "token")), env=self.env)
+        wait_for(lambda: self.status() is not None, 60, "the coordinator to answer")
+
+    def common(self) -> list[str]:
+        return ["--coordinator", self.address, "--token-file", str(self.root / "token"), "--data", str(self.data_dir),
+                "--host-maddrs", "/ip4/127.0.0.1/tcp/0"]
+
+    def start_archive(self, name: str = "archive") -> Path:
+        directory = self.root / name
+        self.procs.start(name, hivepath_cmd("archive", "--dir", str(directory), "--poll-interval", "0.5",
+                                            "--keep", "50", *self.common()), env=self.env)
+        return directory
+
+    def start_peer(self, name: str, *extra: str) -> Path:
+        work = self.root / name
+        self.procs.start(name, hivepath_cmd("peer", "join", "--work-dir", str(work), "--progress", "json",
+                                            "--keep-checkpoints", "50", "--measure-seconds", "0.3",
+                                            *self.common(), *extra), env=self.env)
+        return work
+
+    def stop(self, name: str, timeout: float = 60.0) -> int:
+        """SIGTERM (drain) and wait for the exit code."""
+        self.procs.signal(name, signal.SIGTERM)
+        return self.procs.procs[name].wait(timeout=timeout)
+
+    # -- observation --------------------------------------------------------------------------
+
+    def client(self):
+        from peer.coordinator_client import CoordinatorClient
+
+        if self._client is None:
+            self._client = CoordinatorClient(self.address, self.token, retry_timeout=2.0)
+        return self._client
+
+    def status(self) -> Optional[dict[str, Any]]:
+        try:
+            return self.client().status()
+        except Exception:
+            return None
+
+    def module_rounds(self) -> dict[str, int]:
+        status = self.status() or {}
+        return {m["module_id"]: m["round"] for m in status.get("modules", [])}
+
+    def peer_assignment(self, peer_id: str) -> Optional[dict]:
+        for p in (self.status() or {}).get("peers", []):
+            if p["peer_id"] == peer_id:
+                return p
+        return None
+
+    def progress_lines(self, name: str) -> list[dict]:
+        out = []
+        for line in self.procs.log(name).splitlines():
+            if line.startswith("{"):
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    pass
+        return out
+
+    def peer_id(self, name: str) -> str:
+        lines = [p for p in self.progress_lines(name) if p.get("peer_id")]
+        if not lines:
+            raise AssertionError(f"{name} printed no progress yet")
+        return lines[-1]["peer_id"]
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()

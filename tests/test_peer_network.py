@@ -1,0 +1,204 @@
+"""The volunteer peer end to end: a real coordinator, archive and peers as processes on loopback.
+
+Invariants checked after faults: replicas of every module are bit-identical at equal rounds (peer
+checkpoints and the archive's snapshots), loss falls, drained peers exit 0 with a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import wait_for
+from helpers.network import Network
+from peer.checkpoint import CheckpointDir
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """The built-in corpus prepared once for the 2x2 lattice (a few seconds)."""
+    from models.corpus import default_corpus
+    from models.data import Dataset, prepare
+
+    out = tmp_path_factory.mktemp("data") / "default-bytes-2x2"
+    prepare(default_corpus(), out, levels=2, modules=2, tokenizer="bytes")
+    return Dataset(out)
+
+
+def snapshots_by_round(root: Path) -> dict[str, dict[int, dict[str, torch.Tensor]]]:
+    """module id -> round -> tensors (weights and momentum) over every snapshot under ``root``."""
+    out: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+    ckpt = CheckpointDir(root)
+    for path in ckpt.snapshots():
+        snap = ckpt.load(path)
+        for mid, round_no in snap.meta["rounds"].items():
+            tensors = {**snap.groups[f"modules/{mid}"], **{f"outer.{k}": v for k, v in snap.groups[f"outer/{mid}"].items()}}
+            out.setdefault(mid, {})[int(round_no)] = tensors
+    return out
+
+
+def assert_identical_at_equal_rounds(roots: list[Path], min_pairs: int = 1) -> int:
+    """Every pair of snapshots of the same module at the same round is bit-identical; returns the
+    number of pairs compared (the test asserts that enough were)."""
+    views = [snapshots_by_round(r) for r in roots]
+    pairs = 0
+    for i in range(len(views)):
+        for j in range(i + 1, len(views)):
+            for mid in set(views[i]) & set(views[j]):
+                for r in set(views[i][mid]) & set(views[j][mid]):
+                    if r == 0:
+                        continue
+                    a, b = views[i][mid][r], views[j][mid][r]
+                    assert a.keys() == b.keys()
+                    for k in a:
+                        assert torch.equal(a[k], b[k]), f"{mid} round {r} differs in {k} between {roots[i]} and {roots[j]}"
+                    pairs += 1
+    assert pairs >= min_pairs, f"only {pairs} common (module, round) snapshots to compare"
+    return pairs
+
+
+def test_network_trains_drains_and_replicas_stay_identical(procs, tmp_path, dataset):
+    net = Network(procs, tmp_path, dataset.dir, dataset.manifest_hash)
+    try:
+        net.start_coordinator()
+        archive = net.start_archive()
+        works = [net.start_peer(f"peer{i}") for i in range(3)]
+        wait_for(lambda: len(net.module_rounds()) >= 5 and min(net.module_rounds().values()) >= 6, 240,
+                 "every held module to complete 6 rounds")
+        codes = [net.stop(f"peer{i}") for i in range(3)]
+        assert codes == [0, 0, 0], [net.procs.log(f"peer{i}")[-2000:] for i in range(3)]
+        for w in works:
+            assert CheckpointDir(w / "checkpoints").load_latest() is not None
+        pairs = assert_identical_at_equal_rounds([w / "checkpoints" for w in works])
+        assert pairs >= 3
+        wait_for(lambda: CheckpointDir(archive).snapshots(), 30, "an archive snapshot")
+        assert_identical_at_equal_rounds([archive, *[w / "checkpoints" for w in works]])
+        for i in range(3):
+            losses = [p["loss"] for p in net.progress_lines(f"peer{i}") if p.get("loss")]
+            assert len(losses) >= 2 and losses[-1] < losses[0], f"peer{i} loss did not fall: {losses}"
+        # a drained peer left: the coordinator no longer counts it as live
+        assert (net.status() or {}).get("live_leases", 99) <= 1
+    finally:
+        net.close()
+
+
+def test_kill9_peer_comes_back_bit_identical_and_archive_restores(procs, tmp_path, dataset):
+    net = Network(procs, tmp_path, dataset.dir, dataset.manifest_hash, lease_timeout=6.0)
+    try:
+        net.start_coordinator()
+        archive = net.start_archive()
+        w0 = net.start_peer("peer0")
+        w1 = net.start_peer("peer1")
+        wait_for(lambda: min(net.module_rounds().values() or [0]) >= 2 and len(net.module_rounds()) >= 5, 240,
+                 "two rounds on every held module")
+        victim = net.peer_id("peer1")
+        rounds_at_kill = net.module_rounds()
+        net.procs.kill("peer1")
+        # the survivor goes on: its modules' rounds advance without the victim
+        wait_for(lambda: net.module_rounds().get("embed", 0) >= rounds_at_kill["embed"] + 2, 120,
+                 "the survivor to complete rounds after the kill")
+        # the lease expires and the coordinator frees the victim's work
+        wait_for(lambda: (net.peer_assignment(victim) or {}).get("state") != "active", 30,
+                 "the killed peer's lease to expire")
+        # restarted with the same identity and work dir: it rejoins and is bit-identical after a round
+        net.procs.start("peer1b", net.procs.procs["peer1"].args, env=net.env)
+        wait_for(lambda: "rejoined" in net.procs.log("peer1b") or "joined run" in net.procs.log("peer1b"), 120,
+                 "the restarted peer to join")
+        before = len(CheckpointDir(w1 / "checkpoints").snapshots())
+        wait_for(lambda: len(CheckpointDir(w1 / "checkpoints").snapshots()) >= before + 2, 180,
+                 "the restarted peer to complete two rounds")
+        assert net.stop("peer1b") == 0
+        assert net.stop("peer0") == 0
+        assert_identical_at_equal_rounds([w0 / "checkpoints", w1 / "checkpoints"], min_pairs=2)
+        # every trainer gone: a fresh peer (no checkpoint) resumes from the archive, not from init
+        wait_for(lambda: CheckpointDir(archive).snapshots(), 30, "an archive snapshot")
+        fresh = net.start_peer("peer2")
+        wait_for(lambda: "starting from" in net.procs.log("peer2"), 120, "the fresh peer to load its modules")
+        log = net.procs.log("peer2")
+        wait_for(lambda: "starting from" in net.procs.log("peer2") and net.procs.log("peer2").count("starting from") >= 4,
+                 60, "all four modules loaded")
+        log = net.procs.log("peer2")
+        assert "starting from peer" in log and "starting from init" not in log, log[-3000:]
+        assert net.stop("peer2") == 0
+        assert_identical_at_equal_rounds([archive, fresh / "checkpoints"])
+    finally:
+        net.close()
+
+
+def test_cli_errors_are_one_line_with_exit_codes(tmp_path, dataset):
+    import subprocess
+
+    from helpers import free_port, hivepath_cmd
+
+    def run(*args, env=None):
+        import os
+
+        r = subprocess.run(hivepath_cmd(*args), capture_output=True, text=True, timeout=120,
+                           env={**os.environ, **(env or {})})
+        return r.returncode, r.stderr
+
+    port = free_port()
+    code, err = run("peer", "join", "--coordinator", f"127.0.0.1:{port}", "--token", "x", "--work-dir",
+                    str(tmp_path / "w"), "--coordinator-timeout", "2")
+    assert code == 3 and "Traceback" not in err and "127.0.0.1" in err, err
+    code, err = run("peer", "join", "--coordinator", f"127.0.0.1:{port}", "--work-dir", str(tmp_path / "w"),
+                    env={"HIVEPATH_TOKEN": ""})
+    assert code == 2 and "token" in err and "Traceback" not in err, err
+    code, err = run("peer", "join", "--token", "x", env={"HIVEPATH_COORDINATOR": ""})
+    assert code == 2 and "--coordinator" in err, err
+    code, err = run("peer", "join", "--coordinator", "h:1", "--token", "x", "--keep-checkpoints", "0")
+    assert code == 2 and "--keep-checkpoints" in err, err
+    code, err = run("archive", "--coordinator", "h:1", "--token", "x")
+    assert code == 2 and "--dir" in err, err
+
+
+def test_wrong_token_incompatible_data_and_identity_in_use(procs, tmp_path, dataset):
+    import subprocess
+
+    from helpers import hivepath_cmd
+    from peer.identity import load_or_create_identity
+
+    net = Network(procs, tmp_path, dataset.dir, "ab" * 8)  # the run pins another dataset
+    try:
+        net.start_coordinator()
+        base = ["peer", "join", "--coordinator", net.address, "--work-dir", str(tmp_path / "w"),
+                "--coordinator-timeout", "10", "--data", str(dataset.dir)]
+        r = subprocess.run(hivepath_cmd(*base, "--token", "wrong"), capture_output=True, text=True, timeout=120)
+        assert r.returncode == 3 and "token" in r.stderr.lower() and "Traceback" not in r.stderr, r.stderr
+        r = subprocess.run(hivepath_cmd(*base, "--token", net.token), capture_output=True, text=True, timeout=120)
+        assert r.returncode == 4 and "manifest" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        (tmp_path / "w2").mkdir()
+        held = load_or_create_identity(tmp_path / "w2" / "identity.key")
+        try:
+            r = subprocess.run(hivepath_cmd("peer", "join", "--coordinator", net.address, "--token", net.token,
+                                            "--work-dir", str(tmp_path / "w2"), "--coordinator-timeout", "10"),
+                               capture_output=True, text=True, timeout=120)
+        finally:
+            held.release()
+        assert r.returncode == 6 and "in use" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    finally:
+        net.close()
+
+
+def test_demo_short_run_writes_report(tmp_path):
+    import subprocess
+
+    from helpers import hivepath_cmd
+
+    out = tmp_path / "demo"
+    r = subprocess.run(hivepath_cmd("demo", "--peers", "2", "--minutes", "0.75", "--preset", "tiny", "--out", str(out),
+                                    "--data", str(tmp_path / "data"), "--no-live", "--eval-docs", "4"),
+                       capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("bpb_before", "bpb_after", "bytes_exchanged", "ddp_bytes_equivalent", "tokens", "peers", "minutes"):
+        assert key in summary
+    assert summary["tokens"] > 0 and summary["bytes_exchanged"] > 0
+    assert summary["bpb_after"] < summary["bpb_before"]
+    assert (out / "report.md").exists() and (out / "loss.png").stat().st_size > 1000
+    assert "bits per byte" in r.stdout
