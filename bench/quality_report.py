@@ -195,7 +195,7 @@ def tables(records: Sequence[dict]) -> str:
         times = summ.get("hetero_time_to_target", {})
         lines += [f"\n**Heterogeneity (simulated clock; unit = one fast inner step)**, target "
                   f"{_fmt(summ.get('hetero_target_bpb'))} bpb\n",
-                  "| rounds | steps per worker per round | round time | final bpb | time to target |", "|---|---|---|---|---|"]
+                  "| mode | steps per worker per round | round time | final bpb | time to target |", "|---|---|---|---|---|"]
         label = {"step": "step-bounded, 4 workers", "time": "time-bounded, 4 workers", "fast": "fastest three alone"}
         for m, h in het:
             if h:

@@ -9,7 +9,9 @@ small lattice from the same initialisation, each on its own random windows of th
 at equal tokens (``--steps`` inner steps of ``--batch`` sequences per peer):
 
 - ``ddp``: every-step gradient averaging, synchronous data-parallel over the same transport
-  (:class:`peer.net_averager.NetAverager`, codec ``none``, one bucket holding every gradient);
+  (:class:`peer.net_averager.NetAverager`, codec ``none``, one bucket holding every gradient; after a
+  round with fewer than every peer, a peer waits for the others' holder records to reach its step,
+  so the group stays in lock-step as DDP does instead of racing ahead alone);
 - ``h20``, ``h100``: hivepath, :class:`peer.diloco.DiLoCoOptimizer` with H = 20 / 100, int8;
 - ``h20_overlap``, ``h100_overlap``: the same with ``OuterConfig.overlap`` (Streaming DiLoCo).
 

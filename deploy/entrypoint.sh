@@ -28,7 +28,26 @@ need_token() {
   fi
 }
 
+# HIVEPATH_ANNOUNCE_MADDRS=auto: announce this container's own IPv4 addresses at the fixed port of
+# HIVEPATH_HOST_MADDRS, so other containers are never handed a loopback address to dial.
+resolve_announce() {
+  [ "${HIVEPATH_ANNOUNCE_MADDRS:-}" = "auto" ] || return 0
+  port=$(printf '%s' "${HIVEPATH_HOST_MADDRS:-}" | sed -n 's|.*/tcp/\([1-9][0-9]*\).*|\1|p')
+  [ -n "$port" ] || die "HIVEPATH_ANNOUNCE_MADDRS=auto needs a fixed port in HIVEPATH_HOST_MADDRS, e.g. /ip4/0.0.0.0/tcp/7710"
+  addrs=""
+  for ip in $(hostname -I 2>/dev/null); do
+    case "$ip" in
+      *:*|127.*) ;;
+      *) addrs="$addrs /ip4/$ip/tcp/$port" ;;
+    esac
+  done
+  [ -n "$addrs" ] || die "HIVEPATH_ANNOUNCE_MADDRS=auto found no IPv4 address of this container; set the multiaddrs yourself"
+  HIVEPATH_ANNOUNCE_MADDRS="${addrs# }"
+  export HIVEPATH_ANNOUNCE_MADDRS
+}
+
 maybe_spot() {
+  resolve_announce
   if [ -n "${HIVEPATH_SPOT:-}" ] && [ "${HIVEPATH_SPOT}" != "none" ]; then
     exec python -m peer.spot -- hivepath "$@"
   fi

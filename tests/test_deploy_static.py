@@ -371,3 +371,20 @@ def test_coordinator_requirements_cover_what_the_coordinator_imports():
                     if dist.lower().replace("_", "-") not in pinned:
                         missing.setdefault(dist, set()).add(path.name)
     assert not missing, f"pin these in deploy/requirements-coordinator.txt: {missing}"
+
+
+def test_entrypoint_announce_auto_uses_the_container_addresses(tmp_path):
+    stub_dir = tmp_path / "bin"
+    stub_dir.mkdir()
+    (stub_dir / "hostname").write_text('#!/bin/sh\necho "172.18.0.5 127.0.0.1 fd00::5 10.1.2.3"\n')
+    (stub_dir / "hostname").chmod(0o755)
+    (stub_dir / "python").write_text('#!/bin/sh\necho "$HIVEPATH_ANNOUNCE_MADDRS"\n')
+    (stub_dir / "python").chmod(0o755)
+    env = {"HIVEPATH_TOKEN": "t", "HIVEPATH_COORDINATOR": "c:1", "HIVEPATH_SPOT": "aws",
+           "HIVEPATH_HOST_MADDRS": "/ip4/0.0.0.0/tcp/7710", "HIVEPATH_ANNOUNCE_MADDRS": "auto"}
+    out = _entrypoint(["peer", "join"], env, tmp_path)
+    assert out.stdout.strip() == "/ip4/172.18.0.5/tcp/7710 /ip4/10.1.2.3/tcp/7710", out.stderr
+    out = _entrypoint(["peer", "join"], {**env, "HIVEPATH_HOST_MADDRS": "/ip4/0.0.0.0/tcp/0"}, tmp_path)
+    assert out.returncode == 2 and "needs a fixed port" in out.stderr
+    ann = build_parser().parse_args(["peer", "join", "--announce-maddrs", "/ip4/172.18.0.5/tcp/7710"]).announce_maddrs
+    assert ann == ["/ip4/172.18.0.5/tcp/7710"]

@@ -107,13 +107,17 @@ def run_peer(opts: dict) -> None:
         dht.shutdown()
 
 
-def _close(got: dict, want: dict, where: str) -> None:
+def _close(got: dict, want: dict, where: str) -> float:
+    """Assert ``got`` matches the golden summary ``want``; return the largest fraction of a tolerance used."""
     assert got["numel"] == want["numel"], where
     scale = want["abs_sum"]
-    assert abs(got["abs_sum"] - scale) <= 1e-5 * scale, f"{where}: abs_sum {got['abs_sum']} vs {scale}"
-    assert abs(got["sum"] - want["sum"]) <= 1e-5 * scale, f"{where}: sum {got['sum']} vs {want['sum']}"
+    used = [abs(got["abs_sum"] - scale) / (1e-5 * scale), abs(got["sum"] - want["sum"]) / (1e-5 * scale)]
+    assert used[0] <= 1, f"{where}: abs_sum {got['abs_sum']} vs {scale}"
+    assert used[1] <= 1, f"{where}: sum {got['sum']} vs {want['sum']}"
     for i, (a, b) in enumerate(zip(got["values"], want["values"])):
-        assert abs(a - b) <= 1e-6 + 1e-4 * abs(b), f"{where}: value {i} is {a}, golden {b}"
+        used.append(abs(a - b) / (1e-6 + 1e-4 * abs(b)))
+        assert used[-1] <= 1, f"{where}: value {i} is {a}, golden {b}"
+    return max(used)
 
 
 @pytest.mark.integration
@@ -150,10 +154,12 @@ def test_distributed_outer_steps_match_the_simulator_golden(procs, tmp_path):
         for mid, r, peers in out["groups"]:
             holders = sorted(ids[j] for j, p in enumerate(spec.PATHS) if mid in cfg.lattice.path_modules(p))
             assert peers == holders, f"peer{k}: {mid} round {r} grouped {peers}"
+    used = 0.0
     for r, want_round in enumerate(golden["rounds"]):
         for k, out in enumerate(outs):
             for mid, got in out["rounds"][r].items():
-                _close(got, want_round[mid], f"peer{k} {mid} round {r}")
+                used = max(used, _close(got, want_round[mid], f"peer{k} {mid} round {r}"))
+    print(f"golden match: at most {used:.3f} of the float tolerance used")
     # the check can fail: the modules moved far more than the tolerance over the rounds
     first, last = golden["rounds"][0]["embed"]["values"], golden["rounds"][-1]["embed"]["values"]
     assert max(abs(a - b) for a, b in zip(first, last)) > 1e-3

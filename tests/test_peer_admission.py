@@ -76,10 +76,17 @@ def swarm():
     try:
         yield nodes, loop, state
     finally:
+        async def close_replicas() -> None:
+            for n in nodes:
+                if n.p2p is not None:
+                    await n.p2p.shutdown()
+
+        asyncio.run_coroutine_threadsafe(close_replicas(), loop).result(30)
         for d in dhts:
             d.shutdown()
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+        loop.close()
 
 
 def run(loop, coro, timeout: float = 60.0):

@@ -230,7 +230,8 @@ def test_stage_and_path_holders_of_a_module_stay_identical(procs, tmp_path, data
     swarm.start("s1", role="server", module="L1M0", holds=["L1M0"])
     swarm.start("t", role="trainer", path=[0, 0], codec="int8", max_steps=rounds * h, holds=["embed", "head"])
     swarm.start("p", role="path", path=[0, 0], rounds=rounds, holds=list(barrier))
-    t, p = swarm.result("t"), swarm.result("p")
+    t = swarm.result("t")
+    swarm.result("p")
     (tmp_path / "stop").write_text("")
     swarm.result("s0"), swarm.result("s1")
 

@@ -96,8 +96,9 @@ class Network:
             return None
 
     def module_rounds(self) -> dict[str, int]:
+        """Round of every module that has holders (as heartbeats report it)."""
         status = self.status() or {}
-        return {m["module_id"]: m["round"] for m in status.get("modules", [])}
+        return {m["module_id"]: m["round"] for m in status.get("modules", []) if m.get("holders")}
 
     def peer_assignment(self, peer_id: str) -> Optional[dict]:
         for p in (self.status() or {}).get("peers", []):
