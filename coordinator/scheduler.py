@@ -176,9 +176,11 @@ def assign_peer(
 
     batch = _batch_size(run, settings)
     usable = _usable(caps, settings)
-    fitting = [m for m in lattice.module_ids() if lattice.training_memory_bytes([m], batch) <= usable]
+    # stage servers serve lattice blocks; the embedding and head stay with the trainers that drive data
+    blocks = [m for m in lattice.module_ids() if lattice.module_kind(m) == "block"]
+    fitting = [m for m in blocks if lattice.training_memory_bytes([m], batch) <= usable]
     if not fitting:
-        smallest = min(lattice.training_memory_bytes([m], batch) for m in lattice.module_ids())
+        smallest = min(lattice.training_memory_bytes([m], batch) for m in blocks)
         return None, (
             f"no work fits {caps.memory_bytes} bytes ({settings.memory_headroom:.0%} usable): a path needs "
             f"{path_need} and the smallest module {smallest}; join with more memory or a smaller batch"

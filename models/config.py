@@ -245,7 +245,8 @@ class LatticeConfig:
         blocks = sum(self.blocks_per_module for m in module_ids if self.module_kind(m) == "block")
         tokens = batch_size * self.seq_len
         act = tokens * blocks * (20 * self.d_model + self.n_heads * self.seq_len) * 4
-        logits = tokens * self.vocab_size * 4 * 3
+        has_head = any(self.module_kind(m) == "head" for m in module_ids)
+        logits = tokens * self.vocab_size * 4 * 3 if has_head else 0  # logits, softmax and their grad
         return params * 28 + act + logits
 
 

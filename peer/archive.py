@@ -116,6 +116,7 @@ class ArchivePeer:
     def run(self) -> int:
         from models.lattice import ModularLM
         from peer.coordinator_client import CoordinatorClient, PeerInfo
+        from peer.credentials import CredentialVerifier
         from peer.dht import DHTOptions, start_dht
         from peer.net_averager import NetAverager
         from peer.records import HolderRecord, holders_key, read_records
@@ -140,14 +141,18 @@ class ArchivePeer:
             dht = start_dht(DHTOptions(initial_peers=tuple(opts.initial_peers) + tuple(spec.initial_peers),
                                        host_maddrs=opts.host_maddrs, announce_maddrs=opts.announce_maddrs,
                                        identity_path=str(opts.identity)))
+            verifier = None
+            if spec.coordinator_public_key:
+                verifier = CredentialVerifier(cfg.run_id, spec.coordinator_public_key)
             averager = NetAverager(dht, cfg.run_id, cfg.content_hash(), spec.manifest_hash,
-                                   state_provider=self._provide)
-            for mid, st in self.states.items():
-                averager.announce_archive(mid, st.round_no)
+                                   state_provider=self._provide, credential=lambda: client.credential,
+                                   verifier=verifier)
             client.peer = PeerInfo(peer_id=dht.peer_id, device="cpu", memory_bytes=0, tokens_per_s=0.0,
                                    multiaddrs=tuple(dht.maddrs()), manifest_hash=spec.manifest_hash, archive=True)
             joined = client.join()
             dht.connect(joined.initial_peers)
+            for mid, st in self.states.items():  # announced once we hold a credential
+                averager.announce_archive(mid, st.round_no)
             client.start_heartbeats(lambda: {}, lambda reply: None)
             log.info("archive %s following %d modules of run %s in %s", dht.peer_id, len(lat.module_ids()),
                      cfg.run_id, opts.directory)

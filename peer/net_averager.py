@@ -18,7 +18,7 @@ import logging
 import math
 import threading
 import time
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -80,8 +80,11 @@ class NetAverager:
                  bandwidth: Optional[float] = None, throughput: float = 0.0,
                  state_provider: Optional[StateProvider] = None, holder_ttl: float = 30.0,
                  startup_timeout: float = 30.0, event_hook: Optional[EventHook] = None,
-                 aggregation: Aggregation = MEAN, on_suspect: Optional[SuspectHook] = None):
+                 aggregation: Aggregation = MEAN, on_suspect: Optional[SuspectHook] = None,
+                 credential: Optional[Callable[[], bytes]] = None, verifier: Optional[Any] = None):
         self.dht = unwrap_dht(dht)
+        self._credential = credential or (lambda: b"")
+        self._verifier = verifier
         self.run_id = run_id
         self.config_hash = config_hash
         self.data_hash = data_hash
@@ -120,8 +123,9 @@ class NetAverager:
         self._server = ReductionServer(self._p2p, self.peer_id, self.prefix, event_hook=self._event_hook,
                                        aggregation=self._aggregation)
         self._matchmaker = Matchmaker(self.dht, self._p2p, self.peer_id, self.run_id, self.config_hash,
-                                      self.data_hash, self.bandwidth, self.prefix)
-        self._state_server = StateServer(self._p2p, self.config_hash, self.prefix, provider)
+                                      self.data_hash, self.bandwidth, self.prefix, credential=self._credential,
+                                      verifier=self._verifier)
+        self._state_server = StateServer(self._p2p, self.config_hash, self.prefix, provider, verifier=self._verifier)
         await self._server.start()
         await self._matchmaker.start()
         await self._state_server.start()
@@ -164,7 +168,7 @@ class NetAverager:
     def _publish_archive(self, module_id: str, round_no: int) -> Any:
         from hivemind.utils import get_dht_time
 
-        record = ArchiveRecord(self.config_hash, self.data_hash, round_no)
+        record = ArchiveRecord(self.config_hash, self.data_hash, round_no, self._credential())
         return self.dht.store(archive_key(self.run_id, module_id), to_value(record),
                               get_dht_time() + self.holder_ttl, subkey=self.peer_id, return_future=True)
 
@@ -177,7 +181,8 @@ class NetAverager:
     def _publish(self, module_id: str, round_no: int) -> Any:
         from hivemind.utils import get_dht_time
 
-        record = HolderRecord(self.config_hash, self.data_hash, round_no, self.throughput, self.bandwidth)
+        record = HolderRecord(self.config_hash, self.data_hash, round_no, self.throughput, self.bandwidth,
+                              self._credential())
         return self.dht.store(holders_key(self.run_id, module_id), to_value(record),
                               get_dht_time() + self.holder_ttl, subkey=self.peer_id, return_future=True)
 
@@ -295,7 +300,8 @@ class NetAverager:
         """Fetch ``module_id``'s global params, outer momentum and round from a live holder of our
         config hash; raises :class:`peer.state_transfer.StateTransferError` if none can send it."""
         return self._call(fetch_module_state(self.dht, self._p2p, self.run_id, module_id, self.config_hash,
-                                             self.prefix, self.peer_id, timeout, like), timeout + 5.0)
+                                             self.prefix, self.peer_id, timeout, like, credential=self._credential,
+                                             verifier=self._verifier), timeout + 5.0)
 
     # -- life cycle ---------------------------------------------------------------------------
 

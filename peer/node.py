@@ -163,6 +163,8 @@ class PeerNode:
         if trainer is not None:
             for mid in trainer.module_ids:
                 progress.append(Progress(mid, trainer.opt.module_round(mid), trainer.tokens, self.status.loss or 0.0))
+        elif self.status.mode == "stage" and self.status.assignment:
+            progress.append(Progress(self.status.assignment, self.status.round_no, self.status.tokens, 0.0))
         return {
             "progress": progress,
             "tokens_per_s": self.status.tokens_per_s,
@@ -174,6 +176,7 @@ class PeerNode:
     # -- the life cycle -----------------------------------------------------------------------
 
     def run(self) -> int:
+        from peer.credentials import CredentialVerifier
         from peer.dht import DHTOptions, start_dht
         from peer.net_averager import NetAverager
 
@@ -198,8 +201,13 @@ class PeerNode:
                 client_mode=opts.client_mode, identity_path=str(opts.identity),
             ))
             bandwidth = None if opts.upload_mbps is None else opts.upload_mbps * 1e6 / 8
+            verifier = None
+            if spec.coordinator_public_key:
+                verifier = CredentialVerifier(cfg.run_id, spec.coordinator_public_key)
             averager = NetAverager(dht, cfg.run_id, cfg.content_hash(), dataset.manifest_hash,
-                                   bandwidth=bandwidth, throughput=tokens_per_s)
+                                   bandwidth=bandwidth, throughput=tokens_per_s,
+                                   credential=lambda: client.credential, verifier=verifier,
+                                   on_suspect=client.report_peer_later)
             self.status.peer_id = dht.peer_id
             client.peer = PeerInfo(
                 peer_id=dht.peer_id, device=describe_device(device), memory_bytes=memory, tokens_per_s=tokens_per_s,
@@ -211,7 +219,7 @@ class PeerNode:
                      joined.assignment.reason)
             client.start_heartbeats(self._progress, self._on_heartbeat)
             self.view = make_view(opts.progress)
-            self._train(joined.run_config, joined.assignment, dataset, device, averager, dht.peer_id)
+            self._train(joined.run_config, joined.assignment, dataset, device, averager, dht)
             return 0
         finally:
             self.status.state = "stopped"
@@ -228,9 +236,11 @@ class PeerNode:
             if dht is not None:
                 dht.shutdown()
 
-    def _train(self, cfg: RunConfig, assignment: WorkAssignment, dataset, device, averager, peer_id: str) -> None:
+    def _train(self, cfg: RunConfig, assignment: WorkAssignment, dataset, device, averager, dht) -> None:
+        from peer.stage_node import run_stage_server
         from peer.trainer import PathTrainer
 
+        peer_id = dht.peer_id
         checkpoints = CheckpointDir(self.opts.work_dir / "checkpoints", keep=self.opts.keep_checkpoints)
 
         def fetch(mid, like):
@@ -243,23 +253,29 @@ class PeerNode:
                 return None
 
         while True:
-            if assignment.mode != "path":
-                raise UnsupportedAssignment(
-                    f"the coordinator assigned {assignment.label()} (stage mode), which this peer version does not "
-                    "serve; give it more memory (--max-memory) so a whole path fits"
-                )
+            if assignment.mode not in ("path", "stage"):
+                raise UnsupportedAssignment(f"the coordinator assigned {assignment.label()}, which a training peer "
+                                            "cannot do; run 'hivepath archive' for an archive peer")
             outer = dataclasses.replace(
                 cfg.outer,
                 inner_steps=assignment.inner_steps or cfg.outer.inner_steps,
                 codec=assignment.codec or cfg.outer.codec,
             )
-            self.status.mode, self.status.assignment = "path", ",".join(map(str, assignment.path))
-            self._trainer = PathTrainer(cfg, assignment.path, dataset, device, averager, checkpoints,
-                                        peer_id, self.status, fetch_state=fetch, outer=outer)
-            reason = self._trainer.run(self._should_stop, lambda report: None)
-            self.status.state = "draining"
+            self.status.mode = assignment.mode
             deadline = time.monotonic() + self.opts.drain_timeout
-            self._trainer.finish()
+            if assignment.mode == "stage":
+                # SWARM stage mode: serve one module's forward/backward to trainers (peer.stage_node)
+                self.status.assignment = assignment.module_id
+                self._trainer = None
+                reason = run_stage_server(cfg, assignment.module_id, dataset, device, dht, averager, checkpoints,
+                                          self._should_stop, status=self.status, outer=outer)
+            else:
+                self.status.assignment = ",".join(map(str, assignment.path))
+                self._trainer = PathTrainer(cfg, assignment.path, dataset, device, averager, checkpoints,
+                                            peer_id, self.status, fetch_state=fetch, outer=outer)
+                reason = self._trainer.run(self._should_stop, lambda report: None)
+                self.status.state = "draining"
+                self._trainer.finish()
             if time.monotonic() > deadline:
                 log.warning("draining took longer than --drain-timeout %.0fs", self.opts.drain_timeout)
             if reason != "reassigned":

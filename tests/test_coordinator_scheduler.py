@@ -64,7 +64,8 @@ def test_nothing_fits_returns_none_and_says_why():
     assert "no work fits 1000 bytes" in reason and "smallest module" in reason
 
 
-def test_stage_servers_spread_over_modules():
+def test_stage_servers_spread_over_blocks():
+    """Stage servers spread over the lattice's blocks; the embedding and head stay with trainers."""
     _, need = fits_path(caps(), RUN, SETTINGS)
     view = ClusterView()
     served = []
@@ -72,9 +73,10 @@ def test_stage_servers_spread_over_modules():
         a, _ = assign_peer(0.0, caps(memory=int(need * 0.6)), view, RUN, SETTINGS)
         view.add(f"s{i}", a, 100.0)
         served.append(a.module_id)
-    fitting = [m for m in RUN.lattice.module_ids()
-               if RUN.lattice.training_memory_bytes([m], RUN.inner.batch_size) <= need * 0.6 * 0.8]
-    assert sorted(set(served)) == sorted(fitting)
+    fitting = [m for m in RUN.lattice.module_ids() if RUN.lattice.module_kind(m) == "block"
+               and RUN.lattice.training_memory_bytes([m], RUN.inner.batch_size) <= need * 0.6 * 0.8]
+    assert fitting and sorted(set(served)) == sorted(fitting)
+    assert not {"embed", "head"} & set(served)
 
 
 def test_slow_link_gets_stronger_codec_then_larger_h():
