@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.hivepath-installed
 PYTEST_ARGS ?=
-BENCHES := inner_loop routing coordinator_load comm quality utilization
+BENCHES := inner_loop routing codecs coordinator_load comm utilization swarm
 
 .PHONY: setup demo test test-all bench protos clean
 
@@ -30,8 +30,11 @@ test: setup
 test-all: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# bench.comm and bench.utilization need root (network namespaces); without it they print a skip line.
+# bench.quality runs its reduced CPU grid here; `python -m bench.quality --scale full` is the whole grid.
 bench: setup
 	@for b in $(BENCHES); do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
+	$(PY) -m bench.quality --quick
 
 protos: setup
 	$(PY) -m protos.generate

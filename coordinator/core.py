@@ -424,9 +424,9 @@ class Coordinator(Moderation):
                 break
             if peer_id == joining:
                 continue
+            # every address: the first may be loopback inside a container, useless to anyone else
             for addr in self._live_addrs[peer_id]:
                 out.append(addr if "/p2p/" in addr else f"{addr}/p2p/{peer_id}")
-                break
         return out
 
     def _release(self, peer: PeerRecord, batch: WriteBatch) -> None:

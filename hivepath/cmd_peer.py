@@ -82,6 +82,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="CPU threads for torch (env HIVEPATH_THREADS)")
     j.add_argument("--measure-seconds", type=float, default=env_default("HIVEPATH_MEASURE_SECONDS", 2.0, float),
                    metavar="S", help="seconds spent measuring tokens/s at start-up (env HIVEPATH_MEASURE_SECONDS; default 2)")
+    j.add_argument("--spot", default=env_default("HIVEPATH_SPOT", "none"), choices=["none", "aws", "gcp", "auto"],
+                   help="watch the cloud's spot/preemption notice and drain on one (env HIVEPATH_SPOT; default none)")
+    j.add_argument("--spot-url", default=env_default("HIVEPATH_SPOT_URL"), metavar="URL",
+                   help="metadata server base URL (env HIVEPATH_SPOT_URL; default: the provider's own)")
+    j.add_argument("--spot-poll-interval", type=float, default=env_default("HIVEPATH_SPOT_POLL_INTERVAL", 5.0, float),
+                   metavar="S", help="seconds between notice checks (env HIVEPATH_SPOT_POLL_INTERVAL; default 5)")
     j.add_argument("--coordinator-timeout", type=float, default=env_default("HIVEPATH_COORDINATOR_TIMEOUT", 60.0, float),
                    metavar="S", help="seconds to retry an unreachable coordinator at start-up (env HIVEPATH_COORDINATOR_TIMEOUT)")
     j.add_argument("--keep-checkpoints", type=int, default=env_default("HIVEPATH_KEEP_CHECKPOINTS", 2, int), metavar="K",
@@ -156,6 +162,14 @@ def run(args: argparse.Namespace) -> int:
         measure_seconds=args.measure_seconds,
         keep_checkpoints=args.keep_checkpoints,
     )
+    from peer.spot import SpotOptions, SpotWatcher
+
     node = PeerNode(opts)
     install_drain_signals(node.request_stop)
-    return node.run()
+    spot = SpotOptions(provider=args.spot, base_url=args.spot_url, poll_interval=args.spot_poll_interval)
+    watcher = SpotWatcher.from_options(spot, lambda notice: node.request_stop(notice.describe(), preempting=True))
+    watcher.start()
+    try:
+        return node.run()
+    finally:
+        watcher.stop()

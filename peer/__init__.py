@@ -15,6 +15,14 @@ Network:
 - ``peer.matchmaking``, ``peer.allreduce``, ``peer.net_averager``: groups per (module, round) and the
   bit-identical all-reduce over hivemind's P2P; ``peer.state_transfer`` serves module states.
 - ``peer.coordinator_client``: the coordinator's gRPC client with retries.
+- ``peer.credentials``: admission credentials signed by the coordinator, checked by every member.
+- ``peer.partition``: how a module's flat vector is split into parts among reducers.
+- Robust aggregation lives in ``peer.averaging`` (``Aggregation``, ``aggregate``, ``reduce_part``;
+  ``AverageResult.suspects`` names contributors that were clipped or dropped).
+
+Stage mode (SWARM):
+- ``peer.stage_records``, ``peer.stage_wire``, ``peer.stage_server``, ``peer.stage_client``,
+  ``peer.stage_node``: pipeline-stage servers of one module and the trainers that drive them.
 
 The peer itself:
 - ``peer.node`` (``hivepath peer join``), ``peer.trainer`` (one path assignment),
@@ -24,5 +32,6 @@ The peer itself:
 __all__ = [
     "compression", "outer", "averaging", "diloco", "simulator", "identity", "dht", "records", "matchmaking",
     "allreduce", "net_averager", "state_transfer", "coordinator_client", "node", "trainer", "checkpoint",
-    "resources", "progress", "archive", "demo",
+    "resources", "progress", "archive", "demo", "credentials", "partition", "stage_records", "stage_wire",
+    "stage_server", "stage_client", "stage_node", "spot",
 ]

@@ -357,7 +357,9 @@ class DiLoCoOptimizer:
         local progress made since the delta was taken."""
         pending = st.pending
         if pending.future is None:
-            st.pending = None
+            with self._state_lock:
+                st.pending = None
+                self._roll_back(st, pending)
             return ModuleReport(st.module_id, pending.round_no, False, pending.refused, tokens=pending.tokens)
         t0 = time.perf_counter()
         res = pending.future.result()
@@ -366,6 +368,8 @@ class DiLoCoOptimizer:
             st.pending = None
             if res.ok:
                 self._apply(st, pending.sent, res)
+            else:
+                self._roll_back(st, pending)
         if res.ok:
             if pending.anchor is None:
                 st.outer.sync_to(st.params)
@@ -374,6 +378,14 @@ class DiLoCoOptimizer:
                     progress = p.detach().to(device="cpu", dtype=torch.float32) - a  # made while exchanging
                     p.data.copy_(g + progress)
         return self._report(st, pending.round_no, pending.tokens, res, wait)
+
+    def _roll_back(self, st: _Module, pending: _Pending) -> None:
+        """A round this peer did not apply leaves its global copy at that round: its number goes back
+        too, so the state is never labelled with a round it missed (the group that applied it is then
+        ahead, and matchmaking tells this peer to re-sync). Overlap mode has launched the next exchange
+        already and keeps counting."""
+        if not self.outer_cfg.overlap:
+            st.round_no = pending.round_no
 
     # -- state ----------------------------------------------------------------------------------
 

@@ -226,6 +226,7 @@ class PeerNode:
             if self.view is not None:
                 self.view.close(self.status)
             if client.joined is not None:
+                client.retry_timeout = min(client.retry_timeout or 10.0, 10.0)  # never hang a drain on it
                 try:
                     client.leave(self._stop_reason or "finished")
                 except HivepathError as e:

@@ -217,7 +217,7 @@ class PathTrainer:
         like = [g for g in mine.global_params]
         remote = self._fetch_state(mid, like)
         if remote is None or remote.round_no < mine.round_no:
-            return
+            return  # nobody is ahead: the round failed for the whole group, which stays identical
         same = remote.round_no == mine.round_no and all(
             torch.equal(a, b) for a, b in zip(remote.global_params, mine.global_params))
         if not same:

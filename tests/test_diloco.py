@@ -227,7 +227,9 @@ def test_nan_delta_is_never_sent_and_local_progress_is_kept():
     assert rb["embed"].applied and rb["head"].applied and ra["embed"].group_size == 2
     assert all(torch.equal(g, i) for g, i in zip(b.opt.module_state("L0M0").global_params, init))
     assert math.isnan(next(b.mods["L0M0"].parameters())[0, 0].item())  # local state untouched
-    assert b.opt.module_round("L0M0") == 1  # joins the group's next round
+    # its global copy is still round 0's, and so is its round number: the group is ahead, so b
+    # re-syncs from it before averaging again (never labelling a stale copy with a round it missed)
+    assert b.opt.module_round("L0M0") == 0
     for mid in ("embed", "head"):
         sa, sb = a.opt.module_state(mid), b.opt.module_state(mid)
         assert all(torch.equal(x, y) for x, y in zip(sa.global_params, sb.global_params))
@@ -406,6 +408,11 @@ def test_failed_round_keeps_local_progress_and_the_delta_carries_into_the_next()
     m = solo.train_step().modules["L0M0"]
     assert not m.applied and "closed before we arrived" in m.reason
     assert all(torch.equal(g, i) for g, i in zip(solo.opt.module_state("L0M0").global_params, init))
+    assert solo.opt.module_round("L0M0") == 0  # its copy is still round 0's
+    # the peer re-syncs from the group that applied round 0 (the ghost averaged a zero delta alone:
+    # its state is the initial weights at round 1); the local progress rides on top
+    momentum = [torch.zeros_like(i) for i in init]
+    solo.opt.rebase_module_state("L0M0", [i.clone() for i in init], momentum, 1)
     assert solo.opt.module_round("L0M0") == 1
     solo.train_step()
     m = solo.train_step().modules["L0M0"]
