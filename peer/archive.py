@@ -159,6 +159,8 @@ class ArchivePeer:
             while not self._stop.is_set():
                 changed = False
                 for mid in lat.module_ids():
+                    if self._stop.is_set():
+                        break
                     holders = read_records(averager.dht, holders_key(cfg.run_id, mid), HolderRecord)
                     ahead = [h.round_no for p, h in holders.items()
                              if h.config_hash == cfg.content_hash() and p != dht.peer_id]
@@ -166,7 +168,7 @@ class ArchivePeer:
                     if not ahead or max(ahead) <= have:
                         continue
                     try:
-                        state = averager.fetch_state(mid, timeout=10.0, like=likes[mid])
+                        state = averager.fetch_state(mid, timeout=5.0, like=likes[mid])
                     except StateTransferError as e:
                         log.warning("could not fetch %s at round %d: %s", mid, max(ahead), e)
                         continue

@@ -115,9 +115,9 @@ class _Procs:
             log.warning("killing %s: they did not drain within %.0fs", ", ".join(stuck), timeout)
             self.signal(stuck, signal.SIGKILL)
             codes.update(self.wait(stuck, 10))
-        for p in self.procs.values():  # reap p2p daemons left in the sessions
+        for n in names:  # reap p2p daemons left in these processes' sessions
             try:
-                os.killpg(p.pid, signal.SIGKILL)
+                os.killpg(self.procs[n].pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
         return codes

@@ -9,12 +9,11 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-import torch
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from models.config import RunConfig, format_path, parse_path
+from models.config import RunConfig, format_path
 
 __all__ = ["DemoMonitor", "evaluate_init", "evaluate_run_dir", "write_report"]
 
@@ -55,6 +54,9 @@ class DemoMonitor:
         self.last: dict[str, Any] = {}
         self.console = Console(stderr=True)
         self._live: Optional[Live] = Live(console=self.console, auto_refresh=False) if live else None
+        self.peer_paths: dict[str, tuple[int, ...]] = {}
+        """Last path each peer trained (peers that left have no assignment in the final status)."""
+        self.peer_tokens: dict[str, int] = {}
 
     def __enter__(self) -> "DemoMonitor":
         if self._live is not None:
@@ -73,6 +75,11 @@ class DemoMonitor:
             return
         elapsed = time.monotonic() - self.start
         self.last = status
+        for p in status.get("peers", []):
+            a = p.get("assignment")
+            if a is not None and a.mode == "path":
+                self.peer_paths[p["peer_id"]] = tuple(a.path)
+            self.peer_tokens[p["peer_id"]] = max(self.peer_tokens.get(p["peer_id"], 0), p.get("tokens", 0))
         self.history.append({
             "t": round(elapsed, 1),
             "paths": {format_path(tuple(p["path"])): p["loss"] for p in status.get("paths", []) if p.get("loss")},
@@ -88,8 +95,8 @@ class DemoMonitor:
         for col in ("peer", "state", "work", "tokens/s", "tokens", "last seen"):
             t.add_column(col)
         for p in status.get("peers", []):
-            a = p.get("assignment") or {}
-            work = ("path " + ",".join(map(str, a.get("path", [])))) if a.get("mode") == "path" else a.get("module_id", "-")
+            a = p.get("assignment")
+            work = a.label() if a is not None else "-"
             t.add_row(p["peer_id"][:12], p.get("state", ""), work or "-", f"{p.get('tokens_per_s', 0):,.0f}",
                       f"{p.get('tokens', 0):,}", f"{p.get('last_seen_age_s', 0):.0f}s")
         rounds = ", ".join(f"{m['module_id']}:r{m['round']}" for m in status.get("modules", []))
@@ -101,14 +108,15 @@ class DemoMonitor:
         from peer.demo import ddp_bytes_equivalent
 
         status = self.last
-        peers = [p for p in status.get("peers", []) if (p.get("assignment") or {}).get("mode") == "path"]
-        tokens = sum(p.get("tokens", 0) for p in status.get("peers", []))
-        holders = {m["module_id"]: len(m.get("holders", [])) for m in status.get("modules", [])}
+        tokens = sum(self.peer_tokens.values())
+        holders: dict[str, int] = {}
+        for path in self.peer_paths.values():
+            for mid in cfg.lattice.path_modules(path):
+                holders[mid] = holders.get(mid, 0) + 1
         step_tokens = cfg.inner.batch_size * cfg.lattice.seq_len
         steps_by_path: dict[tuple[int, ...], int] = {}
-        for p in peers:
-            path = tuple(p["assignment"]["path"])
-            steps_by_path[path] = steps_by_path.get(path, 0) + p.get("tokens", 0) // step_tokens
+        for peer_id, path in self.peer_paths.items():
+            steps_by_path[path] = steps_by_path.get(path, 0) + self.peer_tokens.get(peer_id, 0) // step_tokens
         return {
             "bpb_before": bpb_before,
             "bpb_after": bpb_after,

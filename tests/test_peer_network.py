@@ -199,6 +199,8 @@ def test_demo_short_run_writes_report(tmp_path):
     for key in ("bpb_before", "bpb_after", "bytes_exchanged", "ddp_bytes_equivalent", "tokens", "peers", "minutes"):
         assert key in summary
     assert summary["tokens"] > 0 and summary["bytes_exchanged"] > 0
+    assert summary["ddp_bytes_equivalent"] > summary["bytes_exchanged"]  # H=10, int8: far fewer bytes
+    assert all(code == 0 for code in summary["exit_codes"].values()), summary["exit_codes"]
     assert summary["bpb_after"] < summary["bpb_before"]
     assert (out / "report.md").exists() and (out / "loss.png").stat().st_size > 1000
     assert "bits per byte" in r.stdout
