@@ -4,9 +4,8 @@
 # reach it directly; run containers with --init / `init: true` so zombies are reaped too).
 #
 # A missing required variable stops the container with one line naming it (exit 2).
-# With HIVEPATH_SPOT set (aws, gcp or auto), `peer join` watches the notice itself (and reports the
-# preemption to the coordinator); `archive` runs under the spot-notice
-# supervisor (python -m peer.spot), which sends it SIGTERM (drain, checkpoint, exit 0) when
+# With HIVEPATH_SPOT set (aws, gcp or auto), `peer join` and `archive` run under the spot-notice
+# supervisor (python -m peer.spot), which sends the peer SIGTERM (drain, checkpoint, exit 0) when
 # the cloud posts a preemption notice.
 set -eu
 
@@ -79,9 +78,7 @@ case "${1:-}" in
     if [ "${2:-}" = "join" ]; then
       need HIVEPATH_COORDINATOR "set it to the coordinator's HOST:PORT"
       need_token
-      # the peer watches HIVEPATH_SPOT itself and tells the coordinator it is being preempted
-      resolve_announce
-      exec hivepath "$@"
+      maybe_spot "$@"
     fi
     exec hivepath "$@"
     ;;

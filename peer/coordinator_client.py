@@ -357,7 +357,8 @@ class CoordinatorClient:
         for p in r.peers:
             a = WorkAssignment.from_proto(p.assignment) if p.HasField("assignment") else None
             peers.append({"peer_id": p.peer_id, "device": p.device, "state": p.state, "tokens_per_s": p.tokens_per_s,
-                          "memory_bytes": p.memory_bytes, "work": a.label() if a else "", "assignment": a,
+                          "memory_bytes": p.memory_bytes, "work": a.label() if a else "",
+                          "mode": a.mode if a else "", "path": list(a.path) if a else [],
                           "tokens": p.tokens,
                           "bytes_exchanged": p.bytes_exchanged, "last_seen_age_s": p.last_seen_age_s})
         return {

