@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from hivepath.cli import env_default
-from hivepath.cmd_peer import _split, install_drain_signals, read_token
+from hivepath.cmd_peer import add_network_flags, install_drain_signals, read_token
 from models.errors import HivepathError
 
 __all__ = ["register", "run"]
@@ -25,27 +25,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--dir", default=env_default("HIVEPATH_ARCHIVE_DIR"), metavar="DIR",
                    help="where snapshots go (env HIVEPATH_ARCHIVE_DIR; required)")
-    p.add_argument("--coordinator", default=env_default("HIVEPATH_COORDINATOR"), metavar="HOST:PORT",
-                   help="the coordinator's gRPC address (env HIVEPATH_COORDINATOR; required)")
-    p.add_argument("--token", default=env_default("HIVEPATH_TOKEN"), help="the run token (env HIVEPATH_TOKEN)")
-    p.add_argument("--token-file", default=env_default("HIVEPATH_TOKEN_FILE"), metavar="FILE",
-                   help="read the run token from FILE (env HIVEPATH_TOKEN_FILE)")
-    p.add_argument("--initial-peers", nargs="*", default=_split(env_default("HIVEPATH_INITIAL_PEERS")),
-                   metavar="MADDR", help="extra DHT bootstrap multiaddrs (env HIVEPATH_INITIAL_PEERS)")
-    p.add_argument("--identity", default=env_default("HIVEPATH_IDENTITY"), metavar="FILE",
-                   help="identity key file (env HIVEPATH_IDENTITY; default DIR/identity.key)")
+    add_network_flags(p)
     p.add_argument("--data", default=env_default("HIVEPATH_DATA"), metavar="DIR",
                    help="the run's prepared dataset, recorded in snapshots for eval (env HIVEPATH_DATA)")
-    p.add_argument("--host-maddrs", nargs="*", default=_split(env_default("HIVEPATH_HOST_MADDRS", "/ip4/0.0.0.0/tcp/0")),
-                   metavar="MADDR", help="multiaddrs to listen on (env HIVEPATH_HOST_MADDRS)")
-    p.add_argument("--announce-maddrs", nargs="*", default=_split(env_default("HIVEPATH_ANNOUNCE_MADDRS")),
-                   metavar="MADDR", help="multiaddrs other peers should dial (env HIVEPATH_ANNOUNCE_MADDRS)")
     p.add_argument("--keep", type=int, default=env_default("HIVEPATH_ARCHIVE_KEEP", 3, int), metavar="K",
                    help="snapshots to keep (env HIVEPATH_ARCHIVE_KEEP; default 3)")
     p.add_argument("--poll-interval", type=float, default=1.0, metavar="S",
                    help="seconds between looks at the modules' rounds (default 1)")
-    p.add_argument("--tls-ca", default=env_default("HIVEPATH_TLS_CA"), metavar="FILE",
-                   help="CA certificate to verify a TLS coordinator (env HIVEPATH_TLS_CA)")
     p.add_argument("--progress", default="json", choices=["json"], help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 

@@ -17,13 +17,35 @@ from pathlib import Path
 from hivepath.cli import env_default
 from models.errors import HivepathError
 
-__all__ = ["register", "run", "install_drain_signals"]
+__all__ = ["register", "run", "install_drain_signals", "add_network_flags", "read_token"]
 
 log = logging.getLogger(__name__)
 
 
 def _split(value: str | None) -> list[str]:
     return [v for v in (value or "").replace(",", " ").split() if v]
+
+
+def add_network_flags(p: argparse.ArgumentParser) -> None:
+    """The flags every networked peer role shares (``peer join``, ``archive``): how it reaches the
+    coordinator and the DHT. Each reads its ``HIVEPATH_*`` variable."""
+    p.add_argument("--coordinator", default=env_default("HIVEPATH_COORDINATOR"), metavar="HOST:PORT",
+                   help="the coordinator's gRPC address (env HIVEPATH_COORDINATOR; required)")
+    p.add_argument("--token", default=env_default("HIVEPATH_TOKEN"),
+                   help="the run token (env HIVEPATH_TOKEN; or --token-file)")
+    p.add_argument("--token-file", default=env_default("HIVEPATH_TOKEN_FILE"), metavar="FILE",
+                   help="read the run token from FILE (env HIVEPATH_TOKEN_FILE)")
+    p.add_argument("--initial-peers", nargs="*", default=_split(env_default("HIVEPATH_INITIAL_PEERS")),
+                   metavar="MADDR", help="extra DHT bootstrap multiaddrs (env HIVEPATH_INITIAL_PEERS, space-separated)")
+    p.add_argument("--identity", default=env_default("HIVEPATH_IDENTITY"), metavar="FILE",
+                   help="identity key file for a stable peer id (env HIVEPATH_IDENTITY; default identity.key in "
+                   "the work or archive directory)")
+    p.add_argument("--host-maddrs", nargs="*", default=_split(env_default("HIVEPATH_HOST_MADDRS", "/ip4/0.0.0.0/tcp/0")),
+                   metavar="MADDR", help="multiaddrs to listen on (env HIVEPATH_HOST_MADDRS)")
+    p.add_argument("--announce-maddrs", nargs="*", default=_split(env_default("HIVEPATH_ANNOUNCE_MADDRS")),
+                   metavar="MADDR", help="multiaddrs other peers should dial (env HIVEPATH_ANNOUNCE_MADDRS)")
+    p.add_argument("--tls-ca", default=env_default("HIVEPATH_TLS_CA"), metavar="FILE",
+                   help="CA certificate to verify a TLS coordinator (env HIVEPATH_TLS_CA)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,34 +66,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog="Exit codes: 0 done or drained, 2 bad input, 3 coordinator unreachable or token refused, "
         "4 incompatible data or config, 5 no work fits this machine, 6 identity in use.",
     )
-    j.add_argument("--coordinator", default=env_default("HIVEPATH_COORDINATOR"), metavar="HOST:PORT",
-                   help="the coordinator's gRPC address (env HIVEPATH_COORDINATOR; required)")
-    j.add_argument("--token", default=env_default("HIVEPATH_TOKEN"),
-                   help="the run token (env HIVEPATH_TOKEN; or --token-file)")
-    j.add_argument("--token-file", default=env_default("HIVEPATH_TOKEN_FILE"), metavar="FILE",
-                   help="read the run token from FILE (env HIVEPATH_TOKEN_FILE)")
-    j.add_argument("--initial-peers", nargs="*", default=_split(env_default("HIVEPATH_INITIAL_PEERS")),
-                   metavar="MADDR", help="extra DHT bootstrap multiaddrs (env HIVEPATH_INITIAL_PEERS, space-separated)")
+    add_network_flags(j)
     j.add_argument("--device", default=env_default("HIVEPATH_DEVICE", "auto"),
                    help="auto, cpu, cuda or cuda:N (env HIVEPATH_DEVICE; default auto)")
     j.add_argument("--max-memory", type=float, default=env_default("HIVEPATH_MAX_MEMORY", None, float), metavar="GB",
                    help="use at most this much device memory (env HIVEPATH_MAX_MEMORY)")
     j.add_argument("--work-dir", default=env_default("HIVEPATH_WORK_DIR", "~/.hivepath"), metavar="DIR",
                    help="checkpoints, identity and data (env HIVEPATH_WORK_DIR; default ~/.hivepath)")
-    j.add_argument("--identity", default=env_default("HIVEPATH_IDENTITY"), metavar="FILE",
-                   help="identity key file for a stable peer id (env HIVEPATH_IDENTITY; default WORK_DIR/identity.key)")
     j.add_argument("--data", default=env_default("HIVEPATH_DATA"), metavar="DIR",
                    help="a prepared dataset (env HIVEPATH_DATA; default: prepared under WORK_DIR when missing)")
-    j.add_argument("--host-maddrs", nargs="*", default=_split(env_default("HIVEPATH_HOST_MADDRS", "/ip4/0.0.0.0/tcp/0")),
-                   metavar="MADDR", help="multiaddrs to listen on (env HIVEPATH_HOST_MADDRS)")
-    j.add_argument("--announce-maddrs", nargs="*", default=_split(env_default("HIVEPATH_ANNOUNCE_MADDRS")),
-                   metavar="MADDR", help="multiaddrs other peers should dial (env HIVEPATH_ANNOUNCE_MADDRS)")
     j.add_argument("--client-mode", action="store_true", default=env_default("HIVEPATH_CLIENT_MODE", False, _bool),
                    help="accept no incoming connections, e.g. behind NAT (env HIVEPATH_CLIENT_MODE=1)")
     j.add_argument("--upload-mbps", type=float, default=env_default("HIVEPATH_UPLOAD_MBPS", None, float),
                    metavar="MBIT", help="upload bandwidth in Mbit/s (env HIVEPATH_UPLOAD_MBPS; default 100)")
-    j.add_argument("--tls-ca", default=env_default("HIVEPATH_TLS_CA"), metavar="FILE",
-                   help="CA certificate to verify a TLS coordinator (env HIVEPATH_TLS_CA)")
     j.add_argument("--progress", default=env_default("HIVEPATH_PROGRESS", "auto"), choices=["auto", "rich", "json"],
                    help="live panel (rich), JSON lines on stdout (json), or rich on a terminal (auto; env HIVEPATH_PROGRESS)")
     j.add_argument("--drain-timeout", type=float, default=env_default("HIVEPATH_DRAIN_TIMEOUT", 60.0, float),
