@@ -221,6 +221,7 @@ def rebalance(
     if not view.path_tps:
         return None, "no path-mode peers"
     target = next(_uncovered(run, view), None)
+    margin = 0.0
     if target is not None:
         target_tps = 0.0
         trigger = f"path {format_path(target)} has no peer"
@@ -232,6 +233,9 @@ def rebalance(
         if spread <= settings.rebalance_threshold:
             return None, f"balanced: throughput spread {spread:.0%} is within {settings.rebalance_threshold:.0%}"
         trigger = f"throughput spread {spread:.0%} passes {settings.rebalance_threshold:.0%}"
+        # hysteresis: a move must shrink the gap by the threshold too, or two paths with a peer
+        # more or less would swap peers back and forth on measurement noise
+        margin = settings.rebalance_threshold * hi
     sources = sorted(
         (p for p, members in view.path_peers.items() if len(members) >= 2 and p != target),
         key=lambda p: (-view.path_tps[p], p),
@@ -241,7 +245,7 @@ def rebalance(
         gap = view.path_tps[source] - target_tps
         best: Optional[tuple[float, str]] = None
         for peer_id, tps in view.path_peers[source].items():
-            if not 0 < tps < gap:
+            if not 0 < tps < gap or abs(gap - 2 * tps) > gap - margin:
                 continue
             if now - last_moved.get(peer_id, -math.inf) < settings.min_move_interval:
                 waiting += 1

@@ -2,8 +2,12 @@
 
 - ``HIVEPATH_ROLE=coordinator``: the coordinator's gRPC health service on 127.0.0.1:``HIVEPATH_PORT``
   must answer SERVING (this is what the service itself reports: NOT_SERVING while it shuts down).
-- ``HIVEPATH_ROLE=peer``/``archive``: a live ``hivepath`` process of that role runs in the container
-  and its identity file exists (written once its DHT node is up).
+- ``HIVEPATH_ROLE=peer``/``archive``: the process's local status endpoint
+  (``http://127.0.0.1:$HIVEPATH_STATUS_PORT/healthz``, default port 7702; ``peer.local_status``)
+  must answer 200: the peer is in a waiting state (starting, joining, loading state, draining) or
+  made progress within its ``HIVEPATH_STALL_TIMEOUT``; 503 (stuck) or no answer is unhealthy.
+  With ``HIVEPATH_STATUS_PORT=0`` (the endpoint turned off) it falls back to checking that a live
+  ``hivepath`` process of that role runs and its identity file exists.
 """
 
 from __future__ import annotations
@@ -56,7 +60,27 @@ def _live_processes(word: str) -> bool:
     return False
 
 
+def status_healthy(port: int, timeout: float = 3.0) -> tuple[bool, str]:
+    """Ask the peer's local status endpoint: 200 healthy, 503 stuck (the body says why)."""
+    import urllib.error
+    import urllib.request
+
+    url = f"http://127.0.0.1:{port}/healthz"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status == 200, f"{url}: {resp.read().decode(errors='replace').strip()}"
+    except urllib.error.HTTPError as e:
+        return False, f"{url}: {e.code} {e.read().decode(errors='replace').strip()}"
+    except OSError as e:
+        return False, f"{url}: no answer ({getattr(e, 'reason', None) or e})"
+
+
 def peer_healthy(role: str) -> tuple[bool, str]:
+    port = os.environ.get("HIVEPATH_STATUS_PORT", "7702").strip() or "7702"
+    if not port.isdigit():
+        return False, f"HIVEPATH_STATUS_PORT={port!r} is not a port number"
+    if int(port) != 0:
+        return status_healthy(int(port))
     word = "join" if role == "peer" else "archive"
     if not _live_processes(word):
         return False, f"no live 'hivepath {word}' process"

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from hivepath.cli import env_default
-from hivepath.cmd_peer import add_network_flags, install_drain_signals, read_token
+from hivepath.cmd_peer import add_network_flags, check_status_flags, install_drain_signals, read_token
 from models.errors import HivepathError
 
 __all__ = ["register", "run"]
@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
         raise HivepathError("no archive directory: pass --dir DIR or set HIVEPATH_ARCHIVE_DIR")
     if not args.coordinator:
         raise HivepathError("no coordinator address: pass --coordinator HOST:PORT or set HIVEPATH_COORDINATOR")
+    check_status_flags(args)
     opts = ArchiveOptions(
         coordinator=args.coordinator,
         token=read_token(args.token, args.token_file),
@@ -55,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
         keep=args.keep,
         poll_interval=args.poll_interval,
         tls_ca=args.tls_ca,
+        status_port=args.status_port,
+        stall_timeout=args.stall_timeout,
     )
     archive = ArchivePeer(opts)
     install_drain_signals(archive.request_stop)

@@ -1,4 +1,5 @@
-"""``hivepath peer join``: join a run as a volunteer peer.
+"""``hivepath peer join``: join a run as a volunteer peer; ``hivepath peer status``: ask the peer
+running on this machine how it is doing (its local status endpoint, ``peer.local_status``).
 
 Every flag can come from an environment variable (for containers); a flag on the command line wins
 over the variable. The first SIGTERM or SIGINT drains (finish or abandon the round, checkpoint, leave,
@@ -17,7 +18,11 @@ from pathlib import Path
 from hivepath.cli import env_default
 from models.errors import HivepathError
 
-__all__ = ["register", "run", "install_drain_signals", "add_network_flags", "read_token"]
+__all__ = ["register", "run", "install_drain_signals", "add_network_flags", "check_status_flags", "read_token"]
+
+DEFAULT_STATUS_PORT = 7702
+"""Port of a peer's local status (``peer.local_status.DEFAULT_STATUS_PORT``; kept here so that
+building the parser imports nothing heavy)."""
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +51,20 @@ def add_network_flags(p: argparse.ArgumentParser) -> None:
                    metavar="MADDR", help="multiaddrs other peers should dial (env HIVEPATH_ANNOUNCE_MADDRS)")
     p.add_argument("--tls-ca", default=env_default("HIVEPATH_TLS_CA"), metavar="FILE",
                    help="CA certificate to verify a TLS coordinator (env HIVEPATH_TLS_CA)")
+    p.add_argument("--status-port", type=int, default=env_default("HIVEPATH_STATUS_PORT", DEFAULT_STATUS_PORT, int),
+                   metavar="PORT", help="serve /status and /healthz on 127.0.0.1:PORT for health checks "
+                   f"(env HIVEPATH_STATUS_PORT; default {DEFAULT_STATUS_PORT}; 0 turns it off)")
+    p.add_argument("--stall-timeout", type=float, default=env_default("HIVEPATH_STALL_TIMEOUT", 300.0, float),
+                   metavar="S", help="report unhealthy after S seconds without progress outside a waiting state "
+                   "(env HIVEPATH_STALL_TIMEOUT; default 300)")
+
+
+def check_status_flags(args: argparse.Namespace) -> None:
+    """Bad ``--status-port``/``--stall-timeout`` values stop the command with one line."""
+    if not 0 <= args.status_port <= 65535:
+        raise HivepathError(f"--status-port must be a TCP port (1-65535) or 0 to turn it off, got {args.status_port}")
+    if not args.stall_timeout > 0:
+        raise HivepathError(f"--stall-timeout must be > 0 seconds, got {args.stall_timeout}")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -100,6 +119,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     j.add_argument("--keep-checkpoints", type=int, default=env_default("HIVEPATH_KEEP_CHECKPOINTS", 2, int), metavar="K",
                    help="checkpoint snapshots kept in WORK_DIR/checkpoints (env HIVEPATH_KEEP_CHECKPOINTS; default 2)")
     j.set_defaults(func=run)
+    st = peer_sub.add_parser(
+        "status",
+        help="show the local peer's status (what it trains, its round, whether it is healthy)",
+        description="Ask the peer (or archive) running on this machine for its local status "
+        "(http://127.0.0.1:PORT/status) and print it as one line, or as JSON with --json.",
+        epilog="Exit codes: 0 healthy, 1 unhealthy or nothing answers.",
+    )
+    st.add_argument("--port", type=int, default=env_default("HIVEPATH_STATUS_PORT", DEFAULT_STATUS_PORT, int),
+                    help=f"the peer's --status-port (env HIVEPATH_STATUS_PORT; default {DEFAULT_STATUS_PORT})")
+    st.add_argument("--json", action="store_true", help="print the whole status document as JSON")
+    st.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds to wait for an answer (default 5)")
+    st.set_defaults(func=run_status)
 
 
 def _bool(text: str) -> bool:
@@ -145,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.keep_checkpoints < 1:
         raise HivepathError(f"--keep-checkpoints must be >= 1, got {args.keep_checkpoints}")
+    check_status_flags(args)
     if not args.coordinator:
         raise HivepathError("no coordinator address: pass --coordinator HOST:PORT or set HIVEPATH_COORDINATOR")
     opts = PeerOptions(
@@ -168,6 +200,8 @@ def run(args: argparse.Namespace) -> int:
         coordinator_timeout=args.coordinator_timeout,
         measure_seconds=args.measure_seconds,
         keep_checkpoints=args.keep_checkpoints,
+        status_port=args.status_port,
+        stall_timeout=args.stall_timeout,
     )
     from peer.spot import SpotOptions, SpotWatcher
 
@@ -180,3 +214,42 @@ def run(args: argparse.Namespace) -> int:
         return node.run()
     finally:
         watcher.stop()
+
+
+def run_status(args: argparse.Namespace) -> int:
+    """``hivepath peer status``: one line (or the JSON document) from the local status endpoint."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    url = f"http://127.0.0.1:{args.port}/status"
+    try:
+        with urllib.request.urlopen(url, timeout=args.timeout) as resp:
+            doc = json.loads(resp.read())
+    except (OSError, ValueError) as e:
+        reason = getattr(e, "reason", None) or e
+        sys.stderr.write(f"hivepath: no peer status at {url} ({reason}): is a peer or archive running here "
+                         f"with --status-port {args.port}?\n")
+        return 1
+    if args.json:
+        sys.stdout.write(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    else:
+        sys.stdout.write(_status_line(doc) + "\n")
+    return 0 if doc.get("healthy") else 1
+
+
+def _status_line(doc: dict) -> str:
+    loss = doc.get("loss")
+    heartbeat = doc.get("seconds_since_heartbeat")
+    parts = [
+        f"{doc.get('role', 'peer')} {str(doc.get('peer_id') or '?')[:16]}",
+        f"{doc.get('state')} {doc.get('mode')} {doc.get('assignment') or '-'}",
+        f"round {doc.get('round_no')} step {doc.get('step')}",
+        f"loss {loss:.3f}" if isinstance(loss, (int, float)) else "loss -",
+        f"{doc.get('tokens', 0):,} tokens",
+        "coordinator " + (f"answered {heartbeat:.0f}s ago" if heartbeat is not None else "not heard from yet"),
+        ("healthy: " if doc.get("healthy") else "UNHEALTHY: ") + str(doc.get("reason", "")),
+    ]
+    if doc.get("checkpoint_error"):
+        parts.append(f"last checkpoint failed: {doc['checkpoint_error']}")
+    return " | ".join(parts)

@@ -27,11 +27,13 @@ Stage mode (SWARM):
 The peer itself:
 - ``peer.node`` (``hivepath peer join``), ``peer.trainer`` (one path assignment),
   ``peer.checkpoint``, ``peer.resources``, ``peer.progress``, ``peer.archive``, ``peer.demo``.
+- ``peer.resync``: re-aligning a module with its group after a missed round or a lost fork.
+- ``peer.local_status``: the local ``/status`` and ``/healthz`` page behind container health checks.
 """
 
 __all__ = [
     "compression", "outer", "averaging", "diloco", "simulator", "identity", "dht", "records", "matchmaking",
     "allreduce", "net_averager", "state_transfer", "coordinator_client", "node", "trainer", "checkpoint",
     "resources", "progress", "archive", "demo", "credentials", "partition", "stage_records", "stage_wire",
-    "stage_server", "stage_client", "stage_node", "spot",
+    "stage_server", "stage_client", "stage_node", "spot", "resync", "local_status",
 ]

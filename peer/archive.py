@@ -23,6 +23,8 @@ from models.config import RunConfig, format_path
 from models.errors import HivepathError
 from peer.checkpoint import CheckpointDir, CheckpointError
 from peer.diloco import ModuleState
+from peer.local_status import start_optional
+from peer.progress import PeerStatus
 
 __all__ = ["ArchiveOptions", "ArchivePeer"]
 
@@ -44,6 +46,10 @@ class ArchiveOptions:
     poll_interval: float = 1.0
     """Seconds between looks at the holders' rounds."""
     tls_ca: Optional[str] = None
+    status_port: int = 0
+    """Serve the local status (``/status``, ``/healthz``) on 127.0.0.1 at this port (0: do not)."""
+    stall_timeout: float = 300.0
+    """Seconds without a turn of the follow loop after which the local status reports it unhealthy."""
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -63,8 +69,9 @@ class ArchivePeer:
         self.names: dict[str, list[str]] = {}
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self.snapshots = CheckpointDir(opts.directory, keep=opts.keep)
+        self.snapshots = CheckpointDir(opts.directory, keep=opts.keep, keep_flag="--keep")
         self.version = 0
+        self.status = PeerStatus(mode="archive")
 
     def request_stop(self, reason: str) -> None:
         log.info("archive stopping: %s", reason)
@@ -109,9 +116,12 @@ class ArchivePeer:
         }
         self.version += 1
         try:
-            self.snapshots.save(self.version, groups, meta, metadata)
+            written = self.snapshots.save(self.version, groups, meta, metadata)
         except CheckpointError as e:
             log.error("%s", e)
+            self.status.checkpoint_error = str(e)
+        else:
+            self.status.checkpoint, self.status.checkpoint_error = str(written), ""
 
     def run(self) -> int:
         from models.lattice import ModularLM
@@ -126,6 +136,7 @@ class ArchivePeer:
         opts.directory.mkdir(parents=True, exist_ok=True)
         client = CoordinatorClient(opts.coordinator, opts.token, tls_ca=opts.tls_ca)
         dht = averager = None
+        status_server = start_optional(self.status, "archive", opts.status_port, opts.stall_timeout)
         try:
             spec = client.run_spec()
             cfg = spec.run_config
@@ -149,14 +160,19 @@ class ArchivePeer:
                                    verifier=verifier)
             client.peer = PeerInfo(peer_id=dht.peer_id, device="cpu", memory_bytes=0, tokens_per_s=0.0,
                                    multiaddrs=tuple(dht.maddrs()), manifest_hash=spec.manifest_hash, archive=True)
+            self.status.peer_id = dht.peer_id
+            self.status.state = "joining"
             joined = client.join()
             dht.connect(joined.initial_peers)
+            dht.keep_connected(lambda: client.run_spec().initial_peers)
             for mid, st in self.states.items():  # announced once we hold a credential
                 averager.announce_archive(mid, st.round_no)
-            client.start_heartbeats(lambda: {}, lambda reply: None)
+            client.start_heartbeats(lambda: {}, lambda reply: self.status.mark_heartbeat())
+            self.status.assignment, self.status.state = "every module", "following"
             log.info("archive %s following %d modules of run %s in %s", dht.peer_id, len(lat.module_ids()),
                      cfg.run_id, opts.directory)
             while not self._stop.is_set():
+                self.status.mark_loop()
                 changed = False
                 for mid in lat.module_ids():
                     if self._stop.is_set():
@@ -180,9 +196,11 @@ class ArchivePeer:
                         changed = True
                 if changed:
                     self._save(cfg, spec.manifest_hash)
+                    self.status.round_no = max(s.round_no for s in self.states.values())
                 self._stop.wait(opts.poll_interval)
             return 0
         finally:
+            self.status.state = "stopped"
             if client.joined is not None:
                 try:
                     client.leave("archive stopped")
@@ -193,3 +211,5 @@ class ArchivePeer:
                 averager.shutdown()
             if dht is not None:
                 dht.shutdown()
+            if status_server is not None:
+                status_server.stop()

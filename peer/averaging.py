@@ -76,6 +76,9 @@ class AverageResult:
     """Why the round failed, or who was dropped from it."""
     suspects: dict[str, str] = field(default_factory=dict)
     """Peer id -> why its contribution was dropped or clipped, in the parts this peer reduced."""
+    adopt: str = ""
+    """Set when the round failed because other holders at this round hold a different state (a fork)
+    and theirs is the one kept: the :func:`peer.outer.state_digest` to re-sync to."""
 
     @property
     def ok(self) -> bool:
@@ -91,10 +94,13 @@ class ModuleAverager(Protocol):
     """
 
     def average(
-        self, module_id: str, round_no: int, tensors: list[Tensor], weight: float, codec: str, timeout: float
+        self, module_id: str, round_no: int, tensors: list[Tensor], weight: float, codec: str, timeout: float,
+        digest: str = "",
     ) -> AverageResult:
         """Contribute ``tensors`` with ``weight`` to round ``round_no`` of ``module_id``'s group and
-        return the group's weighted mean, or a failed result after at most ``timeout`` seconds."""
+        return the group's weighted mean, or a failed result after at most ``timeout`` seconds.
+        ``digest`` (:func:`peer.outer.state_digest` of the state the mean will be applied to): only
+        members holding the same state may average together."""
         ...
 
 
@@ -456,7 +462,8 @@ class LocalMember:
         self.peer_id = peer_id
 
     def average(
-        self, module_id: str, round_no: int, tensors: list[Tensor], weight: float, codec: str, timeout: float
+        self, module_id: str, round_no: int, tensors: list[Tensor], weight: float, codec: str, timeout: float,
+        digest: str = "",
     ) -> AverageResult:
         return self.hub._average(self.peer_id, module_id, round_no, tensors, weight, codec, timeout)
 

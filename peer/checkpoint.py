@@ -14,16 +14,21 @@ A snapshot of a peer or of the archive is a run directory (``run.json`` + ``modu
 
 A snapshot is written into a temporary directory, fsync'd, renamed into place, and only then named
 in ``LATEST``; so a crash or a full disk at any point leaves the previous snapshot intact and
-loadable. Older snapshots beyond ``keep`` are pruned after a successful save. A snapshot that fails
-to load (truncated, corrupt) is reported and the next older one is used.
+loadable. A failed save (``ENOSPC``, ``EDQUOT``, ``EIO``, permissions) removes whatever it wrote,
+leaves ``LATEST`` naming the previous snapshot and raises one :class:`CheckpointError` whose message
+names the directory, the free space and the fix; callers log it once and keep training. Older
+snapshots beyond ``keep`` (and temporary directories a crash left behind) are pruned after a
+successful save. A snapshot that fails to load (truncated, corrupt) is reported and the next older
+one is used.
 """
 
 from __future__ import annotations
 
+import errno
 import json
-import re
 import logging
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -46,7 +51,15 @@ _GROUP_RE = re.compile(r"^[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)?$")
 
 
 class CheckpointError(HivepathError):
-    """A checkpoint could not be written (disk full, permissions); the previous one is intact."""
+    """A checkpoint could not be written (disk full, permissions) or read; the previous one is intact.
+
+    ``errno`` is the operating system's error number when one caused it (``errno.ENOSPC`` for a full
+    disk), else None.
+    """
+
+    def __init__(self, message: str, errno: Optional[int] = None):
+        super().__init__(message)
+        self.errno = errno
 
 
 @dataclass
@@ -60,13 +73,18 @@ class Snapshot:
 
 
 class CheckpointDir:
-    """A directory of round-numbered snapshots, newest named in ``LATEST``."""
+    """A directory of round-numbered snapshots, newest named in ``LATEST``.
 
-    def __init__(self, root: os.PathLike | str, keep: int = 2):
+    ``keep_flag`` is the command-line flag that sets ``keep``, named in the fix of a disk-full error
+    (``--keep-checkpoints`` for a peer, ``--keep`` for the archive).
+    """
+
+    def __init__(self, root: os.PathLike | str, keep: int = 2, keep_flag: str = "--keep-checkpoints"):
         if keep < 1:
             raise ValueError("keep must be >= 1")
         self.root = Path(root)
         self.keep = keep
+        self.keep_flag = keep_flag
 
     def save(
         self,
@@ -84,6 +102,8 @@ class CheckpointDir:
         name = f"round-{round_no:06d}"
         final = self.root / name
         tmp: Optional[Path] = None
+        displaced: Optional[Path] = None  # an older snapshot of the same round, restored on failure
+        installed = False
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=self.root))
@@ -99,19 +119,51 @@ class CheckpointDir:
             meta_file.write_text(json.dumps({**meta, "round": round_no, "groups": sorted(groups)}, indent=1, sort_keys=True))
             _fsync(meta_file)
             if final.exists():
-                shutil.rmtree(final)
+                displaced = Path(f"{tmp}.replaced")
+                os.replace(final, displaced)  # a rename: needs no space
             os.replace(tmp, final)
-            tmp = None
+            tmp, installed = None, True
             self._write_latest(name)
         except (OSError, SafetensorError) as e:
-            reason = getattr(e, "strerror", None) or str(e)
-            raise CheckpointError(f"could not write checkpoint {final}: {reason}; the previous checkpoint is kept") from None
+            code = _errno_of(e)
+            if installed:  # complete but not named in LATEST: remove it, LATEST keeps naming the previous one
+                shutil.rmtree(final, ignore_errors=True)
+            if displaced is not None:
+                try:
+                    os.replace(displaced, final)
+                    displaced = None
+                except OSError as restore:
+                    log.error("could not put snapshot %s back in place (%s); it is in %s", final, restore, displaced)
+            raise CheckpointError(self._failure_message(name, e, code), errno=code) from None
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
+        if displaced is not None:
+            shutil.rmtree(displaced, ignore_errors=True)
         self._prune()
         log.debug("checkpoint round %d written to %s", round_no, final)
         return final
+
+    def _failure_message(self, name: str, e: BaseException, code: Optional[int]) -> str:
+        """One line: what failed where, why, the free space, what survives, and the fix."""
+        reason = f"{os.strerror(code)} ({errno.errorcode.get(code, code)})" if code else str(e)
+        try:
+            free = f", {_fmt_bytes(shutil.disk_usage(self.root).free)} free"
+        except OSError:
+            free = ""
+        previous = self._read_latest()
+        kept = f"the previous checkpoint {previous} is kept" if previous else "no previous checkpoint exists"
+        if code in (errno.ENOSPC, errno.EDQUOT) and self.keep > 1:
+            fix = f"free space on that disk or keep fewer snapshots with {self.keep_flag} (now {self.keep})"
+        elif code in (errno.ENOSPC, errno.EDQUOT):
+            fix = f"free space on that disk (it keeps a single snapshot already: {self.keep_flag} 1)"
+        elif code == errno.EIO:
+            fix = "the disk reported an I/O error: check it (dmesg) or put the checkpoints on another disk"
+        elif code in (errno.EACCES, errno.EPERM, errno.EROFS):
+            fix = "make the directory writable by this user or choose another one"
+        else:
+            fix = "check the directory and the disk"
+        return f"could not write checkpoint {name} in {self.root}: {reason}{free}; {kept}; {fix}"
 
     def latest_path(self) -> Optional[Path]:
         """The snapshot named in ``LATEST`` (or the newest complete one), without loading it."""
@@ -149,9 +201,16 @@ class CheckpointDir:
 
     def _write_latest(self, name: str) -> None:
         tmp = self.root / f".{_LATEST}.tmp"
-        tmp.write_text(name)
-        _fsync(tmp)
-        os.replace(tmp, self.root / _LATEST)
+        try:
+            tmp.write_text(name)
+            _fsync(tmp)
+            os.replace(tmp, self.root / _LATEST)
+        except OSError:
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+            raise
         _fsync_dir(self.root)
 
     def _read_latest(self) -> Optional[str]:
@@ -161,8 +220,34 @@ class CheckpointDir:
             return None
 
     def _prune(self) -> None:
+        """Drop snapshots beyond ``keep`` and temporary directories a crash left behind (only after a
+        successful save: no save of ours is in flight then)."""
         for old in self.snapshots()[self.keep :]:
             shutil.rmtree(old, ignore_errors=True)
+        for stale in self.root.glob(".round-*"):
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+
+
+_OS_ERROR_RE = re.compile(r"os error (\d+)")
+
+
+def _errno_of(e: BaseException) -> Optional[int]:
+    """The OS error number behind ``e``: ``OSError.errno``, or parsed from safetensors' message
+    (``I/O error: No space left on device (os error 28)``), which carries no errno attribute."""
+    code = getattr(e, "errno", None)
+    if isinstance(code, int):
+        return code
+    match = _OS_ERROR_RE.search(str(e))
+    return int(match.group(1)) if match else None
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
 
 
 def _fsync(path: Path) -> None:

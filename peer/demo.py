@@ -170,7 +170,7 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
         client = CoordinatorClient(address, token, retry_timeout=30.0)
         client.status()
         common = ["--coordinator", address, "--data", str(data_dir), "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
-                  "--progress", "json"]
+                  "--progress", "json", "--status-port", "0"]  # many peers on one host: no local status pages
         procs.start("archive", ["archive", "--dir", str(out / "archive"), "--identity", str(out / "archive.key"),
                                 *common], env)
         names.append("archive")

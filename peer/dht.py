@@ -16,8 +16,9 @@ averager, state transfer and stage serving (start-up of a p2p daemon costs about
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from models.errors import HivepathError
 from peer.identity import Identity, load_or_create_identity
@@ -63,6 +64,8 @@ class PeerDHT:
         self.identity = identity
         self.client_mode = client_mode
         self.peer_id: str = dht.peer_id.to_base58()
+        self._stopping = threading.Event()
+        self._keeper: Optional[threading.Thread] = None
 
     def maddrs(self) -> list[str]:
         """Multiaddrs (with ``/p2p/<peer id>``) under which other peers can reach us; empty in client mode."""
@@ -70,8 +73,9 @@ class PeerDHT:
             return []
         return [str(m) for m in self.dht.get_visible_maddrs()]
 
-    def connect(self, maddrs: Sequence[str], timeout: float = 15.0) -> int:
-        """Join the swarm of the peers at ``maddrs`` after start-up; returns how many answered.
+    def connect(self, maddrs: Sequence[str], timeout: float = 15.0, only_missing: bool = False) -> int:
+        """Join the swarm of the peers at ``maddrs`` after start-up; returns how many answered
+        (``only_missing``: peers already in our routing table are not pinged and do not count).
 
         Peers that started at the same moment each began a swarm of their own; the coordinator's
         join reply names the peers that joined before us, and connecting to them merges the swarms.
@@ -80,13 +84,40 @@ class PeerDHT:
         if not maddrs:
             return 0
         try:
-            return int(self.dht.run_coroutine(_partial_connect(maddrs, timeout), return_future=True).result(timeout + 5))
-        except Exception as e:  # a failed merge is retried at the next heartbeat's peer list
-            log.warning("could not reach peers %s: %r", ", ".join(maddrs), e)
+            return int(self.dht.run_coroutine(_partial_connect(maddrs, timeout, only_missing),
+                                              return_future=True).result(timeout + 5))
+        except Exception as e:  # a failed merge is retried at the next refresh of the peer list
+            log.log(logging.INFO if only_missing else logging.WARNING, "could not reach peers %s: %r",
+                    ", ".join(maddrs), e)
             return 0
+
+    def keep_connected(self, source: Callable[[], Sequence[str]], interval: float = 20.0) -> None:
+        """Every ``interval`` seconds, ping the peers ``source()`` names (the coordinator's current peer
+        list) that are missing from our routing table. A DHT node forgets peers it could not reach,
+        so after a network partition heals, or when every peer it knew has restarted, the two sides
+        of the swarm would never find each other again; this re-merges them within ``interval``."""
+        if self._keeper is not None:
+            return
+
+        def loop() -> None:
+            while not self._stopping.wait(interval):
+                try:
+                    maddrs = source()
+                except Exception as e:  # the coordinator may be down: the DHT goes on as it is
+                    log.debug("no peer list to re-connect to: %r", e)
+                    continue
+                if self._stopping.is_set() or not self.dht.is_alive():
+                    return
+                found = self.connect(maddrs, timeout=min(15.0, interval), only_missing=True)
+                if found:
+                    log.info("re-connected to %d peer(s) missing from the DHT routing table", found)
+
+        self._keeper = threading.Thread(target=loop, name="dht-keep-connected", daemon=True)
+        self._keeper.start()
 
     def shutdown(self) -> None:
         """Stop the DHT process and its p2p daemon, and release the identity lock."""
+        self._stopping.set()
         try:
             if self.dht.is_alive():
                 self.dht.shutdown()
@@ -140,9 +171,10 @@ def start_dht(options: DHTOptions = DHTOptions()) -> PeerDHT:
 class _partial_connect:
     """A picklable coroutine factory run inside the DHT process (hivemind's ``run_coroutine``)."""
 
-    def __init__(self, maddrs: Sequence[str], timeout: float):
+    def __init__(self, maddrs: Sequence[str], timeout: float, only_missing: bool = False):
         self.maddrs = list(maddrs)
         self.timeout = timeout
+        self.only_missing = only_missing
 
     async def __call__(self, dht: Any, node: Any) -> int:
         import asyncio
@@ -153,6 +185,8 @@ class _partial_connect:
         async def one(addr: str) -> bool:
             m = Multiaddr(addr)
             peer = PeerID.from_base58(m["p2p"])
+            if self.only_missing and peer in node.protocol.routing_table:
+                return False
             await node.p2p._client.connect(peer, [m.decapsulate(Multiaddr(f"/p2p/{m['p2p']}"))])
             return await node.protocol.call_ping(peer) is not None
 

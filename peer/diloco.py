@@ -31,7 +31,7 @@ from models.config import InnerConfig, LatticeConfig, OuterConfig
 from models.errors import ConfigError
 from peer.averaging import Aggregation, AverageResult, LocalAverager, ModuleAverager
 from peer.compression import ErrorFeedback, flatten, unflatten
-from peer.outer import OuterOptimizer
+from peer.outer import OuterOptimizer, state_digest
 
 __all__ = ["DiLoCoOptimizer", "RoundReport", "ModuleReport", "ModuleState"]
 
@@ -57,6 +57,9 @@ class ModuleReport:
     """Our weight in the average: tokens processed in the round."""
     wait_seconds: float = 0.0
     """Seconds the training loop was blocked waiting on this exchange."""
+    adopt: str = ""
+    """Not applied because the other holders at this round hold another state (a fork): the digest
+    (:func:`peer.outer.state_digest`) of the state to re-sync to."""
 
 
 @dataclass
@@ -87,6 +90,11 @@ class ModuleState:
     global_params: list[Tensor]
     momentum: list[Tensor]
     round_no: int
+
+    @property
+    def digest(self) -> str:
+        """:func:`peer.outer.state_digest` of this state."""
+        return state_digest(self.global_params, self.momentum)
 
 
 @dataclass
@@ -301,11 +309,12 @@ class DiLoCoOptimizer:
             return None, reason
         return (st.ef.add(flat) if self.outer_cfg.error_feedback else flat), ""
 
-    def _exchange(self, st: _Module, round_no: int, sent: Tensor, tokens: float) -> AverageResult:
+    def _exchange(self, st: _Module, round_no: int, sent: Tensor, tokens: float, digest: str) -> AverageResult:
         cfg = self.outer_cfg
         try:
             return self.averager.average(
-                st.module_id, round_no, unflatten(sent, st.outer.global_params), tokens, cfg.codec, cfg.round_timeout
+                st.module_id, round_no, unflatten(sent, st.outer.global_params), tokens, cfg.codec, cfg.round_timeout,
+                digest=digest,
             )
         except Exception as e:  # an exchange failure must not take the training loop or other modules down
             logger.warning("module %s round %d: exchange failed: %r", st.module_id, round_no, e)
@@ -326,7 +335,7 @@ class DiLoCoOptimizer:
             logger.info("module %s round %d not applied: %s", st.module_id, round_no, res.reason)
         return ModuleReport(
             st.module_id, round_no, res.ok, res.reason, res.group_size, list(res.peers), res.bytes_sent,
-            res.bytes_received, tokens, wait,
+            res.bytes_received, tokens, wait, adopt=res.adopt,
         )
 
     def _launch(self, st: _Module, tokens: float, keep_anchor: bool) -> None:
@@ -347,7 +356,8 @@ class DiLoCoOptimizer:
         if keep_anchor:
             anchor = [p.detach().to(device="cpu", dtype=torch.float32, copy=True) for p in st.params]
         with self._state_lock:
-            future = self._executor.submit(self._exchange, st, round_no, sent, tokens)
+            digest = st.outer.digest()  # the state the group's mean will be applied to
+            future = self._executor.submit(self._exchange, st, round_no, sent, tokens, digest)
             st.pending = _Pending(round_no, tokens, sent, anchor, future)
             st.round_no = round_no + 1
 

@@ -16,6 +16,14 @@ leader/follower matchmaking over the DHT, Ryabinin et al. 2021, made consistent)
 Peers whose config hash or dataset hash differ from ours are never grouped: their declarations
 are ignored and their join requests refused, with a log line naming both hashes.
 
+Equal round numbers do not prove equal states: a peer that averaged alone while cut off, or one
+restored from an old copy, can carry the same round number as the group with other weights. Every
+declaration and join request carries the :func:`peer.outer.state_digest` of the state the member
+will apply the mean to, and only equal digests are grouped. When holders at one round disagree (a
+fork), the state declared by the most holders is kept (ties: the larger digest, the same choice on
+every peer); the others fail the round with :attr:`Match.adopt` set and re-sync to it, keeping their
+local progress, so replicas are identical again after one round.
+
 Admission (issue 9): with a ``verifier`` (:class:`peer.credentials.CredentialVerifier`) only
 admitted peers are grouped. Declarations and holder records without a valid credential for their
 writer are ignored; the leader refuses a join whose credential is not bound to the libp2p sender;
@@ -29,15 +37,16 @@ import asyncio
 import logging
 import secrets
 import time
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, NamedTuple, Optional
 
 from peer.credentials import CredentialProvider, CredentialVerifier
 from peer.partition import Group
 from peer.net_pb2 import JoinReply, JoinRequest
 from peer.records import GroupDeclaration, HolderRecord, group_key, holders_key, records_from_value, to_value
 
-__all__ = ["Matchmaker", "LONE"]
+__all__ = ["Matchmaker", "Match", "LONE"]
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +56,21 @@ LONE = "lone"
 _POLL = 0.1  # seconds between DHT reads while gathering (a protocol poll, not a test wait)
 
 
+class Match(NamedTuple):
+    """The outcome of one member's matchmaking for one (module, round)."""
+
+    group: Optional[Group]
+    """The formed group (``group_id == LONE`` when we are the only holder), or None."""
+    reason: str
+    """Why there is no group, or who was dropped ('' when all went well)."""
+    adopt: str = ""
+    """Set when other holders at this round hold another state and theirs is kept: its digest."""
+
+
 @dataclass
 class _Looking:
     key: str
+    digest: str = ""
     decided: asyncio.Event = field(default_factory=asyncio.Event)
     leader: Optional[str] = None
     """None while gathering or when we lead; else the peer we follow."""
@@ -118,6 +139,10 @@ class Matchmaker:
             yield JoinReply(code=JoinReply.REFUSED, reason="not looking for this group (formed or not started)",
                             credential=mine)
             return
+        if request.state_digest != looking.digest:
+            yield JoinReply(code=JoinReply.REFUSED, credential=mine,
+                            reason=f"forked: state {request.state_digest or '(none)'} differs from ours {looking.digest}")
+            return
         await looking.decided.wait()
         if looking.leader is not None:
             yield JoinReply(code=JoinReply.NOT_A_LEADER, suggested_leader=looking.leader, credential=mine)
@@ -138,41 +163,47 @@ class Matchmaker:
 
     # -- every member -------------------------------------------------------------------------
 
-    async def form_group(self, module_id: str, round_no: int, timeout: float) -> tuple[Optional[Group], str]:
+    async def form_group(self, module_id: str, round_no: int, timeout: float, digest: str = "") -> Match:
         """Matchmake round ``round_no`` of ``module_id`` within ``timeout`` seconds (the whole round's
-        budget: the leader hands the rest to the all-reduce). Returns ``(group, reason)``: the group
-        (``group_id == LONE`` when we are the only holder) or None with why not."""
+        budget: the leader hands the rest to the all-reduce) among the holders whose state has
+        ``digest`` (:func:`peer.outer.state_digest`). Returns a :class:`Match`."""
         from hivemind.utils import get_dht_time
 
         t0 = time.monotonic()
         gather_deadline, close_deadline, join_deadline = t0 + 0.2 * timeout, t0 + 0.35 * timeout, t0 + 0.45 * timeout
         end = t0 + 0.95 * timeout
         key = group_key(self.run_id, module_id, round_no)
-        looking = self._looking[key] = _Looking(key)
+        looking = self._looking[key] = _Looking(key, digest)
         try:
-            decl = GroupDeclaration(self.config_hash, self.data_hash, self.bandwidth, self._own_credential())
+            decl = GroupDeclaration(self.config_hash, self.data_hash, self.bandwidth, self._own_credential(), digest)
             await self.dht.store(key, to_value(decl), get_dht_time() + timeout, subkey=self.peer_id,
                                  return_future=True)
-            declared, ahead, same_round = await self._gather(module_id, round_no, key, gather_deadline)
-            candidates = {p for p, d in declared.items() if d.bandwidth > 0} | ({self.peer_id} if self.bandwidth > 0 else set())
+            everyone, ahead, same_round = await self._gather(module_id, round_no, key, gather_deadline)
             if ahead > round_no:
                 # the group applied rounds we missed: averaging now would fork the replicas
-                return None, f"behind: other holders are at round {ahead}; re-sync from them first"
+                return Match(None, f"behind: other holders are at round {ahead}; re-sync from them first")
+            declared = {p: d for p, d in everyone.items() if d.digest == digest}
+            fork = self._resolve_fork(key, digest, everyone)
+            if fork is not None:
+                looking.decided.set()
+                return fork
+            candidates = {p for p, d in declared.items() if d.bandwidth > 0} | ({self.peer_id} if self.bandwidth > 0 else set())
             if not declared:
                 looking.decided.set()
-                if same_round:  # applying our delta alone would fork us from them
-                    return None, f"holders {', '.join(sorted(same_round))} at this round did not declare in time"
-                return Group(LONE, (self.peer_id,), (self.bandwidth,), 0.0), ""
+                silent = same_round - set(everyone)
+                if silent:  # applying our delta alone would fork us from them
+                    return Match(None, f"holders {', '.join(sorted(silent))} at this round did not declare in time")
+                return Match(Group(LONE, (self.peer_id,), (self.bandwidth,), 0.0), "")
             if not candidates:
                 looking.decided.set()
-                return None, "no member of the group accepts connections (all in client mode)"
+                return Match(None, "no member of the group accepts connections (all in client mode)")
             leader = min(candidates)
             if leader == self.peer_id:
                 looking.decided.set()
-                return await self._lead(looking, set(declared), close_deadline, end)
+                return Match(*await self._lead(looking, set(declared), close_deadline, end))
             looking.leader = leader
             looking.decided.set()
-            return await self._follow(key, leader, join_deadline)
+            return Match(*await self._follow(key, leader, join_deadline, digest))
         finally:
             looking.decided.set()
             for _, future in looking.followers.values():
@@ -180,11 +211,28 @@ class Matchmaker:
                     future.set_result(None)
             self._looking.pop(key, None)
 
+    def _resolve_fork(self, key: str, digest: str, everyone: dict[str, GroupDeclaration]) -> Optional[Match]:
+        """None when every declared holder has our state, or ours is the one kept; else the failed
+        :class:`Match` telling us which state to re-sync to."""
+        counts = Counter(d.digest for d in everyone.values())
+        if set(counts) <= {digest}:
+            return None
+        counts[digest] += 1  # ourselves
+        kept = max(counts, key=lambda k: (counts[k], k))
+        theirs = sorted(p[-8:] for p, d in everyone.items() if d.digest != digest)
+        if kept == digest:
+            log.warning("%s: holders %s hold another state at this round (a fork); ours (%s, %d of %d) is kept "
+                        "and they re-sync to it", key, ", ".join(theirs), digest, counts[digest], sum(counts.values()))
+            return None
+        return Match(None, f"forked: {counts[kept]} of {sum(counts.values())} holders at this round hold state "
+                           f"{kept}, ours is {digest or '(none)'}; re-syncing to theirs", adopt=kept)
+
     async def _gather(self, module_id: str, round_no: int, key: str,
                       deadline: float) -> tuple[dict[str, GroupDeclaration], int, set[str]]:
         """Other members' valid declarations, read until every live holder at this round declared or
         ``deadline``; also the highest round any other live holder announces, and the other holders
-        at our round. A lone member may apply its own delta only when no other holder is at its round."""
+        at our round. A lone member may apply its own delta only when no other holder is at its round.
+        Holders that declared are never counted as ahead."""
         while True:
             found, holders = await asyncio.gather(
                 self.dht.get(key, latest=True, return_future=True),
@@ -200,8 +248,13 @@ class Matchmaker:
             live = {p: h for p, h in records_from_value(holders, HolderRecord, self.verifier).items()
                     if p != self.peer_id and not self._mismatch(p, h.config_hash, h.data_hash)}
             expected = {p for p, h in live.items() if h.round_no == round_no}
-            ahead = max((h.round_no for h in live.values()), default=-1)
-            if expected <= set(declared) or time.monotonic() >= deadline or ahead > round_no:
+            # A holder that declared this round is at this round, whatever its record says (an overlap
+            # member announces its next round while this one's exchange runs); one a single round
+            # ahead that has not declared may be such a member about to declare: wait for it.
+            ahead = max((h.round_no for p, h in live.items() if p not in declared), default=-1)
+            next_round = {p for p, h in live.items() if h.round_no == round_no + 1 and p not in declared}
+            if ((expected <= set(declared) and not next_round) or time.monotonic() >= deadline
+                    or ahead > round_no + 1):
                 missing = sorted(expected - set(declared))
                 if missing:
                     log.info("%s: holders %s did not declare by the gather deadline", key, ", ".join(missing))
@@ -229,19 +282,20 @@ class Matchmaker:
         missing = sorted(others - set(followers))
         return group, (f"dropped {', '.join(missing)} (did not join)" if missing else "")
 
-    async def _follow(self, key: str, leader: str, deadline: float) -> tuple[Optional[Group], str]:
+    async def _follow(self, key: str, leader: str, deadline: float, digest: str) -> tuple[Optional[Group], str]:
         try:
-            return await asyncio.wait_for(self._follow_unbounded(key, leader), max(0.01, deadline - time.monotonic()))
+            return await asyncio.wait_for(self._follow_unbounded(key, leader, digest),
+                                          max(0.01, deadline - time.monotonic()))
         except asyncio.TimeoutError:
             return None, f"leader {leader} did not begin before the deadline"
         except Exception as e:
             return None, f"joining leader {leader} failed: {type(e).__name__}: {e}"
 
-    async def _follow_unbounded(self, key: str, leader: str) -> tuple[Optional[Group], str]:
+    async def _follow_unbounded(self, key: str, leader: str, digest: str) -> tuple[Optional[Group], str]:
         from hivemind.p2p import PeerID
 
         request = JoinRequest(group_key=key, config_hash=self.config_hash, data_hash=self.data_hash,
-                              bandwidth=self.bandwidth, credential=self._own_credential())
+                              bandwidth=self.bandwidth, credential=self._own_credential(), state_digest=digest)
         for _ in range(3):
             stream = await self.p2p.iterate_protobuf_handler(PeerID.from_base58(leader), self.handler_name,
                                                              request, JoinReply)

@@ -228,8 +228,9 @@ class NetAverager:
     # -- averaging ----------------------------------------------------------------------------
 
     def average(self, module_id: str, round_no: int, tensors: list[Tensor], weight: float, codec: str,
-                timeout: float) -> AverageResult:
-        """One round of ``module_id``'s group (see :class:`peer.averaging.ModuleAverager`)."""
+                timeout: float, digest: str = "") -> AverageResult:
+        """One round of ``module_id``'s group among the holders whose state has ``digest`` (see
+        :class:`peer.averaging.ModuleAverager`)."""
         get_codec(codec)  # ValueError on an unknown codec, before anything is sent
         if not (math.isfinite(weight) and weight > 0):
             raise ValueError(f"weight must be a finite number > 0, got {weight}")
@@ -239,7 +240,7 @@ class NetAverager:
         t0 = time.monotonic()
         self.hold(module_id, round_no)
         try:
-            res = self._call(self._average(module_id, round_no, flat, tensors, float(weight), codec, timeout),
+            res = self._call(self._average(module_id, round_no, flat, tensors, float(weight), codec, timeout, digest),
                              timeout + 10.0)
             self._report_suspects(module_id, round_no, res.suspects)
             return res
@@ -254,14 +255,14 @@ class NetAverager:
             log.debug("module %s round %d took %.2fs", module_id, round_no, time.monotonic() - t0)
 
     async def _average(self, module_id: str, round_no: int, flat: Tensor, like: Sequence[Tensor], weight: float,
-                       codec: str, timeout: float) -> AverageResult:
+                       codec: str, timeout: float, digest: str) -> AverageResult:
         c = get_codec(codec)
-        group, reason = await self._matchmaker.form_group(module_id, round_no, timeout)
+        group, reason, adopt = await self._matchmaker.form_group(module_id, round_no, timeout, digest)
         # announce our next round now, in the background, so it is visible long before anyone's next round
         self.hold(module_id, round_no + 1, wait=False)
         if group is None:
             log.info("module %s round %d: no group (%s)", module_id, round_no, reason)
-            return AverageResult(None, None, 0, [], 0, 0, reason=reason)
+            return AverageResult(None, None, 0, [], 0, 0, reason=reason, adopt=adopt)
         if group.group_id == LONE:
             own = c.roundtrip(flat)  # (n,)
             mine = unflatten(own, like)
@@ -296,12 +297,14 @@ class NetAverager:
         assert self._state_server is not None
         self._state_server.provider = provider
 
-    def fetch_state(self, module_id: str, timeout: float, like: Optional[Sequence[Tensor]] = None) -> ModuleState:
+    def fetch_state(self, module_id: str, timeout: float, like: Optional[Sequence[Tensor]] = None,
+                    accept: Optional[Callable[[ModuleState], str]] = None) -> ModuleState:
         """Fetch ``module_id``'s global params, outer momentum and round from a live holder of our
-        config hash; raises :class:`peer.state_transfer.StateTransferError` if none can send it."""
+        config hash (``accept``: see :func:`peer.state_transfer.fetch_module_state`); raises
+        :class:`peer.state_transfer.StateTransferError` if none can send it."""
         return self._call(fetch_module_state(self.dht, self._p2p, self.run_id, module_id, self.config_hash,
                                              self.prefix, self.peer_id, timeout, like, credential=self._credential,
-                                             verifier=self._verifier), timeout + 5.0)
+                                             verifier=self._verifier, accept=accept), timeout + 5.0)
 
     # -- life cycle ---------------------------------------------------------------------------
 

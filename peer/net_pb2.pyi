@@ -8,18 +8,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class JoinRequest(_message.Message):
-    __slots__ = ("group_key", "config_hash", "data_hash", "bandwidth", "credential")
+    __slots__ = ("group_key", "config_hash", "data_hash", "bandwidth", "credential", "state_digest")
     GROUP_KEY_FIELD_NUMBER: _ClassVar[int]
     CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
     DATA_HASH_FIELD_NUMBER: _ClassVar[int]
     BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
     CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
+    STATE_DIGEST_FIELD_NUMBER: _ClassVar[int]
     group_key: str
     config_hash: str
     data_hash: str
     bandwidth: float
     credential: bytes
-    def __init__(self, group_key: _Optional[str] = ..., config_hash: _Optional[str] = ..., data_hash: _Optional[str] = ..., bandwidth: _Optional[float] = ..., credential: _Optional[bytes] = ...) -> None: ...
+    state_digest: str
+    def __init__(self, group_key: _Optional[str] = ..., config_hash: _Optional[str] = ..., data_hash: _Optional[str] = ..., bandwidth: _Optional[float] = ..., credential: _Optional[bytes] = ..., state_digest: _Optional[str] = ...) -> None: ...
 
 class JoinReply(_message.Message):
     __slots__ = ("code", "reason", "group_id", "members", "bandwidths", "allreduce_timeout", "suggested_leader", "credential")

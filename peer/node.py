@@ -34,12 +34,16 @@ from models.errors import HivepathError
 from peer.checkpoint import CheckpointDir
 from peer.identity import load_or_create_identity
 from peer.coordinator_client import CoordinatorClient, HeartbeatReply, PeerInfo, Progress, WorkAssignment
+from peer.local_status import start_optional
 from peer.progress import PeerStatus, ProgressView, make_view
 from peer.resources import describe_device, measure_tokens_per_s, resolve_device, usable_memory_bytes
 
 __all__ = ["PeerOptions", "PeerNode", "ensure_dataset", "UnsupportedAssignment"]
 
 log = logging.getLogger(__name__)
+
+THROUGHPUT_SETTLE_SECONDS = 30.0
+"""Seconds of work on an assignment before its measured tokens/s goes into heartbeats."""
 
 
 class UnsupportedAssignment(HivepathError):
@@ -80,8 +84,15 @@ class PeerOptions:
     threads: Optional[int] = None
     coordinator_timeout: float = 60.0
     """Seconds to keep retrying the coordinator at start-up before giving up (exit 3)."""
+    rebootstrap_interval: float = 20.0
+    """Seconds between checks that the peers the coordinator lists are in our DHT routing table
+    (re-merges the swarm after a partition; see ``PeerDHT.keep_connected``)."""
     keep_checkpoints: int = 2
     """Snapshots kept under WORK_DIR/checkpoints."""
+    status_port: int = 0
+    """Serve the local status (``/status``, ``/healthz``) on 127.0.0.1 at this port (0: do not)."""
+    stall_timeout: float = 300.0
+    """Seconds without progress after which the local status reports the peer unhealthy."""
 
     def __post_init__(self) -> None:
         self.work_dir = Path(self.work_dir).expanduser()
@@ -123,6 +134,7 @@ class PeerNode:
         self._stop_reason = ""
         self._reassign: Optional[WorkAssignment] = None
         self._lock = threading.Lock()
+        self._work_started = time.monotonic()
         self._preempting = False
         self.view: Optional[ProgressView] = None
 
@@ -139,6 +151,7 @@ class PeerNode:
 
     def _on_heartbeat(self, reply: HeartbeatReply) -> None:
         self.status.coordinator = "connected"
+        self.status.mark_heartbeat()
         if reply.drain:
             self.request_stop(f"drained by the coordinator: {reply.drain_reason or 'no reason given'}")
         elif reply.assignment is not None:
@@ -147,6 +160,7 @@ class PeerNode:
             log.info("reassigned to %s (%s)", reply.assignment.label(), reply.assignment.reason)
 
     def _should_stop(self) -> Optional[str]:
+        self.status.mark_loop()
         if self._stop.is_set():
             return "stop"
         if self._reassign is not None:
@@ -165,9 +179,12 @@ class PeerNode:
                 progress.append(Progress(mid, trainer.opt.module_round(mid), trainer.tokens, self.status.loss or 0.0))
         elif self.status.mode == "stage" and self.status.assignment:
             progress.append(Progress(self.status.assignment, self.status.round_no, self.status.tokens, 0.0))
+        # a throughput measured over the first seconds of new work (state loading, first rounds) is
+        # noise the coordinator would rebalance on: report 0 ("unchanged", it keeps the join figure)
+        settled = time.monotonic() - self._work_started >= THROUGHPUT_SETTLE_SECONDS
         return {
             "progress": progress,
-            "tokens_per_s": self.status.tokens_per_s,
+            "tokens_per_s": self.status.tokens_per_s if settled else 0.0,
             "bytes_sent": self.status.bytes_sent,
             "bytes_received": self.status.bytes_received,
             "preempting": self._preempting,
@@ -188,6 +205,7 @@ class PeerNode:
         client = CoordinatorClient(opts.coordinator, opts.token, tls_ca=opts.tls_ca,
                                    retry_timeout=opts.coordinator_timeout)
         dht = averager = None
+        status_server = start_optional(self.status, "peer", opts.status_port, opts.stall_timeout)
         try:
             spec = client.run_spec()
             cfg = spec.run_config
@@ -213,8 +231,10 @@ class PeerNode:
                 peer_id=dht.peer_id, device=describe_device(device), memory_bytes=memory, tokens_per_s=tokens_per_s,
                 upload_bps=bandwidth or 0.0, multiaddrs=tuple(dht.maddrs()), manifest_hash=dataset.manifest_hash,
             )
+            self.status.state = "joining"
             joined = client.join()
             dht.connect(joined.initial_peers)
+            dht.keep_connected(lambda: client.run_spec().initial_peers, interval=opts.rebootstrap_interval)
             log.info("joined run %s as %s: %s (%s)", cfg.run_id, dht.peer_id, joined.assignment.label(),
                      joined.assignment.reason)
             client.start_heartbeats(self._progress, self._on_heartbeat)
@@ -236,6 +256,8 @@ class PeerNode:
                 averager.shutdown()
             if dht is not None:
                 dht.shutdown()
+            if status_server is not None:
+                status_server.stop()
 
     def _train(self, cfg: RunConfig, assignment: WorkAssignment, dataset, device, averager, dht) -> None:
         from peer.stage_node import run_stage_server
@@ -244,11 +266,11 @@ class PeerNode:
         peer_id = dht.peer_id
         checkpoints = CheckpointDir(self.opts.work_dir / "checkpoints", keep=self.opts.keep_checkpoints)
 
-        def fetch(mid, like):
+        def fetch(mid, like, accept=None):
             from peer.state_transfer import StateTransferError
 
             try:
-                return averager.fetch_state(mid, timeout=cfg.outer.round_timeout, like=like)
+                return averager.fetch_state(mid, timeout=cfg.outer.round_timeout, like=like, accept=accept)
             except StateTransferError as e:
                 log.info("no live holder sent %s (%s)", mid, e)
                 return None
@@ -263,6 +285,7 @@ class PeerNode:
                 codec=assignment.codec or cfg.outer.codec,
             )
             self.status.mode = assignment.mode
+            self._work_started = time.monotonic()
             deadline = time.monotonic() + self.opts.drain_timeout
             if assignment.mode == "stage":
                 # SWARM stage mode: serve one module's forward/backward to trainers (peer.stage_node)
@@ -272,6 +295,7 @@ class PeerNode:
                                           self._should_stop, status=self.status, outer=outer)
             else:
                 self.status.assignment = ",".join(map(str, assignment.path))
+                self.status.state = "loading"
                 self._trainer = PathTrainer(cfg, assignment.path, dataset, device, averager, checkpoints,
                                             peer_id, self.status, fetch_state=fetch, outer=outer)
                 reason = self._trainer.run(self._should_stop, lambda report: None)

@@ -10,15 +10,29 @@ For that, all arithmetic here is element-wise fp32 on the CPU, one rounding per 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import Any, Sequence
 
 import torch
 from torch import Tensor
 
-__all__ = ["OuterOptimizer"]
+__all__ = ["OuterOptimizer", "state_digest"]
 
 logger = logging.getLogger(__name__)
+
+
+def state_digest(global_params: Sequence[Tensor], momentum: Sequence[Tensor]) -> str:
+    """A short fingerprint (16 hex digits, BLAKE2b) of a module's replicated state: the fp32 global
+    copy and outer momentum, in order, with their shapes. Members of a group compare it before they
+    average, so two copies that carry the same round number but differ (a fork) never average together.
+    """
+    h = hashlib.blake2b(digest_size=8)
+    for t in (*global_params, *momentum):
+        t = t.detach().to(device="cpu", dtype=torch.float32).contiguous()
+        h.update(repr(tuple(t.shape)).encode())
+        h.update(t.numpy().data if t.numel() else b"")
+    return h.hexdigest()
 
 
 class OuterOptimizer:
@@ -51,6 +65,10 @@ class OuterOptimizer:
                 raise ValueError(f"{what}: tensor {i} has shape {tuple(t.shape)}, expected {tuple(g.shape)}")
 
     @torch.no_grad()
+    def digest(self) -> str:
+        """:func:`state_digest` of this module's global copy and momentum."""
+        return state_digest(self.global_params, self.momentum_buffers)
+
     def pseudo_gradient(self, params: Sequence[Tensor]) -> list[Tensor]:
         """``global - local`` for each parameter, as new CPU fp32 tensors."""
         self._check(params, "pseudo_gradient")

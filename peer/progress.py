@@ -2,6 +2,8 @@
 
 Both views render the same :class:`PeerStatus`, which the peer updates after inner steps and
 outer rounds. JSON lines go to stdout, one object per update, for log collectors in containers.
+The same status feeds the local status endpoint (:mod:`peer.local_status`): it records when the
+peer last made progress, when its main loop last turned and when the coordinator last answered.
 """
 
 from __future__ import annotations
@@ -11,19 +13,32 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Optional, TextIO
+from dataclasses import asdict, dataclass, field, fields
+from typing import Callable, ClassVar, Optional, TextIO
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-__all__ = ["PeerStatus", "ProgressView", "JsonLinesView", "RichView", "make_view"]
+__all__ = ["PeerStatus", "ProgressView", "JsonLinesView", "RichView", "make_view", "WAITING_STATES"]
+
+WAITING_STATES = ("starting", "joining", "loading", "draining", "stopped")
+"""States in which a peer waits on something outside its main loop (the coordinator, the DHT, a
+module's holders, the end of a round): they make no training progress and are not a stall."""
+
+_PROGRESS_FIELDS = frozenset({"step", "round_no", "tokens"})
 
 
 @dataclass
 class PeerStatus:
-    """Everything the progress views show about one peer."""
+    """Everything the progress views show about one peer.
+
+    Besides the fields, it keeps three monotonic clock readings for the health check, none of which
+    any writer has to maintain by hand: ``progress_at`` moves whenever ``step``, ``round_no`` or
+    ``tokens`` is assigned a new value (an inner step, an outer round, a stage server's work), and
+    ``state_at`` whenever ``state`` changes; ``loop_at`` (:meth:`mark_loop`) and ``heartbeat_at``
+    (:meth:`mark_heartbeat`, None until the coordinator first answers) are set by the peer.
+    """
 
     peer_id: str = ""
     mode: str = "path"
@@ -40,7 +55,46 @@ class PeerStatus:
     """Module id -> members in its last averaging round."""
     coordinator: str = "connected"
     state: str = "starting"
-    """starting, training, averaging, draining, stopped."""
+    """starting, joining, loading, training, averaging, following (archive), draining, stopped."""
+    checkpoint: str = ""
+    """The newest snapshot written (its directory)."""
+    checkpoint_error: str = ""
+    """Why the last checkpoint failed (disk full, ...); empty after a successful one."""
+
+    clock: ClassVar[Callable[[], float]] = time.monotonic
+    """Where the readings come from (monotonic seconds); :meth:`use_clock` swaps it in tests."""
+
+    def __post_init__(self) -> None:
+        now = self.clock()
+        self.__dict__.update(progress_at=now, state_at=now, loop_at=now, heartbeat_at=None)
+
+    def __setattr__(self, name: str, value) -> None:
+        old = self.__dict__.get(name, value)
+        if old != value:
+            if name in _PROGRESS_FIELDS:
+                self.__dict__["progress_at"] = self.clock()
+            elif name == "state":
+                self.__dict__["state_at"] = self.clock()
+        object.__setattr__(self, name, value)
+
+    def use_clock(self, clock: Callable[[], float]) -> None:
+        """Read time from ``clock`` from now on (all readings restart at its current time)."""
+        self.__dict__["clock"] = clock
+        self.__post_init__()
+
+    def mark_loop(self) -> None:
+        """The main loop turned (called once per iteration; a loop that turns is not stuck)."""
+        self.__dict__["loop_at"] = self.clock()
+
+    def mark_heartbeat(self) -> None:
+        """The coordinator answered a heartbeat."""
+        self.__dict__["heartbeat_at"] = self.clock()
+
+    def snapshot(self) -> dict:
+        """The fields as a JSON-safe dict, safe to call from another thread while the peer writes."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["group_sizes"] = dict(self.group_sizes)
+        return out
 
 
 def _fmt_bytes(n: float) -> str:
@@ -110,6 +164,7 @@ class RichView(ProgressView):
             ("sent / received", f"{_fmt_bytes(status.bytes_sent)} / {_fmt_bytes(status.bytes_received)}"),
             ("group sizes", groups),
             ("coordinator", status.coordinator),
+            ("checkpoint", status.checkpoint_error or os.path.basename(status.checkpoint) or "-"),
         ]
         for k, v in rows:
             table.add_row(k, v)

@@ -119,6 +119,9 @@ class GroupDeclaration:
     """Upload bandwidth, bytes/s (sizes its share of the reduction); 0 in client mode."""
     credential: bytes = b""
     """The declaring peer's admission credential."""
+    digest: str = ""
+    """:func:`peer.outer.state_digest` of the state the declaring peer will apply this round's mean
+    to: only declarations of equal digest are grouped (equal round numbers do not prove equal states)."""
 
 
 @dataclass(frozen=True)

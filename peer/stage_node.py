@@ -33,6 +33,7 @@ from models.training import autocast
 from peer.checkpoint import CheckpointDir, CheckpointError
 from peer.diloco import DiLoCoOptimizer, RoundReport
 from peer.progress import PeerStatus
+from peer.resync import after_round
 from peer.stage_client import StageClient
 from peer.stage_server import StageServer, StageServerOptions
 
@@ -173,9 +174,9 @@ def _fetcher(averager: Any, timeout: float) -> Optional[FetchState]:
     if not hasattr(averager, "fetch_state"):
         return None
 
-    def fetch(mid: str, like: list[torch.Tensor]) -> Any:
+    def fetch(mid: str, like: list[torch.Tensor], accept: Any = None) -> Any:
         try:
-            return averager.fetch_state(mid, timeout=timeout, like=like)
+            return averager.fetch_state(mid, timeout=timeout, like=like, accept=accept)
         except Exception as e:  # no live holder yet: start from the checkpoint or the init
             log.info("no live holder sent %s (%s)", mid, e)
             return None
@@ -199,7 +200,10 @@ def run_stage_server(cfg: RunConfig, module_id: str, dataset: Any, device: torch
         extra["data"] = {"dir": str(dataset.dir.resolve()), "manifest_hash": dataset.manifest_hash}
     server: Optional[StageServer] = None
 
+    fetch = _fetcher(averager, (outer or cfg.outer).round_timeout)
+
     def on_round(report: RoundReport) -> None:
+        after_round(server.opt, report, averager, fetch)
         status.round_no = server.opt.module_round(module_id)
         for mid, m in report.modules.items():
             status.group_sizes[mid] = m.group_size
@@ -209,8 +213,7 @@ def run_stage_server(cfg: RunConfig, module_id: str, dataset: Any, device: torch
             save_states(cfg, server.opt, {module_id: server.module}, checkpoints, extra)
 
     server = StageServer(cfg, module_id, dht, averager, device, options, outer, event_hook, on_round)
-    adopt_states(cfg, server.opt, {module_id: server.module}, checkpoints,
-                 _fetcher(averager, (outer or cfg.outer).round_timeout))
+    adopt_states(cfg, server.opt, {module_id: server.module}, checkpoints, fetch)
     if hasattr(averager, "serve_states"):
         averager.serve_states(server.opt.module_state)
     status.mode, status.assignment, status.state = "stage", module_id, "training"
@@ -249,7 +252,8 @@ def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, devic
                          call_timeout=max(60.0, 3 * request_timeout))
     trainer = StageTrainer(cfg, path, client, device, averager, dataset, micro_batches, seed, outer)
     extra = {"peer_id": peer_id, "paths": [format_path(trainer.path)]}
-    adopt_states(cfg, trainer.opt, trainer.modules, checkpoints, _fetcher(averager, (outer or cfg.outer).round_timeout))
+    fetch = _fetcher(averager, (outer or cfg.outer).round_timeout)
+    adopt_states(cfg, trainer.opt, trainer.modules, checkpoints, fetch)
     if hasattr(averager, "serve_states"):
         averager.serve_states(trainer.opt.module_state)
     if hasattr(averager, "hold"):
@@ -270,10 +274,8 @@ def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, devic
             status.tokens_per_s = trainer.tokens / max(1e-6, time.monotonic() - started)
             status.bytes_sent, status.bytes_received = client.stats.bytes_sent, client.stats.bytes_received
             if report is not None:
+                after_round(trainer.opt, report, averager, fetch)
                 status.round_no = max(trainer.opt.module_round(m) for m in trainer.modules)
-                for mid in trainer.modules:
-                    if hasattr(averager, "hold"):
-                        averager.hold(mid, trainer.opt.module_round(mid))
                 if checkpoints is not None:
                     save_states(cfg, trainer.opt, trainer.modules, checkpoints, extra)
             if on_step is not None:

@@ -146,9 +146,11 @@ async def _receive_request(reader: asyncio.StreamReader) -> Optional[StateReques
 async def fetch_module_state(dht: Any, p2p: Any, run_id: str, module_id: str, config_hash: str, prefix: str,
                              own_peer_id: str, timeout: float, like: Optional[Sequence[Tensor]] = None,
                              credential: Optional[CredentialProvider] = None,
-                             verifier: Optional[CredentialVerifier] = None) -> ModuleState:
+                             verifier: Optional[CredentialVerifier] = None,
+                             accept: Optional[Callable[[ModuleState], str]] = None) -> ModuleState:
     """Fetch ``module_id``'s state from a live holder with our config hash (most advanced round first);
-    ``credential`` is presented to holders, ``verifier`` keeps only admitted sources."""
+    ``credential`` is presented to holders, ``verifier`` keeps only admitted sources, and ``accept``
+    (a state -> '' or why it is not wanted) makes us try the next holder, e.g. to adopt one side of a fork."""
     from hivemind.p2p import P2P, PeerID
 
     deadline = time.monotonic() + timeout
@@ -186,6 +188,9 @@ async def fetch_module_state(dht: Any, p2p: Any, run_id: str, module_id: str, co
             if not reply.ok:
                 raise RuntimeError(reply.error)
             state = await asyncio.get_running_loop().run_in_executor(None, _unpack, bytes(blob), reply.round_no, like)
+            unwanted = accept(state) if accept is not None else ""
+            if unwanted:
+                raise RuntimeError(unwanted)
             log.info("fetched %s at round %d from %s", module_id, reply.round_no, peer)
             return state
         except Exception as e:

@@ -24,6 +24,7 @@ from models.training import autocast, make_adamw
 from peer.checkpoint import CheckpointDir, CheckpointError
 from peer.diloco import DiLoCoOptimizer, RoundReport
 from peer.progress import PeerStatus
+from peer.resync import after_round
 
 __all__ = ["PathTrainer", "StateSource"]
 
@@ -160,9 +161,12 @@ class PathTrainer:
             "unix_time": round(time.time(), 3),
         }
         try:
-            self.checkpoints.save(max(rounds.values()), groups, meta, metadata)
+            written = self.checkpoints.save(max(rounds.values()), groups, meta, metadata)
         except CheckpointError as e:
             log.error("%s", e)
+            self.status.checkpoint_error = str(e)
+        else:
+            self.status.checkpoint, self.status.checkpoint_error = str(written), ""
 
     # -- training -----------------------------------------------------------------------------
 
@@ -204,27 +208,6 @@ class PathTrainer:
                 self._after_round(report)
                 on_round(report)
 
-    def _resync(self, mid: str) -> None:
-        """After a round this peer missed, adopt the state of a holder that completed it.
-
-        Members that averaged together applied the same bytes; a member dropped from the round (or
-        one that started from a state fetched mid-round) would otherwise drift from them for good.
-        Its local progress is kept on top of the group's state and goes into the next round.
-        """
-        if self._fetch_state is None or self.opt.outer_cfg.overlap:
-            return  # overlap mode: the next exchange is already in flight; it re-syncs after that one
-        mine = self.opt.module_state(mid)
-        like = [g for g in mine.global_params]
-        remote = self._fetch_state(mid, like)
-        if remote is None or remote.round_no < mine.round_no:
-            return  # nobody is ahead: the round failed for the whole group, which stays identical
-        same = remote.round_no == mine.round_no and all(
-            torch.equal(a, b) for a, b in zip(remote.global_params, mine.global_params))
-        if not same:
-            self.opt.rebase_module_state(mid, remote.global_params, remote.momentum, remote.round_no)
-            log.info("module %s: re-synced to the group's state at round %d (local progress kept)", mid,
-                     remote.round_no)
-
     def _after_round(self, report: RoundReport) -> None:
         log.info("round %d: %s", report.round, "; ".join(
             f"{mid} r{m.round_no} " + (f"averaged by {m.group_size}" if m.applied else f"not applied ({m.reason})")
@@ -233,9 +216,7 @@ class PathTrainer:
             self.status.bytes_sent += m.bytes_sent
             self.status.bytes_received += m.bytes_received
             self.status.group_sizes[mid] = m.group_size
-            if not m.applied and "NaN" not in m.reason:
-                self._resync(mid)
-            self.averager.hold(mid, self.opt.module_round(mid))
+        after_round(self.opt, report, self.averager, self._fetch_state)
         self.status.round_no = max(self.opt.module_round(m) for m in self.module_ids)
         self.checkpoint()
 

@@ -136,6 +136,18 @@ def test_balanced_lattice_does_not_move():
     assert move is None and reason.startswith("balanced")
 
 
+def test_no_swap_of_peers_between_paths_on_noise():
+    """Two paths, three near-equal peers: the path with one peer has about half the throughput, but
+    moving a peer over would only mirror the imbalance; no move, whatever the noise, and the reason says why."""
+    run = RunConfig(run_id="two", lattice=LatticeConfig(d_model=32, n_heads=2, blocks_per_module=1, seq_len=32,
+                                                         levels=1, modules_per_level=2))
+    for a, b, c in [(1000.0, 1000.0, 1000.0), (1040.0, 980.0, 1000.0), (960.0, 1010.0, 1050.0)]:
+        view, got = join_all([a, b, c], run=run)
+        assert sorted(len(m) for m in view.path_peers.values()) == [1, 2]
+        move, reason = rebalance(1000.0, {}, {p: caps() for p in got}, view, run, SETTINGS)
+        assert move is None and "no single move lowers the spread" in reason, reason
+
+
 # -- properties ---------------------------------------------------------------------------------
 
 tps_st = st.floats(min_value=10.0, max_value=1e5, allow_nan=False)

@@ -388,3 +388,24 @@ def test_entrypoint_announce_auto_uses_the_container_addresses(tmp_path):
     assert out.returncode == 2 and "needs a fixed port" in out.stderr
     ann = build_parser().parse_args(["peer", "join", "--announce-maddrs", "/ip4/172.18.0.5/tcp/7710"]).announce_maddrs
     assert ann == ["/ip4/172.18.0.5/tcp/7710"]
+
+
+def test_peer_health_checks_ask_the_local_status_endpoint():
+    """The peer images, Compose and the Kubernetes probes all point the health check at the port the
+    peer serves its local status on (the CLI's default, 127.0.0.1 only: so the probes exec it)."""
+    from peer.local_status import DEFAULT_STATUS_PORT
+
+    for path in DOCKERFILES:
+        if "peer" in path.name:
+            assert f"HIVEPATH_STATUS_PORT={DEFAULT_STATUS_PORT}" in path.read_text(), path.name
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    assert compose["x-peer-env"]["HIVEPATH_STATUS_PORT"] == str(DEFAULT_STATUS_PORT)
+    _, sts = next((p, d) for p, d in _k8s_docs() if d["kind"] == "StatefulSet")
+    container = sts["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["HIVEPATH_STATUS_PORT"] == str(DEFAULT_STATUS_PORT)
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["exec"]["command"][-1] == "/usr/local/bin/hivepath-healthcheck", probe
+    assert float(env["HIVEPATH_STALL_TIMEOUT"]) >= 60, "a round can take a while"
+    text = (DEPLOY / "healthcheck.py").read_text()
+    assert "/healthz" in text and "HIVEPATH_STATUS_PORT" in text

@@ -50,8 +50,8 @@ class _Plain:
         self.inner = inner
         self.groups: list[tuple[str, int, list[str]]] = []
 
-    def average(self, module_id, round_no, tensors, weight, codec, timeout):
-        res = self.inner.average(module_id, round_no, tensors, weight, codec, timeout)
+    def average(self, module_id, round_no, tensors, weight, codec, timeout, digest=""):
+        res = self.inner.average(module_id, round_no, tensors, weight, codec, timeout, digest=digest)
         self.groups.append((module_id, round_no, list(res.peers)))
         return res
 

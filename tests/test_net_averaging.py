@@ -54,9 +54,9 @@ class Recorder:
         self.inner = inner
         self.records: list[dict] = []
 
-    def average(self, module_id, round_no, tensors, weight, codec, timeout) -> AverageResult:
+    def average(self, module_id, round_no, tensors, weight, codec, timeout, digest="") -> AverageResult:
         t0 = time.monotonic()
-        res = self.inner.average(module_id, round_no, tensors, weight, codec, timeout)
+        res = self.inner.average(module_id, round_no, tensors, weight, codec, timeout, digest=digest)
         self.records.append(dict(
             module=module_id, round=round_no, weight=weight, sent=flatten(tensors),
             averaged=None if res.averaged is None else flatten(res.averaged), peers=list(res.peers),

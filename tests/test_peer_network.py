@@ -87,8 +87,6 @@ def test_network_trains_drains_and_replicas_stay_identical(procs, tmp_path, data
         net.close()
 
 
-# Known flaky under load (see the closing note of session 1): a replica diverged once when a restarted peer averaged at equal round numbers with different states.
-@pytest.mark.slow
 def test_kill9_peer_comes_back_bit_identical_and_archive_restores(procs, tmp_path, dataset):
     net = Network(procs, tmp_path, dataset.dir, dataset.manifest_hash, lease_timeout=6.0)
     try:
@@ -128,6 +126,60 @@ def test_kill9_peer_comes_back_bit_identical_and_archive_restores(procs, tmp_pat
         assert "starting from peer" in log and "starting from init" not in log, log[-3000:]
         assert net.stop("peer2") == 0
         assert_identical_at_equal_rounds([archive, fresh / "checkpoints"])
+    finally:
+        net.close()
+
+
+def test_kill9_frees_the_path_and_another_peer_takes_it_within_the_lease(procs, tmp_path):
+    """Two paths (a 1x2 lattice), three peers: one path has two peers, the other one. ``kill -9`` of
+    the lone one: when its lease expires the coordinator moves a peer of the doubly held path to the
+    freed path, and that peer trains it (its modules' rounds advance under the new holder)."""
+    import time
+
+    from models.corpus import default_corpus
+    from models.data import Dataset, prepare
+
+    prepare(default_corpus(), tmp_path / "data-1x2", levels=1, modules=2, tokenizer="bytes")
+    data = Dataset(tmp_path / "data-1x2")
+    lease = 6.0
+    net = Network(procs, tmp_path, data.dir, data.manifest_hash, lease_timeout=lease,
+                  extra_toml="[lattice]\nlevels = 1\nmodules_per_level = 2\n")
+    try:
+        net.start_coordinator()
+        for name in ("peer0", "peer1", "peer2"):
+            net.start_peer(name)
+
+        def by_path() -> dict[int, list[str]]:
+            out: dict[int, list[str]] = {}
+            for p in (net.status() or {}).get("peers", []):
+                if p["state"] == "active" and p["mode"] == "path":
+                    out.setdefault(p["path"][0], []).append(p["peer_id"])
+            return out
+
+        wait_for(lambda: sorted(len(v) for v in by_path().values()) == [1, 2] and len(net.module_rounds()) == 4
+                 and min(net.module_rounds().values()) >= 1, 180, "three peers on both paths, one round done")
+        paths = by_path()
+        lone_path = next(p for p, peers in paths.items() if len(peers) == 1)
+        victim = paths[lone_path][0]
+        names = wait_for(lambda: {net.peer_id(n): n for n in ("peer0", "peer1", "peer2")}, 30, "every peer's id")
+        net.procs.kill(names[victim])
+        killed_at = time.monotonic()
+        moved = wait_for(lambda: [p for p in by_path().get(lone_path, []) if p != victim] or None,
+                         lease + 30, f"another peer to be assigned the freed path {lone_path}")
+        assert len(moved) == 1 and moved[0] in paths[1 - lone_path], (moved, paths)
+        took = time.monotonic() - killed_at
+        module = f"L0M{lone_path}"
+        before = net.module_rounds().get(module, 0)
+        wait_for(lambda: net.module_rounds().get(module, 0) >= before + 1
+                 and moved[0] in next(m["holders"] for m in (net.status() or {})["modules"] if m["module_id"] == module),
+                 120, f"the moved peer to complete a round of {module}")
+        assert (net.peer_assignment(victim) or {}).get("state") != "active"  # freed by the lease, not a guess
+        log = net.procs.log(names[moved[0]])
+        assert f"reassigned to path {lone_path} (" in log and f"path {lone_path} has no peer" in log, log[-2000:]
+        for name in names.values():
+            if name != names[victim]:
+                assert net.stop(name) == 0
+        print(f"path {lone_path} reassigned {took:.1f}s after the kill (lease {lease}s)")
     finally:
         net.close()
 

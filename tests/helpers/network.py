@@ -25,14 +25,15 @@ manifest_hash = "{manifest_hash}"
 lease_timeout = {lease_timeout}
 heartbeat_interval = 1.0
 restart_grace = 5.0
-"""
+{extra}"""
 
 
 class Network:
     """Start and drive a small network; ``procs`` reaps every process at the end of the test."""
 
     def __init__(self, procs: ProcessGroup, root: Path, data_dir: Path, manifest_hash: str,
-                 inner_steps: int = 10, lease_timeout: float = 8.0, run_id: str = "itest"):
+                 inner_steps: int = 10, lease_timeout: float = 8.0, run_id: str = "itest", extra_toml: str = ""):
+        """``extra_toml``: more run-config tables appended to the tiny run (e.g. a ``[lattice]``)."""
         self.procs = procs
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -41,7 +42,7 @@ class Network:
         (self.root / "token").write_text(self.token)
         self.run_toml = self.root / "run.toml"
         self.run_toml.write_text(TINY_RUN.format(run_id=run_id, inner_steps=inner_steps, manifest_hash=manifest_hash,
-                                                 lease_timeout=lease_timeout))
+                                                 lease_timeout=lease_timeout, extra=extra_toml))
         self.port = free_port()
         self.http_port = free_port()
         self.address = f"127.0.0.1:{self.port}"
@@ -60,7 +61,7 @@ class Network:
 
     def common(self) -> list[str]:
         return ["--coordinator", self.address, "--token-file", str(self.root / "token"), "--data", str(self.data_dir),
-                "--host-maddrs", "/ip4/127.0.0.1/tcp/0"]
+                "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--status-port", "0"]
 
     def start_archive(self, name: str = "archive") -> Path:
         directory = self.root / name

@@ -1,0 +1,137 @@
+"""Forks never average (issue 3, bit-identical replicas): holders that carry one round number but
+different states are told apart by their state digests, on real hivemind DHTs and p2p daemons.
+The state held by most holders is kept; the others fail the round with the digest to re-sync to,
+and a re-sync fetch takes only that state (or a later round of it)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+import torch
+
+from peer.diloco import ModuleState
+from peer.matchmaking import LONE, Matchmaker
+from peer.outer import state_digest
+from peer.records import HolderRecord, holders_key, to_value
+from peer.state_transfer import StateServer, StateTransferError, fetch_module_state
+
+pytestmark = pytest.mark.integration
+
+RUN_ID = "fork"
+CONFIG = "cd" * 8
+PREFIX = "fork_test"
+
+
+@pytest.fixture(scope="module")
+def swarm():
+    from peer.dht import DHTOptions, start_dht
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    opts = DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    first = start_dht(opts)
+    dhts = [first] + [start_dht(DHTOptions(host_maddrs=opts.host_maddrs, initial_peers=first.maddrs()))
+                      for _ in range(2)]
+    torch.manual_seed(0)
+    kept = ModuleState([torch.randn(4, 3)], [torch.zeros(4, 3)], 5)
+    forked = ModuleState([kept.global_params[0] + 1e-3], [torch.zeros(4, 3)], 5)
+    states = [kept, kept, forked]
+    nodes = []
+
+    async def setup(i: int, d) -> tuple:
+        p2p = await d.dht.replicate_p2p()
+        mm = Matchmaker(d.dht, p2p, d.peer_id, RUN_ID, CONFIG, "", 1e6, PREFIX)
+        await mm.start()
+        server = StateServer(p2p, CONFIG, PREFIX, lambda mid, s=states[i]: s if mid == "L0M1" else None)
+        await server.start()
+        return d, p2p, mm
+
+    for i, d in enumerate(dhts):
+        nodes.append(asyncio.run_coroutine_threadsafe(setup(i, d), loop).result(60))
+    try:
+        yield nodes, loop, states
+    finally:
+        async def close() -> None:
+            for _, p2p, _ in nodes:
+                await p2p.shutdown()
+
+        asyncio.run_coroutine_threadsafe(close(), loop).result(30)
+        for d in dhts:
+            d.shutdown()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+def run(loop, coro, timeout: float = 60.0):
+    return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+
+
+def _hold(nodes, module_id: str, round_no: int) -> None:
+    from hivemind.utils import get_dht_time
+
+    for d, _, _ in nodes:
+        assert d.dht.store(holders_key(RUN_ID, module_id), to_value(HolderRecord(CONFIG, "", round_no, 1.0, 1e6)),
+                           get_dht_time() + 60, subkey=d.peer_id)
+
+
+def test_state_digest_tells_equal_rounds_apart():
+    a = [torch.arange(12, dtype=torch.float32).reshape(4, 3)]
+    m = [torch.zeros(4, 3)]
+    assert state_digest(a, m) == state_digest([a[0].clone()], [m[0].clone()])
+    assert state_digest(a, m) != state_digest([a[0] + 1e-6], m)
+    assert state_digest(a, m) != state_digest(m, a)  # momentum is part of the state
+    assert state_digest(a, m) != state_digest([a[0].reshape(3, 4)], [m[0].reshape(3, 4)])  # so are shapes
+
+
+def test_majority_state_is_kept_and_the_fork_re_syncs_to_it(swarm):
+    nodes, loop, states = swarm
+    digests = [s.digest for s in states]
+    assert digests[0] == digests[1] != digests[2]
+    _hold(nodes, "L0M1", 5)
+
+    async def all_three():
+        return await asyncio.gather(*(mm.form_group("L0M1", 5, 8.0, dg) for (_, _, mm), dg in zip(nodes, digests)))
+
+    (g0, why0, adopt0), (g1, why1, adopt1), (g2, why2, adopt2) = run(loop, all_three())
+    pair = tuple(sorted([nodes[0][0].peer_id, nodes[1][0].peer_id]))
+    assert g0 is not None and g1 is not None and g0.members == g1.members == pair, (why0, why1)
+    assert adopt0 == adopt1 == ""
+    assert g2 is None and adopt2 == digests[0] and "forked" in why2, why2
+
+
+def test_a_tie_is_broken_the_same_way_on_both_sides(swarm):
+    nodes, loop, states = swarm
+    two = [nodes[0], nodes[2]]
+    digests = [states[0].digest, states[2].digest]
+    _hold(two, "L1M0", 3)
+
+    async def both():
+        return await asyncio.gather(*(mm.form_group("L1M0", 3, 8.0, dg) for (_, _, mm), dg in zip(two, digests)))
+
+    results = run(loop, both())
+    kept = max(digests)
+    for (group, why, adopt), digest in zip(results, digests):
+        if digest == kept:
+            assert group is not None and group.group_id == LONE and adopt == "", why
+        else:
+            assert group is None and adopt == kept, why
+
+
+def test_re_sync_fetch_takes_only_the_kept_state(swarm):
+    nodes, loop, states = swarm
+    d2, p2p2, _ = nodes[2]
+    d0, p2p0, _ = nodes[0]
+    _hold([nodes[1]], "L0M1", 5)  # only the holder of the kept state is listed
+    kept = states[0].digest
+
+    got = run(loop, fetch_module_state(d0.dht, p2p0, RUN_ID, "L0M1", CONFIG, PREFIX, d0.peer_id, 20.0,
+                                       accept=lambda s: "" if s.digest == kept else "not kept"))
+    assert got.digest == kept and torch.equal(got.global_params[0], states[0].global_params[0])
+    with pytest.raises(StateTransferError, match="not kept"):
+        run(loop, fetch_module_state(d2.dht, p2p2, RUN_ID, "L0M1", CONFIG, PREFIX, d2.peer_id, 20.0,
+                                     accept=lambda s: "" if s.digest == "0" * 16 else "not kept"))
