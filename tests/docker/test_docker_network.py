@@ -146,8 +146,6 @@ def test_docker_stop_drains_checkpoints_and_exits_0_within_the_grace_period(net)
     assert out.stdout.split(), "a checkpoint was written"
 
 
-# Known flaky under load (see the closing note of session 1): a reconnected peer can keep averaging alone instead of rejoining the swarm.
-@pytest.mark.slow
 def test_network_partition_then_reconnect_rejoins_and_catches_up(net):
     victim = net.peers()[2]
     peer_id = wait_for(lambda: net.docker.peer_id(victim), 30, "the victim's peer id")
@@ -164,8 +162,6 @@ def test_network_partition_then_reconnect_rejoins_and_catches_up(net):
     net.rounds_advance(by=2, timeout=90)
 
 
-# Known flaky under load (see the closing note of session 1): module holders were not visible in time after the restart in one CI run.
-@pytest.mark.slow
 def test_coordinator_killed_and_restarted_loses_nothing(net):
     status = net.status()
     before = (net.live(), status["peer_states"])
