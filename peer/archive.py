@@ -155,6 +155,7 @@ class ArchivePeer:
             verifier = None
             if spec.coordinator_public_key:
                 verifier = CredentialVerifier(cfg.run_id, spec.coordinator_public_key)
+                dht.admit_only(cfg.run_id, spec.coordinator_public_key, cfg.lattice.module_ids())
             averager = NetAverager(dht, cfg.run_id, cfg.content_hash(), spec.manifest_hash,
                                    state_provider=self._provide, credential=lambda: client.credential,
                                    verifier=verifier)

@@ -91,6 +91,13 @@ class PeerDHT:
                     ", ".join(maddrs), e)
             return 0
 
+    def admit_only(self, run_id: str, coordinator_public_key: bytes, module_ids: Sequence[str]) -> None:
+        """From now on this DHT node refuses the run's records of peers without a valid credential
+        (:class:`peer.dht_admission.AdmissionValidator`)."""
+        from peer.dht_admission import AdmissionValidator
+
+        self.dht.add_validators([AdmissionValidator(run_id, coordinator_public_key, module_ids)])
+
     def keep_connected(self, source: Callable[[], Sequence[str]], interval: float = 20.0) -> None:
         """Every ``interval`` seconds, ping the peers ``source()`` names (the coordinator's current peer
         list) that are missing from our routing table. A DHT node forgets peers it could not reach,

@@ -222,6 +222,7 @@ class PeerNode:
             verifier = None
             if spec.coordinator_public_key:
                 verifier = CredentialVerifier(cfg.run_id, spec.coordinator_public_key)
+                dht.admit_only(cfg.run_id, spec.coordinator_public_key, cfg.lattice.module_ids())
             averager = NetAverager(dht, cfg.run_id, cfg.content_hash(), dataset.manifest_hash,
                                    bandwidth=bandwidth, throughput=tokens_per_s,
                                    credential=lambda: client.credential, verifier=verifier,

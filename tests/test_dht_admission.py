@@ -1,0 +1,80 @@
+"""The DHT refuses records of unadmitted peers (issue 9): the validator alone on hand-made records,
+then on real hivemind DHT nodes: an outsider's store under a module's holders key is refused by an
+admitted node, whose reads never return it, while an admitted peer's record is stored and read."""
+
+from __future__ import annotations
+
+import pickle
+import time
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from hivemind.dht.routing import DHTID
+from hivemind.dht.validation import DHTRecord
+from hivemind.utils.serializer import MSGPackSerializer
+
+from coordinator.credentials import CredentialIssuer
+from peer.dht_admission import AdmissionValidator
+from peer.records import GroupDeclaration, HolderRecord, group_key, holders_key, to_value
+
+RUN_ID = "dhtadm"
+CONFIG = "ef" * 8
+A = "12D3KooWAdmittedPeerAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+B = "12D3KooWOtherPeerBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB"
+
+
+@pytest.fixture(scope="module")
+def keys():
+    issuer = CredentialIssuer(Ed25519PrivateKey.generate(), RUN_ID, 3600.0)
+    forger = CredentialIssuer(Ed25519PrivateKey.generate(), RUN_ID, 3600.0)
+    return issuer, forger
+
+
+def record(key: str, subkey, value) -> DHTRecord:
+    return DHTRecord(DHTID.generate(source=key).to_bytes(), MSGPackSerializer.dumps(subkey),
+                     MSGPackSerializer.dumps(value), time.time() + 30)
+
+
+def test_validator_checks_credentials_of_the_runs_records(keys):
+    issuer, forger = keys
+    v = AdmissionValidator(RUN_ID, issuer.public_key, ["embed", "L0M0"])
+    v = pickle.loads(pickle.dumps(v))  # it runs inside the DHT process
+    now = time.time()
+    good = issuer.issue(A, now).encode()
+    holders = holders_key(RUN_ID, "L0M0")
+    assert v.validate(record(holders, A, to_value(HolderRecord(CONFIG, "", 3, 1.0, 1.0, good))))
+    assert not v.validate(record(holders, B, to_value(HolderRecord(CONFIG, "", 3, 1.0, 1.0, good)))), "another's"
+    assert not v.validate(record(holders, A, to_value(HolderRecord(CONFIG, "", 3, 1.0, 1.0)))), "none"
+    assert not v.validate(record(holders, A, to_value(HolderRecord(CONFIG, "", 3, 1.0, 1.0,
+                                                                    forger.issue(A, now).encode())))), "forged"
+    assert not v.validate(record(holders, A, {"anything": 1})), "junk under a listed key"
+    group = group_key(RUN_ID, "L0M0", 12345)  # not listed: recognised by the declaration's shape
+    assert v.validate(record(group, A, to_value(GroupDeclaration(CONFIG, "", 1.0, good, "ab" * 8))))
+    assert not v.validate(record(group, A, to_value(GroupDeclaration(CONFIG, "", 1.0, digest="ab" * 8))))
+    assert v.validate(record("someone_elses_key", B, {"x": 1})), "other records are not ours to judge"
+
+
+@pytest.mark.integration
+def test_an_admitted_node_refuses_an_outsiders_store(keys):
+    from hivemind.utils import get_dht_time
+
+    from peer.dht import DHTOptions, start_dht
+    from peer.records import records_from_value
+
+    issuer, forger = keys
+    admitted = start_dht(DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"]))
+    outsider = start_dht(DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=admitted.maddrs()))
+    try:
+        admitted.dht.add_validators([AdmissionValidator(RUN_ID, issuer.public_key, ["L0M0"])])
+        key = holders_key(RUN_ID, "L0M0")
+        now = time.time()
+        forged = to_value(HolderRecord(CONFIG, "", 9, 1.0, 1.0, forger.issue(outsider.peer_id, now).encode()))
+        outsider.dht.store(key, forged, get_dht_time() + 60, subkey=outsider.peer_id)
+        mine = to_value(HolderRecord(CONFIG, "", 9, 1.0, 1.0, issuer.issue(admitted.peer_id, now).encode()))
+        assert admitted.dht.store(key, mine, get_dht_time() + 60, subkey=admitted.peer_id)
+        found = admitted.dht.get(key, latest=True)
+        assert found is not None and set(found.value) == {admitted.peer_id}, found
+        assert set(records_from_value(found, HolderRecord)) == {admitted.peer_id}
+    finally:
+        outsider.shutdown()
+        admitted.shutdown()
