@@ -23,7 +23,8 @@ from coordinator.settings import CoordinatorSettings
 from coordinator.view import ClusterView
 from models.config import CODECS, RunConfig, format_path
 
-__all__ = ["Move", "assign_peer", "rebalance", "link_overrides", "path_assignment", "fits_path", "BYTES_PER_PARAM"]
+__all__ = ["Move", "assign_peer", "rebalance", "rebalance_stages", "link_overrides", "path_assignment", "fits_path",
+           "BYTES_PER_PARAM"]
 
 Path_ = tuple[int, ...]
 
@@ -33,7 +34,7 @@ BYTES_PER_PARAM = {"none": 4.0, "fp16": 2.0, "int8": 1.0 + 4.0 / 256, "int4": 0.
 
 @dataclass(frozen=True)
 class Move:
-    """Rebalancing decision: move ``peer_id`` from one path to another."""
+    """Rebalancing decision: move ``peer_id`` from one path (or stage module) to another."""
 
     peer_id: str
     assignment: Assignment
@@ -263,3 +264,70 @@ def rebalance(
     if waiting:
         return None, f"{trigger}, but the peers that could move were moved less than {settings.min_move_interval:.0f}s ago"
     return None, f"{trigger}, but no single move lowers the spread"
+
+
+def rebalance_stages(
+    now: float,
+    last_moved: Mapping[str, float],
+    caps: Mapping[str, Capabilities],
+    view: ClusterView,
+    run: RunConfig,
+    settings: CoordinatorSettings,
+) -> tuple[Optional[Move], str]:
+    """At most one stage-server move toward the pipeline's bottleneck: (move, reason) or (None, reason).
+
+    A path trained through stage servers (SWARM, Ryabinin et al. 2023) runs at the speed of its
+    slowest level, so servers go where the stage throughput (measured tokens/s, not head count) is
+    least: first to a block module no server holds while another has two or more, then from the most
+    to the least served module once their spread passes ``rebalance_threshold``. Hysteresis as for
+    paths: the move must shrink the gap by the threshold too, and a peer moves at most once per
+    ``min_move_interval``; the moved server must fit the new module's memory. It loads the module's
+    state from its holders before serving (``peer.stage_node``).
+    """
+    if not view.stage_peers:
+        return None, "no stage servers"
+    lattice = run.lattice
+    blocks = [m for m in lattice.module_ids() if lattice.module_kind(m) == "block"]
+    batch = _batch_size(run, settings)
+    empty = [m for m in blocks if m not in view.stage_peers]
+    margin = 0.0
+    if empty:
+        target, target_tps = empty[0], 0.0
+        trigger = f"module {target} has no stage server"
+    else:
+        target = min(blocks, key=lambda m: (view.stage_tps[m], m))
+        target_tps = view.stage_tps[target]
+        hi = max(view.stage_tps[m] for m in blocks)
+        spread = (hi - target_tps) / hi if hi > 0 else 0.0
+        if spread <= settings.rebalance_threshold:
+            return None, f"stages balanced: throughput spread {spread:.0%} is within {settings.rebalance_threshold:.0%}"
+        trigger = f"stage throughput spread {spread:.0%} passes {settings.rebalance_threshold:.0%}"
+        margin = settings.rebalance_threshold * hi
+    need = lattice.training_memory_bytes([target], batch)
+    sources = sorted((m for m, servers in view.stage_peers.items() if len(servers) >= 2 and m != target),
+                     key=lambda m: (-view.stage_tps[m], m))
+    waiting = 0
+    for source in sources:
+        gap = view.stage_tps[source] - target_tps
+        best: Optional[tuple[float, str]] = None
+        for peer_id, tps in view.stage_peers[source].items():
+            if not 0 < tps < gap or abs(gap - 2 * tps) > gap - margin or _usable(caps[peer_id], settings) < need:
+                continue
+            if now - last_moved.get(peer_id, -math.inf) < settings.min_move_interval:
+                waiting += 1
+                continue
+            score = abs(tps - gap / 2)
+            if best is None or (score, peer_id) < best:
+                best = (score, peer_id)
+        if best is not None:
+            peer_id = best[1]
+            old = view.assignments[peer_id]
+            why = (f"moved from stage {source} ({view.stage_tps[source]:.0f} tok/s) to {target} "
+                   f"({target_tps:.0f} tok/s): {trigger}")
+            h, codec, link = link_overrides(caps[peer_id], lattice.module_param_count(target), run, settings)
+            a = Assignment(mode=MODE_STAGE, module_id=target, module_ids=(target,), inner_steps=h, codec=codec,
+                           reason=f"{why}; {link}", version=old.version + 1)
+            return Move(peer_id, a, a.reason), a.reason
+    if waiting:
+        return None, f"{trigger}, but the servers that could move were moved less than {settings.min_move_interval:.0f}s ago"
+    return None, f"{trigger}, but no single stage move lowers the spread"

@@ -28,6 +28,8 @@ class ClusterView:
     """Sum of path-mode tokens/s per path (DiPaCo trains a path's data only on its peers)."""
     stage_tps: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     """Sum of stage-server tokens/s per module."""
+    stage_peers: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
+    """Stage servers of each module with their tokens/s."""
     module_members: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     """Peers averaging each module (path peers of every path through it, plus its stage servers)."""
     holders: dict[str, float] = field(default_factory=dict)
@@ -55,6 +57,7 @@ class ClusterView:
             self.path_tps[assignment.path] += tokens_per_s
         else:
             self.stage_tps[assignment.module_id] += tokens_per_s
+            self.stage_peers[assignment.module_id][peer_id] = tokens_per_s
         for m in assignment.module_ids:
             self.module_members[m] += 1
 
@@ -75,9 +78,13 @@ class ClusterView:
                 del self.path_peers[assignment.path]
                 del self.path_tps[assignment.path]
         else:
-            self.stage_tps[assignment.module_id] -= tps
-            if self.stage_tps[assignment.module_id] <= 1e-9:
-                del self.stage_tps[assignment.module_id]
+            servers = self.stage_peers[assignment.module_id]
+            del servers[peer_id]
+            if servers:
+                self.stage_tps[assignment.module_id] -= tps
+            else:
+                del self.stage_peers[assignment.module_id]
+                self.stage_tps.pop(assignment.module_id, None)
         for m in assignment.module_ids:
             self.module_members[m] -= 1
             if self.module_members[m] == 0:
