@@ -57,6 +57,8 @@ class DemoMonitor:
         self.peer_paths: dict[str, tuple[int, ...]] = {}
         """Last path each peer trained (peers that left have no assignment in the final status)."""
         self.peer_tokens: dict[str, int] = {}
+        self.module_rounds: dict[str, int] = {}
+        """Highest round seen per module (a module's round reads 0 once its holders have left)."""
 
     def __enter__(self) -> "DemoMonitor":
         if self._live is not None:
@@ -75,6 +77,8 @@ class DemoMonitor:
             return
         elapsed = time.monotonic() - self.start
         self.last = status
+        for m in status.get("modules", []):
+            self.module_rounds[m["module_id"]] = max(self.module_rounds.get(m["module_id"], 0), int(m["round"]))
         for p in status.get("peers", []):
             if p.get("mode") == "path":
                 self.peer_paths[p["peer_id"]] = tuple(p["path"])
@@ -124,7 +128,7 @@ class DemoMonitor:
             "tokens": tokens,
             "peers": opts.peers,
             "minutes": opts.minutes,
-            "module_rounds": {m["module_id"]: m["round"] for m in status.get("modules", [])},
+            "module_rounds": dict(sorted(self.module_rounds.items())),
             "exit_codes": codes,
             "config_hash": cfg.content_hash(),
         }

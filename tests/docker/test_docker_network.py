@@ -110,6 +110,11 @@ def test_compose_network_trains_and_rounds_complete(net):
     assert status["live_leases"] >= 3
     losses = [p["loss"] for p in status["paths"] if p["peers"]]
     assert losses and all(l is not None for l in losses)
+    # the images' HEALTHCHECK asks each peer's local status page (/healthz on HIVEPATH_STATUS_PORT)
+    for c in net.peers() + net.docker.compose_containers(net.project, "archive"):
+        wait_for(lambda c=c: net.docker.health(c) == "healthy", 90, f"{c} healthy", interval=1.0)
+    out = net.docker("exec", net.peers()[0], "hivepath", "peer", "status", check=False)
+    assert out.returncode == 0 and "healthy" in out.stdout, (out.stdout, out.stderr)
 
 
 def test_docker_kill_of_a_peer_frees_its_work_and_the_rest_go_on(net):
