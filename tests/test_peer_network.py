@@ -176,6 +176,15 @@ def test_kill9_frees_the_path_and_another_peer_takes_it_within_the_lease(procs, 
         assert (net.peer_assignment(victim) or {}).get("state") != "active"  # freed by the lease, not a guess
         log = net.procs.log(names[moved[0]])
         assert f"reassigned to path {lone_path} (" in log and f"path {lone_path} has no peer" in log, log[-2000:]
+        # a machine too small for any work: one line, exit 5, and the run goes on
+        import subprocess
+
+        from helpers import hivepath_cmd
+
+        r = subprocess.run(hivepath_cmd("peer", "join", "--work-dir", str(tmp_path / "tiny"), "--max-memory", "0.000001",
+                                        "--measure-seconds", "0.3", *net.common()),
+                           capture_output=True, text=True, timeout=180, env={**__import__("os").environ, **net.env})
+        assert r.returncode == 5 and "no work fits" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
         for name in names.values():
             if name != names[victim]:
                 assert net.stop(name) == 0
