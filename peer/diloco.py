@@ -195,6 +195,11 @@ class DiLoCoOptimizer:
         self._round_start = clock()
         self._executor: Optional[ThreadPoolExecutor] = None
         self._state_lock = threading.RLock()  # module_state() may be called from a state-serving thread
+        self.before_launch: Optional[Callable[[str, ModuleReport], None]] = None
+        """Overlap mode: called with a module's failed report after its exchange completed and before
+        the next one launches (the module has no exchange in flight then): the hook for re-syncing a
+        member that missed a round (:func:`peer.resync.resync_module`), which in overlap mode can only
+        happen at this point. Non-overlap members re-sync after :meth:`step` returns."""
 
     # -- the training-loop API -------------------------------------------------------------------
 
@@ -286,6 +291,11 @@ class DiLoCoOptimizer:
             for mid, st in self._modules.items():
                 if st.pending is not None:
                     reports[mid] = self._complete(st)
+                    if not reports[mid].applied and self.before_launch is not None:
+                        try:
+                            self.before_launch(mid, reports[mid])
+                        except Exception as e:  # a failed re-sync is retried after the next failed round
+                            logger.warning("module %s: re-sync before the next exchange failed: %r", mid, e)
                 self._launch(st, tokens, keep_anchor=True)
             report = RoundReport(self.round - 1, steps, tokens, elapsed, reports) if reports else None
         else:

@@ -11,13 +11,14 @@ trainers, stage servers and stage trainers all call :func:`after_round` after ea
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable, Optional
 
 import torch
 
 from peer.diloco import DiLoCoOptimizer, ModuleState, RoundReport
 
-__all__ = ["FetchState", "resync_module", "after_round"]
+__all__ = ["FetchState", "resync_module", "after_round", "install"]
 
 log = logging.getLogger(__name__)
 
@@ -26,14 +27,34 @@ FetchState = Callable[..., Optional[ModuleState]]
 as in :func:`peer.state_transfer.fetch_module_state`)."""
 
 
-def resync_module(opt: DiLoCoOptimizer, module_id: str, fetch_state: Optional[FetchState], adopt: str = "") -> bool:
+def resync_module(opt: DiLoCoOptimizer, module_id: str, fetch_state: Optional[FetchState], adopt: str = "",
+                  wait: float = 0.0) -> bool:
     """Adopt the group's state of ``module_id`` if a live holder is ahead of us or holds the kept side
-    of a fork (``adopt``: its digest). Returns True when our state changed. Overlap mode skips it:
-    the next exchange is already in flight and the group re-aligns through matchmaking."""
-    if fetch_state is None or opt.outer_cfg.overlap:
+    of a fork (``adopt``: its digest). Returns True when our state changed.
+
+    In overlap mode this runs from :attr:`DiLoCoOptimizer.before_launch`, between our completed
+    exchange and the next launch. The group's members report the state of the exchange they have in
+    flight; we are about to launch round ``r``, so only a state of round ``r`` or later lets us join
+    the group's next exchange: for up to ``wait`` seconds we poll for the group to reach it (members
+    end rounds at about the same time), else we keep our state and try again after the next round."""
+    if fetch_state is None:
         return False
     mine = opt.module_state(module_id)
     like = list(mine.global_params)
+    if opt.outer_cfg.overlap:
+        deadline = time.monotonic() + wait
+        while True:
+            remote = fetch_state(module_id, like, lambda s: "" if s.round_no >= mine.round_no
+                                 else f"round {s.round_no} is behind our next round {mine.round_no}")
+            if remote is not None or time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)  # a poll of the group's progress, bounded by ``wait``
+        if remote is None:
+            return False
+        opt.rebase_module_state(module_id, remote.global_params, remote.momentum, remote.round_no)
+        log.info("module %s: re-synced to the group's state at round %d before our next exchange", module_id,
+                 remote.round_no)
+        return True
     if adopt:
         def wanted(state: ModuleState) -> str:
             if state.round_no > mine.round_no or (state.round_no == mine.round_no and state.digest == adopt):
@@ -54,11 +75,24 @@ def resync_module(opt: DiLoCoOptimizer, module_id: str, fetch_state: Optional[Fe
     return True
 
 
+def install(opt: DiLoCoOptimizer, fetch_state: Optional[FetchState]) -> None:
+    """Overlap mode: re-sync failed modules between their completed exchange and the next launch."""
+    if opt.outer_cfg.overlap and fetch_state is not None:
+        wait = min(10.0, 0.2 * opt.outer_cfg.round_timeout)
+
+        def before_launch(mid: str, report: Any) -> None:
+            if "NaN" not in report.reason:
+                resync_module(opt, mid, fetch_state, report.adopt, wait=wait)
+
+        opt.before_launch = before_launch
+
+
 def after_round(opt: DiLoCoOptimizer, report: RoundReport, averager: Any, fetch_state: Optional[FetchState]) -> None:
     """Re-sync every module whose round was not applied (a NaN delta just waits: the group being
-    ahead tells us at the next round), then announce each module's current round to the DHT."""
+    ahead tells us at the next round; overlap mode re-syncs earlier, see :func:`install`), then
+    announce each module's current round to the DHT."""
     for mid, m in report.modules.items():
-        if not m.applied and "NaN" not in m.reason:
+        if not m.applied and "NaN" not in m.reason and not opt.outer_cfg.overlap:
             try:
                 resync_module(opt, mid, fetch_state, m.adopt)
             except Exception as e:  # a failed re-sync is retried after the next failed round

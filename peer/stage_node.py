@@ -33,7 +33,7 @@ from models.training import autocast
 from peer.checkpoint import CheckpointDir, CheckpointError
 from peer.diloco import DiLoCoOptimizer, RoundReport
 from peer.progress import PeerStatus
-from peer.resync import after_round
+from peer.resync import after_round, install as install_resync
 from peer.stage_client import StageClient
 from peer.stage_server import StageServer, StageServerOptions
 
@@ -214,6 +214,7 @@ def run_stage_server(cfg: RunConfig, module_id: str, dataset: Any, device: torch
 
     server = StageServer(cfg, module_id, dht, averager, device, options, outer, event_hook, on_round)
     adopt_states(cfg, server.opt, {module_id: server.module}, checkpoints, fetch)
+    install_resync(server.opt, fetch)
     if hasattr(averager, "serve_states"):
         averager.serve_states(server.opt.module_state)
     status.mode, status.assignment, status.state = "stage", module_id, "training"
@@ -254,6 +255,7 @@ def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, devic
     extra = {"peer_id": peer_id, "paths": [format_path(trainer.path)]}
     fetch = _fetcher(averager, (outer or cfg.outer).round_timeout)
     adopt_states(cfg, trainer.opt, trainer.modules, checkpoints, fetch)
+    install_resync(trainer.opt, fetch)
     if hasattr(averager, "serve_states"):
         averager.serve_states(trainer.opt.module_state)
     if hasattr(averager, "hold"):

@@ -24,7 +24,7 @@ from models.training import autocast, make_adamw
 from peer.checkpoint import CheckpointDir, CheckpointError
 from peer.diloco import DiLoCoOptimizer, RoundReport
 from peer.progress import PeerStatus
-from peer.resync import after_round
+from peer.resync import after_round, install as install_resync
 
 __all__ = ["PathTrainer", "StateSource"]
 
@@ -81,6 +81,7 @@ class PathTrainer:
             averager=averager,
         )
         self._fetch_state = fetch_state
+        install_resync(self.opt, fetch_state)
         self.sources = self._adopt_state(fetch_state)
         seed = int.from_bytes(hashlib.sha256(f"{peer_id}/{format_path(self.path)}".encode()).digest()[:4], "little")
         self.batches = dataset.path_batches(self.path, "train", cfg.inner.batch_size, cfg.lattice.seq_len, seed)

@@ -1,0 +1,79 @@
+"""Re-syncing a member that missed a round (peer/resync.py): in overlap mode the re-sync runs between
+the completed exchange and the next launch, so the member's next exchange declares the group's state;
+a state behind the member's next round is never taken."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from models.config import InnerConfig, OuterConfig
+from peer.averaging import AverageResult
+from peer.diloco import DiLoCoOptimizer, ModuleState
+from peer.outer import state_digest
+from peer.resync import install
+
+
+class Scripted:
+    """Round 0 fails as a lost fork; later rounds return our own delta as the mean."""
+
+    def __init__(self):
+        self.calls: list[tuple[int, str]] = []
+
+    def average(self, module_id, round_no, tensors, weight, codec, timeout, digest=""):
+        self.calls.append((round_no, digest))
+        if round_no == 0:
+            return AverageResult(None, None, 0, [], 0, 0, reason="forked: 2 of 3 hold another state", adopt="ab" * 8)
+        own = [t.clone() for t in tensors]
+        return AverageResult(own, [t.clone() for t in tensors], 1, ["me"], 0, 0)
+
+
+def _opt(averager):
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    outer = OuterConfig(inner_steps=2, overlap=True, codec="none", round_timeout=5.0)
+    return model, DiLoCoOptimizer({"L0M0": model}, InnerConfig(lr=1e-2, warmup_steps=0), outer, averager=averager)
+
+
+def _steps(model, opt, n):
+    for _ in range(n):
+        loss = model(torch.randn(4, 3)).pow(2).sum()
+        loss.backward()
+        opt.step(tokens=4)
+        opt.zero_grad()
+
+
+def test_overlap_member_re_syncs_before_its_next_exchange():
+    averager = Scripted()
+    model, opt = _opt(averager)
+    group = ModuleState([torch.full((2, 3), 0.5), torch.full((2,), -0.25)], [torch.zeros(2, 3), torch.zeros(2)], 1)
+    asked = []
+
+    def fetch(mid, like, accept=None):
+        asked.append(mid)
+        return group if accept is None or not accept(group) else None
+
+    install(opt, fetch)
+    _steps(model, opt, 4)  # round 0 launched, then completed (failed) and round 1 launched
+    assert asked == ["L0M0"]
+    served = opt.module_state("L0M0")  # round 1 in flight: the state served is the group's
+    assert served.round_no == 1 and served.digest == group.digest
+    opt.flush()
+    assert [r for r, _ in averager.calls] == [0, 1]
+    assert averager.calls[1][1] == group.digest == state_digest(group.global_params, group.momentum)
+
+
+def test_a_state_behind_our_next_round_is_not_taken():
+    averager = Scripted()
+    model, opt = _opt(averager)
+    old = ModuleState([torch.zeros(2, 3), torch.zeros(2)], [torch.zeros(2, 3), torch.zeros(2)], 0)
+
+    def fetch(mid, like, accept=None):
+        return old if accept is None or not accept(old) else None
+
+    install(opt, fetch)
+    before = [p.detach().clone() for p in model.parameters()]
+    _steps(model, opt, 4)
+    opt.flush()
+    assert averager.calls[1][1] != old.digest  # launched with its own state, not the stale one
+    assert not all(torch.equal(a, b) for a, b in zip(model.parameters(), before))
