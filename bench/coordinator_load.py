@@ -2,8 +2,10 @@
 
 The coordinator runs as its own process (``hivepath coordinator serve`` on an SQLite-WAL database
 with ``synchronous=FULL``); this process is the load generator on the same machine: it joins
-``--peers`` peers, then keeps ``--concurrency`` heartbeats in flight for ``--seconds`` over all
-leases (grpc.aio on uvloop). It also times one assignment decision with 100,000 peers in state.
+``--peers`` peers, opens one ``HeartbeatStream`` per peer (as each real peer holds one), then keeps
+``--concurrency`` heartbeats in flight for ``--seconds`` over all leases (grpc.aio on uvloop). For
+comparison it then drives unary ``Heartbeat`` calls for ``--unary-seconds`` (keys ``unary_*``). It
+also times one assignment decision with 100,000 peers in state.
 
 Keys: ``heartbeats_per_s`` (target >= 3000), ``p99_ms`` (target <= 20), ``leases``,
 ``assign_ms_100k`` (target <= 50).
@@ -91,7 +93,16 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _load(port: int, peers: int, seconds: float, concurrency: int, server_pid: int) -> dict:
+def _rss_mb(pid: int) -> float:
+    """Resident memory of process ``pid`` in MiB (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+async def _load(port: int, peers: int, seconds: float, concurrency: int, server_pid: int,
+                unary_seconds: float) -> dict:
     from protos.hivepath.coordinator.v1 import coordinator_pb2 as pb
     from protos.hivepath.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -117,6 +128,47 @@ async def _load(port: int, peers: int, seconds: float, concurrency: int, server_
     join_s = time.perf_counter() - t0
     log.info("%d joins in %.1fs", peers, join_s)
 
+    status = await stub.Status(pb.StatusRequest(token=TOKEN), timeout=60)
+    result: dict = {"leases": status.live_leases, "joins_per_s": round(peers / join_s, 1)}
+
+    # One HeartbeatStream per live peer, as each real peer holds one (peer/coordinator_client.py),
+    # opened with the peer's first heartbeat on it, 64 peers at a time (the server cancels calls
+    # it has not picked up beyond grpc's 1000 pending; peers do not all connect in one instant).
+    stream_beats = [pb.HeartbeatStreamRequest(heartbeat=b) for b in beats]
+    streams: list = [None] * len(beats)
+
+    async def over_stream(i: int) -> None:
+        await streams[i].write(stream_beats[i])
+        await streams[i].read()
+
+    async def opener(start: int) -> None:
+        for i in range(start, len(beats), 64):
+            streams[i] = stub.HeartbeatStream()
+            await over_stream(i)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(opener(k) for k in range(64)))
+    result["open_streams_s"] = round(time.perf_counter() - t0, 2)
+    log.info("%d heartbeat streams open in %.1fs", len(streams), result["open_streams_s"])
+
+    async def unary(i: int) -> None:
+        await stub.Heartbeat(beats[i], timeout=10)
+
+    result.update(await _drive(over_stream, len(beats), seconds, concurrency, server_pid))
+    if unary_seconds > 0:
+        r = await _drive(unary, len(beats), unary_seconds, concurrency, server_pid)
+        result.update({f"unary_{k}": v for k, v in r.items()})
+    result["server_rss_mb_with_streams"] = _rss_mb(server_pid)
+    for s in streams:
+        await s.done_writing()
+    status = await stub.Status(pb.StatusRequest(token=TOKEN), timeout=60)
+    result["leases_after"] = status.live_leases
+    await channel.close()
+    return result
+
+
+async def _drive(beat, n_leases: int, seconds: float, concurrency: int, server_pid: int) -> dict:
+    """Keep ``concurrency`` heartbeats in flight for ``seconds``, cycling over every lease."""
     latencies: list[float] = []
     errors = 0
     stop_at = time.perf_counter() + seconds
@@ -125,11 +177,11 @@ async def _load(port: int, peers: int, seconds: float, concurrency: int, server_
     async def beater() -> None:
         nonlocal cursor, errors
         while time.perf_counter() < stop_at:
-            req = beats[cursor % len(beats)]
+            i = cursor % n_leases
             cursor += 1
             s = time.perf_counter()
             try:
-                await stub.Heartbeat(req, timeout=10)
+                await beat(i)
             except grpc.RpcError:
                 errors += 1
                 continue
@@ -140,9 +192,8 @@ async def _load(port: int, peers: int, seconds: float, concurrency: int, server_
     await asyncio.gather(*(beater() for _ in range(concurrency)))
     elapsed = time.perf_counter() - t0
     server_cpu, load_cpu = _cpu_s(server_pid) - server_cpu0, time.process_time() - load_cpu0
-    status = await stub.Status(pb.StatusRequest(token=TOKEN), timeout=60)
-    await channel.close()
     latencies.sort()
+    n = max(1, len(latencies))
     q = lambda f: latencies[min(len(latencies) - 1, int(f * len(latencies)))] * 1000  # noqa: E731
     return {
         "heartbeats_per_s": round(len(latencies) / elapsed, 1),
@@ -151,13 +202,11 @@ async def _load(port: int, peers: int, seconds: float, concurrency: int, server_
         "max_ms": round(latencies[-1] * 1000, 2),
         "heartbeats": len(latencies),
         "errors": errors,
-        "leases": status.live_leases,
-        "joins_per_s": round(peers / join_s, 1),
-        "server_cpu_us_per_heartbeat": round(server_cpu / max(1, len(latencies)) * 1e6, 1),
-        "load_cpu_us_per_heartbeat": round(load_cpu / max(1, len(latencies)) * 1e6, 1),
+        "server_cpu_us_per_heartbeat": round(server_cpu / n * 1e6, 1),
+        "load_cpu_us_per_heartbeat": round(load_cpu / n * 1e6, 1),
         "loadavg_1m": round(os.getloadavg()[0], 2),
         # what two otherwise idle cores could sustain at the CPU cost measured per heartbeat
-        "cpu_ceiling_heartbeats_per_s": round(2.0 / max(1e-9, (server_cpu + load_cpu) / max(1, len(latencies))), 1),
+        "cpu_ceiling_heartbeats_per_s": round(2.0 / max(1e-9, (server_cpu + load_cpu) / n), 1),
     }
 
 
@@ -166,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peers", type=int, default=10000, help="live leases (default 10000)")
     parser.add_argument("--seconds", type=float, default=15.0, help="heartbeat phase length (default 15)")
     parser.add_argument("--concurrency", type=int, default=24, help="heartbeats in flight (default 24)")
+    parser.add_argument("--unary-seconds", type=float, default=10.0,
+                        help="then unary Heartbeat calls for comparison, seconds (default 10; 0: skip)")
     parser.add_argument("--assign-peers", type=int, default=100000, help="peers in state for assign_ms (100000)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -193,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
             except ImportError:  # pragma: no cover
                 runner = asyncio.Runner()
             with runner:
-                result.update(runner.run(_load(port, args.peers, args.seconds, args.concurrency, server.pid)))
+                result.update(runner.run(_load(port, args.peers, args.seconds, args.concurrency, server.pid,
+                                                 args.unary_seconds)))
         finally:
             server.terminate()
             server.wait(30)

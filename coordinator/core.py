@@ -30,7 +30,7 @@ from coordinator.errors import Banned, Incompatible, InvalidArgument, LeaseNotFo
 from coordinator.moderation import Moderation
 from coordinator.records import MODE_ARCHIVE, Assignment, Capabilities, Lease, ModuleProgress, PeerRecord
 from coordinator.results import HeartbeatResult, JoinResult, ProgressReport, ReportResult, StatusView
-from coordinator.scheduler import assign_peer, rebalance
+from coordinator.scheduler import assign_peer, rebalance, rebalance_stages
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import Store, WriteBatch
 from coordinator.view import ClusterView
@@ -297,20 +297,24 @@ class Coordinator(Moderation):
                 batch.peers[peer.peer_id] = copy.copy(peer)
                 self.counters["expirations"] += 1
                 events.append(f"lease of {peer.peer_id} expired")
-            for _ in range(self.settings.max_moves_per_tick):
-                move, reason = rebalance(now, _LastMoved(self._peers), _Caps(self._peers), self.view, self.run,
-                                         self.settings)
-                self.last_rebalance_reason = reason
-                if move is None:
-                    break
-                peer = self._peers[move.peer_id]
-                self.view.remove(peer.peer_id)
-                self.view.add(peer.peer_id, move.assignment, peer.capabilities.tokens_per_s)
-                peer.assignment = move.assignment
-                peer.last_moved = now
-                batch.peers[peer.peer_id] = copy.copy(peer)
-                self.counters["moves"] += 1
-                events.append(f"{peer.peer_id}: {move.reason}")
+            moves = 0
+            for decide in (rebalance, rebalance_stages):  # paths first, then pipeline stages
+                while moves < self.settings.max_moves_per_tick:
+                    move, reason = decide(now, _LastMoved(self._peers), _Caps(self._peers), self.view, self.run,
+                                          self.settings)
+                    if decide is rebalance or move is not None or self.view.stage_peers:
+                        self.last_rebalance_reason = reason
+                    if move is None:
+                        break
+                    moves += 1
+                    peer = self._peers[move.peer_id]
+                    self.view.remove(peer.peer_id)
+                    self.view.add(peer.peer_id, move.assignment, peer.capabilities.tokens_per_s)
+                    peer.assignment = move.assignment
+                    peer.last_moved = now
+                    batch.peers[peer.peer_id] = copy.copy(peer)
+                    self.counters["moves"] += 1
+                    events.append(f"{peer.peer_id}: {move.reason}")
         self._durable(batch)
         for e in events:
             log.info("%s", e)
@@ -329,6 +333,11 @@ class Coordinator(Moderation):
             self._dirty_leases = set()
             self._dirty_progress = set()
         return batch
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Add ``n`` to the counter ``name`` (transport events the servicer sees: streams, probes)."""
+        with self._lock:
+            self.counters[name] += n
 
     # -- reading ------------------------------------------------------------------------------
 

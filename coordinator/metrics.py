@@ -22,6 +22,8 @@ _COUNTERS = {
     "moves": "Rebalancing moves",
     "heartbeats": "Heartbeats accepted",
     "heartbeats_unknown_lease": "Heartbeats refused for an unknown or expired lease",
+    "heartbeat_streams": "HeartbeatStream calls opened by peers",
+    "bandwidth_probes": "Bandwidth probes completed (either direction)",
     "rejected_no_fit": "Joins refused because no work fits the peer's memory",
     "rejected_key": "Joins refused because the peer id belongs to another key",
     "rejected_incompatible": "Joins refused because the peer's data differs",

@@ -6,9 +6,12 @@ wrong or missing run token                  UNAUTHENTICATED
 unknown or expired lease                    NOT_FOUND (re-join)
 malformed or out-of-range field             INVALID_ARGUMENT
 no work fits / data differs                 FAILED_PRECONDITION
-too many live leases                        RESOURCE_EXHAUSTED
+too many live leases or bandwidth probes    RESOURCE_EXHAUSTED
 banned peer                                 PERMISSION_DENIED
 =========================================  ===================
+
+``HeartbeatStream`` carries Heartbeat's semantics on one long-lived stream per peer (a refusal ends
+the stream with the same code); ``ProbeUpload``/``ProbeDownload`` are :mod:`coordinator.probe`.
 
 Anything else is a bug: it is logged with its traceback and answered INTERNAL.
 """
@@ -27,6 +30,7 @@ import grpc
 
 from coordinator.core import Coordinator, ProgressReport
 from coordinator.errors import InvalidArgument, RequestError, Unauthenticated
+from coordinator.probe import ProbeService
 from coordinator.records import MODE_ARCHIVE, MODE_PATH, MODE_STAGE, Assignment
 from coordinator.status import snapshot
 from coordinator.validation import (
@@ -96,6 +100,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self.coord = coord
         self._token = token.encode("utf-8")
         self._executor = executor
+        self._probes = ProbeService(self._authorize, on_done=lambda: coord.count("bandwidth_probes"))
 
     def _authorize(self, token: str) -> None:
         if not token:
@@ -145,6 +150,26 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     @_rpc
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext) -> pb.HeartbeatResponse:
+        reply = pb.HeartbeatResponse()
+        await self._heartbeat(request, reply)
+        return reply
+
+    @_rpc
+    async def HeartbeatStream(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        """Heartbeat's semantics over one long-lived stream: each request gets one reply, in order; a
+        refusal ends the stream with Heartbeat's status code."""
+        self.coord.count("heartbeat_streams")
+        read, write, EOF = context.read, context.write, grpc.aio.EOF
+        while True:
+            message = await read()
+            if message is EOF:
+                return
+            out = pb.HeartbeatStreamResponse()
+            await self._heartbeat(message.heartbeat, out.heartbeat)
+            await write(out)
+
+    async def _heartbeat(self, request: pb.HeartbeatRequest, reply: pb.HeartbeatResponse) -> None:
+        """Validate one heartbeat, apply it and fill ``reply``; raises :class:`RequestError`."""
         lease_id = check_lease_id(request.lease_id)
         peer_id = check_peer_id(request.peer_id)
         progress = []
@@ -159,23 +184,36 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 if not math.isfinite(p.loss) or p.loss < 0:
                     raise InvalidArgument("progress.loss", f"{p.loss} for {p.module_id} is not a finite loss >= 0")
                 progress.append(ProgressReport(p.module_id, p.round, p.tokens, p.loss))
-        check_number("tokens_per_s", request.tokens_per_s, 0.0, MAX_RATE)
+        tokens_per_s = request.tokens_per_s
+        if tokens_per_s:
+            check_number("tokens_per_s", tokens_per_s, 0.0, MAX_RATE)
         if request.bytes_sent > MAX_COUNT or request.bytes_received > MAX_COUNT:
             raise InvalidArgument("bytes_sent", f"byte counts beyond {MAX_COUNT}")
         coord = self.coord
         if request.preempting:
             result = await self._blocking(
-                coord.heartbeat, lease_id, peer_id, progress, request.assignment_version, request.tokens_per_s,
+                coord.heartbeat, lease_id, peer_id, progress, request.assignment_version, tokens_per_s,
                 request.bytes_sent + request.bytes_received, True,
             )
         else:
-            result = coord.heartbeat(lease_id, peer_id, progress, request.assignment_version, request.tokens_per_s,
+            result = coord.heartbeat(lease_id, peer_id, progress, request.assignment_version, tokens_per_s,
                                      request.bytes_sent + request.bytes_received)
-        reply = pb.HeartbeatResponse(lease_remaining_s=result.lease_remaining, drain=result.drain,
-                                     drain_reason=result.drain_reason, credential=result.credential)
+        reply.lease_remaining_s = result.lease_remaining
+        if result.drain or result.drain_reason:
+            reply.drain = result.drain
+            reply.drain_reason = result.drain_reason
+        if result.credential:
+            reply.credential = result.credential
         if result.assignment is not None:
             reply.assignment.CopyFrom(assignment_to_proto(result.assignment))
-        return reply
+
+    @_rpc
+    async def ProbeUpload(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> pb.ProbeUploadResponse:
+        return await self._probes.upload(context)
+
+    @_rpc
+    async def ProbeDownload(self, request: pb.ProbeDownloadRequest, context: grpc.aio.ServicerContext) -> None:
+        await self._probes.download(request, context)
 
     @_rpc
     async def Leave(self, request: pb.LeaveRequest, context: grpc.aio.ServicerContext) -> pb.LeaveResponse:

@@ -61,6 +61,8 @@ def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, A
                 "state": p.state,
                 "tokens_per_s": p.capabilities.tokens_per_s,
                 "memory_bytes": p.capabilities.memory_bytes,
+                "upload_bps": p.capabilities.upload_bps,
+                "download_bps": p.capabilities.download_bps,
                 "assignment": a.to_dict() if a else None,
                 "work": a.label() if a else "",
                 "last_seen_age_s": max(0.0, now - p.last_seen),

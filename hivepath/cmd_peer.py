@@ -97,7 +97,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     j.add_argument("--client-mode", action="store_true", default=env_default("HIVEPATH_CLIENT_MODE", False, _bool),
                    help="accept no incoming connections, e.g. behind NAT (env HIVEPATH_CLIENT_MODE=1)")
     j.add_argument("--upload-mbps", type=float, default=env_default("HIVEPATH_UPLOAD_MBPS", None, float),
-                   metavar="MBIT", help="upload bandwidth in Mbit/s (env HIVEPATH_UPLOAD_MBPS; default 100)")
+                   metavar="MBIT", help="upload bandwidth in Mbit/s (env HIVEPATH_UPLOAD_MBPS; default: measured "
+                   "against the coordinator at start-up, 2 MiB each way; 100 if that fails)")
     j.add_argument("--progress", default=env_default("HIVEPATH_PROGRESS", "auto"), choices=["auto", "rich", "json"],
                    help="live panel (rich), JSON lines on stdout (json), or rich on a terminal (auto; env HIVEPATH_PROGRESS)")
     j.add_argument("--drain-timeout", type=float, default=env_default("HIVEPATH_DRAIN_TIMEOUT", 60.0, float),

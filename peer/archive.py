@@ -203,6 +203,7 @@ class ArchivePeer:
         finally:
             self.status.state = "stopped"
             if client.joined is not None:
+                client.retry_timeout = min(client.retry_timeout or 10.0, 10.0)  # never hang a stop on it
                 try:
                     client.leave("archive stopped")
                 except HivepathError as e:

@@ -1,5 +1,11 @@
 """The peer's side of the coordinator API: a small synchronous client.
 
+Heartbeats travel over one long-lived ``HeartbeatStream`` per peer (a quarter of the coordinator's CPU
+per heartbeat of a unary call); where the coordinator lacks it (UNIMPLEMENTED) the client switches to
+unary ``Heartbeat`` for good, and when the stream breaks or stalls that heartbeat is sent as a unary
+call (with retries) and the next one opens a fresh stream. :meth:`CoordinatorClient.measure_bandwidth`
+times a probe in each direction against the coordinator.
+
 The coordinator is never on the data path. While it is unreachable every call retries with
 exponential backoff and full jitter (up to ``retry_timeout``; :meth:`CoordinatorClient.start_heartbeats`
 retries forever in the background), so training and averaging go on. A heartbeat answered NOT_FOUND
@@ -10,12 +16,14 @@ gets the peer its history back. Imports no torch.
 from __future__ import annotations
 
 import logging
+import math
+import queue
 import random
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import grpc
 
@@ -45,6 +53,10 @@ MAX_REPLY_BYTES = 64 << 20
 """Status replies list every live peer; 64 MiB holds a few hundred thousand."""
 
 _RETRIABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
+
+PROBE_BYTES = 2 << 20
+"""Default bandwidth probe size per direction (the coordinator accepts up to 8 MiB)."""
+PROBE_CHUNK = 256 << 10
 
 
 class CoordinatorUnavailable(HivepathError):
@@ -189,6 +201,7 @@ class CoordinatorClient:
         backoff_base: float = 0.2,
         backoff_max: float = 10.0,
         seed: Optional[int] = None,
+        heartbeat_stream: bool = True,
     ):
         self.address = address
         self.peer = peer
@@ -216,6 +229,11 @@ class CoordinatorClient:
         self._credential = b""
         self._reporter: Optional[Any] = None
         self._thread: Optional[threading.Thread] = None
+        self._use_stream = heartbeat_stream
+        self._stream: Optional[_HeartbeatStream] = None
+        self._stream_lock = threading.Lock()
+        self.heartbeats_sent = {"stream": 0, "unary": 0}
+        """Heartbeats answered over the stream and as unary calls (for status lines and tests)."""
 
     # -- calls --------------------------------------------------------------------------------
 
@@ -273,7 +291,7 @@ class CoordinatorClient:
             bytes_received=bytes_received, preempting=preempting,
         )
         try:
-            reply = self._call(self._stub.Heartbeat, request, retry_not_found=False)
+            reply = self._send_heartbeat(request)
         except _NotFound:
             log.info("the coordinator does not know our lease any more; joining again")
             info = self.join()
@@ -345,6 +363,7 @@ class CoordinatorClient:
         except _NotFound:
             pass
         self.joined = None
+        self._drop_stream()
 
     def drain(self, peer_id: str, reason: str = "") -> str:
         """Operator: tell ``peer_id`` to drain; returns its state."""
@@ -406,7 +425,116 @@ class CoordinatorClient:
             self._thread.join(timeout=self.rpc_timeout + 1)
         if self._reporter is not None:
             self._reporter.shutdown(wait=True, cancel_futures=True)
+        self._drop_stream()
         self._channel.close()
+
+    # -- heartbeat transport --------------------------------------------------------------------
+
+    def _send_heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
+        """One heartbeat over the stream, or as a unary call (with retries) where the stream is
+        unsupported, broken or stalled; raises :class:`_NotFound` for an unknown lease."""
+        with self._stream_lock:
+            if self._use_stream and not self._closed.is_set():
+                try:
+                    if self._stream is None:
+                        self._stream = _HeartbeatStream(self._stub)
+                    reply = self._stream.exchange(request, self.rpc_timeout)
+                    self.heartbeats_sent["stream"] += 1
+                    return reply
+                except grpc.RpcError as e:
+                    self._drop_stream()
+                    code, detail = e.code(), e.details() or ""
+                    if code == grpc.StatusCode.NOT_FOUND:
+                        raise _NotFound(detail) from None
+                    if code == grpc.StatusCode.UNIMPLEMENTED:
+                        log.warning("coordinator %s has no HeartbeatStream (an older version); heartbeating with "
+                                    "unary calls", self.address)
+                        self._use_stream = False
+                    elif code not in _RETRIABLE and code != grpc.StatusCode.CANCELLED:
+                        raise _refusal(code, detail) from None
+                    else:
+                        log.info("heartbeat stream to %s ended (%s); sending this heartbeat as a unary call",
+                                 self.address, code.name)
+                except _StreamStalled as e:
+                    self._drop_stream()
+                    log.info("heartbeat stream to %s: %s; sending this heartbeat as a unary call", self.address, e)
+        reply = self._call(self._stub.Heartbeat, request, retry_not_found=False)
+        self.heartbeats_sent["unary"] += 1
+        return reply
+
+    def _drop_stream(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()
+
+    # -- bandwidth ----------------------------------------------------------------------------
+
+    def measure_bandwidth(self, probe_bytes: int = PROBE_BYTES,
+                          probe_timeout: float = 30.0) -> Optional[tuple[float, float]]:
+        """Measure this peer's ``(upload_bps, download_bps)`` in bytes per second (the unit of
+        :class:`PeerInfo` and the Join capabilities) by timing ``probe_bytes`` each way against the
+        coordinator (``ProbeUpload``/``ProbeDownload``, authenticated by the run token).
+
+        Busy coordinators (RESOURCE_EXHAUSTED) and transient failures are retried with backoff within
+        ``probe_timeout``. Returns None, after one warning, when the coordinator does not support
+        probes or they fail: the caller then reports bandwidth as not measured (0) or uses its flags."""
+        deadline = time.monotonic() + probe_timeout
+        attempt = 0
+        while True:
+            try:
+                up = self._probe_upload(probe_bytes, max(0.1, deadline - time.monotonic()))
+                down = self._probe_download(probe_bytes, max(0.1, deadline - time.monotonic()))
+                log.info("measured bandwidth to %s: upload %.1f Mbit/s, download %.1f Mbit/s", self.address,
+                         up * 8e-6, down * 8e-6)
+                return up, down
+            except grpc.RpcError as e:
+                code, detail = e.code(), e.details() or ""
+                delay = self._rng.uniform(0, min(self.backoff_max, self.backoff_base * 2**attempt))
+                attempt += 1
+                if code in _RETRIABLE and code != grpc.StatusCode.DEADLINE_EXCEEDED and \
+                        time.monotonic() + delay < deadline and not self._closed.wait(delay):
+                    continue
+                why = ("it does not support bandwidth probes (an older version)"
+                       if code == grpc.StatusCode.UNIMPLEMENTED else f"{code.name}: {detail}")
+            except _ProbeFailed as e:
+                why = str(e)
+            log.warning("could not measure bandwidth against coordinator %s (%s); reporting it as not measured",
+                        self.address, why)
+            return None
+
+    def _probe_upload(self, probe_bytes: int, probe_timeout: float) -> float:
+        chunk = b"\0" * min(PROBE_CHUNK, probe_bytes)
+
+        def chunks() -> Iterator[pb.ProbeUploadRequest]:
+            yield pb.ProbeUploadRequest(token=self._token, total_bytes=probe_bytes)
+            sent = 0
+            while sent < probe_bytes:
+                n = min(len(chunk), probe_bytes - sent)
+                yield pb.ProbeUploadRequest(payload=chunk[:n])
+                sent += n
+
+        t0 = time.perf_counter()
+        r = self._stub.ProbeUpload(chunks(), timeout=probe_timeout)
+        elapsed = time.perf_counter() - t0
+        if r.received_bytes != probe_bytes:
+            raise _ProbeFailed(f"the coordinator received {r.received_bytes} of {probe_bytes} probe bytes")
+        seconds = r.seconds if math.isfinite(r.seconds) and r.seconds > 0 else elapsed
+        return probe_bytes / max(seconds, 1e-6)
+
+    def _probe_download(self, probe_bytes: int, probe_timeout: float) -> float:
+        t_start = time.perf_counter()
+        t0 = t_last = None
+        received = 0
+        for m in self._stub.ProbeDownload(pb.ProbeDownloadRequest(token=self._token, total_bytes=probe_bytes,
+                                                                  chunk_bytes=PROBE_CHUNK), timeout=probe_timeout):
+            t_last = time.perf_counter()
+            if t0 is None:
+                t0 = t_last  # the empty leading message starts the clock
+            received += len(m.payload)
+        if received != probe_bytes or t0 is None or t_last is None:
+            raise _ProbeFailed(f"received {received} of {probe_bytes} probe bytes")
+        seconds = t_last - t0 if t_last > t0 else t_last - t_start
+        return probe_bytes / max(seconds, 1e-6)
 
     # -- retries ------------------------------------------------------------------------------
 
@@ -449,6 +577,49 @@ def _checked_config(spec: pb.RunSpec) -> RunConfig:
 
 class _NotFound(Exception):
     pass
+
+
+class _StreamStalled(Exception):
+    pass
+
+
+class _ProbeFailed(Exception):
+    pass
+
+
+class _HeartbeatStream:
+    """One long-lived ``HeartbeatStream`` call: :meth:`exchange` sends a heartbeat and waits for its
+    reply (the coordinator answers each in order). A reader thread turns replies and the stream's
+    end into queue items, so a stalled coordinator costs ``reply_timeout``, never a hung thread."""
+
+    def __init__(self, stub: pb_grpc.CoordinatorStub):
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._replies: queue.SimpleQueue = queue.SimpleQueue()
+        self._call = stub.HeartbeatStream(iter(self._requests.get, None))
+        self._reader = threading.Thread(target=self._read, name="coordinator-heartbeat-stream", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        try:
+            for reply in self._call:
+                self._replies.put(reply)
+            self._replies.put(_StreamStalled("the coordinator ended the stream"))
+        except grpc.RpcError as e:
+            self._replies.put(e)
+
+    def exchange(self, request: pb.HeartbeatRequest, reply_timeout: float) -> pb.HeartbeatResponse:
+        self._requests.put(pb.HeartbeatStreamRequest(heartbeat=request))
+        try:
+            item = self._replies.get(timeout=reply_timeout)
+        except queue.Empty:
+            raise _StreamStalled(f"no reply within {reply_timeout:.1f}s") from None
+        if isinstance(item, BaseException):
+            raise item
+        return item.heartbeat
+
+    def close(self) -> None:
+        self._requests.put(None)
+        self._call.cancel()
 
 
 class _Closed(CoordinatorUnavailable):

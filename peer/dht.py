@@ -66,6 +66,7 @@ class PeerDHT:
         self.peer_id: str = dht.peer_id.to_base58()
         self._stopping = threading.Event()
         self._keeper: Optional[threading.Thread] = None
+        self._poked = threading.Event()
 
     def maddrs(self) -> list[str]:
         """Multiaddrs (with ``/p2p/<peer id>``) under which other peers can reach us; empty in client mode."""
@@ -107,7 +108,11 @@ class PeerDHT:
             return
 
         def loop() -> None:
-            while not self._stopping.wait(interval):
+            while not self._stopping.is_set():
+                self._poked.wait(interval)
+                self._poked.clear()
+                if self._stopping.wait(_MIN_RECONNECT_GAP):  # also rate-limits pokes
+                    return
                 try:
                     maddrs = source()
                 except Exception as e:  # the coordinator may be down: the DHT goes on as it is
@@ -122,9 +127,15 @@ class PeerDHT:
         self._keeper = threading.Thread(target=loop, name="dht-keep-connected", daemon=True)
         self._keeper.start()
 
+    def poke(self) -> None:
+        """Check the routing table against the coordinator's peer list now rather than at the next
+        interval (e.g. a round found no other holder: we may be cut off from the swarm)."""
+        self._poked.set()
+
     def shutdown(self) -> None:
         """Stop the DHT process and its p2p daemon, and release the identity lock."""
         self._stopping.set()
+        self._poked.set()
         try:
             if self.dht.is_alive():
                 self.dht.shutdown()
@@ -200,6 +211,10 @@ class _partial_connect:
         results = await asyncio.wait_for(asyncio.gather(*(one(a) for a in self.maddrs), return_exceptions=True),
                                          self.timeout)
         return sum(1 for r in results if r is True)
+
+
+_MIN_RECONNECT_GAP = 5.0
+"""Seconds between two re-connection checks, however often :meth:`PeerDHT.poke` is called."""
 
 
 def unwrap_dht(dht: Any) -> Any:

@@ -100,6 +100,10 @@ class NetAverager:
         self._event_hook = event_hook
         self._aggregation = aggregation
         self.on_suspect = on_suspect
+        self.on_isolated: Optional[Callable[[], None]] = None
+        """Called when a round found no other holder to average with (a lone round, or declared
+        holders that never joined): we may be cut off from part of the swarm. ``peer.node`` sets it to
+        ``PeerDHT.poke`` so the DHT re-checks its routing table against the coordinator's peers."""
         self._held: dict[str, int] = {}
         self._waiting_check: Optional[Any] = None
         self._waiting_checked = -math.inf
@@ -240,8 +244,10 @@ class NetAverager:
         t0 = time.monotonic()
         self.hold(module_id, round_no)
         try:
-            res = self._call(self._average(module_id, round_no, flat, tensors, float(weight), codec, timeout, digest),
-                             timeout + 10.0)
+            # the round's deadline bounds the whole exchange (matchmaking, all-reduce, a dial to a peer
+            # cut off by a partition): the training loop never waits on a round for longer
+            res = self._call(asyncio.wait_for(self._average(module_id, round_no, flat, tensors, float(weight), codec,
+                                                            timeout, digest), timeout), timeout + 2.0)
             self._report_suspects(module_id, round_no, res.suspects)
             return res
         except Exception as e:
@@ -260,6 +266,9 @@ class NetAverager:
         group, reason, adopt = await self._matchmaker.form_group(module_id, round_no, timeout, digest)
         # announce our next round now, in the background, so it is visible long before anyone's next round
         self.hold(module_id, round_no + 1, wait=False)
+        if (group is None and not adopt and not reason.startswith("behind")) or (group is not None
+                                                                                and group.group_id == LONE):
+            self._isolated()
         if group is None:
             log.info("module %s round %d: no group (%s)", module_id, round_no, reason)
             return AverageResult(None, None, 0, [], 0, 0, reason=reason, adopt=adopt)
@@ -278,6 +287,13 @@ class NetAverager:
                                  suspects=out.suspects)
         return AverageResult(unflatten(out.averaged, like), own, len(out.contributors), out.contributors,
                              out.bytes_sent, out.bytes_received, reason=notes, suspects=out.suspects)
+
+    def _isolated(self) -> None:
+        if self.on_isolated is not None:
+            try:
+                self.on_isolated()
+            except Exception as e:  # a hint only
+                log.debug("on_isolated hook failed: %r", e)
 
     def _report_suspects(self, module_id: str, round_no: int, suspects: Mapping[str, str]) -> None:
         for peer, why in sorted(suspects.items()):

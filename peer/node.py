@@ -218,7 +218,12 @@ class PeerNode:
                 host_maddrs=opts.host_maddrs, announce_maddrs=opts.announce_maddrs,
                 client_mode=opts.client_mode, identity_path=str(opts.identity),
             ))
-            bandwidth = None if opts.upload_mbps is None else opts.upload_mbps * 1e6 / 8
+            bandwidth, download = (None, 0.0) if opts.upload_mbps is None else (opts.upload_mbps * 1e6 / 8, 0.0)
+            if bandwidth is None and not opts.client_mode:
+                measured = client.measure_bandwidth()  # bytes/s both ways, timed against the coordinator
+                if measured is not None and measured[0] > 0:
+                    bandwidth, download = measured
+                    log.info("measured bandwidth: %.1f Mbit/s up, %.1f Mbit/s down", bandwidth * 8e-6, download * 8e-6)
             verifier = None
             if spec.coordinator_public_key:
                 verifier = CredentialVerifier(cfg.run_id, spec.coordinator_public_key)
@@ -230,12 +235,13 @@ class PeerNode:
             self.status.peer_id = dht.peer_id
             client.peer = PeerInfo(
                 peer_id=dht.peer_id, device=describe_device(device), memory_bytes=memory, tokens_per_s=tokens_per_s,
-                upload_bps=bandwidth or 0.0, multiaddrs=tuple(dht.maddrs()), manifest_hash=dataset.manifest_hash,
+                upload_bps=bandwidth or 0.0, download_bps=download, multiaddrs=tuple(dht.maddrs()), manifest_hash=dataset.manifest_hash,
             )
             self.status.state = "joining"
             joined = client.join()
             dht.connect(joined.initial_peers)
             dht.keep_connected(lambda: client.run_spec().initial_peers, interval=opts.rebootstrap_interval)
+            averager.on_isolated = dht.poke
             log.info("joined run %s as %s: %s (%s)", cfg.run_id, dht.peer_id, joined.assignment.label(),
                      joined.assignment.reason)
             client.start_heartbeats(self._progress, self._on_heartbeat)

@@ -210,9 +210,9 @@ class PathTrainer:
                 on_round(report)
 
     def _after_round(self, report: RoundReport) -> None:
-        log.info("round %d: %s", report.round, "; ".join(
+        log.info("round %d: %s; waited %.2fs", report.round, "; ".join(
             f"{mid} r{m.round_no} " + (f"averaged by {m.group_size}" if m.applied else f"not applied ({m.reason})")
-            for mid, m in report.modules.items()))
+            for mid, m in report.modules.items()), report.wait_seconds)
         for mid, m in report.modules.items():
             self.status.bytes_sent += m.bytes_sent
             self.status.bytes_received += m.bytes_received

@@ -1,7 +1,8 @@
 """gRPC contracts between peers and the coordinator, with their generated (committed) stubs.
 
 ``protos/hivepath/coordinator/v1/coordinator.proto`` is the source; ``python -m protos.generate``
-rewrites the generated ``*_pb2.py``, ``*_pb2.pyi`` and ``*_pb2_grpc.py`` beside it.
+rewrites the generated ``*_pb2.py``, ``*_pb2.pyi`` and ``*_pb2_grpc.py`` beside it (and
+``peer/net_pb2.py``/``.pyi`` from ``peer/net.proto``, the peers' averaging messages).
 
 - :mod:`protos.hivepath.coordinator.v1.coordinator_pb2` (messages, exported as ``coordinator_pb2``)
 - :mod:`protos.hivepath.coordinator.v1.coordinator_pb2_grpc` (stubs, exported as ``coordinator_pb2_grpc``)

@@ -3,7 +3,9 @@
 Protos live under ``protos/hivepath/coordinator/v1/`` (package ``hivepath.coordinator.v1``) and are
 compiled from the repository root, so the generated modules import each other as
 ``protos.hivepath.coordinator.v1.*`` and never shadow the ``hivepath`` command package.
-``tests/test_protos_drift.py`` fails when the committed files differ from a fresh generation.
+``peer/net.proto`` (the peers' averaging wire messages, no service) is compiled by the same command
+into ``peer/net_pb2.py`` and ``.pyi``. ``tests/test_protos_drift.py`` fails when the committed files
+differ from a fresh generation.
 """
 
 from __future__ import annotations
@@ -15,13 +17,21 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["PROTO_FILES", "generate", "main"]
+__all__ = ["PROTO_FILES", "SERVICE_PROTOS", "generate", "outputs", "main"]
 
 log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parent.parent
-PROTO_FILES = ["protos/hivepath/coordinator/v1/coordinator.proto"]
-SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
+PROTO_FILES = ["protos/hivepath/coordinator/v1/coordinator.proto", "peer/net.proto"]
+SERVICE_PROTOS = frozenset({"protos/hivepath/coordinator/v1/coordinator.proto"})
+"""Protos that define a gRPC service and so also get a ``_pb2_grpc.py``."""
+
+
+def outputs(proto: str) -> list[str]:
+    """Paths (relative to the repository root) that ``proto`` compiles to."""
+    stem = proto[: -len(".proto")]
+    suffixes = ("_pb2.py", "_pb2.pyi") + (("_pb2_grpc.py",) if proto in SERVICE_PROTOS else ())
+    return [stem + s for s in suffixes]
 
 
 def generate(out_dir: Path) -> list[Path]:
@@ -38,16 +48,12 @@ def generate(out_dir: Path) -> list[Path]:
             f"-I{include}",
             f"--python_out={out_dir}",
             f"--pyi_out={out_dir}",
-            f"--grpc_python_out={out_dir}",
+            *([f"--grpc_python_out={out_dir}"] if proto in SERVICE_PROTOS else []),
             str(ROOT / proto),
         ]
         if protoc.main(args) != 0:
             raise RuntimeError(f"protoc failed on {proto}")
-    written = []
-    for proto in PROTO_FILES:
-        stem = proto[: -len(".proto")]
-        written += [out_dir / (stem + s) for s in SUFFIXES]
-    return written
+    return [out_dir / path for proto in PROTO_FILES for path in outputs(proto)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for path in generate(Path(tmp)):
             dest = ROOT / path.relative_to(tmp)
+            if dest.exists() and dest.read_bytes() == path.read_bytes():
+                continue  # unchanged: leave the file (and its mtime) alone
             shutil.copyfile(path, dest)
             log.info("wrote %s", dest.relative_to(ROOT))
     return 0

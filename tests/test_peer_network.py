@@ -70,6 +70,13 @@ def test_network_trains_drains_and_replicas_stay_identical(procs, tmp_path, data
         works = [net.start_peer(f"peer{i}") for i in range(3)]
         wait_for(lambda: len(net.module_rounds()) >= 5 and min(net.module_rounds().values()) >= 6, 240,
                  "every held module to complete 6 rounds")
+        # each peer measured its bandwidth against the coordinator and reported it at join
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{net.http_port}/status.json", timeout=10) as resp:
+            peers = [p for p in json.loads(resp.read())["peers"] if p.get("mode", "path") != "archive"]
+        measured = [p for p in peers if p["upload_bps"] > 0 and p["download_bps"] > 0]
+        assert len(measured) >= 3, peers
         codes = [net.stop(f"peer{i}") for i in range(3)]
         assert codes == [0, 0, 0], [net.procs.log(f"peer{i}")[-2000:] for i in range(3)]
         for w in works:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from protos.generate import PROTO_FILES, ROOT, generate
+from protos.generate import PROTO_FILES, ROOT, SERVICE_PROTOS, generate
 
 
 def test_generated_stubs_match_protos(tmp_path):
     written = generate(tmp_path)
-    assert len(written) == 3 * len(PROTO_FILES)
+    assert len(written) == 2 * len(PROTO_FILES) + len(SERVICE_PROTOS)
+    assert all(p.exists() for p in written)
+    assert {"coordinator_pb2_grpc.py", "net_pb2.py", "net_pb2.pyi"} <= {p.name for p in written}
     stale = []
     for path in written:
         committed = ROOT / path.relative_to(tmp_path)
@@ -38,3 +40,16 @@ def test_drift_is_detected(tmp_path):
     out = generate(tmp_path)
     text = next(p for p in out if p.name.endswith("_pb2.pyi")).read_text()
     assert "class JoinRequest" in text and "public_key" in text
+
+
+def test_stream_rpcs_have_the_intended_shapes():
+    """Heartbeats stream both ways; the bandwidth probes stream in one direction each."""
+    from protos import coordinator_pb2 as pb
+
+    methods = pb.DESCRIPTOR.services_by_name["Coordinator"].methods_by_name
+    shapes = {name: (m.client_streaming, m.server_streaming) for name, m in methods.items()}
+    assert shapes["HeartbeatStream"] == (True, True)
+    assert shapes["ProbeUpload"] == (True, False)
+    assert shapes["ProbeDownload"] == (False, True)
+    assert shapes["Heartbeat"] == (False, False)  # the unary call stays for older peers and fallback
+    assert methods["HeartbeatStream"].input_type.fields_by_name["heartbeat"].message_type.name == "HeartbeatRequest"

@@ -325,3 +325,49 @@ class UnbanResponse(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     state: str
     def __init__(self, state: _Optional[str] = ...) -> None: ...
+
+class HeartbeatStreamRequest(_message.Message):
+    __slots__ = ("heartbeat",)
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    heartbeat: HeartbeatRequest
+    def __init__(self, heartbeat: _Optional[_Union[HeartbeatRequest, _Mapping]] = ...) -> None: ...
+
+class HeartbeatStreamResponse(_message.Message):
+    __slots__ = ("heartbeat",)
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    heartbeat: HeartbeatResponse
+    def __init__(self, heartbeat: _Optional[_Union[HeartbeatResponse, _Mapping]] = ...) -> None: ...
+
+class ProbeUploadRequest(_message.Message):
+    __slots__ = ("token", "total_bytes", "payload")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    total_bytes: int
+    payload: bytes
+    def __init__(self, token: _Optional[str] = ..., total_bytes: _Optional[int] = ..., payload: _Optional[bytes] = ...) -> None: ...
+
+class ProbeUploadResponse(_message.Message):
+    __slots__ = ("received_bytes", "seconds")
+    RECEIVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    received_bytes: int
+    seconds: float
+    def __init__(self, received_bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class ProbeDownloadRequest(_message.Message):
+    __slots__ = ("token", "total_bytes", "chunk_bytes")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    total_bytes: int
+    chunk_bytes: int
+    def __init__(self, token: _Optional[str] = ..., total_bytes: _Optional[int] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
+
+class ProbeDownloadResponse(_message.Message):
+    __slots__ = ("payload",)
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    payload: bytes
+    def __init__(self, payload: _Optional[bytes] = ...) -> None: ...

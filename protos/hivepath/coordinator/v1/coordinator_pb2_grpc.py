@@ -80,6 +80,21 @@ class CoordinatorStub:
                 request_serializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.UnbanRequest.SerializeToString,
                 response_deserializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.UnbanResponse.FromString,
                 _registered_method=True)
+        self.HeartbeatStream = channel.stream_stream(
+                '/hivepath.coordinator.v1.Coordinator/HeartbeatStream',
+                request_serializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.HeartbeatStreamRequest.SerializeToString,
+                response_deserializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.HeartbeatStreamResponse.FromString,
+                _registered_method=True)
+        self.ProbeUpload = channel.stream_unary(
+                '/hivepath.coordinator.v1.Coordinator/ProbeUpload',
+                request_serializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.ProbeUploadRequest.SerializeToString,
+                response_deserializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.ProbeUploadResponse.FromString,
+                _registered_method=True)
+        self.ProbeDownload = channel.unary_stream(
+                '/hivepath.coordinator.v1.Coordinator/ProbeDownload',
+                request_serializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.ProbeDownloadRequest.SerializeToString,
+                response_deserializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.ProbeDownloadResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -151,6 +166,32 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HeartbeatStream(self, request_iterator, context):
+        """Heartbeats over one long-lived stream per peer: each request is answered by one response, in
+        order, exactly as Heartbeat would answer it. A refusal ends the stream with Heartbeat's status
+        code (NOT_FOUND: re-join). Cheaper than one unary call per heartbeat; peers fall back to
+        Heartbeat where this is UNIMPLEMENTED or the stream breaks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProbeUpload(self, request_iterator, context):
+        """Bandwidth probe, upload direction: the peer streams chunks, the coordinator times what it
+        received (run token in the first chunk; at most 8 MiB per probe; a few probes at a time).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProbeDownload(self, request, context):
+        """Bandwidth probe, download direction: the coordinator streams the bytes asked for and the peer
+        times what it receives (run token required; at most 8 MiB per probe; a few probes at a time).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -198,6 +239,21 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Unban,
                     request_deserializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.UnbanRequest.FromString,
                     response_serializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.UnbanResponse.SerializeToString,
+            ),
+            'HeartbeatStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.HeartbeatStream,
+                    request_deserializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.HeartbeatStreamRequest.FromString,
+                    response_serializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.HeartbeatStreamResponse.SerializeToString,
+            ),
+            'ProbeUpload': grpc.stream_unary_rpc_method_handler(
+                    servicer.ProbeUpload,
+                    request_deserializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.ProbeUploadRequest.FromString,
+                    response_serializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.ProbeUploadResponse.SerializeToString,
+            ),
+            'ProbeDownload': grpc.unary_stream_rpc_method_handler(
+                    servicer.ProbeDownload,
+                    request_deserializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.ProbeDownloadRequest.FromString,
+                    response_serializer=protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.ProbeDownloadResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -444,6 +500,87 @@ class Coordinator:
             '/hivepath.coordinator.v1.Coordinator/Unban',
             protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.UnbanRequest.SerializeToString,
             protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.UnbanResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HeartbeatStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/hivepath.coordinator.v1.Coordinator/HeartbeatStream',
+            protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.HeartbeatStreamRequest.SerializeToString,
+            protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.HeartbeatStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProbeUpload(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/hivepath.coordinator.v1.Coordinator/ProbeUpload',
+            protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.ProbeUploadRequest.SerializeToString,
+            protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.ProbeUploadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProbeDownload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/hivepath.coordinator.v1.Coordinator/ProbeDownload',
+            protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.ProbeDownloadRequest.SerializeToString,
+            protos_dot_hivepath_dot_coordinator_dot_v1_dot_coordinator__pb2.ProbeDownloadResponse.FromString,
             options,
             channel_credentials,
             insecure,

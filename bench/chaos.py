@@ -1,0 +1,245 @@
+"""Benchmark ``bench.chaos`` (issue 9): the long fault run and the hostile-peer measurement.
+
+**Fault run.** A coordinator, an archive and ``--peers`` peers (default 4, a 2x2 lattice) as real
+``hivepath`` processes, each in its own network namespace behind one bridge (``bench.netns``; on
+loopback without the partition when namespaces cannot be made). For ``--minutes`` (default 10):
+every ``--kill-every`` seconds one peer (round robin) is killed with ``kill -9`` and restarted with
+the same work dir and identity once the others finished a round without it; once, the coordinator is
+killed and restarted on the same ``--db`` after every peer finished two rounds without it; once, one
+peer's namespace link goes down until the others finished two rounds. The fault injector and the
+invariants are the chaos test suite's (``tests/chaos``): faults fire on conditions (rounds ended,
+log lines), and at the end everything is stopped with SIGTERM and checked.
+
+**Hostile peer.** ``byzantine_bpb_gap`` comes from the in-process K-worker DiLoCo simulator
+(``peer.simulator``, the same ``peer.averaging.aggregate`` the network runs): 5 workers on the dense
+tiny model with ``outer.aggregator = trimmed_mean``, one of which sends ``-10x`` its honest
+pseudo-gradient every round, against the same run with 5 honest workers; validation bits per byte
+of each, gap relative to the clean run.
+
+Keys: ``rounds_completed``, ``rounds_lost`` (target 0), ``max_stall_s`` (target <= the round
+deadline), ``replica_max_abs_diff`` (target 0.0), ``byzantine_bpb_gap`` (target <= 0.05).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+for _p in (ROOT, ROOT / "tests"):  # the fault injector and invariants live with the chaos tests
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+from bench.common import emit  # noqa: E402
+
+log = logging.getLogger("bench.chaos")
+
+ROUND_TIMEOUT = 12.0
+"""The tiny run's round deadline (``tests/helpers/network.py`` ``TINY_RUN``)."""
+# -- the fault run ------------------------------------------------------------------------------
+
+
+def fault_run(minutes: float, peers: int, kill_every: float, work: Path, inner_steps: int) -> dict:
+    from chaos.fault import FaultInjector, rounds_done
+    from chaos.invariants import (acknowledged_rounds, first_identical_round, held_rounds, loss_thirds,
+                                  replica_check, round_gaps, round_waits, rounds_lost,
+                                  stop_all)
+    from chaos.nsnet import CHAOS_PREFIX, CHAOS_SUBNET, NsNetwork
+    from chaos.scenario import prepare_dataset, settled
+    from helpers.network import Network
+    from helpers.procs import ProcessGroup
+
+    from bench.netns import NetnsBridge, netns_available
+
+    data = prepare_dataset(work / "data")
+    procs = ProcessGroup(work / "logs")
+    why = netns_available()
+    bridge = NetnsBridge(peers + 2, rate="100mbit", subnet=CHAOS_SUBNET, prefix=CHAOS_PREFIX) if not why else None
+    names = [f"peer{i}" for i in range(peers)]
+    out: dict = {"netns": not why, "netns_unavailable": why}
+    try:
+        if bridge is not None:
+            bridge.open()
+            net = NsNetwork(procs, work / "net", data.dir, data.manifest_hash, bridge, inner_steps=inner_steps,
+                            lease_timeout=8.0)
+            net.start_coordinator()
+            archive = net.start_archive_in(1)
+            works = [net.start_peer_in(n, i + 2) for i, n in enumerate(names)]
+        else:
+            log.warning("no network namespaces (%s): loopback, no partition", why)
+            net = Network(procs, work / "net", data.dir, data.manifest_hash, inner_steps=inner_steps, lease_timeout=8.0)
+            net.start_coordinator()
+            archive = net.start_archive()
+            works = [net.start_peer(n) for n in names]
+        roots = [archive, *[w / "checkpoints" for w in works]]
+        inj = FaultInjector(net, bridge)
+        inj.when(lambda: settled(net, names), 240, "the network to form")
+        baseline = acknowledged_rounds(roots)
+        start = time.monotonic()
+        end = start + minutes * 60
+        coordinator_at, partition_at = start + 0.4 * (end - start), start + 0.7 * (end - start)
+        next_kill, victim = start + kill_every, 0
+        exclude: dict[Path, tuple[int, int]] = {}
+        merge_rounds = None
+
+        def others_round(skip: set[str], n: int = 1, timeout: float = 120.0) -> None:
+            rest = [x for x in names if x not in skip]
+            done = {x: rounds_done(net, x) for x in rest}
+            inj.when(lambda: all(rounds_done(net, x) >= done[x] + n for x in rest), timeout,
+                     f"{', '.join(rest)} to finish {n} round(s)")
+
+        while time.monotonic() < end:
+            now = time.monotonic()
+            if coordinator_at and now >= coordinator_at:
+                coordinator_at = 0.0
+                others_round(set(), 1)  # every peer trains (a restarting one needs the coordinator to join)
+                inj.kill_coordinator()
+                others_round(set(), 2)
+                inj.restart_coordinator()
+            elif partition_at and bridge is not None and now >= partition_at:
+                partition_at = 0.0
+                others_round(set(), 1)
+                cut = names[(victim + 1) % peers]
+                cut_root = works[names.index(cut)] / "checkpoints"
+                ref_root = works[names.index(names[victim % peers])] / "checkpoints"
+                forked_from = max(held_rounds([cut_root]).values(), default=0)
+                alone = rounds_done(net, cut)
+                inj.partition(net.where[cut])
+                others_round({cut}, 2)
+                inj.when(lambda: rounds_done(net, cut) > alone, 120, f"the cut-off {cut} to finish a round alone")
+                inj.heal(net.where[cut])
+                healed_at = max(held_rounds([r for r in roots if r != cut_root]).values())
+                merged = inj.when(lambda: first_identical_round(ref_root, cut_root, healed_at, ("embed", "head")),
+                                  180, f"{cut} to re-merge with the others")
+                merge_rounds = merged - healed_at
+                exclude[cut_root] = (forked_from + 1, merged - 1)
+            elif now >= next_kill:
+                name = names[victim % peers]
+                victim += 1
+                inj.kill(name)
+                others_round({name}, 3)
+                back = rounds_done(net, name)
+                inj.restart(name)
+                inj.when(lambda: rounds_done(net, name) > back, 120, f"the restarted {name} to finish a round")
+                next_kill = time.monotonic() + kill_every
+            else:  # the next fault is due later: wait for a round to end meanwhile (not a sleep)
+                others_round(set(), 1, timeout=max(1.0, min(next_kill, end) - now) + 60)
+        run_s = time.monotonic() - start
+        seconds: dict[str, float] = {}
+        codes = stop_all(net, names, 90.0, seconds)
+        for name in ("archive", "coordinator"):
+            codes.update(stop_all(net, [name], 90.0, seconds))
+        check = replica_check(roots, baseline, exclude)
+        acked, held = acknowledged_rounds(roots), held_rounds(roots)
+        lost = rounds_lost(acked, held)
+        per_peer = {n: round_gaps(procs.log(n)) for n in names}
+        gaps = [g for v in per_peer.values() for g in v]
+        # what the training loop waited on each round, as the trainer logs it
+        stalls = [w for n in names for w in round_waits(procs.log(n))]
+        losses = {n: loss_thirds(net.progress_lines(n)) for n in names}
+        out.update({
+            "run_s": round(run_s, 1),
+            "rounds_completed": sum(held.values()) - sum(baseline.values()),
+            "rounds_per_module": held,
+            "rounds_lost": sum(lost.values()),
+            "max_stall_s": max(stalls, default=0.0),
+            "max_round_gap_s": max(gaps, default=0.0),
+            "median_round_s": sorted(gaps)[len(gaps) // 2] if gaps else None,
+            "round_deadline_s": ROUND_TIMEOUT,
+            "replica_max_abs_diff": check.max_abs_diff,
+            "replica_pairs": check.pairs,
+            "replica_mismatches": check.mismatches[:10],
+            "faults": {k: inj.fired(k) for k in ("kill", "restart", "coordinator_kill", "partition")},
+            "timeline": inj.timeline(),
+            "exit_codes": codes,
+            "exit_seconds": seconds,
+            "hung": [n for n, c in codes.items() if c is None],
+            "loss_first_last_third": {n: [round(a, 3), round(b, 3)] for n, (a, b, _) in losses.items()},
+            "loss_falling": all(b < a for a, b, k in losses.values() if k >= 3),
+            "partition_remerge_rounds": merge_rounds,
+            "partition_excluded_rounds": {str(k): v for k, v in exclude.items()},
+        })
+        net.close()
+    finally:
+        procs.close()
+        if bridge is not None:
+            bridge.close()
+    return out
+
+
+# -- the hostile peer ---------------------------------------------------------------------------
+
+
+def byzantine(steps: int, work: Path, aggregator: str = "trimmed_mean") -> dict:
+    """Validation bits per byte of 5 simulated workers, clean vs one sending -10x its pseudo-gradient."""
+    import torch
+
+    from chaos.scenario import prepare_dataset
+    from models.config import tiny_cpu
+    from models.evaluate import bits_per_byte
+    from peer.simulator import DiLoCoSimulator
+
+    torch.set_num_threads(1)
+    ds = prepare_dataset(work / "data-dense", levels=1, modules=1)
+    cfg = tiny_cpu().replace(lattice={"levels": 1, "modules_per_level": 1, "vocab_size": ds.manifest["vocab_size"]},
+                             outer={"aggregator": aggregator},
+                             data={"manifest_hash": ds.manifest_hash, "tokenizer": ds.manifest["tokenizer"]})
+    B, T = cfg.inner.batch_size, cfg.lattice.seq_len
+
+    class HostileSimulator(DiLoCoSimulator):
+        """Worker ``hostile`` replaces its pseudo-gradient by ``-10x`` itself before every outer step."""
+
+        hostile: Optional[int] = None
+
+        @torch.no_grad()
+        def outer_step(self, weights):
+            if self.hostile is not None:
+                w = self.workers[self.hostile]
+                for mid in self.module_ids:
+                    opt = self.outer[mid]
+                    for p, g in zip(w.module_params(mid), opt.global_params):
+                        p.copy_(g + 10.0 * (p - g))  # delta = g - p  ->  -10 x delta
+            super().outer_step(weights)
+
+    def run(hostile: Optional[int]) -> float:
+        torch.manual_seed(cfg.seed)
+        sim = HostileSimulator(cfg, [(0,)], 5, lambda k, path: ds.dense_batches("train", B, T, cfg.seed * 1_000_003 + k))
+        sim.hostile = hostile
+        sim.train(steps)
+        model = sim.global_model()
+        return bits_per_byte(model.path_model((0,)), ds.validation_documents(), T, "cpu", max_documents=32).bpb
+
+    clean, attacked = run(None), run(4)
+    return {"byzantine_aggregator": aggregator, "byzantine_steps": steps, "byzantine_bpb_clean": round(clean, 4),
+            "byzantine_bpb_hostile": round(attacked, 4), "byzantine_bpb_gap": round((attacked - clean) / clean, 4)}
+
+
+def main(argv: Optional[list[str]] = None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes", type=float, default=10.0, help="length of the fault run (default 10)")
+    ap.add_argument("--peers", type=int, default=4, help="trainers (default 4; plus an archive)")
+    ap.add_argument("--kill-every", type=float, default=60.0, help="seconds between peer kills (default 60)")
+    ap.add_argument("--inner-steps", type=int, default=20, help="inner steps per round (default 20)")
+    ap.add_argument("--byzantine-steps", type=int, default=300, help="inner steps per simulated worker (default 300)")
+    ap.add_argument("--aggregator", default="trimmed_mean", choices=["trimmed_mean", "centered_clip", "mean"])
+    ap.add_argument("--skip-faults", action="store_true", help="only the hostile-peer measurement")
+    ap.add_argument("--work", type=Path, help="keep logs and checkpoints here (default: a temp dir)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    work = args.work or Path(tempfile.mkdtemp(prefix="hivepath-chaos-"))
+    work.mkdir(parents=True, exist_ok=True)
+    result: dict = {"minutes": args.minutes, "peers": args.peers, "kill_every_s": args.kill_every,
+                    "inner_steps": args.inner_steps, "work": str(work)}
+    result.update(byzantine(args.byzantine_steps, work, args.aggregator))
+    if not args.skip_faults:
+        result.update(fault_run(args.minutes, args.peers, args.kill_every, work, args.inner_steps))
+    return emit("chaos", result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""Invariants every chaos scenario checks at its end (issue 9).
+
+- **Replicas identical**: any two snapshots of one module at one round -- across every peer's
+  checkpoint directory and the archive's -- are bit-identical (weights and outer momentum).
+- **No acknowledged round lost**: a round some holder checkpointed is never missing later from every
+  holder: per module, the newest round any snapshot ever recorded is still held (as ``LATEST``) by at
+  least one final holder.
+- **No process hung**: every process exits when asked (SIGTERM) within a bound.
+- **Loss still falling**: over a peer's progress JSON lines, the mean loss of the last third is below
+  the mean of the first third.
+
+Everything reads what the real processes wrote: checkpoint directories and progress JSON lines.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import logging
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Optional
+
+import torch
+
+from peer.checkpoint import CheckpointDir
+
+__all__ = ["ReplicaCheck", "replica_check", "acknowledged_rounds", "held_rounds", "rounds_lost",
+           "first_identical_round", "stop_all", "loss_thirds", "round_gaps", "round_waits", "module_rounds_in"]
+
+log = logging.getLogger(__name__)
+
+
+def _rounds_of(snapshot: Path) -> dict[str, int]:
+    meta = json.loads((snapshot / "run.json").read_text())
+    return {mid: int(r) for mid, r in meta.get("rounds", {}).items()}
+
+
+def module_rounds_in(root: Path) -> dict[str, dict[int, Path]]:
+    """module id -> round -> snapshot directory, over every complete snapshot under ``root``."""
+    out: dict[str, dict[int, Path]] = {}
+    if not Path(root).exists():
+        return out
+    for path in CheckpointDir(root).snapshots():
+        try:
+            rounds = _rounds_of(path)
+        except (OSError, ValueError):
+            continue  # pruned while we listed it
+        for mid, r in rounds.items():
+            out.setdefault(mid, {})[r] = path
+    return out
+
+
+def acknowledged_rounds(roots: Iterable[Path]) -> dict[str, int]:
+    """Per module, the newest round any snapshot under any of ``roots`` ever recorded."""
+    out: dict[str, int] = {}
+    for root in roots:
+        for mid, by_round in module_rounds_in(root).items():
+            out[mid] = max(out.get(mid, 0), max(by_round))
+    return out
+
+
+def held_rounds(roots: Iterable[Path]) -> dict[str, int]:
+    """Per module, the newest round held now: the max over ``roots`` of the round in ``LATEST``."""
+    out: dict[str, int] = {}
+    for root in roots:
+        latest = CheckpointDir(root).latest_path() if Path(root).exists() else None
+        if latest is None:
+            continue
+        for mid, r in _rounds_of(latest).items():
+            out[mid] = max(out.get(mid, 0), r)
+    return out
+
+
+def rounds_lost(acknowledged: dict[str, int], held: dict[str, int]) -> dict[str, int]:
+    """Per module, how many acknowledged rounds no final holder holds (0 everywhere is the target)."""
+    return {mid: max(0, r - held.get(mid, 0)) for mid, r in acknowledged.items()}
+
+
+def _module_tensors(snapshot: Path, mid: str) -> dict[str, torch.Tensor]:
+    """A module's weights and outer momentum (``outer.*``) in one snapshot directory."""
+    snap = CheckpointDir(snapshot.parent).load(snapshot)
+    return {**snap.groups[f"modules/{mid}"], **{f"outer.{k}": v for k, v in snap.groups.get(f"outer/{mid}", {}).items()}}
+
+
+@dataclass
+class ReplicaCheck:
+    """The result of comparing every pair of snapshots at equal (module, round)."""
+
+    pairs: int = 0
+    max_abs_diff: float = 0.0
+    mismatches: list[str] = field(default_factory=list)
+    """``module round R: a vs b (tensor, |diff|)`` for every pair that differs."""
+
+
+def replica_check(roots: list[Path], min_round: Optional[dict[str, int]] = None,
+                  exclude: Optional[dict[Path, tuple[int, int]]] = None) -> ReplicaCheck:
+    """Compare all pairs of snapshots of the same module at the same round under ``roots``.
+
+    ``min_round``: per module, only rounds strictly above it (the start-up rounds before the network
+    formed). ``exclude``: per root, a window ``(first, last)`` of rounds left out of every pair with
+    that root -- the forked rounds a partitioned peer keeps in its history until it re-merged.
+    """
+    views = [module_rounds_in(r) for r in roots]
+    cache: dict[tuple[Path, str], dict[str, torch.Tensor]] = {}
+
+    def tensors(path: Path, mid: str) -> dict[str, torch.Tensor]:
+        if (path, mid) not in cache:
+            cache[(path, mid)] = _module_tensors(path, mid)
+        return cache[(path, mid)]
+
+    out = ReplicaCheck()
+    for i in range(len(views)):
+        for j in range(i + 1, len(views)):
+            for mid in set(views[i]) & set(views[j]):
+                floor = (min_round or {}).get(mid, 0)
+                for r in sorted(set(views[i][mid]) & set(views[j][mid])):
+                    if r <= floor or any(lo <= r <= hi for root in (roots[i], roots[j])
+                                         for lo, hi in [(exclude or {}).get(root, (1, 0))]):
+                        continue
+                    try:
+                        a, b = tensors(views[i][mid][r], mid), tensors(views[j][mid][r], mid)
+                    except (OSError, ValueError, KeyError):
+                        continue  # pruned between listing and loading
+                    out.pairs += 1
+                    if a.keys() != b.keys():
+                        out.mismatches.append(f"{mid} round {r}: different tensors in {roots[i]} and {roots[j]}")
+                        out.max_abs_diff = float("inf")
+                        continue
+                    for k in a:
+                        if not torch.equal(a[k], b[k]):
+                            diff = float((a[k].float() - b[k].float()).abs().max())
+                            out.max_abs_diff = max(out.max_abs_diff, diff)
+                            out.mismatches.append(f"{mid} round {r}: {roots[i]} vs {roots[j]} ({k}, |diff| {diff:.3g})")
+    return out
+
+
+def first_identical_round(reference: Path, other: Path, after: int, modules: Iterable[str]) -> int:
+    """The first round above ``after`` from which every snapshot of ``modules`` that ``other`` shares
+    with ``reference`` is bit-identical (0 if none is yet): when a cut-off peer re-merged."""
+    modules = set(modules)
+    views = module_rounds_in(reference), module_rounds_in(other)
+    bad, good = 0, []
+    for mid in modules & set(views[0]) & set(views[1]):
+        for r in set(views[0][mid]) & set(views[1][mid]):
+            if r <= after:
+                continue
+            try:
+                a, b = _module_tensors(views[0][mid][r], mid), _module_tensors(views[1][mid][r], mid)
+            except (OSError, ValueError, KeyError):
+                continue  # pruned between listing and loading
+            if a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a):
+                good.append(r)
+            else:
+                bad = max(bad, r)
+    later = [r for r in good if r > bad]
+    return min(later) if later else 0
+
+
+def stop_all(net, names: Iterable[str], exit_timeout: float = 60.0,
+             seconds: Optional[dict[str, float]] = None) -> dict[str, Optional[int]]:
+    """SIGTERM every running process in ``names`` at once and wait for each; ``None`` marks one that
+    did not exit within ``exit_timeout`` (hung: it is then killed so the test can go on). ``seconds``,
+    when given, receives how long each took to exit after the signal."""
+    names = [n for n in names if n in net.procs.procs]
+    t0 = time.monotonic()
+    for n in names:
+        if net.procs.procs[n].poll() is None:
+            net.procs.signal(n, signal.SIGTERM)
+    codes: dict[str, Optional[int]] = {}
+    for n in names:
+        try:
+            codes[n] = net.procs.procs[n].wait(timeout=max(0.1, t0 + exit_timeout - time.monotonic()))
+            if seconds is not None:
+                seconds[n] = round(time.monotonic() - t0, 1)
+        except subprocess.TimeoutExpired:
+            log.error("%s did not exit within %.0fs of SIGTERM", n, exit_timeout)
+            net.procs.kill(n)
+            codes[n] = None
+    return codes
+
+
+def loss_thirds(lines: list[dict]) -> tuple[float, float, int]:
+    """``(mean loss of the first third, of the last third, number of readings)`` of progress lines."""
+    losses = [p["loss"] for p in sorted(lines, key=lambda p: p.get("time", 0)) if p.get("loss") is not None]
+    if len(losses) < 3:
+        return float("nan"), float("nan"), len(losses)
+    k = len(losses) // 3
+    return sum(losses[:k]) / k, sum(losses[-k:]) / k, len(losses)
+
+
+_ROUND_LINE = re.compile(r"^(\d\d):(\d\d):(\d\d) INFO peer\.trainer: round ")
+
+
+_WAITED = re.compile(r"INFO peer\.trainer: round \d+: .*; waited ([0-9.]+)s$")
+
+
+def round_waits(log_text: str) -> list[float]:
+    """Seconds the peer's training loop waited on each outer round, from the trainer's per-round log
+    lines (``...; waited 0.42s``): the exchange's wait, exactly (not counting re-syncs)."""
+    return [float(m[1]) for m in map(_WAITED.search, log_text.splitlines()) if m]
+
+
+def round_gaps(log_text: str) -> list[float]:
+    """Seconds between consecutive outer rounds of one peer (its inner steps plus its wait on the
+    round), from the trainer's per-round log lines (1 s resolution); a restart or a reassignment (the
+    trainer reloads its modules) starts afresh. Their maximum bounds the longest time the peer's
+    training loop waited on a round plus one round's inner steps."""
+    gaps, last = [], None
+    for line in log_text.splitlines():
+        if "peer.identity: identity" in line or "peer.node: reassigned to" in line:
+            last = None
+            continue
+        m = _ROUND_LINE.match(line)
+        if not m:
+            continue
+        t = int(m[1]) * 3600 + int(m[2]) * 60 + int(m[3])
+        if last is not None:
+            gaps.append(float((t - last) % 86400))
+        last = t
+    return gaps

@@ -1,0 +1,84 @@
+"""What the chaos scenarios share: the datasets, waiting on a peer's rounds, and the end-of-run
+invariants asserted together (see :mod:`chaos.invariants`)."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Iterable, Optional
+
+from chaos.fault import peer_round
+from chaos.invariants import (acknowledged_rounds, held_rounds, loss_thirds, replica_check, round_gaps, rounds_lost,
+                              stop_all)
+
+__all__ = ["prepare_dataset", "round_since", "settled", "finish_and_check"]
+
+log = logging.getLogger(__name__)
+
+
+def prepare_dataset(out: Path, levels: int = 2, modules: int = 2):
+    """The built-in corpus prepared for a ``levels x modules`` lattice (byte tokenizer)."""
+    from models.corpus import default_corpus
+    from models.data import Dataset, prepare
+
+    if not (out / "manifest.json").exists():
+        prepare(default_corpus(), out, levels=levels, modules=modules, tokenizer="bytes")
+    return Dataset(out)
+
+
+def round_since(net, name: str, since: float) -> int:
+    """The highest round ``name`` reported in progress lines written after unix time ``since``."""
+    return max((p.get("round_no") or 0 for p in net.progress_lines(name) if p.get("time", 0) > since), default=0)
+
+
+def settled(net, names: Iterable[str], rounds: int = 3) -> bool:
+    """The network has formed: every peer finished ``rounds`` rounds and its last two rounds averaged
+    ``embed`` (held by every path) with all the peers, with no fork left. Peers join seconds apart, so
+    the first ones train in smaller groups and the later ones fork from them at the same round numbers
+    until the majority's state wins (``peer.matchmaking``); those start-up rounds are history, and a
+    scenario's faults and identity checks start after them."""
+    names = list(names)
+    everyone = re.compile(rf"embed r\d+ averaged by {len(names)}\b")
+    for name in names:
+        lines = [l for l in net.procs.log(name).splitlines() if "peer.trainer: round " in l]
+        if len(lines) < rounds or not all(everyone.search(l) and "forked" not in l for l in lines[-2:]):
+            return False
+    return True
+
+
+def finish_and_check(net, peers: Iterable[str], roots: list[Path], exit_timeout: float = 60.0,
+                     min_round: Optional[dict[str, int]] = None, min_pairs: int = 1,
+                     others: Iterable[str] = ("archive", "coordinator")) -> dict:
+    """Stop everything (SIGTERM, bounded) and assert the four invariants; returns the figures.
+
+    Peers are stopped first, then ``others`` (archive, coordinator), so the archive sees the peers'
+    last rounds. Every process must exit 0 within ``exit_timeout``; replicas at equal rounds must be
+    bit-identical (above ``min_round``) over at least ``min_pairs`` pairs; no acknowledged round may be
+    missing from every holder; every peer's loss must have fallen.
+    """
+    peers = list(peers)
+    stop_s: dict[str, float] = {}
+    codes = stop_all(net, peers, exit_timeout, stop_s)
+    for name in others:  # in order: the archive still tells the live coordinator it leaves
+        codes.update(stop_all(net, [name], exit_timeout, stop_s))
+    hung = [n for n, c in codes.items() if c is None]
+    assert not hung, f"hung (no exit within {exit_timeout:.0f}s of SIGTERM): {hung}"
+    assert all(c == 0 for c in codes.values()), (codes, {n: net.procs.log(n)[-1500:] for n, c in codes.items() if c})
+    check = replica_check(roots, min_round)
+    assert not check.mismatches, "replicas differ at equal rounds:\n" + "\n".join(check.mismatches[:10])
+    assert check.pairs >= min_pairs, f"only {check.pairs} (module, round) pairs to compare"
+    acked, held = acknowledged_rounds(roots), held_rounds(roots)
+    lost = rounds_lost(acked, held)
+    assert not any(lost.values()), f"acknowledged rounds lost: {lost} (acknowledged {acked}, held {held})"
+    losses = {}
+    for name in peers:
+        first, last, n = loss_thirds(net.progress_lines(name))
+        assert n >= 3 and last < first, f"{name}: loss not falling (first third {first:.3f}, last {last:.3f}, {n} readings)"
+        losses[name] = (round(first, 3), round(last, 3))
+    gaps = {name: max(round_gaps(net.procs.log(name)), default=0.0) for name in peers}
+    report = {"exit_codes": codes, "stop_s": stop_s, "replica_pairs": check.pairs,
+              "replica_max_abs_diff": check.max_abs_diff, "acknowledged": acked, "held": held,
+              "loss_thirds": losses, "max_round_gap_s": gaps, "rounds": {n: peer_round(net, n) for n in peers}}
+    log.info("invariants hold: %s", report)
+    return report
