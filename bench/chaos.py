@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 for _p in (ROOT, ROOT / "tests"):  # the fault injector and invariants live with the chaos tests
@@ -48,7 +48,7 @@ def fault_run(minutes: float, peers: int, kill_every: float, work: Path, inner_s
     from chaos.fault import FaultInjector, rounds_done
     from chaos.invariants import (acknowledged_rounds, first_identical_round, held_rounds, loss_thirds,
                                   replica_check, round_gaps, round_waits, rounds_lost,
-                                  stop_all)
+                                  stop_all, first_merged_rounds)
     from chaos.nsnet import CHAOS_PREFIX, CHAOS_SUBNET, NsNetwork
     from chaos.scenario import prepare_dataset, settled
     from helpers.network import Network
@@ -84,7 +84,8 @@ def fault_run(minutes: float, peers: int, kill_every: float, work: Path, inner_s
         end = start + minutes * 60
         coordinator_at, partition_at = start + 0.4 * (end - start), start + 0.7 * (end - start)
         next_kill, victim = start + kill_every, 0
-        exclude: dict[Path, tuple[int, int]] = {}
+        exclude: dict[Path, Any] = {}
+        cut_forked: Optional[tuple[Path, dict[str, int]]] = None
         merge_rounds = None
 
         def others_round(skip: set[str], n: int = 1, timeout: float = 120.0) -> None:
@@ -108,6 +109,7 @@ def fault_run(minutes: float, peers: int, kill_every: float, work: Path, inner_s
                 cut_root = works[names.index(cut)] / "checkpoints"
                 ref_root = works[names.index(names[victim % peers])] / "checkpoints"
                 forked_from = max(held_rounds([cut_root]).values(), default=0)
+                cut_forked = (cut_root, held_rounds([cut_root]))
                 alone = rounds_done(net, cut)
                 inj.partition(net.where[cut])
                 others_round({cut}, 2)
@@ -134,6 +136,11 @@ def fault_run(minutes: float, peers: int, kill_every: float, work: Path, inner_s
         codes = stop_all(net, names, 90.0, seconds)
         for name in ("archive", "coordinator"):
             codes.update(stop_all(net, [name], 90.0, seconds))
+        if cut_forked:  # per module: the cut-off peer's own rounds from the cut until it re-merged
+            cut_root, forked = cut_forked
+            merged_by_module = first_merged_rounds(cut_root, [r for r in roots if r != cut_root], forked)
+            exclude[cut_root] = {m: (forked[m] + 1, merged_by_module[m] - 1) for m in merged_by_module}
+            out["partition_merged_round_by_module"] = merged_by_module
         check = replica_check(roots, baseline, exclude)
         acked, held = acknowledged_rounds(roots), held_rounds(roots)
         lost = rounds_lost(acked, held)

@@ -104,7 +104,7 @@ class NetAverager:
         """Called when a round found no other holder to average with (a lone round, or declared
         holders that never joined): we may be cut off from part of the swarm. ``peer.node`` sets it to
         ``PeerDHT.poke`` so the DHT re-checks its routing table against the coordinator's peers."""
-        self._held: dict[str, int] = {}
+        self._held: dict[str, tuple[int, str]] = {}
         self._waiting_check: Optional[Any] = None
         self._waiting_checked = -math.inf
         self._archived: dict[str, int] = {}
@@ -151,14 +151,16 @@ class NetAverager:
 
     # -- holder records -----------------------------------------------------------------------
 
-    def hold(self, module_id: str, round_no: int, wait: bool = True) -> None:
-        """Announce that we hold ``module_id`` and will average its round ``round_no`` next
-        (``wait``: until the DHT stored it). Re-announcing the same round costs nothing."""
+    def hold(self, module_id: str, round_no: int, wait: bool = True, digest: str = "") -> None:
+        """Announce that we hold ``module_id`` and will average its round ``round_no`` next, with the
+        state of ``digest`` when known (``wait``: until the DHT stored it). Re-announcing the same
+        round costs nothing; a digest is kept until the round changes."""
         with self._held_lock:
-            if self._held.get(module_id) == int(round_no):
+            held = self._held.get(module_id)
+            if held is not None and held[0] == int(round_no) and (not digest or held[1] == digest):
                 return
-            self._held[module_id] = int(round_no)
-        future = self._publish(module_id, int(round_no))
+            self._held[module_id] = (int(round_no), digest)
+        future = self._publish(module_id, int(round_no), digest)
         if wait:
             future.result()
 
@@ -182,11 +184,11 @@ class NetAverager:
             self._held.pop(module_id, None)
             self._archived.pop(module_id, None)
 
-    def _publish(self, module_id: str, round_no: int) -> Any:
+    def _publish(self, module_id: str, round_no: int, digest: str = "") -> Any:
         from hivemind.utils import get_dht_time
 
         record = HolderRecord(self.config_hash, self.data_hash, round_no, self.throughput, self.bandwidth,
-                              self._credential())
+                              self._credential(), digest)
         return self.dht.store(holders_key(self.run_id, module_id), to_value(record),
                               get_dht_time() + self.holder_ttl, subkey=self.peer_id, return_future=True)
 
@@ -195,8 +197,8 @@ class NetAverager:
             with self._held_lock:
                 held, archived = dict(self._held), dict(self._archived)
             try:
-                for module_id, round_no in held.items():
-                    self._publish(module_id, round_no)
+                for module_id, (round_no, digest) in held.items():
+                    self._publish(module_id, round_no, digest)
                 for module_id, round_no in archived.items():
                     self._publish_archive(module_id, round_no)
             except Exception as e:  # the DHT may be shutting down

@@ -105,6 +105,10 @@ class HolderRecord:
     """Measured upload bandwidth, bytes/s; 0 for a client-mode peer that cannot accept connections."""
     credential: bytes = b""
     """The holder's admission credential (:mod:`protos.credential` bytes)."""
+    digest: str = ""
+    """:func:`peer.outer.state_digest` of the state it serves to newcomers ('' until known: a holder
+    announces its next round as soon as its group forms). The archive keeps a fetched state only when
+    most holders announce its digest."""
 
 
 @dataclass(frozen=True)
@@ -208,9 +212,10 @@ def records_from_value(found: Any, cls: type[R], verifier: Optional["CredentialV
 
 
 def to_value(record: Any) -> dict[str, Any]:
-    """The dict stored in the DHT for a record (an empty credential is left out)."""
+    """The dict stored in the DHT for a record (an empty credential or digest is left out)."""
     value = dataclasses.asdict(record)
-    if not value.get("credential", True):
-        del value["credential"]
+    for name in ("credential", "digest"):
+        if name in value and not value[name]:
+            del value[name]
     return value
 

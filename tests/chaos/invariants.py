@@ -29,7 +29,8 @@ import torch
 from peer.checkpoint import CheckpointDir
 
 __all__ = ["ReplicaCheck", "replica_check", "acknowledged_rounds", "held_rounds", "rounds_lost",
-           "first_identical_round", "stop_all", "loss_thirds", "round_gaps", "round_waits", "module_rounds_in"]
+           "first_identical_round", "stop_all", "loss_thirds", "round_gaps", "round_waits", "module_rounds_in",
+           "first_merged_rounds"]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,33 @@ class ReplicaCheck:
     """``module round R: a vs b (tensor, |diff|)`` for every pair that differs."""
 
 
+def _window(spec, mid: str) -> tuple[int, int]:
+    """``exclude``'s window for one module: a (first, last) pair for every module, or a dict by module."""
+    if spec is None:
+        return (1, 0)
+    if isinstance(spec, dict):
+        return spec.get(mid, (1, 0))
+    return spec
+
+
+def first_merged_rounds(cut: Path, others: list[Path], forked_from: dict[str, int]) -> dict[str, int]:
+    """Per module, the first round after ``forked_from`` at which the snapshot under ``cut`` equals one
+    under another root (a partitioned peer back in the group's lineage); modules never re-merged are left out."""
+    views = {r: module_rounds_in(r) for r in [cut, *others]}
+    out: dict[str, int] = {}
+    for mid, r0 in forked_from.items():
+        for r in sorted(x for x in views[cut].get(mid, {}) if x > r0):
+            a = _module_tensors(views[cut][mid][r], mid)
+            if any(r in views[o].get(mid, {}) and _same(a, _module_tensors(views[o][mid][r], mid)) for o in others):
+                out[mid] = r
+                break
+    return out
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def replica_check(roots: list[Path], min_round: Optional[dict[str, int]] = None,
                   exclude: Optional[dict[Path, tuple[int, int]]] = None) -> ReplicaCheck:
     """Compare all pairs of snapshots of the same module at the same round under ``roots``.
@@ -119,7 +147,7 @@ def replica_check(roots: list[Path], min_round: Optional[dict[str, int]] = None,
                 floor = (min_round or {}).get(mid, 0)
                 for r in sorted(set(views[i][mid]) & set(views[j][mid])):
                     if r <= floor or any(lo <= r <= hi for root in (roots[i], roots[j])
-                                         for lo, hi in [(exclude or {}).get(root, (1, 0))]):
+                                         for lo, hi in [_window((exclude or {}).get(root), mid)]):
                         continue
                     try:
                         a, b = tensors(views[i][mid][r], mid), tensors(views[j][mid][r], mid)
