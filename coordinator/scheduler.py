@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Optional
+from typing import Callable, Iterator, Mapping, Optional
 
 from coordinator.records import MODE_PATH, MODE_STAGE, Assignment, Capabilities
 from coordinator.settings import CoordinatorSettings
@@ -206,6 +206,25 @@ def assign_peer(
     return a, a.reason
 
 
+def _mover(members: Mapping[str, float], gap: float, margin: float, now: float, last_moved: Mapping[str, float],
+           settings: CoordinatorSettings, fits: Callable[[str], bool]) -> tuple[Optional[str], int]:
+    """The member whose move best halves ``gap`` (the source's tokens/s minus the target's): only
+    ``0 < tps < gap`` (the sum of squares falls) and shrinking the gap by ``margin`` (hysteresis),
+    not moved within ``min_move_interval``. Returns (peer id or None, members held back by the interval)."""
+    best: Optional[tuple[float, str]] = None
+    waiting = 0
+    for peer_id, tps in members.items():
+        if not 0 < tps < gap or abs(gap - 2 * tps) > gap - margin or not fits(peer_id):
+            continue
+        if now - last_moved.get(peer_id, -math.inf) < settings.min_move_interval:
+            waiting += 1
+            continue
+        score = abs(tps - gap / 2)
+        if best is None or (score, peer_id) < best:
+            best = (score, peer_id)
+    return (best[1] if best else None), waiting
+
+
 def rebalance(
     now: float,
     last_moved: Mapping[str, float],
@@ -243,19 +262,10 @@ def rebalance(
     )
     waiting = 0
     for source in sources:
-        gap = view.path_tps[source] - target_tps
-        best: Optional[tuple[float, str]] = None
-        for peer_id, tps in view.path_peers[source].items():
-            if not 0 < tps < gap or abs(gap - 2 * tps) > gap - margin:
-                continue
-            if now - last_moved.get(peer_id, -math.inf) < settings.min_move_interval:
-                waiting += 1
-                continue
-            score = abs(tps - gap / 2)
-            if best is None or (score, peer_id) < best:
-                best = (score, peer_id)
-        if best is not None:
-            peer_id = best[1]
+        peer_id, blocked = _mover(view.path_peers[source], view.path_tps[source] - target_tps, margin, now,
+                                  last_moved, settings, lambda p: True)
+        waiting += blocked
+        if peer_id is not None:
             old = view.assignments[peer_id]
             why = (f"rebalanced from path {format_path(source)} ({view.path_tps[source]:.0f} tok/s) to "
                    f"{format_path(target)} ({target_tps:.0f} tok/s): {trigger}")
@@ -308,19 +318,10 @@ def rebalance_stages(
                      key=lambda m: (-view.stage_tps[m], m))
     waiting = 0
     for source in sources:
-        gap = view.stage_tps[source] - target_tps
-        best: Optional[tuple[float, str]] = None
-        for peer_id, tps in view.stage_peers[source].items():
-            if not 0 < tps < gap or abs(gap - 2 * tps) > gap - margin or _usable(caps[peer_id], settings) < need:
-                continue
-            if now - last_moved.get(peer_id, -math.inf) < settings.min_move_interval:
-                waiting += 1
-                continue
-            score = abs(tps - gap / 2)
-            if best is None or (score, peer_id) < best:
-                best = (score, peer_id)
-        if best is not None:
-            peer_id = best[1]
+        peer_id, blocked = _mover(view.stage_peers[source], view.stage_tps[source] - target_tps, margin, now,
+                                  last_moved, settings, lambda p: _usable(caps[p], settings) >= need)
+        waiting += blocked
+        if peer_id is not None:
             old = view.assignments[peer_id]
             why = (f"moved from stage {source} ({view.stage_tps[source]:.0f} tok/s) to {target} "
                    f"({target_tps:.0f} tok/s): {trigger}")
