@@ -63,7 +63,9 @@ def link_overrides(
 
     A round computes ``H * batch * seq_len / tokens_per_s`` seconds; exchanging the pseudo-gradient
     costs about ``payload / upload + payload / download``. When that passes ``comm_budget`` of a round,
-    first the codec gets stronger (towards int4), then H doubles, up to ``max_inner_steps_factor``.
+    H doubles, up to ``max_inner_steps_factor``. The codec stays the run's: every member of a module's
+    group must encode with the same codec (a reducer refuses parts in another one), so a per-peer
+    codec would get a slow peer's contributions dropped and the peer reported as hostile.
     """
     h, codec = run.outer.inner_steps, run.outer.codec
     up, down = caps.upload_bps, caps.download_bps
@@ -79,11 +81,6 @@ def link_overrides(
     r = ratio(h, codec)
     if r <= settings.comm_budget:
         return h, codec, f"exchange is {r:.0%} of a round"
-    codecs = list(CODECS)
-    for stronger in codecs[codecs.index(codec):]:
-        codec = stronger
-        if ratio(h, codec) <= settings.comm_budget:
-            break
     max_h = run.outer.inner_steps * settings.max_inner_steps_factor
     while ratio(h, codec) > settings.comm_budget and h * 2 <= max_h:
         h *= 2
