@@ -56,6 +56,10 @@ def fits_path(caps: Capabilities, run: RunConfig, settings: CoordinatorSettings)
     return _usable(caps, settings) >= need, need
 
 
+MIN_SLOW_EXCHANGE_SECONDS = 1.0
+"""An exchange shorter than this never counts as slow, whatever its share of a (tiny) round."""
+
+
 def link_overrides(
     caps: Capabilities, params: int, run: RunConfig, settings: CoordinatorSettings
 ) -> tuple[int, str, str]:
@@ -79,8 +83,10 @@ def link_overrides(
         return comm / compute
 
     r = ratio(h, codec)
-    if r <= settings.comm_budget:
-        return h, codec, f"exchange is {r:.0%} of a round"
+    payload = params * BYTES_PER_PARAM[codec]
+    seconds = (payload / up if up > 0 else 0.0) + (payload / down if down > 0 else 0.0)
+    if r <= settings.comm_budget or seconds < MIN_SLOW_EXCHANGE_SECONDS:
+        return h, codec, f"exchange is {r:.0%} of a round ({seconds:.2f}s)"
     max_h = run.outer.inner_steps * settings.max_inner_steps_factor
     while ratio(h, codec) > settings.comm_budget and h * 2 <= max_h:
         h *= 2

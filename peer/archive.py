@@ -31,22 +31,20 @@ __all__ = ["ArchiveOptions", "ArchivePeer"]
 log = logging.getLogger(__name__)
 
 
-def _majority_check(dht, cfg: RunConfig, module_id: str, holders: int, verifier):
+def _majority_check(holders: dict, cfg: RunConfig):
     """``accept`` for the archive's fetches: a state is kept only when a strict majority of the module's
-    live holders announce its digest in their holder records (:class:`peer.records.HolderRecord`). A
-    peer that averaged alone while cut off can carry a round number the group also reaches with other
-    weights; archiving its copy would record a fork."""
-    from peer.records import HolderRecord, holders_key, read_records
+    live holders (``holders``: their records, read just before the fetch) announce its digest. A peer
+    that averaged alone while cut off can carry a round number the group also reaches with other
+    weights; archiving its copy would record a fork. Pure: it runs on the averager's event loop."""
+    mine = [h for h in holders.values() if h.config_hash == cfg.content_hash()]
+    need = len(mine) // 2 + 1
 
     def accept(state: ModuleState) -> str:
-        found = read_records(dht, holders_key(cfg.run_id, module_id), HolderRecord, verifier=verifier)
-        mine = [h for h in found.values() if h.config_hash == cfg.content_hash()]
         agree = sum(1 for h in mine if h.digest == state.digest)
-        need = max(holders, len(mine)) // 2 + 1
         if agree >= need:
             return ""
-        return (f"round {state.round_no} state {state.digest} is announced by {agree} of {max(holders, len(mine))} "
-                f"holders (needs {need}); waiting for the group")
+        return (f"round {state.round_no} state {state.digest} is announced by {agree} of {len(mine)} holders "
+                f"(needs {need}); waiting for the group")
 
     return accept
 
@@ -206,7 +204,7 @@ class ArchivePeer:
                         continue
                     try:
                         state = averager.fetch_state(mid, timeout=5.0, like=likes[mid],
-                                                     accept=_majority_check(averager.dht, cfg, mid, len(ahead), verifier))
+                                                     accept=_majority_check(holders, cfg))
                     except StateTransferError as e:
                         level = logging.DEBUG if "waiting for the group" in str(e) else logging.WARNING
                         log.log(level, "could not fetch %s at round %d: %s", mid, max(ahead), e)

@@ -132,10 +132,13 @@ def test_slow_link_gets_a_larger_h_and_keeps_the_groups_codec():
     fast_h, fast_codec, why = link_overrides(caps(up=1e9, down=1e9), params, RUN, SETTINGS)
     assert (fast_h, fast_codec) == (RUN.outer.inner_steps, RUN.outer.codec) and "of a round" in why
     # a bandwidth at which the exchange takes 3x the budget at the run's H: H grows 4x, the codec stays
-    compute = RUN.outer.inner_steps * RUN.inner.batch_size * RUN.lattice.seq_len / 1000.0
+    compute = RUN.outer.inner_steps * RUN.inner.batch_size * RUN.lattice.seq_len / 10.0  # a slow peer: 10 tok/s
     bw = 2 * params * BYTES_PER_PARAM[RUN.outer.codec] / (SETTINGS.comm_budget * compute) / 3
-    h, codec, why = link_overrides(caps(up=bw, down=bw), params, RUN, SETTINGS)
+    h, codec, why = link_overrides(caps(10.0, up=bw, down=bw), params, RUN, SETTINGS)
     assert codec == RUN.outer.codec and h == 4 * RUN.outer.inner_steps and "slow link" in why
+    # an exchange under a second is never slow, whatever its share of a tiny round
+    h, codec, why = link_overrides(caps(1e9, up=1e8, down=1e8), params, RUN, SETTINGS)
+    assert h == RUN.outer.inner_steps and "of a round" in why
     h, codec, _ = link_overrides(caps(up=1.0, down=1.0), params, RUN, SETTINGS)
     assert codec == RUN.outer.codec and h == RUN.outer.inner_steps * SETTINGS.max_inner_steps_factor
 
