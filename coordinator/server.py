@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Coordinator"].full_name
 MAX_MESSAGE_BYTES = 1 << 20
+KEEPALIVE_MIN_INTERVAL_MS = 5_000
+"""Peers may ping this often (they ping every 10 s to notice dead links); pings more frequent than
+this are answered with GOAWAY, as gRPC does by default for anything under 5 minutes."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,11 @@ async def serve(run: RunConfig, settings: CoordinatorSettings, opts: ServeOption
         server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", 64 * MAX_MESSAGE_BYTES),
+            # peers ping every KEEPALIVE_MS (peer.coordinator_client) to notice a dead link; allow it
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_MIN_INTERVAL_MS),
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_MIN_INTERVAL_MS),
+            ("grpc.http2.max_ping_strikes", 0),
         ])
         pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(coord, opts.token, executor), server)
         health = health_aio.HealthServicer()

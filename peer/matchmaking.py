@@ -11,7 +11,12 @@ leader/follower matchmaking over the DHT, Ryabinin et al. 2021, made consistent)
    else answers ``NOT_A_LEADER`` with its leader, and the follower retries there.
 3. The leader closes the group when every declared member has joined, or at its deadline, and sends
    the same sorted member list to each follower (``BEGIN``). A member that joined nobody, or whose
-   leader never began, fails the round and keeps its local progress.
+   leader never began, fails the round and keeps its local progress. A follower the leader accepted
+   waits for ``BEGIN`` past its own join deadline, since the leader counts it in.
+
+A member applies its delta alone only when it is the module's only live holder. A holder at its
+round that did not declare makes it fail the round; holders behind it make it wait (fail the round)
+until they re-sync to it; holders ahead make it re-sync to them.
 
 Peers whose config hash or dataset hash differ from ours are never grouped: their declarations
 are ignored and their join requests refused, with a log line naming both hashes.
@@ -178,7 +183,7 @@ class Matchmaker:
             decl = GroupDeclaration(self.config_hash, self.data_hash, self.bandwidth, self._own_credential(), digest)
             await self.dht.store(key, to_value(decl), get_dht_time() + timeout, subkey=self.peer_id,
                                  return_future=True)
-            everyone, ahead, same_round = await self._gather(module_id, round_no, key, gather_deadline)
+            everyone, ahead, same_round, behind = await self._gather(module_id, round_no, key, gather_deadline)
             if ahead > round_no:
                 # the group applied rounds we missed: averaging now would fork the replicas
                 return Match(None, f"behind: other holders are at round {ahead}; re-sync from them first")
@@ -193,6 +198,9 @@ class Matchmaker:
                 silent = same_round - set(everyone)
                 if silent:  # applying our delta alone would fork us from them
                     return Match(None, f"holders {', '.join(sorted(silent))} at this round did not declare in time")
+                if behind:  # they re-sync to us at their next round; stepping alone would keep us out of reach
+                    return Match(None, "waiting for holders behind us to catch up ("
+                                       + ", ".join(f"{p[-8:]} at round {r}" for p, r in sorted(behind.items())) + ")")
                 return Match(Group(LONE, (self.peer_id,), (self.bandwidth,), 0.0), "")
             if not candidates:
                 looking.decided.set()
@@ -203,7 +211,8 @@ class Matchmaker:
                 return Match(*await self._lead(looking, set(declared), close_deadline, end))
             looking.leader = leader
             looking.decided.set()
-            return Match(*await self._follow(key, leader, join_deadline, digest))
+            return Match(*await self._follow(key, leader, join_deadline, close_deadline + (end - close_deadline) / 2,
+                                             digest))
         finally:
             looking.decided.set()
             for _, future in looking.followers.values():
@@ -228,11 +237,16 @@ class Matchmaker:
                            f"{kept}, ours is {digest or '(none)'}; re-syncing to theirs", adopt=kept)
 
     async def _gather(self, module_id: str, round_no: int, key: str,
-                      deadline: float) -> tuple[dict[str, GroupDeclaration], int, set[str]]:
+                      deadline: float) -> tuple[dict[str, GroupDeclaration], int, set[str], dict[str, int]]:
         """Other members' valid declarations, read until every live holder at this round declared or
-        ``deadline``; also the highest round any other live holder announces, and the other holders
-        at our round. A lone member may apply its own delta only when no other holder is at its round.
-        Holders that declared are never counted as ahead."""
+        ``deadline``; also the highest round any other live holder announces, the other holders at our
+        round, and those behind it (peer -> round). Holders that declared are never counted as ahead.
+
+        A lone member may apply its own delta only when it is the module's only live holder. With
+        holders behind it, it waits for them instead: they re-sync to its state at their next round.
+        A member that stepped alone whenever nobody was at its exact round would race ahead by one
+        round per inner loop (a cut-off peer does so between a heal and its DHT re-merge) and fork
+        every time a lagging record made it think so."""
         while True:
             found, holders = await asyncio.gather(
                 self.dht.get(key, latest=True, return_future=True),
@@ -258,7 +272,8 @@ class Matchmaker:
                 missing = sorted(expected - set(declared))
                 if missing:
                     log.info("%s: holders %s did not declare by the gather deadline", key, ", ".join(missing))
-                return declared, ahead, expected
+                behind = {p: h.round_no for p, h in live.items() if h.round_no < round_no and p not in declared}
+                return declared, ahead, expected, behind
             await asyncio.sleep(_POLL)
 
     async def _lead(self, looking: _Looking, others: set[str], close_deadline: float, end: float) -> tuple[Optional[Group], str]:
@@ -282,16 +297,29 @@ class Matchmaker:
         missing = sorted(others - set(followers))
         return group, (f"dropped {', '.join(missing)} (did not join)" if missing else "")
 
-    async def _follow(self, key: str, leader: str, deadline: float, digest: str) -> tuple[Optional[Group], str]:
+    async def _follow(self, key: str, leader: str, deadline: float, begin_deadline: float,
+                      digest: str) -> tuple[Optional[Group], str]:
+        """Join ``leader`` by ``deadline``. Once it accepted us, it counts us in the group it begins,
+        so we wait for its BEGIN until ``begin_deadline``: the leader's round may have started seconds
+        after ours, and giving up earlier would leave the others waiting for our part until their
+        all-reduce deadline."""
+        accepted = asyncio.Event()
+        task = asyncio.ensure_future(self._follow_unbounded(key, leader, digest, accepted))
         try:
-            return await asyncio.wait_for(self._follow_unbounded(key, leader, digest),
-                                          max(0.01, deadline - time.monotonic()))
-        except asyncio.TimeoutError:
-            return None, f"leader {leader} did not begin before the deadline"
+            done, _ = await asyncio.wait({task}, timeout=max(0.01, deadline - time.monotonic()))
+            if not done and accepted.is_set():
+                done, _ = await asyncio.wait({task}, timeout=max(0.01, begin_deadline - time.monotonic()))
+            if not done:
+                return None, f"leader {leader} did not begin before the deadline"
+            return task.result()
         except Exception as e:
             return None, f"joining leader {leader} failed: {type(e).__name__}: {e}"
+        finally:
+            if not task.done():
+                task.cancel()
 
-    async def _follow_unbounded(self, key: str, leader: str, digest: str) -> tuple[Optional[Group], str]:
+    async def _follow_unbounded(self, key: str, leader: str, digest: str,
+                                accepted: asyncio.Event) -> tuple[Optional[Group], str]:
         from hivemind.p2p import PeerID
 
         request = JoinRequest(group_key=key, config_hash=self.config_hash, data_hash=self.data_hash,
@@ -308,6 +336,7 @@ class Matchmaker:
                         return None, f"leader {leader} is not admitted: {problem}"
                     checked = True
                 if reply.code == JoinReply.ACCEPTED:
+                    accepted.set()
                     continue
                 if reply.code == JoinReply.BEGIN:
                     return self._check_group(reply, leader)

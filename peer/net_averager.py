@@ -316,13 +316,14 @@ class NetAverager:
         self._state_server.provider = provider
 
     def fetch_state(self, module_id: str, timeout: float, like: Optional[Sequence[Tensor]] = None,
-                    accept: Optional[Callable[[ModuleState], str]] = None) -> ModuleState:
+                    accept: Optional[Callable[[ModuleState], str]] = None, min_round: int = -1) -> ModuleState:
         """Fetch ``module_id``'s global params, outer momentum and round from a live holder of our
-        config hash (``accept``: see :func:`peer.state_transfer.fetch_module_state`); raises
+        config hash (``accept``, ``min_round``: see :func:`peer.state_transfer.fetch_module_state`); raises
         :class:`peer.state_transfer.StateTransferError` if none can send it."""
         return self._call(fetch_module_state(self.dht, self._p2p, self.run_id, module_id, self.config_hash,
                                              self.prefix, self.peer_id, timeout, like, credential=self._credential,
-                                             verifier=self._verifier, accept=accept), timeout + 5.0)
+                                             verifier=self._verifier, accept=accept, min_round=min_round),
+                          timeout + 5.0)
 
     # -- life cycle ---------------------------------------------------------------------------
 

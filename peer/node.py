@@ -273,11 +273,12 @@ class PeerNode:
         peer_id = dht.peer_id
         checkpoints = CheckpointDir(self.opts.work_dir / "checkpoints", keep=self.opts.keep_checkpoints)
 
-        def fetch(mid, like, accept=None):
+        def fetch(mid, like, accept=None, min_round=-1):
             from peer.state_transfer import StateTransferError
 
             try:
-                return averager.fetch_state(mid, timeout=cfg.outer.round_timeout, like=like, accept=accept)
+                return averager.fetch_state(mid, timeout=cfg.outer.round_timeout, like=like, accept=accept,
+                                            min_round=min_round)
             except StateTransferError as e:
                 log.info("no live holder sent %s (%s)", mid, e)
                 return None

@@ -23,8 +23,8 @@ __all__ = ["FetchState", "resync_module", "after_round", "install"]
 log = logging.getLogger(__name__)
 
 FetchState = Callable[..., Optional[ModuleState]]
-"""``fetch_state(module_id, like, accept=None) -> ModuleState | None`` from live holders (``accept``
-as in :func:`peer.state_transfer.fetch_module_state`)."""
+"""``fetch_state(module_id, like, accept=None, min_round=-1) -> ModuleState | None`` from live holders
+(``accept`` and ``min_round`` as in :func:`peer.state_transfer.fetch_module_state`)."""
 
 
 def resync_module(opt: DiLoCoOptimizer, module_id: str, fetch_state: Optional[FetchState], adopt: str = "",
@@ -45,7 +45,8 @@ def resync_module(opt: DiLoCoOptimizer, module_id: str, fetch_state: Optional[Fe
         deadline = time.monotonic() + wait
         while True:
             remote = fetch_state(module_id, like, lambda s: "" if s.round_no >= mine.round_no
-                                 else f"round {s.round_no} is behind our next round {mine.round_no}")
+                                 else f"round {s.round_no} is behind our next round {mine.round_no}",
+                                 min_round=mine.round_no)
             if remote is not None or time.monotonic() >= deadline:
                 break
             time.sleep(0.5)  # a poll of the group's progress, bounded by ``wait``
@@ -61,9 +62,9 @@ def resync_module(opt: DiLoCoOptimizer, module_id: str, fetch_state: Optional[Fe
                 return ""
             return f"round {state.round_no} state {state.digest} is not the kept state {adopt}"
 
-        remote = fetch_state(module_id, like, wanted)
-    else:
-        remote = fetch_state(module_id, like)
+        remote = fetch_state(module_id, like, wanted, min_round=mine.round_no)
+    else:  # only a holder that announces a later round can have moved on without us
+        remote = fetch_state(module_id, like, min_round=mine.round_no + 1)
     if remote is None or remote.round_no < mine.round_no:
         return False  # nobody is ahead: the round failed for the whole group, which stays identical
     if remote.round_no == mine.round_no and all(

@@ -174,9 +174,9 @@ def _fetcher(averager: Any, timeout: float) -> Optional[FetchState]:
     if not hasattr(averager, "fetch_state"):
         return None
 
-    def fetch(mid: str, like: list[torch.Tensor], accept: Any = None) -> Any:
+    def fetch(mid: str, like: list[torch.Tensor], accept: Any = None, min_round: int = -1) -> Any:
         try:
-            return averager.fetch_state(mid, timeout=timeout, like=like, accept=accept)
+            return averager.fetch_state(mid, timeout=timeout, like=like, accept=accept, min_round=min_round)
         except Exception as e:  # no live holder yet: start from the checkpoint or the init
             log.info("no live holder sent %s (%s)", mid, e)
             return None

@@ -32,6 +32,10 @@ __all__ = ["StateServer", "StateProvider", "fetch_module_state", "StateTransferE
 
 log = logging.getLogger(__name__)
 
+REPLY_TIMEOUT = 5.0
+"""Seconds a holder gets to answer a state request (the reply that announces the state), plus one per
+GB of the state it packs first; the state's bytes then get what is left of the fetch's timeout."""
+
 MAX_REQUEST_BYTES = 4096
 """A state request is a module id, a hash and a credential: anything larger is refused unread."""
 
@@ -147,10 +151,15 @@ async def fetch_module_state(dht: Any, p2p: Any, run_id: str, module_id: str, co
                              own_peer_id: str, timeout: float, like: Optional[Sequence[Tensor]] = None,
                              credential: Optional[CredentialProvider] = None,
                              verifier: Optional[CredentialVerifier] = None,
-                             accept: Optional[Callable[[ModuleState], str]] = None) -> ModuleState:
+                             accept: Optional[Callable[[ModuleState], str]] = None,
+                             min_round: int = -1) -> ModuleState:
     """Fetch ``module_id``'s state from a live holder with our config hash (most advanced round first);
     ``credential`` is presented to holders, ``verifier`` keeps only admitted sources, and ``accept``
-    (a state -> '' or why it is not wanted) makes us try the next holder, e.g. to adopt one side of a fork."""
+    (a state -> '' or why it is not wanted) makes us try the next holder, e.g. to adopt one side of a fork.
+    Holders whose record announces a round below ``min_round`` are not asked at all.
+
+    A holder must answer within :data:`REPLY_TIMEOUT` (the state's bytes may take the rest of
+    ``timeout``): one that is cut off must not use up the whole budget of a re-sync."""
     from hivemind.p2p import P2P, PeerID
 
     deadline = time.monotonic() + timeout
@@ -162,9 +171,13 @@ async def fetch_module_state(dht: Any, p2p: Any, run_id: str, module_id: str, co
                **records_from_value(found, HolderRecord, verifier)}
     own = credential() if credential is not None else b""
     candidates = sorted(((h.round_no, p) for p, h in sources.items()
-                         if p != own_peer_id and h.config_hash == config_hash), reverse=True)
+                         if p != own_peer_id and h.config_hash == config_hash and h.round_no >= min_round),
+                        reverse=True)
     if not candidates:
-        raise StateTransferError(f"no live holder of {module_id} with config hash {config_hash}")
+        at = f" at round {min_round} or later" if min_round >= 0 else ""
+        raise StateTransferError(f"no live holder of {module_id}{at} with config hash {config_hash}")
+    state_bytes = 2 * sum(t.numel() * 4 for t in like) if like is not None else 0  # params and momentum, fp32
+    reply_timeout = REPLY_TIMEOUT + state_bytes / 1e9
     errors = []
     for round_no, peer in candidates:
         left = deadline - time.monotonic()
@@ -172,16 +185,24 @@ async def fetch_module_state(dht: Any, p2p: Any, run_id: str, module_id: str, co
             break
         try:
             async def ask() -> tuple[StateReply, bytes]:
-                _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer), f"{prefix}_state")
+                async def request() -> tuple[Any, Any, Any]:
+                    _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer),
+                                                                             f"{prefix}_state")
+                    try:
+                        await P2P.send_protobuf(StateRequest(module_id=module_id, config_hash=config_hash,
+                                                             credential=own), writer)
+                        return (*await P2P.receive_protobuf(StateReply, reader), reader, writer)
+                    except BaseException:
+                        writer.close()
+                        raise
+
+                reply, err, reader, writer = await asyncio.wait_for(request(), min(left, reply_timeout))
                 try:
-                    await P2P.send_protobuf(StateRequest(module_id=module_id, config_hash=config_hash,
-                                                         credential=own), writer)
-                    reply, err = await P2P.receive_protobuf(StateReply, reader)
+                    if reply is None:
+                        raise RuntimeError(err.message)
                     blob = await P2P.receive_raw_data(reader)
                 finally:
                     writer.close()
-                if reply is None:
-                    raise RuntimeError(err.message)
                 return reply, blob
 
             reply, blob = await asyncio.wait_for(ask(), left)

@@ -46,7 +46,7 @@ def swarm():
         p2p = await d.dht.replicate_p2p()
         mm = Matchmaker(d.dht, p2p, d.peer_id, RUN_ID, CONFIG, "", 1e6, PREFIX)
         await mm.start()
-        server = StateServer(p2p, CONFIG, PREFIX, lambda mid, s=states[i]: s if mid == "L0M1" else None)
+        server = StateServer(p2p, CONFIG, PREFIX, lambda mid, s=states[i]: s if mid in ("L0M1", "L2M2") else None)
         await server.start()
         return d, p2p, mm
 
@@ -135,3 +135,27 @@ def test_re_sync_fetch_takes_only_the_kept_state(swarm):
     with pytest.raises(StateTransferError, match="not kept"):
         run(loop, fetch_module_state(d2.dht, p2p2, RUN_ID, "L0M1", CONFIG, PREFIX, d2.peer_id, 20.0,
                                      accept=lambda s: "" if s.digest == "0" * 16 else "not kept"))
+
+
+def test_a_holder_ahead_of_the_others_waits_for_them_instead_of_stepping_alone(swarm):
+    """Stepping alone whenever nobody is at our exact round would race a cut-off peer ahead by one round
+    per inner loop; the holders behind re-sync to us at their next round instead."""
+    nodes, loop, states = swarm
+    (d0, _, mm0), behind = nodes[0], nodes[1]
+    _hold([behind], "L2M0", 6)
+    group, why, adopt = run(loop, mm0.form_group("L2M0", 7, 4.0, states[0].digest))
+    assert group is None and adopt == "", why
+    assert "waiting for holders behind us" in why and f"{behind[0].peer_id[-8:]} at round 6" in why, why
+    # alone for real (no other live holder of the module): the member steps alone
+    group, why, _ = run(loop, mm0.form_group("L2M1", 7, 4.0, states[0].digest))
+    assert group is not None and group.group_id == LONE, why
+
+
+def test_a_re_sync_asks_only_holders_at_the_round_it_needs(swarm):
+    nodes, loop, states = swarm
+    d0, p2p0, _ = nodes[0]
+    _hold([nodes[1]], "L2M2", 5)
+    with pytest.raises(StateTransferError, match="at round 6 or later"):
+        run(loop, fetch_module_state(d0.dht, p2p0, RUN_ID, "L2M2", CONFIG, PREFIX, d0.peer_id, 20.0, min_round=6))
+    got = run(loop, fetch_module_state(d0.dht, p2p0, RUN_ID, "L2M2", CONFIG, PREFIX, d0.peer_id, 20.0, min_round=5))
+    assert got.round_no == 5

@@ -49,9 +49,9 @@ def test_overlap_member_re_syncs_before_its_next_exchange():
     group = ModuleState([torch.full((2, 3), 0.5), torch.full((2,), -0.25)], [torch.zeros(2, 3), torch.zeros(2)], 1)
     asked = []
 
-    def fetch(mid, like, accept=None):
+    def fetch(mid, like, accept=None, min_round=-1):
         asked.append(mid)
-        return group if accept is None or not accept(group) else None
+        return group if group.round_no >= min_round and (accept is None or not accept(group)) else None
 
     install(opt, fetch)
     _steps(model, opt, 4)  # round 0 launched, then completed (failed) and round 1 launched
@@ -68,8 +68,8 @@ def test_a_state_behind_our_next_round_is_not_taken():
     model, opt = _opt(averager)
     old = ModuleState([torch.zeros(2, 3), torch.zeros(2)], [torch.zeros(2, 3), torch.zeros(2)], 0)
 
-    def fetch(mid, like, accept=None):
-        return old if accept is None or not accept(old) else None
+    def fetch(mid, like, accept=None, min_round=-1):
+        return old if old.round_no >= min_round and (accept is None or not accept(old)) else None
 
     install(opt, fetch)
     before = [p.detach().clone() for p in model.parameters()]

@@ -118,9 +118,9 @@ def main() -> None:
             from peer.trainer import PathTrainer
 
             path = tuple(opts["path"])
-            def fetch(mid, like, accept=None):  # as peer.node does: re-sync after a missed round
+            def fetch(mid, like, accept=None, min_round=-1):  # as peer.node does: re-sync after a missed round
                 try:
-                    return averager.fetch_state(mid, timeout=10.0, like=like, accept=accept)
+                    return averager.fetch_state(mid, timeout=10.0, like=like, accept=accept, min_round=min_round)
                 except Exception:
                     return None
 
