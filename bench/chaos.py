@@ -6,7 +6,8 @@ loopback without the partition when namespaces cannot be made). For ``--minutes`
 every ``--kill-every`` seconds one peer (round robin) is killed with ``kill -9`` and restarted with
 the same work dir and identity once the others finished a round without it; once, the coordinator is
 killed and restarted on the same ``--db`` after every peer finished two rounds without it; once, one
-peer's namespace link goes down until the others finished two rounds. The fault injector and the
+peer's namespace link goes down for ``--partition-seconds`` (default 30), and until the others
+finished two rounds and it finished one on its own. The fault injector and the
 invariants are the chaos test suite's (``tests/chaos``): faults fire on conditions (rounds ended,
 log lines), and at the end everything is stopped with SIGTERM and checked.
 
@@ -44,7 +45,8 @@ ROUND_TIMEOUT = 12.0
 # -- the fault run ------------------------------------------------------------------------------
 
 
-def fault_run(minutes: float, peers: int, kill_every: float, work: Path, inner_steps: int) -> dict:
+def fault_run(minutes: float, peers: int, kill_every: float, work: Path, inner_steps: int,
+              partition_s: float = 30.0) -> dict:
     from chaos.fault import FaultInjector, rounds_done
     from chaos.invariants import (acknowledged_rounds, first_identical_round, held_rounds, loss_thirds,
                                   replica_check, round_gaps, round_waits, rounds_lost,
@@ -112,8 +114,10 @@ def fault_run(minutes: float, peers: int, kill_every: float, work: Path, inner_s
                 cut_forked = (cut_root, held_rounds([cut_root]))
                 alone = rounds_done(net, cut)
                 inj.partition(net.where[cut])
+                cut_at = time.monotonic()
                 others_round({cut}, 2)
-                inj.when(lambda: rounds_done(net, cut) > alone, 120, f"the cut-off {cut} to finish a round alone")
+                inj.when(lambda: rounds_done(net, cut) > alone and time.monotonic() - cut_at >= partition_s,
+                         partition_s + 120, f"the cut-off {cut} to finish a round alone, {partition_s:.0f}s cut off")
                 inj.heal(net.where[cut])
                 healed_at = max(held_rounds([r for r in roots if r != cut_root]).values())
                 merged = inj.when(lambda: first_identical_round(ref_root, cut_root, healed_at, ("embed", "head")),
@@ -232,6 +236,8 @@ def main(argv: Optional[list[str]] = None) -> dict:
     ap.add_argument("--peers", type=int, default=4, help="trainers (default 4; plus an archive)")
     ap.add_argument("--kill-every", type=float, default=60.0, help="seconds between peer kills (default 60)")
     ap.add_argument("--inner-steps", type=int, default=20, help="inner steps per round (default 20)")
+    ap.add_argument("--partition-seconds", type=float, default=30.0,
+                    help="the cut-off peer's link stays down at least this long (default 30)")
     ap.add_argument("--byzantine-steps", type=int, default=300, help="inner steps per simulated worker (default 300)")
     ap.add_argument("--aggregator", default="trimmed_mean", choices=["trimmed_mean", "centered_clip", "mean"])
     ap.add_argument("--skip-faults", action="store_true", help="only the hostile-peer measurement")
@@ -244,7 +250,8 @@ def main(argv: Optional[list[str]] = None) -> dict:
                     "inner_steps": args.inner_steps, "work": str(work)}
     result.update(byzantine(args.byzantine_steps, work, args.aggregator))
     if not args.skip_faults:
-        result.update(fault_run(args.minutes, args.peers, args.kill_every, work, args.inner_steps))
+        result.update(fault_run(args.minutes, args.peers, args.kill_every, work, args.inner_steps,
+                                args.partition_seconds))
     return emit("chaos", result)
 
 

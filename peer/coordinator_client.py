@@ -16,19 +16,19 @@ gets the peer its history back. Imports no torch.
 from __future__ import annotations
 
 import logging
-import math
-import queue
 import random
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import grpc
 
 from models.config import RunConfig
 from models.errors import HivepathError
+from peer.coordinator_transport import (KEEPALIVE_OPTIONS, PROBE_BYTES, HeartbeatStream, ProbeFailed, StreamStalled,
+                                        probe_download, probe_upload)
 from protos.hivepath.coordinator.v1 import coordinator_pb2 as pb
 from protos.hivepath.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -50,23 +50,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MAX_REPLY_BYTES = 64 << 20
-
-KEEPALIVE_OPTIONS = [
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-]
-"""HTTP/2 pings every 10 s, answered within 5 s: a link that silently drops packets (a partition, a
-moved container) is noticed and the channel reconnects, instead of every call riding a dead TCP
-connection until the kernel gives up on it (many minutes). The coordinator permits pings this often."""
 """Status replies list every live peer; 64 MiB holds a few hundred thousand."""
+
 
 _RETRIABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
 
-PROBE_BYTES = 2 << 20
-"""Default bandwidth probe size per direction (the coordinator accepts up to 8 MiB)."""
-PROBE_CHUNK = 256 << 10
 
 
 class CoordinatorUnavailable(HivepathError):
@@ -240,7 +228,7 @@ class CoordinatorClient:
         self._reporter: Optional[Any] = None
         self._thread: Optional[threading.Thread] = None
         self._use_stream = heartbeat_stream
-        self._stream: Optional[_HeartbeatStream] = None
+        self._stream: Optional[HeartbeatStream] = None
         self._stream_lock = threading.Lock()
         self.heartbeats_sent = {"stream": 0, "unary": 0}
         """Heartbeats answered over the stream and as unary calls (for status lines and tests)."""
@@ -447,7 +435,7 @@ class CoordinatorClient:
             if self._use_stream and not self._closed.is_set():
                 try:
                     if self._stream is None:
-                        self._stream = _HeartbeatStream(self._stub)
+                        self._stream = HeartbeatStream(self._stub)
                     reply = self._stream.exchange(request, self.rpc_timeout)
                     self.heartbeats_sent["stream"] += 1
                     return reply
@@ -465,7 +453,7 @@ class CoordinatorClient:
                     else:
                         log.info("heartbeat stream to %s ended (%s); sending this heartbeat as a unary call",
                                  self.address, code.name)
-                except _StreamStalled as e:
+                except StreamStalled as e:
                     self._drop_stream()
                     log.info("heartbeat stream to %s: %s; sending this heartbeat as a unary call", self.address, e)
         reply = self._call(self._stub.Heartbeat, request, retry_not_found=False)
@@ -492,8 +480,8 @@ class CoordinatorClient:
         attempt = 0
         while True:
             try:
-                up = self._probe_upload(probe_bytes, max(0.1, deadline - time.monotonic()))
-                down = self._probe_download(probe_bytes, max(0.1, deadline - time.monotonic()))
+                up = probe_upload(self._stub, self._token, probe_bytes, max(0.1, deadline - time.monotonic()))
+                down = probe_download(self._stub, self._token, probe_bytes, max(0.1, deadline - time.monotonic()))
                 log.info("measured bandwidth to %s: upload %.1f Mbit/s, download %.1f Mbit/s", self.address,
                          up * 8e-6, down * 8e-6)
                 return up, down
@@ -506,45 +494,11 @@ class CoordinatorClient:
                     continue
                 why = ("it does not support bandwidth probes (an older version)"
                        if code == grpc.StatusCode.UNIMPLEMENTED else f"{code.name}: {detail}")
-            except _ProbeFailed as e:
+            except ProbeFailed as e:
                 why = str(e)
             log.warning("could not measure bandwidth against coordinator %s (%s); reporting it as not measured",
                         self.address, why)
             return None
-
-    def _probe_upload(self, probe_bytes: int, probe_timeout: float) -> float:
-        chunk = b"\0" * min(PROBE_CHUNK, probe_bytes)
-
-        def chunks() -> Iterator[pb.ProbeUploadRequest]:
-            yield pb.ProbeUploadRequest(token=self._token, total_bytes=probe_bytes)
-            sent = 0
-            while sent < probe_bytes:
-                n = min(len(chunk), probe_bytes - sent)
-                yield pb.ProbeUploadRequest(payload=chunk[:n])
-                sent += n
-
-        t0 = time.perf_counter()
-        r = self._stub.ProbeUpload(chunks(), timeout=probe_timeout)
-        elapsed = time.perf_counter() - t0
-        if r.received_bytes != probe_bytes:
-            raise _ProbeFailed(f"the coordinator received {r.received_bytes} of {probe_bytes} probe bytes")
-        seconds = r.seconds if math.isfinite(r.seconds) and r.seconds > 0 else elapsed
-        return probe_bytes / max(seconds, 1e-6)
-
-    def _probe_download(self, probe_bytes: int, probe_timeout: float) -> float:
-        t_start = time.perf_counter()
-        t0 = t_last = None
-        received = 0
-        for m in self._stub.ProbeDownload(pb.ProbeDownloadRequest(token=self._token, total_bytes=probe_bytes,
-                                                                  chunk_bytes=PROBE_CHUNK), timeout=probe_timeout):
-            t_last = time.perf_counter()
-            if t0 is None:
-                t0 = t_last  # the empty leading message starts the clock
-            received += len(m.payload)
-        if received != probe_bytes or t0 is None or t_last is None:
-            raise _ProbeFailed(f"received {received} of {probe_bytes} probe bytes")
-        seconds = t_last - t0 if t_last > t0 else t_last - t_start
-        return probe_bytes / max(seconds, 1e-6)
 
     # -- retries ------------------------------------------------------------------------------
 
@@ -587,49 +541,6 @@ def _checked_config(spec: pb.RunSpec) -> RunConfig:
 
 class _NotFound(Exception):
     pass
-
-
-class _StreamStalled(Exception):
-    pass
-
-
-class _ProbeFailed(Exception):
-    pass
-
-
-class _HeartbeatStream:
-    """One long-lived ``HeartbeatStream`` call: :meth:`exchange` sends a heartbeat and waits for its
-    reply (the coordinator answers each in order). A reader thread turns replies and the stream's
-    end into queue items, so a stalled coordinator costs ``reply_timeout``, never a hung thread."""
-
-    def __init__(self, stub: pb_grpc.CoordinatorStub):
-        self._requests: queue.SimpleQueue = queue.SimpleQueue()
-        self._replies: queue.SimpleQueue = queue.SimpleQueue()
-        self._call = stub.HeartbeatStream(iter(self._requests.get, None))
-        self._reader = threading.Thread(target=self._read, name="coordinator-heartbeat-stream", daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        try:
-            for reply in self._call:
-                self._replies.put(reply)
-            self._replies.put(_StreamStalled("the coordinator ended the stream"))
-        except grpc.RpcError as e:
-            self._replies.put(e)
-
-    def exchange(self, request: pb.HeartbeatRequest, reply_timeout: float) -> pb.HeartbeatResponse:
-        self._requests.put(pb.HeartbeatStreamRequest(heartbeat=request))
-        try:
-            item = self._replies.get(timeout=reply_timeout)
-        except queue.Empty:
-            raise _StreamStalled(f"no reply within {reply_timeout:.1f}s") from None
-        if isinstance(item, BaseException):
-            raise item
-        return item.heartbeat
-
-    def close(self) -> None:
-        self._requests.put(None)
-        self._call.cancel()
 
 
 class _Closed(CoordinatorUnavailable):

@@ -1,0 +1,114 @@
+"""The peer's transport to the coordinator below the RPC semantics: gRPC keepalive, the long-lived
+heartbeat stream, and the bandwidth probes (:class:`peer.coordinator_client.CoordinatorClient` uses
+them; nothing here retries or interprets a refusal)."""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from typing import Iterator
+
+import grpc
+
+from protos.hivepath.coordinator.v1 import coordinator_pb2 as pb
+from protos.hivepath.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
+
+__all__ = ["KEEPALIVE_OPTIONS", "PROBE_BYTES", "PROBE_CHUNK", "HeartbeatStream", "StreamStalled", "ProbeFailed",
+           "probe_upload", "probe_download"]
+
+KEEPALIVE_OPTIONS = [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+"""HTTP/2 pings every 10 s, answered within 5 s: a link that silently drops packets (a partition, a
+moved container) is noticed and the channel reconnects, instead of every call riding a dead TCP
+connection until the kernel gives up on it (many minutes). The coordinator permits pings this often."""
+
+PROBE_BYTES = 2 << 20
+"""Default bandwidth probe size per direction (the coordinator accepts up to 8 MiB)."""
+PROBE_CHUNK = 256 << 10
+
+
+class StreamStalled(Exception):
+    """The heartbeat stream ended or gave no reply in time: send the heartbeat as a unary call."""
+
+
+class ProbeFailed(Exception):
+    """A bandwidth probe moved another number of bytes than it asked for."""
+
+
+class HeartbeatStream:
+    """One long-lived ``HeartbeatStream`` call: :meth:`exchange` sends a heartbeat and waits for its
+    reply (the coordinator answers each in order). A reader thread turns replies and the stream's
+    end into queue items, so a stalled coordinator costs ``reply_timeout``, never a hung thread."""
+
+    def __init__(self, stub: pb_grpc.CoordinatorStub):
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._replies: queue.SimpleQueue = queue.SimpleQueue()
+        self._call = stub.HeartbeatStream(iter(self._requests.get, None))
+        self._reader = threading.Thread(target=self._read, name="coordinator-heartbeat-stream", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        try:
+            for reply in self._call:
+                self._replies.put(reply)
+            self._replies.put(StreamStalled("the coordinator ended the stream"))
+        except grpc.RpcError as e:
+            self._replies.put(e)
+
+    def exchange(self, request: pb.HeartbeatRequest, reply_timeout: float) -> pb.HeartbeatResponse:
+        self._requests.put(pb.HeartbeatStreamRequest(heartbeat=request))
+        try:
+            item = self._replies.get(timeout=reply_timeout)
+        except queue.Empty:
+            raise StreamStalled(f"no reply within {reply_timeout:.1f}s") from None
+        if isinstance(item, BaseException):
+            raise item
+        return item.heartbeat
+
+    def close(self) -> None:
+        self._requests.put(None)
+        self._call.cancel()
+
+
+def probe_upload(stub: pb_grpc.CoordinatorStub, token: str, probe_bytes: int, probe_timeout: float) -> float:
+    """Send ``probe_bytes`` to the coordinator; our upload rate in bytes per second."""
+    chunk = b"\0" * min(PROBE_CHUNK, probe_bytes)
+
+    def chunks() -> Iterator[pb.ProbeUploadRequest]:
+        yield pb.ProbeUploadRequest(token=token, total_bytes=probe_bytes)
+        sent = 0
+        while sent < probe_bytes:
+            n = min(len(chunk), probe_bytes - sent)
+            yield pb.ProbeUploadRequest(payload=chunk[:n])
+            sent += n
+
+    t0 = time.perf_counter()
+    r = stub.ProbeUpload(chunks(), timeout=probe_timeout)
+    elapsed = time.perf_counter() - t0
+    if r.received_bytes != probe_bytes:
+        raise ProbeFailed(f"the coordinator received {r.received_bytes} of {probe_bytes} probe bytes")
+    seconds = r.seconds if math.isfinite(r.seconds) and r.seconds > 0 else elapsed
+    return probe_bytes / max(seconds, 1e-6)
+
+
+def probe_download(stub: pb_grpc.CoordinatorStub, token: str, probe_bytes: int, probe_timeout: float) -> float:
+    """Receive ``probe_bytes`` from the coordinator; our download rate in bytes per second."""
+    t_start = time.perf_counter()
+    t0 = t_last = None
+    received = 0
+    request = pb.ProbeDownloadRequest(token=token, total_bytes=probe_bytes, chunk_bytes=PROBE_CHUNK)
+    for m in stub.ProbeDownload(request, timeout=probe_timeout):
+        t_last = time.perf_counter()
+        if t0 is None:
+            t0 = t_last  # the empty leading message starts the clock
+        received += len(m.payload)
+    if received != probe_bytes or t0 is None or t_last is None:
+        raise ProbeFailed(f"received {received} of {probe_bytes} probe bytes")
+    seconds = t_last - t0 if t_last > t0 else t_last - t_start
+    return probe_bytes / max(seconds, 1e-6)
