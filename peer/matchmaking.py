@@ -16,7 +16,8 @@ leader/follower matchmaking over the DHT, Ryabinin et al. 2021, made consistent)
 
 A member applies its delta alone only when it is the module's only live holder. A holder at its
 round that did not declare makes it fail the round; holders behind it make it wait (fail the round)
-until they re-sync to it; holders ahead make it re-sync to them.
+until they re-sync to it, for at most two round budgets per round they announce (an idle or stuck
+holder does not hold it back for good); holders ahead make it re-sync to them.
 
 Peers whose config hash or dataset hash differ from ours are never grouped: their declarations
 are ignored and their join requests refused, with a log line naming both hashes.
@@ -57,6 +58,9 @@ log = logging.getLogger(__name__)
 
 LONE = "lone"
 """Marker group id of a member that is the only holder of its module this round."""
+
+BEHIND_PATIENCE_ROUNDS = 2.0
+"""How long (in round budgets) a member otherwise alone waits for a holder behind it to catch up."""
 
 _POLL = 0.1  # seconds between DHT reads while gathering (a protocol poll, not a test wait)
 
@@ -104,6 +108,9 @@ class Matchmaker:
         self._warned: set[tuple[str, str]] = set()
         self.credential = credential
         self.verifier = verifier
+        self._behind_since: dict[tuple[str, str], tuple[int, float]] = {}
+        """(module, holder behind us) -> (the round its record announces, when we began waiting for it)."""
+        self._gave_up: set[tuple[str, str, int]] = set()
 
     def _own_credential(self) -> bytes:
         return self.credential() if self.credential is not None else b""
@@ -198,9 +205,10 @@ class Matchmaker:
                 silent = same_round - set(everyone)
                 if silent:  # applying our delta alone would fork us from them
                     return Match(None, f"holders {', '.join(sorted(silent))} at this round did not declare in time")
-                if behind:  # they re-sync to us at their next round; stepping alone would keep us out of reach
+                waiting = self._still_waiting(module_id, behind, BEHIND_PATIENCE_ROUNDS * timeout)
+                if waiting:  # they re-sync to us at their next round; stepping alone would keep us out of reach
                     return Match(None, "waiting for holders behind us to catch up ("
-                                       + ", ".join(f"{p[-8:]} at round {r}" for p, r in sorted(behind.items())) + ")")
+                                       + ", ".join(f"{p[-8:]} at round {r}" for p, r in sorted(waiting.items())) + ")")
                 return Match(Group(LONE, (self.peer_id,), (self.bandwidth,), 0.0), "")
             if not candidates:
                 looking.decided.set()
@@ -219,6 +227,28 @@ class Matchmaker:
                 if not future.done():
                     future.set_result(None)
             self._looking.pop(key, None)
+
+    def _still_waiting(self, module_id: str, behind: dict[str, int], patience: float) -> dict[str, int]:
+        """The holders behind us worth waiting for: those whose record announced a new round less than
+        ``patience`` seconds ago. One that does not end its round in that time (idle, stuck, or gone
+        with its record not yet expired) stops holding us back until its record moves again."""
+        now = time.monotonic()
+        for key in [k for k in self._behind_since if k[0] == module_id and k[1] not in behind]:
+            del self._behind_since[key]
+        self._gave_up = {k for k in self._gave_up if k[0] != module_id or behind.get(k[1]) == k[2]}
+        waiting = {}
+        for peer, round_no in behind.items():
+            seen = self._behind_since.get((module_id, peer))
+            if seen is None or seen[0] != round_no:
+                seen = self._behind_since[(module_id, peer)] = (round_no, now)
+            if now - seen[1] < patience:
+                waiting[peer] = round_no
+        new = [p for p in behind if p not in waiting and (module_id, p, behind[p]) not in self._gave_up]
+        if new:
+            self._gave_up.update((module_id, p, behind[p]) for p in new)
+            log.info("%s: holders %s stayed behind us for %.0fs; no longer waiting for them", module_id,
+                     ", ".join(sorted(p[-8:] for p in new)), patience)
+        return waiting
 
     def _resolve_fork(self, key: str, digest: str, everyone: dict[str, GroupDeclaration]) -> Optional[Match]:
         """None when every declared holder has our state, or ours is the one kept; else the failed

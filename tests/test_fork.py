@@ -151,6 +151,32 @@ def test_a_holder_ahead_of_the_others_waits_for_them_instead_of_stepping_alone(s
     assert group is not None and group.group_id == LONE, why
 
 
+def test_a_holder_that_stays_behind_holds_us_back_for_two_round_budgets_only(swarm):
+    """An idle or stuck holder (its record refreshed, its round never ending) must not stop the
+    module's outer steps for good: after two round budgets without its record moving, we step alone."""
+    from peer.matchmaking import BEHIND_PATIENCE_ROUNDS
+
+    nodes, loop, states = swarm
+    mm0, stuck = nodes[0][2], nodes[1]
+    _hold([stuck], "L3M0", 2)
+    budget = 1.0
+    start = time.monotonic()
+    first = run(loop, mm0.form_group("L3M0", 9, budget, states[0].digest))
+    assert first.group is None and "waiting for holders behind us" in first.reason, first.reason
+    deadline = start + 30.0
+    while True:
+        match = run(loop, mm0.form_group("L3M0", 9, budget, states[0].digest))
+        if match.group is not None or time.monotonic() > deadline:
+            break
+        assert "waiting for holders behind us" in match.reason, match.reason
+    assert match.group is not None and match.group.group_id == LONE, match.reason
+    assert time.monotonic() - start >= BEHIND_PATIENCE_ROUNDS * budget
+    # its record moves (it ended a round, still behind us): we wait for it again
+    _hold([stuck], "L3M0", 3)
+    again = run(loop, mm0.form_group("L3M0", 10, budget, states[0].digest))
+    assert again.group is None and "at round 3" in again.reason, again.reason
+
+
 def test_a_re_sync_asks_only_holders_at_the_round_it_needs(swarm):
     nodes, loop, states = swarm
     d0, p2p0, _ = nodes[0]
