@@ -167,6 +167,9 @@ class DiLoCoOptimizer:
         configure = getattr(averager, "use_aggregation", None)
         if configure is not None:  # the run's reduction rule (outer.aggregator, outer.norm_bound)
             configure(Aggregation.from_config(outer))
+        rounds = getattr(averager, "use_round_policy", None)
+        if rounds is not None:  # a failed round keeps our round number only without overlap
+            rounds(wait_for_behind=not outer.overlap)
         self.clock = clock
         self._modules: dict[str, _Module] = {}
         seen: set[int] = set()

@@ -17,7 +17,8 @@ leader/follower matchmaking over the DHT, Ryabinin et al. 2021, made consistent)
 A member applies its delta alone only when it is the module's only live holder. A holder at its
 round that did not declare makes it fail the round; holders behind it make it wait (fail the round)
 until they re-sync to it, for at most two round budgets per round they announce (an idle or stuck
-holder does not hold it back for good); holders ahead make it re-sync to them.
+holder does not hold it back for good; overlap members, whose round number moves on whatever the
+last round did, do not wait); holders ahead make it re-sync to them.
 
 Peers whose config hash or dataset hash differ from ours are never grouped: their declarations
 are ignored and their join requests refused, with a log line naming both hashes.
@@ -45,7 +46,7 @@ import secrets
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, NamedTuple, Optional
+from typing import Any, AsyncIterator, NamedTuple, Optional, Union
 
 from peer.credentials import CredentialProvider, CredentialVerifier
 from peer.partition import Group
@@ -61,6 +62,9 @@ LONE = "lone"
 
 BEHIND_PATIENCE_ROUNDS = 2.0
 """How long (in round budgets) a member otherwise alone waits for a holder behind it to catch up."""
+
+_BEGIN_LINGER = 10.0
+"""Seconds a leader keeps a follower's stream open after BEGIN, unless the follower closes it first."""
 
 _POLL = 0.1  # seconds between DHT reads while gathering (a protocol poll, not a test wait)
 
@@ -172,13 +176,19 @@ class Matchmaker:
             return
         yield JoinReply(code=JoinReply.BEGIN, group_id=group.group_id, members=list(group.members),
                         bandwidths=list(group.bandwidths), allreduce_timeout=group.allreduce_timeout, credential=mine)
+        # Returning now would close the stream at once, and the daemon can drop a reply still in
+        # flight: the follower would miss BEGIN while we count it in. It closes the stream once it
+        # has read BEGIN, which cancels this wait.
+        await asyncio.sleep(_BEGIN_LINGER)
 
     # -- every member -------------------------------------------------------------------------
 
-    async def form_group(self, module_id: str, round_no: int, timeout: float, digest: str = "") -> Match:
+    async def form_group(self, module_id: str, round_no: int, timeout: float, digest: str = "",
+                         wait_for_behind: bool = True) -> Match:
         """Matchmake round ``round_no`` of ``module_id`` within ``timeout`` seconds (the whole round's
         budget: the leader hands the rest to the all-reduce) among the holders whose state has
-        ``digest`` (:func:`peer.outer.state_digest`). Returns a :class:`Match`."""
+        ``digest`` (:func:`peer.outer.state_digest`). Returns a :class:`Match`. Without
+        ``wait_for_behind`` (overlap mode) a member with only holders behind it averages alone."""
         from hivemind.utils import get_dht_time
 
         t0 = time.monotonic()
@@ -205,7 +215,8 @@ class Matchmaker:
                 silent = same_round - set(everyone)
                 if silent:  # applying our delta alone would fork us from them
                     return Match(None, f"holders {', '.join(sorted(silent))} at this round did not declare in time")
-                waiting = self._still_waiting(module_id, behind, BEHIND_PATIENCE_ROUNDS * timeout)
+                waiting = self._still_waiting(module_id, behind if wait_for_behind else {},
+                                              BEHIND_PATIENCE_ROUNDS * timeout)
                 if waiting:  # they re-sync to us at their next round; stepping alone would keep us out of reach
                     return Match(None, "waiting for holders behind us to catch up ("
                                        + ", ".join(f"{p[-8:]} at round {r}" for p, r in sorted(waiting.items())) + ")")
@@ -357,27 +368,36 @@ class Matchmaker:
         for _ in range(3):
             stream = await self.p2p.iterate_protobuf_handler(PeerID.from_base58(leader), self.handler_name,
                                                              request, JoinReply)
-            redirected, checked = None, self.verifier is None
-            async for reply in stream:
-                if not checked:  # one stream is one authenticated connection: its first reply vouches
-                    problem = self.verifier.check(reply.credential, leader)
-                    if problem:
-                        self.verifier.log_refusal(leader, "a leader's reply", problem)
-                        return None, f"leader {leader} is not admitted: {problem}"
-                    checked = True
-                if reply.code == JoinReply.ACCEPTED:
-                    accepted.set()
-                    continue
-                if reply.code == JoinReply.BEGIN:
-                    return self._check_group(reply, leader)
-                if reply.code == JoinReply.NOT_A_LEADER and reply.suggested_leader not in ("", leader, self.peer_id):
-                    redirected = reply.suggested_leader
-                    break
-                return None, f"leader {leader} refused: {reply.reason or JoinReply.Code.Name(reply.code)}"
-            if redirected is None:
-                return None, f"leader {leader} closed the stream without beginning"
-            leader = redirected
+            try:
+                outcome = await self._read_replies(stream, leader, accepted)
+            finally:
+                await stream.aclose()  # the leader lingers until we close: tell it we read its reply
+            if isinstance(outcome, str):
+                leader = outcome
+                continue
+            return outcome
         return None, "too many leader redirections"
+
+    async def _read_replies(self, stream: Any, leader: str,
+                            accepted: asyncio.Event) -> Union[str, tuple[Optional[Group], str]]:
+        """The outcome of one join stream: ``(group, reason)``, or the peer id to follow instead."""
+        checked = self.verifier is None
+        async for reply in stream:
+            if not checked:  # one stream is one authenticated connection: its first reply vouches
+                problem = self.verifier.check(reply.credential, leader)
+                if problem:
+                    self.verifier.log_refusal(leader, "a leader's reply", problem)
+                    return None, f"leader {leader} is not admitted: {problem}"
+                checked = True
+            if reply.code == JoinReply.ACCEPTED:
+                accepted.set()
+                continue
+            if reply.code == JoinReply.BEGIN:
+                return self._check_group(reply, leader)
+            if reply.code == JoinReply.NOT_A_LEADER and reply.suggested_leader not in ("", leader, self.peer_id):
+                return reply.suggested_leader
+            return None, f"leader {leader} refused: {reply.reason or JoinReply.Code.Name(reply.code)}"
+        return None, f"leader {leader} closed the stream without beginning"
 
     def _check_group(self, reply: JoinReply, leader: str) -> tuple[Optional[Group], str]:
         members = tuple(reply.members)

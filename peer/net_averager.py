@@ -95,6 +95,8 @@ class NetAverager:
         self.bandwidth = float(bandwidth)
         self.throughput = float(throughput)
         self.holder_ttl = holder_ttl
+        self.wait_for_behind = True
+        """Whether a member otherwise alone waits for holders behind it (:meth:`use_round_policy`)."""
         self.peer_id: str = self.dht.peer_id.to_base58()
         self.prefix = f"hivepath_{run_id}"
         self._event_hook = event_hook
@@ -233,6 +235,13 @@ class NetAverager:
 
     # -- averaging ----------------------------------------------------------------------------
 
+    def use_round_policy(self, wait_for_behind: bool) -> None:
+        """Called by :class:`peer.diloco.DiLoCoOptimizer`. A member that fails a round keeps its round
+        number, so holders behind it can catch up while it waits for them; in overlap mode the next
+        round is launched whatever the last one did, and waiting would only fail rounds: such a member
+        averages alone whenever nobody is at its round (:meth:`peer.matchmaking.Matchmaker.form_group`)."""
+        self.wait_for_behind = bool(wait_for_behind)
+
     def average(self, module_id: str, round_no: int, tensors: list[Tensor], weight: float, codec: str,
                 timeout: float, digest: str = "") -> AverageResult:
         """One round of ``module_id``'s group among the holders whose state has ``digest`` (see
@@ -265,7 +274,8 @@ class NetAverager:
     async def _average(self, module_id: str, round_no: int, flat: Tensor, like: Sequence[Tensor], weight: float,
                        codec: str, timeout: float, digest: str) -> AverageResult:
         c = get_codec(codec)
-        group, reason, adopt = await self._matchmaker.form_group(module_id, round_no, timeout, digest)
+        group, reason, adopt = await self._matchmaker.form_group(module_id, round_no, timeout, digest,
+                                                                 wait_for_behind=self.wait_for_behind)
         # announce our next round now, in the background, so it is visible long before anyone's next round
         self.hold(module_id, round_no + 1, wait=False)
         if (group is None and not adopt and not reason.startswith("behind")) or (group is not None

@@ -44,9 +44,9 @@ def resync_module(opt: DiLoCoOptimizer, module_id: str, fetch_state: Optional[Fe
     if opt.outer_cfg.overlap:
         deadline = time.monotonic() + wait
         while True:
+            # every holder is asked: an overlap member's record can lag the state it serves
             remote = fetch_state(module_id, like, lambda s: "" if s.round_no >= mine.round_no
-                                 else f"round {s.round_no} is behind our next round {mine.round_no}",
-                                 min_round=mine.round_no)
+                                 else f"round {s.round_no} is behind our next round {mine.round_no}")
             if remote is not None or time.monotonic() >= deadline:
                 break
             time.sleep(0.5)  # a poll of the group's progress, bounded by ``wait``

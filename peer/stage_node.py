@@ -20,7 +20,7 @@ import logging
 import math
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Callable, Optional
 
 import torch
@@ -34,7 +34,7 @@ from peer.checkpoint import CheckpointDir, CheckpointError
 from peer.diloco import DiLoCoOptimizer, RoundReport
 from peer.progress import PeerStatus
 from peer.resync import after_round, install as install_resync
-from peer.stage_client import StageClient
+from peer.stage_client import StageClient, StageUnavailable
 from peer.stage_server import StageServer, StageServerOptions
 
 __all__ = ["StageTrainer", "run_stage_server", "run_stage_trainer", "adopt_states", "save_states"]
@@ -158,7 +158,12 @@ class StageTrainer:
         x, y = x.to(self.device), y.to(self.device)
         chunks = list(zip(x.chunk(self.micro_batches), y.chunk(self.micro_batches)))
         futures = [self._pool.submit(self._micro, cx, cy, cx.shape[0] / x.shape[0]) for cx, cy in chunks]
-        losses = [f.result() for f in futures]
+        try:
+            losses = [f.result() for f in futures]
+        except StageUnavailable:
+            wait(futures)  # no micro-batch may still add to the gradients we drop now
+            self.opt.zero_grad(set_to_none=True)
+            raise
         loss = sum(l * cx.shape[0] for l, (cx, _) in zip(losses, chunks)) / x.shape[0]
         self.tokens += x.numel()
         report = self.opt.step(tokens=x.numel())
@@ -268,7 +273,11 @@ def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, devic
             reason = should_stop()
             if reason:
                 return reason
-            loss, report = trainer.train_step()
+            try:
+                loss, report = trainer.train_step()
+            except StageUnavailable as e:  # servers come back (or new ones join): go on with the next batch
+                log.warning("step abandoned, its gradients dropped: %s; going on with the next batch", e)
+                continue
             if math.isfinite(loss):
                 loss_ema = loss if loss_ema is None else 0.95 * loss_ema + 0.05 * loss
             status.step += 1
