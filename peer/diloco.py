@@ -428,6 +428,12 @@ class DiLoCoOptimizer:
                 [g.clone() for g in st.outer.global_params], [b.clone() for b in st.outer.momentum_buffers], round_no
             )
 
+    def module_digest(self, module_id: str) -> str:
+        """:attr:`ModuleState.digest` of what :meth:`module_state` would return, without copying it."""
+        st = self._module(module_id)
+        with self._state_lock:
+            return st.outer.digest()
+
     @torch.no_grad()
     def rebase_module_state(
         self, module_id: str, global_params: Sequence[Tensor], momentum: Sequence[Tensor], round_no: int

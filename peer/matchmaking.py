@@ -112,9 +112,9 @@ class Matchmaker:
         self._warned: set[tuple[str, str]] = set()
         self.credential = credential
         self.verifier = verifier
-        self._behind_since: dict[tuple[str, str], tuple[int, float]] = {}
-        """(module, holder behind us) -> (the round its record announces, when we began waiting for it)."""
-        self._gave_up: set[tuple[str, str, int]] = set()
+        self._behind_since: dict[tuple[str, str], tuple[int, float, bool]] = {}
+        """(module, holder behind us) -> (the round its record announces, when we began waiting for it,
+        whether we logged giving up on it)."""
 
     def _own_credential(self) -> bytes:
         return self.credential() if self.credential is not None else b""
@@ -215,8 +215,8 @@ class Matchmaker:
                 silent = same_round - set(everyone)
                 if silent:  # applying our delta alone would fork us from them
                     return Match(None, f"holders {', '.join(sorted(silent))} at this round did not declare in time")
-                waiting = self._still_waiting(module_id, behind if wait_for_behind else {},
-                                              BEHIND_PATIENCE_ROUNDS * timeout)
+                waiting = self._still_waiting(module_id, behind, BEHIND_PATIENCE_ROUNDS * timeout) \
+                    if wait_for_behind else {}
                 if waiting:  # they re-sync to us at their next round; stepping alone would keep us out of reach
                     return Match(None, "waiting for holders behind us to catch up ("
                                        + ", ".join(f"{p[-8:]} at round {r}" for p, r in sorted(waiting.items())) + ")")
@@ -246,19 +246,20 @@ class Matchmaker:
         now = time.monotonic()
         for key in [k for k in self._behind_since if k[0] == module_id and k[1] not in behind]:
             del self._behind_since[key]
-        self._gave_up = {k for k in self._gave_up if k[0] != module_id or behind.get(k[1]) == k[2]}
-        waiting = {}
+        waiting, given_up = {}, []
         for peer, round_no in behind.items():
-            seen = self._behind_since.get((module_id, peer))
+            key = (module_id, peer)
+            seen = self._behind_since.get(key)
             if seen is None or seen[0] != round_no:
-                seen = self._behind_since[(module_id, peer)] = (round_no, now)
+                seen = self._behind_since[key] = (round_no, now, False)
             if now - seen[1] < patience:
                 waiting[peer] = round_no
-        new = [p for p in behind if p not in waiting and (module_id, p, behind[p]) not in self._gave_up]
-        if new:
-            self._gave_up.update((module_id, p, behind[p]) for p in new)
+            elif not seen[2]:
+                self._behind_since[key] = (round_no, seen[1], True)
+                given_up.append(peer)
+        if given_up:
             log.info("%s: holders %s stayed behind us for %.0fs; no longer waiting for them", module_id,
-                     ", ".join(sorted(p[-8:] for p in new)), patience)
+                     ", ".join(sorted(p[-8:] for p in given_up)), patience)
         return waiting
 
     def _resolve_fork(self, key: str, digest: str, everyone: dict[str, GroupDeclaration]) -> Optional[Match]:

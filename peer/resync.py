@@ -99,8 +99,5 @@ def after_round(opt: DiLoCoOptimizer, report: RoundReport, averager: Any, fetch_
             except Exception as e:  # a failed re-sync is retried after the next failed round
                 log.warning("module %s: re-sync failed: %r", mid, e)
         if hasattr(averager, "hold"):
-            served = opt.module_state(mid).digest  # what a newcomer or the archive would fetch from us
-            try:
-                averager.hold(mid, opt.module_round(mid), digest=served)
-            except TypeError:  # an averager without digests in its records
-                averager.hold(mid, opt.module_round(mid))
+            # the digest of what a newcomer or the archive would fetch from us
+            averager.hold(mid, opt.module_round(mid), digest=opt.module_digest(mid))

@@ -62,14 +62,27 @@ def assert_identical_at_equal_rounds(roots: list[Path], min_pairs: int = 1) -> i
     return pairs
 
 
+def all_training(net: Network, names: list[str], rounds: int) -> list[str] | None:
+    """The peers' ids once every one of them holds modules and every held module has done ``rounds``."""
+    try:
+        ids = [net.peer_id(name) for name in names]
+    except AssertionError:  # a peer has printed no progress yet
+        return None
+    modules = (net.status() or {}).get("modules", [])
+    held = [m for m in modules if m.get("holders")]
+    if any(not any(pid in m["holders"] for m in held) for pid in ids):
+        return None
+    return ids if held and min(m["round"] for m in held) >= rounds else None
+
+
 def test_network_trains_drains_and_replicas_stay_identical(procs, tmp_path, dataset):
     net = Network(procs, tmp_path, dataset.dir, dataset.manifest_hash)
     try:
         net.start_coordinator()
         archive = net.start_archive()
         works = [net.start_peer(f"peer{i}") for i in range(3)]
-        wait_for(lambda: len(net.module_rounds()) >= 5 and min(net.module_rounds().values()) >= 6, 240,
-                 "every held module to complete 6 rounds")
+        wait_for(lambda: all_training(net, ["peer0", "peer1", "peer2"], 6), 240,
+                 "all three peers training, 6 rounds on every held module")
         # each peer measured its bandwidth against the coordinator and reported it at join
         import urllib.request
 
@@ -101,9 +114,9 @@ def test_kill9_peer_comes_back_bit_identical_and_archive_restores(procs, tmp_pat
         archive = net.start_archive()
         w0 = net.start_peer("peer0")
         w1 = net.start_peer("peer1")
-        wait_for(lambda: len(net.module_rounds()) >= 4 and min(net.module_rounds().values()) >= 2, 240,
-                 "two rounds on every held module")
-        victim = net.peer_id("peer1")
+        # both peers must be in: embed, head and peer0's path alone are already four held modules
+        victim = wait_for(lambda: all_training(net, ["peer0", "peer1"], 2), 240,
+                          "both peers training, two rounds on every held module")[1]
         rounds_at_kill = net.module_rounds()
         net.procs.kill("peer1")
         # the survivor goes on: its modules' rounds advance without the victim

@@ -154,7 +154,7 @@ class SoloAverager:
     def serve_states(self, provider) -> None:
         self.provider = provider
 
-    def hold(self, module_id: str, round_no: int, wait: bool = True) -> None:
+    def hold(self, module_id: str, round_no: int, wait: bool = True, digest: str = "") -> None:
         pass
 
     def release(self, module_id: str) -> None:
