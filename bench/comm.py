@@ -16,6 +16,10 @@ Keys (``bench/results/comm.json``):
 - ``replica_max_abs_diff``: largest difference between the peers' averages (target 0.0).
 - ``codecs``: per codec, compressed size, measured times and bytes.
 
+A 1 MB exchange runs first (``--no-warmup`` skips it), so the timings are those of a running
+network's rounds, whose p2p connections are already open; the first round of a fresh swarm also
+pays the connection handshakes (about 0.5 s here).
+
 Run as root: ``python -m bench.comm`` (``--mb``, ``--rate-mbit``, ``--peers``, ``--codecs``). Without
 root (or iproute2) it prints a ``{"skipped": ...}`` line and exits 0.
 """
@@ -77,8 +81,14 @@ def run_peer(args: argparse.Namespace) -> None:
             time.sleep(0.2)
         numel = args.mb * 2**20 // 4
         delta = torch.randn(numel, generator=torch.Generator().manual_seed(args.peer)) * 0.01  # (numel,)
+        if args.warmup:
+            # a small exchange first, so the peers' p2p connections are open as in a running network (every
+            # round after the first); the codecs' timings then measure the exchange, not the handshakes
+            warm = avg.average(MODULE, 0, [torch.zeros(2**18)], 1.0, "none", args.timeout)
+            if warm.averaged is None:
+                raise RuntimeError(f"warm-up round failed: {warm.reason}")
         results = {}
-        for k, codec in enumerate(args.codecs.split(",")):
+        for k, codec in enumerate(args.codecs.split(","), start=1):
             marks.clear()
             tx0, t0, cpu0 = _tx_bytes(), time.monotonic(), time.process_time()
             res = avg.average(MODULE, k, [delta], float(1 + args.peer), codec, args.timeout)
@@ -131,7 +141,8 @@ def run_bench(args: argparse.Namespace) -> dict:
         logs = [open(out / f"peer{i}.log", "wb") for i in range(n)]
         try:
             base = [sys.executable, "-m", "bench.comm", "--out", tmp, "--peers", str(n), "--mb", str(args.mb),
-                    "--rate-mbit", str(args.rate_mbit), "--codecs", args.codecs, "--timeout", str(args.timeout)]
+                    "--rate-mbit", str(args.rate_mbit), "--codecs", args.codecs, "--timeout", str(args.timeout),
+                    *([] if args.warmup else ["--no-warmup"])]
             procs.append(net.popen(0, [*base, "--peer", "0", "--host", net.address(0)], env=env,
                                    stdout=logs[0], stderr=subprocess.STDOUT))
             _wait(out / "maddrs", procs, 120)
@@ -169,7 +180,8 @@ def run_bench(args: argparse.Namespace) -> dict:
             identical_on_all_peers=len({p[codec]["sha256"] for p in peers}) == 1,
             group_size=min(p[codec]["group_size"] for p in peers),
         )
-    result: dict = {"peers": n, "module_mb": args.mb, "rate_mbit": args.rate_mbit, "codecs": per_codec}
+    result: dict = {"peers": n, "module_mb": args.mb, "rate_mbit": args.rate_mbit, "warmup": args.warmup,
+                    "codecs": per_codec}
     if "int8" in per_codec:
         c = per_codec["int8"]
         fp32_optimal = 2 * (n - 1) / n * 4 * numel / rate
@@ -193,6 +205,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--rate-mbit", type=int, default=100, help="egress limit of every peer")
     parser.add_argument("--codecs", default="int8,fp16,none,int4")
     parser.add_argument("--timeout", type=float, default=120.0, help="round_timeout of each average")
+    parser.add_argument("--no-warmup", dest="warmup", action="store_false",
+                        help="time the first exchange too (its p2p connections are opened during it)")
     parser.add_argument("--peer", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--host", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--initial", nargs="*", default=None, help=argparse.SUPPRESS)

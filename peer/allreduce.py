@@ -15,7 +15,9 @@ members, bandwidth 0, reduce nothing; see :mod:`peer.partition`). Member ``i`` r
 
 The vector is first cut into at most 16 block-aligned segments, each reduced this way, with
 :data:`PIPELINE` segments in flight: encoding and uploading segment s+1 overlaps the averages of
-segment s coming back (as hivemind's chunked all-reduce does), so the link is rarely idle.
+segment s coming back (as hivemind's chunked all-reduce does), so the link is rarely idle; each
+segment's averages are decoded as they arrive, and a sender's encoder hands back the decoded
+values its bytes carry (no second decode of what we sent).
 
 A stream that breaks at a live reducer is asked again (an accepted contribution is served its
 average, never added twice). A part whose reducer is gone (or refuses, or misses the deadline) goes
@@ -362,6 +364,18 @@ class ReductionServer:
         self._group_added.set()
         results: dict[tuple[int, int], tuple[bytes, list[str]]] = {}
         errors: dict[tuple[int, int], str] = {}
+        own_decoded = torch.empty_like(flat)  # (numel,) what the group receives from us, filled as we encode
+        averaged = torch.empty_like(flat)  # (numel,) the group's average, decoded segment by segment
+
+        def encode(a: int, b: int) -> bytes:
+            data, own_decoded[a:b] = codec.encode_roundtrip(flat[a:b])
+            return data
+
+        def decode(keys: list[tuple[int, int]]) -> None:
+            for s, j in keys:
+                a, b = bounds[s][j]
+                averaged[a:b] = codec.decode(results[(s, j)][0], b - a)
+
         order = [(me + k) % n for k in range(1, n)]  # start after us so reducers are hit evenly
         state.sends_left = sum(1 for parts in bounds for j in order if parts[j][1] > parts[j][0])
         if state.sends_left == 0:
@@ -374,15 +388,14 @@ class ReductionServer:
                 for j in order:
                     a, b = bounds[s][j]
                     if b > a:
-                        encoded[(s, j)] = await loop.run_in_executor(None, codec.encode, flat[a:b])
+                        encoded[(s, j)] = await loop.run_in_executor(None, encode, a, b)
                         tasks[j] = asyncio.create_task(self._exchange(
                             state, group.members[j], s, j, 0, encoded[(s, j)], weight, phase1_deadline))
                 a, b = bounds[s][me]
                 if b > a:
-                    encoded[(s, me)] = await loop.run_in_executor(None, codec.encode, flat[a:b])
-                    values = await loop.run_in_executor(None, codec.decode, encoded[(s, me)], b - a)
+                    encoded[(s, me)] = await loop.run_in_executor(None, encode, a, b)
                     slot = state.slots[(s, me, 0)]
-                    slot.decoded[self.peer_id] = (values, float(weight))
+                    slot.decoded[self.peer_id] = (own_decoded[a:b], float(weight))
                     slot.changed.set()
                     tasks[me] = asyncio.create_task(self._own_result(state, (s, me, 0), reducers[s]))
                 for j, task in tasks.items():
@@ -401,11 +414,11 @@ class ReductionServer:
                                                                    weight, phase1_deadline)
                         except Exception as e2:
                             errors[(s, j)] = f"{type(e).__name__}: {e}; again: {type(e2).__name__}: {e2}"
+                # decode this segment's averages now, while later segments are on the wire
+                await loop.run_in_executor(None, decode, [(s, j) for j in tasks if (s, j) in results])
 
         try:
             await asyncio.gather(*(segment(s) for s in range(len(segments))))
-            own_decoded = await loop.run_in_executor(None, lambda: self._decode_all(
-                codec, bounds, encoded, flat))  # (numel,)
             state.finished.update(results)
             own_parts = {key: own_decoded[bounds[key[0]][key[1]][0]:bounds[key[0]][key[1]][1]] for key in errors}
             for s, j in errors:
@@ -427,6 +440,7 @@ class ReductionServer:
                     else:
                         results[(s, j)] = await self._exchange(state, group.members[f], s, j, 1, encoded[(s, j)],
                                                                weight, final_deadline)
+                    decode([(s, j)])
                     errors.pop((s, j))
                 except Exception as e:
                     errors[(s, j)] = f"{errors[(s, j)]}; fallback: {type(e).__name__}: {e}"
@@ -434,8 +448,6 @@ class ReductionServer:
                 reason = "; ".join(f"part {s}.{j} failed ({why})" for (s, j), why in sorted(errors.items()))
                 return AllReduceOutcome(None, own_decoded, [], state.bytes_sent, state.bytes_received, reason,
                                         dict(state.suspects))
-            averaged = await loop.run_in_executor(None, lambda: self._decode_all(
-                codec, bounds, {k: v[0] for k, v in results.items()}, flat))  # (numel,)
             contributors = set(group.members)
             for data_and_peers in results.values():
                 contributors &= set(data_and_peers[1])
@@ -452,16 +464,6 @@ class ReductionServer:
                     task.cancel()
             loop.call_later(max(0.0, final_deadline - time.monotonic()) + 5.0,
                             self._groups.pop, group.group_id, None)
-
-    @staticmethod
-    def _decode_all(codec: Any, bounds: list[list[tuple[int, int]]], data: dict[tuple[int, int], bytes],
-                    like: Tensor) -> Tensor:
-        out = torch.empty_like(like)  # (numel,)
-        for s, parts in enumerate(bounds):
-            for j, (a, b) in enumerate(parts):
-                if b > a:
-                    out[a:b] = codec.decode(data[(s, j)], b - a)
-        return out
 
     def event(self, point: str) -> None:
         """Report reaching ``point`` to the event hook, if any."""

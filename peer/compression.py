@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import abc
 import logging
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -90,7 +90,13 @@ class Codec(abc.ABC):
 
     def roundtrip(self, flat: Tensor) -> Tensor:
         """``decode(encode(flat))``: what a receiver of ``flat`` gets."""
-        return self.decode(self.encode(flat), flat.numel())
+        return self.encode_roundtrip(flat)[1]
+
+    def encode_roundtrip(self, flat: Tensor) -> tuple[bytes, Tensor]:
+        """``(encode(flat), decode(encode(flat)))``, bit for bit, in one pass where the codec can: a
+        sender needs both (the bytes go out, the decoded values feed error feedback)."""
+        data = self.encode(flat)
+        return data, self.decode(data, flat.numel())
 
     def _check_length(self, data: bytes, numel: int) -> None:
         if numel < 0:
@@ -114,6 +120,10 @@ class NoneCodec(Codec):
     def encode(self, flat: Tensor) -> bytes:
         return _check_flat(flat).numpy().astype("<f4", copy=False).tobytes()
 
+    def encode_roundtrip(self, flat: Tensor) -> tuple[bytes, Tensor]:
+        flat = _check_flat(flat)
+        return flat.numpy().astype("<f4", copy=False).tobytes(), flat.clone()
+
     def decode(self, data: bytes, numel: int) -> Tensor:
         self._check_length(data, numel)
         out = torch.from_numpy(np.frombuffer(data, dtype="<f4").astype(np.float32))  # (numel,)
@@ -131,10 +141,18 @@ class Fp16Codec(Codec):
         return 2 * numel
 
     def encode(self, flat: Tensor) -> bytes:
+        return self._half(flat).numpy().astype("<f2", copy=False).tobytes()
+
+    def encode_roundtrip(self, flat: Tensor) -> tuple[bytes, Tensor]:
+        half = self._half(flat)
+        return half.numpy().astype("<f2", copy=False).tobytes(), half.to(torch.float32)
+
+    @staticmethod
+    def _half(flat: Tensor) -> Tensor:
         half = _check_flat(flat).to(torch.float16)
         if not bool(torch.isfinite(half).all()):
             raise ValueError("fp16: values beyond the half-precision range (65504) cannot be encoded")
-        return half.numpy().astype("<f2", copy=False).tobytes()
+        return half
 
     def decode(self, data: bytes, numel: int) -> Tensor:
         self._check_length(data, numel)
@@ -168,7 +186,7 @@ class _BlockwiseCodec(Codec):
             size += _SCALE_BYTES + self._code_bytes(tail)
         return size
 
-    def _encode_blocks(self, blocks: Tensor) -> bytes:
+    def _encode_blocks(self, blocks: Tensor, roundtrip: bool) -> tuple[bytes, Optional[Tensor]]:
         # blocks: (nb, count) fp32. One pass for the extremes and in-place rounding: the exchange is
         # CPU-bound on small machines, and this is its largest single cost (the bytes are unchanged).
         lo, hi = torch.aminmax(blocks, dim=1, keepdim=True)  # (nb, 1) each
@@ -180,17 +198,32 @@ class _BlockwiseCodec(Codec):
         out = np.empty((blocks.shape[0], _SCALE_BYTES + packed.shape[1]), dtype=np.uint8)
         out[:, :_SCALE_BYTES] = scale.numpy().astype("<f4", copy=False).view(np.uint8)
         out[:, _SCALE_BYTES:] = packed
-        return out.tobytes()
+        # what decode computes from these bytes: integer code times the stored fp32 scale (+0.0 turns
+        # the -0.0 that rounding leaves into the +0.0 a decoded code 0 gives)
+        values = q.add_(0.0).mul_(scale).reshape(-1) if roundtrip else None  # (nb * count,)
+        return out.tobytes(), values
 
-    def encode(self, flat: Tensor) -> bytes:
+    def _encode(self, flat: Tensor, roundtrip: bool) -> tuple[bytes, Optional[Tensor]]:
         flat = _check_flat(flat)
         full = flat.numel() // BLOCK
         parts = []
         if full:
-            parts.append(self._encode_blocks(flat[: full * BLOCK].view(full, BLOCK)))
+            parts.append(self._encode_blocks(flat[: full * BLOCK].view(full, BLOCK), roundtrip))
         if flat.numel() % BLOCK:
-            parts.append(self._encode_blocks(flat[full * BLOCK :].view(1, -1)))
-        return b"".join(parts)
+            parts.append(self._encode_blocks(flat[full * BLOCK :].view(1, -1), roundtrip))
+        data = b"".join(p[0] for p in parts)
+        if not roundtrip:
+            return data, None
+        if not parts:
+            return data, torch.zeros(0, dtype=torch.float32)
+        return data, torch.cat([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
+
+    def encode(self, flat: Tensor) -> bytes:
+        return self._encode(flat, roundtrip=False)[0]
+
+    def encode_roundtrip(self, flat: Tensor) -> tuple[bytes, Tensor]:
+        data, values = self._encode(flat, roundtrip=True)
+        return data, values
 
     def _decode_blocks(self, raw: np.ndarray, count: int) -> Tensor:
         # raw: (nb, 4 + code_bytes) uint8

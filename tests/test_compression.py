@@ -143,6 +143,23 @@ def test_decode_is_deterministic_and_independent_of_input_memory(name):
     assert torch.equal(a, b) and a.dtype == torch.float32 and a.is_contiguous()
 
 
+@pytest.mark.parametrize("name", CODECS)
+@pytest.mark.parametrize("numel", [0, 1, 7, BLOCK, 3 * BLOCK + 17])
+def test_encode_roundtrip_gives_the_bytes_and_exactly_what_decode_gives(name, numel):
+    """The sender's one-pass encode+decode (the all-reduce uses it for error feedback and its own part)
+    is bit for bit what a receiver decodes, signed zeros and all-zero blocks included."""
+    codec = get_codec(name)
+    x = _gauss(numel, seed=numel) * 0.01
+    if numel > 100:
+        x[: BLOCK // 2] = 0.0  # an all-zero start (a whole zero block when numel >= BLOCK)
+        x[BLOCK // 2 : BLOCK // 2 + 50] = -1e-30  # rounds to a negative zero code
+    data, values = codec.encode_roundtrip(x)
+    assert data == codec.encode(x)
+    decoded = codec.decode(data, numel)
+    assert values.dtype == torch.float32 and values.shape == (numel,)
+    assert values.numpy().tobytes() == decoded.numpy().tobytes()
+
+
 # -- bad input --------------------------------------------------------------------------------------
 
 
