@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from chaos.fault import peer_round
+from helpers import wait_for
 from chaos.invariants import (acknowledged_rounds, held_rounds, loss_thirds, replica_check, round_gaps, rounds_lost,
                               stop_all)
 
@@ -47,17 +48,26 @@ def settled(net, names: Iterable[str], rounds: int = 3) -> bool:
     return True
 
 
+MIN_LOSS_READINGS = 9
+"""Loss readings a peer must have printed before "its loss fell" is judged: the first and last thirds
+are then means of at least three readings each, not single noisy ones (a peer killed and restarted
+twice can reach the end of a scenario having printed only three)."""
+
+
 def finish_and_check(net, peers: Iterable[str], roots: list[Path], exit_timeout: float = 60.0,
                      min_round: Optional[dict[str, int]] = None, min_pairs: int = 1,
                      others: Iterable[str] = ("archive", "coordinator")) -> dict:
     """Stop everything (SIGTERM, bounded) and assert the four invariants; returns the figures.
 
-    Peers are stopped first, then ``others`` (archive, coordinator), so the archive sees the peers'
-    last rounds. Every process must exit 0 within ``exit_timeout``; replicas at equal rounds must be
+    First every peer trains on until it has printed :data:`MIN_LOSS_READINGS` losses (bounded). Peers
+    are stopped first, then ``others`` (archive, coordinator), so the archive sees the peers' last
+    rounds. Every process must exit 0 within ``exit_timeout``; replicas at equal rounds must be
     bit-identical (above ``min_round``) over at least ``min_pairs`` pairs; no acknowledged round may be
     missing from every holder; every peer's loss must have fallen.
     """
     peers = list(peers)
+    wait_for(lambda: all(loss_thirds(net.progress_lines(n))[2] >= MIN_LOSS_READINGS for n in peers), 180,
+             f"every peer to print {MIN_LOSS_READINGS} losses")
     stop_s: dict[str, float] = {}
     codes = stop_all(net, peers, exit_timeout, stop_s)
     for name in others:  # in order: the archive still tells the live coordinator it leaves
