@@ -215,6 +215,9 @@ def run(args: argparse.Namespace) -> int:
         return node.run()
     finally:
         watcher.stop()
+        # drained: a late SIGTERM (a supervisor's, a second watcher's) must not kill the interpreter as
+        # it exits, when Python resets its handlers to the default, and turn exit 0 into 143
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def run_status(args: argparse.Namespace) -> int:

@@ -204,7 +204,7 @@ class ArchivePeer:
                         continue
                     try:
                         state = averager.fetch_state(mid, timeout=5.0, like=likes[mid],
-                                                     accept=_majority_check(holders, cfg))
+                                                     accept=_majority_check(holders, cfg), joining=False)
                     except StateTransferError as e:
                         level = logging.DEBUG if "waiting for the group" in str(e) else logging.WARNING
                         log.log(level, "could not fetch %s at round %d: %s", mid, max(ahead), e)

@@ -90,6 +90,8 @@ class ModuleState:
     global_params: list[Tensor]
     momentum: list[Tensor]
     round_no: int
+    source: str = ""
+    """The peer this state was fetched from ('' for a state of our own)."""
 
     @property
     def digest(self) -> str:

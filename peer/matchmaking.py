@@ -18,7 +18,11 @@ A member applies its delta alone only when it is the module's only live holder. 
 round that did not declare makes it fail the round; holders behind it make it wait (fail the round)
 until they re-sync to it, for at most two round budgets per round they announce (an idle or stuck
 holder does not hold it back for good; overlap members, whose round number moves on whatever the
-last round did, do not wait); holders ahead make it re-sync to them.
+last round did, do not wait); holders ahead make it re-sync to them. A peer that just fetched this round's state from us to average
+it counts as a holder at this round before its record is visible. A holder serves a round's state
+even while that round's exchange runs, so newcomers can hold a round its holders have left: a leader
+refuses a group whose members all fetched this round's state from holders none of which is in it
+(they would average the old state between them, a second lineage at the same round numbers).
 
 Peers whose config hash or dataset hash differ from ours are never grouped: their declarations
 are ignored and their join requests refused, with a log line naming both hashes.
@@ -46,7 +50,7 @@ import secrets
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, NamedTuple, Optional, Union
+from typing import Any, AsyncIterator, Callable, Mapping, NamedTuple, Optional, Union
 
 from peer.credentials import CredentialProvider, CredentialVerifier
 from peer.partition import Group
@@ -90,6 +94,10 @@ class _Looking:
     closed: bool = False
     followers: dict[str, tuple[float, "asyncio.Future[Optional[Group]]"]] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    fetched_from: str = ""
+    """The live holder we fetched this round's state from ('' when the state is our own)."""
+    sources: dict[str, str] = field(default_factory=dict)
+    """Leader: each follower's ``JoinRequest.fetched_from``."""
 
 
 class Matchmaker:
@@ -97,9 +105,12 @@ class Matchmaker:
 
     def __init__(self, dht: Any, p2p: Any, peer_id: str, run_id: str, config_hash: str, data_hash: str,
                  bandwidth: float, prefix: str, credential: Optional[CredentialProvider] = None,
-                 verifier: Optional[CredentialVerifier] = None):
+                 verifier: Optional[CredentialVerifier] = None,
+                 joiners: Optional[Callable[[str, float], Mapping[str, int]]] = None):
         """``credential`` returns this peer's current credential; ``verifier`` checks everyone
-        else's (both None: an open run, no admission checks)."""
+        else's (both None: an open run, no admission checks). ``joiners(module_id, within)``: the peers
+        that fetched the module's state from us in the last ``within`` seconds to average it, and the
+        round we sent (:meth:`peer.state_transfer.StateServer.joiners`)."""
         self.dht = dht
         self.p2p = p2p
         self.peer_id = peer_id
@@ -112,12 +123,20 @@ class Matchmaker:
         self._warned: set[tuple[str, str]] = set()
         self.credential = credential
         self.verifier = verifier
+        self.joiners = joiners or (lambda module_id, within: {})
+        self._sources: dict[str, tuple[str, int, float]] = {}
+        """module -> (the peer we last fetched its state from, the round of that state, when)."""
         self._behind_since: dict[tuple[str, str], tuple[int, float, bool]] = {}
         """(module, holder behind us) -> (the round its record announces, when we began waiting for it,
         whether we logged giving up on it)."""
 
     def _own_credential(self) -> bytes:
         return self.credential() if self.credential is not None else b""
+
+    def fetched(self, module_id: str, source: str, round_no: int) -> None:
+        """We took ``module_id``'s state at ``round_no`` from ``source`` to average it: at that round we
+        average only in a group ``source`` declared too (see :meth:`form_group`)."""
+        self._sources[module_id] = (source, int(round_no), time.monotonic())
 
     async def start(self) -> None:
         await self.p2p.add_protobuf_handler(self.handler_name, self._handle_join, JoinRequest, stream_output=True)
@@ -168,6 +187,7 @@ class Matchmaker:
             return
         future: asyncio.Future[Optional[Group]] = asyncio.get_running_loop().create_future()
         looking.followers[sender] = (max(0.0, request.bandwidth), future)
+        looking.sources[sender] = request.fetched_from
         looking.changed.set()
         yield JoinReply(code=JoinReply.ACCEPTED, credential=mine)
         group = await future
@@ -200,10 +220,13 @@ class Matchmaker:
             decl = GroupDeclaration(self.config_hash, self.data_hash, self.bandwidth, self._own_credential(), digest)
             await self.dht.store(key, to_value(decl), get_dht_time() + timeout, subkey=self.peer_id,
                                  return_future=True)
-            everyone, ahead, same_round, behind = await self._gather(module_id, round_no, key, gather_deadline)
+            patience = BEHIND_PATIENCE_ROUNDS * timeout
+            everyone, ahead, same_round, behind, live = await self._gather(module_id, round_no, key,
+                                                                           gather_deadline, patience, wait_for_behind)
             if ahead > round_no:
                 # the group applied rounds we missed: averaging now would fork the replicas
                 return Match(None, f"behind: other holders are at round {ahead}; re-sync from them first")
+            looking.fetched_from = self._fresh_source(module_id, round_no, live, patience)
             declared = {p: d for p, d in everyone.items() if d.digest == digest}
             fork = self._resolve_fork(key, digest, everyone)
             if fork is not None:
@@ -215,8 +238,7 @@ class Matchmaker:
                 silent = same_round - set(everyone)
                 if silent:  # applying our delta alone would fork us from them
                     return Match(None, f"holders {', '.join(sorted(silent))} at this round did not declare in time")
-                waiting = self._still_waiting(module_id, behind, BEHIND_PATIENCE_ROUNDS * timeout) \
-                    if wait_for_behind else {}
+                waiting = self._still_waiting(module_id, behind, patience) if wait_for_behind else {}
                 if waiting:  # they re-sync to us at their next round; stepping alone would keep us out of reach
                     return Match(None, "waiting for holders behind us to catch up ("
                                        + ", ".join(f"{p[-8:]} at round {r}" for p, r in sorted(waiting.items())) + ")")
@@ -231,13 +253,20 @@ class Matchmaker:
             looking.leader = leader
             looking.decided.set()
             return Match(*await self._follow(key, leader, join_deadline, close_deadline + (end - close_deadline) / 2,
-                                             digest))
+                                             digest, looking.fetched_from))
         finally:
             looking.decided.set()
             for _, future in looking.followers.values():
                 if not future.done():
                     future.set_result(None)
             self._looking.pop(key, None)
+
+    def _fresh_source(self, module_id: str, round_no: int, live: set[str], patience: float) -> str:
+        """The live holder we fetched this round's state from in the last ``patience`` seconds, or ''."""
+        source = self._sources.get(module_id)
+        if source is None or source[1] != round_no or source[0] not in live:
+            return ""
+        return source[0] if time.monotonic() - source[2] < patience else ""
 
     def _still_waiting(self, module_id: str, behind: dict[str, int], patience: float) -> dict[str, int]:
         """The holders behind us worth waiting for: those whose record announced a new round less than
@@ -278,11 +307,20 @@ class Matchmaker:
         return Match(None, f"forked: {counts[kept]} of {sum(counts.values())} holders at this round hold state "
                            f"{kept}, ours is {digest or '(none)'}; re-syncing to theirs", adopt=kept)
 
-    async def _gather(self, module_id: str, round_no: int, key: str,
-                      deadline: float) -> tuple[dict[str, GroupDeclaration], int, set[str], dict[str, int]]:
+    async def _gather(self, module_id: str, round_no: int, key: str, deadline: float, patience: float,
+                      wait_for_behind: bool) -> tuple[dict[str, GroupDeclaration], int, set[str], dict[str, int],
+                                                      set[str]]:
         """Other members' valid declarations, read until every live holder at this round declared or
         ``deadline``; also the highest round any other live holder announces, the other holders at our
-        round, and those behind it (peer -> round). Holders that declared are never counted as ahead.
+        round, those behind it (peer -> round) and every other live holder. Holders that declared are never
+        counted as ahead.
+
+        A peer that fetched this round's state from us in the last ``patience`` seconds to average it
+        (a newcomer, a re-syncing member) counts as a holder at this round even before its holder
+        record is visible: a lone holder that stepped alone meanwhile would leave two newcomers to
+        average the old state among themselves, a fork. Without ``wait_for_behind`` (overlap mode,
+        where a member with only holders behind it steps alone) holders one round behind are also
+        waited for until ``deadline``: their record may lag behind their declaration.
 
         A lone member may apply its own delta only when it is the module's only live holder. With
         holders behind it, it waits for them instead: they re-sync to its state at their next round.
@@ -304,18 +342,24 @@ class Matchmaker:
             live = {p: h for p, h in records_from_value(holders, HolderRecord, self.verifier).items()
                     if p != self.peer_id and not self._mismatch(p, h.config_hash, h.data_hash)}
             expected = {p for p, h in live.items() if h.round_no == round_no}
+            # joiners whose record is missing or older than the state they fetched from us
+            expected |= {p for p, r in self.joiners(module_id, patience).items()
+                         if r == round_no and p != self.peer_id and (p not in live or live[p].round_no < round_no)}
             # A holder that declared this round is at this round, whatever its record says (an overlap
             # member announces its next round while this one's exchange runs); one a single round
             # ahead that has not declared may be such a member about to declare: wait for it.
             ahead = max((h.round_no for p, h in live.items() if p not in declared), default=-1)
             next_round = {p for p, h in live.items() if h.round_no == round_no + 1 and p not in declared}
-            if ((expected <= set(declared) and not next_round) or time.monotonic() >= deadline
+            behind = {p: h.round_no for p, h in live.items()
+                      if h.round_no < round_no and p not in declared and p not in expected}
+            last_round = set() if wait_for_behind else {
+                p for p, r in self._still_waiting(module_id, behind, patience).items() if r == round_no - 1}
+            if ((expected <= set(declared) and not next_round and not last_round) or time.monotonic() >= deadline
                     or ahead > round_no + 1):
                 missing = sorted(expected - set(declared))
                 if missing:
                     log.info("%s: holders %s did not declare by the gather deadline", key, ", ".join(missing))
-                behind = {p: h.round_no for p, h in live.items() if h.round_no < round_no and p not in declared}
-                return declared, ahead, expected, behind
+                return declared, ahead, expected, behind, set(live)
             await asyncio.sleep(_POLL)
 
     async def _lead(self, looking: _Looking, others: set[str], close_deadline: float, end: float) -> tuple[Optional[Group], str]:
@@ -330,6 +374,12 @@ class Matchmaker:
         if not followers:
             return None, f"no declared member ({', '.join(sorted(others))}) joined us"
         members = tuple(sorted([self.peer_id, *followers]))
+        sources = {looking.fetched_from, *(looking.sources.get(p, "") for p in followers)}
+        if "" not in sources and not sources & set(members):
+            # every member just fetched this round's state from holders that are not here: they may have
+            # stepped on already, and this group would be a second lineage at the same round numbers
+            return None, (f"every member fetched this round's state from {', '.join(sorted(p[-8:] for p in sources))}, "
+                          "none of which joined: re-sync to them instead of averaging their old state")
         bw = {self.peer_id: self.bandwidth, **{p: b for p, (b, _) in followers.items()}}
         group = Group(f"{looking.key}-{self.peer_id[-8:]}-{secrets.token_hex(4)}", members,
                       tuple(bw[p] for p in members), max(0.1, end - time.monotonic()))
@@ -340,13 +390,13 @@ class Matchmaker:
         return group, (f"dropped {', '.join(missing)} (did not join)" if missing else "")
 
     async def _follow(self, key: str, leader: str, deadline: float, begin_deadline: float,
-                      digest: str) -> tuple[Optional[Group], str]:
+                      digest: str, fetched_from: str) -> tuple[Optional[Group], str]:
         """Join ``leader`` by ``deadline``. Once it accepted us, it counts us in the group it begins,
         so we wait for its BEGIN until ``begin_deadline``: the leader's round may have started seconds
         after ours, and giving up earlier would leave the others waiting for our part until their
         all-reduce deadline."""
         accepted = asyncio.Event()
-        task = asyncio.ensure_future(self._follow_unbounded(key, leader, digest, accepted))
+        task = asyncio.ensure_future(self._follow_unbounded(key, leader, digest, fetched_from, accepted))
         try:
             done, _ = await asyncio.wait({task}, timeout=max(0.01, deadline - time.monotonic()))
             if not done and accepted.is_set():
@@ -360,12 +410,13 @@ class Matchmaker:
             if not task.done():
                 task.cancel()
 
-    async def _follow_unbounded(self, key: str, leader: str, digest: str,
+    async def _follow_unbounded(self, key: str, leader: str, digest: str, fetched_from: str,
                                 accepted: asyncio.Event) -> tuple[Optional[Group], str]:
         from hivemind.p2p import PeerID
 
         request = JoinRequest(group_key=key, config_hash=self.config_hash, data_hash=self.data_hash,
-                              bandwidth=self.bandwidth, credential=self._own_credential(), state_digest=digest)
+                              bandwidth=self.bandwidth, credential=self._own_credential(), state_digest=digest,
+                              fetched_from=fetched_from)
         for _ in range(3):
             stream = await self.p2p.iterate_protobuf_handler(PeerID.from_base58(leader), self.handler_name,
                                                              request, JoinReply)

@@ -138,10 +138,10 @@ class NetAverager:
         self._p2p = await self.dht.replicate_p2p()
         self._server = ReductionServer(self._p2p, self.peer_id, self.prefix, event_hook=self._event_hook,
                                        aggregation=self._aggregation)
+        self._state_server = StateServer(self._p2p, self.config_hash, self.prefix, provider, verifier=self._verifier)
         self._matchmaker = Matchmaker(self.dht, self._p2p, self.peer_id, self.run_id, self.config_hash,
                                       self.data_hash, self.bandwidth, self.prefix, credential=self._credential,
-                                      verifier=self._verifier)
-        self._state_server = StateServer(self._p2p, self.config_hash, self.prefix, provider, verifier=self._verifier)
+                                      verifier=self._verifier, joiners=self._state_server.joiners)
         await self._server.start()
         await self._matchmaker.start()
         await self._state_server.start()
@@ -336,14 +336,19 @@ class NetAverager:
         self._state_server.provider = provider
 
     def fetch_state(self, module_id: str, timeout: float, like: Optional[Sequence[Tensor]] = None,
-                    accept: Optional[Callable[[ModuleState], str]] = None, min_round: int = -1) -> ModuleState:
+                    accept: Optional[Callable[[ModuleState], str]] = None, min_round: int = -1,
+                    joining: bool = True) -> ModuleState:
         """Fetch ``module_id``'s global params, outer momentum and round from a live holder of our
-        config hash (``accept``, ``min_round``: see :func:`peer.state_transfer.fetch_module_state`); raises
-        :class:`peer.state_transfer.StateTransferError` if none can send it."""
-        return self._call(fetch_module_state(self.dht, self._p2p, self.run_id, module_id, self.config_hash,
-                                             self.prefix, self.peer_id, timeout, like, credential=self._credential,
-                                             verifier=self._verifier, accept=accept, min_round=min_round),
-                          timeout + 5.0)
+        config hash (``accept``, ``min_round``, ``joining``: see :func:`peer.state_transfer.fetch_module_state`);
+        raises :class:`peer.state_transfer.StateTransferError` if none can send it."""
+        state = self._call(fetch_module_state(self.dht, self._p2p, self.run_id, module_id, self.config_hash,
+                                              self.prefix, self.peer_id, timeout, like, credential=self._credential,
+                                              verifier=self._verifier, accept=accept, min_round=min_round,
+                                              joining=joining),
+                           timeout + 5.0)
+        if joining:
+            self._matchmaker.fetched(module_id, state.source, state.round_no)
+        return state
 
     # -- life cycle ---------------------------------------------------------------------------
 

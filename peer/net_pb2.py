@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0epeer/net.proto\x12\rhivepath.peer\"\x85\x01\n\x0bJoinRequest\x12\x11\n\tgroup_key\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_hash\x18\x02 \x01(\t\x12\x11\n\tdata_hash\x18\x03 \x01(\t\x12\x11\n\tbandwidth\x18\x04 \x01(\x01\x12\x12\n\ncredential\x18\x05 \x01(\x0c\x12\x14\n\x0cstate_digest\x18\x06 \x01(\t\"\x95\x02\n\tJoinReply\x12+\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x1d.hivepath.peer.JoinReply.Code\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x10\n\x08group_id\x18\x03 \x01(\t\x12\x0f\n\x07members\x18\x04 \x03(\t\x12\x12\n\nbandwidths\x18\x05 \x03(\x01\x12\x19\n\x11\x61llreduce_timeout\x18\x06 \x01(\x01\x12\x18\n\x10suggested_leader\x18\x07 \x01(\t\x12\x12\n\ncredential\x18\x08 \x01(\x0c\"K\n\x04\x43ode\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x0c\n\x08\x41\x43\x43\x45PTED\x10\x01\x12\t\n\x05\x42\x45GIN\x10\x02\x12\x0b\n\x07REFUSED\x10\x03\x12\x10\n\x0cNOT_A_LEADER\x10\x04\"\x97\x01\n\nPartHeader\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x12\n\npart_index\x18\x02 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\r\x12\x0e\n\x06weight\x18\x04 \x01(\x01\x12\r\n\x05numel\x18\x05 \x01(\x04\x12\r\n\x05\x63odec\x18\x06 \x01(\t\x12\x13\n\x0bpayload_len\x18\x07 \x01(\x04\x12\x0f\n\x07segment\x18\x08 \x01(\r\"c\n\tPartReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x14\n\x0c\x63ontributors\x18\x03 \x03(\t\x12\x13\n\x0bpayload_len\x18\x04 \x01(\x04\x12\x10\n\x08received\x18\x05 \x01(\x08\"J\n\x0cStateRequest\x12\x11\n\tmodule_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_hash\x18\x02 \x01(\t\x12\x12\n\ncredential\x18\x03 \x01(\x0c\"N\n\nStateReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x10\n\x08round_no\x18\x03 \x01(\x04\x12\x13\n\x0bpayload_len\x18\x04 \x01(\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0epeer/net.proto\x12\rhivepath.peer\"\x9b\x01\n\x0bJoinRequest\x12\x11\n\tgroup_key\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_hash\x18\x02 \x01(\t\x12\x11\n\tdata_hash\x18\x03 \x01(\t\x12\x11\n\tbandwidth\x18\x04 \x01(\x01\x12\x12\n\ncredential\x18\x05 \x01(\x0c\x12\x14\n\x0cstate_digest\x18\x06 \x01(\t\x12\x14\n\x0c\x66\x65tched_from\x18\x07 \x01(\t\"\x95\x02\n\tJoinReply\x12+\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x1d.hivepath.peer.JoinReply.Code\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x10\n\x08group_id\x18\x03 \x01(\t\x12\x0f\n\x07members\x18\x04 \x03(\t\x12\x12\n\nbandwidths\x18\x05 \x03(\x01\x12\x19\n\x11\x61llreduce_timeout\x18\x06 \x01(\x01\x12\x18\n\x10suggested_leader\x18\x07 \x01(\t\x12\x12\n\ncredential\x18\x08 \x01(\x0c\"K\n\x04\x43ode\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x0c\n\x08\x41\x43\x43\x45PTED\x10\x01\x12\t\n\x05\x42\x45GIN\x10\x02\x12\x0b\n\x07REFUSED\x10\x03\x12\x10\n\x0cNOT_A_LEADER\x10\x04\"\x97\x01\n\nPartHeader\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x12\n\npart_index\x18\x02 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\r\x12\x0e\n\x06weight\x18\x04 \x01(\x01\x12\r\n\x05numel\x18\x05 \x01(\x04\x12\r\n\x05\x63odec\x18\x06 \x01(\t\x12\x13\n\x0bpayload_len\x18\x07 \x01(\x04\x12\x0f\n\x07segment\x18\x08 \x01(\r\"c\n\tPartReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x14\n\x0c\x63ontributors\x18\x03 \x03(\t\x12\x13\n\x0bpayload_len\x18\x04 \x01(\x04\x12\x10\n\x08received\x18\x05 \x01(\x08\"[\n\x0cStateRequest\x12\x11\n\tmodule_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_hash\x18\x02 \x01(\t\x12\x12\n\ncredential\x18\x03 \x01(\x0c\x12\x0f\n\x07joining\x18\x04 \x01(\x08\"N\n\nStateReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x10\n\x08round_no\x18\x03 \x01(\x04\x12\x13\n\x0bpayload_len\x18\x04 \x01(\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,17 +32,17 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'peer.net_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_JOINREQUEST']._serialized_start=34
-  _globals['_JOINREQUEST']._serialized_end=167
-  _globals['_JOINREPLY']._serialized_start=170
-  _globals['_JOINREPLY']._serialized_end=447
-  _globals['_JOINREPLY_CODE']._serialized_start=372
-  _globals['_JOINREPLY_CODE']._serialized_end=447
-  _globals['_PARTHEADER']._serialized_start=450
-  _globals['_PARTHEADER']._serialized_end=601
-  _globals['_PARTREPLY']._serialized_start=603
-  _globals['_PARTREPLY']._serialized_end=702
-  _globals['_STATEREQUEST']._serialized_start=704
-  _globals['_STATEREQUEST']._serialized_end=778
-  _globals['_STATEREPLY']._serialized_start=780
-  _globals['_STATEREPLY']._serialized_end=858
+  _globals['_JOINREQUEST']._serialized_end=189
+  _globals['_JOINREPLY']._serialized_start=192
+  _globals['_JOINREPLY']._serialized_end=469
+  _globals['_JOINREPLY_CODE']._serialized_start=394
+  _globals['_JOINREPLY_CODE']._serialized_end=469
+  _globals['_PARTHEADER']._serialized_start=472
+  _globals['_PARTHEADER']._serialized_end=623
+  _globals['_PARTREPLY']._serialized_start=625
+  _globals['_PARTREPLY']._serialized_end=724
+  _globals['_STATEREQUEST']._serialized_start=726
+  _globals['_STATEREQUEST']._serialized_end=817
+  _globals['_STATEREPLY']._serialized_start=819
+  _globals['_STATEREPLY']._serialized_end=897
 # @@protoc_insertion_point(module_scope)

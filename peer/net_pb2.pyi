@@ -8,20 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class JoinRequest(_message.Message):
-    __slots__ = ("group_key", "config_hash", "data_hash", "bandwidth", "credential", "state_digest")
+    __slots__ = ("group_key", "config_hash", "data_hash", "bandwidth", "credential", "state_digest", "fetched_from")
     GROUP_KEY_FIELD_NUMBER: _ClassVar[int]
     CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
     DATA_HASH_FIELD_NUMBER: _ClassVar[int]
     BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
     CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     STATE_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    FETCHED_FROM_FIELD_NUMBER: _ClassVar[int]
     group_key: str
     config_hash: str
     data_hash: str
     bandwidth: float
     credential: bytes
     state_digest: str
-    def __init__(self, group_key: _Optional[str] = ..., config_hash: _Optional[str] = ..., data_hash: _Optional[str] = ..., bandwidth: _Optional[float] = ..., credential: _Optional[bytes] = ..., state_digest: _Optional[str] = ...) -> None: ...
+    fetched_from: str
+    def __init__(self, group_key: _Optional[str] = ..., config_hash: _Optional[str] = ..., data_hash: _Optional[str] = ..., bandwidth: _Optional[float] = ..., credential: _Optional[bytes] = ..., state_digest: _Optional[str] = ..., fetched_from: _Optional[str] = ...) -> None: ...
 
 class JoinReply(_message.Message):
     __slots__ = ("code", "reason", "group_id", "members", "bandwidths", "allreduce_timeout", "suggested_leader", "credential")
@@ -90,14 +92,16 @@ class PartReply(_message.Message):
     def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., contributors: _Optional[_Iterable[str]] = ..., payload_len: _Optional[int] = ..., received: _Optional[bool] = ...) -> None: ...
 
 class StateRequest(_message.Message):
-    __slots__ = ("module_id", "config_hash", "credential")
+    __slots__ = ("module_id", "config_hash", "credential", "joining")
     MODULE_ID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
     CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
+    JOINING_FIELD_NUMBER: _ClassVar[int]
     module_id: str
     config_hash: str
     credential: bytes
-    def __init__(self, module_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., credential: _Optional[bytes] = ...) -> None: ...
+    joining: bool
+    def __init__(self, module_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., credential: _Optional[bytes] = ..., joining: _Optional[bool] = ...) -> None: ...
 
 class StateReply(_message.Message):
     __slots__ = ("ok", "error", "round_no", "payload_len")

@@ -340,9 +340,12 @@ def supervise(cmd: Sequence[str], opts: SpotOptions) -> int:
     signal N killed it).
 
     SIGTERM and SIGINT received here are forwarded to the child, so under ``docker stop`` the peer
-    drains exactly as it would without the supervisor.
+    drains exactly as it would without the supervisor. The child runs with ``HIVEPATH_SPOT=none``: the
+    supervisor is the one watcher. A child watching too (``hivepath peer join`` reads that variable)
+    would drain on its own first, and our SIGTERM could then reach it while the interpreter exits,
+    when Python's handlers are gone, turning a clean drain into a death by SIGTERM (exit 143).
     """
-    child = subprocess.Popen(list(cmd))
+    child = subprocess.Popen(list(cmd), env={**os.environ, "HIVEPATH_SPOT": "none"})
     sent = threading.Lock()
 
     def on_notice(notice: SpotNotice) -> None:

@@ -39,6 +39,9 @@ GB of the state it packs first; the state's bytes then get what is left of the f
 MAX_REQUEST_BYTES = 4096
 """A state request is a module id, a hash and a credential: anything larger is refused unread."""
 
+_JOINER_MEMORY = 600.0
+"""Seconds a holder remembers who fetched a module's state to average it (longer than any wait on them)."""
+
 StateProvider = Callable[[str], Optional[ModuleState]]
 """``module_id -> ModuleState`` of a module this peer holds (e.g. ``DiLoCoOptimizer.module_state``),
 or None when it does not hold it."""
@@ -88,6 +91,22 @@ class StateServer:
         self.config_hash = config_hash
         self.handler_name = f"{prefix}_state"
         self.provider = provider
+        self._joiners: dict[str, dict[str, tuple[int, float]]] = {}
+        """module -> peer that fetched it to average it -> (the round we sent, when)."""
+
+    def joiners(self, module_id: str, within: float) -> dict[str, int]:
+        """Peers that fetched ``module_id`` from us in the last ``within`` seconds to average it (newcomers,
+        re-syncing members; not archives): peer -> the round of the state we sent. They are about to
+        declare that round, possibly before their holder record is visible: matchmaking waits for them."""
+        now = time.monotonic()
+        return {p: r for p, (r, t) in self._joiners.get(module_id, {}).items() if now - t < within}
+
+    def _served_to(self, module_id: str, peer: str, round_no: int) -> None:
+        now = time.monotonic()
+        peers = self._joiners.setdefault(module_id, {})
+        for p in [p for p, (_, t) in peers.items() if now - t > _JOINER_MEMORY]:
+            del peers[p]
+        peers[peer] = (round_no, now)
 
     async def start(self) -> None:
         await self.p2p.add_binary_stream_handler(self.handler_name, self._handle)
@@ -116,6 +135,8 @@ class StateServer:
                     blob = await asyncio.get_running_loop().run_in_executor(None, _pack, state)
                     reply = StateReply(ok=True, round_no=int(state.round_no), payload_len=len(blob))
                     self.served += 1
+                    if request.joining:
+                        self._served_to(request.module_id, sender, int(state.round_no))
             await P2P.send_protobuf(reply, writer)
             await P2P.send_raw_data(blob, writer)
             await linger(reader, 60.0)
@@ -152,11 +173,12 @@ async def fetch_module_state(dht: Any, p2p: Any, run_id: str, module_id: str, co
                              credential: Optional[CredentialProvider] = None,
                              verifier: Optional[CredentialVerifier] = None,
                              accept: Optional[Callable[[ModuleState], str]] = None,
-                             min_round: int = -1) -> ModuleState:
+                             min_round: int = -1, joining: bool = True) -> ModuleState:
     """Fetch ``module_id``'s state from a live holder with our config hash (most advanced round first);
     ``credential`` is presented to holders, ``verifier`` keeps only admitted sources, and ``accept``
     (a state -> '' or why it is not wanted) makes us try the next holder, e.g. to adopt one side of a fork.
-    Holders whose record announces a round below ``min_round`` are not asked at all.
+    Holders whose record announces a round below ``min_round`` are not asked at all. ``joining``: we will
+    average the module from this state (the holder then expects us at its round); False for an archive.
 
     A holder must answer within :data:`REPLY_TIMEOUT` (the state's bytes may take the rest of
     ``timeout``): one that is cut off must not use up the whole budget of a re-sync."""
@@ -190,7 +212,7 @@ async def fetch_module_state(dht: Any, p2p: Any, run_id: str, module_id: str, co
                                                                              f"{prefix}_state")
                     try:
                         await P2P.send_protobuf(StateRequest(module_id=module_id, config_hash=config_hash,
-                                                             credential=own), writer)
+                                                             credential=own, joining=joining), writer)
                         return (*await P2P.receive_protobuf(StateReply, reader), reader, writer)
                     except BaseException:
                         writer.close()
@@ -213,6 +235,7 @@ async def fetch_module_state(dht: Any, p2p: Any, run_id: str, module_id: str, co
             if unwanted:
                 raise RuntimeError(unwanted)
             log.info("fetched %s at round %d from %s", module_id, reply.round_no, peer)
+            state.source = peer
             return state
         except Exception as e:
             errors.append(f"{peer[-8:]}: {type(e).__name__}: {e}")

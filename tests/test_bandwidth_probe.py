@@ -76,9 +76,9 @@ def _upload(stub, token: str, total: int, payload: int | None = None, chunk: int
     return stub.ProbeUpload(chunks(), timeout=30)
 
 
-def _download(stub, token: str, total: int, chunk: int = 0) -> int:
+def _download(stub, token: str, total: int, chunk: int = 0, timeout: float = 30) -> int:
     request = pb.ProbeDownloadRequest(token=token, total_bytes=total, chunk_bytes=chunk)
-    return sum(len(m.payload) for m in stub.ProbeDownload(request, timeout=30))
+    return sum(len(m.payload) for m in stub.ProbeDownload(request, timeout=timeout))
 
 
 def _code(fn, *args) -> grpc.StatusCode:
@@ -146,9 +146,18 @@ def test_busy_coordinator_refuses_extra_probes_then_serves_again(coordinator, st
         q: queue.SimpleQueue = queue.SimpleQueue()
         q.put(pb.ProbeUploadRequest(token=TOKEN, total_bytes=1000))
         holders.append((q, stub.ProbeUpload.future(iter(q.get, None), timeout=60)))
+    seen: list[grpc.StatusCode] = []
+
+    def refused() -> bool:
+        ended = [f.exception() for _, f in holders if f.done()]
+        assert not ended, f"a held upload probe ended before it was released: {ended}"
+        seen.append(_code(_download, stub, TOKEN, 1000, 0, 5.0))  # one slow answer does not use up the wait
+        return seen[-1] == grpc.StatusCode.RESOURCE_EXHAUSTED
+
     try:
-        wait_for(lambda: _code(_download, stub, TOKEN, 1000) == grpc.StatusCode.RESOURCE_EXHAUSTED, 30,
-                 "a probe beyond the limit is refused while the others run", interval=0.05)
+        wait_for(refused, 60, "a probe beyond the limit is refused while the others run", interval=0.05)
+    except TimeoutError as e:
+        raise AssertionError(f"{e}; the extra probes got {sorted(set(seen), key=str)}") from None
     finally:
         for q, _ in holders:
             q.put(pb.ProbeUploadRequest(payload=b"\0" * 1000))

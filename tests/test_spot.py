@@ -215,10 +215,10 @@ def test_bad_options_name_the_problem(env, field):
 # -- the supervisor the container images run (python -m peer.spot -- CMD) -----------------------
 
 _CHILD = """
-import signal, sys, threading
+import os, signal, sys, threading
 done = threading.Event()
 signal.signal(signal.SIGTERM, lambda *a: done.set())
-open(sys.argv[1], "w").write("ready")
+open(sys.argv[1], "w").write("ready, HIVEPATH_SPOT=" + os.environ.get("HIVEPATH_SPOT", "(unset)"))
 done.wait(60)
 open(sys.argv[1], "w").write("drained")
 sys.exit(0)
@@ -233,7 +233,10 @@ def test_supervisor_sends_sigterm_on_a_notice_and_returns_the_child_exit_code(me
     env = {**os.environ, "HIVEPATH_SPOT": "gcp", "HIVEPATH_SPOT_URL": meta.url, "HIVEPATH_SPOT_POLL_INTERVAL": "0.1"}
     proc = procs.start("supervised", [sys.executable, "-m", "peer.spot", "--", sys.executable, "-c", _CHILD,
                                       str(marker)], env=env)
-    wait_for(lambda: marker.exists() and marker.read_text() == "ready", timeout=20.0, what="the child to start")
+    # the supervisor is the one watcher: the child (a `hivepath peer join`) must not watch and drain too
+    wait_for(lambda: marker.exists() and marker.read_text().startswith("ready"), timeout=20.0,
+             what="the child to start")
+    assert marker.read_text() == "ready, HIVEPATH_SPOT=none"
     wait_for(lambda: len(meta.state.requests) >= 2, timeout=10.0, what="the supervisor to poll")
     assert proc.poll() is None, "no notice yet: the child keeps running"
     meta.state.control({"gcp_preempted": True})

@@ -1,0 +1,185 @@
+"""A lone holder does not step alone while peers it just sent its state to are about to declare
+(issue 3, bit-identical replicas), on real hivemind DHTs and p2p daemons.
+
+Two newcomers that fetched round r from the module's only holder, and declared r before their holder
+records were visible, used to find it gone: it had stepped alone to r+1 and they averaged the old
+state between them, a fork at r+1. The holder now counts a peer that fetched its state to average it
+as a holder at that round; an archive's fetch (``joining=False``) does not. A holder also serves a
+round whose exchange already runs: a leader refuses a group whose members all fetched this round from
+holders none of which joined. In overlap mode a holder whose record still shows the last round is
+waited for until the gather deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+import torch
+
+from peer.diloco import ModuleState
+from peer.matchmaking import LONE, Matchmaker
+from peer.records import GroupDeclaration, HolderRecord, group_key, holders_key, records_from_value, to_value
+from peer.state_transfer import StateServer, fetch_module_state
+
+pytestmark = pytest.mark.integration
+
+RUN_ID = "joiners"
+CONFIG = "ef" * 8
+PREFIX = "joiners_test"
+ROUND = 4
+TIMEOUT = 10.0  # the round budget: gather deadline 2 s, patience for joiners 20 s
+
+
+@pytest.fixture(scope="module")
+def swarm():
+    from peer.dht import DHTOptions, start_dht
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    opts = DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    first = start_dht(opts)
+    dhts = [first] + [start_dht(DHTOptions(host_maddrs=opts.host_maddrs, initial_peers=first.maddrs()))
+                      for _ in range(2)]
+    torch.manual_seed(0)
+    state = ModuleState([torch.randn(4, 3)], [torch.zeros(4, 3)], ROUND)
+    nodes = []
+
+    async def setup(d) -> tuple:
+        p2p = await d.dht.replicate_p2p()
+        server = StateServer(p2p, CONFIG, PREFIX, lambda mid: state)
+        await server.start()
+        mm = Matchmaker(d.dht, p2p, d.peer_id, RUN_ID, CONFIG, "", 1e6, PREFIX, joiners=server.joiners)
+        await mm.start()
+        return d, p2p, mm
+
+    for d in dhts:
+        nodes.append(asyncio.run_coroutine_threadsafe(setup(d), loop).result(60))
+    try:
+        yield nodes, loop, state
+    finally:
+        async def close() -> None:
+            for _, p2p, _ in nodes:
+                await p2p.shutdown()
+
+        asyncio.run_coroutine_threadsafe(close(), loop).result(30)
+        for d in dhts:
+            d.shutdown()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+def run(loop, coro, timeout: float = 60.0):
+    return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+
+
+def _hold(node, module_id: str, round_no: int) -> None:
+    from hivemind.utils import get_dht_time
+
+    d = node[0]
+    assert d.dht.store(holders_key(RUN_ID, module_id), to_value(HolderRecord(CONFIG, "", round_no, 1.0, 1e6)),
+                       get_dht_time() + 60, subkey=d.peer_id)
+
+
+async def _fetch(node, holder, module_id: str, joining: bool) -> ModuleState:
+    d, p2p, _ = node
+    return await fetch_module_state(d.dht, p2p, RUN_ID, module_id, CONFIG, PREFIX, d.peer_id, 20.0,
+                                    joining=joining)
+
+
+async def _declared(node, module_id: str, round_no: int, who: str, deadline: float) -> None:
+    """Wait (on the DHT, with a deadline) until ``who`` declared ``round_no`` of ``module_id``."""
+    while True:
+        found = await node[0].dht.get(group_key(RUN_ID, module_id, round_no), latest=True, return_future=True)
+        if who in records_from_value(found, GroupDeclaration):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{who} never declared round {round_no} of {module_id}")
+        await asyncio.sleep(0.05)
+
+
+async def _late(node, first, module_id: str, round_no: int, digest: str, **kw):
+    """A member that declares only once ``first`` has declared (a newcomer still on its first steps)."""
+    await _declared(node, module_id, round_no, first[0].peer_id, time.monotonic() + 30)
+    return await node[2].form_group(module_id, round_no, TIMEOUT, digest, **kw)
+
+
+def test_a_lone_holder_waits_for_the_newcomers_it_sent_its_state_to(swarm):
+    nodes, loop, state = swarm
+    holder, a, b = nodes
+    _hold(holder, "L0M0", ROUND)  # the only holder record: the newcomers' are not visible yet
+    fetched = [run(loop, _fetch(n, holder, "L0M0", joining=True)) for n in (a, b)]
+    assert [s.round_no for s in fetched] == [ROUND, ROUND]
+    digest = state.digest
+
+    async def all_three():
+        return await asyncio.gather(holder[2].form_group("L0M0", ROUND, TIMEOUT, digest),
+                                    _late(a, holder, "L0M0", ROUND, digest), _late(b, holder, "L0M0", ROUND, digest))
+
+    everyone = tuple(sorted(n[0].peer_id for n in nodes))
+    for group, why, adopt in run(loop, all_three()):
+        assert group is not None and group.group_id != LONE, why
+        assert group.members == everyone and adopt == "", (group, why)
+
+
+def test_an_archive_fetch_does_not_hold_a_lone_holder_back(swarm):
+    nodes, loop, state = swarm
+    holder, archive, _ = nodes
+    _hold(holder, "L1M1", ROUND)
+    run(loop, _fetch(archive, holder, "L1M1", joining=False))
+    group, why, _ = run(loop, holder[2].form_group("L1M1", ROUND, TIMEOUT, state.digest))
+    assert group is not None and group.group_id == LONE, why
+
+
+def test_a_joiner_that_never_declares_fails_the_round_instead_of_a_lone_step(swarm):
+    nodes, loop, state = swarm
+    holder, silent, _ = nodes
+    _hold(holder, "L0M1", ROUND)
+    run(loop, _fetch(silent, holder, "L0M1", joining=True))
+    group, why, adopt = run(loop, holder[2].form_group("L0M1", ROUND, TIMEOUT, state.digest))
+    assert group is None and adopt == "" and silent[0].peer_id in why and "did not declare" in why, why
+
+
+def test_overlap_member_waits_for_a_holder_whose_record_shows_the_last_round(swarm):
+    nodes, loop, state = swarm
+    first, lagging, _ = nodes
+    _hold(first, "L1M0", ROUND + 1)
+    _hold(lagging, "L1M0", ROUND)  # its exchange of ROUND ended; the record of ROUND + 1 is not out yet
+    digest = state.digest
+
+    async def both():
+        return await asyncio.gather(
+            first[2].form_group("L1M0", ROUND + 1, TIMEOUT, digest, wait_for_behind=False),
+            _late(lagging, first, "L1M0", ROUND + 1, digest, wait_for_behind=False))
+
+    pair = tuple(sorted([first[0].peer_id, lagging[0].peer_id]))
+    for group, why, _ in run(loop, both()):
+        assert group is not None and group.members == pair, why
+
+
+def test_newcomers_do_not_average_a_round_their_source_has_left(swarm):
+    """The source served round r while its own exchange of r ran: it declared r and stepped on. The two
+    newcomers see its declaration, but it never joins them: averaging between themselves would fork."""
+    from hivemind.utils import get_dht_time
+
+    nodes, loop, state = swarm
+    source, *newcomers = sorted(nodes, key=lambda n: n[0].peer_id, reverse=True)  # a newcomer leads
+    _hold(source, "L2M2", ROUND)
+    digest = state.digest
+    declaration = GroupDeclaration(CONFIG, "", 1e6, b"", digest)
+    assert source[0].dht.store(group_key(RUN_ID, "L2M2", ROUND), to_value(declaration), get_dht_time() + 60,
+                               subkey=source[0].peer_id)
+    for n in newcomers:
+        got = run(loop, _fetch(n, source, "L2M2", joining=True))
+        n[2].fetched("L2M2", got.source, got.round_no)
+        assert got.source == source[0].peer_id
+
+    async def both():
+        return await asyncio.gather(*(n[2].form_group("L2M2", ROUND, TIMEOUT, digest) for n in newcomers))
+
+    (g_follower, why_follower, _), (g_leader, why_leader, _) = run(loop, both())  # the smaller id leads
+    assert g_leader is None and "fetched this round's state" in why_leader, why_leader
+    assert g_follower is None and "gave up" in why_follower, why_follower
