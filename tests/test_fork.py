@@ -6,7 +6,6 @@ and a re-sync fetch takes only that state (or a later round of it)."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 
 import pytest
@@ -17,6 +16,7 @@ from peer.matchmaking import LONE, Matchmaker
 from peer.outer import state_digest
 from peer.records import HolderRecord, holders_key, to_value
 from peer.state_transfer import StateServer, StateTransferError, fetch_module_state
+from helpers.swarm import loopback_swarm, run
 
 pytestmark = pytest.mark.integration
 
@@ -27,48 +27,20 @@ PREFIX = "fork_test"
 
 @pytest.fixture(scope="module")
 def swarm():
-    from peer.dht import DHTOptions, start_dht
-
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    opts = DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-    first = start_dht(opts)
-    dhts = [first] + [start_dht(DHTOptions(host_maddrs=opts.host_maddrs, initial_peers=first.maddrs()))
-                      for _ in range(2)]
     torch.manual_seed(0)
     kept = ModuleState([torch.randn(4, 3)], [torch.zeros(4, 3)], 5)
     forked = ModuleState([kept.global_params[0] + 1e-3], [torch.zeros(4, 3)], 5)
     states = [kept, kept, forked]
-    nodes = []
 
-    async def setup(i: int, d) -> tuple:
-        p2p = await d.dht.replicate_p2p()
+    async def setup(i: int, d, p2p) -> tuple:
         mm = Matchmaker(d.dht, p2p, d.peer_id, RUN_ID, CONFIG, "", 1e6, PREFIX)
         await mm.start()
         server = StateServer(p2p, CONFIG, PREFIX, lambda mid, s=states[i]: s if mid in ("L0M1", "L2M2") else None)
         await server.start()
         return d, p2p, mm
 
-    for i, d in enumerate(dhts):
-        nodes.append(asyncio.run_coroutine_threadsafe(setup(i, d), loop).result(60))
-    try:
+    with loopback_swarm(3, setup) as (_, nodes, loop):
         yield nodes, loop, states
-    finally:
-        async def close() -> None:
-            for _, p2p, _ in nodes:
-                await p2p.shutdown()
-
-        asyncio.run_coroutine_threadsafe(close(), loop).result(30)
-        for d in dhts:
-            d.shutdown()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
-
-
-def run(loop, coro, timeout: float = 60.0):
-    return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
 
 
 def _hold(nodes, module_id: str, round_no: int) -> None:

@@ -12,7 +12,6 @@ waited for until the gather deadline."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 
 import pytest
@@ -22,6 +21,7 @@ from peer.diloco import ModuleState
 from peer.matchmaking import LONE, Matchmaker
 from peer.records import GroupDeclaration, HolderRecord, group_key, holders_key, records_from_value, to_value
 from peer.state_transfer import StateServer, fetch_module_state
+from helpers.swarm import loopback_swarm, run
 
 pytestmark = pytest.mark.integration
 
@@ -34,46 +34,18 @@ TIMEOUT = 10.0  # the round budget: gather deadline 2 s, patience for joiners 20
 
 @pytest.fixture(scope="module")
 def swarm():
-    from peer.dht import DHTOptions, start_dht
-
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    opts = DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-    first = start_dht(opts)
-    dhts = [first] + [start_dht(DHTOptions(host_maddrs=opts.host_maddrs, initial_peers=first.maddrs()))
-                      for _ in range(2)]
     torch.manual_seed(0)
     state = ModuleState([torch.randn(4, 3)], [torch.zeros(4, 3)], ROUND)
-    nodes = []
 
-    async def setup(d) -> tuple:
-        p2p = await d.dht.replicate_p2p()
+    async def setup(_: int, d, p2p) -> tuple:
         server = StateServer(p2p, CONFIG, PREFIX, lambda mid: state)
         await server.start()
         mm = Matchmaker(d.dht, p2p, d.peer_id, RUN_ID, CONFIG, "", 1e6, PREFIX, joiners=server.joiners)
         await mm.start()
         return d, p2p, mm
 
-    for d in dhts:
-        nodes.append(asyncio.run_coroutine_threadsafe(setup(d), loop).result(60))
-    try:
+    with loopback_swarm(3, setup) as (_, nodes, loop):
         yield nodes, loop, state
-    finally:
-        async def close() -> None:
-            for _, p2p, _ in nodes:
-                await p2p.shutdown()
-
-        asyncio.run_coroutine_threadsafe(close(), loop).result(30)
-        for d in dhts:
-            d.shutdown()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
-
-
-def run(loop, coro, timeout: float = 60.0):
-    return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
 
 
 def _hold(node, module_id: str, round_no: int) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 
 import pytest
@@ -22,6 +21,7 @@ from peer.matchmaking import Matchmaker
 from peer.net_pb2 import JoinReply, JoinRequest
 from peer.records import HolderRecord, holders_key, to_value
 from peer.state_transfer import MAX_REQUEST_BYTES, StateServer, StateTransferError, fetch_module_state
+from helpers.swarm import loopback_swarm, run
 
 pytestmark = pytest.mark.integration
 
@@ -44,53 +44,25 @@ class Node:
 
 @pytest.fixture(scope="module")
 def swarm():
-    from peer.dht import DHTOptions, start_dht
-
     torch.manual_seed(0)
     issuer = CredentialIssuer(Ed25519PrivateKey.generate(), RUN_ID, 3600.0)
     forger = CredentialIssuer(Ed25519PrivateKey.generate(), RUN_ID, 3600.0)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    opts = DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-    first = start_dht(opts)
-    dhts = [first] + [start_dht(DHTOptions(host_maddrs=opts.host_maddrs, initial_peers=first.maddrs()))
-                      for _ in range(2)]
     now = time.time()
-    nodes = []
-    for i, d in enumerate(dhts):
-        signer = forger if i == 2 else issuer  # node 2 is the outsider: its credential is forged
-        nodes.append(Node(d, signer.issue(d.peer_id, now).encode(), CredentialVerifier(RUN_ID, issuer.public_key)))
     state = ModuleState([torch.randn(4, 3)], [torch.zeros(4, 3)], 7)
 
-    async def setup(n: Node) -> None:
-        n.p2p = await n.dht.replicate_p2p()
+    async def setup(i: int, d, p2p) -> Node:
+        signer = forger if i == 2 else issuer  # node 2 is the outsider: its credential is forged
+        n = Node(d, signer.issue(d.peer_id, now).encode(), CredentialVerifier(RUN_ID, issuer.public_key))
+        n.p2p = p2p
         n.mm = Matchmaker(n.dht, n.p2p, n.peer_id, RUN_ID, CONFIG, "", 1e6, PREFIX,
                           credential=lambda: n.credential, verifier=n.verifier)
         await n.mm.start()
         n.server = StateServer(n.p2p, CONFIG, PREFIX, lambda mid: state if mid == "L0M0" else None, n.verifier)
         await n.server.start()
+        return n
 
-    for n in nodes:
-        asyncio.run_coroutine_threadsafe(setup(n), loop).result(60)
-    try:
+    with loopback_swarm(3, setup) as (_, nodes, loop):
         yield nodes, loop, state
-    finally:
-        async def close_replicas() -> None:
-            for n in nodes:
-                if n.p2p is not None:
-                    await n.p2p.shutdown()
-
-        asyncio.run_coroutine_threadsafe(close_replicas(), loop).result(30)
-        for d in dhts:
-            d.shutdown()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
-
-
-def run(loop, coro, timeout: float = 60.0):
-    return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
 
 
 def test_admitted_peers_group_without_the_outsider(swarm, caplog):
