@@ -97,22 +97,20 @@ def test_a_lone_holder_waits_for_the_newcomers_it_sent_its_state_to(swarm):
         assert group.members == everyone and adopt == "", (group, why)
 
 
-def test_an_archive_fetch_does_not_hold_a_lone_holder_back(swarm):
+@pytest.mark.parametrize("joining", [False, True], ids=["archive", "silent-joiner"])
+def test_a_lone_holder_steps_alone_after_an_archive_fetch_but_not_after_a_joiner_s(swarm, joining):
+    """An archive never declares: it does not hold the holder back. A joiner that never declares makes
+    the holder fail the round (local progress kept) instead of stepping alone past it."""
     nodes, loop, state = swarm
-    holder, archive, _ = nodes
-    _hold(holder, "L1M1", ROUND)
-    run(loop, _fetch(archive, holder, "L1M1", joining=False))
-    group, why, _ = run(loop, holder[2].form_group("L1M1", ROUND, TIMEOUT, state.digest))
-    assert group is not None and group.group_id == LONE, why
-
-
-def test_a_joiner_that_never_declares_fails_the_round_instead_of_a_lone_step(swarm):
-    nodes, loop, state = swarm
-    holder, silent, _ = nodes
-    _hold(holder, "L0M1", ROUND)
-    run(loop, _fetch(silent, holder, "L0M1", joining=True))
-    group, why, adopt = run(loop, holder[2].form_group("L0M1", ROUND, TIMEOUT, state.digest))
-    assert group is None and adopt == "" and silent[0].peer_id in why and "did not declare" in why, why
+    holder, other, _ = nodes
+    module_id = "L0M1" if joining else "L1M1"
+    _hold(holder, module_id, ROUND)
+    run(loop, _fetch(other, holder, module_id, joining=joining))
+    group, why, adopt = run(loop, holder[2].form_group(module_id, ROUND, TIMEOUT, state.digest))
+    if joining:
+        assert group is None and adopt == "" and other[0].peer_id in why and "did not declare" in why, why
+    else:
+        assert group is not None and group.group_id == LONE, why
 
 
 def test_overlap_member_waits_for_a_holder_whose_record_shows_the_last_round(swarm):
