@@ -100,12 +100,13 @@ def quick() -> Scale:
 
 def long() -> Scale:
     """The quick model trained three times longer (3000 steps per worker) on the headline points only:
-    does the gap to synchronous training shrink with the horizon?"""
-    return quick().replace(name="long", steps=3000, diloco_grid=((50, "none"), (250, "int4")), bpe_grid=(),
-                           diloco_tuned=(),
+    does the gap to synchronous training shrink with the horizon, and does the best outer momentum change?"""
+    return quick().replace(name="long", steps=3000, diloco_grid=((50, "none"), (250, "int8"), (250, "int4")),
+                           bpe_grid=(), diloco_tuned=((250, "int4", 0.7, 0.5),),
                            outer_grid=((0.7, 0.5),), outer_H=(50,), dipaco_outer_grid=(),
                            priority=("sync-bytes", "diloco-bytes-H250-int4", "diloco-bytes-H50-none",
-                                     "outer-H50-lr0.7-m0.5"))
+                                     "outer-H50-lr0.7-m0.5", "diloco-bytes-H250-int8",
+                                     "diloco-bytes-H250-int4-lr0.7-m0.5"))
 
 
 def tiny() -> Scale:
