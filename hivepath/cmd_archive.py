@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from hivepath.cli import env_default
-from hivepath.cmd_peer import add_network_flags, check_status_flags, install_drain_signals, read_token
+from hivepath.cmd_peer import add_network_flags, check_status_flags, drain_signals, read_token
 from models.errors import HivepathError
 
 __all__ = ["register", "run"]
@@ -60,5 +60,5 @@ def run(args: argparse.Namespace) -> int:
         stall_timeout=args.stall_timeout,
     )
     archive = ArchivePeer(opts)
-    install_drain_signals(archive.request_stop)
-    return archive.run()
+    with drain_signals(archive.request_stop):
+        return archive.run()

@@ -13,12 +13,14 @@ import logging
 import os
 import signal
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from hivepath.cli import env_default
 from models.errors import HivepathError
 
-__all__ = ["register", "run", "install_drain_signals", "add_network_flags", "check_status_flags", "read_token"]
+__all__ = ["register", "run", "drain_signals", "add_network_flags", "check_status_flags", "read_token"]
 
 DEFAULT_STATUS_PORT = 7702
 """Port of a peer's local status (``peer.local_status.DEFAULT_STATUS_PORT``; kept here so that
@@ -154,8 +156,12 @@ def read_token(token: str | None, token_file: str | None) -> str:
     return token
 
 
-def install_drain_signals(on_first) -> None:
-    """First SIGTERM/SIGINT calls ``on_first(reason)``; a second exits at once with status 130."""
+@contextmanager
+def drain_signals(on_first) -> Iterator[None]:
+    """While inside: the first SIGTERM/SIGINT calls ``on_first(reason)``; a second exits at once with
+    status 130. On leaving (drained), SIGTERM is ignored: a late one (a supervisor's, a second
+    watcher's) must not kill the interpreter as it exits, when Python resets its handlers to the
+    default, and turn exit 0 into 143."""
     count = {"n": 0}
 
     def handler(signum, _frame):
@@ -170,6 +176,10 @@ def install_drain_signals(on_first) -> None:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -207,17 +217,14 @@ def run(args: argparse.Namespace) -> int:
     from peer.spot import SpotOptions, SpotWatcher
 
     node = PeerNode(opts)
-    install_drain_signals(node.request_stop)
     spot = SpotOptions(provider=args.spot, base_url=args.spot_url, poll_interval=args.spot_poll_interval)
     watcher = SpotWatcher.from_options(spot, lambda notice: node.request_stop(notice.describe(), preempting=True))
-    watcher.start()
-    try:
-        return node.run()
-    finally:
-        watcher.stop()
-        # drained: a late SIGTERM (a supervisor's, a second watcher's) must not kill the interpreter as
-        # it exits, when Python resets its handlers to the default, and turn exit 0 into 143
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with drain_signals(node.request_stop):
+        watcher.start()
+        try:
+            return node.run()
+        finally:
+            watcher.stop()
 
 
 def run_status(args: argparse.Namespace) -> int:

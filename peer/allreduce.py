@@ -440,7 +440,7 @@ class ReductionServer:
                     else:
                         results[(s, j)] = await self._exchange(state, group.members[f], s, j, 1, encoded[(s, j)],
                                                                weight, final_deadline)
-                    decode([(s, j)])
+                    await loop.run_in_executor(None, decode, [(s, j)])
                     errors.pop((s, j))
                 except Exception as e:
                     errors[(s, j)] = f"{errors[(s, j)]}; fallback: {type(e).__name__}: {e}"

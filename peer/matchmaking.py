@@ -84,6 +84,16 @@ class Match(NamedTuple):
     """Set when other holders at this round hold another state and theirs is kept: its digest."""
 
 
+class _Follower(NamedTuple):
+    """A follower the leader accepted."""
+
+    bandwidth: float
+    future: "asyncio.Future[Optional[Group]]"
+    """Resolved with the group the leader begins (None: it gave up)."""
+    fetched_from: str
+    """Its ``JoinRequest.fetched_from``."""
+
+
 @dataclass
 class _Looking:
     key: str
@@ -92,12 +102,10 @@ class _Looking:
     leader: Optional[str] = None
     """None while gathering or when we lead; else the peer we follow."""
     closed: bool = False
-    followers: dict[str, tuple[float, "asyncio.Future[Optional[Group]]"]] = field(default_factory=dict)
+    followers: dict[str, _Follower] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     fetched_from: str = ""
     """The live holder we fetched this round's state from ('' when the state is our own)."""
-    sources: dict[str, str] = field(default_factory=dict)
-    """Leader: each follower's ``JoinRequest.fetched_from``."""
 
 
 class Matchmaker:
@@ -134,8 +142,9 @@ class Matchmaker:
         return self.credential() if self.credential is not None else b""
 
     def fetched(self, module_id: str, source: str, round_no: int) -> None:
-        """We took ``module_id``'s state at ``round_no`` from ``source`` to average it: at that round we
-        average only in a group ``source`` declared too (see :meth:`form_group`)."""
+        """We took ``module_id``'s state at ``round_no`` from ``source`` to average it: at that round our
+        join requests say so, and a leader refuses a group of such members none of whose sources
+        joined (see :meth:`_lead`)."""
         self._sources[module_id] = (source, int(round_no), time.monotonic())
 
     async def start(self) -> None:
@@ -186,8 +195,7 @@ class Matchmaker:
             yield JoinReply(code=JoinReply.REFUSED, reason="the group already began", credential=mine)
             return
         future: asyncio.Future[Optional[Group]] = asyncio.get_running_loop().create_future()
-        looking.followers[sender] = (max(0.0, request.bandwidth), future)
-        looking.sources[sender] = request.fetched_from
+        looking.followers[sender] = _Follower(max(0.0, request.bandwidth), future, request.fetched_from)
         looking.changed.set()
         yield JoinReply(code=JoinReply.ACCEPTED, credential=mine)
         group = await future
@@ -256,9 +264,9 @@ class Matchmaker:
                                              digest, looking.fetched_from))
         finally:
             looking.decided.set()
-            for _, future in looking.followers.values():
-                if not future.done():
-                    future.set_result(None)
+            for f in looking.followers.values():
+                if not f.future.done():
+                    f.future.set_result(None)
             self._looking.pop(key, None)
 
     def _fresh_source(self, module_id: str, round_no: int, live: set[str], patience: float) -> str:
@@ -342,9 +350,9 @@ class Matchmaker:
             live = {p: h for p, h in records_from_value(holders, HolderRecord, self.verifier).items()
                     if p != self.peer_id and not self._mismatch(p, h.config_hash, h.data_hash)}
             expected = {p for p, h in live.items() if h.round_no == round_no}
-            # joiners whose record is missing or older than the state they fetched from us
+            # joiners of this round, unless their record already shows them past it
             expected |= {p for p, r in self.joiners(module_id, patience).items()
-                         if r == round_no and p != self.peer_id and (p not in live or live[p].round_no < round_no)}
+                         if r == round_no and p != self.peer_id and not (p in live and live[p].round_no > round_no)}
             # A holder that declared this round is at this round, whatever its record says (an overlap
             # member announces its next round while this one's exchange runs); one a single round
             # ahead that has not declared may be such a member about to declare: wait for it.
@@ -374,18 +382,18 @@ class Matchmaker:
         if not followers:
             return None, f"no declared member ({', '.join(sorted(others))}) joined us"
         members = tuple(sorted([self.peer_id, *followers]))
-        sources = {looking.fetched_from, *(looking.sources.get(p, "") for p in followers)}
+        sources = {looking.fetched_from, *(f.fetched_from for f in followers.values())}
         if "" not in sources and not sources & set(members):
             # every member just fetched this round's state from holders that are not here: they may have
             # stepped on already, and this group would be a second lineage at the same round numbers
             return None, (f"every member fetched this round's state from {', '.join(sorted(p[-8:] for p in sources))}, "
                           "none of which joined: re-sync to them instead of averaging their old state")
-        bw = {self.peer_id: self.bandwidth, **{p: b for p, (b, _) in followers.items()}}
+        bw = {self.peer_id: self.bandwidth, **{p: f.bandwidth for p, f in followers.items()}}
         group = Group(f"{looking.key}-{self.peer_id[-8:]}-{secrets.token_hex(4)}", members,
                       tuple(bw[p] for p in members), max(0.1, end - time.monotonic()))
-        for _, future in followers.values():
-            if not future.done():
-                future.set_result(group)
+        for f in followers.values():
+            if not f.future.done():
+                f.future.set_result(group)
         missing = sorted(others - set(followers))
         return group, (f"dropped {', '.join(missing)} (did not join)" if missing else "")
 
