@@ -132,6 +132,11 @@ def test_kill9_peer_comes_back_bit_identical_and_archive_restores(procs, tmp_pat
         before = len(CheckpointDir(w1 / "checkpoints").snapshots())
         wait_for(lambda: len(CheckpointDir(w1 / "checkpoints").snapshots()) >= before + 2, 180,
                  "the restarted peer to complete two rounds")
+        # the archive polls: let it take every module before the last trainers go (L1M0 is trained by the
+        # restarted peer alone and can be a round or two old when it stops)
+        held = set(snapshots_by_round(w0 / "checkpoints")) | set(snapshots_by_round(w1 / "checkpoints"))
+        wait_for(lambda: held <= set(snapshots_by_round(archive)), 60, f"the archive to hold {sorted(held)}",
+                 interval=0.5)
         assert net.stop("peer1b") == 0
         assert net.stop("peer0") == 0
         assert_identical_at_equal_rounds([w0 / "checkpoints", w1 / "checkpoints"], min_pairs=2)
