@@ -14,7 +14,10 @@ Keys (``bench/results/comm.json``):
   (target >= 400); ``bytes_ratio_vs_ddp_wire`` uses the bytes the peer's interface really sent
   (TCP, TLS, DHT traffic included).
 - ``replica_max_abs_diff``: largest difference between the peers' averages (target 0.0).
-- ``codecs``: per codec, compressed size, measured times and bytes.
+- ``codecs``: per codec, compressed size, measured times and bytes, and where each peer's CPU went
+  during the round: ``python_cpu_seconds_by_peer`` (user + system), ``python_system_cpu_seconds_by_peer``
+  (the kernel's share: sockets, TCP) and ``child_cpu_seconds_by_peer`` (its child processes by name:
+  ``p2pd``, the DHT process).
 
 A 1 MB exchange runs first (``--no-warmup`` skips it), so the timings are those of a running
 network's rounds, whose p2p connections are already open; the first round of a fresh swarm also
@@ -31,6 +34,7 @@ import hashlib
 import json
 import logging
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -53,6 +57,31 @@ def _tx_bytes() -> int:
         return int(Path("/sys/class/net/eth0/statistics/tx_bytes").read_text())
     except OSError:
         return -1
+
+
+def _tree_cpu_seconds(root: int) -> dict[str, float]:
+    """CPU seconds (user + system) of ``root``'s descendant processes by command name (p2pd, the DHT)."""
+    children: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
+    ticks: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+        pid = int(entry.name)
+        children.setdefault(int(rest[1]), []).append(pid)
+        names[pid], ticks[pid] = name, int(rest[11]) + int(rest[12])
+    out: dict[str, float] = {}
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, []))
+        out[names[pid]] = out.get(names[pid], 0.0) + ticks[pid] / os.sysconf("SC_CLK_TCK")
+    return out
 
 
 def run_peer(args: argparse.Namespace) -> None:
@@ -90,7 +119,8 @@ def run_peer(args: argparse.Namespace) -> None:
         results = {}
         for k, codec in enumerate(args.codecs.split(","), start=1):
             marks.clear()
-            tx0, t0, cpu0 = _tx_bytes(), time.monotonic(), time.process_time()
+            tx0, t0, cpu0, tree0 = _tx_bytes(), time.monotonic(), time.process_time(), _tree_cpu_seconds(os.getpid())
+            sys0 = resource.getrusage(resource.RUSAGE_SELF).ru_stime
             res = avg.average(MODULE, k, [delta], float(1 + args.peer), codec, args.timeout)
             t1 = time.monotonic()
             if res.averaged is None:
@@ -98,7 +128,10 @@ def run_peer(args: argparse.Namespace) -> None:
             flat = res.averaged[0]
             results[codec] = dict(
                 seconds_total=t1 - t0, seconds_allreduce=t1 - marks.get("group_formed", t0),
-                cpu_seconds=time.process_time() - cpu0, bytes_sent=res.bytes_sent, bytes_received=res.bytes_received, wire_tx_bytes=_tx_bytes() - tx0,
+                cpu_seconds=time.process_time() - cpu0,
+                system_cpu_seconds=resource.getrusage(resource.RUSAGE_SELF).ru_stime - sys0,
+                child_cpu_seconds={k: round(v - tree0.get(k, 0.0), 3) for k, v in _tree_cpu_seconds(os.getpid()).items()},
+                bytes_sent=res.bytes_sent, bytes_received=res.bytes_received, wire_tx_bytes=_tx_bytes() - tx0,
                 group_size=res.group_size, sha256=hashlib.sha256(flat.numpy().tobytes()).hexdigest(),
             )
             if codec == "int8":
@@ -177,6 +210,8 @@ def run_bench(args: argparse.Namespace) -> dict:
             wire_tx_bytes_by_peer=[p[codec]["wire_tx_bytes"] for p in peers],
             allreduce_seconds_by_peer=[round(p[codec]["seconds_allreduce"], 3) for p in peers],
             python_cpu_seconds_by_peer=[round(p[codec]["cpu_seconds"], 3) for p in peers],
+            python_system_cpu_seconds_by_peer=[round(p[codec]["system_cpu_seconds"], 3) for p in peers],
+            child_cpu_seconds_by_peer=[p[codec]["child_cpu_seconds"] for p in peers],
             identical_on_all_peers=len({p[codec]["sha256"] for p in peers}) == 1,
             group_size=min(p[codec]["group_size"] for p in peers),
         )
