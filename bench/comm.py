@@ -34,7 +34,6 @@ import hashlib
 import json
 import logging
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -59,29 +58,21 @@ def _tx_bytes() -> int:
         return -1
 
 
-def _tree_cpu_seconds(root: int) -> dict[str, float]:
-    """CPU seconds (user + system) of ``root``'s descendant processes by command name (p2pd, the DHT)."""
-    children: dict[int, list[int]] = {}
-    names: dict[int, str] = {}
-    ticks: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+def _cpu_seconds() -> tuple[float, float, dict[str, float]]:
+    """This process's CPU seconds (user + system, system) and its descendants' by command name (p2pd, the DHT)."""
+    import psutil
+
+    me = psutil.Process()
+    own = me.cpu_times()
+    children: dict[str, float] = {}
+    for child in me.children(recursive=True):
         try:
-            stat = (entry / "stat").read_text()
-        except OSError:
+            with child.oneshot():
+                t = child.cpu_times()
+                children[child.name()] = children.get(child.name(), 0.0) + t.user + t.system
+        except psutil.NoSuchProcess:
             continue
-        name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
-        pid = int(entry.name)
-        children.setdefault(int(rest[1]), []).append(pid)
-        names[pid], ticks[pid] = name, int(rest[11]) + int(rest[12])
-    out: dict[str, float] = {}
-    todo = list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        todo.extend(children.get(pid, []))
-        out[names[pid]] = out.get(names[pid], 0.0) + ticks[pid] / os.sysconf("SC_CLK_TCK")
-    return out
+    return own.user + own.system, own.system, children
 
 
 def run_peer(args: argparse.Namespace) -> None:
@@ -119,18 +110,16 @@ def run_peer(args: argparse.Namespace) -> None:
         results = {}
         for k, codec in enumerate(args.codecs.split(","), start=1):
             marks.clear()
-            tx0, t0, cpu0, tree0 = _tx_bytes(), time.monotonic(), time.process_time(), _tree_cpu_seconds(os.getpid())
-            sys0 = resource.getrusage(resource.RUSAGE_SELF).ru_stime
+            tx0, t0, (cpu0, sys0, children0) = _tx_bytes(), time.monotonic(), _cpu_seconds()
             res = avg.average(MODULE, k, [delta], float(1 + args.peer), codec, args.timeout)
-            t1 = time.monotonic()
+            t1, (cpu1, sys1, children1) = time.monotonic(), _cpu_seconds()
             if res.averaged is None:
                 raise RuntimeError(f"{codec} round failed: {res.reason}")
             flat = res.averaged[0]
             results[codec] = dict(
                 seconds_total=t1 - t0, seconds_allreduce=t1 - marks.get("group_formed", t0),
-                cpu_seconds=time.process_time() - cpu0,
-                system_cpu_seconds=resource.getrusage(resource.RUSAGE_SELF).ru_stime - sys0,
-                child_cpu_seconds={k: round(v - tree0.get(k, 0.0), 3) for k, v in _tree_cpu_seconds(os.getpid()).items()},
+                cpu_seconds=cpu1 - cpu0, system_cpu_seconds=sys1 - sys0,
+                child_cpu_seconds={name: round(v - children0.get(name, 0.0), 3) for name, v in children1.items()},
                 bytes_sent=res.bytes_sent, bytes_received=res.bytes_received, wire_tx_bytes=_tx_bytes() - tx0,
                 group_size=res.group_size, sha256=hashlib.sha256(flat.numpy().tobytes()).hexdigest(),
             )
