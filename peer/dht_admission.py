@@ -34,6 +34,8 @@ __all__ = ["AdmissionValidator"]
 log = logging.getLogger(__name__)
 
 _DECLARATION_FIELDS = frozenset(f.name for f in dataclasses.fields(GroupDeclaration))
+_DECLARATION_REQUIRED = frozenset(f.name for f in dataclasses.fields(GroupDeclaration)
+                                  if f.default is dataclasses.MISSING)
 
 
 class AdmissionValidator(RecordValidatorBase):
@@ -69,8 +71,7 @@ class AdmissionValidator(RecordValidatorBase):
             value = MSGPackSerializer.loads(record.value)
         except Exception:
             return not listed
-        if not listed and not (isinstance(value, dict) and set(value) | {"credential", "digest"} == _DECLARATION_FIELDS
-                               and set(value) <= _DECLARATION_FIELDS):
+        if not listed and not (isinstance(value, dict) and _DECLARATION_REQUIRED <= set(value) <= _DECLARATION_FIELDS):
             return True  # not one of the run's credentialed records
         try:
             subkey = MSGPackSerializer.loads(record.subkey) if record.subkey else None

@@ -55,7 +55,8 @@ from typing import Any, AsyncIterator, Callable, Mapping, NamedTuple, Optional, 
 from peer.credentials import CredentialProvider, CredentialVerifier
 from peer.partition import Group
 from peer.net_pb2 import JoinReply, JoinRequest
-from peer.records import GroupDeclaration, HolderRecord, group_key, holders_key, records_from_value, to_value
+from peer.records import (MAX_EXPECTING, GroupDeclaration, HolderRecord, group_key, holders_key,
+                          records_from_value, to_value)
 
 __all__ = ["Matchmaker", "Match", "LONE"]
 
@@ -106,6 +107,10 @@ class _Looking:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     fetched_from: str = ""
     """The live holder we fetched this round's state from ('' when the state is our own)."""
+    expecting: frozenset[str] = frozenset()
+    """The joiners our stored declaration lists."""
+    expires: float = 0.0
+    """DHT expiration time of our declaration."""
 
 
 class Matchmaker:
@@ -225,11 +230,10 @@ class Matchmaker:
         key = group_key(self.run_id, module_id, round_no)
         looking = self._looking[key] = _Looking(key, digest)
         try:
-            decl = GroupDeclaration(self.config_hash, self.data_hash, self.bandwidth, self._own_credential(), digest)
-            await self.dht.store(key, to_value(decl), get_dht_time() + timeout, subkey=self.peer_id,
-                                 return_future=True)
             patience = BEHIND_PATIENCE_ROUNDS * timeout
-            everyone, ahead, same_round, behind, live = await self._gather(module_id, round_no, key,
+            looking.expires = get_dht_time() + timeout
+            await self._declare(looking, self._own_joiners(module_id, round_no, patience))
+            everyone, ahead, same_round, behind, live = await self._gather(module_id, round_no, looking,
                                                                            gather_deadline, patience, wait_for_behind)
             if ahead > round_no:
                 # the group applied rounds we missed: averaging now would fork the replicas
@@ -268,6 +272,17 @@ class Matchmaker:
                 if not f.future.done():
                     f.future.set_result(None)
             self._looking.pop(key, None)
+
+    def _own_joiners(self, module_id: str, round_no: int, patience: float) -> frozenset[str]:
+        """Peers that fetched ``round_no`` of ``module_id`` from us in the last ``patience`` seconds to average it."""
+        return frozenset(p for p, r in self.joiners(module_id, patience).items() if r == round_no and p != self.peer_id)
+
+    async def _declare(self, looking: _Looking, expecting: frozenset[str]) -> None:
+        """Store (or re-store, when more peers fetched our state meanwhile) our declaration of this round."""
+        looking.expecting = expecting
+        decl = GroupDeclaration(self.config_hash, self.data_hash, self.bandwidth, self._own_credential(),
+                                looking.digest, tuple(sorted(expecting))[:MAX_EXPECTING])
+        await self.dht.store(looking.key, to_value(decl), looking.expires, subkey=self.peer_id, return_future=True)
 
     def _fresh_source(self, module_id: str, round_no: int, live: set[str], patience: float) -> str:
         """The live holder we fetched this round's state from in the last ``patience`` seconds, or ''."""
@@ -315,7 +330,7 @@ class Matchmaker:
         return Match(None, f"forked: {counts[kept]} of {sum(counts.values())} holders at this round hold state "
                            f"{kept}, ours is {digest or '(none)'}; re-syncing to theirs", adopt=kept)
 
-    async def _gather(self, module_id: str, round_no: int, key: str, deadline: float, patience: float,
+    async def _gather(self, module_id: str, round_no: int, looking: _Looking, deadline: float, patience: float,
                       wait_for_behind: bool) -> tuple[dict[str, GroupDeclaration], int, set[str], dict[str, int],
                                                       set[str]]:
         """Other members' valid declarations, read until every live holder at this round declared or
@@ -326,15 +341,20 @@ class Matchmaker:
         A peer that fetched this round's state from us in the last ``patience`` seconds to average it
         (a newcomer, a re-syncing member) counts as a holder at this round even before its holder
         record is visible: a lone holder that stepped alone meanwhile would leave two newcomers to
-        average the old state among themselves, a fork. Without ``wait_for_behind`` (overlap mode,
-        where a member with only holders behind it steps alone) holders one round behind are also
-        waited for until ``deadline``: their record may lag behind their declaration.
+        average the old state among themselves, a fork. Our declaration lists them, and we wait for
+        the peers the other members' declarations list too: a newcomer that leads knows only its own
+        source, and would close the group before the other newcomers of that source declared.
+
+        Without ``wait_for_behind`` (overlap mode, where a member with only holders behind it steps
+        alone) holders one round behind are also waited for until ``deadline``: their record may lag
+        behind their declaration.
 
         A lone member may apply its own delta only when it is the module's only live holder. With
         holders behind it, it waits for them instead: they re-sync to its state at their next round.
         A member that stepped alone whenever nobody was at its exact round would race ahead by one
         round per inner loop (a cut-off peer does so between a heal and its DHT re-merge) and fork
         every time a lagging record made it think so."""
+        key = looking.key
         while True:
             found, holders = await asyncio.gather(
                 self.dht.get(key, latest=True, return_future=True),
@@ -350,9 +370,14 @@ class Matchmaker:
             live = {p: h for p, h in records_from_value(holders, HolderRecord, self.verifier).items()
                     if p != self.peer_id and not self._mismatch(p, h.config_hash, h.data_hash)}
             expected = {p for p, h in live.items() if h.round_no == round_no}
-            # joiners of this round, unless their record already shows them past it
-            expected |= {p for p, r in self.joiners(module_id, patience).items()
-                         if r == round_no and p != self.peer_id and not (p in live and live[p].round_no > round_no)}
+            joiners = self._own_joiners(module_id, round_no, patience)
+            if not joiners <= looking.expecting:  # tell the others whom to wait for
+                await self._declare(looking, looking.expecting | joiners)
+            # joiners of this round, ours and those the other members declared they sent state to,
+            # unless their record already shows them past it
+            told = {p for d in declared.values() if d.digest == looking.digest for p in d.expecting}
+            expected |= {p for p in joiners | told
+                         if p != self.peer_id and not (p in live and live[p].round_no > round_no)}
             # A holder that declared this round is at this round, whatever its record says (an overlap
             # member announces its next round while this one's exchange runs); one a single round
             # ahead that has not declared may be such a member about to declare: wait for it.

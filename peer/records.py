@@ -55,6 +55,8 @@ _HASH_RE = re.compile(r"^[0-9a-f]{0,64}$")
 _PEER_ID_RE = re.compile(r"^[1-9A-HJ-NP-Za-km-z]{20,80}$")  # base58btc
 _RUN_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
 _MAX_ROUND = 2**53
+MAX_EXPECTING = 256
+"""Most peer ids a declaration may list as expected (a bound on what a reader waits for)."""
 
 
 def is_peer_id(text: Any) -> bool:
@@ -126,6 +128,10 @@ class GroupDeclaration:
     digest: str = ""
     """:func:`peer.outer.state_digest` of the state the declaring peer will apply this round's mean
     to: only declarations of equal digest are grouped (equal round numbers do not prove equal states)."""
+    expecting: tuple[str, ...] = ()
+    """Peers that fetched this round's state from the declaring peer to average it (newcomers whose
+    holder records may not be visible yet): every member waits for them to declare, up to its gather
+    deadline, so a leader that never heard of them does not close the group without them."""
 
 
 @dataclass(frozen=True)
@@ -151,8 +157,15 @@ def parse_record(cls: type[R], subkey: Any, value: Any) -> Optional[R]:
     if problem:
         log.warning("ignoring invalid %s record from %r: %s", cls.__name__, subkey, problem)
         return None
-    return cls(**{f.name: (float(value[f.name]) if f.type in ("float", float) else value[f.name])
-                  for f in dataclasses.fields(cls) if f.name in value})
+    return cls(**{f.name: _typed(f.type, value[f.name]) for f in dataclasses.fields(cls) if f.name in value})
+
+
+def _typed(kind: Any, v: Any) -> Any:
+    if kind in ("float", float):
+        return float(v)
+    if kind == "tuple[str, ...]":
+        return tuple(v)  # the DHT's msgpack hands sequences back as lists
+    return v
 
 
 def _problem(cls: type, subkey: Any, value: Any) -> str:
@@ -180,6 +193,10 @@ def _problem(cls: type, subkey: Any, value: Any) -> str:
         elif kind == "str":
             if not isinstance(v, str) or not _HASH_RE.match(v):
                 return f"{name}={v!r} is not a hex hash"
+        elif kind == "tuple[str, ...]":
+            if (not isinstance(v, (list, tuple)) or len(v) > MAX_EXPECTING
+                    or not all(is_peer_id(p) for p in v)):
+                return f"{name} is not a list of at most {MAX_EXPECTING} peer ids"
         elif kind == "bytes":
             if not isinstance(v, bytes) or len(v) > MAX_CREDENTIAL_BYTES:
                 return f"{name} is not bytes of at most {MAX_CREDENTIAL_BYTES}"
@@ -212,9 +229,9 @@ def records_from_value(found: Any, cls: type[R], verifier: Optional["CredentialV
 
 
 def to_value(record: Any) -> dict[str, Any]:
-    """The dict stored in the DHT for a record (an empty credential or digest is left out)."""
+    """The dict stored in the DHT for a record (an empty credential, digest or list is left out)."""
     value = dataclasses.asdict(record)
-    for name in ("credential", "digest"):
+    for name in ("credential", "digest", "expecting"):
         if name in value and not value[name]:
             del value[name]
     return value

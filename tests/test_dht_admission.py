@@ -51,6 +51,8 @@ def test_validator_checks_credentials_of_the_runs_records(keys):
     group = group_key(RUN_ID, "L0M0", 12345)  # not listed: recognised by the declaration's shape
     assert v.validate(record(group, A, to_value(GroupDeclaration(CONFIG, "", 1.0, good, "ab" * 8))))
     assert not v.validate(record(group, A, to_value(GroupDeclaration(CONFIG, "", 1.0, digest="ab" * 8))))
+    assert not v.validate(record(group, A, to_value(GroupDeclaration(CONFIG, "", 1.0, expecting=(B,))))), "a list"
+    assert v.validate(record(group, A, to_value(GroupDeclaration(CONFIG, "", 1.0, good, expecting=(B,)))))
     assert v.validate(record("someone_elses_key", B, {"x": 1})), "other records are not ours to judge"
 
 

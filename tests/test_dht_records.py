@@ -66,6 +66,17 @@ def test_invalid_records_are_ignored_and_logged(caplog, subkey, value, why):
     assert why in caplog.text and "HolderRecord" in caplog.text
 
 
+def test_a_declaration_lists_the_peers_it_expects_and_only_peer_ids():
+    from peer.records import MAX_EXPECTING
+
+    base = {"config_hash": "ab", "data_hash": "", "bandwidth": 1.0}
+    decl = parse_record(GroupDeclaration, PEER, {**base, "expecting": [PEER]})  # msgpack gives back a list
+    assert decl == GroupDeclaration("ab", "", 1.0, expecting=(PEER,)) and to_value(decl)["expecting"] == (PEER,)
+    assert "expecting" not in to_value(GroupDeclaration("ab", "", 1.0))  # the common case stays small
+    for bad in ("not-a-list", ["not a peer id!"], [PEER] * (MAX_EXPECTING + 1), [7]):
+        assert parse_record(GroupDeclaration, PEER, {**base, "expecting": bad}) is None, bad
+
+
 @pytest.mark.integration
 def test_reading_a_real_dht_keeps_only_valid_records(caplog):
     from hivemind.utils import get_dht_time

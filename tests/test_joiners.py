@@ -79,22 +79,45 @@ async def _late(node, first, module_id: str, round_no: int, digest: str, **kw):
     return await node[2].form_group(module_id, round_no, TIMEOUT, digest, **kw)
 
 
-def test_a_lone_holder_waits_for_the_newcomers_it_sent_its_state_to(swarm):
+@pytest.mark.parametrize("leader", ["holder", "newcomer"])
+def test_a_lone_holder_waits_for_the_newcomers_it_sent_its_state_to(swarm, leader):
+    """With a newcomer leading, the second newcomer is slow to join: it declares, but joins only once the
+    holder has joined the leader. The leader knows of it only from the holder's declaration, and must
+    wait for it rather than close the group with the holder alone (a fork: the second newcomer is left
+    with the old state at this round)."""
+    from hivemind.utils import get_dht_time
+
     nodes, loop, state = swarm
-    holder, a, b = nodes
-    _hold(holder, "L0M0", ROUND)  # the only holder record: the newcomers' are not visible yet
-    fetched = [run(loop, _fetch(n, holder, "L0M0", joining=True)) for n in (a, b)]
+    low, mid, high = sorted(nodes, key=lambda n: n[0].peer_id)
+    module_id = "L0M0" if leader == "holder" else "L3M0"
+    holder, a, b = (low, mid, high) if leader == "holder" else (high, low, mid)
+    _hold(holder, module_id, ROUND)  # the only holder record: the newcomers' are not visible yet
+    fetched = [run(loop, _fetch(n, holder, module_id, joining=True)) for n in (a, b)]
     assert [s.round_no for s in fetched] == [ROUND, ROUND]
     digest = state.digest
+    key = group_key(RUN_ID, module_id, ROUND)
+
+    async def slow_joiner():
+        await _declared(b, module_id, ROUND, a[0].peer_id, time.monotonic() + 30)
+        declaration = to_value(GroupDeclaration(CONFIG, "", 1e6, b"", digest))
+        assert await b[0].dht.store(key, declaration, get_dht_time() + TIMEOUT, subkey=b[0].peer_id,
+                                    return_future=True)
+        deadline = time.monotonic() + 30
+        while key in a[2]._looking and holder[0].peer_id not in a[2]._looking[key].followers:
+            assert time.monotonic() < deadline, "the holder never joined the leader"
+            await asyncio.sleep(0.02)  # a poll of the leader's state, with a deadline
+        return await b[2].form_group(module_id, ROUND, TIMEOUT, digest)
 
     async def all_three():
-        return await asyncio.gather(holder[2].form_group("L0M0", ROUND, TIMEOUT, digest),
-                                    _late(a, holder, "L0M0", ROUND, digest), _late(b, holder, "L0M0", ROUND, digest))
+        return await asyncio.gather(holder[2].form_group(module_id, ROUND, TIMEOUT, digest),
+                                    _late(a, holder, module_id, ROUND, digest),
+                                    _late(b, holder, module_id, ROUND, digest) if leader == "holder" else slow_joiner())
 
     everyone = tuple(sorted(n[0].peer_id for n in nodes))
     for group, why, adopt in run(loop, all_three()):
         assert group is not None and group.group_id != LONE, why
         assert group.members == everyone and adopt == "", (group, why)
+        assert group.group_id.startswith(f"{key}-{min(everyone)[-8:]}"), group
 
 
 @pytest.mark.parametrize("joining", [False, True], ids=["archive", "silent-joiner"])
