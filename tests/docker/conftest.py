@@ -52,6 +52,9 @@ def docker_engine() -> None:
 @pytest.fixture(scope="session")
 def docker(docker_engine):
     d = Docker(f"s{uuid.uuid4().hex[:8]}")
+    swept = d.sweep_stale()
+    if swept:
+        print(f"removed {len(swept)} leftovers of interrupted test sessions: {', '.join(swept)}")
     try:
         yield d
     finally:

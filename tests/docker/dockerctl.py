@@ -1,13 +1,15 @@
 """Driving a real Docker engine from tests: the ``docker`` and ``docker-compose`` commands, nothing mocked.
 
 Everything a test creates carries the label ``hivepath-test=<session>`` (or a compose project name)
-and is removed by :meth:`Docker.cleanup`, whatever happened.
+and is removed by :meth:`Docker.cleanup`, whatever happened; what a killed session left behind is
+swept by the next one (:meth:`Docker.sweep_stale`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -16,6 +18,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
+STALE_AFTER_S = 2 * 3600.0
+"""Test resources older than this belong to no running session (CI is killed at 90 minutes)."""
 
 
 class DockerError(RuntimeError):
@@ -149,6 +153,32 @@ class Docker:
 
     # -- teardown -----------------------------------------------------------------------------
 
+    def sweep_stale(self, older_than: float = STALE_AFTER_S) -> list[str]:
+        """Remove what interrupted test sessions left behind (a killed run never reaches
+        :meth:`cleanup`): containers, networks and volumes labelled ``hivepath-test`` or made by a
+        test compose project (``hpt...``), created more than ``older_than`` seconds ago. Each compose
+        project holds a network from Docker's small default address pool; a few dozen leftovers exhaust
+        it ("could not find an available, non-overlapping IPv4 address pool"). Returns what it removed."""
+        removed = []
+        for kind, ls in (("container", ["ps", "-aq"]), ("network", ["network", "ls", "-q"]),
+                         ("volume", ["volume", "ls", "-q"])):
+            ids = set()
+            for label in ("hivepath-test", "com.docker.compose.project"):
+                ids |= set(self(*ls, "--filter", f"label={label}", check=False).stdout.split())
+            for ident in sorted(ids):
+                info = self(kind, "inspect", ident, check=False)
+                if info.returncode != 0:
+                    continue
+                obj = json.loads(info.stdout)[0]
+                labels = (obj.get("Config") or {}).get("Labels") if kind == "container" else obj.get("Labels")
+                labels = labels or {}
+                ours = "hivepath-test" in labels or labels.get("com.docker.compose.project", "").startswith("hpt")
+                if ours and _age_seconds(obj.get("Created") or obj.get("CreatedAt") or "") > older_than:
+                    rm = ["rm", "-f", "-v", ident] if kind == "container" else [kind, "rm", ident]
+                    if self(*rm, check=False, timeout=120).returncode == 0:
+                        removed.append(f"{kind} {obj.get('Name') or ident}")
+        return removed
+
     def cleanup(self) -> None:
         for base, env in self.projects:
             subprocess.run([*base, "down", "-v", "-t", "5", "--remove-orphans"], capture_output=True, timeout=180,
@@ -160,6 +190,17 @@ class Docker:
             self("network", "rm", n, check=False)
         for v in self.volumes:
             self("volume", "rm", "-f", v, check=False)
+
+
+def _age_seconds(created: str) -> float:
+    """Seconds since a Docker ``Created`` timestamp (RFC 3339 with nanoseconds); 0 if unreadable."""
+    import datetime as dt
+
+    m = re.match(r"(\d{4}-\d{2}-\d{2})[T ](\d{2}:\d{2}:\d{2})", created)
+    if not m:
+        return 0.0
+    when = dt.datetime.fromisoformat(f"{m.group(1)}T{m.group(2)}+00:00")
+    return (dt.datetime.now(dt.timezone.utc) - when).total_seconds()
 
 
 def http_json(url: str, timeout: float = 3.0) -> dict:
