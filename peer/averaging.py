@@ -189,6 +189,13 @@ def aggregate(contributions: Mapping[str, tuple[Tensor, float]], rule: Aggregati
     encoded result). With ``MEAN`` this is exactly :func:`weighted_mean`. Raises ValueError when no
     finite contribution is left or the weights are bad.
     """
+    if rule.rule == "mean" and rule.norm_bound <= 0 and contributions:
+        # NaN and Inf propagate into a mean: check the one result, not every contribution (the
+        # reducer's hot path); only a non-finite result needs the per-contribution pass below
+        order = sorted(contributions)
+        value = weighted_mean([contributions[pid][0] for pid in order], [contributions[pid][1] for pid in order])
+        if bool(torch.isfinite(value).all()):
+            return Reduced(value, order, {})
     suspects: dict[str, str] = {}
     order = []
     for pid in sorted(contributions):

@@ -23,7 +23,9 @@ same decoded values: the all-reduce may split a module's delta at any multiple o
 
 Decoding is pure IEEE arithmetic on the CPU (an integer code times an fp32 scale, or an exact
 widening), so the same bytes decode to bit-identical tensors on every machine. Decoders validate the
-byte length, the scales and the codes, and raise :class:`ValueError` on malformed input.
+byte length, the scales and the codes, and raise :class:`ValueError` on malformed input; what they
+return is always finite (a scale whose codes could overflow fp32 is malformed), so a receiver needs no
+second pass over the values.
 """
 
 from __future__ import annotations
@@ -59,14 +61,29 @@ BLOCK = 1024
 _SCALE_BYTES = 4
 
 
-def _check_flat(flat: Tensor) -> Tensor:
-    """Return ``flat`` as a contiguous CPU fp32 1-D tensor, or raise ValueError."""
+def _max_scale(qmax: int) -> float:
+    """The largest fp32 scale whose code ``qmax`` decodes to a finite fp32 value."""
+    s = np.float32(np.finfo(np.float32).max) / np.float32(qmax)
+    with np.errstate(over="ignore"):
+        while not np.isfinite(s * np.float32(qmax)):
+            s = np.nextafter(s, np.float32(0))
+    return float(s)
+
+
+_MAX_SCALE = {q: _max_scale(q) for q in (127, 7)}
+"""Per qmax, the largest block scale: decoded values are always finite (larger scales are refused)."""
+
+
+def _check_flat(flat: Tensor, finite: bool = True) -> Tensor:
+    """Return ``flat`` as a contiguous CPU fp32 1-D tensor, or raise ValueError (also on NaN/Inf,
+    unless ``finite`` is False: the blockwise codecs check their block extremes instead, in the pass
+    they make anyway)."""
     if not isinstance(flat, Tensor):
         raise ValueError(f"expected a tensor, got {type(flat).__name__}")
     if flat.dim() != 1:
         raise ValueError(f"expected a flat 1-D tensor, got shape {tuple(flat.shape)}")
     flat = flat.detach().to(device="cpu", dtype=torch.float32).contiguous()
-    if not bool(torch.isfinite(flat).all()):
+    if finite and not bool(torch.isfinite(flat).all()):
         raise ValueError("cannot encode a vector holding NaN or Inf")
     return flat
 
@@ -191,7 +208,11 @@ class _BlockwiseCodec(Codec):
         # CPU-bound on small machines, and this is its largest single cost (the bytes are unchanged).
         lo, hi = torch.aminmax(blocks, dim=1, keepdim=True)  # (nb, 1) each
         absmax = torch.maximum(hi, lo.neg_())  # (nb, 1) == blocks.abs().amax(dim=1)
+        if not bool(torch.isfinite(absmax).all()):  # NaN propagates through aminmax, Inf is an extreme
+            raise ValueError("cannot encode a vector holding NaN or Inf")
         scale = absmax / self.qmax  # (nb, 1)
+        if bool((scale > _MAX_SCALE[self.qmax]).any()):
+            raise ValueError(f"{self.name}: values beyond {_MAX_SCALE[self.qmax] * self.qmax:.4g} cannot be encoded")
         safe = torch.where(scale > 0, scale, torch.ones_like(scale))
         q = torch.div(blocks, safe).round_().clamp_(-self.qmax, self.qmax)  # (nb, count)
         packed = self._pack(q)  # (nb, code_bytes) uint8
@@ -204,7 +225,7 @@ class _BlockwiseCodec(Codec):
         return out.tobytes(), values
 
     def _encode(self, flat: Tensor, roundtrip: bool) -> tuple[bytes, Optional[Tensor]]:
-        flat = _check_flat(flat)
+        flat = _check_flat(flat, finite=False)  # checked per block in _encode_blocks
         full = flat.numel() // BLOCK
         parts = []
         if full:
@@ -229,8 +250,10 @@ class _BlockwiseCodec(Codec):
         scale = torch.from_numpy(raw[:, :_SCALE_BYTES].copy().view("<f4").astype(np.float32))  # (nb, 1)
         if not bool(torch.isfinite(scale).all()) or bool((scale < 0).any()):
             raise ValueError(f"{self.name}: a block scale is negative, NaN or Inf")
-        q = self._unpack(raw[:, _SCALE_BYTES:], count)  # (nb, count)
-        return (q.to(torch.float32) * scale).reshape(-1)
+        if bool((scale > _MAX_SCALE[self.qmax]).any()):  # a code times it would overflow to Inf
+            raise ValueError(f"{self.name}: a block scale exceeds {_MAX_SCALE[self.qmax]:.4g} (absmax beyond fp32)")
+        q = self._unpack(raw[:, _SCALE_BYTES:], count)  # (nb, count) int8
+        return torch.mul(q, scale).reshape(-1)  # int8 code times fp32 scale: exact widening, one rounding
 
     def decode(self, data: bytes, numel: int) -> Tensor:
         self._check_length(data, numel)
@@ -262,7 +285,7 @@ class Int8Codec(_BlockwiseCodec):
 
     def _unpack(self, raw: np.ndarray, count: int) -> Tensor:
         codes = torch.from_numpy(raw.view(np.int8).copy())  # (nb, count)
-        if bool((codes == -128).any()):
+        if codes.numel() and int(codes.min()) == -128:
             raise ValueError("int8: code -128 is outside [-127, 127]")
         return codes
 

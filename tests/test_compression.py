@@ -188,6 +188,10 @@ def test_decode_rejects_malformed_contents():
         get_codec("int4").decode(struct.pack("<f", 1.0) + bytes([0x88, 0x08]), 4)
     with pytest.raises(ValueError, match="padding"):
         get_codec("int4").decode(struct.pack("<f", 1.0) + bytes([0x88, 0x98]), 3)
+    # a finite scale so large that code 127 times it overflows: decoders return finite values only
+    huge = struct.pack("<f", 3.0e38) + bytes([127, 0, 0, 0])
+    with pytest.raises(ValueError, match="exceeds"):
+        get_codec("int8").decode(huge, 4)
     with pytest.raises(ValueError, match="NaN"):
         get_codec("fp16").decode(bytes.fromhex("007c0000"), 2)  # +inf
     with pytest.raises(ValueError, match="NaN"):
@@ -204,6 +208,20 @@ def test_encode_refuses_non_finite_and_non_flat(name):
             codec.encode(x)
     with pytest.raises(ValueError, match="1-D"):
         codec.encode(torch.zeros(2, 2))
+
+
+@pytest.mark.parametrize("name", ["int8", "int4"])
+def test_blockwise_codecs_encode_near_the_fp32_limit_only_to_finite_values(name):
+    codec = get_codec(name)
+    near = torch.full((BLOCK + 5,), 1.0e36).index_fill_(0, torch.tensor([7]), -1.0e36)  # (BLOCK + 5,)
+    assert torch.isfinite(codec.roundtrip(near)).all()
+    top = torch.full((10,), torch.finfo(torch.float32).max)
+    try:
+        decoded = codec.roundtrip(top)
+    except ValueError as e:  # int8: fp32 max over 127, times 127, rounds past fp32 max
+        assert "cannot be encoded" in str(e)
+    else:
+        assert torch.isfinite(decoded).all()
 
 
 def test_fp16_refuses_values_beyond_its_range():

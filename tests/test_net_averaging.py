@@ -54,6 +54,11 @@ class Recorder:
         self.inner = inner
         self.records: list[dict] = []
 
+    def __getattr__(self, name: str):
+        # the rest of the averager's interface reaches it unchanged: DiLoCoOptimizer sets the round
+        # policy (overlap mode) and the aggregation rule through it, as it does on a bare NetAverager
+        return getattr(self.inner, name)
+
     def average(self, module_id, round_no, tensors, weight, codec, timeout, digest="") -> AverageResult:
         t0 = time.monotonic()
         res = self.inner.average(module_id, round_no, tensors, weight, codec, timeout, digest=digest)
