@@ -38,8 +38,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 from bench.common import emit
 
@@ -144,27 +145,22 @@ def _wait(path: Path, procs: list, timeout: float) -> None:
         time.sleep(0.1)
 
 
-def run_bench(args: argparse.Namespace) -> dict:
-    import torch
+@contextmanager
+def namespaced_peers(module: str, n: int, rate_mbit: int, args: list[str], wait_s: float,
+                     prefix: str = "hpb") -> Iterator[Path]:
+    """Run ``python -m MODULE ARGS --out DIR --peer i --host ADDR`` in each of ``n`` rate-limited
+    namespaces (:class:`bench.netns.NetnsBridge`), peer 0 first: it writes its DHT multiaddrs to
+    ``DIR/maddrs`` (JSON), which the others get as ``--initial``. Yields ``DIR`` once every peer exited
+    0 within ``wait_s`` (else raises with the failed peer's log tail); everything is torn down after."""
+    from bench.netns import NetnsBridge
 
-    from bench.netns import NetnsBridge, netns_available
-    from peer.compression import get_codec
-
-    why = netns_available()
-    if why:
-        return {"skipped": f"bench.comm {why}"}
-    n, numel = args.peers, args.mb * 2**20 // 4
-    rate = args.rate_mbit * 1e6 / 8
-    codecs = args.codecs.split(",")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    with tempfile.TemporaryDirectory(prefix="hivepath-comm-") as tmp, NetnsBridge(n, rate=f"{args.rate_mbit}mbit") as net:
+    with tempfile.TemporaryDirectory(prefix=f"hivepath-{prefix}-") as tmp, \
+            NetnsBridge(n, rate=f"{rate_mbit}mbit", prefix=prefix) as net:
         out = Path(tmp)
-        procs = []
-        logs = [open(out / f"peer{i}.log", "wb") for i in range(n)]
+        procs, logs = [], [open(out / f"peer{i}.log", "wb") for i in range(n)]
         try:
-            base = [sys.executable, "-m", "bench.comm", "--out", tmp, "--peers", str(n), "--mb", str(args.mb),
-                    "--rate-mbit", str(args.rate_mbit), "--codecs", args.codecs, "--timeout", str(args.timeout),
-                    *([] if args.warmup else ["--no-warmup"])]
+            base = [sys.executable, "-m", module, "--out", tmp, *args]
             procs.append(net.popen(0, [*base, "--peer", "0", "--host", net.address(0)], env=env,
                                    stdout=logs[0], stderr=subprocess.STDOUT))
             _wait(out / "maddrs", procs, 120)
@@ -173,11 +169,10 @@ def run_bench(args: argparse.Namespace) -> dict:
                 procs.append(net.popen(i, [*base, "--peer", str(i), "--host", net.address(i), "--initial", *maddrs],
                                        env=env, stdout=logs[i], stderr=subprocess.STDOUT))
             for i, p in enumerate(procs):
-                p.wait(timeout=args.timeout * len(codecs) + 180)
+                p.wait(timeout=wait_s)
                 if p.returncode != 0:
                     raise RuntimeError(f"peer {i} exited {p.returncode}:\n{(out / f'peer{i}.log').read_text()[-3000:]}")
-            peers = [json.loads((out / f"peer{i}.json").read_text()) for i in range(n)]
-            avgs = [torch.load(out / f"avg{i}.pt") for i in range(n)] if "int8" in codecs else []
+            yield out
         finally:
             for p in procs:
                 if p.poll() is None:
@@ -185,6 +180,25 @@ def run_bench(args: argparse.Namespace) -> dict:
                     p.wait()
             for f in logs:
                 f.close()
+
+
+def run_bench(args: argparse.Namespace) -> dict:
+    import torch
+
+    from bench.netns import netns_available
+    from peer.compression import get_codec
+
+    why = netns_available()
+    if why:
+        return {"skipped": f"bench.comm {why}"}
+    n, numel = args.peers, args.mb * 2**20 // 4
+    rate = args.rate_mbit * 1e6 / 8
+    codecs = args.codecs.split(",")
+    peer_args = ["--peers", str(n), "--mb", str(args.mb), "--rate-mbit", str(args.rate_mbit), "--codecs", args.codecs,
+                 "--timeout", str(args.timeout), *([] if args.warmup else ["--no-warmup"])]
+    with namespaced_peers("bench.comm", n, args.rate_mbit, peer_args, args.timeout * len(codecs) + 180) as out:
+        peers = [json.loads((out / f"peer{i}.json").read_text()) for i in range(n)]
+        avgs = [torch.load(out / f"avg{i}.pt") for i in range(n)] if "int8" in codecs else []
     per_codec = {}
     for codec in codecs:
         size = get_codec(codec).encoded_size(numel)

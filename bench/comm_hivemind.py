@@ -35,14 +35,11 @@ import argparse
 import json
 import logging
 import os
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Optional
 
-from bench.comm import _cpu_seconds, _wait
+from bench.comm import _cpu_seconds, namespaced_peers
 from bench.common import emit
 
 log = logging.getLogger("bench.comm_hivemind")
@@ -155,7 +152,7 @@ def run_peer(args: argparse.Namespace) -> None:
 def run_bench(args: argparse.Namespace) -> dict:
     import torch
 
-    from bench.netns import NetnsBridge, netns_available
+    from bench.netns import netns_available
 
     why = netns_available()
     if why:
@@ -163,34 +160,12 @@ def run_bench(args: argparse.Namespace) -> dict:
     n, numel = args.peers, args.mb * 2**20 // 4
     rate = args.rate_mbit * 1e6 / 8
     codecs = args.codecs.split(",")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    with tempfile.TemporaryDirectory(prefix="hivepath-commhm-") as tmp, \
-            NetnsBridge(n, rate=f"{args.rate_mbit}mbit", prefix="hph") as net:
-        out = Path(tmp)
-        procs, logs = [], [open(out / f"peer{i}.log", "wb") for i in range(n)]
-        try:
-            base = [sys.executable, "-m", "bench.comm_hivemind", "--out", tmp, "--peers", str(n), "--mb", str(args.mb),
-                    "--rate-mbit", str(args.rate_mbit), "--codecs", args.codecs, "--timeout", str(args.timeout)]
-            procs.append(net.popen(0, [*base, "--peer", "0", "--host", net.address(0)], env=env,
-                                   stdout=logs[0], stderr=subprocess.STDOUT))
-            _wait(out / "maddrs", procs, 120)
-            maddrs = json.loads((out / "maddrs").read_text())
-            for i in range(1, n):
-                procs.append(net.popen(i, [*base, "--peer", str(i), "--host", net.address(i), "--initial", *maddrs],
-                                       env=env, stdout=logs[i], stderr=subprocess.STDOUT))
-            for i, p in enumerate(procs):
-                p.wait(timeout=(args.timeout + 130) * (len(codecs) + 1) + 60)
-                if p.returncode != 0:
-                    raise RuntimeError(f"peer {i} exited {p.returncode}:\n{(out / f'peer{i}.log').read_text()[-3000:]}")
-            peers = [json.loads((out / f"peer{i}.json").read_text()) for i in range(n)]
-            avgs = {c: [torch.load(out / f"avg_{c}_{i}.pt") for i in range(n)] for c in codecs}
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, 9)
-                    p.wait()
-            for f in logs:
-                f.close()
+    peer_args = ["--peers", str(n), "--mb", str(args.mb), "--rate-mbit", str(args.rate_mbit), "--codecs", args.codecs,
+                 "--timeout", str(args.timeout)]
+    with namespaced_peers("bench.comm_hivemind", n, args.rate_mbit, peer_args,
+                          (args.timeout + 130) * (len(codecs) + 1) + 60, prefix="hph") as out:
+        peers = [json.loads((out / f"peer{i}.json").read_text()) for i in range(n)]
+        avgs = {c: [torch.load(out / f"avg_{c}_{i}.pt") for i in range(n)] for c in codecs}
     deltas = [torch.randn(numel, generator=torch.Generator().manual_seed(i)) * 0.01 for i in range(n)]
     weights = [float(1 + i) for i in range(n)]
     exact = sum(w * d for w, d in zip(weights, deltas)) / sum(weights)
