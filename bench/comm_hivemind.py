@@ -36,6 +36,7 @@ import json
 import logging
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -209,6 +210,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     if unknown:
         parser.error(f"unknown codec(s) {', '.join(unknown)}: pass --codecs with names of {', '.join(CODECS)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # hivemind's 8-bit encoder uses torch.quantize_per_tensor, deprecated in torch 2.13: its code, not ours
+    warnings.filterwarnings("ignore", message="torch.quantize_per_tensor", category=UserWarning)
     if args.peer is not None:
         run_peer(args)
         return
