@@ -8,6 +8,8 @@ Keys (``bench/results/comm.json``):
 
 - ``link_efficiency``: int8's bandwidth-optimal time ``2 (n - 1) / n * compressed_size / rate`` over
   the measured all-reduce time (from the group forming to the average decoded; target >= 0.9).
+  ``compressed_size`` is what the peers actually sent: with the default entropy stage (``--entropy
+  zstd``, the peers' ``OuterConfig.entropy``) it is below the codec's own size (``codec_bytes``).
 - ``speedup_vs_fp32_optimal``: bandwidth-optimal fp32 time over the measured int8 time.
 - ``bytes_ratio_vs_ddp``: bytes a synchronous DDP ring all-reduce sends per peer for H = 100 steps
   (``H * 2 (n - 1) / n * 4 P``) over the payload bytes a peer sent in one int8 outer step
@@ -43,6 +45,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from bench.common import emit
+from models.config import ENTROPY_STAGES, OuterConfig
 
 log = logging.getLogger("bench.comm")
 
@@ -112,7 +115,7 @@ def run_peer(args: argparse.Namespace) -> None:
         for k, codec in enumerate(args.codecs.split(","), start=1):
             marks.clear()
             tx0, t0, (cpu0, sys0, children0) = _tx_bytes(), time.monotonic(), _cpu_seconds()
-            res = avg.average(MODULE, k, [delta], float(1 + args.peer), codec, args.timeout)
+            res = avg.average(MODULE, k, [delta], float(1 + args.peer), _wire(codec, args.entropy), args.timeout)
             t1, (cpu1, sys1, children1) = time.monotonic(), _cpu_seconds()
             if res.averaged is None:
                 raise RuntimeError(f"{codec} round failed: {res.reason}")
@@ -182,6 +185,11 @@ def namespaced_peers(module: str, n: int, rate_mbit: int, args: list[str], wait_
                 f.close()
 
 
+def _wire(codec: str, entropy: str) -> str:
+    """The codec name peers exchange ``codec`` with under the entropy stage ``entropy``."""
+    return OuterConfig(entropy=entropy).wire_codec(codec)
+
+
 def run_bench(args: argparse.Namespace) -> dict:
     import torch
 
@@ -195,20 +203,22 @@ def run_bench(args: argparse.Namespace) -> dict:
     rate = args.rate_mbit * 1e6 / 8
     codecs = args.codecs.split(",")
     peer_args = ["--peers", str(n), "--mb", str(args.mb), "--rate-mbit", str(args.rate_mbit), "--codecs", args.codecs,
-                 "--timeout", str(args.timeout), *([] if args.warmup else ["--no-warmup"])]
+                 "--entropy", args.entropy, "--timeout", str(args.timeout), *([] if args.warmup else ["--no-warmup"])]
     with namespaced_peers("bench.comm", n, args.rate_mbit, peer_args, args.timeout * len(codecs) + 180) as out:
         peers = [json.loads((out / f"peer{i}.json").read_text()) for i in range(n)]
         avgs = [torch.load(out / f"avg{i}.pt") for i in range(n)] if "int8" in codecs else []
     per_codec = {}
     for codec in codecs:
-        size = get_codec(codec).encoded_size(numel)
-        optimal = 2 * (n - 1) / n * size / rate
+        sent = sum(p[codec]["bytes_sent"] for p in peers) / n
+        size = sent / (2 * (n - 1) / n)  # what the codec (and entropy stage) actually sends per copy of the module
+        optimal = sent / rate  # = 2 (n - 1) / n * size / rate
         t_ar = max(p[codec]["seconds_allreduce"] for p in peers)
         per_codec[codec] = dict(
-            compressed_bytes=size, optimal_seconds=round(optimal, 3), allreduce_seconds=round(t_ar, 3),
+            wire_codec=_wire(codec, args.entropy), codec_bytes=get_codec(codec).encoded_size(numel),
+            compressed_bytes=round(size), optimal_seconds=round(optimal, 3), allreduce_seconds=round(t_ar, 3),
             total_seconds=round(max(p[codec]["seconds_total"] for p in peers), 3),
             link_efficiency=round(optimal / t_ar, 3),
-            bytes_sent_per_peer=round(sum(p[codec]["bytes_sent"] for p in peers) / n),
+            bytes_sent_per_peer=round(sent),
             wire_tx_bytes_per_peer=round(sum(p[codec]["wire_tx_bytes"] for p in peers) / n),
             wire_tx_bytes_by_peer=[p[codec]["wire_tx_bytes"] for p in peers],
             allreduce_seconds_by_peer=[round(p[codec]["seconds_allreduce"], 3) for p in peers],
@@ -219,7 +229,7 @@ def run_bench(args: argparse.Namespace) -> dict:
             group_size=min(p[codec]["group_size"] for p in peers),
         )
     result: dict = {"peers": n, "module_mb": args.mb, "rate_mbit": args.rate_mbit, "warmup": args.warmup,
-                    "codecs": per_codec}
+                    "entropy": args.entropy, "codecs": per_codec}
     if "int8" in per_codec:
         c = per_codec["int8"]
         fp32_optimal = 2 * (n - 1) / n * 4 * numel / rate
@@ -243,6 +253,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--rate-mbit", type=int, default=100, help="egress limit of every peer")
     parser.add_argument("--codecs", default="int8,fp16,none,int4")
     parser.add_argument("--timeout", type=float, default=120.0, help="round_timeout of each average")
+    parser.add_argument("--entropy", choices=ENTROPY_STAGES, default=OuterConfig().entropy,
+                        help="lossless stage on the codec's bytes (default: the peers' default)")
     parser.add_argument("--no-warmup", dest="warmup", action="store_false",
                         help="time the first exchange too (its p2p connections are opened during it)")
     parser.add_argument("--peer", type=int, default=None, help=argparse.SUPPRESS)

@@ -4,7 +4,8 @@ A group's flat fp32 delta is cut into one part per member, at multiples of
 :data:`peer.compression.BLOCK` and sized by the members' measured upload bandwidth (client-mode
 members, bandwidth 0, reduce nothing; see :mod:`peer.partition`). Member ``i`` reduces part ``i``:
 
-1. every member encodes each of its parts with the codec and streams part ``i`` to member ``i``
+1. every member encodes each of its parts with the codec (and the run's lossless entropy stage, a
+   codec name such as ``int8+zstd``: see :mod:`peer.compression`) and streams part ``i`` to member ``i``
    (header :class:`peer.net_pb2.PartHeader`, then the payload); the reducer acknowledges it at once;
 2. the reducer validates each contribution (size, codec, finite weight, decodable; a bad one drops
    its sender), waits for every member until its deadline (a slow or gone member is dropped), takes
@@ -104,8 +105,8 @@ class _Slot:
             return "the part was already reduced (too late)"
         if header.codec != self.codec or header.numel != self.numel:
             return f"part is {header.codec}/{header.numel} elements, expected {self.codec}/{self.numel}"
-        if len(payload) != codec.encoded_size(self.numel):
-            return f"payload is {len(payload)} bytes, expected {codec.encoded_size(self.numel)}"
+        if not codec.size_ok(len(payload), self.numel):
+            return f"payload is {len(payload)} bytes, which cannot encode {self.numel} values with {self.codec}"
         if not (math.isfinite(header.weight) and header.weight > 0):
             return f"weight {header.weight} is not a finite number > 0"
         return ""
@@ -543,9 +544,9 @@ class ReductionServer:
             writer.close()
         if reply is None or not reply.ok:
             raise RuntimeError(reply.error if reply is not None else err.message)
-        expected = get_codec(state.codec).encoded_size(b - a)
-        if len(data) != expected or reply.payload_len != len(data):
-            raise RuntimeError(f"average is {len(data)} bytes, expected {expected}")
+        if not get_codec(state.codec).size_ok(len(data), b - a) or reply.payload_len != len(data):
+            raise RuntimeError(f"average is {len(data)} bytes (announced {reply.payload_len}), which cannot encode "
+                               f"{b - a} values with {state.codec}")
         state.bytes_received += len(data)
         return bytes(data), list(reply.contributors)
 

@@ -21,6 +21,11 @@ vector they are given, and lay each block out as ``scale | codes``. Hence encodi
 in parts whose boundaries are multiples of :data:`BLOCK`, gives the same bytes (concatenated) and the
 same decoded values: the all-reduce may split a module's delta at any multiple of ``BLOCK``.
 
+On the wire a codec's bytes may go through a lossless entropy stage (``OuterConfig.entropy``): the
+codec ``int8+zstd`` is ``int8`` whose bytes are zstd-compressed (level 1) behind a one-byte tag, or
+sent raw behind the other tag when zstd does not shrink them. Its decoded values are exactly those
+of ``int8``; its size varies with the data, bounded by ``encoded_size`` (the raw size plus the tag).
+
 Decoding is pure IEEE arithmetic on the CPU (an integer code times an fp32 scale, or an exact
 widening), so the same bytes decode to bit-identical tensors on every machine. Decoders validate the
 byte length, the scales and the codes, and raise :class:`ValueError` on malformed input; what they
@@ -32,13 +37,16 @@ from __future__ import annotations
 
 import abc
 import logging
+import threading
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from models.config import CODECS
+import zstandard
+
+from models.config import CODECS, ENTROPY_STAGES
 
 __all__ = [
     "BLOCK",
@@ -47,6 +55,7 @@ __all__ = [
     "Fp16Codec",
     "Int8Codec",
     "Int4Codec",
+    "EntropyCoded",
     "get_codec",
     "flatten",
     "unflatten",
@@ -95,7 +104,13 @@ class Codec(abc.ABC):
 
     @abc.abstractmethod
     def encoded_size(self, numel: int) -> int:
-        """Exact number of bytes :meth:`encode` produces for ``numel`` values."""
+        """Number of bytes :meth:`encode` produces for ``numel`` values (an upper bound for a codec
+        with an entropy stage)."""
+
+    def size_ok(self, length: int, numel: int) -> bool:
+        """Whether ``length`` bytes can be an encoding of ``numel`` values (a fixed size unless the
+        codec has an entropy stage, whose sizes vary up to :meth:`encoded_size`)."""
+        return length == self.encoded_size(numel)
 
     @abc.abstractmethod
     def encode(self, flat: Tensor) -> bytes:
@@ -318,16 +333,93 @@ class Int4Codec(_BlockwiseCodec):
         return nib.to(torch.int8) - 8
 
 
+class EntropyCoded(Codec):
+    """``inner``'s bytes through zstd (level 1), behind a one-byte tag: :data:`RAW` then the bytes
+    as they are (when zstd would not shrink them), or :data:`ZSTD` then one zstd frame that declares
+    its content size. Lossless: decoded values are ``inner``'s, bit for bit."""
+
+    RAW, ZSTD = 0, 1
+    LEVEL = 1
+
+    def __init__(self, inner: Codec):
+        self.inner = inner
+        self.name = f"{inner.name}+zstd"
+        self._local = threading.local()  # zstd contexts are not thread-safe; the all-reduce encodes in threads
+
+    def _zstd(self) -> tuple["zstandard.ZstdCompressor", "zstandard.ZstdDecompressor"]:
+        ctx = getattr(self._local, "ctx", None)
+        if ctx is None:
+            ctx = self._local.ctx = (zstandard.ZstdCompressor(level=self.LEVEL, write_content_size=True),
+                                     zstandard.ZstdDecompressor())
+        return ctx
+
+    def encoded_size(self, numel: int) -> int:
+        return 1 + self.inner.encoded_size(numel)
+
+    def size_ok(self, length: int, numel: int) -> bool:
+        return 1 <= length <= self.encoded_size(numel)
+
+    def pack(self, raw: bytes) -> bytes:
+        """Tag and (when it shrinks them) compress ``raw``, an encoding by ``inner``."""
+        frame = self._zstd()[0].compress(raw)
+        if len(frame) < len(raw):
+            return bytes((self.ZSTD,)) + frame
+        return bytes((self.RAW,)) + raw
+
+    def unpack(self, data: bytes, numel: int) -> bytes:
+        """``inner``'s encoding of ``numel`` values inside ``data``; ValueError on malformed bytes
+        (an unknown tag, a corrupt frame, or content of any other size: never inflated past it)."""
+        expected = self.inner.encoded_size(numel)
+        if not self.size_ok(len(data), numel):
+            raise ValueError(f"{self.name}: {len(data)} bytes cannot encode {numel} values "
+                             f"(1 to {self.encoded_size(numel)} expected)")
+        tag, body = data[0], memoryview(data)[1:]
+        if tag == self.RAW:
+            return bytes(body)
+        if tag != self.ZSTD:
+            raise ValueError(f"{self.name}: unknown entropy tag {tag}")
+        try:
+            declared = zstandard.frame_content_size(body)
+            if declared != expected:
+                raise ValueError(f"{self.name}: the zstd frame holds {declared} bytes, expected {expected}")
+            raw = self._zstd()[1].decompress(body, max_output_size=expected)
+        except zstandard.ZstdError as e:
+            raise ValueError(f"{self.name}: corrupt zstd frame ({e})") from None
+        if len(raw) != expected:
+            raise ValueError(f"{self.name}: the zstd frame decompressed to {len(raw)} bytes, expected {expected}")
+        return raw
+
+    def encode(self, flat: Tensor) -> bytes:
+        return self.pack(self.inner.encode(flat))
+
+    def encode_roundtrip(self, flat: Tensor) -> tuple[bytes, Tensor]:
+        raw, decoded = self.inner.encode_roundtrip(flat)
+        return self.pack(raw), decoded
+
+    def roundtrip(self, flat: Tensor) -> Tensor:
+        return self.inner.roundtrip(flat)  # lossless stage: skip it
+
+    def decode(self, data: bytes, numel: int) -> Tensor:
+        return self.inner.decode(self.unpack(data, numel), numel)
+
+    def __repr__(self) -> str:
+        return f"EntropyCoded({self.inner!r})"
+
+
 _CODECS: dict[str, Codec] = {c.name: c for c in (NoneCodec(), Fp16Codec(), Int8Codec(), Int4Codec())}
 assert tuple(_CODECS) == CODECS
+_CODECS.update({f"{name}+{stage}": EntropyCoded(_CODECS[name]) for name in CODECS for stage in ENTROPY_STAGES
+                if stage == "zstd"})
 
 
 def get_codec(name: str) -> Codec:
-    """The codec called ``name`` (one of :data:`models.config.CODECS`); ValueError otherwise."""
+    """The codec called ``name``: one of :data:`models.config.CODECS`, optionally followed by
+    ``+zstd`` (its bytes through the lossless entropy stage); ValueError otherwise."""
     try:
         return _CODECS[name]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown codec '{name}'; use one of {', '.join(CODECS)}") from None
+        raise ValueError(f"unknown codec '{name}'; use one of {', '.join(CODECS)} "
+                         "(optionally followed by +zstd)") from None
 
 
 def flatten(tensors: Iterable[Tensor]) -> Tensor:

@@ -132,7 +132,8 @@ class DiLoCoOptimizer:
     at once on its own exchange thread; results are applied in the lattice's fixed order. Per
     module: ``x = global - local (+ residual)``; a delta holding NaN/Inf is never sent (the
     round is skipped for that module and local progress kept); ``averager.average(..., weight=tokens,
-    codec=outer.codec, timeout=outer.round_timeout)``; optional DiPaCo sqrt scaling; Nesterov outer
+    codec=outer.wire_codec(), timeout=outer.round_timeout)`` (the codec with the run's lossless entropy
+    stage); optional DiPaCo sqrt scaling; Nesterov outer
     step on the global copy; ``local <- global``. A failed exchange keeps local progress, so the delta
     carries into the next round; it does not block the other modules. Without an ``averager`` the
     peer is a lone holder of every module and applies the codec round trip of its own delta.
@@ -328,7 +329,8 @@ class DiLoCoOptimizer:
         cfg = self.outer_cfg
         try:
             return self.averager.average(
-                st.module_id, round_no, unflatten(sent, st.outer.global_params), tokens, cfg.codec, cfg.round_timeout,
+                st.module_id, round_no, unflatten(sent, st.outer.global_params), tokens, cfg.wire_codec(),
+                cfg.round_timeout,
                 digest=digest,
             )
         except Exception as e:  # an exchange failure must not take the training loop or other modules down

@@ -290,3 +290,62 @@ def test_error_feedback_state_roundtrip_and_shape_checks():
         other.add(torch.ones(5))
     with pytest.raises(ValueError):
         ErrorFeedback(3).load_state_dict(ef.state_dict())
+
+
+# -- the lossless entropy stage (OuterConfig.entropy = "zstd") --------------------------------------
+
+
+@pytest.mark.parametrize("name", CODECS)
+@pytest.mark.parametrize("numel", [0, 1, 7, BLOCK, 3 * BLOCK + 17])
+def test_entropy_stage_is_lossless_and_bounded(name, numel):
+    inner, coded = get_codec(name), get_codec(f"{name}+zstd")
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(numel)) * 0.02  # (numel,)
+    data, decoded = coded.encode_roundtrip(x)
+    assert torch.equal(decoded, inner.roundtrip(x))
+    assert torch.equal(coded.decode(data, numel), inner.roundtrip(x))
+    assert torch.equal(coded.roundtrip(x), inner.roundtrip(x))
+    assert coded.size_ok(len(data), numel) and len(data) <= coded.encoded_size(numel) == inner.encoded_size(numel) + 1
+    assert not coded.size_ok(coded.encoded_size(numel) + 1, numel) and not coded.size_ok(0, numel)
+
+
+@pytest.mark.parametrize("name, most", [("int8", 0.95), ("int4", 0.95), ("fp16", 0.97)])
+def test_entropy_stage_shrinks_quantised_gaussian_deltas(name, most):
+    """Blockwise absmax codes of a Gaussian are far from uniform: zstd's Huffman stage shrinks them
+    (int8: ~0.92 of the codec's bytes); the shrink is asserted, its size is in bench.codecs."""
+    x = torch.randn(1 << 18, generator=torch.Generator().manual_seed(0))  # (n,)
+    raw = get_codec(name).encode(x)
+    packed = get_codec(f"{name}+zstd").encode(x)
+    assert packed[0] == 1 and len(packed) <= most * len(raw)
+
+
+def test_entropy_stage_sends_incompressible_bytes_raw():
+    x = torch.randn(3, generator=torch.Generator().manual_seed(1))  # 12 bytes: a zstd frame is larger
+    packed = get_codec("none+zstd").encode(x)
+    assert packed[0] == 0 and packed[1:] == get_codec("none").encode(x)
+
+
+def test_entropy_stage_rejects_malformed_bytes_without_inflating_them():
+    import zstandard
+
+    coded, n = get_codec("int8+zstd"), 4 * BLOCK
+    good = coded.encode(torch.randn(n, generator=torch.Generator().manual_seed(2)))
+    raw_size = get_codec("int8").encoded_size(n)
+    bomb = b"\x01" + zstandard.ZstdCompressor(level=1).compress(bytes(100 * raw_size))  # declares 100x the size
+    short = b"\x01" + zstandard.ZstdCompressor(level=1).compress(bytes(raw_size - 1))
+    cases = {
+        "unknown entropy tag 7": b"\x07" + good[1:],
+        "corrupt zstd frame": good[:1] + good[1:9] + bytes(len(good) - 9),
+        f"holds {100 * raw_size} bytes, expected {raw_size}": bomb,
+        f"holds {raw_size - 1} bytes, expected {raw_size}": short,
+        "cannot encode": b"",
+        "do not encode": b"\x00" + bytes(10),  # raw, of the wrong length: the inner codec says so
+    }
+    for why, data in cases.items():
+        with pytest.raises(ValueError, match=why):
+            coded.decode(data, n)
+
+
+def test_entropy_codec_names():
+    assert get_codec("int4+zstd").name == "int4+zstd"
+    with pytest.raises(ValueError, match=r"optionally followed by \+zstd"):
+        get_codec("int8+lz4")

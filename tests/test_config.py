@@ -54,10 +54,20 @@ def test_lattice_validation_names_the_field(kwargs, field):
 def test_nested_errors_carry_the_section():
     with pytest.raises(ConfigError, match="outer.codec"):
         RunConfig.from_dict({"outer": {"codec": "zip"}})
+    with pytest.raises(ConfigError, match="outer.entropy.*none, zstd"):
+        RunConfig.from_dict({"outer": {"entropy": "lz4"}})
     with pytest.raises(ConfigError, match="lattice.bogus"):
         RunConfig.from_dict({"lattice": {"bogus": 1}})
     with pytest.raises(ConfigError, match="run_id"):
         RunConfig(run_id="Has.Dots")
+
+
+def test_wire_codec_adds_the_entropy_stage():
+    cfg = RunConfig()
+    assert cfg.outer.entropy == "zstd" and cfg.outer.wire_codec() == f"{cfg.outer.codec}+zstd"
+    assert cfg.outer.wire_codec("int4") == "int4+zstd"
+    assert cfg.replace(outer={"entropy": "none"}).outer.wire_codec() == cfg.outer.codec
+    assert cfg.replace(outer={"entropy": "none"}).content_hash() != cfg.content_hash()
 
 
 def test_roundtrip_json_and_ints_as_floats():

@@ -509,7 +509,7 @@ def test_module_state_from_another_thread_is_never_torn_or_mislabelled():
         def contribute(m: str):  # the other member's delta for each module ``a`` holds
             like = w.opt.module_state(m).global_params
             delta = [torch.randn(g.shape, generator=torch.Generator().manual_seed(7)) * 0.01 for g in like]
-            return other.average(m, 0, delta, float(BATCH * SEQ), "none", 60.0)
+            return other.average(m, 0, delta, float(BATCH * SEQ), outer.wire_codec(), 60.0)
 
         with ThreadPoolExecutor(len(w.opt.module_ids)) as pool:
             for res in pool.map(contribute, w.opt.module_ids):
