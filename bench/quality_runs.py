@@ -54,8 +54,9 @@ class RunContext:
 
 def make_config(ctx: RunContext, tokenizer: str, *, levels: int = 1, modules: int = 1, blocks: Optional[int] = None,
                 inner_steps: int = 50, codec: str = "none", outer_lr: float = 0.7, outer_momentum: float = 0.9,
-                sqrt_sharing: bool = False, batch_size: Optional[int] = None) -> RunConfig:
-    """The run config of one point at the sweep's scale (validated by ``RunConfig``)."""
+                sqrt_sharing: bool = False, batch_size: Optional[int] = None, steps: int = 0) -> RunConfig:
+    """The run config of one point at the sweep's scale (validated by ``RunConfig``); with the scale's
+    ``lr_decay``, the inner learning rate decays (cosine) over the point's ``steps`` inner steps."""
     s = ctx.scale
     ds = ctx.dataset(tokenizer)
     return RunConfig(
@@ -64,7 +65,8 @@ def make_config(ctx: RunContext, tokenizer: str, *, levels: int = 1, modules: in
         lattice=LatticeConfig(vocab_size=int(ds.manifest["vocab_size"]), d_model=s.d_model, n_heads=s.n_heads,
                               blocks_per_module=blocks or s.blocks_per_module, levels=levels,
                               modules_per_level=modules, seq_len=s.seq_len),
-        inner=InnerConfig(lr=s.lr, warmup_steps=s.warmup_steps, batch_size=batch_size or s.batch_size),
+        inner=InnerConfig(lr=s.lr, warmup_steps=s.warmup_steps, batch_size=batch_size or s.batch_size,
+                          decay_steps=steps if s.lr_decay and steps > s.warmup_steps else 0),
         outer=OuterConfig(inner_steps=inner_steps, codec=codec, lr=outer_lr, momentum=outer_momentum,
                           sqrt_sharing=sqrt_sharing),
     )
@@ -105,7 +107,7 @@ def run_sync(ctx: RunContext, tokenizer: str = "bytes", workers: int = 4) -> dic
     """Synchronous data-parallel with ``workers`` workers of batch B: one model, batch K*B, gradient
     all-reduced every step (identical arithmetic to averaging K workers' gradients)."""
     s = ctx.scale
-    cfg = make_config(ctx, tokenizer, batch_size=s.batch_size * workers)
+    cfg = make_config(ctx, tokenizer, batch_size=s.batch_size * workers, steps=s.steps)
     ds = ctx.dataset(tokenizer)
     model = ModularLM(cfg.lattice, seed=cfg.seed).to(ctx.device)
     pm = model.path_model((0,))
@@ -150,7 +152,7 @@ def run_diloco(ctx: RunContext, tokenizer: str = "bytes", workers: int = 4, inne
     """DiLoCo on the dense model: ``workers`` simulated workers, outer step every ``inner_steps``."""
     s = ctx.scale
     cfg = make_config(ctx, tokenizer, inner_steps=inner_steps, codec=codec, outer_lr=outer_lr,
-                      outer_momentum=outer_momentum)
+                      outer_momentum=outer_momentum, steps=s.steps)
     ds = ctx.dataset(tokenizer)
     sim = DiLoCoSimulator(cfg, [(0,)], workers, seed_batches(ds, cfg, dense=True), device=ctx.device)
     c = get_codec(codec)
@@ -165,13 +167,13 @@ def run_dense(ctx: RunContext, tokenizer: str = "bytes", blocks: int = 2, token_
     """A dense 1x1 model of ``blocks`` blocks trained alone on all data for ``token_multiple`` times the
     tokens one DiPaCo path sees (``dipaco_steps`` steps of batch B, times the multiple, as more steps)."""
     s = ctx.scale
-    cfg = make_config(ctx, tokenizer, blocks=blocks)
+    steps = s.dipaco_steps * token_multiple
+    cfg = make_config(ctx, tokenizer, blocks=blocks, steps=steps)
     ds = ctx.dataset(tokenizer)
     model = ModularLM(cfg.lattice, seed=cfg.seed).to(ctx.device)
     pm = model.path_model((0,))
     loop = InnerLoop(pm, cfg.inner, ctx.device)
     batches = seed_batches(ds, cfg, dense=True)(0, (0,))
-    steps = s.dipaco_steps * token_multiple
     tokens_per_step = cfg.inner.batch_size * cfg.lattice.seq_len
     curve, marks = [], _checkpoints(steps, s.evals)
     for step in range(1, steps + 1):
@@ -193,7 +195,8 @@ def run_dipaco(ctx: RunContext, tokenizer: str = "bytes", inner_steps: int = 50,
     # A path of a 2-level lattice holds as many blocks as the dense model P.
     blocks = max(1, s.blocks_per_module // 2)
     cfg = make_config(ctx, tokenizer, levels=2, modules=2, blocks=blocks, inner_steps=inner_steps, codec=codec,
-                      outer_lr=outer_lr, outer_momentum=outer_momentum, sqrt_sharing=sqrt_sharing)
+                      outer_lr=outer_lr, outer_momentum=outer_momentum, sqrt_sharing=sqrt_sharing,
+                      steps=s.dipaco_steps)
     ds = ctx.dataset(tokenizer)
     paths = cfg.lattice.paths()
     sim = DiLoCoSimulator(cfg, paths, len(paths), seed_batches(ds, cfg, dense=False), device=ctx.device)

@@ -45,6 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--codec", choices=["none", "fp16", "int8", "int4"], help="pseudo-gradient codec")
     p.add_argument("--outer-lr", type=float, metavar="LR", help="outer learning rate (default 0.7)")
     p.add_argument("--outer-momentum", type=float, metavar="M", help="outer Nesterov momentum (default 0.9)")
+    p.add_argument("--lr-decay", action="store_true",
+                   help="decay the inner learning rate (cosine, to a tenth) over --steps instead of keeping it constant")
     p.add_argument("--seed", type=int, metavar="N", help="seed of the initial weights and batches")
     p.add_argument("--data", metavar="DIR", help="a prepared dataset (default: the built-in corpus, cached)")
     p.add_argument("--out", metavar="DIR", help="output directory (default runs/TIMESTAMP)")
@@ -76,6 +78,10 @@ def resolve_config(args: argparse.Namespace):
     if args.outer_momentum is not None:
         outer["momentum"] = args.outer_momentum
     changes: dict = {"outer": outer} if outer else {}
+    if getattr(args, "lr_decay", False):
+        if args.steps <= cfg.inner.warmup_steps:
+            raise ConfigError("steps", f"--lr-decay needs --steps above the warm-up ({cfg.inner.warmup_steps} steps)")
+        changes["inner"] = {"decay_steps": args.steps}
     if args.seed is not None:
         changes["seed"] = args.seed
     if args.dense:

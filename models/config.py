@@ -269,6 +269,12 @@ class InnerConfig:
     """AdamW second-moment decay."""
     warmup_steps: int = 50
     """Linear learning-rate warm-up in inner steps."""
+    decay_steps: int = 0
+    """When > 0: after the warm-up, cosine decay from ``lr`` to ``min_lr_ratio * lr`` at inner step
+    ``decay_steps`` (then constant), as in DiLoCo's inner optimizer; 0 keeps ``lr`` constant (an
+    open-ended volunteer run). A peer counts its own inner steps."""
+    min_lr_ratio: float = 0.1
+    """Floor of the cosine decay, as a fraction of ``lr``."""
     grad_clip: float = 1.0
     """Clip the gradient's global norm to this (0 disables)."""
     batch_size: int = 16
@@ -277,7 +283,12 @@ class InnerConfig:
     def __post_init__(self) -> None:
         _check_types(self)
         _positive(self, "lr", "batch_size")
-        _non_negative(self, "weight_decay", "warmup_steps", "grad_clip")
+        _non_negative(self, "weight_decay", "warmup_steps", "grad_clip", "decay_steps")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError("min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
+        if 0 < self.decay_steps <= self.warmup_steps:
+            raise ConfigError("decay_steps", f"must be 0 (no decay) or more than warmup_steps ({self.warmup_steps}), "
+                                             f"got {self.decay_steps}")
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(name, f"must be in [0, 1), got {getattr(self, name)}")

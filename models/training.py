@@ -1,5 +1,5 @@
-"""The inner loop shared by ``train-local``, the simulator and peers: AdamW with warm-up, clipping,
-autocast.
+"""The inner loop shared by ``train-local``, the simulator and peers: AdamW with warm-up (and an
+optional cosine decay), clipping, autocast.
 
 DiLoCo (Douillard et al. 2023) runs H steps of AdamW on each worker between outer steps; this module
 is one worker's inner optimizer. On CUDA the forward pass runs under bf16 autocast; on CPU in fp32.
@@ -9,6 +9,7 @@ The step returns the loss as a detached tensor so the loop never forces a device
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import ContextManager, Iterable, Union
 
 import torch
@@ -46,10 +47,16 @@ def make_adamw(params: Iterable[nn.Parameter], inner: InnerConfig) -> torch.opti
 
 
 def warmup_lr(inner: InnerConfig, step: int) -> float:
-    """Linear warm-up over ``warmup_steps`` to ``lr``, then constant."""
-    if inner.warmup_steps <= 0:
+    """The learning rate of inner step ``step`` (0-based): linear warm-up over ``warmup_steps`` to
+    ``lr``; then constant, or with ``decay_steps > 0`` a cosine decay to ``min_lr_ratio * lr`` at step
+    ``decay_steps`` and that floor after it."""
+    if step < inner.warmup_steps:
+        return inner.lr * (step + 1) / inner.warmup_steps
+    if inner.decay_steps <= 0:
         return inner.lr
-    return inner.lr * min(1.0, (step + 1) / inner.warmup_steps)
+    frac = min(1.0, (step - inner.warmup_steps) / (inner.decay_steps - inner.warmup_steps))
+    floor = inner.min_lr_ratio
+    return inner.lr * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * frac)))
 
 
 class InnerLoop:

@@ -351,6 +351,32 @@ def test_inner_config_builds_adamw_with_warmup_and_bad_setups_are_refused():
         DiLoCoOptimizer({"a": shared, "b": shared}, InnerConfig(), OuterConfig())
 
 
+def test_inner_lr_schedule_warms_up_then_decays_by_cosine_to_its_floor():
+    from models.training import warmup_lr
+
+    flat = InnerConfig(lr=1.0, warmup_steps=10)
+    assert [warmup_lr(flat, s) for s in (0, 4, 9, 10, 10**6)] == pytest.approx([0.1, 0.5, 1.0, 1.0, 1.0])
+    cos = InnerConfig(lr=1.0, warmup_steps=10, decay_steps=110, min_lr_ratio=0.2)
+    lrs = [warmup_lr(cos, s) for s in range(200)]
+    assert lrs[:11] == pytest.approx([(s + 1) / 10 for s in range(10)] + [1.0])
+    assert lrs[60] == pytest.approx(0.6)  # halfway through the decay: floor + half the span
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:])) and lrs[110:] == pytest.approx([0.2] * 90)
+    mods = {"L0M0": build_module(DENSE, "L0M0")}
+    opt = DiLoCoOptimizer(mods, InnerConfig(lr=1e-2, warmup_steps=1, decay_steps=3, min_lr_ratio=0.0),
+                          OuterConfig(inner_steps=100))
+    seen = []
+    for _ in range(4):
+        for p in mods["L0M0"].parameters():
+            p.grad = torch.ones_like(p)
+        opt.step()
+        seen.append(opt.param_groups[0]["lr"])
+    assert seen == pytest.approx([1e-2, 1e-2, 5e-3, 0.0], abs=1e-12)
+    for bad, field in (({"decay_steps": 5, "warmup_steps": 5}, "decay_steps"), ({"min_lr_ratio": 1.5}, "min_lr_ratio"),
+                       ({"decay_steps": -1}, "decay_steps")):
+        with pytest.raises(ConfigError, match=field):
+            InnerConfig(**bad)
+
+
 def test_modular_lm_paths_with_inner_config_stay_bit_identical():
     """The same wrapper on engineer A's real lattice model (tiny preset), AdamW built from InnerConfig."""
     from models.config import tiny_cpu

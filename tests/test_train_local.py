@@ -198,6 +198,11 @@ def test_config_file_then_flags_override_the_preset(tmp_path):
         resolve_config(Namespace(**{**base, "preset": "tiny"}))
     with pytest.raises(ConfigError, match="momentum"):
         resolve_config(Namespace(**{**base, "outer_momentum": 1.5}))
+    assert resolve_config(Namespace(**base)).inner.decay_steps == 0
+    cfg = resolve_config(Namespace(**{**base, "lr_decay": True, "steps": 500}))
+    assert (cfg.inner.decay_steps, cfg.inner.min_lr_ratio) == (500, 0.1)
+    with pytest.raises(ConfigError, match="--lr-decay needs --steps above the warm-up"):
+        resolve_config(Namespace(**{**base, "lr_decay": True, "steps": 3}))
 
 
 @pytest.mark.gpu
