@@ -198,7 +198,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.comm_hivemind", description=__doc__.split("\n")[0])
     parser.add_argument("--peers", type=int, default=4)
     parser.add_argument("--mb", type=int, default=64, help="module size in MB of fp32 values")
-    parser.add_argument("--rate-mbit", type=int, default=100, help="egress limit of every peer")
+    parser.add_argument("--rate-mbit", type=int, default=100,
+                        help="egress limit of every peer (default 100; other rates write comm_hivemind_RATEmbit.json)")
     parser.add_argument("--codecs", default=",".join(CODECS), help=f"comma-separated, of {','.join(CODECS)}")
     parser.add_argument("--timeout", type=float, default=120.0, help="all-reduce timeout of each average")
     parser.add_argument("--peer", type=int, default=None, help=argparse.SUPPRESS)
@@ -219,7 +220,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     if "skipped" in result:
         print(json.dumps(result), flush=True)
         return
-    emit("comm_hivemind", result)
+    # As bench.comm: the 100 Mbit/s is comm_hivemind.json, other rates their own file.
+    emit("comm_hivemind" if args.rate_mbit == 100 else f"comm_hivemind_{args.rate_mbit}mbit", result)
 
 
 if __name__ == "__main__":
