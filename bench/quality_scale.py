@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["Scale", "tiny", "quick", "long", "horizon", "horizon_cosine", "full", "SCALES"]
+__all__ = ["Scale", "tiny", "quick", "long", "horizon", "horizon_cosine", "wide", "wide_horizon", "full", "SCALES"]
 
 
 @dataclass(frozen=True)
@@ -125,11 +125,37 @@ def horizon() -> Scale:
 
 
 def horizon_cosine() -> Scale:
-    """``horizon``'s synchronous baseline and H=128 int4 point with the inner learning rate decayed
+    """``horizon``'s synchronous baseline and H=128 int4 points with the inner learning rate decayed
     (cosine, to a tenth) over the 12,000 steps instead of constant: does the gap that stays at ~5%
-    with a constant rate close when both runs anneal?"""
-    return horizon().replace(name="horizon-cosine", lr_decay=True, diloco_tuned=(),
-                             diloco_grid=((128, "int4"),), priority=("sync-bytes", "diloco-bytes-H128-int4"))
+    with a constant rate close when both runs anneal? Outer momentum 0.8, 0.7 and 0.5 besides 0.9, and
+    H=32 int8 (127x): the gap at 4x more rounds."""
+    return horizon().replace(name="horizon-cosine", lr_decay=True,
+                             diloco_tuned=((128, "int4", 0.7, 0.8), (128, "int4", 0.7, 0.7), (128, "int4", 0.7, 0.5)),
+                             diloco_grid=((128, "int4"), (32, "int8")),
+                             priority=("sync-bytes", "diloco-bytes-H128-int4", "diloco-bytes-H128-int4-lr0.7-m0.8",
+                                       "diloco-bytes-H32-int8", "diloco-bytes-H128-int4-lr0.7-m0.7",
+                                       "diloco-bytes-H128-int4-lr0.7-m0.5"))
+
+
+def wide() -> Scale:
+    """The issue's reference model size on the quick grid's context and batch: d_model 128 (434,816
+    parameters, 3.7x the quick model), 4,000 steps per worker (the issue's reference horizon), on the
+    >= 1000x settings (H=128 int4, H=256 int8) and the issue's reference point (H=100, uncompressed).
+    Does the gap to synchronous training shrink with model size? Run with ``--only diloco``."""
+    return quick().replace(name="wide", d_model=128, steps=4000, evals=5,
+                           diloco_grid=((128, "int4"), (100, "none"), (256, "int8")), bpe_grid=(),
+                           diloco_tuned=(), outer_grid=(), outer_H=(), dipaco_outer_grid=(),
+                           priority=("sync-bytes", "diloco-bytes-H128-int4", "diloco-bytes-H100-none",
+                                     "diloco-bytes-H256-int8"))
+
+
+def wide_horizon() -> Scale:
+    """``wide``'s model on ``horizon-cosine``'s schedule (12,000 steps, inner lr cosine-decayed to a
+    tenth), synchronous against H=128 int4 (outer momentum 0.9 and 0.8): at the same horizon and the same number of outer
+    rounds, is the gap of a 3.7x larger model smaller? Run with ``--only diloco``."""
+    return wide().replace(name="wide-horizon", steps=12000, evals=6, lr_decay=True,
+                          diloco_grid=((128, "int4"),), diloco_tuned=((128, "int4", 0.7, 0.8),),
+                          priority=("sync-bytes", "diloco-bytes-H128-int4-lr0.7-m0.8", "diloco-bytes-H128-int4"))
 
 
 def tiny() -> Scale:
@@ -141,4 +167,4 @@ def tiny() -> Scale:
 
 
 SCALES = {"tiny": tiny, "quick": quick, "long": long, "horizon": horizon, "horizon-cosine": horizon_cosine,
-          "full": full}
+          "wide": wide, "wide-horizon": wide_horizon, "full": full}

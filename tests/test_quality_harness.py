@@ -11,7 +11,7 @@ import pytest
 
 from bench.quality_report import summarize, tables
 from bench.quality_runs import allreduce_bytes
-from bench.quality_scale import tiny
+from bench.quality_scale import SCALES, tiny
 from bench.quality_sweeps import EXPERIMENTS, Point, grid, load_context, run_point, run_points
 from models.corpus import Corpus, default_corpus
 from models.data import prepare
@@ -140,3 +140,16 @@ def test_worker_processes_record_failures_too(data_dirs):
     assert [r["name"] for r in recs] == ["hetero-fast", "bad-mode"]
     assert recs[0]["status"] == "ok" and recs[1]["status"] == "failed"
     assert "sideways" in recs[1]["error"]
+
+
+@pytest.mark.parametrize("name", sorted(SCALES))
+def test_every_preset_builds_its_grid_and_names_only_its_own_points_first(name):
+    """A preset's ``priority`` lists points of its own grid, unique, and they come first, in order: a
+    misspelt name would silently leave the point it meant to run last (or not at all when compute runs out)."""
+    scale = SCALES[name]()
+    points = grid(scale)
+    names = [p.name for p in points]
+    assert len(names) == len(set(names)), f"{name}: duplicate point names"
+    missing = [n for n in scale.priority if n not in names]
+    assert not missing, f"{name}: priority names points that are not in its grid: {missing}"
+    assert names[:len(scale.priority)] == list(scale.priority)
