@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from chaos.invariants import loss_thirds
 from helpers import wait_for
 from helpers.network import Network
 from peer.checkpoint import CheckpointDir
@@ -99,8 +100,10 @@ def test_network_trains_drains_and_replicas_stay_identical(procs, tmp_path, data
         wait_for(lambda: CheckpointDir(archive).snapshots(), 30, "an archive snapshot")
         assert_identical_at_equal_rounds([archive, *[w / "checkpoints" for w in works]])
         for i in range(3):
-            losses = [p["loss"] for p in net.progress_lines(f"peer{i}") if p.get("loss")]
-            assert len(losses) >= 2 and losses[-1] < losses[0], f"peer{i} loss did not fall: {losses}"
+            # thirds, not the first and last reading: a peer that joins late starts from trained modules,
+            # and one reading of a small batch is noisy (a CI run failed 3.277 -> 3.288 on endpoints alone)
+            first, last, n = loss_thirds(net.progress_lines(f"peer{i}"))
+            assert n >= 3 and last < first, f"peer{i} loss did not fall: first third {first:.3f}, last {last:.3f}, {n} readings"
         # a drained peer left: the coordinator no longer counts it as live
         assert (net.status() or {}).get("live_leases", 99) <= 1
     finally:
