@@ -46,7 +46,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
 
-from bench.common import emit
+from bench.common import ISSUE_RATE_MBIT, emit, rate_result_name
 from models.config import ENTROPY_STAGES, OuterConfig
 
 log = logging.getLogger("bench.comm")
@@ -252,7 +252,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.comm", description=__doc__.split("\n")[0])
     parser.add_argument("--peers", type=int, default=4)
     parser.add_argument("--mb", type=int, default=64, help="module size in MB of fp32 values")
-    parser.add_argument("--rate-mbit", type=int, default=100, help="egress limit of every peer (default 100; other rates write comm_RATEmbit.json)")
+    parser.add_argument("--rate-mbit", type=int, default=ISSUE_RATE_MBIT,
+                        help=f"egress limit of every peer (default {ISSUE_RATE_MBIT}; others write comm_RATEmbit.json)")
     parser.add_argument("--codecs", default="int8,fp16,none,int4")
     parser.add_argument("--timeout", type=float, default=120.0, help="round_timeout of each average")
     parser.add_argument("--entropy", choices=ENTROPY_STAGES, default=OuterConfig().entropy,
@@ -272,9 +273,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     if "skipped" in result:  # `make bench` goes on; the last result file is kept
         print(json.dumps(result), flush=True)
         return
-    # The issue's set-up (100 Mbit/s) is comm.json; other rates get their own file, so a run that asks
-    # where the link rather than this 2-core machine's CPU is the limit keeps the headline figures.
-    emit("comm" if args.rate_mbit == 100 else f"comm_{args.rate_mbit}mbit", result)
+    emit(rate_result_name("comm", args.rate_mbit), result)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Optional
 
 from bench.comm import _cpu_seconds, namespaced_peers
-from bench.common import emit
+from bench.common import ISSUE_RATE_MBIT, emit, rate_result_name
 
 log = logging.getLogger("bench.comm_hivemind")
 
@@ -198,8 +198,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.comm_hivemind", description=__doc__.split("\n")[0])
     parser.add_argument("--peers", type=int, default=4)
     parser.add_argument("--mb", type=int, default=64, help="module size in MB of fp32 values")
-    parser.add_argument("--rate-mbit", type=int, default=100,
-                        help="egress limit of every peer (default 100; other rates write comm_hivemind_RATEmbit.json)")
+    parser.add_argument("--rate-mbit", type=int, default=ISSUE_RATE_MBIT,
+                        help=f"egress limit of every peer (default {ISSUE_RATE_MBIT}; others write comm_hivemind_RATEmbit.json)")
     parser.add_argument("--codecs", default=",".join(CODECS), help=f"comma-separated, of {','.join(CODECS)}")
     parser.add_argument("--timeout", type=float, default=120.0, help="all-reduce timeout of each average")
     parser.add_argument("--peer", type=int, default=None, help=argparse.SUPPRESS)
@@ -220,8 +220,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     if "skipped" in result:
         print(json.dumps(result), flush=True)
         return
-    # As bench.comm: the issue's 100 Mbit/s is comm_hivemind.json, other rates their own file.
-    emit("comm_hivemind" if args.rate_mbit == 100 else f"comm_hivemind_{args.rate_mbit}mbit", result)
+    emit(rate_result_name("comm_hivemind", args.rate_mbit), result)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from chaos.invariants import loss_thirds
 from helpers import wait_for
-from helpers.network import Network
+from helpers.network import Network, loss_thirds
 from peer.checkpoint import CheckpointDir
 
 pytestmark = pytest.mark.integration

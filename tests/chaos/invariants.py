@@ -26,6 +26,7 @@ from typing import Iterable, Optional
 
 import torch
 
+from helpers.network import loss_thirds  # noqa: F401 (re-exported: the scenarios and bench.chaos read it here)
 from peer.checkpoint import CheckpointDir
 
 __all__ = ["ReplicaCheck", "replica_check", "acknowledged_rounds", "held_rounds", "rounds_lost",
@@ -209,15 +210,6 @@ def stop_all(net, names: Iterable[str], exit_timeout: float = 60.0,
             net.procs.kill(n)
             codes[n] = None
     return codes
-
-
-def loss_thirds(lines: list[dict]) -> tuple[float, float, int]:
-    """``(mean loss of the first third, of the last third, number of readings)`` of progress lines."""
-    losses = [p["loss"] for p in sorted(lines, key=lambda p: p.get("time", 0)) if p.get("loss") is not None]
-    if len(losses) < 3:
-        return float("nan"), float("nan"), len(losses)
-    k = len(losses) // 3
-    return sum(losses[:k]) / k, sum(losses[-k:]) / k, len(losses)
 
 
 _ROUND_LINE = re.compile(r"^(\d\d):(\d\d):(\d\d) INFO peer\.trainer: round ")

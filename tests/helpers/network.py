@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from helpers.procs import ProcessGroup, free_port, hivepath_cmd, wait_for
 
-__all__ = ["Network", "TINY_RUN"]
+__all__ = ["Network", "TINY_RUN", "loss_thirds"]
 
 TINY_RUN = """preset = "tiny"
 run_id = "{run_id}"
@@ -126,3 +126,12 @@ class Network:
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
+
+
+def loss_thirds(lines: list[dict]) -> tuple[float, float, int]:
+    """``(mean loss of the first third, of the last third, number of readings)`` of progress lines."""
+    losses = [p["loss"] for p in sorted(lines, key=lambda p: p.get("time", 0)) if p.get("loss") is not None]
+    if len(losses) < 3:
+        return float("nan"), float("nan"), len(losses)
+    k = len(losses) // 3
+    return sum(losses[:k]) / k, sum(losses[-k:]) / k, len(losses)
