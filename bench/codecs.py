@@ -16,7 +16,7 @@ import torch
 
 from bench.common import emit
 from models.config import CODECS, tiny_cpu
-from peer.compression import ErrorFeedback, flatten, get_codec
+from peer.averaging import ErrorFeedback, flatten, get_codec
 
 
 def _real_pseudo_gradient(steps: int = 10) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 Four peers, each in its own network namespace behind one bridge (:mod:`bench.netns`), each with
 egress shaped to 100 Mbit/s by ``tbf``, run real DHTs and p2p daemons and average one module of
-16 Mi fp32 values (64 MB) with :class:`peer.net_averager.NetAverager`, once per codec.
+16 Mi fp32 values (64 MB) with :class:`peer.averaging.net_averager.NetAverager`, once per codec.
 
 Keys (``bench/results/comm.json``):
 
@@ -85,9 +85,9 @@ def run_peer(args: argparse.Namespace) -> None:
     """One peer inside its namespace: join, average once per codec, write timings and the averages."""
     import torch
 
-    from peer.dht import DHTOptions, start_dht
-    from peer.net_averager import NetAverager
-    from peer.records import HolderRecord, holders_key, read_records
+    from peer.network import DHTOptions, start_dht
+    from peer.averaging import NetAverager
+    from peer.network import HolderRecord, holders_key, read_records
 
     torch.set_num_threads(1)
     out = Path(args.out)
@@ -196,7 +196,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     import torch
 
     from bench.netns import netns_available
-    from peer.compression import get_codec
+    from peer.averaging import get_codec
 
     why = netns_available()
     if why:

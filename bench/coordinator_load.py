@@ -131,7 +131,7 @@ async def _load(port: int, peers: int, seconds: float, concurrency: int, server_
     status = await stub.Status(pb.StatusRequest(token=TOKEN), timeout=60)
     result: dict = {"leases": status.live_leases, "joins_per_s": round(peers / join_s, 1)}
 
-    # One HeartbeatStream per live peer, as each real peer holds one (peer/coordinator_client.py),
+    # One HeartbeatStream per live peer, as each real peer holds one (peer/coordinator_client/),
     # opened with the peer's first heartbeat on it, 64 peers at a time (the server cancels calls
     # it has not picked up beyond grpc's 1000 pending; peers do not all connect in one instant).
     stream_beats = [pb.HeartbeatStreamRequest(heartbeat=b) for b in beats]

@@ -8,7 +8,7 @@ bytes exchanged) and the bytes each worker sent. The runs use the same code the 
 
 Bytes exchanged per worker follow a ring all-reduce: ``2 (K - 1) / K`` times the payload. Synchronous
 data-parallel sends the fp32 gradient every step; DiLoCo sends each module's encoded pseudo-gradient
-(``peer.compression.get_codec(codec).encoded_size``) once per round.
+(``peer.averaging.codecs.get_codec(codec).encoded_size``) once per round.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from models.data import Dataset
 from models.evaluate import bits_per_byte
 from models.lattice import ModularLM
 from models.training import InnerLoop
-from peer.compression import get_codec
+from peer.averaging import get_codec
 from peer.simulator import DiLoCoSimulator
 
 __all__ = ["RunContext", "make_config", "allreduce_bytes", "seed_batches", "dense_bpb", "run_sync", "run_diloco",

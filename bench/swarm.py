@@ -60,9 +60,9 @@ def _bottleneck() -> float:
 
 
 def serve(opts: dict) -> None:
-    from peer.dht import DHTOptions, start_dht
-    from peer.stage_node import run_stage_server
-    from peer.stage_server import StageServerOptions
+    from peer.network import DHTOptions, start_dht
+    from peer.node import run_stage_server
+    from peer.stage import StageServerOptions
 
     torch.set_num_threads(1)
     stop = {"reason": None}
@@ -142,9 +142,9 @@ def _throttled_share(client, served: dict[str, int]) -> float:
 
 
 def pipeline(seconds: float, kill_seconds: float, kill_every: float, micro_batches: int, log_dir: Path) -> dict:
-    from peer.dht import DHTOptions, start_dht
-    from peer.stage_client import StageClient
-    from peer.stage_node import StageTrainer
+    from peer.network import DHTOptions, start_dht
+    from peer.stage import StageClient
+    from peer.node import StageTrainer
 
     cfg = _config()
     dht = start_dht(DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"]))
@@ -210,14 +210,14 @@ class _Wire(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, codec: str) -> torch.Tensor:
-        from peer.compression import get_codec
+        from peer.averaging import get_codec
 
         ctx.codec = codec
         return get_codec(codec).roundtrip(x.detach().reshape(-1)).view_as(x)  # (B, T, C)
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
-        from peer.compression import get_codec
+        from peer.averaging import get_codec
 
         return get_codec(ctx.codec).roundtrip(g.reshape(-1)).view_as(g), None  # (B, T, C)
 

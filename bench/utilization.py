@@ -9,7 +9,7 @@ small lattice from the same initialisation, each on its own random windows of th
 at equal tokens (``--steps`` inner steps of ``--batch`` sequences per peer):
 
 - ``ddp``: every-step gradient averaging, synchronous data-parallel over the same transport
-  (:class:`peer.net_averager.NetAverager`, codec ``none``, one bucket holding every gradient; after a
+  (:class:`peer.averaging.net_averager.NetAverager`, codec ``none``, one bucket holding every gradient; after a
   round with fewer than every peer, a peer waits for the others' holder records to reach its step,
   so the group stays in lock-step as DDP does instead of racing ahead alone);
 - ``h20``, ``h100``: hivepath, :class:`peer.diloco.DiLoCoOptimizer` with H = 20 / 100, int8;
@@ -62,7 +62,7 @@ def _tx_bytes() -> int:
 
 def _wait_holders(dht, run_id: str, module_id: str, count: int, barrier_timeout: float, min_round: int = 0) -> bool:
     """Wait until ``count`` holders of ``module_id`` announce a round >= ``min_round``; False on timeout."""
-    from peer.records import HolderRecord, holders_key, read_records
+    from peer.network import HolderRecord, holders_key, read_records
 
     deadline = time.monotonic() + barrier_timeout
     while True:
@@ -81,7 +81,7 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
     from models.config import OuterConfig
     from models.lattice import ModularLM
     from peer.diloco import DiLoCoOptimizer
-    from peer.net_averager import NetAverager
+    from peer.averaging import NetAverager
 
     h, overlap = VARIANTS[name]
     run_id = f"util-{name.replace('_', '-')}"
@@ -185,7 +185,7 @@ def run_peer(args: argparse.Namespace) -> None:
 
     from models.config import PRESETS
     from models.data import Dataset
-    from peer.dht import DHTOptions, start_dht
+    from peer.network import DHTOptions, start_dht
 
     torch.set_num_threads(1)
     torch.manual_seed(args.peer)

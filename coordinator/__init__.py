@@ -23,8 +23,8 @@ from coordinator.records import Assignment, Capabilities, Lease, ModuleProgress,
 from coordinator.scheduler import Move, assign_peer, rebalance
 from coordinator.server import BackgroundServer, ServeOptions, run_server, serve
 from coordinator.settings import CoordinatorSettings, load_run_and_settings, load_settings
-from coordinator.sqlite_store import SQLiteStore
-from coordinator.store import MemoryStore, Store, WriteBatch, open_store
+from coordinator.sqlite_store import SQLiteStore, open_store
+from coordinator.store import MemoryStore, Store, WriteBatch
 from coordinator.view import ClusterView
 
 __all__ = [

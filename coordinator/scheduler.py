@@ -21,7 +21,7 @@ from typing import Callable, Iterator, Mapping, Optional
 from coordinator.records import MODE_PATH, MODE_STAGE, Assignment, Capabilities
 from coordinator.settings import CoordinatorSettings
 from coordinator.view import ClusterView
-from models.config import CODECS, RunConfig, format_path
+from models.config import RunConfig, format_path
 
 __all__ = ["Move", "assign_peer", "rebalance", "rebalance_stages", "link_overrides", "path_assignment", "fits_path",
            "BYTES_PER_PARAM"]
@@ -295,7 +295,7 @@ def rebalance_stages(
     to the least served module once their spread passes ``rebalance_threshold``. Hysteresis as for
     paths: the move must shrink the gap by the threshold too, and a peer moves at most once per
     ``min_move_interval``; the moved server must fit the new module's memory. It loads the module's
-    state from its holders before serving (``peer.stage_node``).
+    state from its holders before serving (``peer.node.stage_runner``).
     """
     if not view.stage_peers:
         return None, "no stage servers"

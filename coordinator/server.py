@@ -23,7 +23,7 @@ from coordinator.credentials import CredentialIssuer, default_key_path, load_or_
 from coordinator.servicer import CoordinatorServicer
 from coordinator.settings import CoordinatorSettings
 from coordinator.status import snapshot
-from coordinator.store import open_store
+from coordinator.sqlite_store import open_store
 from coordinator.web import StatusServer
 from models.config import RunConfig
 from models.errors import HivepathError
@@ -98,7 +98,7 @@ async def serve(run: RunConfig, settings: CoordinatorSettings, opts: ServeOption
         server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", 64 * MAX_MESSAGE_BYTES),
-            # peers ping every 10 s (peer.coordinator_transport.KEEPALIVE_OPTIONS) to notice a dead link
+            # peers ping every 10 s (peer.coordinator_client.transport.KEEPALIVE_OPTIONS) to notice a dead link
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_MIN_INTERVAL_MS),
             ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_MIN_INTERVAL_MS),

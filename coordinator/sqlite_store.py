@@ -13,13 +13,13 @@ import math
 import sqlite3
 import threading
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 from coordinator.records import Lease, ModuleProgress, PeerRecord
-from coordinator.store import StoredState, WriteBatch
+from coordinator.store import MemoryStore, Store, StoredState, WriteBatch
 from models.errors import HivepathError
 
-__all__ = ["SQLiteStore", "SCHEMA_VERSION"]
+__all__ = ["SQLiteStore", "SCHEMA_VERSION", "open_store"]
 
 log = logging.getLogger(__name__)
 
@@ -108,3 +108,9 @@ class SQLiteStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+def open_store(path: Optional[str], synchronous: str = "FULL") -> Store:
+    """An SQLite store at ``path``, or a memory store when ``path`` is None or ``":memory:"``."""
+    if path is None or path == ":memory:":
+        return MemoryStore()
+    return SQLiteStore(path, synchronous=synchronous)

@@ -1,5 +1,6 @@
 """Where the coordinator's state is kept: one interface, an SQLite-WAL implementation for real runs
-(:mod:`coordinator.sqlite_store`) and an in-memory one for tests. Both pass the same contract suite
+(:mod:`coordinator.sqlite_store`, which also has :func:`~coordinator.sqlite_store.open_store`) and an
+in-memory one for tests. Both pass the same contract suite
 (``tests/test_coordinator_store.py``).
 
 Writes come as a :class:`WriteBatch` applied atomically. The coordinator commits joins, leaves,
@@ -12,11 +13,11 @@ from __future__ import annotations
 import copy
 import threading
 from dataclasses import dataclass, field
-from typing import Optional, Protocol
+from typing import Protocol
 
 from coordinator.records import Lease, ModuleProgress, PeerRecord
 
-__all__ = ["WriteBatch", "StoredState", "Store", "MemoryStore", "open_store"]
+__all__ = ["WriteBatch", "StoredState", "Store", "MemoryStore"]
 
 
 @dataclass
@@ -108,13 +109,3 @@ class MemoryStore:
 
     def close(self) -> None:
         pass
-
-
-def open_store(path: Optional[str], synchronous: str = "FULL") -> Store:
-    """An SQLite store at ``path``, or a memory store when ``path`` is None or ``":memory:"``."""
-    if path is None or path == ":memory:":
-        return MemoryStore()
-    from coordinator.sqlite_store import SQLiteStore
-
-    return SQLiteStore(path, synchronous=synchronous)
-

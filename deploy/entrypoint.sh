@@ -5,7 +5,7 @@
 #
 # A missing required variable stops the container with one line naming it (exit 2).
 # With HIVEPATH_SPOT set (aws, gcp or auto), `peer join` and `archive` run under the spot-notice
-# supervisor (python -m peer.spot), which sends the peer SIGTERM (drain, checkpoint, exit 0) when
+# supervisor (python -m peer.node.spot), which sends the peer SIGTERM (drain, checkpoint, exit 0) when
 # the cloud posts a preemption notice.
 set -eu
 
@@ -49,7 +49,7 @@ resolve_announce() {
 maybe_spot() {
   resolve_announce
   if [ -n "${HIVEPATH_SPOT:-}" ] && [ "${HIVEPATH_SPOT}" != "none" ]; then
-    exec python -m peer.spot -- hivepath "$@"
+    exec python -m peer.node.spot -- hivepath "$@"
   fi
   exec hivepath "$@"
 }

@@ -3,7 +3,7 @@
 - ``HIVEPATH_ROLE=coordinator``: the coordinator's gRPC health service on 127.0.0.1:``HIVEPATH_PORT``
   must answer SERVING (this is what the service itself reports: NOT_SERVING while it shuts down).
 - ``HIVEPATH_ROLE=peer``/``archive``: the process's local status endpoint
-  (``http://127.0.0.1:$HIVEPATH_STATUS_PORT/healthz``, default port 7702; ``peer.local_status``)
+  (``http://127.0.0.1:$HIVEPATH_STATUS_PORT/healthz``, default port 7702; ``peer.node.local_status``)
   must answer 200: the peer is in a waiting state (starting, joining, loading state, draining) or
   made progress within its ``HIVEPATH_STALL_TIMEOUT``; 503 (stuck) or no answer is unhealthy.
   With ``HIVEPATH_STATUS_PORT=0`` (the endpoint turned off) it falls back to checking that a live

@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from peer.archive import ArchiveOptions, ArchivePeer
+    from peer.node import ArchiveOptions, ArchivePeer
 
     if not args.dir:
         raise HivepathError("no archive directory: pass --dir DIR or set HIVEPATH_ARCHIVE_DIR")

@@ -1,5 +1,5 @@
 """``hivepath peer join``: join a run as a volunteer peer; ``hivepath peer status``: ask the peer
-running on this machine how it is doing (its local status endpoint, ``peer.local_status``).
+running on this machine how it is doing (its local status endpoint, ``peer.node.local_status``).
 
 Every flag can come from an environment variable (for containers); a flag on the command line wins
 over the variable. The first SIGTERM or SIGINT drains (finish or abandon the round, checkpoint, leave,
@@ -23,7 +23,7 @@ from models.errors import HivepathError
 __all__ = ["register", "run", "drain_signals", "add_network_flags", "check_status_flags", "read_token"]
 
 DEFAULT_STATUS_PORT = 7702
-"""Port of a peer's local status (``peer.local_status.DEFAULT_STATUS_PORT``; kept here so that
+"""Port of a peer's local status (``peer.node.local_status.DEFAULT_STATUS_PORT``; kept here so that
 building the parser imports nothing heavy)."""
 
 log = logging.getLogger(__name__)
@@ -214,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
         status_port=args.status_port,
         stall_timeout=args.stall_timeout,
     )
-    from peer.spot import SpotOptions, SpotWatcher
+    from peer.node import SpotOptions, SpotWatcher
 
     node = PeerNode(opts)
     spot = SpotOptions(provider=args.spot, base_url=args.spot_url, poll_interval=args.spot_poll_interval)

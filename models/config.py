@@ -341,7 +341,7 @@ class OuterConfig:
 
     def wire_codec(self, codec: Optional[str] = None) -> str:
         """The codec name peers exchange pseudo-gradients with: ``codec`` (default: this config's)
-        followed by ``+zstd`` when the entropy stage is on (see :func:`peer.compression.get_codec`)."""
+        followed by ``+zstd`` when the entropy stage is on (see :func:`peer.averaging.codecs.get_codec`)."""
         codec = self.codec if codec is None else codec
         return codec if self.entropy == "none" else f"{codec}+{self.entropy}"
 

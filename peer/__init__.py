@@ -1,39 +1,36 @@
-"""The volunteer node. Submodules are imported where needed, so importing ``peer`` alone pulls in
-neither torch nor hivemind.
+"""The volunteer node, one package per subsystem. Each package's ``__init__`` is its API.
 
-Numerics (pure torch, identical bits on every replica):
-- ``peer.compression``: pseudo-gradient codecs (none, fp16, int8, int4; blockwise absmax) and
-  ``ErrorFeedback``.
-- ``peer.outer``: ``OuterOptimizer``, DiLoCo's Nesterov step on a CPU fp32 global copy.
-- ``peer.averaging``: the ``ModuleAverager`` contract, ``AverageResult``, the in-process
-  ``LocalAverager`` and the reduction rule (``weighted_mean``, ``reduce_encoded``).
-- ``peer.diloco``: ``DiLoCoOptimizer``, the optimizer-like wrapper running outer rounds per module.
-- ``peer.simulator``: the single-process K-worker DiLoCo simulator behind ``hivepath train-local``.
+Lowest first; a package imports only packages above it in this list (``tests/test_layering.py``
+checks it), and all of them may import ``models`` and ``protos``, never ``coordinator``:
 
-Network:
-- ``peer.identity``, ``peer.dht``, ``peer.records``: identity files, DHT start-up, DHT record schemas.
-- ``peer.matchmaking``, ``peer.allreduce``, ``peer.net_averager``: groups per (module, round) and the
-  bit-identical all-reduce over hivemind's P2P; ``peer.state_transfer`` serves module states.
-- ``peer.coordinator_client``: the coordinator's gRPC client with retries.
-- ``peer.credentials``: admission credentials signed by the coordinator, checked by every member.
-- ``peer.partition``: how a module's flat vector is split into parts among reducers.
-- Robust aggregation lives in ``peer.averaging`` (``Aggregation``, ``aggregate``, ``reduce_part``;
-  ``AverageResult.suspects`` names contributors that were clipped or dropped).
+==========================  ==========================================================================
+``peer.outer``              DiLoCo's outer step: ``OuterOptimizer``, ``ModuleState``, ``state_digest``
+``peer.network``            identity file, DHT start-up, DHT record schemas, admission credentials
+``peer.coordinator_client`` the coordinator's gRPC client, its replies and errors (no torch)
+``peer.averaging``          averaging one module among its holders: codecs, the reduction rule,
+                            matchmaking, partition, all-reduce, state transfer, ``NetAverager``
+``peer.diloco``             ``DiLoCoOptimizer`` (H inner steps, then an outer round per module),
+                            round reports, re-sync after a missed round
+``peer.stage``              stage mode (SWARM): stage records, wire format, ``StageServer``,
+                            ``StageClient``
+``peer.node``               the long-running processes: ``hivepath peer join`` (``PeerNode``), the
+                            path trainer, the stage runner, the archive, checkpoints, resources,
+                            progress, the local status page, spot notices
+``peer.demo``               ``hivepath demo``: a whole network on one machine, and its report
+``peer.simulator``          ``hivepath train-local``: K DiLoCo workers in one process
+==========================  ==========================================================================
 
-Stage mode (SWARM):
-- ``peer.stage_records``, ``peer.stage_wire``, ``peer.stage_server``, ``peer.stage_client``,
-  ``peer.stage_node``: pipeline-stage servers of one module and the trainers that drive them.
+Where a decision lives:
 
-The peer itself:
-- ``peer.node`` (``hivepath peer join``), ``peer.trainer`` (one path assignment),
-  ``peer.checkpoint``, ``peer.resources``, ``peer.progress``, ``peer.archive``, ``peer.demo``.
-- ``peer.resync``: re-aligning a module with its group after a missed round or a lost fork.
-- ``peer.local_status``: the local ``/status`` and ``/healthz`` page behind container health checks.
+- the codec of a module: the run config names it, the coordinator's assignment carries it, and
+  ``peer.averaging.codecs`` implements it;
+- the snapshot layout on disk: ``peer.node.checkpoint``;
+- the wire messages between peers: ``protos/hivepath/peer/v1/`` (``net.proto``, ``stage.proto``).
+
+Importing ``peer`` alone pulls in neither torch nor hivemind.
 """
 
 __all__ = [
-    "compression", "outer", "averaging", "diloco", "simulator", "identity", "dht", "records", "matchmaking",
-    "allreduce", "net_averager", "state_transfer", "coordinator_client", "node", "trainer", "checkpoint",
-    "resources", "progress", "archive", "demo", "credentials", "partition", "stage_records", "stage_wire",
-    "stage_server", "stage_client", "stage_node", "spot", "resync", "local_status",
+    "outer", "network", "coordinator_client", "averaging", "diloco", "stage", "node", "demo",
+    "simulator",
 ]

@@ -1,13 +1,16 @@
-"""gRPC contracts between peers and the coordinator, with their generated (committed) stubs.
+"""The contracts between peers and the coordinator, and between peers, with their generated stubs.
 
-``protos/hivepath/coordinator/v1/coordinator.proto`` is the source; ``python -m protos.generate``
-rewrites the generated ``*_pb2.py``, ``*_pb2.pyi`` and ``*_pb2_grpc.py`` beside it (and
-``peer/net_pb2.py``/``.pyi`` from ``peer/net.proto``, the peers' averaging messages).
+The ``.proto`` files are the source; ``python -m protos.generate`` rewrites the committed ``*_pb2.py``,
+``*_pb2.pyi`` and ``*_pb2_grpc.py`` beside them (a test fails when they drift):
 
-- :mod:`protos.hivepath.coordinator.v1.coordinator_pb2` (messages, exported as ``coordinator_pb2``)
-- :mod:`protos.hivepath.coordinator.v1.coordinator_pb2_grpc` (stubs, exported as ``coordinator_pb2_grpc``)
+- :mod:`protos.hivepath.coordinator.v1.coordinator_pb2` and ``coordinator_pb2_grpc``: the coordinator's
+  gRPC service (exported here as ``coordinator_pb2`` and ``coordinator_pb2_grpc``).
+- :mod:`protos.hivepath.peer.v1.net_pb2`: the peers' averaging messages (matchmaking, all-reduce, state).
+- :mod:`protos.hivepath.peer.v1.stage_pb2`: stage mode's activations and gradients.
 - :mod:`protos.credential`: the admission credential's byte format, signing and verification
-  (shared by the coordinator, which signs, and peers, which check each other)
+  (shared by the coordinator, which signs, and peers, which check each other).
+
+Imports nothing of ``models``, ``peer`` or ``coordinator``.
 """
 
 from protos import credential

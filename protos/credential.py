@@ -29,8 +29,6 @@ from typing import Optional, Union
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from models.errors import HivepathError
-
 __all__ = [
     "Credential",
     "CredentialError",
@@ -51,7 +49,7 @@ MAX_CREDENTIAL_BYTES = len(MAGIC) + 1 + 255 + 1 + 255 + 8 + _SIG
 """No valid credential is longer; longer blobs are refused before parsing."""
 
 
-class CredentialError(HivepathError):
+class CredentialError(ValueError):
     """A credential blob is malformed (not one that merely fails verification)."""
 
 

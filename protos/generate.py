@@ -1,11 +1,15 @@
 """Regenerate the committed gRPC stubs: ``python -m protos.generate``.
 
-Protos live under ``protos/hivepath/coordinator/v1/`` (package ``hivepath.coordinator.v1``) and are
-compiled from the repository root, so the generated modules import each other as
-``protos.hivepath.coordinator.v1.*`` and never shadow the ``hivepath`` command package.
-``peer/net.proto`` (the peers' averaging wire messages, no service) is compiled by the same command
-into ``peer/net_pb2.py`` and ``.pyi``. ``tests/test_protos_drift.py`` fails when the committed files
-differ from a fresh generation.
+Every contract lives here, compiled from the repository root so the generated modules import each
+other as ``protos.hivepath.*`` and never shadow the ``hivepath`` command package:
+
+- ``protos/hivepath/coordinator/v1/coordinator.proto``: the peer-coordinator service (package
+  ``hivepath.coordinator.v1``), with ``_pb2_grpc.py`` stubs.
+- ``protos/hivepath/peer/v1/net.proto``: the peers' averaging messages (matchmaking, all-reduce parts,
+  state transfer); ``protos/hivepath/peer/v1/stage.proto``: stage mode's activations and gradients.
+  Both are package ``hivepath.peer.v1`` and carried over hivemind's P2P, so they have no service.
+
+``tests/test_protos_drift.py`` fails when the committed files differ from a fresh generation.
 """
 
 from __future__ import annotations
@@ -22,7 +26,11 @@ __all__ = ["PROTO_FILES", "SERVICE_PROTOS", "generate", "outputs", "main"]
 log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parent.parent
-PROTO_FILES = ["protos/hivepath/coordinator/v1/coordinator.proto", "peer/net.proto"]
+PROTO_FILES = [
+    "protos/hivepath/coordinator/v1/coordinator.proto",
+    "protos/hivepath/peer/v1/net.proto",
+    "protos/hivepath/peer/v1/stage.proto",
+]
 SERVICE_PROTOS = frozenset({"protos/hivepath/coordinator/v1/coordinator.proto"})
 """Protos that define a gRPC service and so also get a ``_pb2_grpc.py``."""
 

@@ -1,4 +1,4 @@
-"""A reducer's validation of the parts it receives (``peer.allreduce``): a malformed contribution
+"""A reducer's validation of the parts it receives (``peer.averaging.allreduce``): a malformed contribution
 (wrong codec or size, a corrupt entropy frame, a bad weight) drops its sender from the part and
 keeps everyone else's; a good one decodes to exactly what its sender's codec round trip gives."""
 
@@ -9,9 +9,9 @@ import asyncio
 import pytest
 import torch
 
-from peer.allreduce import ReductionServer, _Slot
-from peer.compression import BLOCK, get_codec
-from peer.net_pb2 import PartHeader
+from peer.averaging.allreduce import ReductionServer, _Slot
+from peer.averaging import BLOCK, get_codec
+from protos.hivepath.peer.v1.net_pb2 import PartHeader
 
 N = 2 * BLOCK
 

@@ -5,7 +5,7 @@ weighted mean is the target; "spread" is the largest distance of an honest delta
 plain mean is ruined by the hostile member (the tests check that too, so they can fail); the robust
 rules stay within a fraction of the spread, report the hostile member, and every member applies the
 same bytes: in-process (:class:`peer.averaging.LocalAverager`) and over real DHTs and p2p daemons
-(:class:`peer.net_averager.NetAverager`, one reducer per part).
+(:class:`peer.averaging.net_averager.NetAverager`, one reducer per part).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from peer.averaging import (
     MEAN, Aggregation, LocalAverager, aggregate, reduce_part, weighted_mean,
 )
-from peer.compression import BLOCK, get_codec
+from peer.averaging import BLOCK, get_codec
 
 WEIGHTS = [1.0, 2.0, 3.0, 4.0, 5.0]
 
@@ -175,9 +175,9 @@ def test_five_networked_peers_with_a_hostile_member_stay_identical_and_near_the_
     """One swarm, one round per (rule, hostile kind): every part is reduced by a different peer, the
     hostile one included (its own part is honest work: a reducer is trusted with its part). Replicas
     get identical bytes; the aggregate stays near the honest mean; honest reducers report peer 4."""
-    from peer.dht import DHTOptions, start_dht
-    from peer.net_averager import NetAverager
-    from peer.records import HolderRecord, holders_key, read_records
+    from peer.network import DHTOptions, start_dht
+    from peer.averaging import NetAverager
+    from peer.network import HolderRecord, holders_key, read_records
     from helpers import wait_for
 
     n = 5 * BLOCK

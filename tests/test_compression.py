@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models.config import CODECS
-from peer.compression import BLOCK, ErrorFeedback, flatten, get_codec, unflatten
+from peer.averaging import BLOCK, ErrorFeedback, flatten, get_codec, unflatten
 
 
 def _gauss(n: int, seed: int = 0) -> torch.Tensor:

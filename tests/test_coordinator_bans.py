@@ -19,7 +19,7 @@ from coordinator.store import MemoryStore
 from models.config import tiny_cpu
 from models.errors import ConfigError
 from peer.coordinator_client import CoordinatorClient, PeerBanned, PeerInfo
-from peer.credentials import CredentialVerifier
+from peer.network import CredentialVerifier
 from protos import coordinator_pb2 as pb
 from protos import coordinator_pb2_grpc as pb_grpc
 from protos.credential import decode_credential

@@ -17,7 +17,7 @@ from coordinator.core import Coordinator
 from coordinator.server import BackgroundServer, ServeOptions
 from coordinator.servicer import CoordinatorServicer
 from coordinator.settings import CoordinatorSettings
-from coordinator.store import open_store
+from coordinator.sqlite_store import open_store
 from helpers import free_port
 from models.config import tiny_cpu
 from peer.coordinator_client import CoordinatorClient, PeerInfo, Progress

@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from helpers import free_port, hivepath_cmd, wait_for
 from peer.coordinator_client import CoordinatorClient, CoordinatorUnavailable, PeerBanned, PeerInfo, Progress
-from peer.credentials import CredentialVerifier
+from peer.network import CredentialVerifier
 
 pytestmark = pytest.mark.integration
 

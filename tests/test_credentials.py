@@ -16,8 +16,8 @@ from hypothesis import given, settings as hsettings, strategies as st
 
 from coordinator.credentials import CredentialIssuer, default_key_path, load_or_create_key
 from models.errors import HivepathError
-from peer.credentials import CredentialVerifier
-from peer.records import GroupDeclaration, HolderRecord, records_from_value, to_value
+from peer.network import CredentialVerifier
+from peer.network import GroupDeclaration, HolderRecord, records_from_value, to_value
 from protos.credential import (
     MAX_CREDENTIAL_BYTES,
     CredentialError,
@@ -137,7 +137,7 @@ def test_records_without_a_valid_credential_are_dropped(issuer, caplog):
             "12D3KooWCopyCopyCopyCopy1": Item(to_value(HolderRecord("ab", "", 1, 1.0, 1.0, good))),
         }
 
-    with caplog.at_level(logging.WARNING, logger="peer.credentials"):
+    with caplog.at_level(logging.WARNING, logger="peer.network.credentials"):
         assert set(records_from_value(Found, HolderRecord, v)) == {ALICE}
     assert len(records_from_value(Found, HolderRecord)) == 4  # no verifier: an open run
     assert "not the coordinator's" in caplog.text and "no credential" in caplog.text

@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from hivepath.cli import build_parser
-from peer import spot
+from peer.node import spot
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -344,7 +344,7 @@ def test_entrypoint_runs_spot_peers_under_the_supervisor(tmp_path):
     (stub_dir / "python").write_text('#!/bin/sh\necho "$@"\n')
     (stub_dir / "python").chmod(0o755)
     out = _entrypoint(["peer", "join"], env, tmp_path)
-    assert out.returncode == 0 and out.stdout.split() == ["-m", "peer.spot", "--", "hivepath", "peer", "join"]
+    assert out.returncode == 0 and out.stdout.split() == ["-m", "peer.node.spot", "--", "hivepath", "peer", "join"]
     assert os.access(DEPLOY / "entrypoint.sh", os.X_OK)
 
 
@@ -393,7 +393,7 @@ def test_entrypoint_announce_auto_uses_the_container_addresses(tmp_path):
 def test_peer_health_checks_ask_the_local_status_endpoint():
     """The peer images, Compose and the Kubernetes probes all point the health check at the port the
     peer serves its local status on (the CLI's default, 127.0.0.1 only: so the probes exec it)."""
-    from peer.local_status import DEFAULT_STATUS_PORT
+    from peer.node.local_status import DEFAULT_STATUS_PORT
 
     for path in DOCKERFILES:
         if "peer" in path.name:

@@ -14,8 +14,8 @@ from hivemind.dht.validation import DHTRecord
 from hivemind.utils.serializer import MSGPackSerializer
 
 from coordinator.credentials import CredentialIssuer
-from peer.dht_admission import AdmissionValidator
-from peer.records import GroupDeclaration, HolderRecord, group_key, holders_key, to_value
+from peer.network import AdmissionValidator
+from peer.network import GroupDeclaration, HolderRecord, group_key, holders_key, to_value
 
 RUN_ID = "dhtadm"
 CONFIG = "ef" * 8
@@ -60,8 +60,8 @@ def test_validator_checks_credentials_of_the_runs_records(keys):
 def test_an_admitted_node_refuses_an_outsiders_store(keys):
     from hivemind.utils import get_dht_time
 
-    from peer.dht import DHTOptions, start_dht
-    from peer.records import records_from_value
+    from peer.network import DHTOptions, start_dht
+    from peer.network import records_from_value
 
     issuer, forger = keys
     admitted = start_dht(DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"]))

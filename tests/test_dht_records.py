@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from peer.records import (
+from peer.network import (
     GroupDeclaration,
     HolderRecord,
     group_key,
@@ -61,13 +61,13 @@ def test_valid_record_parses_and_round_trips():
     ],
 )
 def test_invalid_records_are_ignored_and_logged(caplog, subkey, value, why):
-    with caplog.at_level(logging.WARNING, logger="peer.records"):
+    with caplog.at_level(logging.WARNING, logger="peer.network.records"):
         assert parse_record(HolderRecord, subkey, value) is None
     assert why in caplog.text and "HolderRecord" in caplog.text
 
 
 def test_a_declaration_lists_the_peers_it_expects_and_only_peer_ids():
-    from peer.records import MAX_EXPECTING
+    from peer.network import MAX_EXPECTING
 
     base = {"config_hash": "ab", "data_hash": "", "bandwidth": 1.0}
     decl = parse_record(GroupDeclaration, PEER, {**base, "expecting": [PEER]})  # msgpack gives back a list
@@ -81,7 +81,7 @@ def test_a_declaration_lists_the_peers_it_expects_and_only_peer_ids():
 def test_reading_a_real_dht_keeps_only_valid_records(caplog):
     from hivemind.utils import get_dht_time
 
-    from peer.dht import DHTOptions, start_dht
+    from peer.network import DHTOptions, start_dht
 
     opts = DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
     with start_dht(opts) as a, start_dht(DHTOptions(host_maddrs=opts.host_maddrs, initial_peers=a.maddrs())) as b:
@@ -90,7 +90,7 @@ def test_reading_a_real_dht_keeps_only_valid_records(caplog):
         assert a.dht.store(key, to_value(HolderRecord("ab12", "", 1, 5.0, 9.0)), exp, subkey=a.peer_id)
         assert b.dht.store(key, {**GOOD, "round_no": "many"}, exp, subkey=b.peer_id)
         assert b.dht.store(key, GOOD, exp, subkey="bogus")
-        with caplog.at_level(logging.WARNING, logger="peer.records"):
+        with caplog.at_level(logging.WARNING, logger="peer.network.records"):
             found = read_records(b.dht, key, HolderRecord)
         assert found == {a.peer_id: HolderRecord("ab12", "", 1, 5.0, 9.0)}
         assert "round_no='many'" in caplog.text and "subkey is not a peer id" in caplog.text

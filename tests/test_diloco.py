@@ -20,7 +20,7 @@ from torch import nn
 
 from models.config import InnerConfig, LatticeConfig, OuterConfig
 from models.errors import ConfigError
-from peer.averaging import LocalAverager
+from peer.averaging import LocalAverager, get_codec
 from peer.diloco import DiLoCoOptimizer, RoundReport
 
 VOCAB, DIM, BATCH, SEQ = 16, 16, 8, 8
@@ -177,7 +177,9 @@ def test_three_workers_on_a_2x2_lattice_stay_bit_identical_with_int8():
             assert list(r.modules) == LATTICE.path_modules(w.path)  # the fixed averaging order
             for mid, m in r.modules.items():
                 assert m.applied and m.group_size == expected_group[mid] and m.tokens == 5 * BATCH * SEQ
-                assert m.bytes_sent == m.bytes_received > 0
+                # what we sent and the average we got back: int8 with the zstd stage, whose sizes vary by value
+                bound = get_codec("int8").encoded_size(sum(p.numel() for p in w.mods[mid].parameters())) + 1
+                assert 0 < m.bytes_sent <= bound and 0 < m.bytes_received <= bound
         assert sum(w.losses[-5:]) < sum(w.losses[:5]) * 0.8
     assert hub.round_weights("L1M1", rounds - 1) == {"w1": 5.0 * BATCH * SEQ, "w2": 5.0 * BATCH * SEQ}
 

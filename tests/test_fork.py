@@ -11,11 +11,11 @@ import time
 import pytest
 import torch
 
-from peer.diloco import ModuleState
-from peer.matchmaking import LONE, Matchmaker
+from peer.outer import ModuleState
+from peer.averaging.matchmaking import LONE, Matchmaker
 from peer.outer import state_digest
-from peer.records import HolderRecord, holders_key, to_value
-from peer.state_transfer import StateServer, StateTransferError, fetch_module_state
+from peer.network import HolderRecord, holders_key, to_value
+from peer.averaging.state_transfer import StateServer, StateTransferError, fetch_module_state
 from helpers.swarm import loopback_swarm, run
 
 pytestmark = pytest.mark.integration
@@ -126,7 +126,7 @@ def test_a_holder_ahead_of_the_others_waits_for_them_instead_of_stepping_alone(s
 def test_a_holder_that_stays_behind_holds_us_back_for_two_round_budgets_only(swarm):
     """An idle or stuck holder (its record refreshed, its round never ending) must not stop the
     module's outer steps for good: after two round budgets without its record moving, we step alone."""
-    from peer.matchmaking import BEHIND_PATIENCE_ROUNDS
+    from peer.averaging.matchmaking import BEHIND_PATIENCE_ROUNDS
 
     nodes, loop, states = swarm
     mm0, stuck = nodes[0][2], nodes[1]

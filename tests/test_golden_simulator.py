@@ -12,7 +12,7 @@ purpose and review the diff::
 
 The test runs the same schedule through three real peer processes (this file is also the peer:
 ``python tests/test_golden_simulator.py '<json options>'``), each with its own DHT and p2p daemon,
-training one path with :class:`peer.diloco.DiLoCoOptimizer` over :class:`peer.net_averager.NetAverager`.
+training one path with :class:`peer.diloco.DiLoCoOptimizer` over :class:`peer.averaging.net_averager.NetAverager`.
 Float tolerance covers only summation order (the reducer sums in peer-id order, the simulator in
 worker order; gradient clipping sums norms in another order): about 1e-7 relative per round.
 """
@@ -59,10 +59,10 @@ class _Plain:
 def run_peer(opts: dict) -> None:
     """One peer: train path ``PATHS[k]`` for ROUNDS rounds and save each round's module summaries."""
     from models.lattice import ModularLM
-    from peer.dht import DHTOptions, start_dht
+    from peer.network import DHTOptions, start_dht
     from peer.diloco import DiLoCoOptimizer
-    from peer.net_averager import NetAverager
-    from peer.records import HolderRecord, holders_key, read_records
+    from peer.averaging import NetAverager
+    from peer.network import HolderRecord, holders_key, read_records
 
     torch.set_num_threads(1)
     k = opts["k"]

@@ -7,12 +7,12 @@ import sys
 import pytest
 
 from helpers import wait_for
-from peer.identity import IdentityError, IdentityInUseError, load_or_create_identity, peer_id_of
+from peer.network import IdentityError, IdentityInUseError, load_or_create_identity, peer_id_of
 
 HOLD = """
 import sys, time
 sys.path.insert(0, {root!r})
-from peer.identity import load_or_create_identity
+from peer.network.identity import load_or_create_identity
 ident = load_or_create_identity({path!r})
 print("HOLDING", ident.peer_id, flush=True)
 time.sleep(600)
@@ -68,7 +68,7 @@ def test_malformed_or_unplaceable_identity_files_are_clear_errors(tmp_path):
 
 @pytest.mark.integration
 def test_dht_restarted_with_the_same_identity_keeps_its_peer_id(tmp_path):
-    from peer.dht import DHTOptions, start_dht
+    from peer.network import DHTOptions, start_dht
 
     opts = DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"], identity_path=str(tmp_path / "peer.key"))
     with start_dht(opts) as first:

@@ -17,10 +17,10 @@ import time
 import pytest
 import torch
 
-from peer.diloco import ModuleState
-from peer.matchmaking import LONE, Matchmaker
-from peer.records import GroupDeclaration, HolderRecord, group_key, holders_key, records_from_value, to_value
-from peer.state_transfer import StateServer, fetch_module_state
+from peer.outer import ModuleState
+from peer.averaging.matchmaking import LONE, Matchmaker
+from peer.network import GroupDeclaration, HolderRecord, group_key, holders_key, records_from_value, to_value
+from peer.averaging.state_transfer import StateServer, fetch_module_state
 from helpers.swarm import loopback_swarm, run
 
 pytestmark = pytest.mark.integration

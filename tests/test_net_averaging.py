@@ -1,7 +1,7 @@
 """Networked averaging over real DHTs and p2p daemons on loopback, one process per peer (issue 3).
 
 The file is also the peer process: ``python tests/test_net_averaging.py '<json options>'`` starts
-one peer with its own DHT and p2p daemon, averages with :class:`peer.net_averager.NetAverager` and
+one peer with its own DHT and p2p daemon, averages with :class:`peer.averaging.net_averager.NetAverager` and
 writes what it saw to ``<out>/<name>.pt`` (final module states, one record per (module, round)).
 Modes: ``lattice`` trains a path of a tiny 2x2 ``ModularLM`` with ``DiLoCoOptimizer`` (int8);
 ``direct`` drives ``average()`` and an ``OuterOptimizer`` on one module with seeded deltas (fault
@@ -30,14 +30,14 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-from peer.partition import fallback_reducer, part_bounds  # noqa: E402
+from peer.averaging.partition import fallback_reducer, part_bounds  # noqa: E402
 from peer.averaging import AverageResult  # noqa: E402
-from peer.compression import BLOCK, flatten  # noqa: E402
-from peer.dht import DHTOptions, start_dht  # noqa: E402
-from peer.diloco import ModuleState  # noqa: E402
-from peer.net_averager import DEFAULT_BANDWIDTH, NetAverager  # noqa: E402
+from peer.averaging import BLOCK, flatten  # noqa: E402
+from peer.network import DHTOptions, start_dht  # noqa: E402
+from peer.outer import ModuleState  # noqa: E402
+from peer.averaging.net_averager import DEFAULT_BANDWIDTH, NetAverager  # noqa: E402
 from peer.outer import OuterOptimizer  # noqa: E402
-from peer.records import HolderRecord, holders_key, read_records  # noqa: E402
+from peer.network import HolderRecord, holders_key, read_records  # noqa: E402
 
 try:
     from helpers import wait_for
@@ -329,7 +329,7 @@ def test_three_peers_on_a_2x2_lattice_stay_bit_identical_with_int8(procs, tmp_pa
     for mid, state in out["modules"].items():
         replay = OuterOptimizer(list(init.mods[mid].parameters()))
         for rec in sorted((r for r in out["records"] if r["module"] == mid), key=lambda r: r["round"]):
-            from peer.compression import unflatten
+            from peer.averaging import unflatten
 
             replay.step(unflatten(rec["averaged"], replay.global_params))
         assert all(torch.equal(a, b) for a, b in zip(replay.global_params, state.global_params)), mid
@@ -427,7 +427,7 @@ def test_archive_peer_serves_state_but_is_never_waited_for(tmp_path):
     """An archive peer announces a module's state: a newcomer of the same config hash fetches it
     bit-exactly, one of another hash cannot, and averaging never waits for the archive. Also the
     ``others_waiting`` pacing signal: only a same-config peer declared for our round counts."""
-    from peer.state_transfer import StateTransferError
+    from peer.averaging import StateTransferError
 
     gen = torch.Generator().manual_seed(5)
     params, momentum = [torch.randn(40, 8, generator=gen), torch.randn(8, generator=gen)], [torch.randn(40, 8), torch.randn(8)]
@@ -451,7 +451,7 @@ def test_archive_peer_serves_state_but_is_never_waited_for(tmp_path):
             # pacing signal for DiLoCoOptimizer: a same-config peer waits in matchmaking for our round
             from hivemind.utils import get_dht_time
 
-            from peer.records import GroupDeclaration, group_key, to_value
+            from peer.network import GroupDeclaration, group_key, to_value
 
             exp = get_dht_time() + 60
             assert dht_c.dht.store(group_key("arch", "L1M0", 3), to_value(GroupDeclaration("bbbb1111bbbb1111", "", 1.0)),

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from peer.averaging import LocalAverager, reduce_encoded, weighted_mean
-from peer.compression import flatten, get_codec
+from peer.averaging import flatten, get_codec
 from peer.outer import OuterOptimizer
 
 # -- OuterOptimizer ---------------------------------------------------------------------------------

@@ -15,12 +15,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
 from coordinator.credentials import CredentialIssuer
-from peer.credentials import CredentialVerifier
-from peer.diloco import ModuleState
-from peer.matchmaking import Matchmaker
-from peer.net_pb2 import JoinReply, JoinRequest
-from peer.records import HolderRecord, holders_key, to_value
-from peer.state_transfer import MAX_REQUEST_BYTES, StateServer, StateTransferError, fetch_module_state
+from peer.network import CredentialVerifier
+from peer.outer import ModuleState
+from peer.averaging.matchmaking import Matchmaker
+from protos.hivepath.peer.v1.net_pb2 import JoinReply, JoinRequest
+from peer.network import HolderRecord, holders_key, to_value
+from peer.averaging.state_transfer import MAX_REQUEST_BYTES, StateServer, StateTransferError, fetch_module_state
 from helpers.swarm import loopback_swarm, run
 
 pytestmark = pytest.mark.integration
@@ -73,7 +73,7 @@ def test_admitted_peers_group_without_the_outsider(swarm, caplog):
     for n in nodes:  # holder records make every member wait for the others' declarations
         assert n.dht.store(holders_key(RUN_ID, "L0M1"), to_value(HolderRecord(CONFIG, "", 1, 1.0, 1e6, n.credential)),
                            get_dht_time() + 60, subkey=n.peer_id)
-    with caplog.at_level(logging.WARNING, logger="peer.credentials"):
+    with caplog.at_level(logging.WARNING, logger="peer.network.credentials"):
         async def all_three():
             return await asyncio.gather(*(n.mm.form_group("L0M1", 1, 6.0) for n in nodes))
 

@@ -9,7 +9,7 @@ import errno
 import pytest
 import torch
 
-from peer.checkpoint import CheckpointDir, CheckpointError
+from peer.node import CheckpointDir, CheckpointError
 
 
 def _groups(value: float):
@@ -91,7 +91,7 @@ def test_leftovers_of_a_crash_are_pruned_after_a_save(tmp_path):
 def test_error_numbers_and_fixes():
     from safetensors import SafetensorError
 
-    from peer.checkpoint import _errno_of
+    from peer.node.checkpoint import _errno_of
 
     assert _errno_of(SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")) == 28
     assert _errno_of(OSError(errno.EDQUOT, "Disk quota exceeded")) == errno.EDQUOT

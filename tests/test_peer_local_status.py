@@ -1,4 +1,4 @@
-"""The peer's local status endpoint (``peer.local_status``), ``hivepath peer status`` and the images'
+"""The peer's local status endpoint (``peer.node.local_status``), ``hivepath peer status`` and the images'
 health check (``deploy/healthcheck.py``): the server alone, driven by its status object, then a real
 ``hivepath peer join`` and ``hivepath archive`` against a real coordinator."""
 
@@ -18,9 +18,9 @@ import pytest
 
 from helpers import free_port, hivepath_cmd, wait_for
 from hivepath import cmd_peer
-from peer.local_status import (DEFAULT_STATUS_PORT, LocalStatusServer, StatusPortUnavailable, evaluate_health,
+from peer.node.local_status import (DEFAULT_STATUS_PORT, LocalStatusServer, StatusPortUnavailable, evaluate_health,
                                start_optional)
-from peer.progress import WAITING_STATES, PeerStatus
+from peer.node.progress import WAITING_STATES, PeerStatus
 
 ROOT = Path(__file__).resolve().parents[1]
 HEALTHCHECK = ROOT / "deploy" / "healthcheck.py"
@@ -162,7 +162,7 @@ def test_a_taken_port_names_the_fix_and_the_peer_goes_on(caplog):
         port = busy.getsockname()[1]
         with pytest.raises(StatusPortUnavailable, match="--status-port"):
             LocalStatusServer(PeerStatus(), "peer", port=port).start()
-        with caplog.at_level(logging.WARNING, logger="peer.local_status"):
+        with caplog.at_level(logging.WARNING, logger="peer.node.local_status"):
             assert start_optional(PeerStatus(), "peer", port, 300.0) is None
         assert "going on without it" in caplog.text
     assert start_optional(PeerStatus(), "peer", 0, 300.0) is None, "port 0 turns it off"

@@ -14,7 +14,7 @@ import torch
 
 from helpers import wait_for
 from helpers.network import Network, loss_thirds
-from peer.checkpoint import CheckpointDir
+from peer.node import CheckpointDir
 
 pytestmark = pytest.mark.integration
 
@@ -251,7 +251,7 @@ def test_wrong_token_incompatible_data_and_identity_in_use(procs, tmp_path, data
     import subprocess
 
     from helpers import hivepath_cmd
-    from peer.identity import load_or_create_identity
+    from peer.network import load_or_create_identity
 
     net = Network(procs, tmp_path, dataset.dir, "ab" * 8)  # the run pins another dataset
     try:

@@ -1,4 +1,4 @@
-"""Re-syncing a member that missed a round (peer/resync.py): in overlap mode the re-sync runs between
+"""Re-syncing a member that missed a round (peer/diloco/resync.py): in overlap mode the re-sync runs between
 the completed exchange and the next launch, so the member's next exchange declares the group's state;
 a state behind the member's next round is never taken."""
 
@@ -9,9 +9,10 @@ from torch import nn
 
 from models.config import InnerConfig, OuterConfig
 from peer.averaging import AverageResult
-from peer.diloco import DiLoCoOptimizer, ModuleState
+from peer.diloco import DiLoCoOptimizer
+from peer.outer import ModuleState
 from peer.outer import state_digest
-from peer.resync import install
+from peer.diloco import install_resync
 
 
 class Scripted:
@@ -53,7 +54,7 @@ def test_overlap_member_re_syncs_before_its_next_exchange():
         asked.append(mid)
         return group if group.round_no >= min_round and (accept is None or not accept(group)) else None
 
-    install(opt, fetch)
+    install_resync(opt, fetch)
     _steps(model, opt, 4)  # round 0 launched, then completed (failed) and round 1 launched
     assert asked == ["L0M0"]
     served = opt.module_state("L0M0")  # round 1 in flight: the state served is the group's
@@ -71,7 +72,7 @@ def test_a_state_behind_our_next_round_is_not_taken():
     def fetch(mid, like, accept=None, min_round=-1):
         return old if old.round_no >= min_round and (accept is None or not accept(old)) else None
 
-    install(opt, fetch)
+    install_resync(opt, fetch)
     before = [p.detach().clone() for p in model.parameters()]
     _steps(model, opt, 4)
     opt.flush()

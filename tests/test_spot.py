@@ -15,7 +15,7 @@ import pytest
 
 from helpers import free_port, wait_for
 from models.errors import ConfigError
-from peer.spot import (
+from peer.node.spot import (
     AwsSpotNotice,
     GcpPreemptionNotice,
     SpotNotice,
@@ -212,7 +212,7 @@ def test_bad_options_name_the_problem(env, field):
     assert e.value.field == field and "\n" not in str(e.value)
 
 
-# -- the supervisor the container images run (python -m peer.spot -- CMD) -----------------------
+# -- the supervisor the container images run (python -m peer.node.spot -- CMD) -----------------------
 
 _CHILD = """
 import os, signal, sys, threading
@@ -231,7 +231,7 @@ def test_supervisor_sends_sigterm_on_a_notice_and_returns_the_child_exit_code(me
 
     marker = tmp_path / "state"
     env = {**os.environ, "HIVEPATH_SPOT": "gcp", "HIVEPATH_SPOT_URL": meta.url, "HIVEPATH_SPOT_POLL_INTERVAL": "0.1"}
-    proc = procs.start("supervised", [sys.executable, "-m", "peer.spot", "--", sys.executable, "-c", _CHILD,
+    proc = procs.start("supervised", [sys.executable, "-m", "peer.node.spot", "--", sys.executable, "-c", _CHILD,
                                       str(marker)], env=env)
     # the supervisor is the one watcher: the child (a `hivepath peer join`) must not watch and drain too
     wait_for(lambda: marker.exists() and marker.read_text().startswith("ready"), timeout=20.0,
@@ -250,7 +250,7 @@ def test_supervisor_bad_variable_is_one_line(procs):
     import sys
 
     env = {**os.environ, "HIVEPATH_SPOT": "azure"}
-    out = subprocess.run([sys.executable, "-m", "peer.spot", "--", "true"], env=env, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "peer.node.spot", "--", "true"], env=env, capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and "unknown spot provider 'azure'" in out.stderr

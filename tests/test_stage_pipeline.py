@@ -1,9 +1,9 @@
 """Stage mode with real processes on loopback (issue 7): stage servers, a trainer and a path-mode
-peer, each with its own DHT and p2p daemon, averaging over :class:`peer.net_averager.NetAverager`.
+peer, each with its own DHT and p2p daemon, averaging over :class:`peer.averaging.net_averager.NetAverager`.
 
 The file is also the peer process: ``python tests/test_stage_pipeline.py '<json options>'`` runs one
-role -- ``server`` (:func:`peer.stage_node.run_stage_server`), ``trainer``
-(:func:`peer.stage_node.run_stage_trainer`) or ``path`` (:class:`peer.trainer.PathTrainer`) -- until
+role -- ``server`` (:func:`peer.node.stage_runner.run_stage_server`), ``trainer``
+(:func:`peer.node.stage_runner.run_stage_trainer`) or ``path`` (:class:`peer.node.trainer.PathTrainer`) -- until
 a ``stop`` file appears in the output folder (or its own step/round budget is spent), then writes
 ``<name>.json``. Faults are injected by request count (a server SIGKILLs itself when its N-th
 backward arrives, i.e. between a forward it served and that forward's backward), never by time.
@@ -42,7 +42,7 @@ def _wait_holders(dht, run_id: str, module_ids: list[str], count: int, timeout: 
     """Start-up barrier of the path peer: every module has ``count`` announced holders."""
     import time
 
-    from peer.records import HolderRecord, holders_key, read_records
+    from peer.network import HolderRecord, holders_key, read_records
 
     deadline = time.monotonic() + timeout
     while not all(len(read_records(dht.dht, holders_key(run_id, m), HolderRecord)) >= count for m in module_ids):
@@ -55,12 +55,12 @@ def main() -> None:
     import torch
 
     from models.data import Dataset
-    from peer.checkpoint import CheckpointDir
-    from peer.dht import DHTOptions, start_dht
-    from peer.net_averager import NetAverager
-    from peer.progress import PeerStatus
-    from peer.stage_node import run_stage_server, run_stage_trainer
-    from peer.stage_server import StageServerOptions
+    from peer.node import CheckpointDir
+    from peer.network import DHTOptions, start_dht
+    from peer.averaging import NetAverager
+    from peer.node import PeerStatus
+    from peer.node import run_stage_server, run_stage_trainer
+    from peer.stage import StageServerOptions
 
     opts = json.loads(sys.argv[1])
     torch.set_num_threads(1)
@@ -115,7 +115,7 @@ def main() -> None:
                                                  request_timeout=5.0, on_step=on_step)
             result.update(losses=losses, stats=stats)
         else:
-            from peer.trainer import PathTrainer
+            from peer.node import PathTrainer
 
             path = tuple(opts["path"])
             def fetch(mid, like, accept=None, min_round=-1):  # as peer.node does: re-sync after a missed round

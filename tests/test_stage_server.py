@@ -10,11 +10,11 @@ import torch
 from models.config import tiny_cpu
 from models.errors import ConfigError
 from models.lattice import ModularLM
-from peer.dht import DHTOptions, start_dht
-from peer.stage_client import StageClient, StageRequestError
-from peer.stage_pb2 import EncodedTensor, StageReply, StageRequest
-from peer.stage_server import StageServer, StageServerOptions
-from peer.stage_wire import encode_tensor
+from peer.network import DHTOptions, start_dht
+from peer.stage import StageClient, StageRequestError
+from protos.hivepath.peer.v1.stage_pb2 import EncodedTensor, StageReply, StageRequest
+from peer.stage import StageServer, StageServerOptions
+from peer.stage import encode_tensor
 
 from helpers import wait_for
 
@@ -124,8 +124,8 @@ def test_a_server_that_keeps_failing_is_skipped_until_its_record_expires(stage):
     client stops asking it while that record lives, and asks again once a fresh record replaces it."""
     from hivemind.utils import get_dht_time
 
-    from peer.stage_client import StageUnavailable
-    from peer.stage_records import StageServerRecord, stage_record_value, stage_servers_key
+    from peer.stage import StageUnavailable
+    from peer.stage.records import StageServerRecord, stage_record_value, stage_servers_key
 
     server, client = stage
     key = stage_servers_key(CFG.run_id, "L1M1")

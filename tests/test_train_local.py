@@ -17,7 +17,7 @@ from models.corpus import corpus_from_paths
 from models.data import prepare
 from models.lattice import ModularLM
 from models.training import InnerLoop
-from peer.compression import flatten
+from peer.averaging import flatten
 from peer.simulator import DiLoCoSimulator
 
 torch.set_num_threads(1)

@@ -1,1 +1,1 @@
-"""Generated protobuf packages mirroring the proto package hivepath.coordinator.v1."""
+"""Generated protobuf packages mirroring the proto packages ``hivepath.coordinator.v1`` and ``hivepath.peer.v1``."""

@@ -46,8 +46,8 @@ def peer_round(net, name: str) -> int:
 
 def rounds_done(net, name: str) -> int:
     """Outer rounds ``name`` finished so far, over all its incarnations: the trainer logs one line per
-    round (``peer.trainer: round N: ...``) the moment it ends (the log is unbuffered)."""
-    return net.procs.log(name).count("peer.trainer: round ")
+    round (``peer.node.trainer: round N: ...``) the moment it ends (the log is unbuffered)."""
+    return net.procs.log(name).count("peer.node.trainer: round ")
 
 
 def round_reached(net, name: str, n: int) -> Callable[[], bool]:

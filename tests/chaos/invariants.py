@@ -27,7 +27,7 @@ from typing import Iterable, Optional
 import torch
 
 from helpers.network import loss_thirds  # noqa: F401 (re-exported: the scenarios and bench.chaos read it here)
-from peer.checkpoint import CheckpointDir
+from peer.node import CheckpointDir
 
 __all__ = ["ReplicaCheck", "replica_check", "acknowledged_rounds", "held_rounds", "rounds_lost",
            "first_identical_round", "stop_all", "loss_thirds", "round_gaps", "round_waits", "module_rounds_in",
@@ -231,7 +231,7 @@ def round_gaps(log_text: str) -> list[float]:
     training loop waited on a round plus one round's inner steps."""
     gaps, last = [], None
     for line in log_text.splitlines():
-        if "peer.identity: identity" in line or "peer.node: reassigned to" in line:
+        if "peer.network.identity: identity" in line or "peer.node: reassigned to" in line:
             last = None
             continue
         m = _ROUND_LINE.match(line)

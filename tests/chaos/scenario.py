@@ -37,12 +37,12 @@ def settled(net, names: Iterable[str], rounds: int = 3) -> bool:
     """The network has formed: every peer finished ``rounds`` rounds and its last two rounds averaged
     ``embed`` (held by every path) with all the peers, with no fork left. Peers join seconds apart, so
     the first ones train in smaller groups and the later ones fork from them at the same round numbers
-    until the majority's state wins (``peer.matchmaking``); those start-up rounds are history, and a
+    until the majority's state wins (``peer.averaging.matchmaking``); those start-up rounds are history, and a
     scenario's faults and identity checks start after them."""
     names = list(names)
     everyone = re.compile(rf"embed r\d+ averaged by {len(names)}\b")
     for name in names:
-        lines = [l for l in net.procs.log(name).splitlines() if "peer.trainer: round " in l]
+        lines = [l for l in net.procs.log(name).splitlines() if "peer.node.trainer: round " in l]
         if len(lines) < rounds or not all(everyone.search(l) and "forked" not in l for l in lines[-2:]):
             return False
     return True

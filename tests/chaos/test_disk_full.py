@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from peer.checkpoint import CheckpointDir, CheckpointError
+from peer.node import CheckpointDir, CheckpointError
 
 torch.set_num_threads(1)
 
@@ -163,8 +163,8 @@ class SoloAverager:
 
 def test_a_training_peer_reports_the_full_disk_and_keeps_training(small_disk, dataset, caplog):
     from models.config import tiny_cpu
-    from peer.progress import PeerStatus
-    from peer.trainer import PathTrainer
+    from peer.node import PeerStatus
+    from peer.node import PathTrainer
 
     cfg = tiny_cpu().replace(lattice={"levels": 1, "modules_per_level": 1, "d_model": 16, "seq_len": 16},
                              inner={"batch_size": 2, "warmup_steps": 1}, outer={"inner_steps": 2, "round_timeout": 5.0})
@@ -180,7 +180,7 @@ def test_a_training_peer_reports_the_full_disk_and_keeps_training(small_disk, da
     good = ckpt.load_latest()
 
     filler = fill(small_disk)
-    with caplog.at_level(logging.ERROR, logger="peer.trainer"):
+    with caplog.at_level(logging.ERROR, logger="peer.node.trainer"):
         trainer.run(until_round(3), lambda report: None)  # two rounds, two failed checkpoints
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 2, "one error per failed save"

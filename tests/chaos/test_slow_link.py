@@ -30,7 +30,7 @@ INNER_SLACK = 8.0
 
 
 def round_lines(net, name: str) -> list[str]:
-    return [l for l in net.procs.log(name).splitlines() if "peer.trainer: round " in l]
+    return [l for l in net.procs.log(name).splitlines() if "peer.node.trainer: round " in l]
 
 
 def test_slow_link_nobody_waits_for_it(procs, tmp_path, bridge):

@@ -21,10 +21,10 @@ def run(loop: asyncio.AbstractEventLoop, coro: Awaitable[T], timeout: float = 60
 @contextmanager
 def loopback_swarm(size: int, setup: Callable[[int, Any, Any], Awaitable[T]]
                    ) -> Iterator[tuple[list[Any], list[T], asyncio.AbstractEventLoop]]:
-    """Start ``size`` DHT nodes (``peer.dht.start_dht``) bootstrapped from the first and a loop on a
+    """Start ``size`` DHT nodes (``peer.network.dht.start_dht``) bootstrapped from the first and a loop on a
     thread; run ``setup(i, node, p2p)`` there for each node with its p2p replica. Yields ``(nodes,
     setup results, loop)``; shuts the replicas, the DHTs and the loop down on exit."""
-    from peer.dht import DHTOptions, start_dht
+    from peer.network import DHTOptions, start_dht
 
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)

@@ -1,0 +1,32 @@
+"""Averaging one module's pseudo-gradient among its holders, bit-identically.
+
+The contract and the rule:
+- ``contract``: :class:`ModuleAverager` (what the DiLoCo optimizer calls), :class:`AverageResult`.
+- ``codecs``: the pseudo-gradient codecs (none, fp16, int8, int4, each optionally zstd-coded) by name
+  (:func:`get_codec`), :func:`flatten` / :func:`unflatten`, and :class:`ErrorFeedback`.
+- ``aggregation``: the reduction rule every reducer applies (weighted mean, trimmed mean, centered
+  clipping; :func:`reduce_part`), in a fixed order so every member gets the same bytes.
+- ``local``: :class:`LocalAverager`, the contract between threads of one process.
+
+Over the network (hivemind's P2P and DHT):
+- ``matchmaking``: groups per (module, round) from holder records and group declarations.
+- ``partition``: how a module's flat vector is cut into block-aligned parts among reducers.
+- ``allreduce``: :class:`ReductionServer`, the all-reduce of one group's parts, with fallback reducers.
+- ``state_transfer``: serving and fetching a module's :class:`~peer.outer.ModuleState` (newcomers, re-sync).
+- ``net_averager``: :class:`NetAverager`, the contract over all of the above.
+
+Imports ``peer.outer`` and ``peer.network``.
+"""
+
+from peer.averaging.aggregation import AGGREGATORS, MEAN, Aggregation, Reduced, aggregate, reduce_encoded, reduce_part, weighted_mean
+from peer.averaging.codecs import BLOCK, Codec, ErrorFeedback, flatten, get_codec, unflatten
+from peer.averaging.contract import AverageResult, ModuleAverager, SuspectHook
+from peer.averaging.local import LocalAverager, LocalMember
+from peer.averaging.net_averager import NetAverager
+from peer.averaging.state_transfer import StateTransferError, fetch_module_state
+
+__all__ = [
+    "AGGREGATORS", "MEAN", "Aggregation", "Reduced", "aggregate", "reduce_encoded", "reduce_part", "weighted_mean",
+    "BLOCK", "Codec", "ErrorFeedback", "flatten", "get_codec", "unflatten", "AverageResult", "ModuleAverager",
+    "SuspectHook", "LocalAverager", "LocalMember", "NetAverager", "StateTransferError", "fetch_module_state",
+]

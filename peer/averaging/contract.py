@@ -1,0 +1,66 @@
+"""The averaging contract every module group follows: what a member contributes and gets back.
+
+:class:`ModuleAverager` is what :class:`peer.diloco.DiLoCoOptimizer` calls once per module and round;
+:class:`peer.averaging.LocalAverager` (threads of one process) and :class:`peer.averaging.NetAverager`
+(peers over hivemind's P2P) implement it with the same reduction rule (``peer.averaging.aggregation``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Protocol
+
+from torch import Tensor
+
+__all__ = ["AverageResult", "ModuleAverager", "SuspectHook"]
+
+
+@dataclass
+class AverageResult:
+    """What one member gets back from one module's exchange."""
+
+    averaged: Optional[list[Tensor]]
+    """Weighted mean every member applies (identical bits on all); None if the round failed."""
+    own_decoded: Optional[list[Tensor]]
+    """What the group received from us after the codec (for error feedback); None if not sent."""
+    group_size: int
+    """Members whose contributions are in ``averaged``."""
+    peers: list[str]
+    """Peer ids that contributed, sorted."""
+    bytes_sent: int
+    bytes_received: int
+    reason: str = ""
+    """Why the round failed, or who was dropped from it."""
+    suspects: dict[str, str] = field(default_factory=dict)
+    """Peer id -> why its contribution was dropped or clipped, in the parts this peer reduced."""
+    adopt: str = ""
+    """Set when the round failed because other holders at this round hold a different state (a fork)
+    and theirs is the one kept: the :func:`peer.outer.state_digest` to re-sync to."""
+
+    @property
+    def ok(self) -> bool:
+        return self.averaged is not None
+
+
+class ModuleAverager(Protocol):
+    """Averages one module's pseudo-gradient with the other holders of that module.
+
+    :class:`peer.diloco.DiLoCoOptimizer` calls :meth:`average` for all its modules at once, from
+    several threads (one exchange per module), so implementations must be thread-safe across
+    modules: a slow or missing member of one module's group must not delay another module's round.
+    """
+
+    def average(
+        self, module_id: str, round_no: int, tensors: list[Tensor], weight: float, codec: str, timeout: float,
+        digest: str = "",
+    ) -> AverageResult:
+        """Contribute ``tensors`` with ``weight`` to round ``round_no`` of ``module_id``'s group and
+        return the group's weighted mean, or a failed result after at most ``timeout`` seconds.
+        ``digest`` (:func:`peer.outer.state_digest` of the state the mean will be applied to): only
+        members holding the same state may average together."""
+        ...
+
+
+SuspectHook = Callable[[str, str, int, str], None]
+"""``on_suspect(peer_id, module_id, round_no, why)``: called once per (peer, module, round) whose
+contribution a reducer here dropped or clipped, e.g. to report the peer to the coordinator."""

@@ -1,0 +1,492 @@
+"""Form one averaging group per (run, module, round) among the live holders, bounded by a deadline.
+
+Every member of a formed group gets the same membership from one leader (hivemind-style
+leader/follower matchmaking over the DHT, Ryabinin et al. 2021, made consistent):
+
+1. A member declares itself under :func:`peer.network.records.group_key` and, until a gather deadline,
+   reads the declarations and the module's :class:`~peer.network.records.HolderRecord` s; it stops early
+   once every live holder at this round has declared.
+2. The leader is the smallest peer id among the declared members that accept connections.
+   Followers join it over P2P (:class:`protos.hivepath.peer.v1.net_pb2.JoinRequest`); a peer that follows someone
+   else answers ``NOT_A_LEADER`` with its leader, and the follower retries there.
+3. The leader closes the group when every declared member has joined, or at its deadline, and sends
+   the same sorted member list to each follower (``BEGIN``). A member that joined nobody, or whose
+   leader never began, fails the round and keeps its local progress. A follower the leader accepted
+   waits for ``BEGIN`` past its own join deadline, since the leader counts it in.
+
+A member applies its delta alone only when it is the module's only live holder. A holder at its
+round that did not declare makes it fail the round; holders behind it make it wait (fail the round)
+until they re-sync to it, for at most two round budgets per round they announce (an idle or stuck
+holder does not hold it back for good; overlap members, whose round number moves on whatever the
+last round did, do not wait); holders ahead make it re-sync to them. A peer that just fetched this round's state from us to average
+it counts as a holder at this round before its record is visible. A holder serves a round's state
+even while that round's exchange runs, so newcomers can hold a round its holders have left: a leader
+refuses a group whose members all fetched this round's state from holders none of which is in it
+(they would average the old state between them, a second lineage at the same round numbers).
+
+Peers whose config hash or dataset hash differ from ours are never grouped: their declarations
+are ignored and their join requests refused, with a log line naming both hashes.
+
+Equal round numbers do not prove equal states: a peer that averaged alone while cut off, or one
+restored from an old copy, can carry the same round number as the group with other weights. Every
+declaration and join request carries the :func:`peer.outer.state_digest` of the state the member
+will apply the mean to, and only equal digests are grouped. When holders at one round disagree (a
+fork), the state declared by the most holders is kept (ties: the larger digest, the same choice on
+every peer); the others fail the round with :attr:`Match.adopt` set and re-sync to it, keeping their
+local progress, so replicas are identical again after one round.
+
+Admission (issue 9): with a ``verifier`` (:class:`peer.network.credentials.CredentialVerifier`) only
+admitted peers are grouped. Declarations and holder records without a valid credential for their
+writer are ignored; the leader refuses a join whose credential is not bound to the libp2p sender;
+a follower refuses a leader whose replies do not carry the leader's own valid credential. Every
+refusal is logged once per (peer, reason).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Mapping, NamedTuple, Optional, Union
+
+from peer.network import CredentialProvider, CredentialVerifier
+from peer.averaging.partition import Group
+from protos.hivepath.peer.v1.net_pb2 import JoinReply, JoinRequest
+from peer.network import (MAX_EXPECTING, GroupDeclaration, HolderRecord, group_key, holders_key,
+                          records_from_value, to_value)
+
+__all__ = ["Matchmaker", "Match", "LONE"]
+
+log = logging.getLogger(__name__)
+
+LONE = "lone"
+"""Marker group id of a member that is the only holder of its module this round."""
+
+BEHIND_PATIENCE_ROUNDS = 2.0
+"""How long (in round budgets) a member otherwise alone waits for a holder behind it to catch up."""
+
+_BEGIN_LINGER = 10.0
+"""Seconds a leader keeps a follower's stream open after BEGIN, unless the follower closes it first."""
+
+_POLL = 0.1  # seconds between DHT reads while gathering (a protocol poll, not a test wait)
+
+
+class Match(NamedTuple):
+    """The outcome of one member's matchmaking for one (module, round)."""
+
+    group: Optional[Group]
+    """The formed group (``group_id == LONE`` when we are the only holder), or None."""
+    reason: str
+    """Why there is no group, or who was dropped ('' when all went well)."""
+    adopt: str = ""
+    """Set when other holders at this round hold another state and theirs is kept: its digest."""
+
+
+class _Follower(NamedTuple):
+    """A follower the leader accepted."""
+
+    bandwidth: float
+    future: "asyncio.Future[Optional[Group]]"
+    """Resolved with the group the leader begins (None: it gave up)."""
+    fetched_from: str
+    """Its ``JoinRequest.fetched_from``."""
+
+
+@dataclass
+class _Looking:
+    key: str
+    digest: str = ""
+    decided: asyncio.Event = field(default_factory=asyncio.Event)
+    leader: Optional[str] = None
+    """None while gathering or when we lead; else the peer we follow."""
+    closed: bool = False
+    followers: dict[str, _Follower] = field(default_factory=dict)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    fetched_from: str = ""
+    """The live holder we fetched this round's state from ('' when the state is our own)."""
+    expecting: frozenset[str] = frozenset()
+    """The joiners our stored declaration lists."""
+    expires: float = 0.0
+    """DHT expiration time of our declaration."""
+
+
+class Matchmaker:
+    """Runs this peer's side of matchmaking for every module it averages (one asyncio loop)."""
+
+    def __init__(self, dht: Any, p2p: Any, peer_id: str, run_id: str, config_hash: str, data_hash: str,
+                 bandwidth: float, prefix: str, credential: Optional[CredentialProvider] = None,
+                 verifier: Optional[CredentialVerifier] = None,
+                 joiners: Optional[Callable[[str, float], Mapping[str, int]]] = None):
+        """``credential`` returns this peer's current credential; ``verifier`` checks everyone
+        else's (both None: an open run, no admission checks). ``joiners(module_id, within)``: the peers
+        that fetched the module's state from us in the last ``within`` seconds to average it, and the
+        round we sent (:meth:`peer.averaging.state_transfer.StateServer.joiners`)."""
+        self.dht = dht
+        self.p2p = p2p
+        self.peer_id = peer_id
+        self.run_id = run_id
+        self.config_hash = config_hash
+        self.data_hash = data_hash
+        self.bandwidth = bandwidth
+        self.handler_name = f"{prefix}_join"
+        self._looking: dict[str, _Looking] = {}
+        self._warned: set[tuple[str, str]] = set()
+        self.credential = credential
+        self.verifier = verifier
+        self.joiners = joiners or (lambda module_id, within: {})
+        self._sources: dict[str, tuple[str, int, float]] = {}
+        """module -> (the peer we last fetched its state from, the round of that state, when)."""
+        self._behind_since: dict[tuple[str, str], tuple[int, float, bool]] = {}
+        """(module, holder behind us) -> (the round its record announces, when we began waiting for it,
+        whether we logged giving up on it)."""
+
+    def _own_credential(self) -> bytes:
+        return self.credential() if self.credential is not None else b""
+
+    def fetched(self, module_id: str, source: str, round_no: int) -> None:
+        """We took ``module_id``'s state at ``round_no`` from ``source`` to average it: at that round our
+        join requests say so, and a leader refuses a group of such members none of whose sources
+        joined (see :meth:`_lead`)."""
+        self._sources[module_id] = (source, int(round_no), time.monotonic())
+
+    async def start(self) -> None:
+        await self.p2p.add_protobuf_handler(self.handler_name, self._handle_join, JoinRequest, stream_output=True)
+
+    def _mismatch(self, who: str, config_hash: str, data_hash: str) -> str:
+        if config_hash != self.config_hash:
+            return f"config hash {config_hash} of {who} differs from ours {self.config_hash}"
+        if data_hash != self.data_hash:
+            return f"dataset hash {data_hash or '(none)'} of {who} differs from ours {self.data_hash or '(none)'}"
+        return ""
+
+    def _refuse_log(self, who: str, problem: str) -> None:
+        if (who, problem) not in self._warned:
+            self._warned.add((who, problem))
+            log.warning("not grouping with %s: %s", who, problem)
+
+    # -- leader side --------------------------------------------------------------------------
+
+    async def _handle_join(self, request: JoinRequest, context: Any) -> AsyncIterator[JoinReply]:
+        sender = context.remote_id.to_base58()
+        mine = self._own_credential()
+        if self.verifier is not None:
+            problem = self.verifier.check(request.credential, sender)
+            if problem:
+                self.verifier.log_refusal(sender, "a matchmaking join", problem)
+                yield JoinReply(code=JoinReply.REFUSED, reason=f"not admitted: {problem}", credential=mine)
+                return
+        problem = self._mismatch(sender, request.config_hash, request.data_hash)
+        if problem:
+            self._refuse_log(sender, problem)
+            yield JoinReply(code=JoinReply.REFUSED, reason=problem, credential=mine)
+            return
+        looking = self._looking.get(request.group_key)
+        if looking is None:
+            yield JoinReply(code=JoinReply.REFUSED, reason="not looking for this group (formed or not started)",
+                            credential=mine)
+            return
+        if request.state_digest != looking.digest:
+            yield JoinReply(code=JoinReply.REFUSED, credential=mine,
+                            reason=f"forked: state {request.state_digest or '(none)'} differs from ours {looking.digest}")
+            return
+        await looking.decided.wait()
+        if looking.leader is not None:
+            yield JoinReply(code=JoinReply.NOT_A_LEADER, suggested_leader=looking.leader, credential=mine)
+            return
+        if looking.closed:
+            yield JoinReply(code=JoinReply.REFUSED, reason="the group already began", credential=mine)
+            return
+        future: asyncio.Future[Optional[Group]] = asyncio.get_running_loop().create_future()
+        looking.followers[sender] = _Follower(max(0.0, request.bandwidth), future, request.fetched_from)
+        looking.changed.set()
+        yield JoinReply(code=JoinReply.ACCEPTED, credential=mine)
+        group = await future
+        if group is None:
+            yield JoinReply(code=JoinReply.REFUSED, reason="the leader gave up", credential=mine)
+            return
+        yield JoinReply(code=JoinReply.BEGIN, group_id=group.group_id, members=list(group.members),
+                        bandwidths=list(group.bandwidths), allreduce_timeout=group.allreduce_timeout, credential=mine)
+        # Returning now would close the stream at once, and the daemon can drop a reply still in
+        # flight: the follower would miss BEGIN while we count it in. It closes the stream once it
+        # has read BEGIN, which cancels this wait.
+        await asyncio.sleep(_BEGIN_LINGER)
+
+    # -- every member -------------------------------------------------------------------------
+
+    async def form_group(self, module_id: str, round_no: int, timeout: float, digest: str = "",
+                         wait_for_behind: bool = True) -> Match:
+        """Matchmake round ``round_no`` of ``module_id`` within ``timeout`` seconds (the whole round's
+        budget: the leader hands the rest to the all-reduce) among the holders whose state has
+        ``digest`` (:func:`peer.outer.state_digest`). Returns a :class:`Match`. Without
+        ``wait_for_behind`` (overlap mode) a member with only holders behind it averages alone."""
+        from hivemind.utils import get_dht_time
+
+        t0 = time.monotonic()
+        gather_deadline, close_deadline, join_deadline = t0 + 0.2 * timeout, t0 + 0.35 * timeout, t0 + 0.45 * timeout
+        end = t0 + 0.95 * timeout
+        key = group_key(self.run_id, module_id, round_no)
+        looking = self._looking[key] = _Looking(key, digest)
+        try:
+            patience = BEHIND_PATIENCE_ROUNDS * timeout
+            looking.expires = get_dht_time() + timeout
+            await self._declare(looking, self._own_joiners(module_id, round_no, patience))
+            everyone, ahead, same_round, behind, live = await self._gather(module_id, round_no, looking,
+                                                                           gather_deadline, patience, wait_for_behind)
+            if ahead > round_no:
+                # the group applied rounds we missed: averaging now would fork the replicas
+                return Match(None, f"behind: other holders are at round {ahead}; re-sync from them first")
+            looking.fetched_from = self._fresh_source(module_id, round_no, live, patience)
+            declared = {p: d for p, d in everyone.items() if d.digest == digest}
+            fork = self._resolve_fork(key, digest, everyone)
+            if fork is not None:
+                looking.decided.set()
+                return fork
+            candidates = {p for p, d in declared.items() if d.bandwidth > 0} | ({self.peer_id} if self.bandwidth > 0 else set())
+            if not declared:
+                looking.decided.set()
+                silent = same_round - set(everyone)
+                if silent:  # applying our delta alone would fork us from them
+                    return Match(None, f"holders {', '.join(sorted(silent))} at this round did not declare in time")
+                waiting = self._still_waiting(module_id, behind, patience) if wait_for_behind else {}
+                if waiting:  # they re-sync to us at their next round; stepping alone would keep us out of reach
+                    return Match(None, "waiting for holders behind us to catch up ("
+                                       + ", ".join(f"{p[-8:]} at round {r}" for p, r in sorted(waiting.items())) + ")")
+                return Match(Group(LONE, (self.peer_id,), (self.bandwidth,), 0.0), "")
+            if not candidates:
+                looking.decided.set()
+                return Match(None, "no member of the group accepts connections (all in client mode)")
+            leader = min(candidates)
+            if leader == self.peer_id:
+                looking.decided.set()
+                return Match(*await self._lead(looking, set(declared), close_deadline, end))
+            looking.leader = leader
+            looking.decided.set()
+            return Match(*await self._follow(key, leader, join_deadline, close_deadline + (end - close_deadline) / 2,
+                                             digest, looking.fetched_from))
+        finally:
+            looking.decided.set()
+            for f in looking.followers.values():
+                if not f.future.done():
+                    f.future.set_result(None)
+            self._looking.pop(key, None)
+
+    def _own_joiners(self, module_id: str, round_no: int, patience: float) -> frozenset[str]:
+        """Peers that fetched ``round_no`` of ``module_id`` from us in the last ``patience`` seconds to average it."""
+        return frozenset(p for p, r in self.joiners(module_id, patience).items() if r == round_no and p != self.peer_id)
+
+    async def _declare(self, looking: _Looking, expecting: frozenset[str]) -> None:
+        """Store (or re-store, when more peers fetched our state meanwhile) our declaration of this round."""
+        looking.expecting = expecting
+        decl = GroupDeclaration(self.config_hash, self.data_hash, self.bandwidth, self._own_credential(),
+                                looking.digest, tuple(sorted(expecting))[:MAX_EXPECTING])
+        await self.dht.store(looking.key, to_value(decl), looking.expires, subkey=self.peer_id, return_future=True)
+
+    def _fresh_source(self, module_id: str, round_no: int, live: set[str], patience: float) -> str:
+        """The live holder we fetched this round's state from in the last ``patience`` seconds, or ''."""
+        source = self._sources.get(module_id)
+        if source is None or source[1] != round_no or source[0] not in live:
+            return ""
+        return source[0] if time.monotonic() - source[2] < patience else ""
+
+    def _still_waiting(self, module_id: str, behind: dict[str, int], patience: float) -> dict[str, int]:
+        """The holders behind us worth waiting for: those whose record announced a new round less than
+        ``patience`` seconds ago. One that does not end its round in that time (idle, stuck, or gone
+        with its record not yet expired) stops holding us back until its record moves again."""
+        now = time.monotonic()
+        for key in [k for k in self._behind_since if k[0] == module_id and k[1] not in behind]:
+            del self._behind_since[key]
+        waiting, given_up = {}, []
+        for peer, round_no in behind.items():
+            key = (module_id, peer)
+            seen = self._behind_since.get(key)
+            if seen is None or seen[0] != round_no:
+                seen = self._behind_since[key] = (round_no, now, False)
+            if now - seen[1] < patience:
+                waiting[peer] = round_no
+            elif not seen[2]:
+                self._behind_since[key] = (round_no, seen[1], True)
+                given_up.append(peer)
+        if given_up:
+            log.info("%s: holders %s stayed behind us for %.0fs; no longer waiting for them", module_id,
+                     ", ".join(sorted(p[-8:] for p in given_up)), patience)
+        return waiting
+
+    def _resolve_fork(self, key: str, digest: str, everyone: dict[str, GroupDeclaration]) -> Optional[Match]:
+        """None when every declared holder has our state, or ours is the one kept; else the failed
+        :class:`Match` telling us which state to re-sync to."""
+        counts = Counter(d.digest for d in everyone.values())
+        if set(counts) <= {digest}:
+            return None
+        counts[digest] += 1  # ourselves
+        kept = max(counts, key=lambda k: (counts[k], k))
+        theirs = sorted(p[-8:] for p, d in everyone.items() if d.digest != digest)
+        if kept == digest:
+            log.warning("%s: holders %s hold another state at this round (a fork); ours (%s, %d of %d) is kept "
+                        "and they re-sync to it", key, ", ".join(theirs), digest, counts[digest], sum(counts.values()))
+            return None
+        return Match(None, f"forked: {counts[kept]} of {sum(counts.values())} holders at this round hold state "
+                           f"{kept}, ours is {digest or '(none)'}; re-syncing to theirs", adopt=kept)
+
+    async def _gather(self, module_id: str, round_no: int, looking: _Looking, deadline: float, patience: float,
+                      wait_for_behind: bool) -> tuple[dict[str, GroupDeclaration], int, set[str], dict[str, int],
+                                                      set[str]]:
+        """Other members' valid declarations, read until every live holder at this round declared or
+        ``deadline``; also the highest round any other live holder announces, the other holders at our
+        round, those behind it (peer -> round) and every other live holder. Holders that declared are never
+        counted as ahead.
+
+        A peer that fetched this round's state from us in the last ``patience`` seconds to average it
+        (a newcomer, a re-syncing member) counts as a holder at this round even before its holder
+        record is visible: a lone holder that stepped alone meanwhile would leave two newcomers to
+        average the old state among themselves, a fork. Our declaration lists them, and we wait for
+        the peers the other members' declarations list too: a newcomer that leads knows only its own
+        source, and would close the group before the other newcomers of that source declared.
+
+        Without ``wait_for_behind`` (overlap mode, where a member with only holders behind it steps
+        alone) holders one round behind are also waited for until ``deadline``: their record may lag
+        behind their declaration.
+
+        A lone member may apply its own delta only when it is the module's only live holder. With
+        holders behind it, it waits for them instead: they re-sync to its state at their next round.
+        A member that stepped alone whenever nobody was at its exact round would race ahead by one
+        round per inner loop (a cut-off peer does so between a heal and its DHT re-merge) and fork
+        every time a lagging record made it think so."""
+        key = looking.key
+        while True:
+            found, holders = await asyncio.gather(
+                self.dht.get(key, latest=True, return_future=True),
+                self.dht.get(holders_key(self.run_id, module_id), latest=True, return_future=True),
+            )
+            declared = {}
+            for peer, d in records_from_value(found, GroupDeclaration, self.verifier).items():
+                problem = self._mismatch(peer, d.config_hash, d.data_hash)
+                if problem:
+                    self._refuse_log(peer, problem)
+                elif peer != self.peer_id:
+                    declared[peer] = d
+            live = {p: h for p, h in records_from_value(holders, HolderRecord, self.verifier).items()
+                    if p != self.peer_id and not self._mismatch(p, h.config_hash, h.data_hash)}
+            expected = {p for p, h in live.items() if h.round_no == round_no}
+            joiners = self._own_joiners(module_id, round_no, patience)
+            if not joiners <= looking.expecting:  # tell the others whom to wait for
+                await self._declare(looking, looking.expecting | joiners)
+            # joiners of this round, ours and those the other members declared they sent state to,
+            # unless their record already shows them past it
+            told = {p for d in declared.values() if d.digest == looking.digest for p in d.expecting}
+            expected |= {p for p in joiners | told
+                         if p != self.peer_id and not (p in live and live[p].round_no > round_no)}
+            # A holder that declared this round is at this round, whatever its record says (an overlap
+            # member announces its next round while this one's exchange runs); one a single round
+            # ahead that has not declared may be such a member about to declare: wait for it.
+            ahead = max((h.round_no for p, h in live.items() if p not in declared), default=-1)
+            next_round = {p for p, h in live.items() if h.round_no == round_no + 1 and p not in declared}
+            behind = {p: h.round_no for p, h in live.items()
+                      if h.round_no < round_no and p not in declared and p not in expected}
+            last_round = set() if wait_for_behind else {
+                p for p, r in self._still_waiting(module_id, behind, patience).items() if r == round_no - 1}
+            if ((expected <= set(declared) and not next_round and not last_round) or time.monotonic() >= deadline
+                    or ahead > round_no + 1):
+                missing = sorted(expected - set(declared))
+                if missing:
+                    log.info("%s: holders %s did not declare by the gather deadline", key, ", ".join(missing))
+                return declared, ahead, expected, behind, set(live)
+            await asyncio.sleep(_POLL)
+
+    async def _lead(self, looking: _Looking, others: set[str], close_deadline: float, end: float) -> tuple[Optional[Group], str]:
+        while not others <= set(looking.followers) and time.monotonic() < close_deadline:
+            looking.changed.clear()
+            try:
+                await asyncio.wait_for(looking.changed.wait(), max(0.0, close_deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                break
+        looking.closed = True
+        followers = dict(looking.followers)
+        if not followers:
+            return None, f"no declared member ({', '.join(sorted(others))}) joined us"
+        members = tuple(sorted([self.peer_id, *followers]))
+        sources = {looking.fetched_from, *(f.fetched_from for f in followers.values())}
+        if "" not in sources and not sources & set(members):
+            # every member just fetched this round's state from holders that are not here: they may have
+            # stepped on already, and this group would be a second lineage at the same round numbers
+            return None, (f"every member fetched this round's state from {', '.join(sorted(p[-8:] for p in sources))}, "
+                          "none of which joined: re-sync to them instead of averaging their old state")
+        bw = {self.peer_id: self.bandwidth, **{p: f.bandwidth for p, f in followers.items()}}
+        group = Group(f"{looking.key}-{self.peer_id[-8:]}-{secrets.token_hex(4)}", members,
+                      tuple(bw[p] for p in members), max(0.1, end - time.monotonic()))
+        for f in followers.values():
+            if not f.future.done():
+                f.future.set_result(group)
+        missing = sorted(others - set(followers))
+        return group, (f"dropped {', '.join(missing)} (did not join)" if missing else "")
+
+    async def _follow(self, key: str, leader: str, deadline: float, begin_deadline: float,
+                      digest: str, fetched_from: str) -> tuple[Optional[Group], str]:
+        """Join ``leader`` by ``deadline``. Once it accepted us, it counts us in the group it begins,
+        so we wait for its BEGIN until ``begin_deadline``: the leader's round may have started seconds
+        after ours, and giving up earlier would leave the others waiting for our part until their
+        all-reduce deadline."""
+        accepted = asyncio.Event()
+        task = asyncio.ensure_future(self._follow_unbounded(key, leader, digest, fetched_from, accepted))
+        try:
+            done, _ = await asyncio.wait({task}, timeout=max(0.01, deadline - time.monotonic()))
+            if not done and accepted.is_set():
+                done, _ = await asyncio.wait({task}, timeout=max(0.01, begin_deadline - time.monotonic()))
+            if not done:
+                return None, f"leader {leader} did not begin before the deadline"
+            return task.result()
+        except Exception as e:
+            return None, f"joining leader {leader} failed: {type(e).__name__}: {e}"
+        finally:
+            if not task.done():
+                task.cancel()
+
+    async def _follow_unbounded(self, key: str, leader: str, digest: str, fetched_from: str,
+                                accepted: asyncio.Event) -> tuple[Optional[Group], str]:
+        from hivemind.p2p import PeerID
+
+        request = JoinRequest(group_key=key, config_hash=self.config_hash, data_hash=self.data_hash,
+                              bandwidth=self.bandwidth, credential=self._own_credential(), state_digest=digest,
+                              fetched_from=fetched_from)
+        for _ in range(3):
+            stream = await self.p2p.iterate_protobuf_handler(PeerID.from_base58(leader), self.handler_name,
+                                                             request, JoinReply)
+            try:
+                outcome = await self._read_replies(stream, leader, accepted)
+            finally:
+                await stream.aclose()  # the leader lingers until we close: tell it we read its reply
+            if isinstance(outcome, str):
+                leader = outcome
+                continue
+            return outcome
+        return None, "too many leader redirections"
+
+    async def _read_replies(self, stream: Any, leader: str,
+                            accepted: asyncio.Event) -> Union[str, tuple[Optional[Group], str]]:
+        """The outcome of one join stream: ``(group, reason)``, or the peer id to follow instead."""
+        checked = self.verifier is None
+        async for reply in stream:
+            if not checked:  # one stream is one authenticated connection: its first reply vouches
+                problem = self.verifier.check(reply.credential, leader)
+                if problem:
+                    self.verifier.log_refusal(leader, "a leader's reply", problem)
+                    return None, f"leader {leader} is not admitted: {problem}"
+                checked = True
+            if reply.code == JoinReply.ACCEPTED:
+                accepted.set()
+                continue
+            if reply.code == JoinReply.BEGIN:
+                return self._check_group(reply, leader)
+            if reply.code == JoinReply.NOT_A_LEADER and reply.suggested_leader not in ("", leader, self.peer_id):
+                return reply.suggested_leader
+            return None, f"leader {leader} refused: {reply.reason or JoinReply.Code.Name(reply.code)}"
+        return None, f"leader {leader} closed the stream without beginning"
+
+    def _check_group(self, reply: JoinReply, leader: str) -> tuple[Optional[Group], str]:
+        members = tuple(reply.members)
+        if (self.peer_id not in members or list(members) != sorted(set(members))
+                or len(reply.bandwidths) != len(members) or not reply.allreduce_timeout > 0):
+            return None, f"leader {leader} sent a malformed group"
+        return Group(reply.group_id, members, tuple(reply.bandwidths), float(reply.allreduce_timeout)), ""

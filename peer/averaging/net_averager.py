@@ -1,0 +1,380 @@
+"""``NetAverager``: the :class:`peer.averaging.ModuleAverager` of real peers, over hivemind's DHT and P2P.
+
+Per (module, round) it matchmakes a group among the module's live holders (:mod:`peer.averaging.matchmaking`)
+and runs the bit-identical all-reduce (:mod:`peer.averaging.allreduce`): every member applies the same
+decoded bytes, so replicas stay identical whatever the codec (DiLoCo, Douillard et al. 2023; DiPaCo,
+Douillard et al. 2024). It also publishes this peer's :class:`~peer.network.records.HolderRecord` for each
+module it holds (refreshed in the background) and serves module states to newcomers
+(:mod:`peer.averaging.state_transfer`).
+
+One ``NetAverager`` per process and run: it owns an asyncio loop on a background thread, on which
+a replica of the DHT's p2p daemon handle serves the ``hivepath_{run_id}_*`` protocols.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from peer.averaging.allreduce import EventHook, ReductionServer
+from peer.averaging.aggregation import MEAN, Aggregation
+from peer.averaging.contract import AverageResult, SuspectHook
+from peer.averaging.codecs import flatten, get_codec, unflatten
+from peer.outer import ModuleState
+from peer.network import unwrap_dht
+from peer.averaging.matchmaking import LONE, Matchmaker
+from peer.network import (
+    ArchiveRecord,
+    GroupDeclaration,
+    HolderRecord,
+    archive_key,
+    group_key,
+    holders_key,
+    records_from_value,
+    to_value,
+)
+from peer.averaging.state_transfer import StateProvider, StateServer, fetch_module_state
+
+__all__ = ["NetAverager"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BANDWIDTH = 100e6 / 8
+"""Bytes/s assumed for the upload link when none was measured (100 Mbit/s)."""
+WAITING_POLL = 1.0
+"""Seconds between the DHT checks behind :meth:`NetAverager.others_waiting`."""
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """uvloop where it is installed: the exchange moves every byte through asyncio streams to the p2p
+    daemon, and uvloop's transports take far less CPU per byte than the default loop's."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+class NetAverager:
+    """Averages module pseudo-gradients with the other holders of each module over the network.
+
+    Args:
+        dht: this process's DHT (``peer.network.dht.PeerDHT`` or ``hivemind.dht.DHT``).
+        run_id: the run's slug; prefixes DHT keys and protocol names.
+        config_hash: the run config hash; peers of another hash are never grouped.
+        data_hash: the dataset manifest hash ('' if none); peers of another dataset are never grouped.
+        bandwidth: measured upload bandwidth in bytes/s; it sizes our share of each reduction.
+            0 means client mode (we reduce nothing); default: 0 if the DHT is in client mode.
+        throughput: measured tokens/s, published in our holder records.
+        state_provider: ``module_id -> ModuleState`` to serve newcomers (see :meth:`serve_states`).
+        holder_ttl: seconds a holder record lives without refresh (refreshed every third of it).
+        startup_timeout: seconds to connect to the p2p daemon and register handlers.
+        event_hook: called at named points of a round, for fault injection in tests and phase timing in
+            benchmarks (see :data:`peer.averaging.allreduce.EventHook`).
+        aggregation: the run's reduction rule (``Aggregation.from_config(cfg.outer)``; the config hash
+            keeps every group member on the same rule). ``DiLoCoOptimizer`` sets it through
+            :meth:`use_aggregation`.
+        on_suspect: ``(peer_id, module_id, round_no, why)``, called once per other peer whose
+            contribution to a part we reduced was dropped (NaN/Inf, malformed) or clipped by the rule:
+            the hook for reporting hostile peers to the coordinator. Runs on the calling exchange
+            thread right after the round; keep it quick (queue the report, do not block on an RPC).
+    """
+
+    def __init__(self, dht: Any, run_id: str, config_hash: str, data_hash: str = "",
+                 bandwidth: Optional[float] = None, throughput: float = 0.0,
+                 state_provider: Optional[StateProvider] = None, holder_ttl: float = 30.0,
+                 startup_timeout: float = 30.0, event_hook: Optional[EventHook] = None,
+                 aggregation: Aggregation = MEAN, on_suspect: Optional[SuspectHook] = None,
+                 credential: Optional[Callable[[], bytes]] = None, verifier: Optional[Any] = None):
+        self.dht = unwrap_dht(dht)
+        self._credential = credential or (lambda: b"")
+        self._verifier = verifier
+        self.run_id = run_id
+        self.config_hash = config_hash
+        self.data_hash = data_hash
+        if bandwidth is None:
+            bandwidth = 0.0 if self.dht.client_mode else DEFAULT_BANDWIDTH
+        if not (math.isfinite(bandwidth) and bandwidth >= 0):
+            raise ValueError(f"bandwidth must be a finite number >= 0, got {bandwidth}")
+        self.bandwidth = float(bandwidth)
+        self.throughput = float(throughput)
+        self.holder_ttl = holder_ttl
+        self.wait_for_behind = True
+        """Whether a member otherwise alone waits for holders behind it (:meth:`use_round_policy`)."""
+        self.peer_id: str = self.dht.peer_id.to_base58()
+        self.prefix = f"hivepath_{run_id}"
+        self._event_hook = event_hook
+        self._aggregation = aggregation
+        self.on_suspect = on_suspect
+        self.on_isolated: Optional[Callable[[], None]] = None
+        """Called when a round found no other holder to average with (a lone round, or declared
+        holders that never joined): we may be cut off from part of the swarm. ``peer.node`` sets it to
+        ``PeerDHT.poke`` so the DHT re-checks its routing table against the coordinator's peers."""
+        self._held: dict[str, tuple[int, str]] = {}
+        self._waiting_check: Optional[Any] = None
+        self._waiting_checked = -math.inf
+        self._archived: dict[str, int] = {}
+        self._held_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._loop = _new_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="net-averager", daemon=True)
+        self._thread.start()
+        self._state_server: Optional[StateServer] = None
+        try:
+            self._call(self._start(state_provider), startup_timeout)
+        except BaseException:
+            self.shutdown()
+            raise
+        self._refresher = threading.Thread(target=self._refresh_loop, name="holder-refresh", daemon=True)
+        self._refresher.start()
+
+    async def _start(self, provider: Optional[StateProvider]) -> None:
+        self._p2p = await self.dht.replicate_p2p()
+        self._server = ReductionServer(self._p2p, self.peer_id, self.prefix, event_hook=self._event_hook,
+                                       aggregation=self._aggregation)
+        self._state_server = StateServer(self._p2p, self.config_hash, self.prefix, provider, verifier=self._verifier)
+        self._matchmaker = Matchmaker(self.dht, self._p2p, self.peer_id, self.run_id, self.config_hash,
+                                      self.data_hash, self.bandwidth, self.prefix, credential=self._credential,
+                                      verifier=self._verifier, joiners=self._state_server.joiners)
+        await self._server.start()
+        await self._matchmaker.start()
+        await self._state_server.start()
+
+    def _call(self, coro: Any, timeout: Optional[float]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    @property
+    def aggregation(self) -> Aggregation:
+        """The reduction rule of the parts this peer reduces."""
+        return self._aggregation
+
+    def use_aggregation(self, rule: Aggregation) -> None:
+        """Adopt the run's rule (``DiLoCoOptimizer`` calls this with its ``OuterConfig``); applies from
+        the next reduction on."""
+        self._aggregation = rule
+        if getattr(self, "_server", None) is not None:
+            self._server.aggregation = rule
+
+    # -- holder records -----------------------------------------------------------------------
+
+    def hold(self, module_id: str, round_no: int, wait: bool = True, digest: str = "") -> None:
+        """Announce that we hold ``module_id`` and will average its round ``round_no`` next, with the
+        state of ``digest`` when known (``wait``: until the DHT stored it). Re-announcing the same
+        round costs nothing; a digest is kept until the round changes."""
+        with self._held_lock:
+            held = self._held.get(module_id)
+            if held is not None and held[0] == int(round_no) and (not digest or held[1] == digest):
+                return
+            self._held[module_id] = (int(round_no), digest)
+        future = self._publish(module_id, int(round_no), digest)
+        if wait:
+            future.result()
+
+    def announce_archive(self, module_id: str, round_no: int) -> None:
+        """Announce that we serve ``module_id``'s state at ``round_no`` without averaging it (an archive
+        peer): newcomers may fetch from us, but groups never wait for us. Refreshed in the background."""
+        with self._held_lock:
+            self._archived[module_id] = int(round_no)
+        self._publish_archive(module_id, int(round_no)).result()
+
+    def _publish_archive(self, module_id: str, round_no: int) -> Any:
+        from hivemind.utils import get_dht_time
+
+        record = ArchiveRecord(self.config_hash, self.data_hash, round_no, self._credential())
+        return self.dht.store(archive_key(self.run_id, module_id), to_value(record),
+                              get_dht_time() + self.holder_ttl, subkey=self.peer_id, return_future=True)
+
+    def release(self, module_id: str) -> None:
+        """Stop announcing ``module_id`` (its record expires within ``holder_ttl``)."""
+        with self._held_lock:
+            self._held.pop(module_id, None)
+            self._archived.pop(module_id, None)
+
+    def _publish(self, module_id: str, round_no: int, digest: str = "") -> Any:
+        from hivemind.utils import get_dht_time
+
+        record = HolderRecord(self.config_hash, self.data_hash, round_no, self.throughput, self.bandwidth,
+                              self._credential(), digest)
+        return self.dht.store(holders_key(self.run_id, module_id), to_value(record),
+                              get_dht_time() + self.holder_ttl, subkey=self.peer_id, return_future=True)
+
+    def _refresh_loop(self) -> None:
+        while not self._stopping.wait(self.holder_ttl / 3):
+            with self._held_lock:
+                held, archived = dict(self._held), dict(self._archived)
+            try:
+                for module_id, (round_no, digest) in held.items():
+                    self._publish(module_id, round_no, digest)
+                for module_id, round_no in archived.items():
+                    self._publish_archive(module_id, round_no)
+            except Exception as e:  # the DHT may be shutting down
+                log.debug("refreshing records failed: %r", e)
+
+    # -- pacing -------------------------------------------------------------------------------
+
+    def others_waiting(self, rounds: Mapping[str, int]) -> bool:
+        """True when another holder of our config already declared itself ready for the current round
+        of one of these modules (``module_id -> round``): it waits in matchmaking, so
+        ``DiLoCoOptimizer`` ends its round now with the tokens it has. Never blocks the training loop:
+        it answers from a DHT check at most ``WAITING_POLL`` seconds old, refreshed in the background
+        (False until a check for exactly these rounds has come back)."""
+        key = tuple(sorted(rounds.items()))
+        now = time.monotonic()
+        pending = self._waiting_check
+        if (pending is None or pending.done()) and now - self._waiting_checked >= WAITING_POLL:
+            self._waiting_checked = now
+            self._waiting_check = asyncio.run_coroutine_threadsafe(self._check_waiting(key), self._loop)
+        if pending is not None and pending.done() and pending.exception() is None:
+            checked_key, waiting = pending.result()
+            return waiting and checked_key == key
+        return False
+
+    async def _check_waiting(self, key: tuple) -> tuple[tuple, bool]:
+        for module_id, round_no in key:
+            found = await self.dht.get(group_key(self.run_id, module_id, round_no), latest=True, return_future=True)
+            for peer, decl in records_from_value(found, GroupDeclaration).items():
+                if peer != self.peer_id and decl.config_hash == self.config_hash and decl.data_hash == self.data_hash:
+                    return key, True
+        return key, False
+
+    # -- averaging ----------------------------------------------------------------------------
+
+    def use_round_policy(self, wait_for_behind: bool) -> None:
+        """Called by :class:`peer.diloco.DiLoCoOptimizer`. A member that fails a round keeps its round
+        number, so holders behind it can catch up while it waits for them; in overlap mode the next
+        round is launched whatever the last one did, and waiting would only fail rounds: such a member
+        averages alone whenever nobody is at its round (:meth:`peer.averaging.matchmaking.Matchmaker.form_group`)."""
+        self.wait_for_behind = bool(wait_for_behind)
+
+    def average(self, module_id: str, round_no: int, tensors: list[Tensor], weight: float, codec: str,
+                timeout: float, digest: str = "") -> AverageResult:
+        """One round of ``module_id``'s group among the holders whose state has ``digest`` (see
+        :class:`peer.averaging.ModuleAverager`)."""
+        get_codec(codec)  # ValueError on an unknown codec, before anything is sent
+        if not (math.isfinite(weight) and weight > 0):
+            raise ValueError(f"weight must be a finite number > 0, got {weight}")
+        flat = flatten(tensors)  # (n,)
+        if not bool(torch.isfinite(flat).all()):
+            return AverageResult(None, None, 0, [], 0, 0, reason="not sent: the delta holds NaN or Inf")
+        t0 = time.monotonic()
+        self.hold(module_id, round_no)
+        try:
+            # the round's deadline bounds the whole exchange (matchmaking, all-reduce, a dial to a peer
+            # cut off by a partition): the training loop never waits on a round for longer
+            res = self._call(asyncio.wait_for(self._average(module_id, round_no, flat, tensors, float(weight), codec,
+                                                            timeout, digest), timeout), timeout + 2.0)
+            self._report_suspects(module_id, round_no, res.suspects)
+            return res
+        except Exception as e:
+            log.warning("module %s round %d failed: %r", module_id, round_no, e)
+            return AverageResult(None, None, 0, [], 0, 0, reason=f"{type(e).__name__}: {e}")
+        finally:
+            try:  # a no-op when the round's group formed: we announced round + 1 then
+                self.hold(module_id, round_no + 1)
+            except Exception as e:
+                log.debug("publishing holder record failed: %r", e)
+            log.debug("module %s round %d took %.2fs", module_id, round_no, time.monotonic() - t0)
+
+    async def _average(self, module_id: str, round_no: int, flat: Tensor, like: Sequence[Tensor], weight: float,
+                       codec: str, timeout: float, digest: str) -> AverageResult:
+        c = get_codec(codec)
+        group, reason, adopt = await self._matchmaker.form_group(module_id, round_no, timeout, digest,
+                                                                 wait_for_behind=self.wait_for_behind)
+        # announce our next round now, in the background, so it is visible long before anyone's next round
+        self.hold(module_id, round_no + 1, wait=False)
+        if (group is None and not adopt and not reason.startswith("behind")) or (group is not None
+                                                                                and group.group_id == LONE):
+            self._isolated()
+        if group is None:
+            log.info("module %s round %d: no group (%s)", module_id, round_no, reason)
+            return AverageResult(None, None, 0, [], 0, 0, reason=reason, adopt=adopt)
+        if group.group_id == LONE:
+            own = c.roundtrip(flat)  # (n,)
+            mine = unflatten(own, like)
+            return AverageResult([t.clone() for t in mine], mine, 1, [self.peer_id], 0, 0, reason="lone holder")
+        self._server.event("group_formed")
+        out = await self._server.run(group, flat, weight, codec)
+        suspicious = "; ".join(f"{p}: {why}" for p, why in sorted(out.suspects.items()))
+        notes = "; ".join(r for r in (reason, out.reason, suspicious) if r)
+        own = unflatten(out.own_decoded, like)
+        if out.averaged is None:
+            log.warning("module %s round %d failed: %s", module_id, round_no, notes)
+            return AverageResult(None, own, 0, [], out.bytes_sent, out.bytes_received, reason=notes,
+                                 suspects=out.suspects)
+        return AverageResult(unflatten(out.averaged, like), own, len(out.contributors), out.contributors,
+                             out.bytes_sent, out.bytes_received, reason=notes, suspects=out.suspects)
+
+    def _isolated(self) -> None:
+        if self.on_isolated is not None:
+            try:
+                self.on_isolated()
+            except Exception as e:  # a hint only
+                log.debug("on_isolated hook failed: %r", e)
+
+    def _report_suspects(self, module_id: str, round_no: int, suspects: Mapping[str, str]) -> None:
+        for peer, why in sorted(suspects.items()):
+            if peer == self.peer_id:
+                continue
+            log.warning("module %s round %d: suspect %s (%s)", module_id, round_no, peer, why)
+            if self.on_suspect is not None:
+                try:
+                    self.on_suspect(peer, module_id, round_no, why)
+                except Exception as e:  # a reporting failure must not fail the round
+                    log.warning("on_suspect hook failed: %r", e)
+
+    # -- state transfer -----------------------------------------------------------------------
+
+    def serve_states(self, provider: StateProvider) -> None:
+        """Serve newcomers the states ``provider(module_id)`` returns (e.g. ``DiLoCoOptimizer.module_state``)."""
+        assert self._state_server is not None
+        self._state_server.provider = provider
+
+    def fetch_state(self, module_id: str, timeout: float, like: Optional[Sequence[Tensor]] = None,
+                    accept: Optional[Callable[[ModuleState], str]] = None, min_round: int = -1,
+                    joining: bool = True) -> ModuleState:
+        """Fetch ``module_id``'s global params, outer momentum and round from a live holder of our
+        config hash (``accept``, ``min_round``, ``joining``: see :func:`peer.averaging.state_transfer.fetch_module_state`);
+        raises :class:`peer.averaging.state_transfer.StateTransferError` if none can send it."""
+        state = self._call(fetch_module_state(self.dht, self._p2p, self.run_id, module_id, self.config_hash,
+                                              self.prefix, self.peer_id, timeout, like, credential=self._credential,
+                                              verifier=self._verifier, accept=accept, min_round=min_round,
+                                              joining=joining),
+                           timeout + 5.0)
+        if joining:
+            self._matchmaker.fetched(module_id, state.source, state.round_no)
+        return state
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Stop refreshing records and stop the loop (the DHT itself belongs to the caller)."""
+        self._stopping.set()
+        if self._loop.is_running():
+            try:
+                self._call(self._stop(), 5.0)
+            except Exception as e:
+                log.debug("stopping the averager loop: %r", e)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+
+    async def _stop(self) -> None:
+        p2p = getattr(self, "_p2p", None)
+        if p2p is not None:
+            await p2p.shutdown()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def __enter__(self) -> "NetAverager":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()

@@ -1,0 +1,76 @@
+"""How a group splits a module's flat vector for the all-reduce (:mod:`peer.averaging.allreduce`).
+
+Everything here is a pure function of the group, identical on every member: the pipeline segments
+of the vector, each member's part of a segment (block-aligned, sized by upload bandwidth), and the
+fallback reducer of a failed part. Boundaries are multiples of :data:`peer.averaging.codecs.BLOCK`, so
+encoding a part gives the same values as encoding the whole vector.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from peer.averaging.codecs import BLOCK
+
+__all__ = ["Group", "part_bounds", "segment_bounds", "fallback_reducer", "PIPELINE", "SEGMENT_BLOCKS"]
+
+
+def part_bounds(numel: int, bandwidths: Sequence[float]) -> list[tuple[int, int]]:
+    """Split ``numel`` elements into one ``(start, end)`` part per member, proportional to bandwidth,
+    with every boundary a multiple of ``BLOCK`` (the last end is ``numel``). Members with bandwidth
+    0 get empty parts; if every bandwidth is 0 the first member takes everything."""
+    n_blocks = math.ceil(numel / BLOCK)
+    bw = [max(0.0, float(b)) if math.isfinite(b) else 0.0 for b in bandwidths]
+    if not bw:
+        raise ValueError("a group has at least one member")
+    if sum(bw) <= 0:
+        bw = [1.0] + [0.0] * (len(bw) - 1)
+    total = sum(bw)
+    shares = [b / total * n_blocks for b in bw]
+    counts = [int(s) for s in shares]
+    # largest remainder, ties to the lower index: the same on every member
+    order = sorted(range(len(bw)), key=lambda i: (-(shares[i] - counts[i]), i))
+    for i in order[: n_blocks - sum(counts)]:
+        counts[i] += 1
+    bounds, start = [], 0
+    for c in counts:
+        end = min(numel, start + c * BLOCK)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+PIPELINE = 3
+"""Segments in flight at once: encoding and the upload of segment s+1 overlap the averages of s."""
+SEGMENT_BLOCKS = 256
+"""Smallest segment, in blocks; a vector is cut into at most 16 segments of at least this size."""
+
+
+def segment_bounds(numel: int, max_segments: int = 16) -> list[tuple[int, int]]:
+    """Cut ``numel`` elements into pipeline segments at multiples of ``BLOCK`` (at least one)."""
+    n_blocks = max(1, math.ceil(numel / BLOCK))
+    per = max(SEGMENT_BLOCKS, math.ceil(n_blocks / max_segments))
+    starts = list(range(0, n_blocks, per))
+    return [(s * BLOCK, min(numel, (s + per) * BLOCK)) for s in starts] or [(0, 0)]
+
+
+def fallback_reducer(failed: int, bounds: Sequence[tuple[int, int]]) -> Optional[int]:
+    """Index of the member that retries part ``failed``: the first other member with a non-empty part."""
+    for i, (a, b) in enumerate(bounds):
+        if i != failed and b > a:
+            return i
+    return None
+
+
+@dataclass(frozen=True)
+class Group:
+    """A formed averaging group: the same on every member (the leader sent it)."""
+
+    group_id: str
+    members: tuple[str, ...]
+    """Peer ids, sorted; member i reduces part i."""
+    bandwidths: tuple[float, ...]
+    allreduce_timeout: float
+    """Seconds the reduction may take, counted from when the member got the group."""

@@ -1,0 +1,242 @@
+"""Joining mid-run: a newcomer fetches a module's global params, outer momentum and round number
+from a peer that holds it, over P2P. The coordinator never carries weights (see DESIGN.md).
+
+Holder side: :class:`StateServer` answers ``{prefix}_state`` streams with a
+:class:`protos.hivepath.peer.v1.net_pb2.StateReply` header and a safetensors blob (``p.{i}``: global params,
+``m.{i}``: outer momentum), refusing a requester whose config hash differs from ours.
+Newcomer side: :func:`fetch_module_state` tries the module's holders and archive peers (from their
+DHT records, same config hash, most advanced round first) until one answers, and checks what it
+received.
+
+Admission (issue 9): with a ``verifier`` the holder refuses a requester whose credential is not
+bound to its libp2p peer id, and the newcomer only asks sources whose DHT records carry a valid
+credential. Requests larger than :data:`MAX_REQUEST_BYTES` are refused unread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable, Optional, Sequence
+
+from torch import Tensor
+
+from peer.averaging.allreduce import linger
+from peer.network import CredentialProvider, CredentialVerifier
+from peer.outer import ModuleState
+from protos.hivepath.peer.v1.net_pb2 import StateReply, StateRequest
+from peer.network import ArchiveRecord, HolderRecord, archive_key, holders_key, records_from_value
+
+__all__ = ["StateServer", "StateProvider", "fetch_module_state", "StateTransferError", "MAX_REQUEST_BYTES"]
+
+log = logging.getLogger(__name__)
+
+REPLY_TIMEOUT = 5.0
+"""Seconds a holder gets to answer a state request (the reply that announces the state), plus one per
+GB of the state it packs first; the state's bytes then get what is left of the fetch's timeout."""
+
+MAX_REQUEST_BYTES = 4096
+"""A state request is a module id, a hash and a credential: anything larger is refused unread."""
+
+_JOINER_MEMORY = 600.0
+"""Seconds a holder remembers who fetched a module's state to average it (longer than any wait on them)."""
+
+StateProvider = Callable[[str], Optional[ModuleState]]
+"""``module_id -> ModuleState`` of a module this peer holds (e.g. ``DiLoCoOptimizer.module_state``),
+or None when it does not hold it."""
+
+
+class StateTransferError(RuntimeError):
+    """No holder could send a valid state for the module."""
+
+
+def _pack(state: ModuleState) -> bytes:
+    from safetensors.torch import save
+
+    tensors = {f"p.{i}": t.contiguous() for i, t in enumerate(state.global_params)}
+    tensors.update({f"m.{i}": t.contiguous() for i, t in enumerate(state.momentum)})
+    return save(tensors)
+
+
+def _unpack(blob: bytes, round_no: int, like: Optional[Sequence[Tensor]]) -> ModuleState:
+    from safetensors.torch import load
+
+    tensors = load(blob)
+    n = sum(1 for k in tensors if k.startswith("p."))
+    expected_keys = {f"p.{i}" for i in range(n)} | {f"m.{i}" for i in range(n)}
+    if set(tensors) != expected_keys:
+        raise ValueError(f"state holds tensors {sorted(tensors)[:6]}..., expected p.0..p.{n - 1} and m.0..m.{n - 1}")
+    params = [tensors[f"p.{i}"] for i in range(n)]
+    momentum = [tensors[f"m.{i}"] for i in range(n)]
+    for p, m in zip(params, momentum):
+        if p.shape != m.shape:
+            raise ValueError(f"momentum shape {tuple(m.shape)} differs from parameter shape {tuple(p.shape)}")
+    if like is not None:
+        shapes = [tuple(t.shape) for t in like]
+        if [tuple(p.shape) for p in params] != shapes:
+            raise ValueError("parameter shapes differ from this peer's module")
+    return ModuleState(params, momentum, round_no)
+
+
+class StateServer:
+    """Serves the states of the modules this peer holds (register on this process's P2P)."""
+
+    def __init__(self, p2p: Any, config_hash: str, prefix: str, provider: Optional[StateProvider] = None,
+                 verifier: Optional[CredentialVerifier] = None):
+        self.p2p = p2p
+        self.verifier = verifier
+        self.served = 0
+        """States sent so far (a refused request never counts)."""
+        self.config_hash = config_hash
+        self.handler_name = f"{prefix}_state"
+        self.provider = provider
+        self._joiners: dict[str, dict[str, tuple[int, float]]] = {}
+        """module -> peer that fetched it to average it -> (the round we sent, when)."""
+
+    def joiners(self, module_id: str, within: float) -> dict[str, int]:
+        """Peers that fetched ``module_id`` from us in the last ``within`` seconds to average it (newcomers,
+        re-syncing members; not archives): peer -> the round of the state we sent. They are about to
+        declare that round, possibly before their holder record is visible: matchmaking waits for them."""
+        now = time.monotonic()
+        return {p: r for p, (r, t) in self._joiners.get(module_id, {}).items() if now - t < within}
+
+    def _served_to(self, module_id: str, peer: str, round_no: int) -> None:
+        now = time.monotonic()
+        peers = self._joiners.setdefault(module_id, {})
+        for p in [p for p, (_, t) in peers.items() if now - t > _JOINER_MEMORY]:
+            del peers[p]
+        peers[peer] = (round_no, now)
+
+    async def start(self) -> None:
+        await self.p2p.add_binary_stream_handler(self.handler_name, self._handle)
+
+    async def _handle(self, stream_info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        from hivemind.p2p import P2P
+
+        try:
+            request = await _receive_request(reader)
+            if request is None:
+                return
+            blob, reply = b"", StateReply(ok=False)
+            sender = stream_info.peer_id.to_base58()
+            problem = self.verifier.check(request.credential, sender) if self.verifier is not None else ""
+            if problem:
+                reply.error = f"not admitted: {problem}"
+                self.verifier.log_refusal(sender, f"a state request for {request.module_id[:64]!r}", problem)
+            elif request.config_hash != self.config_hash:
+                reply.error = f"config hash {request.config_hash} differs from the holder's {self.config_hash}"
+                log.warning("refusing state of %s to %s: %s", request.module_id, stream_info.peer_id, reply.error)
+            else:
+                state = self.provider(request.module_id) if self.provider is not None else None
+                if state is None:
+                    reply.error = f"this peer does not hold {request.module_id}"
+                else:
+                    blob = await asyncio.get_running_loop().run_in_executor(None, _pack, state)
+                    reply = StateReply(ok=True, round_no=int(state.round_no), payload_len=len(blob))
+                    self.served += 1
+                    if request.joining:
+                        self._served_to(request.module_id, sender, int(state.round_no))
+            await P2P.send_protobuf(reply, writer)
+            await P2P.send_raw_data(blob, writer)
+            await linger(reader, 60.0)
+        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            log.debug("state stream broke: %r", e)
+        finally:
+            writer.close()
+
+
+async def _receive_request(reader: asyncio.StreamReader) -> Optional[StateRequest]:
+    """One length-prefixed StateRequest (hivemind's framing), or None when it is oversized or malformed."""
+    from google.protobuf.message import DecodeError
+    from hivemind.p2p import P2P
+
+    if await reader.readexactly(1) != P2P.MESSAGE_MARKER:
+        log.warning("refusing a state request that is not a message")
+        return None
+    size = int.from_bytes(await reader.readexactly(P2P.HEADER_LEN), P2P.BYTEORDER)
+    if size > MAX_REQUEST_BYTES:
+        log.warning("refusing a state request of %d bytes (limit %d)", size, MAX_REQUEST_BYTES)
+        return None
+    payload = await reader.readexactly(size)
+    request = StateRequest()
+    try:
+        request.ParseFromString(payload)
+    except DecodeError:
+        log.warning("refusing a malformed state request")
+        return None
+    return request
+
+
+async def fetch_module_state(dht: Any, p2p: Any, run_id: str, module_id: str, config_hash: str, prefix: str,
+                             own_peer_id: str, timeout: float, like: Optional[Sequence[Tensor]] = None,
+                             credential: Optional[CredentialProvider] = None,
+                             verifier: Optional[CredentialVerifier] = None,
+                             accept: Optional[Callable[[ModuleState], str]] = None,
+                             min_round: int = -1, joining: bool = True) -> ModuleState:
+    """Fetch ``module_id``'s state from a live holder with our config hash (most advanced round first);
+    ``credential`` is presented to holders, ``verifier`` keeps only admitted sources, and ``accept``
+    (a state -> '' or why it is not wanted) makes us try the next holder, e.g. to adopt one side of a fork.
+    Holders whose record announces a round below ``min_round`` are not asked at all. ``joining``: we will
+    average the module from this state (the holder then expects us at its round); False for an archive.
+
+    A holder must answer within :data:`REPLY_TIMEOUT` (the state's bytes may take the rest of
+    ``timeout``): one that is cut off must not use up the whole budget of a re-sync."""
+    from hivemind.p2p import P2P, PeerID
+
+    deadline = time.monotonic() + timeout
+    found, archived = await asyncio.gather(
+        dht.get(holders_key(run_id, module_id), latest=True, return_future=True),
+        dht.get(archive_key(run_id, module_id), latest=True, return_future=True),
+    )
+    sources = {**records_from_value(archived, ArchiveRecord, verifier),
+               **records_from_value(found, HolderRecord, verifier)}
+    own = credential() if credential is not None else b""
+    candidates = sorted(((h.round_no, p) for p, h in sources.items()
+                         if p != own_peer_id and h.config_hash == config_hash and h.round_no >= min_round),
+                        reverse=True)
+    if not candidates:
+        at = f" at round {min_round} or later" if min_round >= 0 else ""
+        raise StateTransferError(f"no live holder of {module_id}{at} with config hash {config_hash}")
+    state_bytes = 2 * sum(t.numel() * 4 for t in like) if like is not None else 0  # params and momentum, fp32
+    reply_timeout = REPLY_TIMEOUT + state_bytes / 1e9
+    errors = []
+    for round_no, peer in candidates:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            async def ask() -> tuple[StateReply, bytes]:
+                async def request() -> tuple[Any, Any, Any]:
+                    _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer),
+                                                                             f"{prefix}_state")
+                    try:
+                        await P2P.send_protobuf(StateRequest(module_id=module_id, config_hash=config_hash,
+                                                             credential=own, joining=joining), writer)
+                        return (*await P2P.receive_protobuf(StateReply, reader), reader, writer)
+                    except BaseException:
+                        writer.close()
+                        raise
+
+                reply, err, reader, writer = await asyncio.wait_for(request(), min(left, reply_timeout))
+                try:
+                    if reply is None:
+                        raise RuntimeError(err.message)
+                    blob = await P2P.receive_raw_data(reader)
+                finally:
+                    writer.close()
+                return reply, blob
+
+            reply, blob = await asyncio.wait_for(ask(), left)
+            if not reply.ok:
+                raise RuntimeError(reply.error)
+            state = await asyncio.get_running_loop().run_in_executor(None, _unpack, bytes(blob), reply.round_no, like)
+            unwanted = accept(state) if accept is not None else ""
+            if unwanted:
+                raise RuntimeError(unwanted)
+            log.info("fetched %s at round %d from %s", module_id, reply.round_no, peer)
+            state.source = peer
+            return state
+        except Exception as e:
+            errors.append(f"{peer[-8:]}: {type(e).__name__}: {e}")
+    raise StateTransferError(f"no holder sent a valid state of {module_id} ({'; '.join(errors) or 'timed out'})")

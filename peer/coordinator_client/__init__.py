@@ -1,0 +1,29 @@
+"""The peer's side of the coordinator API (gRPC): join, heartbeats, status, bandwidth probes.
+
+- ``client``: :class:`CoordinatorClient`, synchronous, retrying with backoff while the coordinator is away.
+- ``messages``: the replies as dataclasses (:class:`WorkAssignment`, :class:`HeartbeatReply`, ...) and
+  the errors a user can act on (:class:`CoordinatorRefused`, :class:`PeerBanned`, ...).
+- ``transport``: the heartbeat stream, keepalive options and bandwidth probes.
+
+Imports no torch and no hivemind (the coordinator's image tests import it), and nothing else of ``peer``.
+"""
+
+from peer.coordinator_client.client import CoordinatorClient
+from peer.coordinator_client.messages import (
+    CoordinatorRefused,
+    CoordinatorUnavailable,
+    HeartbeatReply,
+    IncompatibleRun,
+    JoinInfo,
+    NoAssignmentFits,
+    PeerBanned,
+    PeerInfo,
+    Progress,
+    RunSpec,
+    WorkAssignment,
+)
+
+__all__ = [
+    "CoordinatorClient", "CoordinatorRefused", "CoordinatorUnavailable", "HeartbeatReply", "IncompatibleRun",
+    "JoinInfo", "NoAssignmentFits", "PeerBanned", "PeerInfo", "Progress", "RunSpec", "WorkAssignment",
+]

@@ -1,0 +1,165 @@
+"""What the coordinator client hands the peer: its replies as plain dataclasses, and its errors.
+
+Each error a user can act on is a :class:`~models.errors.HivepathError` with its own exit code
+(docs/cli.md); :func:`refusal` maps a gRPC status the coordinator answered to one of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import grpc
+
+from models.config import RunConfig
+from models.errors import HivepathError
+from protos.hivepath.coordinator.v1 import coordinator_pb2 as pb
+
+__all__ = [
+    "PeerInfo", "WorkAssignment", "JoinInfo", "RunSpec", "Progress", "HeartbeatReply", "CoordinatorUnavailable",
+    "CoordinatorRefused", "PeerBanned", "NoAssignmentFits", "IncompatibleRun", "refusal",
+]
+
+
+class CoordinatorUnavailable(HivepathError):
+    """The coordinator did not answer within ``retry_timeout``."""
+
+    exit_code = 3
+
+
+class CoordinatorRefused(HivepathError):
+    """Wrong token or a request the coordinator rejected; the message says which field."""
+
+    exit_code = 3
+
+
+class PeerBanned(CoordinatorRefused):
+    """The coordinator banned this peer id (other peers reported it, or the operator did)."""
+
+
+class NoAssignmentFits(HivepathError):
+    """No work fits this machine's memory."""
+
+    exit_code = 5
+
+
+class IncompatibleRun(HivepathError):
+    """The peer's data or the run spec it received does not match the run."""
+
+    exit_code = 4
+
+
+@dataclass(frozen=True)
+class PeerInfo:
+    """What this peer tells the coordinator at join."""
+
+    peer_id: str
+    """libp2p peer id (base58)."""
+    device: str
+    memory_bytes: int
+    tokens_per_s: float
+    public_key: bytes = b""
+    """libp2p public key behind ``peer_id`` (binds the id to this key at the coordinator)."""
+    upload_bps: float = 0.0
+    download_bps: float = 0.0
+    multiaddrs: tuple[str, ...] = ()
+    manifest_hash: str = ""
+    archive: bool = False
+    """An archive peer: the coordinator gives it no work and hands its addresses out first."""
+
+
+@dataclass(frozen=True)
+class WorkAssignment:
+    """A path to train (``mode == "path"``) or a module to serve (``mode == "stage"``)."""
+
+    mode: str
+    path: tuple[int, ...]
+    module_id: str
+    module_ids: tuple[str, ...]
+    inner_steps: int
+    codec: str
+    reason: str
+    version: int
+
+    @classmethod
+    def from_proto(cls, m: pb.Assignment) -> "WorkAssignment":
+        mode = {pb.MODE_PATH: "path", pb.MODE_ARCHIVE: "archive"}.get(m.mode, "stage")
+        return cls(mode, tuple(m.path), m.module_id, tuple(m.module_ids), m.inner_steps, m.codec, m.reason, m.version)
+
+    def label(self) -> str:
+        if self.mode == "path":
+            return "path " + ",".join(map(str, self.path))
+        return "archive" if self.mode == "archive" else f"stage {self.module_id}"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """The run as the coordinator hands it out before joining."""
+
+    run_config: RunConfig
+    run_config_hash: str
+    lattice_hash: str
+    manifest_hash: str
+    initial_peers: tuple[str, ...]
+    coordinator_public_key: bytes = b""
+    """Raw Ed25519 key that signs credentials (see :mod:`peer.network.credentials`)."""
+
+
+@dataclass(frozen=True)
+class JoinInfo:
+    """The join reply: the run spec rebuilt as a typed config, bootstrap peers, lease and work."""
+
+    run_config: RunConfig
+    run_config_hash: str
+    lattice_hash: str
+    manifest_hash: str
+    initial_peers: tuple[str, ...]
+    lease_id: str
+    lease_duration: float
+    heartbeat_interval: float
+    assignment: WorkAssignment
+    rejoined: bool
+    credential: bytes = b""
+    """This peer's admission credential (renewed later by heartbeats: read :attr:`CoordinatorClient.credential`)."""
+    coordinator_public_key: bytes = b""
+    """Raw Ed25519 key that signs every peer's credential."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One module's progress for a heartbeat."""
+
+    module_id: str
+    round: int
+    tokens: int
+    loss: float
+
+
+@dataclass(frozen=True)
+class HeartbeatReply:
+    lease_remaining: float
+    assignment: Optional[WorkAssignment]
+    """A new assignment to switch to (None: keep the current one)."""
+    drain: bool
+    drain_reason: str = ""
+    rejoined: bool = False
+    """True when the lease was gone and the client joined again to get this reply."""
+    join: Optional[JoinInfo] = None
+    credential: bytes = b""
+    """A renewed credential (empty: the current one stays valid)."""
+
+
+def refusal(code: grpc.StatusCode, detail: str) -> HivepathError:
+    if code == grpc.StatusCode.FAILED_PRECONDITION and detail.startswith("capabilities.memory_bytes"):
+        return NoAssignmentFits(f"no work fits this machine: {detail}")
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        return IncompatibleRun(f"the coordinator refused this peer: {detail}")
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return PeerBanned(f"the coordinator refused this peer: {detail}")
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return CoordinatorRefused(f"the coordinator refused the run token: {detail}")
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        err = CoordinatorRefused(f"the coordinator rejected a field: {detail}")
+        err.exit_code = 2
+        return err
+    return CoordinatorRefused(f"the coordinator answered {code.name}: {detail}")

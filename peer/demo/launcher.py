@@ -1,0 +1,198 @@
+"""``hivepath demo``: a whole network on this machine, as real processes on loopback.
+
+A coordinator, an archive peer and N volunteer peers train the demo preset's 2x2 lattice on the
+built-in corpus for a few minutes. A live table shows peers and rounds; at the end the demo
+evaluates routed validation bits per byte before and after (on the archive's copy of the model),
+compares the bytes the network exchanged with what synchronous data-parallel training would have
+sent for the same tokens, and writes ``runs/ID/report.md`` (with loss curves) and ``summary.json``.
+
+The processes are the installed ``hivepath`` commands a user would run by hand; the demo only
+starts, watches and stops them. Ctrl-C stops every process cleanly (a second Ctrl-C kills them).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from models.config import PRESETS, RunConfig
+from models.errors import HivepathError
+
+__all__ = ["DemoOptions", "run_demo"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DemoOptions:
+    peers: int = 4
+    minutes: float = 3.0
+    preset: str = "demo"
+    out: Optional[Path] = None
+    data: Optional[Path] = None
+    threads_per_peer: int = 1
+    eval_documents: int = 40
+    """Validation documents per path for the before/after bits per byte."""
+    live: bool = True
+    extra_peer_args: list[str] = field(default_factory=list)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _hivepath() -> list[str]:
+    exe = Path(sys.executable).with_name("hivepath")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "hivepath.cli"]
+
+
+class _Procs:
+    """The demo's child processes, each in its own session so signals reach their p2p daemons too."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen:
+        with open(self.log_dir / f"{name}.log", "ab") as out:
+            proc = subprocess.Popen(_hivepath() + args, stdout=out, stderr=subprocess.STDOUT,
+                                    env={**os.environ, **env}, start_new_session=True)
+        self.procs[name] = proc
+        return proc
+
+    def signal(self, names: list[str], sig: int) -> None:
+        for n in names:
+            p = self.procs.get(n)
+            if p is not None and p.poll() is None:
+                try:
+                    os.killpg(p.pid, sig) if sig == signal.SIGKILL else p.send_signal(sig)
+                except ProcessLookupError:
+                    pass
+
+    def wait(self, names: list[str], timeout: float) -> dict[str, Optional[int]]:
+        deadline = time.monotonic() + timeout
+        codes = {}
+        for n in names:
+            try:
+                codes[n] = self.procs[n].wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                codes[n] = None
+        return codes
+
+    def stop_all(self, names: list[str], timeout: float) -> dict[str, Optional[int]]:
+        """SIGTERM (drain), then SIGKILL whatever is still running after ``timeout``."""
+        self.signal(names, signal.SIGTERM)
+        codes = self.wait(names, timeout)
+        stuck = [n for n, c in codes.items() if c is None]
+        if stuck:
+            log.warning("killing %s: they did not drain within %.0fs", ", ".join(stuck), timeout)
+            self.signal(stuck, signal.SIGKILL)
+            codes.update(self.wait(stuck, 10))
+        for n in names:  # reap p2p daemons left in these processes' sessions
+            try:
+                os.killpg(self.procs[n].pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        return codes
+
+
+def run_demo(opts: DemoOptions) -> dict[str, Any]:
+    """Run the demo network; returns the summary (also written to ``OUT/summary.json``)."""
+    from peer.coordinator_client import CoordinatorClient
+    from peer.demo.report import DemoMonitor, evaluate_run_dir, evaluate_init, write_report
+    from peer.node import ensure_dataset
+
+    if opts.peers < 1:
+        raise HivepathError(f"--peers must be >= 1, got {opts.peers}")
+    if opts.minutes <= 0:
+        raise HivepathError(f"--minutes must be > 0, got {opts.minutes}")
+    if opts.preset not in PRESETS:
+        raise HivepathError(f"--preset {opts.preset!r} is not one of {', '.join(PRESETS)}")
+    out = Path(opts.out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    cfg = PRESETS[opts.preset]()
+    lat = cfg.lattice
+    data_dir = Path(opts.data or Path("data") / f"default-{cfg.data.tokenizer.replace(':', '')}-{lat.levels}x{lat.modules_per_level}")
+    dataset = ensure_dataset(cfg, data_dir, out, "")
+    cfg = cfg.replace(lattice={"vocab_size": dataset.manifest["vocab_size"]}, data={"manifest_hash": dataset.manifest_hash})
+    token = secrets.token_hex(16)
+    (out / "token").write_text(token)
+    (out / "token").chmod(0o600)
+    run_toml = out / "run.toml"
+    run_toml.write_text(_to_toml(cfg, heartbeat_interval=2.0, lease_timeout=15.0))
+    port, http_port = _free_port(), _free_port()
+    address = f"127.0.0.1:{port}"
+    env = {"HIVEPATH_TOKEN": token, "HIVEPATH_THREADS": str(opts.threads_per_peer), "HIVEPATH_LOG_LEVEL": "INFO"}
+    procs = _Procs(out / "logs")
+    names: list[str] = []
+    interrupted = {"n": 0}
+
+    def on_sigint(signum, frame):
+        interrupted["n"] += 1
+        if interrupted["n"] > 1:
+            procs.signal(list(procs.procs), signal.SIGKILL)
+            os._exit(130)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    bpb_before = evaluate_init(cfg, dataset, opts.eval_documents)
+    monitor = DemoMonitor(cfg, live=opts.live)
+    try:
+        procs.start("coordinator", ["coordinator", "serve", "--run-config", str(run_toml), "--db",
+                                    str(out / "coordinator.db"), "--host", "127.0.0.1", "--port", str(port),
+                                    "--http-port", str(http_port)], env)
+        client = CoordinatorClient(address, token, retry_timeout=30.0)
+        client.status()
+        common = ["--coordinator", address, "--data", str(data_dir), "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
+                  "--progress", "json", "--status-port", "0"]  # many peers on one host: no local status pages
+        procs.start("archive", ["archive", "--dir", str(out / "archive"), "--identity", str(out / "archive.key"),
+                                *common], env)
+        names.append("archive")
+        for i in range(opts.peers):
+            name = f"peer{i}"
+            procs.start(name, ["peer", "join", "--work-dir", str(out / name), *common, *opts.extra_peer_args], env)
+            names.append(name)
+        deadline = time.monotonic() + opts.minutes * 60
+        with monitor:
+            while time.monotonic() < deadline and not interrupted["n"]:
+                monitor.poll(client, procs.procs, http_port)
+                dead = [n for n in names if procs.procs[n].poll() is not None]
+                if dead and len(dead) == len(names):
+                    raise HivepathError(f"every peer exited early; see the logs in {out / 'logs'}")
+                time.sleep(1.0)
+        peer_names = [n for n in names if n != "archive"]
+        codes = procs.stop_all(peer_names, timeout=60)
+        monitor.poll(client, procs.procs, http_port)
+        codes.update(procs.stop_all(["archive"], timeout=30))
+        client.close()
+    finally:
+        procs.stop_all(list(procs.procs), timeout=30)
+        signal.signal(signal.SIGINT, previous)
+    bpb_after, per_path = evaluate_run_dir(out / "archive", dataset, opts.eval_documents)
+    summary = monitor.summary(cfg, opts, bpb_before, bpb_after, per_path, codes)
+    summary["report"] = str(out / "report.md")
+    write_report(out, summary, monitor)
+    return summary
+
+
+def _to_toml(cfg: RunConfig, **coordinator: float) -> str:
+    lines = [f'run_id = "{cfg.run_id}"', f"seed = {cfg.seed}"]
+    for section, values in cfg.to_dict().items():
+        if isinstance(values, dict):
+            lines.append(f"\n[{section}]")
+            for k, v in values.items():
+                lines.append(f"{k} = {json.dumps(v)}")
+    lines.append("\n[coordinator]")
+    lines += [f"{k} = {v}" for k, v in coordinator.items()]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,184 @@
+"""What ``hivepath demo`` shows and writes: the live table, the before/after evaluation, the report."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from models.config import RunConfig, format_path
+
+__all__ = ["DemoMonitor", "evaluate_init", "evaluate_run_dir", "write_report", "ddp_bytes_equivalent"]
+
+log = logging.getLogger(__name__)
+
+
+def ddp_bytes_equivalent(cfg: RunConfig, steps_by_path: dict[tuple[int, ...], int], holders: dict[str, int]) -> float:
+    """Bytes synchronous data-parallel training would send for the same inner steps.
+
+    Every step, each module's holders ring-all-reduce its fp32 gradient: each of the k holders
+    sends 2(k-1)/k of the module's bytes. Summed over the modules of every peer's path.
+    """
+    total = 0.0
+    lat = cfg.lattice
+    for path, steps in steps_by_path.items():
+        for mid in lat.path_modules(path):
+            k = max(1, holders.get(mid, 1))
+            total += steps * 2 * (k - 1) / k * 4 * lat.module_param_count(mid)
+    return total
+
+
+def evaluate_init(cfg: RunConfig, dataset: Any, max_docs: int) -> float:
+    """Routed validation bits per byte of the untrained lattice (every peer's starting point)."""
+    from models.evaluate import routed_evaluation
+    from models.lattice import ModularLM
+
+    model = ModularLM(cfg.lattice, seed=cfg.seed)
+    return routed_evaluation(model.path_model, dataset, cfg.lattice.paths(), cfg.lattice.seq_len, "cpu",
+                             max_documents_per_path=max_docs).bpb
+
+
+def evaluate_run_dir(run_dir: Path, dataset: Any, max_docs: int) -> tuple[float, dict]:
+    """Routed bits per byte of the newest snapshot under ``run_dir`` (an archive or a peer checkpoint)."""
+    from models.evaluate import routed_evaluation
+    from models.run_dir import load_run_dir
+
+    loaded = load_run_dir(run_dir)
+    paths = [p for p in loaded.cfg.lattice.paths() if all(m in loaded.model.mods for m in loaded.cfg.lattice.path_modules(p))]
+    if not paths:
+        return float("nan"), {}
+    result = routed_evaluation(loaded.model.path_model, dataset, paths, loaded.cfg.lattice.seq_len, "cpu",
+                               max_documents_per_path=max_docs)
+    return result.bpb, result.per_path
+
+
+class DemoMonitor:
+    """Polls the coordinator's status, draws the live table and keeps the history for the report."""
+
+    def __init__(self, cfg: RunConfig, live: bool = True):
+        self.cfg = cfg
+        self.start = time.monotonic()
+        self.history: list[dict[str, Any]] = []
+        self.last: dict[str, Any] = {}
+        self.console = Console(stderr=True)
+        self._live: Optional[Live] = Live(console=self.console, auto_refresh=False) if live else None
+        self.peer_paths: dict[str, tuple[int, ...]] = {}
+        """Last path each peer trained (peers that left have no assignment in the final status)."""
+        self.peer_tokens: dict[str, int] = {}
+        self.module_rounds: dict[str, int] = {}
+        """Highest round seen per module (a module's round reads 0 once its holders have left)."""
+
+    def __enter__(self) -> "DemoMonitor":
+        if self._live is not None:
+            self._live.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._live is not None:
+            self._live.stop()
+
+    def poll(self, client: Any, procs: dict, http_port: int) -> None:
+        try:
+            status = client.status()
+        except Exception as e:  # the coordinator may be restarting; the demo keeps going
+            log.debug("status failed: %r", e)
+            return
+        elapsed = time.monotonic() - self.start
+        self.last = status
+        for m in status.get("modules", []):
+            self.module_rounds[m["module_id"]] = max(self.module_rounds.get(m["module_id"], 0), int(m["round"]))
+        for p in status.get("peers", []):
+            if p.get("mode") == "path":
+                self.peer_paths[p["peer_id"]] = tuple(p["path"])
+            self.peer_tokens[p["peer_id"]] = max(self.peer_tokens.get(p["peer_id"], 0), p.get("tokens", 0))
+        self.history.append({
+            "t": round(elapsed, 1),
+            "paths": {format_path(tuple(p["path"])): p["loss"] for p in status.get("paths", []) if p.get("loss")},
+            "tokens": sum(p.get("tokens", 0) for p in status.get("peers", [])),
+            "bytes": status.get("bytes_exchanged", 0),
+        })
+        if self._live is not None:
+            self._live.update(self._table(status, elapsed, http_port), refresh=True)
+
+    def _table(self, status: dict, elapsed: float, http_port: int) -> Table:
+        t = Table(title=f"hivepath demo: {elapsed:5.0f}s, {status.get('total_tokens_per_s', 0):,.0f} tokens/s, "
+                        f"{status.get('bytes_exchanged', 0) / 1e6:.1f} MB exchanged  (status page http://127.0.0.1:{http_port})")
+        for col in ("peer", "state", "work", "tokens/s", "tokens", "last seen"):
+            t.add_column(col)
+        for p in status.get("peers", []):
+            work = p.get("work") or "-"
+            t.add_row(p["peer_id"][:12], p.get("state", ""), work or "-", f"{p.get('tokens_per_s', 0):,.0f}",
+                      f"{p.get('tokens', 0):,}", f"{p.get('last_seen_age_s', 0):.0f}s")
+        rounds = ", ".join(f"{m['module_id']}:r{m['round']}" for m in status.get("modules", []))
+        t.caption = f"module rounds: {rounds or '-'}"
+        return t
+
+    def summary(self, cfg: RunConfig, opts: Any, bpb_before: float, bpb_after: float, per_path: dict,
+                codes: dict) -> dict[str, Any]:
+        status = self.last
+        tokens = sum(self.peer_tokens.values())
+        holders: dict[str, int] = {}
+        for path in self.peer_paths.values():
+            for mid in cfg.lattice.path_modules(path):
+                holders[mid] = holders.get(mid, 0) + 1
+        step_tokens = cfg.inner.batch_size * cfg.lattice.seq_len
+        steps_by_path: dict[tuple[int, ...], int] = {}
+        for peer_id, path in self.peer_paths.items():
+            steps_by_path[path] = steps_by_path.get(path, 0) + self.peer_tokens.get(peer_id, 0) // step_tokens
+        return {
+            "bpb_before": bpb_before,
+            "bpb_after": bpb_after,
+            "bpb_per_path": per_path,
+            "bytes_exchanged": status.get("bytes_exchanged", 0),
+            "ddp_bytes_equivalent": ddp_bytes_equivalent(cfg, steps_by_path, holders),
+            "tokens": tokens,
+            "peers": opts.peers,
+            "minutes": opts.minutes,
+            "module_rounds": dict(sorted(self.module_rounds.items())),
+            "exit_codes": codes,
+            "config_hash": cfg.content_hash(),
+        }
+
+
+def write_report(out: Path, summary: dict[str, Any], monitor: DemoMonitor) -> None:
+    """``summary.json``, ``loss.png`` and ``report.md`` under ``out``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    paths = sorted({p for h in monitor.history for p in h["paths"]})
+    for p in paths:
+        pts = [(h["t"], h["paths"][p]) for h in monitor.history if p in h["paths"]]
+        ax.plot([t for t, _ in pts], [v / math.log(2) for _, v in pts], label=f"path {p}")
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("training loss (bits per token)")
+    ax.set_title("hivepath demo: training loss per path")
+    if paths:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "loss.png", dpi=100)
+    plt.close(fig)
+    ratio = summary["ddp_bytes_equivalent"] / summary["bytes_exchanged"] if summary["bytes_exchanged"] else float("inf")
+    lines = [
+        "# hivepath demo report", "",
+        f"{summary['peers']} peers, {summary['minutes']} minutes, {summary['tokens']:,} tokens trained.", "",
+        "| metric | value |", "| --- | --- |",
+        f"| routed validation bits per byte, before | {summary['bpb_before']:.3f} |",
+        f"| routed validation bits per byte, after | {summary['bpb_after']:.3f} |",
+        f"| bytes exchanged | {summary['bytes_exchanged']:,} |",
+        f"| synchronous data-parallel equivalent | {summary['ddp_bytes_equivalent']:,.0f} |",
+        f"| reduction | {ratio:,.0f}x |", "",
+        "![training loss](loss.png)", "",
+        "Per path (validation): " + ", ".join(f"{k}: {v['bpb']:.3f}" for k, v in summary["bpb_per_path"].items() if "bpb" in v),
+    ]
+    (out / "report.md").write_text("\n".join(lines) + "\n")

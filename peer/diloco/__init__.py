@@ -1,0 +1,17 @@
+"""DiLoCo per module as an optimizer-like wrapper, so training loops stay plain PyTorch.
+
+- ``optimizer``: :class:`DiLoCoOptimizer` (H inner steps, then one outer round per module, optionally
+  overlapped with the next round's compute).
+- ``reports``: :class:`RoundReport` and :class:`ModuleReport`, what a round returns.
+- ``resync``: bringing a module back in line with its group after a missed round or a lost fork
+  (:func:`install_resync`, :func:`resync_after_round`).
+
+Imports ``peer.averaging`` and ``peer.outer``.
+"""
+
+from peer.diloco.optimizer import DiLoCoOptimizer
+from peer.diloco.reports import ModuleReport, RoundReport
+from peer.diloco.resync import FetchState, install_resync, resync_after_round, resync_module
+
+__all__ = ["DiLoCoOptimizer", "ModuleReport", "RoundReport", "FetchState", "install_resync", "resync_after_round",
+           "resync_module"]

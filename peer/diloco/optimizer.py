@@ -1,0 +1,460 @@
+"""An optimizer-like wrapper that runs DiLoCo outer steps per module, so training loops stay plain PyTorch.
+
+DiLoCo (Douillard et al. 2023) runs H inner AdamW steps, then one outer step on the pseudo-gradient
+``delta = global - local`` averaged across workers. DiPaCo (Douillard et al. 2024) does this per
+module of a lattice, each module averaged only among the paths that share it, optionally scaling the
+averaged delta by the square root of their number. Streaming DiLoCo (Douillard et al. 2025) and DeAR
+(Zhang et al. 2021) hide the exchange behind the next round's compute and apply it one round late::
+
+    opt = DiLoCoOptimizer(modules={"embed": m0, "L0M1": m1}, inner=InnerConfig(), outer=OuterConfig(),
+                          lattice=LatticeConfig(), averager=averager)
+    for x, y in batches:
+        loss = model(x, y)[1]; loss.backward()
+        report = opt.step(tokens=x.numel())   # a RoundReport when an outer round ran
+        opt.zero_grad()
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+
+import torch
+from torch import Tensor, nn
+
+from models.config import InnerConfig, LatticeConfig, OuterConfig
+from models.errors import ConfigError
+from peer.averaging import Aggregation, AverageResult, LocalAverager, ModuleAverager
+from peer.averaging import ErrorFeedback, flatten, unflatten
+from peer.diloco.reports import ModuleReport, RoundReport
+from peer.outer import ModuleState, OuterOptimizer
+
+__all__ = ["DiLoCoOptimizer"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pending:
+    """An exchange launched in overlap mode, applied at the end of the next round."""
+
+    round_no: int
+    tokens: float
+    sent: Optional[Tensor] = None  # (n,) what we contributed (delta + residual)
+    anchor: Optional[list[Tensor]] = None  # local params when the delta was taken
+    future: Optional[Future] = None
+    refused: str = ""
+
+
+class _Module:
+    """Per-module state: params, outer optimizer, error feedback, group round number."""
+
+    def __init__(self, module_id: str, params: list[Tensor], outer: OuterConfig):
+        self.module_id = module_id
+        self.params = params
+        self.outer = OuterOptimizer(params, lr=outer.lr, momentum=outer.momentum, nesterov=outer.nesterov)
+        self.ef = ErrorFeedback(self.outer.numel)
+        self.round_no = 0
+        self.pending: Optional[_Pending] = None
+
+
+class DiLoCoOptimizer:
+    """Inner optimizer every call, one DiLoCo outer step per module every round (see module docstring).
+
+    A round ends after ``outer.inner_steps`` calls to :meth:`step`, or earlier when
+    ``outer.round_seconds > 0`` and that many clock seconds have passed since the last round ended
+    (a slow peer then contributes fewer tokens, hence a smaller weight). Every module's exchange runs
+    at once on its own exchange thread; results are applied in the lattice's fixed order. Per
+    module: ``x = global - local (+ residual)``; a delta holding NaN/Inf is never sent (the
+    round is skipped for that module and local progress kept); ``averager.average(..., weight=tokens,
+    codec=outer.wire_codec(), timeout=outer.round_timeout)`` (the codec with the run's lossless entropy
+    stage); optional DiPaCo sqrt scaling; Nesterov outer
+    step on the global copy; ``local <- global``. A failed exchange keeps local progress, so the delta
+    carries into the next round; it does not block the other modules. Without an ``averager`` the
+    peer is a lone holder of every module and applies the codec round trip of its own delta.
+
+    With ``outer.overlap`` the exchange of round t runs on a background thread during round t+1 and is
+    applied at the end of round t+1, keeping the local progress made meanwhile on top of the new
+    global copy. Global copies and outer momentum stay bit-identical across the group in both modes.
+    """
+
+    def __init__(
+        self,
+        modules: Mapping[str, Union[nn.Module, Iterable[Tensor]]],
+        inner: Union[torch.optim.Optimizer, InnerConfig],
+        outer: OuterConfig,
+        lattice: Optional[LatticeConfig] = None,
+        averager: Optional[ModuleAverager] = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        if not modules:
+            raise ConfigError("modules", "the optimizer needs at least one module to train")
+        if outer.sqrt_sharing and lattice is None:
+            raise ConfigError("outer.sqrt_sharing", "needs the lattice config to count paths sharing a module")
+        if outer.sqrt_sharing:
+            unknown = sorted(set(modules) - set(lattice.module_ids()))
+            if unknown:
+                raise ConfigError(
+                    "modules", f"{', '.join(unknown)} not in the lattice: sqrt_sharing cannot count its paths"
+                )
+        self.outer_cfg = outer
+        self.lattice = lattice
+        if averager is None:
+            averager = LocalAverager().member("local")
+        self.averager = averager
+        configure = getattr(averager, "use_aggregation", None)
+        if configure is not None:  # the run's reduction rule (outer.aggregator, outer.norm_bound)
+            configure(Aggregation.from_config(outer))
+        rounds = getattr(averager, "use_round_policy", None)
+        if rounds is not None:  # a failed round keeps our round number only without overlap
+            rounds(wait_for_behind=not outer.overlap)
+        self.clock = clock
+        self._modules: dict[str, _Module] = {}
+        seen: set[int] = set()
+        for mid in self._ordered(modules):
+            mod = modules[mid]
+            params = list(mod.parameters()) if isinstance(mod, nn.Module) else list(mod)
+            if not params:
+                raise ConfigError("modules", f"module '{mid}' has no parameters")
+            for p in params:
+                if id(p) in seen:
+                    raise ConfigError("modules", f"a parameter of '{mid}' also belongs to another module")
+                seen.add(id(p))
+            self._modules[mid] = _Module(mid, params, outer)
+        all_params = [p for m in self._modules.values() for p in m.params]
+        self._inner_cfg: Optional[InnerConfig] = None
+        if isinstance(inner, InnerConfig):
+            from models.training import make_adamw  # the simulator's inner optimizer, so peers match it
+
+            self._inner_cfg = inner
+            inner = make_adamw(all_params, inner)
+        self.inner: torch.optim.Optimizer = inner
+        self._inner_step = 0
+        self.round = 0
+        self._steps_in_round = 0
+        self._tokens_in_round = 0.0
+        self._round_start = clock()
+        self._executor: Optional[ThreadPoolExecutor] = None
+        self._state_lock = threading.RLock()  # module_state() may be called from a state-serving thread
+        self.before_launch: Optional[Callable[[str, ModuleReport], None]] = None
+        """Overlap mode: called with a module's failed report after its exchange completed and before
+        the next one launches (the module has no exchange in flight then): the hook for re-syncing a
+        member that missed a round (:func:`peer.diloco.resync.resync_module`), which in overlap mode can only
+        happen at this point. Non-overlap members re-sync after :meth:`step` returns."""
+
+    # -- the training-loop API -------------------------------------------------------------------
+
+    @property
+    def module_ids(self) -> list[str]:
+        """Held module ids in the fixed averaging order."""
+        return list(self._modules)
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.inner.param_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none=set_to_none)
+
+    def step(self, tokens: Optional[float] = None) -> Optional[RoundReport]:
+        """One inner step; at the end of a round, the outer steps. ``tokens``: tokens in this step's
+        batch (the round's weight is their sum; each step counts 1 when not given)."""
+        if self._inner_cfg is not None:
+            cfg = self._inner_cfg
+            if cfg.grad_clip > 0:
+                nn.utils.clip_grad_norm_([p for m in self._modules.values() for p in m.params], cfg.grad_clip)
+            from models.training import warmup_lr
+
+            for group in self.inner.param_groups:
+                group["lr"] = warmup_lr(cfg, self._inner_step)
+        self.inner.step()
+        self._inner_step += 1
+        self._steps_in_round += 1
+        self._tokens_in_round += 1.0 if tokens is None else float(tokens)
+        elapsed = self.clock() - self._round_start
+        cfg = self.outer_cfg
+        if self._steps_in_round >= cfg.inner_steps or (cfg.round_seconds > 0 and elapsed >= cfg.round_seconds):
+            return self._end_round(elapsed)
+        if self._others_waiting():
+            return self._end_round(elapsed)
+        return None
+
+    def _others_waiting(self) -> bool:
+        """True when another holder already waits to average one of our modules' current round.
+
+        Then this peer ends its round now with the tokens it has (a smaller weight) instead of
+        making the group wait for its remaining steps: the fastest member paces the round, as
+        with hivemind's target batch size. Averagers without this signal never end rounds early.
+        """
+        probe = getattr(self.averager, "others_waiting", None)
+        if probe is None or self.outer_cfg.overlap:
+            return False
+        return bool(probe({mid: st.round_no for mid, st in self._modules.items()}))
+
+    def flush(self) -> Optional[RoundReport]:
+        """Overlap mode: wait for the exchanges in flight and apply them (local progress kept).
+        A no-op returning None otherwise."""
+        reports = {}
+        for mid, st in self._modules.items():
+            if st.pending is not None:
+                reports[mid] = self._complete(st)
+        if not reports:
+            return None
+        return RoundReport(self.round - 1, 0, 0.0, 0.0, reports)
+
+    def close(self) -> None:
+        """Flush and stop the exchange threads."""
+        try:
+            self.flush()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+
+    def __enter__(self) -> "DiLoCoOptimizer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- rounds ---------------------------------------------------------------------------------
+
+    def _ordered(self, modules: Iterable[str]) -> list[str]:
+        """Lattice order (embeddings, levels, heads), then any other ids sorted: the same on every peer."""
+        ids = list(modules)
+        rank = {m: i for i, m in enumerate(self.lattice.module_ids())} if self.lattice is not None else {}
+        return sorted(ids, key=lambda m: (rank.get(m, len(rank)), m))
+
+    def _end_round(self, elapsed: float) -> Optional[RoundReport]:
+        tokens, steps = self._tokens_in_round, self._steps_in_round
+        reports = {}
+        if self.outer_cfg.overlap:
+            for mid, st in self._modules.items():
+                if st.pending is not None:
+                    reports[mid] = self._complete(st)
+                    if not reports[mid].applied and self.before_launch is not None:
+                        try:
+                            self.before_launch(mid, reports[mid])
+                        except Exception as e:  # a failed re-sync is retried after the next failed round
+                            logger.warning("module %s: re-sync before the next exchange failed: %r", mid, e)
+                self._launch(st, tokens, keep_anchor=True)
+            report = RoundReport(self.round - 1, steps, tokens, elapsed, reports) if reports else None
+        else:
+            for st in self._modules.values():  # all modules exchange at once: one slow group blocks no other
+                self._launch(st, tokens, keep_anchor=False)
+            reports = {mid: self._complete(st) for mid, st in self._modules.items()}
+            report = RoundReport(self.round, steps, tokens, elapsed, reports)
+        self.round += 1
+        self._steps_in_round = 0
+        self._tokens_in_round = 0.0
+        self._round_start = self.clock()
+        return report
+
+    def _prepare(self, st: _Module, round_no: int) -> tuple[Optional[Tensor], str]:
+        """``delta (+ residual)`` as a flat vector, or None and why it must not be sent."""
+        flat = flatten(st.outer.pseudo_gradient(st.params))  # (n,)
+        if not bool(torch.isfinite(flat).all()):
+            bad = int((~torch.isfinite(flat)).sum())
+            reason = f"delta holds {bad} NaN/Inf values: not sent, local progress kept"
+            logger.warning("module %s round %d: %s", st.module_id, round_no, reason)
+            return None, reason
+        return (st.ef.add(flat) if self.outer_cfg.error_feedback else flat), ""
+
+    def _exchange(self, st: _Module, round_no: int, sent: Tensor, tokens: float, digest: str) -> AverageResult:
+        cfg = self.outer_cfg
+        try:
+            return self.averager.average(
+                st.module_id, round_no, unflatten(sent, st.outer.global_params), tokens, cfg.wire_codec(),
+                cfg.round_timeout,
+                digest=digest,
+            )
+        except Exception as e:  # an exchange failure must not take the training loop or other modules down
+            logger.warning("module %s round %d: exchange failed: %r", st.module_id, round_no, e)
+            return AverageResult(None, None, 0, [], 0, 0, reason=f"exchange failed: {e!r}")
+
+    def _apply(self, st: _Module, sent: Tensor, res: AverageResult) -> None:
+        """Error feedback and the outer step on the global copy (identical on every member)."""
+        if self.outer_cfg.error_feedback:
+            st.ef.update(sent, flatten(res.own_decoded))
+        averaged = res.averaged
+        if self.outer_cfg.sqrt_sharing:
+            factor = math.sqrt(len(self.lattice.paths_through(st.module_id)))
+            averaged = [a * factor for a in averaged]
+        st.outer.step(averaged)
+
+    def _report(self, st: _Module, round_no: int, tokens: float, res: AverageResult, wait: float) -> ModuleReport:
+        if not res.ok:
+            logger.info("module %s round %d not applied: %s", st.module_id, round_no, res.reason)
+        return ModuleReport(
+            st.module_id, round_no, res.ok, res.reason, res.group_size, list(res.peers), res.bytes_sent,
+            res.bytes_received, tokens, wait, adopt=res.adopt,
+        )
+
+    def _launch(self, st: _Module, tokens: float, keep_anchor: bool) -> None:
+        """Take the module's delta and start its exchange on the exchange threads.
+
+        The round number moves on and the exchange becomes pending under ``_state_lock`` in one go,
+        so :meth:`module_state` never labels this round's pre-step global copy with the next round."""
+        round_no = st.round_no
+        sent, refused = self._prepare(st, round_no)
+        if sent is None:
+            with self._state_lock:
+                st.pending = _Pending(round_no, tokens, refused=refused)
+                st.round_no = round_no + 1
+            return
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=len(self._modules), thread_name_prefix="diloco-exchange")
+        anchor = None
+        if keep_anchor:
+            anchor = [p.detach().to(device="cpu", dtype=torch.float32, copy=True) for p in st.params]
+        with self._state_lock:
+            digest = st.outer.digest()  # the state the group's mean will be applied to
+            future = self._executor.submit(self._exchange, st, round_no, sent, tokens, digest)
+            st.pending = _Pending(round_no, tokens, sent, anchor, future)
+            st.round_no = round_no + 1
+
+    @torch.no_grad()
+    def _complete(self, st: _Module) -> ModuleReport:
+        """Wait for the module's exchange and apply it: ``local <- global``, plus (overlap mode) the
+        local progress made since the delta was taken."""
+        pending = st.pending
+        if pending.future is None:
+            with self._state_lock:
+                st.pending = None
+                self._roll_back(st, pending)
+            return ModuleReport(st.module_id, pending.round_no, False, pending.refused, tokens=pending.tokens)
+        t0 = time.perf_counter()
+        res = pending.future.result()
+        wait = time.perf_counter() - t0
+        with self._state_lock:  # the post-step global copy and the end of the pending state, atomically
+            st.pending = None
+            if res.ok:
+                self._apply(st, pending.sent, res)
+            else:
+                self._roll_back(st, pending)
+        if res.ok:
+            if pending.anchor is None:
+                st.outer.sync_to(st.params)
+            else:
+                for p, g, a in zip(st.params, st.outer.global_params, pending.anchor):
+                    progress = p.detach().to(device="cpu", dtype=torch.float32) - a  # made while exchanging
+                    p.data.copy_(g + progress)
+        return self._report(st, pending.round_no, pending.tokens, res, wait)
+
+    def _roll_back(self, st: _Module, pending: _Pending) -> None:
+        """A round this peer did not apply leaves its global copy at that round: its number goes back
+        too, so the state is never labelled with a round it missed (the group that applied it is then
+        ahead, and matchmaking tells this peer to re-sync). Overlap mode has launched the next exchange
+        already and keeps counting."""
+        if not self.outer_cfg.overlap:
+            st.round_no = pending.round_no
+
+    # -- state ----------------------------------------------------------------------------------
+
+    def module_round(self, module_id: str) -> int:
+        """The group round number this peer will contribute to next for ``module_id``."""
+        return self._module(module_id).round_no
+
+    def module_state(self, module_id: str) -> ModuleState:
+        """Copies of a module's global params, outer momentum and the round they are ready for (to
+        serve a newcomer). Safe to call from another thread: while a round's exchange is in flight
+        the global copy is still that of the round being averaged, and its number is reported."""
+        st = self._module(module_id)
+        with self._state_lock:
+            pending = st.pending
+            round_no = pending.round_no if pending is not None and pending.future is not None else st.round_no
+            return ModuleState(
+                [g.clone() for g in st.outer.global_params], [b.clone() for b in st.outer.momentum_buffers], round_no
+            )
+
+    def module_digest(self, module_id: str) -> str:
+        """:attr:`ModuleState.digest` of what :meth:`module_state` would return, without copying it."""
+        st = self._module(module_id)
+        with self._state_lock:
+            return st.outer.digest()
+
+    @torch.no_grad()
+    def rebase_module_state(
+        self, module_id: str, global_params: Sequence[Tensor], momentum: Sequence[Tensor], round_no: int
+    ) -> None:
+        """Adopt the group's state after missing a round, keeping this peer's local progress.
+
+        ``local <- new_global + (local - old_global)``: the pseudo-gradient accumulated here is
+        carried into the next round instead of being lost; the error-feedback residual is kept.
+        """
+        st = self._module(module_id)
+        if st.pending is not None and st.pending.future is not None:
+            raise RuntimeError(f"module {module_id} has an exchange in flight; flush() before rebasing")
+        with self._state_lock:
+            progress = [p.detach().to(device="cpu", dtype=torch.float32) - g
+                        for p, g in zip(st.params, st.outer.global_params)]
+            st.outer.load_state_dict({"global": list(global_params), "momentum": list(momentum)})
+            for p, g, d in zip(st.params, st.outer.global_params, progress):
+                p.data.copy_(g + d)
+            st.round_no = int(round_no)
+
+    def load_module_state(
+        self, module_id: str, global_params: Sequence[Tensor], momentum: Sequence[Tensor], round_no: int
+    ) -> None:
+        """Adopt a module's state from a peer (newcomer joining mid-run): global copy, momentum and
+        round number; local params are reset to the global copy and the residual cleared."""
+        st = self._module(module_id)
+        if st.pending is not None and st.pending.future is not None:
+            st.pending.future.result()
+        st.pending = None
+        st.outer.load_state_dict({"global": list(global_params), "momentum": list(momentum)})
+        st.outer.sync_to(st.params)
+        st.ef.reset()
+        st.round_no = int(round_no)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every module's global copy, momentum, error-feedback residual and round number, the inner
+        optimizer's state and this peer's round counters. Overlap mode flushes first."""
+        self.flush()
+        return {
+            "round": self.round,
+            "inner_step": self._inner_step,
+            "modules": {
+                mid: {
+                    "global": [g.clone() for g in st.outer.global_params],
+                    "momentum": [b.clone() for b in st.outer.momentum_buffers],
+                    "residual": st.ef.residual.clone(),
+                    "round_no": st.round_no,
+                }
+                for mid, st in self._modules.items()
+            },
+            "inner": self.inner.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any], sync_local: bool = True) -> None:
+        """Restore :meth:`state_dict`'s output. ``sync_local`` resets local params to the global copy
+        (right for checkpoints taken at a round boundary; pass False after loading mid-round weights)."""
+        missing = sorted(set(self._modules) - set(state["modules"]))
+        if missing:
+            raise ConfigError("checkpoint", f"holds no state for module(s) {', '.join(missing)}")
+        for mid, st in self._modules.items():
+            ms = state["modules"][mid]
+            st.pending = None
+            st.outer.load_state_dict({"global": ms["global"], "momentum": ms["momentum"]})
+            st.ef.load_state_dict({"residual": ms["residual"]})
+            st.round_no = int(ms["round_no"])
+            if sync_local:
+                st.outer.sync_to(st.params)
+        self.inner.load_state_dict(state["inner"])
+        self.round = int(state["round"])
+        self._inner_step = int(state.get("inner_step", 0))
+        self._steps_in_round = 0
+        self._tokens_in_round = 0.0
+        self._round_start = self.clock()
+
+    def _module(self, module_id: str) -> _Module:
+        try:
+            return self._modules[module_id]
+        except KeyError:
+            held = ", ".join(self._modules)
+            raise ConfigError("module", f"'{module_id}' is not held by this peer (it holds {held})") from None

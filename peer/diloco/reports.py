@@ -1,0 +1,52 @@
+"""What an outer round reports: per module, and for the whole round (:meth:`DiLoCoOptimizer.step`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["ModuleReport", "RoundReport"]
+
+
+@dataclass
+class ModuleReport:
+    """One module's outer step in one round."""
+
+    module_id: str
+    round_no: int
+    """The group's round number of this exchange."""
+    applied: bool
+    """True when the group's average was applied to the global copy."""
+    reason: str = ""
+    """Why it was not applied, or who was dropped."""
+    group_size: int = 0
+    peers: list[str] = field(default_factory=list)
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    tokens: float = 0.0
+    """Our weight in the average: tokens processed in the round."""
+    wait_seconds: float = 0.0
+    """Seconds the training loop was blocked waiting on this exchange."""
+    adopt: str = ""
+    """Not applied because the other holders at this round hold another state (a fork): the digest
+    (:func:`peer.outer.state_digest`) of the state to re-sync to."""
+
+
+@dataclass
+class RoundReport:
+    """What :meth:`DiLoCoOptimizer.step` returns when an outer round ran."""
+
+    round: int
+    """This peer's round index (in overlap mode: the round whose exchange was applied now)."""
+    inner_steps: int
+    tokens: float
+    seconds: float
+    """Clock seconds of inner work in the round that just ended."""
+    modules: dict[str, ModuleReport]
+
+    @property
+    def applied(self) -> bool:
+        return bool(self.modules) and all(m.applied for m in self.modules.values())
+
+    @property
+    def wait_seconds(self) -> float:
+        return sum(m.wait_seconds for m in self.modules.values())

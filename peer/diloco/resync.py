@@ -1,0 +1,105 @@
+"""Bring a module back in line with its group after a round this peer did not apply.
+
+Members that averaged together applied the same bytes (:mod:`peer.averaging.allreduce`), so their copies are
+identical. A member that missed a round -- dropped by a deadline, cut off, or on the losing side of a
+fork (two copies with one round number, see :mod:`peer.averaging.matchmaking`) -- would drift from them for good.
+It fetches the group's state from a live holder and rebases on it, keeping the local progress it
+made (``local <- new_global + (local - old_global)``), which then goes into its next round. Path
+trainers, stage servers and stage trainers all call :func:`resync_after_round` after each outer round.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Optional
+
+import torch
+
+from peer.diloco.optimizer import DiLoCoOptimizer
+from peer.diloco.reports import RoundReport
+from peer.outer import ModuleState
+
+__all__ = ["FetchState", "resync_module", "resync_after_round", "install_resync"]
+
+log = logging.getLogger(__name__)
+
+FetchState = Callable[..., Optional[ModuleState]]
+"""``fetch_state(module_id, like, accept=None, min_round=-1) -> ModuleState | None`` from live holders
+(``accept`` and ``min_round`` as in :func:`peer.averaging.state_transfer.fetch_module_state`)."""
+
+
+def resync_module(opt: DiLoCoOptimizer, module_id: str, fetch_state: Optional[FetchState], adopt: str = "",
+                  wait: float = 0.0) -> bool:
+    """Adopt the group's state of ``module_id`` if a live holder is ahead of us or holds the kept side
+    of a fork (``adopt``: its digest). Returns True when our state changed.
+
+    In overlap mode this runs from :attr:`DiLoCoOptimizer.before_launch`, between our completed
+    exchange and the next launch. The group's members report the state of the exchange they have in
+    flight; we are about to launch round ``r``, so only a state of round ``r`` or later lets us join
+    the group's next exchange: for up to ``wait`` seconds we poll for the group to reach it (members
+    end rounds at about the same time), else we keep our state and try again after the next round."""
+    if fetch_state is None:
+        return False
+    mine = opt.module_state(module_id)
+    like = list(mine.global_params)
+    if opt.outer_cfg.overlap:
+        deadline = time.monotonic() + wait
+        while True:
+            # every holder is asked: an overlap member's record can lag the state it serves
+            remote = fetch_state(module_id, like, lambda s: "" if s.round_no >= mine.round_no
+                                 else f"round {s.round_no} is behind our next round {mine.round_no}")
+            if remote is not None or time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)  # a poll of the group's progress, bounded by ``wait``
+        if remote is None:
+            return False
+        opt.rebase_module_state(module_id, remote.global_params, remote.momentum, remote.round_no)
+        log.info("module %s: re-synced to the group's state at round %d before our next exchange", module_id,
+                 remote.round_no)
+        return True
+    if adopt:
+        def wanted(state: ModuleState) -> str:
+            if state.round_no > mine.round_no or (state.round_no == mine.round_no and state.digest == adopt):
+                return ""
+            return f"round {state.round_no} state {state.digest} is not the kept state {adopt}"
+
+        remote = fetch_state(module_id, like, wanted, min_round=mine.round_no)
+    else:  # only a holder that announces a later round can have moved on without us
+        remote = fetch_state(module_id, like, min_round=mine.round_no + 1)
+    if remote is None or remote.round_no < mine.round_no:
+        return False  # nobody is ahead: the round failed for the whole group, which stays identical
+    if remote.round_no == mine.round_no and all(
+            torch.equal(a, b) for a, b in zip(remote.global_params, mine.global_params)):
+        return False
+    opt.rebase_module_state(module_id, remote.global_params, remote.momentum, remote.round_no)
+    log.info("module %s: re-synced to the group's state at round %d%s (local progress kept)", module_id,
+             remote.round_no, f", the kept side of a fork ({adopt})" if adopt else "")
+    return True
+
+
+def install_resync(opt: DiLoCoOptimizer, fetch_state: Optional[FetchState]) -> None:
+    """Overlap mode: re-sync failed modules between their completed exchange and the next launch."""
+    if opt.outer_cfg.overlap and fetch_state is not None:
+        wait = min(10.0, 0.2 * opt.outer_cfg.round_timeout)
+
+        def before_launch(mid: str, report: Any) -> None:
+            if "NaN" not in report.reason:
+                resync_module(opt, mid, fetch_state, report.adopt, wait=wait)
+
+        opt.before_launch = before_launch
+
+
+def resync_after_round(opt: DiLoCoOptimizer, report: RoundReport, averager: Any, fetch_state: Optional[FetchState]) -> None:
+    """Re-sync every module whose round was not applied (a NaN delta just waits: the group being
+    ahead tells us at the next round; overlap mode re-syncs earlier, see :func:`install_resync`), then
+    announce each module's current round to the DHT."""
+    for mid, m in report.modules.items():
+        if not m.applied and "NaN" not in m.reason and not opt.outer_cfg.overlap:
+            try:
+                resync_module(opt, mid, fetch_state, m.adopt)
+            except Exception as e:  # a failed re-sync is retried after the next failed round
+                log.warning("module %s: re-sync failed: %r", mid, e)
+        if hasattr(averager, "hold"):
+            # the digest of what a newcomer or the archive would fetch from us
+            averager.hold(mid, opt.module_round(mid), digest=opt.module_digest(mid))

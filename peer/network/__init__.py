@@ -1,0 +1,38 @@
+"""The peer's place in the swarm: who it is, how it reaches the DHT, and what it may write there.
+
+- ``identity``: the persistent libp2p key file (:func:`load_or_create_identity`), one process per file.
+- ``dht``: :func:`start_dht` (hivemind's DHT with our identity, admission and bootstrap options).
+- ``records``: the schema and key of every DHT record a peer writes (holders, group declarations,
+  archive records), validated where read (:func:`read_records`, :func:`records_from_value`).
+- ``credentials``: admission credentials signed by the coordinator, checked by every member
+  (:class:`CredentialVerifier`).
+- ``admission``: :class:`AdmissionValidator`, the DHT record validator that refuses uncredentialed records.
+
+Imports nothing of ``peer`` outside this package.
+"""
+
+from peer.network.admission import AdmissionValidator
+from peer.network.credentials import CredentialProvider, CredentialVerifier
+from peer.network.dht import DHTOptions, DHTStartError, PeerDHT, start_dht, unwrap_dht
+from peer.network.identity import Identity, IdentityError, IdentityInUseError, load_or_create_identity, peer_id_of
+from peer.network.records import (
+    MAX_EXPECTING,
+    ArchiveRecord,
+    GroupDeclaration,
+    HolderRecord,
+    archive_key,
+    group_key,
+    holders_key,
+    is_peer_id,
+    parse_record,
+    read_records,
+    records_from_value,
+    to_value,
+)
+
+__all__ = [
+    "AdmissionValidator", "CredentialProvider", "CredentialVerifier", "DHTOptions", "DHTStartError", "PeerDHT",
+    "start_dht", "unwrap_dht", "Identity", "IdentityError", "IdentityInUseError", "load_or_create_identity",
+    "peer_id_of", "MAX_EXPECTING", "ArchiveRecord", "GroupDeclaration", "HolderRecord", "archive_key", "group_key",
+    "holders_key", "is_peer_id", "parse_record", "read_records", "records_from_value", "to_value",
+]

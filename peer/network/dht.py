@@ -1,0 +1,222 @@
+"""Start or join a hivemind DHT for one peer process.
+
+One DHT (and one p2p daemon) per process, shared by every module the peer holds and by the
+averager, state transfer and stage serving (start-up of a p2p daemon costs about a second).
+
+- ``initial_peers``: multiaddrs of any live peers (the coordinator hands them out); none starts a
+  new swarm.
+- ``host_maddrs``: where to listen (default every interface, an ephemeral port);
+  ``announce_maddrs``: the addresses other peers should dial (behind port forwarding).
+- ``client_mode``: for peers that cannot accept connections (behind NAT): they store and read
+  records and dial out, but are never dialled; they reduce no part of an all-reduce.
+- ``identity_path``: a persistent private key (:mod:`peer.network.identity`) so the peer id is stable across
+  restarts; the file is locked while the peer runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+from models.errors import HivepathError
+from peer.network.identity import Identity, load_or_create_identity
+
+__all__ = ["DHTOptions", "DHTStartError", "PeerDHT", "start_dht", "unwrap_dht"]
+
+log = logging.getLogger(__name__)
+
+
+class DHTStartError(HivepathError):
+    """The DHT could not start or could not reach any initial peer."""
+
+    exit_code = 3
+
+
+@dataclass(frozen=True)
+class DHTOptions:
+    """How this peer joins the DHT."""
+
+    initial_peers: Sequence[str] = ()
+    """Multiaddrs of live peers to bootstrap from; empty starts a new swarm."""
+    host_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",)
+    """Multiaddrs to listen on."""
+    announce_maddrs: Sequence[str] = ()
+    """Multiaddrs other peers should dial (explicit ports); empty announces what we listen on."""
+    client_mode: bool = False
+    """Do not accept incoming connections (a peer behind NAT)."""
+    identity_path: Optional[str] = None
+    """Private-key file giving a stable peer id; None picks a fresh random identity."""
+    startup_timeout: float = 30.0
+    """Seconds to wait for the p2p daemon and the first contact with initial peers."""
+    check_identity_on_network: bool = False
+    """Also ask the swarm whether our identity is already in use elsewhere (costs a second p2p daemon)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Further keyword arguments for ``hivemind.dht.DHT`` (e.g. ``num_workers``)."""
+
+
+class PeerDHT:
+    """A running DHT node of this process, with its (locked) identity. Call :meth:`shutdown` at exit."""
+
+    def __init__(self, dht: Any, identity: Optional[Identity], client_mode: bool):
+        self.dht = dht
+        self.identity = identity
+        self.client_mode = client_mode
+        self.peer_id: str = dht.peer_id.to_base58()
+        self._stopping = threading.Event()
+        self._keeper: Optional[threading.Thread] = None
+        self._poked = threading.Event()
+
+    def maddrs(self) -> list[str]:
+        """Multiaddrs (with ``/p2p/<peer id>``) under which other peers can reach us; empty in client mode."""
+        if self.client_mode:
+            return []
+        return [str(m) for m in self.dht.get_visible_maddrs()]
+
+    def connect(self, maddrs: Sequence[str], timeout: float = 15.0, only_missing: bool = False) -> int:
+        """Join the swarm of the peers at ``maddrs`` after start-up; returns how many answered
+        (``only_missing``: peers already in our routing table are not pinged and do not count).
+
+        Peers that started at the same moment each began a swarm of their own; the coordinator's
+        join reply names the peers that joined before us, and connecting to them merges the swarms.
+        """
+        maddrs = [m for m in maddrs if "/p2p/" in m and not m.endswith(self.peer_id)]
+        if not maddrs:
+            return 0
+        try:
+            return int(self.dht.run_coroutine(_partial_connect(maddrs, timeout, only_missing),
+                                              return_future=True).result(timeout + 5))
+        except Exception as e:  # a failed merge is retried at the next refresh of the peer list
+            log.log(logging.INFO if only_missing else logging.WARNING, "could not reach peers %s: %r",
+                    ", ".join(maddrs), e)
+            return 0
+
+    def admit_only(self, run_id: str, coordinator_public_key: bytes, module_ids: Sequence[str]) -> None:
+        """From now on this DHT node refuses the run's records of peers without a valid credential
+        (:class:`peer.network.admission.AdmissionValidator`)."""
+        from peer.network.admission import AdmissionValidator
+
+        self.dht.add_validators([AdmissionValidator(run_id, coordinator_public_key, module_ids)])
+
+    def keep_connected(self, source: Callable[[], Sequence[str]], interval: float = 20.0) -> None:
+        """Every ``interval`` seconds, ping the peers ``source()`` names (the coordinator's current peer
+        list) that are missing from our routing table. A DHT node forgets peers it could not reach,
+        so after a network partition heals, or when every peer it knew has restarted, the two sides
+        of the swarm would never find each other again; this re-merges them within ``interval``."""
+        if self._keeper is not None:
+            return
+
+        def loop() -> None:
+            while not self._stopping.is_set():
+                self._poked.wait(interval)
+                self._poked.clear()
+                if self._stopping.wait(_MIN_RECONNECT_GAP):  # also rate-limits pokes
+                    return
+                try:
+                    maddrs = source()
+                except Exception as e:  # the coordinator may be down: the DHT goes on as it is
+                    log.debug("no peer list to re-connect to: %r", e)
+                    continue
+                if self._stopping.is_set() or not self.dht.is_alive():
+                    return
+                found = self.connect(maddrs, timeout=min(15.0, interval), only_missing=True)
+                if found:
+                    log.info("re-connected to %d peer(s) missing from the DHT routing table", found)
+
+        self._keeper = threading.Thread(target=loop, name="dht-keep-connected", daemon=True)
+        self._keeper.start()
+
+    def poke(self) -> None:
+        """Check the routing table against the coordinator's peer list now rather than at the next
+        interval (e.g. a round found no other holder: we may be cut off from the swarm)."""
+        self._poked.set()
+
+    def shutdown(self) -> None:
+        """Stop the DHT process and its p2p daemon, and release the identity lock."""
+        self._stopping.set()
+        self._poked.set()
+        try:
+            if self.dht.is_alive():
+                self.dht.shutdown()
+        finally:
+            if self.identity is not None:
+                self.identity.release()
+
+    def __enter__(self) -> "PeerDHT":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+def start_dht(options: DHTOptions = DHTOptions()) -> PeerDHT:
+    """Start this process's DHT node (and p2p daemon) and join the swarm of ``options.initial_peers``."""
+    from hivemind.dht import DHT
+
+    identity = load_or_create_identity(options.identity_path) if options.identity_path else None
+    kwargs: dict[str, Any] = dict(
+        initial_peers=list(options.initial_peers),
+        host_maddrs=list(options.host_maddrs),
+        client_mode=options.client_mode,
+        startup_timeout=options.startup_timeout,
+        await_ready=True,
+        start=True,
+        **options.extra,
+    )
+    if options.client_mode:
+        kwargs["no_listen"] = True  # hivemind's client mode alone still listens; we open no port at all
+    if options.announce_maddrs:
+        kwargs["announce_maddrs"] = list(options.announce_maddrs)
+    if identity is not None:
+        kwargs["identity_path"] = str(identity.path)
+        kwargs["check_if_identity_free"] = options.check_identity_on_network
+    try:
+        dht = DHT(**kwargs)
+    except Exception as e:
+        if identity is not None:
+            identity.release()
+        peers = ", ".join(options.initial_peers) or "none"
+        raise DHTStartError(
+            f"cannot start the DHT ({type(e).__name__}: {e}); initial peers: {peers}; "
+            "check that they are live and reachable, or start without initial peers for a new swarm"
+        ) from None
+    node = PeerDHT(dht, identity, options.client_mode)
+    log.info("DHT up: peer id %s, reachable at %s", node.peer_id, node.maddrs() or "(client mode)")
+    return node
+
+
+class _partial_connect:
+    """A picklable coroutine factory run inside the DHT process (hivemind's ``run_coroutine``)."""
+
+    def __init__(self, maddrs: Sequence[str], timeout: float, only_missing: bool = False):
+        self.maddrs = list(maddrs)
+        self.timeout = timeout
+        self.only_missing = only_missing
+
+    async def __call__(self, dht: Any, node: Any) -> int:
+        import asyncio
+
+        from hivemind.p2p import PeerID
+        from hivemind.utils.multiaddr import Multiaddr
+
+        async def one(addr: str) -> bool:
+            m = Multiaddr(addr)
+            peer = PeerID.from_base58(m["p2p"])
+            if self.only_missing and peer in node.protocol.routing_table:
+                return False
+            await node.p2p._client.connect(peer, [m.decapsulate(Multiaddr(f"/p2p/{m['p2p']}"))])
+            return await node.protocol.call_ping(peer) is not None
+
+        results = await asyncio.wait_for(asyncio.gather(*(one(a) for a in self.maddrs), return_exceptions=True),
+                                         self.timeout)
+        return sum(1 for r in results if r is True)
+
+
+_MIN_RECONNECT_GAP = 5.0
+"""Seconds between two re-connection checks, however often :meth:`PeerDHT.poke` is called."""
+
+
+def unwrap_dht(dht: Any) -> Any:
+    """The hivemind DHT behind a :class:`PeerDHT` (or ``dht`` itself)."""
+    return dht.dht if isinstance(dht, PeerDHT) else dht

@@ -1,0 +1,238 @@
+"""Strict schemas for everything a peer writes to the DHT, and one key builder per record type.
+
+Keys follow ``{run_id}_{module_id}_...`` (hivemind forbids dots in key prefixes). Values are plain
+dicts of primitive types (msgpack on the wire). Every record is validated where it is read: a record
+with a missing or extra field, a wrong type, a non-finite or negative number, or a malformed hash or
+peer id is ignored and logged -- never trust a number another peer reported (STYLE item 8).
+
+Admission: holder records, group declarations and archive records carry the writer's credential
+(:mod:`peer.network.credentials`); given a :class:`~peer.network.credentials.CredentialVerifier`,
+:func:`records_from_value` drops every record whose credential is missing, forged, expired, for
+another run or bound to a peer id other than the record's subkey.
+
+Record types:
+
+- :class:`HolderRecord` under :func:`holders_key`: "I hold this module, I am at round R, this is my
+  throughput and upload bandwidth". Subkey: the holder's peer id.
+- :class:`GroupDeclaration` under :func:`group_key`: "I want to average this module's round R now".
+  Subkey: the declaring peer id. Matchmaking reads these to pick the group's leader.
+- :class:`ArchiveRecord` under :func:`archive_key`: "I keep this module's state at round R and serve
+  it" (an archive peer: it serves newcomers but never averages). Subkey: the archive's peer id.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping, Optional, TypeVar
+
+from models.config import is_module_id
+from protos.credential import MAX_CREDENTIAL_BYTES
+
+if TYPE_CHECKING:
+    from peer.network.credentials import CredentialVerifier
+
+__all__ = [
+    "HolderRecord",
+    "GroupDeclaration",
+    "ArchiveRecord",
+    "holders_key",
+    "archive_key",
+    "group_key",
+    "parse_record",
+    "read_records",
+    "is_peer_id",
+    "records_from_value",
+    "to_value",
+]
+
+log = logging.getLogger(__name__)
+
+_HASH_RE = re.compile(r"^[0-9a-f]{0,64}$")
+_PEER_ID_RE = re.compile(r"^[1-9A-HJ-NP-Za-km-z]{20,80}$")  # base58btc
+_RUN_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+_MAX_ROUND = 2**53
+MAX_EXPECTING = 256
+"""Most peer ids a declaration may list as expected (a bound on what a reader waits for)."""
+
+
+def is_peer_id(text: Any) -> bool:
+    """True for a base58 libp2p peer id."""
+    return isinstance(text, str) and bool(_PEER_ID_RE.match(text))
+
+
+def _check_key_parts(run_id: str, module_id: str) -> None:
+    if not _RUN_ID_RE.match(run_id):
+        raise ValueError(f"run id {run_id!r} must be 1-40 lowercase letters, digits or '-'")
+    if not is_module_id(module_id):
+        raise ValueError(f"{module_id!r} is not a module id")
+
+
+def holders_key(run_id: str, module_id: str) -> str:
+    """DHT key listing the live holders of one module: ``{run_id}_{module_id}_holders``."""
+    _check_key_parts(run_id, module_id)
+    return f"{run_id}_{module_id}_holders"
+
+
+def archive_key(run_id: str, module_id: str) -> str:
+    """DHT key listing the archive peers that serve one module's state: ``{run_id}_{module_id}_archive``."""
+    _check_key_parts(run_id, module_id)
+    return f"{run_id}_{module_id}_archive"
+
+
+def group_key(run_id: str, module_id: str, round_no: int) -> str:
+    """DHT key where members of one averaging round declare themselves: ``{run_id}_{module_id}_r{round}_group``."""
+    _check_key_parts(run_id, module_id)
+    if not 0 <= round_no < _MAX_ROUND:
+        raise ValueError(f"round number {round_no} out of range")
+    return f"{run_id}_{module_id}_r{round_no}_group"
+
+
+@dataclass(frozen=True)
+class HolderRecord:
+    """A peer holds a module (trains it on its path or serves it as a stage)."""
+
+    config_hash: str
+    """Run config hash of the holder (peers of another hash are never grouped)."""
+    data_hash: str
+    """Dataset manifest hash of the holder ('' when the run has none)."""
+    round_no: int
+    """The module round the holder will average next."""
+    throughput: float
+    """Measured training throughput, tokens/s."""
+    bandwidth: float
+    """Measured upload bandwidth, bytes/s; 0 for a client-mode peer that cannot accept connections."""
+    credential: bytes = b""
+    """The holder's admission credential (:mod:`protos.credential` bytes)."""
+    digest: str = ""
+    """:func:`peer.outer.state_digest` of the state it serves to newcomers ('' until known: a holder
+    announces its next round as soon as its group forms). The archive keeps a fetched state only when
+    most holders announce its digest."""
+
+
+@dataclass(frozen=True)
+class GroupDeclaration:
+    """A peer is ready to average one (run, module, round) now."""
+
+    config_hash: str
+    """Run config hash of the declaring peer."""
+    data_hash: str
+    """Dataset manifest hash of the declaring peer."""
+    bandwidth: float
+    """Upload bandwidth, bytes/s (sizes its share of the reduction); 0 in client mode."""
+    credential: bytes = b""
+    """The declaring peer's admission credential."""
+    digest: str = ""
+    """:func:`peer.outer.state_digest` of the state the declaring peer will apply this round's mean
+    to: only declarations of equal digest are grouped (equal round numbers do not prove equal states)."""
+    expecting: tuple[str, ...] = ()
+    """Peers that fetched this round's state from the declaring peer to average it (newcomers whose
+    holder records may not be visible yet): every member waits for them to declare, up to its gather
+    deadline, so a leader that never heard of them does not close the group without them."""
+
+
+@dataclass(frozen=True)
+class ArchiveRecord:
+    """An archive peer keeps a module's state and serves it to newcomers (it does not average)."""
+
+    config_hash: str
+    """Run config hash of the archive."""
+    data_hash: str
+    """Dataset manifest hash of the archive."""
+    round_no: int
+    """Round number of the state it serves."""
+    credential: bytes = b""
+    """The archive's admission credential."""
+
+
+R = TypeVar("R", HolderRecord, GroupDeclaration, ArchiveRecord)
+
+
+def parse_record(cls: type[R], subkey: Any, value: Any) -> Optional[R]:
+    """Validate one DHT entry as a ``cls`` record written by peer ``subkey``; None (and a log line) if invalid."""
+    problem = _problem(cls, subkey, value)
+    if problem:
+        log.warning("ignoring invalid %s record from %r: %s", cls.__name__, subkey, problem)
+        return None
+    return cls(**{f.name: _typed(f.type, value[f.name]) for f in dataclasses.fields(cls) if f.name in value})
+
+
+def _typed(kind: Any, v: Any) -> Any:
+    if kind in ("float", float):
+        return float(v)
+    if kind == "tuple[str, ...]":
+        return tuple(v)  # the DHT's msgpack hands sequences back as lists
+    return v
+
+
+def _problem(cls: type, subkey: Any, value: Any) -> str:
+    if not is_peer_id(subkey):
+        return "subkey is not a peer id"
+    if not isinstance(value, Mapping):
+        return f"value is a {type(value).__name__}, not a table"
+    fields = {f.name: f.type for f in dataclasses.fields(cls)}
+    required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
+    extra = sorted(set(value) - set(fields))
+    missing = sorted(required - set(value))
+    if extra or missing:
+        return f"fields differ (missing {missing}, unexpected {extra})"
+    for name, kind in fields.items():
+        if name not in value:
+            continue
+        v = value[name]
+        kind = kind if isinstance(kind, str) else kind.__name__
+        if kind == "int":
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < _MAX_ROUND:
+                return f"{name}={v!r} is not a round number"
+        elif kind == "float":
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+                return f"{name}={v!r} is not a finite number >= 0"
+        elif kind == "str":
+            if not isinstance(v, str) or not _HASH_RE.match(v):
+                return f"{name}={v!r} is not a hex hash"
+        elif kind == "tuple[str, ...]":
+            if (not isinstance(v, (list, tuple)) or len(v) > MAX_EXPECTING
+                    or not all(is_peer_id(p) for p in v)):
+                return f"{name} is not a list of at most {MAX_EXPECTING} peer ids"
+        elif kind == "bytes":
+            if not isinstance(v, bytes) or len(v) > MAX_CREDENTIAL_BYTES:
+                return f"{name} is not bytes of at most {MAX_CREDENTIAL_BYTES}"
+    return ""
+
+
+def read_records(dht: Any, key: str, cls: type[R], latest: bool = True,
+                 verifier: Optional["CredentialVerifier"] = None) -> dict[str, R]:
+    """Every valid ``cls`` record stored under ``key``, by peer id (invalid ones are logged and dropped)."""
+    found = dht.get(key, latest=latest)
+    return records_from_value(found, cls, verifier)
+
+
+def records_from_value(found: Any, cls: type[R], verifier: Optional["CredentialVerifier"] = None) -> dict[str, R]:
+    """Parse the result of a DHT get (a dictionary of subkeys) into valid records by peer id; with a
+    ``verifier``, records without a valid credential for their subkey's peer id are dropped too."""
+    if found is None:
+        return {}
+    entries = found.value
+    if not isinstance(entries, dict):
+        log.warning("ignoring %s entry that is not a dictionary of subkeys", cls.__name__)
+        return {}
+    out: dict[str, R] = {}
+    for subkey, item in entries.items():
+        record = parse_record(cls, subkey, getattr(item, "value", None))
+        if record is not None and (verifier is None
+                                   or verifier.admits(record.credential, subkey, f"{cls.__name__} record")):
+            out[subkey] = record
+    return out
+
+
+def to_value(record: Any) -> dict[str, Any]:
+    """The dict stored in the DHT for a record (an empty credential, digest or list is left out)."""
+    value = dataclasses.asdict(record)
+    for name in ("credential", "digest", "expecting"):
+        if name in value and not value[name]:
+            del value[name]
+    return value
+

@@ -1,0 +1,37 @@
+"""The volunteer node: the long-running peer processes and what keeps them alive.
+
+- ``join``: :class:`PeerNode` (``hivepath peer join``): run spec, dataset, DHT, join, assignments, drain.
+- ``trainer``: :class:`PathTrainer`, one path assignment (DiPaCo path mode) with its outer rounds.
+- ``stage_runner``: a stage server's life and a stage trainer's loop (SWARM stage mode).
+- ``archive``: :class:`ArchivePeer` (``hivepath archive``), follows every module and keeps snapshots.
+- ``checkpoint``: :class:`CheckpointDir`, atomic snapshots of module states after each round.
+- ``resources``: the device, usable memory and measured tokens/s a peer reports.
+- ``progress``: :class:`PeerStatus` and its views (a rich table or JSON lines).
+- ``local_status``: the local ``/status`` and ``/healthz`` page behind container health checks.
+- ``spot``: preemption notices (:class:`SpotWatcher`) and ``python -m peer.node.spot -- CMD``.
+
+Imports every package below it. Names are resolved on first use (PEP 562): the spot supervisor and the
+health check run in the same images and must not pay for torch and hivemind they never use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_API = {
+    "PeerNode": "join", "PeerOptions": "join", "ensure_dataset": "join", "UnsupportedAssignment": "join",
+    "PathTrainer": "trainer", "StageTrainer": "stage_runner", "run_stage_server": "stage_runner",
+    "run_stage_trainer": "stage_runner", "ArchiveOptions": "archive", "ArchivePeer": "archive",
+    "CheckpointDir": "checkpoint", "CheckpointError": "checkpoint", "Snapshot": "checkpoint",
+    "PeerStatus": "progress", "make_view": "progress", "LocalStatusServer": "local_status",
+    "start_optional": "local_status", "SpotOptions": "spot", "SpotWatcher": "spot", "supervise": "spot",
+}
+
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _API:
+        raise AttributeError(f"module 'peer.node' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"peer.node.{_API[name]}"), name)

@@ -1,0 +1,237 @@
+"""``hivepath archive``: a peer that trains nothing and keeps every module's latest state on disk.
+
+It follows each module's rounds through the holders' DHT records; when a holder is ahead of the
+archive, the archive fetches that module's global state and outer momentum from it (the same
+transfer a newcomer uses) and writes a snapshot (keeping the last ``keep``). It serves what it
+holds to newcomers and announces itself under an archive record, so a run survives the loss of
+every trainer of a module: the next trainer of that module resumes from the archive.
+
+Each snapshot is a run directory (``run.json`` + ``modules/``), readable by ``hivepath eval``,
+``generate`` and ``export``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from models.config import RunConfig, format_path
+from models.errors import HivepathError
+from peer.node.checkpoint import CheckpointDir, CheckpointError
+from peer.outer import ModuleState
+from peer.node.local_status import start_optional
+from peer.node.progress import PeerStatus
+
+__all__ = ["ArchiveOptions", "ArchivePeer"]
+
+log = logging.getLogger(__name__)
+
+
+def _majority_check(holders: dict, cfg: RunConfig):
+    """``accept`` for the archive's fetches: a state is kept only when a strict majority of the module's
+    live holders (``holders``: their records, read just before the fetch) announce its digest. A peer
+    that averaged alone while cut off can carry a round number the group also reaches with other
+    weights; archiving its copy would record a fork. Pure: it runs on the averager's event loop."""
+    mine = [h for h in holders.values() if h.config_hash == cfg.content_hash()]
+    need = len(mine) // 2 + 1
+
+    def accept(state: ModuleState) -> str:
+        agree = sum(1 for h in mine if h.digest == state.digest)
+        if agree >= need:
+            return ""
+        return (f"round {state.round_no} state {state.digest} is announced by {agree} of {len(mine)} holders "
+                f"(needs {need}); waiting for the group")
+
+    return accept
+
+
+@dataclass
+class ArchiveOptions:
+    coordinator: str
+    token: str
+    directory: Path
+    initial_peers: tuple[str, ...] = ()
+    identity: Optional[Path] = None
+    data_dir: Optional[Path] = None
+    host_maddrs: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/0",)
+    announce_maddrs: tuple[str, ...] = ()
+    keep: int = 3
+    """Snapshots kept on disk (the last K)."""
+    poll_interval: float = 1.0
+    """Seconds between looks at the holders' rounds."""
+    tls_ca: Optional[str] = None
+    status_port: int = 0
+    """Serve the local status (``/status``, ``/healthz``) on 127.0.0.1 at this port (0: do not)."""
+    stall_timeout: float = 300.0
+    """Seconds without a turn of the follow loop after which the local status reports it unhealthy."""
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.directory = Path(self.directory).expanduser()
+        if self.identity is None:
+            self.identity = self.directory / "identity.key"
+        if self.keep < 1:
+            raise HivepathError(f"--keep must be >= 1, got {self.keep}")
+
+
+class ArchivePeer:
+    """Follows every module of the run; :meth:`run` blocks until :meth:`request_stop`."""
+
+    def __init__(self, opts: ArchiveOptions):
+        self.opts = opts
+        self.states: dict[str, ModuleState] = {}
+        self.names: dict[str, list[str]] = {}
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.snapshots = CheckpointDir(opts.directory, keep=opts.keep, keep_flag="--keep")
+        self.version = 0
+        self.status = PeerStatus(mode="archive")
+
+    def request_stop(self, reason: str) -> None:
+        log.info("archive stopping: %s", reason)
+        self._stop.set()
+
+    def _provide(self, module_id: str) -> Optional[ModuleState]:
+        with self._lock:
+            return self.states.get(module_id)
+
+    def _load_own(self, cfg: RunConfig) -> None:
+        snap = self.snapshots.load_latest()
+        if snap is None:
+            return
+        if snap.meta.get("config_hash") != cfg.content_hash():
+            log.warning("snapshot %s belongs to another run config; not serving it", snap.path)
+            return
+        self.version = snap.round_no
+        for mid, round_no in snap.meta.get("rounds", {}).items():
+            weights, outer = snap.groups[f"modules/{mid}"], snap.groups[f"outer/{mid}"]
+            names = self.names[mid]
+            self.states[mid] = ModuleState([weights[n] for n in names],
+                                           [outer[f"momentum.{i}"] for i in range(len(names))], int(round_no))
+        log.info("archive resumed from %s: %s", snap.path,
+                 ", ".join(f"{m} r{s.round_no}" for m, s in self.states.items()))
+
+    def _save(self, cfg: RunConfig, manifest_hash: str) -> None:
+        lat = cfg.lattice
+        with self._lock:
+            states = dict(self.states)
+        groups, metadata = {}, {}
+        for mid, st in states.items():
+            groups[f"modules/{mid}"] = dict(zip(self.names[mid], st.global_params))
+            groups[f"outer/{mid}"] = {f"momentum.{i}": m for i, m in enumerate(st.momentum)}
+            metadata[f"modules/{mid}"] = {"module_id": mid, "lattice_hash": lat.content_hash()}
+        complete = [p for p in lat.paths() if all(m in states for m in lat.path_modules(p))]
+        meta = {
+            "config": cfg.to_dict(), "config_hash": cfg.content_hash(), "modules": sorted(states),
+            "paths": [format_path(p) for p in complete], "dense": lat.num_paths == 1,
+            "data": {"dir": str(self.opts.data_dir.resolve()) if self.opts.data_dir else "",
+                     "manifest_hash": manifest_hash},
+            "rounds": {m: s.round_no for m, s in states.items()}, "unix_time": round(time.time(), 3),
+        }
+        self.version += 1
+        try:
+            written = self.snapshots.save(self.version, groups, meta, metadata)
+        except CheckpointError as e:
+            log.error("%s", e)
+            self.status.checkpoint_error = str(e)
+        else:
+            self.status.checkpoint, self.status.checkpoint_error = str(written), ""
+
+    def run(self) -> int:
+        from models.lattice import ModularLM
+        from peer.coordinator_client import CoordinatorClient, PeerInfo
+        from peer.network import CredentialVerifier
+        from peer.network import DHTOptions, start_dht
+        from peer.averaging import NetAverager
+        from peer.network import HolderRecord, holders_key, read_records
+        from peer.averaging import StateTransferError
+
+        opts = self.opts
+        opts.directory.mkdir(parents=True, exist_ok=True)
+        client = CoordinatorClient(opts.coordinator, opts.token, tls_ca=opts.tls_ca)
+        dht = averager = None
+        status_server = start_optional(self.status, "archive", opts.status_port, opts.stall_timeout)
+        try:
+            spec = client.run_spec()
+            cfg = spec.run_config
+            lat = cfg.lattice
+            shapes = ModularLM(lat, seed=cfg.seed)
+            likes = {}
+            for mid in lat.module_ids():
+                named = list(shapes.mods[mid].named_parameters())
+                self.names[mid] = [n for n, _ in named]
+                likes[mid] = [p.detach() for _, p in named]
+            del shapes
+            self._load_own(cfg)
+            dht = start_dht(DHTOptions(initial_peers=tuple(opts.initial_peers) + tuple(spec.initial_peers),
+                                       host_maddrs=opts.host_maddrs, announce_maddrs=opts.announce_maddrs,
+                                       identity_path=str(opts.identity)))
+            verifier = None
+            if spec.coordinator_public_key:
+                verifier = CredentialVerifier(cfg.run_id, spec.coordinator_public_key)
+                dht.admit_only(cfg.run_id, spec.coordinator_public_key, cfg.lattice.module_ids())
+            averager = NetAverager(dht, cfg.run_id, cfg.content_hash(), spec.manifest_hash,
+                                   state_provider=self._provide, credential=lambda: client.credential,
+                                   verifier=verifier)
+            client.peer = PeerInfo(peer_id=dht.peer_id, device="cpu", memory_bytes=0, tokens_per_s=0.0,
+                                   multiaddrs=tuple(dht.maddrs()), manifest_hash=spec.manifest_hash, archive=True)
+            self.status.peer_id = dht.peer_id
+            self.status.state = "joining"
+            joined = client.join()
+            dht.connect(joined.initial_peers)
+            dht.keep_connected(lambda: client.run_spec().initial_peers)
+            for mid, st in self.states.items():  # announced once we hold a credential
+                averager.announce_archive(mid, st.round_no)
+            client.start_heartbeats(lambda: {}, lambda reply: self.status.mark_heartbeat())
+            self.status.assignment, self.status.state = "every module", "following"
+            log.info("archive %s following %d modules of run %s in %s", dht.peer_id, len(lat.module_ids()),
+                     cfg.run_id, opts.directory)
+            while not self._stop.is_set():
+                self.status.mark_loop()
+                changed = False
+                for mid in lat.module_ids():
+                    if self._stop.is_set():
+                        break
+                    holders = read_records(averager.dht, holders_key(cfg.run_id, mid), HolderRecord)
+                    ahead = [h.round_no for p, h in holders.items()
+                             if h.config_hash == cfg.content_hash() and p != dht.peer_id]
+                    have = self.states[mid].round_no if mid in self.states else -1
+                    if not ahead or max(ahead) <= have:
+                        continue
+                    try:
+                        state = averager.fetch_state(mid, timeout=5.0, like=likes[mid],
+                                                     accept=_majority_check(holders, cfg), joining=False)
+                    except StateTransferError as e:
+                        level = logging.DEBUG if "waiting for the group" in str(e) else logging.WARNING
+                        log.log(level, "could not fetch %s at round %d: %s", mid, max(ahead), e)
+                        continue
+                    if state.round_no > have:
+                        log.info("archived %s at round %d", mid, state.round_no)
+                        with self._lock:
+                            self.states[mid] = state
+                        averager.announce_archive(mid, state.round_no)
+                        changed = True
+                if changed:
+                    self._save(cfg, spec.manifest_hash)
+                    self.status.round_no = max(s.round_no for s in self.states.values())
+                self._stop.wait(opts.poll_interval)
+            return 0
+        finally:
+            self.status.state = "stopped"
+            if client.joined is not None:
+                client.retry_timeout = min(client.retry_timeout or 10.0, 10.0)  # never hang a stop on it
+                try:
+                    client.leave("archive stopped")
+                except HivepathError as e:
+                    log.warning("could not tell the coordinator we left: %s", e)
+            client.close()
+            if averager is not None:
+                averager.shutdown()
+            if dht is not None:
+                dht.shutdown()
+            if status_server is not None:
+                status_server.stop()

@@ -1,0 +1,187 @@
+"""How a peer shows what it is doing: a live rich panel on a terminal, JSON lines elsewhere.
+
+Both views render the same :class:`PeerStatus`, which the peer updates after inner steps and
+outer rounds. JSON lines go to stdout, one object per update, for log collectors in containers.
+The same status feeds the local status endpoint (:mod:`peer.node.local_status`): it records when the
+peer last made progress, when its main loop last turned and when the coordinator last answered.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import Callable, ClassVar, Optional, TextIO
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+__all__ = ["PeerStatus", "ProgressView", "JsonLinesView", "RichView", "make_view", "WAITING_STATES"]
+
+WAITING_STATES = ("starting", "joining", "loading", "draining", "stopped")
+"""States in which a peer waits on something outside its main loop (the coordinator, the DHT, a
+module's holders, the end of a round): they make no training progress and are not a stall."""
+
+_PROGRESS_FIELDS = frozenset({"step", "round_no", "tokens"})
+
+
+@dataclass
+class PeerStatus:
+    """Everything the progress views show about one peer.
+
+    Besides the fields, it keeps three monotonic clock readings for the health check, none of which
+    any writer has to maintain by hand: ``progress_at`` moves whenever ``step``, ``round_no`` or
+    ``tokens`` is assigned a new value (an inner step, an outer round, a stage server's work), and
+    ``state_at`` whenever ``state`` changes; ``loop_at`` (:meth:`mark_loop`) and ``heartbeat_at``
+    (:meth:`mark_heartbeat`, None until the coordinator first answers) are set by the peer.
+    """
+
+    peer_id: str = ""
+    mode: str = "path"
+    assignment: str = ""
+    """The path (``0,1``) or the module served."""
+    round_no: int = 0
+    step: int = 0
+    loss: Optional[float] = None
+    tokens_per_s: float = 0.0
+    tokens: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    group_sizes: dict[str, int] = field(default_factory=dict)
+    """Module id -> members in its last averaging round."""
+    coordinator: str = "connected"
+    state: str = "starting"
+    """starting, joining, loading, training, averaging, following (archive), draining, stopped."""
+    checkpoint: str = ""
+    """The newest snapshot written (its directory)."""
+    checkpoint_error: str = ""
+    """Why the last checkpoint failed (disk full, ...); empty after a successful one."""
+
+    clock: ClassVar[Callable[[], float]] = time.monotonic
+    """Where the readings come from (monotonic seconds); :meth:`use_clock` swaps it in tests."""
+
+    def __post_init__(self) -> None:
+        now = self.clock()
+        self.__dict__.update(progress_at=now, state_at=now, loop_at=now, heartbeat_at=None)
+
+    def __setattr__(self, name: str, value) -> None:
+        old = self.__dict__.get(name, value)
+        if old != value:
+            if name in _PROGRESS_FIELDS:
+                self.__dict__["progress_at"] = self.clock()
+            elif name == "state":
+                self.__dict__["state_at"] = self.clock()
+        object.__setattr__(self, name, value)
+
+    def use_clock(self, clock: Callable[[], float]) -> None:
+        """Read time from ``clock`` from now on (all readings restart at its current time)."""
+        self.__dict__["clock"] = clock
+        self.__post_init__()
+
+    def mark_loop(self) -> None:
+        """The main loop turned (called once per iteration; a loop that turns is not stuck)."""
+        self.__dict__["loop_at"] = self.clock()
+
+    def mark_heartbeat(self) -> None:
+        """The coordinator answered a heartbeat."""
+        self.__dict__["heartbeat_at"] = self.clock()
+
+    def snapshot(self) -> dict:
+        """The fields as a JSON-safe dict, safe to call from another thread while the peer writes."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["group_sizes"] = dict(self.group_sizes)
+        return out
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+class ProgressView(abc.ABC):
+    """Base view: ``update`` is cheap and rate-limited; ``close`` prints a final line."""
+
+    def __init__(self, min_interval: float = 0.5):
+        self.min_interval = min_interval
+        self._last = 0.0
+
+    def update(self, status: PeerStatus, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._last >= self.min_interval:
+            self._last = now
+            self.render(status)
+
+    @abc.abstractmethod
+    def render(self, status: PeerStatus) -> None:
+        """Show ``status`` now."""
+
+    def close(self, status: Optional[PeerStatus] = None) -> None:
+        if status is not None:
+            self.render(status)
+
+
+class JsonLinesView(ProgressView):
+    """One JSON object per update on ``stream`` (stdout by default)."""
+
+    def __init__(self, stream: TextIO = sys.stdout, min_interval: float = 5.0):
+        super().__init__(min_interval)
+        self.stream = stream
+
+    def render(self, status: PeerStatus) -> None:
+        record = {"time": round(time.time(), 3), "event": "progress", **asdict(status)}
+        self.stream.write(json.dumps(record, sort_keys=True) + "\n")
+        self.stream.flush()
+
+
+class RichView(ProgressView):
+    """A small live table on the terminal."""
+
+    def __init__(self, console: Optional[Console] = None):
+        super().__init__(0.25)
+        self.console = console or Console(stderr=True)
+        self.live = Live(console=self.console, auto_refresh=False, transient=False)
+        self.live.start()
+
+    def render(self, status: PeerStatus) -> None:
+        table = Table(title=f"hivepath peer {status.peer_id[:12]}", show_header=False, expand=False)
+        table.add_column(style="bold")
+        table.add_column()
+        loss = f"{status.loss:.3f}" if status.loss is not None else "-"
+        groups = ", ".join(f"{m}:{n}" for m, n in sorted(status.group_sizes.items())) or "-"
+        rows = [
+            ("state", f"{status.state} ({status.mode} {status.assignment})"),
+            ("round / step", f"{status.round_no} / {status.step}"),
+            ("loss", loss),
+            ("tokens/s", f"{status.tokens_per_s:,.0f}"),
+            ("tokens", f"{status.tokens:,}"),
+            ("sent / received", f"{_fmt_bytes(status.bytes_sent)} / {_fmt_bytes(status.bytes_received)}"),
+            ("group sizes", groups),
+            ("coordinator", status.coordinator),
+            ("checkpoint", status.checkpoint_error or os.path.basename(status.checkpoint) or "-"),
+        ]
+        for k, v in rows:
+            table.add_row(k, v)
+        self.live.update(table, refresh=True)
+
+    def close(self, status: Optional[PeerStatus] = None) -> None:
+        super().close(status)
+        self.live.stop()
+
+
+def make_view(fmt: str = "auto") -> ProgressView:
+    """``rich`` on a terminal, ``json`` lines otherwise (``auto`` decides by stderr being a TTY).
+    JSON lines come at most every ``HIVEPATH_PROGRESS_INTERVAL`` seconds (default 5)."""
+    if fmt == "auto":
+        fmt = "rich" if sys.stderr.isatty() else "json"
+    if fmt == "rich":
+        return RichView()
+    if fmt == "json":
+        return JsonLinesView(min_interval=float(os.environ.get("HIVEPATH_PROGRESS_INTERVAL", "5")))
+    raise ValueError(f"unknown progress format {fmt!r}; use auto, rich or json")

@@ -1,0 +1,302 @@
+"""Stage mode inside a peer: ``run_stage_server`` and ``run_stage_trainer``, the entry points
+:class:`peer.node.PeerNode` calls for a stage assignment (SWARM parallelism, Ryabinin et al. 2023).
+
+- A **stage server** serves one block module (:class:`peer.stage.server.StageServer`). Before
+  serving it loads the module's state: from live holders of the module when they are ahead of its
+  own checkpoint, else from the checkpoint, else the shared initialisation. It checkpoints after
+  every outer round and serves its state to newcomers.
+- A **stage trainer** (:class:`StageTrainer`) holds a path's embedding and head and pushes the
+  path's data through the servers of its levels with a :class:`peer.stage.client.StageClient`;
+  its embedding and head average with their other holders like any path-mode module.
+
+Both run until ``should_stop()`` returns a reason, then flush, checkpoint, stop announcing, and
+return that reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Any, Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.config import OuterConfig, RunConfig, format_path
+from models.lattice import ModularLM
+from models.training import autocast
+from peer.node.checkpoint import CheckpointDir, CheckpointError
+from peer.diloco import DiLoCoOptimizer, RoundReport
+from peer.node.progress import PeerStatus
+from peer.diloco import install_resync, resync_after_round
+from peer.stage import StageClient, StageUnavailable
+from peer.stage import StageServer, StageServerOptions
+
+__all__ = ["StageTrainer", "run_stage_server", "run_stage_trainer", "adopt_states", "save_states"]
+
+log = logging.getLogger(__name__)
+
+_POLL = 0.2  # seconds between should_stop() checks of an idle stage server (a control-loop poll)
+
+FetchState = Callable[[str, list[torch.Tensor]], Any]
+"""``(module_id, like) -> ModuleState | None`` from live holders (e.g. ``NetAverager.fetch_state``)."""
+
+
+def adopt_states(cfg: RunConfig, opt: DiLoCoOptimizer, modules: dict[str, nn.Module],
+                 checkpoints: Optional[CheckpointDir], fetch_state: Optional[FetchState]) -> dict[str, str]:
+    """Per module, load the newest of: a live holder's state, our checkpoint (same run), the seed's
+    init. Returns ``module_id -> "peer@R" | "checkpoint@R" | "init"``."""
+    snap = None
+    if checkpoints is not None:
+        try:
+            snap = checkpoints.load_latest()
+        except CheckpointError as e:
+            log.warning("%s; loading state from peers instead", e)
+    if snap is not None and snap.meta.get("config_hash") != cfg.content_hash():
+        log.warning("checkpoint %s belongs to another run config; ignoring it", snap.path)
+        snap = None
+    origins = {}
+    for mid, mod in modules.items():
+        local_round = -1
+        if snap is not None and f"modules/{mid}" in snap.groups:
+            local_round = int(snap.meta.get("rounds", {}).get(mid, -1))
+        like = [p.detach().cpu() for p in mod.parameters()]
+        remote = fetch_state(mid, like) if fetch_state is not None else None
+        if remote is not None and remote.round_no > local_round:
+            opt.load_module_state(mid, remote.global_params, remote.momentum, remote.round_no)
+            origins[mid] = f"peer@{remote.round_no}"
+        elif local_round >= 0:
+            names = [n for n, _ in mod.named_parameters()]
+            weights, outer = snap.groups[f"modules/{mid}"], snap.groups[f"outer/{mid}"]
+            opt.load_module_state(mid, [weights[n] for n in names], [outer[f"momentum.{i}"] for i in range(len(names))],
+                                  local_round)
+            origins[mid] = f"checkpoint@{local_round}"
+        else:
+            origins[mid] = "init"
+        log.info("module %s: starting from %s", mid, origins[mid])
+    return origins
+
+
+def save_states(cfg: RunConfig, opt: DiLoCoOptimizer, modules: dict[str, nn.Module], checkpoints: CheckpointDir,
+                extra: dict[str, Any]) -> None:
+    """Checkpoint the global copies and outer momentum of ``modules``; a failure is logged, not raised."""
+    groups, metadata, rounds = {}, {}, {}
+    for mid, mod in modules.items():
+        state = opt.module_state(mid)
+        names = [n for n, _ in mod.named_parameters()]
+        groups[f"modules/{mid}"] = dict(zip(names, state.global_params))
+        groups[f"outer/{mid}"] = {f"momentum.{i}": m for i, m in enumerate(state.momentum)}
+        metadata[f"modules/{mid}"] = {"module_id": mid, "lattice_hash": cfg.lattice.content_hash()}
+        rounds[mid] = state.round_no
+    meta = {"config": cfg.to_dict(), "config_hash": cfg.content_hash(), "modules": list(modules), "rounds": rounds,
+            "dense": cfg.lattice.num_paths == 1, "unix_time": round(time.time(), 3), **extra}
+    try:
+        checkpoints.save(max(rounds.values()), groups, meta, metadata)
+    except CheckpointError as e:
+        log.error("%s", e)
+
+
+class StageTrainer:
+    """Trains a path whose blocks live on stage servers: embed and head here, levels remote.
+
+    One :meth:`train_step` takes a batch of ``cfg.inner.batch_size`` sequences, splits it into
+    ``micro_batches`` chunks that travel the pipeline concurrently, backpropagates each through the
+    servers of every level in reverse, and steps the embed/head inner optimizer on the mean
+    gradient (outer rounds inside :class:`peer.diloco.DiLoCoOptimizer`).
+    """
+
+    def __init__(self, cfg: RunConfig, path: tuple[int, ...], client: StageClient, device: torch.device,
+                 averager: Any = None, dataset: Any = None, micro_batches: int = 1, seed: int = 0,
+                 outer: Optional[OuterConfig] = None):
+        self.cfg = cfg
+        self.path = cfg.lattice.check_path(path)
+        ids = cfg.lattice.path_modules(self.path)
+        self.embed_id, self.head_id, self.levels = ids[0], ids[-1], ids[1:-1]
+        self.device = torch.device(device)
+        lm = ModularLM(cfg.lattice, seed=cfg.seed, module_ids=[self.embed_id, self.head_id]).to(self.device)
+        self.embed, self.head = lm.mods[self.embed_id], lm.mods[self.head_id]
+        self.modules = {self.embed_id: self.embed, self.head_id: self.head}
+        self.opt = DiLoCoOptimizer(self.modules, inner=cfg.inner, outer=outer or cfg.outer, lattice=cfg.lattice,
+                                   averager=averager)
+        self.client = client
+        self.micro_batches = max(1, min(micro_batches, cfg.inner.batch_size))
+        self._pool = ThreadPoolExecutor(max_workers=self.micro_batches, thread_name_prefix="stage-micro")
+        self.batches = None
+        if dataset is not None:
+            self.batches = dataset.path_batches(self.path, "train", cfg.inner.batch_size, cfg.lattice.seq_len, seed)
+        self.tokens = 0
+
+    def _micro(self, x: torch.Tensor, y: torch.Tensor, scale: float) -> float:
+        """Forward and backward of one micro-batch x, y (b, T) through the pipeline; returns its loss."""
+        with autocast(self.device):
+            h0 = self.embed(x)  # (b, T, C)
+        h, hops = h0.detach(), []
+        for mid in self.levels:
+            h, hop = self.client.forward(mid, h)  # (b, T, C) CPU fp32
+            hops.append(hop)
+        top = h.to(self.device).requires_grad_(True)  # (b, T, C)
+        with autocast(self.device):
+            logits = self.head(top, self.embed.tok.weight)  # (b, T, V)
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+        (loss * scale).backward()
+        grad = top.grad  # (b, T, C)
+        for hop in reversed(hops):
+            grad = self.client.backward(hop, grad)  # (b, T, C)
+        h0.backward(grad.to(device=h0.device, dtype=h0.dtype))
+        return float(loss.detach())
+
+    def train_step(self, x: Optional[torch.Tensor] = None, y: Optional[torch.Tensor] = None) -> tuple[float, Optional[RoundReport]]:
+        """One inner step on ``x, y`` (B, T) (default: the next batch of the path's shard): mean loss
+        and the round report when an outer round ran."""
+        if x is None:
+            x, y = next(self.batches)
+        x, y = x.to(self.device), y.to(self.device)
+        chunks = list(zip(x.chunk(self.micro_batches), y.chunk(self.micro_batches)))
+        futures = [self._pool.submit(self._micro, cx, cy, cx.shape[0] / x.shape[0]) for cx, cy in chunks]
+        try:
+            losses = [f.result() for f in futures]
+        except StageUnavailable:
+            wait(futures)  # no micro-batch may still add to the gradients we drop now
+            self.opt.zero_grad(set_to_none=True)
+            raise
+        loss = sum(l * cx.shape[0] for l, (cx, _) in zip(losses, chunks)) / x.shape[0]
+        self.tokens += x.numel()
+        report = self.opt.step(tokens=x.numel())
+        self.opt.zero_grad(set_to_none=True)
+        return loss, report
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self.opt.close()
+
+
+def _fetcher(averager: Any, timeout: float) -> Optional[FetchState]:
+    if not hasattr(averager, "fetch_state"):
+        return None
+
+    def fetch(mid: str, like: list[torch.Tensor], accept: Any = None, min_round: int = -1) -> Any:
+        try:
+            return averager.fetch_state(mid, timeout=timeout, like=like, accept=accept, min_round=min_round)
+        except Exception as e:  # no live holder yet: start from the checkpoint or the init
+            log.info("no live holder sent %s (%s)", mid, e)
+            return None
+
+    return fetch
+
+
+def run_stage_server(cfg: RunConfig, module_id: str, dataset: Any, device: torch.device, dht: Any, averager: Any,
+                     checkpoints: Optional[CheckpointDir], should_stop: Callable[[], Optional[str]],
+                     status: Optional[PeerStatus] = None, outer: Optional[OuterConfig] = None,
+                     options: StageServerOptions = StageServerOptions(), event_hook: Any = None) -> str:
+    """Serve ``module_id`` as a pipeline stage until ``should_stop()`` returns a reason; return it.
+
+    ``dataset``: the run's dataset (its manifest hash goes into checkpoints; None is fine);
+    ``averager``: the process's NetAverager (or any ModuleAverager); ``outer``: the assignment's
+    outer config (H, codec) if it overrides the run's.
+    """
+    status = status if status is not None else PeerStatus()
+    extra = {"peer_id": getattr(averager, "peer_id", ""), "stage": module_id}
+    if dataset is not None:
+        extra["data"] = {"dir": str(dataset.dir.resolve()), "manifest_hash": dataset.manifest_hash}
+    server: Optional[StageServer] = None
+
+    fetch = _fetcher(averager, (outer or cfg.outer).round_timeout)
+
+    def on_round(report: RoundReport) -> None:
+        resync_after_round(server.opt, report, averager, fetch)
+        status.round_no = server.opt.module_round(module_id)
+        for mid, m in report.modules.items():
+            status.group_sizes[mid] = m.group_size
+            status.bytes_sent += m.bytes_sent
+            status.bytes_received += m.bytes_received
+        if checkpoints is not None:
+            save_states(cfg, server.opt, {module_id: server.module}, checkpoints, extra)
+
+    server = StageServer(cfg, module_id, dht, averager, device, options, outer, event_hook, on_round)
+    adopt_states(cfg, server.opt, {module_id: server.module}, checkpoints, fetch)
+    install_resync(server.opt, fetch)
+    if hasattr(averager, "serve_states"):
+        averager.serve_states(server.opt.module_state)
+    status.mode, status.assignment, status.state = "stage", module_id, "training"
+    server.start()
+    started, wake = time.monotonic(), threading.Event()
+    try:
+        while True:
+            reason = should_stop()
+            if reason:
+                return reason
+            status.step = server.counts["step"]
+            status.tokens = server.tokens_trained
+            status.tokens_per_s = server.tokens_trained / max(1e-6, time.monotonic() - started)
+            wake.wait(_POLL)
+    finally:
+        status.state = "draining"
+        server.close()
+        if checkpoints is not None:
+            save_states(cfg, server.opt, {module_id: server.module}, checkpoints, extra)
+        if hasattr(averager, "release"):
+            averager.release(module_id)
+
+
+def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, device: torch.device, dht: Any,
+                      averager: Any, checkpoints: Optional[CheckpointDir], should_stop: Callable[[], Optional[str]],
+                      status: Optional[PeerStatus] = None, outer: Optional[OuterConfig] = None, codec: str = "int8",
+                      micro_batches: int = 1, request_timeout: float = 10.0,
+                      on_step: Optional[Callable[["StageTrainer", float], None]] = None) -> str:
+    """Train ``path`` through stage servers (holding its embed and head) until ``should_stop()``
+    returns a reason; return it. ``codec``: activations' and gradients' codec; ``micro_batches``:
+    chunks of each batch in flight at once; ``on_step(trainer, loss)`` is called after every step."""
+    status = status if status is not None else PeerStatus()
+    peer_id = getattr(averager, "peer_id", "") or "trainer"
+    seed = int.from_bytes(hashlib.sha256(f"{peer_id}/{format_path(tuple(path))}".encode()).digest()[:4], "little")
+    client = StageClient(dht, cfg.run_id, cfg.content_hash(), codec=codec, request_timeout=request_timeout, seed=seed,
+                         call_timeout=max(60.0, 3 * request_timeout))
+    trainer = StageTrainer(cfg, path, client, device, averager, dataset, micro_batches, seed, outer)
+    extra = {"peer_id": peer_id, "paths": [format_path(trainer.path)]}
+    fetch = _fetcher(averager, (outer or cfg.outer).round_timeout)
+    adopt_states(cfg, trainer.opt, trainer.modules, checkpoints, fetch)
+    install_resync(trainer.opt, fetch)
+    if hasattr(averager, "serve_states"):
+        averager.serve_states(trainer.opt.module_state)
+    if hasattr(averager, "hold"):
+        for mid in trainer.modules:
+            averager.hold(mid, trainer.opt.module_round(mid))
+    status.mode, status.assignment, status.state = "stage-trainer", format_path(trainer.path), "training"
+    started, loss_ema = time.monotonic(), None
+    try:
+        while True:
+            reason = should_stop()
+            if reason:
+                return reason
+            try:
+                loss, report = trainer.train_step()
+            except StageUnavailable as e:  # servers come back (or new ones join): go on with the next batch
+                log.warning("step abandoned, its gradients dropped: %s; going on with the next batch", e)
+                continue
+            if math.isfinite(loss):
+                loss_ema = loss if loss_ema is None else 0.95 * loss_ema + 0.05 * loss
+            status.step += 1
+            status.loss, status.tokens = loss_ema, trainer.tokens
+            status.tokens_per_s = trainer.tokens / max(1e-6, time.monotonic() - started)
+            status.bytes_sent, status.bytes_received = client.stats.bytes_sent, client.stats.bytes_received
+            if report is not None:
+                resync_after_round(trainer.opt, report, averager, fetch)
+                status.round_no = max(trainer.opt.module_round(m) for m in trainer.modules)
+                if checkpoints is not None:
+                    save_states(cfg, trainer.opt, trainer.modules, checkpoints, extra)
+            if on_step is not None:
+                on_step(trainer, loss)
+    finally:
+        status.state = "draining"
+        trainer.close()
+        client.close()
+        if checkpoints is not None:
+            save_states(cfg, trainer.opt, trainer.modules, checkpoints, extra)
+        if hasattr(averager, "release"):
+            for mid in trainer.modules:
+                averager.release(mid)

@@ -1,0 +1,235 @@
+"""Training one path assignment: build the path's modules, adopt the freshest state, run inner steps
+with DiLoCo outer rounds (DiPaCo path mode, Douillard et al. 2024), checkpoint after every round.
+
+The loop body is plain PyTorch: forward, backward, ``opt.step()``; the outer rounds hide inside
+:class:`peer.diloco.DiLoCoOptimizer`. The trainer only decides where state comes from (its own
+checkpoint when current, else the module's live holders, else the shared seed) and where it goes
+(a checkpoint snapshot after each outer round).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+
+from models.config import OuterConfig, RunConfig, format_path
+from models.lattice import ModularLM
+from models.training import autocast, make_adamw
+from peer.node.checkpoint import CheckpointDir, CheckpointError
+from peer.diloco import DiLoCoOptimizer, RoundReport
+from peer.node.progress import PeerStatus
+from peer.diloco import install_resync, resync_after_round
+
+__all__ = ["PathTrainer", "StateSource"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StateSource:
+    """Where a module's starting state came from."""
+
+    module_id: str
+    origin: str
+    """``checkpoint``, ``peer`` or ``init``."""
+    round_no: int
+
+
+class PathTrainer:
+    """Trains ``path`` of the run on ``dataset`` with ``averager`` (a :class:`peer.averaging.ModuleAverager`).
+
+    ``fetch_state(module_id, like) -> ModuleState | None`` asks live holders for a module's state;
+    ``outer`` overrides the run's outer config for this assignment (a larger H or a stronger codec
+    for a slow link); the checkpoint still belongs to the run's config hash.
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        path: tuple[int, ...],
+        dataset: Any,
+        device: torch.device,
+        averager: Any,
+        checkpoints: CheckpointDir,
+        peer_id: str,
+        status: PeerStatus,
+        fetch_state: Optional[Callable[[str, list[torch.Tensor]], Any]] = None,
+        outer: Optional[OuterConfig] = None,
+    ):
+        self.cfg = cfg
+        self.path = cfg.lattice.check_path(path)
+        self.dataset = dataset
+        self.device = device
+        self.averager = averager
+        self.checkpoints = checkpoints
+        self.peer_id = peer_id
+        self.status = status
+        self.module_ids = cfg.lattice.path_modules(self.path)
+        self.lm = ModularLM(cfg.lattice, seed=cfg.seed, module_ids=self.module_ids).to(device)
+        self.model = self.lm.path_model(self.path)
+        self.opt = DiLoCoOptimizer(
+            modules=self.model.modules_by_id(),
+            inner=make_adamw(self.model.parameters(), cfg.inner),
+            outer=outer or cfg.outer,
+            lattice=cfg.lattice,
+            averager=averager,
+        )
+        self._fetch_state = fetch_state
+        install_resync(self.opt, fetch_state)
+        self.sources = self._adopt_state(fetch_state)
+        seed = int.from_bytes(hashlib.sha256(f"{peer_id}/{format_path(self.path)}".encode()).digest()[:4], "little")
+        self.batches = dataset.path_batches(self.path, "train", cfg.inner.batch_size, cfg.lattice.seq_len, seed)
+        self.loss_ema: Optional[float] = None
+        self.tokens = 0
+        self.round_tokens: dict[str, int] = {m: 0 for m in self.module_ids}
+
+    # -- state --------------------------------------------------------------------------------
+
+    def _adopt_state(self, fetch_state: Optional[Callable]) -> list[StateSource]:
+        """Per module, the newest of: our checkpoint (same run), a live holder, the seed's init."""
+        snap = None
+        try:
+            snap = self.checkpoints.load_latest()
+        except CheckpointError as e:
+            log.warning("%s; loading state from peers instead", e)
+        if snap is not None and snap.meta.get("config_hash") != self.cfg.content_hash():
+            log.warning("checkpoint %s belongs to another run config; ignoring it", snap.path)
+            snap = None
+        sources = []
+        for mid in self.module_ids:
+            local_round = -1
+            if snap is not None and f"modules/{mid}" in snap.groups:
+                local_round = int(snap.meta.get("rounds", {}).get(mid, -1))
+            remote = None
+            if fetch_state is not None:
+                like = [p.detach().cpu() for p in self.model.modules_by_id()[mid].parameters()]
+                remote = fetch_state(mid, like)
+            if remote is not None and remote.round_no > local_round:
+                self.opt.load_module_state(mid, remote.global_params, remote.momentum, remote.round_no)
+                sources.append(StateSource(mid, "peer", remote.round_no))
+            elif local_round >= 0:
+                mod = self.model.modules_by_id()[mid]
+                names = [n for n, _ in mod.named_parameters()]
+                weights = snap.groups[f"modules/{mid}"]
+                outer = snap.groups[f"outer/{mid}"]
+                momentum = [outer[f"momentum.{i}"] for i in range(len(names))]
+                self.opt.load_module_state(mid, [weights[n] for n in names], momentum, local_round)
+                sources.append(StateSource(mid, "checkpoint", local_round))
+            else:
+                sources.append(StateSource(mid, "init", 0))
+        for s in sources:
+            log.info("module %s: starting from %s (round %d)", s.module_id, s.origin, s.round_no)
+        return sources
+
+    def provide_state(self, module_id: str):
+        """A module's replicated state for a newcomer (None for modules this path does not hold)."""
+        return self.opt.module_state(module_id) if module_id in self.module_ids else None
+
+    def snapshot_groups(self) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, dict[str, str]], dict[str, int]]:
+        """Tensors of a checkpoint: ``modules/<id>`` (global weights by name) and ``outer/<id>``."""
+        groups: dict[str, dict[str, torch.Tensor]] = {}
+        metadata: dict[str, dict[str, str]] = {}
+        rounds: dict[str, int] = {}
+        lattice_hash = self.cfg.lattice.content_hash()
+        for mid, mod in self.model.modules_by_id().items():
+            state = self.opt.module_state(mid)
+            names = [n for n, _ in mod.named_parameters()]
+            groups[f"modules/{mid}"] = dict(zip(names, state.global_params))
+            groups[f"outer/{mid}"] = {f"momentum.{i}": m for i, m in enumerate(state.momentum)}
+            metadata[f"modules/{mid}"] = {"module_id": mid, "lattice_hash": lattice_hash}
+            rounds[mid] = state.round_no
+        return groups, metadata, rounds
+
+    def checkpoint(self) -> None:
+        """Write the current global state; a failure is logged and training goes on."""
+        groups, metadata, rounds = self.snapshot_groups()
+        meta = {
+            "config": self.cfg.to_dict(),
+            "config_hash": self.cfg.content_hash(),
+            "modules": self.module_ids,
+            "paths": [format_path(self.path)],
+            "dense": self.cfg.lattice.num_paths == 1,
+            "data": {"dir": str(self.dataset.dir.resolve()), "manifest_hash": self.dataset.manifest_hash},
+            "rounds": rounds,
+            "peer_id": self.peer_id,
+            "tokens": self.tokens,
+            "unix_time": round(time.time(), 3),
+        }
+        try:
+            written = self.checkpoints.save(max(rounds.values()), groups, meta, metadata)
+        except CheckpointError as e:
+            log.error("%s", e)
+            self.status.checkpoint_error = str(e)
+        else:
+            self.status.checkpoint, self.status.checkpoint_error = str(written), ""
+
+    # -- training -----------------------------------------------------------------------------
+
+    def train_step(self) -> Optional[RoundReport]:
+        """One inner step (and the outer round when one is due)."""
+        x, y = next(self.batches)
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        with autocast(self.device):
+            _, loss = self.model(x, y)
+        loss.backward()
+        value = float(loss.detach())
+        if math.isfinite(value):
+            self.loss_ema = value if self.loss_ema is None else 0.95 * self.loss_ema + 0.05 * value
+        tokens = x.numel()
+        self.tokens += tokens
+        report = self.opt.step(tokens=tokens)
+        self.opt.zero_grad(set_to_none=True)
+        return report
+
+    def run(self, should_stop: Callable[[], Optional[str]], on_round: Callable[[RoundReport], None]) -> str:
+        """Train until ``should_stop()`` returns a reason; return it. Checkpoints after every round."""
+        self.averager.serve_states(self.provide_state)
+        for mid in self.module_ids:
+            self.averager.hold(mid, self.opt.module_round(mid))
+        started = time.monotonic()
+        tokens_at_start = self.tokens
+        self.status.state = "training"
+        while True:
+            reason = should_stop()
+            if reason:
+                return reason
+            report = self.train_step()
+            elapsed = max(1e-6, time.monotonic() - started)
+            self.status.step += 1
+            self.status.loss = self.loss_ema
+            self.status.tokens = self.tokens
+            self.status.tokens_per_s = (self.tokens - tokens_at_start) / elapsed
+            if report is not None:
+                self._after_round(report)
+                on_round(report)
+
+    def _after_round(self, report: RoundReport) -> None:
+        log.info("round %d: %s; waited %.2fs", report.round, "; ".join(
+            f"{mid} r{m.round_no} " + (f"averaged by {m.group_size}" if m.applied else f"not applied ({m.reason})")
+            for mid, m in report.modules.items()), report.wait_seconds)
+        for mid, m in report.modules.items():
+            self.status.bytes_sent += m.bytes_sent
+            self.status.bytes_received += m.bytes_received
+            self.status.group_sizes[mid] = m.group_size
+        resync_after_round(self.opt, report, self.averager, self._fetch_state)
+        self.status.round_no = max(self.opt.module_round(m) for m in self.module_ids)
+        self.checkpoint()
+
+    def finish(self) -> None:
+        """Apply exchanges in flight, checkpoint, and stop announcing our modules."""
+        try:
+            report = self.opt.flush()
+            if report is not None:
+                self._after_round(report)
+            else:
+                self.checkpoint()
+        finally:
+            self.opt.close()
+            for mid in self.module_ids:
+                self.averager.release(mid)

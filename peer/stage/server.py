@@ -1,0 +1,342 @@
+"""``StageServer``: one block module of the lattice served as a pipeline stage over hivemind's P2P.
+
+SWARM parallelism (Ryabinin et al. 2023) lets peers too small for a whole path still train: each
+serves one module, and trainers push micro-batches through the servers of a path's levels. A server
+here answers :class:`protos.hivepath.peer.v1.stage_pb2.StageRequest` s on the run's stage protocol:
+
+- ``FORWARD``: decode the activations (B, T, C), run the module without a graph, keep the input for
+  the backward (bounded in number and time), return the output encoded with the request's codec.
+- ``BACKWARD``: take the kept input (or the one the trainer resends after a failover), recompute the
+  forward with a graph, backpropagate the trainer's gradient, return the gradient w.r.t. the input.
+  Parameter gradients accumulate; once ``tokens_per_step`` tokens were backpropagated the inner
+  optimizer steps on their mean. Recomputing (instead of keeping graphs) is what lets an inner step
+  happen between a forward and its backward.
+
+The inner optimizer is a :class:`peer.diloco.DiLoCoOptimizer` holding this one module with the
+run's averager, so stage servers and path-mode holders of a module average in the same outer rounds
+and keep bit-identical global copies. By default the exchange overlaps the next round (Streaming
+DiLoCo), so a server keeps serving while its module averages.
+
+Bad requests (malformed or oversized tensors, wrong shapes, NaN, another module or config hash) are
+answered with an error code and message; the server keeps serving. It announces itself under
+:func:`peer.stage.records.stage_servers_key` with its measured throughput and queue length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable, Optional
+
+import torch
+
+from models.config import OuterConfig, RunConfig
+from models.errors import ConfigError
+from models.lattice import ModularLM
+from peer.averaging import ModuleAverager
+from peer.diloco import DiLoCoOptimizer, RoundReport
+from peer.network import unwrap_dht
+from protos.hivepath.peer.v1.stage_pb2 import StageReply, StageRequest
+from peer.stage.records import StageServerRecord, stage_record_value, stage_servers_key
+from peer.stage.wire import WireError, decode_tensor, encode_tensor, stage_handler_name
+
+__all__ = ["StageServer", "StageServerOptions", "StageEventHook"]
+
+log = logging.getLogger(__name__)
+
+StageEventHook = Callable[[str, int], None]
+"""``hook(point, count)`` at ``forward`` / ``backward`` (count: requests of that kind received so
+far, this one included) and ``step`` (count: inner steps taken): fault injection and timing."""
+
+
+@dataclass(frozen=True)
+class StageServerOptions:
+    """How a stage server serves and announces itself."""
+
+    max_elements: int = 2**20
+    """Largest activation tensor (elements) a request may carry; larger ones are refused."""
+    keep_timeout: float = 60.0
+    """Seconds a forward's input is kept for its backward."""
+    max_kept: int = 256
+    """Most forward inputs kept at once (oldest dropped first)."""
+    tokens_per_step: int = 0
+    """Backpropagated tokens per inner step; 0: the run's batch (``batch_size * seq_len``)."""
+    record_ttl: float = 10.0
+    """Seconds a DHT record lives; refreshed every third of it."""
+    overlap: bool = True
+    """Average behind the next round (serving never waits on an exchange)."""
+    emulated_throughput: float = 0.0
+    """Benchmarks: emulate a device of this many tokens/s (forward + backward; a forward is a third of
+    the work): a request lasts at least its share. 0 runs at full speed."""
+
+
+class _Rejected(Exception):
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+class StageServer:
+    """Serves ``module_id`` of ``cfg``'s lattice to trainers (see the module docstring).
+
+    Call :meth:`start` to register the P2P handler and begin announcing, :meth:`close` to stop.
+    ``averager``: the process's :class:`peer.averaging.ModuleAverager` (None: a lone holder).
+    """
+
+    def __init__(self, cfg: RunConfig, module_id: str, dht: Any, averager: Optional[ModuleAverager] = None,
+                 device: torch.device = torch.device("cpu"), options: StageServerOptions = StageServerOptions(),
+                 outer: Optional[OuterConfig] = None, event_hook: Optional[StageEventHook] = None,
+                 on_round: Optional[Callable[[RoundReport], None]] = None):
+        if cfg.lattice.module_kind(module_id) != "block" or module_id not in cfg.lattice.module_ids():
+            raise ConfigError("module", f"'{module_id}' is not a block module of this lattice; stage servers serve "
+                                        f"L<level>M<index> modules (embeddings and heads stay with trainers)")
+        self.cfg = cfg
+        self.module_id = module_id
+        self.config_hash = cfg.content_hash()
+        self.dht = unwrap_dht(dht)
+        self.peer_id: str = self.dht.peer_id.to_base58()
+        self.device = torch.device(device)
+        self.options = options
+        self.averager = averager
+        self._hook = event_hook
+        self._on_round = on_round
+        self.module = ModularLM(cfg.lattice, seed=cfg.seed, module_ids=[module_id]).mods[module_id].to(self.device)
+        outer_cfg = dataclasses.replace(outer or cfg.outer, overlap=options.overlap)
+        self.opt = DiLoCoOptimizer({module_id: self.module}, inner=cfg.inner, outer=outer_cfg, lattice=cfg.lattice,
+                                   averager=averager)
+        self.tokens_per_step = options.tokens_per_step or cfg.inner.batch_size * cfg.lattice.seq_len
+        self._kept: OrderedDict[tuple[str, str], tuple[torch.Tensor, float]] = OrderedDict()
+        self._counts = {"forward": 0, "backward": 0, "step": 0, "rejected": 0}
+        self._acc_tokens = 0
+        self._acc_batches = 0
+        self.tokens_trained = 0
+        self.queue_length = 0
+        self._busy_seconds = 0.0
+        self._busy_tokens = 0.0
+        self.throughput = 0.0
+        self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage-{module_id}")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="stage-server", daemon=True)
+        self._stopping = threading.Event()
+        self._announcer: Optional[threading.Thread] = None
+        self._p2p: Any = None
+
+    # -- life cycle -----------------------------------------------------------------------------
+
+    def start(self, startup_timeout: float = 30.0) -> "StageServer":
+        """Measure throughput, register the handler on this process's P2P, and start announcing."""
+        self.throughput = self.measure_throughput()
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._register(), self._loop).result(startup_timeout)
+        if hasattr(self.averager, "hold"):
+            self.averager.hold(self.module_id, self.opt.module_round(self.module_id))
+        self.announce()
+        self._announcer = threading.Thread(target=self._announce_loop, name="stage-announce", daemon=True)
+        self._announcer.start()
+        log.info("serving %s as a stage (%.0f tokens/s measured)", self.module_id, self.throughput)
+        return self
+
+    async def _register(self) -> None:
+        self._p2p = await self.dht.replicate_p2p()
+        # a stream handler: unary handlers on a second replica of the daemon hang in hivemind 1.1.12
+        await self._p2p.add_protobuf_handler(stage_handler_name(self.cfg.run_id), self._handle_stream, StageRequest,
+                                             stream_output=True)
+
+    async def _handle_stream(self, request: StageRequest, context: Any) -> AsyncIterator[StageReply]:
+        yield await self._handle(request, context)
+
+    def close(self) -> None:
+        """Stop announcing and serving; apply an exchange still in flight."""
+        self._stopping.set()
+        if self._loop.is_running():
+            try:
+                asyncio.run_coroutine_threadsafe(self._p2p.shutdown(), self._loop).result(5.0)
+            except Exception as e:
+                log.debug("stopping the stage P2P handle: %r", e)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+        self._compute.submit(self.opt.close).result()
+        self._compute.shutdown(wait=True)
+
+    def __enter__(self) -> "StageServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- announcing -----------------------------------------------------------------------------
+
+    def record(self) -> StageServerRecord:
+        return StageServerRecord(self.module_id, self.config_hash, float(self.throughput), int(self.queue_length))
+
+    def announce(self) -> None:
+        """Store (or refresh) our record on the DHT."""
+        from hivemind.utils import get_dht_time
+
+        self.dht.store(stage_servers_key(self.cfg.run_id, self.module_id), stage_record_value(self.record()),
+                       get_dht_time() + self.options.record_ttl, subkey=self.peer_id)
+
+    def _announce_loop(self) -> None:
+        while not self._stopping.wait(self.options.record_ttl / 3):
+            try:
+                self.announce()
+            except Exception as e:  # the DHT may be shutting down
+                log.debug("announcing failed: %r", e)
+
+    @torch.no_grad()
+    def measure_throughput(self, repeats: int = 2) -> float:
+        """Tokens/s of a forward plus a recomputed forward and backward on one batch of the run."""
+        cfg = self.cfg
+        x = torch.randn(cfg.inner.batch_size, cfg.lattice.seq_len, cfg.lattice.d_model, device=self.device)
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            self.module(x)
+            with torch.enable_grad():
+                xi = x.clone().requires_grad_(True)
+                self.module(xi).sum().backward()
+        self.module.zero_grad(set_to_none=True)
+        seconds = time.perf_counter() - t0
+        measured = repeats * x.shape[0] * x.shape[1] / max(seconds, 1e-9)
+        return min(measured, self.options.emulated_throughput or measured)
+
+    # -- serving --------------------------------------------------------------------------------
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Requests received per kind, inner steps taken and requests rejected."""
+        return dict(self._counts)
+
+    async def _handle(self, request: StageRequest, context: Any) -> StageReply:
+        self.queue_length += 1
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._compute, self._serve, request, context.remote_id.to_base58())
+        finally:
+            self.queue_length -= 1
+
+    def _serve(self, request: StageRequest, caller: str) -> StageReply:
+        t0 = time.perf_counter()
+        try:
+            if request.module_id != self.module_id:
+                raise _Rejected(StageReply.NOT_HELD, f"this server serves {self.module_id}, not {request.module_id!r}")
+            if request.config_hash != self.config_hash:
+                raise _Rejected(StageReply.NOT_HELD, f"config hash {request.config_hash!r} differs from the "
+                                                     f"server's {self.config_hash}")
+            if len(request.request_id) > 128:
+                raise _Rejected(StageReply.BAD_REQUEST, "request id longer than 128 characters")
+            if request.kind == StageRequest.FORWARD:
+                out, tokens, share = self._forward(request, caller), 0, 1 / 3
+            elif request.kind == StageRequest.BACKWARD:
+                (out, tokens), share = self._backward(request, caller), 2 / 3
+            else:
+                raise _Rejected(StageReply.BAD_REQUEST, f"unknown request kind {request.kind}")
+            reply = StageReply(code=StageReply.OK, output=out)
+            if self.options.emulated_throughput > 0:
+                shape = request.input.shape if request.kind == StageRequest.FORWARD else request.grad.shape
+                work = shape[0] * shape[1] * share / self.options.emulated_throughput
+                time.sleep(max(0.0, work - (time.perf_counter() - t0)))  # an emulated slower device, not a wait
+        except WireError as e:
+            reply = self._reject(StageReply.BAD_REQUEST, str(e), caller)
+        except _Rejected as e:
+            reply = self._reject(e.code, str(e), caller)
+        except Exception as e:  # a bug or a diverged module: the trainer retries elsewhere
+            log.exception("stage %s failed a request from %s", self.module_id, caller)
+            reply = self._reject(StageReply.INTERNAL, f"{type(e).__name__}: {e}", caller)
+        else:
+            self._account(time.perf_counter() - t0, tokens)
+        reply.queue_length = max(0, self.queue_length - 1)
+        reply.throughput = float(self.throughput)
+        return reply
+
+    def _reject(self, code: int, message: str, caller: str) -> StageReply:
+        self._counts["rejected"] += 1
+        log.warning("rejected a request from %s: %s", caller, message)
+        return StageReply(code=code, error=message)
+
+    def _account(self, seconds: float, tokens: int) -> None:
+        """Throughput: backpropagated tokens over busy seconds, decayed so it follows the present."""
+        self._busy_seconds = 0.95 * self._busy_seconds + seconds
+        self._busy_tokens = 0.95 * self._busy_tokens + tokens
+        if self._busy_tokens > 0:
+            self.throughput = self._busy_tokens / self._busy_seconds
+
+    def _decode_input(self, request: StageRequest) -> torch.Tensor:
+        lat = self.cfg.lattice
+        x = decode_tensor(request.input, "input activations", self.options.max_elements, last_dim=lat.d_model)
+        if x.shape[1] > lat.seq_len:
+            raise WireError(f"input activations hold {x.shape[1]} tokens, more than seq_len={lat.seq_len}")
+        return x.to(self.device)  # (B, T, C)
+
+    def _event(self, point: str) -> None:
+        self._counts[point] += 1
+        if self._hook is not None:
+            self._hook(point, self._counts[point])
+
+    @torch.no_grad()
+    def _forward(self, request: StageRequest, caller: str) -> Any:
+        self._event("forward")
+        x = self._decode_input(request)  # (B, T, C)
+        y = self.module(x)  # (B, T, C)
+        now = time.monotonic()
+        while self._kept and (len(self._kept) >= self.options.max_kept or next(iter(self._kept.values()))[1] < now):
+            self._kept.popitem(last=False)
+        self._kept[(caller, request.request_id)] = (x, now + self.options.keep_timeout)
+        return encode_tensor(y, request.input.codec)
+
+    def _backward(self, request: StageRequest, caller: str) -> tuple[Any, int]:
+        self._event("backward")
+        key = (caller, request.request_id)
+        kept = self._kept.get(key)
+        if kept is not None and kept[1] >= time.monotonic():
+            x = kept[0]
+        elif request.HasField("input"):
+            x = self._decode_input(request)
+        else:
+            raise _Rejected(StageReply.UNKNOWN_REQUEST, f"no kept input for request {request.request_id!r} "
+                                                        "(expired or served elsewhere); resend it with the input")
+        g = decode_tensor(request.grad, "output gradient", self.options.max_elements, shape=list(x.shape))
+        x = x.detach().requires_grad_(True)
+        with torch.enable_grad():
+            y = self.module(x)  # (B, T, C)
+            y.backward(g.to(self.device))
+        grad_in = encode_tensor(x.grad, request.grad.codec)
+        self._kept.pop(key, None)  # only now: a backward that failed may be retried here
+        tokens = x.shape[0] * x.shape[1]
+        self._acc_tokens += tokens
+        self._acc_batches += 1
+        if self._acc_tokens >= self.tokens_per_step:
+            self._inner_step()
+        return grad_in, tokens
+
+    def _inner_step(self) -> None:
+        """The mean of the accumulated micro-batch gradients, one inner step (and outer round when due)."""
+        if self._acc_batches > 1:
+            for p in self.module.parameters():
+                if p.grad is not None:
+                    p.grad.div_(self._acc_batches)
+        report = self.opt.step(tokens=float(self._acc_tokens))
+        self.opt.zero_grad(set_to_none=True)
+        self.tokens_trained += self._acc_tokens
+        self._acc_tokens = self._acc_batches = 0
+        self._event("step")
+        if report is not None:
+            self._after_round(report)
+
+    def _after_round(self, report: RoundReport) -> None:
+        if hasattr(self.averager, "hold"):
+            try:
+                self.averager.hold(self.module_id, self.opt.module_round(self.module_id), wait=False)
+            except Exception as e:
+                log.debug("announcing the next round failed: %r", e)
+        if self._on_round is not None:
+            self._on_round(report)
+
+    def run_on_compute(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the compute thread, between requests (state snapshots, flushes)."""
+        return self._compute.submit(fn).result()

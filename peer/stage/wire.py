@@ -1,0 +1,72 @@
+"""Activations and gradients on the wire between a trainer and a stage server (stage mode).
+
+Tensors travel as :class:`protos.hivepath.peer.v1.stage_pb2.EncodedTensor`: a shape, a codec name and the bytes of the
+flat fp32 vector encoded by :mod:`peer.averaging.codecs` (int8 blockwise absmax by default; fp16 and none
+available; SWARM, Ryabinin et al. 2023, compresses activations the same way). Decoding checks
+everything a hostile or buggy peer could get wrong -- rank, sizes, codec, byte length, NaN/Inf --
+and raises :class:`WireError` with a message naming the problem.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from models.config import CODECS
+from peer.averaging import get_codec
+from protos.hivepath.peer.v1.stage_pb2 import EncodedTensor
+
+__all__ = ["WireError", "encode_tensor", "decode_tensor", "stage_handler_name", "DEFAULT_ACTIVATION_CODEC"]
+
+DEFAULT_ACTIVATION_CODEC = "int8"
+"""Codec of activations and gradients unless the trainer picks another."""
+
+
+class WireError(ValueError):
+    """A tensor on the wire is malformed, oversized, of the wrong shape, or holds NaN/Inf."""
+
+
+def stage_handler_name(run_id: str) -> str:
+    """The P2P protocol name under which stage servers of a run answer :class:`StageRequest` s."""
+    return f"hivepath_{run_id}_stage"
+
+
+def encode_tensor(t: Tensor, codec: str = DEFAULT_ACTIVATION_CODEC) -> EncodedTensor:
+    """``t`` (any shape, any device/dtype) as fp32 encoded by ``codec``; WireError if it holds NaN/Inf."""
+    flat = t.detach().to(device="cpu", dtype=torch.float32).reshape(-1)  # (n,)
+    if not bool(torch.isfinite(flat).all()):
+        raise WireError(f"tensor of shape {tuple(t.shape)} holds NaN or Inf values")
+    return EncodedTensor(shape=list(t.shape), codec=codec, data=get_codec(codec).encode(flat))
+
+
+def decode_tensor(msg: EncodedTensor, what: str, max_elements: int, last_dim: Optional[int] = None,
+                  shape: Optional[Sequence[int]] = None) -> Tensor:
+    """Decode ``msg`` to a CPU fp32 tensor (B, T, C), checking it against the limits.
+
+    ``what`` names the tensor in error messages; ``last_dim``: the required C; ``shape``: the exact
+    shape required (a gradient must match its activations).
+    """
+    dims = [int(d) for d in msg.shape]
+    if len(dims) != 3:
+        raise WireError(f"{what} must have shape (batch, tokens, width), got {dims}")
+    if any(d <= 0 for d in dims):
+        raise WireError(f"{what} shape {dims} has an empty dimension")
+    if last_dim is not None and dims[2] != last_dim:
+        raise WireError(f"{what} width {dims[2]} differs from the module's d_model {last_dim}")
+    if shape is not None and dims != list(shape):
+        raise WireError(f"{what} shape {dims} differs from the expected {list(shape)}")
+    numel = math.prod(dims)
+    if numel > max_elements:
+        raise WireError(f"{what} holds {numel} elements, more than this server accepts ({max_elements})")
+    if msg.codec not in CODECS:
+        raise WireError(f"{what} codec {msg.codec!r} is not one of {', '.join(CODECS)}")
+    try:
+        flat = get_codec(msg.codec).decode(bytes(msg.data), numel)  # (n,)
+    except ValueError as e:
+        raise WireError(f"{what} payload is malformed: {e}") from None
+    if not bool(torch.isfinite(flat).all()):
+        raise WireError(f"{what} holds NaN or Inf values")
+    return flat.view(dims)

@@ -1,0 +1,1 @@
+"""Generated protobuf packages mirroring the proto package hivepath.peer.v1."""
