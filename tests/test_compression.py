@@ -40,7 +40,7 @@ def test_encoded_sizes_are_exact(numel, sizes):
 
 
 def test_compressed_size_per_codec_on_a_large_vector():
-    """The ratios quoted in docs/bench/codecs.md (1 Mi values)."""
+    """The ratios quoted in docs/BENCHMARKS.md (codecs) (1 Mi values)."""
     n = 1 << 20
     ratios = {name: get_codec(name).encoded_size(n) / (4 * n) for name in CODECS}
     assert ratios == {"none": 1.0, "fp16": 0.5, "int8": 0.2509765625, "int4": 0.1259765625}
@@ -50,7 +50,7 @@ def test_compressed_size_per_codec_on_a_large_vector():
 
 
 def test_roundtrip_error_on_gaussian_deltas():
-    """Relative L2 error of each codec on N(0, 1) values, as measured in docs/bench/codecs.md."""
+    """Relative L2 error of each codec on N(0, 1) values, as measured in docs/BENCHMARKS.md (codecs)."""
     x = _gauss(1 << 18)
     rel = {}
     for name in CODECS:
