@@ -231,7 +231,7 @@ def round_gaps(log_text: str) -> list[float]:
     training loop waited on a round plus one round's inner steps."""
     gaps, last = [], None
     for line in log_text.splitlines():
-        if "peer.network.identity: identity" in line or "peer.node: reassigned to" in line:
+        if "peer.network.identity: identity" in line or "peer.node.join: reassigned to" in line:
             last = None
             continue
         m = _ROUND_LINE.match(line)

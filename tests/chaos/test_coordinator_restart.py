@@ -37,7 +37,7 @@ def test_coordinator_kill9_and_restart_on_the_same_db(procs, tmp_path):
                  "three live peers, the network formed")
         baseline = acknowledged_rounds(roots)
         before = live_peers(net)  # the three peers and the archive
-        client = "peer.coordinator_client:"  # heartbeat failures ("unreachable", "stream ... ended")
+        client = "peer.coordinator_client.client:"  # heartbeat failures ("unreachable", "stream ... ended")
         noticed = {n: net.procs.log(n).count(client) for n in names}
         inj.kill_coordinator()
         coordinator = net.procs.procs["coordinator"]
