@@ -212,10 +212,10 @@ def stop_all(net, names: Iterable[str], exit_timeout: float = 60.0,
     return codes
 
 
-_ROUND_LINE = re.compile(r"^(\d\d):(\d\d):(\d\d) INFO peer\.trainer: round ")
+_ROUND_LINE = re.compile(r"^(\d\d):(\d\d):(\d\d) INFO peer\.node\.trainer: round ")
 
 
-_WAITED = re.compile(r"INFO peer\.trainer: round \d+: .*; waited ([0-9.]+)s$")
+_WAITED = re.compile(r"INFO peer\.node\.trainer: round \d+: .*; waited ([0-9.]+)s$")
 
 
 def round_waits(log_text: str) -> list[float]:
