@@ -36,7 +36,7 @@ for _p in (ROOT, ROOT / "tests"):  # the fault injector and invariants live with
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from bench.common import emit  # noqa: E402
+from bench.common import emit, run_main  # noqa: E402
 
 log = logging.getLogger("bench.chaos")
 
@@ -256,4 +256,4 @@ def main(argv: Optional[list[str]] = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from bench.common import emit
+from bench.common import emit, run_main
 from models.config import CODECS, tiny_cpu
 from peer.averaging import ErrorFeedback, flatten, get_codec
 
@@ -96,4 +96,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

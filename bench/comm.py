@@ -46,7 +46,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
 
-from bench.common import ISSUE_RATE_MBIT, emit, rate_result_name
+from bench.common import ISSUE_RATE_MBIT, emit, rate_result_name, run_main
 from models.config import ENTROPY_STAGES, OuterConfig
 
 log = logging.getLogger("bench.comm")
@@ -277,4 +277,4 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

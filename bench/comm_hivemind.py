@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Optional
 
 from bench.comm import _cpu_seconds, namespaced_peers
-from bench.common import ISSUE_RATE_MBIT, emit, rate_result_name
+from bench.common import ISSUE_RATE_MBIT, emit, rate_result_name, run_main
 
 log = logging.getLogger("bench.comm_hivemind")
 
@@ -224,4 +224,4 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

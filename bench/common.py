@@ -1,16 +1,18 @@
-"""What every benchmark shares: writing its result where ``docs/BENCHMARKS.md`` expects it."""
+"""What every benchmark shares: writing its result where ``docs/BENCHMARKS.md`` expects it, and a
+``__main__`` that leaves nothing behind when it is stopped."""
 
 from __future__ import annotations
 
 import json
 import platform
+import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
-__all__ = ["emit", "rate_result_name", "RESULTS", "ISSUE_RATE_MBIT"]
+__all__ = ["emit", "rate_result_name", "run_main", "RESULTS", "ISSUE_RATE_MBIT"]
 
 ISSUE_RATE_MBIT = 100
 """The per-peer link rate of issue 3's averaging benchmarks (``bench.comm``, ``bench.comm_hivemind``)."""
@@ -29,3 +31,23 @@ def emit(name: str, result: dict[str, Any]) -> dict[str, Any]:
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     print(json.dumps(result, sort_keys=True), flush=True)
     return result
+
+
+def run_main(main: Callable[[], Any]) -> None:
+    """Run a benchmark's ``main`` as ``python -m bench.NAME`` does, and exit.
+
+    SIGTERM and SIGHUP stop it as Ctrl-C does (``KeyboardInterrupt``), so every ``finally`` and context
+    manager that stops its processes, removes its network namespaces and temp dirs runs; a watchdog
+    stops its processes if it dies without a word (:mod:`peer.node.lifetime`). Exit code 130 when
+    stopped, ``main``'s own when it returns an int, else 0.
+    """
+    from peer.node.lifetime import stop_on_signals, watch_descendants
+
+    watch_descendants()
+    try:
+        with stop_on_signals():
+            code = main()
+    except KeyboardInterrupt as e:
+        print(f"{Path(sys.argv[0]).stem}: stopped ({e or 'SIGINT'}); its processes were stopped", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import grpc
 
-from bench.common import emit
+from bench.common import emit, run_main
 
 log = logging.getLogger("bench.coordinator_load")
 
@@ -275,4 +275,4 @@ def _wait_serving(port: int, server: subprocess.Popen, start_timeout: float = 60
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

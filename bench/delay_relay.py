@@ -195,7 +195,7 @@ async def _run(maps: list[str], delay: float, stats_path: Optional[Path]) -> Non
         await r.serve()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
 
     def dump() -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import emit
+from bench.common import emit, run_main
 from models.config import demo
 from models.corpus import default_corpus
 from models.data import Dataset, prepare
@@ -121,4 +121,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

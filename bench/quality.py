@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from bench.common import RESULTS, emit
+from bench.common import RESULTS, emit, run_main
 from bench.quality_report import plot, summarize, tables
 from bench.quality_scale import SCALES
 from bench.quality_sweeps import EXPERIMENTS, grid, run_points, scale_by_name
@@ -122,4 +122,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

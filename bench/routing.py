@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import emit
+from bench.common import emit, run_main
 from models.corpus import default_corpus
 from models.data import Dataset, prepare
 
@@ -48,4 +48,4 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

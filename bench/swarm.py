@@ -25,8 +25,8 @@ import json
 import math
 import os
 import signal
-import subprocess
 import sys
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.common import emit
+from bench.common import emit, run_main
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEEDS = {"a0": ("L0M0", 1000.0), "a1": ("L0M0", 333.0), "b0": ("L1M0", 1000.0), "b1": ("L1M0", 1000.0)}
@@ -80,33 +80,31 @@ def serve(opts: dict) -> None:
 
 
 class Servers:
-    """The stage server processes (each in its own session, so a kill takes its p2p daemon too)."""
+    """The stage server processes, each in its own session (a kill takes its p2p daemon too), stopped
+    with this benchmark however it ends (:class:`peer.node.lifetime.ChildProcesses`)."""
 
     def __init__(self, maddrs: list[str], record_ttl: float, log_dir: Path):
-        self.maddrs, self.record_ttl, self.log_dir = maddrs, record_ttl, log_dir
-        self.procs: dict[str, subprocess.Popen] = {}
+        from peer.node.lifetime import ChildProcesses
+
+        self.maddrs, self.record_ttl = maddrs, record_ttl
+        self.children = ChildProcesses(log_dir)
         self.started = 0
+        self.current: dict[str, str] = {}
+        """Server name -> its running process's name in ``children`` (and log file)."""
 
     def start(self, name: str) -> None:
         module, tps = SPEEDS[name]
         opts = {"module": module, "tps": tps, "initial_peers": self.maddrs, "record_ttl": self.record_ttl}
         self.started += 1
-        with open(self.log_dir / f"{name}-{self.started}.log", "wb") as log:
-            self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "bench.swarm", "--serve", json.dumps(opts)], cwd=ROOT, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        self.current[name] = f"{name}-{self.started}"
+        self.children.start(self.current[name], [sys.executable, "-m", "bench.swarm", "--serve", json.dumps(opts)],
+                            cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
     def kill(self, name: str) -> None:
-        proc = self.procs.pop(name)
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=10)
+        self.children.kill(self.current.pop(name))
 
     def close(self) -> None:
-        for name in list(self.procs):
-            self.kill(name)
+        self.children.stop(timeout=10.0)
 
 
 def _wait_servers(client, count_by_module: dict[str, int], timeout: float) -> None:
@@ -264,16 +262,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the stage servers' logs (a temp dir)")
     args = parser.parse_args()
     if args.serve:
         serve(json.loads(args.serve))
         return
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    log_dir = Path(tempfile.mkdtemp(prefix="hivepath-swarm-"))  # the servers' logs, kept for a look after a run
-    print(f"stage server logs in {log_dir}", file=sys.stderr)
+    log_dir = Path(tempfile.mkdtemp(prefix="hivepath-swarm-"))  # the servers' logs
     seconds, kill_seconds, steps = (20.0, 0.0, 60) if args.quick else (60.0, 95.0, 400)
-    result = pipeline(seconds, kill_seconds, kill_every=30.0, micro_batches=MICRO_BATCHES, log_dir=log_dir)
+    try:
+        result = pipeline(seconds, kill_seconds, kill_every=30.0, micro_batches=MICRO_BATCHES, log_dir=log_dir)
+    finally:
+        if args.keep_logs:
+            print(f"stage server logs in {log_dir}", file=sys.stderr)
+        else:
+            shutil.rmtree(log_dir, ignore_errors=True)
     result["loss_by_codec"] = loss_by_codec(steps, ROOT / "data" / "swarm-default-bytes")
     result["loss_by_codec_steps"] = steps
     result["targets"] = {"throughput_fraction": 0.8, "throughput_fraction_with_kills": 0.6}
@@ -282,4 +286,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from bench.common import emit
+from bench.common import emit, run_main
 
 log = logging.getLogger("bench.utilization")
 
@@ -369,4 +369,4 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -18,7 +18,6 @@ import os
 import secrets
 import signal
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -58,61 +57,13 @@ def _hivepath() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "hivepath.cli"]
 
 
-class _Procs:
-    """The demo's child processes, each in its own session so signals reach their p2p daemons too."""
-
-    def __init__(self, log_dir: Path):
-        self.log_dir = log_dir
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def start(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen:
-        with open(self.log_dir / f"{name}.log", "ab") as out:
-            proc = subprocess.Popen(_hivepath() + args, stdout=out, stderr=subprocess.STDOUT,
-                                    env={**os.environ, **env}, start_new_session=True)
-        self.procs[name] = proc
-        return proc
-
-    def signal(self, names: list[str], sig: int) -> None:
-        for n in names:
-            p = self.procs.get(n)
-            if p is not None and p.poll() is None:
-                try:
-                    os.killpg(p.pid, sig) if sig == signal.SIGKILL else p.send_signal(sig)
-                except ProcessLookupError:
-                    pass
-
-    def wait(self, names: list[str], timeout: float) -> dict[str, Optional[int]]:
-        deadline = time.monotonic() + timeout
-        codes = {}
-        for n in names:
-            try:
-                codes[n] = self.procs[n].wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                codes[n] = None
-        return codes
-
-    def stop_all(self, names: list[str], timeout: float) -> dict[str, Optional[int]]:
-        """SIGTERM (drain), then SIGKILL whatever is still running after ``timeout``."""
-        self.signal(names, signal.SIGTERM)
-        codes = self.wait(names, timeout)
-        stuck = [n for n, c in codes.items() if c is None]
-        if stuck:
-            log.warning("killing %s: they did not drain within %.0fs", ", ".join(stuck), timeout)
-            self.signal(stuck, signal.SIGKILL)
-            codes.update(self.wait(stuck, 10))
-        for n in names:  # reap p2p daemons left in these processes' sessions
-            try:
-                os.killpg(self.procs[n].pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        return codes
-
 
 def run_demo(opts: DemoOptions) -> dict[str, Any]:
     """Run the demo network; returns the summary (also written to ``OUT/summary.json``)."""
     from peer.coordinator_client import CoordinatorClient
     from peer.demo.report import DemoMonitor, evaluate_run_dir, evaluate_init, write_report
     from peer.node import ensure_dataset
+    from peer.node.lifetime import STOP_SIGNALS, ChildProcesses
 
     if opts.peers < 1:
         raise HivepathError(f"--peers must be >= 1, got {opts.peers}")
@@ -135,33 +86,36 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     port, http_port = _free_port(), _free_port()
     address = f"127.0.0.1:{port}"
     env = {"HIVEPATH_TOKEN": token, "HIVEPATH_THREADS": str(opts.threads_per_peer), "HIVEPATH_LOG_LEVEL": "INFO"}
-    procs = _Procs(out / "logs")
+    procs = ChildProcesses(out / "logs")
     names: list[str] = []
     interrupted = {"n": 0}
 
-    def on_sigint(signum, frame):
+    def on_stop(signum, frame):
+        # Ctrl-C, SIGTERM (timeout, docker stop, systemd) or SIGHUP (terminal closed): stop training, drain
+        # every peer and still write the report; a second signal kills everything at once.
         interrupted["n"] += 1
         if interrupted["n"] > 1:
             procs.signal(list(procs.procs), signal.SIGKILL)
-            os._exit(130)
+            os._exit(128 + signum)
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    previous = {s: signal.signal(s, on_stop) for s in STOP_SIGNALS}
     bpb_before = evaluate_init(cfg, dataset, opts.eval_documents)
     monitor = DemoMonitor(cfg, live=opts.live)
     try:
-        procs.start("coordinator", ["coordinator", "serve", "--run-config", str(run_toml), "--db",
+        procs.start("coordinator", [*_hivepath(), "coordinator", "serve", "--run-config", str(run_toml), "--db",
                                     str(out / "coordinator.db"), "--host", "127.0.0.1", "--port", str(port),
-                                    "--http-port", str(http_port)], env)
+                                    "--http-port", str(http_port)], {**os.environ, **env})
         client = CoordinatorClient(address, token, retry_timeout=30.0)
         client.status()
         common = ["--coordinator", address, "--data", str(data_dir), "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
                   "--progress", "json", "--status-port", "0"]  # many peers on one host: no local status pages
-        procs.start("archive", ["archive", "--dir", str(out / "archive"), "--identity", str(out / "archive.key"),
-                                *common], env)
+        procs.start("archive", [*_hivepath(), "archive", "--dir", str(out / "archive"), "--identity",
+                                str(out / "archive.key"), *common], {**os.environ, **env})
         names.append("archive")
         for i in range(opts.peers):
             name = f"peer{i}"
-            procs.start(name, ["peer", "join", "--work-dir", str(out / name), *common, *opts.extra_peer_args], env)
+            procs.start(name, [*_hivepath(), "peer", "join", "--work-dir", str(out / name), *common,
+                               *opts.extra_peer_args], {**os.environ, **env})
             names.append(name)
         deadline = time.monotonic() + opts.minutes * 60
         with monitor:
@@ -172,13 +126,14 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
                     raise HivepathError(f"every peer exited early; see the logs in {out / 'logs'}")
                 time.sleep(1.0)
         peer_names = [n for n in names if n != "archive"]
-        codes = procs.stop_all(peer_names, timeout=60)
+        codes = procs.stop(peer_names, timeout=60)
         monitor.poll(client, procs.procs, http_port)
-        codes.update(procs.stop_all(["archive"], timeout=30))
+        codes.update(procs.stop(["archive"], timeout=30))
         client.close()
     finally:
-        procs.stop_all(list(procs.procs), timeout=30)
-        signal.signal(signal.SIGINT, previous)
+        procs.stop(list(procs.procs), timeout=30)
+        for s, h in previous.items():
+            signal.signal(s, h)
     bpb_after, per_path = evaluate_run_dir(out / "archive", dataset, opts.eval_documents)
     summary = monitor.summary(cfg, opts, bpb_before, bpb_after, per_path, codes)
     summary["report"] = str(out / "report.md")

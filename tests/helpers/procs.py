@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence, TypeVar
+
+from peer.node.lifetime import ChildProcesses
 
 T = TypeVar("T")
 
@@ -49,57 +50,20 @@ def hivepath_cmd(*args: str) -> list[str]:
     return [str(exe) if exe.exists() else "hivepath", *args]
 
 
-class ProcessGroup:
-    """Child processes started by a test; :meth:`close` terminates and reaps every one."""
+class ProcessGroup(ChildProcesses):
+    """Child processes started by a test (each in its own session, with the same parent-death watchdog
+    as the demo's and the benchmarks'); :meth:`close` terminates and reaps every one."""
 
     def __init__(self, log_dir: Path):
-        self.log_dir = Path(log_dir)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.procs: dict[str, subprocess.Popen] = {}
+        super().__init__(log_dir)
 
     def start(self, name: str, cmd: Sequence[str], env: Optional[dict] = None, **kw) -> subprocess.Popen:
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        log = open(self.log_dir / f"{name}.log", "ab")
-        proc = subprocess.Popen(
-            list(cmd), stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=kw.pop("cwd", ROOT),
-            start_new_session=True, **kw,
-        )
-        log.close()
-        self.procs[name] = proc
-        return proc
+        return super().start(name, cmd, env=full_env, cwd=kw.pop("cwd", ROOT), **kw)
 
     def log(self, name: str) -> str:
         path = self.log_dir / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
-    def signal(self, name: str, sig: int) -> None:
-        self.procs[name].send_signal(sig)
-
-    def kill(self, name: str) -> None:
-        """``kill -9`` the process and its session (its p2p daemon included)."""
-        proc = self.procs[name]
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=10)
-
-    def close(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    continue
-        deadline = time.monotonic() + 10
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # also reaps p2pd children left in the session
-            except (ProcessLookupError, PermissionError):
-                pass
-            if proc.poll() is None:
-                proc.wait(timeout=5)
+    def signal(self, name, sig: int, group: bool = False) -> None:  # one name, or several as in ChildProcesses
+        super().signal([name] if isinstance(name, str) else name, sig, group)

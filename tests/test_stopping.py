@@ -1,0 +1,93 @@
+"""Stopping leaves nothing behind: the demo and a benchmark, stopped by SIGINT, SIGTERM or SIGHUP or
+killed outright (SIGKILL: no handler runs), take every process they started with them, p2p daemons
+and DHT processes included, within 30 s. The process trees are real: coordinator, archive, peers,
+stage servers, and hivemind's p2pd under each."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from helpers import hivepath_cmd
+from helpers.procs import ROOT, wait_for
+
+pytestmark = pytest.mark.integration
+
+LEFT_TIMEOUT = 30.0
+"""The issue's bound: no process of the stopped command may be left after this many seconds."""
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _daemons(pid: int) -> int:
+    return sum(1 for p in _tree(pid) if _name(p) == "p2pd")
+
+
+def _name(p: psutil.Process) -> str:
+    try:
+        return p.name()
+    except psutil.NoSuchProcess:
+        return ""
+
+
+def _status(p: psutil.Process) -> str:
+    try:
+        return p.status()
+    except psutil.NoSuchProcess:
+        return psutil.STATUS_DEAD
+
+
+def _describe(p: psutil.Process) -> str:
+    try:
+        return f"{p.pid} {' '.join(p.cmdline())[:120]} ({p.status()})"
+    except psutil.NoSuchProcess:
+        return f"{p.pid} (gone)"
+
+
+def _stop_and_check(proc: subprocess.Popen, sig: int, daemons: int, start_timeout: float) -> None:
+    """Once ``proc``'s tree holds ``daemons`` p2p daemons, send ``sig`` to ``proc`` alone and check that
+    ``proc`` and every process of its tree are gone within :data:`LEFT_TIMEOUT` seconds."""
+    try:
+        wait_for(lambda: proc.poll() is None and _daemons(proc.pid) >= daemons, start_timeout,
+                 f"{daemons} p2p daemons under the command")
+        tree = _tree(proc.pid)  # the processes to be stopped: children, their DHT processes and p2pds
+        assert len(tree) > daemons
+        proc.send_signal(sig)
+        wait_for(lambda: proc.poll() is not None, LEFT_TIMEOUT, f"the command to exit on {sig.name}")
+        left = lambda: [p for p in tree if p.is_running() and _status(p) != psutil.STATUS_ZOMBIE]  # noqa: E731
+        try:
+            wait_for(lambda: not left(), LEFT_TIMEOUT, f"every process under the command to exit after {sig.name}")
+        except TimeoutError:
+            raise AssertionError(f"left after {sig.name}: " + "; ".join(_describe(p) for p in left())) from None
+    finally:
+        for p in [*_tree(proc.pid), psutil.Process(proc.pid)] if proc.poll() is None else []:
+            p.kill()
+        proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=lambda s: s.name)
+def test_demo_stops_every_process(tmp_path, sig):
+    # one peer and the archive: two p2p daemons; the dataset is prepared here, once per test
+    cmd = hivepath_cmd("demo", "--peers", "1", "--minutes", "5", "--preset", "tiny", "--out", str(tmp_path / "demo"),
+                       "--data", str(tmp_path / "data"), "--no-live", "--eval-docs", "2")
+    with open(tmp_path / "demo.log", "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+    _stop_and_check(proc, sig, daemons=2, start_timeout=180)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=lambda s: s.name)
+def test_swarm_benchmark_stops_every_process(tmp_path, sig):
+    # the trainer's own DHT plus four stage servers, each with its p2p daemon
+    with open(tmp_path / "swarm.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "bench.swarm", "--quick"], stdout=log,
+                                stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+    _stop_and_check(proc, sig, daemons=5, start_timeout=180)
