@@ -56,9 +56,12 @@ def test_every_variant_runs_and_is_well_formed(records):
     for r in records:
         assert r["status"] == "ok", (r["name"], r.get("error"), r.get("traceback"))
         res = r["result"]
-        assert math.isfinite(res["bpb"]) and 0 < res["bpb"] < 16, r["name"]
+        # learned something: better than a uniform byte predictor (8 bits per byte; a diverged model is
+        # worse), and where the curve has several points, lower at the end than at its first evaluation
+        assert math.isfinite(res["bpb"]) and 0 < res["bpb"] < 8.0, (r["name"], res["bpb"])
         curve = res["curve"]
         assert curve and curve[-1]["bpb"] == res["bpb"]
+        assert len(curve) == 1 or curve[-1]["bpb"] < curve[0]["bpb"], (r["name"], curve)
         assert all(a["tokens"] < b["tokens"] for a, b in zip(curve, curve[1:])), r["name"]
         assert res["tokens"] == curve[-1]["tokens"] > 0
 
