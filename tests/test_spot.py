@@ -254,3 +254,34 @@ def test_supervisor_bad_variable_is_one_line(procs):
                          text=True, timeout=30)
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and "unknown spot provider 'azure'" in out.stderr
+
+
+# -- a real peer watching in-process (`hivepath peer join --spot aws`) -------------------------------
+
+
+@pytest.mark.integration
+def test_real_peer_drains_on_an_aws_notice_and_leaves(meta, procs, tmp_path):
+    """A real peer (coordinator, DHT, p2p daemon, training) with ``--spot aws`` polls the metadata
+    endpoint in-process; the notice makes it finish its round, checkpoint, tell the coordinator and exit
+    0 well within the notice's 2 minutes, and the coordinator no longer counts it as active."""
+    from chaos.scenario import prepare_dataset
+    from helpers.network import Network
+
+    data = prepare_dataset(tmp_path / "data")
+    net = Network(procs, tmp_path, data.dir, data.manifest_hash, inner_steps=4)
+    try:
+        net.start_coordinator()
+        work = net.start_peer("peer0", "--spot", "aws", "--spot-url", meta.url, "--spot-poll-interval", "0.2")
+        wait_for(lambda: "peer.node.trainer: round 1:" in net.procs.log("peer0"), 180, "peer0 to finish 2 rounds")
+        peer_id = net.peer_id("peer0")
+        assert net.peer_assignment(peer_id)["state"] == "active"
+        assert net.procs.procs["peer0"].poll() is None, "no notice yet: the peer keeps training"
+        meta.state.control({"aws_action": "terminate", "aws_in": 120})
+        assert net.procs.procs["peer0"].wait(timeout=90) == 0
+        log = net.procs.log("peer0")
+        assert "stopping: spot preemption notice (aws: terminate" in log, log[-3000:]
+        assert (work / "checkpoints" / "LATEST").exists()
+        wait_for(lambda: (net.peer_assignment(peer_id) or {}).get("state") != "active", 30,
+                 "the coordinator to see the peer leave")
+    finally:
+        net.close()
