@@ -294,7 +294,10 @@ def test_fuzzed_heartbeats_never_yield_internal(server, stub, lease, peer_id, pr
         _assert_unchanged(before, _durable_view(server.coordinator))
 
 
-def test_service_is_healthy_after_fuzzing(stub):
+def test_service_is_healthy_after_fuzzing(server, stub):
+    # fuzz here first, so that this check does not depend on the fuzz tests above having run before it
+    test_fuzzed_joins_never_yield_internal(server=server, stub=stub)
+    test_fuzzed_heartbeats_never_yield_internal(server=server, stub=stub)
     status = stub.Status(pb.StatusRequest(token=TOKEN), timeout=10)
     assert status.run_id == RUN.run_id
     assert code_of(stub.Drain, pb.DrainRequest(token=TOKEN, peer_id="12D3KooWunknownzzzz"))[0] == grpc.StatusCode.NOT_FOUND
