@@ -168,6 +168,16 @@ def test_network_partition_then_reconnect_rejoins_and_catches_up(net):
 
 
 def test_coordinator_killed_and_restarted_loses_nothing(net):
+    from peer.coordinator_client import CoordinatorClient, PeerInfo
+
+    # its own state, whatever ran before: a peer that left, beside the live ones
+    gone = CoordinatorClient(f"127.0.0.1:{net.docker.published(net.coordinator, 7700)}", TOKEN,
+                             PeerInfo("12D3KooWdockleftxxxxxx", "cpu", 8 << 30, 1000.0, public_key=b"left"))
+    try:
+        gone.join()
+        gone.leave("set-up: a peer that left before the restart")
+    finally:
+        gone.close()
     status = net.status()
     before = (net.live(), status["peer_states"])
     assert before[1].get("left") and before[1].get("active"), before
