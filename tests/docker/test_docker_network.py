@@ -172,7 +172,7 @@ def test_coordinator_killed_and_restarted_loses_nothing(net):
 
     # its own state, whatever ran before: a peer that left, beside the live ones
     gone = CoordinatorClient(f"127.0.0.1:{net.docker.published(net.coordinator, 7700)}", TOKEN,
-                             PeerInfo("12D3KooWdockleftxxxxxx", "cpu", 8 << 30, 1000.0, public_key=b"left"))
+                             PeerInfo("12D3KooWdockgonexxxxxx", "cpu", 8 << 30, 1000.0, public_key=b"left"))
     try:
         gone.join()
         gone.leave("set-up: a peer that left before the restart")
