@@ -25,7 +25,14 @@ def rate_result_name(name: str, rate_mbit: int) -> str:
 
 
 def emit(name: str, result: dict[str, Any]) -> dict[str, Any]:
-    """Write ``bench/results/NAME.json`` and print the result as the last line of output."""
+    """Write ``bench/results/NAME.json`` and print the result as the last line of output.
+
+    A result that says ``skipped`` (e.g. no network namespaces without root) is printed only: ``make
+    bench`` goes on, and the last measured result file is kept.
+    """
+    if "skipped" in result:
+        print(json.dumps(result), flush=True)
+        return result
     result = {**result, "bench": name, "host": platform.node(), "unix_time": round(time.time())}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")

@@ -19,9 +19,10 @@ import logging
 import os
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Optional, Sequence
 
-__all__ = ["NetnsBridge", "netns_available"]
+__all__ = ["NetnsBridge", "netns_available", "tx_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -107,3 +108,12 @@ class NetnsBridge:
             if any(line.split()[0] == ns for line in existing.splitlines() if line.strip()):
                 subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         self._made.clear()
+
+
+def tx_bytes(interface: str = "eth0") -> int:
+    """Bytes sent so far on ``interface`` of this network namespace (each benchmark peer's own link),
+    or -1 where the counter cannot be read."""
+    try:
+        return int(Path(f"/sys/class/net/{interface}/statistics/tx_bytes").read_text())
+    except OSError:
+        return -1

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Optional
 
 from bench.common import emit, run_main
+from bench.netns import tx_bytes
 
 log = logging.getLogger("bench.utilization")
 
@@ -51,13 +52,6 @@ VARIANTS = {"ddp": (1, False), "h20": (20, False), "h20_overlap": (20, True), "h
 """name -> (H, overlap); ddp averages gradients every step instead of DiLoCo pseudo-gradients."""
 PATH = (0, 0)
 EVAL_BATCHES = 16
-
-
-def _tx_bytes() -> int:
-    try:
-        return int(Path("/sys/class/net/eth0/statistics/tx_bytes").read_text())
-    except OSError:
-        return -1
 
 
 def _wait_holders(dht, run_id: str, module_id: str, count: int, barrier_timeout: float, min_round: int = 0) -> bool:
@@ -99,7 +93,7 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
             avg.hold(mid, 0)
         if not _wait_holders(dht, run_id, keys[0], args.peers, 180.0):
             raise TimeoutError(f"not every peer of {run_id} appeared within 180s")
-        tx0, t0 = _tx_bytes(), time.perf_counter()
+        tx0, t0 = tx_bytes(), time.perf_counter()
         if name == "ddp":
             params = [p for p in model.parameters()]
             for p in params:
@@ -157,7 +151,7 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
             with torch.no_grad():  # evaluate the group's global model, identical on every member
                 for p, g in zip([p for mid in mids for p in model.modules_by_id()[mid].parameters()], state):
                     p.copy_(g)
-        wire = _tx_bytes() - tx0
+        wire = tx_bytes() - tx0
     finally:
         avg.shutdown()
     out = dict(wall_seconds=wall, wait_seconds=wait, drain_seconds=drain, bytes_sent=sent, bytes_received=received,
@@ -361,11 +355,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     if args.peer is not None:
         run_peer(args)
         return
-    result = run_bench(args)
-    if "skipped" in result:
-        print(json.dumps(result), flush=True)
-        return
-    emit("utilization", result)
+    emit("utilization", run_bench(args))
 
 
 if __name__ == "__main__":
