@@ -12,6 +12,7 @@ import logging
 import time
 from pathlib import Path
 
+from hivepath.progress import prepare_with_progress
 from hivepath.cli import env_default
 from models.errors import ConfigError, DataError
 
@@ -98,7 +99,6 @@ def default_data_dir(tokenizer: str, levels: int, modules: int) -> Path:
 
 
 def _dataset(args, cfg):
-    from hivepath.cmd_data import prepare_dataset
     from models.data import Dataset
 
     L = cfg.lattice
@@ -108,7 +108,7 @@ def _dataset(args, cfg):
     path = default_data_dir(cfg.data.tokenizer, *shape)
     if not (path / "manifest.json").exists():
         log.info("preparing the built-in corpus into %s (once)", path)
-        prepare_dataset([], "default", str(path), shape[0], shape[1], cfg.data.tokenizer)
+        prepare_with_progress([], "default", str(path), shape[0], shape[1], cfg.data.tokenizer)
     return Dataset(path)
 
 
