@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from hivepath.progress import prepare_with_progress
-from hivepath.cli import env_default
+from hivepath.settings import env_default
 from models.errors import ConfigError, DataError
 
 __all__ = ["register", "run", "resolve_config", "default_data_dir"]
@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", metavar="DIR", help="a prepared dataset (default: the built-in corpus, cached)")
     p.add_argument("--out", metavar="DIR", help="output directory (default runs/TIMESTAMP)")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
-    p.add_argument("--threads", type=int, default=env_default("HIVEPATH_THREADS", None, int), metavar="N",
+    p.add_argument("--threads", type=int, default=env_default("HIVEPATH_THREADS"), metavar="N",
                    help="CPU threads for torch (env HIVEPATH_THREADS; default: torch's choice)")
     p.add_argument("--eval-docs", type=int, default=64, metavar="N",
                    help="validation documents per path for the final bits per byte (0: all; default 64)")
