@@ -25,17 +25,17 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
+from typing import Callable, Iterable, Iterator, Optional, Union
 
 import numpy as np
 
 from models.config import Path_, format_path
-from models.corpus import Corpus, corpus_from_paths, default_corpus
+from models.corpus import Corpus
 from models.errors import DataError
 from models.routing import Router, fit_router, prefix_features
 from models.tokenizer import load_tokenizer, parse_tokenizer_spec, train_tokenizer
 
-__all__ = ["prepare", "prepare_sources", "Dataset", "DatasetMismatch", "ValidationDocument", "MANIFEST_FILE", "split_of"]
+__all__ = ["prepare", "Dataset", "DatasetMismatch", "ValidationDocument", "MANIFEST_FILE", "split_of"]
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +86,10 @@ def prepare(
 ) -> dict:
     """Tokenise ``corpus``, route its documents to the ``modules ** levels`` paths and write ``out``.
 
-    Returns the manifest. ``progress(stage, documents_done)`` is called now and then.
+    Returns the manifest. ``progress(stage, documents_done)`` is called now and then. A bad
+    ``tokenizer`` spec is refused before anything is read or written.
     """
+    parse_tokenizer_spec(tokenizer)
     out = Path(out)
     if out.exists() and not (out / MANIFEST_FILE).exists() and any(out.iterdir()):
         raise DataError(f"{out} exists and is not a hivepath dataset; choose another --out")
@@ -112,26 +114,6 @@ def prepare(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return manifest
-
-
-def prepare_sources(
-    sources: Sequence[str],
-    corpus: Optional[str],
-    out: Union[str, Path],
-    levels: int = 1,
-    modules: int = 1,
-    tokenizer: str = "bytes",
-    seed: int = 0,
-    progress: Optional[Callable[[str, int], None]] = None,
-) -> dict:
-    """:func:`prepare` from document files and directories (``sources``) or the built-in corpus
-    (``corpus="default"``), the two inputs ``hivepath data prepare`` and ``train-local`` accept.
-    The tokenizer spec is checked before any document is read. Returns the manifest."""
-    parse_tokenizer_spec(tokenizer)
-    if corpus and sources:
-        raise DataError("give either SRC paths or --corpus default, not both")
-    source = default_corpus() if corpus == "default" else corpus_from_paths(sources)
-    return prepare(source, out, levels=levels, modules=modules, tokenizer=tokenizer, seed=seed, progress=progress)
 
 
 def _same_dataset(out: Path, tmp: Path) -> bool:

@@ -82,16 +82,21 @@ class Setting:
         return list(self.default) if isinstance(self.default, list) else self.default  # never share the table's
 
 
+_SPOT = "peer join; python -m peer.node.spot (the images' supervisor)"
+
 PEER_SETTINGS: tuple[Setting, ...] = (
     Setting("HIVEPATH_SPOT", "text", "none",
             "watch the cloud's spot/preemption notice and drain on one: none, aws, gcp or auto",
-            flag="--spot", read_by="peer join; python -m peer.node.spot (the images' supervisor)"),
-    Setting("HIVEPATH_SPOT_URL", "text", None, "metadata server base URL (default: the provider's own)",
-            flag="--spot-url", read_by="peer join; python -m peer.node.spot"),
-    Setting("HIVEPATH_SPOT_POLL_INTERVAL", "number", 5.0, "seconds between spot-notice checks",
-            flag="--spot-poll-interval", read_by="peer join; python -m peer.node.spot"),
+            flag="--spot", read_by=_SPOT),
+    Setting("HIVEPATH_SPOT_URL", "text", None,
+            "metadata server base URL (default: the provider's own)",
+            flag="--spot-url", read_by=_SPOT),
+    Setting("HIVEPATH_SPOT_POLL_INTERVAL", "number", 5.0,
+            "seconds between spot-notice checks",
+            flag="--spot-poll-interval", read_by=_SPOT),
     Setting("HIVEPATH_PROGRESS_INTERVAL", "number", 5.0,
-            "least seconds between two JSON progress lines (--progress json)", read_by="peer join"),
+            "least seconds between two JSON progress lines (--progress json)",
+            read_by="peer join"),
 )
 """The variables of the peer package, each read where its code needs it (see ``read_by``)."""
 
