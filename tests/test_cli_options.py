@@ -153,3 +153,20 @@ def test_a_bad_variable_is_one_line_naming_it():
     r = subprocess.run(hivepath_cmd("peer", "join", "--help"), capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "HIVEPATH_MAX_STEPS='many' is not a valid integer" in r.stderr and "max-steps" in r.stderr
+
+
+def test_help_states_the_tables_default():
+    """A help text that says ``(env HIVEPATH_X; default D)`` says the default the flag really has."""
+    said = re.compile(r"env (HIVEPATH_[A-Z0-9_]*[A-Z0-9])[^;()]*; default ([^;()]+)")
+    checked = 0
+    for words, parser in _parsers(build_parser()):
+        for action in parser._actions:
+            for var, text in said.findall(" ".join((action.help or "").split())):
+                default = OWN_DEFAULT.get((words[0] if words else "", action.option_strings[-1]), setting(var).default)
+                if default is None:
+                    continue  # a default described in words (e.g. identity.key in the work directory)
+                text = text.strip()
+                same = float(text) == default if isinstance(default, (int, float)) else text == str(default)
+                assert same, f"hivepath {' '.join(words)} {action.option_strings[-1]}: help says {text!r}, is {default!r}"
+                checked += 1
+    assert checked >= 12
