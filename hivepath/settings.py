@@ -23,8 +23,8 @@ from typing import Any, Optional, Sequence
 
 from peer.settings import PEER_SETTINGS, Setting
 
-__all__ = ["CLI_SETTINGS", "IMAGE_SETTINGS", "ALL_SETTINGS", "setting", "env_default", "markdown_table", "update_markdown",
-           "BEGIN_MARKER", "END_MARKER", "main"]
+__all__ = ["CLI_SETTINGS", "IMAGE_SETTINGS", "ALL_SETTINGS", "setting", "env_default", "markdown_table",
+           "update_markdown", "BEGIN_MARKER", "END_MARKER", "main"]
 
 _NET = "peer join, archive"
 

@@ -167,6 +167,7 @@ def test_help_states_the_tables_default():
                     continue  # a default described in words (e.g. identity.key in the work directory)
                 text = text.strip()
                 same = float(text) == default if isinstance(default, (int, float)) else text == str(default)
-                assert same, f"hivepath {' '.join(words)} {action.option_strings[-1]}: help says {text!r}, is {default!r}"
+                flag = action.option_strings[-1]
+                assert same, f"hivepath {' '.join(words)} {flag}: help says {text!r}, is {default!r}"
                 checked += 1
     assert checked >= 12

@@ -68,7 +68,8 @@ def test_only_the_settings_modules_read_variables():
 
 
 def test_the_coordinator_package_reads_no_environment():
-    readers = [p.name for p in (ROOT / "coordinator").rglob("*.py") if re.search(r"\b(environ|getenv)\b", p.read_text())]
+    readers = [p.name for p in (ROOT / "coordinator").rglob("*.py")
+               if re.search(r"\b(environ|getenv)\b", p.read_text())]
     assert not readers, readers
 
 

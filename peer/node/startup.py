@@ -90,7 +90,8 @@ class NetworkOptions:
         if not self.coordinator:
             raise HivepathError("no coordinator address: pass --coordinator HOST:PORT or set HIVEPATH_COORDINATOR")
         if not 0 <= self.status_port <= 65535:
-            raise HivepathError(f"--status-port must be a TCP port (1-65535) or 0 to turn it off, got {self.status_port}")
+            raise HivepathError(f"--status-port must be a TCP port (1-65535) or 0 to turn it off, "
+                                f"got {self.status_port}")
         if not self.stall_timeout > 0:
             raise HivepathError(f"--stall-timeout must be > 0 seconds, got {self.stall_timeout}")
 
@@ -250,7 +251,8 @@ def run_until_stopped(process: StoppableProcess, spot: Optional["SpotOptions"] =
 
     watcher = None
     if spot is not None:
-        watcher = SpotWatcher.from_options(spot, lambda notice: process.request_stop(notice.describe(), preempting=True))
+        watcher = SpotWatcher.from_options(
+            spot, lambda notice: process.request_stop(notice.describe(), preempting=True))
     with drain_signals(process.request_stop):
         if watcher is not None:
             watcher.start()
