@@ -2,6 +2,7 @@
 # Container entry point of every hivepath image: checks the required environment variables, turns
 # the coordinator's variables into flags, then execs the installed `hivepath` command (so signals
 # reach it directly; run containers with --init / `init: true` so zombies are reaped too).
+# The token needs no flag: every command reads HIVEPATH_TOKEN, then HIVEPATH_TOKEN_FILE, itself.
 #
 # A missing required variable stops the container with one line naming it (exit 2).
 # With HIVEPATH_SPOT set (aws, gcp or auto), `peer join` and `archive` run under the spot-notice
@@ -64,9 +65,6 @@ case "${1:-}" in
       need HIVEPATH_DB "set it to the SQLite file on the /data volume, e.g. /data/state.db"
       set -- coordinator serve --run-config "$HIVEPATH_RUN_CONFIG" --db "$HIVEPATH_DB" \
         --port "${HIVEPATH_PORT:-7700}" --http-port "${HIVEPATH_HTTP_PORT:-7701}" "$@"
-      if [ -n "${HIVEPATH_TOKEN_FILE:-}" ] && [ -z "${HIVEPATH_TOKEN:-}" ]; then
-        set -- "$@" --token-file "$HIVEPATH_TOKEN_FILE"
-      fi
       if [ -n "${HIVEPATH_TLS_CERT:-}" ]; then
         need HIVEPATH_TLS_KEY "set it to the private key of HIVEPATH_TLS_CERT"
         set -- "$@" --tls-cert "$HIVEPATH_TLS_CERT" --tls-key "$HIVEPATH_TLS_KEY"

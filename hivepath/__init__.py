@@ -1,13 +1,22 @@
 """The ``hivepath`` command line: one command, many subcommands, no logic of its own.
 
-Each subcommand lives in ``hivepath/cmd_<name>.py`` and exposes ``register(subparsers)``; the
-work itself is done by ``models``, ``peer`` and ``coordinator``.
+- ``cli``: ``main`` and the parser; :data:`hivepath.cli.COMMANDS` lists the command modules.
+- ``cmd_<name>``: one command each, with ``register(subparsers)``: it parses its flags, calls one
+  function of ``models``, ``peer`` or ``coordinator``, and leaves errors to ``cli`` (one line and an
+  exit code). Command modules do not import each other.
+- ``options``: flags several commands share: the run token (one precedence everywhere) and the
+  network flags of the long-running peer processes.
+- ``settings``: every ``HIVEPATH_*`` variable of the command line, and the table of all of them.
+- ``progress``: the dataset preparation display that ``data prepare`` and ``train-local`` share.
+
+Importing the command line and building its parser pulls in neither torch nor hivemind.
 """
 
 __all__ = ["main"]
 
 
 def main(argv=None) -> int:
+    """The ``hivepath`` command (see :func:`hivepath.cli.main`)."""
     from hivepath.cli import main as _main
 
     return _main(argv)

@@ -1,37 +1,34 @@
 """Entry point of the ``hivepath`` command.
 
 Configuration precedence, highest first: command-line flags, ``HIVEPATH_*`` environment variables
-(for containers; each flag's help names its variable), the run config file, the named preset.
-Errors a user can fix (:class:`models.errors.HivepathError`) print one line and exit with the
-error's code; see ``docs/cli.md`` for the codes.
+(for containers; each flag's help names its variable, ``hivepath.settings`` holds them all), the run
+config file, the named preset. Errors a user can fix (:class:`models.errors.HivepathError`) print one
+line and exit with the error's code; see ``docs/cli.md`` for the codes.
+
+Each command is a module of :data:`COMMANDS` that parses its flags and calls one function of
+``peer``, ``coordinator`` or ``models``; they import those only when they run, so ``hivepath --help``
+imports neither torch nor hivemind.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
-import os
-import pkgutil
 import sys
 from typing import Optional, Sequence
 
+from hivepath import (cmd_archive, cmd_coordinator, cmd_data, cmd_demo, cmd_eval, cmd_export, cmd_generate,
+                      cmd_peer, cmd_train_local)
+from hivepath.settings import env_default
 from models.errors import HivepathError
 
-__all__ = ["main", "build_parser", "env_default"]
+__all__ = ["main", "build_parser", "COMMANDS"]
 
 log = logging.getLogger("hivepath")
 
-
-def env_default(var: str, default=None, cast=str):
-    """The value of environment variable ``var`` cast with ``cast``, else ``default``."""
-    raw = os.environ.get(var)
-    if raw is None or raw == "":
-        return default
-    try:
-        return cast(raw)
-    except (TypeError, ValueError):
-        raise HivepathError(f"environment variable {var}={raw!r} is not a valid {cast.__name__}") from None
+COMMANDS = (cmd_archive, cmd_coordinator, cmd_data, cmd_demo, cmd_eval, cmd_export, cmd_generate, cmd_peer,
+            cmd_train_local)
+"""The command modules, each with ``register(subparsers)``, in the order ``--help`` lists them."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,16 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--log-level",
-        default=env_default("HIVEPATH_LOG_LEVEL", "INFO"),
+        default=env_default("HIVEPATH_LOG_LEVEL"),
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         help="logging verbosity (env HIVEPATH_LOG_LEVEL; default INFO)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    import hivepath
-
-    for info in sorted(pkgutil.iter_modules(hivepath.__path__), key=lambda m: m.name):
-        if info.name.startswith("cmd_"):
-            importlib.import_module(f"hivepath.{info.name}").register(sub)
+    for command in COMMANDS:
+        command.register(sub)
     return parser
 
 

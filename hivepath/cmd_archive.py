@@ -1,12 +1,16 @@
-"""``hivepath archive``: keep every module's latest state on disk and serve it to newcomers."""
+"""``hivepath archive``: keep every module's latest state on disk and serve it to newcomers.
+
+Shares ``peer join``'s network flags and start-up (``hivepath.options``, ``peer.node.startup``): the
+first SIGTERM, SIGINT or SIGHUP stops it cleanly (leave, exit 0), a second at once.
+"""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from hivepath.cli import env_default
-from hivepath.cmd_peer import add_network_flags, check_status_flags, drain_signals, read_token
+from hivepath.options import add_network_flags, network_options
+from hivepath.settings import env_default
 from models.errors import HivepathError
 
 __all__ = ["register", "run"]
@@ -28,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_network_flags(p)
     p.add_argument("--data", default=env_default("HIVEPATH_DATA"), metavar="DIR",
                    help="the run's prepared dataset, recorded in snapshots for eval (env HIVEPATH_DATA)")
-    p.add_argument("--keep", type=int, default=env_default("HIVEPATH_ARCHIVE_KEEP", 3, int), metavar="K",
+    p.add_argument("--keep", type=int, default=env_default("HIVEPATH_ARCHIVE_KEEP"), metavar="K",
                    help="snapshots to keep (env HIVEPATH_ARCHIVE_KEEP; default 3)")
     p.add_argument("--poll-interval", type=float, default=1.0, metavar="S",
                    help="seconds between looks at the modules' rounds (default 1)")
@@ -37,28 +41,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from peer.node import ArchiveOptions, ArchivePeer
+    """``hivepath archive``: the flags as :class:`peer.node.ArchiveOptions`, run until stopped."""
+    from peer.node import ArchiveOptions, ArchivePeer, run_until_stopped
 
     if not args.dir:
         raise HivepathError("no archive directory: pass --dir DIR or set HIVEPATH_ARCHIVE_DIR")
-    if not args.coordinator:
-        raise HivepathError("no coordinator address: pass --coordinator HOST:PORT or set HIVEPATH_COORDINATOR")
-    check_status_flags(args)
     opts = ArchiveOptions(
-        coordinator=args.coordinator,
-        token=read_token(args.token, args.token_file),
+        network=network_options(args),
         directory=Path(args.dir),
-        initial_peers=tuple(args.initial_peers),
-        identity=Path(args.identity).expanduser() if args.identity else None,
         data_dir=Path(args.data).expanduser() if args.data else None,
-        host_maddrs=tuple(args.host_maddrs),
-        announce_maddrs=tuple(args.announce_maddrs),
         keep=args.keep,
         poll_interval=args.poll_interval,
-        tls_ca=args.tls_ca,
-        status_port=args.status_port,
-        stall_timeout=args.stall_timeout,
     )
-    archive = ArchivePeer(opts)
-    with drain_signals(archive.request_stop):
-        return archive.run()
+    return run_until_stopped(ArchivePeer(opts))

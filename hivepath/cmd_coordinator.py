@@ -1,7 +1,8 @@
 """``hivepath coordinator``: run the coordinator service, or ask a running one for status or a drain.
 
 - ``serve --run-config run.toml --db state.db --port P --http-port Q``: the run token comes from
-  ``--token``, ``--token-file`` or ``HIVEPATH_TOKEN`` (first found, in that order).
+  ``--token``, ``--token-file``, ``HIVEPATH_TOKEN`` or ``HIVEPATH_TOKEN_FILE`` (first found, in that
+  order: :func:`hivepath.options.read_token`, as in every command).
   ``--key FILE`` (default ``<db>.key``) is the Ed25519 key that signs peers' credentials.
 - ``status [--json]``, ``drain PEER_ID``, ``ban PEER_ID`` and ``unban PEER_ID``: operator commands
   over gRPC (``--coordinator`` or ``HIVEPATH_COORDINATOR``, same token sources).
@@ -12,46 +13,23 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from pathlib import Path
-from typing import Optional
 
+from hivepath.options import add_token_flags, read_token
+from hivepath.settings import env_default
 from models.errors import ConfigError, HivepathError
 
-__all__ = ["register", "run", "read_token"]
+__all__ = ["register", "run"]
 
 log = logging.getLogger(__name__)
 
 
-def read_token(token: Optional[str], token_file: Optional[str]) -> str:
-    """The run token: ``--token``, else ``--token-file``, else ``HIVEPATH_TOKEN``."""
-    if token:
-        return token
-    if token_file:
-        try:
-            text = Path(token_file).read_text(encoding="utf-8").strip()
-        except OSError as e:
-            raise ConfigError("token-file", f"cannot read {token_file}: {e}") from None
-        if not text:
-            raise ConfigError("token-file", f"{token_file} is empty; write the run token into it")
-        return text
-    env = os.environ.get("HIVEPATH_TOKEN", "").strip()
-    if env:
-        return env
-    raise ConfigError("token", "no run token; pass --token, --token-file or set HIVEPATH_TOKEN")
-
-
-def _add_token(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--token", help="the run token (prefer --token-file or HIVEPATH_TOKEN: flags show in ps)")
-    p.add_argument("--token-file", help="file holding the run token")
-
-
 def _add_client(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--coordinator", default=os.environ.get("HIVEPATH_COORDINATOR", "127.0.0.1:7700"),
+    p.add_argument("--coordinator", default=env_default("HIVEPATH_COORDINATOR") or "127.0.0.1:7700",
                    help="host:port of the coordinator (env HIVEPATH_COORDINATOR; default 127.0.0.1:7700)")
     p.add_argument("--tls-ca", help="PEM CA certificate to verify a TLS coordinator")
-    _add_token(p)
+    add_token_flags(p)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -70,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--tls-cert", help="PEM certificate chain: serve gRPC over TLS (with --tls-key)")
     serve.add_argument("--tls-key", help="PEM private key of --tls-cert")
     serve.add_argument("--key", help="Ed25519 key file signing peer credentials (default <db>.key; created if missing)")
-    _add_token(serve)
+    add_token_flags(serve)
     serve.set_defaults(func=run)
 
     status = sub.add_parser("status", help="show a running coordinator's view of the run")

@@ -7,9 +7,10 @@ import json
 import re
 import sys
 
+from hivepath.progress import prepare_with_progress
 from models.errors import DataError
 
-__all__ = ["register", "run", "parse_lattice", "prepare_dataset"]
+__all__ = ["register", "run", "parse_lattice"]
 
 
 def parse_lattice(text: str) -> tuple[int, int]:
@@ -55,25 +56,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     info.set_defaults(func=run)
 
 
-def prepare_dataset(sources, corpus: str | None, out: str, levels: int, modules: int, tokenizer: str, seed: int = 0) -> dict:
-    """Prepare a dataset with a rich progress display; returns the manifest."""
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    from models.corpus import corpus_from_paths, default_corpus
-    from models.data import prepare
-    from models.tokenizer import parse_tokenizer_spec
-
-    parse_tokenizer_spec(tokenizer)
-    if corpus and sources:
-        raise DataError("give either SRC paths or --corpus default, not both")
-    source = default_corpus() if corpus == "default" else corpus_from_paths(sources)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TextColumn("{task.completed} documents"),
-                  TimeElapsedColumn(), transient=True) as bar:
-        task = bar.add_task("preparing", total=None)
-        return prepare(source, out, levels=levels, modules=modules, tokenizer=tokenizer, seed=seed,
-                       progress=lambda stage, n: bar.update(task, description=stage, completed=n))
-
-
 def run(args: argparse.Namespace) -> int:
     if args.data_command == "prepare":
         return _prepare(args)
@@ -91,7 +73,7 @@ def _prepare(args: argparse.Namespace) -> int:
         levels, modules = parse_lattice(args.lattice or "2x2")
     if not args.sources and not args.corpus:
         raise DataError("no sources given; pass files or directories, or --corpus default")
-    prepare_dataset(args.sources, args.corpus, args.out, levels, modules, args.tokenizer, args.seed)
+    prepare_with_progress(args.sources, args.corpus, args.out, levels, modules, args.tokenizer, args.seed)
     ds = Dataset(args.out)
     t = ds.manifest["totals"]
     print(f"prepared {args.out}: {t['train']['documents']} training and {t['validation']['documents']} validation "

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from hivepath.cli import env_default
+from hivepath.settings import env_default
 
 __all__ = ["register", "run", "load_run"]
 
@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", metavar="DIR", help="dataset directory (default: the one recorded in run.json)")
     p.add_argument("--max-docs", type=int, default=0, metavar="N", help="validation documents per path (0: all)")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
-    p.add_argument("--threads", type=int, default=env_default("HIVEPATH_THREADS", None, int), metavar="N",
+    p.add_argument("--threads", type=int, default=env_default("HIVEPATH_THREADS"), metavar="N",
                    help="CPU threads for torch (env HIVEPATH_THREADS)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=run)
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
     from models.config import parse_path
     from models.data import Dataset
-    from models.evaluate import bits_per_byte, routed_evaluation
+    from models.evaluate import evaluate_lattice
     from models.run_dir import load_run_dir
     from models.training import pick_device
 
@@ -55,14 +55,9 @@ def run(args: argparse.Namespace) -> int:
     ds = Dataset(rd.data_dir)
     device = pick_device(args.device)
     model.to(device)
-    T = cfg.lattice.seq_len
-    max_docs = args.max_docs or None
-    if summary["dense"]:
-        result = bits_per_byte(model.path_model((0,)), ds.validation_documents(), T, device, max_documents=max_docs)
-        result.per_path = {"dense": {"bpb": result.bpb, "bytes": result.n_bytes, "documents": result.documents}}
-    else:
-        paths = [parse_path(p, cfg.lattice.levels) for p in summary["paths"]]
-        result = routed_evaluation(model.path_model, ds, paths, T, device, max_documents_per_path=max_docs)
+    paths = [] if summary["dense"] else [parse_path(p, cfg.lattice.levels) for p in summary["paths"]]
+    result = evaluate_lattice(model, ds, paths, cfg.lattice.seq_len, device, dense=summary["dense"],
+                              max_documents_per_path=args.max_docs or None)
     if args.json:
         json.dump(result.to_dict(), sys.stdout, sort_keys=True)
         print()

@@ -12,7 +12,7 @@ import logging
 import sys
 from pathlib import Path
 
-from hivepath.cli import env_default
+from hivepath.settings import env_default
 from models.errors import DataError
 
 __all__ = ["register", "run", "open_source"]
@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--path", metavar="I,J", help="force a path, e.g. 0,1 (no routing)")
     p.add_argument("--data", metavar="DIR", help="the run's dataset (default: the one recorded in run.json)")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
-    p.add_argument("--threads", type=int, default=env_default("HIVEPATH_THREADS", None, int), metavar="N",
+    p.add_argument("--threads", type=int, default=env_default("HIVEPATH_THREADS"), metavar="N",
                    help="CPU threads for torch (env HIVEPATH_THREADS)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=run)

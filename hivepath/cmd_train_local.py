@@ -1,19 +1,21 @@
 """``hivepath train-local``: train paths of the lattice (or the dense model) in one process.
 
 With several workers it simulates DiLoCo/DiPaCo (``peer.simulator``), the numerical reference of
-the networked run. Writes per-module safetensors checkpoints and ``run.json`` to ``--out``.
+the networked run. Writes per-module safetensors checkpoints and ``run.json`` to ``--out``. This
+module picks the config (preset, file, flags) and the dataset and shows the progress;
+:func:`peer.simulator.train_local` does the run.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
 from pathlib import Path
 
-from hivepath.cli import env_default
-from models.errors import ConfigError, DataError
+from hivepath.progress import prepare_with_progress
+from hivepath.settings import env_default
+from models.errors import ConfigError
 
 __all__ = ["register", "run", "resolve_config", "default_data_dir"]
 
@@ -51,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", metavar="DIR", help="a prepared dataset (default: the built-in corpus, cached)")
     p.add_argument("--out", metavar="DIR", help="output directory (default runs/TIMESTAMP)")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
-    p.add_argument("--threads", type=int, default=env_default("HIVEPATH_THREADS", None, int), metavar="N",
+    p.add_argument("--threads", type=int, default=env_default("HIVEPATH_THREADS"), metavar="N",
                    help="CPU threads for torch (env HIVEPATH_THREADS; default: torch's choice)")
     p.add_argument("--eval-docs", type=int, default=64, metavar="N",
                    help="validation documents per path for the final bits per byte (0: all; default 64)")
@@ -98,7 +100,6 @@ def default_data_dir(tokenizer: str, levels: int, modules: int) -> Path:
 
 
 def _dataset(args, cfg):
-    from hivepath.cmd_data import prepare_dataset
     from models.data import Dataset
 
     L = cfg.lattice
@@ -108,119 +109,40 @@ def _dataset(args, cfg):
     path = default_data_dir(cfg.data.tokenizer, *shape)
     if not (path / "manifest.json").exists():
         log.info("preparing the built-in corpus into %s (once)", path)
-        prepare_dataset([], "default", str(path), shape[0], shape[1], cfg.data.tokenizer)
+        prepare_with_progress([], "default", str(path), shape[0], shape[1], cfg.data.tokenizer)
     return Dataset(path)
 
 
 def run(args: argparse.Namespace) -> int:
+    """``hivepath train-local``: config and dataset from the flags, :func:`peer.simulator.train_local`
+    behind a progress bar, then the bits per byte."""
     import torch
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from models.checkpoint import atomic_write_bytes, save_module
-    from models.config import parse_path, format_path
-    from models.evaluate import bits_per_byte, routed_evaluation
-    from models.training import pick_device
-    from peer.simulator import DiLoCoSimulator
+    from peer.simulator import LocalRun, train_local
 
     if args.threads is not None:
         if args.threads < 1:
             raise ConfigError("threads", f"must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     cfg = resolve_config(args)
+    local = LocalRun(out=Path(args.out or Path("runs") / time.strftime("%Y%m%d-%H%M%S")), path=args.path,
+                     workers=args.workers, steps=args.steps, outer_steps_asked=args.inner_steps is not None,
+                     device=args.device, eval_documents=args.eval_docs)
     ds = _dataset(args, cfg)
-    if ds.manifest["vocab_size"] != cfg.lattice.vocab_size:
-        log.info("vocab_size set to %d to match the dataset's tokenizer", ds.manifest["vocab_size"])
-        cfg = cfg.replace(lattice={"vocab_size": ds.manifest["vocab_size"]})
-    cfg = cfg.replace(data={"manifest_hash": ds.manifest_hash, "tokenizer": ds.manifest["tokenizer"]})
-    L = cfg.lattice
-    dense = (L.levels, L.modules_per_level) == (1, 1)
-    if args.path is not None and not dense:
-        paths = [L.check_path(parse_path(args.path, L.levels))]
-    elif dense:
-        paths = [(0,)]
-    else:
-        paths = L.paths()
-    if not dense and (ds.levels, ds.modules_per_level) != (L.levels, L.modules_per_level):
-        raise DataError(
-            f"dataset {ds.dir} is routed for a {ds.levels}x{ds.modules_per_level} lattice but the run's lattice is "
-            f"{L.levels}x{L.modules_per_level}; prepare it with --lattice {L.levels}x{L.modules_per_level}"
-        )
-    workers = args.workers if args.workers is not None else len(paths)
-    if workers < 1:
-        raise ConfigError("workers", f"must be >= 1, got {workers}")
-    if args.steps < 1:
-        raise ConfigError("steps", f"must be >= 1, got {args.steps}")
-    outer_steps = not (workers == 1 and len(paths) == 1 and args.inner_steps is None)
-    device = pick_device(args.device)
-    torch.manual_seed(cfg.seed)
-
-    B, T = cfg.inner.batch_size, L.seq_len
-
-    def batches(k: int, path):
-        seed = cfg.seed * 1_000_003 + k
-        if dense:
-            return ds.dense_batches("train", B, T, seed)
-        return ds.path_batches(path, "train", B, T, seed)
-
-    try:
-        sim = DiLoCoSimulator(cfg, paths, workers, batches, device=device, outer_steps=outer_steps)
-    except ValueError as e:
-        raise ConfigError("workers", str(e)) from None
-    out = Path(args.out or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
     console = Console(stderr=True)
-    console.log(f"{'dense' if dense else str(len(paths)) + ' path(s)'}, {workers} worker(s), "
-                f"{'H=' + str(cfg.outer.inner_steps) + ' codec ' + cfg.outer.codec if outer_steps else 'no outer steps'}, "
-                f"{L.path_param_count(paths[0]):,} parameters per path, device {device}, data {ds.dir}")
-    history: list[dict] = []
-    start = time.monotonic()
     with Progress(TextColumn("[bold]train-local"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[tps]:,.0f} tok/s"),
                   TimeRemainingColumn(), console=console) as bar:
         task = bar.add_task("train", total=args.steps, loss=float("nan"), tps=0.0)
-        tokens_seen = [0]
-
-        def on_step(step: int, loss: float, tokens: int) -> None:
-            tokens_seen[0] += tokens
-            tps = tokens_seen[0] / max(1e-9, time.monotonic() - start)
-            bar.update(task, completed=step, loss=loss, tps=tps)
-            history.append({"step": step, "loss": loss})
-
-        sim.train(args.steps, on_step)
-    elapsed = time.monotonic() - start
-    model = sim.global_model().to(device)
-    max_docs = args.eval_docs or None
-    if dense:
-        result = bits_per_byte(model.path_model((0,)), ds.validation_documents(), T, device, max_documents=max_docs)
-        result.per_path = {"dense": {"bpb": result.bpb, "bytes": result.n_bytes, "documents": result.documents}}
-    else:
-        result = routed_evaluation(model.path_model, ds, paths, T, device, max_documents_per_path=max_docs)
-    for mid in sim.module_ids:
-        save_module(out, mid, model.module_state(mid), L.content_hash(), run_hash=cfg.content_hash(),
-                    steps=str(args.steps))
-    summary = {
-        "config": cfg.to_dict(),
-        "config_hash": cfg.content_hash(),
-        "lattice_hash": L.content_hash(),
-        "dense": dense,
-        "paths": [format_path(p) for p in paths],
-        "modules": sim.module_ids,
-        "workers": workers,
-        "outer_steps": outer_steps,
-        "steps": args.steps,
-        "data": {"dir": str(Path(ds.dir).resolve()), "manifest_hash": ds.manifest_hash},
-        "seconds": round(elapsed, 2),
-        "tokens_per_s": round(tokens_seen[0] / max(1e-9, elapsed), 1),
-        "first_loss": history[0]["loss"] if history else None,
-        "final_loss": history[-1]["loss"] if history else None,
-        "loss_history": history[:: max(1, len(history) // 100)],
-        "eval": result.to_dict(),
-    }
-    # run.json last and atomically: a directory without it is not a finished run.
-    atomic_write_bytes(out / "run.json", (json.dumps(summary, indent=1, sort_keys=True) + "\n").encode())
+        done = train_local(cfg, ds, local, on_start=console.log,
+                           on_step=lambda step, loss, tps: bar.update(task, completed=step, loss=loss, tps=tps))
+    summary, result = done.summary, done.result
     for name, r in result.per_path.items():
         if "bpb" in r and r["documents"]:
             console.print(f"path {name}: {r['bpb']:.3f} bits/byte on {r['documents']} validation documents")
-    console.print(f"validation: {result.bpb:.3f} bits/byte{' (routed)' if not dense and len(paths) > 1 else ''}; "
-                  f"loss {summary['first_loss']:.3f} -> {summary['final_loss']:.3f}; checkpoints in {out}")
+    routed = " (routed)" if not summary["dense"] and len(summary["paths"]) > 1 else ""
+    console.print(f"validation: {result.bpb:.3f} bits/byte{routed}; "
+                  f"loss {summary['first_loss']:.3f} -> {summary['final_loss']:.3f}; checkpoints in {done.out}")
     return 0

@@ -26,7 +26,7 @@ from typing import Callable, Iterator, Optional, Sequence
 
 from models.errors import DataError
 
-__all__ = ["Document", "Corpus", "corpus_from_paths", "default_corpus", "TEXT_SUFFIXES"]
+__all__ = ["Document", "Corpus", "corpus_from_paths", "default_corpus", "select_corpus", "TEXT_SUFFIXES"]
 
 log = logging.getLogger(__name__)
 
@@ -222,3 +222,11 @@ def default_corpus() -> Corpus:
             "python_version": python,
         },
     )
+
+
+def select_corpus(sources: Sequence[str], name: Optional[str] = None) -> Corpus:
+    """The documents ``hivepath data prepare`` and ``train-local`` read: the files and directories
+    ``sources``, or the built-in corpus when ``name`` is ``"default"`` (one or the other)."""
+    if name and sources:
+        raise DataError("give either SRC paths or --corpus default, not both")
+    return default_corpus() if name == "default" else corpus_from_paths(sources)

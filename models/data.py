@@ -33,7 +33,7 @@ from models.config import Path_, format_path
 from models.corpus import Corpus
 from models.errors import DataError
 from models.routing import Router, fit_router, prefix_features
-from models.tokenizer import load_tokenizer, train_tokenizer
+from models.tokenizer import load_tokenizer, parse_tokenizer_spec, train_tokenizer
 
 __all__ = ["prepare", "Dataset", "DatasetMismatch", "ValidationDocument", "MANIFEST_FILE", "split_of"]
 
@@ -86,8 +86,10 @@ def prepare(
 ) -> dict:
     """Tokenise ``corpus``, route its documents to the ``modules ** levels`` paths and write ``out``.
 
-    Returns the manifest. ``progress(stage, documents_done)`` is called now and then.
+    Returns the manifest. ``progress(stage, documents_done)`` is called now and then. A bad
+    ``tokenizer`` spec is refused before anything is read or written.
     """
+    parse_tokenizer_spec(tokenizer)
     out = Path(out)
     if out.exists() and not (out / MANIFEST_FILE).exists() and any(out.iterdir()):
         raise DataError(f"{out} exists and is not a hivepath dataset; choose another --out")

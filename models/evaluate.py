@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from models.config import Path_, format_path
 from models.training import autocast
 
-__all__ = ["EvalResult", "bits_per_byte", "routed_evaluation"]
+__all__ = ["EvalResult", "bits_per_byte", "routed_evaluation", "evaluate_lattice"]
 
 
 @dataclass
@@ -112,3 +112,17 @@ def routed_evaluation(path_model: Callable[[Path_], nn.Module], dataset, paths: 
         per_path["unrouted"] = {"documents": outside}
     bpb = nats / math.log(2) / n_bytes if n_bytes else float("nan")
     return EvalResult(bpb=bpb, nats=nats, n_bytes=n_bytes, documents=docs, per_path=per_path)
+
+
+def evaluate_lattice(model, dataset, paths: Iterable[Path_], seq_len: int, device: torch.device | str = "cpu",
+                     dense: bool = False, max_documents_per_path: Optional[int] = None) -> EvalResult:
+    """Validation bits per byte of a lattice ``model`` (``models.lattice.ModularLM``): a dense (1x1)
+    model scores every validation document, reported as path ``dense``; a lattice is scored routed
+    over ``paths`` (:func:`routed_evaluation`). What ``train-local`` reports and ``eval`` reproduces."""
+    if not dense:
+        return routed_evaluation(model.path_model, dataset, paths, seq_len, device,
+                                 max_documents_per_path=max_documents_per_path)
+    result = bits_per_byte(model.path_model((0,)), dataset.validation_documents(), seq_len, device,
+                           max_documents=max_documents_per_path)
+    result.per_path = {"dense": {"bpb": result.bpb, "bytes": result.n_bytes, "documents": result.documents}}
+    return result

@@ -4,6 +4,7 @@ Lowest first; a package imports only packages above it in this list (``tests/tes
 checks it), and all of them may import ``models`` and ``protos``, never ``coordinator``:
 
 ==========================  ==========================================================================
+``peer.settings``           the ``HIVEPATH_*`` variables the peer reads itself, and ``Setting``
 ``peer.outer``              DiLoCo's outer step: ``OuterOptimizer``, ``ModuleState``, ``state_digest``
 ``peer.network``            identity file, DHT start-up, DHT record schemas, admission credentials
 ``peer.coordinator_client`` the coordinator's gRPC client, its replies and errors (no torch)
@@ -25,12 +26,15 @@ Where a decision lives:
 - the codec of a module: the run config names it, the coordinator's assignment carries it, and
   ``peer.averaging.codecs`` implements it;
 - the snapshot layout on disk: ``peer.node.checkpoint``;
-- the wire messages between peers: ``protos/hivepath/peer/v1/`` (``net.proto``, ``stage.proto``).
+- the wire messages between peers: ``protos/hivepath/peer/v1/`` (``net.proto``, ``stage.proto``);
+- an environment variable: ``peer.settings`` (the peer's), ``hivepath.settings`` (the command line's);
+- the start-up and teardown of a long-running process (identity, coordinator, DHT, status page,
+  signals): ``peer.node.startup``.
 
 Importing ``peer`` alone pulls in neither torch nor hivemind.
 """
 
 __all__ = [
-    "outer", "network", "coordinator_client", "averaging", "diloco", "stage", "node", "demo",
+    "settings", "outer", "network", "coordinator_client", "averaging", "diloco", "stage", "node", "demo",
     "simulator",
 ]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from coordinator.settings import CoordinatorSettings, load_run_and_settings, load_settings
-from hivepath.cmd_coordinator import read_token
 from models.errors import ConfigError
 
 
@@ -46,21 +45,6 @@ def test_huge_lattice_is_refused(tmp_path):
     p.write_text("[lattice]\nlevels = 4\nmodules_per_level = 17\n")
     with pytest.raises(ConfigError, match="paths is more than the coordinator schedules"):
         load_run_and_settings(p)
-
-
-def test_token_precedence(tmp_path, monkeypatch):
-    f = tmp_path / "token"
-    f.write_text("from-file\n")
-    monkeypatch.setenv("HIVEPATH_TOKEN", "from-env")
-    assert read_token("from-flag", str(f)) == "from-flag"
-    assert read_token(None, str(f)) == "from-file"
-    assert read_token(None, None) == "from-env"
-    monkeypatch.delenv("HIVEPATH_TOKEN")
-    with pytest.raises(ConfigError, match="HIVEPATH_TOKEN"):
-        read_token(None, None)
-    (tmp_path / "empty").write_text("  \n")
-    with pytest.raises(ConfigError, match="is empty"):
-        read_token(None, str(tmp_path / "empty"))
 
 
 def test_example_run_config_loads():

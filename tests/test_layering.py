@@ -15,6 +15,7 @@ from helpers.procs import ROOT
 TOPS = ("peer", "coordinator", "models", "protos", "hivepath")
 
 PEER_LAYERS = (
+    ("settings",),
     ("outer",),
     ("network", "coordinator_client"),
     ("averaging",),

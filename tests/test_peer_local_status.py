@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from helpers import free_port, hivepath_cmd, wait_for
-from hivepath import cmd_peer
+from hivepath.settings import setting
 from peer.node.local_status import (DEFAULT_STATUS_PORT, LocalStatusServer, StatusPortUnavailable, evaluate_health,
                                start_optional)
 from peer.node.progress import WAITING_STATES, PeerStatus
@@ -169,7 +169,7 @@ def test_a_taken_port_names_the_fix_and_the_peer_goes_on(caplog):
 
 
 def test_cli_default_port_matches_the_server():
-    assert cmd_peer.DEFAULT_STATUS_PORT == DEFAULT_STATUS_PORT
+    assert setting("HIVEPATH_STATUS_PORT").default == DEFAULT_STATUS_PORT
 
 
 # -- hivepath peer status and the health check against the server alone -------------------------

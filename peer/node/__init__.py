@@ -1,5 +1,8 @@
 """The volunteer node: the long-running peer processes and what keeps them alive.
 
+- ``startup``: the one start-up and teardown of every long-running process (:class:`PeerStartup`:
+  identity, status page, coordinator, DHT, averager, join; :func:`run_until_stopped`: drain signals
+  and spot notices), and the :class:`NetworkOptions` they share.
 - ``join``: :class:`PeerNode` (``hivepath peer join``): run spec, dataset, DHT, join, assignments, drain.
 - ``trainer``: :class:`PathTrainer`, one path assignment (DiPaCo path mode) with its outer rounds.
 - ``stage_runner``: a stage server's life and a stage trainer's loop (SWARM stage mode).
@@ -26,6 +29,7 @@ _API = {
     "CheckpointDir": "checkpoint", "CheckpointError": "checkpoint", "Snapshot": "checkpoint",
     "PeerStatus": "progress", "make_view": "progress", "LocalStatusServer": "local_status",
     "start_optional": "local_status", "SpotOptions": "spot", "SpotWatcher": "spot", "supervise": "spot",
+    "NetworkOptions": "startup", "PeerStartup": "startup", "drain_signals": "startup", "run_until_stopped": "startup",
 }
 
 __all__ = sorted(_API)

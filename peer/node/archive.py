@@ -23,8 +23,8 @@ from models.config import RunConfig, format_path
 from models.errors import HivepathError
 from peer.node.checkpoint import CheckpointDir, CheckpointError
 from peer.outer import ModuleState
-from peer.node.local_status import start_optional
 from peer.node.progress import PeerStatus
+from peer.node.startup import NetworkOptions, PeerStartup
 
 __all__ = ["ArchiveOptions", "ArchivePeer"]
 
@@ -51,29 +51,21 @@ def _majority_check(holders: dict, cfg: RunConfig):
 
 @dataclass
 class ArchiveOptions:
-    coordinator: str
-    token: str
+    """Everything ``hivepath archive`` is told (flags or ``HIVEPATH_*`` variables)."""
+
+    network: NetworkOptions
+    """The coordinator, the DHT and the status page (shared with ``peer join``: :mod:`peer.node.startup`)."""
     directory: Path
-    initial_peers: tuple[str, ...] = ()
-    identity: Optional[Path] = None
+    """Where snapshots go; the identity file too unless ``network.identity`` names one."""
     data_dir: Optional[Path] = None
-    host_maddrs: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/0",)
-    announce_maddrs: tuple[str, ...] = ()
     keep: int = 3
     """Snapshots kept on disk (the last K)."""
     poll_interval: float = 1.0
     """Seconds between looks at the holders' rounds."""
-    tls_ca: Optional[str] = None
-    status_port: int = 0
-    """Serve the local status (``/status``, ``/healthz``) on 127.0.0.1 at this port (0: do not)."""
-    stall_timeout: float = 300.0
-    """Seconds without a turn of the follow loop after which the local status reports it unhealthy."""
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.directory = Path(self.directory).expanduser()
-        if self.identity is None:
-            self.identity = self.directory / "identity.key"
         if self.keep < 1:
             raise HivepathError(f"--keep must be >= 1, got {self.keep}")
 
@@ -91,7 +83,8 @@ class ArchivePeer:
         self.version = 0
         self.status = PeerStatus(mode="archive")
 
-    def request_stop(self, reason: str) -> None:
+    def request_stop(self, reason: str, preempting: bool = False) -> None:
+        """Stop following and leave (``preempting`` changes nothing: the archive has no round to save)."""
         log.info("archive stopping: %s", reason)
         self._stop.set()
 
@@ -143,20 +136,14 @@ class ArchivePeer:
 
     def run(self) -> int:
         from models.lattice import ModularLM
-        from peer.coordinator_client import CoordinatorClient, PeerInfo
-        from peer.network import CredentialVerifier
-        from peer.network import DHTOptions, start_dht
-        from peer.averaging import NetAverager
+        from peer.coordinator_client import PeerInfo
         from peer.network import HolderRecord, holders_key, read_records
         from peer.averaging import StateTransferError
 
         opts = self.opts
-        opts.directory.mkdir(parents=True, exist_ok=True)
-        client = CoordinatorClient(opts.coordinator, opts.token, tls_ca=opts.tls_ca)
-        dht = averager = None
-        status_server = start_optional(self.status, "archive", opts.status_port, opts.stall_timeout)
-        try:
-            spec = client.run_spec()
+        with PeerStartup(opts.network, opts.directory, self.status, "archive",
+                         leave_reason=lambda: "archive stopped") as startup:
+            spec = startup.run_spec()
             cfg = spec.run_config
             lat = cfg.lattice
             shapes = ModularLM(lat, seed=cfg.seed)
@@ -167,26 +154,13 @@ class ArchivePeer:
                 likes[mid] = [p.detach() for _, p in named]
             del shapes
             self._load_own(cfg)
-            dht = start_dht(DHTOptions(initial_peers=tuple(opts.initial_peers) + tuple(spec.initial_peers),
-                                       host_maddrs=opts.host_maddrs, announce_maddrs=opts.announce_maddrs,
-                                       identity_path=str(opts.identity)))
-            verifier = None
-            if spec.coordinator_public_key:
-                verifier = CredentialVerifier(cfg.run_id, spec.coordinator_public_key)
-                dht.admit_only(cfg.run_id, spec.coordinator_public_key, cfg.lattice.module_ids())
-            averager = NetAverager(dht, cfg.run_id, cfg.content_hash(), spec.manifest_hash,
-                                   state_provider=self._provide, credential=lambda: client.credential,
-                                   verifier=verifier)
-            client.peer = PeerInfo(peer_id=dht.peer_id, device="cpu", memory_bytes=0, tokens_per_s=0.0,
-                                   multiaddrs=tuple(dht.maddrs()), manifest_hash=spec.manifest_hash, archive=True)
-            self.status.peer_id = dht.peer_id
-            self.status.state = "joining"
-            joined = client.join()
-            dht.connect(joined.initial_peers)
-            dht.keep_connected(lambda: client.run_spec().initial_peers)
+            dht = startup.start_dht(spec)
+            averager = startup.start_averager(spec, spec.manifest_hash, state_provider=self._provide)
+            peer = PeerInfo(peer_id=dht.peer_id, device="cpu", memory_bytes=0, tokens_per_s=0.0,
+                            multiaddrs=tuple(dht.maddrs()), manifest_hash=spec.manifest_hash, archive=True)
+            startup.join(peer, lambda: {}, lambda reply: self.status.mark_heartbeat())
             for mid, st in self.states.items():  # announced once we hold a credential
                 averager.announce_archive(mid, st.round_no)
-            client.start_heartbeats(lambda: {}, lambda reply: self.status.mark_heartbeat())
             self.status.assignment, self.status.state = "every module", "following"
             log.info("archive %s following %d modules of run %s in %s", dht.peer_id, len(lat.module_ids()),
                      cfg.run_id, opts.directory)
@@ -220,18 +194,3 @@ class ArchivePeer:
                     self.status.round_no = max(s.round_no for s in self.states.values())
                 self._stop.wait(opts.poll_interval)
             return 0
-        finally:
-            self.status.state = "stopped"
-            if client.joined is not None:
-                client.retry_timeout = min(client.retry_timeout or 10.0, 10.0)  # never hang a stop on it
-                try:
-                    client.leave("archive stopped")
-                except HivepathError as e:
-                    log.warning("could not tell the coordinator we left: %s", e)
-            client.close()
-            if averager is not None:
-                averager.shutdown()
-            if dht is not None:
-                dht.shutdown()
-            if status_server is not None:
-                status_server.stop()

@@ -11,6 +11,9 @@
 6. On SIGTERM/SIGINT, a drain order or a preemption notice: finish or abandon the round within
    ``drain_timeout``, checkpoint, leave, exit 0.
 
+Start-up and teardown (identity, status page, coordinator, DHT, averager, join, leave) are those of
+every long-running peer process: :class:`peer.node.startup.PeerStartup`.
+
 The coordinator is never on the data path: while it is unreachable the peer keeps training and
 averaging, and its client retries in the background.
 """
@@ -31,11 +34,10 @@ import torch
 from models.config import RunConfig
 from models.errors import HivepathError
 from peer.node.checkpoint import CheckpointDir
-from peer.network import load_or_create_identity
-from peer.coordinator_client import CoordinatorClient, HeartbeatReply, PeerInfo, Progress, WorkAssignment
-from peer.node.local_status import start_optional
+from peer.coordinator_client import HeartbeatReply, PeerInfo, Progress, WorkAssignment
 from peer.node.progress import PeerStatus, ProgressView, make_view
 from peer.node.resources import describe_device, measure_tokens_per_s, resolve_device, usable_memory_bytes
+from peer.node.startup import NetworkOptions, PeerStartup
 
 __all__ = ["PeerOptions", "PeerNode", "ensure_dataset", "UnsupportedAssignment"]
 
@@ -55,25 +57,15 @@ class UnsupportedAssignment(HivepathError):
 class PeerOptions:
     """Everything ``hivepath peer join`` is told (flags or ``HIVEPATH_*`` variables)."""
 
-    coordinator: str
-    """``host:port`` of the coordinator."""
-    token: str
-    """The run token (a shared secret)."""
-    initial_peers: tuple[str, ...] = ()
-    """Extra DHT bootstrap multiaddrs besides those the coordinator hands out."""
+    network: NetworkOptions
+    """The coordinator, the DHT and the status page (shared with the archive: :mod:`peer.node.startup`)."""
     device: str = "auto"
     max_memory_gb: Optional[float] = None
     work_dir: Path = field(default_factory=lambda: Path("~/.hivepath").expanduser())
-    """Checkpoints, identity and (by default) data live here."""
-    identity: Optional[Path] = None
-    """Identity file (default: WORK_DIR/identity.key)."""
+    """Checkpoints, identity (unless ``network.identity`` names one) and (by default) data live here."""
     data_dir: Optional[Path] = None
     """Prepared dataset (default: WORK_DIR/data-<corpus>-<tokenizer>-<L>x<M>, prepared if missing)."""
-    host_maddrs: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/0",)
-    announce_maddrs: tuple[str, ...] = ()
-    client_mode: bool = False
     progress: str = "auto"
-    tls_ca: Optional[str] = None
     upload_mbps: Optional[float] = None
     """Measured upload bandwidth in Mbit/s (sizes our share of each reduction); None: 100."""
     drain_timeout: float = 60.0
@@ -81,22 +73,13 @@ class PeerOptions:
     max_steps: int = 0
     """Stop after this many inner steps (0: run until stopped)."""
     threads: Optional[int] = None
-    coordinator_timeout: float = 60.0
-    """Seconds to keep retrying the coordinator at start-up before giving up (exit 3)."""
-    rebootstrap_interval: float = 20.0
-    """Seconds between checks that the peers the coordinator lists are in our DHT routing table
-    (re-merges the swarm after a partition; see ``PeerDHT.keep_connected``)."""
     keep_checkpoints: int = 2
     """Snapshots kept under WORK_DIR/checkpoints."""
-    status_port: int = 0
-    """Serve the local status (``/status``, ``/healthz``) on 127.0.0.1 at this port (0: do not)."""
-    stall_timeout: float = 300.0
-    """Seconds without progress after which the local status reports the peer unhealthy."""
 
     def __post_init__(self) -> None:
         self.work_dir = Path(self.work_dir).expanduser()
-        if self.identity is None:
-            self.identity = self.work_dir / "identity.key"
+        if self.keep_checkpoints < 1:
+            raise HivepathError(f"--keep-checkpoints must be >= 1, got {self.keep_checkpoints}")
 
 
 def ensure_dataset(cfg: RunConfig, data_dir: Optional[Path], work_dir: Path, manifest_hash: str):
@@ -192,78 +175,45 @@ class PeerNode:
     # -- the life cycle -----------------------------------------------------------------------
 
     def run(self) -> int:
-        from peer.network import CredentialVerifier
-        from peer.network import DHTOptions, start_dht
-        from peer.averaging import NetAverager
-
         opts = self.opts
         if opts.threads:
             torch.set_num_threads(opts.threads)
-        opts.work_dir.mkdir(parents=True, exist_ok=True)
-        load_or_create_identity(opts.identity).release()  # fail fast (exit 6) if a live peer holds it
-        client = CoordinatorClient(opts.coordinator, opts.token, tls_ca=opts.tls_ca,
-                                   retry_timeout=opts.coordinator_timeout)
-        dht = averager = None
-        status_server = start_optional(self.status, "peer", opts.status_port, opts.stall_timeout)
-        try:
-            spec = client.run_spec()
-            cfg = spec.run_config
-            dataset = ensure_dataset(cfg, opts.data_dir, opts.work_dir, spec.manifest_hash)
-            device = resolve_device(opts.device)
-            memory = usable_memory_bytes(device, opts.max_memory_gb)
-            tokens_per_s = measure_tokens_per_s(cfg.lattice, cfg.inner, device, seconds=opts.measure_seconds)
-            dht = start_dht(DHTOptions(
-                initial_peers=tuple(opts.initial_peers) + tuple(spec.initial_peers),
-                host_maddrs=opts.host_maddrs, announce_maddrs=opts.announce_maddrs,
-                client_mode=opts.client_mode, identity_path=str(opts.identity),
-            ))
-            bandwidth, download = (None, 0.0) if opts.upload_mbps is None else (opts.upload_mbps * 1e6 / 8, 0.0)
-            if bandwidth is None and not opts.client_mode:
-                measured = client.measure_bandwidth()  # bytes/s both ways, timed against the coordinator
-                if measured is not None and measured[0] > 0:
-                    bandwidth, download = measured
-                    log.info("measured bandwidth: %.1f Mbit/s up, %.1f Mbit/s down", bandwidth * 8e-6, download * 8e-6)
-            verifier = None
-            if spec.coordinator_public_key:
-                verifier = CredentialVerifier(cfg.run_id, spec.coordinator_public_key)
-                dht.admit_only(cfg.run_id, spec.coordinator_public_key, cfg.lattice.module_ids())
-            averager = NetAverager(dht, cfg.run_id, cfg.content_hash(), dataset.manifest_hash,
-                                   bandwidth=bandwidth, throughput=tokens_per_s,
-                                   credential=lambda: client.credential, verifier=verifier,
-                                   on_suspect=client.report_peer_later)
-            self.status.peer_id = dht.peer_id
-            client.peer = PeerInfo(
-                peer_id=dht.peer_id, device=describe_device(device), memory_bytes=memory, tokens_per_s=tokens_per_s,
-                upload_bps=bandwidth or 0.0, download_bps=download, multiaddrs=tuple(dht.maddrs()), manifest_hash=dataset.manifest_hash,
-            )
-            self.status.state = "joining"
-            joined = client.join()
-            dht.connect(joined.initial_peers)
-            dht.keep_connected(lambda: client.run_spec().initial_peers, interval=opts.rebootstrap_interval)
-            averager.on_isolated = dht.poke
-            log.info("joined run %s as %s: %s (%s)", cfg.run_id, dht.peer_id, joined.assignment.label(),
-                     joined.assignment.reason)
-            client.start_heartbeats(self._progress, self._on_heartbeat)
-            self.view = make_view(opts.progress)
-            self._train(joined.run_config, joined.assignment, dataset, device, averager, dht)
-            return 0
-        finally:
-            self.status.state = "stopped"
-            if self.view is not None:
-                self.view.close(self.status)
-            if client.joined is not None:
-                client.retry_timeout = min(client.retry_timeout or 10.0, 10.0)  # never hang a drain on it
-                try:
-                    client.leave(self._stop_reason or "finished")
-                except HivepathError as e:
-                    log.warning("could not tell the coordinator we left: %s", e)
-            client.close()
-            if averager is not None:
-                averager.shutdown()
-            if dht is not None:
-                dht.shutdown()
-            if status_server is not None:
-                status_server.stop()
+        startup = PeerStartup(opts.network, opts.work_dir, self.status, "peer",
+                              leave_reason=lambda: self._stop_reason or "finished")
+        with startup:
+            try:
+                spec = startup.run_spec()
+                cfg = spec.run_config
+                dataset = ensure_dataset(cfg, opts.data_dir, opts.work_dir, spec.manifest_hash)
+                device = resolve_device(opts.device)
+                memory = usable_memory_bytes(device, opts.max_memory_gb)
+                tokens_per_s = measure_tokens_per_s(cfg.lattice, cfg.inner, device, seconds=opts.measure_seconds)
+                dht = startup.start_dht(spec)
+                client = startup.client
+                bandwidth, download = (None, 0.0) if opts.upload_mbps is None else (opts.upload_mbps * 1e6 / 8, 0.0)
+                if bandwidth is None and not opts.network.client_mode:
+                    measured = client.measure_bandwidth()  # bytes/s both ways, timed against the coordinator
+                    if measured is not None and measured[0] > 0:
+                        bandwidth, download = measured
+                        log.info("measured bandwidth: %.1f Mbit/s up, %.1f Mbit/s down", bandwidth * 8e-6,
+                                 download * 8e-6)
+                averager = startup.start_averager(spec, dataset.manifest_hash, bandwidth=bandwidth,
+                                                  throughput=tokens_per_s, on_suspect=client.report_peer_later)
+                peer = PeerInfo(
+                    peer_id=dht.peer_id, device=describe_device(device), memory_bytes=memory, tokens_per_s=tokens_per_s,
+                    upload_bps=bandwidth or 0.0, download_bps=download, multiaddrs=tuple(dht.maddrs()),
+                    manifest_hash=dataset.manifest_hash,
+                )
+                joined = startup.join(peer, self._progress, self._on_heartbeat)
+                log.info("joined run %s as %s: %s (%s)", cfg.run_id, dht.peer_id, joined.assignment.label(),
+                         joined.assignment.reason)
+                self.view = make_view(opts.progress)
+                self._train(joined.run_config, joined.assignment, dataset, device, averager, dht)
+                return 0
+            finally:
+                self.status.state = "stopped"
+                if self.view is not None:
+                    self.view.close(self.status)
 
     def _train(self, cfg: RunConfig, assignment: WorkAssignment, dataset, device, averager, dht) -> None:
         from peer.node.stage_runner import run_stage_server

@@ -20,6 +20,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from peer import settings
+
 __all__ = ["PeerStatus", "ProgressView", "JsonLinesView", "RichView", "make_view", "WAITING_STATES"]
 
 WAITING_STATES = ("starting", "joining", "loading", "draining", "stopped")
@@ -183,5 +185,5 @@ def make_view(fmt: str = "auto") -> ProgressView:
     if fmt == "rich":
         return RichView()
     if fmt == "json":
-        return JsonLinesView(min_interval=float(os.environ.get("HIVEPATH_PROGRESS_INTERVAL", "5")))
+        return JsonLinesView(min_interval=settings.read("HIVEPATH_PROGRESS_INTERVAL"))
     raise ValueError(f"unknown progress format {fmt!r}; use auto, rich or json")

@@ -31,9 +31,10 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Callable, Optional, Protocol, Sequence
+from typing import Callable, Mapping, Optional, Protocol, Sequence
 
 from models.errors import ConfigError
+from peer import settings
 
 __all__ = [
     "SpotNotice",
@@ -238,17 +239,11 @@ class SpotOptions:
             raise ConfigError("spot", f"request timeout {self.request_timeout} must be positive")
 
     @classmethod
-    def from_env(cls, environ: Optional[dict] = None) -> "SpotOptions":
-        """Options from the ``HIVEPATH_SPOT*`` variables (unset: watching is off)."""
-        env = os.environ if environ is None else environ
-        raw_poll = env.get("HIVEPATH_SPOT_POLL_INTERVAL", "").strip()
-        try:
-            poll = float(raw_poll) if raw_poll else cls.poll_interval
-        except ValueError:
-            raise ConfigError("spot-poll-interval",
-                              f"HIVEPATH_SPOT_POLL_INTERVAL={raw_poll!r} is not a number of seconds") from None
-        return cls(provider=(env.get("HIVEPATH_SPOT", "").strip().lower() or "none"),
-                   base_url=env.get("HIVEPATH_SPOT_URL", "").strip() or None, poll_interval=poll)
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "SpotOptions":
+        """Options from the ``HIVEPATH_SPOT*`` variables (:mod:`peer.settings`; unset: watching is off)."""
+        return cls(provider=str(settings.read("HIVEPATH_SPOT", environ)).lower(),
+                   base_url=settings.read("HIVEPATH_SPOT_URL", environ),
+                   poll_interval=settings.read("HIVEPATH_SPOT_POLL_INTERVAL", environ))
 
 
 def build_sources(opts: SpotOptions) -> list[NoticeSource]:

@@ -1,0 +1,113 @@
+"""Flags and flag handling that several commands share: the run token and the network flags.
+
+- :func:`add_token_flags` and :func:`read_token`: ``--token`` and ``--token-file``, with one
+  precedence in every command (``peer join``, ``archive``, ``coordinator serve`` and the operator
+  commands): ``--token``, then ``--token-file``, then ``HIVEPATH_TOKEN``, then ``HIVEPATH_TOKEN_FILE``.
+  A flag on the command line beats a variable, as everywhere else.
+- :func:`add_network_flags` and :func:`network_options`: how a long-running peer process (``peer
+  join``, ``archive``) reaches the coordinator and the DHT, and its local status page; the options
+  become a :class:`peer.node.startup.NetworkOptions`.
+
+Each flag's default comes from its ``HIVEPATH_*`` variable (:mod:`hivepath.settings`). Imports
+nothing heavy: building the parser runs this.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from hivepath.settings import env_default, setting
+from models.errors import HivepathError
+
+__all__ = ["add_token_flags", "read_token", "add_network_flags", "network_options"]
+
+_TOKEN_ORDER = "--token, then --token-file, then HIVEPATH_TOKEN, then HIVEPATH_TOKEN_FILE"
+
+
+def add_token_flags(p: argparse.ArgumentParser) -> None:
+    """``--token`` and ``--token-file``; no variable is their default: :func:`read_token` reads the
+    variables after both flags."""
+    p.add_argument("--token", help=f"the run token (shows in ps: prefer a file or a variable; read {_TOKEN_ORDER})")
+    p.add_argument("--token-file", metavar="FILE", help="read the run token from FILE (HIVEPATH_TOKEN_FILE names one "
+                   "too; see --token for the order)")
+
+
+def _token_from_file(path: str, source: str) -> str:
+    file = Path(path).expanduser()
+    try:
+        text = file.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        reason = getattr(e, "strerror", None) or e
+        raise HivepathError(f"token file {file} ({source}) cannot be read: {reason}") from None
+    if not text:
+        raise HivepathError(f"token file {file} ({source}) is empty; write the run token into it")
+    return text
+
+
+def read_token(token: Optional[str], token_file: Optional[str], environ: Optional[Mapping[str, str]] = None) -> str:
+    """The run token: ``token`` (``--token``), else the file ``token_file`` (``--token-file``), else
+    ``HIVEPATH_TOKEN``, else the file ``HIVEPATH_TOKEN_FILE`` names (``environ``: default ``os.environ``).
+
+    The first source given is the one used: an empty or unreadable token file is an error naming
+    the file, not a reason to look further.
+    """
+    if token and token.strip():
+        return token.strip()
+    if token_file:
+        return _token_from_file(token_file, "--token-file")
+    from_env = setting("HIVEPATH_TOKEN").read(environ)
+    if from_env:
+        return from_env
+    env_file = setting("HIVEPATH_TOKEN_FILE").read(environ)
+    if env_file:
+        return _token_from_file(env_file, "HIVEPATH_TOKEN_FILE")
+    raise HivepathError("no run token: pass --token or --token-file, or set HIVEPATH_TOKEN or HIVEPATH_TOKEN_FILE")
+
+
+def add_network_flags(p: argparse.ArgumentParser) -> None:
+    """The flags every long-running peer process shares (``peer join``, ``archive``): how it reaches
+    the coordinator and the DHT, and its local status page. Each reads its ``HIVEPATH_*`` variable."""
+    status_port = setting("HIVEPATH_STATUS_PORT").default
+    p.add_argument("--coordinator", default=env_default("HIVEPATH_COORDINATOR"), metavar="HOST:PORT",
+                   help="the coordinator's gRPC address (env HIVEPATH_COORDINATOR; required)")
+    add_token_flags(p)
+    p.add_argument("--initial-peers", nargs="*", default=env_default("HIVEPATH_INITIAL_PEERS"), metavar="MADDR",
+                   help="extra DHT bootstrap multiaddrs (env HIVEPATH_INITIAL_PEERS, space-separated)")
+    p.add_argument("--identity", default=env_default("HIVEPATH_IDENTITY"), metavar="FILE",
+                   help="identity key file for a stable peer id (env HIVEPATH_IDENTITY; default identity.key in "
+                   "the work or archive directory)")
+    p.add_argument("--host-maddrs", nargs="*", default=env_default("HIVEPATH_HOST_MADDRS"), metavar="MADDR",
+                   help="multiaddrs to listen on (env HIVEPATH_HOST_MADDRS)")
+    p.add_argument("--announce-maddrs", nargs="*", default=env_default("HIVEPATH_ANNOUNCE_MADDRS"), metavar="MADDR",
+                   help="multiaddrs other peers should dial (env HIVEPATH_ANNOUNCE_MADDRS)")
+    p.add_argument("--tls-ca", default=env_default("HIVEPATH_TLS_CA"), metavar="FILE",
+                   help="CA certificate to verify a TLS coordinator (env HIVEPATH_TLS_CA)")
+    p.add_argument("--status-port", type=int, default=env_default("HIVEPATH_STATUS_PORT"), metavar="PORT",
+                   help="serve /status and /healthz on 127.0.0.1:PORT for health checks (env HIVEPATH_STATUS_PORT; "
+                   f"default {status_port}; 0 turns it off)")
+    p.add_argument("--stall-timeout", type=float, default=env_default("HIVEPATH_STALL_TIMEOUT"), metavar="S",
+                   help="report unhealthy after S seconds without progress outside a waiting state "
+                   "(env HIVEPATH_STALL_TIMEOUT; default 300)")
+
+
+def network_options(args: argparse.Namespace, **extra: Any):
+    """The :class:`peer.node.startup.NetworkOptions` of parsed :func:`add_network_flags` flags, the
+    token read by :func:`read_token`; ``extra``: fields only some commands have flags for."""
+    from peer.node.startup import NetworkOptions
+
+    if not args.coordinator:
+        raise HivepathError("no coordinator address: pass --coordinator HOST:PORT or set HIVEPATH_COORDINATOR")
+    return NetworkOptions(
+        coordinator=args.coordinator,
+        token=read_token(args.token, args.token_file),
+        initial_peers=tuple(args.initial_peers),
+        identity=Path(args.identity).expanduser() if args.identity else None,
+        host_maddrs=tuple(args.host_maddrs),
+        announce_maddrs=tuple(args.announce_maddrs),
+        tls_ca=args.tls_ca,
+        status_port=args.status_port,
+        stall_timeout=args.stall_timeout,
+        **extra,
+    )

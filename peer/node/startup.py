@@ -1,0 +1,263 @@
+"""The one start-up and teardown of every long-running peer process: ``hivepath peer join``
+(:class:`peer.node.join.PeerNode`, and the stage server it runs for a stage assignment) and
+``hivepath archive`` (:class:`peer.node.archive.ArchivePeer`).
+
+:class:`PeerStartup` brings a process onto the run in this order, each step a call the process
+makes when it is ready for it (a peer prepares its dataset and measures itself between 3 and 4):
+
+1. the identity file, taken and released at once: a second process on the same file stops here
+   (exit 6) before any slow work (``__enter__``);
+2. the local status page (``/status``, ``/healthz``) when a port is given (``__enter__``);
+3. the coordinator client and the run spec: config, DHT bootstrap peers, the coordinator's key
+   (:meth:`PeerStartup.run_spec`);
+4. the DHT node with that identity, bootstrapped from the flags and the coordinator's peers,
+   admitting only credentialed records when the run has a coordinator key
+   (:meth:`PeerStartup.start_dht`); then the averager over it (:meth:`PeerStartup.start_averager`);
+5. joining the run: DHT connections to the peers that joined before, the watch that re-merges the
+   swarm after a partition, heartbeats (:meth:`PeerStartup.join`).
+
+Leaving the ``with`` block tears down in reverse: the coordinator session ends first (leave, then
+stop heartbeats and close the channel: a heartbeat after the leave would join again), then the
+averager, the DHT node and the status page. A failing step of the teardown does not skip the rest.
+
+:func:`drain_signals` turns SIGINT, SIGTERM and SIGHUP into a drain; :func:`run_until_stopped` runs
+a process under it and a spot-notice watcher, and is what the commands call. Importing this module
+pulls in neither torch nor hivemind (the steps import what they start).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol
+
+from models.errors import HivepathError
+from peer.node.local_status import start_optional
+from peer.node.progress import PeerStatus
+
+if TYPE_CHECKING:
+    from peer.coordinator_client import CoordinatorClient, HeartbeatReply, JoinInfo, PeerInfo, RunSpec
+    from peer.network import CredentialVerifier, PeerDHT
+    from peer.node.spot import SpotOptions
+
+__all__ = ["NetworkOptions", "PeerStartup", "StoppableProcess", "drain_signals", "run_until_stopped",
+           "DRAIN_SIGNALS"]
+
+log = logging.getLogger(__name__)
+
+DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+"""Signals that drain a peer process: ``docker stop`` and Kubernetes send SIGTERM, a terminal
+SIGINT (Ctrl-C), and SIGHUP when the terminal or SSH session it runs in goes away."""
+
+
+@dataclass
+class NetworkOptions:
+    """How a long-running peer process reaches its run: the coordinator, the DHT, its status page
+    (``hivepath peer join`` and ``hivepath archive`` share these flags and ``HIVEPATH_*`` variables)."""
+
+    coordinator: str
+    """``host:port`` of the coordinator's gRPC service."""
+    token: str
+    """The run token (a shared secret)."""
+    initial_peers: tuple[str, ...] = ()
+    """Extra DHT bootstrap multiaddrs besides those the coordinator hands out."""
+    identity: Optional[Path] = None
+    """Identity key file (default: ``identity.key`` in the process's home directory)."""
+    host_maddrs: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/0",)
+    """Multiaddrs the DHT node listens on."""
+    announce_maddrs: tuple[str, ...] = ()
+    """Multiaddrs other peers should dial (default: what the DHT node finds)."""
+    client_mode: bool = False
+    """Accept no incoming connections (behind NAT)."""
+    tls_ca: Optional[str] = None
+    """CA certificate to verify a TLS coordinator."""
+    coordinator_timeout: float = 60.0
+    """Seconds to keep retrying the coordinator at start-up before giving up (exit 3)."""
+    rebootstrap_interval: float = 20.0
+    """Seconds between checks that the peers the coordinator lists are in our DHT routing table
+    (re-merges the swarm after a partition; see ``PeerDHT.keep_connected``)."""
+    status_port: int = 0
+    """Serve the local status (``/status``, ``/healthz``) on 127.0.0.1 at this port (0: do not)."""
+    stall_timeout: float = 300.0
+    """Seconds without progress after which the local status reports the process unhealthy."""
+
+    def __post_init__(self) -> None:
+        if not self.coordinator:
+            raise HivepathError("no coordinator address: pass --coordinator HOST:PORT or set HIVEPATH_COORDINATOR")
+        if not 0 <= self.status_port <= 65535:
+            raise HivepathError(f"--status-port must be a TCP port (1-65535) or 0 to turn it off, "
+                                f"got {self.status_port}")
+        if not self.stall_timeout > 0:
+            raise HivepathError(f"--stall-timeout must be > 0 seconds, got {self.stall_timeout}")
+
+
+class PeerStartup:
+    """A peer process's place in the run, from identity to heartbeats; a context manager.
+
+    ``home``: the process's directory (created; the identity file defaults to ``home/identity.key``);
+    ``role``: ``peer`` or ``archive`` (the status page says it); ``leave_reason()``: what the leave
+    tells the coordinator, asked at teardown.
+    """
+
+    def __init__(self, opts: NetworkOptions, home: Path, status: PeerStatus, role: str,
+                 leave_reason: Callable[[], str] = lambda: "finished"):
+        self.opts = opts
+        self.home = Path(home)
+        self.status = status
+        self.role = role
+        self.identity = Path(opts.identity) if opts.identity else self.home / "identity.key"
+        self._leave_reason = leave_reason
+        self.client: Optional[CoordinatorClient] = None
+        self.dht: Optional[PeerDHT] = None
+        self.verifier: Optional[CredentialVerifier] = None
+        self.averager: Any = None
+        self._status_server: Any = None
+
+    def __enter__(self) -> "PeerStartup":
+        from peer.coordinator_client import CoordinatorClient
+        from peer.network import load_or_create_identity
+
+        self.home.mkdir(parents=True, exist_ok=True)
+        load_or_create_identity(self.identity).release()  # fail fast (exit 6) if a live process holds it
+        try:
+            self._status_server = start_optional(self.status, self.role, self.opts.status_port, self.opts.stall_timeout)
+            self.client = CoordinatorClient(self.opts.coordinator, self.opts.token, tls_ca=self.opts.tls_ca,
+                                            retry_timeout=self.opts.coordinator_timeout)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def run_spec(self) -> "RunSpec":
+        """The run spec from the coordinator (retried up to ``coordinator_timeout``)."""
+        return self.client.run_spec()
+
+    def start_dht(self, spec: "RunSpec") -> "PeerDHT":
+        """Start the DHT node for ``spec``'s run; it admits only credentialed records when the run has
+        a coordinator key (then :attr:`verifier` checks members' credentials)."""
+        from peer.network import CredentialVerifier, DHTOptions, start_dht
+
+        o = self.opts
+        self.dht = start_dht(DHTOptions(
+            initial_peers=tuple(o.initial_peers) + tuple(spec.initial_peers), host_maddrs=o.host_maddrs,
+            announce_maddrs=o.announce_maddrs, client_mode=o.client_mode, identity_path=str(self.identity),
+        ))
+        if spec.coordinator_public_key:
+            cfg = spec.run_config
+            self.verifier = CredentialVerifier(cfg.run_id, spec.coordinator_public_key)
+            self.dht.admit_only(cfg.run_id, spec.coordinator_public_key, cfg.lattice.module_ids())
+        self.status.peer_id = self.dht.peer_id
+        return self.dht
+
+    def start_averager(self, spec: "RunSpec", manifest_hash: str, **role_options: Any):
+        """The process's :class:`peer.averaging.NetAverager` over the DHT node, carrying our credential
+        and checking members'; ``role_options``: what the role adds (bandwidth, a state provider...)."""
+        from peer.averaging import NetAverager
+
+        cfg = spec.run_config
+        client = self.client
+        self.averager = NetAverager(self.dht, cfg.run_id, cfg.content_hash(), manifest_hash,
+                                    credential=lambda: client.credential, verifier=self.verifier, **role_options)
+        self.averager.on_isolated = self.dht.poke
+        return self.averager
+
+    def join(self, peer: "PeerInfo", report: Callable[[], dict],
+             on_heartbeat: Callable[["HeartbeatReply"], None]) -> "JoinInfo":
+        """Join the run as ``peer``, connect to the peers that joined before us, keep the swarm merged
+        and heartbeat in the background (``report()``: heartbeat fields, ``on_heartbeat(reply)``)."""
+        client = self.client
+        client.peer = peer
+        self.status.state = "joining"
+        joined = client.join()
+        self.dht.connect(joined.initial_peers)
+        self.dht.keep_connected(lambda: client.run_spec().initial_peers, interval=self.opts.rebootstrap_interval)
+        client.start_heartbeats(report, on_heartbeat)
+        return joined
+
+    def close(self) -> None:
+        """Tear down what was started, in reverse (see the module docstring); safe to call twice."""
+        self.status.state = "stopped"
+        with ExitStack() as stack:  # callbacks run last-in first-out, each even if one before failed
+            if self._status_server is not None:
+                stack.callback(self._status_server.stop)
+            if self.dht is not None:
+                stack.callback(self.dht.shutdown)
+            if self.averager is not None:
+                stack.callback(self.averager.shutdown)
+            if self.client is not None:
+                stack.callback(self._end_session, self.client)
+            self._status_server = self.dht = self.averager = self.client = None
+
+    def _end_session(self, client: "CoordinatorClient") -> None:
+        try:
+            if client.joined is not None:
+                client.retry_timeout = min(client.retry_timeout or 10.0, 10.0)  # never hang a drain on it
+                try:
+                    client.leave(self._leave_reason())
+                except HivepathError as e:
+                    log.warning("could not tell the coordinator we left: %s", e)
+        finally:
+            client.close()
+
+
+@contextmanager
+def drain_signals(on_first: Callable[[str], None]) -> Iterator[None]:
+    """While inside: the first of :data:`DRAIN_SIGNALS` calls ``on_first(reason)``; a second exits at
+    once with status 130. On leaving (drained), SIGTERM and SIGHUP are ignored: a late one (a
+    supervisor's, a second watcher's, a closing terminal's) must not kill the interpreter as it exits,
+    when Python resets its handlers to the default, and turn exit 0 into 143 or 129."""
+    count = {"n": 0}
+
+    def handler(signum, _frame):
+        count["n"] += 1
+        name = signal.Signals(signum).name
+        if count["n"] == 1:
+            on_first(f"{name} received")
+        else:
+            sys.stderr.write(f"hivepath: second {name}: exiting now (the last checkpoint is intact)\n")
+            sys.stderr.flush()
+            os._exit(130)
+
+    for sig in DRAIN_SIGNALS:
+        signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+class StoppableProcess(Protocol):
+    """A long-running peer process: :meth:`run` blocks until stopped and returns the exit code."""
+
+    def run(self) -> int: ...
+
+    def request_stop(self, reason: str, preempting: bool = False) -> None: ...
+
+
+def run_until_stopped(process: StoppableProcess, spot: Optional["SpotOptions"] = None) -> int:
+    """Run ``process`` in this (the main) thread until it ends: a drain signal stops it
+    (:func:`drain_signals`), and so does a spot notice when ``spot`` watches for one (as a
+    preemption). Returns its exit code."""
+    from peer.node.spot import SpotWatcher
+
+    watcher = None
+    if spot is not None:
+        watcher = SpotWatcher.from_options(
+            spot, lambda notice: process.request_stop(notice.describe(), preempting=True))
+    with drain_signals(process.request_stop):
+        if watcher is not None:
+            watcher.start()
+        try:
+            return process.run()
+        finally:
+            if watcher is not None:
+                watcher.stop()
