@@ -47,7 +47,8 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from bench.common import ISSUE_RATE_MBIT, emit, rate_result_name
-from models.config import ENTROPY_STAGES, OuterConfig
+from models.codec_spec import ENTROPY_STAGES
+from models.config import OuterConfig
 
 log = logging.getLogger("bench.comm")
 

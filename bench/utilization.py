@@ -183,7 +183,7 @@ def run_peer(args: argparse.Namespace) -> None:
     """One peer inside its namespace: every variant in turn, each under its own run id."""
     import torch
 
-    from models.config import PRESETS
+    from models.presets import PRESETS
     from models.data import Dataset
     from peer.network import DHTOptions, start_dht
 
@@ -289,7 +289,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     why = netns_available()
     if why:
         return {"skipped": f"bench.utilization {why}"}
-    from models.config import PRESETS
+    from models.presets import PRESETS
     from peer.node import ensure_dataset
 
     cfg = PRESETS[args.preset]()
@@ -341,7 +341,7 @@ def run_bench(args: argparse.Namespace) -> dict:
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.utilization", description=__doc__.split("\n")[0])
     parser.add_argument("--peers", type=int, default=4)
-    parser.add_argument("--preset", default="tiny", help="model size (models.config.PRESETS)")
+    parser.add_argument("--preset", default="tiny", help="model size (models.presets.PRESETS)")
     parser.add_argument("--steps", type=int, default=300, help="inner steps per peer in every variant (equal tokens)")
     parser.add_argument("--batch", type=int, default=8, help="sequences per inner step")
     parser.add_argument("--rate-mbit", type=int, default=50, help="egress limit of every peer")

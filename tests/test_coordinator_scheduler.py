@@ -12,7 +12,8 @@ from coordinator.records import MODE_PATH, MODE_STAGE, Capabilities
 from coordinator.scheduler import assign_peer, exchange_bytes, fits_path, link_overrides, rebalance, rebalance_stages
 from coordinator.settings import CoordinatorSettings
 from coordinator.view import ClusterView
-from models.config import LatticeConfig, RunConfig, tiny_cpu
+from models.config import LatticeConfig, RunConfig
+from models.presets import tiny_cpu
 
 RUN = tiny_cpu()
 SETTINGS = CoordinatorSettings(min_move_interval=60.0)

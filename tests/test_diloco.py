@@ -381,7 +381,7 @@ def test_inner_lr_schedule_warms_up_then_decays_by_cosine_to_its_floor():
 
 def test_modular_lm_paths_with_inner_config_stay_bit_identical():
     """The same wrapper on engineer A's real lattice model (tiny preset), AdamW built from InnerConfig."""
-    from models.config import tiny_cpu
+    from models.presets import tiny_cpu
     from models.lattice import ModularLM
 
     cfg = tiny_cpu()

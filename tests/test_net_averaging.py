@@ -89,7 +89,8 @@ def wait_holders(dht, run_id: str, module_id: str, config_hash: str, count: int,
 
 
 def run_lattice(opts: dict, dht, out: dict) -> None:
-    from models.config import OuterConfig, tiny_cpu
+    from models.config import OuterConfig
+    from models.presets import tiny_cpu
     from models.lattice import ModularLM
     from peer.diloco import DiLoCoOptimizer
 
@@ -297,7 +298,7 @@ def test_part_bounds_follow_bandwidth():
 def test_three_peers_on_a_2x2_lattice_stay_bit_identical_with_int8(procs, tmp_path, overlap):
     """Paths (0,0), (0,1), (1,1): embed/head shared by 3, L0M0 by 2, L1M1 by 2, L0M1 and L1M0 alone.
     Trained through ``DiLoCoOptimizer``; with ``overlap`` each exchange runs behind the next round."""
-    from models.config import tiny_cpu
+    from models.presets import tiny_cpu
     from models.lattice import ModularLM
 
     paths = {"a": (0, 0), "b": (0, 1), "c": (1, 1)}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.config import tiny_cpu
+from models.presets import tiny_cpu
 from models.errors import ConfigError
 from models.lattice import ModularLM
 from peer.network import DHTOptions, start_dht

@@ -46,7 +46,7 @@ from torch import Tensor
 
 import zstandard
 
-from models.config import CODECS, ENTROPY_STAGES
+from models.codec_spec import CODECS, ENTROPY_STAGES
 
 __all__ = [
     "BLOCK",

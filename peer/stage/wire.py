@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from models.config import CODECS
+from models.codec_spec import CODECS
 from peer.averaging import get_codec
 from protos.hivepath.peer.v1.stage_pb2 import EncodedTensor
 
