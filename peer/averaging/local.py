@@ -16,7 +16,8 @@ from typing import Iterable, Optional
 from torch import Tensor
 
 from peer.averaging.aggregation import MEAN, Aggregation, reduce_part
-from peer.averaging.codecs import flatten, get_codec, unflatten
+from peer.averaging.codecs import get_codec
+from peer.averaging.vectors import flatten, unflatten
 from peer.averaging.contract import AverageResult, SuspectHook
 
 __all__ = ["LocalAverager", "LocalMember"]

@@ -26,7 +26,8 @@ from torch import Tensor
 from peer.averaging.allreduce import EventHook, ReductionServer
 from peer.averaging.aggregation import MEAN, Aggregation
 from peer.averaging.contract import AverageResult, SuspectHook
-from peer.averaging.codecs import flatten, get_codec, unflatten
+from peer.averaging.codecs import get_codec
+from peer.averaging.vectors import flatten, unflatten
 from peer.outer import ModuleState
 from peer.network import unwrap_dht
 from peer.averaging.matchmaking import LONE, Matchmaker
