@@ -81,7 +81,7 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
     from models.config import OuterConfig
     from models.lattice import ModularLM
     from peer.diloco import DiLoCoOptimizer
-    from peer.averaging import NetAverager
+    from peer.averaging import NetAverager, get_codec
 
     h, overlap = VARIANTS[name]
     run_id = f"util-{name.replace('_', '-')}"
@@ -102,6 +102,7 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
         tx0, t0 = _tx_bytes(), time.perf_counter()
         if name == "ddp":
             params = [p for p in model.parameters()]
+            exact = get_codec("none")  # DDP's fp32 gradients
             for p in params:
                 p.grad = torch.zeros_like(p)  # every gradient is in the bucket, even one a step left untouched
             inner = torch.optim.AdamW(params, lr=cfg.inner.lr, betas=(cfg.inner.beta1, cfg.inner.beta2),
@@ -112,7 +113,7 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
                 w0 = time.perf_counter()
                 if groups and groups[-1] < args.peers:  # lock-step again after a short round, as DDP is
                     _wait_holders(dht, run_id, "embed", args.peers, args.round_timeout, min_round=step)
-                res = avg.average("embed", step, [p.grad for p in params], float(y.numel()), "none", args.round_timeout)
+                res = avg.average("embed", step, [p.grad for p in params], float(y.numel()), exact, args.round_timeout)
                 wait += time.perf_counter() - w0
                 sent, received, rounds = sent + res.bytes_sent, received + res.bytes_received, rounds + 1
                 groups.append(res.group_size)

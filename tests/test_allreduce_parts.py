@@ -38,7 +38,7 @@ def test_reducer_drops_the_sender_of_a_malformed_part_and_keeps_the_rest(codec):
 
     async def main() -> _Slot:
         server = ReductionServer(p2p=None, peer_id="me", prefix="test")
-        slot = _Slot(N, codec, expected={"honest", *bad})
+        slot = _Slot(N, get_codec(codec), expected={"honest", *bad})
         assert await server._offer(slot, "honest", _header(codec), good) == ""
         for sender, (header, payload, why) in bad.items():
             problem = await server._offer(slot, sender, header, payload)

@@ -1,12 +1,14 @@
 """The all-reduce of one averaging group over hivemind's P2P, giving every member the same bytes.
 
 A group's flat fp32 delta is cut into one part per member, at multiples of
-:data:`peer.averaging.codecs.BLOCK` and sized by the members' measured upload bandwidth (client-mode
+:data:`models.codec_spec.BLOCK` and sized by the members' measured upload bandwidth (client-mode
 members, bandwidth 0, reduce nothing; see :mod:`peer.averaging.partition`). Member ``i`` reduces part ``i``:
 
-1. every member encodes each of its parts with the codec (and the run's lossless entropy stage, a
-   codec name such as ``int8+zstd``: see :mod:`peer.averaging.codecs`) and streams part ``i`` to member ``i``
-   (header :class:`protos.hivepath.peer.v1.net_pb2.PartHeader`, then the payload); the reducer acknowledges it at once;
+1. every member encodes each of its parts with the run's wire codec (e.g. ``int8+zstd``, the codec
+   and its lossless entropy stage), the :class:`~peer.averaging.quantizers.Codec` its optimizer
+   resolved once, and streams part ``i`` to member ``i`` (header
+   :class:`protos.hivepath.peer.v1.net_pb2.PartHeader`, naming the codec, then the payload); the reducer
+   acknowledges it at once;
 2. the reducer validates each contribution (size, codec, finite weight, decodable; a bad one drops
    its sender), waits for every member until its deadline (a slow or gone member is dropped), takes
    the weighted fp32 mean in sorted peer-id order (or the run's robust rule,
@@ -45,7 +47,7 @@ import torch
 from torch import Tensor
 
 from peer.averaging.aggregation import MEAN, Aggregation, aggregate
-from peer.averaging.codecs import get_codec
+from peer.averaging.quantizers import Codec
 from protos.hivepath.peer.v1.net_pb2 import PartHeader, PartReply
 from peer.averaging.partition import PIPELINE, Group, fallback_reducer, part_bounds, segment_bounds
 
@@ -85,7 +87,8 @@ class _Slot:
     """One part being reduced here: contributions by peer id, then the encoded average."""
 
     numel: int
-    codec: str
+    codec: Codec
+    """The group's codec, as this peer resolved it for the round: contributions must name it."""
     expected: set[str]
     decoded: dict[str, tuple[Tensor, float]] = field(default_factory=dict)
     accepted: set[str] = field(default_factory=set)
@@ -96,17 +99,16 @@ class _Slot:
 
     def check(self, sender: str, header: PartHeader, payload: bytes) -> str:
         """Why this contribution cannot be accepted ('' if it can be decoded and offered)."""
-        codec = get_codec(self.codec)
         if sender not in self.expected:
             return "sender is not a member of this group"
         if sender in self.decoded or sender in self.dropped:
             return "duplicate contribution"
         if self.result.done():
             return "the part was already reduced (too late)"
-        if header.codec != self.codec or header.numel != self.numel:
-            return f"part is {header.codec}/{header.numel} elements, expected {self.codec}/{self.numel}"
-        if not codec.size_ok(len(payload), self.numel):
-            return f"payload is {len(payload)} bytes, which cannot encode {self.numel} values with {self.codec}"
+        if header.codec != self.codec.name or header.numel != self.numel:
+            return f"part is {header.codec}/{header.numel} elements, expected {self.codec.name}/{self.numel}"
+        if not self.codec.size_ok(len(payload), self.numel):
+            return f"payload is {len(payload)} bytes, which cannot encode {self.numel} values with {self.codec.name}"
         if not (math.isfinite(header.weight) and header.weight > 0):
             return f"weight {header.weight} is not a finite number > 0"
         return ""
@@ -135,7 +137,8 @@ class _GroupState:
     group: Group
     bounds: list[list[tuple[int, int]]]
     """Per segment, per member: the (start, end) of the part that member reduces."""
-    codec: str
+    codec: Codec
+    """The codec every member encodes its parts with (the run's wire codec)."""
     slots: dict[tuple[int, int, int], _Slot] = field(default_factory=dict)
     """(segment, part, attempt) -> a part we reduce."""
     finished: dict[tuple[int, int], tuple[bytes, list[str]]] = field(default_factory=dict)
@@ -279,7 +282,7 @@ class ReductionServer:
         if not problem:
             try:
                 values = await asyncio.get_running_loop().run_in_executor(
-                    None, get_codec(slot.codec).decode, payload, slot.numel)  # (numel,), always finite
+                    None, slot.codec.decode, payload, slot.numel)  # (numel,), always finite
             except ValueError as e:
                 problem = f"undecodable: {e}"
         problem = problem or slot.accept(sender, values, header.weight)
@@ -312,7 +315,7 @@ class ReductionServer:
         if not slot.decoded:
             slot.result.set_exception(RuntimeError("no contributions"))
             return
-        codec = get_codec(slot.codec)
+        codec = slot.codec
         contributions, rule = dict(slot.decoded), self.aggregation
         loop = asyncio.get_running_loop()
         try:
@@ -334,7 +337,7 @@ class ReductionServer:
 
     # -- member side --------------------------------------------------------------------------
 
-    async def run(self, group: Group, flat: Tensor, weight: float, codec_name: str) -> AllReduceOutcome:
+    async def run(self, group: Group, flat: Tensor, weight: float, codec: Codec) -> AllReduceOutcome:
         """This member's side of the group's all-reduce of ``flat`` (numel,) with ``weight``.
 
         The vector is cut into segments reduced as a pipeline (at most ``PIPELINE`` in flight), so
@@ -345,12 +348,11 @@ class ReductionServer:
         phase1_deadline = t0 + 0.7 * group.allreduce_timeout
         fallback_reduce_deadline = t0 + 0.85 * group.allreduce_timeout
         final_deadline = t0 + group.allreduce_timeout
-        codec = get_codec(codec_name)
         me = group.members.index(self.peer_id)
         n = len(group.members)
         segments = segment_bounds(flat.numel())
         bounds = [[(s0 + a, s0 + b) for a, b in part_bounds(s1 - s0, group.bandwidths)] for s0, s1 in segments]
-        state = _GroupState(group, bounds, codec_name)
+        state = _GroupState(group, bounds, codec)
         loop = asyncio.get_running_loop()
         members = set(group.members)
         encoded: dict[tuple[int, int], bytes] = {}
@@ -358,7 +360,7 @@ class ReductionServer:
         for s, parts in enumerate(bounds):  # open our slots first: others may send before we encoded
             a, b = parts[me]
             if b > a:
-                state.slots[(s, me, 0)] = _Slot(b - a, codec_name, members)
+                state.slots[(s, me, 0)] = _Slot(b - a, codec, members)
                 reducers[s] = asyncio.create_task(self._reduce(state, (s, me, 0), reduce_deadline))
         self._groups[group.group_id] = state
         self._group_added.set()
@@ -423,7 +425,7 @@ class ReductionServer:
             own_parts = {key: own_decoded[bounds[key[0]][key[1]][0]:bounds[key[0]][key[1]][1]] for key in errors}
             for s, j in errors:
                 if fallback_reducer(j, bounds[s]) == me:
-                    slot = state.slots[(s, j, 1)] = _Slot(own_parts[(s, j)].numel(), codec_name,
+                    slot = state.slots[(s, j, 1)] = _Slot(own_parts[(s, j)].numel(), codec,
                                                           members - {group.members[j]})
                     slot.accept(self.peer_id, own_parts[(s, j)], weight)
                     state.fallback[(s, j)] = loop.create_future()
@@ -525,7 +527,7 @@ class ReductionServer:
 
         a, b = state.bounds[segment][part]
         header = PartHeader(group_id=state.group.group_id, segment=segment, part_index=part, attempt=attempt,
-                            weight=weight, numel=b - a, codec=state.codec, payload_len=len(payload))
+                            weight=weight, numel=b - a, codec=state.codec.name, payload_len=len(payload))
         _, reader, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer), self.handler_name)
         try:
             await P2P.send_protobuf(header, writer)
@@ -544,9 +546,9 @@ class ReductionServer:
             writer.close()
         if reply is None or not reply.ok:
             raise RuntimeError(reply.error if reply is not None else err.message)
-        if not get_codec(state.codec).size_ok(len(data), b - a) or reply.payload_len != len(data):
+        if not state.codec.size_ok(len(data), b - a) or reply.payload_len != len(data):
             raise RuntimeError(f"average is {len(data)} bytes (announced {reply.payload_len}), which cannot encode "
-                               f"{b - a} values with {state.codec}")
+                               f"{b - a} values with {state.codec.name}")
         state.bytes_received += len(data)
         return bytes(data), list(reply.contributors)
 

@@ -6,7 +6,9 @@ config and the coordinator read them too); the value codecs are in :mod:`peer.av
 and the lossless entropy stage in :mod:`peer.averaging.entropy`.
 
 A wire codec name is a codec of :data:`models.codec_spec.CODECS`, optionally followed by an entropy
-stage (``int8+zstd``).
+stage (``int8+zstd``). A peer resolves its run's wire codec once, when its
+:class:`peer.diloco.DiLoCoOptimizer` is built, and passes the :class:`Codec` down to the averager;
+the name travels on the wire only so that a reducer can refuse a part encoded with another codec.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from models.config import InnerConfig, LatticeConfig, OuterConfig
 from models.errors import ConfigError
-from peer.averaging import Aggregation, AverageResult, LocalAverager, ModuleAverager
+from peer.averaging import Aggregation, AverageResult, Codec, LocalAverager, ModuleAverager, get_codec
 from peer.averaging import ErrorFeedback, flatten, unflatten
 from peer.diloco.reports import ModuleReport, RoundReport
 from peer.outer import ModuleState, OuterOptimizer
@@ -72,11 +72,13 @@ class DiLoCoOptimizer:
     at once on its own exchange thread; results are applied in the lattice's fixed order. Per
     module: ``x = global - local (+ residual)``; a delta holding NaN/Inf is never sent (the
     round is skipped for that module and local progress kept); ``averager.average(..., weight=tokens,
-    codec=outer.wire_codec(), timeout=outer.round_timeout)`` (the codec with the run's lossless entropy
-    stage); optional DiPaCo sqrt scaling; Nesterov outer
+    codec=self.codec, timeout=outer.round_timeout)``; optional DiPaCo sqrt scaling; Nesterov outer
     step on the global copy; ``local <- global``. A failed exchange keeps local progress, so the delta
     carries into the next round; it does not block the other modules. Without an ``averager`` the
     peer is a lone holder of every module and applies the codec round trip of its own delta.
+
+    The codec is decided once, here: ``outer.codec`` (the run's, as the coordinator's assignment
+    carries it) under ``outer.entropy``, resolved to :attr:`codec` and passed to every exchange.
 
     With ``outer.overlap`` the exchange of round t runs on a background thread during round t+1 and is
     applied at the end of round t+1, keeping the local progress made meanwhile on top of the new
@@ -104,6 +106,8 @@ class DiLoCoOptimizer:
                 )
         self.outer_cfg = outer
         self.lattice = lattice
+        self.codec: Codec = get_codec(outer.wire_codec())
+        """The wire codec every module's exchange uses (the group refuses parts in any other)."""
         if averager is None:
             averager = LocalAverager().member("local")
         self.averager = averager
@@ -266,12 +270,10 @@ class DiLoCoOptimizer:
         return (st.ef.add(flat) if self.outer_cfg.error_feedback else flat), ""
 
     def _exchange(self, st: _Module, round_no: int, sent: Tensor, tokens: float, digest: str) -> AverageResult:
-        cfg = self.outer_cfg
         try:
             return self.averager.average(
-                st.module_id, round_no, unflatten(sent, st.outer.global_params), tokens, cfg.wire_codec(),
-                cfg.round_timeout,
-                digest=digest,
+                st.module_id, round_no, unflatten(sent, st.outer.global_params), tokens, self.codec,
+                self.outer_cfg.round_timeout, digest=digest,
             )
         except Exception as e:  # an exchange failure must not take the training loop or other modules down
             logger.warning("module %s round %d: exchange failed: %r", st.module_id, round_no, e)
