@@ -15,7 +15,9 @@ Over the network (hivemind's P2P and DHT):
 - ``matchmaking``: groups per (module, round) from holder records and group declarations.
 - ``group_join``: the leader/follower protocol that turns a round's declared members into one group.
 - ``partition``: how a module's flat vector is cut into block-aligned parts among reducers.
-- ``allreduce``: :class:`ReductionServer`, the all-reduce of one group's parts, with fallback reducers.
+- ``reducer``: the reducer's half of the all-reduce: validating, reducing and answering the parts it reduces.
+- ``allreduce``: :class:`ReductionServer`, a member's half of the all-reduce of one group's parts, with
+  fallback reducers.
 - ``state_transfer``: serving and fetching a module's :class:`~peer.outer.ModuleState` (newcomers, re-sync).
 - ``net_averager``: :class:`NetAverager`, the contract over all of the above.
 

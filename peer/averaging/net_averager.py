@@ -23,10 +23,11 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 from torch import Tensor
 
-from peer.averaging.allreduce import EventHook, ReductionServer
+from peer.averaging.allreduce import ReductionServer
 from peer.averaging.aggregation import MEAN, Aggregation
 from peer.averaging.contract import AverageResult, SuspectHook, require_codec
 from peer.averaging.quantizers import Codec
+from peer.averaging.reducer import EventHook
 from peer.averaging.vectors import flatten, unflatten
 from peer.outer import ModuleState
 from peer.network import unwrap_dht
@@ -78,7 +79,7 @@ class NetAverager:
         holder_ttl: seconds a holder record lives without refresh (refreshed every third of it).
         startup_timeout: seconds to connect to the p2p daemon and register handlers.
         event_hook: called at named points of a round, for fault injection in tests and phase timing in
-            benchmarks (see :data:`peer.averaging.allreduce.EventHook`).
+            benchmarks (see :data:`peer.averaging.reducer.EventHook`).
         aggregation: the run's reduction rule (``Aggregation.from_config(cfg.outer)``; the config hash
             keeps every group member on the same rule). ``DiLoCoOptimizer`` sets it through
             :meth:`use_aggregation`.
