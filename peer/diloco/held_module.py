@@ -28,19 +28,6 @@ __all__ = ["HeldModule", "PendingExchange"]
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class PendingExchange:
-    """An exchange launched and not yet applied (overlap mode: applied at the end of the next round)."""
-
-    round_no: int
-    tokens: float
-    sent: Optional[Tensor] = None  # (n,) what we contributed (delta + residual)
-    anchor: Optional[list[Tensor]] = None  # local params when the delta was taken
-    future: Optional[Future] = None
-    refused: str = ""
-    """Why nothing was sent (the delta held NaN/Inf); then ``future`` is None."""
-
-
 class HeldModule:
     """Per-module state: params, outer optimizer, error feedback, group round number, pending exchange.
 
@@ -143,3 +130,16 @@ class HeldModule:
         self.round_no = int(state["round_no"])
         if sync_local:
             self.outer.sync_to(self.params)
+
+
+@dataclass
+class PendingExchange:
+    """An exchange launched and not yet applied (overlap mode: applied at the end of the next round)."""
+
+    round_no: int
+    tokens: float
+    sent: Optional[Tensor] = None  # (n,) what we contributed (delta + residual)
+    anchor: Optional[list[Tensor]] = None  # local params when the delta was taken
+    future: Optional[Future] = None
+    refused: str = ""
+    """Why nothing was sent (the delta held NaN/Inf); then ``future`` is None."""
