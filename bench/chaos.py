@@ -191,7 +191,7 @@ def byzantine(steps: int, work: Path, aggregator: str = "trimmed_mean") -> dict:
     import torch
 
     from chaos.scenario import prepare_dataset
-    from models.config import tiny_cpu
+    from models.presets import tiny_cpu
     from models.evaluate import bits_per_byte
     from peer.simulator import DiLoCoSimulator
 

@@ -15,7 +15,8 @@ import time
 import torch
 
 from bench.common import emit, run_main
-from models.config import CODECS, tiny_cpu
+from models.codec_spec import CODECS
+from models.presets import tiny_cpu
 from peer.averaging import ErrorFeedback, flatten, get_codec
 
 

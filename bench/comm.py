@@ -48,7 +48,8 @@ from typing import Iterator, Optional
 
 from bench.common import ISSUE_RATE_MBIT, emit, rate_result_name, run_main
 from bench.netns import tx_bytes
-from models.config import ENTROPY_STAGES, OuterConfig
+from models.codec_spec import ENTROPY_STAGES, codec_spec, wire_name
+from models.config import OuterConfig
 
 log = logging.getLogger("bench.comm")
 
@@ -80,7 +81,7 @@ def run_peer(args: argparse.Namespace) -> None:
     import torch
 
     from peer.network import DHTOptions, start_dht
-    from peer.averaging import NetAverager
+    from peer.averaging import NetAverager, get_codec
     from peer.network import HolderRecord, holders_key, read_records
 
     torch.set_num_threads(1)
@@ -104,14 +105,15 @@ def run_peer(args: argparse.Namespace) -> None:
         if args.warmup:
             # a small exchange first, so the peers' p2p connections are open as in a running network (every
             # round after the first); the codecs' timings then measure the exchange, not the handshakes
-            warm = avg.average(MODULE, 0, [torch.zeros(2**18)], 1.0, "none", args.timeout)
+            warm = avg.average(MODULE, 0, [torch.zeros(2**18)], 1.0, get_codec("none"), args.timeout)
             if warm.averaged is None:
                 raise RuntimeError(f"warm-up round failed: {warm.reason}")
         results = {}
         for k, codec in enumerate(args.codecs.split(","), start=1):
             marks.clear()
             tx0, t0, (cpu0, sys0, children0) = tx_bytes(), time.monotonic(), _cpu_seconds()
-            res = avg.average(MODULE, k, [delta], float(1 + args.peer), _wire(codec, args.entropy), args.timeout)
+            wire = get_codec(wire_name(codec, args.entropy))
+            res = avg.average(MODULE, k, [delta], float(1 + args.peer), wire, args.timeout)
             t1, (cpu1, sys1, children1) = time.monotonic(), _cpu_seconds()
             if res.averaged is None:
                 raise RuntimeError(f"{codec} round failed: {res.reason}")
@@ -181,16 +183,10 @@ def namespaced_peers(module: str, n: int, rate_mbit: int, args: list[str], wait_
                 f.close()
 
 
-def _wire(codec: str, entropy: str) -> str:
-    """The codec name peers exchange ``codec`` with under the entropy stage ``entropy``."""
-    return OuterConfig(entropy=entropy).wire_codec(codec)
-
-
 def run_bench(args: argparse.Namespace) -> dict:
     import torch
 
     from bench.netns import netns_available
-    from peer.averaging import get_codec
 
     why = netns_available()
     if why:
@@ -210,7 +206,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         optimal = sent / rate  # = 2 (n - 1) / n * size / rate
         t_ar = max(p[codec]["seconds_allreduce"] for p in peers)
         per_codec[codec] = dict(
-            wire_codec=_wire(codec, args.entropy), codec_bytes=get_codec(codec).encoded_size(numel),
+            wire_codec=wire_name(codec, args.entropy), codec_bytes=codec_spec(codec).encoded_size(numel),
             compressed_bytes=round(size), optimal_seconds=round(optimal, 3), allreduce_seconds=round(t_ar, 3),
             total_seconds=round(max(p[codec]["seconds_total"] for p in peers), 3),
             link_efficiency=round(optimal / t_ar, 3),

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from bench.common import emit, run_main
-from models.config import demo
+from models.presets import demo
 from models.corpus import default_corpus
 from models.data import Dataset, prepare
 from models.lattice import ModularLM

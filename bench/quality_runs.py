@@ -8,7 +8,7 @@ bytes exchanged) and the bytes each worker sent. The runs use the same code the 
 
 Bytes exchanged per worker follow a ring all-reduce: ``2 (K - 1) / K`` times the payload. Synchronous
 data-parallel sends the fp32 gradient every step; DiLoCo sends each module's encoded pseudo-gradient
-(``peer.averaging.codecs.get_codec(codec).encoded_size``) once per round.
+(``models.codec_spec.codec_spec(codec).encoded_size``) once per round.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ import torch
 
 from bench.quality_eval import EvalSet, routed_bpb
 from bench.quality_scale import Scale
+from models.codec_spec import codec_spec
 from models.config import InnerConfig, LatticeConfig, OuterConfig, Path_, RunConfig
 from models.data import Dataset
 from models.evaluate import bits_per_byte
 from models.lattice import ModularLM
 from models.training import InnerLoop
-from peer.averaging import get_codec
 from peer.simulator import DiLoCoSimulator
 
 __all__ = ["RunContext", "make_config", "allreduce_bytes", "seed_batches", "dense_bpb", "run_sync", "run_diloco",
@@ -155,7 +155,7 @@ def run_diloco(ctx: RunContext, tokenizer: str = "bytes", workers: int = 4, inne
                       outer_momentum=outer_momentum, steps=s.steps)
     ds = ctx.dataset(tokenizer)
     sim = DiLoCoSimulator(cfg, [(0,)], workers, seed_batches(ds, cfg, dense=True), device=ctx.device)
-    c = get_codec(codec)
+    c = codec_spec(codec)
     payload = sum(c.encoded_size(n) for n in _module_numels(cfg, sim.module_ids).values())
     evaluate = lambda: dense_bpb(ctx, sim.global_model().path_model((0,)), tokenizer)  # noqa: E731
     curve, sent = _train_rounds(ctx, sim, s.steps, allreduce_bytes(payload, workers), evaluate)
@@ -200,7 +200,7 @@ def run_dipaco(ctx: RunContext, tokenizer: str = "bytes", inner_steps: int = 50,
     ds = ctx.dataset(tokenizer)
     paths = cfg.lattice.paths()
     sim = DiLoCoSimulator(cfg, paths, len(paths), seed_batches(ds, cfg, dense=False), device=ctx.device)
-    c = get_codec(codec)
+    c = codec_spec(codec)
     numels = _module_numels(cfg, sim.module_ids)
     per_worker = max(sum(allreduce_bytes(c.encoded_size(numels[m]), len(sim.holders(m)))
                          for m in cfg.lattice.path_modules(p)) for p in paths)

@@ -44,7 +44,7 @@ BATCH, MICRO_BATCHES = int(os.environ.get("SWARM_BATCH", 64)), int(os.environ.ge
 
 
 def _config():
-    from models.config import tiny_cpu
+    from models.presets import tiny_cpu
 
     return tiny_cpu().replace(inner={"batch_size": BATCH}, outer={"inner_steps": 50})
 

@@ -75,7 +75,7 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
     from models.config import OuterConfig
     from models.lattice import ModularLM
     from peer.diloco import DiLoCoOptimizer
-    from peer.averaging import NetAverager
+    from peer.averaging import NetAverager, get_codec
 
     h, overlap = VARIANTS[name]
     run_id = f"util-{name.replace('_', '-')}"
@@ -96,6 +96,7 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
         tx0, t0 = tx_bytes(), time.perf_counter()
         if name == "ddp":
             params = [p for p in model.parameters()]
+            exact = get_codec("none")  # DDP's fp32 gradients
             for p in params:
                 p.grad = torch.zeros_like(p)  # every gradient is in the bucket, even one a step left untouched
             inner = torch.optim.AdamW(params, lr=cfg.inner.lr, betas=(cfg.inner.beta1, cfg.inner.beta2),
@@ -106,7 +107,7 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
                 w0 = time.perf_counter()
                 if groups and groups[-1] < args.peers:  # lock-step again after a short round, as DDP is
                     _wait_holders(dht, run_id, "embed", args.peers, args.round_timeout, min_round=step)
-                res = avg.average("embed", step, [p.grad for p in params], float(y.numel()), "none", args.round_timeout)
+                res = avg.average("embed", step, [p.grad for p in params], float(y.numel()), exact, args.round_timeout)
                 wait += time.perf_counter() - w0
                 sent, received, rounds = sent + res.bytes_sent, received + res.bytes_received, rounds + 1
                 groups.append(res.group_size)
@@ -177,7 +178,7 @@ def run_peer(args: argparse.Namespace) -> None:
     """One peer inside its namespace: every variant in turn, each under its own run id."""
     import torch
 
-    from models.config import PRESETS
+    from models.presets import PRESETS
     from models.data import Dataset
     from peer.network import DHTOptions, start_dht
 
@@ -283,7 +284,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     why = netns_available()
     if why:
         return {"skipped": f"bench.utilization {why}"}
-    from models.config import PRESETS
+    from models.presets import PRESETS
     from peer.node import ensure_dataset
 
     cfg = PRESETS[args.preset]()
@@ -335,7 +336,7 @@ def run_bench(args: argparse.Namespace) -> dict:
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.utilization", description=__doc__.split("\n")[0])
     parser.add_argument("--peers", type=int, default=4)
-    parser.add_argument("--preset", default="tiny", help="model size (models.config.PRESETS)")
+    parser.add_argument("--preset", default="tiny", help="model size (models.presets.PRESETS)")
     parser.add_argument("--steps", type=int, default=300, help="inner steps per peer in every variant (equal tokens)")
     parser.add_argument("--batch", type=int, default=8, help="sequences per inner step")
     parser.add_argument("--rate-mbit", type=int, default=50, help="egress limit of every peer")

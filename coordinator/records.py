@@ -66,7 +66,8 @@ class Assignment:
     inner_steps: int = 0
     """H for this peer (larger than the run's on a slow link)."""
     codec: str = ""
-    """Pseudo-gradient codec for this peer (stronger than the run's on a slow link)."""
+    """The run's pseudo-gradient codec (``OuterConfig.codec``), handed to the peer, which builds its
+    optimizer with it: the same for every peer, since a module's group must share one."""
     reason: str = ""
     """Why, in words."""
     version: int = 0

@@ -4,7 +4,9 @@ A peer whose memory fits a whole path trains a path (DiPaCo, Douillard et al. 20
 smaller one serves a single module as a pipeline stage (SWARM, Ryabinin et al. 2023, stage mode).
 Paths are kept covered first and then balanced by throughput (tokens/s), not by head count. A peer
 on a slow link gets the work that needs least bandwidth: among equally good choices the module group
-with fewer members, and a stronger codec or a larger H so its exchange stays a small part of a round.
+with fewer members, and a larger H so its exchange stays a small part of a round. The codec is the
+run's for every peer (a module's group must share one); its exact size per module comes from
+:mod:`models.codec_spec`.
 
 Rebalancing moves one peer at a time, only when the spread of path throughput passes a threshold,
 never the same peer twice within ``min_move_interval``, and only moves that strictly lower the sum of
@@ -16,20 +18,26 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping, Optional
+from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 from coordinator.records import MODE_PATH, MODE_STAGE, Assignment, Capabilities
 from coordinator.settings import CoordinatorSettings
 from coordinator.view import ClusterView
+from models.codec_spec import codec_spec
 from models.config import RunConfig, format_path
 
 __all__ = ["Move", "assign_peer", "rebalance", "rebalance_stages", "link_overrides", "path_assignment", "fits_path",
-           "BYTES_PER_PARAM"]
+           "exchange_bytes"]
 
 Path_ = tuple[int, ...]
 
-BYTES_PER_PARAM = {"none": 4.0, "fp16": 2.0, "int8": 1.0 + 4.0 / 256, "int4": 0.5 + 4.0 / 256}
-"""Wire bytes per parameter of each codec (blockwise codecs carry one fp32 scale per 256 values)."""
+
+def exchange_bytes(run: RunConfig, module_ids: Sequence[str]) -> int:
+    """Bytes of one round's pseudo-gradients of ``module_ids`` under the run's codec, each module
+    encoded on its own: exact (:meth:`models.codec_spec.CodecSpec.encoded_size`); the zstd stage
+    sends less, by an amount that depends on the data (at worst one tag byte more per part)."""
+    spec = codec_spec(run.outer.codec)
+    return sum(spec.encoded_size(run.lattice.module_param_count(m)) for m in module_ids)
 
 
 @dataclass(frozen=True)
@@ -61,12 +69,12 @@ MIN_SLOW_EXCHANGE_SECONDS = 1.0
 
 
 def link_overrides(
-    caps: Capabilities, params: int, run: RunConfig, settings: CoordinatorSettings
+    caps: Capabilities, module_ids: Sequence[str], run: RunConfig, settings: CoordinatorSettings
 ) -> tuple[int, str, str]:
-    """(inner_steps, codec, reason) for a peer exchanging ``params`` parameters per round.
+    """(inner_steps, codec, reason) for a peer exchanging the pseudo-gradients of ``module_ids`` per round.
 
     A round computes ``H * batch * seq_len / tokens_per_s`` seconds; exchanging the pseudo-gradient
-    costs about ``payload / upload + payload / download``. When that passes ``comm_budget`` of a round,
+    costs about ``payload / upload + payload / download``, ``payload`` its :func:`exchange_bytes`. When that passes ``comm_budget`` of a round,
     H doubles, up to ``max_inner_steps_factor``. The codec stays the run's: every member of a module's
     group must encode with the same codec (a reducer refuses parts in another one), so a per-peer
     codec would get a slow peer's contributions dropped and the peer reported as hostile.
@@ -75,24 +83,22 @@ def link_overrides(
     up, down = caps.upload_bps, caps.download_bps
     if up <= 0 and down <= 0:
         return h, codec, "link not measured"
-
-    def ratio(h_: int, codec_: str) -> float:
-        payload = params * BYTES_PER_PARAM[codec_]
-        comm = (payload / up if up > 0 else 0.0) + (payload / down if down > 0 else 0.0)
-        compute = h_ * _batch_size(run, settings) * run.lattice.seq_len / max(caps.tokens_per_s, 1e-9)
-        return comm / compute
-
-    r = ratio(h, codec)
-    payload = params * BYTES_PER_PARAM[codec]
+    payload = exchange_bytes(run, module_ids)
     seconds = (payload / up if up > 0 else 0.0) + (payload / down if down > 0 else 0.0)
+
+    def ratio(h_: int) -> float:
+        compute = h_ * _batch_size(run, settings) * run.lattice.seq_len / max(caps.tokens_per_s, 1e-9)
+        return seconds / compute
+
+    r = ratio(h)
     if r <= settings.comm_budget or seconds < MIN_SLOW_EXCHANGE_SECONDS:
         return h, codec, f"exchange is {r:.0%} of a round ({seconds:.2f}s)"
     max_h = run.outer.inner_steps * settings.max_inner_steps_factor
-    while ratio(h, codec) > settings.comm_budget and h * 2 <= max_h:
+    while ratio(h) > settings.comm_budget and h * 2 <= max_h:
         h *= 2
     return h, codec, (
         f"slow link ({up / 1e6:.2f} MB/s up, {down / 1e6:.2f} MB/s down): codec {codec}, H={h} "
-        f"make the exchange {ratio(h, codec):.0%} of a round (budget {settings.comm_budget:.0%})"
+        f"make the exchange {ratio(h):.0%} of a round (budget {settings.comm_budget:.0%})"
     )
 
 
@@ -102,15 +108,15 @@ def path_assignment(
     """A path-mode assignment for ``caps`` with its slow-link overrides; ``reason`` is extended."""
     lattice = run.lattice
     modules = tuple(lattice.path_modules(path))
-    h, codec, why = link_overrides(caps, lattice.path_param_count(path), run, settings)
+    h, codec, why = link_overrides(caps, modules, run, settings)
     return Assignment(
         mode=MODE_PATH, path=tuple(path), module_ids=modules, inner_steps=h, codec=codec,
         reason=f"{reason}; {why}", version=version,
     )
 
 
-def _is_slow(caps: Capabilities, params: int, run: RunConfig, settings: CoordinatorSettings) -> bool:
-    h, codec, _ = link_overrides(caps, params, run, settings)
+def _is_slow(caps: Capabilities, module_ids: Sequence[str], run: RunConfig, settings: CoordinatorSettings) -> bool:
+    h, codec, _ = link_overrides(caps, module_ids, run, settings)
     return (h, codec) != (run.outer.inner_steps, run.outer.codec)
 
 
@@ -140,7 +146,7 @@ def assign_peer(
     lattice = run.lattice
     fits, path_need = fits_path(caps, run, settings)
     if fits:
-        slow = _is_slow(caps, lattice.path_param_count(), run, settings)
+        slow = _is_slow(caps, lattice.path_modules(lattice.paths()[0]), run, settings)
         uncovered = next(_uncovered(run, view), None)
         if uncovered is not None:
             if previous is not None and previous.mode == MODE_PATH and previous.path not in view.path_tps:
@@ -193,7 +199,7 @@ def assign_peer(
         module = previous.module_id
         why = f"rejoined: keeps serving {module}"
     else:
-        slow = _is_slow(caps, max(lattice.module_param_count(m) for m in fitting), run, settings)
+        slow = _is_slow(caps, [max(fitting, key=lattice.module_param_count)], run, settings)
 
         def key(m: str) -> tuple:
             load = view.stage_tps.get(m, 0.0)
@@ -203,7 +209,7 @@ def assign_peer(
         module = min(fitting, key=key)
         why = (f"a path needs {path_need} bytes, more than {usable:.0f} usable; module {module} has the least "
                f"stage throughput{' and fewest members, for a slow link' if slow else ''}")
-    h, codec, link = link_overrides(caps, lattice.module_param_count(module), run, settings)
+    h, codec, link = link_overrides(caps, [module], run, settings)
     a = Assignment(mode=MODE_STAGE, module_id=module, module_ids=(module,), inner_steps=h, codec=codec,
                    reason=f"{why}; {link}", version=version)
     return a, a.reason
@@ -328,7 +334,7 @@ def rebalance_stages(
             old = view.assignments[peer_id]
             why = (f"moved from stage {source} ({view.stage_tps[source]:.0f} tok/s) to {target} "
                    f"({target_tps:.0f} tok/s): {trigger}")
-            h, codec, link = link_overrides(caps[peer_id], lattice.module_param_count(target), run, settings)
+            h, codec, link = link_overrides(caps[peer_id], [target], run, settings)
             a = Assignment(mode=MODE_STAGE, module_id=target, module_ids=(target,), inner_steps=h, codec=codec,
                            reason=f"{why}; {link}", version=old.version + 1)
             return Move(peer_id, a, a.reason), a.reason

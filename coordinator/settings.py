@@ -1,6 +1,6 @@
 """The ``[coordinator]`` section of ``run.toml``: leases, durability, and the scheduler's policy.
 
-Everything else in the file is the run itself, read by :func:`models.config.load_run_config`.
+Everything else in the file is the run itself, read by :func:`models.presets.load_run_config`.
 Precedence: command-line flags (the serve command's) over this section over the defaults here.
 
 The coordinator reads no environment variable (``tests/test_settings.py`` checks it): its process
@@ -13,17 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Union
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
-from models.config import RunConfig, load_run_config
+from models.config import RunConfig
+from models.presets import load_run_config, read_toml
 from models.errors import ConfigError
 
 __all__ = ["CoordinatorSettings", "load_settings", "load_run_and_settings", "MAX_PATHS"]
@@ -131,16 +126,7 @@ class CoordinatorSettings:
 
 def load_settings(path: Union[str, Path]) -> CoordinatorSettings:
     """Read the ``[coordinator]`` section of a run config file (defaults when it is absent)."""
-    path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError("run-config", f"file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError("run-config", f"cannot read {path}: {e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError("run-config", f"{path} is not valid TOML: {e}") from None
-    section = raw.get("coordinator", {})
+    section = read_toml(path).get("coordinator", {})
     if not isinstance(section, dict):
         raise ConfigError("coordinator", "must be a table ([coordinator])")
     return CoordinatorSettings.from_dict(section)

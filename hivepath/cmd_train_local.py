@@ -62,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def resolve_config(args: argparse.Namespace):
     """Preset, then ``--config``, then flags; ``--dense`` turns the lattice into 1x1."""
-    from models.config import PRESETS, load_run_config
+    from models.presets import PRESETS, load_run_config
 
     if args.config:
         cfg = load_run_config(args.config)

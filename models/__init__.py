@@ -1,6 +1,11 @@
 """The model side of hivepath: pure PyTorch, no networking.
 
-- ``models.config``: typed, torch-free run and lattice config (the coordinator imports only this).
+- ``models.config``: typed, torch-free run and lattice config (the coordinator imports this, with
+  ``models.presets``, the named presets and the run-config file, and ``models.config_fields``, the
+  field checks the config dataclasses run).
+- ``models.codec_spec``: the pseudo-gradient codecs' names, block layout and exact sizes, torch-free
+  (the run config validates with it, the coordinator estimates exchange bytes with it, and
+  ``peer.averaging`` implements it).
 - ``models.errors``: user-fixable errors shared by every package.
 - ``models.lattice``: ``ModularLM``, the DiPaCo lattice of modules, and ``PathModel``.
 - ``models.tokenizer``, ``models.corpus``, ``models.data``: tokenizers, the built-in corpus, streaming
@@ -12,7 +17,8 @@
 - ``models.run_dir``: the one loader of run directories (train-local outputs, peer and archive snapshots).
 - ``models.generate``, ``models.export``: sampling with routing, one path as a standalone model.
 
-Only ``config`` and ``errors`` are imported here, so ``import models`` pulls in no torch.
+Only ``config`` (with ``codec_spec`` and ``config_fields``) and ``errors`` are imported here, so
+``import models`` pulls in no torch.
 """
 
 from models.config import LatticeConfig, RunConfig

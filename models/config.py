@@ -6,28 +6,22 @@ It knows the lattice's shape (module ids, paths, parameter counts) without build
 A run's compatibility key is :meth:`LatticeConfig.content_hash`: the same config gives the same hash
 on every machine and in every process, so peers with different models never average together.
 
-Presets are plain functions (:func:`tiny_cpu`, :func:`demo`, :func:`dense`); a run config file
-(TOML) overrides any field, and the command line overrides the file.
+Presets and the run-config file are in :mod:`models.presets`; the field checks the dataclasses
+run are in :mod:`models.config_fields`; the codec names are :data:`models.codec_spec.CODECS`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import json
-import math
 import re
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Union, get_args, get_origin, get_type_hints
+from typing import Any, Mapping, Optional
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
-
+from models.codec_spec import CODECS, ENTROPY_STAGES, wire_name
+from models.config_fields import check_types, non_negative, positive, stable_hash
+from models.config_fields import from_dict as build_from_dict
 from models.errors import ConfigError
 
 __all__ = [
@@ -37,28 +31,14 @@ __all__ = [
     "DataConfig",
     "RunConfig",
     "Path_",
-    "CODECS",
-    "ENTROPY_STAGES",
     "AGGREGATORS",
     "parse_path",
     "format_path",
     "is_module_id",
-    "tiny_cpu",
-    "demo",
-    "dense",
-    "PRESETS",
-    "load_run_config",
 ]
 
 Path_ = tuple[int, ...]
 """A path through the lattice: one module index per level, e.g. ``(1, 0)``."""
-
-CODECS = ("none", "fp16", "int8", "int4")
-"""Pseudo-gradient codecs, from exact to smallest."""
-
-ENTROPY_STAGES = ("none", "zstd")
-"""Lossless stages applied to a codec's bytes on the wire: none, or zstd (level 1; a part that does not
-shrink is sent raw). Quantised codes are far from uniform, so zstd's Huffman stage saves 5-50%."""
 
 AGGREGATORS = ("mean", "trimmed_mean", "centered_clip")
 """How a reducer combines the members' pseudo-gradients: the weighted mean (DiLoCo), or a robust
@@ -134,7 +114,7 @@ class LatticeConfig:
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first offending field."""
-        _check_types(self)
+        check_types(self)
         for name in ("vocab_size", "d_model", "n_heads", "blocks_per_module", "levels", "modules_per_level", "seq_len"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
@@ -154,7 +134,7 @@ class LatticeConfig:
 
     def content_hash(self) -> str:
         """A stable 16-hex-digit hash of every field: the run's compatibility key."""
-        return _stable_hash(self.to_dict())
+        return stable_hash(self.to_dict())
 
     # -- shape --------------------------------------------------------------------------------
 
@@ -281,9 +261,9 @@ class InnerConfig:
     """Sequences per inner step on one peer."""
 
     def __post_init__(self) -> None:
-        _check_types(self)
-        _positive(self, "lr", "batch_size")
-        _non_negative(self, "weight_decay", "warmup_steps", "grad_clip", "decay_steps")
+        check_types(self)
+        positive(self, "lr", "batch_size")
+        non_negative(self, "weight_decay", "warmup_steps", "grad_clip", "decay_steps")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ConfigError("min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
         if 0 < self.decay_steps <= self.warmup_steps:
@@ -311,9 +291,10 @@ class OuterConfig:
     round_timeout: float = 30.0
     """Seconds a round's exchange may take before slow or gone members are dropped."""
     codec: str = "int8"
-    """Pseudo-gradient codec: none, fp16, int8 (blockwise absmax) or int4."""
+    """Pseudo-gradient codec: none, fp16, int8 (blockwise absmax) or int4 (:data:`models.codec_spec.CODECS`).
+    The coordinator hands it to every peer in its assignment, unchanged: a module's group must share it."""
     entropy: str = "zstd"
-    """Lossless stage on the codec's bytes on the wire: zstd or none (see ENTROPY_STAGES)."""
+    """Lossless stage on the codec's bytes on the wire: zstd or none (:data:`models.codec_spec.ENTROPY_STAGES`)."""
     error_feedback: bool = True
     """Carry what the codec dropped into the next round's delta."""
     sqrt_sharing: bool = False
@@ -327,9 +308,9 @@ class OuterConfig:
     scaled down to it before aggregation (0 disables)."""
 
     def __post_init__(self) -> None:
-        _check_types(self)
-        _positive(self, "lr", "inner_steps", "round_timeout")
-        _non_negative(self, "round_seconds", "norm_bound")
+        check_types(self)
+        positive(self, "lr", "inner_steps", "round_timeout")
+        non_negative(self, "round_seconds", "norm_bound")
         if self.aggregator not in AGGREGATORS:
             raise ConfigError("aggregator", f"'{self.aggregator}' is not one of {', '.join(AGGREGATORS)}")
         if not 0.0 <= self.momentum < 1.0:
@@ -341,9 +322,8 @@ class OuterConfig:
 
     def wire_codec(self, codec: Optional[str] = None) -> str:
         """The codec name peers exchange pseudo-gradients with: ``codec`` (default: this config's)
-        followed by ``+zstd`` when the entropy stage is on (see :func:`peer.averaging.codecs.get_codec`)."""
-        codec = self.codec if codec is None else codec
-        return codec if self.entropy == "none" else f"{codec}+{self.entropy}"
+        under this config's entropy stage, e.g. ``int8+zstd`` (:func:`models.codec_spec.wire_name`)."""
+        return wire_name(self.codec if codec is None else codec, self.entropy)
 
 
 @dataclass(frozen=True)
@@ -358,7 +338,7 @@ class DataConfig:
     """The dataset's manifest hash; empty until the data is prepared. Peers with other data are refused."""
 
     def __post_init__(self) -> None:
-        _check_types(self)
+        check_types(self)
         if self.tokenizer != "bytes" and not re.fullmatch(r"bpe:\d+", self.tokenizer):
             raise ConfigError("tokenizer", f"'{self.tokenizer}' is not 'bytes' or 'bpe:VOCAB' (e.g. bpe:4096)")
         if self.manifest_hash and not re.fullmatch(r"[0-9a-f]{16,64}", self.manifest_hash):
@@ -379,7 +359,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
 
     def __post_init__(self) -> None:
-        _check_types(self)
+        check_types(self)
         if not _RUN_ID_RE.match(self.run_id):
             raise ConfigError("run_id", f"'{self.run_id}' must be 1-40 lowercase letters, digits or '-'")
 
@@ -389,7 +369,7 @@ class RunConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RunConfig":
         """Build from a nested mapping (e.g. parsed TOML); unknown keys are errors."""
-        return _from_dict(cls, data, "")
+        return build_from_dict(cls, data, "")
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -400,7 +380,7 @@ class RunConfig:
 
     def content_hash(self) -> str:
         """Hash of the whole run recipe (lattice, optimizers, data, seed)."""
-        return _stable_hash(self.to_dict())
+        return stable_hash(self.to_dict())
 
     def replace(self, **sections: Any) -> "RunConfig":
         """``cfg.replace(outer={"codec": "fp16"}, run_id="x")``: override fields, validated."""
@@ -413,142 +393,3 @@ class RunConfig:
             else:
                 data[key] = value
         return RunConfig.from_dict(data)
-
-
-def load_run_config(path: Union[str, Path], ignore_sections: tuple[str, ...] = ()) -> RunConfig:
-    """Read a TOML run config; sections named in ``ignore_sections`` belong to someone else
-    (the coordinator reads its own ``[coordinator]`` section)."""
-    path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError("run-config", f"file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError("run-config", f"cannot read {path}: {e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError("run-config", f"{path} is not valid TOML: {e}") from None
-    raw = {k: v for k, v in raw.items() if k not in ignore_sections}
-    preset = raw.pop("preset", None)
-    base = PRESETS[_preset_name(preset)]().to_dict() if preset else RunConfig().to_dict()
-    for key, value in raw.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            base[key] = {**base[key], **value}
-        else:
-            base[key] = value
-    return RunConfig.from_dict(base)
-
-
-# -- presets ----------------------------------------------------------------------------------
-
-
-def tiny_cpu() -> RunConfig:
-    """A few-thousand-parameter 2x2 lattice for tests: trains in seconds on one core."""
-    return RunConfig(
-        run_id="tiny",
-        lattice=LatticeConfig(d_model=32, n_heads=2, blocks_per_module=1, seq_len=32),
-        inner=InnerConfig(lr=3e-3, warmup_steps=5, batch_size=8),
-        outer=OuterConfig(inner_steps=10, round_timeout=20.0),
-    )
-
-
-def demo() -> RunConfig:
-    """The demo network's 2x2 byte-level lattice, sized for a 2-core laptop.
-
-    Outer momentum 0.5 rather than DiLoCo's 0.9: at this scale it won at every H measured
-    (``docs/BENCHMARKS.md``, outer hyperparameters)."""
-    return RunConfig(
-        run_id="demo",
-        lattice=LatticeConfig(d_model=96, n_heads=4, blocks_per_module=1, seq_len=96),
-        inner=InnerConfig(lr=3e-3, warmup_steps=30, batch_size=16),
-        outer=OuterConfig(inner_steps=30, round_timeout=20.0, momentum=0.5),
-    )
-
-
-def dense() -> RunConfig:
-    """The dense baseline: a 1x1 lattice (plain data-parallel DiLoCo)."""
-    return RunConfig(
-        run_id="dense",
-        lattice=LatticeConfig(d_model=128, n_heads=4, blocks_per_module=2, levels=1, modules_per_level=1),
-    )
-
-
-PRESETS = {"tiny": tiny_cpu, "demo": demo, "dense": dense}
-
-
-def _preset_name(name: Any) -> str:
-    if name not in PRESETS:
-        raise ConfigError("preset", f"'{name}' is not one of {', '.join(PRESETS)}")
-    return name
-
-
-# -- helpers ----------------------------------------------------------------------------------
-
-
-def _stable_hash(data: Any) -> str:
-    blob = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
-
-
-def _fields(obj_or_cls: Any) -> Iterator[tuple[str, Any]]:
-    cls = obj_or_cls if isinstance(obj_or_cls, type) else type(obj_or_cls)
-    hints = get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        yield f.name, hints[f.name]
-
-
-def _type_ok(value: Any, hint: Any) -> bool:
-    if get_origin(hint) is Union:
-        return any(_type_ok(value, h) for h in get_args(hint))
-    if hint is type(None):
-        return value is None
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if isinstance(hint, type):
-        return isinstance(value, hint)
-    return True
-
-
-def _check_types(obj: Any) -> None:
-    for name, hint in _fields(obj):
-        value = getattr(obj, name)
-        if not _type_ok(value, hint):
-            want = getattr(hint, "__name__", str(hint))
-            raise ConfigError(name, f"expected {want}, got {value!r}")
-        if hint is float and isinstance(value, int):
-            object.__setattr__(obj, name, float(value))
-
-
-def _positive(obj: Any, *names: str) -> None:
-    for name in names:
-        if getattr(obj, name) <= 0:
-            raise ConfigError(name, f"must be > 0, got {getattr(obj, name)}")
-
-
-def _non_negative(obj: Any, *names: str) -> None:
-    for name in names:
-        if getattr(obj, name) < 0:
-            raise ConfigError(name, f"must be >= 0, got {getattr(obj, name)}")
-
-
-def _from_dict(cls: type, data: Any, prefix: str) -> Any:
-    if not isinstance(data, Mapping):
-        raise ConfigError(prefix.rstrip(".") or cls.__name__, "must be a table of fields")
-    known = dict(_fields(cls))
-    unknown = sorted(set(data) - set(known))
-    if unknown:
-        raise ConfigError(prefix + unknown[0], f"unknown field (known: {', '.join(known)})")
-    kwargs = {}
-    for name, value in data.items():
-        hint = known[name]
-        if dataclasses.is_dataclass(hint):
-            kwargs[name] = _from_dict(hint, value, prefix + name + ".")
-        else:
-            kwargs[name] = value
-    try:
-        return cls(**kwargs)
-    except ConfigError as e:
-        if prefix and not e.field.startswith(prefix):
-            raise ConfigError(prefix + e.field, str(e).split(": ", 1)[1]) from None
-        raise

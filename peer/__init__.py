@@ -23,8 +23,10 @@ checks it), and all of them may import ``models`` and ``protos``, never ``coordi
 
 Where a decision lives:
 
-- the codec of a module: the run config names it, the coordinator's assignment carries it, and
-  ``peer.averaging.codecs`` implements it;
+- the codec of a module: the run config names it (names, block layout and sizes: ``models.codec_spec``,
+  which the coordinator's byte estimate reads too), the coordinator's assignment carries it
+  (``WorkAssignment.outer_config``), ``DiLoCoOptimizer`` resolves it once (``peer.averaging.get_codec``)
+  and passes the ``Codec`` down to the averager; ``peer.averaging.quantizers`` and ``entropy`` implement it;
 - the snapshot layout on disk: ``peer.node.checkpoint``;
 - the wire messages between peers: ``protos/hivepath/peer/v1/`` (``net.proto``, ``stage.proto``);
 - an environment variable: ``peer.settings`` (the peer's), ``hivepath.settings`` (the command line's);

@@ -1,4 +1,4 @@
-"""A reducer's validation of the parts it receives (``peer.averaging.allreduce``): a malformed contribution
+"""A reducer's validation of the parts it receives (``peer.averaging.reducer``): a malformed contribution
 (wrong codec or size, a corrupt entropy frame, a bad weight) drops its sender from the part and
 keeps everyone else's; a good one decodes to exactly what its sender's codec round trip gives."""
 
@@ -9,8 +9,8 @@ import asyncio
 import pytest
 import torch
 
-from peer.averaging.allreduce import ReductionServer, _Slot
 from peer.averaging import BLOCK, get_codec
+from peer.averaging.reducer import PartReducer, PartSlot
 from protos.hivepath.peer.v1.net_pb2 import PartHeader
 
 N = 2 * BLOCK
@@ -36,9 +36,9 @@ def test_reducer_drops_the_sender_of_a_malformed_part_and_keeps_the_rest(codec):
         bad["unknown-tag"] = (_header(codec), b"\x05" + good[1:], "unknown entropy tag 5")
         bad["corrupt"] = (_header(codec), good[:1] + good[1:6] + bytes(len(good) - 6), "undecodable")
 
-    async def main() -> _Slot:
-        server = ReductionServer(p2p=None, peer_id="me", prefix="test")
-        slot = _Slot(N, codec, expected={"honest", *bad})
+    async def main() -> PartSlot:
+        server = PartReducer(p2p=None, peer_id="me", prefix="test")
+        slot = PartSlot(N, get_codec(codec), expected={"honest", *bad})
         assert await server._offer(slot, "honest", _header(codec), good) == ""
         for sender, (header, payload, why) in bad.items():
             problem = await server._offer(slot, sender, header, payload)

@@ -152,9 +152,10 @@ def test_local_group_of_five_with_a_huge_member_stays_identical_and_reports_it(r
     members = {pid: hub.member(pid) for pid in contributions}
     for m in members.values():
         m.use_aggregation(rule)
+    int8 = get_codec("int8")
     with ThreadPoolExecutor(5) as pool:
         results = dict(zip(members, pool.map(
-            lambda pid: members[pid].average("L0M0", 3, [contributions[pid][0]], contributions[pid][1], "int8", 30.0),
+            lambda pid: members[pid].average("L0M0", 3, [contributions[pid][0]], contributions[pid][1], int8, 30.0),
             members)))
     first = results["peer0"].averaged[0]
     for pid, res in results.items():
@@ -205,6 +206,7 @@ def test_five_networked_peers_with_a_hostile_member_stay_identical_and_near_the_
             wait_for(lambda: len(read_records(a.dht, holders_key("robust", "L0M0"), HolderRecord)) == 5, 60,
                      "every holder record")
         hostile = avgs[4].peer_id
+        int8 = get_codec("int8")
         for r, (rule, kind) in enumerate(plan):
             for a in avgs:
                 a.use_aggregation(rule)
@@ -212,7 +214,7 @@ def test_five_networked_peers_with_a_hostile_member_stay_identical_and_near_the_
             mean, spread = _target(honest)
             deltas = honest + [_hostile(kind, n, float(mean.norm()), seed=50 + r)]
             with ThreadPoolExecutor(5) as pool:
-                results = list(pool.map(lambda i: avgs[i].average("L0M0", r, [deltas[i]], WEIGHTS[i], "int8", 60.0),
+                results = list(pool.map(lambda i: avgs[i].average("L0M0", r, [deltas[i]], WEIGHTS[i], int8, 60.0),
                                         range(5)))
             for res in results:
                 assert res.ok and res.group_size == 5, f"round {r}: {res.reason}"

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models.config import CODECS
+from models.codec_spec import CODECS
 from peer.averaging import BLOCK, ErrorFeedback, flatten, get_codec, unflatten
 
 

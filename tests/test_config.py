@@ -7,14 +7,8 @@ import sys
 
 import pytest
 
-from models.config import (
-    LatticeConfig,
-    OuterConfig,
-    RunConfig,
-    load_run_config,
-    parse_path,
-    tiny_cpu,
-)
+from models.config import LatticeConfig, OuterConfig, RunConfig, parse_path
+from models.presets import load_run_config, tiny_cpu
 from models.errors import ConfigError
 
 

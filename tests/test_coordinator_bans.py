@@ -16,7 +16,7 @@ from coordinator.server import BackgroundServer, ServeOptions
 from coordinator.settings import CoordinatorSettings
 from coordinator.sqlite_store import SQLiteStore
 from coordinator.store import MemoryStore
-from models.config import tiny_cpu
+from models.presets import tiny_cpu
 from models.errors import ConfigError
 from peer.coordinator_client import CoordinatorClient, PeerBanned, PeerInfo
 from peer.network import CredentialVerifier

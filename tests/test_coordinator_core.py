@@ -12,7 +12,7 @@ from coordinator.records import Capabilities
 from coordinator.settings import CoordinatorSettings
 from coordinator.sqlite_store import SQLiteStore
 from coordinator.store import MemoryStore
-from models.config import tiny_cpu
+from models.presets import tiny_cpu
 from models.errors import HivepathError
 
 RUN = tiny_cpu().replace(data={"manifest_hash": "ab" * 8})

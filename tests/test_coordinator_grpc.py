@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 
 from coordinator.server import SERVICE_NAME, BackgroundServer, ServeOptions
 from coordinator.settings import CoordinatorSettings
-from models.config import tiny_cpu
+from models.presets import tiny_cpu
 from peer.coordinator_client import (
     CoordinatorClient,
     CoordinatorRefused,

@@ -9,10 +9,11 @@ import math
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
 from coordinator.records import MODE_PATH, MODE_STAGE, Capabilities
-from coordinator.scheduler import BYTES_PER_PARAM, assign_peer, fits_path, link_overrides, rebalance, rebalance_stages
+from coordinator.scheduler import assign_peer, exchange_bytes, fits_path, link_overrides, rebalance, rebalance_stages
 from coordinator.settings import CoordinatorSettings
 from coordinator.view import ClusterView
-from models.config import LatticeConfig, RunConfig, tiny_cpu
+from models.config import LatticeConfig, RunConfig
+from models.presets import tiny_cpu
 
 RUN = tiny_cpu()
 SETTINGS = CoordinatorSettings(min_move_interval=60.0)
@@ -128,19 +129,32 @@ def test_stage_module_without_server_is_filled_and_equal_stages_do_not_move():
 
 
 def test_slow_link_gets_a_larger_h_and_keeps_the_groups_codec():
-    params = RUN.lattice.path_param_count()
-    fast_h, fast_codec, why = link_overrides(caps(up=1e9, down=1e9), params, RUN, SETTINGS)
+    modules = RUN.lattice.path_modules(RUN.lattice.paths()[0])
+    fast_h, fast_codec, why = link_overrides(caps(up=1e9, down=1e9), modules, RUN, SETTINGS)
     assert (fast_h, fast_codec) == (RUN.outer.inner_steps, RUN.outer.codec) and "of a round" in why
     # a bandwidth at which the exchange takes 3x the budget at the run's H: H grows 4x, the codec stays
     compute = RUN.outer.inner_steps * RUN.inner.batch_size * RUN.lattice.seq_len / 10.0  # a slow peer: 10 tok/s
-    bw = 2 * params * BYTES_PER_PARAM[RUN.outer.codec] / (SETTINGS.comm_budget * compute) / 3
-    h, codec, why = link_overrides(caps(10.0, up=bw, down=bw), params, RUN, SETTINGS)
+    bw = 2 * exchange_bytes(RUN, modules) / (SETTINGS.comm_budget * compute) / 3
+    h, codec, why = link_overrides(caps(10.0, up=bw, down=bw), modules, RUN, SETTINGS)
     assert codec == RUN.outer.codec and h == 4 * RUN.outer.inner_steps and "slow link" in why
     # an exchange under a second is never slow, whatever its share of a tiny round
-    h, codec, why = link_overrides(caps(1e9, up=1e8, down=1e8), params, RUN, SETTINGS)
+    h, codec, why = link_overrides(caps(1e9, up=1e8, down=1e8), modules, RUN, SETTINGS)
     assert h == RUN.outer.inner_steps and "of a round" in why
-    h, codec, _ = link_overrides(caps(up=1.0, down=1.0), params, RUN, SETTINGS)
+    h, codec, _ = link_overrides(caps(up=1.0, down=1.0), modules, RUN, SETTINGS)
     assert codec == RUN.outer.codec and h == RUN.outer.inner_steps * SETTINGS.max_inner_steps_factor
+
+
+def test_exchange_bytes_are_the_codecs_exact_size_per_module():
+    # tiny 2x2, d=32, one block per module: embed 256*32 + 32*32 = 9216 values, a block 12*32*32 + 2*32 = 12352,
+    # the tied head 32. int8 sends one byte per value and a 4-byte scale per block of 1024 values (not 256).
+    modules = RUN.lattice.path_modules((0, 1))
+    assert [RUN.lattice.module_param_count(m) for m in modules] == [9216, 12352, 12352, 32]
+    assert RUN.outer.codec == "int8"
+    assert exchange_bytes(RUN, modules) == (9216 + 4 * 9) + 2 * (12352 + 4 * 13) + (32 + 4) == 34096
+    assert exchange_bytes(RUN.replace(outer={"codec": "int4"}), modules) == (
+        (4608 + 4 * 9) + 2 * (6176 + 4 * 13) + (16 + 4))
+    assert exchange_bytes(RUN.replace(outer={"codec": "fp16"}), modules) == 2 * 33952
+    assert exchange_bytes(RUN.replace(outer={"codec": "none"}), ["head"]) == 4 * 32
 
 
 def test_slow_peer_prefers_path_with_fewer_module_members():

@@ -19,7 +19,7 @@ from coordinator.servicer import CoordinatorServicer
 from coordinator.settings import CoordinatorSettings
 from coordinator.sqlite_store import open_store
 from helpers import free_port
-from models.config import tiny_cpu
+from models.presets import tiny_cpu
 from peer.coordinator_client import CoordinatorClient, PeerInfo, Progress
 from protos import coordinator_pb2 as pb
 from protos import coordinator_pb2_grpc as pb_grpc

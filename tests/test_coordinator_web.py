@@ -14,7 +14,7 @@ from coordinator.core import ProgressReport
 from coordinator.records import Capabilities
 from coordinator.server import BackgroundServer, ServeOptions
 from coordinator.settings import CoordinatorSettings
-from models.config import tiny_cpu
+from models.presets import tiny_cpu
 
 RUN = tiny_cpu()
 

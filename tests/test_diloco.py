@@ -381,7 +381,7 @@ def test_inner_lr_schedule_warms_up_then_decays_by_cosine_to_its_floor():
 
 def test_modular_lm_paths_with_inner_config_stay_bit_identical():
     """The same wrapper on engineer A's real lattice model (tiny preset), AdamW built from InnerConfig."""
-    from models.config import tiny_cpu
+    from models.presets import tiny_cpu
     from models.lattice import ModularLM
 
     cfg = tiny_cpu()
@@ -430,7 +430,7 @@ def test_failed_round_keeps_local_progress_and_the_delta_carries_into_the_next()
     init = [p.detach().clone() for p in solo.mods["L0M0"].parameters()]
     ghost = hub.member("ghost", ["L0M0"])
     # the ghost closes round 0 alone (after its timeout) before solo gets there: solo's round 0 fails
-    assert ghost.average("L0M0", 0, [torch.zeros(3)], 1.0, "none", 0.05).group_size == 1
+    assert ghost.average("L0M0", 0, [torch.zeros(3)], 1.0, get_codec("none"), 0.05).group_size == 1
     hub.leave("ghost")
     solo.train_step()
     m = solo.train_step().modules["L0M0"]
@@ -537,7 +537,7 @@ def test_module_state_from_another_thread_is_never_torn_or_mislabelled():
         def contribute(m: str):  # the other member's delta for each module ``a`` holds
             like = w.opt.module_state(m).global_params
             delta = [torch.randn(g.shape, generator=torch.Generator().manual_seed(7)) * 0.01 for g in like]
-            return other.average(m, 0, delta, float(BATCH * SEQ), outer.wire_codec(), 60.0)
+            return other.average(m, 0, delta, float(BATCH * SEQ), w.opt.codec, 60.0)
 
         with ThreadPoolExecutor(len(w.opt.module_ids)) as pool:
             for res in pool.map(contribute, w.opt.module_ids):

@@ -13,8 +13,9 @@ from helpers.procs import ROOT
 
 NETWORKING = ("hivemind", "grpc", "google.protobuf", "aiohttp", "requests", "urllib3", "zmq", "multiaddr")
 OURS = ("peer", "coordinator", "protos", "hivepath", "bench")
-MODELS = ("models", "models.config", "models.errors", "models.lattice", "models.tokenizer", "models.corpus",
-          "models.data", "models.routing", "models.evaluate", "models.checkpoint", "models.training")
+MODELS = ("models", "models.config", "models.codec_spec", "models.presets", "models.errors", "models.lattice",
+          "models.tokenizer", "models.corpus", "models.data", "models.routing", "models.evaluate", "models.checkpoint",
+          "models.training")
 
 
 def _loaded_after(code: str) -> set[str]:
@@ -36,7 +37,8 @@ def test_models_imports_no_networking_and_nothing_of_ours():
     assert _hits(loaded, OURS) == []
 
 
-@pytest.mark.parametrize("module", ["models", "models.config", "models.errors"])
+@pytest.mark.parametrize("module", ["models", "models.config", "models.codec_spec", "models.presets",
+                                    "models.errors"])
 def test_torch_free_parts_of_models(module):
     loaded = _loaded_after(f"import {module}")
     assert _hits(loaded, ("torch", "numpy", "hivemind")) == []

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.config import LatticeConfig, tiny_cpu
+from models.config import LatticeConfig
+from models.presets import tiny_cpu
 from models.errors import ConfigError
 from models.lattice import ModularLM
 

@@ -32,7 +32,7 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from peer.averaging.partition import fallback_reducer, part_bounds  # noqa: E402
 from peer.averaging import AverageResult  # noqa: E402
-from peer.averaging import BLOCK, flatten  # noqa: E402
+from peer.averaging import BLOCK, flatten, get_codec  # noqa: E402
 from peer.network import DHTOptions, start_dht  # noqa: E402
 from peer.outer import ModuleState  # noqa: E402
 from peer.averaging.net_averager import DEFAULT_BANDWIDTH, NetAverager  # noqa: E402
@@ -89,7 +89,8 @@ def wait_holders(dht, run_id: str, module_id: str, config_hash: str, count: int,
 
 
 def run_lattice(opts: dict, dht, out: dict) -> None:
-    from models.config import OuterConfig, tiny_cpu
+    from models.config import OuterConfig
+    from models.presets import tiny_cpu
     from models.lattice import ModularLM
     from peer.diloco import DiLoCoOptimizer
 
@@ -164,7 +165,7 @@ def run_direct(opts: dict, dht, out: dict) -> None:
             wait_holders(dht, run_id, mid, config_hash, opts["peers"], min_round=r)
         gen = torch.Generator().manual_seed(1000 * opts["seed"] + r)
         delta = torch.randn(numel, generator=gen) * 0.01  # (numel,)
-        res = rec.average(mid, r, [delta], float(opts["seed"] + 1), "int8", opts["round_timeout"])
+        res = rec.average(mid, r, [delta], float(opts["seed"] + 1), get_codec("int8"), opts["round_timeout"])
         with lock:
             if res.averaged is not None:
                 outer.step(res.averaged)
@@ -297,7 +298,7 @@ def test_part_bounds_follow_bandwidth():
 def test_three_peers_on_a_2x2_lattice_stay_bit_identical_with_int8(procs, tmp_path, overlap):
     """Paths (0,0), (0,1), (1,1): embed/head shared by 3, L0M0 by 2, L1M1 by 2, L0M1 and L1M0 alone.
     Trained through ``DiLoCoOptimizer``; with ``overlap`` each exchange runs behind the next round."""
-    from models.config import tiny_cpu
+    from models.presets import tiny_cpu
     from models.lattice import ModularLM
 
     paths = {"a": (0, 0), "b": (0, 1), "c": (1, 1)}
@@ -466,7 +467,7 @@ def test_archive_peer_serves_state_but_is_never_waited_for(tmp_path):
                 assert not newcomer.others_waiting({"L1M0": 3})
                 time.sleep(0.05)
             t0 = time.monotonic()
-            res = newcomer.average("L0M0", 7, [torch.ones(10)], 1.0, "int8", timeout=20.0)
+            res = newcomer.average("L0M0", 7, [torch.ones(10)], 1.0, get_codec("int8"), timeout=20.0)
             assert res.reason == "lone holder" and torch.equal(res.averaged[0], torch.ones(10))
             assert time.monotonic() - t0 < 0.2 * 20.0, "the group waited for the archive peer"
         finally:
@@ -497,7 +498,8 @@ def test_client_mode_peer_averages_without_reducing(tmp_path):
                          "every holder record")
             deltas = [torch.randn(3 * BLOCK + 5, generator=torch.Generator().manual_seed(i)) for i in range(3)]
             with ThreadPoolExecutor(3) as pool:
-                results = list(pool.map(lambda i: avgs[i].average("L0M0", 0, [deltas[i]], float(i + 1), "fp16", 20.0),
+                fp16 = get_codec("fp16")
+                results = list(pool.map(lambda i: avgs[i].average("L0M0", 0, [deltas[i]], float(i + 1), fp16, 20.0),
                                         range(3)))
         finally:
             for a in avgs:

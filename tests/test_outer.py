@@ -124,8 +124,8 @@ def test_local_averager_gives_every_member_the_same_weighted_mean(codec_name):
     g = torch.Generator().manual_seed(2)
     data = [[torch.randn(1500, generator=g), torch.randn(3, 7, generator=g)] for _ in range(3)]
     weights = [100.0, 50.0, 25.0]
-    res = _run_members(members, lambda i, m: m.average("L0M0", 0, data[i], weights[i], codec_name, 30.0))
     codec = get_codec(codec_name)
+    res = _run_members(members, lambda i, m: m.average("L0M0", 0, data[i], weights[i], codec, 30.0))
     sent = [codec.roundtrip(flatten(d)) for d in data]
     expected = codec.roundtrip(weighted_mean(sent, weights))
     for i in range(3):
@@ -147,7 +147,7 @@ def test_local_averager_lone_holder_gets_its_own_roundtrip_at_once():
     hub.member("other", module_ids=["L1M1"])
     x = torch.randn(2000)
     t0 = time.monotonic()
-    r = solo.average("L1M0", 0, [x], 7.0, "int4", 30.0)
+    r = solo.average("L1M0", 0, [x], 7.0, get_codec("int4"), 30.0)
     assert time.monotonic() - t0 < 5.0  # nobody else holds L1M0: no waiting for the timeout
     assert r.group_size == 1 and torch.equal(r.averaged[0], get_codec("int4").roundtrip(x))
 
@@ -157,13 +157,13 @@ def test_local_averager_drops_absent_member_after_timeout_and_late_member_fails(
     a, b, late = hub.member("a"), hub.member("b"), hub.member("late")
     xs = [torch.full((10,), 1.0), torch.full((10,), 3.0)]
     t0 = time.monotonic()
-    res = _run_members([a, b], lambda i, m: m.average("head", 4, [xs[i]], 1.0, "none", 0.5))
+    res = _run_members([a, b], lambda i, m: m.average("head", 4, [xs[i]], 1.0, get_codec("none"), 0.5))
     elapsed = time.monotonic() - t0
     assert 0.4 < elapsed < 10.0
     for r in res.values():
         assert r.group_size == 2 and r.peers == ["a", "b"] and "dropped absent late" in r.reason
         assert torch.equal(r.averaged[0], torch.full((10,), 2.0))
-    r = late.average("head", 4, [torch.zeros(10)], 1.0, "none", 0.5)
+    r = late.average("head", 4, [torch.zeros(10)], 1.0, get_codec("none"), 0.5)
     assert r.averaged is None and "closed" in r.reason
     assert hub.round_weights("head", 4) == {"a": 1.0, "b": 1.0}
 
@@ -173,7 +173,7 @@ def test_local_averager_drops_a_wrong_sized_contribution():
     members = [hub.member(p) for p in ("a", "b", "c")]
     sizes = [10, 10, 11]
     res = _run_members(
-        members, lambda i, m: m.average("embed", 0, [torch.full((sizes[i],), float(i))], 1.0, "fp16", 30.0)
+        members, lambda i, m: m.average("embed", 0, [torch.full((sizes[i],), float(i))], 1.0, get_codec("fp16"), 30.0)
     )
     assert res[0].peers == ["a", "b"] and torch.equal(res[0].averaged[0], torch.full((10,), 0.5))
     assert torch.equal(res[1].averaged[0], res[0].averaged[0])
@@ -183,9 +183,9 @@ def test_local_averager_drops_a_wrong_sized_contribution():
 def test_local_averager_refuses_non_finite_and_bad_weight():
     hub = LocalAverager()
     m = hub.member("a")
-    r = m.average("embed", 0, [torch.tensor([float("nan")])], 1.0, "int8", 1.0)
+    r = m.average("embed", 0, [torch.tensor([float("nan")])], 1.0, get_codec("int8"), 1.0)
     assert r.averaged is None and "NaN" in r.reason
     with pytest.raises(ValueError, match="weight"):
-        m.average("embed", 1, [torch.ones(1)], 0.0, "int8", 1.0)
+        m.average("embed", 1, [torch.ones(1)], 0.0, get_codec("int8"), 1.0)
     with pytest.raises(ValueError, match="already"):
         hub.member("a")

@@ -33,7 +33,7 @@ PEER_TIMEOUT = 150.0
 
 
 def _config(opts: dict):
-    from models.config import tiny_cpu
+    from models.presets import tiny_cpu
 
     return tiny_cpu().replace(outer={"inner_steps": opts["inner_steps"], "round_timeout": opts["round_timeout"]})
 

@@ -10,7 +10,7 @@ from coordinator.records import MODE_STAGE, Capabilities
 from coordinator.scheduler import fits_path
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import MemoryStore
-from models.config import tiny_cpu
+from models.presets import tiny_cpu
 
 RUN = tiny_cpu().replace(data={"manifest_hash": "ab" * 8})
 SETTINGS = CoordinatorSettings(lease_timeout=30.0, heartbeat_interval=5.0, restart_grace=60.0, min_move_interval=0.0)

@@ -21,7 +21,7 @@ from peer.stage.records import (
     stage_records_from_value,
     stage_servers_key,
 )
-from peer.stage import WireError, decode_tensor, encode_tensor
+from peer.stage import WireError, activation_codec, decode_tensor, encode_tensor
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER = "12D3KooWQgGPyXufy9nuCHQ1h864dgAULs9sg4sTTuxWVeGR2LH9"
@@ -81,7 +81,7 @@ def test_entries_from_a_dht_value_keep_only_valid_records_with_their_expiry():
 @pytest.mark.parametrize("codec, tol", [("none", 0.0), ("fp16", 1e-3), ("int8", 0.02)])
 def test_wire_round_trip_within_codec_error(codec, tol):
     x = torch.randn(3, 5, 8, generator=torch.Generator().manual_seed(1))  # (B, T, C)
-    msg = encode_tensor(x, codec)
+    msg = encode_tensor(x, activation_codec(codec))
     y = decode_tensor(EncodedTensor.FromString(msg.SerializeToString()), "x", 1000, last_dim=8)
     assert y.shape == x.shape and float((y - x).abs().max()) <= tol * float(x.abs().max())
     if codec == "int8":
@@ -89,7 +89,7 @@ def test_wire_round_trip_within_codec_error(codec, tol):
 
 
 def test_wire_rejects_every_malformed_tensor():
-    good = encode_tensor(torch.ones(2, 4, 8), "int8")
+    good = encode_tensor(torch.ones(2, 4, 8), activation_codec("int8"))
     cases = {
         "shape (batch, tokens, width)": EncodedTensor(shape=[8], codec="int8", data=good.data),
         "empty dimension": EncodedTensor(shape=[2, 0, 8], codec="int8", data=b""),
@@ -106,7 +106,7 @@ def test_wire_rejects_every_malformed_tensor():
     with pytest.raises(WireError, match="differs from the expected"):
         decode_tensor(good, "grad", 1000, shape=[2, 4, 9])
     with pytest.raises(WireError, match="NaN"):
-        encode_tensor(torch.tensor([[[float("inf")]]]), "none")
+        encode_tensor(torch.tensor([[[float("inf")]]]), activation_codec("none"))
 
 
 def test_stochastic_wiring_follows_throughput_over_expected_wait():

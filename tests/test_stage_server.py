@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.config import tiny_cpu
+from models.presets import tiny_cpu
 from models.errors import ConfigError
 from models.lattice import ModularLM
 from peer.network import DHTOptions, start_dht
 from peer.stage import StageClient, StageRequestError
 from protos.hivepath.peer.v1.stage_pb2 import EncodedTensor, StageReply, StageRequest
 from peer.stage import StageServer, StageServerOptions
-from peer.stage import encode_tensor
+from peer.stage import activation_codec, encode_tensor
 
 from helpers import wait_for
 
@@ -42,7 +42,7 @@ def stage():
 
 def _forward(x: torch.Tensor, rid: str = "r", codec: str = "none", **kw) -> StageRequest:
     fields = dict(kind=StageRequest.FORWARD, module_id="L0M0", config_hash=CFG.content_hash(), request_id=rid,
-                  input=encode_tensor(x, codec))
+                  input=encode_tensor(x, activation_codec(codec)))
     fields.update(kw)
     return StageRequest(**fields)
 
@@ -81,14 +81,14 @@ def test_forward_and_backward_match_local_autograd(stage):
                                      data=torch.full((T * C,), float("nan")).numpy().tobytes())),
      StageReply.BAD_REQUEST, "NaN"),
     ("no kept input", dict(kind=StageRequest.BACKWARD, request_id="never-sent", input=None,
-                           grad=encode_tensor(torch.ones(1, T, C), "none")),
+                           grad=encode_tensor(torch.ones(1, T, C), activation_codec("none"))),
      StageReply.UNKNOWN_REQUEST, "no kept input"),
 ])
 def test_bad_input_is_refused_and_the_server_keeps_serving(stage, name, change, code, needle):
     server, client = stage
     rejected = server.counts["rejected"]
     fields = dict(kind=StageRequest.FORWARD, module_id="L0M0", config_hash=CFG.content_hash(), request_id=name,
-                  input=encode_tensor(torch.ones(1, T, C), "none"))
+                  input=encode_tensor(torch.ones(1, T, C), activation_codec("none")))
     fields.update(change)
     fields = {k: v for k, v in fields.items() if v is not None}
     reply = client.send(server.peer_id, StageRequest(**fields), timeout=10.0)
@@ -102,7 +102,7 @@ def test_backward_with_a_gradient_of_another_shape_is_refused(stage):
     server, client = stage
     assert client.send(server.peer_id, _forward(torch.ones(2, 4, C), rid="g"), timeout=10.0).code == StageReply.OK
     bad = StageRequest(kind=StageRequest.BACKWARD, module_id="L0M0", config_hash=CFG.content_hash(), request_id="g",
-                       grad=encode_tensor(torch.ones(2, 5, C), "none"))
+                       grad=encode_tensor(torch.ones(2, 5, C), activation_codec("none")))
     reply = client.send(server.peer_id, bad, timeout=10.0)
     assert reply.code == StageReply.BAD_REQUEST and "differs from the expected [2, 4, 32]" in reply.error
 

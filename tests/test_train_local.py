@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from helpers import hivepath_cmd, write_corpus
-from models.config import LatticeConfig, RunConfig, tiny_cpu
+from models.config import LatticeConfig, RunConfig
+from models.presets import tiny_cpu
 from models.corpus import corpus_from_paths
 from models.data import prepare
 from models.lattice import ModularLM

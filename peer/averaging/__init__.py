@@ -2,25 +2,35 @@
 
 The contract and the rule:
 - ``contract``: :class:`ModuleAverager` (what the DiLoCo optimizer calls), :class:`AverageResult`.
-- ``codecs``: the pseudo-gradient codecs (none, fp16, int8, int4, each optionally zstd-coded) by name
-  (:func:`get_codec`), :func:`flatten` / :func:`unflatten`, and :class:`ErrorFeedback`.
+- ``codecs``: the pseudo-gradient codecs by wire name (:func:`get_codec`: none, fp16, int8, int4, each
+  optionally zstd-coded), as specified by :mod:`models.codec_spec` (names, :data:`BLOCK`, sizes);
+  implemented by ``quantizers`` (the value codecs, :class:`Codec`) and ``entropy`` (the zstd stage).
+- ``vectors``: :func:`flatten` / :func:`unflatten`, a module's tensors as the flat vector codecs encode.
+- ``error_feedback``: :class:`ErrorFeedback`, what the codec dropped carried into the next round.
 - ``aggregation``: the reduction rule every reducer applies (weighted mean, trimmed mean, centered
   clipping; :func:`reduce_part`), in a fixed order so every member gets the same bytes.
 - ``local``: :class:`LocalAverager`, the contract between threads of one process.
 
 Over the network (hivemind's P2P and DHT):
 - ``matchmaking``: groups per (module, round) from holder records and group declarations.
+- ``group_join``: the leader/follower protocol that turns a round's declared members into one group.
 - ``partition``: how a module's flat vector is cut into block-aligned parts among reducers.
-- ``allreduce``: :class:`ReductionServer`, the all-reduce of one group's parts, with fallback reducers.
+- ``reducer``: the reducer's half of the all-reduce: validating, reducing and answering the parts it reduces.
+- ``allreduce``: :class:`ReductionServer`, a member's half of the all-reduce of one group's parts, with
+  fallback reducers.
 - ``state_transfer``: serving and fetching a module's :class:`~peer.outer.ModuleState` (newcomers, re-sync).
 - ``net_averager``: :class:`NetAverager`, the contract over all of the above.
 
 Imports ``peer.outer`` and ``peer.network``.
 """
 
+from models.codec_spec import BLOCK
 from peer.averaging.aggregation import AGGREGATORS, MEAN, Aggregation, Reduced, aggregate, reduce_encoded, reduce_part, weighted_mean
-from peer.averaging.codecs import BLOCK, Codec, ErrorFeedback, flatten, get_codec, unflatten
+from peer.averaging.codecs import get_codec
 from peer.averaging.contract import AverageResult, ModuleAverager, SuspectHook
+from peer.averaging.error_feedback import ErrorFeedback
+from peer.averaging.quantizers import Codec
+from peer.averaging.vectors import flatten, unflatten
 from peer.averaging.local import LocalAverager, LocalMember
 from peer.averaging.net_averager import NetAverager
 from peer.averaging.state_transfer import StateTransferError, fetch_module_state

@@ -34,7 +34,8 @@ from typing import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from peer.averaging.codecs import Codec
+from models.config import AGGREGATORS
+from peer.averaging.quantizers import Codec
 
 __all__ = ["AGGREGATORS", "Aggregation", "MEAN", "Reduced", "aggregate", "reduce_part", "weighted_mean", "reduce_encoded"]
 
@@ -54,8 +55,6 @@ def weighted_mean(values: Sequence[Tensor], weights: Sequence[float]) -> Tensor:
         acc.add_(v.to(torch.float32) * torch.tensor(float(w), dtype=torch.float32))  # fp32 product, then sum
     return acc / torch.tensor(total, dtype=torch.float32)
 
-
-AGGREGATORS = ("mean", "trimmed_mean", "centered_clip")
 
 @dataclass(frozen=True)
 class Aggregation:

@@ -1,21 +1,23 @@
 """The all-reduce of one averaging group over hivemind's P2P, giving every member the same bytes.
 
 A group's flat fp32 delta is cut into one part per member, at multiples of
-:data:`peer.averaging.codecs.BLOCK` and sized by the members' measured upload bandwidth (client-mode
+:data:`models.codec_spec.BLOCK` and sized by the members' measured upload bandwidth (client-mode
 members, bandwidth 0, reduce nothing; see :mod:`peer.averaging.partition`). Member ``i`` reduces part ``i``:
 
-1. every member encodes each of its parts with the codec (and the run's lossless entropy stage, a
-   codec name such as ``int8+zstd``: see :mod:`peer.averaging.codecs`) and streams part ``i`` to member ``i``
-   (header :class:`protos.hivepath.peer.v1.net_pb2.PartHeader`, then the payload); the reducer acknowledges it at once;
-2. the reducer validates each contribution (size, codec, finite weight, decodable; a bad one drops
-   its sender), waits for every member until its deadline (a slow or gone member is dropped), takes
-   the weighted fp32 mean in sorted peer-id order (or the run's robust rule,
-   :func:`peer.averaging.aggregate`) and encodes it ONCE;
+1. every member encodes each of its parts with the run's wire codec (e.g. ``int8+zstd``, the codec
+   and its lossless entropy stage), the :class:`~peer.averaging.quantizers.Codec` its optimizer
+   resolved once, and streams part ``i`` to member ``i`` (header
+   :class:`protos.hivepath.peer.v1.net_pb2.PartHeader`, naming the codec, then the payload); the reducer
+   acknowledges it at once;
+2. the reducer (:mod:`peer.averaging.reducer`) validates each contribution (size, codec, finite
+   weight, decodable; a bad one drops its sender), waits for every member until its deadline (a slow
+   or gone member is dropped), takes the weighted fp32 mean in sorted peer-id order (or the run's
+   robust rule, :func:`peer.averaging.aggregate`) and encodes it ONCE;
 3. it replies to every sender with those same bytes (:class:`protos.hivepath.peer.v1.net_pb2.PartReply` + payload), and
    decodes them itself: member and reducer apply identical bits.
 
 The vector is first cut into at most 16 block-aligned segments, each reduced this way, with
-:data:`PIPELINE` segments in flight: encoding and uploading segment s+1 overlaps the averages of
+:data:`~peer.averaging.partition.PIPELINE` segments in flight: encoding and uploading segment s+1 overlaps the averages of
 segment s coming back (as hivemind's chunked all-reduce does), so the link is rarely idle; each
 segment's averages are decoded as they arrive, and a sender's encoder hands back the decoded
 values its bytes carry (no second decode of what we sent).
@@ -23,7 +25,8 @@ values its bytes carry (no second decode of what we sent).
 A stream that breaks at a live reducer is asked again (an accepted contribution is served its
 average, never added twice). A part whose reducer is gone (or refuses, or misses the deadline) goes
 to a fallback reducer, the first other member in sorted order that reduces anything: it serves the
-original average if it received one, else asks the other members for it (:data:`PROBE`) and adopts
+original average if it received one, else asks the other members for it
+(:data:`~peer.averaging.reducer.PROBE`) and adopts
 it, so members the dead reducer answered and those it did not still agree; only if nobody has it
 does it reduce the contributions of the members that ask. Not covered: a second fault in the same
 round (the fallback reducer dying as well), after which members may differ for that round.
@@ -36,29 +39,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
 
-from peer.averaging.aggregation import MEAN, Aggregation, aggregate
-from peer.averaging.codecs import get_codec
-from protos.hivepath.peer.v1.net_pb2 import PartHeader, PartReply
 from peer.averaging.partition import PIPELINE, Group, fallback_reducer, part_bounds, segment_bounds
+from peer.averaging.quantizers import Codec
+from peer.averaging.reducer import PROBE, GroupState, PartReducer, PartSlot, wait_event
+from protos.hivepath.peer.v1.net_pb2 import PartHeader, PartReply
 
-__all__ = [
-    "Group", "AllReduceOutcome", "ReductionServer", "EventHook", "part_bounds", "segment_bounds", "fallback_reducer",
-    "PIPELINE", "PROBE", "linger",
-]
+__all__ = ["AllReduceOutcome", "ReductionServer"]
 
 log = logging.getLogger(__name__)
-
-
-PROBE = 3
-"""``PartHeader.attempt`` of a fallback reducer asking a member for the original average of a part."""
 
 
 @dataclass
@@ -76,265 +71,14 @@ class AllReduceOutcome:
     """Peer id -> why its contribution to a part reduced here was dropped or clipped."""
 
 
-BENIGN = ("too late", "not a member", "duplicate")
-"""Refusals that say nothing about a sender's honesty (late, another group, a retry)."""
+
+class ReductionServer(PartReducer):
+    """Serves the parts this peer reduces (:class:`~peer.averaging.reducer.PartReducer`), and runs this
+    peer's side of each group's all-reduce (:meth:`run`), falling back to another reducer for a part
+    whose reducer failed."""
 
 
-@dataclass
-class _Slot:
-    """One part being reduced here: contributions by peer id, then the encoded average."""
-
-    numel: int
-    codec: str
-    expected: set[str]
-    decoded: dict[str, tuple[Tensor, float]] = field(default_factory=dict)
-    accepted: set[str] = field(default_factory=set)
-    """Senders whose contribution is in (kept after the reduction frees ``decoded``)."""
-    dropped: dict[str, str] = field(default_factory=dict)
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-    result: "asyncio.Future[tuple[bytes, list[str]]]" = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-
-    def check(self, sender: str, header: PartHeader, payload: bytes) -> str:
-        """Why this contribution cannot be accepted ('' if it can be decoded and offered)."""
-        codec = get_codec(self.codec)
-        if sender not in self.expected:
-            return "sender is not a member of this group"
-        if sender in self.decoded or sender in self.dropped:
-            return "duplicate contribution"
-        if self.result.done():
-            return "the part was already reduced (too late)"
-        if header.codec != self.codec or header.numel != self.numel:
-            return f"part is {header.codec}/{header.numel} elements, expected {self.codec}/{self.numel}"
-        if not codec.size_ok(len(payload), self.numel):
-            return f"payload is {len(payload)} bytes, which cannot encode {self.numel} values with {self.codec}"
-        if not (math.isfinite(header.weight) and header.weight > 0):
-            return f"weight {header.weight} is not a finite number > 0"
-        return ""
-
-    def accept(self, sender: str, values: Tensor, weight: float) -> str:
-        """Store a decoded contribution (numel,); '' if accepted."""
-        if self.result.done():
-            return "the part was already reduced (too late)"
-        self.decoded[sender] = (values, float(weight))
-        self.accepted.add(sender)
-        self.changed.set()
-        return ""
-
-    def drop(self, sender: str, problem: str) -> None:
-        """Exclude ``sender`` from this part (a bad contribution drops its sender)."""
-        if sender in self.expected and sender not in self.decoded:
-            self.dropped[sender] = problem
-            self.changed.set()
-
-    def complete(self) -> bool:
-        return self.expected <= set(self.decoded) | set(self.dropped)
-
-
-@dataclass
-class _GroupState:
-    group: Group
-    bounds: list[list[tuple[int, int]]]
-    """Per segment, per member: the (start, end) of the part that member reduces."""
-    codec: str
-    slots: dict[tuple[int, int, int], _Slot] = field(default_factory=dict)
-    """(segment, part, attempt) -> a part we reduce."""
-    finished: dict[tuple[int, int], tuple[bytes, list[str]]] = field(default_factory=dict)
-    fallback: dict[tuple[int, int], "asyncio.Future[tuple[bytes, list[str], bool]]"] = field(default_factory=dict)
-    """Parts we are the fallback reducer of: (average, contributors, reduced here rather than adopted)."""
-    phase1_done: asyncio.Event = field(default_factory=asyncio.Event)
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    sends_left: int = 0
-    acked: set[tuple[int, int]] = field(default_factory=set)
-    serving: int = 0
-    """Accepted contributions whose average is not yet sent back."""
-    served: asyncio.Event = field(default_factory=asyncio.Event)
-    suspects: dict[str, str] = field(default_factory=dict)
-
-    def suspect(self, key: tuple[int, int, int], peer: str, why: str) -> None:
-        """Note a dropped or clipped contribution (the first reason per peer is kept)."""
-        self.suspects.setdefault(peer, f"part {key[0]}.{key[1]}: {why}")
-
-
-EventHook = Callable[[str], None]
-"""Called on the averager's loop with a point name, so tests can inject a fault exactly there (e.g.
-kill the process) and benchmarks can time phases: ``"group_formed"`` (matchmaking done, before
-the reduction), ``"parts_sent"`` (every part we contribute was acknowledged by its reducer),
-``"reduced"`` (a part we reduce is averaged and encoded, and about to be sent back),
-``"part_replied"`` (one member received, and closed the stream of, the average of a part we reduce)."""
-
-
-class ReductionServer:
-    """Serves the parts this peer reduces, and runs this peer's side of each group's all-reduce.
-
-    Lives on one asyncio loop with a ``hivemind.p2p.P2P`` handle; :meth:`start` registers the stream
-    handler ``{prefix}_part``. ``aggregation`` is the run's rule for the parts reduced here.
-    """
-
-    def __init__(self, p2p: Any, peer_id: str, prefix: str, wait_timeout: float = 60.0,
-                 event_hook: Optional[EventHook] = None, aggregation: Aggregation = MEAN):
-        self.p2p = p2p
-        self.aggregation = aggregation
-        self.event_hook = event_hook
-        self.peer_id = peer_id
-        self.handler_name = f"{prefix}_part"
-        self.wait_timeout = wait_timeout
-        self._groups: dict[str, _GroupState] = {}
-        self._group_added = asyncio.Event()
-
-    async def start(self) -> None:
-        await self.p2p.add_binary_stream_handler(self.handler_name, self._handle)
-
-    # -- serving side -------------------------------------------------------------------------
-
-    async def _handle(self, stream_info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        from hivemind.p2p import P2P
-
-        sender = stream_info.peer_id.to_base58()
-        try:
-            header, err = await P2P.receive_protobuf(PartHeader, reader)
-            if header is None:
-                return
-            payload = await P2P.receive_raw_data(reader)
-            state = await self._wait_group(header.group_id, time.monotonic() + self.wait_timeout)
-            if state is not None:
-                state.bytes_received += len(payload)
-                state.serving += 1
-            try:
-                reply, data = await self._serve(sender, header, payload, writer)
-                await P2P.send_protobuf(reply, writer)
-                await P2P.send_raw_data(data, writer)
-                if state is not None:
-                    state.bytes_sent += len(data)
-                await linger(reader, self.wait_timeout)
-                if reply.ok and header.attempt == 0:
-                    self.event("part_replied")
-            finally:
-                if state is not None:
-                    state.serving -= 1
-                    state.served.set()
-        except (asyncio.IncompleteReadError, ConnectionError) as e:
-            log.debug("part stream from %s broke: %r", sender, e)
-        finally:
-            writer.close()
-
-    async def _serve(self, sender: str, header: PartHeader, payload: bytes,
-                     writer: asyncio.StreamWriter) -> tuple[PartReply, bytes]:
-        from hivemind.p2p import P2P
-
-        deadline = time.monotonic() + self.wait_timeout
-        state = await self._wait_group(header.group_id, deadline)
-        if state is None:
-            return PartReply(ok=False, error="unknown group"), b""
-        key = (header.segment, header.part_index, header.attempt)
-        if header.attempt in (1, PROBE):
-            # the fallback (1) or a fallback reducer's probe (PROBE): the original average if we have it
-            await _wait_event(state.phase1_done, deadline)
-            if key[:2] in state.finished:
-                data, contributors = state.finished[key[:2]]
-                return PartReply(ok=True, contributors=contributors, payload_len=len(data)), data
-            if header.attempt == PROBE:
-                return PartReply(ok=False, error="no original average of this part here"), b""
-            if key[:2] not in state.fallback:
-                return PartReply(ok=False, error=f"not the fallback reducer of part {key[0]}.{key[1]}"), b""
-            slot = state.slots[key]
-            if sender not in slot.accepted and not slot.result.done():
-                await self._offer(slot, sender, header, payload)
-            await P2P.send_protobuf(PartReply(ok=True, received=True), writer)
-            try:
-                data, contributors, reduced_here = await asyncio.wait_for(
-                    asyncio.shield(state.fallback[key[:2]]), max(0.0, deadline - time.monotonic()))
-            except Exception as e:
-                return PartReply(ok=False, error=f"fallback failed: {e!r}"), b""
-            if reduced_here and sender not in contributors:
-                return PartReply(ok=False, error="dropped from the part"), b""
-            return PartReply(ok=True, contributors=contributors, payload_len=len(data)), data
-        while key not in state.slots and time.monotonic() < deadline and not state.phase1_done.is_set():
-            await _wait_event(state.phase1_done, min(deadline, time.monotonic() + 0.05))
-        slot = state.slots.get(key)
-        if slot is None:
-            return PartReply(ok=False, error=f"not reducing part {header.part_index} attempt {header.attempt}"), b""
-        if sender in slot.accepted:  # asked again after a broken stream: serve, do not add twice
-            problem = ""
-        else:
-            problem = await self._offer(slot, sender, header, payload)
-        if problem:
-            log.warning("dropped %s from part %d.%d of group %s: %s", sender, header.segment, header.part_index,
-                        header.group_id, problem)
-            return PartReply(ok=False, error=problem), b""
-        await P2P.send_protobuf(PartReply(ok=True, received=True), writer)
-        try:
-            data, contributors = await asyncio.wait_for(asyncio.shield(slot.result), max(0.0, deadline - time.monotonic()))
-        except asyncio.TimeoutError:
-            return PartReply(ok=False, error="reduction timed out"), b""
-        except Exception as e:  # the reduction itself failed (no contributions)
-            return PartReply(ok=False, error=f"reduction failed: {e}"), b""
-        if sender not in contributors:
-            return PartReply(ok=False, error="dropped from the part"), b""
-        return PartReply(ok=True, contributors=contributors, payload_len=len(data)), data
-
-    async def _offer(self, slot: _Slot, sender: str, header: PartHeader, payload: bytes) -> str:
-        """Validate, decode (off the loop) and add one contribution; returns why it was refused ('' if not)."""
-        problem = slot.check(sender, header, payload)
-        if not problem:
-            try:
-                values = await asyncio.get_running_loop().run_in_executor(
-                    None, get_codec(slot.codec).decode, payload, slot.numel)  # (numel,), always finite
-            except ValueError as e:
-                problem = f"undecodable: {e}"
-        problem = problem or slot.accept(sender, values, header.weight)
-        if problem:
-            slot.drop(sender, problem)
-        return problem
-
-    async def _wait_group(self, group_id: str, deadline: float) -> Optional[_GroupState]:
-        while group_id not in self._groups:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            self._group_added.clear()
-            await _wait_event(self._group_added, time.monotonic() + min(left, 0.5))
-        return self._groups[group_id]
-
-    async def _reduce(self, state: _GroupState, key: tuple[int, int, int], deadline: float) -> None:
-        """Wait for the slot's contributions until ``deadline``, then publish the encoded mean."""
-        slot = state.slots[key]
-        while not slot.complete() and time.monotonic() < deadline:
-            slot.changed.clear()
-            await _wait_event(slot.changed, deadline)
-        for peer, problem in sorted(slot.dropped.items()):
-            if not any(b in problem for b in BENIGN):
-                state.suspect(key, peer, f"dropped: {problem}")
-        absent = sorted(slot.expected - set(slot.decoded) - set(slot.dropped))
-        if absent:
-            log.info("part %d.%d of group %s: dropped %s (no contribution by the deadline)", key[0], key[1],
-                     state.group.group_id, ", ".join(absent))
-        if not slot.decoded:
-            slot.result.set_exception(RuntimeError("no contributions"))
-            return
-        codec = get_codec(slot.codec)
-        contributions, rule = dict(slot.decoded), self.aggregation
-        loop = asyncio.get_running_loop()
-        try:
-            reduced = await loop.run_in_executor(None, aggregate, contributions, rule)
-        except ValueError as e:
-            slot.result.set_exception(RuntimeError(f"aggregation failed: {e}"))
-            return
-        data = await loop.run_in_executor(None, codec.encode, reduced.value)
-        contributors = reduced.used
-        for peer, why in sorted(reduced.suspects.items()):
-            state.suspect(key, peer, why)
-        if reduced.suspects:
-            log.warning("part %d.%d of group %s (%s): %s", key[0], key[1], state.group.group_id, rule.rule,
-                        "; ".join(f"{p[-8:]} {why}" for p, why in sorted(reduced.suspects.items())))
-        slot.decoded.clear()
-        if key[2] == 0:
-            self.event("reduced")
-        slot.result.set_result((data, contributors))
-
-    # -- member side --------------------------------------------------------------------------
-
-    async def run(self, group: Group, flat: Tensor, weight: float, codec_name: str) -> AllReduceOutcome:
+    async def run(self, group: Group, flat: Tensor, weight: float, codec: Codec) -> AllReduceOutcome:
         """This member's side of the group's all-reduce of ``flat`` (numel,) with ``weight``.
 
         The vector is cut into segments reduced as a pipeline (at most ``PIPELINE`` in flight), so
@@ -345,12 +89,11 @@ class ReductionServer:
         phase1_deadline = t0 + 0.7 * group.allreduce_timeout
         fallback_reduce_deadline = t0 + 0.85 * group.allreduce_timeout
         final_deadline = t0 + group.allreduce_timeout
-        codec = get_codec(codec_name)
         me = group.members.index(self.peer_id)
         n = len(group.members)
         segments = segment_bounds(flat.numel())
         bounds = [[(s0 + a, s0 + b) for a, b in part_bounds(s1 - s0, group.bandwidths)] for s0, s1 in segments]
-        state = _GroupState(group, bounds, codec_name)
+        state = GroupState(group, bounds, codec)
         loop = asyncio.get_running_loop()
         members = set(group.members)
         encoded: dict[tuple[int, int], bytes] = {}
@@ -358,7 +101,7 @@ class ReductionServer:
         for s, parts in enumerate(bounds):  # open our slots first: others may send before we encoded
             a, b = parts[me]
             if b > a:
-                state.slots[(s, me, 0)] = _Slot(b - a, codec_name, members)
+                state.slots[(s, me, 0)] = PartSlot(b - a, codec, members)
                 reducers[s] = asyncio.create_task(self._reduce(state, (s, me, 0), reduce_deadline))
         self._groups[group.group_id] = state
         self._group_added.set()
@@ -423,7 +166,7 @@ class ReductionServer:
             own_parts = {key: own_decoded[bounds[key[0]][key[1]][0]:bounds[key[0]][key[1]][1]] for key in errors}
             for s, j in errors:
                 if fallback_reducer(j, bounds[s]) == me:
-                    slot = state.slots[(s, j, 1)] = _Slot(own_parts[(s, j)].numel(), codec_name,
+                    slot = state.slots[(s, j, 1)] = PartSlot(own_parts[(s, j)].numel(), codec,
                                                           members - {group.members[j]})
                     slot.accept(self.peer_id, own_parts[(s, j)], weight)
                     state.fallback[(s, j)] = loop.create_future()
@@ -455,7 +198,7 @@ class ReductionServer:
             reason = f"dropped {', '.join(dropped)}" if dropped else ""
             while state.serving > 0 and time.monotonic() < final_deadline:  # our averages still going out
                 state.served.clear()
-                await _wait_event(state.served, final_deadline)
+                await wait_event(state.served, final_deadline)
             return AllReduceOutcome(averaged, own_decoded, sorted(contributors), state.bytes_sent,
                                     state.bytes_received, reason, dict(state.suspects))
         finally:
@@ -465,12 +208,7 @@ class ReductionServer:
             loop.call_later(max(0.0, final_deadline - time.monotonic()) + 5.0,
                             self._groups.pop, group.group_id, None)
 
-    def event(self, point: str) -> None:
-        """Report reaching ``point`` to the event hook, if any."""
-        if self.event_hook is not None:
-            self.event_hook(point)
-
-    async def _fallback(self, state: _GroupState, s: int, j: int, deadline: float) -> tuple[bytes, list[str]]:
+    async def _fallback(self, state: GroupState, s: int, j: int, deadline: float) -> tuple[bytes, list[str]]:
         """As the fallback reducer of part ``j`` of segment ``s``: adopt the original average if any
         member received it (so every member applies the same bytes), else reduce what the members
         send. The decision is served to every member that asks."""
@@ -492,7 +230,7 @@ class ReductionServer:
                 future.exception()  # retrieved: askers get it through the handler
             raise
 
-    async def _probe(self, state: _GroupState, s: int, j: int, deadline: float) -> Optional[tuple[bytes, list[str]]]:
+    async def _probe(self, state: GroupState, s: int, j: int, deadline: float) -> Optional[tuple[bytes, list[str]]]:
         """The original average of part ``j`` of segment ``s`` from any other member that received it."""
         others = [m for i, m in enumerate(state.group.members) if i != j and m != self.peer_id]
         tasks = [asyncio.create_task(self._exchange(state, m, s, j, PROBE, b"", 0.0, deadline)) for m in others]
@@ -507,25 +245,25 @@ class ReductionServer:
             for task in tasks:
                 task.cancel()
 
-    async def _own_result(self, state: _GroupState, key: tuple[int, int, int],
+    async def _own_result(self, state: GroupState, key: tuple[int, int, int],
                           task: "asyncio.Task") -> tuple[bytes, list[str]]:
         await task
         return state.slots[key].result.result()
 
-    async def _exchange(self, state: _GroupState, peer: str, segment: int, part: int, attempt: int,
+    async def _exchange(self, state: GroupState, peer: str, segment: int, part: int, attempt: int,
                         payload: bytes, weight: float, deadline: float) -> tuple[bytes, list[str]]:
         """Send our part ``part`` of ``segment`` to ``peer`` and return the average it sends back."""
         return await asyncio.wait_for(
             self._exchange_unbounded(state, peer, segment, part, attempt, payload, weight),
             max(0.01, deadline - time.monotonic()))
 
-    async def _exchange_unbounded(self, state: _GroupState, peer: str, segment: int, part: int, attempt: int,
+    async def _exchange_unbounded(self, state: GroupState, peer: str, segment: int, part: int, attempt: int,
                                   payload: bytes, weight: float) -> tuple[bytes, list[str]]:
         from hivemind.p2p import P2P, PeerID
 
         a, b = state.bounds[segment][part]
         header = PartHeader(group_id=state.group.group_id, segment=segment, part_index=part, attempt=attempt,
-                            weight=weight, numel=b - a, codec=state.codec, payload_len=len(payload))
+                            weight=weight, numel=b - a, codec=state.codec.name, payload_len=len(payload))
         _, reader, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer), self.handler_name)
         try:
             await P2P.send_protobuf(header, writer)
@@ -544,24 +282,8 @@ class ReductionServer:
             writer.close()
         if reply is None or not reply.ok:
             raise RuntimeError(reply.error if reply is not None else err.message)
-        if not get_codec(state.codec).size_ok(len(data), b - a) or reply.payload_len != len(data):
+        if not state.codec.size_ok(len(data), b - a) or reply.payload_len != len(data):
             raise RuntimeError(f"average is {len(data)} bytes (announced {reply.payload_len}), which cannot encode "
-                               f"{b - a} values with {state.codec}")
+                               f"{b - a} values with {state.codec.name}")
         state.bytes_received += len(data)
         return bytes(data), list(reply.contributors)
-
-
-async def linger(reader: asyncio.StreamReader, timeout: float) -> None:
-    """Wait (at most ``timeout`` s) until the other side closes the stream, before we close ours:
-    closing right after a large write can cut the stream before the daemon forwarded all of it."""
-    try:
-        await asyncio.wait_for(reader.read(), timeout)
-    except (asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError):
-        pass
-
-
-async def _wait_event(event: asyncio.Event, deadline: float) -> None:
-    try:
-        await asyncio.wait_for(event.wait(), max(0.0, deadline - time.monotonic()))
-    except asyncio.TimeoutError:
-        pass

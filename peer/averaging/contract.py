@@ -12,7 +12,9 @@ from typing import Callable, Optional, Protocol
 
 from torch import Tensor
 
-__all__ = ["AverageResult", "ModuleAverager", "SuspectHook"]
+from peer.averaging.quantizers import Codec
+
+__all__ = ["AverageResult", "ModuleAverager", "SuspectHook", "require_codec"]
 
 
 @dataclass
@@ -51,14 +53,23 @@ class ModuleAverager(Protocol):
     """
 
     def average(
-        self, module_id: str, round_no: int, tensors: list[Tensor], weight: float, codec: str, timeout: float,
+        self, module_id: str, round_no: int, tensors: list[Tensor], weight: float, codec: Codec, timeout: float,
         digest: str = "",
     ) -> AverageResult:
         """Contribute ``tensors`` with ``weight`` to round ``round_no`` of ``module_id``'s group and
         return the group's weighted mean, or a failed result after at most ``timeout`` seconds.
-        ``digest`` (:func:`peer.outer.state_digest` of the state the mean will be applied to): only
-        members holding the same state may average together."""
+        ``codec``: the run's wire codec, resolved once by the caller (every member of a group must
+        use the same one). ``digest`` (:func:`peer.outer.state_digest` of the state the mean will be
+        applied to): only members holding the same state may average together."""
         ...
+
+
+def require_codec(codec: Codec) -> Codec:
+    """``codec``, or TypeError when a caller passed something else (e.g. a codec name: resolve it
+    once with :func:`peer.averaging.get_codec`), before anything is sent."""
+    if not isinstance(codec, Codec):
+        raise TypeError(f"expected a Codec (peer.averaging.get_codec(name)), got {type(codec).__name__} {codec!r}")
+    return codec
 
 
 SuspectHook = Callable[[str, str, int, str], None]

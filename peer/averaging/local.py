@@ -16,8 +16,9 @@ from typing import Iterable, Optional
 from torch import Tensor
 
 from peer.averaging.aggregation import MEAN, Aggregation, reduce_part
-from peer.averaging.codecs import flatten, get_codec, unflatten
-from peer.averaging.contract import AverageResult, SuspectHook
+from peer.averaging.contract import AverageResult, SuspectHook, require_codec
+from peer.averaging.quantizers import Codec
+from peer.averaging.vectors import flatten, unflatten
 
 __all__ = ["LocalAverager", "LocalMember"]
 
@@ -33,7 +34,7 @@ class _Contribution:
 
 @dataclass
 class _Round:
-    codec: str
+    codec: Codec
     numel: int
     contributions: dict[str, _Contribution] = field(default_factory=dict)
     closed: bool = False
@@ -95,7 +96,7 @@ class LocalAverager:
         """Reduce the contributions present (called with the lock held)."""
         rnd.closed = True
         absent = sorted(self._expected(key[0]) - set(rnd.contributions))
-        codec = get_codec(rnd.codec)
+        codec = rnd.codec
         # the size most contributors agree on (ties: the smallest peer id's) is the module's size
         sizes = [rnd.contributions[pid].numel for pid in sorted(rnd.contributions)]
         rnd.numel = max(sizes, key=lambda n: (sizes.count(n), -sizes.index(n)))
@@ -128,12 +129,12 @@ class LocalAverager:
             logger.info("round %s of %s closed: %s", key[1], key[0], rnd.reason)
 
     def _average(
-        self, peer_id: str, module_id: str, round_no: int, tensors: list[Tensor], weight: float, codec: str,
+        self, peer_id: str, module_id: str, round_no: int, tensors: list[Tensor], weight: float, codec: Codec,
         timeout: float,
     ) -> AverageResult:
         if not (math.isfinite(weight) and weight > 0):
             raise ValueError(f"weight must be a finite number > 0, got {weight}")
-        c = get_codec(codec)
+        c = require_codec(codec)
         flat = flatten(tensors)  # (n,)
         try:
             encoded = c.encode(flat)
@@ -148,11 +149,11 @@ class LocalAverager:
             if rnd is None and key in self._weights:
                 return AverageResult(None, None, 0, [], 0, 0, reason=too_late)
             if rnd is None:
-                rnd = self._rounds[key] = _Round(codec=codec, numel=flat.numel())
+                rnd = self._rounds[key] = _Round(codec=c, numel=flat.numel())
             if rnd.closed:
                 return AverageResult(None, None, 0, [], 0, 0, reason=too_late)
-            if rnd.codec != codec:
-                return AverageResult(None, None, 0, [], 0, 0, reason=f"group uses codec {rnd.codec}, not {codec}")
+            if rnd.codec.name != c.name:
+                return AverageResult(None, None, 0, [], 0, 0, reason=f"group uses codec {rnd.codec.name}, not {c.name}")
             rnd.contributions[peer_id] = _Contribution(encoded, flat.numel(), float(weight))
             if self._expected(module_id) <= set(rnd.contributions):
                 self._close(key, rnd)
@@ -192,7 +193,7 @@ class LocalMember:
         self.peer_id = peer_id
 
     def average(
-        self, module_id: str, round_no: int, tensors: list[Tensor], weight: float, codec: str, timeout: float,
+        self, module_id: str, round_no: int, tensors: list[Tensor], weight: float, codec: Codec, timeout: float,
         digest: str = "",
     ) -> AverageResult:
         return self.hub._average(self.peer_id, module_id, round_no, tensors, weight, codec, timeout)

@@ -6,13 +6,8 @@ leader/follower matchmaking over the DHT, Ryabinin et al. 2021, made consistent)
 1. A member declares itself under :func:`peer.network.records.group_key` and, until a gather deadline,
    reads the declarations and the module's :class:`~peer.network.records.HolderRecord` s; it stops early
    once every live holder at this round has declared.
-2. The leader is the smallest peer id among the declared members that accept connections.
-   Followers join it over P2P (:class:`protos.hivepath.peer.v1.net_pb2.JoinRequest`); a peer that follows someone
-   else answers ``NOT_A_LEADER`` with its leader, and the follower retries there.
-3. The leader closes the group when every declared member has joined, or at its deadline, and sends
-   the same sorted member list to each follower (``BEGIN``). A member that joined nobody, or whose
-   leader never began, fails the round and keeps its local progress. A follower the leader accepted
-   waits for ``BEGIN`` past its own join deadline, since the leader counts it in.
+2. The leader is the smallest peer id among the declared members that accept connections; the
+   followers join it and it begins the group (:mod:`peer.averaging.group_join`, the protocol).
 
 A member applies its delta alone only when it is the module's only live holder. A holder at its
 round that did not declare makes it fail the round; holders behind it make it wait (fail the round)
@@ -37,28 +32,24 @@ local progress, so replicas are identical again after one round.
 
 Admission (issue 9): with a ``verifier`` (:class:`peer.network.credentials.CredentialVerifier`) only
 admitted peers are grouped. Declarations and holder records without a valid credential for their
-writer are ignored; the leader refuses a join whose credential is not bound to the libp2p sender;
-a follower refuses a leader whose replies do not carry the leader's own valid credential. Every
-refusal is logged once per (peer, reason).
+writer are ignored, and so are join requests and leader replies without one
+(:mod:`peer.averaging.group_join`). Every refusal is logged once per (peer, reason).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Mapping, NamedTuple, Optional, Union
+from typing import Any, Callable, Mapping, NamedTuple, Optional
 
-from peer.network import CredentialProvider, CredentialVerifier
+from peer.averaging.group_join import GroupJoin, Looking
 from peer.averaging.partition import Group
-from protos.hivepath.peer.v1.net_pb2 import JoinReply, JoinRequest
-from peer.network import (MAX_EXPECTING, GroupDeclaration, HolderRecord, group_key, holders_key,
-                          records_from_value, to_value)
+from peer.network import (MAX_EXPECTING, CredentialProvider, CredentialVerifier, GroupDeclaration, HolderRecord,
+                          group_key, holders_key, records_from_value, to_value)
 
-__all__ = ["Matchmaker", "Match", "LONE"]
+__all__ = ["Matchmaker", "Match", "LONE", "BEHIND_PATIENCE_ROUNDS"]
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +58,6 @@ LONE = "lone"
 
 BEHIND_PATIENCE_ROUNDS = 2.0
 """How long (in round budgets) a member otherwise alone waits for a holder behind it to catch up."""
-
-_BEGIN_LINGER = 10.0
-"""Seconds a leader keeps a follower's stream open after BEGIN, unless the follower closes it first."""
 
 _POLL = 0.1  # seconds between DHT reads while gathering (a protocol poll, not a test wait)
 
@@ -85,36 +73,11 @@ class Match(NamedTuple):
     """Set when other holders at this round hold another state and theirs is kept: its digest."""
 
 
-class _Follower(NamedTuple):
-    """A follower the leader accepted."""
 
-    bandwidth: float
-    future: "asyncio.Future[Optional[Group]]"
-    """Resolved with the group the leader begins (None: it gave up)."""
-    fetched_from: str
-    """Its ``JoinRequest.fetched_from``."""
-
-
-@dataclass
-class _Looking:
-    key: str
-    digest: str = ""
-    decided: asyncio.Event = field(default_factory=asyncio.Event)
-    leader: Optional[str] = None
-    """None while gathering or when we lead; else the peer we follow."""
-    closed: bool = False
-    followers: dict[str, _Follower] = field(default_factory=dict)
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-    fetched_from: str = ""
-    """The live holder we fetched this round's state from ('' when the state is our own)."""
-    expecting: frozenset[str] = frozenset()
-    """The joiners our stored declaration lists."""
-    expires: float = 0.0
-    """DHT expiration time of our declaration."""
-
-
-class Matchmaker:
-    """Runs this peer's side of matchmaking for every module it averages (one asyncio loop)."""
+class Matchmaker(GroupJoin):
+    """Runs this peer's side of matchmaking for every module it averages (one asyncio loop): gathers
+    the declared members of a round, decides (alone, lead, follow, fail), and joins or leads the
+    group (:class:`~peer.averaging.group_join.GroupJoin`)."""
 
     def __init__(self, dht: Any, p2p: Any, peer_id: str, run_id: str, config_hash: str, data_hash: str,
                  bandwidth: float, prefix: str, credential: Optional[CredentialProvider] = None,
@@ -124,18 +87,9 @@ class Matchmaker:
         else's (both None: an open run, no admission checks). ``joiners(module_id, within)``: the peers
         that fetched the module's state from us in the last ``within`` seconds to average it, and the
         round we sent (:meth:`peer.averaging.state_transfer.StateServer.joiners`)."""
+        super().__init__(p2p, peer_id, config_hash, data_hash, bandwidth, prefix, credential, verifier)
         self.dht = dht
-        self.p2p = p2p
-        self.peer_id = peer_id
         self.run_id = run_id
-        self.config_hash = config_hash
-        self.data_hash = data_hash
-        self.bandwidth = bandwidth
-        self.handler_name = f"{prefix}_join"
-        self._looking: dict[str, _Looking] = {}
-        self._warned: set[tuple[str, str]] = set()
-        self.credential = credential
-        self.verifier = verifier
         self.joiners = joiners or (lambda module_id, within: {})
         self._sources: dict[str, tuple[str, int, float]] = {}
         """module -> (the peer we last fetched its state from, the round of that state, when)."""
@@ -143,78 +97,11 @@ class Matchmaker:
         """(module, holder behind us) -> (the round its record announces, when we began waiting for it,
         whether we logged giving up on it)."""
 
-    def _own_credential(self) -> bytes:
-        return self.credential() if self.credential is not None else b""
-
     def fetched(self, module_id: str, source: str, round_no: int) -> None:
         """We took ``module_id``'s state at ``round_no`` from ``source`` to average it: at that round our
         join requests say so, and a leader refuses a group of such members none of whose sources
         joined (see :meth:`_lead`)."""
         self._sources[module_id] = (source, int(round_no), time.monotonic())
-
-    async def start(self) -> None:
-        await self.p2p.add_protobuf_handler(self.handler_name, self._handle_join, JoinRequest, stream_output=True)
-
-    def _mismatch(self, who: str, config_hash: str, data_hash: str) -> str:
-        if config_hash != self.config_hash:
-            return f"config hash {config_hash} of {who} differs from ours {self.config_hash}"
-        if data_hash != self.data_hash:
-            return f"dataset hash {data_hash or '(none)'} of {who} differs from ours {self.data_hash or '(none)'}"
-        return ""
-
-    def _refuse_log(self, who: str, problem: str) -> None:
-        if (who, problem) not in self._warned:
-            self._warned.add((who, problem))
-            log.warning("not grouping with %s: %s", who, problem)
-
-    # -- leader side --------------------------------------------------------------------------
-
-    async def _handle_join(self, request: JoinRequest, context: Any) -> AsyncIterator[JoinReply]:
-        sender = context.remote_id.to_base58()
-        mine = self._own_credential()
-        if self.verifier is not None:
-            problem = self.verifier.check(request.credential, sender)
-            if problem:
-                self.verifier.log_refusal(sender, "a matchmaking join", problem)
-                yield JoinReply(code=JoinReply.REFUSED, reason=f"not admitted: {problem}", credential=mine)
-                return
-        problem = self._mismatch(sender, request.config_hash, request.data_hash)
-        if problem:
-            self._refuse_log(sender, problem)
-            yield JoinReply(code=JoinReply.REFUSED, reason=problem, credential=mine)
-            return
-        looking = self._looking.get(request.group_key)
-        if looking is None:
-            yield JoinReply(code=JoinReply.REFUSED, reason="not looking for this group (formed or not started)",
-                            credential=mine)
-            return
-        if request.state_digest != looking.digest:
-            yield JoinReply(code=JoinReply.REFUSED, credential=mine,
-                            reason=f"forked: state {request.state_digest or '(none)'} differs from ours {looking.digest}")
-            return
-        await looking.decided.wait()
-        if looking.leader is not None:
-            yield JoinReply(code=JoinReply.NOT_A_LEADER, suggested_leader=looking.leader, credential=mine)
-            return
-        if looking.closed:
-            yield JoinReply(code=JoinReply.REFUSED, reason="the group already began", credential=mine)
-            return
-        future: asyncio.Future[Optional[Group]] = asyncio.get_running_loop().create_future()
-        looking.followers[sender] = _Follower(max(0.0, request.bandwidth), future, request.fetched_from)
-        looking.changed.set()
-        yield JoinReply(code=JoinReply.ACCEPTED, credential=mine)
-        group = await future
-        if group is None:
-            yield JoinReply(code=JoinReply.REFUSED, reason="the leader gave up", credential=mine)
-            return
-        yield JoinReply(code=JoinReply.BEGIN, group_id=group.group_id, members=list(group.members),
-                        bandwidths=list(group.bandwidths), allreduce_timeout=group.allreduce_timeout, credential=mine)
-        # Returning now would close the stream at once, and the daemon can drop a reply still in
-        # flight: the follower would miss BEGIN while we count it in. It closes the stream once it
-        # has read BEGIN, which cancels this wait.
-        await asyncio.sleep(_BEGIN_LINGER)
-
-    # -- every member -------------------------------------------------------------------------
 
     async def form_group(self, module_id: str, round_no: int, timeout: float, digest: str = "",
                          wait_for_behind: bool = True) -> Match:
@@ -228,7 +115,7 @@ class Matchmaker:
         gather_deadline, close_deadline, join_deadline = t0 + 0.2 * timeout, t0 + 0.35 * timeout, t0 + 0.45 * timeout
         end = t0 + 0.95 * timeout
         key = group_key(self.run_id, module_id, round_no)
-        looking = self._looking[key] = _Looking(key, digest)
+        looking = self._looking[key] = Looking(key, digest)
         try:
             patience = BEHIND_PATIENCE_ROUNDS * timeout
             looking.expires = get_dht_time() + timeout
@@ -277,7 +164,7 @@ class Matchmaker:
         """Peers that fetched ``round_no`` of ``module_id`` from us in the last ``patience`` seconds to average it."""
         return frozenset(p for p, r in self.joiners(module_id, patience).items() if r == round_no and p != self.peer_id)
 
-    async def _declare(self, looking: _Looking, expecting: frozenset[str]) -> None:
+    async def _declare(self, looking: Looking, expecting: frozenset[str]) -> None:
         """Store (or re-store, when more peers fetched our state meanwhile) our declaration of this round."""
         looking.expecting = expecting
         decl = GroupDeclaration(self.config_hash, self.data_hash, self.bandwidth, self._own_credential(),
@@ -330,7 +217,7 @@ class Matchmaker:
         return Match(None, f"forked: {counts[kept]} of {sum(counts.values())} holders at this round hold state "
                            f"{kept}, ours is {digest or '(none)'}; re-syncing to theirs", adopt=kept)
 
-    async def _gather(self, module_id: str, round_no: int, looking: _Looking, deadline: float, patience: float,
+    async def _gather(self, module_id: str, round_no: int, looking: Looking, deadline: float, patience: float,
                       wait_for_behind: bool) -> tuple[dict[str, GroupDeclaration], int, set[str], dict[str, int],
                                                       set[str]]:
         """Other members' valid declarations, read until every live holder at this round declared or
@@ -394,99 +281,3 @@ class Matchmaker:
                     log.info("%s: holders %s did not declare by the gather deadline", key, ", ".join(missing))
                 return declared, ahead, expected, behind, set(live)
             await asyncio.sleep(_POLL)
-
-    async def _lead(self, looking: _Looking, others: set[str], close_deadline: float, end: float) -> tuple[Optional[Group], str]:
-        while not others <= set(looking.followers) and time.monotonic() < close_deadline:
-            looking.changed.clear()
-            try:
-                await asyncio.wait_for(looking.changed.wait(), max(0.0, close_deadline - time.monotonic()))
-            except asyncio.TimeoutError:
-                break
-        looking.closed = True
-        followers = dict(looking.followers)
-        if not followers:
-            return None, f"no declared member ({', '.join(sorted(others))}) joined us"
-        members = tuple(sorted([self.peer_id, *followers]))
-        sources = {looking.fetched_from, *(f.fetched_from for f in followers.values())}
-        if "" not in sources and not sources & set(members):
-            # every member just fetched this round's state from holders that are not here: they may have
-            # stepped on already, and this group would be a second lineage at the same round numbers
-            return None, (f"every member fetched this round's state from {', '.join(sorted(p[-8:] for p in sources))}, "
-                          "none of which joined: re-sync to them instead of averaging their old state")
-        bw = {self.peer_id: self.bandwidth, **{p: f.bandwidth for p, f in followers.items()}}
-        group = Group(f"{looking.key}-{self.peer_id[-8:]}-{secrets.token_hex(4)}", members,
-                      tuple(bw[p] for p in members), max(0.1, end - time.monotonic()))
-        for f in followers.values():
-            if not f.future.done():
-                f.future.set_result(group)
-        missing = sorted(others - set(followers))
-        return group, (f"dropped {', '.join(missing)} (did not join)" if missing else "")
-
-    async def _follow(self, key: str, leader: str, deadline: float, begin_deadline: float,
-                      digest: str, fetched_from: str) -> tuple[Optional[Group], str]:
-        """Join ``leader`` by ``deadline``. Once it accepted us, it counts us in the group it begins,
-        so we wait for its BEGIN until ``begin_deadline``: the leader's round may have started seconds
-        after ours, and giving up earlier would leave the others waiting for our part until their
-        all-reduce deadline."""
-        accepted = asyncio.Event()
-        task = asyncio.ensure_future(self._follow_unbounded(key, leader, digest, fetched_from, accepted))
-        try:
-            done, _ = await asyncio.wait({task}, timeout=max(0.01, deadline - time.monotonic()))
-            if not done and accepted.is_set():
-                done, _ = await asyncio.wait({task}, timeout=max(0.01, begin_deadline - time.monotonic()))
-            if not done:
-                return None, f"leader {leader} did not begin before the deadline"
-            return task.result()
-        except Exception as e:
-            return None, f"joining leader {leader} failed: {type(e).__name__}: {e}"
-        finally:
-            if not task.done():
-                task.cancel()
-
-    async def _follow_unbounded(self, key: str, leader: str, digest: str, fetched_from: str,
-                                accepted: asyncio.Event) -> tuple[Optional[Group], str]:
-        from hivemind.p2p import PeerID
-
-        request = JoinRequest(group_key=key, config_hash=self.config_hash, data_hash=self.data_hash,
-                              bandwidth=self.bandwidth, credential=self._own_credential(), state_digest=digest,
-                              fetched_from=fetched_from)
-        for _ in range(3):
-            stream = await self.p2p.iterate_protobuf_handler(PeerID.from_base58(leader), self.handler_name,
-                                                             request, JoinReply)
-            try:
-                outcome = await self._read_replies(stream, leader, accepted)
-            finally:
-                await stream.aclose()  # the leader lingers until we close: tell it we read its reply
-            if isinstance(outcome, str):
-                leader = outcome
-                continue
-            return outcome
-        return None, "too many leader redirections"
-
-    async def _read_replies(self, stream: Any, leader: str,
-                            accepted: asyncio.Event) -> Union[str, tuple[Optional[Group], str]]:
-        """The outcome of one join stream: ``(group, reason)``, or the peer id to follow instead."""
-        checked = self.verifier is None
-        async for reply in stream:
-            if not checked:  # one stream is one authenticated connection: its first reply vouches
-                problem = self.verifier.check(reply.credential, leader)
-                if problem:
-                    self.verifier.log_refusal(leader, "a leader's reply", problem)
-                    return None, f"leader {leader} is not admitted: {problem}"
-                checked = True
-            if reply.code == JoinReply.ACCEPTED:
-                accepted.set()
-                continue
-            if reply.code == JoinReply.BEGIN:
-                return self._check_group(reply, leader)
-            if reply.code == JoinReply.NOT_A_LEADER and reply.suggested_leader not in ("", leader, self.peer_id):
-                return reply.suggested_leader
-            return None, f"leader {leader} refused: {reply.reason or JoinReply.Code.Name(reply.code)}"
-        return None, f"leader {leader} closed the stream without beginning"
-
-    def _check_group(self, reply: JoinReply, leader: str) -> tuple[Optional[Group], str]:
-        members = tuple(reply.members)
-        if (self.peer_id not in members or list(members) != sorted(set(members))
-                or len(reply.bandwidths) != len(members) or not reply.allreduce_timeout > 0):
-            return None, f"leader {leader} sent a malformed group"
-        return Group(reply.group_id, members, tuple(reply.bandwidths), float(reply.allreduce_timeout)), ""

@@ -23,10 +23,12 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 from torch import Tensor
 
-from peer.averaging.allreduce import EventHook, ReductionServer
+from peer.averaging.allreduce import ReductionServer
 from peer.averaging.aggregation import MEAN, Aggregation
-from peer.averaging.contract import AverageResult, SuspectHook
-from peer.averaging.codecs import flatten, get_codec, unflatten
+from peer.averaging.contract import AverageResult, SuspectHook, require_codec
+from peer.averaging.quantizers import Codec
+from peer.averaging.reducer import EventHook
+from peer.averaging.vectors import flatten, unflatten
 from peer.outer import ModuleState
 from peer.network import unwrap_dht
 from peer.averaging.matchmaking import LONE, Matchmaker
@@ -77,7 +79,7 @@ class NetAverager:
         holder_ttl: seconds a holder record lives without refresh (refreshed every third of it).
         startup_timeout: seconds to connect to the p2p daemon and register handlers.
         event_hook: called at named points of a round, for fault injection in tests and phase timing in
-            benchmarks (see :data:`peer.averaging.allreduce.EventHook`).
+            benchmarks (see :data:`peer.averaging.reducer.EventHook`).
         aggregation: the run's reduction rule (``Aggregation.from_config(cfg.outer)``; the config hash
             keeps every group member on the same rule). ``DiLoCoOptimizer`` sets it through
             :meth:`use_aggregation`.
@@ -253,11 +255,11 @@ class NetAverager:
         averages alone whenever nobody is at its round (:meth:`peer.averaging.matchmaking.Matchmaker.form_group`)."""
         self.wait_for_behind = bool(wait_for_behind)
 
-    def average(self, module_id: str, round_no: int, tensors: list[Tensor], weight: float, codec: str,
+    def average(self, module_id: str, round_no: int, tensors: list[Tensor], weight: float, codec: Codec,
                 timeout: float, digest: str = "") -> AverageResult:
         """One round of ``module_id``'s group among the holders whose state has ``digest`` (see
         :class:`peer.averaging.ModuleAverager`)."""
-        get_codec(codec)  # ValueError on an unknown codec, before anything is sent
+        require_codec(codec)
         if not (math.isfinite(weight) and weight > 0):
             raise ValueError(f"weight must be a finite number > 0, got {weight}")
         flat = flatten(tensors)  # (n,)
@@ -283,8 +285,7 @@ class NetAverager:
             log.debug("module %s round %d took %.2fs", module_id, round_no, time.monotonic() - t0)
 
     async def _average(self, module_id: str, round_no: int, flat: Tensor, like: Sequence[Tensor], weight: float,
-                       codec: str, timeout: float, digest: str) -> AverageResult:
-        c = get_codec(codec)
+                       codec: Codec, timeout: float, digest: str) -> AverageResult:
         group, reason, adopt = await self._matchmaker.form_group(module_id, round_no, timeout, digest,
                                                                  wait_for_behind=self.wait_for_behind)
         # announce our next round now, in the background, so it is visible long before anyone's next round
@@ -296,7 +297,7 @@ class NetAverager:
             log.info("module %s round %d: no group (%s)", module_id, round_no, reason)
             return AverageResult(None, None, 0, [], 0, 0, reason=reason, adopt=adopt)
         if group.group_id == LONE:
-            own = c.roundtrip(flat)  # (n,)
+            own = codec.roundtrip(flat)  # (n,)
             mine = unflatten(own, like)
             return AverageResult([t.clone() for t in mine], mine, 1, [self.peer_id], 0, 0, reason="lone holder")
         self._server.event("group_formed")

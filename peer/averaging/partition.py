@@ -2,7 +2,7 @@
 
 Everything here is a pure function of the group, identical on every member: the pipeline segments
 of the vector, each member's part of a segment (block-aligned, sized by upload bandwidth), and the
-fallback reducer of a failed part. Boundaries are multiples of :data:`peer.averaging.codecs.BLOCK`, so
+fallback reducer of a failed part. Boundaries are multiples of :data:`models.codec_spec.BLOCK`, so
 encoding a part gives the same values as encoding the whole vector.
 """
 
@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from peer.averaging.codecs import BLOCK
+from models.codec_spec import BLOCK
 
 __all__ = ["Group", "part_bounds", "segment_bounds", "fallback_reducer", "PIPELINE", "SEGMENT_BLOCKS"]
 

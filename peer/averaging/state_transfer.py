@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from torch import Tensor
 
-from peer.averaging.allreduce import linger
+from peer.averaging.reducer import linger
 from peer.network import CredentialProvider, CredentialVerifier
 from peer.outer import ModuleState
 from protos.hivepath.peer.v1.net_pb2 import StateReply, StateRequest

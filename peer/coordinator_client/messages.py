@@ -6,12 +6,13 @@ Each error a user can act on is a :class:`~models.errors.HivepathError` with its
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
 import grpc
 
-from models.config import RunConfig
+from models.config import OuterConfig, RunConfig
 from models.errors import HivepathError
 from protos.hivepath.coordinator.v1 import coordinator_pb2 as pb
 
@@ -77,9 +78,16 @@ class WorkAssignment:
     module_id: str
     module_ids: tuple[str, ...]
     inner_steps: int
+    """H for this peer (larger than the run's on a slow link); 0: the run's."""
     codec: str
+    """The run's pseudo-gradient codec, as the coordinator decided it; '': the run's."""
     reason: str
     version: int
+
+    def outer_config(self, run: OuterConfig) -> OuterConfig:
+        """The run's outer config with this assignment's H and codec: what the peer builds its
+        :class:`peer.diloco.DiLoCoOptimizer` with (ConfigError for a codec it does not know)."""
+        return dataclasses.replace(run, inner_steps=self.inner_steps or run.inner_steps, codec=self.codec or run.codec)
 
     @classmethod
     def from_proto(cls, m: pb.Assignment) -> "WorkAssignment":

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from models.config import PRESETS, RunConfig
+from models.config import RunConfig
+from models.presets import PRESETS
 from models.errors import HivepathError
 
 __all__ = ["DemoOptions", "run_demo"]

@@ -1,7 +1,9 @@
 """DiLoCo per module as an optimizer-like wrapper, so training loops stay plain PyTorch.
 
 - ``optimizer``: :class:`DiLoCoOptimizer` (H inner steps, then one outer round per module, optionally
-  overlapped with the next round's compute).
+  overlapped with the next round's compute); it resolves the run's codec once and passes it down.
+- ``held_module``: one held module's state and the arithmetic of its outer round (delta, error
+  feedback, outer step, adopting another peer's state).
 - ``reports``: :class:`RoundReport` and :class:`ModuleReport`, what a round returns.
 - ``resync``: bringing a module back in line with its group after a missed round or a lost fork
   (:func:`install_resync`, :func:`resync_after_round`).

@@ -17,11 +17,9 @@ averaged delta by the square root of their number. Streaming DiLoCo (Douillard e
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 import torch
@@ -29,38 +27,14 @@ from torch import Tensor, nn
 
 from models.config import InnerConfig, LatticeConfig, OuterConfig
 from models.errors import ConfigError
-from peer.averaging import Aggregation, AverageResult, LocalAverager, ModuleAverager
-from peer.averaging import ErrorFeedback, flatten, unflatten
+from peer.averaging import Aggregation, AverageResult, Codec, LocalAverager, ModuleAverager, get_codec, unflatten
+from peer.diloco.held_module import HeldModule, PendingExchange
 from peer.diloco.reports import ModuleReport, RoundReport
-from peer.outer import ModuleState, OuterOptimizer
+from peer.outer import ModuleState
 
 __all__ = ["DiLoCoOptimizer"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _Pending:
-    """An exchange launched in overlap mode, applied at the end of the next round."""
-
-    round_no: int
-    tokens: float
-    sent: Optional[Tensor] = None  # (n,) what we contributed (delta + residual)
-    anchor: Optional[list[Tensor]] = None  # local params when the delta was taken
-    future: Optional[Future] = None
-    refused: str = ""
-
-
-class _Module:
-    """Per-module state: params, outer optimizer, error feedback, group round number."""
-
-    def __init__(self, module_id: str, params: list[Tensor], outer: OuterConfig):
-        self.module_id = module_id
-        self.params = params
-        self.outer = OuterOptimizer(params, lr=outer.lr, momentum=outer.momentum, nesterov=outer.nesterov)
-        self.ef = ErrorFeedback(self.outer.numel)
-        self.round_no = 0
-        self.pending: Optional[_Pending] = None
 
 
 class DiLoCoOptimizer:
@@ -72,11 +46,13 @@ class DiLoCoOptimizer:
     at once on its own exchange thread; results are applied in the lattice's fixed order. Per
     module: ``x = global - local (+ residual)``; a delta holding NaN/Inf is never sent (the
     round is skipped for that module and local progress kept); ``averager.average(..., weight=tokens,
-    codec=outer.wire_codec(), timeout=outer.round_timeout)`` (the codec with the run's lossless entropy
-    stage); optional DiPaCo sqrt scaling; Nesterov outer
+    codec=self.codec, timeout=outer.round_timeout)``; optional DiPaCo sqrt scaling; Nesterov outer
     step on the global copy; ``local <- global``. A failed exchange keeps local progress, so the delta
     carries into the next round; it does not block the other modules. Without an ``averager`` the
     peer is a lone holder of every module and applies the codec round trip of its own delta.
+
+    The codec is decided once, here: ``outer.codec`` (the run's, as the coordinator's assignment
+    carries it) under ``outer.entropy``, resolved to :attr:`codec` and passed to every exchange.
 
     With ``outer.overlap`` the exchange of round t runs on a background thread during round t+1 and is
     applied at the end of round t+1, keeping the local progress made meanwhile on top of the new
@@ -104,6 +80,8 @@ class DiLoCoOptimizer:
                 )
         self.outer_cfg = outer
         self.lattice = lattice
+        self.codec: Codec = get_codec(outer.wire_codec())
+        """The wire codec every module's exchange uses (the group refuses parts in any other)."""
         if averager is None:
             averager = LocalAverager().member("local")
         self.averager = averager
@@ -114,7 +92,7 @@ class DiLoCoOptimizer:
         if rounds is not None:  # a failed round keeps our round number only without overlap
             rounds(wait_for_behind=not outer.overlap)
         self.clock = clock
-        self._modules: dict[str, _Module] = {}
+        self._modules: dict[str, HeldModule] = {}
         seen: set[int] = set()
         for mid in self._ordered(modules):
             mod = modules[mid]
@@ -125,7 +103,7 @@ class DiLoCoOptimizer:
                 if id(p) in seen:
                     raise ConfigError("modules", f"a parameter of '{mid}' also belongs to another module")
                 seen.add(id(p))
-            self._modules[mid] = _Module(mid, params, outer)
+            self._modules[mid] = HeldModule(mid, params, outer, lattice)
         all_params = [p for m in self._modules.values() for p in m.params]
         self._inner_cfg: Optional[InnerConfig] = None
         if isinstance(inner, InnerConfig):
@@ -255,39 +233,17 @@ class DiLoCoOptimizer:
         self._round_start = self.clock()
         return report
 
-    def _prepare(self, st: _Module, round_no: int) -> tuple[Optional[Tensor], str]:
-        """``delta (+ residual)`` as a flat vector, or None and why it must not be sent."""
-        flat = flatten(st.outer.pseudo_gradient(st.params))  # (n,)
-        if not bool(torch.isfinite(flat).all()):
-            bad = int((~torch.isfinite(flat)).sum())
-            reason = f"delta holds {bad} NaN/Inf values: not sent, local progress kept"
-            logger.warning("module %s round %d: %s", st.module_id, round_no, reason)
-            return None, reason
-        return (st.ef.add(flat) if self.outer_cfg.error_feedback else flat), ""
-
-    def _exchange(self, st: _Module, round_no: int, sent: Tensor, tokens: float, digest: str) -> AverageResult:
-        cfg = self.outer_cfg
+    def _exchange(self, st: HeldModule, round_no: int, sent: Tensor, tokens: float, digest: str) -> AverageResult:
         try:
             return self.averager.average(
-                st.module_id, round_no, unflatten(sent, st.outer.global_params), tokens, cfg.wire_codec(),
-                cfg.round_timeout,
-                digest=digest,
+                st.module_id, round_no, unflatten(sent, st.outer.global_params), tokens, self.codec,
+                self.outer_cfg.round_timeout, digest=digest,
             )
         except Exception as e:  # an exchange failure must not take the training loop or other modules down
             logger.warning("module %s round %d: exchange failed: %r", st.module_id, round_no, e)
             return AverageResult(None, None, 0, [], 0, 0, reason=f"exchange failed: {e!r}")
 
-    def _apply(self, st: _Module, sent: Tensor, res: AverageResult) -> None:
-        """Error feedback and the outer step on the global copy (identical on every member)."""
-        if self.outer_cfg.error_feedback:
-            st.ef.update(sent, flatten(res.own_decoded))
-        averaged = res.averaged
-        if self.outer_cfg.sqrt_sharing:
-            factor = math.sqrt(len(self.lattice.paths_through(st.module_id)))
-            averaged = [a * factor for a in averaged]
-        st.outer.step(averaged)
-
-    def _report(self, st: _Module, round_no: int, tokens: float, res: AverageResult, wait: float) -> ModuleReport:
+    def _report(self, st: HeldModule, round_no: int, tokens: float, res: AverageResult, wait: float) -> ModuleReport:
         if not res.ok:
             logger.info("module %s round %d not applied: %s", st.module_id, round_no, res.reason)
         return ModuleReport(
@@ -295,16 +251,16 @@ class DiLoCoOptimizer:
             res.bytes_received, tokens, wait, adopt=res.adopt,
         )
 
-    def _launch(self, st: _Module, tokens: float, keep_anchor: bool) -> None:
+    def _launch(self, st: HeldModule, tokens: float, keep_anchor: bool) -> None:
         """Take the module's delta and start its exchange on the exchange threads.
 
         The round number moves on and the exchange becomes pending under ``_state_lock`` in one go,
         so :meth:`module_state` never labels this round's pre-step global copy with the next round."""
         round_no = st.round_no
-        sent, refused = self._prepare(st, round_no)
+        sent, refused = st.prepare(round_no)
         if sent is None:
             with self._state_lock:
-                st.pending = _Pending(round_no, tokens, refused=refused)
+                st.pending = PendingExchange(round_no, tokens, refused=refused)
                 st.round_no = round_no + 1
             return
         if self._executor is None:
@@ -315,18 +271,18 @@ class DiLoCoOptimizer:
         with self._state_lock:
             digest = st.outer.digest()  # the state the group's mean will be applied to
             future = self._executor.submit(self._exchange, st, round_no, sent, tokens, digest)
-            st.pending = _Pending(round_no, tokens, sent, anchor, future)
+            st.pending = PendingExchange(round_no, tokens, sent, anchor, future)
             st.round_no = round_no + 1
 
     @torch.no_grad()
-    def _complete(self, st: _Module) -> ModuleReport:
+    def _complete(self, st: HeldModule) -> ModuleReport:
         """Wait for the module's exchange and apply it: ``local <- global``, plus (overlap mode) the
         local progress made since the delta was taken."""
         pending = st.pending
         if pending.future is None:
             with self._state_lock:
                 st.pending = None
-                self._roll_back(st, pending)
+                st.roll_back(pending)
             return ModuleReport(st.module_id, pending.round_no, False, pending.refused, tokens=pending.tokens)
         t0 = time.perf_counter()
         res = pending.future.result()
@@ -334,25 +290,12 @@ class DiLoCoOptimizer:
         with self._state_lock:  # the post-step global copy and the end of the pending state, atomically
             st.pending = None
             if res.ok:
-                self._apply(st, pending.sent, res)
+                st.apply(pending.sent, res)
             else:
-                self._roll_back(st, pending)
+                st.roll_back(pending)
         if res.ok:
-            if pending.anchor is None:
-                st.outer.sync_to(st.params)
-            else:
-                for p, g, a in zip(st.params, st.outer.global_params, pending.anchor):
-                    progress = p.detach().to(device="cpu", dtype=torch.float32) - a  # made while exchanging
-                    p.data.copy_(g + progress)
+            st.adopt_local(pending.anchor)
         return self._report(st, pending.round_no, pending.tokens, res, wait)
-
-    def _roll_back(self, st: _Module, pending: _Pending) -> None:
-        """A round this peer did not apply leaves its global copy at that round: its number goes back
-        too, so the state is never labelled with a round it missed (the group that applied it is then
-        ahead, and matchmaking tells this peer to re-sync). Overlap mode has launched the next exchange
-        already and keeps counting."""
-        if not self.outer_cfg.overlap:
-            st.round_no = pending.round_no
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -366,11 +309,7 @@ class DiLoCoOptimizer:
         the global copy is still that of the round being averaged, and its number is reported."""
         st = self._module(module_id)
         with self._state_lock:
-            pending = st.pending
-            round_no = pending.round_no if pending is not None and pending.future is not None else st.round_no
-            return ModuleState(
-                [g.clone() for g in st.outer.global_params], [b.clone() for b in st.outer.momentum_buffers], round_no
-            )
+            return st.state()
 
     def module_digest(self, module_id: str) -> str:
         """:attr:`ModuleState.digest` of what :meth:`module_state` would return, without copying it."""
@@ -378,7 +317,6 @@ class DiLoCoOptimizer:
         with self._state_lock:
             return st.outer.digest()
 
-    @torch.no_grad()
     def rebase_module_state(
         self, module_id: str, global_params: Sequence[Tensor], momentum: Sequence[Tensor], round_no: int
     ) -> None:
@@ -391,26 +329,14 @@ class DiLoCoOptimizer:
         if st.pending is not None and st.pending.future is not None:
             raise RuntimeError(f"module {module_id} has an exchange in flight; flush() before rebasing")
         with self._state_lock:
-            progress = [p.detach().to(device="cpu", dtype=torch.float32) - g
-                        for p, g in zip(st.params, st.outer.global_params)]
-            st.outer.load_state_dict({"global": list(global_params), "momentum": list(momentum)})
-            for p, g, d in zip(st.params, st.outer.global_params, progress):
-                p.data.copy_(g + d)
-            st.round_no = int(round_no)
+            st.rebase(global_params, momentum, round_no)
 
     def load_module_state(
         self, module_id: str, global_params: Sequence[Tensor], momentum: Sequence[Tensor], round_no: int
     ) -> None:
         """Adopt a module's state from a peer (newcomer joining mid-run): global copy, momentum and
         round number; local params are reset to the global copy and the residual cleared."""
-        st = self._module(module_id)
-        if st.pending is not None and st.pending.future is not None:
-            st.pending.future.result()
-        st.pending = None
-        st.outer.load_state_dict({"global": list(global_params), "momentum": list(momentum)})
-        st.outer.sync_to(st.params)
-        st.ef.reset()
-        st.round_no = int(round_no)
+        self._module(module_id).load(global_params, momentum, round_no)
 
     def state_dict(self) -> dict[str, Any]:
         """Every module's global copy, momentum, error-feedback residual and round number, the inner
@@ -419,15 +345,7 @@ class DiLoCoOptimizer:
         return {
             "round": self.round,
             "inner_step": self._inner_step,
-            "modules": {
-                mid: {
-                    "global": [g.clone() for g in st.outer.global_params],
-                    "momentum": [b.clone() for b in st.outer.momentum_buffers],
-                    "residual": st.ef.residual.clone(),
-                    "round_no": st.round_no,
-                }
-                for mid, st in self._modules.items()
-            },
+            "modules": {mid: st.state_dict() for mid, st in self._modules.items()},
             "inner": self.inner.state_dict(),
         }
 
@@ -438,13 +356,7 @@ class DiLoCoOptimizer:
         if missing:
             raise ConfigError("checkpoint", f"holds no state for module(s) {', '.join(missing)}")
         for mid, st in self._modules.items():
-            ms = state["modules"][mid]
-            st.pending = None
-            st.outer.load_state_dict({"global": ms["global"], "momentum": ms["momentum"]})
-            st.ef.load_state_dict({"residual": ms["residual"]})
-            st.round_no = int(ms["round_no"])
-            if sync_local:
-                st.outer.sync_to(st.params)
+            st.load_state_dict(state["modules"][mid], sync_local)
         self.inner.load_state_dict(state["inner"])
         self.round = int(state["round"])
         self._inner_step = int(state.get("inner_step", 0))
@@ -452,7 +364,7 @@ class DiLoCoOptimizer:
         self._tokens_in_round = 0.0
         self._round_start = self.clock()
 
-    def _module(self, module_id: str) -> _Module:
+    def _module(self, module_id: str) -> HeldModule:
         try:
             return self._modules[module_id]
         except KeyError:

@@ -20,7 +20,6 @@ averaging, and its client retries in the background.
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import logging
 import threading
@@ -236,11 +235,7 @@ class PeerNode:
             if assignment.mode not in ("path", "stage"):
                 raise UnsupportedAssignment(f"the coordinator assigned {assignment.label()}, which a training peer "
                                             "cannot do; run 'hivepath archive' for an archive peer")
-            outer = dataclasses.replace(
-                cfg.outer,
-                inner_steps=assignment.inner_steps or cfg.outer.inner_steps,
-                codec=assignment.codec or cfg.outer.codec,
-            )
+            outer = assignment.outer_config(cfg.outer)  # H and codec as the coordinator decided them
             self.status.mode = assignment.mode
             self._work_started = time.monotonic()
             deadline = time.monotonic() + self.opts.drain_timeout

@@ -1,7 +1,8 @@
 """Stage mode (SWARM, Ryabinin et al. 2023): one module served as a pipeline stage over P2P.
 
 - ``records``: the DHT records by which stage servers announce themselves (load, throughput).
-- ``wire``: activations and gradients on the wire (:func:`encode_tensor`, :func:`decode_tensor`).
+- ``wire``: activations and gradients on the wire (:func:`activation_codec`, :func:`encode_tensor`,
+  :func:`decode_tensor`).
 - ``server``: :class:`StageServer`, forward/backward of one module for trainers, with DiLoCo rounds.
 - ``client``: :class:`StageClient`, a trainer's way through the stages, picking servers by throughput.
 
@@ -12,10 +13,10 @@ Imports ``peer.diloco``, ``peer.averaging`` and ``peer.network``.
 from peer.stage.client import Hop, StageClient, StageRequestError, StageUnavailable, choose_server
 from peer.stage.records import StageServerEntry, StageServerRecord, stage_records_from_value, stage_servers_key
 from peer.stage.server import StageEventHook, StageServer, StageServerOptions
-from peer.stage.wire import DEFAULT_ACTIVATION_CODEC, WireError, decode_tensor, encode_tensor
+from peer.stage.wire import DEFAULT_ACTIVATION_CODEC, WireError, activation_codec, decode_tensor, encode_tensor
 
 __all__ = [
     "Hop", "StageClient", "StageRequestError", "StageUnavailable", "choose_server", "StageServerEntry",
     "StageServerRecord", "stage_records_from_value", "stage_servers_key", "StageEventHook", "StageServer",
-    "StageServerOptions", "DEFAULT_ACTIVATION_CODEC", "WireError", "decode_tensor", "encode_tensor",
+    "StageServerOptions", "DEFAULT_ACTIVATION_CODEC", "WireError", "activation_codec", "decode_tensor", "encode_tensor",
 ]

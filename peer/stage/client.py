@@ -29,7 +29,8 @@ from torch import Tensor
 from peer.network import unwrap_dht
 from protos.hivepath.peer.v1.stage_pb2 import EncodedTensor, StageReply, StageRequest
 from peer.stage.records import MAX_THROUGHPUT, StageServerEntry, stage_records_from_value, stage_servers_key
-from peer.stage.wire import DEFAULT_ACTIVATION_CODEC, WireError, decode_tensor, encode_tensor, stage_handler_name
+from peer.stage.wire import (DEFAULT_ACTIVATION_CODEC, WireError, activation_codec, decode_tensor, encode_tensor,
+                             stage_handler_name)
 
 __all__ = ["StageClient", "Hop", "StageUnavailable", "StageRequestError", "choose_server"]
 
@@ -108,7 +109,7 @@ class StageClient:
 
     Args:
         dht: this process's DHT. run_id, config_hash: the run; servers of another hash are ignored.
-        codec: codec of activations and gradients (``int8``, ``fp16`` or ``none``).
+        codec: codec of activations and gradients (``int8``, ``fp16`` or ``none``), resolved once here.
         request_timeout: seconds one server may take to answer before we try another.
         call_timeout: seconds a forward or backward may take over all retries.
         max_failures: consecutive failures after which a server is skipped until its record expires.
@@ -122,7 +123,7 @@ class StageClient:
         self.dht = unwrap_dht(dht)
         self.run_id = run_id
         self.config_hash = config_hash
-        self.codec = codec
+        self.codec = activation_codec(codec)
         self.request_timeout = request_timeout
         self.call_timeout = call_timeout
         self.max_failures = max_failures

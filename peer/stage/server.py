@@ -44,7 +44,7 @@ from peer.diloco import DiLoCoOptimizer, RoundReport
 from peer.network import unwrap_dht
 from protos.hivepath.peer.v1.stage_pb2 import StageReply, StageRequest
 from peer.stage.records import StageServerRecord, stage_record_value, stage_servers_key
-from peer.stage.wire import WireError, decode_tensor, encode_tensor, stage_handler_name
+from peer.stage.wire import WireError, activation_codec, decode_tensor, encode_tensor, stage_handler_name
 
 __all__ = ["StageServer", "StageServerOptions", "StageEventHook"]
 
@@ -287,7 +287,7 @@ class StageServer:
         while self._kept and (len(self._kept) >= self.options.max_kept or next(iter(self._kept.values()))[1] < now):
             self._kept.popitem(last=False)
         self._kept[(caller, request.request_id)] = (x, now + self.options.keep_timeout)
-        return encode_tensor(y, request.input.codec)
+        return encode_tensor(y, activation_codec(request.input.codec))  # the request's, validated by decoding
 
     def _backward(self, request: StageRequest, caller: str) -> tuple[Any, int]:
         self._event("backward")
@@ -305,7 +305,7 @@ class StageServer:
         with torch.enable_grad():
             y = self.module(x)  # (B, T, C)
             y.backward(g.to(self.device))
-        grad_in = encode_tensor(x.grad, request.grad.codec)
+        grad_in = encode_tensor(x.grad, activation_codec(request.grad.codec))
         self._kept.pop(key, None)  # only now: a backward that failed may be retried here
         tokens = x.shape[0] * x.shape[1]
         self._acc_tokens += tokens

@@ -1,8 +1,10 @@
 """Activations and gradients on the wire between a trainer and a stage server (stage mode).
 
 Tensors travel as :class:`protos.hivepath.peer.v1.stage_pb2.EncodedTensor`: a shape, a codec name and the bytes of the
-flat fp32 vector encoded by :mod:`peer.averaging.codecs` (int8 blockwise absmax by default; fp16 and none
-available; SWARM, Ryabinin et al. 2023, compresses activations the same way). Decoding checks
+flat fp32 vector encoded by one of the value codecs of :data:`models.codec_spec.CODECS` (int8 blockwise
+absmax by default; fp16 and none available; no entropy stage; SWARM, Ryabinin et al. 2023, compresses
+activations the same way). A trainer resolves its codec once (:func:`activation_codec`); a server
+answers in the codec the request names. Decoding checks
 everything a hostile or buggy peer could get wrong -- rank, sizes, codec, byte length, NaN/Inf --
 and raises :class:`WireError` with a message naming the problem.
 """
@@ -15,11 +17,12 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from models.config import CODECS
-from peer.averaging import get_codec
+from models.codec_spec import CODECS
+from peer.averaging import Codec, get_codec
 from protos.hivepath.peer.v1.stage_pb2 import EncodedTensor
 
-__all__ = ["WireError", "encode_tensor", "decode_tensor", "stage_handler_name", "DEFAULT_ACTIVATION_CODEC"]
+__all__ = ["WireError", "activation_codec", "encode_tensor", "decode_tensor", "stage_handler_name",
+           "DEFAULT_ACTIVATION_CODEC"]
 
 DEFAULT_ACTIVATION_CODEC = "int8"
 """Codec of activations and gradients unless the trainer picks another."""
@@ -34,12 +37,21 @@ def stage_handler_name(run_id: str) -> str:
     return f"hivepath_{run_id}_stage"
 
 
-def encode_tensor(t: Tensor, codec: str = DEFAULT_ACTIVATION_CODEC) -> EncodedTensor:
-    """``t`` (any shape, any device/dtype) as fp32 encoded by ``codec``; WireError if it holds NaN/Inf."""
+def activation_codec(name: str, what: str = "tensor") -> Codec:
+    """The codec of activations and gradients called ``name``: one of :data:`models.codec_spec.CODECS`
+    (no entropy stage); WireError naming ``what`` otherwise."""
+    if name not in CODECS:
+        raise WireError(f"{what} codec {name!r} is not one of {', '.join(CODECS)}")
+    return get_codec(name)
+
+
+def encode_tensor(t: Tensor, codec: Codec) -> EncodedTensor:
+    """``t`` (any shape, any device/dtype) as fp32 encoded by ``codec`` (:func:`activation_codec`);
+    WireError if it holds NaN/Inf."""
     flat = t.detach().to(device="cpu", dtype=torch.float32).reshape(-1)  # (n,)
     if not bool(torch.isfinite(flat).all()):
         raise WireError(f"tensor of shape {tuple(t.shape)} holds NaN or Inf values")
-    return EncodedTensor(shape=list(t.shape), codec=codec, data=get_codec(codec).encode(flat))
+    return EncodedTensor(shape=list(t.shape), codec=codec.name, data=codec.encode(flat))
 
 
 def decode_tensor(msg: EncodedTensor, what: str, max_elements: int, last_dim: Optional[int] = None,
@@ -61,10 +73,9 @@ def decode_tensor(msg: EncodedTensor, what: str, max_elements: int, last_dim: Op
     numel = math.prod(dims)
     if numel > max_elements:
         raise WireError(f"{what} holds {numel} elements, more than this server accepts ({max_elements})")
-    if msg.codec not in CODECS:
-        raise WireError(f"{what} codec {msg.codec!r} is not one of {', '.join(CODECS)}")
+    codec = activation_codec(msg.codec, what)
     try:
-        flat = get_codec(msg.codec).decode(bytes(msg.data), numel)  # (n,)
+        flat = codec.decode(bytes(msg.data), numel)  # (n,)
     except ValueError as e:
         raise WireError(f"{what} payload is malformed: {e}") from None
     if not bool(torch.isfinite(flat).all()):

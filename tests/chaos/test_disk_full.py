@@ -162,7 +162,7 @@ class SoloAverager:
 
 
 def test_a_training_peer_reports_the_full_disk_and_keeps_training(small_disk, dataset, caplog):
-    from models.config import tiny_cpu
+    from models.presets import tiny_cpu
     from peer.node import PeerStatus
     from peer.node import PathTrainer
 

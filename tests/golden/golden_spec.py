@@ -13,7 +13,8 @@ from typing import Iterator, Sequence
 
 import torch
 
-from models.config import RunConfig, tiny_cpu
+from models.config import RunConfig
+from models.presets import tiny_cpu
 
 PATHS = [(0, 0), (0, 1), (1, 1)]
 """Worker k trains PATHS[k]: embed and head are shared by 3, L0M0 and L1M1 by 2, the rest alone."""

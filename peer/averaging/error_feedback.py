@@ -1,0 +1,43 @@
+"""Local error feedback on a module's flat pseudo-gradient (what the codec drops is sent next round)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["ErrorFeedback"]
+
+
+class ErrorFeedback:
+    """Local error feedback (Seide et al. 2014; Karimireddy et al. 2019): what the codec dropped from
+    this round's delta is added to the next round's, so the sum of what was sent tracks the sum of
+    the true deltas to within one round's quantisation error.
+
+    Usage per round: ``x = ef.add(delta)``; send ``x``; ``ef.update(x, sent)`` with ``sent`` what the
+    group actually received (the codec round trip of ``x``). If nothing was sent, skip ``update``.
+    """
+
+    def __init__(self, numel: int):
+        self.residual = torch.zeros(numel, dtype=torch.float32)  # (numel,)
+
+    def add(self, flat: Tensor) -> Tensor:
+        """``flat + residual`` as a new CPU fp32 vector."""
+        if flat.shape != self.residual.shape:
+            raise ValueError(f"delta of shape {tuple(flat.shape)} does not fit residual {tuple(self.residual.shape)}")
+        return flat.to(device="cpu", dtype=torch.float32) + self.residual
+
+    def update(self, sent_input: Tensor, sent: Tensor) -> None:
+        """Keep ``sent_input - sent``: the part of the last exchanged vector the codec dropped."""
+        self.residual = (sent_input.to(torch.float32) - sent.to(torch.float32)).reshape(-1).clone()
+
+    def reset(self) -> None:
+        self.residual.zero_()
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {"residual": self.residual.clone()}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        residual = state["residual"].to(device="cpu", dtype=torch.float32).reshape(-1)
+        if residual.shape != self.residual.shape:
+            raise ValueError(f"residual of {residual.numel()} elements does not fit {self.residual.numel()}")
+        self.residual = residual.clone()

@@ -1,0 +1,252 @@
+"""The leader/follower protocol that turns the declared members of one (module, round) into one group.
+
+Every member of a formed group gets the same membership from one leader (hivemind-style
+leader/follower matchmaking over the DHT, Ryabinin et al. 2021, made consistent). Once
+:class:`peer.averaging.matchmaking.Matchmaker` has gathered the declared members and picked the leader
+(the smallest peer id among the declared members that accept connections):
+
+- Followers join it over P2P (:class:`protos.hivepath.peer.v1.net_pb2.JoinRequest`); a peer that follows
+  someone else answers ``NOT_A_LEADER`` with its leader, and the follower retries there.
+- The leader closes the group when every declared member has joined, or at its deadline, and sends
+  the same sorted member list to each follower (``BEGIN``). A member that joined nobody, or whose
+  leader never began, fails the round and keeps its local progress. A follower the leader accepted
+  waits for ``BEGIN`` past its own join deadline, since the leader counts it in.
+- A leader refuses a group whose members all fetched this round's state from holders none of which
+  is in it (they would average the old state between them, a second lineage at the same round numbers).
+
+Join requests of another config or dataset hash, of another state digest, or (with a ``verifier``)
+without a valid credential bound to the libp2p sender are refused; a follower refuses a leader whose
+replies do not carry the leader's own valid credential. Every refusal is logged once per (peer, reason).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, NamedTuple, Optional, Union
+
+from peer.averaging.partition import Group
+from peer.network import CredentialProvider, CredentialVerifier
+from protos.hivepath.peer.v1.net_pb2 import JoinReply, JoinRequest
+
+__all__ = ["GroupJoin", "Looking", "Follower"]
+
+log = logging.getLogger(__name__)
+
+_BEGIN_LINGER = 10.0
+"""Seconds a leader keeps a follower's stream open after BEGIN, unless the follower closes it first."""
+
+
+class Follower(NamedTuple):
+    """A follower the leader accepted."""
+
+    bandwidth: float
+    future: "asyncio.Future[Optional[Group]]"
+    """Resolved with the group the leader begins (None: it gave up)."""
+    fetched_from: str
+    """Its ``JoinRequest.fetched_from``."""
+
+
+@dataclass
+class Looking:
+    """One member's matchmaking of one (module, round), from its declaration until the group forms."""
+
+    key: str
+    digest: str = ""
+    decided: asyncio.Event = field(default_factory=asyncio.Event)
+    leader: Optional[str] = None
+    """None while gathering or when we lead; else the peer we follow."""
+    closed: bool = False
+    followers: dict[str, Follower] = field(default_factory=dict)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    fetched_from: str = ""
+    """The live holder we fetched this round's state from ('' when the state is our own)."""
+    expecting: frozenset[str] = frozenset()
+    """The joiners our stored declaration lists."""
+    expires: float = 0.0
+    """DHT expiration time of our declaration."""
+
+
+class GroupJoin:
+    """This peer's side of the leader/follower protocol, for every (module, round) it matchmakes.
+
+    ``credential`` returns this peer's current credential; ``verifier`` checks everyone else's (both
+    None: an open run, no admission checks). :meth:`start` registers the ``{prefix}_join`` handler.
+    """
+
+    def __init__(self, p2p: Any, peer_id: str, config_hash: str, data_hash: str, bandwidth: float, prefix: str,
+                 credential: Optional[CredentialProvider] = None, verifier: Optional[CredentialVerifier] = None):
+        self.p2p = p2p
+        self.peer_id = peer_id
+        self.config_hash = config_hash
+        self.data_hash = data_hash
+        self.bandwidth = bandwidth
+        self.handler_name = f"{prefix}_join"
+        self._looking: dict[str, Looking] = {}
+        self._warned: set[tuple[str, str]] = set()
+        self.credential = credential
+        self.verifier = verifier
+
+    def _own_credential(self) -> bytes:
+        return self.credential() if self.credential is not None else b""
+
+    async def start(self) -> None:
+        await self.p2p.add_protobuf_handler(self.handler_name, self._handle_join, JoinRequest, stream_output=True)
+
+    def _mismatch(self, who: str, config_hash: str, data_hash: str) -> str:
+        if config_hash != self.config_hash:
+            return f"config hash {config_hash} of {who} differs from ours {self.config_hash}"
+        if data_hash != self.data_hash:
+            return f"dataset hash {data_hash or '(none)'} of {who} differs from ours {self.data_hash or '(none)'}"
+        return ""
+
+    def _refuse_log(self, who: str, problem: str) -> None:
+        if (who, problem) not in self._warned:
+            self._warned.add((who, problem))
+            log.warning("not grouping with %s: %s", who, problem)
+
+    # -- leader side --------------------------------------------------------------------------
+
+    async def _handle_join(self, request: JoinRequest, context: Any) -> AsyncIterator[JoinReply]:
+        sender = context.remote_id.to_base58()
+        mine = self._own_credential()
+        if self.verifier is not None:
+            problem = self.verifier.check(request.credential, sender)
+            if problem:
+                self.verifier.log_refusal(sender, "a matchmaking join", problem)
+                yield JoinReply(code=JoinReply.REFUSED, reason=f"not admitted: {problem}", credential=mine)
+                return
+        problem = self._mismatch(sender, request.config_hash, request.data_hash)
+        if problem:
+            self._refuse_log(sender, problem)
+            yield JoinReply(code=JoinReply.REFUSED, reason=problem, credential=mine)
+            return
+        looking = self._looking.get(request.group_key)
+        if looking is None:
+            yield JoinReply(code=JoinReply.REFUSED, reason="not looking for this group (formed or not started)",
+                            credential=mine)
+            return
+        if request.state_digest != looking.digest:
+            yield JoinReply(code=JoinReply.REFUSED, credential=mine,
+                            reason=f"forked: state {request.state_digest or '(none)'} differs from ours {looking.digest}")
+            return
+        await looking.decided.wait()
+        if looking.leader is not None:
+            yield JoinReply(code=JoinReply.NOT_A_LEADER, suggested_leader=looking.leader, credential=mine)
+            return
+        if looking.closed:
+            yield JoinReply(code=JoinReply.REFUSED, reason="the group already began", credential=mine)
+            return
+        future: asyncio.Future[Optional[Group]] = asyncio.get_running_loop().create_future()
+        looking.followers[sender] = Follower(max(0.0, request.bandwidth), future, request.fetched_from)
+        looking.changed.set()
+        yield JoinReply(code=JoinReply.ACCEPTED, credential=mine)
+        group = await future
+        if group is None:
+            yield JoinReply(code=JoinReply.REFUSED, reason="the leader gave up", credential=mine)
+            return
+        yield JoinReply(code=JoinReply.BEGIN, group_id=group.group_id, members=list(group.members),
+                        bandwidths=list(group.bandwidths), allreduce_timeout=group.allreduce_timeout, credential=mine)
+        # Returning now would close the stream at once, and the daemon can drop a reply still in
+        # flight: the follower would miss BEGIN while we count it in. It closes the stream once it
+        # has read BEGIN, which cancels this wait.
+        await asyncio.sleep(_BEGIN_LINGER)
+
+    async def _lead(self, looking: Looking, others: set[str], close_deadline: float, end: float) -> tuple[Optional[Group], str]:
+        while not others <= set(looking.followers) and time.monotonic() < close_deadline:
+            looking.changed.clear()
+            try:
+                await asyncio.wait_for(looking.changed.wait(), max(0.0, close_deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                break
+        looking.closed = True
+        followers = dict(looking.followers)
+        if not followers:
+            return None, f"no declared member ({', '.join(sorted(others))}) joined us"
+        members = tuple(sorted([self.peer_id, *followers]))
+        sources = {looking.fetched_from, *(f.fetched_from for f in followers.values())}
+        if "" not in sources and not sources & set(members):
+            # every member just fetched this round's state from holders that are not here: they may have
+            # stepped on already, and this group would be a second lineage at the same round numbers
+            return None, (f"every member fetched this round's state from {', '.join(sorted(p[-8:] for p in sources))}, "
+                          "none of which joined: re-sync to them instead of averaging their old state")
+        bw = {self.peer_id: self.bandwidth, **{p: f.bandwidth for p, f in followers.items()}}
+        group = Group(f"{looking.key}-{self.peer_id[-8:]}-{secrets.token_hex(4)}", members,
+                      tuple(bw[p] for p in members), max(0.1, end - time.monotonic()))
+        for f in followers.values():
+            if not f.future.done():
+                f.future.set_result(group)
+        missing = sorted(others - set(followers))
+        return group, (f"dropped {', '.join(missing)} (did not join)" if missing else "")
+
+    async def _follow(self, key: str, leader: str, deadline: float, begin_deadline: float,
+                      digest: str, fetched_from: str) -> tuple[Optional[Group], str]:
+        """Join ``leader`` by ``deadline``. Once it accepted us, it counts us in the group it begins,
+        so we wait for its BEGIN until ``begin_deadline``: the leader's round may have started seconds
+        after ours, and giving up earlier would leave the others waiting for our part until their
+        all-reduce deadline."""
+        accepted = asyncio.Event()
+        task = asyncio.ensure_future(self._follow_unbounded(key, leader, digest, fetched_from, accepted))
+        try:
+            done, _ = await asyncio.wait({task}, timeout=max(0.01, deadline - time.monotonic()))
+            if not done and accepted.is_set():
+                done, _ = await asyncio.wait({task}, timeout=max(0.01, begin_deadline - time.monotonic()))
+            if not done:
+                return None, f"leader {leader} did not begin before the deadline"
+            return task.result()
+        except Exception as e:
+            return None, f"joining leader {leader} failed: {type(e).__name__}: {e}"
+        finally:
+            if not task.done():
+                task.cancel()
+
+    async def _follow_unbounded(self, key: str, leader: str, digest: str, fetched_from: str,
+                                accepted: asyncio.Event) -> tuple[Optional[Group], str]:
+        from hivemind.p2p import PeerID
+
+        request = JoinRequest(group_key=key, config_hash=self.config_hash, data_hash=self.data_hash,
+                              bandwidth=self.bandwidth, credential=self._own_credential(), state_digest=digest,
+                              fetched_from=fetched_from)
+        for _ in range(3):
+            stream = await self.p2p.iterate_protobuf_handler(PeerID.from_base58(leader), self.handler_name,
+                                                             request, JoinReply)
+            try:
+                outcome = await self._read_replies(stream, leader, accepted)
+            finally:
+                await stream.aclose()  # the leader lingers until we close: tell it we read its reply
+            if isinstance(outcome, str):
+                leader = outcome
+                continue
+            return outcome
+        return None, "too many leader redirections"
+
+    async def _read_replies(self, stream: Any, leader: str,
+                            accepted: asyncio.Event) -> Union[str, tuple[Optional[Group], str]]:
+        """The outcome of one join stream: ``(group, reason)``, or the peer id to follow instead."""
+        checked = self.verifier is None
+        async for reply in stream:
+            if not checked:  # one stream is one authenticated connection: its first reply vouches
+                problem = self.verifier.check(reply.credential, leader)
+                if problem:
+                    self.verifier.log_refusal(leader, "a leader's reply", problem)
+                    return None, f"leader {leader} is not admitted: {problem}"
+                checked = True
+            if reply.code == JoinReply.ACCEPTED:
+                accepted.set()
+                continue
+            if reply.code == JoinReply.BEGIN:
+                return self._check_group(reply, leader)
+            if reply.code == JoinReply.NOT_A_LEADER and reply.suggested_leader not in ("", leader, self.peer_id):
+                return reply.suggested_leader
+            return None, f"leader {leader} refused: {reply.reason or JoinReply.Code.Name(reply.code)}"
+        return None, f"leader {leader} closed the stream without beginning"
+
+    def _check_group(self, reply: JoinReply, leader: str) -> tuple[Optional[Group], str]:
+        members = tuple(reply.members)
+        if (self.peer_id not in members or list(members) != sorted(set(members))
+                or len(reply.bandwidths) != len(members) or not reply.allreduce_timeout > 0):
+            return None, f"leader {leader} sent a malformed group"
+        return Group(reply.group_id, members, tuple(reply.bandwidths), float(reply.allreduce_timeout)), ""

@@ -1,0 +1,289 @@
+"""The four value codecs of the pseudo-gradient: fp32, fp16 and the blockwise absmax quantisers.
+
+Their byte layouts and sizes are specified in :mod:`models.codec_spec` (names, :data:`BLOCK`, the
+table of formats); each codec here carries its :class:`~models.codec_spec.CodecSpec` and takes its
+sizes from it. Blockwise codecs quantise consecutive blocks of :data:`BLOCK` elements starting at
+element 0 of the vector they are given, and lay each block out as ``scale | codes``. Hence encoding a
+vector whole, or in parts whose boundaries are multiples of :data:`BLOCK`, gives the same bytes
+(concatenated) and the same decoded values: the all-reduce may split a module's delta at any
+multiple of ``BLOCK``.
+
+Decoding is pure IEEE arithmetic on the CPU (an integer code times an fp32 scale, or an exact
+widening), so the same bytes decode to bit-identical tensors on every machine. Decoders validate the
+byte length, the scales and the codes, and raise :class:`ValueError` on malformed input; what they
+return is always finite (a scale whose codes could overflow fp32 is malformed), so a receiver needs no
+second pass over the values.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from models.codec_spec import BLOCK, SCALE_BYTES, SPECS, CodecSpec
+
+__all__ = ["Codec", "NoneCodec", "Fp16Codec", "Int8Codec", "Int4Codec", "VALUE_CODECS"]
+
+
+def _max_scale(qmax: int) -> float:
+    """The largest fp32 scale whose code ``qmax`` decodes to a finite fp32 value."""
+    s = np.float32(np.finfo(np.float32).max) / np.float32(qmax)
+    with np.errstate(over="ignore"):
+        while not np.isfinite(s * np.float32(qmax)):
+            s = np.nextafter(s, np.float32(0))
+    return float(s)
+
+
+_MAX_SCALE = {s.qmax: _max_scale(s.qmax) for s in SPECS.values() if s.blockwise}
+"""Per qmax, the largest block scale: decoded values are always finite (larger scales are refused)."""
+
+
+def _check_flat(flat: Tensor, finite: bool = True) -> Tensor:
+    """Return ``flat`` as a contiguous CPU fp32 1-D tensor, or raise ValueError (also on NaN/Inf,
+    unless ``finite`` is False: the blockwise codecs check their block extremes instead, in the pass
+    they make anyway)."""
+    if not isinstance(flat, Tensor):
+        raise ValueError(f"expected a tensor, got {type(flat).__name__}")
+    if flat.dim() != 1:
+        raise ValueError(f"expected a flat 1-D tensor, got shape {tuple(flat.shape)}")
+    flat = flat.detach().to(device="cpu", dtype=torch.float32).contiguous()
+    if finite and not bool(torch.isfinite(flat).all()):
+        raise ValueError("cannot encode a vector holding NaN or Inf")
+    return flat
+
+
+class Codec(abc.ABC):
+    """Encodes a flat fp32 vector to bytes and back (formats: :mod:`models.codec_spec`).
+
+    Codecs hold no per-exchange state: one object per codec name serves every module and thread
+    (:func:`peer.averaging.get_codec`)."""
+
+    name: str = ""
+
+    @abc.abstractmethod
+    def encoded_size(self, numel: int) -> int:
+        """Number of bytes :meth:`encode` produces for ``numel`` values (an upper bound for a codec
+        with an entropy stage)."""
+
+    def size_ok(self, length: int, numel: int) -> bool:
+        """Whether ``length`` bytes can be an encoding of ``numel`` values (a fixed size unless the
+        codec has an entropy stage, whose sizes vary up to :meth:`encoded_size`)."""
+        return length == self.encoded_size(numel)
+
+    @abc.abstractmethod
+    def encode(self, flat: Tensor) -> bytes:
+        """Encode a finite fp32 1-D tensor; raises ValueError on NaN/Inf or a wrong shape."""
+
+    @abc.abstractmethod
+    def decode(self, data: bytes, numel: int) -> Tensor:
+        """Decode ``numel`` values to a CPU fp32 1-D tensor; raises ValueError on malformed bytes."""
+
+    def roundtrip(self, flat: Tensor) -> Tensor:
+        """``decode(encode(flat))``: what a receiver of ``flat`` gets."""
+        return self.encode_roundtrip(flat)[1]
+
+    def encode_roundtrip(self, flat: Tensor) -> tuple[bytes, Tensor]:
+        """``(encode(flat), decode(encode(flat)))``, bit for bit, in one pass where the codec can: a
+        sender needs both (the bytes go out, the decoded values feed error feedback)."""
+        data = self.encode(flat)
+        return data, self.decode(data, flat.numel())
+
+    def _check_length(self, data: bytes, numel: int) -> None:
+        if numel < 0:
+            raise ValueError(f"numel must be >= 0, got {numel}")
+        expected = self.encoded_size(numel)
+        if len(data) != expected:
+            raise ValueError(f"{self.name}: {len(data)} bytes do not encode {numel} values (expected {expected})")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class _SpecCodec(Codec):
+    """A codec with a fixed layout: its name and sizes come from its :class:`CodecSpec`."""
+
+    spec: CodecSpec
+
+    @property
+    def name(self) -> str:  # type: ignore[override]  # read-only here, from the spec
+        return self.spec.name
+
+    def encoded_size(self, numel: int) -> int:
+        return self.spec.encoded_size(numel)
+
+
+class NoneCodec(_SpecCodec):
+    """No compression: little-endian fp32."""
+
+    spec = SPECS["none"]
+
+    def encode(self, flat: Tensor) -> bytes:
+        return _check_flat(flat).numpy().astype("<f4", copy=False).tobytes()
+
+    def encode_roundtrip(self, flat: Tensor) -> tuple[bytes, Tensor]:
+        flat = _check_flat(flat)
+        return flat.numpy().astype("<f4", copy=False).tobytes(), flat.clone()
+
+    def decode(self, data: bytes, numel: int) -> Tensor:
+        self._check_length(data, numel)
+        out = torch.from_numpy(np.frombuffer(data, dtype="<f4").astype(np.float32))  # (numel,)
+        if not bool(torch.isfinite(out).all()):
+            raise ValueError("none: decoded values hold NaN or Inf")
+        return out
+
+
+class Fp16Codec(_SpecCodec):
+    """IEEE half precision (about 3 significant digits); values beyond 65504 are refused."""
+
+    spec = SPECS["fp16"]
+
+    def encode(self, flat: Tensor) -> bytes:
+        return self._half(flat).numpy().astype("<f2", copy=False).tobytes()
+
+    def encode_roundtrip(self, flat: Tensor) -> tuple[bytes, Tensor]:
+        half = self._half(flat)
+        return half.numpy().astype("<f2", copy=False).tobytes(), half.to(torch.float32)
+
+    @staticmethod
+    def _half(flat: Tensor) -> Tensor:
+        half = _check_flat(flat).to(torch.float16)
+        if not bool(torch.isfinite(half).all()):
+            raise ValueError("fp16: values beyond the half-precision range (65504) cannot be encoded")
+        return half
+
+    def decode(self, data: bytes, numel: int) -> Tensor:
+        self._check_length(data, numel)
+        half = torch.from_numpy(np.frombuffer(data, dtype="<f2").astype(np.float16))  # (numel,)
+        if not bool(torch.isfinite(half).all()):
+            raise ValueError("fp16: decoded values hold NaN or Inf")
+        return half.to(torch.float32)
+
+
+class _BlockwiseCodec(_SpecCodec):
+    """Shared machinery of absmax block quantisers: ``scale = absmax / qmax``, ``q = round(x / scale)``."""
+
+    @property
+    def qmax(self) -> int:
+        return self.spec.qmax
+
+    @abc.abstractmethod
+    def _pack(self, q: Tensor) -> np.ndarray:
+        """Integer codes ``(nb, count)`` in [-qmax, qmax] -> uint8 ``(nb, code_bytes)``."""
+
+    @abc.abstractmethod
+    def _unpack(self, raw: np.ndarray, count: int) -> Tensor:
+        """uint8 ``(nb, code_bytes)`` -> int codes ``(nb, count)``; ValueError on invalid codes."""
+
+    def _encode_blocks(self, blocks: Tensor, roundtrip: bool) -> tuple[bytes, Optional[Tensor]]:
+        # blocks: (nb, count) fp32. One pass for the extremes and in-place rounding: the exchange is
+        # CPU-bound on small machines, and this is its largest single cost (the bytes are unchanged).
+        lo, hi = torch.aminmax(blocks, dim=1, keepdim=True)  # (nb, 1) each
+        absmax = torch.maximum(hi, lo.neg_())  # (nb, 1) == blocks.abs().amax(dim=1)
+        if not bool(torch.isfinite(absmax).all()):  # NaN propagates through aminmax, Inf is an extreme
+            raise ValueError("cannot encode a vector holding NaN or Inf")
+        scale = absmax / self.qmax  # (nb, 1)
+        if bool((scale > _MAX_SCALE[self.qmax]).any()):
+            raise ValueError(f"{self.name}: values beyond {_MAX_SCALE[self.qmax] * self.qmax:.4g} cannot be encoded")
+        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+        q = torch.div(blocks, safe).round_().clamp_(-self.qmax, self.qmax)  # (nb, count)
+        packed = self._pack(q)  # (nb, code_bytes) uint8
+        out = np.empty((blocks.shape[0], SCALE_BYTES + packed.shape[1]), dtype=np.uint8)
+        out[:, :SCALE_BYTES] = scale.numpy().astype("<f4", copy=False).view(np.uint8)
+        out[:, SCALE_BYTES:] = packed
+        # what decode computes from these bytes: integer code times the stored fp32 scale (+0.0 turns
+        # the -0.0 that rounding leaves into the +0.0 a decoded code 0 gives)
+        values = q.add_(0.0).mul_(scale).reshape(-1) if roundtrip else None  # (nb * count,)
+        return out.tobytes(), values
+
+    def _encode(self, flat: Tensor, roundtrip: bool) -> tuple[bytes, Optional[Tensor]]:
+        flat = _check_flat(flat, finite=False)  # checked per block in _encode_blocks
+        full = flat.numel() // BLOCK
+        parts = []
+        if full:
+            parts.append(self._encode_blocks(flat[: full * BLOCK].view(full, BLOCK), roundtrip))
+        if flat.numel() % BLOCK:
+            parts.append(self._encode_blocks(flat[full * BLOCK :].view(1, -1), roundtrip))
+        data = b"".join(p[0] for p in parts)
+        if not roundtrip:
+            return data, None
+        if not parts:
+            return data, torch.zeros(0, dtype=torch.float32)
+        return data, torch.cat([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
+
+    def encode(self, flat: Tensor) -> bytes:
+        return self._encode(flat, roundtrip=False)[0]
+
+    def encode_roundtrip(self, flat: Tensor) -> tuple[bytes, Tensor]:
+        return self._encode(flat, roundtrip=True)  # type: ignore[return-value]  # values are set when asked
+
+    def _decode_blocks(self, raw: np.ndarray, count: int) -> Tensor:
+        # raw: (nb, 4 + code_bytes) uint8
+        scale = torch.from_numpy(raw[:, :SCALE_BYTES].copy().view("<f4").astype(np.float32))  # (nb, 1)
+        if not bool(torch.isfinite(scale).all()) or bool((scale < 0).any()):
+            raise ValueError(f"{self.name}: a block scale is negative, NaN or Inf")
+        if bool((scale > _MAX_SCALE[self.qmax]).any()):  # a code times it would overflow to Inf
+            raise ValueError(f"{self.name}: a block scale exceeds {_MAX_SCALE[self.qmax]:.4g} (absmax beyond fp32)")
+        q = self._unpack(raw[:, SCALE_BYTES:], count)  # (nb, count) int8
+        return torch.mul(q, scale).reshape(-1)  # int8 code times fp32 scale: exact widening, one rounding
+
+    def decode(self, data: bytes, numel: int) -> Tensor:
+        self._check_length(data, numel)
+        buf = np.frombuffer(data, dtype=np.uint8)
+        full, tail = divmod(numel, BLOCK)
+        stride = SCALE_BYTES + self.spec.code_bytes(BLOCK)
+        parts = []
+        if full:
+            parts.append(self._decode_blocks(buf[: full * stride].reshape(full, stride), BLOCK))
+        if tail:
+            parts.append(self._decode_blocks(buf[full * stride :].reshape(1, -1), tail))
+        if not parts:
+            return torch.zeros(0, dtype=torch.float32)
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+class Int8Codec(_BlockwiseCodec):
+    """Blockwise absmax int8: one fp32 scale per :data:`BLOCK` values, codes in [-127, 127].
+    Round-trip error per element is at most ``absmax(block) / 254``."""
+
+    spec = SPECS["int8"]
+
+    def _pack(self, q: Tensor) -> np.ndarray:
+        return q.to(torch.int8).numpy().view(np.uint8)
+
+    def _unpack(self, raw: np.ndarray, count: int) -> Tensor:
+        codes = torch.from_numpy(raw.view(np.int8).copy())  # (nb, count)
+        if codes.numel() and int(codes.min()) == -128:
+            raise ValueError("int8: code -128 is outside [-127, 127]")
+        return codes
+
+
+class Int4Codec(_BlockwiseCodec):
+    """Blockwise absmax 4-bit: one fp32 scale per :data:`BLOCK` values, codes in [-7, 7] two per
+    byte. Round-trip error per element is at most ``absmax(block) / 14``."""
+
+    spec = SPECS["int4"]
+
+    def _pack(self, q: Tensor) -> np.ndarray:
+        nib = (q.to(torch.int16) + 8).to(torch.uint8)  # (nb, count) in 1..15
+        if nib.shape[1] % 2:
+            nib = torch.cat([nib, torch.full((nib.shape[0], 1), 8, dtype=torch.uint8)], dim=1)
+        packed = nib[:, 0::2] | (nib[:, 1::2] << 4)  # (nb, code_bytes)
+        return packed.numpy()
+
+    def _unpack(self, raw: np.ndarray, count: int) -> Tensor:
+        packed = torch.from_numpy(raw.copy())  # (nb, code_bytes) uint8
+        low, high = packed & 0x0F, packed >> 4
+        nib = torch.stack([low, high], dim=2).reshape(packed.shape[0], -1)[:, :count]  # (nb, count)
+        if bool((nib == 0).any()):
+            raise ValueError("int4: nibble 0 (code -8) is outside [-7, 7]")
+        if count % 2 and bool((high[:, -1] != 8).any()):
+            raise ValueError("int4: the padding nibble of an odd-sized block is not zero")
+        return nib.to(torch.int8) - 8
+
+
+VALUE_CODECS: tuple[Codec, ...] = (NoneCodec(), Fp16Codec(), Int8Codec(), Int4Codec())
+"""One instance of each value codec, in the order of :data:`models.codec_spec.CODECS`."""

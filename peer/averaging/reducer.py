@@ -1,0 +1,316 @@
+"""The reducer's half of the all-reduce (:mod:`peer.averaging.allreduce`): the parts this peer reduces.
+
+A member opens one :class:`PartSlot` per part it reduces (its own part of each segment, and the parts
+it is the fallback reducer of), in the :class:`GroupState` of that group. :class:`PartReducer` serves
+the ``{prefix}_part`` stream: it validates each contribution against the slot (sender, codec name,
+size, weight, decodable; a bad one drops its sender and only its sender), waits for every member until
+the deadline, applies the run's :class:`~peer.averaging.aggregation.Aggregation` in sorted peer-id
+order, encodes the average ONCE with the group's codec, and answers every sender with those same
+bytes. A part's header names its codec; the slot holds the codec this peer resolved for the round,
+so a part in any other codec is refused without resolving the name it carries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from torch import Tensor
+
+from peer.averaging.aggregation import MEAN, Aggregation, aggregate
+from peer.averaging.partition import Group
+from peer.averaging.quantizers import Codec
+from protos.hivepath.peer.v1.net_pb2 import PartHeader, PartReply
+
+__all__ = ["PartSlot", "GroupState", "PartReducer", "EventHook", "PROBE", "BENIGN", "linger", "wait_event"]
+
+log = logging.getLogger(__name__)
+
+
+PROBE = 3
+"""``PartHeader.attempt`` of a fallback reducer asking a member for the original average of a part."""
+
+
+BENIGN = ("too late", "not a member", "duplicate")
+"""Refusals that say nothing about a sender's honesty (late, another group, a retry)."""
+
+
+@dataclass
+class PartSlot:
+    """One part being reduced here: contributions by peer id, then the encoded average."""
+
+    numel: int
+    codec: Codec
+    """The group's codec, as this peer resolved it for the round: contributions must name it."""
+    expected: set[str]
+    decoded: dict[str, tuple[Tensor, float]] = field(default_factory=dict)
+    accepted: set[str] = field(default_factory=set)
+    """Senders whose contribution is in (kept after the reduction frees ``decoded``)."""
+    dropped: dict[str, str] = field(default_factory=dict)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    result: "asyncio.Future[tuple[bytes, list[str]]]" = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    def check(self, sender: str, header: PartHeader, payload: bytes) -> str:
+        """Why this contribution cannot be accepted ('' if it can be decoded and offered)."""
+        if sender not in self.expected:
+            return "sender is not a member of this group"
+        if sender in self.decoded or sender in self.dropped:
+            return "duplicate contribution"
+        if self.result.done():
+            return "the part was already reduced (too late)"
+        if header.codec != self.codec.name or header.numel != self.numel:
+            return f"part is {header.codec}/{header.numel} elements, expected {self.codec.name}/{self.numel}"
+        if not self.codec.size_ok(len(payload), self.numel):
+            return f"payload is {len(payload)} bytes, which cannot encode {self.numel} values with {self.codec.name}"
+        if not (math.isfinite(header.weight) and header.weight > 0):
+            return f"weight {header.weight} is not a finite number > 0"
+        return ""
+
+    def accept(self, sender: str, values: Tensor, weight: float) -> str:
+        """Store a decoded contribution (numel,); '' if accepted."""
+        if self.result.done():
+            return "the part was already reduced (too late)"
+        self.decoded[sender] = (values, float(weight))
+        self.accepted.add(sender)
+        self.changed.set()
+        return ""
+
+    def drop(self, sender: str, problem: str) -> None:
+        """Exclude ``sender`` from this part (a bad contribution drops its sender)."""
+        if sender in self.expected and sender not in self.decoded:
+            self.dropped[sender] = problem
+            self.changed.set()
+
+    def complete(self) -> bool:
+        return self.expected <= set(self.decoded) | set(self.dropped)
+
+
+@dataclass
+class GroupState:
+    group: Group
+    bounds: list[list[tuple[int, int]]]
+    """Per segment, per member: the (start, end) of the part that member reduces."""
+    codec: Codec
+    """The codec every member encodes its parts with (the run's wire codec)."""
+    slots: dict[tuple[int, int, int], PartSlot] = field(default_factory=dict)
+    """(segment, part, attempt) -> a part we reduce."""
+    finished: dict[tuple[int, int], tuple[bytes, list[str]]] = field(default_factory=dict)
+    fallback: dict[tuple[int, int], "asyncio.Future[tuple[bytes, list[str], bool]]"] = field(default_factory=dict)
+    """Parts we are the fallback reducer of: (average, contributors, reduced here rather than adopted)."""
+    phase1_done: asyncio.Event = field(default_factory=asyncio.Event)
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    sends_left: int = 0
+    acked: set[tuple[int, int]] = field(default_factory=set)
+    serving: int = 0
+    """Accepted contributions whose average is not yet sent back."""
+    served: asyncio.Event = field(default_factory=asyncio.Event)
+    suspects: dict[str, str] = field(default_factory=dict)
+
+    def suspect(self, key: tuple[int, int, int], peer: str, why: str) -> None:
+        """Note a dropped or clipped contribution (the first reason per peer is kept)."""
+        self.suspects.setdefault(peer, f"part {key[0]}.{key[1]}: {why}")
+
+
+EventHook = Callable[[str], None]
+"""Called on the averager's loop with a point name, so tests can inject a fault exactly there (e.g.
+kill the process) and benchmarks can time phases: ``"group_formed"`` (matchmaking done, before
+the reduction), ``"parts_sent"`` (every part we contribute was acknowledged by its reducer),
+``"reduced"`` (a part we reduce is averaged and encoded, and about to be sent back),
+``"part_replied"`` (one member received, and closed the stream of, the average of a part we reduce)."""
+
+
+class PartReducer:
+    """Serves the parts this peer reduces in the groups registered in ``_groups``.
+
+    Lives on one asyncio loop with a ``hivemind.p2p.P2P`` handle; :meth:`start` registers the stream
+    handler ``{prefix}_part``. ``aggregation`` is the run's rule for the parts reduced here. The
+    member's side of the all-reduce (:class:`peer.averaging.allreduce.ReductionServer`) builds on it.
+    """
+
+    def __init__(self, p2p: Any, peer_id: str, prefix: str, wait_timeout: float = 60.0,
+                 event_hook: Optional[EventHook] = None, aggregation: Aggregation = MEAN):
+        self.p2p = p2p
+        self.aggregation = aggregation
+        self.event_hook = event_hook
+        self.peer_id = peer_id
+        self.handler_name = f"{prefix}_part"
+        self.wait_timeout = wait_timeout
+        self._groups: dict[str, GroupState] = {}
+        self._group_added = asyncio.Event()
+
+    async def start(self) -> None:
+        await self.p2p.add_binary_stream_handler(self.handler_name, self._handle)
+
+    # -- serving side -------------------------------------------------------------------------
+
+    async def _handle(self, stream_info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        from hivemind.p2p import P2P
+
+        sender = stream_info.peer_id.to_base58()
+        try:
+            header, err = await P2P.receive_protobuf(PartHeader, reader)
+            if header is None:
+                return
+            payload = await P2P.receive_raw_data(reader)
+            state = await self._wait_group(header.group_id, time.monotonic() + self.wait_timeout)
+            if state is not None:
+                state.bytes_received += len(payload)
+                state.serving += 1
+            try:
+                reply, data = await self._serve(sender, header, payload, writer)
+                await P2P.send_protobuf(reply, writer)
+                await P2P.send_raw_data(data, writer)
+                if state is not None:
+                    state.bytes_sent += len(data)
+                await linger(reader, self.wait_timeout)
+                if reply.ok and header.attempt == 0:
+                    self.event("part_replied")
+            finally:
+                if state is not None:
+                    state.serving -= 1
+                    state.served.set()
+        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            log.debug("part stream from %s broke: %r", sender, e)
+        finally:
+            writer.close()
+
+    async def _serve(self, sender: str, header: PartHeader, payload: bytes,
+                     writer: asyncio.StreamWriter) -> tuple[PartReply, bytes]:
+        from hivemind.p2p import P2P
+
+        deadline = time.monotonic() + self.wait_timeout
+        state = await self._wait_group(header.group_id, deadline)
+        if state is None:
+            return PartReply(ok=False, error="unknown group"), b""
+        key = (header.segment, header.part_index, header.attempt)
+        if header.attempt in (1, PROBE):
+            # the fallback (1) or a fallback reducer's probe (PROBE): the original average if we have it
+            await wait_event(state.phase1_done, deadline)
+            if key[:2] in state.finished:
+                data, contributors = state.finished[key[:2]]
+                return PartReply(ok=True, contributors=contributors, payload_len=len(data)), data
+            if header.attempt == PROBE:
+                return PartReply(ok=False, error="no original average of this part here"), b""
+            if key[:2] not in state.fallback:
+                return PartReply(ok=False, error=f"not the fallback reducer of part {key[0]}.{key[1]}"), b""
+            slot = state.slots[key]
+            if sender not in slot.accepted and not slot.result.done():
+                await self._offer(slot, sender, header, payload)
+            await P2P.send_protobuf(PartReply(ok=True, received=True), writer)
+            try:
+                data, contributors, reduced_here = await asyncio.wait_for(
+                    asyncio.shield(state.fallback[key[:2]]), max(0.0, deadline - time.monotonic()))
+            except Exception as e:
+                return PartReply(ok=False, error=f"fallback failed: {e!r}"), b""
+            if reduced_here and sender not in contributors:
+                return PartReply(ok=False, error="dropped from the part"), b""
+            return PartReply(ok=True, contributors=contributors, payload_len=len(data)), data
+        while key not in state.slots and time.monotonic() < deadline and not state.phase1_done.is_set():
+            await wait_event(state.phase1_done, min(deadline, time.monotonic() + 0.05))
+        slot = state.slots.get(key)
+        if slot is None:
+            return PartReply(ok=False, error=f"not reducing part {header.part_index} attempt {header.attempt}"), b""
+        if sender in slot.accepted:  # asked again after a broken stream: serve, do not add twice
+            problem = ""
+        else:
+            problem = await self._offer(slot, sender, header, payload)
+        if problem:
+            log.warning("dropped %s from part %d.%d of group %s: %s", sender, header.segment, header.part_index,
+                        header.group_id, problem)
+            return PartReply(ok=False, error=problem), b""
+        await P2P.send_protobuf(PartReply(ok=True, received=True), writer)
+        try:
+            data, contributors = await asyncio.wait_for(asyncio.shield(slot.result), max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            return PartReply(ok=False, error="reduction timed out"), b""
+        except Exception as e:  # the reduction itself failed (no contributions)
+            return PartReply(ok=False, error=f"reduction failed: {e}"), b""
+        if sender not in contributors:
+            return PartReply(ok=False, error="dropped from the part"), b""
+        return PartReply(ok=True, contributors=contributors, payload_len=len(data)), data
+
+    async def _offer(self, slot: PartSlot, sender: str, header: PartHeader, payload: bytes) -> str:
+        """Validate, decode (off the loop) and add one contribution; returns why it was refused ('' if not)."""
+        problem = slot.check(sender, header, payload)
+        if not problem:
+            try:
+                values = await asyncio.get_running_loop().run_in_executor(
+                    None, slot.codec.decode, payload, slot.numel)  # (numel,), always finite
+            except ValueError as e:
+                problem = f"undecodable: {e}"
+        problem = problem or slot.accept(sender, values, header.weight)
+        if problem:
+            slot.drop(sender, problem)
+        return problem
+
+    async def _wait_group(self, group_id: str, deadline: float) -> Optional[GroupState]:
+        while group_id not in self._groups:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            self._group_added.clear()
+            await wait_event(self._group_added, time.monotonic() + min(left, 0.5))
+        return self._groups[group_id]
+
+    async def _reduce(self, state: GroupState, key: tuple[int, int, int], deadline: float) -> None:
+        """Wait for the slot's contributions until ``deadline``, then publish the encoded mean."""
+        slot = state.slots[key]
+        while not slot.complete() and time.monotonic() < deadline:
+            slot.changed.clear()
+            await wait_event(slot.changed, deadline)
+        for peer, problem in sorted(slot.dropped.items()):
+            if not any(b in problem for b in BENIGN):
+                state.suspect(key, peer, f"dropped: {problem}")
+        absent = sorted(slot.expected - set(slot.decoded) - set(slot.dropped))
+        if absent:
+            log.info("part %d.%d of group %s: dropped %s (no contribution by the deadline)", key[0], key[1],
+                     state.group.group_id, ", ".join(absent))
+        if not slot.decoded:
+            slot.result.set_exception(RuntimeError("no contributions"))
+            return
+        codec = slot.codec
+        contributions, rule = dict(slot.decoded), self.aggregation
+        loop = asyncio.get_running_loop()
+        try:
+            reduced = await loop.run_in_executor(None, aggregate, contributions, rule)
+        except ValueError as e:
+            slot.result.set_exception(RuntimeError(f"aggregation failed: {e}"))
+            return
+        data = await loop.run_in_executor(None, codec.encode, reduced.value)
+        contributors = reduced.used
+        for peer, why in sorted(reduced.suspects.items()):
+            state.suspect(key, peer, why)
+        if reduced.suspects:
+            log.warning("part %d.%d of group %s (%s): %s", key[0], key[1], state.group.group_id, rule.rule,
+                        "; ".join(f"{p[-8:]} {why}" for p, why in sorted(reduced.suspects.items())))
+        slot.decoded.clear()
+        if key[2] == 0:
+            self.event("reduced")
+        slot.result.set_result((data, contributors))
+
+    def event(self, point: str) -> None:
+        """Report reaching ``point`` to the event hook, if any."""
+        if self.event_hook is not None:
+            self.event_hook(point)
+
+
+async def linger(reader: asyncio.StreamReader, timeout: float) -> None:
+    """Wait (at most ``timeout`` s) until the other side closes the stream, before we close ours:
+    closing right after a large write can cut the stream before the daemon forwarded all of it."""
+    try:
+        await asyncio.wait_for(reader.read(), timeout)
+    except (asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+        pass
+
+
+async def wait_event(event: asyncio.Event, deadline: float) -> None:
+    """Wait for ``event`` until ``deadline`` (a ``time.monotonic()`` time); returns either way."""
+    try:
+        await asyncio.wait_for(event.wait(), max(0.0, deadline - time.monotonic()))
+    except asyncio.TimeoutError:
+        pass
