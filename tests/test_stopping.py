@@ -91,3 +91,29 @@ def test_swarm_benchmark_stops_every_process(tmp_path, sig):
         proc = subprocess.Popen([sys.executable, "-m", "bench.swarm", "--quick"], stdout=log,
                                 stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
     _stop_and_check(proc, sig, daemons=5, start_timeout=180)
+
+
+def test_killed_peer_takes_its_dht_process_and_p2p_daemon_with_it(procs, tmp_path):
+    """``kill -9`` of a real ``hivepath peer join`` (no handler runs): its DHT process and p2p daemon,
+    which hivemind starts without a parent-death signal, exit too (the peer's watchdog)."""
+    from chaos.scenario import prepare_dataset
+    from helpers.network import Network
+
+    data = prepare_dataset(tmp_path / "data")
+    net = Network(procs, tmp_path, data.dir, data.manifest_hash, inner_steps=4)
+    try:
+        net.start_coordinator()
+        net.start_peer("peer0")
+        peer = net.procs.procs["peer0"]
+        wait_for(lambda: _daemons(peer.pid) >= 1, 120, "the peer's p2p daemon")
+        tree = [p for p in _tree(peer.pid) if "peer.node.lifetime" not in " ".join(p.cmdline())]
+        assert any(_name(p) == "p2pd" for p in tree)
+        peer.send_signal(signal.SIGKILL)  # the peer alone, not its session
+        peer.wait(timeout=10)
+        left = lambda: [p for p in tree if p.is_running() and _status(p) != psutil.STATUS_ZOMBIE]  # noqa: E731
+        try:
+            wait_for(lambda: not left(), LEFT_TIMEOUT, "the killed peer's DHT process and p2p daemon to exit")
+        except TimeoutError:
+            raise AssertionError("left after kill -9: " + "; ".join(_describe(p) for p in left())) from None
+    finally:
+        net.close()

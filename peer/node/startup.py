@@ -144,7 +144,10 @@ class PeerStartup:
         """Start the DHT node for ``spec``'s run; it admits only credentialed records when the run has
         a coordinator key (then :attr:`verifier` checks members' credentials)."""
         from peer.network import CredentialVerifier, DHTOptions, start_dht
+        from peer.node.lifetime import watch_descendants
 
+        # the DHT runs in a child process with a p2p daemon under it: both go if we are killed outright
+        watch_descendants()
         o = self.opts
         self.dht = start_dht(DHTOptions(
             initial_peers=tuple(o.initial_peers) + tuple(spec.initial_peers), host_maddrs=o.host_maddrs,
