@@ -12,6 +12,9 @@
 - ``progress``: :class:`PeerStatus` and its views (a rich table or JSON lines).
 - ``local_status``: the local ``/status`` and ``/healthz`` page behind container health checks.
 - ``spot``: preemption notices (:class:`SpotWatcher`) and ``python -m peer.node.spot -- CMD``.
+- ``lifetime``: child processes that never outlive their parent (:class:`ChildProcesses`,
+  :func:`watch_descendants`, :func:`stop_on_signals`), used by the start-up, the demo, the benchmarks
+  and the test helpers.
 
 Imports every package below it. Names are resolved on first use (PEP 562): the spot supervisor and the
 health check run in the same images and must not pay for torch and hivemind they never use.
@@ -29,6 +32,7 @@ _API = {
     "CheckpointDir": "checkpoint", "CheckpointError": "checkpoint", "Snapshot": "checkpoint",
     "PeerStatus": "progress", "make_view": "progress", "LocalStatusServer": "local_status",
     "start_optional": "local_status", "SpotOptions": "spot", "SpotWatcher": "spot", "supervise": "spot",
+    "ChildProcesses": "lifetime", "watch_descendants": "lifetime", "stop_on_signals": "lifetime",
     "NetworkOptions": "startup", "PeerStartup": "startup", "drain_signals": "startup", "run_until_stopped": "startup",
 }
 
