@@ -178,9 +178,9 @@ def watch_descendants() -> None:
     :data:`WATCH_INTERVAL` notes this process's descendants. Once this process is gone, however it
     died, the watchdog sends SIGTERM to the descendants it knew that still run (the same processes:
     psutil checks their start times, so a reused pid is left alone) and to every process in the
-    sessions of those that run in a session of their own (a child of :class:`ChildProcesses`: so a
-    p2p daemon started since its last look goes too), SIGKILL after :data:`REAP_GRACE` seconds, and
-    exits. (No pipe: a child forked by multiprocessing would inherit its write end and
+    sessions of those that run in a session of their own (a child of :class:`ChildProcesses`), and
+    in this process's session if it leads it: so a p2p daemon started since its last look goes too.
+    SIGKILL follows after :data:`REAP_GRACE` seconds; then the watchdog exits. (No pipe: a child forked by multiprocessing would inherit its write end and
     keep it open.)
     """
     global _watchdog
@@ -210,9 +210,13 @@ def _watch(parent_pid: int) -> int:
         parent = psutil.Process(parent_pid)
     except psutil.NoSuchProcess:
         return 0
-    me, own_sessions = os.getpid(), {_sid(parent_pid), os.getsid(0)}
+    # the parent's own session is swept too when the parent leads it (started in a session of its own,
+    # as ChildProcesses starts every child): all that is left in it then descends from the parent. A
+    # parent that does not lead its session shares it with others (a terminal's shell): never swept.
+    me = os.getpid()
+    own_sessions = {os.getsid(0)} | (set() if _sid(parent_pid) == parent_pid else {_sid(parent_pid)})
     known: dict[int, psutil.Process] = {}
-    sessions: set[int] = set()
+    sessions: set[int] = {parent_pid} if _sid(parent_pid) == parent_pid else set()
     while _alive(parent):
         with contextlib.suppress(psutil.NoSuchProcess):
             for child in parent.children(recursive=True):

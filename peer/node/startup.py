@@ -121,7 +121,11 @@ class PeerStartup:
     def __enter__(self) -> "PeerStartup":
         from peer.coordinator_client import CoordinatorClient
         from peer.network import load_or_create_identity
+        from peer.node.lifetime import watch_descendants
 
+        # the DHT will run in a child process with a p2p daemon under it: both go if we are killed outright
+        # (started first, so the watchdog is up before they are)
+        watch_descendants()
         self.home.mkdir(parents=True, exist_ok=True)
         load_or_create_identity(self.identity).release()  # fail fast (exit 6) if a live process holds it
         try:
@@ -144,10 +148,6 @@ class PeerStartup:
         """Start the DHT node for ``spec``'s run; it admits only credentialed records when the run has
         a coordinator key (then :attr:`verifier` checks members' credentials)."""
         from peer.network import CredentialVerifier, DHTOptions, start_dht
-        from peer.node.lifetime import watch_descendants
-
-        # the DHT runs in a child process with a p2p daemon under it: both go if we are killed outright
-        watch_descendants()
         o = self.opts
         self.dht = start_dht(DHTOptions(
             initial_peers=tuple(o.initial_peers) + tuple(spec.initial_peers), host_maddrs=o.host_maddrs,
