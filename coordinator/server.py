@@ -25,6 +25,7 @@ from coordinator.settings import CoordinatorSettings
 from coordinator.status import snapshot
 from coordinator.sqlite_store import open_store
 from coordinator.web import StatusServer
+from coordinator.wire import MalformedFrameGuard
 from models.config import RunConfig
 from models.errors import HivepathError
 from protos.hivepath.coordinator.v1 import coordinator_pb2 as pb
@@ -61,6 +62,15 @@ class ServeOptions:
     """Ed25519 key file that signs credentials (default ``<db>.key``; created on first start)."""
 
 
+class _Health(health_aio.HealthServicer):
+    """grpc's asyncio health service, whose ``List`` raises NotImplementedError (a traceback in the
+    log per call, from anyone): answered UNIMPLEMENTED here instead."""
+
+    async def List(self, request: health_pb2.HealthListRequest,  # noqa: N802 (the RPC's name)
+                   context: grpc.aio.ServicerContext) -> health_pb2.HealthListResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Health.List is not served; use Check or Watch")
+
+
 def _credentials(opts: ServeOptions) -> Optional[grpc.ServerCredentials]:
     if not opts.tls_cert and not opts.tls_key:
         return None
@@ -95,7 +105,8 @@ async def serve(run: RunConfig, settings: CoordinatorSettings, opts: ServeOption
     server: Optional[grpc.aio.Server] = None
     try:
         coord = Coordinator(run, settings, store, durable=committer.commit, issuer=issuer)
-        server = grpc.aio.server(options=[
+        guard = MalformedFrameGuard(on_malformed=lambda method: coord.count("malformed_requests"))
+        server = grpc.aio.server(interceptors=[guard], options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", 64 * MAX_MESSAGE_BYTES),
             # peers ping every 10 s (peer.coordinator_client.transport.KEEPALIVE_OPTIONS) to notice a dead link
@@ -105,7 +116,7 @@ async def serve(run: RunConfig, settings: CoordinatorSettings, opts: ServeOption
             ("grpc.http2.max_ping_strikes", 0),
         ])
         pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(coord, opts.token, executor), server)
-        health = health_aio.HealthServicer()
+        health = _Health()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         creds = _credentials(opts)
         address = f"{opts.host}:{opts.port}"
