@@ -5,8 +5,10 @@ server, the lease/rebalance ticker and the group-commit flusher, shut down clean
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
+import socket
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -62,6 +64,34 @@ class ServeOptions:
     """Ed25519 key file that signs credentials (default ``<db>.key``; created on first start)."""
 
 
+def _cannot_listen(flag: str, host: str, port: int, why: str) -> HivepathError:
+    """The one line a port we cannot listen on gets: the flag, the address, why, and the fix."""
+    return HivepathError(f"--{flag} {port}: cannot listen on {host}:{port} ({why}); pass a free --{flag}")
+
+
+def _check_free(flag: str, host: str, port: int) -> None:
+    """Raise :class:`HivepathError` naming ``--flag`` when ``host:port`` cannot be bound now.
+
+    gRPC reports a failed bind with a RuntimeError and a C-level log line of its own; trying a plain
+    socket first (SO_REUSEADDR, as gRPC binds, so a port in TIME_WAIT still counts as free) gives the
+    operator one line instead. The check races with other processes; the bind itself stays checked.
+    """
+    if port == 0:
+        return
+    try:
+        addresses = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise _cannot_listen(flag, host, port, f"cannot resolve {host}: {e.strerror}") from None
+    for family, kind, proto, _, sockaddr in addresses:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(sockaddr)
+            except OSError as e:
+                why = "in use: another coordinator?" if e.errno == errno.EADDRINUSE else e.strerror or str(e)
+                raise _cannot_listen(flag, host, port, why) from None
+
+
 class _Health(health_aio.HealthServicer):
     """grpc's asyncio health service, whose ``List`` raises NotImplementedError (a traceback in the
     log per call, from anyone): answered UNIMPLEMENTED here instead."""
@@ -96,6 +126,8 @@ async def serve(run: RunConfig, settings: CoordinatorSettings, opts: ServeOption
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):  # not the main thread (tests)
             pass
+    _check_free("port", opts.host, opts.port)  # before the key and the store: a refused start leaves nothing
+    _check_free("http-port", opts.host, opts.http_port)
     key = load_or_create_key(opts.key or default_key_path(opts.db))
     issuer = CredentialIssuer(key, run.run_id, settings.credential_timeout)
     store = open_store(opts.db, settings.sqlite_synchronous)
@@ -107,6 +139,9 @@ async def serve(run: RunConfig, settings: CoordinatorSettings, opts: ServeOption
         coord = Coordinator(run, settings, store, durable=committer.commit, issuer=issuer)
         guard = MalformedFrameGuard(on_malformed=lambda method: coord.count("malformed_requests"))
         server = grpc.aio.server(interceptors=[guard], options=[
+            # gRPC sets SO_REUSEPORT by default: a second coordinator on a busy port would share it
+            # and split the peers between the two; refuse to bind instead
+            ("grpc.so_reuseport", 0),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", 64 * MAX_MESSAGE_BYTES),
             # peers ping every 10 s (peer.coordinator_client.transport.KEEPALIVE_OPTIONS) to notice a dead link
@@ -122,12 +157,12 @@ async def serve(run: RunConfig, settings: CoordinatorSettings, opts: ServeOption
         address = f"{opts.host}:{opts.port}"
         try:
             port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
-        except RuntimeError as e:
-            raise HivepathError(f"--port {opts.port}: cannot listen on {address} ({e}); pick a free port") from None
+        except RuntimeError:  # taken since the check above
+            raise _cannot_listen("port", opts.host, opts.port, "gRPC could not bind it") from None
         try:
             http = StatusServer(lambda max_peers: snapshot(coord, max_peers), opts.host, opts.http_port).start()
         except OSError as e:
-            raise HivepathError(f"--http-port {opts.http_port}: cannot listen ({e}); pick a free port") from None
+            raise _cannot_listen("http-port", opts.host, opts.http_port, e.strerror or str(e)) from None
         await server.start()
         for name in ("", SERVICE_NAME):
             await health.set(name, health_pb2.HealthCheckResponse.SERVING)
