@@ -8,6 +8,7 @@ It imports neither torch nor hivemind, and never touches weights or gradients.
 - :mod:`coordinator.store`, :mod:`coordinator.sqlite_store`: the store interface, memory and SQLite-WAL
 - :mod:`coordinator.committer`: group commit of write batches
 - :mod:`coordinator.servicer`, :mod:`coordinator.server`: gRPC (grpc.aio on uvloop), health, TLS
+- :mod:`coordinator.wire`: frames that are not messages refused INVALID_ARGUMENT before any servicer runs
 - :mod:`coordinator.web`, :mod:`coordinator.metrics`, :mod:`coordinator.status`: status page, JSON, /metrics
 - :mod:`coordinator.settings`: the ``[coordinator]`` section of run.toml
 - :mod:`coordinator.validation`, :mod:`coordinator.errors`: request checks and refusals

@@ -30,6 +30,7 @@ _COUNTERS = {
     "rejected_banned": "Joins refused because the peer is banned",
     "reports": "Reports of misbehaving peers received",
     "bans": "Peers banned (by reports or by the operator)",
+    "malformed_requests": "Requests refused because their bytes are not a valid message (coordinator.wire)",
 }
 
 

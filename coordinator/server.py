@@ -5,8 +5,10 @@ server, the lease/rebalance ticker and the group-commit flusher, shut down clean
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
+import socket
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,6 +27,7 @@ from coordinator.settings import CoordinatorSettings
 from coordinator.status import snapshot
 from coordinator.sqlite_store import open_store
 from coordinator.web import StatusServer
+from coordinator.wire import MalformedFrameGuard
 from models.config import RunConfig
 from models.errors import HivepathError
 from protos.hivepath.coordinator.v1 import coordinator_pb2 as pb
@@ -61,6 +64,43 @@ class ServeOptions:
     """Ed25519 key file that signs credentials (default ``<db>.key``; created on first start)."""
 
 
+def _cannot_listen(flag: str, host: str, port: int, why: str) -> HivepathError:
+    """The one line a port we cannot listen on gets: the flag, the address, why, and the fix."""
+    return HivepathError(f"--{flag} {port}: cannot listen on {host}:{port} ({why}); pass a free --{flag}")
+
+
+def _check_free(flag: str, host: str, port: int) -> None:
+    """Raise :class:`HivepathError` naming ``--flag`` when ``host:port`` cannot be bound now.
+
+    gRPC reports a failed bind with a RuntimeError and a C-level log line of its own; trying a plain
+    socket first (SO_REUSEADDR, as gRPC binds, so a port in TIME_WAIT still counts as free) gives the
+    operator one line instead. The check races with other processes; the bind itself stays checked.
+    """
+    if port == 0:
+        return
+    try:
+        addresses = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise _cannot_listen(flag, host, port, f"cannot resolve {host}: {e.strerror}") from None
+    for family, kind, proto, _, sockaddr in addresses:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(sockaddr)
+            except OSError as e:
+                why = "in use: another coordinator?" if e.errno == errno.EADDRINUSE else e.strerror or str(e)
+                raise _cannot_listen(flag, host, port, why) from None
+
+
+class _Health(health_aio.HealthServicer):
+    """grpc's asyncio health service, whose ``List`` raises NotImplementedError (a traceback in the
+    log per call, from anyone): answered UNIMPLEMENTED here instead."""
+
+    async def List(self, request: health_pb2.HealthListRequest,  # noqa: N802 (the RPC's name)
+                   context: grpc.aio.ServicerContext) -> health_pb2.HealthListResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Health.List is not served; use Check or Watch")
+
+
 def _credentials(opts: ServeOptions) -> Optional[grpc.ServerCredentials]:
     if not opts.tls_cert and not opts.tls_key:
         return None
@@ -86,6 +126,8 @@ async def serve(run: RunConfig, settings: CoordinatorSettings, opts: ServeOption
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):  # not the main thread (tests)
             pass
+    _check_free("port", opts.host, opts.port)  # before the key and the store: a refused start leaves nothing
+    _check_free("http-port", opts.host, opts.http_port)
     key = load_or_create_key(opts.key or default_key_path(opts.db))
     issuer = CredentialIssuer(key, run.run_id, settings.credential_timeout)
     store = open_store(opts.db, settings.sqlite_synchronous)
@@ -95,7 +137,11 @@ async def serve(run: RunConfig, settings: CoordinatorSettings, opts: ServeOption
     server: Optional[grpc.aio.Server] = None
     try:
         coord = Coordinator(run, settings, store, durable=committer.commit, issuer=issuer)
-        server = grpc.aio.server(options=[
+        guard = MalformedFrameGuard(on_malformed=lambda method: coord.count("malformed_requests"))
+        server = grpc.aio.server(interceptors=[guard], options=[
+            # gRPC sets SO_REUSEPORT by default: a second coordinator on a busy port would share it
+            # and split the peers between the two; refuse to bind instead
+            ("grpc.so_reuseport", 0),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", 64 * MAX_MESSAGE_BYTES),
             # peers ping every 10 s (peer.coordinator_client.transport.KEEPALIVE_OPTIONS) to notice a dead link
@@ -105,18 +151,18 @@ async def serve(run: RunConfig, settings: CoordinatorSettings, opts: ServeOption
             ("grpc.http2.max_ping_strikes", 0),
         ])
         pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(coord, opts.token, executor), server)
-        health = health_aio.HealthServicer()
+        health = _Health()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         creds = _credentials(opts)
         address = f"{opts.host}:{opts.port}"
         try:
             port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
-        except RuntimeError as e:
-            raise HivepathError(f"--port {opts.port}: cannot listen on {address} ({e}); pick a free port") from None
+        except RuntimeError:  # taken since the check above
+            raise _cannot_listen("port", opts.host, opts.port, "gRPC could not bind it") from None
         try:
             http = StatusServer(lambda max_peers: snapshot(coord, max_peers), opts.host, opts.http_port).start()
         except OSError as e:
-            raise HivepathError(f"--http-port {opts.http_port}: cannot listen ({e}); pick a free port") from None
+            raise _cannot_listen("http-port", opts.host, opts.http_port, e.strerror or str(e)) from None
         await server.start()
         for name in ("", SERVICE_NAME):
             await health.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -13,7 +13,9 @@ banned peer                                 PERMISSION_DENIED
 ``HeartbeatStream`` carries Heartbeat's semantics on one long-lived stream per peer (a refusal ends
 the stream with the same code); ``ProbeUpload``/``ProbeDownload`` are :mod:`coordinator.probe`.
 
-Anything else is a bug: it is logged with its traceback and answered INTERNAL.
+Frames that are not messages never reach a method: :mod:`coordinator.wire` refuses them (on a stream,
+``context.read()`` raises :class:`coordinator.wire.MalformedRequest`, a :class:`RequestError`, mapped
+like any other). Anything else is a bug: it is logged with its traceback and answered INTERNAL.
 """
 
 from __future__ import annotations
