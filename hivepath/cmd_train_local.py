@@ -7,7 +7,6 @@ the networked run. Writes per-module safetensors checkpoints and ``run.json`` to
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
 from pathlib import Path
@@ -117,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from models.checkpoint import atomic_write_bytes, save_module
+    from models.checkpoint import save_module, write_summary
     from models.config import parse_path, format_path
     from models.evaluate import bits_per_byte, routed_evaluation
     from models.training import pick_device
@@ -216,8 +215,7 @@ def run(args: argparse.Namespace) -> int:
         "loss_history": history[:: max(1, len(history) // 100)],
         "eval": result.to_dict(),
     }
-    # run.json last and atomically: a directory without it is not a finished run.
-    atomic_write_bytes(out / "run.json", (json.dumps(summary, indent=1, sort_keys=True) + "\n").encode())
+    write_summary(out, summary)  # last: a directory without run.json is not a finished run
     for name, r in result.per_path.items():
         if "bpb" in r and r["documents"]:
             console.print(f"path {name}: {r['bpb']:.3f} bits/byte on {r['documents']} validation documents")

@@ -24,7 +24,8 @@ Where a decision lives:
 
 - the codec of a module: the run config names it, the coordinator's assignment carries it, and
   ``peer.averaging.codecs`` implements it;
-- the snapshot layout on disk: ``peer.node.checkpoint``;
+- the snapshot layout on disk: ``models.checkpoint`` (``peer.node.checkpoint`` maps module states
+  onto it);
 - the wire messages between peers: ``protos/hivepath/peer/v1/`` (``net.proto``, ``stage.proto``).
 
 Importing ``peer`` alone pulls in neither torch nor hivemind.
