@@ -207,8 +207,9 @@ def _errno_of(e: BaseException) -> Optional[int]:
 
 
 def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
+    """A free-space figure for the error message: ``512 B``, ``3.4 MiB``, ``12.0 GiB``."""
+    units = ("B", "KiB", "MiB", "GiB")
+    i = 0
+    while n >= 1024 and i < len(units) - 1:
+        n, i = n / 1024, i + 1
+    return f"{n:.0f} B" if i == 0 else f"{n:.1f} {units[i]}"
