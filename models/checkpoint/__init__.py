@@ -1,7 +1,7 @@
 """The snapshot layout on disk: the one reader and writer of what training leaves behind.
 
 Checkpoints of peers and of the archive, ``hivepath train-local``'s output, ``eval``, ``generate``
-and ``export`` all go through this package; nothing else names these files. Every file is written
+and ``export`` all go through this package, which is where these names are decided. Every file is written
 atomically and every directory is built under a temporary name and renamed into place, so a crash or
 a full disk leaves the old state or the complete new one. Three shapes:
 
