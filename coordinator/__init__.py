@@ -2,7 +2,10 @@
 
 It imports neither torch nor hivemind, and never touches weights or gradients.
 
-- :mod:`coordinator.core`: :class:`Coordinator`, the state machine (injected clock, no transport)
+- :mod:`coordinator.core`: :class:`Coordinator`, the state machine (injected clock, no transport):
+  admission, assignment, drain, expiry and rebalancing
+- :mod:`coordinator.leases`, :mod:`coordinator.reading`: its heartbeats and leases (renewal, expiry,
+  group commit, restart grace) and its consistent reads (peers, leases, status view)
 - :mod:`coordinator.scheduler`: pure assignment functions returning ``(decision, reason)``
 - :mod:`coordinator.view`: :class:`ClusterView`, the aggregates decisions read
 - :mod:`coordinator.store`, :mod:`coordinator.sqlite_store`: the store interface, memory and SQLite-WAL

@@ -1,14 +1,15 @@
-"""The coordinator's state machine: admission, leases, assignment, drain, expiry and rebalancing.
+"""The coordinator's state machine: admission, assignment, drain, expiry and rebalancing.
 
 :class:`Coordinator` is synchronous and transport-free; the gRPC servicer translates protos into its
 calls. Time comes from an injected clock (wall-clock seconds, because leases outlive restarts), so
 tests drive expiry and rebalancing without sleeping. Decisions are delegated to the pure functions
-of :mod:`coordinator.scheduler`.
+of :mod:`coordinator.scheduler`. Its other parts share its state under one lock: leases and
+heartbeats (:mod:`coordinator.leases`), reads (:mod:`coordinator.reading`), reports and bans
+(:mod:`coordinator.moderation`).
 
 Durability: joins, leaves, drains, expiries and assignment changes are handed to ``durable`` (which
-returns once they are committed) before the call returns. Heartbeat renewals and progress only mark
-records dirty; :meth:`Coordinator.take_dirty` collects them for a group commit every
-``flush_interval``. After a restart every loaded lease gets at least ``restart_grace`` seconds.
+returns once they are committed) before the call returns; heartbeat renewals and progress are
+committed in groups (:meth:`Coordinator.take_dirty`).
 """
 
 from __future__ import annotations
@@ -22,18 +23,19 @@ import secrets
 import threading
 import time
 from collections import Counter, OrderedDict
-from typing import Callable, Iterator, Mapping, Optional, Sequence
+from typing import Callable, Iterator, Mapping, Optional
 
 from coordinator.bans import BANS_META_KEY, BanBook
 from coordinator.credentials import CredentialIssuer
 from coordinator.errors import Banned, Incompatible, InvalidArgument, LeaseNotFound, NoFit, Overloaded, PeerNotFound
+from coordinator.leases import Leases
 from coordinator.moderation import Moderation
+from coordinator.reading import Reading
 from coordinator.records import MODE_ARCHIVE, Assignment, Capabilities, Lease, ModuleProgress, PeerRecord
 from coordinator.results import HeartbeatResult, JoinResult, ProgressReport, ReportResult, StatusView
 from coordinator.scheduler import assign_peer, rebalance, rebalance_stages
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import Store, WriteBatch
-from coordinator.view import ClusterView
 from models.config import RunConfig
 from models.errors import HivepathError
 
@@ -69,9 +71,10 @@ def key_fingerprint(public_key: bytes) -> str:
     return hashlib.sha256(public_key).hexdigest()[:32] if public_key else ""
 
 
-class Coordinator(Moderation):
-    """Admission, leases and work for one run (DiPaCo lattice, DiLoCo rounds); reports and bans come
-    from :class:`coordinator.moderation.Moderation`."""
+class Coordinator(Leases, Reading, Moderation):
+    """Admission, leases and work for one run (DiPaCo lattice, DiLoCo rounds); heartbeats come from
+    :class:`coordinator.leases.Leases`, reads from :class:`coordinator.reading.Reading`, reports and
+    bans from :class:`coordinator.moderation.Moderation`."""
 
     def __init__(
         self,
@@ -123,30 +126,7 @@ class Coordinator(Moderation):
         self._dirty_progress: set[tuple[str, str]] = set()
         self._live_addrs: OrderedDict[str, tuple[str, ...]] = OrderedDict()
 
-        now = clock()
-        fixes = WriteBatch(meta={"run_config_hash": self.run_hash, "run_id": run.run_id})
-        for lease in list(self._leases.values()):
-            peer = self._peers.get(lease.peer_id)
-            if peer is None or peer.state not in ("active", "draining") or lease.peer_id in self._lease_of:
-                del self._leases[lease.lease_id]
-                fixes.deleted_leases.add(lease.lease_id)
-                continue
-            if lease.expires_at < now + settings.restart_grace:
-                lease.expires_at = now + settings.restart_grace
-                self._dirty_leases.add(lease.lease_id)
-            self._lease_of[lease.peer_id] = lease.lease_id
-            self._session_base[peer.peer_id] = (peer.tokens, peer.bytes_exchanged)
-        for peer in self._peers.values():
-            if peer.state in ("active", "draining") and peer.peer_id not in self._lease_of:
-                peer.state = "expired"
-                fixes.peers[peer.peer_id] = copy.copy(peer)
-            if peer.state == "active" and peer.capabilities.multiaddrs:
-                self._live_addrs[peer.peer_id] = peer.capabilities.multiaddrs
-        self.view = ClusterView.from_peers(p for p in self._peers.values() if p.state == "active")
-        # (scheduled check time, lease id): a lease is looked at when its check time passes and, if a
-        # heartbeat renewed it meanwhile, rescheduled; so a tick costs O(leases due), not O(leases).
-        self._expiry_heap: list[tuple[float, str]] = [(l.expires_at, l.lease_id) for l in self._leases.values()]
-        heapq.heapify(self._expiry_heap)
+        fixes = self._restore_leases(clock())
         self._durable(fixes)
         if self._leases:
             log.info("restored %d peers and %d leases (grace %.0fs)", len(self._peers), len(self._leases),
@@ -211,46 +191,6 @@ class Coordinator(Moderation):
             raise refusal
         log.info("peer %s joined: %s (%s)", peer_id, assignment.label(), reason)
         return JoinResult(copy.copy(lease), assignment, initial, rejoined, credential)
-
-    def heartbeat(
-        self,
-        lease_id: str,
-        peer_id: str,
-        progress: Sequence[ProgressReport] = (),
-        assignment_version: int = 0,
-        tokens_per_s: float = 0.0,
-        bytes_exchanged: int = 0,
-        preempting: bool = False,
-    ) -> HeartbeatResult:
-        """Renew the lease and record progress; renewals are durable at the next flush, not on return."""
-        with self._lock:
-            lease = self._leases.get(lease_id)
-            now = self.clock()
-            if lease is None or lease.peer_id != peer_id or lease.expires_at <= now:
-                self.counters["heartbeats_unknown_lease"] += 1
-                raise LeaseNotFound(f"lease_id: no live lease {lease_id[:8]}... for {peer_id}; join again")
-            for p in progress:
-                if p.module_id not in self._module_ids:
-                    raise InvalidArgument("progress.module_id", f"{p.module_id!r} is not a module of this run's lattice")
-            self.counters["heartbeats"] += 1
-            lease.expires_at = now + self.settings.lease_timeout
-            self._dirty_leases.add(lease_id)
-            peer = self._peers[peer_id]
-            peer.last_seen = now
-            if progress or bytes_exchanged or (tokens_per_s and tokens_per_s != peer.capabilities.tokens_per_s):
-                self._record_progress(peer, progress, tokens_per_s, bytes_exchanged, now)
-            batch = None
-            if preempting and peer.state == "active":
-                batch = WriteBatch()
-                self._start_drain(peer, "the peer announced preemption", batch)
-            assignment = peer.assignment if (peer.assignment and peer.assignment.version > assignment_version) else None
-            draining = peer.state == "draining"
-            renew = self.issuer.needs_renewal(self._credential_expiry.get(peer_id, 0.0), now)
-            result = HeartbeatResult(lease.expires_at - now, None if draining else assignment, draining,
-                                     peer.drain_reason, self._issue(peer_id, now) if renew else b"")
-        if batch is not None:
-            self._durable(batch)
-        return result
 
     def leave(self, lease_id: str, peer_id: str, reason: str = "") -> None:
         """The peer gives its lease back; its work is freed at once. Durable on return."""
@@ -320,60 +260,10 @@ class Coordinator(Moderation):
             log.info("%s", e)
         return events
 
-    def take_dirty(self) -> WriteBatch:
-        """Renewals and progress since the last call, for a group commit."""
-        with self._lock:
-            leases = self._leases
-            batch = WriteBatch(
-                peers={p: copy.copy(self._peers[p]) for p in self._dirty_peers},
-                renewals={i: leases[i].expires_at for i in self._dirty_leases if i in leases},
-                progress={k: copy.copy(self._progress[k]) for k in self._dirty_progress if k in self._progress},
-            )
-            self._dirty_peers = set()
-            self._dirty_leases = set()
-            self._dirty_progress = set()
-        return batch
-
     def count(self, name: str, n: int = 1) -> None:
         """Add ``n`` to the counter ``name`` (transport events the servicer sees: streams, probes)."""
         with self._lock:
             self.counters[name] += n
-
-    # -- reading ------------------------------------------------------------------------------
-
-    def peers(self) -> list[PeerRecord]:
-        with self._lock:
-            return [copy.copy(p) for p in self._peers.values()]
-
-    def peer(self, peer_id: str) -> Optional[PeerRecord]:
-        with self._lock:
-            p = self._peers.get(peer_id)
-            return copy.copy(p) if p is not None else None
-
-    def leases(self) -> list[Lease]:
-        with self._lock:
-            return [copy.copy(l) for l in self._leases.values()]
-
-    def progress_of(self, peer_id: str) -> dict[str, ModuleProgress]:
-        with self._lock:
-            return {m: copy.copy(p) for m, p in self._progress_by_peer.get(peer_id, {}).items()}
-
-    def status_view(self) -> "StatusView":
-        """A consistent copy of what the status page shows, taken under the lock."""
-        with self._lock:
-            return StatusView(
-                now=self.clock(),
-                peers=[copy.copy(p) for p in self._peers.values()],
-                lease_expiry={l.peer_id: l.expires_at for l in self._leases.values()},
-                progress={pid: dict(mods) for pid, mods in self._progress_by_peer.items()},
-                counters=dict(self.counters),
-                rebalance_reason=self.last_rebalance_reason,
-            )
-
-    def initial_peers(self) -> list[str]:
-        """DHT bootstrap multiaddrs of the most recently joined live peers."""
-        with self._lock:
-            return self._initial_peers("")
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -411,20 +301,6 @@ class Coordinator(Moderation):
         self.counters["rejoins" if rejoined else "joins"] += 1
         return lease, assignment, initial, rejoined
 
-    def _due_leases(self, now: float) -> list[Lease]:
-        """Leases that have expired by ``now``; renewed ones met on the way are rescheduled."""
-        heap, due = self._expiry_heap, []
-        while heap and heap[0][0] <= now:
-            _, lease_id = heapq.heappop(heap)
-            lease = self._leases.get(lease_id)
-            if lease is None:
-                continue
-            if lease.expires_at <= now:
-                due.append(lease)
-            else:
-                heapq.heappush(heap, (lease.expires_at, lease_id))
-        return due
-
     def _initial_peers(self, joining: str) -> list[str]:
         out: list[str] = []
         archives = [p for p in self._live_addrs if (a := self.view.assignments.get(p)) and a.mode == MODE_ARCHIVE]
@@ -437,16 +313,6 @@ class Coordinator(Moderation):
             for addr in self._live_addrs[peer_id]:
                 out.append(addr if "/p2p/" in addr else f"{addr}/p2p/{peer_id}")
         return out
-
-    def _release(self, peer: PeerRecord, batch: WriteBatch) -> None:
-        """Drop the peer's lease and stop counting its work (the assignment stays as a rejoin hint)."""
-        lease_id = self._lease_of.pop(peer.peer_id, None)
-        if lease_id is not None:
-            self._leases.pop(lease_id, None)
-            self._dirty_leases.discard(lease_id)
-            batch.deleted_leases.add(lease_id)
-        self.view.remove(peer.peer_id)
-        self._live_addrs.pop(peer.peer_id, None)
 
     def _issue(self, peer_id: str, now: float) -> bytes:
         cred = self.issuer.issue(peer_id, now)
@@ -461,27 +327,3 @@ class Coordinator(Moderation):
         batch.peers[peer.peer_id] = copy.copy(peer)
         self.counters["drains"] += 1
         log.info("draining %s: %s", peer.peer_id, reason)
-
-    def _record_progress(
-        self, peer: PeerRecord, progress: Sequence[ProgressReport], tokens_per_s: float, bytes_exchanged: int,
-        now: float,
-    ) -> None:
-        base_tokens, base_bytes = self._session_base.get(peer.peer_id, (peer.tokens, peer.bytes_exchanged))
-        mine = self._progress_by_peer.setdefault(peer.peer_id, {})
-        for p in progress:
-            key = (peer.peer_id, p.module_id)
-            row = ModuleProgress(peer.peer_id, p.module_id, p.round, p.tokens, p.loss, now)
-            self._progress[key] = row
-            mine[p.module_id] = row
-            self._dirty_progress.add(key)
-        if progress:
-            peer.tokens = base_tokens + max(r.tokens for r in mine.values())
-        if bytes_exchanged:
-            peer.bytes_exchanged = base_bytes + bytes_exchanged
-        if tokens_per_s and tokens_per_s != peer.capabilities.tokens_per_s:
-            caps = peer.capabilities
-            peer.capabilities = Capabilities(caps.device, caps.memory_bytes, tokens_per_s, caps.upload_bps,
-                                             caps.download_bps, caps.multiaddrs)
-            if peer.state == "active":
-                self.view.set_tokens_per_s(peer.peer_id, tokens_per_s)
-        self._dirty_peers.add(peer.peer_id)

@@ -83,7 +83,15 @@ def _port(value: int, flag: str) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.coordinator_command == "serve":
         return _serve(args)
-    from peer.coordinator_client import CoordinatorClient
+    try:
+        from peer.coordinator_client import CoordinatorClient
+    except ModuleNotFoundError as e:
+        if e.name != "peer":
+            raise
+        # the coordinator's image holds the service only (deploy/Dockerfile.coordinator)
+        raise HivepathError(f"'hivepath coordinator {args.coordinator_command}' is a client and needs the peer "
+                            "package, which this installation (the coordinator image) leaves out; run it from a "
+                            "peer image or a full install (pip install hivepath)") from None
 
     client = CoordinatorClient(args.coordinator, read_token(args.token, args.token_file), tls_ca=args.tls_ca,
                                retry_timeout=10.0)

@@ -49,15 +49,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def open_source(directory: str | Path, data_dir: str | None = None):
-    """A :class:`models.generate.PathSource` for a run directory or an exported path."""
-    from models.export import CONFIG_FILE, load_export
-    from models.run_dir import RUN_FILE, load_run_dir
+    """A :class:`models.generate.PathSource` for a run directory, an exported path, or a checkpoint
+    root of a peer or the archive (its newest snapshot)."""
+    from models.checkpoint import EXPORT_CONFIG_FILE, RUN_FILE, is_run_dir, resolve_snapshot
+    from models.export import load_export
+    from models.run_dir import load_run_dir
 
-    directory = Path(directory)
-    if (directory / CONFIG_FILE).exists() and not (directory / RUN_FILE).exists():
+    directory = resolve_snapshot(Path(directory))
+    if not is_run_dir(directory) and (directory / EXPORT_CONFIG_FILE).exists():
         return load_export(directory)
-    if directory.is_dir() and not (directory / RUN_FILE).exists():
-        raise DataError(f"{directory} holds neither {RUN_FILE} nor {CONFIG_FILE}; pass a run directory "
+    if directory.is_dir() and not is_run_dir(directory):
+        raise DataError(f"{directory} holds neither {RUN_FILE} nor {EXPORT_CONFIG_FILE}; pass a run directory "
                         "('hivepath train-local --out') or an export ('hivepath export --out')")
     return load_run_dir(directory, data_dir=data_dir)
 

@@ -13,7 +13,8 @@
 - ``models.routing``: prefix features, k-means, the ``Router`` that maps a prompt to a path.
 - ``models.training``: the inner step's pieces (AdamW with warm-up, autocast).
 - ``models.evaluate``: bits per byte, routed evaluation.
-- ``models.checkpoint``: atomic safetensors files per module.
+- ``models.checkpoint``: the snapshot layout on disk, its one reader and writer: atomic safetensors
+  files, run directories, round snapshots with ``LATEST`` (``CheckpointDir``), exports.
 - ``models.run_dir``: the one loader of run directories (train-local outputs, peer and archive snapshots).
 - ``models.generate``, ``models.export``: sampling with routing, one path as a standalone model.
 

@@ -7,22 +7,22 @@ embedding, one module per level, the head. ``export_path`` writes it as::
     config.json         format, the lattice config and hash, the path, its module ids, the tokenizer
     tokenizer.json      the BPE tokenizer when the run uses one (byte-level needs no file)
 
-The directory is written under a temporary name beside ``out`` and renamed at the end, so a crash
-leaves either nothing or a complete export. :func:`load_export` reads it back as a
+The files are written and read by :mod:`models.checkpoint` (the one owner of the layout on disk): the
+directory is built under a temporary name beside ``out`` and renamed at the end, so a crash leaves
+either the earlier export or a complete new one. :func:`load_export` reads it back as a
 :class:`~models.generate.PathSource`, so ``hivepath generate --from`` accepts an export too.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from models.checkpoint import CheckpointError, load_tensors, save_tensors
+from models.checkpoint import EXPORT_CONFIG_FILE as CONFIG_FILE
+from models.checkpoint import EXPORT_MODEL_FILE as MODEL_FILE
+from models.checkpoint import CheckpointError, read_export, read_export_config, write_export
 from models.config import LatticeConfig, Path_, format_path, parse_path
 from models.errors import ConfigError, DataError
 from models.tokenizer import TOKENIZER_FILE, load_tokenizer, parse_tokenizer_spec
@@ -32,16 +32,13 @@ __all__ = ["EXPORT_FORMAT", "MODEL_FILE", "CONFIG_FILE", "ExportedModel", "expor
 log = logging.getLogger(__name__)
 
 EXPORT_FORMAT = "hivepath-path/1"
-MODEL_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
 
 
 def is_export(directory: Union[str, Path]) -> bool:
     """True when ``directory`` looks like an export (a ``config.json`` of this format)."""
-    path = Path(directory) / CONFIG_FILE
     try:
-        return json.loads(path.read_text(encoding="utf-8")).get("format") == EXPORT_FORMAT
-    except (OSError, ValueError, AttributeError):
+        return read_export_config(directory).get("format") == EXPORT_FORMAT
+    except (CheckpointError, AttributeError):
         return False
 
 
@@ -57,11 +54,7 @@ def export_path(run, path: Path_, out: Union[str, Path]) -> Path:
     out = Path(out)
     if out.exists() and not (out.is_dir() and (not any(out.iterdir()) or is_export(out))):
         raise DataError(f"{out} exists and is not a hivepath export; choose another --out")
-    tensors = {
-        f"{mid}.{name}": tensor
-        for mid, module in path_model.modules_by_id().items()
-        for name, tensor in module.state_dict().items()
-    }
+    modules = {mid: module.state_dict() for mid, module in path_model.modules_by_id().items()}
     spec = run.cfg.data.tokenizer
     config = {
         "format": EXPORT_FORMAT,
@@ -74,27 +67,15 @@ def export_path(run, path: Path_, out: Union[str, Path]) -> Path:
         "source": {"run_id": run.cfg.run_id, "config_hash": run.cfg.content_hash(), "seed": run.cfg.seed,
                    "manifest_hash": run.manifest_hash},
     }
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    try:
-        save_tensors(tmp / MODEL_FILE, tensors, {"format": EXPORT_FORMAT, "path": config["path"],
-                                                  "lattice_hash": config["lattice_hash"]})
-        for name in config["tokenizer_files"]:
-            src = Path(run.data_dir) / name
-            if not src.exists():
-                raise DataError(f"{src} is missing; pass --data DIR with the run's dataset (it holds the tokenizer)")
-            shutil.copyfile(src, tmp / name)
-        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    files = {name: Path(run.data_dir) / name for name in config["tokenizer_files"]}
+    for src in files.values():
+        if not src.exists():
+            raise DataError(f"{src} is missing; pass --data DIR with the run's dataset (it holds the tokenizer)")
+    write_export(out, modules, {"format": EXPORT_FORMAT, "path": config["path"], "lattice_hash": config["lattice_hash"]},
+                 config, files)
+    tensors = [t for state in modules.values() for t in state.values()]
     log.info("exported path %s (%d tensors, %s parameters) to %s", config["path"], len(tensors),
-             f"{sum(t.numel() for t in tensors.values()):,}", out)
+             f"{sum(t.numel() for t in tensors):,}", out)
     return out
 
 
@@ -127,11 +108,11 @@ class ExportedModel:
 def _read_config(directory: Path) -> dict[str, Any]:
     path = directory / CONFIG_FILE
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DataError(f"{directory} has no {CONFIG_FILE}; pass a directory written by 'hivepath export'") from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise DataError(f"{path} is corrupt ({e}); export the path again") from None
+        config = read_export_config(directory)
+    except CheckpointError as e:
+        if not path.exists():
+            raise DataError(f"{e}; pass a directory written by 'hivepath export'") from None
+        raise DataError(f"{e}; export the path again") from None
     if not isinstance(config, dict) or config.get("format") != EXPORT_FORMAT:
         raise DataError(f"{path} is not a {EXPORT_FORMAT} export; export the path again with 'hivepath export'")
     missing = [k for k in ("lattice", "path", "module_ids", "tokenizer") if k not in config]
@@ -156,20 +137,18 @@ def load_export(directory: Union[str, Path]) -> ExportedModel:
     module_ids = lattice.path_modules(path)
     if list(config["module_ids"]) != module_ids:
         raise DataError(f"{directory / CONFIG_FILE} lists modules {config['module_ids']}, not {module_ids}; export it again")
-    tensors, meta = load_tensors(directory / MODEL_FILE)
+    by_module, meta = read_export(directory)
     if meta.get("lattice_hash") != lattice.content_hash():
         raise CheckpointError(f"{directory / MODEL_FILE} belongs to lattice {meta.get('lattice_hash')}, not "
                               f"{lattice.content_hash()}; export the path again")
     model = ModularLM(lattice, module_ids=module_ids)
-    by_module: dict[str, dict] = {m: {} for m in module_ids}
-    for key, tensor in tensors.items():
-        mid, _, name = key.partition(".")
-        if mid not in by_module or not name:
-            raise DataError(f"{directory / MODEL_FILE} holds tensor '{key}' of no module on the path; export it again")
-        by_module[mid][name] = tensor
-    for mid, state in by_module.items():
+    foreign = sorted(set(by_module) - set(module_ids))
+    if foreign:
+        raise DataError(f"{directory / MODEL_FILE} holds tensors of {', '.join(foreign)}, no module on the path; "
+                        "export it again")
+    for mid in module_ids:
         try:
-            model.load_module_state(mid, state)
+            model.load_module_state(mid, by_module.get(mid, {}))
         except RuntimeError as e:
             raise DataError(f"{directory / MODEL_FILE} does not fit module {mid} ({e}); export it again") from None
     model.eval()

@@ -3,7 +3,10 @@
 A run directory (written by ``hivepath train-local``, and later by peers and the archive) holds::
 
     run.json                       summary: config, modules present, paths trained, dense, data
-    modules/{module_id}.safetensors  one module's weights (models.checkpoint.save_module)
+    modules/{module_id}.safetensors  one module's weights
+
+(the layout is :mod:`models.checkpoint`'s, which reads and writes these files; a checkpoint root of
+a peer or the archive resolves to its newest snapshot, itself a run directory).
 
 Its dataset directory (recorded in ``run.json`` as ``data.dir``) holds the tokenizer and the DiPaCo
 prefix router (Douillard et al. 2024, section 2.2) that ``generate`` needs to pick a path for a prompt.
@@ -13,21 +16,19 @@ lattice, a dataset that moved or changed) raises a :class:`~models.errors.Hivepa
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
-from models.checkpoint import load_module, module_file
+from models.checkpoint import RUN_FILE, CheckpointError, load_module, module_file, read_summary, resolve_snapshot
 from models.config import Path_, RunConfig, format_path, parse_path
 from models.errors import ConfigError, DataError
 
-__all__ = ["RunDir", "load_run_dir", "resolve_snapshot", "RUN_FILE"]
+__all__ = ["RunDir", "load_run_dir"]
 
 log = logging.getLogger(__name__)
 
-RUN_FILE = "run.json"
 _REQUIRED_KEYS = ("config", "modules", "paths", "dense", "data")
 
 
@@ -98,11 +99,11 @@ def _read_summary(run_dir: Path) -> dict[str, Any]:
         raise DataError(f"{run_dir} is not a directory; pass --from DIR written by 'hivepath train-local'")
     path = run_dir / RUN_FILE
     try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DataError(f"{run_dir} has no {RUN_FILE}; pass a directory written by 'hivepath train-local'") from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise DataError(f"{path} is corrupt ({e}); restore it or re-run training") from None
+        summary = read_summary(run_dir)
+    except CheckpointError as e:
+        if not path.exists():
+            raise DataError(f"{e}; pass a directory written by 'hivepath train-local'") from None
+        raise DataError(f"{e}; restore it or re-run training") from None
     if not isinstance(summary, dict):
         raise DataError(f"{path} is not a JSON object; restore it or re-run training")
     missing = [k for k in _REQUIRED_KEYS if k not in summary]
@@ -121,20 +122,6 @@ def _load_config(summary: dict[str, Any], path: Path) -> RunConfig:
         return RunConfig.from_dict(summary["config"])
     except ConfigError as e:
         raise DataError(f"{path} holds an invalid run config ({e}); it was written by another version (re-run training)") from None
-
-
-def resolve_snapshot(directory: Path) -> Path:
-    """A checkpoint root of a peer or an archive (``LATEST`` naming its newest snapshot) resolves to
-    that snapshot, itself a run directory; any other directory is returned as it is."""
-    latest = directory / "LATEST"
-    if not (directory / RUN_FILE).exists() and latest.is_file():
-        name = latest.read_text().strip()
-        if name and (directory / name / RUN_FILE).exists():
-            return directory / name
-    checkpoints = directory / "checkpoints"
-    if not (directory / RUN_FILE).exists() and (checkpoints / "LATEST").is_file():
-        return resolve_snapshot(checkpoints)
-    return directory
 
 
 def load_run_dir(

@@ -27,11 +27,13 @@ Where a decision lives:
   which the coordinator's byte estimate reads too), the coordinator's assignment carries it
   (``WorkAssignment.outer_config``), ``DiLoCoOptimizer`` resolves it once (``peer.averaging.get_codec``)
   and passes the ``Codec`` down to the averager; ``peer.averaging.quantizers`` and ``entropy`` implement it;
-- the snapshot layout on disk: ``peer.node.checkpoint``;
+- the snapshot layout on disk: ``models.checkpoint`` (``peer.node.checkpoint`` maps module states
+  onto it);
 - the wire messages between peers: ``protos/hivepath/peer/v1/`` (``net.proto``, ``stage.proto``);
 - an environment variable: ``peer.settings`` (the peer's), ``hivepath.settings`` (the command line's);
 - the start-up and teardown of a long-running process (identity, coordinator, DHT, status page,
-  signals): ``peer.node.startup``.
+  signals): ``peer.node.startup``;
+- that no process outlives the one that started it: ``peer.node.lifetime``.
 
 Importing ``peer`` alone pulls in neither torch nor hivemind.
 """

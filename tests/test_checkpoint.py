@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -62,3 +64,60 @@ def test_module_checkpoints_round_trip_and_refuse_foreign_files(tmp_path):
     module_file(tmp_path, "L0M0").write_bytes(module_file(tmp_path, "L0M1").read_bytes())
     with pytest.raises(CheckpointError, match="holds module 'L0M1'"):
         load_module(tmp_path, "L0M0", cfg.content_hash())
+
+
+# -- the layout on disk, pinned independently of the writer -------------------------------------
+
+
+def _relative_files(root) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def test_a_snapshot_laid_out_by_hand_loads(tmp_path):
+    """Checkpoints and archives written before this code (raw safetensors, run.json without a final
+    newline) keep loading: the layout is pinned here by building it without models.checkpoint."""
+    from safetensors.torch import save_file
+
+    from models.checkpoint import CheckpointDir, resolve_snapshot
+
+    root = tmp_path / "work" / "checkpoints"
+    snap = root / "round-000007"
+    (snap / "modules").mkdir(parents=True)
+    (snap / "outer").mkdir()
+    weight = torch.randn(3, 2)
+    save_file({"weight": weight}, str(snap / "modules" / "L0M0.safetensors"),
+              metadata={"module_id": "L0M0", "lattice_hash": "h"})
+    save_file({"momentum.0": torch.ones(3, 2)}, str(snap / "outer" / "L0M0.safetensors"))
+    (snap / "run.json").write_text(json.dumps({"round": 7, "groups": ["modules/L0M0", "outer/L0M0"],
+                                               "rounds": {"L0M0": 7}}, indent=1, sort_keys=True))
+    (root / "LATEST").write_text("round-000007")
+
+    loaded = CheckpointDir(root).load_latest()
+    assert loaded.round_no == 7 and loaded.module_round("L0M0") == 7 and loaded.module_round("L0M1") == -1
+    params, momentum = loaded.module_state("L0M0", ["weight"])
+    assert torch.equal(params[0], weight) and torch.equal(momentum[0], torch.ones(3, 2))
+    assert torch.equal(load_module(snap, "L0M0", "h")["weight"], weight)  # a snapshot is a run directory
+    assert resolve_snapshot(root) == snap and resolve_snapshot(tmp_path / "work") == snap
+    assert resolve_snapshot(tmp_path) == tmp_path
+
+
+def test_a_snapshot_is_written_in_the_pinned_layout(tmp_path):
+    from safetensors.torch import save
+
+    from models.checkpoint import CheckpointDir, module_groups, module_tensors
+
+    params, momentum = [torch.randn(4), torch.randn(2, 3)], [torch.randn(4), torch.randn(2, 3)]
+    groups, metadata = module_groups("L1M0", ["b", "w"], params, momentum, "h")
+    back_params, back_momentum = module_tensors(groups, "L1M0", ["b", "w"])
+    assert all(a is b for a, b in zip(back_params + back_momentum, params + momentum))
+    written = CheckpointDir(tmp_path).save(3, groups, {"rounds": {"L1M0": 3}}, metadata)
+    assert written == tmp_path / "round-000003"
+    assert _relative_files(tmp_path) == ["LATEST", "round-000003/modules/L1M0.safetensors",
+                                         "round-000003/outer/L1M0.safetensors", "round-000003/run.json"]
+    assert (tmp_path / "LATEST").read_text() == "round-000003"
+    assert (written / "outer" / "L1M0.safetensors").read_bytes() == save({"momentum.0": momentum[0],
+                                                                          "momentum.1": momentum[1]})
+    tensors, meta = load_tensors(written / "modules" / "L1M0.safetensors")
+    assert meta == {"module_id": "L1M0", "lattice_hash": "h"} and torch.equal(tensors["w"], params[1])
+    summary = json.loads((written / "run.json").read_text())
+    assert summary == {"rounds": {"L1M0": 3}, "round": 3, "groups": ["modules/L1M0", "outer/L1M0"]}

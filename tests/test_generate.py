@@ -232,6 +232,22 @@ def test_open_source_and_device_refuse_what_cannot_run(runs, tmp_path):
         open_source(tmp_path)
 
 
+def test_open_source_reads_the_newest_snapshot_of_a_checkpoint_root(runs, tmp_path):
+    """An archive's directory or a peer's work directory is read at the snapshot LATEST names, as
+    eval and export read it."""
+    from hivepath.cmd_generate import open_source
+
+    archive = tmp_path / "archive"
+    shutil.copytree(runs.partial, archive / "round-000001")
+    shutil.copytree(runs.full, archive / "round-000002")
+    (archive / "LATEST").write_text("round-000002")
+    assert open_source(archive).available_paths() == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    work = tmp_path / "peer"
+    shutil.copytree(archive, work / "checkpoints")
+    (work / "checkpoints" / "LATEST").write_text("round-000001")
+    assert open_source(work).available_paths() == [(1, 0)]
+
+
 # -- run directories ---------------------------------------------------------------------------
 
 

@@ -91,7 +91,7 @@ def test_leftovers_of_a_crash_are_pruned_after_a_save(tmp_path):
 def test_error_numbers_and_fixes():
     from safetensors import SafetensorError
 
-    from peer.node.checkpoint import _errno_of
+    from models.checkpoint.rounds import _errno_of
 
     assert _errno_of(SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")) == 28
     assert _errno_of(OSError(errno.EDQUOT, "Disk quota exceeded")) == errno.EDQUOT
@@ -103,3 +103,27 @@ def test_error_numbers_and_fixes():
     assert "ENOSPC" in single and "--keep-checkpoints 1" in single and "fewer" not in single
     eio = ckpt._failure_message("round-000002", OSError(errno.EIO, "x"), errno.EIO)
     assert "EIO" in eio and "another disk" in eio and "\n" not in eio
+
+
+def test_module_states_round_trip_and_a_failed_save_is_reported_not_raised(tmp_path, caplog):
+    from models.checkpoint import load_module
+    from peer.node import PeerStatus
+    from peer.node.checkpoint import save_snapshot, saved_state, state_groups
+    from peer.outer import ModuleState
+
+    state = ModuleState([torch.randn(3), torch.randn(2, 2)], [torch.randn(3), torch.randn(2, 2)], 4)
+    names = {"L0M1": ["b", "w"]}
+    groups, metadata = state_groups({"L0M1": state}, names, "lattice-hash")
+    ckpt, status = CheckpointDir(tmp_path, keep=2), PeerStatus()
+    written = save_snapshot(ckpt, 4, groups, {"rounds": {"L0M1": 4}}, metadata, status)
+    assert written is not None and status.checkpoint == str(written) and status.checkpoint_error == ""
+    snap = ckpt.load_latest()
+    back = saved_state(snap, "L0M1", names["L0M1"])
+    assert back.round_no == 4 and back.digest == state.digest
+    assert saved_state(snap, "L0M0", ["w"]) is None
+    assert torch.equal(load_module(written, "L0M1", "lattice-hash")["w"], state.global_params[1])
+
+    (tmp_path / ".LATEST.tmp").mkdir()  # LATEST cannot be rewritten: the save fails for real
+    assert save_snapshot(ckpt, 5, groups, {"rounds": {"L0M1": 5}}, metadata, status) is None
+    assert "round-000004 is kept" in status.checkpoint_error and status.checkpoint == str(written)
+    assert [r.levelname for r in caplog.records if "could not write checkpoint" in r.getMessage()] == ["ERROR"]

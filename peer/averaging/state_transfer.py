@@ -52,17 +52,18 @@ class StateTransferError(RuntimeError):
 
 
 def _pack(state: ModuleState) -> bytes:
-    from safetensors.torch import save
+    """The wire format of a state (not a disk layout): ``p.{i}`` global params, ``m.{i}`` momentum."""
+    from models.checkpoint import pack_tensors
 
-    tensors = {f"p.{i}": t.contiguous() for i, t in enumerate(state.global_params)}
-    tensors.update({f"m.{i}": t.contiguous() for i, t in enumerate(state.momentum)})
-    return save(tensors)
+    tensors = {f"p.{i}": t for i, t in enumerate(state.global_params)}
+    tensors.update({f"m.{i}": t for i, t in enumerate(state.momentum)})
+    return pack_tensors(tensors)
 
 
 def _unpack(blob: bytes, round_no: int, like: Optional[Sequence[Tensor]]) -> ModuleState:
-    from safetensors.torch import load
+    from models.checkpoint import unpack_tensors
 
-    tensors = load(blob)
+    tensors = unpack_tensors(blob)
     n = sum(1 for k in tensors if k.startswith("p."))
     expected_keys = {f"p.{i}" for i in range(n)} | {f"m.{i}" for i in range(n)}
     if set(tensors) != expected_keys:

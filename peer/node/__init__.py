@@ -7,7 +7,8 @@
 - ``trainer``: :class:`PathTrainer`, one path assignment (DiPaCo path mode) with its outer rounds.
 - ``stage_runner``: a stage server's life and a stage trainer's loop (SWARM stage mode).
 - ``archive``: :class:`ArchivePeer` (``hivepath archive``), follows every module and keeps snapshots.
-- ``checkpoint``: :class:`CheckpointDir`, atomic snapshots of module states after each round.
+- ``checkpoint``: module states in snapshots after each round (the layout and :class:`CheckpointDir`
+  are ``models.checkpoint``'s, re-exported here).
 - ``resources``: the device, usable memory and measured tokens/s a peer reports.
 - ``progress``: :class:`PeerStatus` and its views (a rich table or JSON lines).
 - ``local_status``: the local ``/status`` and ``/healthz`` page behind container health checks.

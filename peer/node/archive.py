@@ -21,7 +21,7 @@ from typing import Optional
 
 from models.config import RunConfig, format_path
 from models.errors import HivepathError
-from peer.node.checkpoint import CheckpointDir, CheckpointError
+from peer.node.checkpoint import CheckpointDir, save_snapshot, saved_state, state_groups
 from peer.outer import ModuleState
 from peer.node.progress import PeerStatus
 from peer.node.startup import NetworkOptions, PeerStartup
@@ -100,11 +100,10 @@ class ArchivePeer:
             log.warning("snapshot %s belongs to another run config; not serving it", snap.path)
             return
         self.version = snap.round_no
-        for mid, round_no in snap.meta.get("rounds", {}).items():
-            weights, outer = snap.groups[f"modules/{mid}"], snap.groups[f"outer/{mid}"]
-            names = self.names[mid]
-            self.states[mid] = ModuleState([weights[n] for n in names],
-                                           [outer[f"momentum.{i}"] for i in range(len(names))], int(round_no))
+        for mid in snap.meta.get("rounds", {}):
+            state = saved_state(snap, mid, self.names[mid])
+            if state is not None:
+                self.states[mid] = state
         log.info("archive resumed from %s: %s", snap.path,
                  ", ".join(f"{m} r{s.round_no}" for m, s in self.states.items()))
 
@@ -112,11 +111,7 @@ class ArchivePeer:
         lat = cfg.lattice
         with self._lock:
             states = dict(self.states)
-        groups, metadata = {}, {}
-        for mid, st in states.items():
-            groups[f"modules/{mid}"] = dict(zip(self.names[mid], st.global_params))
-            groups[f"outer/{mid}"] = {f"momentum.{i}": m for i, m in enumerate(st.momentum)}
-            metadata[f"modules/{mid}"] = {"module_id": mid, "lattice_hash": lat.content_hash()}
+        groups, metadata = state_groups(states, self.names, lat.content_hash())
         complete = [p for p in lat.paths() if all(m in states for m in lat.path_modules(p))]
         meta = {
             "config": cfg.to_dict(), "config_hash": cfg.content_hash(), "modules": sorted(states),
@@ -126,13 +121,7 @@ class ArchivePeer:
             "rounds": {m: s.round_no for m, s in states.items()}, "unix_time": round(time.time(), 3),
         }
         self.version += 1
-        try:
-            written = self.snapshots.save(self.version, groups, meta, metadata)
-        except CheckpointError as e:
-            log.error("%s", e)
-            self.status.checkpoint_error = str(e)
-        else:
-            self.status.checkpoint, self.status.checkpoint_error = str(written), ""
+        save_snapshot(self.snapshots, self.version, groups, meta, metadata, self.status)
 
     def run(self) -> int:
         from models.lattice import ModularLM

@@ -21,7 +21,7 @@ import torch
 from models.config import OuterConfig, RunConfig, format_path
 from models.lattice import ModularLM
 from models.training import autocast, make_adamw
-from peer.node.checkpoint import CheckpointDir, CheckpointError
+from peer.node.checkpoint import CheckpointDir, CheckpointError, save_snapshot, saved_state, state_groups
 from peer.diloco import DiLoCoOptimizer, RoundReport
 from peer.node.progress import PeerStatus
 from peer.diloco import install_resync, resync_after_round
@@ -103,23 +103,18 @@ class PathTrainer:
             snap = None
         sources = []
         for mid in self.module_ids:
-            local_round = -1
-            if snap is not None and f"modules/{mid}" in snap.groups:
-                local_round = int(snap.meta.get("rounds", {}).get(mid, -1))
+            mod = self.model.modules_by_id()[mid]
+            local = saved_state(snap, mid, [n for n, _ in mod.named_parameters()]) if snap is not None else None
+            local_round = local.round_no if local is not None else -1
             remote = None
             if fetch_state is not None:
-                like = [p.detach().cpu() for p in self.model.modules_by_id()[mid].parameters()]
+                like = [p.detach().cpu() for p in mod.parameters()]
                 remote = fetch_state(mid, like)
             if remote is not None and remote.round_no > local_round:
                 self.opt.load_module_state(mid, remote.global_params, remote.momentum, remote.round_no)
                 sources.append(StateSource(mid, "peer", remote.round_no))
-            elif local_round >= 0:
-                mod = self.model.modules_by_id()[mid]
-                names = [n for n, _ in mod.named_parameters()]
-                weights = snap.groups[f"modules/{mid}"]
-                outer = snap.groups[f"outer/{mid}"]
-                momentum = [outer[f"momentum.{i}"] for i in range(len(names))]
-                self.opt.load_module_state(mid, [weights[n] for n in names], momentum, local_round)
+            elif local is not None:
+                self.opt.load_module_state(mid, local.global_params, local.momentum, local_round)
                 sources.append(StateSource(mid, "checkpoint", local_round))
             else:
                 sources.append(StateSource(mid, "init", 0))
@@ -132,19 +127,13 @@ class PathTrainer:
         return self.opt.module_state(module_id) if module_id in self.module_ids else None
 
     def snapshot_groups(self) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, dict[str, str]], dict[str, int]]:
-        """Tensors of a checkpoint: ``modules/<id>`` (global weights by name) and ``outer/<id>``."""
-        groups: dict[str, dict[str, torch.Tensor]] = {}
-        metadata: dict[str, dict[str, str]] = {}
-        rounds: dict[str, int] = {}
-        lattice_hash = self.cfg.lattice.content_hash()
-        for mid, mod in self.model.modules_by_id().items():
-            state = self.opt.module_state(mid)
-            names = [n for n, _ in mod.named_parameters()]
-            groups[f"modules/{mid}"] = dict(zip(names, state.global_params))
-            groups[f"outer/{mid}"] = {f"momentum.{i}": m for i, m in enumerate(state.momentum)}
-            metadata[f"modules/{mid}"] = {"module_id": mid, "lattice_hash": lattice_hash}
-            rounds[mid] = state.round_no
-        return groups, metadata, rounds
+        """Tensors of a checkpoint (each module's global weights and outer momentum), their metadata,
+        and the round of each module."""
+        modules = self.model.modules_by_id()
+        states = {mid: self.opt.module_state(mid) for mid in modules}
+        names = {mid: [n for n, _ in mod.named_parameters()] for mid, mod in modules.items()}
+        groups, metadata = state_groups(states, names, self.cfg.lattice.content_hash())
+        return groups, metadata, {mid: st.round_no for mid, st in states.items()}
 
     def checkpoint(self) -> None:
         """Write the current global state; a failure is logged and training goes on."""
@@ -161,13 +150,7 @@ class PathTrainer:
             "tokens": self.tokens,
             "unix_time": round(time.time(), 3),
         }
-        try:
-            written = self.checkpoints.save(max(rounds.values()), groups, meta, metadata)
-        except CheckpointError as e:
-            log.error("%s", e)
-            self.status.checkpoint_error = str(e)
-        else:
-            self.status.checkpoint, self.status.checkpoint_error = str(written), ""
+        save_snapshot(self.checkpoints, max(rounds.values()), groups, meta, metadata, self.status)
 
     # -- training -----------------------------------------------------------------------------
 

@@ -6,7 +6,6 @@ not a finished run). The command line picks the config and the dataset and shows
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -66,7 +65,7 @@ def train_local(cfg: RunConfig, dataset, run: LocalRun, on_start: Callable[[str]
                 on_step: Optional[StepCallback] = None) -> LocalRunResult:
     """Train, evaluate and write ``run.out``; ``on_start(line)`` is told what trains on what,
     ``on_step`` follows the steps. The run's vocabulary and data hash follow ``dataset``."""
-    from models.checkpoint import atomic_write_bytes, save_module
+    from models.checkpoint import save_module, write_summary
     from models.evaluate import evaluate_lattice
     from models.training import pick_device
     from peer.simulator.simulator import DiLoCoSimulator
@@ -144,5 +143,5 @@ def train_local(cfg: RunConfig, dataset, run: LocalRun, on_start: Callable[[str]
         "loss_history": history[:: max(1, len(history) // 100)],
         "eval": result.to_dict(),
     }
-    atomic_write_bytes(run.out / "run.json", (json.dumps(summary, indent=1, sort_keys=True) + "\n").encode())
+    write_summary(run.out, summary)  # last: a directory without run.json is not a finished run
     return LocalRunResult(summary, result, run.out)

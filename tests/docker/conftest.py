@@ -70,13 +70,23 @@ def base_image(docker: Docker) -> str:
     return "python:3.11-slim-bookworm"
 
 
+def _build(docker: Docker, name: str, base: str) -> float:
+    """Build ``hivepath/{name}:test`` from ``deploy/Dockerfile.{name}``; returns the seconds it took."""
+    start = time.monotonic()
+    docker("build", "-q", "-f", str(ROOT / "deploy" / f"Dockerfile.{name}"), "--build-arg", f"BASE_IMAGE={base}",
+           "-t", f"hivepath/{name}:{TAG}", str(ROOT), timeout=900)
+    return round(time.monotonic() - start, 1)
+
+
 @pytest.fixture(scope="session")
-def images(docker) -> Images:
+def coordinator_image(docker) -> str:
+    """The coordinator image alone (no torch to install: tests of that image need not wait for the peer's)."""
+    _build(docker, "coordinator", base_image(docker))
+    return f"hivepath/coordinator:{TAG}"
+
+
+@pytest.fixture(scope="session")
+def images(docker, coordinator_image) -> Images:
     base = base_image(docker)
-    took = {}
-    for name in ("coordinator", "peer"):
-        start = time.monotonic()
-        docker("build", "-q", "-f", str(ROOT / "deploy" / f"Dockerfile.{name}"), "--build-arg", f"BASE_IMAGE={base}",
-               "-t", f"hivepath/{name}:{TAG}", str(ROOT), timeout=900)
-        took[name] = round(time.monotonic() - start, 1)
-    return Images(f"hivepath/coordinator:{TAG}", f"hivepath/peer:{TAG}", base, took)
+    took = {"peer": _build(docker, "peer", base)}
+    return Images(coordinator_image, f"hivepath/peer:{TAG}", base, took)

@@ -56,9 +56,10 @@ def _page(docker, name: str) -> dict:
 def test_coordinator_container_is_healthy_and_answers_status(docker, images, coordinator):
     name = coordinator["name"]
     wait_for(lambda: docker.health(name) == "healthy", 60, "the coordinator's health check", interval=0.5)
-    # from another container on the same private network, by service name, with the CLI
+    # from another container on the same private network, by service name, with the CLI (the client
+    # commands live in the peer image: the coordinator image leaves the peer package out)
     out = docker("run", "--rm", "--network", coordinator["network"], "-e", f"HIVEPATH_TOKEN={TOKEN}",
-                 images.coordinator, "coordinator", "status", "--json", "--coordinator", f"{name}:7700", timeout=60)
+                 images.peer, "coordinator", "status", "--json", "--coordinator", f"{name}:7700", timeout=60)
     status = json.loads(out.stdout)
     assert status["run_id"] == "tiny" and status["live_leases"] == 0
     page = http_json(f"http://127.0.0.1:{docker.published(name, 7701)}/status.json")
