@@ -21,7 +21,12 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from peer.settings import PEER_SETTINGS, Setting
+from models.settings import Setting
+
+try:
+    from peer.settings import PEER_SETTINGS
+except ImportError:  # the coordinator's image holds no peer package; its commands refuse there anyway
+    PEER_SETTINGS = ()
 
 __all__ = ["CLI_SETTINGS", "IMAGE_SETTINGS", "ALL_SETTINGS", "setting", "env_default", "markdown_table",
            "update_markdown", "BEGIN_MARKER", "END_MARKER", "main"]
@@ -142,7 +147,10 @@ def setting(name: str) -> Setting:
 
 def env_default(name: str) -> Any:
     """The default of the flag that variable ``name`` stands for: the variable's value when set, else
-    the table's default (see :meth:`peer.settings.Setting.read`)."""
+    the table's default (see :meth:`models.settings.Setting.read`). Without the peer package (the
+    coordinator's image) the peer's own variables are unknown and their flags have no default."""
+    if name not in _BY_NAME and not PEER_SETTINGS:
+        return None
     return _BY_NAME[name].read()
 
 

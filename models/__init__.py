@@ -7,6 +7,7 @@
   (the run config validates with it, the coordinator estimates exchange bytes with it, and
   ``peer.averaging`` implements it).
 - ``models.errors``: user-fixable errors shared by every package.
+- ``models.settings``: the ``Setting`` type of every package's ``HIVEPATH_*`` table (stdlib only).
 - ``models.lattice``: ``ModularLM``, the DiPaCo lattice of modules, and ``PathModel``.
 - ``models.tokenizer``, ``models.corpus``, ``models.data``: tokenizers, the built-in corpus, streaming
   ``prepare`` into routed, memory-mapped shards, and ``Dataset``.
