@@ -30,7 +30,7 @@ from torch import nn
 from models.config import OuterConfig, RunConfig, format_path
 from models.lattice import ModularLM
 from models.training import autocast
-from peer.node.checkpoint import CheckpointDir, CheckpointError
+from peer.node.checkpoint import CheckpointDir, CheckpointError, saved_state, state_groups
 from peer.diloco import DiLoCoOptimizer, RoundReport
 from peer.node.progress import PeerStatus
 from peer.diloco import install_resync, resync_after_round
@@ -62,19 +62,15 @@ def adopt_states(cfg: RunConfig, opt: DiLoCoOptimizer, modules: dict[str, nn.Mod
         snap = None
     origins = {}
     for mid, mod in modules.items():
-        local_round = -1
-        if snap is not None and f"modules/{mid}" in snap.groups:
-            local_round = int(snap.meta.get("rounds", {}).get(mid, -1))
+        local = saved_state(snap, mid, [n for n, _ in mod.named_parameters()]) if snap is not None else None
+        local_round = local.round_no if local is not None else -1
         like = [p.detach().cpu() for p in mod.parameters()]
         remote = fetch_state(mid, like) if fetch_state is not None else None
         if remote is not None and remote.round_no > local_round:
             opt.load_module_state(mid, remote.global_params, remote.momentum, remote.round_no)
             origins[mid] = f"peer@{remote.round_no}"
-        elif local_round >= 0:
-            names = [n for n, _ in mod.named_parameters()]
-            weights, outer = snap.groups[f"modules/{mid}"], snap.groups[f"outer/{mid}"]
-            opt.load_module_state(mid, [weights[n] for n in names], [outer[f"momentum.{i}"] for i in range(len(names))],
-                                  local_round)
+        elif local is not None:
+            opt.load_module_state(mid, local.global_params, local.momentum, local.round_no)
             origins[mid] = f"checkpoint@{local_round}"
         else:
             origins[mid] = "init"
@@ -85,14 +81,10 @@ def adopt_states(cfg: RunConfig, opt: DiLoCoOptimizer, modules: dict[str, nn.Mod
 def save_states(cfg: RunConfig, opt: DiLoCoOptimizer, modules: dict[str, nn.Module], checkpoints: CheckpointDir,
                 extra: dict[str, Any]) -> None:
     """Checkpoint the global copies and outer momentum of ``modules``; a failure is logged, not raised."""
-    groups, metadata, rounds = {}, {}, {}
-    for mid, mod in modules.items():
-        state = opt.module_state(mid)
-        names = [n for n, _ in mod.named_parameters()]
-        groups[f"modules/{mid}"] = dict(zip(names, state.global_params))
-        groups[f"outer/{mid}"] = {f"momentum.{i}": m for i, m in enumerate(state.momentum)}
-        metadata[f"modules/{mid}"] = {"module_id": mid, "lattice_hash": cfg.lattice.content_hash()}
-        rounds[mid] = state.round_no
+    states = {mid: opt.module_state(mid) for mid in modules}
+    names = {mid: [n for n, _ in mod.named_parameters()] for mid, mod in modules.items()}
+    groups, metadata = state_groups(states, names, cfg.lattice.content_hash())
+    rounds = {mid: state.round_no for mid, state in states.items()}
     meta = {"config": cfg.to_dict(), "config_hash": cfg.content_hash(), "modules": list(modules), "rounds": rounds,
             "dense": cfg.lattice.num_paths == 1, "unix_time": round(time.time(), 3), **extra}
     try:
