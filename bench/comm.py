@@ -48,6 +48,7 @@ from typing import Iterator, Optional
 
 from bench.common import ISSUE_RATE_MBIT, emit, rate_result_name, run_main
 from bench.netns import tx_bytes
+from models import strict_json
 from models.codec_spec import ENTROPY_STAGES, codec_spec, wire_name
 from models.config import OuterConfig
 
@@ -80,15 +81,20 @@ def run_peer(args: argparse.Namespace) -> None:
     """One peer inside its namespace: join, average once per codec, write timings and the averages."""
     import torch
 
-    from peer.network import DHTOptions, start_dht
     from peer.averaging import NetAverager, get_codec
-    from peer.network import HolderRecord, holders_key, read_records
+    from peer.network import (
+        DHTOptions,
+        HolderRecord,
+        holders_key,
+        read_records,
+        start_dht,
+    )
 
     torch.set_num_threads(1)
     out = Path(args.out)
     dht = start_dht(DHTOptions(host_maddrs=[f"/ip4/{args.host}/tcp/0"], initial_peers=args.initial or []))
     if args.peer == 0:
-        (out / "maddrs.tmp").write_text(json.dumps(dht.maddrs()))
+        (out / "maddrs.tmp").write_text(strict_json.dumps(dht.maddrs()))
         os.replace(out / "maddrs.tmp", out / "maddrs")
     marks: dict[str, float] = {}
     rate = args.rate_mbit * 1e6 / 8
@@ -129,7 +135,7 @@ def run_peer(args: argparse.Namespace) -> None:
                 torch.save(flat, out / f"avg{args.peer}.pt")
             log.info("%s: %.2fs (all-reduce %.2fs), sent %d bytes", codec, results[codec]["seconds_total"],
                      results[codec]["seconds_allreduce"], res.bytes_sent)
-        (out / f"peer{args.peer}.tmp").write_text(json.dumps(results))
+        (out / f"peer{args.peer}.tmp").write_text(strict_json.dumps(results))
         os.replace(out / f"peer{args.peer}.tmp", out / f"peer{args.peer}.json")
     finally:
         avg.shutdown()

@@ -42,6 +42,7 @@ from typing import Optional
 
 from bench.comm import _cpu_seconds, namespaced_peers
 from bench.common import ISSUE_RATE_MBIT, emit, rate_result_name, run_main
+from models import strict_json
 
 log = logging.getLogger("bench.comm_hivemind")
 
@@ -49,7 +50,11 @@ CODECS = ("8bit", "fp16", "none")
 
 
 def _compression(name: str):
-    from hivemind.compression import Float16Compression, NoCompression, Uniform8BitQuantization
+    from hivemind.compression import (
+        Float16Compression,
+        NoCompression,
+        Uniform8BitQuantization,
+    )
 
     return {"none": NoCompression(), "fp16": Float16Compression(), "8bit": Uniform8BitQuantization()}[name]
 
@@ -100,7 +105,7 @@ def run_peer(args: argparse.Namespace) -> None:
     out, n = Path(args.out), args.peers
     dht = DHT(host_maddrs=[f"/ip4/{args.host}/tcp/0"], initial_peers=args.initial or [], start=True)
     if args.peer == 0:
-        (out / "maddrs.tmp").write_text(json.dumps([str(m) for m in dht.get_visible_maddrs()]))
+        (out / "maddrs.tmp").write_text(strict_json.dumps([str(m) for m in dht.get_visible_maddrs()]))
         os.replace(out / "maddrs.tmp", out / "maddrs")
     rate = args.rate_mbit * 1e6 / 8
     numel = args.mb * 2**20 // 4
@@ -144,7 +149,7 @@ def run_peer(args: argparse.Namespace) -> None:
                                   child_cpu_seconds={k: round(v - children0.get(k, 0.0), 3) for k, v in children1.items()},
                                   sha256=hashlib.sha256(averaged.numpy().tobytes()).hexdigest())
             log.info("%s: all-reduce %.2fs", codec, seconds)
-        (out / f"peer{args.peer}.tmp").write_text(json.dumps(results))
+        (out / f"peer{args.peer}.tmp").write_text(strict_json.dumps(results))
         os.replace(out / f"peer{args.peer}.tmp", out / f"peer{args.peer}.json")
     finally:
         dht.shutdown()

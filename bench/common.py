@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
-import json
 import platform
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
+
+from models import strict_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -31,12 +32,12 @@ def emit(name: str, result: dict[str, Any]) -> dict[str, Any]:
     bench`` goes on, and the last measured result file is kept.
     """
     if "skipped" in result:
-        print(json.dumps(result), flush=True)
+        print(strict_json.dumps(result), flush=True)
         return result
     result = {**result, "bench": name, "host": platform.node(), "unix_time": round(time.time())}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    print(json.dumps(result, sort_keys=True), flush=True)
+    (RESULTS / f"{name}.json").write_text(strict_json.dumps(result, indent=2, sort_keys=True) + "\n")
+    print(strict_json.dumps(result, sort_keys=True), flush=True)
     return result
 
 

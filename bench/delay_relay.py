@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -30,6 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
+
+from models import strict_json
 
 __all__ = ["DelayRelay", "RelayStats"]
 
@@ -202,7 +203,7 @@ async def _run(maps: list[str], delay: float, stats_path: Optional[Path]) -> Non
         if stats_path is None:
             return
         tmp = stats_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({f"{r.listen[0]}:{r.port}": vars(r.stats) for r in relays}))
+        tmp.write_text(strict_json.dumps({f"{r.listen[0]}:{r.port}": vars(r.stats) for r in relays}))
         os.replace(tmp, stats_path)
 
     dump()  # its existence tells the caller that every port is bound

@@ -25,6 +25,7 @@ from bench.common import RESULTS, emit, run_main
 from bench.quality_report import plot, summarize, tables
 from bench.quality_scale import SCALES
 from bench.quality_sweeps import EXPERIMENTS, grid, run_points, scale_by_name
+from models import strict_json
 
 __all__ = ["main", "prepare_data", "load_records"]
 
@@ -98,7 +99,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         rec = {**rec, "scale": scale.name, "device": device}
         records[rec["name"]] = rec
         with args.records.open("a") as f:
-            f.write(json.dumps(rec, sort_keys=True) + "\n")
+            f.write(strict_json.dumps(rec, sort_keys=True) + "\n")
         bpb = rec.get("result", {}).get("bpb")
         log.info("%s %s in %ss%s", rec["name"], rec["status"], rec["seconds"],
                  f": {bpb:.4f} bpb" if bpb is not None else f" ({rec.get('error')})")

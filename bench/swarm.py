@@ -24,9 +24,9 @@ import argparse
 import json
 import math
 import os
+import shutil
 import signal
 import sys
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.common import emit, run_main
+from models import strict_json
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEEDS = {"a0": ("L0M0", 1000.0), "a1": ("L0M0", 333.0), "b0": ("L1M0", 1000.0), "b1": ("L1M0", 1000.0)}
@@ -97,7 +98,7 @@ class Servers:
         opts = {"module": module, "tps": tps, "initial_peers": self.maddrs, "record_ttl": self.record_ttl}
         self.started += 1
         self.current[name] = f"{name}-{self.started}"
-        self.children.start(self.current[name], [sys.executable, "-m", "bench.swarm", "--serve", json.dumps(opts)],
+        self.children.start(self.current[name], [sys.executable, "-m", "bench.swarm", "--serve", strict_json.dumps(opts)],
                             cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
     def kill(self, name: str) -> None:
@@ -141,8 +142,8 @@ def _throttled_share(client, served: dict[str, int]) -> float:
 
 def pipeline(seconds: float, kill_seconds: float, kill_every: float, micro_batches: int, log_dir: Path) -> dict:
     from peer.network import DHTOptions, start_dht
-    from peer.stage import StageClient
     from peer.node import StageTrainer
+    from peer.stage import StageClient
 
     cfg = _config()
     dht = start_dht(DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"]))

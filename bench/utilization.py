@@ -42,6 +42,7 @@ from typing import Optional
 
 from bench.common import emit, run_main
 from bench.netns import tx_bytes
+from models import strict_json
 
 log = logging.getLogger("bench.utilization")
 
@@ -74,8 +75,8 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
 
     from models.config import OuterConfig
     from models.lattice import ModularLM
-    from peer.diloco import DiLoCoOptimizer
     from peer.averaging import NetAverager, get_codec
+    from peer.diloco import DiLoCoOptimizer
 
     h, overlap = VARIANTS[name]
     run_id = f"util-{name.replace('_', '-')}"
@@ -178,8 +179,8 @@ def run_peer(args: argparse.Namespace) -> None:
     """One peer inside its namespace: every variant in turn, each under its own run id."""
     import torch
 
-    from models.presets import PRESETS
     from models.data import Dataset
+    from models.presets import PRESETS
     from peer.network import DHTOptions, start_dht
 
     torch.set_num_threads(1)
@@ -197,7 +198,7 @@ def run_peer(args: argparse.Namespace) -> None:
     try:
         for name in args.variants.split(","):
             results[name] = run_variant(name, args, dht, dataset, cfg)
-            (out / f"peer{args.peer}.tmp").write_text(json.dumps(results))
+            (out / f"peer{args.peer}.tmp").write_text(strict_json.dumps(results))
             os.replace(out / f"peer{args.peer}.tmp", out / f"peer{args.peer}.json")
     finally:
         dht.shutdown()

@@ -20,6 +20,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
+from models import strict_json
+
 __all__ = ["Report", "Ban", "ban_decision", "BanBook", "BANS_META_KEY"]
 
 log = logging.getLogger(__name__)
@@ -107,5 +109,5 @@ class BanBook:
         return self.bans.pop(peer_id, None) is not None
 
     def to_json(self) -> str:
-        return json.dumps({b.peer_id: {"reason": b.reason, "at": b.at, "by_operator": b.by_operator}
+        return strict_json.dumps({b.peer_id: {"reason": b.reason, "at": b.at, "by_operator": b.by_operator}
                            for b in self.bans.values()}, sort_keys=True)

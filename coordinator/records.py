@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from models import strict_json
+
 __all__ = [
     "MODE_PATH",
     "MODE_STAGE",
@@ -126,7 +128,7 @@ class PeerRecord:
         d["capabilities"]["multiaddrs"] = list(self.capabilities.multiaddrs)
         if d["last_moved"] == float("-inf"):
             d["last_moved"] = None
-        return json.dumps(d, sort_keys=True)
+        return strict_json.dumps(d, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "PeerRecord":

@@ -9,7 +9,6 @@ event loop is never blocked by a scrape. Everything is rendered from one
 from __future__ import annotations
 
 import html
-import json
 import logging
 import math
 import threading
@@ -17,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional
 
 from coordinator.metrics import CONTENT_TYPE, render_metrics
+from models import strict_json
 
 __all__ = ["StatusServer", "render_page", "to_json"]
 
@@ -26,19 +26,9 @@ PAGE_PEERS = 500
 """Rows of the peers table on the HTML page (the JSON has them all)."""
 
 
-def _clean(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    return obj
-
-
 def to_json(snap: dict[str, Any]) -> str:
     """Strict JSON (NaN becomes null)."""
-    return json.dumps(_clean(snap), sort_keys=True, allow_nan=False)
+    return strict_json.dumps(snap, sort_keys=True)
 
 
 def _fmt_bytes(n: float) -> str:

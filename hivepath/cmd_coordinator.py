@@ -11,13 +11,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
 
 from hivepath.options import add_token_flags, read_token
 from hivepath.settings import env_default
+from models import strict_json
 from models.errors import ConfigError, HivepathError
 
 __all__ = ["register", "run"]
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         status = client.status()
         if args.json:
-            sys.stdout.write(json.dumps(status, indent=2, sort_keys=True) + "\n")
+            sys.stdout.write(strict_json.dumps(status, indent=2, sort_keys=True) + "\n")
         else:
             _print_status(status)
         return 0

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 
 from hivepath.progress import prepare_with_progress
+from models import strict_json
 from models.errors import DataError
 
 __all__ = ["register", "run", "parse_lattice"]
@@ -89,7 +89,7 @@ def _info(args: argparse.Namespace) -> int:
         ds.verify()
     m = ds.manifest
     if args.json:
-        json.dump({"manifest_hash": ds.manifest_hash, **m}, sys.stdout, indent=1, sort_keys=True)
+        strict_json.dump({"manifest_hash": ds.manifest_hash, **m}, sys.stdout, indent=1, sort_keys=True)
         print()
         return 0
     print(f"dataset {args.dir}  manifest {ds.manifest_hash}")

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from hivepath.settings import env_default
+from models import strict_json
 
 __all__ = ["register", "run", "load_run"]
 
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     result = evaluate_lattice(model, ds, paths, cfg.lattice.seq_len, device, dense=summary["dense"],
                               max_documents_per_path=args.max_docs or None)
     if args.json:
-        json.dump(result.to_dict(), sys.stdout, sort_keys=True)
+        strict_json.dump(result.to_dict(), sys.stdout, sort_keys=True)
         print()
         return 0
     print(f"{'path':>8} {'bits/byte':>10} {'documents':>10} {'bytes':>10}")

@@ -7,12 +7,12 @@ re-routing every W generated tokens; then the path samples with temperature and 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
 
 from hivepath.settings import env_default
+from models import strict_json
 from models.errors import DataError
 
 __all__ = ["register", "run", "open_source"]
@@ -51,7 +51,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 def open_source(directory: str | Path, data_dir: str | None = None):
     """A :class:`models.generate.PathSource` for a run directory, an exported path, or a checkpoint
     root of a peer or the archive (its newest snapshot)."""
-    from models.checkpoint import EXPORT_CONFIG_FILE, RUN_FILE, is_run_dir, resolve_snapshot
+    from models.checkpoint import (
+        EXPORT_CONFIG_FILE,
+        RUN_FILE,
+        is_run_dir,
+        resolve_snapshot,
+    )
     from models.export import load_export
     from models.run_dir import load_run_dir
 
@@ -86,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
             log.warning("token %d: the router chose path %s, absent here; used the nearest complete path %s",
                         d.at_token, format_path(d.routed), format_path(d.path))
     if args.json:
-        json.dump(result.to_dict(), sys.stdout, sort_keys=True)
+        strict_json.dump(result.to_dict(), sys.stdout, sort_keys=True)
         print()
     else:
         print(_describe_paths(result.decisions), file=sys.stderr)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from hivepath.options import add_network_flags, network_options
 from hivepath.settings import env_default, setting
+from models import strict_json
 
 __all__ = ["register", "run", "run_status"]
 
@@ -125,7 +126,7 @@ def run_status(args: argparse.Namespace) -> int:
                          f"with --status-port {args.port}?\n")
         return 1
     if args.json:
-        sys.stdout.write(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        sys.stdout.write(strict_json.dumps(doc, indent=1, sort_keys=True) + "\n")
     else:
         sys.stdout.write(_status_line(doc) + "\n")
     return 0 if doc.get("healthy") else 1

@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+from models import strict_json
 from models.codec_spec import CODECS, ENTROPY_STAGES, wire_name
 from models.config_fields import check_types, non_negative, positive, stable_hash
 from models.config_fields import from_dict as build_from_dict
@@ -372,7 +373,7 @@ class RunConfig:
         return build_from_dict(cls, data, "")
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
+        return strict_json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "RunConfig":

@@ -29,6 +29,7 @@ from typing import Callable, Iterable, Iterator, Optional, Union
 
 import numpy as np
 
+from models import strict_json
 from models.config import Path_, format_path
 from models.corpus import Corpus
 from models.errors import DataError
@@ -71,7 +72,7 @@ def _sha256(path: Path) -> str:
 
 
 def _manifest_hash(manifest: dict) -> str:
-    blob = json.dumps(manifest, sort_keys=True, separators=(",", ":"))
+    blob = strict_json.dumps(manifest, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -211,7 +212,7 @@ def _prepare_into(corpus, tmp: Path, levels, modules, tok_spec, seed, progress) 
         "shards": stats,
         "files": file_hashes,
     }
-    (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    (tmp / MANIFEST_FILE).write_text(strict_json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     log.info("prepared %d documents into %d paths (manifest %s)", count, len(all_paths), _manifest_hash(manifest))
     return manifest
 

@@ -22,6 +22,7 @@ from typing import Union
 
 import numpy as np
 
+from models import strict_json
 from models.config import Path_, format_path
 from models.errors import DataError
 
@@ -154,7 +155,7 @@ class Router:
 
     def save(self, directory: Union[str, Path]) -> Path:
         path = Path(directory) / ROUTER_FILE
-        path.write_text(json.dumps(self.to_dict(), sort_keys=True) + "\n")
+        path.write_text(strict_json.dumps(self.to_dict(), sort_keys=True) + "\n")
         return path
 
     @classmethod

@@ -19,6 +19,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from safetensors.torch import save_file
 
+from models import strict_json
 from models.errors import HivepathError
 
 __all__ = [
@@ -92,7 +93,7 @@ def atomic_write_bytes(path: PathLike, data: bytes, temp_name: Optional[str] = N
 
 def write_json(path: PathLike, obj: Any) -> None:
     """Write ``obj`` as indented, key-sorted JSON with a final newline, atomically."""
-    atomic_write_bytes(path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
+    atomic_write_bytes(path, (strict_json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
 
 
 def read_json(path: PathLike) -> Any:

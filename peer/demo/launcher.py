@@ -12,7 +12,6 @@ starts, watches and stops them. Ctrl-C stops every process cleanly (a second Ctr
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
@@ -24,9 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from models import strict_json
 from models.config import RunConfig
-from models.presets import PRESETS
 from models.errors import HivepathError
+from models.presets import PRESETS
 
 __all__ = ["DemoOptions", "run_demo"]
 
@@ -62,7 +62,12 @@ def _hivepath() -> list[str]:
 def run_demo(opts: DemoOptions) -> dict[str, Any]:
     """Run the demo network; returns the summary (also written to ``OUT/summary.json``)."""
     from peer.coordinator_client import CoordinatorClient
-    from peer.demo.report import DemoMonitor, evaluate_run_dir, evaluate_init, write_report
+    from peer.demo.report import (
+        DemoMonitor,
+        evaluate_init,
+        evaluate_run_dir,
+        write_report,
+    )
     from peer.node import ensure_dataset
     from peer.node.lifetime import STOP_SIGNALS, ChildProcesses
 
@@ -148,7 +153,7 @@ def _to_toml(cfg: RunConfig, **coordinator: float) -> str:
         if isinstance(values, dict):
             lines.append(f"\n[{section}]")
             for k, v in values.items():
-                lines.append(f"{k} = {json.dumps(v)}")
+                lines.append(f"{k} = {strict_json.dumps(v)}")
     lines.append("\n[coordinator]")
     lines += [f"{k} = {v}" for k, v in coordinator.items()]
     return "\n".join(lines) + "\n"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -13,6 +12,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from models import strict_json
 from models.config import RunConfig, format_path
 
 __all__ = ["DemoMonitor", "evaluate_init", "evaluate_run_dir", "write_report", "ddp_bytes_equivalent"]
@@ -154,7 +154,7 @@ def write_report(out: Path, summary: dict[str, Any], monitor: DemoMonitor) -> No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    (out / "summary.json").write_text(strict_json.dumps(summary, indent=2, sort_keys=True) + "\n")
     fig, ax = plt.subplots(figsize=(7, 4))
     paths = sorted({p for h in monitor.history for p in h["paths"]})
     for p in paths:

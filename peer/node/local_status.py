@@ -18,7 +18,6 @@ peer keeps training and averaging without it (the age of the last heartbeat is s
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -26,6 +25,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional
 
+from models import strict_json
 from models.errors import HivepathError
 from peer.node.progress import WAITING_STATES, PeerStatus
 
@@ -92,7 +92,7 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
         if path == "/status":
             doc = self.server.document()
-            self._send(200, json.dumps(doc, sort_keys=True) + "\n", "application/json")
+            self._send(200, strict_json.dumps(doc, sort_keys=True) + "\n", "application/json")
         elif path == "/healthz":
             doc = self.server.document()
             self._send(200 if doc["healthy"] else 503, doc["reason"] + "\n", "text/plain; charset=utf-8")

@@ -9,7 +9,6 @@ peer last made progress, when its main loop last turned and when the coordinator
 from __future__ import annotations
 
 import abc
-import json
 import os
 import sys
 import time
@@ -20,6 +19,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from models import strict_json
 from peer import settings
 
 __all__ = ["PeerStatus", "ProgressView", "JsonLinesView", "RichView", "make_view", "WAITING_STATES"]
@@ -138,7 +138,7 @@ class JsonLinesView(ProgressView):
 
     def render(self, status: PeerStatus) -> None:
         record = {"time": round(time.time(), 3), "event": "progress", **asdict(status)}
-        self.stream.write(json.dumps(record, sort_keys=True) + "\n")
+        self.stream.write(strict_json.dumps(record, sort_keys=True) + "\n")
         self.stream.flush()
 
 
