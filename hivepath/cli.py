@@ -17,8 +17,18 @@ import logging
 import sys
 from typing import Optional, Sequence
 
-from hivepath import (cmd_archive, cmd_coordinator, cmd_data, cmd_demo, cmd_eval, cmd_export, cmd_generate,
-                      cmd_peer, cmd_train_local)
+from hivepath import (
+    cmd_archive,
+    cmd_coordinator,
+    cmd_data,
+    cmd_demo,
+    cmd_eval,
+    cmd_export,
+    cmd_generate,
+    cmd_peer,
+    cmd_train_local,
+)
+from hivepath.numbers import check_defaults
 from hivepath.settings import env_default
 from models.errors import HivepathError
 
@@ -31,8 +41,17 @@ COMMANDS = (cmd_archive, cmd_coordinator, cmd_data, cmd_demo, cmd_eval, cmd_expo
 """The command modules, each with ``register(subparsers)``, in the order ``--help`` lists them."""
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with the project's error format: one line naming the problem and where the fix is
+    (``hivepath COMMAND: error: argument --threads: must be an integer >= 1, got '0' (see --help)``),
+    exit 2; the subcommands' parsers are of this class too."""
+
+    def error(self, message: str):  # noqa: D102 - argparse's hook
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="hivepath",
         description=(
             "Train one language model together with volunteers: a DiPaCo lattice of modules, "
@@ -65,7 +84,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Parse, run the chosen subcommand, and turn user errors into one clear line and an exit code."""
     try:
         parser = build_parser()
+        argv = list(sys.argv[1:] if argv is None else argv)
         args = parser.parse_args(argv)
+        check_defaults(parser, args, argv)  # ranges of numbers a HIVEPATH_* variable set
         _setup_logging(args.log_level)
         return int(args.func(args) or 0)
     except HivepathError as e:

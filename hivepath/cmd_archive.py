@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from hivepath.numbers import count, seconds
 from hivepath.options import add_network_flags, network_options
 from hivepath.settings import env_default
 from models.errors import HivepathError
@@ -32,9 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_network_flags(p)
     p.add_argument("--data", default=env_default("HIVEPATH_DATA"), metavar="DIR",
                    help="the run's prepared dataset, recorded in snapshots for eval (env HIVEPATH_DATA)")
-    p.add_argument("--keep", type=int, default=env_default("HIVEPATH_ARCHIVE_KEEP"), metavar="K",
+    p.add_argument("--keep", type=count(), default=env_default("HIVEPATH_ARCHIVE_KEEP"), metavar="K",
                    help="snapshots to keep (env HIVEPATH_ARCHIVE_KEEP; default 3)")
-    p.add_argument("--poll-interval", type=float, default=1.0, metavar="S",
+    p.add_argument("--poll-interval", type=seconds(), default=1.0, metavar="S",
                    help="seconds between looks at the modules' rounds (default 1)")
     p.add_argument("--progress", default="json", choices=["json"], help=argparse.SUPPRESS)
     p.set_defaults(func=run)

@@ -15,6 +15,7 @@ import logging
 import sys
 from pathlib import Path
 
+from hivepath.numbers import port
 from hivepath.options import add_token_flags, read_token
 from hivepath.settings import env_default
 from models import strict_json
@@ -43,8 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--run-config", required=True, help="run.toml: the run and its [coordinator] section")
     serve.add_argument("--db", required=True, help="SQLite state file (created if missing; ':memory:' for none)")
     serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
-    serve.add_argument("--port", type=int, default=7700, help="gRPC port (default 7700)")
-    serve.add_argument("--http-port", type=int, default=7701, help="status page / metrics port (default 7701)")
+    serve.add_argument("--port", type=port(), default=7700, help="gRPC port (default 7700)")
+    serve.add_argument("--http-port", type=port(), default=7701, help="status page / metrics port (default 7701)")
     serve.add_argument("--tls-cert", help="PEM certificate chain: serve gRPC over TLS (with --tls-key)")
     serve.add_argument("--tls-key", help="PEM private key of --tls-cert")
     serve.add_argument("--key", help="Ed25519 key file signing peer credentials (default <db>.key; created if missing)")

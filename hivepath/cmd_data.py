@@ -6,6 +6,7 @@ import argparse
 import re
 import sys
 
+from hivepath.numbers import count, seed
 from hivepath.progress import prepare_with_progress
 from models import strict_json
 from models.errors import DataError
@@ -43,10 +44,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     prep.add_argument("--corpus", choices=["default"], help="use the built-in corpus (Shakespeare, KJV Bible, Python stdlib)")
     prep.add_argument("--out", required=True, metavar="DIR", help="output directory (written atomically)")
     shape = prep.add_mutually_exclusive_group()
-    shape.add_argument("--paths", type=int, metavar="N", help="one level of N modules: N paths")
+    shape.add_argument("--paths", type=count(), metavar="N", help="one level of N modules: N paths")
     shape.add_argument("--lattice", metavar="LxM", help="LEVELS x MODULES per level, e.g. 2x2 (default 2x2)")
     prep.add_argument("--tokenizer", default="bytes", metavar="SPEC", help="bytes (default) or bpe:VOCAB, BPE trained on the training split")
-    prep.add_argument("--seed", type=int, default=0, metavar="N", help="k-means seed (default 0)")
+    prep.add_argument("--seed", type=seed(), default=0, metavar="N", help="k-means seed (default 0)")
     prep.set_defaults(func=run)
 
     info = dsub.add_parser("info", help="summarise a prepared dataset", description="Print a dataset's manifest summary.")

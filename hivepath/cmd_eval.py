@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from hivepath.numbers import count, natural
 from hivepath.settings import env_default
 from models import strict_json
 
@@ -24,9 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--from", dest="run_dir", required=True, metavar="DIR", help="a train-local output directory")
     p.add_argument("--data", metavar="DIR", help="dataset directory (default: the one recorded in run.json)")
-    p.add_argument("--max-docs", type=int, default=0, metavar="N", help="validation documents per path (0: all)")
+    p.add_argument("--max-docs", type=natural(), default=0, metavar="N", help="validation documents per path (0: all)")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
-    p.add_argument("--threads", type=int, default=env_default("HIVEPATH_THREADS"), metavar="N",
+    p.add_argument("--threads", type=count(), default=env_default("HIVEPATH_THREADS"), metavar="N",
                    help="CPU threads for torch (env HIVEPATH_THREADS)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=run)

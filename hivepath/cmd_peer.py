@@ -13,6 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from hivepath.numbers import count, natural, non_negative, port, positive, seconds
 from hivepath.options import add_network_flags, network_options
 from hivepath.settings import env_default, setting
 from models import strict_json
@@ -41,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_network_flags(j)
     j.add_argument("--device", default=env_default("HIVEPATH_DEVICE"),
                    help="auto, cpu, cuda or cuda:N (env HIVEPATH_DEVICE; default auto)")
-    j.add_argument("--max-memory", type=float, default=env_default("HIVEPATH_MAX_MEMORY"), metavar="GB",
+    j.add_argument("--max-memory", type=positive(), default=env_default("HIVEPATH_MAX_MEMORY"), metavar="GB",
                    help="use at most this much device memory (env HIVEPATH_MAX_MEMORY)")
     j.add_argument("--work-dir", default=env_default("HIVEPATH_WORK_DIR"), metavar="DIR",
                    help="checkpoints, identity and data (env HIVEPATH_WORK_DIR; default ~/.hivepath)")
@@ -49,28 +50,28 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a prepared dataset (env HIVEPATH_DATA; default: prepared under WORK_DIR when missing)")
     j.add_argument("--client-mode", action="store_true", default=env_default("HIVEPATH_CLIENT_MODE"),
                    help="accept no incoming connections, e.g. behind NAT (env HIVEPATH_CLIENT_MODE=1)")
-    j.add_argument("--upload-mbps", type=float, default=env_default("HIVEPATH_UPLOAD_MBPS"),
+    j.add_argument("--upload-mbps", type=positive(), default=env_default("HIVEPATH_UPLOAD_MBPS"),
                    metavar="MBIT", help="upload bandwidth in Mbit/s (env HIVEPATH_UPLOAD_MBPS; default: measured "
                    "against the coordinator at start-up, 2 MiB each way; 100 if that fails)")
     j.add_argument("--progress", default=env_default("HIVEPATH_PROGRESS"), choices=["auto", "rich", "json"],
                    help="live panel (rich), JSON lines on stdout (json), or rich on a terminal (auto; env HIVEPATH_PROGRESS)")
-    j.add_argument("--drain-timeout", type=float, default=env_default("HIVEPATH_DRAIN_TIMEOUT"),
+    j.add_argument("--drain-timeout", type=non_negative(), default=env_default("HIVEPATH_DRAIN_TIMEOUT"),
                    metavar="S", help="seconds allowed to finish a round when stopping (env HIVEPATH_DRAIN_TIMEOUT)")
-    j.add_argument("--max-steps", type=int, default=env_default("HIVEPATH_MAX_STEPS"), metavar="N",
+    j.add_argument("--max-steps", type=natural(), default=env_default("HIVEPATH_MAX_STEPS"), metavar="N",
                    help="leave after N inner steps (0: run until stopped; env HIVEPATH_MAX_STEPS)")
-    j.add_argument("--threads", type=int, default=env_default("HIVEPATH_THREADS"), metavar="N",
+    j.add_argument("--threads", type=count(), default=env_default("HIVEPATH_THREADS"), metavar="N",
                    help="CPU threads for torch (env HIVEPATH_THREADS)")
-    j.add_argument("--measure-seconds", type=float, default=env_default("HIVEPATH_MEASURE_SECONDS"),
+    j.add_argument("--measure-seconds", type=seconds(), default=env_default("HIVEPATH_MEASURE_SECONDS"),
                    metavar="S", help="seconds spent measuring tokens/s at start-up (env HIVEPATH_MEASURE_SECONDS; default 2)")
     j.add_argument("--spot", default=env_default("HIVEPATH_SPOT"), choices=["none", "aws", "gcp", "auto"],
                    help="watch the cloud's spot/preemption notice and drain on one (env HIVEPATH_SPOT; default none)")
     j.add_argument("--spot-url", default=env_default("HIVEPATH_SPOT_URL"), metavar="URL",
                    help="metadata server base URL (env HIVEPATH_SPOT_URL; default: the provider's own)")
-    j.add_argument("--spot-poll-interval", type=float, default=env_default("HIVEPATH_SPOT_POLL_INTERVAL"),
+    j.add_argument("--spot-poll-interval", type=seconds(), default=env_default("HIVEPATH_SPOT_POLL_INTERVAL"),
                    metavar="S", help="seconds between notice checks (env HIVEPATH_SPOT_POLL_INTERVAL; default 5)")
-    j.add_argument("--coordinator-timeout", type=float, default=env_default("HIVEPATH_COORDINATOR_TIMEOUT"),
+    j.add_argument("--coordinator-timeout", type=non_negative(), default=env_default("HIVEPATH_COORDINATOR_TIMEOUT"),
                    metavar="S", help="seconds to retry an unreachable coordinator at start-up (env HIVEPATH_COORDINATOR_TIMEOUT)")
-    j.add_argument("--keep-checkpoints", type=int, default=env_default("HIVEPATH_KEEP_CHECKPOINTS"), metavar="K",
+    j.add_argument("--keep-checkpoints", type=count(), default=env_default("HIVEPATH_KEEP_CHECKPOINTS"), metavar="K",
                    help="checkpoint snapshots kept in WORK_DIR/checkpoints (env HIVEPATH_KEEP_CHECKPOINTS; default 2)")
     j.set_defaults(func=run)
     st = peer_sub.add_parser(
@@ -80,11 +81,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(http://127.0.0.1:PORT/status) and print it as one line, or as JSON with --json.",
         epilog="Exit codes: 0 healthy, 1 unhealthy or nothing answers.",
     )
-    st.add_argument("--port", type=int, default=env_default("HIVEPATH_STATUS_PORT"),
+    st.add_argument("--port", type=port(allow_zero=False), default=env_default("HIVEPATH_STATUS_PORT"),
                     help=f"the peer's --status-port (env HIVEPATH_STATUS_PORT; default "
                     f"{setting('HIVEPATH_STATUS_PORT').default})")
     st.add_argument("--json", action="store_true", help="print the whole status document as JSON")
-    st.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds to wait for an answer (default 5)")
+    st.add_argument("--timeout", type=seconds(), default=5.0, metavar="S", help="seconds to wait for an answer (default 5)")
     st.set_defaults(func=run_status)
 
 

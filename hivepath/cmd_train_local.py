@@ -13,6 +13,7 @@ import logging
 import time
 from pathlib import Path
 
+from hivepath.numbers import Number, count, natural, positive, seed
 from hivepath.progress import prepare_with_progress
 from hivepath.settings import env_default
 from models.errors import ConfigError
@@ -40,22 +41,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     which.add_argument("--path", metavar="I,J", help="train one path, e.g. 0,1")
     which.add_argument("--all-paths", action="store_true", help="train every path (default for a lattice)")
     which.add_argument("--dense", action="store_true", help="train a 1x1 lattice of the same width on all data")
-    p.add_argument("--workers", type=int, metavar="K", help="simulated DiLoCo workers (default: one per path)")
-    p.add_argument("--inner-steps", type=int, metavar="H", help="inner steps between outer steps (default from config); one worker on one path "
+    p.add_argument("--workers", type=count(), metavar="K", help="simulated DiLoCo workers (default: one per path)")
+    p.add_argument("--inner-steps", type=count(), metavar="H", help="inner steps between outer steps (default from config); one worker on one path "
                    "trains without outer steps unless this is given")
-    p.add_argument("--steps", type=int, default=200, metavar="N", help="inner steps per worker (default 200)")
+    p.add_argument("--steps", type=count(), default=200, metavar="N", help="inner steps per worker (default 200)")
     p.add_argument("--codec", choices=["none", "fp16", "int8", "int4"], help="pseudo-gradient codec")
-    p.add_argument("--outer-lr", type=float, metavar="LR", help="outer learning rate (default 0.7)")
-    p.add_argument("--outer-momentum", type=float, metavar="M", help="outer Nesterov momentum (default 0.9)")
+    p.add_argument("--outer-lr", type=positive(), metavar="LR", help="outer learning rate (default 0.7)")
+    p.add_argument("--outer-momentum", type=Number(float, 0.0, 0.999), metavar="M", help="outer Nesterov momentum (default 0.9)")
     p.add_argument("--lr-decay", action="store_true",
                    help="decay the inner learning rate (cosine, to a tenth) over --steps instead of keeping it constant")
-    p.add_argument("--seed", type=int, metavar="N", help="seed of the initial weights and batches")
+    p.add_argument("--seed", type=seed(), metavar="N", help="seed of the initial weights and batches")
     p.add_argument("--data", metavar="DIR", help="a prepared dataset (default: the built-in corpus, cached)")
     p.add_argument("--out", metavar="DIR", help="output directory (default runs/TIMESTAMP)")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
-    p.add_argument("--threads", type=int, default=env_default("HIVEPATH_THREADS"), metavar="N",
+    p.add_argument("--threads", type=count(), default=env_default("HIVEPATH_THREADS"), metavar="N",
                    help="CPU threads for torch (env HIVEPATH_THREADS; default: torch's choice)")
-    p.add_argument("--eval-docs", type=int, default=64, metavar="N",
+    p.add_argument("--eval-docs", type=natural(), default=64, metavar="N",
                    help="validation documents per path for the final bits per byte (0: all; default 64)")
     p.set_defaults(func=run)
 
@@ -118,7 +119,13 @@ def run(args: argparse.Namespace) -> int:
     behind a progress bar, then the bits per byte."""
     import torch
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
     from peer.simulator import LocalRun, train_local
 

@@ -18,6 +18,7 @@ import argparse
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from hivepath.numbers import port, seconds
 from hivepath.settings import env_default, setting
 from models.errors import HivepathError
 
@@ -84,10 +85,10 @@ def add_network_flags(p: argparse.ArgumentParser) -> None:
                    help="multiaddrs other peers should dial (env HIVEPATH_ANNOUNCE_MADDRS)")
     p.add_argument("--tls-ca", default=env_default("HIVEPATH_TLS_CA"), metavar="FILE",
                    help="CA certificate to verify a TLS coordinator (env HIVEPATH_TLS_CA)")
-    p.add_argument("--status-port", type=int, default=env_default("HIVEPATH_STATUS_PORT"), metavar="PORT",
+    p.add_argument("--status-port", type=port(), default=env_default("HIVEPATH_STATUS_PORT"), metavar="PORT",
                    help="serve /status and /healthz on 127.0.0.1:PORT for health checks (env HIVEPATH_STATUS_PORT; "
                    f"default {status_port}; 0 turns it off)")
-    p.add_argument("--stall-timeout", type=float, default=env_default("HIVEPATH_STALL_TIMEOUT"), metavar="S",
+    p.add_argument("--stall-timeout", type=seconds(), default=env_default("HIVEPATH_STALL_TIMEOUT"), metavar="S",
                    help="report unhealthy after S seconds without progress outside a waiting state "
                    "(env HIVEPATH_STALL_TIMEOUT; default 300)")
 

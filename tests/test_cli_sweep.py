@@ -1,0 +1,74 @@
+"""Every numeric flag of every subcommand, generated from the argument parser (a new flag is swept the
+day it is added): each takes a range-checked type, and a value out of its range, a non-number or a
+NaN is refused by the real ``hivepath`` process before any work starts: exit 2, one line naming the
+flag, no traceback. A ``HIVEPATH_*`` variable out of range is refused the same way."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+
+import pytest
+
+from helpers import hivepath_cmd
+from hivepath.cli import build_parser
+from hivepath.numbers import Number
+from hivepath.settings import ALL_SETTINGS
+
+
+def _flags(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _flags(sub, prefix + (name,))
+        elif action.option_strings:
+            yield prefix, action
+
+
+FLAGS = list(_flags(build_parser()))
+NUMERIC = [(cmd, a) for cmd, a in FLAGS if isinstance(a.type, Number)]
+IDS = [f"{' '.join(cmd)} {a.option_strings[0]}" for cmd, a in NUMERIC]
+
+
+def _below(kind: Number) -> str:
+    """A value just out of ``kind``'s range, from below (every range here has a lower bound)."""
+    assert kind.low is not None
+    if kind.kind is int:
+        return str(int(kind.low) - 1)
+    return str(kind.low) if kind.low_open else str(kind.low - 0.5)
+
+
+def test_no_numeric_flag_is_unchecked():
+    plain = [f"{' '.join(cmd)} {a.option_strings[0]}" for cmd, a in FLAGS if a.type in (int, float)]
+    assert not plain, f"use a range from hivepath.numbers: {plain}"
+    assert len(NUMERIC) >= 35  # the sweep is real: the parser has this many numeric flags
+
+
+def _refused(cmd: tuple[str, ...], args: list[str], flag: str, env: dict | None = None) -> str:
+    out = subprocess.run(hivepath_cmd(*cmd, *args), capture_output=True, text=True, timeout=60,
+                         env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+    err = out.stderr.strip()
+    assert out.returncode == 2, (out.returncode, err)
+    assert "\n" not in err and "Traceback" not in err and flag.lstrip("-") in err, err
+    return err
+
+
+@pytest.mark.parametrize("cmd,action", NUMERIC, ids=IDS)
+def test_numeric_flag_out_of_range_is_refused(cmd, action):
+    flag = action.option_strings[0]
+    for bad in (_below(action.type), "not-a-number", "nan"):
+        err = _refused(cmd, [flag, bad], flag)
+        assert "must be" in err
+
+
+_REQUIRED = {("peer", "join"): ["--coordinator", "127.0.0.1:1", "--token", "t"]}
+ENV = [(cmd, a, s.name) for cmd, a in NUMERIC for s in ALL_SETTINGS
+       if s.flag in a.option_strings and cmd in _REQUIRED]
+
+
+@pytest.mark.parametrize("cmd,action,var", ENV, ids=[v for _, _, v in ENV])
+def test_variable_out_of_range_is_refused(cmd, action, var):
+    assert ENV, "peer join has numeric flags set by variables"
+    err = _refused(cmd, _REQUIRED[cmd], action.option_strings[0], env={var: _below(action.type)})
+    assert var in err
