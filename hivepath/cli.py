@@ -43,11 +43,12 @@ COMMANDS = (cmd_archive, cmd_coordinator, cmd_data, cmd_demo, cmd_eval, cmd_expo
 
 class Parser(argparse.ArgumentParser):
     """argparse with the project's error format: one line naming the problem and where the fix is
-    (``hivepath COMMAND: error: argument --threads: must be an integer >= 1, got '0' (see --help)``),
+    (``hivepath: error: argument --threads: must be an integer >= 1, got '0' (see 'hivepath peer join
+    --help')``, the same prefix as every other user error),
     exit 2; the subcommands' parsers are of this class too."""
 
     def error(self, message: str):  # noqa: D102 - argparse's hook
-        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+        self.exit(2, f"hivepath: error: {message} (see '{self.prog} --help')\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
