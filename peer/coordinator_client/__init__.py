@@ -21,9 +21,10 @@ from peer.coordinator_client.messages import (
     Progress,
     RunSpec,
     WorkAssignment,
+    check_address,
 )
 
 __all__ = [
     "CoordinatorClient", "CoordinatorRefused", "CoordinatorUnavailable", "HeartbeatReply", "IncompatibleRun",
-    "JoinInfo", "NoAssignmentFits", "PeerBanned", "PeerInfo", "Progress", "RunSpec", "WorkAssignment",
+    "JoinInfo", "NoAssignmentFits", "PeerBanned", "PeerInfo", "Progress", "RunSpec", "WorkAssignment", "check_address",
 ]

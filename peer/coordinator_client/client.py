@@ -27,7 +27,8 @@ import grpc
 from models.config import RunConfig
 from models.errors import HivepathError
 from peer.coordinator_client.messages import (CoordinatorUnavailable, HeartbeatReply, IncompatibleRun,
-                                               JoinInfo, PeerInfo, Progress, RunSpec, WorkAssignment, refusal)
+                                               JoinInfo, PeerInfo, Progress, RunSpec, WorkAssignment, check_address,
+                                               refusal)
 from peer.coordinator_client.transport import (KEEPALIVE_OPTIONS, PROBE_BYTES, HeartbeatStream, ProbeFailed, StreamStalled,
                                         probe_download, probe_upload)
 from protos.hivepath.coordinator.v1 import coordinator_pb2 as pb
@@ -61,7 +62,7 @@ class CoordinatorClient:
         seed: Optional[int] = None,
         heartbeat_stream: bool = True,
     ):
-        self.address = address
+        self.address = check_address(address)
         self.peer = peer
         self._token = token
         self.rpc_timeout = rpc_timeout

@@ -18,7 +18,7 @@ from protos.hivepath.coordinator.v1 import coordinator_pb2 as pb
 
 __all__ = [
     "PeerInfo", "WorkAssignment", "JoinInfo", "RunSpec", "Progress", "HeartbeatReply", "CoordinatorUnavailable",
-    "CoordinatorRefused", "PeerBanned", "NoAssignmentFits", "IncompatibleRun", "refusal",
+    "CoordinatorRefused", "PeerBanned", "NoAssignmentFits", "IncompatibleRun", "refusal", "check_address",
 ]
 
 
@@ -171,3 +171,21 @@ def refusal(code: grpc.StatusCode, detail: str) -> HivepathError:
         err.exit_code = 2
         return err
     return CoordinatorRefused(f"the coordinator answered {code.name}: {detail}")
+
+
+def check_address(address: str) -> str:
+    """``address`` if it is a coordinator address, ``HOST:PORT`` (``[IPV6]:PORT``), else a
+    :class:`HivepathError` (exit 2) naming what is wrong. A malformed address is bad input, refused at
+    once; a well-formed one nobody answers is found out by retrying (exit 3)."""
+    fix = "pass --coordinator HOST:PORT (e.g. coord.example.org:7700) or set HIVEPATH_COORDINATOR"
+    text = (address or "").strip()
+    if "://" in text:
+        raise HivepathError(f"coordinator address {address!r} has a scheme; {fix}")
+    host, sep, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or any(c.isspace() for c in text) or (":" in host and not text.startswith("[")):
+        raise HivepathError(f"coordinator address {address!r} is not HOST:PORT; {fix}")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise HivepathError(f"coordinator address {address!r}: the port must be 1-65535; {fix}")
+    return text

@@ -237,6 +237,9 @@ class SpotOptions:
             raise ConfigError("spot-poll-interval", f"{self.poll_interval} must be a positive number of seconds")
         if not self.request_timeout > 0:
             raise ConfigError("spot", f"request timeout {self.request_timeout} must be positive")
+        if self.provider == "none" and self.base_url:
+            log.warning("--spot-url %s is ignored: no notice is watched with --spot none (pass --spot aws, gcp "
+                        "or auto to watch it)", self.base_url)
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "SpotOptions":
@@ -340,7 +343,9 @@ def supervise(cmd: Sequence[str], opts: SpotOptions) -> int:
     would drain on its own first, and our SIGTERM could then reach it while the interpreter exits,
     when Python's handlers are gone, turning a clean drain into a death by SIGTERM (exit 143).
     """
-    child = subprocess.Popen(list(cmd), env={**os.environ, "HIVEPATH_SPOT": "none"})
+    # the supervisor is the one watcher: the child gets watching off, and none of the watcher's settings
+    env = {k: v for k, v in os.environ.items() if k not in ("HIVEPATH_SPOT_URL", "HIVEPATH_SPOT_POLL_INTERVAL")}
+    child = subprocess.Popen(list(cmd), env={**env, "HIVEPATH_SPOT": "none"})
     sent = threading.Lock()
 
     def on_notice(notice: SpotNotice) -> None:

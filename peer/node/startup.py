@@ -87,13 +87,34 @@ class NetworkOptions:
     """Seconds without progress after which the local status reports the process unhealthy."""
 
     def __post_init__(self) -> None:
+        from peer.coordinator_client import check_address
+
         if not self.coordinator:
             raise HivepathError("no coordinator address: pass --coordinator HOST:PORT or set HIVEPATH_COORDINATOR")
+        check_address(self.coordinator)  # malformed: exit 2 now, not after minutes of retries
+        if self.client_mode and self.announce_maddrs:
+            raise HivepathError("--client-mode accepts no incoming connections, so there is nothing to announce at "
+                                "--announce-maddrs: drop one of the two (HIVEPATH_CLIENT_MODE, HIVEPATH_ANNOUNCE_MADDRS)")
+        for flag, addrs in (("--initial-peers", self.initial_peers), ("--host-maddrs", self.host_maddrs),
+                            ("--announce-maddrs", self.announce_maddrs)):
+            for addr in addrs:
+                _check_multiaddr(flag, addr)
         if not 0 <= self.status_port <= 65535:
             raise HivepathError(f"--status-port must be a TCP port (1-65535) or 0 to turn it off, "
                                 f"got {self.status_port}")
         if not self.stall_timeout > 0:
             raise HivepathError(f"--stall-timeout must be > 0 seconds, got {self.stall_timeout}")
+
+
+def _check_multiaddr(flag: str, text: str) -> None:
+    """A :class:`HivepathError` (exit 2) naming ``flag`` when ``text`` does not parse as a multiaddr."""
+    from hivemind.utils.multiaddr import Multiaddr
+
+    try:
+        Multiaddr(text)
+    except Exception as e:  # the multiaddr package raises several types, all meaning "malformed"
+        raise HivepathError(f"{flag} {text!r} is not a multiaddr ({e}); write one like "
+                            "/ip4/203.0.113.5/tcp/7710/p2p/12D3KooW... (host maddrs: /ip4/0.0.0.0/tcp/7710)") from None
 
 
 class PeerStartup:
