@@ -59,7 +59,7 @@ def natural() -> Number:
 
 def seconds() -> Number:
     """A duration or an interval: a finite number of seconds > 0."""
-    return Number(float, 0.0, low_open=True)
+    return positive()
 
 
 def positive() -> Number:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import signal
 import socket
 import sys
 import time
@@ -69,7 +68,8 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
         write_report,
     )
     from peer.node import ensure_dataset
-    from peer.node.lifetime import STOP_SIGNALS, ChildProcesses
+    from peer.node.lifetime import ChildProcesses
+    from peer.node.startup import drain_signals
 
     if opts.peers < 1:
         raise HivepathError(f"--peers must be >= 1, got {opts.peers}")
@@ -96,54 +96,47 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     names: list[str] = []
     interrupted = {"n": 0}
 
-    def on_stop(signum, frame):
-        # Ctrl-C, SIGTERM (timeout, docker stop, systemd) or SIGHUP (terminal closed): stop training, drain
-        # every peer and still write the report; a second signal kills everything at once.
-        interrupted["n"] += 1
-        if interrupted["n"] > 1:
-            procs.signal(list(procs.procs), signal.SIGKILL)
-            os._exit(128 + signum)
-
-    previous = {s: signal.signal(s, on_stop) for s in STOP_SIGNALS}
-    bpb_before = evaluate_init(cfg, dataset, opts.eval_documents)
-    monitor = DemoMonitor(cfg, live=opts.live)
-    try:
-        procs.start("coordinator", [*_hivepath(), "coordinator", "serve", "--run-config", str(run_toml), "--db",
-                                    str(out / "coordinator.db"), "--host", "127.0.0.1", "--port", str(port),
-                                    "--http-port", str(http_port)], {**os.environ, **env})
-        client = CoordinatorClient(address, token, retry_timeout=30.0)
-        client.status()
-        common = ["--coordinator", address, "--data", str(data_dir), "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
-                  "--progress", "json", "--status-port", "0"]  # many peers on one host: no local status pages
-        procs.start("archive", [*_hivepath(), "archive", "--dir", str(out / "archive"), "--identity",
-                                str(out / "archive.key"), *common], {**os.environ, **env})
-        names.append("archive")
-        for i in range(opts.peers):
-            name = f"peer{i}"
-            procs.start(name, [*_hivepath(), "peer", "join", "--work-dir", str(out / name), *common,
-                               *opts.extra_peer_args], {**os.environ, **env})
-            names.append(name)
-        deadline = time.monotonic() + opts.minutes * 60
-        with monitor:
-            while time.monotonic() < deadline and not interrupted["n"]:
-                monitor.poll(client, procs.procs, http_port)
-                dead = [n for n in names if procs.procs[n].poll() is not None]
-                if dead and len(dead) == len(names):
-                    raise HivepathError(f"every peer exited early; see the logs in {out / 'logs'}")
-                time.sleep(1.0)
-        peer_names = [n for n in names if n != "archive"]
-        codes = procs.stop(peer_names, timeout=60)
-        monitor.poll(client, procs.procs, http_port)
-        codes.update(procs.stop(["archive"], timeout=30))
-        client.close()
-    finally:
-        procs.stop(list(procs.procs), timeout=30)
-        for s, h in previous.items():
-            signal.signal(s, h)
-    bpb_after, per_path = evaluate_run_dir(out / "archive", dataset, opts.eval_documents)
-    summary = monitor.summary(cfg, opts, bpb_before, bpb_after, per_path, codes)
-    summary["report"] = str(out / "report.md")
-    write_report(out, summary, monitor)
+    # Ctrl-C, SIGTERM (timeout, docker stop, systemd) or SIGHUP (terminal closed): stop training, drain
+    # every peer and still write the report; a second signal exits at once, and the watchdog of
+    # peer.node.lifetime stops the children
+    with drain_signals(lambda why: interrupted.update(n=1)):
+        bpb_before = evaluate_init(cfg, dataset, opts.eval_documents)
+        monitor = DemoMonitor(cfg, live=opts.live)
+        try:
+            procs.start("coordinator", [*_hivepath(), "coordinator", "serve", "--run-config", str(run_toml), "--db",
+                                        str(out / "coordinator.db"), "--host", "127.0.0.1", "--port", str(port),
+                                        "--http-port", str(http_port)], {**os.environ, **env})
+            client = CoordinatorClient(address, token, retry_timeout=30.0)
+            client.status()
+            common = ["--coordinator", address, "--data", str(data_dir), "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
+                      "--progress", "json", "--status-port", "0"]  # many peers on one host: no local status pages
+            procs.start("archive", [*_hivepath(), "archive", "--dir", str(out / "archive"), "--identity",
+                                    str(out / "archive.key"), *common], {**os.environ, **env})
+            names.append("archive")
+            for i in range(opts.peers):
+                name = f"peer{i}"
+                procs.start(name, [*_hivepath(), "peer", "join", "--work-dir", str(out / name), *common,
+                                   *opts.extra_peer_args], {**os.environ, **env})
+                names.append(name)
+            deadline = time.monotonic() + opts.minutes * 60
+            with monitor:
+                while time.monotonic() < deadline and not interrupted["n"]:
+                    monitor.poll(client, procs.procs, http_port)
+                    dead = [n for n in names if procs.procs[n].poll() is not None]
+                    if dead and len(dead) == len(names):
+                        raise HivepathError(f"every peer exited early; see the logs in {out / 'logs'}")
+                    time.sleep(1.0)
+            peer_names = [n for n in names if n != "archive"]
+            codes = procs.stop(peer_names, timeout=60)
+            monitor.poll(client, procs.procs, http_port)
+            codes.update(procs.stop(["archive"], timeout=30))
+            client.close()
+        finally:
+            procs.stop(list(procs.procs), timeout=30)
+        bpb_after, per_path = evaluate_run_dir(out / "archive", dataset, opts.eval_documents)
+        summary = monitor.summary(cfg, opts, bpb_before, bpb_after, per_path, codes)
+        summary["report"] = str(out / "report.md")
+        write_report(out, summary, monitor)
     return summary
 
 

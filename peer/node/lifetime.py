@@ -111,9 +111,6 @@ class ChildProcesses:
         self.procs[name] = proc
         return proc
 
-    def alive(self, names: Optional[Sequence[str]] = None) -> list[str]:
-        return [n for n in (self.procs if names is None else names) if self.procs[n].poll() is None]
-
     def signal(self, names: Sequence[str], sig: int, group: bool = False) -> None:
         """Send ``sig`` to each child, or to its whole session with ``group`` (SIGKILL always is)."""
         for n in names:
@@ -161,11 +158,6 @@ class ChildProcesses:
     def close(self) -> None:
         self.stop(timeout=10.0)
 
-    def __enter__(self) -> "ChildProcesses":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 _watchdog: Optional[subprocess.Popen] = None

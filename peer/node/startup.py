@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol
 
 from models.errors import HivepathError
+from peer.node.lifetime import STOP_SIGNALS
 from peer.node.local_status import start_optional
 from peer.node.progress import PeerStatus
 
@@ -50,7 +51,7 @@ __all__ = ["NetworkOptions", "PeerStartup", "StoppableProcess", "drain_signals",
 
 log = logging.getLogger(__name__)
 
-DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+DRAIN_SIGNALS = STOP_SIGNALS
 """Signals that drain a peer process: ``docker stop`` and Kubernetes send SIGTERM, a terminal
 SIGINT (Ctrl-C), and SIGHUP when the terminal or SSH session it runs in goes away."""
 
