@@ -36,17 +36,14 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from coordinator.errors import RequestError
+from models.log_limit import LOG_INTERVAL, LogLimiter
 
-__all__ = ["MALFORMED", "MalformedRequest", "MalformedFrameGuard", "LogLimiter"]
+__all__ = ["MALFORMED", "MalformedRequest", "MalformedFrameGuard"]
 
 log = logging.getLogger(__name__)
 
 MALFORMED = "malformed request"
 """The whole reply detail of a refused frame: neutral, it tells a prober nothing about the parser."""
-
-LOG_INTERVAL = 60.0
-"""Seconds between two log lines about malformed requests to the same method."""
-
 
 class MalformedRequest(RequestError):
     """A streamed request frame that is not a valid message (raised by ``context.read()``)."""
@@ -55,29 +52,6 @@ class MalformedRequest(RequestError):
 
     def __init__(self) -> None:
         super().__init__(MALFORMED)
-
-
-class LogLimiter:
-    """At most one log line per key per ``interval`` seconds; counts what it holds back.
-
-    :meth:`admit` returns how many events of ``key`` were held back since its last line when a line
-    may be written now, and None when this one is held back too.
-    """
-
-    def __init__(self, interval: float = LOG_INTERVAL, clock: Callable[[], float] = time.monotonic):
-        self.interval = interval
-        self._clock = clock
-        self._last: dict[str, float] = {}
-        self._held: dict[str, int] = {}
-
-    def admit(self, key: str) -> Optional[int]:
-        now = self._clock()
-        last = self._last.get(key)
-        if last is not None and now - last < self.interval:
-            self._held[key] = self._held.get(key, 0) + 1
-            return None
-        self._last[key] = now
-        return self._held.pop(key, 0)
 
 
 _MARKER = object()

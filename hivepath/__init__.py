@@ -12,6 +12,10 @@
 Importing the command line and building its parser pulls in neither torch nor hivemind.
 """
 
+from models.grpc_fork import grpc_fork_safe
+
+grpc_fork_safe()  # before anything imports grpc: children started by fork must not be aborted by it
+
 __all__ = ["main"]
 
 

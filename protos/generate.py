@@ -7,7 +7,8 @@ other as ``protos.hivepath.*`` and never shadow the ``hivepath`` command package
   ``hivepath.coordinator.v1``), with ``_pb2_grpc.py`` stubs.
 - ``protos/hivepath/peer/v1/net.proto``: the peers' averaging messages (matchmaking, all-reduce parts,
   state transfer); ``protos/hivepath/peer/v1/stage.proto``: stage mode's activations and gradients.
-  Both are package ``hivepath.peer.v1`` and carried over hivemind's P2P, so they have no service.
+  Both are package ``hivepath.peer.v1`` and carried over hivemind's P2P streams: their services
+  (``Averaging``, ``Stage``) describe the peers' stream handlers and get no gRPC stubs.
 
 ``tests/test_protos_drift.py`` fails when the committed files differ from a fresh generation.
 """

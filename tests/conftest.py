@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import random
+from models.grpc_fork import grpc_fork_safe
 
-import pytest
+grpc_fork_safe()  # before any test module imports grpc: the children the tests start must not be aborted
 
-from helpers import ProcessGroup
+import random  # noqa: E402
+
+import pytest  # noqa: E402
+
+from helpers import ProcessGroup  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -27,14 +30,32 @@ def _seed():
         pass
 
 
+LOG_TAIL_LINES = 30
+"""Lines of each child's log printed when a test that started it fails (CI keeps no temp dirs)."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"_report_{report.when}", report)
+
+
 @pytest.fixture
-def procs(tmp_path):
-    """Start real child processes; every one is terminated and reaped when the test ends."""
+def procs(request, tmp_path):
+    """Start real child processes; every one is terminated and reaped when the test ends. When the test
+    fails, the tail of every child's log is printed (it shows in the failure report)."""
     group = ProcessGroup(tmp_path / "logs")
     try:
         yield group
     finally:
         group.close()
+        report = getattr(request.node, "_report_call", None)
+        if report is not None and report.failed:
+            for name in group.procs:
+                lines = group.log(name).splitlines()[-LOG_TAIL_LINES:]
+                print(f"----- {name} (exit {group.procs[name].poll()}), last {len(lines)} log lines -----")
+                print("\n".join(lines))
 
 
 def pytest_collection_modifyitems(config, items):

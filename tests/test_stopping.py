@@ -8,6 +8,8 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from pathlib import Path
+from typing import Sequence
 
 import psutil
 import pytest
@@ -53,12 +55,29 @@ def _describe(p: psutil.Process) -> str:
         return f"{p.pid} (gone)"
 
 
-def _stop_and_check(proc: subprocess.Popen, sig: int, daemons: int, start_timeout: float) -> None:
+def _tails(logs: Sequence[Path], lines: int = 30) -> str:
+    out = []
+    for path in logs:
+        text = path.read_text(errors="replace").splitlines()[-lines:] if path.is_file() else ["(no log)"]
+        out.append(f"----- {path} -----\n" + "\n".join(text))
+    return "\n".join(out)
+
+
+def _stop_and_check(proc: subprocess.Popen, sig: int, daemons: int, start_timeout: float,
+                    logs: Sequence[Path] = ()) -> None:
     """Once ``proc``'s tree holds ``daemons`` p2p daemons, send ``sig`` to ``proc`` alone and check that
-    ``proc`` and every process of its tree are gone within :data:`LEFT_TIMEOUT` seconds."""
+    ``proc`` and every process of its tree are gone within :data:`LEFT_TIMEOUT` seconds. ``logs``: the
+    command's log files, whose tails a failure shows."""
     try:
-        wait_for(lambda: proc.poll() is None and _daemons(proc.pid) >= daemons, start_timeout,
-                 f"{daemons} p2p daemons under the command")
+        try:
+            wait_for(lambda: proc.poll() is not None or _daemons(proc.pid) >= daemons, start_timeout,
+                     f"{daemons} p2p daemons under the command")
+        except TimeoutError as e:
+            tree = "; ".join(_describe(p) for p in _tree(proc.pid))
+            raise AssertionError(f"{e}; its processes: {tree}\n{_tails(logs)}") from None
+        if proc.poll() is not None:
+            raise AssertionError(f"the command exited with {proc.returncode} before it started {daemons} p2p "
+                                 f"daemons:\n{_tails(logs)}")
         tree = _tree(proc.pid)  # the processes to be stopped: children, their DHT processes and p2pds
         assert len(tree) > daemons
         proc.send_signal(sig)
@@ -81,7 +100,8 @@ def test_demo_stops_every_process(tmp_path, sig):
                        "--data", str(tmp_path / "data"), "--no-live", "--eval-docs", "2")
     with open(tmp_path / "demo.log", "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
-    _stop_and_check(proc, sig, daemons=2, start_timeout=180)
+    _stop_and_check(proc, sig, daemons=2, start_timeout=180,
+                    logs=[tmp_path / "demo.log", *(tmp_path / "demo" / "logs" / f"{n}.log" for n in ("coordinator", "archive", "peer0"))])
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=lambda s: s.name)
@@ -90,7 +110,7 @@ def test_swarm_benchmark_stops_every_process(tmp_path, sig):
     with open(tmp_path / "swarm.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "bench.swarm", "--quick"], stdout=log,
                                 stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
-    _stop_and_check(proc, sig, daemons=5, start_timeout=180)
+    _stop_and_check(proc, sig, daemons=5, start_timeout=180, logs=[tmp_path / "swarm.log"])
 
 
 def test_killed_peer_takes_its_dht_process_and_p2p_daemon_with_it(procs, tmp_path):

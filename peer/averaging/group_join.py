@@ -30,7 +30,10 @@ from typing import Any, AsyncIterator, NamedTuple, Optional, Union
 
 from peer.averaging.partition import Group
 from peer.network import CredentialProvider, CredentialVerifier
-from protos.hivepath.peer.v1.net_pb2 import JoinReply, JoinRequest
+from peer.network.frames import handler_name, log_limited, serve_messages
+from protos.hivepath.peer.v1.net_pb2 import DESCRIPTOR as NET, JoinReply, JoinRequest
+
+JOIN = NET.services_by_name["Averaging"].methods_by_name["Join"]
 
 __all__ = ["GroupJoin", "Looking", "Follower"]
 
@@ -84,9 +87,9 @@ class GroupJoin:
         self.config_hash = config_hash
         self.data_hash = data_hash
         self.bandwidth = bandwidth
-        self.handler_name = f"{prefix}_join"
+        self.prefix = prefix
+        self.handler_name = handler_name(prefix, JOIN)
         self._looking: dict[str, Looking] = {}
-        self._warned: set[tuple[str, str]] = set()
         self.credential = credential
         self.verifier = verifier
 
@@ -94,7 +97,7 @@ class GroupJoin:
         return self.credential() if self.credential is not None else b""
 
     async def start(self) -> None:
-        await self.p2p.add_protobuf_handler(self.handler_name, self._handle_join, JoinRequest, stream_output=True)
+        await serve_messages(self.p2p, self.prefix, JOIN, self._handle_join)
 
     def _mismatch(self, who: str, config_hash: str, data_hash: str) -> str:
         if config_hash != self.config_hash:
@@ -104,9 +107,7 @@ class GroupJoin:
         return ""
 
     def _refuse_log(self, who: str, problem: str) -> None:
-        if (who, problem) not in self._warned:
-            self._warned.add((who, problem))
-            log.warning("not grouping with %s: %s", who, problem)
+        log_limited(log, f"join:{who}", "not grouping with %s: %s", who, problem)
 
     # -- leader side --------------------------------------------------------------------------
 

@@ -24,7 +24,11 @@ from torch import Tensor
 from peer.averaging.aggregation import MEAN, Aggregation, aggregate
 from peer.averaging.partition import Group
 from peer.averaging.quantizers import Codec
-from protos.hivepath.peer.v1.net_pb2 import PartHeader, PartReply
+from peer.network.frames import handler_name, read_message, read_payload, serve
+from protos.hivepath.peer.v1.net_pb2 import DESCRIPTOR as NET, PartHeader, PartReply
+
+PART = NET.services_by_name["Averaging"].methods_by_name["Part"]
+"""The ``Part`` rpc of ``net.proto``: a member's encoded part to its reducer."""
 
 __all__ = ["PartSlot", "GroupState", "PartReducer", "EventHook", "PROBE", "BENIGN", "linger", "wait_event"]
 
@@ -111,6 +115,11 @@ class GroupState:
     served: asyncio.Event = field(default_factory=asyncio.Event)
     suspects: dict[str, str] = field(default_factory=dict)
 
+    def max_part_bytes(self) -> int:
+        """The most bytes an encoded part of this group can take (the largest part, in the group's codec)."""
+        largest = max((b - a for parts in self.bounds for a, b in parts), default=0)
+        return self.codec.encoded_size(largest)
+
     def suspect(self, key: tuple[int, int, int], peer: str, why: str) -> None:
         """Note a dropped or clipped contribution (the first reason per peer is kept)."""
         self.suspects.setdefault(peer, f"part {key[0]}.{key[1]}: {why}")
@@ -138,46 +147,46 @@ class PartReducer:
         self.aggregation = aggregation
         self.event_hook = event_hook
         self.peer_id = peer_id
-        self.handler_name = f"{prefix}_part"
+        self.prefix = prefix
+        self.handler_name = handler_name(prefix, PART)
         self.wait_timeout = wait_timeout
         self._groups: dict[str, GroupState] = {}
         self._group_added = asyncio.Event()
 
     async def start(self) -> None:
-        await self.p2p.add_binary_stream_handler(self.handler_name, self._handle)
+        await serve(self.p2p, self.prefix, PART, self._handle)
 
     # -- serving side -------------------------------------------------------------------------
 
     async def _handle(self, stream_info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One contribution (or probe): its header, then, once its group is known here, the payload,
+        read with the group's largest encoded part as the limit (a part of an unknown group is
+        refused unread). Malformed frames and broken streams end in :func:`peer.network.frames.serve`."""
         from hivemind.p2p import P2P
 
         sender = stream_info.peer_id.to_base58()
+        header = await read_message(reader, PartHeader)
+        if header is None:
+            return
+        state = await self._wait_group(header.group_id, time.monotonic() + self.wait_timeout)
+        if state is None:
+            await P2P.send_protobuf(PartReply(ok=False, error="unknown group"), writer)
+            await P2P.send_raw_data(b"", writer)
+            return
+        payload = await read_payload(reader, state.max_part_bytes())
+        state.bytes_received += len(payload)
+        state.serving += 1
         try:
-            header, err = await P2P.receive_protobuf(PartHeader, reader)
-            if header is None:
-                return
-            payload = await P2P.receive_raw_data(reader)
-            state = await self._wait_group(header.group_id, time.monotonic() + self.wait_timeout)
-            if state is not None:
-                state.bytes_received += len(payload)
-                state.serving += 1
-            try:
-                reply, data = await self._serve(sender, header, payload, writer)
-                await P2P.send_protobuf(reply, writer)
-                await P2P.send_raw_data(data, writer)
-                if state is not None:
-                    state.bytes_sent += len(data)
-                await linger(reader, self.wait_timeout)
-                if reply.ok and header.attempt == 0:
-                    self.event("part_replied")
-            finally:
-                if state is not None:
-                    state.serving -= 1
-                    state.served.set()
-        except (asyncio.IncompleteReadError, ConnectionError) as e:
-            log.debug("part stream from %s broke: %r", sender, e)
+            reply, data = await self._serve(sender, header, payload, writer)
+            await P2P.send_protobuf(reply, writer)
+            await P2P.send_raw_data(data, writer)
+            state.bytes_sent += len(data)
+            await linger(reader, self.wait_timeout)
+            if reply.ok and header.attempt == 0:
+                self.event("part_replied")
         finally:
-            writer.close()
+            state.serving -= 1
+            state.served.set()
 
     async def _serve(self, sender: str, header: PartHeader, payload: bytes,
                      writer: asyncio.StreamWriter) -> tuple[PartReply, bytes]:

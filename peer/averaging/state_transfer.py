@@ -25,7 +25,8 @@ from torch import Tensor
 from peer.averaging.reducer import linger
 from peer.network import CredentialProvider, CredentialVerifier
 from peer.outer import ModuleState
-from protos.hivepath.peer.v1.net_pb2 import StateReply, StateRequest
+from peer.network.frames import MESSAGE_LIMIT, handler_name, log_limited, read_message, read_payload, serve
+from protos.hivepath.peer.v1.net_pb2 import DESCRIPTOR as NET, StateReply, StateRequest
 from peer.network import ArchiveRecord, HolderRecord, archive_key, holders_key, records_from_value
 
 __all__ = ["StateServer", "StateProvider", "fetch_module_state", "StateTransferError", "MAX_REQUEST_BYTES"]
@@ -38,6 +39,12 @@ GB of the state it packs first; the state's bytes then get what is left of the f
 
 MAX_REQUEST_BYTES = 4096
 """A state request is a module id, a hash and a credential: anything larger is refused unread."""
+
+MAX_STATE_BYTES = 1 << 40
+"""The most bytes of state accepted from a holder when the module's shapes are not known in advance."""
+
+STATE = NET.services_by_name["Averaging"].methods_by_name["State"]
+"""The ``State`` rpc of ``net.proto``: a module's state from a holder."""
 
 _JOINER_MEMORY = 600.0
 """Seconds a holder remembers who fetched a module's state to average it (longer than any wait on them)."""
@@ -90,7 +97,8 @@ class StateServer:
         self.served = 0
         """States sent so far (a refused request never counts)."""
         self.config_hash = config_hash
-        self.handler_name = f"{prefix}_state"
+        self.prefix = prefix
+        self.handler_name = handler_name(prefix, STATE)
         self.provider = provider
         self._joiners: dict[str, dict[str, tuple[int, float]]] = {}
         """module -> peer that fetched it to average it -> (the round we sent, when)."""
@@ -110,63 +118,36 @@ class StateServer:
         peers[peer] = (round_no, now)
 
     async def start(self) -> None:
-        await self.p2p.add_binary_stream_handler(self.handler_name, self._handle)
+        await serve(self.p2p, self.prefix, STATE, self._handle)
 
     async def _handle(self, stream_info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         from hivemind.p2p import P2P
 
-        try:
-            request = await _receive_request(reader)
-            if request is None:
-                return
-            blob, reply = b"", StateReply(ok=False)
-            sender = stream_info.peer_id.to_base58()
-            problem = self.verifier.check(request.credential, sender) if self.verifier is not None else ""
-            if problem:
-                reply.error = f"not admitted: {problem}"
-                self.verifier.log_refusal(sender, f"a state request for {request.module_id[:64]!r}", problem)
-            elif request.config_hash != self.config_hash:
-                reply.error = f"config hash {request.config_hash} differs from the holder's {self.config_hash}"
-                log.warning("refusing state of %s to %s: %s", request.module_id, stream_info.peer_id, reply.error)
+        request = await read_message(reader, StateRequest, MAX_REQUEST_BYTES)
+        if request is None:
+            return
+        blob, reply = b"", StateReply(ok=False)
+        sender = stream_info.peer_id.to_base58()
+        problem = self.verifier.check(request.credential, sender) if self.verifier is not None else ""
+        if problem:
+            reply.error = f"not admitted: {problem}"
+            self.verifier.log_refusal(sender, f"a state request for {request.module_id[:64]!r}", problem)
+        elif request.config_hash != self.config_hash:
+            reply.error = f"config hash {request.config_hash} differs from the holder's {self.config_hash}"
+            log_limited(log, "state:config", "refusing state of %s to %s: %s", request.module_id[:64], sender, reply.error)
+        else:
+            state = self.provider(request.module_id) if self.provider is not None else None
+            if state is None:
+                reply.error = f"this peer does not hold {request.module_id}"
             else:
-                state = self.provider(request.module_id) if self.provider is not None else None
-                if state is None:
-                    reply.error = f"this peer does not hold {request.module_id}"
-                else:
-                    blob = await asyncio.get_running_loop().run_in_executor(None, _pack, state)
-                    reply = StateReply(ok=True, round_no=int(state.round_no), payload_len=len(blob))
-                    self.served += 1
-                    if request.joining:
-                        self._served_to(request.module_id, sender, int(state.round_no))
-            await P2P.send_protobuf(reply, writer)
-            await P2P.send_raw_data(blob, writer)
-            await linger(reader, 60.0)
-        except (asyncio.IncompleteReadError, ConnectionError) as e:
-            log.debug("state stream broke: %r", e)
-        finally:
-            writer.close()
-
-
-async def _receive_request(reader: asyncio.StreamReader) -> Optional[StateRequest]:
-    """One length-prefixed StateRequest (hivemind's framing), or None when it is oversized or malformed."""
-    from google.protobuf.message import DecodeError
-    from hivemind.p2p import P2P
-
-    if await reader.readexactly(1) != P2P.MESSAGE_MARKER:
-        log.warning("refusing a state request that is not a message")
-        return None
-    size = int.from_bytes(await reader.readexactly(P2P.HEADER_LEN), P2P.BYTEORDER)
-    if size > MAX_REQUEST_BYTES:
-        log.warning("refusing a state request of %d bytes (limit %d)", size, MAX_REQUEST_BYTES)
-        return None
-    payload = await reader.readexactly(size)
-    request = StateRequest()
-    try:
-        request.ParseFromString(payload)
-    except DecodeError:
-        log.warning("refusing a malformed state request")
-        return None
-    return request
+                blob = await asyncio.get_running_loop().run_in_executor(None, _pack, state)
+                reply = StateReply(ok=True, round_no=int(state.round_no), payload_len=len(blob))
+                self.served += 1
+                if request.joining:
+                    self._served_to(request.module_id, sender, int(state.round_no))
+        await P2P.send_protobuf(reply, writer)
+        await P2P.send_raw_data(blob, writer)
+        await linger(reader, 60.0)
 
 
 async def fetch_module_state(dht: Any, p2p: Any, run_id: str, module_id: str, config_hash: str, prefix: str,
@@ -201,6 +182,7 @@ async def fetch_module_state(dht: Any, p2p: Any, run_id: str, module_id: str, co
         raise StateTransferError(f"no live holder of {module_id}{at} with config hash {config_hash}")
     state_bytes = 2 * sum(t.numel() * 4 for t in like) if like is not None else 0  # params and momentum, fp32
     reply_timeout = REPLY_TIMEOUT + state_bytes / 1e9
+    blob_limit = state_bytes + MESSAGE_LIMIT if like is not None else MAX_STATE_BYTES  # safetensors' header is small
     errors = []
     for round_no, peer in candidates:
         left = deadline - time.monotonic()
@@ -210,7 +192,7 @@ async def fetch_module_state(dht: Any, p2p: Any, run_id: str, module_id: str, co
             async def ask() -> tuple[StateReply, bytes]:
                 async def request() -> tuple[Any, Any, Any]:
                     _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer),
-                                                                             f"{prefix}_state")
+                                                                             handler_name(prefix, STATE))
                     try:
                         await P2P.send_protobuf(StateRequest(module_id=module_id, config_hash=config_hash,
                                                              credential=own, joining=joining), writer)
@@ -223,7 +205,7 @@ async def fetch_module_state(dht: Any, p2p: Any, run_id: str, module_id: str, co
                 try:
                     if reply is None:
                         raise RuntimeError(err.message)
-                    blob = await P2P.receive_raw_data(reader)
+                    blob = await read_payload(reader, blob_limit)
                 finally:
                     writer.close()
                 return reply, blob

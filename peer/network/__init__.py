@@ -7,6 +7,9 @@
 - ``credentials``: admission credentials signed by the coordinator, checked by every member
   (:class:`CredentialVerifier`).
 - ``admission``: :class:`AdmissionValidator`, the DHT record validator that refuses uncredentialed records.
+- ``frames``: the peers' p2p doors (:func:`~peer.network.frames.serve`): the stream handlers of the
+  services in ``protos/hivepath/peer/v1``, reading each frame with a limit and refusing malformed ones
+  with one rate-limited log line. Imported by path (``peer.network.frames``): it needs no DHT.
 
 Imports nothing of ``peer`` outside this package.
 """

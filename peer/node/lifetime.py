@@ -15,7 +15,10 @@ must stop on their own when it dies without a word (SIGKILL, the OOM killer).
   when this process is gone (whatever killed it), sends them SIGTERM and then SIGKILL. The kernel's parent-death signal covers direct children only; the watchdog covers
   grandchildren such as a peer's p2p daemon, which hivemind starts without one.
 
-Standard library and psutil only: the spot supervisor's image and the test helpers use it too.
+- Children get :data:`models.grpc_fork.GRPC_FORK_ENV`, and no ``preexec_fn`` where grpc was imported
+  with its fork handlers on (they can abort a forked child: see :mod:`models.grpc_fork`).
+
+Standard library, psutil and :mod:`models.grpc_fork` only: the spot supervisor and the test helpers use it too.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
+
+from models.grpc_fork import GRPC_FORK_ENV, fork_is_safe
 
 __all__ = ["ChildProcesses", "stop_on_signals", "watch_descendants", "die_with_parent", "STOP_SIGNALS"]
 
@@ -101,8 +106,11 @@ class ChildProcesses:
             self._watchdog = False
         out = open(self.log_dir / f"{name}.log", "ab") if self.log_dir is not None else None
         try:
-            # the kernel's parent-death signal fires when the *thread* that forked exits: main thread only
-            on_death = die_with_parent if threading.current_thread() is threading.main_thread() else None
+            # the kernel's parent-death signal fires when the *thread* that forked exits: main thread only;
+            # and a preexec_fn forces a fork, which gRPC's fork handlers can abort (grpc_fork_safe)
+            main = threading.current_thread() is threading.main_thread()
+            on_death = die_with_parent if main and fork_is_safe() else None
+            env = {**(os.environ if env is None else env), **GRPC_FORK_ENV}
             proc = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT if out else None, env=env,
                                     start_new_session=True, preexec_fn=on_death, **popen_kw)
         finally:

@@ -42,9 +42,10 @@ from models.lattice import ModularLM
 from peer.averaging import ModuleAverager
 from peer.diloco import DiLoCoOptimizer, RoundReport
 from peer.network import unwrap_dht
+from peer.network.frames import MESSAGE_LIMIT, log_limited, serve_messages
 from protos.hivepath.peer.v1.stage_pb2 import StageReply, StageRequest
 from peer.stage.records import StageServerRecord, stage_record_value, stage_servers_key
-from peer.stage.wire import WireError, activation_codec, decode_tensor, encode_tensor, stage_handler_name
+from peer.stage.wire import WireError, activation_codec, decode_tensor, encode_tensor, STAGE_RPC, stage_prefix
 
 __all__ = ["StageServer", "StageServerOptions", "StageEventHook"]
 
@@ -144,9 +145,10 @@ class StageServer:
 
     async def _register(self) -> None:
         self._p2p = await self.dht.replicate_p2p()
-        # a stream handler: unary handlers on a second replica of the daemon hang in hivemind 1.1.12
-        await self._p2p.add_protobuf_handler(stage_handler_name(self.cfg.run_id), self._handle_stream, StageRequest,
-                                             stream_output=True)
+        # a stream handler: unary handlers on a second replica of the daemon hang in hivemind 1.1.12; a
+        # request frame may carry max_elements fp32 values and little else
+        await serve_messages(self._p2p, stage_prefix(self.cfg.run_id), STAGE_RPC, self._handle_stream,
+                             limit=4 * self.options.max_elements + MESSAGE_LIMIT)
 
     async def _handle_stream(self, request: StageRequest, context: Any) -> AsyncIterator[StageReply]:
         yield await self._handle(request, context)
@@ -256,7 +258,7 @@ class StageServer:
 
     def _reject(self, code: int, message: str, caller: str) -> StageReply:
         self._counts["rejected"] += 1
-        log.warning("rejected a request from %s: %s", caller, message)
+        log_limited(log, f"stage:{code}", "rejected a request from %s: %s", caller, message)
         return StageReply(code=code, error=message)
 
     def _account(self, seconds: float, tokens: int) -> None:

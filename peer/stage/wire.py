@@ -19,10 +19,14 @@ from torch import Tensor
 
 from models.codec_spec import CODECS
 from peer.averaging import Codec, get_codec
-from protos.hivepath.peer.v1.stage_pb2 import EncodedTensor
+from peer.network.frames import handler_name
+from protos.hivepath.peer.v1.stage_pb2 import DESCRIPTOR as STAGE_PROTO, EncodedTensor
 
-__all__ = ["WireError", "activation_codec", "encode_tensor", "decode_tensor", "stage_handler_name",
-           "DEFAULT_ACTIVATION_CODEC"]
+__all__ = ["WireError", "activation_codec", "encode_tensor", "decode_tensor", "stage_handler_name", "stage_prefix",
+           "STAGE_RPC", "DEFAULT_ACTIVATION_CODEC"]
+
+STAGE_RPC = STAGE_PROTO.services_by_name["Stage"].methods_by_name["Stage"]
+"""The ``Stage`` rpc of ``stage.proto``: one forward or backward pass (a P2P stream handler)."""
 
 DEFAULT_ACTIVATION_CODEC = "int8"
 """Codec of activations and gradients unless the trainer picks another."""
@@ -32,9 +36,15 @@ class WireError(ValueError):
     """A tensor on the wire is malformed, oversized, of the wrong shape, or holds NaN/Inf."""
 
 
+def stage_prefix(run_id: str) -> str:
+    """The prefix of a run's P2P protocol names (:func:`peer.network.frames.handler_name`)."""
+    return f"hivepath_{run_id}"
+
+
 def stage_handler_name(run_id: str) -> str:
-    """The P2P protocol name under which stage servers of a run answer :class:`StageRequest` s."""
-    return f"hivepath_{run_id}_stage"
+    """The P2P protocol name under which stage servers of a run answer :class:`StageRequest` s (the
+    ``Stage`` rpc of ``stage.proto``)."""
+    return handler_name(stage_prefix(run_id), STAGE_RPC)
 
 
 def activation_codec(name: str, what: str = "tensor") -> Codec:
