@@ -60,7 +60,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     j.add_argument("--max-steps", type=natural(), default=env_default("HIVEPATH_MAX_STEPS"), metavar="N",
                    help="leave after N inner steps (0: run until stopped; env HIVEPATH_MAX_STEPS)")
     j.add_argument("--threads", type=count(), default=env_default("HIVEPATH_THREADS"), metavar="N",
-                   help="CPU threads for torch (env HIVEPATH_THREADS)")
+                   help="CPU threads for torch (env HIVEPATH_THREADS; default: this machine's cores divided "
+                        "among the peers running on it)")
     j.add_argument("--measure-seconds", type=seconds(), default=env_default("HIVEPATH_MEASURE_SECONDS"),
                    metavar="S", help="seconds spent measuring tokens/s at start-up (env HIVEPATH_MEASURE_SECONDS; default 2)")
     j.add_argument("--spot", default=env_default("HIVEPATH_SPOT"), choices=["none", "aws", "gcp", "auto"],

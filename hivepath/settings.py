@@ -82,7 +82,7 @@ CLI_SETTINGS: tuple[Setting, ...] = (
             flag="--drain-timeout", read_by="peer join"),
     Setting("HIVEPATH_MAX_STEPS", "integer", 0, "leave after this many inner steps (0: run until stopped)",
             flag="--max-steps", read_by="peer join"),
-    Setting("HIVEPATH_THREADS", "integer", None, "CPU threads for torch (default: torch's choice)",
+    Setting("HIVEPATH_THREADS", "integer", None, "CPU threads for torch (peer join: the machine's cores divided among its running peers; otherwise torch's choice)",
             flag="--threads", read_by="peer join, train-local, eval, generate"),
     Setting("HIVEPATH_MEASURE_SECONDS", "number", 2.0, "seconds spent measuring tokens/s at start-up",
             flag="--measure-seconds", read_by="peer join"),

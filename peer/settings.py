@@ -30,6 +30,10 @@ PEER_SETTINGS: tuple[Setting, ...] = (
     Setting("HIVEPATH_SPOT_POLL_INTERVAL", "number", 5.0,
             "seconds between spot-notice checks",
             flag="--spot-poll-interval", read_by=_SPOT),
+    Setting("HIVEPATH_PEERS_DIR", "text", None,
+            "where the peers of this machine register to share its cores (default "
+            "$XDG_RUNTIME_DIR/hivepath-UID/peers, else the temp dir's)",
+            read_by="peer join without --threads"),
     Setting("HIVEPATH_PROGRESS_INTERVAL", "number", 5.0,
             "least seconds between two JSON progress lines (--progress json)",
             read_by="peer join"),

@@ -7,6 +7,7 @@ checkpoints and the archive's snapshots), loss falls, drained peers exit 0 with 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import torch
 from helpers import wait_for
 from helpers.network import Network, loss_thirds
 from peer.node import CheckpointDir
+from peer.node.machine_share import usable_cores
 
 pytestmark = pytest.mark.integration
 
@@ -76,7 +78,7 @@ def all_training(net: Network, names: list[str], rounds: int) -> list[str] | Non
 
 
 def test_network_trains_drains_and_replicas_stay_identical(procs, tmp_path, dataset):
-    net = Network(procs, tmp_path, dataset.dir, dataset.manifest_hash)
+    net = Network(procs, tmp_path, dataset.dir, dataset.manifest_hash, share_cores=True)
     try:
         net.start_coordinator()
         archive = net.start_archive()
@@ -90,6 +92,11 @@ def test_network_trains_drains_and_replicas_stay_identical(procs, tmp_path, data
             peers = [p for p in json.loads(resp.read())["peers"] if p.get("mode", "path") != "archive"]
         measured = [p for p in peers if p["upload_bps"] > 0 and p["download_bps"] > 0]
         assert len(measured) >= 3, peers
+        # three peers on one machine, no --threads: each came to use a third of the cores
+        threads = max(1, usable_cores() // 3)
+        for i in range(3):
+            shares = re.findall(r"sharing this machine's \d+ cores (.*?)by default: (\d+) torch threads", net.procs.log(f"peer{i}"))
+            assert shares and shares[-1] == ("with 2 other peers ", str(threads)), (i, shares)
         codes = [net.stop(f"peer{i}") for i in range(3)]
         assert codes == [0, 0, 0], [net.procs.log(f"peer{i}")[-2000:] for i in range(3)]
         for w in works:

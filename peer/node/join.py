@@ -20,6 +20,7 @@ averaging, and its client retries in the background.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import threading
@@ -34,7 +35,9 @@ from models.config import RunConfig
 from models.errors import HivepathError
 from peer.node.checkpoint import CheckpointDir
 from peer.coordinator_client import HeartbeatReply, PeerInfo, Progress, WorkAssignment
+from peer.diloco import RoundReport
 from peer.node.progress import PeerStatus, ProgressView, make_view
+from peer.node.machine_share import MachineShare
 from peer.node.resources import describe_device, measure_tokens_per_s, resolve_device, usable_memory_bytes
 from peer.node.startup import NetworkOptions, PeerStartup
 
@@ -116,6 +119,7 @@ class PeerNode:
         self._reassign: Optional[WorkAssignment] = None
         self._lock = threading.Lock()
         self._work_started = time.monotonic()
+        self._share: Optional[MachineShare] = None
         self._preempting = False
         self.view: Optional[ProgressView] = None
 
@@ -173,13 +177,19 @@ class PeerNode:
 
     # -- the life cycle -----------------------------------------------------------------------
 
+    def _after_round(self, report: RoundReport) -> None:
+        if self._share is not None:
+            self._share.update()  # peers that started or stopped since: take our new share of the cores
+
     def run(self) -> int:
         opts = self.opts
         if opts.threads:
             torch.set_num_threads(opts.threads)
+        # without --threads, the peers of this machine divide its cores (peer.node.machine_share)
+        self._share = None if opts.threads else MachineShare(torch.set_num_threads)
         startup = PeerStartup(opts.network, opts.work_dir, self.status, "peer",
                               leave_reason=lambda: self._stop_reason or "finished")
-        with startup:
+        with startup, (self._share or contextlib.nullcontext()):
             try:
                 spec = startup.run_spec()
                 cfg = spec.run_config
@@ -250,7 +260,7 @@ class PeerNode:
                 self.status.state = "loading"
                 self._trainer = PathTrainer(cfg, assignment.path, dataset, device, averager, checkpoints,
                                             peer_id, self.status, fetch_state=fetch, outer=outer)
-                reason = self._trainer.run(self._should_stop, lambda report: None)
+                reason = self._trainer.run(self._should_stop, self._after_round)
                 self.status.state = "draining"
                 self._trainer.finish()
             if time.monotonic() > deadline:

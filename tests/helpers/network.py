@@ -32,8 +32,11 @@ class Network:
     """Start and drive a small network; ``procs`` reaps every process at the end of the test."""
 
     def __init__(self, procs: ProcessGroup, root: Path, data_dir: Path, manifest_hash: str,
-                 inner_steps: int = 10, lease_timeout: float = 8.0, run_id: str = "itest", extra_toml: str = ""):
-        """``extra_toml``: more run-config tables appended to the tiny run (e.g. a ``[lattice]``)."""
+                 inner_steps: int = 10, lease_timeout: float = 8.0, run_id: str = "itest", extra_toml: str = "",
+                 share_cores: bool = False):
+        """``extra_toml``: more run-config tables appended to the tiny run (e.g. a ``[lattice]``).
+        ``share_cores``: peers get no ``HIVEPATH_THREADS`` and divide the cores among themselves, in a
+        registry of this network's own (``peer.node.machine_share``); else one thread each."""
         self.procs = procs
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -46,8 +49,8 @@ class Network:
         self.port = free_port()
         self.http_port = free_port()
         self.address = f"127.0.0.1:{self.port}"
-        self.env = {"HIVEPATH_THREADS": "1", "HIVEMIND_MEMORY_SHARING_STRATEGY": "file_descriptor",
-                    "HIVEPATH_PROGRESS_INTERVAL": "0.5"}
+        self.env = {"HIVEMIND_MEMORY_SHARING_STRATEGY": "file_descriptor", "HIVEPATH_PROGRESS_INTERVAL": "0.5"}
+        self.env.update({"HIVEPATH_PEERS_DIR": str(self.root / "peers")} if share_cores else {"HIVEPATH_THREADS": "1"})
         self._client = None
 
     # -- processes ----------------------------------------------------------------------------
