@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import re
 import shutil
+import socket
 import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import wait_for
+from helpers import hivepath_cmd, wait_for
 from helpers.network import Network
 
 pytestmark = pytest.mark.integration
@@ -43,3 +44,26 @@ def test_two_peers_meet_through_a_stock_hivemind_dht_node(procs, tmp_path, datas
         assert net.stop("peer0") == 0 and net.stop("peer1") == 0
     finally:
         net.close()
+
+
+def test_a_listen_port_in_use_is_one_line_naming_it(procs, tmp_path, dataset):
+    """Several peers on one machine (issue 17, part 6): a second peer given a daemon port that another
+    process holds exits 2 with one line naming the port and the fix, before it trains."""
+    net = Network(procs, tmp_path, dataset.dir, dataset.manifest_hash)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        try:
+            net.start_coordinator()
+            work = tmp_path / "peer0"
+            procs.start("peer0", hivepath_cmd("peer", "join", "--work-dir", str(work), *net.common()[:-4],
+                                              "--host-maddrs", f"/ip4/127.0.0.1/tcp/{port}", "--status-port", "0"),
+                        env=net.env)
+            assert procs.procs["peer0"].wait(timeout=120) == 2
+            last = procs.log("peer0").strip().splitlines()[-1]
+            assert last.startswith("hivepath: error: ") and f"port {port}: the port is in use" in last, last
+            assert "--host-maddrs" in last and "Traceback" not in procs.log("peer0")
+            assert not (work / "checkpoints").exists() or not any((work / "checkpoints").iterdir())
+        finally:
+            net.close()

@@ -16,6 +16,7 @@ averager, state transfer and stage serving (start-up of a p2p daemon costs about
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -32,6 +33,12 @@ class DHTStartError(HivepathError):
     """The DHT could not start or could not reach any initial peer."""
 
     exit_code = 3
+
+
+class ListenAddressInUse(DHTStartError):
+    """A listen address of ``--host-maddrs`` names a port that is in use: the user's to change."""
+
+    exit_code = 2
 
 
 @dataclass(frozen=True)
@@ -176,6 +183,12 @@ def start_dht(options: DHTOptions = DHTOptions()) -> PeerDHT:
     except Exception as e:
         if identity is not None:
             identity.release()
+        busy = re.search(r"listen tcp\d? ([\d.]+|\[[0-9a-fA-F:]+\]):(\d+): bind: address already in use", str(e))
+        if busy:
+            raise ListenAddressInUse(
+                f"cannot listen on {busy.group(1)} port {busy.group(2)}: the port is in use (another peer on this "
+                f"machine?); pass another port in --host-maddrs, or tcp/0 to take a free one"
+            ) from None
         peers = ", ".join(options.initial_peers) or "none"
         raise DHTStartError(
             f"cannot start the DHT ({type(e).__name__}: {e}); initial peers: {peers}; "
