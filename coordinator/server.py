@@ -128,6 +128,7 @@ async def serve(run: RunConfig, settings: CoordinatorSettings, opts: ServeOption
             pass
     _check_free("port", opts.host, opts.port)  # before the key and the store: a refused start leaves nothing
     _check_free("http-port", opts.host, opts.http_port)
+    creds = _credentials(opts)  # a TLS pair that is not one is refused before the key is created
     key = load_or_create_key(opts.key or default_key_path(opts.db))
     issuer = CredentialIssuer(key, run.run_id, settings.credential_timeout)
     store = open_store(opts.db, settings.sqlite_synchronous)
@@ -153,7 +154,6 @@ async def serve(run: RunConfig, settings: CoordinatorSettings, opts: ServeOption
         pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(coord, opts.token, executor), server)
         health = _Health()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
-        creds = _credentials(opts)
         address = f"{opts.host}:{opts.port}"
         try:
             port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)

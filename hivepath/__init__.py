@@ -7,6 +7,8 @@
 - ``options``: flags several commands share: the run token (one precedence everywhere) and the
   network flags of the long-running peer processes.
 - ``settings``: every ``HIVEPATH_*`` variable of the command line, and the table of all of them.
+- ``numbers`` and ``paths``: the types of the numeric and path flags (a range; a kind of path, checked
+  before any work starts).
 - ``progress``: the dataset preparation display that ``data prepare`` and ``train-local`` share.
 
 Importing the command line and building its parser pulls in neither torch nor hivemind.

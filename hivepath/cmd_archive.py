@@ -11,6 +11,7 @@ from pathlib import Path
 
 from hivepath.numbers import count, seconds
 from hivepath.options import add_network_flags, network_options
+from hivepath.paths import dataset, write_dir
 from hivepath.settings import env_default
 from models.errors import HivepathError
 
@@ -28,10 +29,10 @@ def register(sub: argparse._SubParsersAction) -> None:
             "to newcomers, so the run survives the loss of every trainer of a module."
         ),
     )
-    p.add_argument("--dir", default=env_default("HIVEPATH_ARCHIVE_DIR"), metavar="DIR",
+    p.add_argument("--dir", type=write_dir(), default=env_default("HIVEPATH_ARCHIVE_DIR"), metavar="DIR",
                    help="where snapshots go (env HIVEPATH_ARCHIVE_DIR; required)")
     add_network_flags(p)
-    p.add_argument("--data", default=env_default("HIVEPATH_DATA"), metavar="DIR",
+    p.add_argument("--data", type=dataset(), default=env_default("HIVEPATH_DATA"), metavar="DIR",
                    help="the run's prepared dataset, recorded in snapshots for eval (env HIVEPATH_DATA)")
     p.add_argument("--keep", type=count(), default=env_default("HIVEPATH_ARCHIVE_KEEP"), metavar="K",
                    help="snapshots to keep (env HIVEPATH_ARCHIVE_KEEP; default 3)")

@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from pathlib import Path
 
 from hivepath.numbers import port
 from hivepath.options import add_token_flags, read_token
+from hivepath.paths import certificate, database, key_file, private_key, text_file
 from hivepath.settings import env_default
 from models import strict_json
 from models.errors import ConfigError, HivepathError
@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 def _add_client(p: argparse.ArgumentParser) -> None:
     p.add_argument("--coordinator", default=env_default("HIVEPATH_COORDINATOR") or "127.0.0.1:7700",
                    help="host:port of the coordinator (env HIVEPATH_COORDINATOR; default 127.0.0.1:7700)")
-    p.add_argument("--tls-ca", help="PEM CA certificate to verify a TLS coordinator")
+    p.add_argument("--tls-ca", type=certificate(), metavar="FILE",
+                   help="PEM CA certificate to verify a TLS coordinator")
     add_token_flags(p)
 
 
@@ -41,14 +42,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = parser.add_subparsers(dest="coordinator_command", metavar="ACTION", required=True)
 
     serve = sub.add_parser("serve", help="run the coordinator (gRPC + status page)")
-    serve.add_argument("--run-config", required=True, help="run.toml: the run and its [coordinator] section")
-    serve.add_argument("--db", required=True, help="SQLite state file (created if missing; ':memory:' for none)")
+    serve.add_argument("--run-config", type=text_file(), required=True, metavar="FILE",
+                       help="run.toml: the run and its [coordinator] section")
+    serve.add_argument("--db", type=database(), required=True, metavar="FILE",
+                       help="SQLite state file in an existing directory (created if missing; ':memory:' for none)")
     serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     serve.add_argument("--port", type=port(), default=7700, help="gRPC port (default 7700)")
     serve.add_argument("--http-port", type=port(), default=7701, help="status page / metrics port (default 7701)")
-    serve.add_argument("--tls-cert", help="PEM certificate chain: serve gRPC over TLS (with --tls-key)")
-    serve.add_argument("--tls-key", help="PEM private key of --tls-cert")
-    serve.add_argument("--key", help="Ed25519 key file signing peer credentials (default <db>.key; created if missing)")
+    serve.add_argument("--tls-cert", type=certificate(), metavar="FILE",
+                       help="PEM certificate chain: serve gRPC over TLS (with --tls-key)")
+    serve.add_argument("--tls-key", type=private_key(), metavar="FILE", help="PEM private key of --tls-cert")
+    serve.add_argument("--key", type=key_file(pem="private key"), metavar="FILE",
+                       help="Ed25519 key file signing peer credentials (default <db>.key; created if missing)")
     add_token_flags(serve)
     serve.set_defaults(func=run)
 
@@ -143,6 +148,4 @@ def _serve(args: argparse.Namespace) -> int:
         token=read_token(args.token, args.token_file), host=args.host, tls_cert=args.tls_cert, tls_key=args.tls_key,
         key=args.key,
     )
-    if opts.db != ":memory:" and not Path(opts.db).resolve().parent.is_dir():
-        raise HivepathError(f"--db {opts.db}: directory {Path(opts.db).parent} does not exist; create it first")
     return run_server(run_cfg, settings, opts)

@@ -7,6 +7,7 @@ import re
 import sys
 
 from hivepath.numbers import count, seed
+from hivepath.paths import dataset, source, write_dir
 from hivepath.progress import prepare_with_progress
 from models import strict_json
 from models.errors import DataError
@@ -40,9 +41,10 @@ def register(sub: argparse._SubParsersAction) -> None:
             "a manifest. Identical input gives byte-identical output."
         ),
     )
-    prep.add_argument("sources", nargs="*", metavar="SRC", help="files or directories of documents")
+    prep.add_argument("sources", nargs="*", type=source(), metavar="SRC", help="files or directories of documents")
     prep.add_argument("--corpus", choices=["default"], help="use the built-in corpus (Shakespeare, KJV Bible, Python stdlib)")
-    prep.add_argument("--out", required=True, metavar="DIR", help="output directory (written atomically)")
+    prep.add_argument("--out", type=write_dir(atomic=True), required=True, metavar="DIR",
+                      help="output directory (written atomically)")
     shape = prep.add_mutually_exclusive_group()
     shape.add_argument("--paths", type=count(), metavar="N", help="one level of N modules: N paths")
     shape.add_argument("--lattice", metavar="LxM", help="LEVELS x MODULES per level, e.g. 2x2 (default 2x2)")
@@ -51,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     prep.set_defaults(func=run)
 
     info = dsub.add_parser("info", help="summarise a prepared dataset", description="Print a dataset's manifest summary.")
-    info.add_argument("dir", metavar="DIR", help="a directory written by 'hivepath data prepare'")
+    info.add_argument("dir", type=dataset(), metavar="DIR", help="a directory written by 'hivepath data prepare'")
     info.add_argument("--json", action="store_true", help="print the whole manifest as JSON")
     info.add_argument("--verify", action="store_true", help="also check every file's sha256 against the manifest")
     info.set_defaults(func=run)

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from hivepath.numbers import count, positive
+from hivepath.paths import dataset, write_dir
 
 __all__ = ["register", "run"]
 
@@ -25,8 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--peers", type=count(), default=4, help="volunteer peers to start (default 4)")
     p.add_argument("--minutes", type=positive(), default=3.0, help="training time in minutes (default 3)")
     p.add_argument("--preset", default="demo", help="run preset: demo (default), tiny or dense")
-    p.add_argument("--out", metavar="DIR", help="run directory (default runs/demo-<time>)")
-    p.add_argument("--data", metavar="DIR", help="prepared dataset (default data/default-bytes-2x2, prepared once)")
+    p.add_argument("--out", type=write_dir(), metavar="DIR", help="run directory (default runs/demo-<time>)")
+    p.add_argument("--data", type=dataset(prepare=True), metavar="DIR",
+                   help="prepared dataset (default data/default-bytes-2x2, prepared once)")
     p.add_argument("--eval-docs", type=count(), default=40, metavar="N",
                    help="validation documents per path for before/after bits per byte (default 40)")
     p.add_argument("--no-live", action="store_true", help="no live table (logs only)")

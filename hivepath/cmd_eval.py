@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from hivepath.numbers import count, natural
+from hivepath.paths import dataset, read_dir
 from hivepath.settings import env_default
 from models import strict_json
 
@@ -23,8 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
             "byte per path and pooled over the paths the run trained."
         ),
     )
-    p.add_argument("--from", dest="run_dir", required=True, metavar="DIR", help="a train-local output directory")
-    p.add_argument("--data", metavar="DIR", help="dataset directory (default: the one recorded in run.json)")
+    p.add_argument("--from", dest="run_dir", type=read_dir(), required=True, metavar="DIR",
+                   help="a train-local output directory")
+    p.add_argument("--data", type=dataset(), metavar="DIR",
+                   help="dataset directory (default: the one recorded in run.json)")
     p.add_argument("--max-docs", type=natural(), default=0, metavar="N", help="validation documents per path (0: all)")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
     p.add_argument("--threads", type=count(), default=env_default("HIVEPATH_THREADS"), metavar="N",

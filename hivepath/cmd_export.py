@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+from hivepath.paths import dataset, read_dir, write_dir
+
 __all__ = ["register", "run"]
 
 log = logging.getLogger(__name__)
@@ -21,10 +23,12 @@ def register(sub: argparse._SubParsersAction) -> None:
             "renamed. 'hivepath generate --from OUT' runs it."
         ),
     )
-    p.add_argument("--from", dest="source", required=True, metavar="DIR", help="a run directory")
+    p.add_argument("--from", dest="source", type=read_dir(), required=True, metavar="DIR", help="a run directory")
     p.add_argument("--path", required=True, metavar="I,J", help="the path to export, e.g. 0,1 or L0M0-L1M1")
-    p.add_argument("--out", required=True, metavar="OUT", help="output directory (replaced if an earlier export)")
-    p.add_argument("--data", metavar="DIR", help="the run's dataset (default: the one recorded in run.json)")
+    p.add_argument("--out", type=write_dir(atomic=True), required=True, metavar="OUT",
+                   help="output directory (replaced if an earlier export)")
+    p.add_argument("--data", type=dataset(), metavar="DIR",
+                   help="the run's dataset (default: the one recorded in run.json)")
     p.set_defaults(func=run)
 
 

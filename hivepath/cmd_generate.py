@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from hivepath.numbers import count, natural, positive, seed
+from hivepath.paths import dataset, read_dir
 from hivepath.settings import env_default
 from models import strict_json
 from models.errors import DataError
@@ -33,7 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("prompt", metavar="PROMPT", help="text to continue")
-    p.add_argument("--from", dest="source", required=True, metavar="DIR", help="a run directory or an exported path")
+    p.add_argument("--from", dest="source", type=read_dir(), required=True, metavar="DIR",
+                   help="a run directory or an exported path")
     p.add_argument("--max-tokens", type=count(), default=64, metavar="N", help="tokens to generate (default 64)")
     p.add_argument("--temperature", type=positive(), default=0.8, metavar="T", help="sampling temperature > 0 (default 0.8)")
     p.add_argument("--top-k", type=natural(), default=40, metavar="K", help="sample among the K likeliest tokens (0: all; default 40)")
@@ -41,7 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reroute-every", type=natural(), default=0, metavar="W",
                    help="re-route on the last 32 tokens every W generated tokens (default 0: route once)")
     p.add_argument("--path", metavar="I,J", help="force a path, e.g. 0,1 (no routing)")
-    p.add_argument("--data", metavar="DIR", help="the run's dataset (default: the one recorded in run.json)")
+    p.add_argument("--data", type=dataset(), metavar="DIR",
+                   help="the run's dataset (default: the one recorded in run.json)")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
     p.add_argument("--threads", type=count(), default=env_default("HIVEPATH_THREADS"), metavar="N",
                    help="CPU threads for torch (env HIVEPATH_THREADS)")

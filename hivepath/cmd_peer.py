@@ -15,6 +15,7 @@ from pathlib import Path
 
 from hivepath.numbers import count, natural, non_negative, port, positive, seconds
 from hivepath.options import add_network_flags, network_options
+from hivepath.paths import dataset, write_dir
 from hivepath.settings import env_default, setting
 from models import strict_json
 
@@ -44,9 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="auto, cpu, cuda or cuda:N (env HIVEPATH_DEVICE; default auto)")
     j.add_argument("--max-memory", type=positive(), default=env_default("HIVEPATH_MAX_MEMORY"), metavar="GB",
                    help="use at most this much device memory (env HIVEPATH_MAX_MEMORY)")
-    j.add_argument("--work-dir", default=env_default("HIVEPATH_WORK_DIR"), metavar="DIR",
+    j.add_argument("--work-dir", type=write_dir(), default=env_default("HIVEPATH_WORK_DIR"), metavar="DIR",
                    help="checkpoints, identity and data (env HIVEPATH_WORK_DIR; default ~/.hivepath)")
-    j.add_argument("--data", default=env_default("HIVEPATH_DATA"), metavar="DIR",
+    j.add_argument("--data", type=dataset(prepare=True), default=env_default("HIVEPATH_DATA"), metavar="DIR",
                    help="a prepared dataset (env HIVEPATH_DATA; default: prepared under WORK_DIR when missing)")
     j.add_argument("--client-mode", action="store_true", default=env_default("HIVEPATH_CLIENT_MODE"),
                    help="accept no incoming connections, e.g. behind NAT (env HIVEPATH_CLIENT_MODE=1)")

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from hivepath.numbers import Number, count, natural, positive, seed
+from hivepath.paths import dataset, text_file, write_dir
 from hivepath.progress import prepare_with_progress
 from hivepath.settings import env_default
 from models.errors import ConfigError
@@ -36,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("--preset", choices=["tiny", "demo", "dense"], default=None, help="named config (default tiny)")
-    p.add_argument("--config", metavar="RUN.TOML", help="run config file (overrides the preset)")
+    p.add_argument("--config", type=text_file(), metavar="RUN.TOML", help="run config file (overrides the preset)")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--path", metavar="I,J", help="train one path, e.g. 0,1")
     which.add_argument("--all-paths", action="store_true", help="train every path (default for a lattice)")
@@ -51,8 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lr-decay", action="store_true",
                    help="decay the inner learning rate (cosine, to a tenth) over --steps instead of keeping it constant")
     p.add_argument("--seed", type=seed(), metavar="N", help="seed of the initial weights and batches")
-    p.add_argument("--data", metavar="DIR", help="a prepared dataset (default: the built-in corpus, cached)")
-    p.add_argument("--out", metavar="DIR", help="output directory (default runs/TIMESTAMP)")
+    p.add_argument("--data", type=dataset(), metavar="DIR",
+                   help="a prepared dataset (default: the built-in corpus, cached)")
+    p.add_argument("--out", type=write_dir(), metavar="DIR", help="output directory (default runs/TIMESTAMP)")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
     p.add_argument("--threads", type=count(), default=env_default("HIVEPATH_THREADS"), metavar="N",
                    help="CPU threads for torch (env HIVEPATH_THREADS; default: torch's choice)")

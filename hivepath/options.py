@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from hivepath.numbers import port, seconds
+from hivepath.paths import certificate, key_file, text_file
 from hivepath.settings import env_default, setting
 from models.errors import HivepathError
 
@@ -31,17 +32,16 @@ def add_token_flags(p: argparse.ArgumentParser) -> None:
     """``--token`` and ``--token-file``; no variable is their default: :func:`read_token` reads the
     variables after both flags."""
     p.add_argument("--token", help=f"the run token (shows in ps: prefer a file or a variable; read {_TOKEN_ORDER})")
-    p.add_argument("--token-file", metavar="FILE", help="read the run token from FILE (HIVEPATH_TOKEN_FILE names one "
-                   "too; see --token for the order)")
+    p.add_argument("--token-file", type=text_file(), metavar="FILE",
+                   help="read the run token from FILE (HIVEPATH_TOKEN_FILE names one too; see --token for the order)")
 
 
 def _token_from_file(path: str, source: str) -> str:
     file = Path(path).expanduser()
-    try:
-        text = file.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as e:
-        reason = getattr(e, "strerror", None) or e
-        raise HivepathError(f"token file {file} ({source}) cannot be read: {reason}") from None
+    problem = text_file().problem(file)  # the --token-file flag's check, for HIVEPATH_TOKEN_FILE too
+    if problem:
+        raise HivepathError(f"token file {file} ({source}) {problem}; pass a UTF-8 text file holding the run token")
+    text = file.read_text(encoding="utf-8").strip()
     if not text:
         raise HivepathError(f"token file {file} ({source}) is empty; write the run token into it")
     return text
@@ -76,14 +76,15 @@ def add_network_flags(p: argparse.ArgumentParser) -> None:
     add_token_flags(p)
     p.add_argument("--initial-peers", nargs="*", default=env_default("HIVEPATH_INITIAL_PEERS"), metavar="MADDR",
                    help="extra DHT bootstrap multiaddrs (env HIVEPATH_INITIAL_PEERS, space-separated)")
-    p.add_argument("--identity", default=env_default("HIVEPATH_IDENTITY"), metavar="FILE",
+    p.add_argument("--identity", type=key_file(lock=True, parent_exists=False),
+                   default=env_default("HIVEPATH_IDENTITY"), metavar="FILE",
                    help="identity key file for a stable peer id (env HIVEPATH_IDENTITY; default identity.key in "
                    "the work or archive directory)")
     p.add_argument("--host-maddrs", nargs="*", default=env_default("HIVEPATH_HOST_MADDRS"), metavar="MADDR",
                    help="multiaddrs to listen on (env HIVEPATH_HOST_MADDRS)")
     p.add_argument("--announce-maddrs", nargs="*", default=env_default("HIVEPATH_ANNOUNCE_MADDRS"), metavar="MADDR",
                    help="multiaddrs other peers should dial (env HIVEPATH_ANNOUNCE_MADDRS)")
-    p.add_argument("--tls-ca", default=env_default("HIVEPATH_TLS_CA"), metavar="FILE",
+    p.add_argument("--tls-ca", type=certificate(), default=env_default("HIVEPATH_TLS_CA"), metavar="FILE",
                    help="CA certificate to verify a TLS coordinator (env HIVEPATH_TLS_CA)")
     p.add_argument("--status-port", type=port(), default=env_default("HIVEPATH_STATUS_PORT"), metavar="PORT",
                    help="serve /status and /healthz on 127.0.0.1:PORT for health checks (env HIVEPATH_STATUS_PORT; "

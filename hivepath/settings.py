@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from hivepath.paths import FromVariable
 from models.settings import Setting
 
 try:
@@ -148,10 +149,17 @@ def setting(name: str) -> Setting:
 def env_default(name: str) -> Any:
     """The default of the flag that variable ``name`` stands for: the variable's value when set, else
     the table's default (see :meth:`models.settings.Setting.read`). Without the peer package (the
-    coordinator's image) the peer's own variables are unknown and their flags have no default."""
+    coordinator's image) the peer's own variables are unknown and their flags have no default.
+
+    A path the variable sets is a :class:`hivepath.paths.FromVariable`: argparse passes a flag's text
+    default through the flag's type, and the path kinds name the variable when they refuse it."""
     if name not in _BY_NAME and not PEER_SETTINGS:
         return None
-    return _BY_NAME[name].read()
+    s = _BY_NAME[name]
+    value = s.read()
+    if s.kind == "path" and s.is_set():
+        return FromVariable(value, name)
+    return value
 
 
 def _cell(value: Any) -> str:

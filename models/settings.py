@@ -68,6 +68,10 @@ class Setting:
             field = self.flag.lstrip("-") or self.name
             raise ConfigError(field, f"environment variable {self.name}={raw!r} is not a valid {self.kind}") from None
 
+    def is_set(self, environ: Optional[Mapping[str, str]] = None) -> bool:
+        """Whether ``environ`` (default ``os.environ``) gives the variable a value (blank counts as unset)."""
+        return bool((os.environ if environ is None else environ).get(self.name, "").strip())
+
     def read(self, environ: Optional[Mapping[str, str]] = None) -> Any:
         """The variable's value from ``environ`` (default ``os.environ``), else :attr:`default`.
         Surrounding blanks are ignored; an empty variable counts as unset."""

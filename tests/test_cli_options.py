@@ -63,11 +63,14 @@ def test_token_precedence_flags_before_variables(tmp_path):
         read_token(None, None, {"HIVEPATH_TOKEN": "  "})
 
 
-@pytest.mark.parametrize("content, problem", [(None, "cannot be read"), ("  \n", "is empty")])
+@pytest.mark.parametrize("content, problem", [(None, "does not exist"), ("  \n", "is empty"),
+                                              (b"\xff\xfe", "is not UTF-8 text")])
 @pytest.mark.parametrize("source", ["--token-file", "HIVEPATH_TOKEN_FILE"])
 def test_bad_token_file_is_one_line_naming_it(tmp_path, content, problem, source):
     path = tmp_path / "token"
-    if content is not None:
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
         path.write_text(content)
     with pytest.raises(HivepathError) as e:
         if source == "--token-file":
@@ -108,7 +111,7 @@ def test_commands_share_the_token_file_error(tmp_path, command):
     r = subprocess.run(hivepath_cmd(*command, "--token-file", str(missing)), capture_output=True, text=True,
                        timeout=120, env=env)
     assert r.returncode == 2, r.stderr
-    assert r.stderr.startswith(f"hivepath: error: token file {missing} (--token-file) cannot be read")
+    assert r.stderr.startswith(f"hivepath: error: argument --token-file: {missing}: does not exist; pass a UTF-8 text")
     assert r.stderr.count("\n") == 1 and not (tmp_path / "archive").exists(), r.stderr
 
 

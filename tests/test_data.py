@@ -194,7 +194,8 @@ def test_cli_prepare_info_and_one_line_errors(corpus_dir, tmp_path):
     r = subprocess.run(hivepath_cmd("data", "prepare", str(tmp_path / "nope"), "--out", str(tmp_path / "x")),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines() == [f"hivepath: error: source {tmp_path / 'nope'} does not exist; check the path"]
+    assert r.stderr.strip().splitlines() == [f"hivepath: error: argument SRC: {tmp_path / 'nope'}: does not exist; pass an "
+                                             "existing file or directory (see 'hivepath data prepare --help')"]
     r = subprocess.run(hivepath_cmd("data", "prepare", str(corpus_dir), "--out", str(tmp_path / "x"), "--lattice", "2by2"),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "LEVELSxMODULES" in r.stderr and not (tmp_path / "x").exists()
