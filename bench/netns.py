@@ -6,6 +6,13 @@ Layout (needs root and ``iproute2``)::
     [hpb-p1: eth0 10.77.0.2/24, tbf] --veth--+-- hpbbr (bridge, in namespace hpb-sw)
     ...                                      |
 
+A participant ``i`` listed in ``nat`` sits behind a home router: ``{prefix}-p{i}`` is then the router
+(its ``eth0`` on the bridge, masquerading with iptables) and the participant runs in
+``{prefix}-h{i}`` at ``192.168.{100 + i}.2`` behind it, with no route in: a real NAT, as a volunteer's
+home router is. :meth:`NetnsBridge.where` and :meth:`NetnsBridge.local_address` say where a
+participant runs and listens; :meth:`NetnsBridge.address` is its address on the bridge (a NATed
+participant's public one, its router's).
+
 Each peer's egress is shaped with ``tc qdisc add dev eth0 root tbf rate RATE burst 64kb limit 4mb``
 (a queue of a few MB: small queues drop packets at low rates). The bridge lives in its own
 namespace, so nothing is added to the host's network; traffic only goes between the addresses of
@@ -50,17 +57,30 @@ class NetnsBridge:
     """``n`` namespaces ``{prefix}-p{i}`` with address ``{subnet}.{i + 1}`` behind one bridge."""
 
     def __init__(self, n: int, rate: str = "100mbit", subnet: str = "10.77.0", prefix: str = "hpb",
-                 burst: str = "64kb", limit: str = "4mb"):
+                 burst: str = "64kb", limit: str = "4mb", nat: Sequence[int] = ()):
         if not subnet.startswith(("10.", "192.168.")) and not subnet.startswith("172."):
             raise ValueError(f"use a private subnet, not {subnet}")
         self.n, self.rate, self.subnet, self.prefix = n, rate, subnet, prefix
         self.burst, self.limit = burst, limit
         self.switch = f"{prefix}-sw"
         self.names = [f"{prefix}-p{i}" for i in range(n)]
+        self.nat = frozenset(nat)
+        if not self.nat <= set(range(n)) or (self.nat and shutil.which("iptables") is None):
+            raise ValueError(f"nat must name participants 0..{n - 1} and needs iptables, got {sorted(self.nat)}")
+        self.homes = {i: f"{prefix}-h{i}" for i in sorted(self.nat)}
         self._made: list[str] = []
 
     def address(self, i: int) -> str:
+        """Participant ``i``'s address on the bridge (for a NATed one, its router's: its public address)."""
         return f"{self.subnet}.{i + 1}"
+
+    def where(self, i: int) -> str:
+        """The namespace participant ``i`` runs in (its home, behind the router, when NATed)."""
+        return self.homes.get(i, self.names[i])
+
+    def local_address(self, i: int) -> str:
+        """The address participant ``i`` listens on (a private home address when NATed)."""
+        return f"192.168.{100 + i}.2" if i in self.nat else self.address(i)
 
     def __enter__(self) -> "NetnsBridge":
         try:
@@ -95,16 +115,39 @@ class NetnsBridge:
                 "burst", self.burst, "limit", self.limit)
             _sh(*sw, "ip", "link", "set", f"{self.prefix}s{i}", "master", "br0")
             _sh(*sw, "ip", "link", "set", f"{self.prefix}s{i}", "up")
-        log.info("namespaces %s up behind a bridge, egress %s each", ", ".join(self.names), self.rate)
+            if i in self.nat:
+                self._home(i)
+        log.info("namespaces %s up behind a bridge, egress %s each%s", ", ".join(self.names), self.rate,
+                 f"; {', '.join(self.homes.values())} behind NAT" if self.nat else "")
+
+    def _home(self, i: int) -> None:
+        """Participant ``i``'s home namespace behind ``{prefix}-p{i}``, which masquerades for it."""
+        home, router = self.homes[i], self.names[i]
+        inside, rtr = ["ip", "netns", "exec", home], ["ip", "netns", "exec", router]
+        lan = f"192.168.{100 + i}"
+        _sh("ip", "netns", "add", home)
+        self._made.append(home)
+        _sh("ip", "link", "add", f"{self.prefix}h{i}", "netns", home, "type", "veth",
+            "peer", "name", f"{self.prefix}r{i}", "netns", router)
+        _sh(*inside, "ip", "link", "set", f"{self.prefix}h{i}", "name", "eth0")
+        _sh(*inside, "ip", "addr", "add", f"{lan}.2/24", "dev", "eth0")
+        _sh(*inside, "ip", "link", "set", "eth0", "up")
+        _sh(*inside, "ip", "link", "set", "lo", "up")
+        _sh(*inside, "ip", "route", "add", "default", "via", f"{lan}.1")
+        _sh(*rtr, "ip", "link", "set", f"{self.prefix}r{i}", "name", "lan0")
+        _sh(*rtr, "ip", "addr", "add", f"{lan}.1/24", "dev", "lan0")
+        _sh(*rtr, "ip", "link", "set", "lan0", "up")
+        _sh(*rtr, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        _sh(*rtr, "iptables", "-t", "nat", "-A", "POSTROUTING", "-o", "eth0", "-j", "MASQUERADE")
 
     def popen(self, i: int, cmd: Sequence[str], env: Optional[dict] = None, **kw) -> subprocess.Popen:
-        """Start ``cmd`` inside peer namespace ``i`` (in its own session, so it can be killed as a group)."""
-        return subprocess.Popen(["ip", "netns", "exec", self.names[i], *cmd], env=env, start_new_session=True, **kw)
+        """Start ``cmd`` where participant ``i`` runs (in its own session, so it can be killed as a group)."""
+        return subprocess.Popen(["ip", "netns", "exec", self.where(i), *cmd], env=env, start_new_session=True, **kw)
 
     def close(self) -> None:
         """Delete every namespace made here (their veths and the bridge go with them)."""
         existing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        for ns in [*self.names, self.switch]:
+        for ns in [*self.homes.values(), *self.names, self.switch]:
             if any(line.split()[0] == ns for line in existing.splitlines() if line.strip()):
                 subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         self._made.clear()

@@ -30,6 +30,7 @@ from coordinator.credentials import CredentialIssuer
 from coordinator.errors import Banned, Incompatible, InvalidArgument, LeaseNotFound, NoFit, Overloaded, PeerNotFound
 from coordinator.leases import Leases
 from coordinator.moderation import Moderation
+from coordinator.reachability import UNREACHABLE, Reachability
 from coordinator.reading import Reading
 from coordinator.records import MODE_ARCHIVE, Assignment, Capabilities, Lease, ModuleProgress, PeerRecord
 from coordinator.results import HeartbeatResult, JoinResult, ProgressReport, ReportResult, StatusView
@@ -135,8 +136,10 @@ class Coordinator(Leases, Reading, Moderation):
     # -- peers' calls -------------------------------------------------------------------------
 
     def join(self, peer_id: str, public_key: bytes, caps: Capabilities, manifest_hash: str = "",
-             archive: bool = False) -> JoinResult:
+             archive: bool = False, reachability: Reachability = Reachability()) -> JoinResult:
         """Admit ``peer_id`` (token already checked) and give it a lease and work; durable on return.
+        ``reachability``: the dial-back verdict (:mod:`coordinator.reachability`); an unreachable
+        peer's addresses are never handed out as bootstrap peers.
 
         An ``archive`` peer gets a lease but no work; its addresses are handed out first as DHT
         bootstrap peers, since it is the longest-lived peer of a run."""
@@ -184,7 +187,7 @@ class Coordinator(Leases, Reading, Moderation):
             else:
                 refusal = None
                 lease, assignment, initial, rejoined = self._admit(peer_id, peer, fingerprint, caps, assignment,
-                                                                   previous, now, batch)
+                                                                   previous, now, batch, reachability)
                 credential = self._issue(peer_id, now)
         self._durable(batch)
         if refusal is not None:  # the old lease was released: that is recorded, then the join refused
@@ -269,7 +272,7 @@ class Coordinator(Leases, Reading, Moderation):
 
     def _admit(self, peer_id: str, peer: Optional[PeerRecord], fingerprint: str, caps: Capabilities,
                assignment: Assignment, previous: Optional[Assignment], now: float,
-               batch: WriteBatch) -> tuple[Lease, Assignment, list[str], bool]:
+               batch: WriteBatch, reachability: Reachability = Reachability()) -> tuple[Lease, Assignment, list[str], bool]:
         """Record an admitted peer with its new lease and work (under the lock)."""
         rejoined = peer is not None
         if peer is None:
@@ -284,6 +287,7 @@ class Coordinator(Leases, Reading, Moderation):
         peer.last_joined = peer.last_seen = now
         peer.joins += 1
         peer.drain_reason = ""
+        peer.reachability, peer.reachable_addr, peer.observed_addr = reachability.state, reachability.addr, reachability.observed
         lease = Lease(secrets.token_hex(16), peer_id, now + self.settings.lease_timeout)
         self._leases[lease.lease_id] = lease
         heapq.heappush(self._expiry_heap, (lease.expires_at, lease.lease_id))
@@ -292,7 +296,8 @@ class Coordinator(Leases, Reading, Moderation):
         self._progress_by_peer.pop(peer_id, None)
         self.view.add(peer_id, assignment, caps.tokens_per_s)
         initial = self._initial_peers(peer_id)
-        if caps.multiaddrs:
+        self._live_addrs.pop(peer_id, None)
+        if caps.multiaddrs and reachability.state != UNREACHABLE:  # nobody could bootstrap from it
             self._live_addrs[peer_id] = caps.multiaddrs
             self._live_addrs.move_to_end(peer_id)
         batch.peers[peer_id] = copy.copy(peer)

@@ -9,6 +9,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from coordinator.reachability import STATES
+
 __all__ = ["SnapshotCollector", "render_metrics", "CONTENT_TYPE"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -46,6 +48,11 @@ class SnapshotCollector(Collector):
         for state in ("active", "draining", "left", "expired", "banned"):
             peers.add_metric([state], s["peer_states"].get(state, 0))
         yield peers
+        reach = GaugeMetricFamily("hivepath_coordinator_peers_reachability",
+                                  "Live peers by the coordinator's dial-back verdict at their join", labels=["reachability"])
+        for verdict in STATES:
+            reach.add_metric([verdict], s["peer_reachability"].get(verdict, 0))
+        yield reach
         yield GaugeMetricFamily("hivepath_coordinator_leases", "Live leases", value=s["live_leases"])
         yield GaugeMetricFamily("hivepath_coordinator_tokens_per_second", "Sum of active peers' tokens/s",
                                 value=s["total_tokens_per_s"])

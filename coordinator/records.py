@@ -118,6 +118,12 @@ class PeerRecord:
     """Tokens processed in total, summed over modules and rejoins."""
     bytes_exchanged: int = 0
     drain_reason: str = ""
+    reachability: str = "unknown"
+    """The coordinator's dial-back verdict at the latest join (:mod:`coordinator.reachability`)."""
+    reachable_addr: str = ""
+    """The announced multiaddr that accepted the dial-back ('' unless reachable)."""
+    observed_addr: str = ""
+    """The address the latest join came from, as the coordinator saw it."""
 
     @property
     def holds_work(self) -> bool:

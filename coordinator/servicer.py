@@ -33,6 +33,7 @@ import grpc
 from coordinator.core import Coordinator, ProgressReport
 from coordinator.errors import InvalidArgument, RequestError, Unauthenticated
 from coordinator.probe import ProbeService
+from coordinator.reachability import dial_back, observed_host
 from coordinator.records import MODE_ARCHIVE, MODE_PATH, MODE_STAGE, Assignment
 from coordinator.status import snapshot
 from coordinator.validation import (
@@ -126,8 +127,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         caps = check_capabilities(c.device, c.memory_bytes, c.tokens_per_s, c.upload_bps, c.download_bps,
                                   list(c.multiaddrs), trains=not request.archive)
         manifest = check_text("manifest_hash", request.manifest_hash, 64)
+        reach = await dial_back(caps.multiaddrs, observed_host(context.peer() or ""))
         result = await self._blocking(self.coord.join, peer_id, bytes(request.public_key), caps, manifest,
-                                      request.archive)
+                                      request.archive, reach)
         s = self.coord.settings
         return pb.JoinResponse(
             run_spec=self._run_spec(),
@@ -137,6 +139,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             assignment=assignment_to_proto(result.assignment),
             rejoined=result.rejoined,
             credential=result.credential,
+            reachability=reach.state,
+            reachable_addr=reach.addr,
+            observed_addr=reach.observed,
         )
 
     def _run_spec(self) -> pb.RunSpec:

@@ -27,11 +27,13 @@ def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, A
         v.now, v.peers, v.lease_expiry, v.progress, v.counters, v.rebalance_reason
     )
     states: dict[str, int] = {}
+    reach: dict[str, int] = {}
     live = []
     for p in peers:
         states[p.state] = states.get(p.state, 0) + 1
         if p.state in ("active", "draining"):
             live.append(p)
+            reach[p.reachability] = reach.get(p.reachability, 0) + 1
     live.sort(key=lambda p: p.peer_id)
     holders: dict[str, list[str]] = {m: [] for m in lattice.module_ids()}
     module_tps: dict[str, float] = {m: 0.0 for m in holders}
@@ -70,6 +72,9 @@ def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, A
                 "tokens": p.tokens,
                 "bytes_exchanged": p.bytes_exchanged,
                 "joins": p.joins,
+                "reachability": p.reachability,
+                "reachable_addr": p.reachable_addr,
+                "observed_addr": p.observed_addr,
             })
     path_rows = []
     for path in sorted(set(paths) | set(lattice.paths()[:4096])):
@@ -97,6 +102,7 @@ def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, A
         "uptime_s": max(0.0, now - coord.started_at),
         "live_leases": len(leases),
         "peer_states": states,
+        "peer_reachability": reach,
         "total_tokens_per_s": sum(p.capabilities.tokens_per_s for p in live if p.state == "active"),
         "tokens": sum(p.tokens for p in peers),
         "bytes_exchanged": sum(p.bytes_exchanged for p in peers),

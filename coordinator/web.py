@@ -51,10 +51,11 @@ def render_page(snap: dict[str, Any]) -> str:
         rows.append(
             f"<tr><td><code>{e(p['peer_id'])}</code></td><td>{e(p['device'])}</td><td>{e(p['state'])}</td>"
             f"<td>{e(p['work'])}</td><td>{p['tokens_per_s']:.0f}</td><td>{_fmt_bytes(p['memory_bytes'])}</td>"
-            f"<td>{p['tokens']}</td><td>{_fmt_bytes(p['bytes_exchanged'])}</td><td>{p['last_seen_age_s']:.1f}s</td></tr>"
+            f"<td>{p['tokens']}</td><td>{_fmt_bytes(p['bytes_exchanged'])}</td><td>{p['last_seen_age_s']:.1f}s</td>"
+            f"<td title=\"{e(p['reachable_addr'] or p['observed_addr'])}\">{e(p['reachability'].replace('_', ' '))}</td></tr>"
         )
     if snap["peers_truncated"]:
-        rows.append("<tr><td colspan=9>... more peers in /status.json</td></tr>")
+        rows.append("<tr><td colspan=10>... more peers in /status.json</td></tr>")
     grid = []
     for level, cells in enumerate(snap["lattice"]["grid"]):
         tds = "".join(
@@ -72,6 +73,9 @@ def render_page(snap: dict[str, Any]) -> str:
         for p in snap["paths"]
     )
     states = ", ".join(f"{e(k)} {v}" for k, v in sorted(snap["peer_states"].items())) or "none"
+    unreachable = snap["peer_reachability"].get("unreachable", 0)
+    if unreachable:
+        states += f" · <b>{unreachable} unreachable</b> (behind NAT or a firewall)"
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>hivepath coordinator: {e(snap['run_id'])}</title>
 <meta http-equiv="refresh" content="5">
@@ -86,7 +90,7 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left}}td.empty{{backgrou
 <h2>Lattice</h2><table>{''.join(grid)}</table><ul>{shared}</ul>
 <h2>Paths</h2><table><tr><th>path</th><th>peers</th><th>tokens/s</th><th>loss</th></tr>{paths}</table>
 <h2>Peers</h2><table><tr><th>peer</th><th>device</th><th>state</th><th>work</th><th>tokens/s</th><th>memory</th>
-<th>tokens</th><th>exchanged</th><th>last seen</th></tr>{''.join(rows)}</table>
+<th>tokens</th><th>exchanged</th><th>last seen</th><th>reachability</th></tr>{''.join(rows)}</table>
 </body></html>"""
 
 

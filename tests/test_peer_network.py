@@ -92,6 +92,8 @@ def test_network_trains_drains_and_replicas_stay_identical(procs, tmp_path, data
             peers = [p for p in json.loads(resp.read())["peers"] if p.get("mode", "path") != "archive"]
         measured = [p for p in peers if p["upload_bps"] > 0 and p["download_bps"] > 0]
         assert len(measured) >= 3, peers
+        # the coordinator dialled each back at join (all on loopback here: all reachable)
+        assert [p["reachability"] for p in peers] == ["reachable"] * len(peers), peers
         # three peers on one machine, no --threads: each came to use a third of the cores
         threads = max(1, usable_cores() // 3)
         for i in range(3):

@@ -122,7 +122,8 @@ class CoordinatorClient:
         info = JoinInfo(run, spec.run_config_hash, spec.lattice_hash, spec.manifest_hash, tuple(reply.initial_peers),
                         reply.lease.lease_id, reply.lease.duration_s, reply.lease.heartbeat_interval_s,
                         WorkAssignment.from_proto(reply.assignment), reply.rejoined, bytes(reply.credential),
-                        bytes(spec.coordinator_public_key))
+                        bytes(spec.coordinator_public_key), reply.reachability, reply.reachable_addr,
+                        reply.observed_addr)
         with self._lock:
             self.joined = info
             self.assignment_version = info.assignment.version

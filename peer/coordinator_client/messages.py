@@ -131,6 +131,12 @@ class JoinInfo:
     """This peer's admission credential (renewed later by heartbeats: read :attr:`CoordinatorClient.credential`)."""
     coordinator_public_key: bytes = b""
     """Raw Ed25519 key that signs every peer's credential."""
+    reachability: str = ""
+    """The coordinator's dial-back of our announced addresses: ``reachable``, ``unreachable`` or
+    ``not_listening`` ('' from a coordinator that does not dial back)."""
+    reachable_addr: str = ""
+    observed_addr: str = ""
+    """Where the coordinator saw our join come from (behind NAT: the router's address)."""
 
 
 @dataclass(frozen=True)

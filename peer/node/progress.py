@@ -56,6 +56,9 @@ class PeerStatus:
     group_sizes: dict[str, int] = field(default_factory=dict)
     """Module id -> members in its last averaging round."""
     coordinator: str = "connected"
+    reachability: str = ""
+    """Whether others can dial this peer, as the coordinator found at join (``reachable at ...``,
+    ``unreachable``, ``client mode``)."""
     state: str = "starting"
     """starting, joining, loading, training, averaging, following (archive), draining, stopped."""
     checkpoint: str = ""
@@ -166,6 +169,7 @@ class RichView(ProgressView):
             ("sent / received", f"{_fmt_bytes(status.bytes_sent)} / {_fmt_bytes(status.bytes_received)}"),
             ("group sizes", groups),
             ("coordinator", status.coordinator),
+            ("reachability", status.reachability or "-"),
             ("checkpoint", status.checkpoint_error or os.path.basename(status.checkpoint) or "-"),
         ]
         for k, v in rows:

@@ -202,6 +202,9 @@ class PeerStartup:
         client.peer = peer
         self.status.state = "joining"
         joined = client.join()
+        level, line = reachability_line(joined, self.opts.client_mode)
+        self.status.reachability = line
+        log.log(level, "%s", line)
         self.dht.connect(joined.initial_peers)
         self.dht.keep_connected(lambda: client.run_spec().initial_peers, interval=self.opts.rebootstrap_interval)
         client.start_heartbeats(report, on_heartbeat)
@@ -286,3 +289,19 @@ def run_until_stopped(process: StoppableProcess, spot: Optional["SpotOptions"] =
         finally:
             if watcher is not None:
                 watcher.stop()
+
+
+def reachability_line(joined: "JoinInfo", client_mode: bool) -> tuple[int, str]:
+    """The one line a peer says at join about whether others can dial it, and its log level."""
+    if joined.reachability == "reachable":
+        return logging.INFO, f"reachable at {joined.reachable_addr}"
+    if joined.reachability == "not_listening" or client_mode:
+        return logging.INFO, ("client mode: other peers cannot dial this one; it averages through the peers "
+                              "it dials (it reduces no part of a module itself)")
+    if joined.reachability == "unreachable":
+        seen = f" (its connections come from {joined.observed_addr})" if joined.observed_addr else ""
+        return logging.WARNING, (
+            f"cannot be reached: the coordinator could not connect to any announced address{seen}, so peers "
+            "cannot dial this one and no relay is in use; open the TCP port of --host-maddrs on the router or "
+            "firewall and pass --announce-maddrs with the public address, or pass --client-mode")
+    return logging.INFO, "reachability unknown (the coordinator does not dial back)"

@@ -36,7 +36,7 @@ class NsNetwork(Network):
         """Process name -> namespace index."""
 
     def _in(self, index: int, cmd: list[str]) -> list[str]:
-        return ["ip", "netns", "exec", self.bridge.names[index], *cmd]
+        return ["ip", "netns", "exec", self.bridge.where(index), *cmd]
 
     def start_coordinator(self) -> None:
         self.where["coordinator"] = 0
@@ -48,7 +48,7 @@ class NsNetwork(Network):
 
     def common_in(self, index: int) -> list[str]:
         return ["--coordinator", self.address, "--token-file", str(self.root / "token"), "--data", str(self.data_dir),
-                "--host-maddrs", f"/ip4/{self.bridge.address(index)}/tcp/0", "--status-port", "0"]
+                "--host-maddrs", f"/ip4/{self.bridge.local_address(index)}/tcp/0", "--status-port", "0"]
 
     def start_peer_in(self, name: str, index: int, *extra: str) -> Path:
         """Start peer ``name`` in namespace ``index`` (>= 1)."""

@@ -95,20 +95,26 @@ class Lease(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., duration_s: _Optional[float] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
-    __slots__ = ("run_spec", "initial_peers", "lease", "assignment", "rejoined", "credential")
+    __slots__ = ("run_spec", "initial_peers", "lease", "assignment", "rejoined", "credential", "reachability", "reachable_addr", "observed_addr")
     RUN_SPEC_FIELD_NUMBER: _ClassVar[int]
     INITIAL_PEERS_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     REJOINED_FIELD_NUMBER: _ClassVar[int]
     CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
+    REACHABILITY_FIELD_NUMBER: _ClassVar[int]
+    REACHABLE_ADDR_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_ADDR_FIELD_NUMBER: _ClassVar[int]
     run_spec: RunSpec
     initial_peers: _containers.RepeatedScalarFieldContainer[str]
     lease: Lease
     assignment: Assignment
     rejoined: bool
     credential: bytes
-    def __init__(self, run_spec: _Optional[_Union[RunSpec, _Mapping]] = ..., initial_peers: _Optional[_Iterable[str]] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., rejoined: _Optional[bool] = ..., credential: _Optional[bytes] = ...) -> None: ...
+    reachability: str
+    reachable_addr: str
+    observed_addr: str
+    def __init__(self, run_spec: _Optional[_Union[RunSpec, _Mapping]] = ..., initial_peers: _Optional[_Iterable[str]] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., rejoined: _Optional[bool] = ..., credential: _Optional[bytes] = ..., reachability: _Optional[str] = ..., reachable_addr: _Optional[str] = ..., observed_addr: _Optional[str] = ...) -> None: ...
 
 class ModuleProgress(_message.Message):
     __slots__ = ("module_id", "round", "tokens", "loss")
