@@ -48,6 +48,9 @@ MALFORMED = "malformed request"
 MESSAGE_LIMIT = 64 * 1024
 """Default byte limit of one request message (headers and requests; a stage request sets its own)."""
 
+END_GRACE = 5.0
+"""Seconds a request-reply handler waits, once it has answered, for the caller's end of requests."""
+
 _MESSAGE, _ERROR = b"\x00", b"\x01"
 _LENGTH_BYTES = 8
 
@@ -193,10 +196,13 @@ async def serve_messages(p2p: Any, prefix: str, method: MethodDescriptor,
             async for reply in handler(request, context):
                 await send_message(reply, writer)
 
+        ended = asyncio.Event()
+
         async def rest() -> None:
             """The end of the caller's requests, then nothing until it hangs up."""
             if await read_message(reader, cls, limit) is not None:
                 raise MalformedFrame(f"{cls.__name__}: a second request on a one-request stream")
+            ended.set()
             if await reader.read(1):
                 raise MalformedFrame(f"{cls.__name__}: bytes after the end of the requests")
 
@@ -205,6 +211,11 @@ async def serve_messages(p2p: Any, prefix: str, method: MethodDescriptor,
             await asyncio.wait({answering, listening}, return_when=asyncio.FIRST_COMPLETED)
             if answering.done():
                 answering.result()
+                # hivemind's caller writes its end-of-requests frame while we answer: closing before it
+                # arrived would break its write (BrokenPipeError on the caller's side), so read it first
+                waiter = asyncio.ensure_future(ended.wait())
+                await asyncio.wait({waiter, listening}, timeout=END_GRACE, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
                 return
             error = listening.exception()  # the caller hung up (None) or sent more than it should
             if error is not None and not isinstance(error, asyncio.IncompleteReadError):
