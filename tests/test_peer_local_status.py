@@ -168,6 +168,21 @@ def test_a_taken_port_names_the_fix_and_the_peer_goes_on(caplog):
     assert start_optional(PeerStatus(), "peer", 0, 300.0) is None, "port 0 turns it off"
 
 
+def test_on_a_taken_default_port_the_next_free_one_is_used_and_named(caplog):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with caplog.at_level(logging.INFO, logger="peer.node.local_status"):
+            server = start_optional(PeerStatus(), "peer", port, 300.0, search=16)
+        try:
+            assert server is not None and port < server.port <= port + 16
+            assert get(f"{server.url}/healthz")[0] in (200, 503)
+            assert f"port {port} is taken" in caplog.text and f"--status-port {server.port}" in caplog.text
+        finally:
+            server.stop()
+
+
 def test_cli_default_port_matches_the_server():
     assert setting("HIVEPATH_STATUS_PORT").default == DEFAULT_STATUS_PORT
 

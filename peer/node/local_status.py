@@ -177,17 +177,27 @@ class LocalStatusServer:
         self.stop()
 
 
-def start_optional(status: PeerStatus, role: str, port: int, stall_timeout: float) -> Optional[LocalStatusServer]:
+def start_optional(status: PeerStatus, role: str, port: int, stall_timeout: float,
+                   search: int = 0) -> Optional[LocalStatusServer]:
     """The server of ``hivepath peer join``/``archive``: None when ``port`` is 0 (turned off) or taken.
 
-    A taken port is logged and the peer goes on without it (several peers on one host share the
-    default port; only the first serves): training matters more than its status page.
+    ``search``: when ``port`` is taken, try the next ``search`` ports too (the peer asks for this on
+    the default port: several peers on one host each get one, and say which). A port still taken is
+    logged and the peer goes on without a status page: training matters more than its status page.
     """
     if not port:
         return None
-    server = LocalStatusServer(status, role, port=port, stall_timeout=stall_timeout)
-    try:
-        return server.start()
-    except StatusPortUnavailable as e:
-        log.warning("%s; going on without it", e)
-        return None
+    first_error = None
+    for candidate in range(port, min(65535, port + search) + 1):
+        server = LocalStatusServer(status, role, port=candidate, stall_timeout=stall_timeout)
+        try:
+            server.start()
+        except StatusPortUnavailable as e:
+            first_error = first_error or e
+            continue
+        if candidate != port:
+            log.info("port %d is taken (another peer on this machine?): this %s's status is on port %d; "
+                     "read it with 'hivepath peer status --status-port %d'", port, role, candidate, candidate)
+        return server
+    log.warning("%s; going on without it", first_error)
+    return None

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol
 
 from models.errors import HivepathError
 from peer.node.lifetime import STOP_SIGNALS
-from peer.node.local_status import start_optional
+from peer.node.local_status import DEFAULT_STATUS_PORT, start_optional
 from peer.node.progress import PeerStatus
 
 if TYPE_CHECKING:
@@ -50,6 +50,9 @@ __all__ = ["NetworkOptions", "PeerStartup", "StoppableProcess", "drain_signals",
            "DRAIN_SIGNALS"]
 
 log = logging.getLogger(__name__)
+
+STATUS_PORT_SEARCH = 16
+"""Ports after the default status port a peer tries when it is taken (several peers on one host)."""
 
 DRAIN_SIGNALS = STOP_SIGNALS
 """Signals that drain a peer process: ``docker stop`` and Kubernetes send SIGTERM, a terminal
@@ -151,7 +154,9 @@ class PeerStartup:
         self.home.mkdir(parents=True, exist_ok=True)
         load_or_create_identity(self.identity).release()  # fail fast (exit 6) if a live process holds it
         try:
-            self._status_server = start_optional(self.status, self.role, self.opts.status_port, self.opts.stall_timeout)
+            search = STATUS_PORT_SEARCH if self.opts.status_port == DEFAULT_STATUS_PORT else 0  # the default: shared
+            self._status_server = start_optional(self.status, self.role, self.opts.status_port, self.opts.stall_timeout,
+                                                 search=search)
             self.client = CoordinatorClient(self.opts.coordinator, self.opts.token, tls_ca=self.opts.tls_ca,
                                             retry_timeout=self.opts.coordinator_timeout)
         except BaseException:
