@@ -200,13 +200,15 @@ class PeerNode:
                 dht = startup.start_dht(spec)
                 client = startup.client
                 bandwidth, download = (None, 0.0) if opts.upload_mbps is None else (opts.upload_mbps * 1e6 / 8, 0.0)
-                if bandwidth is None and not opts.network.client_mode:
+                if bandwidth is None:  # client mode and NATed peers too: the coordinator sizes work by it
                     measured = client.measure_bandwidth()  # bytes/s both ways, timed against the coordinator
                     if measured is not None and measured[0] > 0:
                         bandwidth, download = measured
                         log.info("measured bandwidth: %.1f Mbit/s up, %.1f Mbit/s down", bandwidth * 8e-6,
                                  download * 8e-6)
-                averager = startup.start_averager(spec, dataset.manifest_hash, bandwidth=bandwidth,
+                # a client-mode peer cannot be dialled, so it reduces no part (the averager's share 0)
+                averager = startup.start_averager(spec, dataset.manifest_hash,
+                                                  bandwidth=None if opts.network.client_mode else bandwidth,
                                                   throughput=tokens_per_s, on_suspect=client.report_peer_later)
                 peer = PeerInfo(
                     peer_id=dht.peer_id, device=describe_device(device), memory_bytes=memory, tokens_per_s=tokens_per_s,
