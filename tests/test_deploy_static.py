@@ -324,13 +324,14 @@ def test_entrypoint_missing_variable_is_one_line_naming_it(tmp_path, args, env, 
 def test_entrypoint_builds_flags_the_cli_accepts(tmp_path):
     run_toml = tmp_path / "run.toml"
     run_toml.write_text('preset = "tiny"\n')
-    env = {"HIVEPATH_TOKEN": "t", "HIVEPATH_RUN_CONFIG": str(run_toml), "HIVEPATH_DB": "/data/state.db",
+    db = str(tmp_path / "state.db")  # the parser checks that the database's directory exists
+    env = {"HIVEPATH_TOKEN": "t", "HIVEPATH_RUN_CONFIG": str(run_toml), "HIVEPATH_DB": db,
            "HIVEPATH_PORT": "7800", "HIVEPATH_HTTP_PORT": "7801"}
     out = _entrypoint(["coordinator", "serve"], env, tmp_path)
     assert out.returncode == 0, out.stderr
     argv = json.loads(out.stdout)
     args = build_parser().parse_args(argv)
-    assert (args.run_config, args.db, args.port, args.http_port) == (str(run_toml), "/data/state.db", 7800, 7801)
+    assert (args.run_config, args.db, args.port, args.http_port) == (str(run_toml), db, 7800, 7801)
 
     out = _entrypoint(["peer", "join"], {"HIVEPATH_TOKEN": "t", "HIVEPATH_COORDINATOR": "c:1"}, tmp_path)
     assert json.loads(out.stdout) == ["peer", "join"]
