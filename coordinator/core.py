@@ -30,7 +30,7 @@ from coordinator.credentials import CredentialIssuer
 from coordinator.errors import Banned, Incompatible, InvalidArgument, LeaseNotFound, NoFit, Overloaded, PeerNotFound
 from coordinator.leases import Leases
 from coordinator.moderation import Moderation
-from coordinator.reachability import UNREACHABLE, Reachability
+from coordinator.reachability import RELAYS_PER_PEER, UNREACHABLE, Reachability, dialable, relay_load
 from coordinator.reading import Reading
 from coordinator.records import MODE_ARCHIVE, Assignment, Capabilities, Lease, ModuleProgress, PeerRecord
 from coordinator.results import HeartbeatResult, JoinResult, ProgressReport, ReportResult, StatusView
@@ -138,8 +138,9 @@ class Coordinator(Leases, Reading, Moderation):
     def join(self, peer_id: str, public_key: bytes, caps: Capabilities, manifest_hash: str = "",
              archive: bool = False, reachability: Reachability = Reachability()) -> JoinResult:
         """Admit ``peer_id`` (token already checked) and give it a lease and work; durable on return.
-        ``reachability``: the dial-back verdict (:mod:`coordinator.reachability`); an unreachable
-        peer's addresses are never handed out as bootstrap peers.
+        ``reachability``: the dial-back verdict (:mod:`coordinator.reachability`); an unreachable or
+        relayed peer's addresses are never handed out as bootstrap peers, and an unreachable one is
+        handed relays (reachable peers, the least loaded first).
 
         An ``archive`` peer gets a lease but no work; its addresses are handed out first as DHT
         bootstrap peers, since it is the longest-lived peer of a run."""
@@ -189,11 +190,12 @@ class Coordinator(Leases, Reading, Moderation):
                 lease, assignment, initial, rejoined = self._admit(peer_id, peer, fingerprint, caps, assignment,
                                                                    previous, now, batch, reachability)
                 credential = self._issue(peer_id, now)
+                relays = self._relays_for(peer_id) if reachability.state == UNREACHABLE else []
         self._durable(batch)
         if refusal is not None:  # the old lease was released: that is recorded, then the join refused
             raise refusal
         log.info("peer %s joined: %s (%s)", peer_id, assignment.label(), reason)
-        return JoinResult(copy.copy(lease), assignment, initial, rejoined, credential)
+        return JoinResult(copy.copy(lease), assignment, initial, rejoined, credential, relays)
 
     def leave(self, lease_id: str, peer_id: str, reason: str = "") -> None:
         """The peer gives its lease back; its work is freed at once. Durable on return."""
@@ -297,7 +299,7 @@ class Coordinator(Leases, Reading, Moderation):
         self.view.add(peer_id, assignment, caps.tokens_per_s)
         initial = self._initial_peers(peer_id)
         self._live_addrs.pop(peer_id, None)
-        if caps.multiaddrs and reachability.state != UNREACHABLE:  # nobody could bootstrap from it
+        if caps.multiaddrs and dialable(reachability.state):  # nobody could bootstrap from it otherwise
             self._live_addrs[peer_id] = caps.multiaddrs
             self._live_addrs.move_to_end(peer_id)
         batch.peers[peer_id] = copy.copy(peer)
@@ -318,6 +320,17 @@ class Coordinator(Leases, Reading, Moderation):
             for addr in self._live_addrs[peer_id]:
                 out.append(addr if "/p2p/" in addr else f"{addr}/p2p/{peer_id}")
         return out
+
+    def _relays_for(self, joining: str) -> list[str]:
+        """One multiaddr each of the :data:`RELAYS_PER_PEER` live reachable peers carrying the fewest
+        relayed peers (archives first among equals: they live longest); under the lock."""
+        load = relay_load([p.reachable_addr for p in self._peers.values()
+                           if p.state == "active" and p.peer_id != joining])
+        archives = {p for p in self._live_addrs if (a := self.view.assignments.get(p)) and a.mode == MODE_ARCHIVE}
+        candidates = [p for p in self._live_addrs if p != joining and self._peers[p].reachable_addr]
+        candidates.sort(key=lambda p: (load.get(p, 0), p not in archives))
+        return [f"{self._peers[p].reachable_addr}/p2p/{p}" if "/p2p/" not in self._peers[p].reachable_addr
+                else self._peers[p].reachable_addr for p in candidates[:RELAYS_PER_PEER]]
 
     def _issue(self, peer_id: str, now: float) -> bytes:
         cred = self.issuer.issue(peer_id, now)

@@ -20,7 +20,7 @@ import heapq
 from typing import Sequence
 
 from coordinator.errors import InvalidArgument, LeaseNotFound
-from coordinator.reachability import UNREACHABLE
+from coordinator.reachability import dialable
 from coordinator.records import Capabilities, Lease, ModuleProgress, PeerRecord
 from coordinator.results import HeartbeatResult, ProgressReport
 from coordinator.store import WriteBatch
@@ -106,7 +106,7 @@ class Leases:
             if peer.state in ("active", "draining") and peer.peer_id not in self._lease_of:
                 peer.state = "expired"
                 fixes.peers[peer.peer_id] = copy.copy(peer)
-            if peer.state == "active" and peer.capabilities.multiaddrs and peer.reachability != UNREACHABLE:
+            if peer.state == "active" and peer.capabilities.multiaddrs and dialable(peer.reachability):
                 self._live_addrs[peer.peer_id] = peer.capabilities.multiaddrs
         self.view = ClusterView.from_peers(p for p in self._peers.values() if p.state == "active")
         # (scheduled check time, lease id): a lease is looked at when its check time passes and, if a

@@ -7,8 +7,13 @@ announced ``/ip4/.../tcp/N`` or ``/ip6/.../tcp/N`` address (a few at once, withi
 :data:`DIAL_TIMEOUT`), closes it at once, and records the verdict:
 
 - ``reachable``: one accepted (``addr`` says which, in announce order);
+- ``relayed``: none did, but the peer announced relay circuits (``.../p2p/RELAY/p2p-circuit``) and a
+  circuit's relay accepted (``addr`` says which circuit): peers reach it through that relay;
 - ``unreachable``: none did (refused, no route, or silent past the timeout);
 - ``not_listening``: the peer announced no address (``--client-mode``): nobody can dial it.
+
+An unreachable peer is handed relays in its join reply (reachable peers, the least loaded first:
+:func:`relay_load`), reserves a slot on them and joins again announcing the circuits.
 
 Loopback addresses are dialled only when the join itself came from loopback (peer and coordinator on
 one host): dialled from elsewhere they would reach the coordinator's own host. The coordinator opens
@@ -26,19 +31,23 @@ import logging
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-__all__ = ["Reachability", "dial_back", "tcp_target", "observed_host", "REACHABLE", "UNREACHABLE",
-           "NOT_LISTENING", "UNKNOWN", "STATES"]
+__all__ = ["Reachability", "dial_back", "tcp_target", "observed_host", "relay_of", "relay_load", "dialable",
+           "RELAYS_PER_PEER",
+           "REACHABLE", "RELAYED", "UNREACHABLE", "NOT_LISTENING", "UNKNOWN", "STATES"]
 
 log = logging.getLogger(__name__)
 
-REACHABLE, UNREACHABLE, NOT_LISTENING, UNKNOWN = "reachable", "unreachable", "not_listening", "unknown"
-STATES = (REACHABLE, UNREACHABLE, NOT_LISTENING, UNKNOWN)
+REACHABLE, RELAYED, UNREACHABLE = "reachable", "relayed", "unreachable"
+NOT_LISTENING, UNKNOWN = "not_listening", "unknown"
+STATES = (REACHABLE, RELAYED, UNREACHABLE, NOT_LISTENING, UNKNOWN)
 """Every verdict; ``unknown`` for a peer recorded before the coordinator dialled back (an old store)."""
 
 DIAL_TIMEOUT = 2.0
 """Seconds the dial-back of one join may take in all."""
 MAX_DIALS = 8
 """Announced addresses dialled per join at most (the first ones, in announce order)."""
+RELAYS_PER_PEER = 2
+"""Relays handed to an unreachable peer: two, so that one leaving does not cut it off."""
 
 
 @dataclass(frozen=True)
@@ -47,7 +56,7 @@ class Reachability:
 
     state: str = UNKNOWN
     addr: str = ""
-    """The announced multiaddr that accepted the dial (``reachable`` only)."""
+    """The announced multiaddr that accepted the dial (``reachable``), or the circuit (``relayed``)."""
     observed: str = ""
     """The address the join came from, as the coordinator saw it (a NATed peer's public address)."""
 
@@ -68,6 +77,32 @@ def tcp_target(maddr: str) -> Optional[tuple[str, int]]:
     if host.is_unspecified or not 0 < port < 65536:
         return None
     return str(host), port
+
+
+def relay_of(maddr: str) -> Optional[tuple[str, str]]:
+    """``(relay transport multiaddr, relay peer id)`` of a circuit ``.../p2p/RELAY/p2p-circuit[/p2p/ME]``;
+    None for anything else."""
+    head, sep, _ = maddr.partition("/p2p-circuit")
+    transport, p2p, relay = head.rpartition("/p2p/")
+    if not sep or not p2p or not relay or "/" in relay or not transport:
+        return None
+    return transport, relay
+
+
+def relay_load(reachable_addrs: Sequence[str]) -> dict[str, int]:
+    """How many peers each relay carries: peer id -> count, from the circuits that relayed peers were
+    found reachable through (their recorded ``reachable_addr``)."""
+    load: dict[str, int] = {}
+    for addr in reachable_addrs:
+        found = relay_of(addr)
+        if found is not None:
+            load[found[1]] = load.get(found[1], 0) + 1
+    return load
+
+
+def dialable(state: str) -> bool:
+    """Whether a peer in ``state`` may be handed out to be dialled directly (a bootstrap peer, a relay)."""
+    return state not in (UNREACHABLE, RELAYED)
 
 
 def observed_host(grpc_peer: str) -> str:
@@ -102,14 +137,20 @@ async def dial_back(maddrs: Sequence[str], observed: str = "", timeout: float = 
         targets.append((maddr, target))
         if len(targets) >= MAX_DIALS:
             break
+    circuits = []
+    for maddr in maddrs:
+        found = relay_of(maddr)
+        target = tcp_target(found[0]) if found else None
+        if target is not None and (from_loopback or not _is_loopback(target[0])) and len(circuits) < MAX_DIALS:
+            circuits.append((maddr, target))
     if not maddrs:
         return Reachability(NOT_LISTENING, "", observed)
-    if not targets:
+    if not targets and not circuits:
         return Reachability(UNREACHABLE, "", observed)
-    accepted = await asyncio.gather(*(_accepts(h, p, timeout) for _, (h, p) in targets))
-    for (maddr, _), ok in zip(targets, accepted):
+    accepted = await asyncio.gather(*(_accepts(h, p, timeout) for _, (h, p) in targets + circuits))
+    for i, ((maddr, _), ok) in enumerate(zip(targets + circuits, accepted)):
         if ok:
-            return Reachability(REACHABLE, maddr, observed)
+            return Reachability(REACHABLE if i < len(targets) else RELAYED, maddr, observed)
     return Reachability(UNREACHABLE, "", observed)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from coordinator.records import Assignment, Lease, ModuleProgress, PeerRecord
@@ -28,6 +28,8 @@ class JoinResult:
     rejoined: bool
     credential: bytes = b""
     """The peer's admission credential (:mod:`protos.credential` bytes)."""
+    relays: list[str] = field(default_factory=list)
+    """For an unreachable peer: multiaddrs of the peers chosen to relay for it."""
 
 
 @dataclass(frozen=True)

@@ -142,6 +142,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             reachability=reach.state,
             reachable_addr=reach.addr,
             observed_addr=reach.observed,
+            relays=result.relays,
         )
 
     def _run_spec(self) -> pb.RunSpec:

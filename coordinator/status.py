@@ -7,6 +7,7 @@ import math
 from typing import Any, Optional
 
 from coordinator.core import Coordinator
+from coordinator.reachability import RELAYED, relay_of
 from coordinator.records import MODE_PATH
 from models.config import format_path
 
@@ -74,6 +75,7 @@ def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, A
                 "joins": p.joins,
                 "reachability": p.reachability,
                 "reachable_addr": p.reachable_addr,
+                "relay": (relay_of(p.reachable_addr) or ("", ""))[1] if p.reachability == RELAYED else "",
                 "observed_addr": p.observed_addr,
             })
     path_rows = []

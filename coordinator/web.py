@@ -52,7 +52,8 @@ def render_page(snap: dict[str, Any]) -> str:
             f"<tr><td><code>{e(p['peer_id'])}</code></td><td>{e(p['device'])}</td><td>{e(p['state'])}</td>"
             f"<td>{e(p['work'])}</td><td>{p['tokens_per_s']:.0f}</td><td>{_fmt_bytes(p['memory_bytes'])}</td>"
             f"<td>{p['tokens']}</td><td>{_fmt_bytes(p['bytes_exchanged'])}</td><td>{p['last_seen_age_s']:.1f}s</td>"
-            f"<td title=\"{e(p['reachable_addr'] or p['observed_addr'])}\">{e(p['reachability'].replace('_', ' '))}</td></tr>"
+            f"<td title=\"{e(p['reachable_addr'] or p['observed_addr'])}\">{e(p['reachability'].replace('_', ' '))}"
+            f"{' via <code>' + e(p['relay'][-8:]) + '</code>' if p['relay'] else ''}</td></tr>"
         )
     if snap["peers_truncated"]:
         rows.append("<tr><td colspan=10>... more peers in /status.json</td></tr>")
@@ -76,6 +77,9 @@ def render_page(snap: dict[str, Any]) -> str:
     unreachable = snap["peer_reachability"].get("unreachable", 0)
     if unreachable:
         states += f" · <b>{unreachable} unreachable</b> (behind NAT or a firewall)"
+    relayed = snap["peer_reachability"].get("relayed", 0)
+    if relayed:
+        states += f" · {relayed} relayed (behind NAT, dialled through a relay peer)"
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>hivepath coordinator: {e(snap['run_id'])}</title>
 <meta http-equiv="refresh" content="5">

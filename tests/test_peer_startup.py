@@ -164,3 +164,26 @@ def test_a_second_signal_exits_at_once():
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "second SIGTERM" in err, err
+
+
+def test_the_reachability_line_says_which_relay_carries_a_natted_peer():
+    from peer.coordinator_client import JoinInfo
+    from peer.node.startup import reachability_line
+
+    relay = "/ip4/203.0.113.5/tcp/31337/p2p/12D3KooWRelay"
+    base = dict(run_config=None, run_config_hash="", lattice_hash="", manifest_hash="", initial_peers=(),
+                lease_id="l", lease_duration=30.0, heartbeat_interval=5.0, assignment=None, rejoined=False)
+    level, line = reachability_line(JoinInfo(**base, reachability="relayed",
+                                             reachable_addr=f"{relay}/p2p-circuit/p2p/12D3KooWMe"), False)
+    assert line.startswith("behind NAT: relayed via 12D3KooWRelay (dialled at ") and level == 20
+    level, line = reachability_line(JoinInfo(**base, reachability="unreachable", observed_addr="198.51.100.7"), False)
+    assert line.startswith("cannot be reached and no relay answers") and "198.51.100.7" in line and level == 30
+
+
+def test_a_natted_peer_announces_one_circuit_per_relay():
+    from peer.network import circuit_addrs
+
+    relays = ["/ip4/203.0.113.5/tcp/1/p2p/12D3KooWA", "/ip4/203.0.113.6/tcp/1/p2p/12D3KooWB/",
+              "/ip4/203.0.113.7/tcp/1", "/ip4/203.0.113.5/tcp/1/p2p/12D3KooWA/p2p-circuit"]
+    assert circuit_addrs(relays) == ["/ip4/203.0.113.5/tcp/1/p2p/12D3KooWA/p2p-circuit",
+                                     "/ip4/203.0.113.6/tcp/1/p2p/12D3KooWB/p2p-circuit"]

@@ -50,6 +50,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BANDWIDTH = 100e6 / 8
 """Bytes/s assumed for the upload link when none was measured (100 Mbit/s)."""
+RELAYED_SHARE = 1e-3
+"""The fraction of its upload a peer dialled through a relay offers to reductions: next to a
+reachable member it reduces (next to) nothing, so no part crosses its relay; in a group of relayed
+members alone they share the work as their links allow."""
 WAITING_POLL = 1.0
 """Seconds between the DHT checks behind :meth:`NetAverager.others_waiting`."""
 

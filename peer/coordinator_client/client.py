@@ -123,7 +123,7 @@ class CoordinatorClient:
                         reply.lease.lease_id, reply.lease.duration_s, reply.lease.heartbeat_interval_s,
                         WorkAssignment.from_proto(reply.assignment), reply.rejoined, bytes(reply.credential),
                         bytes(spec.coordinator_public_key), reply.reachability, reply.reachable_addr,
-                        reply.observed_addr)
+                        reply.observed_addr, tuple(reply.relays))
         with self._lock:
             self.joined = info
             self.assignment_version = info.assignment.version

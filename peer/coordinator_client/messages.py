@@ -132,11 +132,13 @@ class JoinInfo:
     coordinator_public_key: bytes = b""
     """Raw Ed25519 key that signs every peer's credential."""
     reachability: str = ""
-    """The coordinator's dial-back of our announced addresses: ``reachable``, ``unreachable`` or
-    ``not_listening`` ('' from a coordinator that does not dial back)."""
+    """The coordinator's dial-back of our announced addresses: ``reachable``, ``relayed``, ``unreachable``
+    or ``not_listening`` ('' from a coordinator that does not dial back)."""
     reachable_addr: str = ""
     observed_addr: str = ""
     """Where the coordinator saw our join come from (behind NAT: the router's address)."""
+    relays: tuple[str, ...] = ()
+    """When unreachable: multiaddrs of peers the coordinator chose to relay for us."""
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 - ``identity``: the persistent libp2p key file (:func:`load_or_create_identity`), one process per file.
 - ``dht``: :func:`start_dht` (hivemind's DHT with our identity, admission and bootstrap options).
+- ``relays``: circuit relays for peers behind NAT (:func:`circuit_addrs`; static relays for the daemon).
 - ``records``: the schema and key of every DHT record a peer writes (holders, group declarations,
   archive records), validated where read (:func:`read_records`, :func:`records_from_value`).
 - ``credentials``: admission credentials signed by the coordinator, checked by every member
@@ -18,6 +19,7 @@ from peer.network.admission import AdmissionValidator
 from peer.network.credentials import CredentialProvider, CredentialVerifier
 from peer.network.dht import DHTOptions, DHTStartError, PeerDHT, start_dht, unwrap_dht
 from peer.network.identity import Identity, IdentityError, IdentityInUseError, load_or_create_identity, peer_id_of
+from peer.network.relays import circuit_addrs
 from peer.network.records import (
     MAX_EXPECTING,
     ArchiveRecord,
@@ -37,5 +39,5 @@ __all__ = [
     "AdmissionValidator", "CredentialProvider", "CredentialVerifier", "DHTOptions", "DHTStartError", "PeerDHT",
     "start_dht", "unwrap_dht", "Identity", "IdentityError", "IdentityInUseError", "load_or_create_identity",
     "peer_id_of", "MAX_EXPECTING", "ArchiveRecord", "GroupDeclaration", "HolderRecord", "archive_key", "group_key",
-    "holders_key", "is_peer_id", "parse_record", "read_records", "records_from_value", "to_value",
+    "holders_key", "is_peer_id", "parse_record", "read_records", "records_from_value", "to_value", "circuit_addrs",
 ]

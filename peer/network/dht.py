@@ -9,6 +9,8 @@ averager, state transfer and stage serving (start-up of a p2p daemon costs about
   ``announce_maddrs``: the addresses other peers should dial (behind port forwarding).
 - ``client_mode``: for peers that cannot accept connections (behind NAT): they store and read
   records and dial out, but are never dialled; they reduce no part of an all-reduce.
+- ``relays``: for a peer behind NAT that should still be dialled: reachable peers' multiaddrs; the
+  daemon reserves a slot on each and the peer announces the circuits (:mod:`peer.network.relays`).
 - ``identity_path``: a persistent private key (:mod:`peer.network.identity`) so the peer id is stable across
   restarts; the file is locked while the peer runs.
 """
@@ -53,6 +55,8 @@ class DHTOptions:
     """Multiaddrs other peers should dial (explicit ports); empty announces what we listen on."""
     client_mode: bool = False
     """Do not accept incoming connections (a peer behind NAT)."""
+    relays: Sequence[str] = ()
+    """Multiaddrs (with ``/p2p/<id>``) of peers to reserve relay slots on; we announce only the circuits."""
     identity_path: Optional[str] = None
     """Private-key file giving a stable peer id; None picks a fresh random identity."""
     startup_timeout: float = 30.0
@@ -175,6 +179,16 @@ def start_dht(options: DHTOptions = DHTOptions()) -> PeerDHT:
         kwargs["no_listen"] = True  # hivemind's client mode alone still listens; we open no port at all
     if options.announce_maddrs:
         kwargs["announce_maddrs"] = list(options.announce_maddrs)
+    if options.relays and not options.client_mode:
+        from peer.network.relays import circuit_addrs, use_static_relays
+
+        use_static_relays()
+        kwargs.update(use_auto_relay=True, trusted_relays=list(options.relays), force_reachability="private",
+                      announce_maddrs=circuit_addrs(options.relays))
+    elif not options.client_mode:
+        # a listening peer serves as a relay with the limits the daemon is given only once it counts itself
+        # public; AutoNAT alone needs several peers to say so (see peer.network.relays)
+        kwargs["force_reachability"] = "public"
     if identity is not None:
         kwargs["identity_path"] = str(identity.path)
         kwargs["check_if_identity_free"] = options.check_identity_on_network

@@ -144,10 +144,11 @@ class ArchivePeer:
             del shapes
             self._load_own(cfg)
             dht = startup.start_dht(spec)
-            averager = startup.start_averager(spec, spec.manifest_hash, state_provider=self._provide)
             peer = PeerInfo(peer_id=dht.peer_id, device="cpu", memory_bytes=0, tokens_per_s=0.0,
                             multiaddrs=tuple(dht.maddrs()), manifest_hash=spec.manifest_hash, archive=True)
             startup.join(peer, lambda: {}, lambda reply: self.status.mark_heartbeat())
+            dht = startup.dht  # a new node when the join found us behind NAT and handed us relays
+            averager = startup.start_averager(spec, spec.manifest_hash, state_provider=self._provide)
             for mid, st in self.states.items():  # announced once we hold a credential
                 averager.announce_archive(mid, st.round_no)
             self.status.assignment, self.status.state = "every module", "following"

@@ -206,16 +206,24 @@ class PeerNode:
                         bandwidth, download = measured
                         log.info("measured bandwidth: %.1f Mbit/s up, %.1f Mbit/s down", bandwidth * 8e-6,
                                  download * 8e-6)
-                # a client-mode peer cannot be dialled, so it reduces no part (the averager's share 0)
-                averager = startup.start_averager(spec, dataset.manifest_hash,
-                                                  bandwidth=None if opts.network.client_mode else bandwidth,
-                                                  throughput=tokens_per_s, on_suspect=client.report_peer_later)
                 peer = PeerInfo(
                     peer_id=dht.peer_id, device=describe_device(device), memory_bytes=memory, tokens_per_s=tokens_per_s,
                     upload_bps=bandwidth or 0.0, download_bps=download, multiaddrs=tuple(dht.maddrs()),
                     manifest_hash=dataset.manifest_hash,
                 )
                 joined = startup.join(peer, self._progress, self._on_heartbeat)
+                dht = startup.dht  # a new node when the join found us behind NAT and handed us relays
+                from peer.averaging.net_averager import DEFAULT_BANDWIDTH, RELAYED_SHARE
+
+                # a client-mode peer cannot be dialled, so it reduces no part (the averager's share 0); a relayed
+                # one offers a sliver of its link, so that reachable members take the reduction when present
+                # (nothing crosses its relay but its own parts) and relayed members share it when alone
+                if opts.network.client_mode:
+                    bandwidth = None
+                elif joined.reachability == "relayed":
+                    bandwidth = (bandwidth or DEFAULT_BANDWIDTH) * RELAYED_SHARE
+                averager = startup.start_averager(spec, dataset.manifest_hash, bandwidth=bandwidth,
+                                                  throughput=tokens_per_s, on_suspect=client.report_peer_later)
                 log.info("joined run %s as %s: %s (%s)", cfg.run_id, dht.peer_id, joined.assignment.label(),
                          joined.assignment.reason)
                 self.view = make_view(opts.progress)

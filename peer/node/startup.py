@@ -27,6 +27,7 @@ pulls in neither torch nor hivemind (the steps import what they start).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -34,7 +35,7 @@ import sys
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol, Sequence
 
 from models.errors import HivepathError
 from peer.node.lifetime import STOP_SIGNALS
@@ -139,6 +140,7 @@ class PeerStartup:
         self._leave_reason = leave_reason
         self.client: Optional[CoordinatorClient] = None
         self.dht: Optional[PeerDHT] = None
+        self._spec: Optional[RunSpec] = None
         self.verifier: Optional[CredentialVerifier] = None
         self.averager: Any = None
         self._status_server: Any = None
@@ -171,14 +173,17 @@ class PeerStartup:
         """The run spec from the coordinator (retried up to ``coordinator_timeout``)."""
         return self.client.run_spec()
 
-    def start_dht(self, spec: "RunSpec") -> "PeerDHT":
+    def start_dht(self, spec: "RunSpec", relays: Sequence[str] = ()) -> "PeerDHT":
         """Start the DHT node for ``spec``'s run; it admits only credentialed records when the run has
-        a coordinator key (then :attr:`verifier` checks members' credentials)."""
+        a coordinator key (then :attr:`verifier` checks members' credentials). ``relays``: reserve
+        relay slots on these peers and announce only the circuits (a peer behind NAT)."""
         from peer.network import CredentialVerifier, DHTOptions, start_dht
         o = self.opts
+        self._spec = spec
         self.dht = start_dht(DHTOptions(
-            initial_peers=tuple(o.initial_peers) + tuple(spec.initial_peers), host_maddrs=o.host_maddrs,
-            announce_maddrs=o.announce_maddrs, client_mode=o.client_mode, identity_path=str(self.identity),
+            initial_peers=tuple(o.initial_peers) + tuple(spec.initial_peers) + tuple(relays),
+            host_maddrs=o.host_maddrs, announce_maddrs=o.announce_maddrs, client_mode=o.client_mode,
+            identity_path=str(self.identity), relays=tuple(relays),
         ))
         if spec.coordinator_public_key:
             cfg = spec.run_config
@@ -202,11 +207,22 @@ class PeerStartup:
     def join(self, peer: "PeerInfo", report: Callable[[], dict],
              on_heartbeat: Callable[["HeartbeatReply"], None]) -> "JoinInfo":
         """Join the run as ``peer``, connect to the peers that joined before us, keep the swarm merged
-        and heartbeat in the background (``report()``: heartbeat fields, ``on_heartbeat(reply)``)."""
+        and heartbeat in the background (``report()``: heartbeat fields, ``on_heartbeat(reply)``).
+
+        A peer the coordinator cannot dial back is handed relays: the DHT is restarted with them
+        (:attr:`dht` is then a new node under the same identity) and the peer joins again announcing
+        the circuits. Start the averager after this, over :attr:`dht`."""
         client = self.client
         client.peer = peer
         self.status.state = "joining"
         joined = client.join()
+        if joined.reachability == "unreachable" and joined.relays and not self.opts.client_mode:
+            log.info("behind NAT: reserving relay slots on %s", ", ".join(_short(r) for r in joined.relays))
+            self.dht.shutdown()
+            self.dht = None
+            self.start_dht(self._spec, relays=joined.relays)
+            client.peer = dataclasses.replace(peer, multiaddrs=tuple(self.dht.maddrs()))
+            joined = client.join()
         level, line = reachability_line(joined, self.opts.client_mode)
         self.status.reachability = line
         log.log(level, "%s", line)
@@ -296,17 +312,25 @@ def run_until_stopped(process: StoppableProcess, spot: Optional["SpotOptions"] =
                 watcher.stop()
 
 
+def _short(maddr: str) -> str:
+    """A relay's multiaddr as a reader needs it: its peer id (the last ``/p2p/`` part)."""
+    return maddr.rsplit("/p2p/", 1)[-1] if "/p2p/" in maddr else maddr
+
+
 def reachability_line(joined: "JoinInfo", client_mode: bool) -> tuple[int, str]:
     """The one line a peer says at join about whether others can dial it, and its log level."""
     if joined.reachability == "reachable":
         return logging.INFO, f"reachable at {joined.reachable_addr}"
+    if joined.reachability == "relayed":
+        relay = joined.reachable_addr.split("/p2p-circuit")[0]
+        return logging.INFO, f"behind NAT: relayed via {_short(relay)} (dialled at {joined.reachable_addr})"
     if joined.reachability == "not_listening" or client_mode:
         return logging.INFO, ("client mode: other peers cannot dial this one; it averages through the peers "
                               "it dials (it reduces no part of a module itself)")
     if joined.reachability == "unreachable":
         seen = f" (its connections come from {joined.observed_addr})" if joined.observed_addr else ""
         return logging.WARNING, (
-            f"cannot be reached: the coordinator could not connect to any announced address{seen}, so peers "
-            "cannot dial this one and no relay is in use; open the TCP port of --host-maddrs on the router or "
+            f"cannot be reached and no relay answers: the coordinator could not connect to any announced "
+            f"address{seen}, so peers cannot dial this one; open the TCP port of --host-maddrs on the router or "
             "firewall and pass --announce-maddrs with the public address, or pass --client-mode")
     return logging.INFO, "reachability unknown (the coordinator does not dial back)"

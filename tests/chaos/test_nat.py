@@ -1,12 +1,16 @@
-"""Reachability at join behind a real NAT (issue 17, part 1): a coordinator and a public peer on the
-bridge, and a peer in a home namespace behind a router that masquerades (iptables, the kernel's own
-NAT: the public side cannot dial it back).
+"""Volunteers behind a real NAT (issue 17): peers in home namespaces, each behind a router of its own
+that masquerades (iptables, the kernel's own NAT: the public side cannot dial them back).
 
-The coordinator dials each joining peer's announced addresses back: the public peer is ``reachable``
-at its address, the NATed one ``unreachable``, seen from its router's address. Each peer says so in
-one line at start; the coordinator's ``/status.json``, its status page and ``/metrics`` show it; the
-NATed peer's address is never handed out as a bootstrap peer. A third peer, NATed in client mode,
-announces nothing (``not_listening``), and still measures its link to the coordinator.
+Reachability at join: the coordinator dials each joining peer's announced addresses back: the public
+peer is ``reachable`` at its address; a NATed one that joins while no reachable peer can relay for it
+is ``unreachable``, seen from its router's address. Each peer says so in one line at start; the
+coordinator's ``/status.json``, its status page and ``/metrics`` show it; a NATed peer's address is
+never handed out as a bootstrap peer. A peer NATed in client mode announces nothing
+(``not_listening``) and still measures its link to the coordinator.
+
+Relays: NATed peers that join while a public peer is live are handed it as a relay, reserve a slot,
+announce the circuit (``relayed``), and average with the public peer and with each other: the
+replicas of the modules held by NATed peers alone are identical round after round.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import sys
 
 import pytest
 
+from chaos.invariants import module_rounds_in, replica_check, stop_all
 from chaos.nsnet import CHAOS_PREFIX, CHAOS_SUBNET, NsNetwork
 from chaos.scenario import prepare_dataset
 from helpers import wait_for
@@ -42,9 +47,10 @@ def test_the_coordinator_finds_who_is_behind_nat_and_each_peer_says_so(procs, tm
     data = prepare_dataset(tmp_path / "data")
     net = NsNetwork(procs, tmp_path, data.dir, data.manifest_hash, nat_bridge, inner_steps=4)
     net.start_coordinator()
-    net.start_peer_in("public", 1)
-    wait_for(lambda: (net.status() or {}).get("peers"), 120, "the public peer to join")
+    # the NATed peer first: no reachable peer is there yet to relay for it
     net.start_peer_in("natted", 2)
+    wait_for(lambda: (net.status() or {}).get("peers"), 120, "the NATed peer to join")
+    net.start_peer_in("public", 1)
     net.start_peer_in("client", 3, "--client-mode")
 
     def rows() -> dict[str, dict]:
@@ -64,7 +70,7 @@ def test_the_coordinator_finds_who_is_behind_nat_and_each_peer_says_so(procs, tm
 
     # one line each, at start
     assert re.search(rf"reachable at /ip4/{re.escape(nat_bridge.address(1))}/tcp/\d+", net.procs.log("public"))
-    line = next(l for l in net.procs.log("natted").splitlines() if "cannot be reached" in l)
+    line = next(l for l in net.procs.log("natted").splitlines() if "cannot be reached and no relay answers" in l)
     assert f"(its connections come from {nat_bridge.address(2)})" in line and "--announce-maddrs" in line
     assert "client mode: other peers cannot dial this one" in net.procs.log("client")
 
@@ -90,3 +96,77 @@ def test_the_coordinator_finds_who_is_behind_nat_and_each_peer_says_so(procs, tm
     handed = spec.stdout.split()
     assert any(public in a for a in handed) and not any(natted in a or client in a for a in handed), handed
     assert net.stop("client") == 0 and net.stop("natted") == 0 and net.stop("public") == 0
+
+
+def _rows(net) -> dict[str, dict]:
+    return {p["peer_id"]: p for p in (net.status() or {}).get("peers", [])}
+
+
+@pytest.fixture
+def nat_homes():
+    """Namespaces ``hpc-p0..4``: the coordinator in 0, a public peer in 1, and in 2, 3 and 4 a router
+    with a peer behind it."""
+    from bench.netns import NetnsBridge, netns_available
+
+    why = netns_available()
+    if why:
+        pytest.skip(f"network namespaces unavailable: {why}")
+    with NetnsBridge(5, rate="100mbit", subnet=CHAOS_SUBNET, prefix=CHAOS_PREFIX, nat=[2, 3, 4]) as b:
+        yield b
+
+
+NATTED = ("nat2", "nat3", "nat4")
+
+
+def test_natted_peers_average_through_a_relay_with_the_public_one_and_each_other(procs, tmp_path, nat_homes):
+    """1 public + 3 NATed peers on the 2x2 lattice: the public peer takes the first path, the NATed ones
+    the other three, so two level modules are held by NATed peers alone."""
+    data = prepare_dataset(tmp_path / "data")
+    net = NsNetwork(procs, tmp_path, data.dir, data.manifest_hash, nat_homes, inner_steps=4)
+    net.start_coordinator()
+    works = {"public": net.start_peer_in("public", 1)}
+    wait_for(lambda: (net.status() or {}).get("peers"), 120, "the public peer to join")
+    works.update({name: net.start_peer_in(name, i) for i, name in enumerate(NATTED, start=2)})
+    ids = wait_for(lambda: _ids(net, ["public", *NATTED]), 180, "the NATed peers to join and train")
+    public = ids["public"]
+    by_id = _rows(net)
+    for name in NATTED:
+        row = by_id[ids[name]]
+        assert row["reachability"] == "relayed" and row["relay"] == public, row
+        assert row["reachable_addr"].startswith(f"/ip4/{nat_homes.address(1)}/tcp/"), row
+        assert f"behind NAT: relayed via {public}" in net.procs.log(name)
+
+    # the work the coordinator gave: modules held by NATed peers alone, and modules shared with the public one
+    held = {m["module_id"]: set(m["holders"]) for m in (net.status() or {}).get("modules", [])}
+    natted_only = {m: [n for n in NATTED if ids[n] in h] for m, h in held.items() if len(h) >= 2 and public not in h}
+    assert len(natted_only) >= 2, f"modules held by NATed peers alone: {held}"
+    shared = [m for m, h in held.items() if set(ids.values()) <= h]
+    assert shared, held
+
+    def rounds_done() -> bool:
+        rounds = net.module_rounds()
+        return all(rounds.get(m, 0) >= 4 for m in [*natted_only, *shared])
+
+    wait_for(rounds_done, 240, f"4 rounds of {[*natted_only, *shared]}")
+    # their tokens are counted by the coordinator
+    assert all(_rows(net)[ids[n]]["tokens"] > 0 for n in NATTED), _rows(net)
+    codes = stop_all(net, [*NATTED, "public"])
+    assert all(c == 0 for c in codes.values()), codes
+    # bit-identical replicas, among the NATed peers (through the relay) and with the public one
+    check = replica_check([works[n] / "checkpoints" for n in ("public", *NATTED)])
+    assert not check.mismatches and check.pairs >= 4, (check.pairs, check.mismatches[:5])
+    common = {}
+    for m, holders in natted_only.items():
+        a, b = (module_rounds_in(works[n] / "checkpoints") for n in holders[:2])
+        common[m] = len((set(a.get(m, {})) & set(b.get(m, {}))) - {0})
+    assert all(n >= 3 for n in common.values()), f"rounds of the NATed-only modules on both holders: {common}"
+
+
+def _ids(net, names: list[str]) -> dict[str, str] | None:
+    """Peer ids by name once every named peer prints progress and holds modules."""
+    try:
+        ids = {n: net.peer_id(n) for n in names}
+    except AssertionError:
+        return None
+    held = {p for m in (net.status() or {}).get("modules", []) for p in m.get("holders", [])}
+    return ids if set(ids.values()) <= held else None

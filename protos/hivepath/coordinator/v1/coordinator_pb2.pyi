@@ -95,7 +95,7 @@ class Lease(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., duration_s: _Optional[float] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
-    __slots__ = ("run_spec", "initial_peers", "lease", "assignment", "rejoined", "credential", "reachability", "reachable_addr", "observed_addr")
+    __slots__ = ("run_spec", "initial_peers", "lease", "assignment", "rejoined", "credential", "reachability", "reachable_addr", "observed_addr", "relays")
     RUN_SPEC_FIELD_NUMBER: _ClassVar[int]
     INITIAL_PEERS_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +105,7 @@ class JoinResponse(_message.Message):
     REACHABILITY_FIELD_NUMBER: _ClassVar[int]
     REACHABLE_ADDR_FIELD_NUMBER: _ClassVar[int]
     OBSERVED_ADDR_FIELD_NUMBER: _ClassVar[int]
+    RELAYS_FIELD_NUMBER: _ClassVar[int]
     run_spec: RunSpec
     initial_peers: _containers.RepeatedScalarFieldContainer[str]
     lease: Lease
@@ -114,7 +115,8 @@ class JoinResponse(_message.Message):
     reachability: str
     reachable_addr: str
     observed_addr: str
-    def __init__(self, run_spec: _Optional[_Union[RunSpec, _Mapping]] = ..., initial_peers: _Optional[_Iterable[str]] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., rejoined: _Optional[bool] = ..., credential: _Optional[bytes] = ..., reachability: _Optional[str] = ..., reachable_addr: _Optional[str] = ..., observed_addr: _Optional[str] = ...) -> None: ...
+    relays: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_spec: _Optional[_Union[RunSpec, _Mapping]] = ..., initial_peers: _Optional[_Iterable[str]] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., rejoined: _Optional[bool] = ..., credential: _Optional[bytes] = ..., reachability: _Optional[str] = ..., reachable_addr: _Optional[str] = ..., observed_addr: _Optional[str] = ..., relays: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ModuleProgress(_message.Message):
     __slots__ = ("module_id", "round", "tokens", "loss")

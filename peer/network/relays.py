@@ -1,0 +1,55 @@
+"""Circuit relays for peers behind NAT (libp2p circuit relay v2, served by hivemind's p2p daemon).
+
+Every peer's p2p daemon is a relay: the daemon serves reservations and circuits by default, within
+its limits (per relayed connection 4 GiB each way and 30 minutes; 16 circuits and 128 reservations a
+peer). A peer that the coordinator found unreachable at join is handed a few reachable peers as
+relays; it restarts its DHT with them as static relays, reserves a slot on each, and announces the
+circuits ``<relay multiaddr>/p2p-circuit`` as its only addresses. Peers that dial it then go through
+a relay, and the daemons' hole punching (DCUtR, on with AutoNAT) may upgrade such a connection to a
+direct one.
+
+A daemon serves relays with these limits only while it counts itself publicly reachable; until then
+it answers with go-libp2p's defaults, which reset every circuit after 128 KiB. AutoNAT needs several
+peers to confirm reachability, so every listening peer that is not behind NAT starts with its
+reachability forced public (a peer the coordinator then finds unreachable restarts as private).
+
+hivemind's ``P2P.create`` has no argument for the daemon's ``-relayDiscovery``, and with discovery on
+the daemon's auto-relay waits for four relay candidates, or three minutes, before it reserves any
+slot (go-libp2p's boot delay). With discovery off and ``-trustedRelays`` given, the relays are static
+and reserved within a second. :func:`use_static_relays` adds ``-relayDiscovery=0`` to every daemon
+this process starts with trusted relays (the DHT runs in a forked child, which inherits it).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence
+
+__all__ = ["circuit_addrs", "use_static_relays"]
+
+_lock = threading.Lock()
+_installed = False
+
+
+def circuit_addrs(relays: Sequence[str]) -> list[str]:
+    """The addresses a peer behind NAT announces: a circuit through each relay (``.../p2p/RELAY``)."""
+    return [f"{r.rstrip('/')}/p2p-circuit" for r in relays if "/p2p/" in r and "/p2p-circuit" not in r]
+
+
+def use_static_relays() -> None:
+    """From now on, a p2p daemon started with trusted relays uses them as static relays (see the module)."""
+    global _installed
+    from hivemind.p2p import P2P
+
+    with _lock:
+        if _installed:
+            return
+        build = P2P._make_process_args
+
+        def make_process_args(*args: Any, **kwargs: Any) -> list[str]:
+            if kwargs.get("trustedRelays"):
+                kwargs["relayDiscovery"] = False
+            return build(*args, **kwargs)
+
+        P2P._make_process_args = staticmethod(make_process_args)
+        _installed = True
