@@ -185,10 +185,7 @@ def start_dht(options: DHTOptions = DHTOptions()) -> PeerDHT:
         use_static_relays()
         kwargs.update(use_auto_relay=True, trusted_relays=list(options.relays), force_reachability="private",
                       announce_maddrs=circuit_addrs(options.relays))
-    elif not options.client_mode:
-        # a listening peer serves as a relay with the limits the daemon is given only once it counts itself
-        # public; AutoNAT alone needs several peers to say so (see peer.network.relays)
-        kwargs["force_reachability"] = "public"
+
     if identity is not None:
         kwargs["identity_path"] = str(identity.path)
         kwargs["check_if_identity_free"] = options.check_identity_on_network

@@ -27,13 +27,12 @@ pulls in neither torch nor hivemind (the steps import what they start).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import signal
 import sys
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol, Sequence
 
@@ -221,7 +220,7 @@ class PeerStartup:
             self.dht.shutdown()
             self.dht = None
             self.start_dht(self._spec, relays=joined.relays)
-            client.peer = dataclasses.replace(peer, multiaddrs=tuple(self.dht.maddrs()))
+            client.peer = replace(peer, multiaddrs=tuple(self.dht.maddrs()))
             joined = client.join()
         level, line = reachability_line(joined, self.opts.client_mode)
         self.status.reachability = line

@@ -1,0 +1,188 @@
+"""Benchmark ``bench.nat`` (issue 17): volunteers behind real NAT average through relays.
+
+Real processes in network namespaces (``bench.netns``): the coordinator in namespace 0, one public
+peer in 1, and three peers each behind a home router of its own that masquerades (iptables) in 2-4;
+every outside link is shaped to ``--rate`` (default 50 Mbit/s). The run config is the demo preset
+(2x2 byte-level lattice) with ``--inner-steps`` (default 10) so that rounds come often. The public
+peer and two NATed peers start together; once every held module has averaged ``--warmup`` rounds,
+the third NATed peer joins (the newcomer); the run goes on until the newcomer has finished
+``--rounds`` rounds. Then everything is stopped with SIGTERM and checked. The same run with every
+participant public (no routers) is the control for the round time.
+
+Keys:
+- ``natted_round_share``: over the NATed peers' outer rounds, the share of (module, round) results of
+  modules held by two peers or more that were averaged with at least one other holder (target >= 0.95);
+- ``replica_max_abs_diff``: over every pair of checkpoints of one module at one round (target 0.0);
+- ``relay_bytes_share``: bytes the relay forwarded (its daemon's own count of relayed bytes) over all
+  bytes sent on the participants' outside links (report);
+- ``nat_vs_public_round_s``: the median time between a peer's outer rounds, NAT run over control run
+  (target <= 1.5), with both medians;
+- ``newcomer_first_round_s``: from the newcomer's start to its first round averaged with another
+  holder (target <= 60).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+for _p in (ROOT, ROOT / "tests"):  # the namespaced network and the invariants live with the chaos tests
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+from bench.common import emit, run_main  # noqa: E402
+
+log = logging.getLogger("bench.nat")
+
+PREFIX, SUBNET = "hpn", "10.81.0"
+"""Namespace names and addresses of this benchmark (distinct from the chaos tests' and bench.comm's)."""
+NAMES = ["public", "nat2", "nat3", "nat4"]
+NEWCOMER = "nat4"
+_RELAYED = re.compile(r"relay/relay\.go:\d+\] relayed (\d+) bytes from")
+
+
+def module_results(log_text: str) -> list[tuple[str, int]]:
+    """(module id, group size) of every module result in the trainer's round lines; size 0 when the
+    module's round was not applied."""
+    out = []
+    for line in log_text.splitlines():
+        if "peer.node.trainer: round " not in line:
+            continue
+        body = line.split(": ", 2)[-1].rsplit("; waited", 1)[0]
+        for entry in body.split("; "):
+            m = re.match(r"(\w+) r\d+ averaged by (\d+)", entry)
+            if m:
+                out.append((m[1], int(m[2])))
+            elif re.match(r"\w+ r\d+", entry):
+                out.append((entry.split()[0], 0))
+    return out
+
+
+def one_run(natted: bool, work: Path, rate: str, inner_steps: int, warmup: int, rounds: int) -> dict[str, Any]:
+    from chaos.fault import rounds_done
+    from chaos.invariants import replica_check, round_gaps, stop_all
+    from chaos.nsnet import NsNetwork
+    from chaos.scenario import prepare_dataset
+    from helpers.procs import ProcessGroup, wait_for
+
+    from bench.netns import NetnsBridge
+
+    data = prepare_dataset(work / "data")
+    procs = ProcessGroup(work / "logs")
+    bridge = NetnsBridge(5, rate=rate, subnet=SUBNET, prefix=PREFIX, nat=[2, 3, 4] if natted else [])
+    out: dict[str, Any] = {}
+    try:
+        bridge.open()
+        net = NsNetwork(procs, work / "net", data.dir, data.manifest_hash, bridge, inner_steps=inner_steps)
+        net.run_toml.write_text(net.run_toml.read_text().replace('preset = "tiny"', 'preset = "demo"')
+                                .replace("round_timeout = 12.0", "round_timeout = 30.0"))
+        net.start_coordinator()
+        # the relay's count of relayed bytes comes from its daemon's debug log (the public peer's only)
+        net.env.update({"GOLOG_LOG_LEVEL": "warn,relay=debug", "HIVEMIND_LOGLEVEL": "DEBUG"})
+        net.start_peer_in("public", 1)
+        wait_for(lambda: (net.status() or {}).get("peers"), 180, "the public peer to join")
+        net.env.pop("GOLOG_LOG_LEVEL"), net.env.pop("HIVEMIND_LOGLEVEL")
+        works = {"public": work / "net" / "public"}
+        for i, name in ((2, "nat2"), (3, "nat3")):
+            works[name] = net.start_peer_in(name, i)
+        wait_for(lambda: all(rounds_done(net, n) >= warmup for n in works), 600, f"{warmup} rounds on every peer")
+        sent0 = _sent(bridge)
+        started = time.monotonic()
+        works[NEWCOMER] = net.start_peer_in(NEWCOMER, 4)
+        first = wait_for(lambda: _first_group_round(net.procs.log(NEWCOMER)), 300, "the newcomer's first group round")
+        out["newcomer_first_round_s"] = round(first - started, 1) if first else None
+        wait_for(lambda: rounds_done(net, NEWCOMER) >= rounds, 1200, f"{rounds} rounds of the newcomer")
+        sent = _sent(bridge) - sent0
+        held = {m["module_id"]: len(m["holders"]) for m in (net.status() or {}).get("modules", [])}
+        codes = stop_all(net, [*works])
+        out["exit_codes"] = codes
+        logs = {n: net.procs.log(n) for n in works}
+        natted_names = [n for n in works if n != "public"]
+        shared = {m for m, k in held.items() if k >= 2}
+        results = [(m, k) for n in natted_names for m, k in module_results(logs[n]) if m in shared]
+        out["natted_module_rounds"] = len(results)
+        out["natted_round_share"] = round(sum(1 for _, k in results if k >= 2) / len(results), 4) if results else None
+        gaps = [g for n in works for g in round_gaps(logs[n])[2:]]
+        out["median_round_s"] = statistics.median(gaps) if gaps else None
+        check = replica_check([w / "checkpoints" for w in works.values()])
+        out["replica_pairs"] = check.pairs
+        out["replica_max_abs_diff"] = check.max_abs_diff
+        out["replica_mismatches"] = check.mismatches[:5]
+        relayed = sum(int(m[1]) for m in _RELAYED.finditer(logs["public"]))
+        out["bytes_sent_outside"] = sent
+        out["relayed_bytes"] = relayed
+        out["relay_bytes_share"] = round(relayed / sent, 4) if sent > 0 else None
+        if natted:
+            rows = {p["peer_id"]: p for p in (net.status() or {}).get("peers", [])}
+            out["reachability"] = sorted(p.get("reachability", "") for p in rows.values())
+        return out
+    finally:
+        procs.close()
+        bridge.close()
+
+
+def _sent(bridge) -> int:
+    """Bytes sent so far on every participant's outside link (a NATed one's router's)."""
+    import subprocess
+
+    total = 0
+    for i in range(1, bridge.n):
+        got = subprocess.run(["ip", "netns", "exec", bridge.names[i], "cat", "/sys/class/net/eth0/statistics/tx_bytes"],
+                             capture_output=True, text=True)
+        total += int(got.stdout.strip() or 0)
+    return total
+
+
+def _first_group_round(log_text: str) -> float:
+    """Monotonic time at which ``log_text`` first shows a round averaged by 2 or more, else 0."""
+    if re.search(r"peer\.node\.trainer: round \d+: .*averaged by [2-9]", log_text):
+        return time.monotonic()
+    return 0.0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.nat", description=__doc__.split("\n\n")[0])
+    p.add_argument("--rate", default="50mbit", help="every outside link's rate (tc tbf), default 50mbit")
+    p.add_argument("--inner-steps", type=int, default=10, help="inner steps per round (default 10)")
+    p.add_argument("--warmup", type=int, default=5, help="rounds before the newcomer joins (default 5)")
+    p.add_argument("--rounds", type=int, default=20, help="rounds of the newcomer before the stop (default 20)")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from bench.netns import netns_available
+
+    why = netns_available()
+    if not why and shutil.which("iptables") is None:
+        why = "needs iptables (apt-get install iptables)"
+    if why:
+        emit("nat", {"skipped": why})
+        return 0
+    with tempfile.TemporaryDirectory(prefix="bench-nat-") as tmp:
+        nat = one_run(True, Path(tmp) / "nat", args.rate, args.inner_steps, args.warmup, args.rounds)
+        public = one_run(False, Path(tmp) / "public", args.rate, args.inner_steps, args.warmup, args.rounds)
+    result = {
+        "natted_round_share": nat["natted_round_share"],
+        "replica_max_abs_diff": max(nat["replica_max_abs_diff"], public["replica_max_abs_diff"]),
+        "relay_bytes_share": nat["relay_bytes_share"],
+        "nat_vs_public_round_s": (round(nat["median_round_s"] / public["median_round_s"], 3)
+                                  if nat["median_round_s"] and public["median_round_s"] else None),
+        "newcomer_first_round_s": nat["newcomer_first_round_s"],
+        "nat_run": nat,
+        "public_run": public,
+        "setup": {"rate": args.rate, "preset": "demo", "inner_steps": args.inner_steps, "peers": "1 public + 3 NATed",
+                  "rounds": args.rounds, "warmup": args.warmup},
+    }
+    emit("nat", result)
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)
