@@ -318,7 +318,7 @@ class Coordinator(Leases, Reading, Moderation):
                 continue
             # every address: the first may be loopback inside a container, useless to anyone else
             for addr in self._live_addrs[peer_id]:
-                out.append(addr if "/p2p/" in addr else f"{addr}/p2p/{peer_id}")
+                out.append(_with_peer_id(addr, peer_id))
         return out
 
     def _relays_for(self, joining: str) -> list[str]:
@@ -329,8 +329,7 @@ class Coordinator(Leases, Reading, Moderation):
         archives = {p for p in self._live_addrs if (a := self.view.assignments.get(p)) and a.mode == MODE_ARCHIVE}
         candidates = [p for p in self._live_addrs if p != joining and self._peers[p].reachable_addr]
         candidates.sort(key=lambda p: (load.get(p, 0), p not in archives))
-        return [f"{self._peers[p].reachable_addr}/p2p/{p}" if "/p2p/" not in self._peers[p].reachable_addr
-                else self._peers[p].reachable_addr for p in candidates[:RELAYS_PER_PEER]]
+        return [_with_peer_id(self._peers[p].reachable_addr, p) for p in candidates[:RELAYS_PER_PEER]]
 
     def _issue(self, peer_id: str, now: float) -> bytes:
         cred = self.issuer.issue(peer_id, now)
@@ -345,3 +344,8 @@ class Coordinator(Leases, Reading, Moderation):
         batch.peers[peer.peer_id] = copy.copy(peer)
         self.counters["drains"] += 1
         log.info("draining %s: %s", peer.peer_id, reason)
+
+
+def _with_peer_id(addr: str, peer_id: str) -> str:
+    """``addr`` as others dial it: ending in ``/p2p/<peer id>``."""
+    return addr if "/p2p/" in addr else f"{addr}/p2p/{peer_id}"

@@ -185,7 +185,6 @@ def start_dht(options: DHTOptions = DHTOptions()) -> PeerDHT:
         use_static_relays()
         kwargs.update(use_auto_relay=True, trusted_relays=list(options.relays), force_reachability="private",
                       announce_maddrs=circuit_addrs(options.relays))
-
     if identity is not None:
         kwargs["identity_path"] = str(identity.path)
         kwargs["check_if_identity_free"] = options.check_identity_on_network
