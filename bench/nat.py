@@ -52,26 +52,9 @@ NEWCOMER = "nat4"
 _RELAYED = re.compile(r"relay/relay\.go:\d+\] relayed (\d+) bytes from")
 
 
-def module_results(log_text: str) -> list[tuple[str, int]]:
-    """(module id, group size) of every module result in the trainer's round lines; size 0 when the
-    module's round was not applied."""
-    out = []
-    for line in log_text.splitlines():
-        if "peer.node.trainer: round " not in line:
-            continue
-        body = line.split(": ", 2)[-1].rsplit("; waited", 1)[0]
-        for entry in body.split("; "):
-            m = re.match(r"(\w+) r\d+ averaged by (\d+)", entry)
-            if m:
-                out.append((m[1], int(m[2])))
-            elif re.match(r"\w+ r\d+", entry):
-                out.append((entry.split()[0], 0))
-    return out
-
-
 def one_run(natted: bool, work: Path, rate: str, inner_steps: int, warmup: int, rounds: int) -> dict[str, Any]:
     from chaos.fault import rounds_done
-    from chaos.invariants import acknowledged_rounds, replica_check, round_gaps, stop_all
+    from chaos.invariants import acknowledged_rounds, module_results, replica_check, round_gaps, stop_all
     from chaos.nsnet import NsNetwork
     from chaos.scenario import prepare_dataset
     from helpers.procs import ProcessGroup, wait_for
@@ -92,7 +75,8 @@ def one_run(natted: bool, work: Path, rate: str, inner_steps: int, warmup: int, 
         net.env.update({"GOLOG_LOG_LEVEL": "warn,relay=debug", "HIVEMIND_LOGLEVEL": "DEBUG"})
         net.start_peer_in("public", 1)
         wait_for(lambda: (net.status() or {}).get("peers"), 180, "the public peer to join")
-        net.env.pop("GOLOG_LOG_LEVEL"), net.env.pop("HIVEMIND_LOGLEVEL")
+        for name in ("GOLOG_LOG_LEVEL", "HIVEMIND_LOGLEVEL"):
+            net.env.pop(name)
         works = {"public": work / "net" / "public"}
         for i, name in ((2, "nat2"), (3, "nat3")):
             works[name] = net.start_peer_in(name, i)

@@ -31,7 +31,7 @@ from peer.node import CheckpointDir
 
 __all__ = ["ReplicaCheck", "replica_check", "acknowledged_rounds", "held_rounds", "rounds_lost",
            "first_identical_round", "stop_all", "loss_thirds", "round_gaps", "round_waits", "module_rounds_in",
-           "first_merged_rounds"]
+           "first_merged_rounds", "module_results"]
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +210,24 @@ def stop_all(net, names: Iterable[str], exit_timeout: float = 60.0,
             net.procs.kill(n)
             codes[n] = None
     return codes
+
+
+def module_results(log_text: str) -> list[tuple[str, int]]:
+    """(module id, group size) of every module result in the trainer's round lines
+    (``round N: embed r60 averaged by 3; L1M1 r0 not applied (...); ...``); size 0 when the module's
+    round was not applied."""
+    out = []
+    for line in log_text.splitlines():
+        if "peer.node.trainer: round " not in line:
+            continue
+        body = line.split(": ", 2)[-1].rsplit("; waited", 1)[0]
+        for entry in body.split("; "):
+            m = re.match(r"(\w+) r\d+ averaged by (\d+)", entry)
+            if m:
+                out.append((m[1], int(m[2])))
+            elif re.match(r"\w+ r\d+", entry):
+                out.append((entry.split()[0], 0))
+    return out
 
 
 _ROUND_LINE = re.compile(r"^(\d\d):(\d\d):(\d\d) INFO peer\.node\.trainer: round ")

@@ -25,7 +25,7 @@ import sys
 
 import pytest
 
-from chaos.invariants import acknowledged_rounds, replica_check, stop_all
+from chaos.invariants import acknowledged_rounds, module_results, replica_check, stop_all
 from chaos.nsnet import CHAOS_PREFIX, CHAOS_SUBNET, NsNetwork
 from chaos.scenario import prepare_dataset, settled
 from helpers import wait_for
@@ -166,11 +166,7 @@ def test_natted_peers_average_through_a_relay_with_the_public_one_and_each_other
 
 def _grouped_modules(log_text: str) -> collections.Counter:
     """Per module, the trainer's rounds in which it was averaged with another holder."""
-    out: collections.Counter = collections.Counter()
-    for line in log_text.splitlines():
-        if "peer.node.trainer: round " in line:
-            out.update(m[1] for m in re.finditer(r"(\w+) r\d+ averaged by [2-9]", line))
-    return out
+    return collections.Counter(m for m, size in module_results(log_text) if size >= 2)
 
 
 def _ids(net, names: list[str]) -> dict[str, str] | None:
