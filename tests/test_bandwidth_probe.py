@@ -140,22 +140,30 @@ def test_oversized_probes_are_invalid_argument(stub):
     assert _upload(stub, TOKEN, 1 << 20).received_bytes == 1 << 20
 
 
+def _held_upload(stub):
+    """An upload probe that announces itself and then waits: ``(queue to feed it, its future)``."""
+    q: queue.SimpleQueue = queue.SimpleQueue()
+    q.put(pb.ProbeUploadRequest(token=TOKEN, total_bytes=1000))
+    return q, stub.ProbeUpload.future(iter(q.get, None), timeout=60)
+
+
 def test_busy_coordinator_refuses_extra_probes_then_serves_again(coordinator, stub):
-    holders = []
-    for _ in range(MAX_CONCURRENT_PROBES):  # upload probes that announce themselves and then wait
-        q: queue.SimpleQueue = queue.SimpleQueue()
-        q.put(pb.ProbeUploadRequest(token=TOKEN, total_bytes=1000))
-        holders.append((q, stub.ProbeUpload.future(iter(q.get, None), timeout=60)))
+    holders = [_held_upload(stub) for _ in range(MAX_CONCURRENT_PROBES)]
     seen: list[grpc.StatusCode] = []
 
     def refused() -> bool:
+        # A held probe's first message goes out on a gRPC thread: an extra probe can reach the coordinator
+        # first and take the slot, and the held one is then refused. Hold another in its place.
+        for i, (_, f) in enumerate(holders):
+            if f.done() and f.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                holders[i] = _held_upload(stub)
         ended = [f.exception() for _, f in holders if f.done()]
         assert not ended, f"a held upload probe ended before it was released: {ended}"
         seen.append(_code(_download, stub, TOKEN, 1000, 0, 5.0))  # one slow answer does not use up the wait
-        return seen[-1] == grpc.StatusCode.RESOURCE_EXHAUSTED
+        return seen[-1] == grpc.StatusCode.RESOURCE_EXHAUSTED and not any(f.done() for _, f in holders)
 
     try:
-        wait_for(refused, 60, "a probe beyond the limit is refused while the others run", interval=0.05)
+        wait_for(refused, 50, "a probe beyond the limit is refused while the others run", interval=0.05)
     except TimeoutError as e:
         raise AssertionError(f"{e}; the extra probes got {sorted(set(seen), key=str)}") from None
     finally:
