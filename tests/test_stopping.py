@@ -93,7 +93,16 @@ def _stop_and_check(proc: subprocess.Popen, sig: int, daemons: int, start_timeou
         proc.wait(timeout=30)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=lambda s: s.name)
+def _signals(*slow: signal.Signals) -> list:
+    """Every stop signal, those in ``slow`` marked slow. SIGINT, SIGTERM and SIGHUP reach one handler in
+    each command (``peer.node.startup.drain_signals`` in the demo, ``bench.common.run_main`` in a
+    benchmark); SIGKILL runs none (the children's parent-death signal and watchdog). The default run
+    sends each command one handled signal of its own and SIGKILL; ``make test-all`` sends all four."""
+    return [pytest.param(s, id=s.name, marks=[pytest.mark.slow] if s in slow else [])
+            for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL)]
+
+
+@pytest.mark.parametrize("sig", _signals(signal.SIGINT, signal.SIGTERM))
 def test_demo_stops_every_process(tmp_path, sig):
     # one peer and the archive: two p2p daemons; the dataset is prepared here, once per test
     cmd = hivepath_cmd("demo", "--peers", "1", "--minutes", "5", "--preset", "tiny", "--out", str(tmp_path / "demo"),
@@ -104,7 +113,7 @@ def test_demo_stops_every_process(tmp_path, sig):
                     logs=[tmp_path / "demo.log", *(tmp_path / "demo" / "logs" / f"{n}.log" for n in ("coordinator", "archive", "peer0"))])
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=lambda s: s.name)
+@pytest.mark.parametrize("sig", _signals(signal.SIGINT, signal.SIGHUP))
 def test_swarm_benchmark_stops_every_process(tmp_path, sig):
     # the trainer's own DHT plus four stage servers, each with its p2p daemon
     with open(tmp_path / "swarm.log", "wb") as log:

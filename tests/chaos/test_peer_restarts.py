@@ -18,6 +18,7 @@ from helpers.network import Network
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow  # the default run's kill -9 and bit-identical return: test_peer_network's kill9 test
 def test_peer_killed_and_restarted_twice(procs, tmp_path):
     data = prepare_dataset(tmp_path / "data")
     net = Network(procs, tmp_path, data.dir, data.manifest_hash, inner_steps=8, lease_timeout=6.0)
