@@ -20,6 +20,7 @@ from hivepath.paths import certificate, database, key_file, private_key, text_fi
 from hivepath.settings import env_default
 from models import strict_json
 from models.errors import ConfigError, HivepathError
+from models.settings import COORDINATOR_HTTP_PORT, COORDINATOR_PORT
 
 __all__ = ["register", "run"]
 
@@ -27,8 +28,9 @@ log = logging.getLogger(__name__)
 
 
 def _add_client(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--coordinator", default=env_default("HIVEPATH_COORDINATOR") or "127.0.0.1:7700",
-                   help="host:port of the coordinator (env HIVEPATH_COORDINATOR; default 127.0.0.1:7700)")
+    p.add_argument("--coordinator", default=env_default("HIVEPATH_COORDINATOR") or f"127.0.0.1:{COORDINATOR_PORT}",
+                   help=f"HOST[:PORT] of the coordinator (env HIVEPATH_COORDINATOR; default 127.0.0.1:{COORDINATOR_PORT}; "
+                        f"PORT defaults to {COORDINATOR_PORT})")
     p.add_argument("--tls-ca", type=certificate(), metavar="FILE",
                    help="PEM CA certificate to verify a TLS coordinator")
     add_token_flags(p)
@@ -47,8 +49,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--db", type=database(), required=True, metavar="FILE",
                        help="SQLite state file in an existing directory (created if missing; ':memory:' for none)")
     serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
-    serve.add_argument("--port", type=port(), default=7700, help="gRPC port (default 7700)")
-    serve.add_argument("--http-port", type=port(), default=7701, help="status page / metrics port (default 7701)")
+    serve.add_argument("--port", type=port(), default=COORDINATOR_PORT, help=f"gRPC port (default {COORDINATOR_PORT})")
+    serve.add_argument("--http-port", type=port(), default=COORDINATOR_HTTP_PORT,
+                       help=f"status page / metrics port (default {COORDINATOR_HTTP_PORT})")
     serve.add_argument("--tls-cert", type=certificate(), metavar="FILE",
                        help="PEM certificate chain: serve gRPC over TLS (with --tls-key)")
     serve.add_argument("--tls-key", type=private_key(), metavar="FILE", help="PEM private key of --tls-cert")

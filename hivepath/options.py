@@ -22,6 +22,7 @@ from hivepath.numbers import port, seconds
 from hivepath.paths import certificate, key_file, text_file
 from hivepath.settings import env_default, setting
 from models.errors import HivepathError
+from models.settings import COORDINATOR_PORT
 
 __all__ = ["add_token_flags", "read_token", "add_network_flags", "network_options"]
 
@@ -71,8 +72,9 @@ def add_network_flags(p: argparse.ArgumentParser) -> None:
     """The flags every long-running peer process shares (``peer join``, ``archive``): how it reaches
     the coordinator and the DHT, and its local status page. Each reads its ``HIVEPATH_*`` variable."""
     status_port = setting("HIVEPATH_STATUS_PORT").default
-    p.add_argument("--coordinator", default=env_default("HIVEPATH_COORDINATOR"), metavar="HOST:PORT",
-                   help="the coordinator's gRPC address (env HIVEPATH_COORDINATOR; required)")
+    p.add_argument("--coordinator", default=env_default("HIVEPATH_COORDINATOR"), metavar="HOST[:PORT]",
+                   help=f"the coordinator's gRPC address, PORT {COORDINATOR_PORT} if left out "
+                        "(env HIVEPATH_COORDINATOR; required)")
     add_token_flags(p)
     p.add_argument("--initial-peers", nargs="*", default=env_default("HIVEPATH_INITIAL_PEERS"), metavar="MADDR",
                    help="extra DHT bootstrap multiaddrs (env HIVEPATH_INITIAL_PEERS, space-separated)")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from hivepath.paths import FromVariable
-from models.settings import Setting
+from models.settings import COORDINATOR_HTTP_PORT, COORDINATOR_PORT, Setting
 
 try:
     from peer.settings import PEER_SETTINGS
@@ -38,8 +38,8 @@ CLI_SETTINGS: tuple[Setting, ...] = (
     Setting("HIVEPATH_LOG_LEVEL", "text", "INFO", "logging verbosity: DEBUG, INFO, WARNING or ERROR",
             flag="--log-level", read_by="every command"),
     Setting("HIVEPATH_COORDINATOR", "text", None,
-            "the coordinator's gRPC HOST:PORT (required by peer join and archive; the operator commands "
-            "coordinator status/drain/ban/unban default to 127.0.0.1:7700)",
+            f"the coordinator's gRPC HOST[:PORT], PORT {COORDINATOR_PORT} if left out (required by peer join and "
+            f"archive; the operator commands coordinator status/drain/ban/unban default to 127.0.0.1:{COORDINATOR_PORT})",
             flag="--coordinator", read_by=f"{_NET}, coordinator status/drain/ban/unban"),
     Setting("HIVEPATH_TOKEN", "text", None,
             "the run token, read after --token and --token-file (a flag shows in ps; prefer this or a file)",
@@ -108,9 +108,9 @@ IMAGE_SETTINGS: tuple[Setting, ...] = (
             flag="--run-config", read_by=_IMAGE),
     Setting("HIVEPATH_DB", "path", None, "the coordinator's SQLite file (coordinator serve --db)", flag="--db",
             read_by=_IMAGE),
-    Setting("HIVEPATH_PORT", "integer", 7700, "the coordinator's gRPC port (coordinator serve --port)",
+    Setting("HIVEPATH_PORT", "integer", COORDINATOR_PORT, "the coordinator's gRPC port (coordinator serve --port)",
             flag="--port", read_by=f"{_IMAGE}, {_HEALTH}"),
-    Setting("HIVEPATH_HTTP_PORT", "integer", 7701, "the coordinator's status page port (coordinator serve "
+    Setting("HIVEPATH_HTTP_PORT", "integer", COORDINATOR_HTTP_PORT, "the coordinator's status page port (coordinator serve "
             "--http-port)", flag="--http-port", read_by=f"{_IMAGE}, {_HEALTH}"),
     Setting("HIVEPATH_TLS_CERT", "path", None, "serve gRPC over TLS with this certificate chain "
             "(coordinator serve --tls-cert)", flag="--tls-cert", read_by=f"{_IMAGE}, {_HEALTH}"),

@@ -12,7 +12,13 @@ from typing import Any, Mapping, Optional
 
 from models.errors import ConfigError
 
-__all__ = ["Setting", "KINDS"]
+__all__ = ["Setting", "KINDS", "COORDINATOR_PORT", "COORDINATOR_HTTP_PORT"]
+
+COORDINATOR_PORT = 7700
+"""The coordinator's gRPC port unless ``coordinator serve --port`` says otherwise; a ``--coordinator``
+address without a port means this one."""
+COORDINATOR_HTTP_PORT = 7701
+"""The coordinator's status page and metrics port unless ``--http-port`` says otherwise."""
 
 
 _TRUE = ("1", "true", "yes", "on")

@@ -80,7 +80,7 @@ _JOIN = ("peer", "join", "--token", "t")
 
 
 @pytest.mark.parametrize("args,names", [
-    ((*_JOIN, "--coordinator", "coord.example.org"), "not HOST:PORT"),
+    ((*_JOIN, "--coordinator", "coord example.org"), "not HOST[:PORT]"),
     ((*_JOIN, "--coordinator", "coord.example.org:0"), "port must be 1-65535"),
     ((*_JOIN, "--coordinator", "coord.example.org:70000"), "port must be 1-65535"),
     ((*_JOIN, "--coordinator", "grpc://coord.example.org:7700"), "has a scheme"),
@@ -88,8 +88,8 @@ _JOIN = ("peer", "join", "--token", "t")
     ((*_JOIN, "--coordinator", "c:7700", "--host-maddrs", "0.0.0.0:7710"), "--host-maddrs"),
     ((*_JOIN, "--coordinator", "c:7700", "--client-mode", "--announce-maddrs", "/ip4/10.0.0.1/tcp/7710"),
      "--client-mode"),
-    (("coordinator", "status", "--token", "t", "--coordinator", "coord.example.org"), "not HOST:PORT"),
-], ids=["no-port", "port-0", "port-out-of-range", "scheme", "initial-peers", "host-maddrs", "client-mode-announce",
+    (("coordinator", "status", "--token", "t", "--coordinator", "coord example.org"), "not HOST[:PORT]"),
+], ids=["space", "port-0", "port-out-of-range", "scheme", "initial-peers", "host-maddrs", "client-mode-announce",
         "operator-command"])
 def test_malformed_addresses_and_conflicts_are_bad_input(args, names):
     out = subprocess.run(hivepath_cmd(*args), capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)

@@ -5,8 +5,6 @@ DEBUG) is searched for the run token and the coordinator's private key."""
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import logging
 import os
 import subprocess
@@ -16,7 +14,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from helpers import free_port, hivepath_cmd, wait_for
-from peer.coordinator_client import CoordinatorClient, CoordinatorUnavailable, PeerBanned, PeerInfo, Progress
+from helpers.tls import ca_and_server_cert
+from peer.coordinator_client import (CoordinatorClient, CoordinatorUnavailable, NotACoordinator, PeerBanned, PeerInfo,
+                                     Progress)
 from peer.network import CredentialVerifier
 
 pytestmark = pytest.mark.integration
@@ -31,38 +31,6 @@ credential_timeout = 2.0
 flush_interval = 0.2
 tick_interval = 0.2
 """
-
-
-def _ca_and_server_cert(tmp_path):
-    """A CA and a server certificate it signs for 127.0.0.1 and localhost (like a real deployment)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = datetime.datetime.now(datetime.timezone.utc)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "hivepath test CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(1).not_valid_before(now - datetime.timedelta(days=1))
-          .not_valid_after(now + datetime.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .sign(ca_key, hashes.SHA256()))
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "coordinator")]))
-            .issuer_name(ca_name).public_key(key.public_key()).serial_number(2)
-            .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    tmp_path.mkdir(exist_ok=True)
-    paths = {name: tmp_path / f"{name}.pem" for name in ("ca", "cert", "key")}
-    paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths["key"].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()))
-    return {k: str(v) for k, v in paths.items()}
 
 
 def _serving(port: int, ca: str) -> bool:
@@ -82,7 +50,7 @@ def _cli(tls, port, *args):
 
 
 def test_tls_end_to_end_and_no_secret_in_any_log(procs, tmp_path, caplog):
-    tls = _ca_and_server_cert(tmp_path)
+    tls = ca_and_server_cert(tmp_path)
     (tmp_path / "run.toml").write_text(RUN_TOML)
     port, http_port, db = free_port(), free_port(), tmp_path / "state.db"
     procs.start("coord", hivepath_cmd("--log-level", "DEBUG", "coordinator", "serve", "--run-config",
@@ -123,10 +91,10 @@ def test_tls_end_to_end_and_no_secret_in_any_log(procs, tmp_path, caplog):
         b.leave("done")
 
         plain = CoordinatorClient(f"127.0.0.1:{port}", TOKEN, info, retry_timeout=0.5, rpc_timeout=0.5)
-        with pytest.raises(CoordinatorUnavailable):
-            plain.join()  # the TLS port never speaks plaintext
+        with pytest.raises(NotACoordinator, match="TLS server answers.*--tls-ca"):
+            plain.join()  # the TLS port never speaks plaintext, and the client says so at once
         plain.close()
-        stranger = _ca_and_server_cert(tmp_path / "stranger")
+        stranger = ca_and_server_cert(tmp_path / "stranger")
         wrong_ca = CoordinatorClient(f"127.0.0.1:{port}", TOKEN, info, tls_ca=stranger["ca"], retry_timeout=0.5,
                                      rpc_timeout=0.5)
         with pytest.raises(CoordinatorUnavailable):

@@ -16,6 +16,7 @@ from peer.coordinator_client.messages import (
     IncompatibleRun,
     JoinInfo,
     NoAssignmentFits,
+    NotACoordinator,
     PeerBanned,
     PeerInfo,
     Progress,
@@ -26,5 +27,5 @@ from peer.coordinator_client.messages import (
 
 __all__ = [
     "CoordinatorClient", "CoordinatorRefused", "CoordinatorUnavailable", "HeartbeatReply", "IncompatibleRun",
-    "JoinInfo", "NoAssignmentFits", "PeerBanned", "PeerInfo", "Progress", "RunSpec", "WorkAssignment", "check_address",
+    "JoinInfo", "NoAssignmentFits", "NotACoordinator", "PeerBanned", "PeerInfo", "Progress", "RunSpec", "WorkAssignment", "check_address",
 ]

@@ -26,11 +26,13 @@ import grpc
 
 from models.config import RunConfig
 from models.errors import HivepathError
+from models.settings import COORDINATOR_PORT
 from peer.coordinator_client.messages import (CoordinatorUnavailable, HeartbeatReply, IncompatibleRun,
-                                               JoinInfo, PeerInfo, Progress, RunSpec, WorkAssignment, check_address,
+                                               JoinInfo, NotACoordinator, PeerInfo, Progress, RunSpec, WorkAssignment, check_address,
                                                refusal)
-from peer.coordinator_client.transport import (KEEPALIVE_OPTIONS, PROBE_BYTES, HeartbeatStream, ProbeFailed, StreamStalled,
-                                        probe_download, probe_upload)
+from peer.coordinator_client.transport import (HTTP1, HTTP2, KEEPALIVE_OPTIONS, NOTHING, PROBE_BYTES, TLS, Answer,
+                                               HeartbeatStream, ProbeFailed, StreamStalled, probe_download, probe_upload,
+                                               what_answers)
 from protos.hivepath.coordinator.v1 import coordinator_pb2 as pb
 from protos.hivepath.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -61,6 +63,7 @@ class CoordinatorClient:
         backoff_max: float = 10.0,
         seed: Optional[int] = None,
         heartbeat_stream: bool = True,
+        expect_starting: bool = False,
     ):
         self.address = check_address(address)
         self.peer = peer
@@ -79,9 +82,9 @@ class CoordinatorClient:
             except OSError as e:
                 raise HivepathError(f"--tls-ca {tls_ca}: cannot read ({e})") from None
             creds = grpc.ssl_channel_credentials(root_certificates=ca)
-            self._channel = grpc.secure_channel(address, creds, options=options)
+            self._channel = grpc.secure_channel(self.address, creds, options=options)
         else:
-            self._channel = grpc.insecure_channel(address, options=options)
+            self._channel = grpc.insecure_channel(self.address, options=options)
         self._stub = pb_grpc.CoordinatorStub(self._channel)
         self.joined: Optional[JoinInfo] = None
         self.assignment_version = 0
@@ -93,6 +96,10 @@ class CoordinatorClient:
         self._stream_lock = threading.Lock()
         self.heartbeats_sent = {"stream": 0, "unary": 0}
         """Heartbeats answered over the stream and as unary calls (for status lines and tests)."""
+        self._tls = bool(tls_ca)
+        self._expect_starting = expect_starting  # a coordinator we just started: nothing answering is no news
+        self._answered = False  # the coordinator answered a call once: no more address diagnosis
+        self._answer: Optional[Answer] = None  # what answered at the address when gRPC first could not
 
     # -- calls --------------------------------------------------------------------------------
 
@@ -311,7 +318,7 @@ class CoordinatorClient:
                                     "unary calls", self.address)
                         self._use_stream = False
                     elif code not in _RETRIABLE and code != grpc.StatusCode.CANCELLED:
-                        raise refusal(code, detail) from None
+                        raise refusal(code, detail, self.address) from None
                     else:
                         log.info("heartbeat stream to %s ended (%s); sending this heartbeat as a unary call",
                                  self.address, code.name)
@@ -371,24 +378,59 @@ class CoordinatorClient:
             if self._closed.is_set():
                 raise _Closed("the client is closed")
             try:
-                return method(request, timeout=self.rpc_timeout)
+                reply = method(request, timeout=self.rpc_timeout)
+                self._answered = True
+                return reply
             except grpc.RpcError as e:
                 code, detail = e.code(), e.details() or ""
                 if code == grpc.StatusCode.NOT_FOUND and not retry_not_found:
                     raise _NotFound(detail) from None
                 if code in _RETRIABLE:
+                    if code != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                        self._diagnose()
                     delay = self._rng.uniform(0, min(self.backoff_max, self.backoff_base * 2**attempt))
                     attempt += 1
                     if deadline is not None and time.monotonic() + delay > deadline:
+                        what = f"; {self._answer.text}" if self._answer and self._answer.kind == NOTHING else ""
                         raise CoordinatorUnavailable(
                             f"coordinator {self.address} unreachable for {self.retry_timeout:.0f}s ({code.name}: "
-                            f"{detail}); check the address and that it is running"
+                            f"{detail}{what}); check the address and that 'hivepath coordinator serve' runs there"
                         ) from None
                     log.debug("coordinator %s: %s; retrying in %.2fs", self.address, code.name, delay)
                     if self._closed.wait(delay):
                         raise _Closed("the client is closed") from None
                     continue
-                raise refusal(code, detail) from None
+                self._answered = True
+                raise refusal(code, detail, self.address) from None
+
+    def _diagnose(self) -> None:
+        """The first time gRPC cannot reach a coordinator that never answered: find out what answers at
+        the address. Another protocol (TLS where we speak plain text, plain text where we speak TLS, an
+        HTTP/1 server such as the status page) is a wrong address or flag: :class:`NotACoordinator`
+        (exit 2) at once, instead of retrying for ``retry_timeout``. Nothing at all may be a coordinator
+        still starting: one warning line, and the retries go on."""
+        if self._answered or self._answer is not None:
+            return
+        answer = self._answer = what_answers(self.address)
+        port_hint = (f"the coordinator's gRPC port is {COORDINATOR_PORT} unless 'coordinator serve --port' "
+                     "says otherwise")
+        if answer.kind == NOTHING and self._expect_starting:
+            log.debug("coordinator %s: %s; waiting for it to start", self.address, answer.text)
+        elif answer.kind == NOTHING:
+            retry = "" if self.retry_timeout is None else f" for up to {self.retry_timeout:.0f}s"
+            log.warning("coordinator %s: %s; retrying%s (is 'hivepath coordinator serve' running there? %s)",
+                        self.address, answer.text, retry, port_hint)
+        elif answer.kind == TLS and not self._tls:
+            raise NotACoordinator(f"coordinator {self.address}: {answer.text}; pass --tls-ca with the CA that "
+                                  "signed its certificate")
+        elif answer.kind == HTTP2 and self._tls:
+            raise NotACoordinator(f"coordinator {self.address}: {answer.text}, but --tls-ca asks for TLS; drop "
+                                  "--tls-ca, or serve the coordinator with --tls-cert/--tls-key")
+        elif answer.kind == HTTP1:
+            raise NotACoordinator(f"coordinator {self.address}: {answer.text}, not gRPC (the coordinator's status "
+                                  f"page?); {port_hint}")
+        elif answer.kind not in (TLS, HTTP2):
+            raise NotACoordinator(f"coordinator {self.address}: {answer.text}; {port_hint}")
 
 
 def _checked_config(spec: pb.RunSpec) -> RunConfig:

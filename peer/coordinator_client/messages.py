@@ -14,11 +14,13 @@ import grpc
 
 from models.config import OuterConfig, RunConfig
 from models.errors import HivepathError
+from models.settings import COORDINATOR_PORT
 from protos.hivepath.coordinator.v1 import coordinator_pb2 as pb
 
 __all__ = [
     "PeerInfo", "WorkAssignment", "JoinInfo", "RunSpec", "Progress", "HeartbeatReply", "CoordinatorUnavailable",
-    "CoordinatorRefused", "PeerBanned", "NoAssignmentFits", "IncompatibleRun", "refusal", "check_address",
+    "CoordinatorRefused", "NotACoordinator", "PeerBanned", "NoAssignmentFits", "IncompatibleRun", "refusal",
+    "check_address",
 ]
 
 
@@ -26,6 +28,13 @@ class CoordinatorUnavailable(HivepathError):
     """The coordinator did not answer within ``retry_timeout``."""
 
     exit_code = 3
+
+
+class NotACoordinator(HivepathError):
+    """Something other than a coordinator answers at the address (another protocol, another gRPC
+    service, TLS where plain text was expected or the reverse): a wrong address or flag."""
+
+    exit_code = 2
 
 
 class CoordinatorRefused(HivepathError):
@@ -165,7 +174,12 @@ class HeartbeatReply:
     """A renewed credential (empty: the current one stays valid)."""
 
 
-def refusal(code: grpc.StatusCode, detail: str) -> HivepathError:
+def refusal(code: grpc.StatusCode, detail: str, address: str = "the coordinator") -> HivepathError:
+    """The error a user can act on for a status the server at ``address`` answered."""
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return NotACoordinator(f"{address}: a gRPC server answers, but not hivepath's coordinator service "
+                               f"({detail}); the coordinator's gRPC port is {COORDINATOR_PORT} unless "
+                               "'coordinator serve --port' says otherwise")
     if code == grpc.StatusCode.FAILED_PRECONDITION and detail.startswith("capabilities.memory_bytes"):
         return NoAssignmentFits(f"no work fits this machine: {detail}")
     if code == grpc.StatusCode.FAILED_PRECONDITION:
@@ -182,18 +196,24 @@ def refusal(code: grpc.StatusCode, detail: str) -> HivepathError:
 
 
 def check_address(address: str) -> str:
-    """``address`` if it is a coordinator address, ``HOST:PORT`` (``[IPV6]:PORT``), else a
-    :class:`HivepathError` (exit 2) naming what is wrong. A malformed address is bad input, refused at
-    once; a well-formed one nobody answers is found out by retrying (exit 3)."""
-    fix = "pass --coordinator HOST:PORT (e.g. coord.example.org:7700) or set HIVEPATH_COORDINATOR"
+    """``address`` as the ``HOST:PORT`` to dial, else a :class:`HivepathError` (exit 2) naming what is
+    wrong. ``HOST`` alone (``[IPV6]`` for IPv6) means the coordinator's default port
+    (:data:`models.settings.COORDINATOR_PORT`). A malformed address is bad input, refused at once; what
+    answers at a well-formed one is found out when the client first calls it
+    (:func:`peer.coordinator_client.transport.what_answers`)."""
+    fix = (f"pass --coordinator HOST[:PORT] (e.g. coord.example.org:{COORDINATOR_PORT}) or set "
+           "HIVEPATH_COORDINATOR")
     text = (address or "").strip()
     if "://" in text:
         raise HivepathError(f"coordinator address {address!r} has a scheme; {fix}")
+    bare_ipv6 = text.startswith("[") and text.endswith("]")
+    if text and (":" not in text or bare_ipv6):
+        text = f"{text}:{COORDINATOR_PORT}"
     host, sep, port = text.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     if not sep or not host or any(c.isspace() for c in text) or (":" in host and not text.startswith("[")):
-        raise HivepathError(f"coordinator address {address!r} is not HOST:PORT; {fix}")
+        raise HivepathError(f"coordinator address {address!r} is not HOST[:PORT]; {fix}")
     if not port.isdigit() or not 1 <= int(port) <= 65535:
         raise HivepathError(f"coordinator address {address!r}: the port must be 1-65535; {fix}")
     return text

@@ -1,14 +1,18 @@
 """The peer's transport to the coordinator below the RPC semantics: gRPC keepalive, the long-lived
-heartbeat stream, and the bandwidth probes (:class:`peer.coordinator_client.CoordinatorClient` uses
-them; nothing here retries or interprets a refusal)."""
+heartbeat stream, the bandwidth probes, and :func:`what_answers` at an address that gRPC cannot reach
+(:class:`peer.coordinator_client.CoordinatorClient` uses them; nothing here retries or interprets a
+refusal)."""
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import queue
+import socket
+import ssl
 import threading
 import time
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import grpc
 
@@ -16,7 +20,7 @@ from protos.hivepath.coordinator.v1 import coordinator_pb2 as pb
 from protos.hivepath.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
 
 __all__ = ["KEEPALIVE_OPTIONS", "PROBE_BYTES", "PROBE_CHUNK", "HeartbeatStream", "StreamStalled", "ProbeFailed",
-           "probe_upload", "probe_download"]
+           "probe_upload", "probe_download", "Answer", "what_answers", "NOTHING", "TLS", "HTTP1", "HTTP2", "OTHER"]
 
 KEEPALIVE_OPTIONS = [
     ("grpc.keepalive_time_ms", 10_000),
@@ -112,3 +116,78 @@ def probe_download(stub: pb_grpc.CoordinatorStub, token: str, probe_bytes: int, 
         raise ProbeFailed(f"received {received} of {probe_bytes} probe bytes")
     seconds = t_last - t0 if t_last > t0 else t_last - t_start
     return probe_bytes / max(seconds, 1e-6)
+
+
+# -- what answers at an address -------------------------------------------------------------------
+
+NOTHING, TLS, HTTP1, HTTP2, OTHER = "nothing", "tls", "http1", "http2", "other"
+"""Kinds of :class:`Answer`: no connection; a TLS server; an HTTP/1 server; an HTTP/2 server speaking
+plain text (gRPC without TLS, as ``coordinator serve`` without ``--tls-cert``); anything else."""
+
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+"""What an HTTP/2 client sends first: the connection preface and an empty SETTINGS frame."""
+
+
+class Answer(NamedTuple):
+    kind: str
+    """:data:`NOTHING`, :data:`TLS`, :data:`HTTP1`, :data:`HTTP2` or :data:`OTHER`."""
+    text: str
+    """What answered, in words for an error line ("nothing answers (connection refused)")."""
+
+
+def what_answers(address: str, timeout: float = 3.0) -> Answer:
+    """Who answers at ``HOST:PORT``: one TCP connection, an HTTP/2 preface sent, the first bytes read
+    (at most ``timeout`` seconds for each). A TLS server answers the preface with an alert record, an
+    HTTP/1 server with a status line, an HTTP/2 server with a SETTINGS frame."""
+    host, _, port = address.rpartition(":")
+    host = host[1:-1] if host.startswith("[") else host
+    try:
+        sock = socket.create_connection((host, int(port)), timeout=timeout)
+    except socket.gaierror as e:
+        return Answer(NOTHING, f"the host name {host!r} does not resolve ({e.strerror})")
+    except ConnectionRefusedError:
+        return Answer(NOTHING, "nothing answers (connection refused)")
+    except (socket.timeout, TimeoutError):
+        return Answer(NOTHING, f"nothing answers (no connection within {timeout:.0f}s)")
+    except OSError as e:
+        return Answer(NOTHING, f"nothing answers ({e.strerror or e})")
+    with sock:
+        sock.settimeout(timeout)
+        try:
+            sock.sendall(_H2_PREFACE)
+            data = sock.recv(64)
+        except (socket.timeout, TimeoutError):
+            return Answer(OTHER, f"a server accepts connections there but says nothing within {timeout:.0f}s")
+        except OSError:
+            data = b""
+    if (data[:1] in (b"\x15", b"\x16") and data[1:2] == b"\x03") or (not data and _tls_answers(host, port, timeout)):
+        return Answer(TLS, "a TLS server answers")
+    if not data:
+        return Answer(OTHER, "a server accepts connections there and closes them without a word")
+    if data.startswith(b"HTTP/"):
+        status = data.split(b"\r\n", 1)[0].decode("ascii", "replace")
+        return Answer(HTTP1, f"an HTTP/1 server answers ({status!r})")
+    if data.lstrip().startswith(b"<"):  # an HTTP/1 server that answers a version it does not know with a bare page
+        return Answer(HTTP1, "an HTTP/1 server answers (a web page)")
+    if len(data) >= 9 and data[3] == 0x04:
+        return Answer(HTTP2, "an HTTP/2 server answers without TLS")
+    return Answer(OTHER, f"a server that speaks neither gRPC nor HTTP answers ({data[:12]!r})")
+
+
+def _tls_answers(host: str, port: str, timeout: float) -> bool:
+    """True when a TLS handshake succeeds at ``host``/``port`` (no certificate check: this only asks
+    which protocol answers; some TLS servers close on a plain-text preface without an alert)."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    try:
+        ipaddress.ip_address(host)
+        server_name = None
+    except ValueError:
+        server_name = host
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+            with ctx.wrap_socket(sock, server_hostname=server_name):
+                return True
+    except (OSError, ssl.SSLError):
+        return False

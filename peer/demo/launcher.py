@@ -106,7 +106,7 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
             procs.start("coordinator", [*_hivepath(), "coordinator", "serve", "--run-config", str(run_toml), "--db",
                                         str(out / "coordinator.db"), "--host", "127.0.0.1", "--port", str(port),
                                         "--http-port", str(http_port)], {**os.environ, **env})
-            client = CoordinatorClient(address, token, retry_timeout=30.0)
+            client = CoordinatorClient(address, token, retry_timeout=30.0, expect_starting=True)
             client.status()
             common = ["--coordinator", address, "--data", str(data_dir), "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
                       "--progress", "json", "--status-port", "0"]  # many peers on one host: no local status pages
