@@ -31,15 +31,19 @@ class Found(NamedTuple):
 class SimDHT:
     """Keys -> subkey -> (value, expiration, size); counts ``ops``, ``bytes`` and per-key ``key_ops``."""
 
-    def __init__(self, clock):
+    def __init__(self, clock, schedule=None):
+        """``schedule(when, callback, *args)`` (the event loop's ``at``): with it, a subkey stored with
+        ``expire=True`` is dropped at its expiration unless stored again meanwhile, as a DHT forgets an
+        expired value (a departed holder leaves the holders key)."""
         self.clock = clock
+        self.schedule = schedule
         self._data: dict[str, dict[str, tuple[Any, float, int]]] = {}
         self._size: dict[str, int] = {}
         self.ops = 0
         self.bytes = 0
         self.key_ops: Counter[str] = Counter()
 
-    def store(self, key: str, subkey: str, value: Any, expiration: float) -> int:
+    def store(self, key: str, subkey: str, value: Any, expiration: float, expire: bool = False) -> int:
         """Store one subkey; returns the bytes sent."""
         size = len(msgpack.packb(value, use_bin_type=True)) + len(key) + len(subkey)
         entries = self._data.setdefault(key, {})
@@ -49,13 +53,27 @@ class SimDHT:
         self.ops += 1
         self.bytes += size
         self.key_ops[key] += 1
+        if expire and self.schedule is not None:
+            self.schedule(expiration, self.expire, key, subkey)
         return size
+
+    def expire(self, key: str, subkey: str) -> None:
+        """Drop a subkey whose expiration has passed (a later store of it moved its expiration on)."""
+        entries = self._data.get(key)
+        if entries and subkey in entries and entries[subkey][1] <= self.clock():
+            self.delete(key, subkey)
+
+    def count(self, key: str) -> int:
+        """Subkeys under ``key`` (a get's entry count, without building it; not an operation)."""
+        return len(self._data.get(key, ()))
 
     def delete(self, key: str, subkey: str) -> None:
         """Drop a subkey (its expiration passed); not a network operation."""
         entries = self._data.get(key)
         if entries and subkey in entries:
             self._size[key] -= entries.pop(subkey)[2]
+            if not entries:
+                self.drop_key(key)
 
     def get_size(self, key: str, polls: int = 1) -> int:
         """Count ``polls`` gets of ``key`` without building their results (the matchmaking polls

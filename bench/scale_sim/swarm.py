@@ -13,6 +13,18 @@ decision of :class:`peer.averaging.matchmaking.Matchmaker` (a group closes when 
 has declared or at the gather deadline; its leader is the smallest declared peer id that accepts
 connections; late declarers fail the round and re-sync), and an exchange that loses a member ending
 at the round's deadline (the reducer waits for it, :mod:`peer.averaging.allreduce`).
+
+Re-alignment after a miss is modelled as the real trainer does it: a member that failed a round
+re-syncs (fetches the state from a holder ahead, :mod:`peer.diloco.resync`) and starts its next
+round; while computing it checks every ``WAITING_POLL`` seconds whether another holder already
+declared its modules' current round (:meth:`peer.averaging.net_averager.NetAverager.others_waiting`)
+and, if one has, ends its round at once with the tokens it has (``DiLoCoOptimizer._others_waiting``):
+the fastest member paces the round, so phases do not drift apart.
+
+With ``max_group_size`` > 0 a module's holders split each round into
+:func:`peer.network.records.group_buckets` groups by :func:`peer.network.records.group_bucket` (real
+code), each with its own group key and holders-of-this-group key; a member reads the module's whole
+holders key once a round to count the holders (the bucket count), and polls only its group's keys.
 """
 
 from __future__ import annotations
@@ -38,7 +50,8 @@ from coordinator.results import ProgressReport
 from coordinator.scheduler import exchange_bytes
 from models.config import InnerConfig, LatticeConfig, OuterConfig, RunConfig
 from peer.averaging.partition import part_bounds
-from peer.network.records import GroupDeclaration, HolderRecord, group_key, holders_key, records_from_value, to_value
+from peer.network.records import (GroupDeclaration, HolderRecord, group_bucket, group_buckets, group_key, holders_key,
+                                  records_from_value, to_value)
 
 __all__ = ["SimConfig", "SimResult", "simulate", "run_config"]
 
@@ -50,6 +63,12 @@ POLL = 0.1
 """Seconds between matchmaking reads of the DHT (``peer.averaging.matchmaking._POLL``)."""
 LATENCY = 0.2
 """Seconds of round trips per exchange (join, begin, segment pipeline start): a model."""
+WAITING_POLL = 1.0
+"""Seconds between a computing member's checks for others waiting (``peer.averaging.net_averager.WAITING_POLL``)."""
+LOSS_OF = {"start": "startup_lost_s", "churn": "churn_lost_s", "move": "move_lost_s", "": "straggler_lost_s"}
+"""Where a failed round's compute and a state download are counted, by why the peer is new to its
+modules: one of the first peers (the ramp, not measured as churn), a replacement for a departed peer
+(churn), moved by the coordinator (rebalancing), or none (a straggler in steady state)."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +89,10 @@ class SimConfig:
     """H: large enough that every device ends its round at ``round_seconds`` (time-bounded rounds)."""
     round_seconds: float = 120.0
     round_timeout: float = 60.0
+    max_group_size: int = 0
+    """Split a module's holders into groups of about this size each round (0: one group a module)."""
+    replace_departures: bool = True
+    """Each departed peer is replaced by a new volunteer (the population stays at ``peers``)."""
 
 
 @dataclass
@@ -100,7 +123,8 @@ def run_config(cfg: SimConfig) -> RunConfig:
 
 class _Peer:
     __slots__ = ("spec", "lease_id", "assignment", "pending", "alive", "draining", "leaving", "credential",
-                 "rounds", "round_start", "compute", "open", "failed", "fresh", "progress", "tokens", "gone_at")
+                 "rounds", "round_start", "compute", "open", "failed", "cause", "progress", "tokens", "gone_at",
+                 "seq", "declared", "buckets")
 
     def __init__(self, spec: PeerSpec):
         self.spec = spec
@@ -116,19 +140,23 @@ class _Peer:
         self.compute = 0.0
         self.open = 0  # module exchanges of this round not finished
         self.failed = 0
-        self.fresh = True  # first round since joining or moving: a miss is churn's cost
+        self.cause = "start"  # why new to its modules (LOSS_OF): its first round's miss is counted there
+        self.seq = 0  # rounds started: a scheduled declaration of an earlier round is void
+        self.declared = False
+        self.buckets: dict[str, Optional[int]] = {}
         self.progress: list[ProgressReport] = []
         self.tokens = 0
         self.gone_at = math.inf
 
 
 class _Group:
-    __slots__ = ("module", "round_no", "expected", "declared", "first", "closed", "members", "end", "deadline",
-                 "finished", "lost_member", "close_at")
+    __slots__ = ("module", "round_no", "bucket", "expected", "waiting", "declared", "first", "closed", "members",
+                 "end", "deadline", "finished", "lost_member", "close_at")
 
-    def __init__(self, module: str, round_no: int):
-        self.module, self.round_no = module, round_no
+    def __init__(self, module: str, round_no: int, bucket: Optional[int]):
+        self.module, self.round_no, self.bucket = module, round_no, bucket
         self.expected: set[str] = set()
+        self.waiting = 0  # expected members that have not declared
         self.declared: dict[str, float] = {}
         self.first = math.inf
         self.closed = False
@@ -156,9 +184,9 @@ class Swarm:
         issuer = CredentialIssuer(key, self.run.run_id, self.settings.credential_timeout)
         self.coord_cpu = 0.0
         self.coord = self._timed(Coordinator, self.run, self.settings, self.store, self.loop.now, None, issuer)
-        self.dht = SimDHT(self.loop.now)
+        self.dht = SimDHT(self.loop.now, self.loop.at)
         self.peers: dict[str, _Peer] = {}
-        self.groups: dict[tuple[str, int], _Group] = {}
+        self.groups: dict[tuple[str, int, Optional[int]], _Group] = {}
         self.next_round: Counter[str] = Counter()
         self.next_index = cfg.peers
         self.c: Counter[str] = Counter()  # counts and sums measured in the window
@@ -217,7 +245,7 @@ class Swarm:
 
     # -- a peer's life --------------------------------------------------------------------------
 
-    def arrive(self, spec: PeerSpec) -> None:
+    def arrive(self, spec: PeerSpec, replacement: bool = False) -> None:
         p = _Peer(spec)
         self.peers[spec.peer_id] = p
         caps = Capabilities(spec.device, spec.memory_bytes, spec.tokens_per_s, spec.upload_bps, spec.download_bps,
@@ -244,13 +272,14 @@ class Swarm:
             self.loop.after(depart, self._kill, p)
         else:
             self.loop.after(depart, self._want_leave, p)
-        self._bootstrap(p, p.assignment.module_ids)
+        self._bootstrap(p, p.assignment.module_ids, "churn" if replacement else "start")
 
-    def _bootstrap(self, p: _Peer, module_ids) -> None:
+    def _bootstrap(self, p: _Peer, module_ids, cause: str) -> None:
         """Fetch the modules' state (fp32) from their holders, then start a round."""
-        p.fresh = True
+        p.cause = cause
         seconds = sum(4 * self.numel[m] for m in module_ids) / p.spec.download_bps + LATENCY
-        self._add("churn_lost_s", seconds)
+        self._add(LOSS_OF[cause], seconds)
+        self._add("idle_s", seconds)
         for m in module_ids:
             p.rounds[m] = self.next_round[m]
         self.loop.after(seconds, self._start_round, p)
@@ -288,17 +317,21 @@ class Swarm:
         p.alive = False
         p.gone_at = self.loop.now()
         self._add("departures")
+        if not self.cfg.replace_departures:
+            return
         spec = draw_peer(self.rng, self.next_index, self.loop.now(), self.cfg.leave_per_hour)
         self.next_index += 1
-        self.loop.after(self.rng.expovariate(1 / 30.0), self.arrive, spec)
+        self.loop.after(self.rng.expovariate(1 / 30.0), self.arrive, spec, True)
 
     def _kill(self, p: _Peer) -> None:
         if not p.alive:
             return
-        if p.open and p.compute:  # its round's compute is never averaged
-            self._add("churn_lost_s", min(p.compute, self.loop.now() - p.round_start))
+        if p.open:  # its round's compute is never averaged
+            lost = p.compute if p.declared else self.loop.now() - p.round_start
+            self._add("churn_lost_s", lost)
+            self._add("idle_s", lost)
         for m in p.assignment.module_ids if p.assignment else ():
-            g = self.groups.get((m, p.rounds.get(m, -1)))
+            g = self.groups.get((m, p.rounds.get(m, -1), p.buckets.get(m)))
             if g is not None and g.closed and not g.finished and p in g.members:
                 self._lose_member(g)
         self._add("kills")
@@ -323,53 +356,99 @@ class Swarm:
             moved = p.pending.module_ids != p.assignment.module_ids
             p.assignment, p.pending = p.pending, None
             if moved:
-                self._bootstrap(p, p.assignment.module_ids)
+                self._bootstrap(p, p.assignment.module_ids, "move")
                 return
         a = p.assignment
         steps = a.inner_steps * self.run.inner.batch_size * self.run.lattice.seq_len
-        p.compute = min(steps / p.spec.tokens_per_s, self.cfg.round_seconds)
-        p.round_start = self.loop.now()
+        full = min(steps / p.spec.tokens_per_s, self.cfg.round_seconds)
+        now = self.loop.now()
+        p.round_start = now
         p.open, p.failed = len(a.module_ids), 0
+        p.seq += 1
+        p.declared = False
+        others_waiting = False
         for m in a.module_ids:
             r = p.rounds[m]
-            g = self._group(m, r)
-            if not g.closed:
-                g.expected.add(p.spec.peer_id)
+            h_key = holders_key(self.run.run_id, m)
             value = to_value(HolderRecord(self.run.content_hash()[:16], "", r, p.spec.tokens_per_s,
                                           0.0 if p.spec.natted else p.spec.upload_bps, p.credential))
-            self.dht.store(holders_key(self.run.run_id, m), p.spec.peer_id, value,
-                           self.loop.now() + 3 * self.cfg.round_seconds)
+            expires = now + 3 * self.cfg.round_seconds
+            self._add("dht_bytes", self.dht.store(h_key, p.spec.peer_id, value, expires, expire=True))
             self._add("dht_ops")
-        self.loop.after(p.compute, self._declare, p)
+            b = p.buckets[m] = self._bucket(p, m, r)
+            if b is not None:  # announce ourselves to our group of this round too
+                self._add("dht_bytes", self.dht.store(self._holders_key(m, r, b), p.spec.peer_id, value,
+                                                      expires, expire=True))
+                self._add("dht_ops")
+            g = self._group(m, r, b)
+            if not g.closed:
+                g.expected.add(p.spec.peer_id)
+                g.waiting += 1
+            others_waiting |= math.isfinite(g.first)
+        # others_waiting: a holder already waits for this round: end ours at the next check
+        self.loop.after(self.rng.uniform(0.0, WAITING_POLL) if others_waiting else full, self._declare, p, p.seq)
 
-    def _group(self, m: str, r: int) -> _Group:
-        g = self.groups.get((m, r))
+    def _bucket(self, p: _Peer, m: str, r: int) -> Optional[int]:
+        """This peer's group of module ``m``'s round ``r`` (None: one group a module): it counts the
+        holders in one read of the module's holders key, then applies the real rule."""
+        if self.cfg.max_group_size <= 0:
+            return None
+        h_key = holders_key(self.run.run_id, m)
+        self._add("dht_bytes", self.dht.get_size(h_key))
+        self._add("dht_ops")
+        k = group_buckets(self.dht.count(h_key), self.cfg.max_group_size)
+        return None if k == 1 else group_bucket(m, r, p.spec.peer_id, k)
+
+    def _holders_key(self, m: str, r: int, b: Optional[int]) -> str:
+        """The holders a member polls while gathering: the module's, or (split groups) its group's."""
+        if b is None:
+            return holders_key(self.run.run_id, m)
+        return group_key(self.run.run_id, m, r, b)[:-len("group")] + "holders"
+
+    def _group(self, m: str, r: int, b: Optional[int]) -> _Group:
+        g = self.groups.get((m, r, b))
         if g is None:
-            g = self.groups[(m, r)] = _Group(m, r)
+            g = self.groups[(m, r, b)] = _Group(m, r, b)
         return g
 
-    def _declare(self, p: _Peer) -> None:
-        if not p.alive:
+    def _declare(self, p: _Peer, seq: int) -> None:
+        if not p.alive or seq != p.seq or p.declared:
             return
+        p.declared = True
         now = self.loop.now()
+        p.compute = now - p.round_start
         timeout = self.cfg.round_timeout
-        for m in p.assignment.module_ids:
-            g = self._group(m, p.rounds[m])
+        mods = p.assignment.module_ids
+        # the others_waiting checks while computing: one get of each module's (empty) group key a poll
+        polls = int(p.compute / WAITING_POLL)
+        if polls:
+            self._add("dht_ops", polls * len(mods))
+            self.dht.ops += polls * len(mods)
+            self._add("dht_bytes", polls * sum(len(group_key(self.run.run_id, m, p.rounds[m], p.buckets[m]))
+                                               for m in mods))
+        for m in mods:
+            g = self._group(m, p.rounds[m], p.buckets[m])
             if g.closed:  # the group formed without us: behind, re-sync and fail this round
                 ready = g.end if math.isfinite(g.end) else now
                 self._module_done(p, m, g, ok=False, at=max(now, ready) + 4 * self.numel[m] / p.spec.download_bps)
                 continue
             decl = GroupDeclaration(self.run.content_hash()[:16], "", 0.0 if p.spec.natted else p.spec.upload_bps,
                                     p.credential)
-            key = group_key(self.run.run_id, m, g.round_no)
-            self.dht.store(key, p.spec.peer_id, to_value(decl), now + timeout)
+            key = group_key(self.run.run_id, m, g.round_no, g.bucket)
+            self._add("dht_bytes", self.dht.store(key, p.spec.peer_id, to_value(decl), now + timeout))
             self._add("dht_ops")
             g.declared[p.spec.peer_id] = now
+            if p.spec.peer_id in g.expected:
+                g.waiting -= 1
             if g.first == math.inf:
                 g.first = now
                 g.close_at = now + GATHER * timeout
                 self.loop.at(g.close_at, self._close, g)
-            if g.expected <= g.declared.keys():
+                for pid in g.expected:  # their others_waiting check sees us within a poll
+                    q = self.peers[pid]
+                    if q.alive and not q.declared:
+                        self.loop.after(self.rng.uniform(0.0, WAITING_POLL), self._declare, q, q.seq)
+            if g.waiting <= 0:
                 self._close(g)
 
     def _close(self, g: _Group) -> None:
@@ -377,14 +456,14 @@ class Swarm:
             return
         now = self.loop.now()
         g.closed = True
-        self.next_round[g.module] = g.round_no + 1
-        key = group_key(self.run.run_id, g.module, g.round_no)
+        self.next_round[g.module] = max(self.next_round[g.module], g.round_no + 1)
+        key = group_key(self.run.run_id, g.module, g.round_no, g.bucket)
         found = self.dht.get(key)  # the leader's last read, through the real parser
         self._add("dht_ops")
         declared = records_from_value(found, GroupDeclaration)
         members = sorted(p for p in declared if self.peers[p].alive)
         # each member polled both keys from its declaration until the group closed (or its own deadline)
-        h_key = holders_key(self.run.run_id, g.module)
+        h_key = self._holders_key(g.module, g.round_no, g.bucket)
         for pid in members:
             polls = int(max(0.0, min(now, g.declared[pid] + GATHER * self.cfg.round_timeout)
                             - g.declared[pid]) / POLL) + 1
@@ -434,6 +513,7 @@ class Swarm:
             for p in g.members:
                 if p.alive:
                     self._add("churn_lost_s", g.deadline - g.end)
+                    self._add("idle_s", g.deadline - g.end)
             g.end = g.deadline
             g.lost_member = True
             self._add("groups_lost_member")
@@ -464,14 +544,14 @@ class Swarm:
         share_lost = p.failed / len(a.module_ids)
         self._add("compute_s", p.compute)
         if p.failed:
-            self._add("churn_lost_s" if p.fresh else "straggler_lost_s", p.compute * share_lost)
+            self._add(LOSS_OF[p.cause], p.compute * share_lost)
         self._add("round_s_sum", self.loop.now() - p.round_start)
         if self._in_window():
             self.round_times.append(self.loop.now() - p.round_start)
         tokens = int(p.compute * p.spec.tokens_per_s * (1 - share_lost))
         p.tokens += tokens
         p.progress = [ProgressReport(m, p.rounds[m], p.tokens, 3.0) for m in a.module_ids]
-        p.fresh = False
+        p.cause = ""
         self._start_round(p)
 
     # -- the run --------------------------------------------------------------------------------
@@ -500,9 +580,13 @@ class Swarm:
         peer_rounds = len(self.round_times)
         groups = max(1.0, c["groups"])
         n_ring = max(2, cfg.peers)
+        # compute time the live peers had: rounds computed, plus state downloads, killed rounds and
+        # waits for a lost member (the losses not inside a computed round)
+        capacity = max(1e-9, c["compute_s"] + c["idle_s"])
         figures = {
             "peers": cfg.peers,
             "lattice": f"{cfg.levels}x{cfg.modules_per_level}",
+            "max_group_size": cfg.max_group_size,
             "paths": self.run.lattice.num_paths,
             "modules": len(self.numel),
             "simulated_s": cfg.duration,
@@ -533,8 +617,10 @@ class Swarm:
             "moves": c["coordinator_moves"],
             "compute_s": c["compute_s"],
             "churn_lost_s": c["churn_lost_s"],
-            "churn_compute_loss": c["churn_lost_s"] / max(1e-9, c["compute_s"] + c["churn_lost_s"]),
-            "straggler_compute_loss": c["straggler_lost_s"] / max(1e-9, c["compute_s"] + c["churn_lost_s"]),
+            "churn_compute_loss": c["churn_lost_s"] / capacity,
+            "straggler_compute_loss": c["straggler_lost_s"] / capacity,
+            "rebalance_compute_loss": c["move_lost_s"] / capacity,
+            "startup_compute_loss": c["startup_lost_s"] / capacity,
             "uncovered_path_max_s": max(self.uncovered_spans, default=0.0),
             "uncovered_paths_open_at_end": len(self.uncovered_since),
         }
