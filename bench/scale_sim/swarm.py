@@ -124,7 +124,7 @@ def run_config(cfg: SimConfig) -> RunConfig:
 class _Peer:
     __slots__ = ("spec", "lease_id", "assignment", "pending", "alive", "draining", "leaving", "credential",
                  "rounds", "round_start", "compute", "open", "failed", "cause", "progress", "tokens", "gone_at",
-                 "seq", "declared", "buckets")
+                 "seq", "declared", "buckets", "values")
 
     def __init__(self, spec: PeerSpec):
         self.spec = spec
@@ -144,6 +144,7 @@ class _Peer:
         self.seq = 0  # rounds started: a scheduled declaration of an earlier round is void
         self.declared = False
         self.buckets: dict[str, Optional[int]] = {}
+        self.values: Optional[tuple[dict, dict]] = None
         self.progress: list[ProgressReport] = []
         self.tokens = 0
         self.gone_at = math.inf
@@ -176,6 +177,7 @@ class Swarm:
         self.rng = random.Random(cfg.seed)
         self.loop = EventLoop()
         self.run = run_config(cfg)
+        self.config_hash = self.run.content_hash()[:16]
         self.settings = CoordinatorSettings(sqlite_synchronous="NORMAL")
         self.store = SQLiteStore(db_dir / "coordinator.db", synchronous="NORMAL")
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -370,8 +372,7 @@ class Swarm:
         for m in a.module_ids:
             r = p.rounds[m]
             h_key = holders_key(self.run.run_id, m)
-            value = to_value(HolderRecord(self.run.content_hash()[:16], "", r, p.spec.tokens_per_s,
-                                          0.0 if p.spec.natted else p.spec.upload_bps, p.credential))
+            value = {**self._records(p)[0], "round_no": r}
             expires = now + 3 * self.cfg.round_seconds
             self._add("dht_bytes", self.dht.store(h_key, p.spec.peer_id, value, expires, expire=True))
             self._add("dht_ops")
@@ -387,6 +388,15 @@ class Swarm:
             others_waiting |= math.isfinite(g.first)
         # others_waiting: a holder already waits for this round: end ours at the next check
         self.loop.after(self.rng.uniform(0.0, WAITING_POLL) if others_waiting else full, self._declare, p, p.seq)
+
+    def _records(self, p: _Peer) -> tuple[dict, dict]:
+        """The peer's holder record (round 0) and group declaration as the real ``to_value`` writes them
+        (built once a peer: only the holder record's round changes between rounds)."""
+        if p.values is None:
+            bw = 0.0 if p.spec.natted else p.spec.upload_bps
+            p.values = (to_value(HolderRecord(self.config_hash, "", 0, p.spec.tokens_per_s, bw, p.credential)),
+                        to_value(GroupDeclaration(self.config_hash, "", bw, p.credential)))
+        return p.values
 
     def _bucket(self, p: _Peer, m: str, r: int) -> Optional[int]:
         """This peer's group of module ``m``'s round ``r`` (None: one group a module): it counts the
@@ -432,10 +442,8 @@ class Swarm:
                 ready = g.end if math.isfinite(g.end) else now
                 self._module_done(p, m, g, ok=False, at=max(now, ready) + 4 * self.numel[m] / p.spec.download_bps)
                 continue
-            decl = GroupDeclaration(self.run.content_hash()[:16], "", 0.0 if p.spec.natted else p.spec.upload_bps,
-                                    p.credential)
             key = group_key(self.run.run_id, m, g.round_no, g.bucket)
-            self._add("dht_bytes", self.dht.store(key, p.spec.peer_id, to_value(decl), now + timeout))
+            self._add("dht_bytes", self.dht.store(key, p.spec.peer_id, self._records(p)[1], now + timeout))
             self._add("dht_ops")
             g.declared[p.spec.peer_id] = now
             if p.spec.peer_id in g.expected:
