@@ -26,6 +26,8 @@ from peer.network.records import (
     GroupDeclaration,
     HolderRecord,
     archive_key,
+    group_bucket,
+    group_buckets,
     group_key,
     holders_key,
     is_peer_id,
@@ -38,6 +40,7 @@ from peer.network.records import (
 __all__ = [
     "AdmissionValidator", "CredentialProvider", "CredentialVerifier", "DHTOptions", "DHTStartError", "PeerDHT",
     "start_dht", "unwrap_dht", "Identity", "IdentityError", "IdentityInUseError", "load_or_create_identity",
-    "peer_id_of", "MAX_EXPECTING", "ArchiveRecord", "GroupDeclaration", "HolderRecord", "archive_key", "group_key",
+    "peer_id_of", "MAX_EXPECTING", "ArchiveRecord", "GroupDeclaration", "HolderRecord", "archive_key", "group_bucket",
+    "group_buckets", "group_key",
     "holders_key", "is_peer_id", "parse_record", "read_records", "records_from_value", "to_value", "circuit_addrs",
 ]

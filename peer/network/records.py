@@ -23,6 +23,7 @@ Record types:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import math
 import re
@@ -42,6 +43,8 @@ __all__ = [
     "holders_key",
     "archive_key",
     "group_key",
+    "group_buckets",
+    "group_bucket",
     "parse_record",
     "read_records",
     "is_peer_id",
@@ -83,12 +86,41 @@ def archive_key(run_id: str, module_id: str) -> str:
     return f"{run_id}_{module_id}_archive"
 
 
-def group_key(run_id: str, module_id: str, round_no: int) -> str:
-    """DHT key where members of one averaging round declare themselves: ``{run_id}_{module_id}_r{round}_group``."""
+def group_key(run_id: str, module_id: str, round_no: int, bucket: Optional[int] = None) -> str:
+    """DHT key where members of one averaging round declare themselves: ``{run_id}_{module_id}_r{round}_group``;
+    with a ``bucket`` (a module split into several groups a round, :func:`group_bucket`),
+    ``{run_id}_{module_id}_r{round}_b{bucket}_group``."""
     _check_key_parts(run_id, module_id)
     if not 0 <= round_no < _MAX_ROUND:
         raise ValueError(f"round number {round_no} out of range")
-    return f"{run_id}_{module_id}_r{round_no}_group"
+    if bucket is None:
+        return f"{run_id}_{module_id}_r{round_no}_group"
+    if not isinstance(bucket, int) or isinstance(bucket, bool) or not 0 <= bucket < _MAX_ROUND:
+        raise ValueError(f"bucket {bucket!r} out of range")
+    return f"{run_id}_{module_id}_r{round_no}_b{bucket}_group"
+
+
+def group_buckets(holders: int, max_group_size: int) -> int:
+    """How many groups a module of ``holders`` live holders splits into each round so that none
+    exceeds about ``max_group_size`` members: the smallest power of two >= ceil(holders / max_group_size)
+    (1 when ``max_group_size`` <= 0: one group, today's behaviour). A power of two keeps holders that
+    counted slightly different numbers in agreement except near a doubling, and a holder that counted
+    half as many buckets computes the union of two of the other's groups (``bucket % k``)."""
+    if max_group_size <= 0 or holders <= max_group_size:
+        return 1
+    need = -(-int(holders) // int(max_group_size))
+    return 1 << (need - 1).bit_length()
+
+
+def group_bucket(module_id: str, round_no: int, peer_id: str, buckets: int) -> int:
+    """The group (0 .. ``buckets`` - 1) ``peer_id`` averages ``module_id``'s round ``round_no`` in: a hash
+    of the three, the same on every peer. The round is in the hash, so groups are drawn anew every
+    round and what one group averaged reaches every other within a few rounds (the random regrouping
+    of Moshpit SGD, Ryabinin et al. 2021)."""
+    if buckets <= 1:
+        return 0
+    digest = hashlib.blake2b(f"{module_id}/{round_no}/{peer_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % buckets
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,140 @@
+"""Scale past one machine (issue 25): 10 to 10,000 simulated volunteers against the real coordinator.
+
+Runs :mod:`bench.scale_sim` (the real :class:`coordinator.Coordinator` on SQLite, the real DHT
+records, a simulated clock and network) over a sweep of swarm sizes on a 2x2 lattice, and of
+lattice shapes at 1,000 peers, and reports round time, DHT operations and bytes per peer per round,
+the coordinator's measured CPU (thread CPU time inside its calls per simulated second), heartbeats
+per second and the share of compute lost to churn (10% of peers leaving per hour).
+
+Keys: ``peers_simulated`` (>= 10,000), ``round_time_ratio_1000_vs_10`` (<= 1.5),
+``dht_ops_per_peer_round_at_1000`` (flat in peers), ``coordinator_cpu_share_at_10000`` (<= 0.5),
+``churn_compute_loss_10pct_per_hour`` (<= 0.05); ``sweep`` holds every run's figures.
+``--quick`` runs 10 and 100 peers only (seconds; writes ``scale_quick.json``, no plot). Each size runs
+twice: ``before`` (one averaging group per module and round, the matchmaker of today) and ``after``
+(``max_group_size`` = 64: a widely held module's holders split into groups by
+:func:`peer.network.records.group_bucket`). The 10,000-peer runs measure 240 simulated seconds after
+their ramp (wall time on 2 cores), the others 900 (lattice shapes 300).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from bench.common import RESULTS, emit, run_main
+from bench.scale_sim import SimConfig, simulate
+
+__all__ = ["main", "sweep"]
+
+log = logging.getLogger("bench.scale")
+
+DOCS_PLOT = Path(__file__).resolve().parent.parent / "docs" / "img" / "scale.png"
+
+
+MAX_GROUP = 64
+"""``max_group_size`` of the runs after the fix (groups of about 64: today's 4-8 peer networks keep one group)."""
+RATIO_GROUP = 8
+"""``max_group_size`` of the pair behind ``round_time_ratio_1000_vs_10`` (groups of 5-8 at both sizes)."""
+SIZES = (10, 100, 1000, 10_000)
+
+
+def runs(quick: bool, seed: int) -> list[tuple[str, SimConfig]]:
+    """(label, config) of every run: ``before`` (one group a module) and ``after`` (groups bounded by
+    ``MAX_GROUP``) at each size on 2x2, the ratio pair, and lattice shapes at 1,000 peers."""
+    if quick:
+        return [(tag, SimConfig(peers=n, duration=600.0, ramp=60.0, seed=seed, max_group_size=g))
+                for tag, g in (("before", 0), ("after", MAX_GROUP)) for n in (10, 100)]
+    out = []
+    for tag, g in (("before", 0), ("after", MAX_GROUP)):
+        for n in SIZES:  # the 10,000-peer runs measure 240 simulated s (wall time), the others 900 s
+            out.append((tag, SimConfig(peers=n, duration=900.0 if n < 10_000 else 240.0, seed=seed, max_group_size=g)))
+    out += [("ratio", SimConfig(peers=n, duration=600.0, seed=seed, max_group_size=RATIO_GROUP)) for n in (10, 1000)]
+    out += [("lattice", SimConfig(peers=1000, levels=l, modules_per_level=m, duration=300.0, seed=seed,
+                                  max_group_size=MAX_GROUP)) for l, m in ((4, 4), (2, 16))]
+    return out
+
+
+def sweep(quick: bool, seed: int) -> list[dict]:
+    """Every run's figures, each with its ``run`` label."""
+    out = []
+    for tag, cfg in runs(quick, seed):
+        r = simulate(cfg)
+        log.info("%s %s", tag, r.figures)
+        out.append({"run": tag, **r.figures, "refusal_example": r.refusals[0] if r.refusals else "",
+                    "unserved": len(r.unserved)})
+    return out
+
+
+def headline(rows: list[dict]) -> dict:
+    """The issue's keys, read from the ``after`` runs (bounded groups), the ratio pair and the ``before`` runs."""
+    after = {r["peers"]: r for r in rows if r["run"] == "after"}
+    before = {r["peers"]: r for r in rows if r["run"] == "before"}
+    ratio = {r["peers"]: r for r in rows if r["run"] == "ratio"}
+    top = max(after)
+    mid = after.get(1000, after[top])
+    out = {
+        "peers_simulated": max(r["peers_ever"] for r in rows),
+        "round_time_ratio_1000_vs_10": (ratio[1000]["round_s_median"] / ratio[10]["round_s_median"]
+                                        if len(ratio) == 2 else None),
+        "round_time_ratio_group_sizes": ([ratio[10]["group_size_mean"], ratio[1000]["group_size_mean"]]
+                                         if len(ratio) == 2 else None),
+        "dht_ops_per_peer_round_at_1000": mid["dht_ops_per_peer_round"],
+        "dht_bytes_per_peer_round_at_1000": mid["dht_bytes_per_peer_round"],
+        "coordinator_cpu_share_at_10000": after[top]["coordinator_cpu_share"] if top >= 10_000 else None,
+        "churn_compute_loss_10pct_per_hour": mid["churn_compute_loss"],
+        "max_group_size": MAX_GROUP,
+    }
+    for n in sorted(after):
+        for tag, by in (("before", before), ("after", after)):
+            if n in by:
+                out[f"group_size_mean_{tag}_{n}"] = by[n]["group_size_mean"]
+                out[f"dht_bytes_per_peer_round_{tag}_{n}"] = by[n]["dht_bytes_per_peer_round"]
+    return out
+
+
+def plot(rows: list[dict], path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 5, figsize=(20, 3.6))
+    panels = (("group_size_mean", "mean group size"), ("dht_bytes_per_peer_round", "DHT bytes / peer / round"),
+              ("dht_ops_per_peer_round", "DHT ops / peer / round"), ("round_s_median", "median round (s)"),
+              ("coordinator_cpu_share", "coordinator CPU (cores)"))
+    for tag, style in (("before", "o--"), ("after", "s-")):
+        sel = sorted((r for r in rows if r["run"] == tag), key=lambda r: r["peers"])
+        n = [r["peers"] for r in sel]
+        for ax, (key, label) in zip(axes, panels):
+            label_run = "one group a module" if tag == "before" else f"max_group_size {MAX_GROUP}"
+            ax.plot(n, [r[key] for r in sel], style, label=label_run)
+            ax.set_xscale("log")
+            if key in ("group_size_mean", "dht_bytes_per_peer_round"):
+                ax.set_yscale("log")
+            ax.set_xlabel("peers (2x2 lattice)")
+            ax.set_title(label)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="10 and 100 peers only (seconds)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--plot", default=str(DOCS_PLOT), help="write the curves to this PNG ('' for none)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    logging.getLogger("coordinator").setLevel(logging.WARNING)
+    logging.getLogger("peer").setLevel(logging.ERROR)
+    rows = sweep(args.quick, args.seed)
+    if args.plot and not args.quick:
+        plot(rows, args.plot)
+    emit("scale_quick" if args.quick else "scale", {**headline(rows), "quick": args.quick, "seed": args.seed,
+                                                     "sweep": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)
