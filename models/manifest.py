@@ -32,7 +32,7 @@ from models.errors import DataError
 
 __all__ = ["MANIFEST_FILE", "FORMAT", "READABLE_FORMATS", "CHUNK_SIZE", "MAX_CHUNK_SIZE", "SPLITS", "FileLayout",
            "ManifestMismatch", "manifest_hash", "path_name", "chunk_table", "layouts", "path_files",
-           "parse_manifest", "sha256_file"]
+           "parse_manifest", "sha256_file", "shard_files"]
 
 MANIFEST_FILE = "manifest.json"
 FORMAT = 2
@@ -155,9 +155,10 @@ def _safe_name(name: str) -> bool:
             and all(p not in ("", ".", "..") for p in parts) and name != MANIFEST_FILE)
 
 
-def path_files(manifest: dict, paths: Iterable[Sequence[int]]) -> list[str]:
+def path_files(manifest: dict, paths: Iterable[Sequence[int]], splits: Sequence[str] = SPLITS) -> list[str]:
     """The files a peer training ``paths`` needs: every file that is not a shard (router, tokenizer),
-    and the train and validation shards of those paths. A path not in the manifest is a :class:`DataError`."""
+    and the shards of those paths for ``splits`` (train and validation by default). A path not in the
+    manifest is a :class:`DataError`."""
     names = manifest.get("files", {})
     wanted = []
     for path in paths:
@@ -166,9 +167,15 @@ def path_files(manifest: dict, paths: Iterable[Sequence[int]]) -> list[str]:
             lattice = manifest.get("lattice", {})
             raise DataError(f"path {p} is not in this dataset (a {lattice.get('levels')}x"
                             f"{lattice.get('modules_per_level')} lattice)")
-        wanted += [f"shards/{p}.{s}.{k}" for s in SPLITS for k in _SHARD_KINDS]
+        wanted += [f"shards/{p}.{s}.{k}" for s in splits for k in _SHARD_KINDS]
     meta = [n for n in names if not n.startswith("shards/")]
     return sorted(set(meta)) + [w for w in dict.fromkeys(wanted) if w in names]
+
+
+def shard_files(path: Sequence[int], splits: Sequence[str] = SPLITS) -> list[str]:
+    """The file names of one path's shards for ``splits``."""
+    p = path_name(path)
+    return [f"shards/{p}.{s}.{k}" for s in splits for k in _SHARD_KINDS]
 
 
 def parse_manifest(blob: bytes, expected_hash: str) -> dict:

@@ -7,6 +7,8 @@ path's shards from each other over hivemind's p2p streams, every chunk verified 
   manifest hash), then the router, tokenizer and the wanted paths' shards, from several seeders at
   once, resumable, dropping and reporting a seeder that sends bad bytes; :func:`fetch_manifest` and
   :func:`find_seeders` for ``hivepath data info``.
+- ``cache``: :class:`ShardCache`, a peer's fetched shards under a disk budget (least recently
+  trained path out first, never the path being trained).
 - ``partial``: a file being fetched (``.part`` plus the record of its verified chunks) and its
   rename into place once whole and verified.
 - ``records``: the seeder record (:class:`SeederRecord`, a bitmap of files) under
@@ -21,6 +23,7 @@ What a chunk is and its hash live in :mod:`models.manifest` (manifest format 2).
 package only when a data command that talks to the network runs.
 """
 
+from peer.datasync.cache import USED_FILE, ShardCache
 from peer.datasync.errors import DiskFull, FetchError, ManifestMismatch, NoSeeder, SeedError
 from peer.datasync.fetcher import FetchOptions, FetchProgress, FetchResult, fetch, fetch_async, fetch_manifest, find_seeders
 from peer.datasync.partial import STATE_DIR, PartialFile
@@ -29,7 +32,7 @@ from peer.datasync.seeder import Seeder, SeederOptions, read_local_manifest
 from peer.datasync.session import SwarmAccess, join_swarm
 
 __all__ = [
-    "DiskFull", "FetchError", "ManifestMismatch", "NoSeeder", "SeedError", "FetchOptions", "FetchProgress",
+    "ShardCache", "USED_FILE", "DiskFull", "FetchError", "ManifestMismatch", "NoSeeder", "SeedError", "FetchOptions", "FetchProgress",
     "FetchResult", "fetch", "fetch_async", "fetch_manifest", "find_seeders", "STATE_DIR", "PartialFile", "RECORD_TTL",
     "SeederRecord", "seeders_key", "Seeder", "SeederOptions", "read_local_manifest", "SwarmAccess", "join_swarm",
 ]

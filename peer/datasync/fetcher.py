@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from models.errors import DataError
-from models.manifest import MANIFEST_FILE, FileLayout, layouts, parse_manifest, path_files
+from models.manifest import MANIFEST_FILE, SPLITS, FileLayout, layouts, parse_manifest, path_files
 from models.manifest import manifest_hash as hash_of
 from peer.datasync.errors import DiskFull, ManifestMismatch, NoSeeder
 from peer.datasync.partial import STATE_DIR, PartialFile
@@ -112,6 +112,8 @@ class FetchResult:
 BadSeederCallback = Callable[[str, str], None]
 """``(peer_id, what it did)``: a seeder sent bytes that do not match the manifest."""
 ProgressCallback = Callable[[FetchProgress], None]
+FileCallback = Callable[[str], None]
+"""``(file name)``: a wanted file is whole, verified and in place (a seeder may announce it now)."""
 
 
 async def find_seeders(dht: Any, manifest_hash: str) -> dict[str, SeederRecord]:
@@ -243,13 +245,15 @@ async def _manifest_from(p2p: Any, peer: str, manifest_hash: str, options: Fetch
 
 def fetch(dht: Any, manifest_hash: str, paths: Iterable[Sequence[int]], out: Union[str, Path],
           options: FetchOptions = FetchOptions(), on_progress: Optional[ProgressCallback] = None,
-          on_bad_seeder: Optional[BadSeederCallback] = None) -> FetchResult:
+          on_bad_seeder: Optional[BadSeederCallback] = None, splits: Sequence[str] = SPLITS,
+          on_file: Optional[FileCallback] = None) -> FetchResult:
     """:func:`fetch_async` on a loop of its own, over a replica of ``dht``'s p2p daemon (blocks)."""
 
     async def run() -> FetchResult:
         p2p = await unwrap_dht(dht).replicate_p2p()
         try:
-            return await fetch_async(dht, p2p, manifest_hash, paths, out, options, on_progress, on_bad_seeder)
+            return await fetch_async(dht, p2p, manifest_hash, paths, out, options, on_progress, on_bad_seeder,
+                                     splits, on_file)
         finally:
             with contextlib.suppress(Exception):
                 await p2p.shutdown()
@@ -260,8 +264,11 @@ def fetch(dht: Any, manifest_hash: str, paths: Iterable[Sequence[int]], out: Uni
 async def fetch_async(dht: Any, p2p: Any, manifest_hash: str, paths: Iterable[Sequence[int]],
                       out: Union[str, Path], options: FetchOptions = FetchOptions(),
                       on_progress: Optional[ProgressCallback] = None,
-                      on_bad_seeder: Optional[BadSeederCallback] = None) -> FetchResult:
-    """Fetch ``paths``' files of dataset ``manifest_hash`` into ``out`` (see the module docstring)."""
+                      on_bad_seeder: Optional[BadSeederCallback] = None, splits: Sequence[str] = SPLITS,
+                      on_file: Optional[FileCallback] = None) -> FetchResult:
+    """Fetch ``paths``' files of dataset ``manifest_hash`` into ``out`` (see the module docstring):
+    their shards of ``splits`` only (a trainer starts on ``("train",)`` and fetches the validation
+    shards next). ``on_file(name)`` hears of each wanted file once it is in place."""
     out = Path(out)
     _check_output(out, manifest_hash)
     state = out / STATE_DIR
@@ -273,8 +280,9 @@ async def fetch_async(dht: Any, p2p: Any, manifest_hash: str, paths: Iterable[Se
             table = layouts(manifest)
         except DataError as e:
             raise DataError(f"dataset {manifest_hash} cannot be fetched: {e}") from None
-        wanted = path_files(manifest, [tuple(p) for p in paths])
-        job = _Job(p2p, out, manifest_hash, sorted(table), [table[n] for n in wanted], swarm, options, on_progress)
+        wanted = path_files(manifest, [tuple(p) for p in paths], splits)
+        job = _Job(p2p, out, manifest_hash, sorted(table), [table[n] for n in wanted], swarm, options, on_progress,
+                   on_file)
         job.result.requested += requested
         try:
             await job.run()
@@ -354,9 +362,10 @@ class _Job:
     """The chunks of the wanted files and the requests in flight (see the module docstring)."""
 
     def __init__(self, p2p: Any, out: Path, manifest_hash: str, all_names: list[str], files: list[FileLayout],
-                 swarm: _Swarm, options: FetchOptions, on_progress: Optional[ProgressCallback]):
+                 swarm: _Swarm, options: FetchOptions, on_progress: Optional[ProgressCallback],
+                 on_file: Optional[FileCallback] = None):
         self.p2p, self.out, self.manifest_hash, self.swarm, self.options = p2p, out, manifest_hash, swarm, options
-        self.on_progress = on_progress
+        self.on_progress, self.on_file = on_progress, on_file
         self.all_names = all_names
         """Every file of the manifest, sorted: what the seeders' bitmaps cover."""
         self.files = files
@@ -494,6 +503,11 @@ class _Job:
     def _done_file(self, layout: FileLayout) -> None:
         self.progress.files_done += 1
         log.info("fetched %s (%d bytes)", layout.name, layout.size)
+        if self.on_file is not None:
+            try:
+                self.on_file(layout.name)
+            except Exception as e:  # announcing is advice: the fetch goes on
+                log.warning("announcing %s failed: %r", layout.name, e)
 
     def _kept(self) -> int:
         return sum(len(pf.verified) for pf in self.partial.values())

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from models.errors import DataError
-from models.manifest import MANIFEST_FILE, FileLayout, layouts, manifest_hash, sha256_file
+from models.manifest import MANIFEST_FILE, FileLayout, layouts, manifest_hash, sha256_file, shard_files
 from peer.datasync.errors import SeedError
 from peer.datasync.protocol import CHUNK, MANIFEST_CHUNK, MAX_REQUEST_BYTES, ChunkReply, ChunkRequest, data_prefix, linger
 from peer.datasync.records import RECORD_TTL, SeederRecord, seeder_value, seeders_key
@@ -156,6 +156,30 @@ class Seeder:
         """Look at the directory again (files fetched since) and announce what is held now."""
         self.held = frozenset(self.scan())
         self.announce()
+
+    def add(self, *names: str) -> None:
+        """Serve ``names`` too (files of the manifest this process has just put in place, verified) and
+        announce at once: a fetching peer seeds each file as soon as it completes."""
+        new = frozenset(n for n in names if n in self.layouts) - self.held
+        if new:
+            self.held = self.held | new
+            self.announce()
+
+    def drop(self, *names: str) -> None:
+        """Stop serving ``names`` (evicted from disk) and announce it."""
+        gone = self.held & frozenset(names)
+        if gone:
+            self.held = self.held - gone
+            self.announce()
+
+    def held_paths(self) -> list[str]:
+        """The paths (written ``0-1``) whose train and validation shards this seeder serves whole."""
+        held, out = self.held, []
+        for name in sorted(self.manifest.get("shards", {})):
+            files = [f for f in shard_files(name.split("-")) if f in self.layouts]
+            if files and all(f in held for f in files):
+                out.append(name)
+        return out
 
     def record(self) -> SeederRecord:
         return SeederRecord.of(self.names, set(self.held))
