@@ -144,8 +144,10 @@ class _Seeder:
 class _Swarm:
     """The seeders of one dataset as this fetch knows them; refreshed from the DHT."""
 
-    def __init__(self, dht: Any, manifest_hash: str, own_peer_id: str, on_bad: Optional[BadSeederCallback]):
+    def __init__(self, dht: Any, manifest_hash: str, own_peer_id: str, on_bad: Optional[BadSeederCallback],
+                 exclude: Iterable[str] = ()):
         self.dht, self.manifest_hash, self.own = dht, manifest_hash, own_peer_id
+        self.exclude = frozenset(exclude)
         self.seeders: dict[str, _Seeder] = {}
         self.asked: dict[str, set[str]] = {}
         """file -> seeders asked for a chunk of it (for the error naming how many were tried)."""
@@ -160,7 +162,7 @@ class _Swarm:
             log.debug("looking for seeders failed: %r", e)
             return
         for peer, record in found.items():
-            if peer == self.own:
+            if peer == self.own or peer in self.exclude:
                 continue
             s = self.seeders.setdefault(peer, _Seeder(peer))
             s.holds = record.holds(names) if names is not None else set()
@@ -246,14 +248,14 @@ async def _manifest_from(p2p: Any, peer: str, manifest_hash: str, options: Fetch
 def fetch(dht: Any, manifest_hash: str, paths: Iterable[Sequence[int]], out: Union[str, Path],
           options: FetchOptions = FetchOptions(), on_progress: Optional[ProgressCallback] = None,
           on_bad_seeder: Optional[BadSeederCallback] = None, splits: Sequence[str] = SPLITS,
-          on_file: Optional[FileCallback] = None) -> FetchResult:
+          on_file: Optional[FileCallback] = None, exclude: Iterable[str] = ()) -> FetchResult:
     """:func:`fetch_async` on a loop of its own, over a replica of ``dht``'s p2p daemon (blocks)."""
 
     async def run() -> FetchResult:
         p2p = await unwrap_dht(dht).replicate_p2p()
         try:
             return await fetch_async(dht, p2p, manifest_hash, paths, out, options, on_progress, on_bad_seeder,
-                                     splits, on_file)
+                                     splits, on_file, exclude)
         finally:
             with contextlib.suppress(Exception):
                 await p2p.shutdown()
@@ -265,16 +267,17 @@ async def fetch_async(dht: Any, p2p: Any, manifest_hash: str, paths: Iterable[Se
                       out: Union[str, Path], options: FetchOptions = FetchOptions(),
                       on_progress: Optional[ProgressCallback] = None,
                       on_bad_seeder: Optional[BadSeederCallback] = None, splits: Sequence[str] = SPLITS,
-                      on_file: Optional[FileCallback] = None) -> FetchResult:
+                      on_file: Optional[FileCallback] = None, exclude: Iterable[str] = ()) -> FetchResult:
     """Fetch ``paths``' files of dataset ``manifest_hash`` into ``out`` (see the module docstring):
     their shards of ``splits`` only (a trainer starts on ``("train",)`` and fetches the validation
-    shards next). ``on_file(name)`` hears of each wanted file once it is in place."""
+    shards next). ``on_file(name)`` hears of each wanted file once it is in place; seeders in
+    ``exclude`` (dropped by an earlier fetch) are never asked."""
     out = Path(out)
     _check_output(out, manifest_hash)
     state = out / STATE_DIR
     state.mkdir(parents=True, exist_ok=True)
     with _locked(state / "lock", out):
-        swarm = _Swarm(dht, manifest_hash, p2p.peer_id.to_base58(), on_bad_seeder)
+        swarm = _Swarm(dht, manifest_hash, p2p.peer_id.to_base58(), on_bad_seeder, exclude)
         blob, manifest, requested = await _manifest(dht, p2p, out, manifest_hash, options, on_bad_seeder, swarm)
         try:
             table = layouts(manifest)
@@ -400,7 +403,8 @@ class _Job:
             dest = self.out / layout.name
             if dest.is_file() and dest.stat().st_size == layout.size:  # renamed into place only when verified
                 self.result.reused += layout.n_chunks
-                self._done_file(layout)
+                self.progress.done_bytes += layout.size
+                self._done_file(layout, kept=True)
                 continue
             pf = PartialFile(self.out, layout)
             try:
@@ -500,9 +504,10 @@ class _Job:
         del self.partial[pf.layout.name]
         self._done_file(pf.layout)
 
-    def _done_file(self, layout: FileLayout) -> None:
+    def _done_file(self, layout: FileLayout, kept: bool = False) -> None:
         self.progress.files_done += 1
-        log.info("fetched %s (%d bytes)", layout.name, layout.size)
+        if not kept:
+            log.info("fetched %s (%d bytes)", layout.name, layout.size)
         if self.on_file is not None:
             try:
                 self.on_file(layout.name)
