@@ -68,7 +68,7 @@ def _fetch_json(fetch: Any, dht: Any, manifest_hash: str, paths: Sequence[tuple[
     last = {"t": float("-inf")}
 
     def emit(event: dict) -> None:
-        sys.stdout.write(strict_json.dumps(event) + "\n")
+        sys.stdout.write(strict_json.dumps({**event, "time": round(time.time(), 3)}) + "\n")
         sys.stdout.flush()
 
     def show(p: Any, final: bool = False) -> None:

@@ -233,3 +233,50 @@ def test_a_format_1_dataset_is_not_seeded(source, swarm, tmp_path):
     with pytest.raises(SeedError, match=r"format 1, without per-chunk hashes.*re-run 'hivepath data prepare'") as e:
         Seeder(swarm(), old)
     assert "\n" not in str(e.value) and e.value.exit_code == 2
+
+
+def test_train_first_then_validation_each_file_announced_and_excluded_seeders_never_asked(source, swarm, seeders,
+                                                                                           tmp_path):
+    """What ``peer join`` does: the training shard first (training starts), the validation shard next;
+    its own seeder announces each file as it lands; a seeder dropped earlier is not asked again."""
+    h = _hash(source)
+    a, b = seeders(swarm(), source), seeders(swarm(), source)
+    fetcher = swarm()
+    _wait_for_seeders(fetcher, h, 2)
+    out = tmp_path / "fetched"
+    landed: list[str] = []
+    first = fetch(fetcher, h, [(2,)], out, FAST, splits=("train",), on_file=landed.append, exclude={b.peer_id})
+    assert set(first.by_seeder) == {a.peer_id}
+    assert sorted(landed) == ["router.json", "shards/2.train.docs", "shards/2.train.tokens"]
+    assert Dataset(out).local_paths == []  # validation not there yet
+    own = Seeder(fetcher, out, SeederOptions(verify=False)).start()
+    try:
+        assert own.held_paths() == []
+        fetch(fetcher, h, [(2,)], out, FAST, splits=("validation",), on_file=lambda name: own.add(name))
+        assert own.held_paths() == ["2"] and "shards/2.validation.tokens" in own.held
+        own.drop("shards/2.validation.tokens")
+        assert own.held_paths() == []
+    finally:
+        own.close()
+    assert all((out / n).read_bytes() == (source / n).read_bytes() for n in landed)
+    assert Dataset(out).local_paths == [(2,)]
+
+
+def test_the_shard_cache_evicts_least_recently_trained_paths_never_the_current_one(source, tmp_path):
+    from peer.datasync import ShardCache
+
+    out = tmp_path / "copy"
+    shutil.copytree(source, out)
+    manifest = Dataset(out).manifest
+    clock = iter(range(100, 200)).__next__
+    cache = ShardCache(out, manifest, None, clock=lambda: float(clock()))
+    sizes = {p: cache.size(p) for p in [(0,), (1,), (2,)]}
+    for p in [(1,), (0,), (2,)]:  # 1 is the least recently trained, then 0
+        cache.touch(p)
+    assert cache.make_room((2,)) == []  # no budget: keep everything
+    cache.max_bytes = sizes[(2,)] + sizes[(0,)]
+    removed = cache.make_room((2,))
+    assert removed == cache.files((1,)) and not cache.holds((1,)) and cache.holds((0,)) and cache.holds((2,))
+    cache.max_bytes = 1  # smaller than the path being trained: it stays
+    assert cache.make_room((2,)) == cache.files((0,)) and cache.holds((2,))
+    assert (out / "router.json").is_file() and (out / "manifest.json").is_file()
