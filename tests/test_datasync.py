@@ -175,7 +175,8 @@ def test_an_interrupted_fetch_resumes_without_asking_again(source, swarm, seeder
     assert result.requested == result.fetched == total - result.reused  # the manifest was kept, too
     assert max(seeder.served.values()) == 1 or all(
         n <= 2 for n in seeder.served.values())  # a chunk in flight at the interrupt may be sent twice
-    assert sum(seeder.served.values()) - first == result.fetched
+    # requests in flight at the interrupt may be answered (and counted) after ``first`` was read
+    assert 0 <= sum(seeder.served.values()) - first - result.fetched <= FAST.parallel
     assert _files(out) == {n: d for n, d in _files(source).items() if n in _files(out)}
 
 
