@@ -217,12 +217,12 @@ def _fetch(args: argparse.Namespace) -> int:
 def _seeders_info(args: argparse.Namespace) -> int:
     import asyncio
 
-    from peer.datasync import FetchOptions, fetch_manifest, find_seeders, join_swarm
+    from peer.datasync import FetchOptions, fetch_manifest, find_seeders, join_swarm, own_p2p
 
     dht, _ = join_swarm(_access(args), need_peers=True)
     try:
         async def look():
-            p2p = await dht.dht.replicate_p2p()
+            p2p = await own_p2p(dht)
             try:
                 found = await find_seeders(dht, args.manifest_hash)
                 manifest = None

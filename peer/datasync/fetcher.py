@@ -43,7 +43,7 @@ from models.manifest import MANIFEST_FILE, SPLITS, FileLayout, layouts, parse_ma
 from models.manifest import manifest_hash as hash_of
 from peer.datasync.errors import DiskFull, ManifestMismatch, NoSeeder
 from peer.datasync.partial import STATE_DIR, PartialFile
-from peer.datasync.protocol import MANIFEST_CHUNK, MAX_MANIFEST_BYTES, request_chunk
+from peer.datasync.protocol import own_p2p, MANIFEST_CHUNK, MAX_MANIFEST_BYTES, request_chunk
 from peer.datasync.records import SeederRecord, seeders_from_value, seeders_key
 from peer.network import unwrap_dht
 
@@ -249,10 +249,11 @@ def fetch(dht: Any, manifest_hash: str, paths: Iterable[Sequence[int]], out: Uni
           options: FetchOptions = FetchOptions(), on_progress: Optional[ProgressCallback] = None,
           on_bad_seeder: Optional[BadSeederCallback] = None, splits: Sequence[str] = SPLITS,
           on_file: Optional[FileCallback] = None, exclude: Iterable[str] = ()) -> FetchResult:
-    """:func:`fetch_async` on a loop of its own, over a replica of ``dht``'s p2p daemon (blocks)."""
+    """:func:`fetch_async` on a loop of its own, over a P2P handle of its own on ``dht``'s daemon
+    (:func:`peer.datasync.protocol.own_p2p`; blocks)."""
 
     async def run() -> FetchResult:
-        p2p = await unwrap_dht(dht).replicate_p2p()
+        p2p = await own_p2p(dht)
         try:
             return await fetch_async(dht, p2p, manifest_hash, paths, out, options, on_progress, on_bad_seeder,
                                      splits, on_file, exclude)

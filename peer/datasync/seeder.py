@@ -30,7 +30,7 @@ from typing import Any, Optional, Union
 from models.errors import DataError
 from models.manifest import MANIFEST_FILE, FileLayout, layouts, manifest_hash, sha256_file, shard_files
 from peer.datasync.errors import SeedError
-from peer.datasync.protocol import CHUNK, MANIFEST_CHUNK, MAX_REQUEST_BYTES, ChunkReply, ChunkRequest, data_prefix, linger
+from peer.datasync.protocol import own_p2p, CHUNK, MANIFEST_CHUNK, MAX_REQUEST_BYTES, ChunkReply, ChunkRequest, data_prefix, linger
 from peer.datasync.records import RECORD_TTL, SeederRecord, seeder_value, seeders_key
 from peer.network import unwrap_dht
 from peer.network.frames import read_message, serve
@@ -115,7 +115,7 @@ class Seeder:
         return self
 
     async def _register(self) -> None:
-        self._p2p = await self.dht.replicate_p2p()
+        self._p2p = await own_p2p(self.dht)
         await serve(self._p2p, data_prefix(self.manifest_hash), CHUNK, self._handle)
 
     def close(self) -> None:

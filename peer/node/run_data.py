@@ -3,13 +3,14 @@
 The one place where ``hivepath peer join`` (path and stage mode) and ``hivepath archive`` get their
 data (issue 18: a volunteer needs no data):
 
-1. **Local** (:func:`local_dataset`, before the DHT starts): ``--data`` if given; else the dataset
-   under the work directory, prepared there when the run's corpus can be prepared on this machine
+1. **Local** (:func:`local_dataset`, before the DHT starts): ``--data`` if given (prepared there
+   first when it holds no dataset yet and the corpus is here); else the dataset under the work
+   directory, prepared there when the run's corpus can be prepared on this machine
    (the built-in corpus, or a corpus directory that exists here). Checked against the run's manifest
    hash, only the paths it holds (a ``--data`` directory may hold some paths only).
 2. **From the network** otherwise (a run on a custom corpus that pins its manifest hash):
    :meth:`RunData.fetch_meta`, once the DHT is up and before joining, fetches the manifest (checked
-   against the run's hash), router and tokenizer into ``WORK_DIR/data-<hash>``;
+   against the run's hash), router and tokenizer into ``WORK_DIR/data-<hash>`` (or ``--data``);
    :meth:`RunData.ensure_path`, once the coordinator assigned a path, fetches that path's training
    shard and returns as soon as it is verified (training starts then), and its validation shard in
    the background. Stage servers need no shard (a stage computes on the activations trainers send
@@ -88,6 +89,11 @@ def local_dataset(cfg: RunConfig, data_dir: Optional[Path], work_dir: Path, mani
     from the network: no ``data_dir``, a corpus not on this machine, and a manifest hash to fetch by."""
     from models.data import MANIFEST_FILE, Dataset
 
+    if data_dir is not None and not (Path(data_dir) / MANIFEST_FILE).exists():
+        if _preparable(cfg):  # --data names where to prepare it
+            _prepare_once(cfg, Path(data_dir))
+        elif manifest_hash:
+            return None  # fetched into data_dir
     if data_dir is None:
         prepared = _prepared_dir(cfg, work_dir)
         if (prepared / MANIFEST_FILE).exists() or _preparable(cfg):
@@ -174,7 +180,8 @@ class RunData:
         from models.data import Dataset
 
         self._dht = dht
-        out = fetched_dir(self.work_dir, self.manifest_hash)
+        out = Path(self.opts.data_dir) if self.opts.data_dir is not None else fetched_dir(self.work_dir,
+                                                                                           self.manifest_hash)
         log.info("the run's dataset %s is not on this machine: fetching it from its seeders into %s",
                  self.manifest_hash, out)
         self._fetch([], out, (), "manifest, router and tokenizer", should_stop)
