@@ -126,6 +126,8 @@ class Coordinator(Leases, Reading, Moderation):
         self._dirty_peers: set[str] = set()
         self._dirty_progress: set[tuple[str, str]] = set()
         self._live_addrs: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+        self._seeding: dict[str, frozenset[str]] = {}
+        """peer id -> paths whose shards it seeds, from its heartbeats (memory only: status page)."""
 
         fixes = self._restore_leases(clock())
         self._durable(fixes)

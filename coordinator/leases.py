@@ -8,7 +8,7 @@ collects them for a group commit every ``flush_interval``. After a restart every
 least ``restart_grace`` seconds.
 
 Kept apart from admission and assignment, whose state it shares under the coordinator's lock
-(``_lock``, ``_peers``, ``_leases``, ``_lease_of``, ``_progress``, ``_progress_by_peer``,
+(``_lock``, ``_peers``, ``_leases``, ``_lease_of``, ``_seeding``, ``run``, ``_progress``, ``_progress_by_peer``,
 ``_session_base``, ``_dirty_*``, ``_expiry_heap``, ``_live_addrs``, ``view``, ``settings``, ``clock``,
 ``counters``, ``issuer``, ``_durable``, ``_issue``, ``_start_drain``).
 """
@@ -28,6 +28,9 @@ from coordinator.view import ClusterView
 
 __all__ = ["Leases"]
 
+_MAX_SEEDED = 65536
+"""The most paths one heartbeat may say it seeds."""
+
 
 class Leases:
     """``heartbeat`` and ``take_dirty``, lease expiry and release for :class:`coordinator.core.Coordinator`."""
@@ -41,8 +44,11 @@ class Leases:
         tokens_per_s: float = 0.0,
         bytes_exchanged: int = 0,
         preempting: bool = False,
+        seeded_paths: Optional[frozenset[str]] = None,
     ) -> HeartbeatResult:
-        """Renew the lease and record progress; renewals are durable at the next flush, not on return."""
+        """Renew the lease and record progress; renewals are durable at the next flush, not on return.
+        ``seeded_paths`` (checked by :meth:`check_seeded_paths`; None: unchanged): the paths whose
+        shards the peer seeds now, kept in memory for the status page only."""
         with self._lock:
             lease = self._leases.get(lease_id)
             now = self.clock()
@@ -57,6 +63,11 @@ class Leases:
             self._dirty_leases.add(lease_id)
             peer = self._peers[peer_id]
             peer.last_seen = now
+            if seeded_paths is not None:
+                if seeded_paths:
+                    self._seeding[peer_id] = seeded_paths
+                else:
+                    self._seeding.pop(peer_id, None)
             if progress or bytes_exchanged or (tokens_per_s and tokens_per_s != peer.capabilities.tokens_per_s):
                 self._record_progress(peer, progress, tokens_per_s, bytes_exchanged, now)
             batch = None
@@ -138,6 +149,20 @@ class Leases:
             batch.deleted_leases.add(lease_id)
         self.view.remove(peer.peer_id)
         self._live_addrs.pop(peer.peer_id, None)
+        self._seeding.pop(peer.peer_id, None)
+
+    def check_seeded_paths(self, names: list[str]) -> frozenset[str]:
+        """A heartbeat's ``seeded_paths`` as a set; :class:`InvalidArgument` for a name that is not a
+        path of the lattice (written ``0-1``) or more names than the lattice has paths."""
+        lat = self.run.lattice
+        if len(names) > min(lat.num_paths, _MAX_SEEDED):
+            raise InvalidArgument("seeded_paths", f"{len(names)} paths, more than the lattice's {lat.num_paths}")
+        for name in names:
+            parts = name.split("-")
+            if (len(name) > 64 or len(parts) != lat.levels or not all(p.isdigit() and len(p) < 6 for p in parts)
+                    or any(int(p) >= lat.modules_per_level for p in parts) or "-".join(str(int(p)) for p in parts) != name):
+                raise InvalidArgument("seeded_paths", f"{name[:32]!r} is not a path of this run's lattice (e.g. 0-1)")
+        return frozenset(names)
 
     def _record_progress(
         self, peer: PeerRecord, progress: Sequence[ProgressReport], tokens_per_s: float, bytes_exchanged: int,

@@ -31,6 +31,7 @@ _COUNTERS = {
     "rejected_incompatible": "Joins refused because the peer's data differs",
     "rejected_banned": "Joins refused because the peer is banned",
     "reports": "Reports of misbehaving peers received",
+    "seeder_reports": "Reports of seeders that sent bad bytes of the run's dataset",
     "bans": "Peers banned (by reports or by the operator)",
     "malformed_requests": "Requests refused because their bytes are not a valid message (coordinator.wire)",
 }
@@ -71,12 +72,17 @@ class SnapshotCollector(Collector):
         path_tps = GaugeMetricFamily("hivepath_coordinator_path_tokens_per_second", "Path-mode tokens/s per path",
                                      labels=["path"])
         path_loss = GaugeMetricFamily("hivepath_coordinator_path_loss", "Mean latest loss per path", labels=["path"])
+        path_seeders = GaugeMetricFamily("hivepath_coordinator_path_seeders",
+                                         "Live peers seeding each path's shards (as their heartbeats say)",
+                                         labels=["path"])
         for p in s["paths"]:
             path_tps.add_metric([p["name"]], p["tokens_per_s"])
+            path_seeders.add_metric([p["name"]], p["seeders"])
             if p["loss"] is not None:
                 path_loss.add_metric([p["name"]], p["loss"])
         yield path_tps
         yield path_loss
+        yield path_seeders
         for name, doc in _COUNTERS.items():
             yield CounterMetricFamily(f"hivepath_coordinator_{name}", doc, value=s["counters"].get(name, 0))
 

@@ -2,7 +2,7 @@
 
 Kept apart from the admission and lease state machine it extends; it works on that machine's state
 under its lock (``_lock``, ``_peers``, ``_leases``, ``_module_ids``, ``_credential_expiry``,
-``bans``, ``settings``, ``clock``, ``counters``, ``_durable``, ``_release``). The decision itself
+``bans``, ``settings``, ``run``, ``clock``, ``counters``, ``_durable``, ``_release``). The decision itself
 is the pure :func:`coordinator.bans.ban_decision`.
 """
 
@@ -51,6 +51,38 @@ class Moderation:
                 self._apply_ban(suspect, why, now, False, batch)
         self._durable(batch)
         log.info("%s reported %s (%s round %d: %s): %s", reporter, suspect, module_id, round_no, reason, why)
+        return ReportResult(banned, why)
+
+    def report_seeder(self, lease_id: str, reporter: str, suspect: str, manifest_hash: str, file: str, chunk: int,
+                      reason: str) -> ReportResult:
+        """A peer holding a live lease reports a seeder of the run's dataset that sent bytes of ``file``
+        (chunk ``chunk``) not matching the manifest. The seeder need not have joined (a ``hivepath data
+        serve`` process never does); it is banned on the same rule as a module report
+        (:func:`coordinator.bans.ban_decision`: distinct reporters within the window), and a banned
+        seeder that is a peer of the run loses its lease. Durable on return."""
+        batch = WriteBatch()
+        with self._lock:
+            now = self.clock()
+            lease = self._leases.get(lease_id)
+            if lease is None or lease.peer_id != reporter or lease.expires_at <= now:
+                raise LeaseNotFound(f"lease_id: no live lease {lease_id[:8]}... for {reporter}; join again")
+            if suspect == reporter:
+                raise InvalidArgument("suspect_peer_id", "a peer cannot report itself")
+            run_hash = self.run.data.manifest_hash
+            if not run_hash or manifest_hash != run_hash:
+                raise InvalidArgument("manifest_hash", f"{manifest_hash[:64]!r} is not this run's dataset "
+                                                       f"({run_hash or 'the run pins none'})")
+            if self.bans.is_banned(suspect):
+                return ReportResult(True, f"{suspect} is already banned")
+            self.counters["seeder_reports"] += 1
+            recent = self.bans.add_report(Report(reporter, suspect, f"data:{file}", chunk, reason, now),
+                                          self.settings.ban_window)
+            s = self.settings
+            banned, why = ban_decision(recent, now, s.ban_window, s.ban_reporters, s.ban_reports)
+            if banned:
+                self._apply_ban(suspect, f"seeder of dataset {manifest_hash}: {why}", now, False, batch)
+        self._durable(batch)
+        log.warning("%s reported seeder %s (chunk %d of %s: %s): %s", reporter, suspect, chunk, file, reason, why)
         return ReportResult(banned, why)
 
     def ban(self, peer_id: str, reason: str = "") -> str:

@@ -1,6 +1,6 @@
 """Consistent copies of the coordinator's state, the part of :class:`coordinator.core.Coordinator`
 that the servicer, the status page and tests read; every copy is taken under the coordinator's lock
-(``_lock``, ``_peers``, ``_leases``, ``_progress_by_peer``, ``counters``, ``last_rebalance_reason``,
+(``_lock``, ``_peers``, ``_leases``, ``_progress_by_peer``, ``counters``, ``last_rebalance_reason``, ``_seeding``, ``bans``,
 ``clock``, ``_initial_peers``), so a reader never sees a half-applied change.
 """
 
@@ -45,6 +45,8 @@ class Reading:
                 progress={pid: dict(mods) for pid, mods in self._progress_by_peer.items()},
                 counters=dict(self.counters),
                 rebalance_reason=self.last_rebalance_reason,
+                seeding=dict(self._seeding),
+                banned=sorted(self.bans.bans),
             )
 
     def initial_peers(self) -> list[str]:

@@ -44,6 +44,10 @@ class StatusView:
     """peer id -> module id -> latest progress."""
     counters: dict[str, int]
     rebalance_reason: str
+    seeding: dict[str, frozenset[str]] = field(default_factory=dict)
+    """peer id -> paths (written ``0-1``) whose shards it seeds, as its heartbeats say."""
+    banned: list[str] = field(default_factory=list)
+    """Banned peer ids, sorted."""
 
 
 @dataclass(frozen=True)

@@ -198,14 +198,17 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         if request.bytes_sent > MAX_COUNT or request.bytes_received > MAX_COUNT:
             raise InvalidArgument("bytes_sent", f"byte counts beyond {MAX_COUNT}")
         coord = self.coord
+        seeded = None
+        if request.seeds_data:
+            seeded = coord.check_seeded_paths(list(request.seeded_paths))
         if request.preempting:
             result = await self._blocking(
                 coord.heartbeat, lease_id, peer_id, progress, request.assignment_version, tokens_per_s,
-                request.bytes_sent + request.bytes_received, True,
+                request.bytes_sent + request.bytes_received, True, seeded,
             )
         else:
             result = coord.heartbeat(lease_id, peer_id, progress, request.assignment_version, tokens_per_s,
-                                     request.bytes_sent + request.bytes_received)
+                                     request.bytes_sent + request.bytes_received, False, seeded)
         reply.lease_remaining_s = result.lease_remaining
         if result.drain or result.drain_reason:
             reply.drain = result.drain
@@ -245,6 +248,13 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         lease_id = check_lease_id(request.lease_id)
         peer_id = check_peer_id(request.peer_id)
         suspect = check_peer_id(request.suspect_peer_id, "suspect_peer_id")
+        if request.manifest_hash:  # a seeder that sent bad bytes of the run's dataset
+            manifest = check_text("manifest_hash", request.manifest_hash, 64, allow_empty=False)
+            file = check_text("file", request.file, 256, allow_empty=False)
+            reason = check_text("reason", request.reason)
+            result = await self._blocking(self.coord.report_seeder, lease_id, peer_id, suspect, manifest, file,
+                                          request.round, reason)
+            return pb.ReportPeerResponse(banned=result.banned, reason=result.reason)
         module_id = check_text("module_id", request.module_id, 64, allow_empty=False)
         if request.round > MAX_COUNT:
             raise InvalidArgument("round", f"{request.round} is beyond {MAX_COUNT}")
@@ -286,5 +296,5 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                               tokens_per_s=m["tokens_per_s"])
         for p in snap["paths"]:
             reply.paths.add(path=p["path"], peers=p["peers"], tokens_per_s=p["tokens_per_s"],
-                            loss=float("nan") if p["loss"] is None else p["loss"])
+                            loss=float("nan") if p["loss"] is None else p["loss"], seeders=p["seeders"])
         return reply

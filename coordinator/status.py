@@ -21,7 +21,9 @@ def _mean(values: list[float]) -> float:
 
 def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, Any]:
     """The run now: live peers (the first ``max_peers`` by id; None: all), the lattice grid with each
-    module's holders, paths with their throughput and loss, totals and counters."""
+    module's holders, paths with their throughput, loss and number of seeders of their shards (live
+    peers of the run whose heartbeats say they seed it: the coordinator never looks at the data or the
+    DHT; ``hivepath data info --manifest-hash`` lists every seeder on the DHT), totals and counters."""
     lattice = coord.run.lattice
     v = coord.status_view()
     now, peers, leases, progress, counters, reason = (
@@ -78,6 +80,12 @@ def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, A
                 "relay": (relay_of(p.reachable_addr) or ("", ""))[1] if p.reachability == RELAYED else "",
                 "observed_addr": p.observed_addr,
             })
+    seeders: dict[str, int] = {}
+    live_ids = {p.peer_id for p in live}
+    for peer_id, held in v.seeding.items():
+        if peer_id in live_ids:
+            for name in held:
+                seeders[name] = seeders.get(name, 0) + 1
     path_rows = []
     for path in sorted(set(paths) | set(lattice.paths()[:4096])):
         row = paths.get(path, {"peers": [], "tokens_per_s": 0.0, "losses": []})
@@ -85,6 +93,7 @@ def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, A
         path_rows.append({
             "path": list(path), "name": format_path(path), "peers": row["peers"],
             "tokens_per_s": row["tokens_per_s"], "loss": loss if math.isfinite(loss) else None,
+            "seeders": seeders.get("-".join(map(str, path)), 0),
         })
     modules = [
         {"module_id": m, "holders": holders[m], "round": module_round[m], "tokens_per_s": module_tps[m]}
@@ -114,4 +123,10 @@ def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, A
         "paths": path_rows,
         "rebalance": reason,
         "counters": counters,
+        "data": {
+            "manifest_hash": coord.run.data.manifest_hash,
+            "seeding_peers": sum(1 for p in v.seeding if p in live_ids),
+            "paths_without_seeder": [r["name"] for r in path_rows if not r["seeders"]],
+        },
+        "banned": v.banned[:1000],
     }

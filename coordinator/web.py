@@ -68,11 +68,18 @@ def render_page(snap: dict[str, Any]) -> str:
         f"<li><b>{e(m['module_id'])}</b>: {len(m['holders'])} holders, round {m['round']}</li>"
         for m in snap["modules"] if not m["module_id"].startswith("L")
     )
+    pinned = bool(snap["manifest_hash"])
     paths = "".join(
         f"<tr><td>{e(p['name'])}</td><td>{len(p['peers'])}</td><td>{p['tokens_per_s']:.0f}</td>"
-        f"<td>{_fmt_loss(p['loss'])}</td></tr>"
+        f"<td>{_fmt_loss(p['loss'])}</td>"
+        + (f"<td class='{'ok' if p['seeders'] else 'empty'}'>{p['seeders']}</td>" if pinned else "") + "</tr>"
         for p in snap["paths"]
     )
+    at_risk = snap["data"]["paths_without_seeder"]
+    data_line = ("" if not pinned else
+                 f"<p>data {e(snap['manifest_hash'])}: {snap['data']['seeding_peers']} seeding peers"
+                 + (f" · <b>no seeder for the shards of {len(at_risk)} path(s)</b>: {e(', '.join(at_risk[:16]))}"
+                    if at_risk else " · every path's shards have a seeder") + "</p>")
     states = ", ".join(f"{e(k)} {v}" for k, v in sorted(snap["peer_states"].items())) or "none"
     unreachable = snap["peer_reachability"].get("unreachable", 0)
     if unreachable:
@@ -92,7 +99,7 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left}}td.empty{{backgrou
  · {snap['tokens']} tokens · {_fmt_bytes(snap['bytes_exchanged'])} exchanged</p>
 <p>rebalancing: {e(snap['rebalance'])}</p>
 <h2>Lattice</h2><table>{''.join(grid)}</table><ul>{shared}</ul>
-<h2>Paths</h2><table><tr><th>path</th><th>peers</th><th>tokens/s</th><th>loss</th></tr>{paths}</table>
+<h2>Paths</h2>{data_line}<table><tr><th>path</th><th>peers</th><th>tokens/s</th><th>loss</th>{'<th>seeders</th>' if pinned else ''}</tr>{paths}</table>
 <h2>Peers</h2><table><tr><th>peer</th><th>device</th><th>state</th><th>work</th><th>tokens/s</th><th>memory</th>
 <th>tokens</th><th>exchanged</th><th>last seen</th><th>reachability</th></tr>{''.join(rows)}</table>
 </body></html>"""

@@ -33,7 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="where snapshots go (env HIVEPATH_ARCHIVE_DIR; required)")
     add_network_flags(p)
     p.add_argument("--data", type=dataset(), default=env_default("HIVEPATH_DATA"), metavar="DIR",
-                   help="the run's prepared dataset, recorded in snapshots for eval (env HIVEPATH_DATA)")
+                   help="the run's prepared dataset, recorded in snapshots for eval and seeded to peers, who then need "
+                   "no data of their own (env HIVEPATH_DATA)")
+    p.add_argument("--no-seed", action="store_true", default=env_default("HIVEPATH_NO_SEED"),
+                   help="do not seed --data to peers (env HIVEPATH_NO_SEED=1)")
     p.add_argument("--keep", type=count(), default=env_default("HIVEPATH_ARCHIVE_KEEP"), metavar="K",
                    help="snapshots to keep (env HIVEPATH_ARCHIVE_KEEP; default 3)")
     p.add_argument("--poll-interval", type=seconds(), default=1.0, metavar="S",
@@ -52,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         network=network_options(args),
         directory=Path(args.dir),
         data_dir=Path(args.data).expanduser() if args.data else None,
+        seed=not args.no_seed,
         keep=args.keep,
         poll_interval=args.poll_interval,
     )

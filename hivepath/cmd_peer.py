@@ -33,7 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "join",
         help="join a run: measure this machine, get work from the coordinator, train and average",
         description=(
-            "Join a run through its coordinator: fetch the run spec, find or prepare the dataset, measure "
+            "Join a run through its coordinator: fetch the run spec, find or prepare the dataset (or fetch the "
+            "assigned path's shards from seeders, verified, when the run's corpus is not here), measure "
             "tokens/s on the run's model, join the DHT, train the assigned path with DiLoCo outer rounds, "
             "checkpoint after every round, and follow reassignments. SIGTERM, SIGINT or SIGHUP drains and exits 0."
         ),
@@ -48,7 +49,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     j.add_argument("--work-dir", type=write_dir(), default=env_default("HIVEPATH_WORK_DIR"), metavar="DIR",
                    help="checkpoints, identity and data (env HIVEPATH_WORK_DIR; default ~/.hivepath)")
     j.add_argument("--data", type=dataset(prepare=True), default=env_default("HIVEPATH_DATA"), metavar="DIR",
-                   help="a prepared dataset (env HIVEPATH_DATA; default: prepared under WORK_DIR when missing)")
+                   help="a prepared dataset (env HIVEPATH_DATA; default: prepared under WORK_DIR when the run's corpus "
+                   "is on this machine, else the assigned path's shards are fetched from the network, verified)")
+    j.add_argument("--no-seed", action="store_true", default=env_default("HIVEPATH_NO_SEED"),
+                   help="do not seed the dataset files this peer holds to other peers (env HIVEPATH_NO_SEED=1)")
+    j.add_argument("--max-data-gb", type=positive(), default=env_default("HIVEPATH_MAX_DATA_GB"), metavar="GB",
+                   help="disk budget for fetched shards of paths trained before, least recently used out first; "
+                   "the path being trained is never removed (env HIVEPATH_MAX_DATA_GB; default: keep all)")
     j.add_argument("--client-mode", action="store_true", default=env_default("HIVEPATH_CLIENT_MODE"),
                    help="accept no incoming connections, e.g. behind NAT (env HIVEPATH_CLIENT_MODE=1)")
     j.add_argument("--upload-mbps", type=positive(), default=env_default("HIVEPATH_UPLOAD_MBPS"),
@@ -101,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
         max_memory_gb=args.max_memory,
         work_dir=Path(args.work_dir).expanduser(),
         data_dir=Path(args.data).expanduser() if args.data else None,
+        seed=not args.no_seed,
+        max_data_gb=args.max_data_gb,
         progress=args.progress,
         upload_mbps=args.upload_mbps,
         drain_timeout=args.drain_timeout,

@@ -70,8 +70,14 @@ CLI_SETTINGS: tuple[Setting, ...] = (
     Setting("HIVEPATH_WORK_DIR", "path", "~/.hivepath", "checkpoints, identity and data of a peer",
             flag="--work-dir", read_by="peer join, deploy/healthcheck.py"),
     Setting("HIVEPATH_DATA", "path", None,
-            "a prepared dataset (peer join: prepared under the work directory when missing)",
+            "a prepared dataset (peer join: prepared under the work directory when the corpus is here, else the "
+            "assigned path's shards are fetched from seeders; archive: seeded to peers)",
             flag="--data", read_by=_NET),
+    Setting("HIVEPATH_NO_SEED", "boolean", False, "do not seed the dataset files held to other peers",
+            flag="--no-seed", read_by=_NET),
+    Setting("HIVEPATH_MAX_DATA_GB", "number", None,
+            "disk budget in GB for fetched shards of paths trained before (least recently used out first; "
+            "default: keep all)", flag="--max-data-gb", read_by="peer join"),
     Setting("HIVEPATH_CLIENT_MODE", "boolean", False, "accept no incoming connections, e.g. behind NAT",
             flag="--client-mode", read_by="peer join"),
     Setting("HIVEPATH_UPLOAD_MBPS", "number", None,

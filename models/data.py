@@ -8,12 +8,17 @@ A dataset directory holds, for each path ``p`` of the lattice (written ``0-1``) 
     router.json             the prefix k-means router (models.routing)
     tokenizer.json          the BPE tokenizer (BPE only)
     manifest.json           sources, counts per shard and split, tokenizer, router, sha256 of every file
+                            and of every chunk of it (format 2, see models.manifest)
 
 The manifest's hash identifies the dataset; the same inputs always give the same bytes (nothing in
 it depends on time, machine or absolute paths). ``prepare`` streams: it reads the sources three
 times (BPE training, prefix features, shard writing) and keeps only per-document features in memory.
 It writes into a temporary directory and renames it at the end, so a failed run leaves nothing that
 looks like a dataset.
+
+A directory may hold only some paths' shards (a peer fetched its own path's, ``peer.datasync``):
+:class:`Dataset` opens it, :attr:`Dataset.local_paths` says which paths are whole on disk, and
+:meth:`Dataset.verify` with ``paths`` checks only those.
 """
 
 from __future__ import annotations
@@ -33,17 +38,19 @@ from models import strict_json
 from models.config import Path_, format_path
 from models.corpus import Corpus
 from models.errors import DataError
+from models.manifest import (CHUNK_SIZE, FORMAT, MANIFEST_FILE, MAX_CHUNK_SIZE, READABLE_FORMATS, SPLITS, chunk_table,
+                             manifest_hash)
+from models.manifest import path_name as _path_name
+from models.manifest import sha256_file as _sha256
 from models.routing import Router, fit_router, prefix_features
 from models.tokenizer import load_tokenizer, parse_tokenizer_spec, train_tokenizer
 
-__all__ = ["prepare", "Dataset", "DatasetMismatch", "ValidationDocument", "MANIFEST_FILE", "split_of"]
+__all__ = ["prepare", "Dataset", "DatasetMismatch", "ValidationDocument", "MANIFEST_FILE", "split_of", "manifest_hash",
+           "CHUNK_SIZE"]
 
 log = logging.getLogger(__name__)
 
-MANIFEST_FILE = "manifest.json"
-FORMAT = 1
 VALIDATION_FRACTION = 0.1
-SPLITS = ("train", "validation")
 _PREFIX_CHARS = 1024
 
 
@@ -59,23 +66,6 @@ def split_of(text: str, validation_fraction: float = VALIDATION_FRACTION) -> str
     return "validation" if h < validation_fraction * 2**64 else "train"
 
 
-def _path_name(path: Path_) -> str:
-    return "-".join(str(i) for i in path)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _manifest_hash(manifest: dict) -> str:
-    blob = strict_json.dumps(manifest, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
 def prepare(
     corpus: Corpus,
     out: Union[str, Path],
@@ -84,13 +74,17 @@ def prepare(
     tokenizer: str = "bytes",
     seed: int = 0,
     progress: Optional[Callable[[str, int], None]] = None,
+    chunk_size: int = CHUNK_SIZE,
 ) -> dict:
     """Tokenise ``corpus``, route its documents to the ``modules ** levels`` paths and write ``out``.
 
     Returns the manifest. ``progress(stage, documents_done)`` is called now and then. A bad
-    ``tokenizer`` spec is refused before anything is read or written.
+    ``tokenizer`` spec is refused before anything is read or written. ``chunk_size``: bytes per
+    hashed chunk in the manifest (the unit a fetcher verifies; recorded, so it is part of the hash).
     """
     parse_tokenizer_spec(tokenizer)
+    if not 1 <= chunk_size <= MAX_CHUNK_SIZE:
+        raise DataError(f"chunk_size must be from 1 to {MAX_CHUNK_SIZE} bytes, got {chunk_size}")
     out = Path(out)
     if out.exists() and not (out / MANIFEST_FILE).exists() and any(out.iterdir()):
         raise DataError(f"{out} exists and is not a hivepath dataset; choose another --out")
@@ -99,7 +93,8 @@ def prepare(
         shutil.rmtree(tmp)
     (tmp / "shards").mkdir(parents=True)
     try:
-        manifest = _prepare_into(corpus, tmp, levels, modules, tokenizer, seed, progress or (lambda s, n: None))
+        manifest = _prepare_into(corpus, tmp, levels, modules, tokenizer, seed, progress or (lambda s, n: None),
+                                 chunk_size)
         if _same_dataset(out, tmp):  # e.g. another process prepared the same cache meanwhile: keep it
             shutil.rmtree(tmp)
             return manifest
@@ -125,7 +120,7 @@ def _same_dataset(out: Path, tmp: Path) -> bool:
         return False
 
 
-def _prepare_into(corpus, tmp: Path, levels, modules, tok_spec, seed, progress) -> dict:
+def _prepare_into(corpus, tmp: Path, levels, modules, tok_spec, seed, progress, chunk_size: int) -> dict:
     tok = train_tokenizer(tok_spec, (d.text for d in corpus.documents() if split_of(d.text) == "train"))
     tok.save(tmp)
 
@@ -194,9 +189,9 @@ def _prepare_into(corpus, tmp: Path, levels, modules, tok_spec, seed, progress) 
         for s in SPLITS:
             stats[name][s]["sources"] = dict(sorted(stats[name][s]["sources"].items()))
 
-    file_hashes = {
-        p.relative_to(tmp).as_posix(): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()
-    }
+    written = [p for p in sorted(tmp.rglob("*")) if p.is_file()]
+    file_hashes = {p.relative_to(tmp).as_posix(): _sha256(p) for p in written}
+    chunks = {p.relative_to(tmp).as_posix(): chunk_table(p, chunk_size) for p in written}
     totals = {s: {k: sum(stats[n][s][k] for n in stats) for k in ("documents", "tokens", "bytes")} for s in SPLITS}
     manifest = {
         "format": FORMAT,
@@ -211,9 +206,11 @@ def _prepare_into(corpus, tmp: Path, levels, modules, tok_spec, seed, progress) 
         "totals": totals,
         "shards": stats,
         "files": file_hashes,
+        "chunk_size": chunk_size,
+        "chunks": chunks,
     }
     (tmp / MANIFEST_FILE).write_text(strict_json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    log.info("prepared %d documents into %d paths (manifest %s)", count, len(all_paths), _manifest_hash(manifest))
+    log.info("prepared %d documents into %d paths (manifest %s)", count, len(all_paths), manifest_hash(manifest))
     return manifest
 
 
@@ -238,9 +235,9 @@ class Dataset:
             raise DataError(f"{self.dir} is not a prepared dataset (no {MANIFEST_FILE}); run 'hivepath data prepare'") from None
         except (OSError, ValueError) as e:
             raise DataError(f"{mpath} is unreadable ({e}); run 'hivepath data prepare' again") from None
-        if self.manifest.get("format") != FORMAT:
+        if self.manifest.get("format") not in READABLE_FORMATS:
             raise DataError(f"{self.dir} was prepared by another hivepath version; run 'hivepath data prepare' again")
-        self.manifest_hash: str = _manifest_hash(self.manifest)
+        self.manifest_hash: str = manifest_hash(self.manifest)
         self.levels: int = self.manifest["lattice"]["levels"]
         self.modules_per_level: int = self.manifest["lattice"]["modules_per_level"]
         self.tokenizer = load_tokenizer(self.manifest["tokenizer"], self.dir)
@@ -249,7 +246,18 @@ class Dataset:
 
     @property
     def paths(self) -> list[Path_]:
+        """Every path of the dataset (its shards may not all be on disk: see :attr:`local_paths`)."""
         return [tuple(int(i) for i in name.split("-")) for name in sorted(self.manifest["shards"])]
+
+    @property
+    def local_paths(self) -> list[Path_]:
+        """The paths whose train and validation shards are all on disk (all of them for a prepared
+        dataset; a fetched one holds the paths it fetched)."""
+        return [p for p in self.paths if all((self.dir / f).is_file() for f in self._shard_files(p))]
+
+    def _shard_files(self, path: Path_) -> list[str]:
+        name = _path_name(tuple(path))
+        return [f for f in self.manifest["files"] if f.startswith(f"shards/{name}.")]
 
     def _shard(self, path: Path_, split: str) -> tuple[np.ndarray, np.ndarray]:
         if split not in SPLITS:
@@ -263,8 +271,8 @@ class Dataset:
         key = (name, split)
         if key not in self._maps:
             base = self.dir / "shards" / f"{name}.{split}"
-            tokens = _memmap(Path(f"{base}.tokens"), np.dtype("<u2"))
-            docs = _memmap(Path(f"{base}.docs"), np.dtype("<u8")).reshape(-1, 2)
+            tokens = _memmap(Path(f"{base}.tokens"), np.dtype("<u2"), name)
+            docs = _memmap(Path(f"{base}.docs"), np.dtype("<u8"), name).reshape(-1, 2)
             self._maps[key] = (tokens, docs)
         return self._maps[key]
 
@@ -302,7 +310,8 @@ class Dataset:
                 continue
             p = self.dir / rel
             if not p.exists():
-                raise DatasetMismatch(f"{p} is missing; run 'hivepath data prepare' again")
+                raise DatasetMismatch(f"{p} is missing; fetch it ('hivepath data fetch') or run 'hivepath data prepare' "
+                                      "again")
             if _sha256(p) != digest:
                 raise DatasetMismatch(f"{p} does not match the manifest (modified or corrupt); run 'hivepath data prepare' again")
 
@@ -329,9 +338,10 @@ class Dataset:
         )
 
 
-def _memmap(path: Path, dtype: np.dtype) -> np.ndarray:
+def _memmap(path: Path, dtype: np.dtype, path_name: str) -> np.ndarray:
     if not path.exists():
-        raise DataError(f"{path} is missing; run 'hivepath data prepare' again")
+        raise DataError(f"{path} is missing: this directory does not hold path {path_name}'s shards; fetch them "
+                        f"('hivepath data fetch --path {path_name}') or run 'hivepath data prepare' again")
     if path.stat().st_size == 0:
         return np.zeros(0, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r")

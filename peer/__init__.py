@@ -10,6 +10,9 @@ checks it), and all of them may import ``models`` and ``protos``, never ``coordi
 ``peer.coordinator_client`` the coordinator's gRPC client, its replies and errors (no torch)
 ``peer.averaging``          averaging one module among its holders: codecs, the reduction rule,
                             matchmaking, partition, all-reduce, state transfer, ``NetAverager``
+``peer.datasync``           a dataset's files between peers: ``Seeder`` (serve and announce what it
+                            holds), ``fetch`` (a path's shards from seeders, every chunk verified,
+                            resumable); same layer as ``averaging``, neither imports the other
 ``peer.diloco``             ``DiLoCoOptimizer`` (H inner steps, then an outer round per module),
                             round reports, re-sync after a missed round
 ``peer.stage``              stage mode (SWARM): stage records, wire format, ``StageServer``,
@@ -27,9 +30,11 @@ Where a decision lives:
   which the coordinator's byte estimate reads too), the coordinator's assignment carries it
   (``WorkAssignment.outer_config``), ``DiLoCoOptimizer`` resolves it once (``peer.averaging.get_codec``)
   and passes the ``Codec`` down to the averager; ``peer.averaging.quantizers`` and ``entropy`` implement it;
+- a dataset file's chunks and their hashes: ``models.manifest`` (format 2); the wire message that
+  carries them: ``protos/hivepath/peer/v1/data.proto``; who seeds them: ``peer.datasync.records``;
 - the snapshot layout on disk: ``models.checkpoint`` (``peer.node.checkpoint`` maps module states
   onto it);
-- the wire messages between peers: ``protos/hivepath/peer/v1/`` (``net.proto``, ``stage.proto``);
+- the wire messages between peers: ``protos/hivepath/peer/v1/`` (``net.proto``, ``stage.proto``, ``data.proto``);
 - an environment variable: ``peer.settings`` (the peer's), ``hivepath.settings`` (the command line's);
 - the start-up and teardown of a long-running process (identity, coordinator, DHT, status page,
   signals): ``peer.node.startup``;
@@ -39,6 +44,6 @@ Importing ``peer`` alone pulls in neither torch nor hivemind.
 """
 
 __all__ = [
-    "settings", "outer", "network", "coordinator_client", "averaging", "diloco", "stage", "node", "demo",
+    "settings", "outer", "network", "coordinator_client", "averaging", "datasync", "diloco", "stage", "node", "demo",
     "simulator",
 ]

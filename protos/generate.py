@@ -6,9 +6,10 @@ other as ``protos.hivepath.*`` and never shadow the ``hivepath`` command package
 - ``protos/hivepath/coordinator/v1/coordinator.proto``: the peer-coordinator service (package
   ``hivepath.coordinator.v1``), with ``_pb2_grpc.py`` stubs.
 - ``protos/hivepath/peer/v1/net.proto``: the peers' averaging messages (matchmaking, all-reduce parts,
-  state transfer); ``protos/hivepath/peer/v1/stage.proto``: stage mode's activations and gradients.
-  Both are package ``hivepath.peer.v1`` and carried over hivemind's P2P streams: their services
-  (``Averaging``, ``Stage``) describe the peers' stream handlers and get no gRPC stubs.
+  state transfer); ``protos/hivepath/peer/v1/stage.proto``: stage mode's activations and gradients;
+  ``protos/hivepath/peer/v1/data.proto``: a dataset's chunks between seeders and fetchers. All are
+  package ``hivepath.peer.v1`` and carried over hivemind's P2P streams: their services (``Averaging``,
+  ``Stage``, ``Data``) describe the peers' stream handlers and get no gRPC stubs.
 
 ``tests/test_protos_drift.py`` fails when the committed files differ from a fresh generation.
 """
@@ -31,6 +32,7 @@ PROTO_FILES = [
     "protos/hivepath/coordinator/v1/coordinator.proto",
     "protos/hivepath/peer/v1/net.proto",
     "protos/hivepath/peer/v1/stage.proto",
+    "protos/hivepath/peer/v1/data.proto",
 ]
 SERVICE_PROTOS = frozenset({"protos/hivepath/coordinator/v1/coordinator.proto"})
 """Protos that define a gRPC service and so also get a ``_pb2_grpc.py``."""

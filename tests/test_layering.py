@@ -18,7 +18,7 @@ PEER_LAYERS = (
     ("settings",),
     ("outer",),
     ("network", "coordinator_client"),
-    ("averaging",),
+    ("averaging", "datasync"),
     ("diloco",),
     ("stage",),
     ("node",),

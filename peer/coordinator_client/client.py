@@ -145,8 +145,10 @@ class CoordinatorClient:
         bytes_sent: int = 0,
         bytes_received: int = 0,
         preempting: bool = False,
+        seeded_paths: Optional[Sequence[str]] = None,
     ) -> HeartbeatReply:
-        """Renew the lease; re-joins transparently when the coordinator answers NOT_FOUND."""
+        """Renew the lease; re-joins transparently when the coordinator answers NOT_FOUND.
+        ``seeded_paths``: the paths whose shards this peer seeds (None: it does not say)."""
         if self.joined is None:
             info = self.join()
             return HeartbeatReply(info.lease_duration, info.assignment, False, rejoined=True, join=info)
@@ -157,6 +159,9 @@ class CoordinatorClient:
             assignment_version=self.assignment_version, tokens_per_s=tokens_per_s, bytes_sent=bytes_sent,
             bytes_received=bytes_received, preempting=preempting,
         )
+        if seeded_paths is not None:
+            request.seeds_data = True
+            request.seeded_paths.extend(seeded_paths)
         try:
             reply = self._send_heartbeat(request)
         except _NotFound:
@@ -212,6 +217,41 @@ class CoordinatorClient:
         except RuntimeError:  # closed
             log.debug("client closed; report of %s dropped", suspect_peer_id)
 
+    def report_seeder(self, suspect_peer_id: str, manifest_hash: str, file: str, reason: str) -> tuple[bool, str]:
+        """Report a seeder of the run's dataset that sent bytes of ``file`` not matching the manifest;
+        returns ``(banned, why)``. Blocks (with retries): fetchers want :meth:`report_seeder_later`."""
+        if self.joined is None or self.peer is None:
+            raise HivepathError("report_seeder needs a joined client")
+        reply = self._call(self._stub.ReportPeer, pb.ReportPeerRequest(
+            lease_id=self.joined.lease_id, peer_id=self.peer.peer_id, suspect_peer_id=suspect_peer_id,
+            manifest_hash=manifest_hash, file=file[:256], reason=reason[:256]))
+        return reply.banned, reply.reason
+
+    def report_seeder_later(self, suspect_peer_id: str, manifest_hash: str, file: str, reason: str) -> None:
+        """:meth:`report_seeder` in the background (never blocks a fetch); the outcome is logged."""
+        self._in_background(lambda: self.report_seeder(suspect_peer_id, manifest_hash, file, reason),
+                            f"seeder {suspect_peer_id}")
+
+    def _in_background(self, call: Callable[[], tuple[bool, str]], what: str) -> None:
+        with self._lock:
+            if self._reporter is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="coordinator-report")
+            reporter = self._reporter
+
+        def send() -> None:
+            try:
+                banned, why = call()
+                log.log(logging.WARNING if banned else logging.INFO, "reported %s: %s", what, why)
+            except Exception as e:  # the coordinator being down must not disturb training
+                log.warning("could not report %s: %s", what, e)
+
+        try:
+            reporter.submit(send)
+        except RuntimeError:  # closed
+            log.debug("client closed; report of %s dropped", what)
+
     def ban(self, peer_id: str, reason: str = "") -> str:
         """Operator: ban ``peer_id``; returns its state."""
         return self._call(self._stub.Ban, pb.BanRequest(token=self._token, peer_id=peer_id, reason=reason[:256])).state
@@ -253,7 +293,7 @@ class CoordinatorClient:
             "modules": [{"module_id": m.module_id, "holders": list(m.holders), "round": m.round,
                          "tokens_per_s": m.tokens_per_s} for m in r.modules],
             "paths": [{"path": list(p.path), "peers": list(p.peers), "tokens_per_s": p.tokens_per_s,
-                       "loss": p.loss if p.loss == p.loss else None} for p in r.paths],
+                       "loss": p.loss if p.loss == p.loss else None, "seeders": p.seeders} for p in r.paths],
         }
 
     # -- background heartbeats ----------------------------------------------------------------

@@ -4,6 +4,9 @@
   identity, status page, coordinator, DHT, averager, join; :func:`run_until_stopped`: drain signals
   and spot notices), and the :class:`NetworkOptions` they share.
 - ``join``: :class:`PeerNode` (``hivepath peer join``): run spec, dataset, DHT, join, assignments, drain.
+- ``run_data``: the run's dataset in a peer process (:class:`RunData`): found, prepared or fetched
+  from seeders (only the assigned path's shards), seeded to others, kept under a disk budget; one
+  place for ``peer join``, its stage server and the archive.
 - ``trainer``: :class:`PathTrainer`, one path assignment (DiPaCo path mode) with its outer rounds.
 - ``stage_runner``: a stage server's life and a stage trainer's loop (SWARM stage mode).
 - ``archive``: :class:`ArchivePeer` (``hivepath archive``), follows every module and keeps snapshots.
@@ -27,7 +30,7 @@ import importlib
 from typing import Any
 
 _API = {
-    "PeerNode": "join", "PeerOptions": "join", "ensure_dataset": "join", "UnsupportedAssignment": "join",
+    "PeerNode": "join", "PeerOptions": "join", "ensure_dataset": "run_data", "RunData": "run_data", "DataOptions": "run_data", "UnsupportedAssignment": "join",
     "PathTrainer": "trainer", "StageTrainer": "stage_runner", "run_stage_server": "stage_runner",
     "run_stage_trainer": "stage_runner", "ArchiveOptions": "archive", "ArchivePeer": "archive",
     "CheckpointDir": "checkpoint", "CheckpointError": "checkpoint", "Snapshot": "checkpoint",

@@ -8,6 +8,10 @@ every trainer of a module: the next trainer of that module resumes from the arch
 
 Each snapshot is a run directory (``run.json`` + ``modules/``), readable by ``hivepath eval``,
 ``generate`` and ``export``.
+
+Given the run's dataset (``--data``, checked against the run's manifest hash), the archive seeds all
+of it (:class:`peer.node.run_data.RunData`), so that volunteers need no data: they fetch their path's
+shards from it and from each other.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from models.errors import HivepathError
 from peer.node.checkpoint import CheckpointDir, save_snapshot, saved_state, state_groups
 from peer.outer import ModuleState
 from peer.node.progress import PeerStatus
+from peer.node.run_data import DataOptions, RunData
 from peer.node.startup import NetworkOptions, PeerStartup
 
 __all__ = ["ArchiveOptions", "ArchivePeer"]
@@ -58,6 +63,9 @@ class ArchiveOptions:
     directory: Path
     """Where snapshots go; the identity file too unless ``network.identity`` names one."""
     data_dir: Optional[Path] = None
+    """The run's prepared dataset: recorded in snapshots for eval, and seeded to peers."""
+    seed: bool = True
+    """Seed ``data_dir`` (``--no-seed``: do not)."""
     keep: int = 3
     """Snapshots kept on disk (the last K)."""
     poll_interval: float = 1.0
@@ -143,11 +151,22 @@ class ArchivePeer:
                 likes[mid] = [p.detach() for _, p in named]
             del shapes
             self._load_own(cfg)
+            data = None
+            if opts.data_dir is not None:
+                data = RunData(cfg, spec.manifest_hash, opts.directory,
+                               DataOptions(data_dir=opts.data_dir, seed=opts.seed), self.status)
+                data.open_local()
             dht = startup.start_dht(spec)
             peer = PeerInfo(peer_id=dht.peer_id, device="cpu", memory_bytes=0, tokens_per_s=0.0,
                             multiaddrs=tuple(dht.maddrs()), manifest_hash=spec.manifest_hash, archive=True)
-            startup.join(peer, lambda: {}, lambda reply: self.status.mark_heartbeat())
+            startup.join(peer, lambda: {"seeded_paths": data.seeded_paths() if data is not None else None},
+                         lambda reply: self.status.mark_heartbeat())
             dht = startup.dht  # a new node when the join found us behind NAT and handed us relays
+            if data is not None:
+                data.start_seeding(dht, startup.client)
+                startup.on_close(data.close)
+            elif spec.manifest_hash:
+                log.info("not seeding the run's dataset: pass --data DIR (the operator's prepared copy) to seed it")
             averager = startup.start_averager(spec, spec.manifest_hash, state_provider=self._provide)
             for mid, st in self.states.items():  # announced once we hold a credential
                 averager.announce_archive(mid, st.round_no)

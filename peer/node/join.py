@@ -1,9 +1,13 @@
 """The volunteer peer's life cycle: ``hivepath peer join``.
 
 1. Ask the coordinator for the run spec and the DHT's bootstrap peers (``GetRunSpec``).
-2. Find or prepare the dataset and check it against the run's manifest hash.
-3. Start the DHT with a persistent identity, measure tokens/s on the run's own model.
-4. Join with those capabilities; get a lease and an assignment (a path).
+2. Find or prepare the dataset and check it against the run's manifest hash; a run on a corpus this
+   machine lacks is fetched instead (:mod:`peer.node.run_data`).
+3. Measure tokens/s on the run's own model, start the DHT with a persistent identity; fetch the
+   dataset's manifest, router and tokenizer when it is not here.
+4. Join with those capabilities; get a lease and an assignment (a path); seed the files held
+   (unless ``--no-seed``), fetch the path's training shard (training starts once it is verified;
+   the validation shard follows in the background).
 5. Train it (:class:`peer.node.trainer.PathTrainer`): state from our checkpoint or from live holders,
    outer rounds over :class:`peer.averaging.net_averager.NetAverager`, a checkpoint after each round,
    heartbeats in the background. A new assignment in a heartbeat reply ends the current path
@@ -21,7 +25,6 @@ averaging, and its client retries in the background.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import threading
 import time
@@ -39,6 +42,7 @@ from peer.diloco import RoundReport
 from peer.node.progress import PeerStatus, ProgressView, make_view
 from peer.node.machine_share import MachineShare
 from peer.node.resources import describe_device, measure_tokens_per_s, resolve_device, usable_memory_bytes
+from peer.node.run_data import DataOptions, RunData, Stopped, ensure_dataset
 from peer.node.startup import NetworkOptions, PeerStartup
 
 __all__ = ["PeerOptions", "PeerNode", "ensure_dataset", "UnsupportedAssignment"]
@@ -66,7 +70,12 @@ class PeerOptions:
     work_dir: Path = field(default_factory=lambda: Path("~/.hivepath").expanduser())
     """Checkpoints, identity (unless ``network.identity`` names one) and (by default) data live here."""
     data_dir: Optional[Path] = None
-    """Prepared dataset (default: WORK_DIR/data-<corpus>-<tokenizer>-<L>x<M>, prepared if missing)."""
+    """Prepared dataset (default: WORK_DIR/data-<corpus>-<tokenizer>-<L>x<M>, prepared if the corpus is on
+    this machine; else the assigned path's shards are fetched from seeders into WORK_DIR/data-<hash>)."""
+    seed: bool = True
+    """Seed the dataset files this peer holds to other peers (``--no-seed``: do not)."""
+    max_data_gb: Optional[float] = None
+    """Disk budget for fetched shards of paths trained before (least recently used out first)."""
     progress: str = "auto"
     upload_mbps: Optional[float] = None
     """Measured upload bandwidth in Mbit/s (sizes our share of each reduction); None: 100."""
@@ -82,30 +91,12 @@ class PeerOptions:
         self.work_dir = Path(self.work_dir).expanduser()
         if self.keep_checkpoints < 1:
             raise HivepathError(f"--keep-checkpoints must be >= 1, got {self.keep_checkpoints}")
+        if self.max_data_gb is not None and not self.max_data_gb > 0:
+            raise HivepathError(f"--max-data-gb must be > 0, got {self.max_data_gb}")
 
-
-def ensure_dataset(cfg: RunConfig, data_dir: Optional[Path], work_dir: Path, manifest_hash: str):
-    """The run's dataset: ``data_dir`` if given, else prepared under ``work_dir`` (once, under a lock)."""
-    from models.corpus import corpus_from_paths, default_corpus
-    from models.data import MANIFEST_FILE, Dataset, prepare
-
-    lat = cfg.lattice
-    if data_dir is None:
-        name = Path(cfg.data.corpus).name or "corpus"
-        data_dir = work_dir / f"data-{name}-{cfg.data.tokenizer.replace(':', '')}-{lat.levels}x{lat.modules_per_level}"
-    data_dir = Path(data_dir)
-    if not (data_dir / MANIFEST_FILE).exists():
-        data_dir.parent.mkdir(parents=True, exist_ok=True)
-        with open(data_dir.parent / f".{data_dir.name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not (data_dir / MANIFEST_FILE).exists():
-                log.info("preparing the run's dataset (%s, %s) in %s", cfg.data.corpus, cfg.data.tokenizer, data_dir)
-                corpus = default_corpus() if cfg.data.corpus == "default" else corpus_from_paths([cfg.data.corpus])
-                prepare(corpus, data_dir, lat.levels, lat.modules_per_level, cfg.data.tokenizer)
-    ds = Dataset(data_dir)
-    if manifest_hash:
-        ds.check(manifest_hash)
-    return ds
+    def data_options(self) -> DataOptions:
+        return DataOptions(data_dir=self.data_dir, seed=self.seed, progress=self.progress,
+                           max_data_bytes=None if self.max_data_gb is None else int(self.max_data_gb * 1e9))
 
 
 class PeerNode:
@@ -122,6 +113,7 @@ class PeerNode:
         self._share: Optional[MachineShare] = None
         self._preempting = False
         self.view: Optional[ProgressView] = None
+        self.data: Optional[RunData] = None
 
     # -- control from other threads (signals, heartbeats, spot notices) --------------------------
 
@@ -156,6 +148,11 @@ class PeerNode:
             self.view.update(self.status)
         return None
 
+    def _fetch_should_stop(self) -> bool:
+        """While a path's shard is fetched: a drain stops it; a reassignment does not (the peer
+        trains the fetched path until its next look at the reassignment)."""
+        return self._stop.is_set()
+
     def _progress(self) -> dict:
         trainer = getattr(self, "_trainer", None)
         progress = []
@@ -173,6 +170,7 @@ class PeerNode:
             "bytes_sent": self.status.bytes_sent,
             "bytes_received": self.status.bytes_received,
             "preempting": self._preempting,
+            "seeded_paths": self.data.seeded_paths() if self.data is not None else None,
         }
 
     # -- the life cycle -----------------------------------------------------------------------
@@ -193,11 +191,14 @@ class PeerNode:
             try:
                 spec = startup.run_spec()
                 cfg = spec.run_config
-                dataset = ensure_dataset(cfg, opts.data_dir, opts.work_dir, spec.manifest_hash)
+                self.data = RunData(cfg, spec.manifest_hash, opts.work_dir, opts.data_options(), self.status)
+                dataset = self.data.open_local()
                 device = resolve_device(opts.device)
                 memory = usable_memory_bytes(device, opts.max_memory_gb)
                 tokens_per_s = measure_tokens_per_s(cfg.lattice, cfg.inner, device, seconds=opts.measure_seconds)
                 dht = startup.start_dht(spec)
+                if dataset is None:
+                    dataset = self.data.fetch_meta(dht, self._stop.is_set)
                 client = startup.client
                 bandwidth, download = (None, 0.0) if opts.upload_mbps is None else (opts.upload_mbps * 1e6 / 8, 0.0)
                 if bandwidth is None:  # client mode and NATed peers too: the coordinator sizes work by it
@@ -213,6 +214,7 @@ class PeerNode:
                 )
                 joined = startup.join(peer, self._progress, self._on_heartbeat)
                 dht = startup.dht  # a new node when the join found us behind NAT and handed us relays
+                self.data.start_seeding(dht, client)
                 from peer.averaging.net_averager import DEFAULT_BANDWIDTH, RELAYED_SHARE
 
                 # a client-mode peer cannot be dialled, so it reduces no part (the averager's share 0); a relayed
@@ -227,9 +229,17 @@ class PeerNode:
                 log.info("joined run %s as %s: %s (%s)", cfg.run_id, dht.peer_id, joined.assignment.label(),
                          joined.assignment.reason)
                 self.view = make_view(opts.progress)
-                self._train(joined.run_config, joined.assignment, dataset, device, averager, dht)
+                try:
+                    self._train(joined.run_config, joined.assignment, dataset, device, averager, dht)
+                except Stopped:
+                    log.info("stopped while fetching the data: %s", self._stop_reason)
+                return 0
+            except Stopped:  # a drain signal while fetching the manifest: nothing to leave behind
+                log.info("stopped while fetching the data: %s", self._stop_reason)
                 return 0
             finally:
+                if self.data is not None:
+                    self.data.close()
                 self.status.state = "stopped"
                 if self.view is not None:
                     self.view.close(self.status)
@@ -267,6 +277,7 @@ class PeerNode:
                                           self._should_stop, status=self.status, outer=outer)
             else:
                 self.status.assignment = ",".join(map(str, assignment.path))
+                self.data.ensure_path(assignment.path, dht, self._fetch_should_stop)  # returns once train is verified
                 self.status.state = "loading"
                 self._trainer = PathTrainer(cfg, assignment.path, dataset, device, averager, checkpoints,
                                             peer_id, self.status, fetch_state=fetch, outer=outer)

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
-from typing import Callable, ClassVar, Optional, TextIO
+from typing import Any, Callable, ClassVar, Optional, TextIO
 
 from rich.console import Console
 from rich.live import Live
@@ -22,9 +22,10 @@ from rich.table import Table
 from models import strict_json
 from peer import settings
 
-__all__ = ["PeerStatus", "ProgressView", "JsonLinesView", "RichView", "make_view", "WAITING_STATES"]
+__all__ = ["PeerStatus", "ProgressView", "JsonLinesView", "RichView", "make_view", "WAITING_STATES", "FetchView",
+           "make_fetch_view"]
 
-WAITING_STATES = ("starting", "joining", "loading", "draining", "stopped")
+WAITING_STATES = ("starting", "fetching", "joining", "loading", "draining", "stopped")
 """States in which a peer waits on something outside its main loop (the coordinator, the DHT, a
 module's holders, the end of a round): they make no training progress and are not a stall."""
 
@@ -60,7 +61,8 @@ class PeerStatus:
     """Whether others can dial this peer, as the coordinator found at join (``reachable at ...``,
     ``unreachable``, ``client mode``)."""
     state: str = "starting"
-    """starting, joining, loading, training, averaging, following (archive), draining, stopped."""
+    """starting, fetching (the dataset's files), joining, loading, training, averaging, following
+    (archive), draining, stopped."""
     checkpoint: str = ""
     """The newest snapshot written (its directory)."""
     checkpoint_error: str = ""
@@ -191,3 +193,75 @@ def make_view(fmt: str = "auto") -> ProgressView:
     if fmt == "json":
         return JsonLinesView(min_interval=settings.read("HIVEPATH_PROGRESS_INTERVAL"))
     raise ValueError(f"unknown progress format {fmt!r}; use auto, rich or json")
+
+
+class FetchView:
+    """What a peer shows while it fetches its path's shards (``peer.node.run_data``): a rich bar of
+    bytes verified, rate, time left and seeders on a terminal, or JSON lines (``{"event": "fetch",
+    ...}`` at most every ``min_interval`` seconds and at the end of each fetch, ``{"event":
+    "bad_seeder", ...}`` when a seeder is dropped), the same fields ``hivepath data fetch --progress
+    json`` prints."""
+
+    def __init__(self, fmt: str, stream: TextIO = sys.stdout, min_interval: float = 0.5):
+        self.fmt = fmt
+        self.stream = stream
+        self.min_interval = min_interval
+        self._bar = None
+        self._task = None
+        self._what = ""
+        self._started = time.monotonic()
+        self._last = float("-inf")
+
+    def start(self, what: str) -> None:
+        """A new fetch begins (``what``: e.g. ``path 0-1 train``)."""
+        self._what, self._started, self._last = what, time.monotonic(), float("-inf")
+        if self.fmt == "rich":
+            from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                                       TransferSpeedColumn)
+
+            self._bar = Progress(TextColumn("fetching {task.description}"), BarColumn(), DownloadColumn(),
+                                 TransferSpeedColumn(), TimeRemainingColumn(),
+                                 TextColumn("{task.fields[seeders]} seeder(s)"), console=Console(stderr=True),
+                                 transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task(what, total=None, seeders=0)
+
+    def update(self, p: Any, final: bool = False) -> None:
+        """A :class:`peer.datasync.FetchProgress` after a chunk (``final``: the fetch is done)."""
+        if self._bar is not None:
+            self._bar.update(self._task, total=p.total_bytes, completed=p.done_bytes, seeders=p.seeders)
+            return
+        now = time.monotonic()
+        if not final and now - self._last < self.min_interval:
+            return
+        self._last = now
+        rate = p.fetched_bytes / max(now - self._started, 1e-9)
+        eta = (p.total_bytes - p.done_bytes) / rate if rate > 0 else None
+        self._emit({"event": "fetch", "what": self._what, "done_bytes": p.done_bytes, "total_bytes": p.total_bytes,
+                    "fetched_bytes": p.fetched_bytes, "files_done": p.files_done, "files_total": p.files_total,
+                    "seeders": p.seeders, "rate_bytes_s": rate, "eta_s": eta})
+
+    def bad_seeder(self, peer_id: str, what: str) -> None:
+        if self._bar is not None:
+            self._bar.console.print(f"dropped seeder {peer_id}: {what}")
+        else:
+            self._emit({"event": "bad_seeder", "seeder": peer_id, "what": what})
+
+    def stop(self, p: Any = None) -> None:
+        """The fetch ended (``p``: its last progress, when it finished)."""
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+        elif p is not None:
+            self.update(p, final=True)
+
+    def _emit(self, event: dict) -> None:
+        self.stream.write(strict_json.dumps({"time": round(time.time(), 3), **event}, sort_keys=True) + "\n")
+        self.stream.flush()
+
+
+def make_fetch_view(fmt: str = "auto") -> FetchView:
+    """The fetch display matching :func:`make_view`'s choice (``auto``: rich on a terminal)."""
+    if fmt == "auto":
+        fmt = "rich" if sys.stderr.isatty() else "json"
+    return FetchView(fmt)

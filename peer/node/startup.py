@@ -143,6 +143,7 @@ class PeerStartup:
         self.verifier: Optional[CredentialVerifier] = None
         self.averager: Any = None
         self._status_server: Any = None
+        self._on_close: list[Callable[[], None]] = []
 
     def __enter__(self) -> "PeerStartup":
         from peer.coordinator_client import CoordinatorClient
@@ -230,6 +231,11 @@ class PeerStartup:
         client.start_heartbeats(report, on_heartbeat)
         return joined
 
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` at teardown, after the coordinator session ends and before the averager and
+        the DHT stop (a seeder that serves over the DHT's daemon)."""
+        self._on_close.append(callback)
+
     def close(self) -> None:
         """Tear down what was started, in reverse (see the module docstring); safe to call twice."""
         self.status.state = "stopped"
@@ -240,9 +246,12 @@ class PeerStartup:
                 stack.callback(self.dht.shutdown)
             if self.averager is not None:
                 stack.callback(self.averager.shutdown)
+            for callback in self._on_close:
+                stack.callback(callback)
             if self.client is not None:
                 stack.callback(self._end_session, self.client)
             self._status_server = self.dht = self.averager = self.client = None
+            self._on_close = []
 
     def _end_session(self, client: "CoordinatorClient") -> None:
         try:

@@ -21,6 +21,7 @@ inner_steps = {inner_steps}
 round_timeout = 12.0
 [data]
 manifest_hash = "{manifest_hash}"
+corpus = "{corpus}"
 [coordinator]
 lease_timeout = {lease_timeout}
 heartbeat_interval = 1.0
@@ -33,10 +34,11 @@ class Network:
 
     def __init__(self, procs: ProcessGroup, root: Path, data_dir: Path, manifest_hash: str,
                  inner_steps: int = 10, lease_timeout: float = 8.0, run_id: str = "itest", extra_toml: str = "",
-                 share_cores: bool = False):
+                 share_cores: bool = False, corpus: str = "default"):
         """``extra_toml``: more run-config tables appended to the tiny run (e.g. a ``[lattice]``).
         ``share_cores``: peers get no ``HIVEPATH_THREADS`` and divide the cores among themselves, in a
-        registry of this network's own (``peer.node.machine_share``); else one thread each."""
+        registry of this network's own (``peer.node.machine_share``); else one thread each.
+        ``corpus``: the run's ``[data] corpus`` (a directory no peer has makes peers fetch the data)."""
         self.procs = procs
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -45,7 +47,7 @@ class Network:
         (self.root / "token").write_text(self.token)
         self.run_toml = self.root / "run.toml"
         self.run_toml.write_text(TINY_RUN.format(run_id=run_id, inner_steps=inner_steps, manifest_hash=manifest_hash,
-                                                 lease_timeout=lease_timeout, extra=extra_toml))
+                                                 lease_timeout=lease_timeout, extra=extra_toml, corpus=corpus))
         self.port = free_port()
         self.http_port = free_port()
         self.address = f"127.0.0.1:{self.port}"
@@ -62,8 +64,10 @@ class Network:
             "--token-file", str(self.root / "token")), env=self.env)
         wait_for(lambda: self.status() is not None, 60, "the coordinator to answer")
 
-    def common(self) -> list[str]:
-        return ["--coordinator", self.address, "--token-file", str(self.root / "token"), "--data", str(self.data_dir),
+    def common(self, data: bool = True) -> list[str]:
+        """Flags every process gets; ``data=False``: no ``--data`` (a volunteer that fetches its shards)."""
+        return ["--coordinator", self.address, "--token-file", str(self.root / "token"),
+                *(["--data", str(self.data_dir)] if data else []),
                 "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--status-port", "0"]
 
     def start_archive(self, name: str = "archive") -> Path:
@@ -72,11 +76,11 @@ class Network:
                                             "--keep", "50", *self.common()), env=self.env)
         return directory
 
-    def start_peer(self, name: str, *extra: str) -> Path:
+    def start_peer(self, name: str, *extra: str, data: bool = True) -> Path:
         work = self.root / name
         self.procs.start(name, hivepath_cmd("peer", "join", "--work-dir", str(work), "--progress", "json",
                                             "--keep-checkpoints", "50", "--measure-seconds", "0.3",
-                                            *self.common(), *extra), env=self.env)
+                                            *self.common(data), *extra), env=self.env)
         return work
 
     def stop(self, name: str, timeout: float = 60.0) -> int:
@@ -92,6 +96,16 @@ class Network:
         if self._client is None:
             self._client = CoordinatorClient(self.address, self.token, retry_timeout=2.0)
         return self._client
+
+    def status_json(self) -> Optional[dict[str, Any]]:
+        """The coordinator's ``/status.json`` (what the status page shows, bans and seeders included)."""
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/status.json", timeout=5) as r:
+                return json.loads(r.read())
+        except (OSError, ValueError):
+            return None
 
     def status(self) -> Optional[dict[str, Any]]:
         try:

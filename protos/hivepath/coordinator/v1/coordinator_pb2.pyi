@@ -131,7 +131,7 @@ class ModuleProgress(_message.Message):
     def __init__(self, module_id: _Optional[str] = ..., round: _Optional[int] = ..., tokens: _Optional[int] = ..., loss: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("lease_id", "peer_id", "progress", "assignment_version", "tokens_per_s", "bytes_sent", "bytes_received", "preempting")
+    __slots__ = ("lease_id", "peer_id", "progress", "assignment_version", "tokens_per_s", "bytes_sent", "bytes_received", "preempting", "seeds_data", "seeded_paths")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +140,8 @@ class HeartbeatRequest(_message.Message):
     BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     PREEMPTING_FIELD_NUMBER: _ClassVar[int]
+    SEEDS_DATA_FIELD_NUMBER: _ClassVar[int]
+    SEEDED_PATHS_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     peer_id: str
     progress: _containers.RepeatedCompositeFieldContainer[ModuleProgress]
@@ -148,7 +150,9 @@ class HeartbeatRequest(_message.Message):
     bytes_sent: int
     bytes_received: int
     preempting: bool
-    def __init__(self, lease_id: _Optional[str] = ..., peer_id: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[ModuleProgress, _Mapping]]] = ..., assignment_version: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., preempting: _Optional[bool] = ...) -> None: ...
+    seeds_data: bool
+    seeded_paths: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, lease_id: _Optional[str] = ..., peer_id: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[ModuleProgress, _Mapping]]] = ..., assignment_version: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., preempting: _Optional[bool] = ..., seeds_data: _Optional[bool] = ..., seeded_paths: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("lease_remaining_s", "assignment", "drain", "drain_reason", "credential")
@@ -219,16 +223,18 @@ class ModuleStatus(_message.Message):
     def __init__(self, module_id: _Optional[str] = ..., holders: _Optional[_Iterable[str]] = ..., round: _Optional[int] = ..., tokens_per_s: _Optional[float] = ...) -> None: ...
 
 class PathStatus(_message.Message):
-    __slots__ = ("path", "peers", "tokens_per_s", "loss")
+    __slots__ = ("path", "peers", "tokens_per_s", "loss", "seeders")
     PATH_FIELD_NUMBER: _ClassVar[int]
     PEERS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
+    SEEDERS_FIELD_NUMBER: _ClassVar[int]
     path: _containers.RepeatedScalarFieldContainer[int]
     peers: _containers.RepeatedScalarFieldContainer[str]
     tokens_per_s: float
     loss: float
-    def __init__(self, path: _Optional[_Iterable[int]] = ..., peers: _Optional[_Iterable[str]] = ..., tokens_per_s: _Optional[float] = ..., loss: _Optional[float] = ...) -> None: ...
+    seeders: int
+    def __init__(self, path: _Optional[_Iterable[int]] = ..., peers: _Optional[_Iterable[str]] = ..., tokens_per_s: _Optional[float] = ..., loss: _Optional[float] = ..., seeders: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("run_id", "run_config_hash", "peers", "modules", "paths", "total_tokens_per_s", "bytes_exchanged", "live_leases")
@@ -281,20 +287,24 @@ class GetRunSpecResponse(_message.Message):
     def __init__(self, run_spec: _Optional[_Union[RunSpec, _Mapping]] = ..., initial_peers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReportPeerRequest(_message.Message):
-    __slots__ = ("lease_id", "peer_id", "suspect_peer_id", "module_id", "round", "reason")
+    __slots__ = ("lease_id", "peer_id", "suspect_peer_id", "module_id", "round", "reason", "manifest_hash", "file")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     SUSPECT_PEER_ID_FIELD_NUMBER: _ClassVar[int]
     MODULE_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_HASH_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     peer_id: str
     suspect_peer_id: str
     module_id: str
     round: int
     reason: str
-    def __init__(self, lease_id: _Optional[str] = ..., peer_id: _Optional[str] = ..., suspect_peer_id: _Optional[str] = ..., module_id: _Optional[str] = ..., round: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    manifest_hash: str
+    file: str
+    def __init__(self, lease_id: _Optional[str] = ..., peer_id: _Optional[str] = ..., suspect_peer_id: _Optional[str] = ..., module_id: _Optional[str] = ..., round: _Optional[int] = ..., reason: _Optional[str] = ..., manifest_hash: _Optional[str] = ..., file: _Optional[str] = ...) -> None: ...
 
 class ReportPeerResponse(_message.Message):
     __slots__ = ("banned", "reason")

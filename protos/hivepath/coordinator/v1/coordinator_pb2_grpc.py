@@ -145,8 +145,9 @@ class CoordinatorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReportPeer(self, request, context):
-        """A peer (holding a live lease) reports another for misbehaving in a module's round; peers
-        reported by enough distinct peers within a window are banned.
+        """A peer (holding a live lease) reports another for misbehaving in a module's round, or a seeder
+        that sent bad bytes of the run's dataset; peers reported by enough distinct peers within a
+        window are banned.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
