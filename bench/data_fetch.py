@@ -44,6 +44,7 @@ for _p in (ROOT, ROOT / "tests"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
+from models import strict_json  # noqa: E402
 from bench.common import emit, run_main  # noqa: E402
 
 log = logging.getLogger("bench.data_fetch")
@@ -70,7 +71,7 @@ def _corpus(path: Path, text_bytes: int, seed: int = 0) -> Path:
         while written < text_bytes:
             words = rng.choices(_WORDS, k=rng.randint(200, 600))
             text = f"document {n}: " + " ".join(words) + "."
-            line = json.dumps({"text": text}) + "\n"
+            line = strict_json.dumps({"text": text}) + "\n"
             f.write(line)
             written += len(line)
             n += 1

@@ -24,13 +24,13 @@ from torch import Tensor
 from peer.averaging.aggregation import MEAN, Aggregation, aggregate
 from peer.averaging.partition import Group
 from peer.averaging.quantizers import Codec
-from peer.network.frames import handler_name, read_message, read_payload, serve
+from peer.network.frames import handler_name, linger, read_message, read_payload, serve
 from protos.hivepath.peer.v1.net_pb2 import DESCRIPTOR as NET, PartHeader, PartReply
 
 PART = NET.services_by_name["Averaging"].methods_by_name["Part"]
 """The ``Part`` rpc of ``net.proto``: a member's encoded part to its reducer."""
 
-__all__ = ["PartSlot", "GroupState", "PartReducer", "EventHook", "PROBE", "BENIGN", "linger", "wait_event"]
+__all__ = ["PartSlot", "GroupState", "PartReducer", "EventHook", "PROBE", "BENIGN", "wait_event"]
 
 log = logging.getLogger(__name__)
 
@@ -306,15 +306,6 @@ class PartReducer:
         """Report reaching ``point`` to the event hook, if any."""
         if self.event_hook is not None:
             self.event_hook(point)
-
-
-async def linger(reader: asyncio.StreamReader, timeout: float) -> None:
-    """Wait (at most ``timeout`` s) until the other side closes the stream, before we close ours:
-    closing right after a large write can cut the stream before the daemon forwarded all of it."""
-    try:
-        await asyncio.wait_for(reader.read(), timeout)
-    except (asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError):
-        pass
 
 
 async def wait_event(event: asyncio.Event, deadline: float) -> None:

@@ -22,10 +22,9 @@ from typing import Any, Callable, Optional, Sequence
 
 from torch import Tensor
 
-from peer.averaging.reducer import linger
 from peer.network import CredentialProvider, CredentialVerifier
 from peer.outer import ModuleState
-from peer.network.frames import MESSAGE_LIMIT, handler_name, log_limited, read_message, read_payload, serve
+from peer.network.frames import MESSAGE_LIMIT, handler_name, linger, log_limited, read_message, read_payload, serve
 from protos.hivepath.peer.v1.net_pb2 import DESCRIPTOR as NET, StateReply, StateRequest
 from peer.network import ArchiveRecord, HolderRecord, archive_key, holders_key, records_from_value
 

@@ -198,24 +198,8 @@ class CoordinatorClient:
     def report_peer_later(self, suspect_peer_id: str, module_id: str, round_no: int, reason: str) -> None:
         """:meth:`report_peer` in the background (never blocks the training loop); the outcome is
         logged. Signature-compatible with ``NetAverager(on_suspect=...)``."""
-        with self._lock:
-            if self._reporter is None:
-                from concurrent.futures import ThreadPoolExecutor
-
-                self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="coordinator-report")
-            reporter = self._reporter
-
-        def send() -> None:
-            try:
-                _, why = self.report_peer(suspect_peer_id, module_id, round_no, reason)
-                log.info("reported %s (%s round %d): %s", suspect_peer_id, module_id, round_no, why)
-            except Exception as e:  # the coordinator being down must not disturb training
-                log.warning("could not report %s: %s", suspect_peer_id, e)
-
-        try:
-            reporter.submit(send)
-        except RuntimeError:  # closed
-            log.debug("client closed; report of %s dropped", suspect_peer_id)
+        self._in_background(lambda: self.report_peer(suspect_peer_id, module_id, round_no, reason),
+                            f"{suspect_peer_id} ({module_id} round {round_no})")
 
     def report_seeder(self, suspect_peer_id: str, manifest_hash: str, file: str, reason: str) -> tuple[bool, str]:
         """Report a seeder of the run's dataset that sent bytes of ``file`` not matching the manifest;

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from models import strict_json
 from models.manifest import path_name, shard_files
 
 __all__ = ["ShardCache", "USED_FILE"]
@@ -73,7 +74,7 @@ class ShardCache:
         used = self._used()
         used[path_name(path)] = self.clock()
         tmp = self.dir / f"{USED_FILE}.tmp"
-        tmp.write_text(json.dumps(used, sort_keys=True))
+        tmp.write_text(strict_json.dumps(used, sort_keys=True))
         os.replace(tmp, self.dir / USED_FILE)
 
     def make_room(self, path: Sequence[int]) -> list[str]:

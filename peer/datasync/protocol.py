@@ -10,10 +10,9 @@ manifest (or :data:`MANIFEST_CHUNK` for the manifest itself): nothing larger is 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
-from peer.network.frames import handler_name, read_payload
+from peer.network.frames import handler_name, linger, read_payload
 from protos.hivepath.peer.v1.data_pb2 import DESCRIPTOR as DATA, ChunkReply, ChunkRequest
 
 __all__ = ["own_p2p", "CHUNK", "ChunkReply", "ChunkRequest", "MANIFEST_CHUNK", "MAX_MANIFEST_BYTES", "MAX_REQUEST_BYTES",
@@ -52,13 +51,6 @@ async def own_p2p(dht: Any) -> Any:
 def data_prefix(manifest_hash: str) -> str:
     """The handler prefix of one dataset's seeders: ``hivepath_data_{manifest_hash}``."""
     return f"hivepath_data_{manifest_hash}"
-
-
-async def linger(reader: asyncio.StreamReader, timeout: float) -> None:
-    """Wait (at most ``timeout`` s) until the caller closes the stream before we close ours: closing
-    right after a large write can cut the stream before the daemon forwarded all of it."""
-    with contextlib.suppress(asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError):
-        await asyncio.wait_for(reader.read(), timeout)
 
 
 async def request_chunk(p2p: Any, peer_id: str, manifest_hash: str, file: str, index: int, limit: int,

@@ -38,7 +38,7 @@ from google.protobuf.message import DecodeError, Message
 from models.log_limit import LogLimiter
 
 __all__ = ["MALFORMED", "MalformedFrame", "REFUSED", "read_message", "read_payload", "handler_name", "serve",
-           "serve_messages", "send_error", "log_limited", "MESSAGE_LIMIT"]
+           "serve_messages", "send_error", "log_limited", "linger", "MESSAGE_LIMIT", "ERROR_LINGER"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,9 @@ MESSAGE_LIMIT = 64 * 1024
 
 END_GRACE = 5.0
 """Seconds a request-reply handler waits, once it has answered, for the caller's end of requests."""
+ERROR_LINGER = 5.0
+"""Seconds a handler that sent an error frame waits for the caller to hang up before it closes (see
+:func:`linger`)."""
 
 _MESSAGE, _ERROR = b"\x00", b"\x01"
 _LENGTH_BYTES = 8
@@ -122,6 +125,14 @@ async def send_error(writer: asyncio.StreamWriter, text: str) -> None:
     await writer.drain()
 
 
+async def linger(reader: asyncio.StreamReader, timeout: float) -> None:
+    """Wait (at most ``timeout`` s) until the other side closes the stream, before we close ours:
+    closing right after a write can cut the stream before the daemon forwarded all of it (a caller
+    then reads the end of the stream where our last frame should be)."""
+    with contextlib.suppress(asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+        await asyncio.wait_for(reader.read(), timeout)
+
+
 def log_limited(logger: logging.Logger, key: str, message: str, *args: Any) -> None:
     """``logger.warning(message, *args)`` at most once per ``key`` per interval (a refusal of a
     well-formed request that anyone could repeat), saying how many were held back since the last line."""
@@ -159,6 +170,7 @@ async def serve(p2p: Any, prefix: str, method: MethodDescriptor, handler: Stream
             _refused(name, caller, e)
             with contextlib.suppress(Exception):
                 await send_error(writer, MALFORMED)
+                await linger(reader, ERROR_LINGER)
         except (asyncio.IncompleteReadError, ConnectionError) as e:
             log.debug("%s stream from %s broke: %r", name, caller, e)
         except asyncio.CancelledError:  # the peer is shutting down: nothing awaits this task
@@ -167,6 +179,7 @@ async def serve(p2p: Any, prefix: str, method: MethodDescriptor, handler: Stream
             _failed(name, caller, e)
             with contextlib.suppress(Exception):
                 await send_error(writer, f"the handler failed: {type(e).__name__}")
+                await linger(reader, ERROR_LINGER)
         finally:
             writer.close()
 
