@@ -118,7 +118,7 @@ def test_run_until_stopped_returns_the_exit_code():
 
 
 _DRAINING = textwrap.dedent("""
-    import os, signal, sys, threading
+    import os, signal, sys, threading, time
     from peer.node.startup import drain_signals
 
     asked = threading.Event()
@@ -128,13 +128,21 @@ _DRAINING = textwrap.dedent("""
         reasons.append(reason)
         asked.set()
 
+    def wait(event, seconds):
+        # short waits: a signal the kernel hands to another thread runs its Python handler only when
+        # the main thread next wakes, as a training loop's main thread does all the time
+        deadline = time.monotonic() + seconds
+        while not event.wait(0.05) and time.monotonic() < deadline:
+            pass
+        return event.is_set()
+
     with drain_signals(on_first):
         print("ready", flush=True)
-        if not asked.wait(60):
+        if not wait(asked, 60):
             sys.exit(3)
         if sys.argv[1] == "again":
             print("draining", flush=True)
-            threading.Event().wait(60)  # the second signal ends the process here
+            wait(threading.Event(), 60)  # the second signal ends the process here
     print(reasons[0], flush=True)
     os.kill(os.getpid(), signal.SIGTERM)  # late signals after the drain are ignored: exit stays 0
     os.kill(os.getpid(), signal.SIGHUP)
