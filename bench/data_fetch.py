@@ -101,17 +101,6 @@ def _maddr(procs: Any, name: str, timeout: float = 120.0) -> str:
     return line.strip()
 
 
-def _events(procs: Any, name: str) -> list[dict]:
-    out = []
-    for line in procs.log(name).splitlines():
-        if line.startswith("{"):
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-    return out
-
-
 def _rate(events: list[dict]) -> tuple[float, float, float, int]:
     """``(first byte time, last byte time, payload bytes between, total fetched)`` of one fetch's JSON lines."""
     prog = [e for e in events if e.get("event") == "progress" and e.get("fetched_bytes", 0) > 0]
@@ -143,7 +132,7 @@ def _run_fetches(bridge: Any, procs: Any, names: dict[str, int], manifest_hash: 
     for name, p in started.items():
         if p.returncode != 0:
             raise RuntimeError(f"{name} exited {p.returncode}: {procs.log(name)[-2000:]}")
-        t0, t1, payload, total = _rate(_events(procs, name))
+        t0, t1, payload, total = _rate(procs.json_lines(name))
         out[name] = {"t0": t0, "t1": t1, "payload": payload, "fetched": total, "dir": work / name}
     return out
 
@@ -172,7 +161,7 @@ def _shape_downlink(bridge: Any, i: int, rate: str) -> None:
 
 
 def _first_step(procs: Any, name: str) -> Optional[float]:
-    for e in _events(procs, name):
+    for e in procs.json_lines(name):
         if e.get("event") == "progress" and (e.get("step") or 0) >= 1:
             return e["time"]
     return None
@@ -247,7 +236,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             env={"HIVEPATH_PROGRESS_INTERVAL": "0.5"})
         first = wait_for(lambda: _first_step(procs, "peer"), args.timeout, "the peer's first step", 0.2)
         out["time_to_first_step_s"] = round(first - started, 1)
-        fetch_lines = [e for e in _events(procs, "peer") if e.get("event") == "fetch"]
+        fetch_lines = [e for e in procs.json_lines("peer") if e.get("event") == "fetch"]
         if fetch_lines:
             out["peer_fetch_seconds"] = round(fetch_lines[-1]["time"] - started, 1)
         peer_dir = work / "peer" / f"data-{ds.manifest_hash}"

@@ -24,6 +24,14 @@ log = logging.getLogger(__name__)
 class Moderation:
     """``report``, ``ban`` and ``unban`` for :class:`coordinator.core.Coordinator`."""
 
+    def _check_reporter(self, lease_id: str, reporter: str, suspect: str, now: float) -> None:
+        """A report needs the reporter's live lease and a suspect other than the reporter (under the lock)."""
+        lease = self._leases.get(lease_id)
+        if lease is None or lease.peer_id != reporter or lease.expires_at <= now:
+            raise LeaseNotFound(f"lease_id: no live lease {lease_id[:8]}... for {reporter}; join again")
+        if suspect == reporter:
+            raise InvalidArgument("suspect_peer_id", "a peer cannot report itself")
+
     def report(self, lease_id: str, reporter: str, suspect: str, module_id: str, round_no: int,
                reason: str) -> ReportResult:
         """A peer holding a live lease reports ``suspect`` for misbehaving in one module's round; the
@@ -31,11 +39,7 @@ class Moderation:
         batch = WriteBatch()
         with self._lock:
             now = self.clock()
-            lease = self._leases.get(lease_id)
-            if lease is None or lease.peer_id != reporter or lease.expires_at <= now:
-                raise LeaseNotFound(f"lease_id: no live lease {lease_id[:8]}... for {reporter}; join again")
-            if suspect == reporter:
-                raise InvalidArgument("suspect_peer_id", "a peer cannot report itself")
+            self._check_reporter(lease_id, reporter, suspect, now)
             if module_id not in self._module_ids:
                 raise InvalidArgument("module_id", f"{module_id!r} is not a module of this run's lattice")
             if suspect not in self._peers:
@@ -63,11 +67,7 @@ class Moderation:
         batch = WriteBatch()
         with self._lock:
             now = self.clock()
-            lease = self._leases.get(lease_id)
-            if lease is None or lease.peer_id != reporter or lease.expires_at <= now:
-                raise LeaseNotFound(f"lease_id: no live lease {lease_id[:8]}... for {reporter}; join again")
-            if suspect == reporter:
-                raise InvalidArgument("suspect_peer_id", "a peer cannot report itself")
+            self._check_reporter(lease_id, reporter, suspect, now)
             run_hash = self.run.data.manifest_hash
             if not run_hash or manifest_hash != run_hash:
                 raise InvalidArgument("manifest_hash", f"{manifest_hash[:64]!r} is not this run's dataset "

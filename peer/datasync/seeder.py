@@ -32,7 +32,7 @@ from models.manifest import MANIFEST_FILE, FileLayout, layouts, manifest_hash, s
 from peer.datasync.errors import SeedError
 from peer.datasync.protocol import own_p2p, CHUNK, MANIFEST_CHUNK, MAX_REQUEST_BYTES, ChunkReply, ChunkRequest, data_prefix, linger
 from peer.datasync.records import RECORD_TTL, SeederRecord, seeder_value, seeders_key
-from peer.network import unwrap_dht
+from peer.network import refresh_until, unwrap_dht
 from peer.network.frames import read_message, serve
 
 __all__ = ["Seeder", "SeederOptions", "read_local_manifest"]
@@ -192,11 +192,7 @@ class Seeder:
                        get_dht_time() + self.options.record_ttl, subkey=self.peer_id)
 
     def _announce_loop(self) -> None:
-        while not self._stopping.wait(self.options.record_ttl / 3):
-            try:
-                self.announce()
-            except Exception as e:  # the DHT may be shutting down
-                log.debug("announcing failed: %r", e)
+        refresh_until(self._stopping, self.options.record_ttl / 3, self.announce)
 
     # -- serving --------------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from peer.network.records import (
     parse_record,
     read_records,
     records_from_value,
+    refresh_until,
     to_value,
 )
 
@@ -42,5 +43,6 @@ __all__ = [
     "start_dht", "unwrap_dht", "Identity", "IdentityError", "IdentityInUseError", "load_or_create_identity",
     "peer_id_of", "MAX_EXPECTING", "ArchiveRecord", "GroupDeclaration", "HolderRecord", "archive_key", "group_bucket",
     "group_buckets", "group_key",
-    "holders_key", "is_peer_id", "parse_record", "read_records", "records_from_value", "to_value", "circuit_addrs",
+    "holders_key", "is_peer_id", "parse_record", "read_records", "records_from_value", "refresh_until", "to_value",
+    "circuit_addrs",
 ]

@@ -28,7 +28,7 @@ import logging
 import math
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, TypeVar
 
 from models.config import is_module_id
 from protos.credential import MAX_CREDENTIAL_BYTES
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from peer.network.credentials import CredentialVerifier
 
 __all__ = [
+    "refresh_until",
     "HolderRecord",
     "GroupDeclaration",
     "ArchiveRecord",
@@ -268,3 +269,13 @@ def to_value(record: Any) -> dict[str, Any]:
             del value[name]
     return value
 
+
+def refresh_until(stopping: Any, interval: float, announce: Callable[[], None]) -> None:
+    """Call ``announce()`` every ``interval`` seconds until ``stopping`` (a :class:`threading.Event`)
+    is set: the loop that keeps one of our records alive on the DHT. A failed store (the DHT shutting
+    down) is logged at debug and tried again next time."""
+    while not stopping.wait(interval):
+        try:
+            announce()
+        except Exception as e:
+            log.debug("announcing failed: %r", e)

@@ -41,7 +41,7 @@ from models.errors import ConfigError
 from models.lattice import ModularLM
 from peer.averaging import ModuleAverager
 from peer.diloco import DiLoCoOptimizer, RoundReport
-from peer.network import unwrap_dht
+from peer.network import refresh_until, unwrap_dht
 from peer.network.frames import MESSAGE_LIMIT, log_limited, serve_messages
 from protos.hivepath.peer.v1.stage_pb2 import StageReply, StageRequest
 from peer.stage.records import StageServerRecord, stage_record_value, stage_servers_key
@@ -185,11 +185,7 @@ class StageServer:
                        get_dht_time() + self.options.record_ttl, subkey=self.peer_id)
 
     def _announce_loop(self) -> None:
-        while not self._stopping.wait(self.options.record_ttl / 3):
-            try:
-                self.announce()
-            except Exception as e:  # the DHT may be shutting down
-                log.debug("announcing failed: %r", e)
+        refresh_until(self._stopping, self.options.record_ttl / 3, self.announce)
 
     @torch.no_grad()
     def measure_throughput(self, repeats: int = 2) -> float:

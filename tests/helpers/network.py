@@ -125,14 +125,7 @@ class Network:
         return None
 
     def progress_lines(self, name: str) -> list[dict]:
-        out = []
-        for line in self.procs.log(name).splitlines():
-            if line.startswith("{"):
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    pass
-        return out
+        return self.procs.json_lines(name)
 
     def peer_id(self, name: str) -> str:
         lines = [p for p in self.progress_lines(name) if p.get("peer_id")]

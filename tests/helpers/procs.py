@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -64,6 +65,18 @@ class ProcessGroup(ChildProcesses):
     def log(self, name: str) -> str:
         path = self.log_dir / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
+
+    def json_lines(self, name: str) -> list[dict]:
+        """The JSON objects ``name`` printed one per line (``--progress json`` events), in order;
+        a line cut short by a kill is skipped."""
+        out = []
+        for line in self.log(name).splitlines():
+            if line.startswith("{"):
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    pass
+        return out
 
     def signal(self, name, sig: int, group: bool = False) -> None:  # one name, or several as in ChildProcesses
         super().signal([name] if isinstance(name, str) else name, sig, group)
