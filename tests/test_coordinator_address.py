@@ -21,6 +21,7 @@ from helpers.tls import ca_and_server_cert
 from models.settings import COORDINATOR_PORT
 from peer.coordinator_client import (CoordinatorClient, CoordinatorUnavailable, NotACoordinator, PeerInfo,
                                      check_address)
+from peer.coordinator_client.client import FIRST_CONTACT_TIMEOUT
 from peer.coordinator_client.transport import HTTP1, HTTP2, NOTHING, TLS, what_answers
 
 pytestmark = pytest.mark.integration
@@ -128,6 +129,15 @@ def test_nothing_listening_warns_once_then_names_it_when_the_retries_end(caplog)
     assert isinstance(error, CoordinatorUnavailable) and "nothing answers (connection refused)" in str(error), error
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and address in warnings[0] and "retrying for up to 2s" in warnings[0], warnings
+
+
+def test_nothing_listening_is_named_within_the_first_contact_limit_not_the_retry_timeout():
+    error, seconds = _join_error(f"127.0.0.1:{free_port()}", retry_timeout=120.0)
+    assert isinstance(error, CoordinatorUnavailable) and error.exit_code == 3, error
+    assert "nothing answers (connection refused)" in str(error) and str(COORDINATOR_PORT) in str(error), error
+    # retried (a coordinator may be restarting), then given up by FIRST_CONTACT_TIMEOUT (the next backoff would
+    # pass it), far from the 120 s that the retries would otherwise take
+    assert 2.0 <= seconds <= FIRST_CONTACT_TIMEOUT + 5, seconds
 
 
 def test_the_cli_names_a_wrong_port_in_one_line(tls_coordinator):

@@ -44,6 +44,11 @@ MAX_REPLY_BYTES = 64 << 20
 """Status replies list every live peer; 64 MiB holds a few hundred thousand."""
 
 
+FIRST_CONTACT_TIMEOUT = 10.0
+"""Seconds a client retries an address where nothing answers (connection refused, no reply) before the
+coordinator ever answered it: a wrong host or port is named within this, not after ``retry_timeout``.
+A coordinator that answered once, or one the caller is starting (``expect_starting``), is retried
+for ``retry_timeout``."""
 _RETRIABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
 
 
@@ -396,7 +401,8 @@ class CoordinatorClient:
     # -- retries ------------------------------------------------------------------------------
 
     def _call(self, method: Callable[..., Any], request: Any, retry_not_found: bool = True) -> Any:
-        deadline = None if self.retry_timeout is None else time.monotonic() + self.retry_timeout
+        started = time.monotonic()
+        deadline = None if self.retry_timeout is None else started + self.retry_timeout
         attempt = 0
         while True:
             if self._closed.is_set():
@@ -414,7 +420,14 @@ class CoordinatorClient:
                         self._diagnose()
                     delay = self._rng.uniform(0, min(self.backoff_max, self.backoff_base * 2**attempt))
                     attempt += 1
-                    if deadline is not None and time.monotonic() + delay > deadline:
+                    now = time.monotonic()
+                    if self._nothing_at_address() and now + delay > started + FIRST_CONTACT_TIMEOUT and (
+                            deadline is None or deadline > started + FIRST_CONTACT_TIMEOUT):
+                        raise CoordinatorUnavailable(
+                            f"coordinator {self.address}: {self._answer.text} after {now - started:.0f}s; check the "
+                            f"address (the coordinator's gRPC port is {COORDINATOR_PORT} unless 'coordinator serve "
+                            "--port' says otherwise) and that 'hivepath coordinator serve' runs there") from None
+                    if deadline is not None and now + delay > deadline:
                         what = f"; {self._answer.text}" if self._answer and self._answer.kind == NOTHING else ""
                         raise CoordinatorUnavailable(
                             f"coordinator {self.address} unreachable for {self.retry_timeout:.0f}s ({code.name}: "
@@ -426,6 +439,12 @@ class CoordinatorClient:
                     continue
                 self._answered = True
                 raise refusal(code, detail, self.address) from None
+
+    def _nothing_at_address(self) -> bool:
+        """Nothing answered at the address when gRPC first failed, the coordinator never answered since,
+        and it is not one we are starting ourselves: a wrong address far more often than a slow start."""
+        return (self._answer is not None and self._answer.kind == NOTHING and not self._answered
+                and not self._expect_starting)
 
     def _diagnose(self) -> None:
         """The first time gRPC cannot reach a coordinator that never answered: find out what answers at
@@ -441,7 +460,9 @@ class CoordinatorClient:
         if answer.kind == NOTHING and self._expect_starting:
             log.debug("coordinator %s: %s; waiting for it to start", self.address, answer.text)
         elif answer.kind == NOTHING:
-            retry = "" if self.retry_timeout is None else f" for up to {self.retry_timeout:.0f}s"
+            limit = FIRST_CONTACT_TIMEOUT if self.retry_timeout is None else min(FIRST_CONTACT_TIMEOUT,
+                                                                                  self.retry_timeout)
+            retry = f" for up to {limit:.0f}s"
             log.warning("coordinator %s: %s; retrying%s (is 'hivepath coordinator serve' running there? %s)",
                         self.address, answer.text, retry, port_hint)
         elif answer.kind == TLS and not self._tls:
