@@ -1,7 +1,11 @@
 """The run's history (coordinator.history): bounded series, thinned oldest first, mirrored into write
-batches; and the coordinator's sampling, per-peer rounds and evaluation reports (injected clock)."""
+batches; the coordinator's sampling, per-peer rounds and evaluation reports (injected clock); and
+totals, rounds and history surviving a restart of the real ``hivepath coordinator serve`` process."""
 
 from __future__ import annotations
+
+import json
+import urllib.request
 
 import pytest
 
@@ -12,7 +16,9 @@ from coordinator.records import Capabilities
 from coordinator.results import PathEvaluation, ProgressReport
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import MemoryStore, WriteBatch
+from helpers import free_port, hivepath_cmd, wait_for
 from models.presets import tiny_cpu
+from peer.coordinator_client import CoordinatorClient, Evaluation, PeerInfo, Progress
 
 
 def test_thin_drops_every_other_older_point_until_it_fits():
@@ -110,3 +116,66 @@ def test_only_an_archive_reports_validation_and_bad_numbers_are_refused():
     store.apply(coord.take_dirty())
     assert [v for _, v in coord.history_series()["bpb/0,1"]] == [3.5, 3.0]
     assert _coordinator(store, clock).status_view().latest_bpb == {"0,1": (clock.t, 3.0)}
+
+
+TOKEN = "history-test-token"
+RUN_TOML = """
+preset = "tiny"
+[coordinator]
+lease_timeout = 30.0
+heartbeat_interval = 0.5
+flush_interval = 0.2
+tick_interval = 0.2
+history_interval = 0.2
+"""
+
+
+def _status(http_port: int, path: str = "/status.json") -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}{path}", timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _serve(procs, name, tmp_path, port, http_port):
+    procs.start(name, hivepath_cmd("coordinator", "serve", "--run-config", str(tmp_path / "run.toml"), "--db",
+                                   str(tmp_path / "state.db"), "--host", "127.0.0.1", "--port", str(port),
+                                   "--http-port", str(http_port)), env={"HIVEPATH_TOKEN": TOKEN})
+    return wait_for(lambda: _status(http_port), 60, f"{name}'s status page", interval=0.2)
+
+
+@pytest.mark.integration
+def test_totals_rounds_and_history_survive_a_restart_of_the_process(procs, tmp_path):
+    (tmp_path / "run.toml").write_text(RUN_TOML)
+    port, http_port = free_port(), free_port()
+    _serve(procs, "coord1", tmp_path, port, http_port)
+    trainer = CoordinatorClient(f"127.0.0.1:{port}", TOKEN, PeerInfo("12D3KooWrestartxxxxx", "cpu", 8 << 30, 1000.0),
+                                backoff_base=0.05, backoff_max=0.5, heartbeat_stream=False)
+    archive = CoordinatorClient(f"127.0.0.1:{port}", TOKEN,
+                                PeerInfo("12D3KooWrestartarchx", "cpu", 0, 0.0, archive=True),
+                                backoff_base=0.05, backoff_max=0.5, heartbeat_stream=False)
+    try:
+        mods = trainer.join().assignment.module_ids
+        archive.join()
+        for rnd in (2, 3, 5):
+            trainer.heartbeat(progress=[Progress(m, rnd, 100 * rnd, 3.0) for m in mods], bytes_sent=10 * rnd)
+        archive.heartbeat(evaluations=[Evaluation(trainer.joined.assignment.path, 4.75, 5)])
+        before = wait_for(lambda: (s := _status(http_port))["totals"]["tokens"] == 500
+                          and _status(http_port, "/history.json")["series"].get("tokens", [[0, 0]])[-1][1] == 500
+                          and s, 30, "the reports in the status")
+        history = _status(http_port, "/history.json")["series"]
+        assert procs.stop(["coord1"]) == {"coord1": 0}  # SIGTERM: flushes state and stops
+
+        after = _serve(procs, "coord2", tmp_path, port, http_port)
+        assert after["totals"]["tokens"] == 500
+        assert {m: after["totals"]["module_rounds"][m] for m in mods} == {m: 5 for m in mods}
+        assert after["counters"]["heartbeats"] == before["counters"]["heartbeats"] == 4
+        assert after["counters"]["evaluations"] == 1
+        row = next(c for c in after["contributions"] if c["peer_id"] == trainer.peer.peer_id)
+        assert (row["tokens"], row["rounds"], row["share"]) == (500, 3, 1.0)
+        name = ",".join(map(str, trainer.joined.assignment.path))
+        assert next(p for p in after["paths"] if p["name"] == name)["val_bpb"] == 4.75
+        later = _status(http_port, "/history.json")["series"]
+        for series, points in history.items():
+            assert later[series][:len(points)] == points, f"{series} continues where it was"
+    finally:
+        trainer.close()
+        archive.close()
