@@ -20,6 +20,7 @@ from coordinator.history import bpb_series
 from coordinator.records import MODE_ARCHIVE, PeerRecord
 from coordinator.results import PathEvaluation
 from coordinator.store import WriteBatch
+from models import strict_json
 from models.config import format_path
 
 __all__ = ["Story", "COUNTERS_META_KEY", "ROUNDS_META_KEY", "MAX_BPB", "load_totals"]
@@ -67,7 +68,8 @@ class Story:
     def take_totals(self) -> WriteBatch:
         """The counters and module rounds, when they changed since the last call (group commit)."""
         with self._lock:
-            written = (json.dumps(dict(self.counters), sort_keys=True), json.dumps(self.module_rounds, sort_keys=True))
+            written = (strict_json.dumps(dict(self.counters), sort_keys=True),
+                       strict_json.dumps(self.module_rounds, sort_keys=True))
             if written == self._written_totals:
                 return WriteBatch()
             self._written_totals = written

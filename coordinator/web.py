@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 PAGE_PEERS = 500
 """Rows of the peers and contributions tables on the HTML page (the JSON has them all)."""
+PAGE_ROUNDS = 16
+"""Modules whose round the totals line names (the lattice grid shows every module's)."""
 REFRESH = 5.0
 """Seconds between reloads of the page (``/?refresh=S`` sets another, 1 to 3600)."""
 
@@ -160,7 +162,10 @@ def render_page(snap: dict[str, Any], history: Optional[History] = None, refresh
     if relayed:
         states += f" · {relayed} relayed (behind NAT, dialled through a relay peer)"
     totals = snap["totals"]
-    rounds = " · ".join(f"{e(m)} {r}" for m, r in totals["module_rounds"].items())
+    shown = list(totals["module_rounds"].items())
+    rounds = " · ".join(f"{e(m)} {r}" for m, r in shown[:PAGE_ROUNDS])
+    if len(shown) > PAGE_ROUNDS:
+        rounds += f" · ... {len(shown) - PAGE_ROUNDS} more in the lattice below and /status.json"
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>hivepath coordinator: {e(snap['run_id'])}</title>
 <noscript><meta http-equiv="refresh" content="{refresh:g}"></noscript>

@@ -131,3 +131,27 @@ def test_unknown_path_is_404_and_healthz(server):
         get(server, "/nope")
     assert e.value.code == 404
     assert get(server, "/healthz")[2] == "ok\n"
+
+
+def test_line_chart_scales_every_series_into_the_frame():
+    import re
+
+    from coordinator.plots import RENDER_POINTS, line_chart
+
+    svg = line_chart("bpb <run>", {"a": [(0.0, 1.0), (10.0, 3.0)], "b<": [(5.0, 2.0)]}, lambda v: f"{v:.1f}",
+                     zero_based=False)
+    assert "bpb &lt;run&gt;" in svg and "data-label='b&lt;'" in svg and "<circle" in svg
+    xs, ys = [], []
+    for pts in re.findall(r"(?<![-\w])points='([^']*)'", svg):
+        for pair in pts.split():
+            x, y = map(float, pair.split(","))
+            xs.append(x)
+            ys.append(y)
+    width, height = map(int, re.search(r"viewBox='0 0 (\d+) (\d+)'", svg).groups())
+    assert all(0 < x <= width for x in xs) and all(0 < y < height for y in ys)
+    assert ys[0] > ys[1], "the larger value is drawn higher"
+    assert "no data yet" in line_chart("empty", {"a": []}, str)
+    long = line_chart("long", {"a": [(float(t), float(t)) for t in range(5000)]}, str)
+    drawn = int(re.search(r"data-points='(\d+)'", long).group(1))
+    assert drawn <= RENDER_POINTS + 1
+    assert "<b>4999.0</b>" in long, "the latest value is in the legend"
