@@ -102,6 +102,7 @@ class Story:
             work = peer.assignment.label() if peer.assignment else "nothing"
             raise InvalidArgument("evaluations", f"only an archive peer reports validation bits per byte; "
                                                  f"{peer.peer_id} holds {work}")
+        self.check_evaluations(evaluations)  # the servicer checked them already; direct callers too
         for e in evaluations:
             self.history.add(bpb_series(format_path(e.path)), now, e.bpb, batch)
         self.counters["evaluations"] += len(evaluations)
