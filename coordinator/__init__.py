@@ -13,6 +13,8 @@ It imports neither torch nor hivemind, and never touches weights or gradients.
 - :mod:`coordinator.servicer`, :mod:`coordinator.server`: gRPC (grpc.aio on uvloop), health, TLS
 - :mod:`coordinator.wire`: frames that are not messages refused INVALID_ARGUMENT before any servicer runs
 - :mod:`coordinator.web`, :mod:`coordinator.metrics`, :mod:`coordinator.status`: status page, JSON, /metrics
+- :mod:`coordinator.history`, :mod:`coordinator.story`, :mod:`coordinator.plots`: the run's sampled history
+  (bounded, stored), totals that survive restarts, archive peers' validation reports, and the page's SVG plots
 - :mod:`coordinator.settings`: the ``[coordinator]`` section of run.toml
 - :mod:`coordinator.validation`, :mod:`coordinator.errors`: request checks and refusals
 - :mod:`coordinator.credentials`: the signing key and admission credentials (format: :mod:`protos.credential`)

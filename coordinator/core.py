@@ -22,11 +22,12 @@ import logging
 import secrets
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from typing import Callable, Iterator, Mapping, Optional
 
 from coordinator.bans import BANS_META_KEY, BanBook
 from coordinator.credentials import CredentialIssuer
+from coordinator.history import History
 from coordinator.errors import Banned, Incompatible, InvalidArgument, LeaseNotFound, NoFit, Overloaded, PeerNotFound
 from coordinator.leases import Leases
 from coordinator.moderation import Moderation
@@ -37,6 +38,7 @@ from coordinator.results import HeartbeatResult, JoinResult, ProgressReport, Rep
 from coordinator.scheduler import assign_peer, rebalance, rebalance_stages
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import Store, WriteBatch
+from coordinator.story import Story, load_totals
 from models.config import RunConfig
 from models.errors import HivepathError
 
@@ -72,10 +74,11 @@ def key_fingerprint(public_key: bytes) -> str:
     return hashlib.sha256(public_key).hexdigest()[:32] if public_key else ""
 
 
-class Coordinator(Leases, Reading, Moderation):
+class Coordinator(Leases, Reading, Moderation, Story):
     """Admission, leases and work for one run (DiPaCo lattice, DiLoCo rounds); heartbeats come from
     :class:`coordinator.leases.Leases`, reads from :class:`coordinator.reading.Reading`, reports and
-    bans from :class:`coordinator.moderation.Moderation`."""
+    bans from :class:`coordinator.moderation.Moderation`, totals and history from
+    :class:`coordinator.story.Story`."""
 
     def __init__(
         self,
@@ -96,7 +99,6 @@ class Coordinator(Leases, Reading, Moderation):
         self.lattice_hash = run.lattice.content_hash()
         self._module_ids = frozenset(run.lattice.module_ids())
         self._lock = threading.RLock()
-        self.counters: Counter[str] = Counter()
         self.last_rebalance_reason = "not run yet"
         self.started_at = clock()
         if issuer is None:
@@ -114,6 +116,10 @@ class Coordinator(Leases, Reading, Moderation):
                 f"config hashes to {self.run_hash}; use the run config it was created with or a new --db"
             )
         self._peers: dict[str, PeerRecord] = state.peers
+        self.counters, self.module_rounds = load_totals(state.meta)
+        self.history = History(state.history, settings.history_points)
+        self._story_batch = WriteBatch()
+        """History points from reports (evaluations), committed with the next group commit."""
         self.bans = BanBook(state.meta.get(BANS_META_KEY))
         self._leases: dict[str, Lease] = state.leases
         self._lease_of: dict[str, str] = {}
@@ -129,6 +135,8 @@ class Coordinator(Leases, Reading, Moderation):
         self._seeding: dict[str, frozenset[str]] = {}
         """peer id -> paths whose shards it seeds, from its heartbeats (memory only: status page)."""
 
+        for p in self._progress.values():  # a database written before module rounds were kept
+            self.module_rounds[p.module_id] = max(self.module_rounds.get(p.module_id, 0), p.round)
         fixes = self._restore_leases(clock())
         self._durable(fixes)
         if self._leases:

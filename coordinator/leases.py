@@ -10,19 +10,20 @@ least ``restart_grace`` seconds.
 Kept apart from admission and assignment, whose state it shares under the coordinator's lock
 (``_lock``, ``_peers``, ``_leases``, ``_lease_of``, ``_seeding``, ``run``, ``_progress``, ``_progress_by_peer``,
 ``_session_base``, ``_dirty_*``, ``_expiry_heap``, ``_live_addrs``, ``view``, ``settings``, ``clock``,
-``counters``, ``issuer``, ``_durable``, ``_issue``, ``_start_drain``).
+``counters``, ``issuer``, ``_durable``, ``_issue``, ``_start_drain``, ``_story_batch``, and
+:class:`coordinator.story.Story`'s ``_record_evaluations``, ``_count_rounds`` and ``take_totals``).
 """
 
 from __future__ import annotations
 
 import copy
 import heapq
-from typing import Sequence
+from typing import Optional, Sequence
 
 from coordinator.errors import InvalidArgument, LeaseNotFound
 from coordinator.reachability import dialable
 from coordinator.records import Capabilities, Lease, ModuleProgress, PeerRecord
-from coordinator.results import HeartbeatResult, ProgressReport
+from coordinator.results import HeartbeatResult, PathEvaluation, ProgressReport
 from coordinator.store import WriteBatch
 from coordinator.view import ClusterView
 
@@ -45,10 +46,12 @@ class Leases:
         bytes_exchanged: int = 0,
         preempting: bool = False,
         seeded_paths: Optional[frozenset[str]] = None,
+        evaluations: Sequence[PathEvaluation] = (),
     ) -> HeartbeatResult:
         """Renew the lease and record progress; renewals are durable at the next flush, not on return.
         ``seeded_paths`` (checked by :meth:`check_seeded_paths`; None: unchanged): the paths whose
-        shards the peer seeds now, kept in memory for the status page only."""
+        shards the peer seeds now, kept in memory for the status page only. ``evaluations`` (checked
+        by :meth:`check_evaluations`): validation bits per byte per path, from an archive peer only."""
         with self._lock:
             lease = self._leases.get(lease_id)
             now = self.clock()
@@ -58,10 +61,12 @@ class Leases:
             for p in progress:
                 if p.module_id not in self._module_ids:
                     raise InvalidArgument("progress.module_id", f"{p.module_id!r} is not a module of this run's lattice")
+            peer = self._peers[peer_id]
+            if evaluations:
+                self._record_evaluations(peer, evaluations, now, self._story_batch)
             self.counters["heartbeats"] += 1
             lease.expires_at = now + self.settings.lease_timeout
             self._dirty_leases.add(lease_id)
-            peer = self._peers[peer_id]
             peer.last_seen = now
             if seeded_paths is not None:
                 if seeded_paths:
@@ -95,7 +100,9 @@ class Leases:
             self._dirty_peers = set()
             self._dirty_leases = set()
             self._dirty_progress = set()
-        return batch
+            batch.merge(self._story_batch)
+            self._story_batch = WriteBatch()
+        return batch.merge(self.take_totals())
 
     def _restore_leases(self, now: float) -> WriteBatch:
         """After a restart: drop leases of peers that are gone, give every loaded lease at least
@@ -170,6 +177,7 @@ class Leases:
     ) -> None:
         base_tokens, base_bytes = self._session_base.get(peer.peer_id, (peer.tokens, peer.bytes_exchanged))
         mine = self._progress_by_peer.setdefault(peer.peer_id, {})
+        self._count_rounds(peer, {m: r.round for m, r in mine.items()}, {p.module_id: p.round for p in progress})
         for p in progress:
             key = (peer.peer_id, p.module_id)
             row = ModuleProgress(peer.peer_id, p.module_id, p.round, p.tokens, p.loss, now)

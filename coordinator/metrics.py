@@ -34,6 +34,7 @@ _COUNTERS = {
     "seeder_reports": "Reports of seeders that sent bad bytes of the run's dataset",
     "bans": "Peers banned (by reports or by the operator)",
     "malformed_requests": "Requests refused because their bytes are not a valid message (coordinator.wire)",
+    "evaluations": "Validation results (one path each) reported by archive peers",
 }
 
 
@@ -75,14 +76,19 @@ class SnapshotCollector(Collector):
         path_seeders = GaugeMetricFamily("hivepath_coordinator_path_seeders",
                                          "Live peers seeding each path's shards (as their heartbeats say)",
                                          labels=["path"])
+        path_bpb = GaugeMetricFamily("hivepath_coordinator_path_validation_bpb",
+                                     "Latest validation bits per byte per path (archive peers' reports)", labels=["path"])
         for p in s["paths"]:
             path_tps.add_metric([p["name"]], p["tokens_per_s"])
+            if p["val_bpb"] is not None:
+                path_bpb.add_metric([p["name"]], p["val_bpb"])
             path_seeders.add_metric([p["name"]], p["seeders"])
             if p["loss"] is not None:
                 path_loss.add_metric([p["name"]], p["loss"])
         yield path_tps
         yield path_loss
         yield path_seeders
+        yield path_bpb
         for name, doc in _COUNTERS.items():
             yield CounterMetricFamily(f"hivepath_coordinator_{name}", doc, value=s["counters"].get(name, 0))
 

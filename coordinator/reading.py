@@ -1,7 +1,7 @@
 """Consistent copies of the coordinator's state, the part of :class:`coordinator.core.Coordinator`
 that the servicer, the status page and tests read; every copy is taken under the coordinator's lock
 (``_lock``, ``_peers``, ``_leases``, ``_progress_by_peer``, ``counters``, ``last_rebalance_reason``, ``_seeding``, ``bans``,
-``clock``, ``_initial_peers``), so a reader never sees a half-applied change.
+``clock``, ``_initial_peers``, ``module_rounds``, ``history``), so a reader never sees a half-applied change.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 from typing import Optional
 
+from coordinator.history import BPB_PREFIX
 from coordinator.records import Lease, ModuleProgress, PeerRecord
 from coordinator.results import StatusView
 
@@ -47,7 +48,15 @@ class Reading:
                 rebalance_reason=self.last_rebalance_reason,
                 seeding=dict(self._seeding),
                 banned=sorted(self.bans.bans),
+                module_rounds=dict(self.module_rounds),
+                latest_bpb={name[len(BPB_PREFIX):]: self.history.last(name) for name in self.history.names()
+                            if name.startswith(BPB_PREFIX)},
             )
+
+    def history_series(self) -> dict[str, list[tuple[float, float]]]:
+        """Every history series (:mod:`coordinator.history`), copied under the lock."""
+        with self._lock:
+            return self.history.series()
 
     def initial_peers(self) -> list[str]:
         """DHT bootstrap multiaddrs of the most recently joined live peers."""

@@ -116,6 +116,9 @@ class PeerRecord:
     joins: int = 0
     tokens: int = 0
     """Tokens processed in total, summed over modules and rejoins."""
+    rounds: int = 0
+    """Outer rounds its reports advanced through (within a lease, the most over its modules), summed
+    over rejoins: the first report after a join only sets where it starts."""
     bytes_exchanged: int = 0
     drain_reason: str = ""
     reachability: str = "unknown"

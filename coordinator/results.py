@@ -7,7 +7,7 @@ from typing import Optional
 
 from coordinator.records import Assignment, Lease, ModuleProgress, PeerRecord
 
-__all__ = ["ProgressReport", "JoinResult", "StatusView", "HeartbeatResult", "ReportResult"]
+__all__ = ["ProgressReport", "PathEvaluation", "JoinResult", "StatusView", "HeartbeatResult", "ReportResult"]
 
 
 @dataclass(frozen=True)
@@ -18,6 +18,16 @@ class ProgressReport:
     round: int
     tokens: int
     loss: float
+
+
+@dataclass(frozen=True)
+class PathEvaluation:
+    """One path's validation bits per byte, as an archive peer measured it on its latest snapshot."""
+
+    path: tuple[int, ...]
+    bpb: float
+    round: int = 0
+    """The lowest round among the path's modules in the snapshot evaluated."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +58,10 @@ class StatusView:
     """peer id -> paths (written ``0-1``) whose shards it seeds, as its heartbeats say."""
     banned: list[str] = field(default_factory=list)
     """Banned peer ids, sorted."""
+    module_rounds: dict[str, int] = field(default_factory=dict)
+    """module id -> highest outer round any peer reported (kept across restarts)."""
+    latest_bpb: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """path name (``0,1``) -> (time, validation bits per byte) of the latest evaluation."""
 
 
 @dataclass(frozen=True)

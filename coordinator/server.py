@@ -1,5 +1,6 @@
 """Running the coordinator: gRPC (grpc.aio on uvloop) with the health service, the HTTP status
-server, the lease/rebalance ticker and the group-commit flusher, shut down cleanly on SIGTERM/SIGINT.
+server, the lease/rebalance ticker, the group-commit flusher and the history sampler, shut down
+cleanly on SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
@@ -160,7 +161,8 @@ async def serve(run: RunConfig, settings: CoordinatorSettings, opts: ServeOption
         except RuntimeError:  # taken since the check above
             raise _cannot_listen("port", opts.host, opts.port, "gRPC could not bind it") from None
         try:
-            http = StatusServer(lambda max_peers: snapshot(coord, max_peers), opts.host, opts.http_port).start()
+            http = StatusServer(lambda max_peers: snapshot(coord, max_peers), opts.host, opts.http_port,
+                                get_history=coord.history_series).start()
         except OSError as e:
             raise _cannot_listen("http-port", opts.host, opts.http_port, e.strerror or str(e)) from None
         await server.start()
@@ -189,8 +191,12 @@ async def serve(run: RunConfig, settings: CoordinatorSettings, opts: ServeOption
         async def flush() -> None:
             await loop.run_in_executor(executor, lambda: committer.submit(coord.take_dirty()))
 
+        async def sample() -> None:
+            await loop.run_in_executor(executor, lambda: committer.submit(coord.sample_history()))
+
         tasks = [asyncio.create_task(every(settings.tick_interval, tick)),
-                 asyncio.create_task(every(settings.flush_interval, flush))]
+                 asyncio.create_task(every(settings.flush_interval, flush)),
+                 asyncio.create_task(every(settings.history_interval, sample))]
         await stop.wait()
         log.info("shutting down")
         for name in ("", SERVICE_NAME):

@@ -34,6 +34,7 @@ from coordinator.core import Coordinator, ProgressReport
 from coordinator.errors import InvalidArgument, RequestError, Unauthenticated
 from coordinator.probe import ProbeService
 from coordinator.reachability import dial_back, observed_host
+from coordinator.results import PathEvaluation
 from coordinator.records import MODE_ARCHIVE, MODE_PATH, MODE_STAGE, Assignment
 from coordinator.status import snapshot
 from coordinator.validation import (
@@ -201,14 +202,16 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         seeded = None
         if request.seeds_data:
             seeded = coord.check_seeded_paths(list(request.seeded_paths))
+        evaluations = [PathEvaluation(tuple(e.path), e.bpb, e.round) for e in request.evaluations]
+        coord.check_evaluations(evaluations)
         if request.preempting:
             result = await self._blocking(
                 coord.heartbeat, lease_id, peer_id, progress, request.assignment_version, tokens_per_s,
-                request.bytes_sent + request.bytes_received, True, seeded,
+                request.bytes_sent + request.bytes_received, True, seeded, evaluations,
             )
         else:
             result = coord.heartbeat(lease_id, peer_id, progress, request.assignment_version, tokens_per_s,
-                                     request.bytes_sent + request.bytes_received, False, seeded)
+                                     request.bytes_sent + request.bytes_received, False, seeded, evaluations)
         reply.lease_remaining_s = result.lease_remaining
         if result.drain or result.drain_reason:
             reply.drain = result.drain

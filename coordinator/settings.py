@@ -72,6 +72,11 @@ class CoordinatorSettings:
     """... or reported this many times (distinct reporter, module, round) within ``ban_window``."""
     ban_window: float = 600.0
     """Seconds a report counts towards a ban."""
+    history_interval: float = 60.0
+    """Seconds between samples of the run's history (tokens/s, peers online, tokens, bytes exchanged)
+    for the status page's plots."""
+    history_points: int = 2000
+    """Most points kept per history series; older points are thinned to make room."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -85,7 +90,7 @@ class CoordinatorSettings:
             elif f.type in ("str", str) and not isinstance(value, str):
                 raise ConfigError(f"coordinator.{f.name}", f"expected a string, got {value!r}")
         for name in ("lease_timeout", "heartbeat_interval", "flush_interval", "tick_interval", "comm_budget",
-                     "credential_timeout", "ban_window"):
+                     "credential_timeout", "ban_window", "history_interval"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"coordinator.{name}", f"must be > 0, got {getattr(self, name)}")
         for name in ("restart_grace", "min_move_interval", "batch_size", "rebalance_threshold"):
@@ -109,6 +114,8 @@ class CoordinatorSettings:
         for name in ("max_moves_per_tick", "max_inner_steps_factor", "max_peers", "ban_reporters", "ban_reports"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"coordinator.{name}", f"must be >= 1, got {getattr(self, name)}")
+        if self.history_points < 16:
+            raise ConfigError("coordinator.history_points", f"must be >= 16, got {self.history_points}")
         if self.initial_peers < 0:
             raise ConfigError("coordinator.initial_peers", f"must be >= 0, got {self.initial_peers}")
 

@@ -3,7 +3,8 @@
 One connection, guarded by a lock, used from the coordinator's writer threads. Every
 :meth:`SQLiteStore.apply` is one transaction; with ``synchronous=FULL`` (the default) a committed
 transaction survives ``kill -9`` and power loss, with ``NORMAL`` it survives process crashes.
-Peers are stored as JSON documents keyed by peer id; leases and progress have their own tables.
+Peers are stored as JSON documents keyed by peer id; leases, progress and the run's sampled history
+(:mod:`coordinator.history`, bounded per series) have their own tables.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ CREATE TABLE IF NOT EXISTS progress (
     peer_id TEXT NOT NULL, module_id TEXT NOT NULL, round INTEGER NOT NULL, tokens INTEGER NOT NULL,
     loss REAL, updated_at REAL NOT NULL, PRIMARY KEY (peer_id, module_id)
 );
+CREATE TABLE IF NOT EXISTS history (
+    series TEXT NOT NULL, t REAL NOT NULL, value REAL NOT NULL, PRIMARY KEY (series, t)
+) WITHOUT ROWID;
 """
 
 
@@ -70,6 +74,8 @@ class SQLiteStore:
             for peer_id, module_id, rnd, tokens, loss, updated_at in self._db.execute("SELECT * FROM progress"):
                 loss = float("nan") if loss is None else loss
                 state.progress[(peer_id, module_id)] = ModuleProgress(peer_id, module_id, rnd, tokens, loss, updated_at)
+            for series, t, value in self._db.execute("SELECT series, t, value FROM history ORDER BY series, t"):
+                state.history.setdefault(series, []).append((t, value))
             state.meta = {k: v for k, v in self._db.execute("SELECT key, value FROM meta") if k != "schema_version"}
         return state
 
@@ -97,6 +103,11 @@ class SQLiteStore:
                                    [(t, i) for i, t in batch.renewals.items()])
                 if progress:
                     db.executemany("INSERT OR REPLACE INTO progress VALUES (?, ?, ?, ?, ?, ?)", progress)
+                if batch.deleted_history:
+                    db.executemany("DELETE FROM history WHERE series=? AND t=?", list(batch.deleted_history))
+                if batch.history:
+                    db.executemany("INSERT OR REPLACE INTO history VALUES (?, ?, ?)",
+                                   [(name, t, v) for (name, t), v in batch.history.items()])
                 if batch.meta:
                     db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list(batch.meta.items()))
                 db.execute("COMMIT")

@@ -3,15 +3,16 @@ page, the Status RPC and the Prometheus metrics are all rendered from :func:`sna
 
 from __future__ import annotations
 
+import heapq
 import math
 from typing import Any, Optional
 
 from coordinator.core import Coordinator
 from coordinator.reachability import RELAYED, relay_of
-from coordinator.records import MODE_PATH
+from coordinator.records import MODE_PATH, PeerRecord
 from models.config import format_path
 
-__all__ = ["snapshot"]
+__all__ = ["snapshot", "contributions"]
 
 
 def _mean(values: list[float]) -> float:
@@ -23,7 +24,9 @@ def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, A
     """The run now: live peers (the first ``max_peers`` by id; None: all), the lattice grid with each
     module's holders, paths with their throughput, loss and number of seeders of their shards (live
     peers of the run whose heartbeats say they seed it: the coordinator never looks at the data or the
-    DHT; ``hivepath data info --manifest-hash`` lists every seeder on the DHT), totals and counters."""
+    DHT; ``hivepath data info --manifest-hash`` lists every seeder on the DHT), totals and counters
+    (tokens, module rounds and event counters survive restarts), each path's latest validation bits
+    per byte, and every peer's contribution (``contributions``: the first ``max_peers`` by tokens)."""
     lattice = coord.run.lattice
     v = coord.status_view()
     now, peers, leases, progress, counters, reason = (
@@ -40,7 +43,7 @@ def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, A
     live.sort(key=lambda p: p.peer_id)
     holders: dict[str, list[str]] = {m: [] for m in lattice.module_ids()}
     module_tps: dict[str, float] = {m: 0.0 for m in holders}
-    module_round: dict[str, int] = {m: 0 for m in holders}
+    module_round: dict[str, int] = {m: v.module_rounds.get(m, 0) for m in holders}
     paths: dict[tuple[int, ...], dict[str, Any]] = {}
     peer_rows = []
     for p in live:
@@ -90,10 +93,13 @@ def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, A
     for path in sorted(set(paths) | set(lattice.paths()[:4096])):
         row = paths.get(path, {"peers": [], "tokens_per_s": 0.0, "losses": []})
         loss = _mean(row["losses"])
+        name = format_path(path)
+        bpb = v.latest_bpb.get(name)
         path_rows.append({
-            "path": list(path), "name": format_path(path), "peers": row["peers"],
+            "path": list(path), "name": name, "peers": row["peers"],
             "tokens_per_s": row["tokens_per_s"], "loss": loss if math.isfinite(loss) else None,
             "seeders": seeders.get("-".join(map(str, path)), 0),
+            "val_bpb": bpb[1] if bpb else None, "val_bpb_age_s": max(0.0, now - bpb[0]) if bpb else None,
         })
     modules = [
         {"module_id": m, "holders": holders[m], "round": module_round[m], "tokens_per_s": module_tps[m]}
@@ -104,6 +110,7 @@ def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, A
           "round": module_round[lattice.block_id(l, i)]} for i in range(lattice.modules_per_level)]
         for l in range(lattice.levels)
     ]
+    total_tokens = sum(p.tokens for p in peers)
     return {
         "run_id": coord.run.run_id,
         "run_config_hash": coord.run_hash,
@@ -115,7 +122,7 @@ def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, A
         "peer_states": states,
         "peer_reachability": reach,
         "total_tokens_per_s": sum(p.capabilities.tokens_per_s for p in live if p.state == "active"),
-        "tokens": sum(p.tokens for p in peers),
+        "tokens": total_tokens,
         "bytes_exchanged": sum(p.bytes_exchanged for p in peers),
         "peers": peer_rows,
         "peers_truncated": len(live) > len(peer_rows),
@@ -129,4 +136,28 @@ def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, A
             "paths_without_seeder": [r["name"] for r in path_rows if not r["seeders"]],
         },
         "banned": v.banned[:1000],
+        "totals": {"tokens": total_tokens, "module_rounds": {m: module_round[m] for m in holders},
+                   "peers_ever": len(peers)},
+        "contributions": contributions(peers, total_tokens, now, max_peers),
     }
+
+
+def contributions(peers: list[PeerRecord], total_tokens: int, now: float,
+                  max_peers: Optional[int] = None) -> list[dict[str, Any]]:
+    """Every peer that ever joined, those that left included, with what it contributed: the most
+    tokens first (the first ``max_peers``; None: all)."""
+    key = lambda p: (-p.tokens, p.peer_id)  # noqa: E731
+    chosen = sorted(peers, key=key) if max_peers is None else heapq.nsmallest(max_peers, peers, key=key)
+    return [{
+        "peer_id": p.peer_id,
+        "state": p.state,
+        "device": p.capabilities.device,
+        "work": p.assignment.label() if p.assignment else "",
+        "tokens": p.tokens,
+        "rounds": p.rounds,
+        "share": p.tokens / total_tokens if total_tokens else 0.0,
+        "reachability": p.reachability,
+        "first_seen": p.first_joined,
+        "last_seen": p.last_seen,
+        "last_seen_age_s": max(0.0, now - p.last_seen),
+    } for p in chosen]

@@ -17,7 +17,10 @@ from typing import Protocol
 
 from coordinator.records import Lease, ModuleProgress, PeerRecord
 
-__all__ = ["WriteBatch", "StoredState", "Store", "MemoryStore"]
+__all__ = ["WriteBatch", "StoredState", "Store", "MemoryStore", "HistoryKey"]
+
+HistoryKey = tuple[str, float]
+"""A point of the run's history: (series name, unix time)."""
 
 
 @dataclass
@@ -35,9 +38,14 @@ class WriteBatch:
     progress: dict[tuple[str, str], ModuleProgress] = field(default_factory=dict)
     """Progress rows to insert or replace, by (peer id, module id)."""
     meta: dict[str, str] = field(default_factory=dict)
+    history: dict[HistoryKey, float] = field(default_factory=dict)
+    """History points to insert or replace: (series, time) -> value (:mod:`coordinator.history`)."""
+    deleted_history: set[HistoryKey] = field(default_factory=set)
+    """History points to drop (thinned out)."""
 
     def __bool__(self) -> bool:
-        return bool(self.peers or self.leases or self.deleted_leases or self.renewals or self.progress or self.meta)
+        return bool(self.peers or self.leases or self.deleted_leases or self.renewals or self.progress or self.meta
+                    or self.history or self.deleted_history)
 
     def merge(self, later: "WriteBatch") -> "WriteBatch":
         """This batch followed by ``later``, as one batch."""
@@ -48,6 +56,12 @@ class WriteBatch:
             self.leases.pop(lease_id, None)
             self.renewals.pop(lease_id, None)
         self.renewals.update(later.renewals)
+        for key in later.history:
+            self.deleted_history.discard(key)
+        for key in later.deleted_history:
+            self.history.pop(key, None)
+        self.history.update(later.history)
+        self.deleted_history |= later.deleted_history
         self.peers.update(later.peers)
         self.leases.update(later.leases)
         self.deleted_leases |= later.deleted_leases
@@ -64,6 +78,8 @@ class StoredState:
     leases: dict[str, Lease] = field(default_factory=dict)
     progress: dict[tuple[str, str], ModuleProgress] = field(default_factory=dict)
     meta: dict[str, str] = field(default_factory=dict)
+    history: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    """series -> its (time, value) points, oldest first."""
 
 
 class Store(Protocol):
@@ -105,6 +121,14 @@ class MemoryStore:
                     self._state.leases[lease_id].expires_at = expires_at
             self._state.progress.update(batch.progress)
             self._state.meta.update(batch.meta)
+            points = {(name, t): v for name, pts in self._state.history.items() for t, v in pts}
+            for key in batch.deleted_history:
+                points.pop(key, None)
+            points.update(batch.history)
+            history: dict[str, list[tuple[float, float]]] = {}
+            for (name, t), v in sorted(points.items()):
+                history.setdefault(name, []).append((t, v))
+            self._state.history = history
             self.commits += 1
 
     def close(self) -> None:

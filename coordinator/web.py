@@ -1,9 +1,12 @@
-"""The coordinator's HTTP side: a status page for people (``/``), JSON (``/status.json``),
-Prometheus metrics (``/metrics``) and a liveness probe (``/healthz``).
+"""The coordinator's HTTP side: a status page for people (``/``), JSON (``/status.json`` and the
+run's history, ``/history.json``), Prometheus metrics (``/metrics``) and a liveness probe (``/healthz``).
 
 Stdlib only (``http.server`` in a daemon thread): the page is read-only and small, and the gRPC
 event loop is never blocked by a scrape. Everything is rendered from one
-:func:`coordinator.status.snapshot`, so the page, the JSON and the metrics agree.
+:func:`coordinator.status.snapshot`, so the page, the JSON and the metrics agree; the plots are SVG
+drawn here (:mod:`coordinator.plots`) from the stored history, so the page loads nothing from
+elsewhere. A few lines of inline script reload the page's body every ``refresh`` seconds (without
+script, a meta refresh does).
 """
 
 from __future__ import annotations
@@ -12,18 +15,45 @@ import html
 import logging
 import math
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional
+from urllib.parse import parse_qs
 
+from coordinator.history import BPB_PREFIX
 from coordinator.metrics import CONTENT_TYPE, render_metrics
+from coordinator.plots import line_chart
 from models import strict_json
 
-__all__ = ["StatusServer", "render_page", "to_json"]
+__all__ = ["StatusServer", "render_page", "render_history", "to_json", "BadQuery"]
+
+History = dict[str, list[tuple[float, float]]]
 
 log = logging.getLogger(__name__)
 
 PAGE_PEERS = 500
-"""Rows of the peers table on the HTML page (the JSON has them all)."""
+"""Rows of the peers and contributions tables on the HTML page (the JSON has them all)."""
+PAGE_ROUNDS = 16
+"""Modules whose round the totals line names (the lattice grid shows every module's)."""
+REFRESH = 5.0
+"""Seconds between reloads of the page (``/?refresh=S`` sets another, 1 to 3600)."""
+
+
+class BadQuery(ValueError):
+    """A query parameter the page does not accept (answered 400 with this message)."""
+
+
+def _refresh(query: str) -> float:
+    values = parse_qs(query).get("refresh")
+    if not values:
+        return REFRESH
+    try:
+        refresh = float(values[-1])
+    except ValueError:
+        raise BadQuery(f"refresh: expected seconds between reloads, got {values[-1][:32]!r}") from None
+    if not 1 <= refresh <= 3600:
+        raise BadQuery(f"refresh: {refresh:g} is out of range (1 .. 3600 seconds)")
+    return refresh
 
 
 def to_json(snap: dict[str, Any]) -> str:
@@ -43,8 +73,52 @@ def _fmt_loss(loss: Any) -> str:
     return "-" if loss is None or not math.isfinite(loss) else f"{loss:.3f}"
 
 
-def render_page(snap: dict[str, Any]) -> str:
-    """The human status page."""
+def _fmt_count(n: float) -> str:
+    for unit in ("", "k", "M", "G", "T"):
+        if abs(n) < 1000:
+            return f"{n:.0f}{unit}" if unit == "" or abs(n) >= 100 else f"{n:.1f}{unit}"
+        n /= 1000
+    return f"{n:.1f}P"
+
+
+def _fmt_time(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) if t > 0 else "-"
+
+
+def render_history(history: History) -> str:
+    """The plots of the run's history: validation bits per byte per path, tokens per second, peers
+    online, bytes exchanged and tokens, over the whole run."""
+    bpb = {f"path {name[len(BPB_PREFIX):]}": pts for name, pts in history.items() if name.startswith(BPB_PREFIX)}
+    return "".join([
+        line_chart("validation bits per byte (archive's latest snapshot, per path)", bpb, lambda v: f"{v:.3f}",
+                   zero_based=False, chart_id="plot-bpb"),
+        line_chart("tokens per second", {"run": history.get("tokens_per_s", [])}, _fmt_count, chart_id="plot-tps"),
+        line_chart("peers online", {"active": history.get("peers_online", [])}, lambda v: f"{v:.0f}",
+                   chart_id="plot-peers"),
+        line_chart("bytes exchanged (averaging, all peers)", {"run": history.get("bytes_exchanged", [])}, _fmt_bytes,
+                   chart_id="plot-bytes"),
+        line_chart("tokens processed", {"run": history.get("tokens", [])}, _fmt_count, chart_id="plot-tokens"),
+    ])
+
+
+def _contributions(snap: dict[str, Any]) -> str:
+    e = html.escape
+    rows = [
+        f"<tr data-peer='{e(c['peer_id'])}'><td><code>{e(c['peer_id'])}</code></td><td>{e(c['state'])}</td>"
+        f"<td>{e(c['work'])}</td><td class='tokens'>{c['tokens']}</td><td class='rounds'>{c['rounds']}</td>"
+        f"<td>{100 * c['share']:.1f}%</td><td>{e(c['reachability'].replace('_', ' '))}</td>"
+        f"<td>{_fmt_time(c['first_seen'])}</td><td>{_fmt_time(c['last_seen'])}</td></tr>"
+        for c in snap["contributions"][:PAGE_PEERS]
+    ]
+    if snap["totals"]["peers_ever"] > len(rows):
+        rows.append(f"<tr><td colspan=9>... {snap['totals']['peers_ever'] - len(rows)} more peers in /status.json</td></tr>")
+    return ("<table id='contributions'><tr><th>peer</th><th>state</th><th>work</th><th>tokens</th><th>rounds</th>"
+            "<th>share of tokens</th><th>reachability</th><th>first seen (UTC)</th><th>last seen (UTC)</th></tr>"
+            + "".join(rows) + "</table>")
+
+
+def render_page(snap: dict[str, Any], history: Optional[History] = None, refresh: float = REFRESH) -> str:
+    """The human status page (``history``: the series of :mod:`coordinator.history` to plot)."""
     e = html.escape
     rows = []
     for p in snap["peers"][:PAGE_PEERS]:
@@ -71,7 +145,7 @@ def render_page(snap: dict[str, Any]) -> str:
     pinned = bool(snap["manifest_hash"])
     paths = "".join(
         f"<tr><td>{e(p['name'])}</td><td>{len(p['peers'])}</td><td>{p['tokens_per_s']:.0f}</td>"
-        f"<td>{_fmt_loss(p['loss'])}</td>"
+        f"<td>{_fmt_loss(p['loss'])}</td><td>{_fmt_loss(p['val_bpb'])}</td>"
         + (f"<td class='{'ok' if p['seeders'] else 'empty'}'>{p['seeders']}</td>" if pinned else "") + "</tr>"
         for p in snap["paths"]
     )
@@ -87,48 +161,76 @@ def render_page(snap: dict[str, Any]) -> str:
     relayed = snap["peer_reachability"].get("relayed", 0)
     if relayed:
         states += f" · {relayed} relayed (behind NAT, dialled through a relay peer)"
+    totals = snap["totals"]
+    shown = list(totals["module_rounds"].items())
+    rounds = " · ".join(f"{e(m)} {r}" for m, r in shown[:PAGE_ROUNDS])
+    if len(shown) > PAGE_ROUNDS:
+        rounds += f" · ... {len(shown) - PAGE_ROUNDS} more in the lattice below and /status.json"
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>hivepath coordinator: {e(snap['run_id'])}</title>
-<meta http-equiv="refresh" content="5">
+<noscript><meta http-equiv="refresh" content="{refresh:g}"></noscript>
+<script>
+// Reload the body in place every {refresh:g} s (no flash, scroll kept); the coordinator draws everything.
+setInterval(async () => {{
+  try {{
+    const r = await fetch(location.href, {{cache: "no-store"}});
+    if (!r.ok) return;
+    const fresh = new DOMParser().parseFromString(await r.text(), "text/html").body;
+    document.body.replaceWith(fresh);
+  }} catch (err) {{ /* the coordinator is away: keep what is shown */ }}
+}}, {1000 * refresh:.0f});
+</script>
 <style>body{{font-family:sans-serif;margin:1.5em}}table{{border-collapse:collapse;margin-bottom:1em}}
-td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left}}td.empty{{background:#fdd}}td.ok{{background:#dfd}}</style>
+td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left}}td.empty{{background:#fdd}}td.ok{{background:#dfd}}
+.plots{{display:flex;flex-wrap:wrap;gap:1em}}figure.plot{{margin:0;width:560px;max-width:100%}}
+figure.plot svg{{width:100%;height:auto;font-size:11px}}figcaption{{font-weight:bold}}.legend{{font-size:12px}}</style>
 </head><body>
 <h1>hivepath run <code>{e(snap['run_id'])}</code></h1>
 <p>config {e(snap['run_config_hash'])} · lattice {e(snap['lattice_hash'])} · data {e(snap['manifest_hash'] or 'not pinned')}</p>
 <p><b>{snap['total_tokens_per_s']:.0f} tokens/s</b> · {snap['live_leases']} live leases · peers: {states}
  · {snap['tokens']} tokens · {_fmt_bytes(snap['bytes_exchanged'])} exchanged</p>
 <p>rebalancing: {e(snap['rebalance'])}</p>
+<p id="totals">since the run began: <b>{totals['tokens']}</b> tokens · {totals['peers_ever']} peers · module rounds: {rounds}</p>
+<h2>History</h2><div class="plots">{render_history(history or {})}</div>
+<h2>Contributions</h2>{_contributions(snap)}
 <h2>Lattice</h2><table>{''.join(grid)}</table><ul>{shared}</ul>
-<h2>Paths</h2>{data_line}<table><tr><th>path</th><th>peers</th><th>tokens/s</th><th>loss</th>{'<th>seeders</th>' if pinned else ''}</tr>{paths}</table>
+<h2>Paths</h2>{data_line}<table><tr><th>path</th><th>peers</th><th>tokens/s</th><th>loss</th><th>validation bpb</th>{'<th>seeders</th>' if pinned else ''}</tr>{paths}</table>
 <h2>Peers</h2><table><tr><th>peer</th><th>device</th><th>state</th><th>work</th><th>tokens/s</th><th>memory</th>
 <th>tokens</th><th>exchanged</th><th>last seen</th><th>reachability</th></tr>{''.join(rows)}</table>
 </body></html>"""
 
 
 class StatusServer:
-    """Serves the page, JSON and metrics from ``get_snapshot(max_peers)`` (None: every peer row) on
-    ``host:port`` in a daemon thread."""
+    """Serves the page, JSON and metrics from ``get_snapshot(max_peers)`` (None: every peer row) and
+    ``get_history()`` (series name -> points) on ``host:port`` in a daemon thread."""
 
     def __init__(self, get_snapshot: Callable[[Optional[int]], dict[str, Any]], host: str = "0.0.0.0",
-                 port: int = 0):
+                 port: int = 0, get_history: Callable[[], History] = dict):
         self._get = get_snapshot
         get = get_snapshot
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                path = self.path.split("?", 1)[0]
+                path, _, query = self.path.partition("?")
                 try:
                     if path == "/":
-                        body, ctype = render_page(get(PAGE_PEERS)).encode(), "text/html; charset=utf-8"
+                        page = render_page(get(PAGE_PEERS), get_history(), _refresh(query))
+                        body, ctype = page.encode(), "text/html; charset=utf-8"
                     elif path == "/status.json":
                         body, ctype = to_json(get(None)).encode(), "application/json"
+                    elif path == "/history.json":
+                        series = {name: [list(p) for p in pts] for name, pts in get_history().items()}
+                        body, ctype = to_json({"series": series}).encode(), "application/json"
                     elif path == "/metrics":  # aggregates only: no per-peer rows to build
                         body, ctype = render_metrics(lambda: get(0)), CONTENT_TYPE
                     elif path == "/healthz":
                         body, ctype = b"ok\n", "text/plain"
                     else:
-                        self.send_error(404, "not found: try /, /status.json, /metrics or /healthz")
+                        self.send_error(404, "not found: try /, /status.json, /history.json, /metrics or /healthz")
                         return
+                except BadQuery as err:
+                    self.send_error(400, str(err))
+                    return
                 except Exception:
                     log.exception("status page failed")
                     self.send_error(500)

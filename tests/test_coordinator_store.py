@@ -134,3 +134,20 @@ def test_renewals_update_existing_leases_only(factory):
     batch = WriteBatch(leases={"g" * 32: Lease("g" * 32, "12D3KooWeps", 1.0)}).merge(WriteBatch(renewals={"g" * 32: 9.0}))
     store.apply(batch)
     assert factory.reopen().load().leases["g" * 32].expires_at == 9.0
+
+
+def test_history_points_roundtrip_replace_and_delete(factory):
+    store = factory.open()
+    store.apply(WriteBatch(history={("tokens", 10.0): 1.0, ("tokens", 20.5): 2.0, ("bpb/0,1", 15.0): 3.25}))
+    store.apply(WriteBatch(history={("tokens", 20.5): 7.0}, deleted_history={("tokens", 10.0)}))
+    h = factory.reopen().load().history
+    assert h == {"tokens": [(20.5, 7.0)], "bpb/0,1": [(15.0, 3.25)]}
+
+
+def test_merged_history_batches_keep_the_last_word(factory):
+    store = factory.open()
+    store.apply(WriteBatch(history={("s", 1.0): 1.0, ("s", 2.0): 2.0}))
+    batch = WriteBatch(deleted_history={("s", 1.0)}).merge(WriteBatch(history={("s", 1.0): 5.0}))
+    batch.merge(WriteBatch(history={("s", 3.0): 3.0})).merge(WriteBatch(deleted_history={("s", 3.0), ("s", 2.0)}))
+    store.apply(batch)
+    assert factory.reopen().load().history == {"s": [(1.0, 5.0)]}

@@ -106,6 +106,10 @@ class Coordinator:
         s.pop("uptime_s"), s.pop("counters"), s.pop("rebalance")
         for p in s["peers"]:
             p.pop("last_seen_age_s"), p.pop("lease_remaining_s")
+        for c in s["contributions"]:
+            c.pop("last_seen_age_s")
+        for p in s["paths"]:
+            p.pop("val_bpb_age_s")
         return s
 
     def malformed_counter(self) -> float:

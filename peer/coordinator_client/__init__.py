@@ -12,6 +12,7 @@ from peer.coordinator_client.client import CoordinatorClient
 from peer.coordinator_client.messages import (
     CoordinatorRefused,
     CoordinatorUnavailable,
+    Evaluation,
     HeartbeatReply,
     IncompatibleRun,
     JoinInfo,
@@ -26,6 +27,6 @@ from peer.coordinator_client.messages import (
 )
 
 __all__ = [
-    "CoordinatorClient", "CoordinatorRefused", "CoordinatorUnavailable", "HeartbeatReply", "IncompatibleRun",
+    "CoordinatorClient", "CoordinatorRefused", "CoordinatorUnavailable", "Evaluation", "HeartbeatReply", "IncompatibleRun",
     "JoinInfo", "NoAssignmentFits", "NotACoordinator", "PeerBanned", "PeerInfo", "Progress", "RunSpec", "WorkAssignment", "check_address",
 ]

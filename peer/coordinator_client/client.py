@@ -27,7 +27,7 @@ import grpc
 from models.config import RunConfig
 from models.errors import HivepathError
 from models.settings import COORDINATOR_PORT
-from peer.coordinator_client.messages import (CoordinatorUnavailable, HeartbeatReply, IncompatibleRun,
+from peer.coordinator_client.messages import (CoordinatorUnavailable, Evaluation, HeartbeatReply, IncompatibleRun,
                                                JoinInfo, NotACoordinator, PeerInfo, Progress, RunSpec, WorkAssignment, check_address,
                                                refusal)
 from peer.coordinator_client.transport import (HTTP1, HTTP2, KEEPALIVE_OPTIONS, NOTHING, PROBE_BYTES, TLS, Answer,
@@ -151,9 +151,11 @@ class CoordinatorClient:
         bytes_received: int = 0,
         preempting: bool = False,
         seeded_paths: Optional[Sequence[str]] = None,
+        evaluations: Sequence[Evaluation] = (),
     ) -> HeartbeatReply:
         """Renew the lease; re-joins transparently when the coordinator answers NOT_FOUND.
-        ``seeded_paths``: the paths whose shards this peer seeds (None: it does not say)."""
+        ``seeded_paths``: the paths whose shards this peer seeds (None: it does not say).
+        ``evaluations``: validation bits per byte per path (an archive peer's; others are refused)."""
         if self.joined is None:
             info = self.join()
             return HeartbeatReply(info.lease_duration, info.assignment, False, rejoined=True, join=info)
@@ -163,6 +165,7 @@ class CoordinatorClient:
                       for p in progress],
             assignment_version=self.assignment_version, tokens_per_s=tokens_per_s, bytes_sent=bytes_sent,
             bytes_received=bytes_received, preempting=preempting,
+            evaluations=[pb.PathEvaluation(path=list(e.path), bpb=e.bpb, round=e.round) for e in evaluations],
         )
         if seeded_paths is not None:
             request.seeds_data = True

@@ -18,7 +18,7 @@ from models.settings import COORDINATOR_PORT
 from protos.hivepath.coordinator.v1 import coordinator_pb2 as pb
 
 __all__ = [
-    "PeerInfo", "WorkAssignment", "JoinInfo", "RunSpec", "Progress", "HeartbeatReply", "CoordinatorUnavailable",
+    "PeerInfo", "WorkAssignment", "JoinInfo", "RunSpec", "Progress", "Evaluation", "HeartbeatReply", "CoordinatorUnavailable",
     "CoordinatorRefused", "NotACoordinator", "PeerBanned", "NoAssignmentFits", "IncompatibleRun", "refusal",
     "check_address",
 ]
@@ -158,6 +158,16 @@ class Progress:
     round: int
     tokens: int
     loss: float
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One path's validation bits per byte for a heartbeat (an archive peer's only)."""
+
+    path: tuple[int, ...]
+    bpb: float
+    round: int = 0
+    """The lowest round among the path's modules in the snapshot evaluated."""
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,9 @@ Each snapshot is a run directory (``run.json`` + ``modules/``), readable by ``hi
 
 Given the run's dataset (``--data``, checked against the run's manifest hash), the archive seeds all
 of it (:class:`peer.node.run_data.RunData`), so that volunteers need no data: they fetch their path's
-shards from it and from each other.
+shards from it and from each other; and it scores each new snapshot on the validation documents
+(:mod:`peer.node.archive_eval`) and reports the bits per byte of every complete path to the
+coordinator, whose status page plots them.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Optional
 
 from models.config import RunConfig, format_path
 from models.errors import HivepathError
+from peer.node.archive_eval import SnapshotEvaluator
 from peer.node.checkpoint import CheckpointDir, save_snapshot, saved_state, state_groups
 from peer.outer import ModuleState
 from peer.node.progress import PeerStatus
@@ -70,12 +73,17 @@ class ArchiveOptions:
     """Snapshots kept on disk (the last K)."""
     poll_interval: float = 1.0
     """Seconds between looks at the holders' rounds."""
+    eval_documents: int = 16
+    """Validation documents per path scored on each new snapshot, whose bits per byte go to the
+    coordinator's status page (0: no scoring; without ``data_dir`` there is nothing to score on)."""
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.directory = Path(self.directory).expanduser()
         if self.keep < 1:
             raise HivepathError(f"--keep must be >= 1, got {self.keep}")
+        if self.eval_documents < 0:
+            raise HivepathError(f"eval_documents must be >= 0, got {self.eval_documents}")
 
 
 class ArchivePeer:
@@ -90,6 +98,9 @@ class ArchivePeer:
         self.snapshots = CheckpointDir(opts.directory, keep=opts.keep, keep_flag="--keep")
         self.version = 0
         self.status = PeerStatus(mode="archive")
+        self.evaluator: Optional[SnapshotEvaluator] = None
+        self._sent: list = []
+        """The evaluations the last heartbeat carried (report and reply run on one thread)."""
 
     def request_stop(self, reason: str, preempting: bool = False) -> None:
         """Stop following and leave (``preempting`` changes nothing: the archive has no round to save)."""
@@ -115,6 +126,16 @@ class ArchivePeer:
         log.info("archive resumed from %s: %s", snap.path,
                  ", ".join(f"{m} r{s.round_no}" for m, s in self.states.items()))
 
+    def _report(self, data: Optional[RunData]) -> dict:
+        """The archive's heartbeat fields: the paths it seeds, and the validation results not yet sent."""
+        self._sent = self.evaluator.pending() if self.evaluator is not None else []
+        return {"seeded_paths": data.seeded_paths() if data is not None else None, "evaluations": self._sent}
+
+    def _on_heartbeat(self, reply) -> None:
+        self.status.mark_heartbeat()
+        if self.evaluator is not None and not reply.rejoined:  # a re-join's reply: that heartbeat was not applied
+            self.evaluator.delivered(self._sent)
+
     def _save(self, cfg: RunConfig, manifest_hash: str) -> None:
         lat = cfg.lattice
         with self._lock:
@@ -129,7 +150,9 @@ class ArchivePeer:
             "rounds": {m: s.round_no for m, s in states.items()}, "unix_time": round(time.time(), 3),
         }
         self.version += 1
-        save_snapshot(self.snapshots, self.version, groups, meta, metadata, self.status)
+        written = save_snapshot(self.snapshots, self.version, groups, meta, metadata, self.status)
+        if written is not None and self.evaluator is not None:
+            self.evaluator.submit(written)
 
     def run(self) -> int:
         from models.lattice import ModularLM
@@ -155,12 +178,12 @@ class ArchivePeer:
             if opts.data_dir is not None:
                 data = RunData(cfg, spec.manifest_hash, opts.directory,
                                DataOptions(data_dir=opts.data_dir, seed=opts.seed), self.status)
-                data.open_local()
+                if data.open_local() is not None and opts.eval_documents:
+                    self.evaluator = SnapshotEvaluator(data.dataset, opts.eval_documents)
             dht = startup.start_dht(spec)
             peer = PeerInfo(peer_id=dht.peer_id, device="cpu", memory_bytes=0, tokens_per_s=0.0,
                             multiaddrs=tuple(dht.maddrs()), manifest_hash=spec.manifest_hash, archive=True)
-            startup.join(peer, lambda: {"seeded_paths": data.seeded_paths() if data is not None else None},
-                         lambda reply: self.status.mark_heartbeat())
+            startup.join(peer, lambda: self._report(data), self._on_heartbeat)
             dht = startup.dht  # a new node when the join found us behind NAT and handed us relays
             if data is not None:
                 data.start_seeding(dht, startup.client)

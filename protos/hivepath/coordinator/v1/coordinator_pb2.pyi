@@ -131,7 +131,7 @@ class ModuleProgress(_message.Message):
     def __init__(self, module_id: _Optional[str] = ..., round: _Optional[int] = ..., tokens: _Optional[int] = ..., loss: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("lease_id", "peer_id", "progress", "assignment_version", "tokens_per_s", "bytes_sent", "bytes_received", "preempting", "seeds_data", "seeded_paths")
+    __slots__ = ("lease_id", "peer_id", "progress", "assignment_version", "tokens_per_s", "bytes_sent", "bytes_received", "preempting", "seeds_data", "seeded_paths", "evaluations")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
@@ -142,6 +142,7 @@ class HeartbeatRequest(_message.Message):
     PREEMPTING_FIELD_NUMBER: _ClassVar[int]
     SEEDS_DATA_FIELD_NUMBER: _ClassVar[int]
     SEEDED_PATHS_FIELD_NUMBER: _ClassVar[int]
+    EVALUATIONS_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     peer_id: str
     progress: _containers.RepeatedCompositeFieldContainer[ModuleProgress]
@@ -152,7 +153,18 @@ class HeartbeatRequest(_message.Message):
     preempting: bool
     seeds_data: bool
     seeded_paths: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, lease_id: _Optional[str] = ..., peer_id: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[ModuleProgress, _Mapping]]] = ..., assignment_version: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., preempting: _Optional[bool] = ..., seeds_data: _Optional[bool] = ..., seeded_paths: _Optional[_Iterable[str]] = ...) -> None: ...
+    evaluations: _containers.RepeatedCompositeFieldContainer[PathEvaluation]
+    def __init__(self, lease_id: _Optional[str] = ..., peer_id: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[ModuleProgress, _Mapping]]] = ..., assignment_version: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., preempting: _Optional[bool] = ..., seeds_data: _Optional[bool] = ..., seeded_paths: _Optional[_Iterable[str]] = ..., evaluations: _Optional[_Iterable[_Union[PathEvaluation, _Mapping]]] = ...) -> None: ...
+
+class PathEvaluation(_message.Message):
+    __slots__ = ("path", "bpb", "round")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    BPB_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    path: _containers.RepeatedScalarFieldContainer[int]
+    bpb: float
+    round: int
+    def __init__(self, path: _Optional[_Iterable[int]] = ..., bpb: _Optional[float] = ..., round: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("lease_remaining_s", "assignment", "drain", "drain_reason", "credential")
