@@ -1,6 +1,7 @@
 """The archive's scoring of its snapshots (peer.node.archive_eval): the bits per byte it reports for
 each complete path are what ``train-local`` measured on the same run directory and data, and the
-background evaluator hands each result to one delivered heartbeat."""
+background evaluator hands each result to one delivered heartbeat. A real archive's report reaching the
+coordinator's status page is asserted in test_peer_network's three-peer network test."""
 
 from __future__ import annotations
 
@@ -53,33 +54,5 @@ def test_evaluator_keeps_results_until_a_heartbeat_delivered_them(trained):
     assert evaluator.pending() == []
     with pytest.raises(ValueError, match="max_documents"):
         SnapshotEvaluator(dataset, 0)
-
-
-@pytest.fixture(scope="module")
-def default_dataset(tmp_path_factory):
-    """The built-in corpus prepared for the 2x2 lattice of the tiny preset (what a real run trains on)."""
-    from models.corpus import default_corpus
-
-    out = tmp_path_factory.mktemp("data") / "default-bytes-2x2"
-    prepare(default_corpus(), out, levels=2, modules=2, tokenizer="bytes")
-    return Dataset(out)
-
-
-@pytest.mark.integration
-def test_a_real_archive_reports_validation_to_the_coordinator(procs, tmp_path, default_dataset):
-    from helpers.network import Network
-
-    net = Network(procs, tmp_path, default_dataset.dir, default_dataset.manifest_hash, inner_steps=5)
-    try:
-        net.start_coordinator()
-        net.start_peer("peer0")
-        net.start_archive()
-        status = wait_for(lambda: (s := net.status_json()) and any(p["val_bpb"] is not None for p in s["paths"]) and s,
-                          240, "the archive's validation result on the status page")
-        trainer = next(p for p in status["peers"] if p["work"].startswith("path"))
-        scored = {p["name"]: p["val_bpb"] for p in status["paths"] if p["val_bpb"] is not None}
-        assert list(scored) == [",".join(map(str, trainer["assignment"]["path"]))], "only the trained path is complete"
-        assert all(0 < v < 64 for v in scored.values())
-        assert status["counters"]["evaluations"] >= 1
-    finally:
-        net.close()
+    with pytest.raises(ValueError, match="min_interval"):
+        SnapshotEvaluator(dataset, 1, min_interval=-1.0)

@@ -76,6 +76,8 @@ class ArchiveOptions:
     eval_documents: int = 16
     """Validation documents per path scored on each new snapshot, whose bits per byte go to the
     coordinator's status page (0: no scoring; without ``data_dir`` there is nothing to score on)."""
+    eval_interval: float = 60.0
+    """Seconds between two scorings at least (the archive often shares a machine with trainers)."""
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -84,6 +86,8 @@ class ArchiveOptions:
             raise HivepathError(f"--keep must be >= 1, got {self.keep}")
         if self.eval_documents < 0:
             raise HivepathError(f"eval_documents must be >= 0, got {self.eval_documents}")
+        if not self.eval_interval >= 0:
+            raise HivepathError(f"eval_interval must be >= 0, got {self.eval_interval}")
 
 
 class ArchivePeer:
@@ -179,7 +183,8 @@ class ArchivePeer:
                 data = RunData(cfg, spec.manifest_hash, opts.directory,
                                DataOptions(data_dir=opts.data_dir, seed=opts.seed), self.status)
                 if data.open_local() is not None and opts.eval_documents:
-                    self.evaluator = SnapshotEvaluator(data.dataset, opts.eval_documents)
+                    self.evaluator = SnapshotEvaluator(data.dataset, opts.eval_documents, opts.eval_interval)
+                    startup.on_close(self.evaluator.close)
             dht = startup.start_dht(spec)
             peer = PeerInfo(peer_id=dht.peer_id, device="cpu", memory_bytes=0, tokens_per_s=0.0,
                             multiaddrs=tuple(dht.maddrs()), manifest_hash=spec.manifest_hash, archive=True)

@@ -4,8 +4,9 @@ with the archive's next heartbeat; the status page plots them over the run.
 
 The archive is the honest place for it: it holds the modules every trainer averaged (the majority's
 state, :func:`peer.node.archive._majority_check`) and the run's dataset, and it trains nothing, so the
-scoring costs no training time. One snapshot is scored at a time in a background thread; a snapshot
-written meanwhile waits, and only the newest waiting one is scored next.
+scoring costs no training time. It does cost CPU, often on a machine that trains too (a demo, a small
+operator's box): one snapshot is scored at a time in a background thread, at most one every
+``min_interval`` seconds; a snapshot written meanwhile waits, and only the newest waiting one is scored.
 """
 
 from __future__ import annotations
@@ -52,11 +53,15 @@ class SnapshotEvaluator:
     """Scores snapshots in one background thread and keeps the latest results until a heartbeat
     delivered them (:meth:`pending`, then :meth:`delivered` from the heartbeat's reply)."""
 
-    def __init__(self, dataset: Any, max_documents: int):
+    def __init__(self, dataset: Any, max_documents: int, min_interval: float = 60.0):
         if max_documents < 1:
             raise ValueError(f"max_documents must be >= 1, got {max_documents}")
+        if not min_interval >= 0:
+            raise ValueError(f"min_interval must be >= 0, got {min_interval}")
         self.dataset = dataset
         self.max_documents = max_documents
+        self.min_interval = min_interval
+        self._closed = threading.Event()
         self._lock = threading.Lock()
         self._waiting: Optional[Path] = None
         self._busy = False
@@ -73,8 +78,15 @@ class SnapshotEvaluator:
             self._busy = True
         threading.Thread(target=self._work, name="archive-eval", daemon=True).start()
 
+    def close(self) -> None:
+        """Score nothing more (a scoring under way finishes; its thread is a daemon)."""
+        self._closed.set()
+
     def _work(self) -> None:
+        rest = False
         while True:
+            if rest and self._closed.wait(self.min_interval):  # after a scoring that cost something
+                return
             with self._lock:
                 snapshot, self._waiting = self._waiting, None
                 if snapshot is None:
@@ -85,10 +97,12 @@ class SnapshotEvaluator:
             except Exception as e:  # a snapshot rotated away meanwhile, a torn file: the next one is scored
                 log.warning("could not evaluate %s: %s", snapshot, e)
                 continue
+            rest = bool(results)
             log.info("validation of %s: %s", snapshot.name,
                      ", ".join(f"path {format_path(r.path)} {r.bpb:.3f} bits/byte" for r in results) or "no path")
             with self._lock:
-                self._results = results
+                if results:  # a snapshot without a complete path leaves the last results to be sent
+                    self._results = results
                 self.scored += 1
 
     def pending(self) -> list[Evaluation]:
