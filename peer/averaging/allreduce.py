@@ -46,6 +46,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from peer.averaging.phases import phase
 from peer.averaging.partition import PIPELINE, Group, fallback_reducer, part_bounds, segment_bounds
 from peer.averaging.quantizers import Codec
 from peer.averaging.reducer import PROBE, GroupState, PartReducer, PartSlot, wait_event
@@ -111,13 +112,17 @@ class ReductionServer(PartReducer):
         averaged = torch.empty_like(flat)  # (numel,) the group's average, decoded segment by segment
 
         def encode(a: int, b: int) -> bytes:
-            data, own_decoded[a:b] = codec.encode_roundtrip(flat[a:b])
+            with phase("encode"):
+                data, values = codec.encode_roundtrip(flat[a:b])
+            with phase("copy"):
+                own_decoded[a:b] = values
             return data
 
         def decode(keys: list[tuple[int, int]]) -> None:
             for s, j in keys:
                 a, b = bounds[s][j]
-                averaged[a:b] = codec.decode(results[(s, j)][0], b - a)
+                with phase("decode"):
+                    codec.decode_into(results[(s, j)][0], averaged[a:b])  # straight into the average
 
         order = [(me + k) % n for k in range(1, n)]  # start after us so reducers are hit evenly
         state.sends_left = sum(1 for parts in bounds for j in order if parts[j][1] > parts[j][0])

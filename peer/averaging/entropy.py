@@ -15,6 +15,7 @@ import zstandard
 from torch import Tensor
 
 from models.codec_spec import TAG_BYTES, wire_name
+from peer.averaging.phases import phase
 from peer.averaging.quantizers import Codec
 
 __all__ = ["EntropyCoded", "ENTROPY_CODERS"]
@@ -48,7 +49,8 @@ class EntropyCoded(Codec):
 
     def pack(self, raw: bytes) -> bytes:
         """Tag and (when it shrinks them) compress ``raw``, an encoding by ``inner``."""
-        frame = self._zstd()[0].compress(raw)
+        with phase("entropy"):
+            frame = self._zstd()[0].compress(raw)
         if len(frame) < len(raw):
             return bytes((self.ZSTD,)) + frame
         return bytes((self.RAW,)) + raw
@@ -69,7 +71,8 @@ class EntropyCoded(Codec):
             declared = zstandard.frame_content_size(body)
             if declared != expected:
                 raise ValueError(f"{self.name}: the zstd frame holds {declared} bytes, expected {expected}")
-            raw = self._zstd()[1].decompress(body, max_output_size=expected)
+            with phase("entropy"):
+                raw = self._zstd()[1].decompress(body, max_output_size=expected)
         except zstandard.ZstdError as e:
             raise ValueError(f"{self.name}: corrupt zstd frame ({e})") from None
         if len(raw) != expected:
@@ -88,6 +91,9 @@ class EntropyCoded(Codec):
 
     def decode(self, data: bytes, numel: int) -> Tensor:
         return self.inner.decode(self.unpack(data, numel), numel)
+
+    def decode_into(self, data: bytes, out: Tensor) -> None:
+        self.inner.decode_into(self.unpack(data, out.numel()), out)
 
     def __repr__(self) -> str:
         return f"EntropyCoded({self.inner!r})"
