@@ -369,6 +369,25 @@ def test_entropy_stage_sends_incompressible_bytes_raw():
     assert packed[0] == 0 and packed[1:] == get_codec("none").encode(x)
 
 
+def test_entropy_stage_skips_zstd_where_a_sample_shows_it_would_not_pay():
+    """A large encoding whose first bytes zstd cannot shrink goes raw (its CPU would buy no link
+    time); one whose sample shrinks is compressed whole, and both decode to the inner codec's values."""
+    from peer.averaging.entropy import EntropyCoded
+
+    coder = get_codec("none+zstd")
+    n = 3 * EntropyCoded.SAMPLE // 4  # fp32 values: 3 samples' worth of bytes
+    noise = torch.from_numpy(np.random.default_rng(3).integers(0, 2**32, n, dtype=np.uint32).view(np.float32).copy())
+    noise[~torch.isfinite(noise)] = 1.0
+    packed = coder.encode(noise)
+    assert packed[0] == EntropyCoded.RAW and packed[1:] == get_codec("none").encode(noise)
+    smooth = torch.zeros(n)
+    smooth[EntropyCoded.SAMPLE // 4 :] = noise[EntropyCoded.SAMPLE // 4 :]  # a compressible sample, noise after
+    packed = coder.encode(smooth)
+    assert packed[0] == EntropyCoded.ZSTD and len(packed) < len(get_codec("none").encode(smooth))
+    for x, data in ((noise, coder.encode(noise)), (smooth, packed)):
+        assert coder.decode(data, n).numpy().tobytes() == x.numpy().tobytes()
+
+
 def test_entropy_stage_rejects_malformed_bytes_without_inflating_them():
     import zstandard
 

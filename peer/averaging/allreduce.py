@@ -16,9 +16,9 @@ members, bandwidth 0, reduce nothing; see :mod:`peer.averaging.partition`). Memb
 3. it replies to every sender with those same bytes (:class:`protos.hivepath.peer.v1.net_pb2.PartReply` + payload), and
    decodes them itself: member and reducer apply identical bits.
 
-The vector is first cut into at most 16 block-aligned segments, each reduced this way, with
-:data:`~peer.averaging.partition.PIPELINE` segments in flight: encoding and uploading segment s+1 overlaps the averages of
-segment s coming back (as hivemind's chunked all-reduce does), so the link is rarely idle; each
+The vector is first cut into at most :data:`~peer.averaging.partition.MAX_SEGMENTS` block-aligned
+segments, each reduced this way, with :data:`~peer.averaging.partition.PIPELINE` segments in flight:
+encoding and uploading segment s+1 overlaps the averages of segment s coming back (as hivemind's chunked all-reduce does), so the link is rarely idle; each
 segment's averages are decoded as they arrive, and a sender's encoder hands back the decoded
 values its bytes carry (no second decode of what we sent).
 
