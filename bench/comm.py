@@ -16,6 +16,19 @@ Keys (``bench/results/comm.json``):
   (target >= 400); ``bytes_ratio_vs_ddp_wire`` uses the bytes the peer's interface really sent
   (TCP, TLS, DHT traffic included).
 - ``replica_max_abs_diff``: largest difference between the peers' averages (target 0.0).
+- ``cpu_s_per_mb`` (issue 24): per codec, CPU seconds of a peer's process and its children (the p2p
+  daemon, the DHT process) from the group forming to the average decoded, per MB of module averaged
+  (mean over peers); ``hivemind_8bit`` the same for hivemind's averager (:mod:`bench.comm_hivemind`,
+  its averager process included) on the same set-up in the same run, trigger to result.
+  ``cpu_ratio_vs_hivemind``: int8's and int4's over hivemind's (target <= 0.5).
+- ``cpu_breakdown_seconds``: per codec, that CPU by phase (mean over peers): ``encode``, ``entropy``,
+  ``decode``, ``reduce``, ``copy`` (:mod:`peer.averaging.phases`), ``io_loop`` (the averager's
+  event-loop thread: streams to the p2p daemon, framing, asyncio), ``other_python`` (the rest of the
+  process), ``daemon`` (``p2pd``), ``dht_process``, with ``python_system`` (the kernel's share) and
+  ``minor_page_faults``.
+- ``link_efficiency_by_rate``: the link efficiency at the headline rate and at ``--report-rates``
+  (default 50 and 25 Mbit/s, codecs ``--report-codecs``: int8, int4), each a fresh set of namespaces;
+  their full per-codec results are under ``codecs_RATEmbit``.
 - ``codecs``: per codec, compressed size, measured times and bytes, and where each peer's CPU went
   during the round: ``python_cpu_seconds_by_peer`` (user + system), ``python_system_cpu_seconds_by_peer``
   (the kernel's share: sockets, TCP) and ``child_cpu_seconds_by_peer`` (its child processes by name:
@@ -25,7 +38,9 @@ A 1 MB exchange runs first (``--no-warmup`` skips it), so the timings are those 
 network's rounds, whose p2p connections are already open; the first round of a fresh swarm also
 pays the connection handshakes (about 0.5 s here).
 
-Run as root: ``python -m bench.comm`` (``--mb``, ``--rate-mbit``, ``--peers``, ``--codecs``). Without
+Run as root: ``python -m bench.comm`` (``--mb``, ``--rate-mbit``, ``--peers``, ``--codecs``,
+``--report-rates``, ``--report-codecs``, ``--no-hivemind``; a reduced run for iteration:
+``--mb 16 --codecs int8 --report-rates '' --no-hivemind``). Without
 root (or iproute2) it prints a ``{"skipped": ...}`` line and exits 0. A rate other than the issue's
 100 Mbit/s writes ``bench/results/comm_RATEmbit.json`` instead (``--rate-mbit 25``: each peer then has
 the CPU per byte of link that a peer with two cores of its own has at 100 Mbit/s).
