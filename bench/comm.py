@@ -181,6 +181,7 @@ def run_peer(args: argparse.Namespace) -> None:
         for k, codec in enumerate(args.codecs.split(","), start=1):
             marks.clear()
             formed.clear()
+            start = _snapshot(avg.loop_thread_id)  # used only if no group forms (a lone round)
             tx0, t0, (cpu0, sys0, children0) = tx_bytes(), time.monotonic(), _cpu_seconds()
             wire = get_codec(wire_name(codec, args.entropy))
             res = avg.average(MODULE, k, [delta], float(1 + args.peer), wire, args.timeout)
@@ -195,7 +196,7 @@ def run_peer(args: argparse.Namespace) -> None:
                 child_cpu_seconds={name: round(v - children0.get(name, 0.0), 3) for name, v in children1.items()},
                 bytes_sent=res.bytes_sent, bytes_received=res.bytes_received, wire_tx_bytes=tx_bytes() - tx0,
                 group_size=res.group_size, sha256=hashlib.sha256(flat.numpy().tobytes()).hexdigest(),
-                allreduce_cpu=_breakdown(formed["snapshot"], end),
+                allreduce_cpu=_breakdown(formed.get("snapshot", start), end),
             )
             if codec == "int8":
                 torch.save(flat, out / f"avg{args.peer}.pt")

@@ -18,9 +18,10 @@ members, bandwidth 0, reduce nothing; see :mod:`peer.averaging.partition`). Memb
 
 The vector is first cut into at most :data:`~peer.averaging.partition.MAX_SEGMENTS` block-aligned
 segments, each reduced this way, with :data:`~peer.averaging.partition.PIPELINE` segments in flight:
-encoding and uploading segment s+1 overlaps the averages of segment s coming back (as hivemind's chunked all-reduce does), so the link is rarely idle; each
-segment's averages are decoded as they arrive, and a sender's encoder hands back the decoded
-values its bytes carry (no second decode of what we sent).
+encoding and uploading segment s+1 overlaps the averages of segment s coming back (as hivemind's
+chunked all-reduce does), so the link is rarely idle; each segment's averages are decoded as they
+arrive, straight into the round's vector, and a sender's encoder hands back the decoded values its
+bytes carry (no second decode of what we sent).
 
 A stream that breaks at a live reducer is asked again (an accepted contribution is served its
 average, never added twice). A part whose reducer is gone (or refuses, or misses the deadline) goes
