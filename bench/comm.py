@@ -16,6 +16,19 @@ Keys (``bench/results/comm.json``):
   (target >= 400); ``bytes_ratio_vs_ddp_wire`` uses the bytes the peer's interface really sent
   (TCP, TLS, DHT traffic included).
 - ``replica_max_abs_diff``: largest difference between the peers' averages (target 0.0).
+- ``cpu_s_per_mb`` (issue 24): per codec, CPU seconds of a peer's process and its children (the p2p
+  daemon, the DHT process) from the group forming to the average decoded, per MB of module averaged
+  (mean over peers); ``hivemind_8bit`` the same for hivemind's averager (:mod:`bench.comm_hivemind`,
+  its averager process included) on the same set-up in the same run, trigger to result.
+  ``cpu_ratio_vs_hivemind``: int8's and int4's over hivemind's (target <= 0.5).
+- ``cpu_breakdown_seconds``: per codec, that CPU by phase (mean over peers): ``encode``, ``entropy``,
+  ``decode``, ``reduce``, ``copy`` (:mod:`peer.averaging.phases`), ``io_loop`` (the averager's
+  event-loop thread: streams to the p2p daemon, framing, asyncio), ``other_python`` (the rest of the
+  process), ``daemon`` (``p2pd``), ``dht_process``, with ``python_system`` (the kernel's share) and
+  ``minor_page_faults``.
+- ``link_efficiency_by_rate``: the link efficiency at the headline rate and at ``--report-rates``
+  (default 50 and 25 Mbit/s, codecs ``--report-codecs``: int8, int4), each a fresh set of namespaces;
+  their full per-codec results are under ``codecs_RATEmbit``.
 - ``codecs``: per codec, compressed size, measured times and bytes, and where each peer's CPU went
   during the round: ``python_cpu_seconds_by_peer`` (user + system), ``python_system_cpu_seconds_by_peer``
   (the kernel's share: sockets, TCP) and ``child_cpu_seconds_by_peer`` (its child processes by name:
@@ -25,7 +38,9 @@ A 1 MB exchange runs first (``--no-warmup`` skips it), so the timings are those 
 network's rounds, whose p2p connections are already open; the first round of a fresh swarm also
 pays the connection handshakes (about 0.5 s here).
 
-Run as root: ``python -m bench.comm`` (``--mb``, ``--rate-mbit``, ``--peers``, ``--codecs``). Without
+Run as root: ``python -m bench.comm`` (``--mb``, ``--rate-mbit``, ``--peers``, ``--codecs``,
+``--report-rates``, ``--report-codecs``, ``--no-hivemind``; a reduced run for iteration:
+``--mb 16 --codecs int8 --report-rates '' --no-hivemind``). Without
 root (or iproute2) it prints a ``{"skipped": ...}`` line and exits 0. A rate other than the issue's
 100 Mbit/s writes ``bench/results/comm_RATEmbit.json`` instead (``--rate-mbit 25``: each peer then has
 the CPU per byte of link that a peer with two cores of its own has at 100 Mbit/s).
@@ -77,6 +92,46 @@ def _cpu_seconds() -> tuple[float, float, dict[str, float]]:
     return own.user + own.system, own.system, children
 
 
+def _thread_cpu_seconds(native_id: Optional[int]) -> float:
+    """CPU seconds (user + system) of one thread of this process, by its native id."""
+    import psutil
+
+    for t in psutil.Process().threads():
+        if t.id == native_id:
+            return t.user_time + t.system_time
+    return 0.0
+
+
+def _snapshot(loop_thread: Optional[int]) -> dict:
+    """Everything a round's CPU breakdown is computed from: this process (and its loop thread), its
+    children by name, the averager's phase counters (:mod:`peer.averaging.phases`), page faults."""
+    import resource
+
+    from peer.averaging.phases import snapshot
+
+    cpu, system, children = _cpu_seconds()
+    return dict(cpu=cpu, system=system, children=children, phases=snapshot(), loop=_thread_cpu_seconds(loop_thread),
+                minflt=resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
+
+
+def _breakdown(before: dict, after: dict) -> dict:
+    """Per-phase CPU seconds between two :func:`_snapshot`: the codec phases, the event loop's own
+    (``io_loop``: streams to the daemon, framing, asyncio), the rest of the process (``other_python``:
+    threads handing work over, the caller), the p2p daemon and the DHT process."""
+    phases = {k: after["phases"][k] - before["phases"][k] for k in after["phases"]}
+    children = {k: v - before["children"].get(k, 0.0) for k, v in after["children"].items()}
+    python = after["cpu"] - before["cpu"]
+    loop = after["loop"] - before["loop"]
+    out = {k: round(v, 4) for k, v in phases.items()}
+    out.update(io_loop=round(loop, 4), other_python=round(python - loop - sum(phases.values()), 4),
+               python_total=round(python, 4), python_system=round(after["system"] - before["system"], 4),
+               daemon=round(children.get("p2pd", 0.0), 4),
+               dht_process=round(sum(v for k, v in children.items() if k != "p2pd"), 4),
+               minor_page_faults=after["minflt"] - before["minflt"])
+    out["peer_and_daemon"] = round(python + sum(children.values()), 4)
+    return out
+
+
 def run_peer(args: argparse.Namespace) -> None:
     """One peer inside its namespace: join, average once per codec, write timings and the averages."""
     import torch
@@ -97,8 +152,16 @@ def run_peer(args: argparse.Namespace) -> None:
         (out / "maddrs.tmp").write_text(strict_json.dumps(dht.maddrs()))
         os.replace(out / "maddrs.tmp", out / "maddrs")
     marks: dict[str, float] = {}
+    formed: dict[str, dict] = {}
+
+    def on_event(point: str) -> None:
+        if point not in marks:
+            marks[point] = time.monotonic()
+            if point == "group_formed":  # the all-reduce's CPU is counted from here
+                formed["snapshot"] = _snapshot(avg.loop_thread_id)
+
     rate = args.rate_mbit * 1e6 / 8
-    avg = NetAverager(dht, RUN_ID, CONFIG_HASH, bandwidth=rate, event_hook=lambda p: marks.setdefault(p, time.monotonic()))
+    avg = NetAverager(dht, RUN_ID, CONFIG_HASH, bandwidth=rate, event_hook=on_event)
     try:
         avg.hold(MODULE, 0)
         deadline = time.monotonic() + 120
@@ -117,10 +180,13 @@ def run_peer(args: argparse.Namespace) -> None:
         results = {}
         for k, codec in enumerate(args.codecs.split(","), start=1):
             marks.clear()
+            formed.clear()
+            start = _snapshot(avg.loop_thread_id)  # used only if no group forms (a lone round)
             tx0, t0, (cpu0, sys0, children0) = tx_bytes(), time.monotonic(), _cpu_seconds()
             wire = get_codec(wire_name(codec, args.entropy))
             res = avg.average(MODULE, k, [delta], float(1 + args.peer), wire, args.timeout)
             t1, (cpu1, sys1, children1) = time.monotonic(), _cpu_seconds()
+            end = _snapshot(avg.loop_thread_id)
             if res.averaged is None:
                 raise RuntimeError(f"{codec} round failed: {res.reason}")
             flat = res.averaged[0]
@@ -130,6 +196,7 @@ def run_peer(args: argparse.Namespace) -> None:
                 child_cpu_seconds={name: round(v - children0.get(name, 0.0), 3) for name, v in children1.items()},
                 bytes_sent=res.bytes_sent, bytes_received=res.bytes_received, wire_tx_bytes=tx_bytes() - tx0,
                 group_size=res.group_size, sha256=hashlib.sha256(flat.numpy().tobytes()).hexdigest(),
+                allreduce_cpu=_breakdown(formed.get("snapshot", start), end),
             )
             if codec == "int8":
                 torch.save(flat, out / f"avg{args.peer}.pt")
@@ -189,20 +256,15 @@ def namespaced_peers(module: str, n: int, rate_mbit: int, args: list[str], wait_
                 f.close()
 
 
-def run_bench(args: argparse.Namespace) -> dict:
+def _round_at(args: argparse.Namespace, rate_mbit: int, codecs: list[str]) -> tuple[dict, list]:
+    """Run the peers at ``rate_mbit`` for ``codecs``: per codec its summary, and int8's averages."""
     import torch
 
-    from bench.netns import netns_available
-
-    why = netns_available()
-    if why:
-        return {"skipped": f"bench.comm {why}"}
     n, numel = args.peers, args.mb * 2**20 // 4
-    rate = args.rate_mbit * 1e6 / 8
-    codecs = args.codecs.split(",")
-    peer_args = ["--peers", str(n), "--mb", str(args.mb), "--rate-mbit", str(args.rate_mbit), "--codecs", args.codecs,
+    rate = rate_mbit * 1e6 / 8
+    peer_args = ["--peers", str(n), "--mb", str(args.mb), "--rate-mbit", str(rate_mbit), "--codecs", ",".join(codecs),
                  "--entropy", args.entropy, "--timeout", str(args.timeout), *([] if args.warmup else ["--no-warmup"])]
-    with namespaced_peers("bench.comm", n, args.rate_mbit, peer_args, args.timeout * len(codecs) + 180) as out:
+    with namespaced_peers("bench.comm", n, rate_mbit, peer_args, args.timeout * len(codecs) + 180) as out:
         peers = [json.loads((out / f"peer{i}.json").read_text()) for i in range(n)]
         avgs = [torch.load(out / f"avg{i}.pt") for i in range(n)] if "int8" in codecs else []
     per_codec = {}
@@ -211,11 +273,14 @@ def run_bench(args: argparse.Namespace) -> dict:
         size = sent / (2 * (n - 1) / n)  # what the codec (and entropy stage) actually sends per copy of the module
         optimal = sent / rate  # = 2 (n - 1) / n * size / rate
         t_ar = max(p[codec]["seconds_allreduce"] for p in peers)
+        cpu = [p[codec]["allreduce_cpu"] for p in peers]
         per_codec[codec] = dict(
             wire_codec=wire_name(codec, args.entropy), codec_bytes=codec_spec(codec).encoded_size(numel),
             compressed_bytes=round(size), optimal_seconds=round(optimal, 3), allreduce_seconds=round(t_ar, 3),
             total_seconds=round(max(p[codec]["seconds_total"] for p in peers), 3),
             link_efficiency=round(optimal / t_ar, 3),
+            cpu_s_per_mb=round(sum(c["peer_and_daemon"] for c in cpu) / n / args.mb, 5),
+            cpu_breakdown_seconds={k: round(sum(c[k] for c in cpu) / n, 4) for k in cpu[0]},
             bytes_sent_per_peer=round(sent),
             wire_tx_bytes_per_peer=round(sum(p[codec]["wire_tx_bytes"] for p in peers) / n),
             wire_tx_bytes_by_peer=[p[codec]["wire_tx_bytes"] for p in peers],
@@ -226,8 +291,46 @@ def run_bench(args: argparse.Namespace) -> dict:
             identical_on_all_peers=len({p[codec]["sha256"] for p in peers}) == 1,
             group_size=min(p[codec]["group_size"] for p in peers),
         )
+    return per_codec, avgs
+
+
+def _hivemind(args: argparse.Namespace) -> dict:
+    """hivemind's averager on the same set-up and rate (:mod:`bench.comm_hivemind`), its 8-bit codec."""
+    from bench import comm_hivemind
+
+    hm = argparse.Namespace(peers=args.peers, mb=args.mb, rate_mbit=args.rate_mbit, codecs="8bit", timeout=args.timeout)
+    return comm_hivemind.run_bench(hm)["codecs"]["8bit"]
+
+
+def run_bench(args: argparse.Namespace) -> dict:
+    from bench.netns import netns_available
+
+    why = netns_available()
+    if why:
+        return {"skipped": f"bench.comm {why}"}
+    n, numel = args.peers, args.mb * 2**20 // 4
+    rate = args.rate_mbit * 1e6 / 8
+    codecs = args.codecs.split(",")
+    per_codec, avgs = _round_at(args, args.rate_mbit, codecs)
     result: dict = {"peers": n, "module_mb": args.mb, "rate_mbit": args.rate_mbit, "warmup": args.warmup,
                     "entropy": args.entropy, "codecs": per_codec}
+    by_rate = {str(args.rate_mbit): {c: per_codec[c]["link_efficiency"] for c in codecs}}
+    report_codecs = [c for c in args.report_codecs.split(",") if c]
+    for other in (int(r) for r in args.report_rates.split(",") if r):
+        if other != args.rate_mbit and report_codecs:
+            at, _ = _round_at(args, other, report_codecs)
+            by_rate[str(other)] = {c: at[c]["link_efficiency"] for c in report_codecs}
+            result[f"codecs_{other}mbit"] = at
+    result["link_efficiency_by_rate"] = by_rate
+    result["cpu_s_per_mb"] = {c: per_codec[c]["cpu_s_per_mb"] for c in codecs}
+    result["cpu_breakdown_seconds"] = {c: per_codec[c]["cpu_breakdown_seconds"] for c in codecs}
+    if args.hivemind:
+        hm = _hivemind(args)
+        result["hivemind_8bit"] = hm
+        result["cpu_s_per_mb"]["hivemind_8bit"] = hm["cpu_s_per_mb"]
+        result["cpu_ratio_vs_hivemind"] = {c: round(per_codec[c]["cpu_s_per_mb"] / hm["cpu_s_per_mb"], 3)
+                                           for c in codecs if c in ("int8", "int4")}
+        result["link_efficiency_hivemind_8bit"] = hm["link_efficiency"]
     if "int8" in per_codec:
         c = per_codec["int8"]
         fp32_optimal = 2 * (n - 1) / n * 4 * numel / rate
@@ -242,8 +345,6 @@ def run_bench(args: argparse.Namespace) -> dict:
     return result
 
 
-
-
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.comm", description=__doc__.split("\n")[0])
     parser.add_argument("--peers", type=int, default=4)
@@ -251,6 +352,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--rate-mbit", type=int, default=ISSUE_RATE_MBIT,
                         help=f"egress limit of every peer (default {ISSUE_RATE_MBIT}; others write comm_RATEmbit.json)")
     parser.add_argument("--codecs", default="int8,fp16,none,int4")
+    parser.add_argument("--report-rates", default="50,25",
+                        help="other rates (Mbit/s) whose link efficiency is reported too ('' for none)")
+    parser.add_argument("--report-codecs", default="int8,int4", help="the codecs run at --report-rates")
+    parser.add_argument("--no-hivemind", dest="hivemind", action="store_false",
+                        help="skip hivemind's averager with its 8-bit codec on the same set-up (bench.comm_hivemind)")
     parser.add_argument("--timeout", type=float, default=120.0, help="round_timeout of each average")
     parser.add_argument("--entropy", choices=ENTROPY_STAGES, default=OuterConfig().entropy,
                         help="lossless stage on the codec's bytes (default: the peers' default)")

@@ -110,8 +110,9 @@ def run_peer(args: argparse.Namespace) -> None:
     rate = args.rate_mbit * 1e6 / 8
     numel = args.mb * 2**20 // 4
 
-    def average(prefix: str, tensor: torch.Tensor, codec: str, weight: float) -> tuple[float, torch.Tensor, float]:
-        """(all-reduce seconds, the average, CPU seconds of the averager's own process)."""
+    def average(prefix: str, tensor: torch.Tensor, codec: str, weight: float) -> tuple[float, torch.Tensor, float, float]:
+        """(all-reduce seconds, the average, CPU seconds of the averager's own process, CPU seconds of
+        this process and all its descendants from the trigger to the result)."""
         import psutil
 
         averager = DecentralizedAverager([tensor], dht, prefix=prefix, start=True, target_group_size=n,
@@ -125,14 +126,17 @@ def run_peer(args: argparse.Namespace) -> None:
                 if control.done() or time.monotonic() > deadline:
                     raise RuntimeError(f"{codec}: no group of {n} formed ({control.stage})")
                 time.sleep(0.01)
+            cpu0, _, children0 = _cpu_seconds()  # the averager process, the DHT and p2pd are descendants
             t0 = time.monotonic()
             control.allow_allreduce()
             if control.result() is None:
                 raise RuntimeError(f"{codec}: the all-reduce failed")
             seconds = time.monotonic() - t0
+            cpu1, _, children1 = _cpu_seconds()
             t = psutil.Process(averager.pid).cpu_times()  # read before shutdown ends the process
+            allreduce_cpu = cpu1 - cpu0 + sum(children1.values()) - sum(children0.values())
             with averager.get_tensors() as tensors:
-                return seconds, tensors[0].clone(), t.user + t.system
+                return seconds, tensors[0].clone(), t.user + t.system, allreduce_cpu
         finally:
             averager.shutdown()
 
@@ -142,10 +146,12 @@ def run_peer(args: argparse.Namespace) -> None:
         for codec in args.codecs.split(","):
             delta = torch.randn(numel, generator=torch.Generator().manual_seed(args.peer)) * 0.01  # (numel,)
             cpu0, _, children0 = _cpu_seconds()
-            seconds, averaged, averager_cpu = average(f"bench_{codec}", delta.clone(), codec, float(1 + args.peer))
+            seconds, averaged, averager_cpu, allreduce_cpu = average(f"bench_{codec}", delta.clone(), codec,
+                                                                     float(1 + args.peer))
             cpu1, _, children1 = _cpu_seconds()
             torch.save(averaged, out / f"avg_{codec}_{args.peer}.pt")
             results[codec] = dict(seconds_allreduce=seconds, cpu_seconds=cpu1 - cpu0, averager_cpu_seconds=averager_cpu,
+                                  allreduce_cpu_seconds=allreduce_cpu,
                                   child_cpu_seconds={k: round(v - children0.get(k, 0.0), 3) for k, v in children1.items()},
                                   sha256=hashlib.sha256(averaged.numpy().tobytes()).hexdigest())
             log.info("%s: all-reduce %.2fs", codec, seconds)
@@ -184,6 +190,8 @@ def run_bench(args: argparse.Namespace) -> dict:
         per_codec[codec] = dict(
             compressed_bytes=size, optimal_seconds=round(optimal, 3), allreduce_seconds=round(t_ar, 3),
             link_efficiency=round(optimal / t_ar, 3),
+            cpu_s_per_mb=round(sum(p[codec]["allreduce_cpu_seconds"] for p in peers) / n / args.mb, 5),
+            allreduce_cpu_seconds_by_peer=[round(p[codec]["allreduce_cpu_seconds"], 3) for p in peers],
             allreduce_seconds_by_peer=[round(p[codec]["seconds_allreduce"], 3) for p in peers],
             python_cpu_seconds_by_peer=[round(p[codec]["cpu_seconds"], 3) for p in peers],
             averager_cpu_seconds_by_peer=[round(p[codec]["averager_cpu_seconds"], 3) for p in peers],

@@ -160,6 +160,51 @@ def test_encode_roundtrip_gives_the_bytes_and_exactly_what_decode_gives(name, nu
     assert values.numpy().tobytes() == decoded.numpy().tobytes()
 
 
+@pytest.mark.parametrize("name", [*CODECS, *(f"{c}+zstd" for c in CODECS)])
+@pytest.mark.parametrize("numel", [0, 1, 7, BLOCK, 3 * BLOCK + 17])
+def test_decode_into_writes_exactly_what_decode_returns(name, numel):
+    """The all-reduce decodes averages straight into its output vector: the same bits as decode,
+    into a slice of a larger buffer, leaving the rest of that buffer alone."""
+    codec = get_codec(name)
+    x = _gauss(numel, seed=numel + 1) * 0.01
+    if numel > 100:
+        x[:BLOCK // 2] = 0.0
+        x[BLOCK // 2 : BLOCK // 2 + 50] = -1e-30
+    data = codec.encode(x)
+    buf = torch.full((numel + 10,), 7.0)
+    codec.decode_into(data, buf[5 : 5 + numel])
+    assert buf[5 : 5 + numel].numpy().tobytes() == codec.decode(data, numel).numpy().tobytes()
+    assert bool((buf[:5] == 7.0).all()) and bool((buf[5 + numel :] == 7.0).all())
+    if numel:
+        with pytest.raises(ValueError):
+            codec.decode_into(data[:-1] if name.startswith(("none", "fp16", "int")) and "+" not in name
+                              else b"\x09" + data[1:], buf[:numel])
+
+
+def test_phases_count_nested_cpu_once():
+    """An inner phase's CPU is taken from the outer one, so the phases add up to the time spent."""
+    from peer.averaging.phases import phase, snapshot
+
+    def spin(seconds: float) -> None:
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    import time
+
+    before, t0 = snapshot(), time.thread_time()
+    with phase("encode"):
+        spin(0.05)
+        with phase("entropy"):
+            spin(0.05)
+        spin(0.05)
+    t1, after = time.thread_time(), snapshot()
+    encode, entropy = after["encode"] - before["encode"], after["entropy"] - before["entropy"]
+    assert entropy >= 0.05 and encode >= 0.1
+    assert abs(encode + entropy - (t1 - t0)) < 0.01  # counted once: the outer phase paused while the inner ran
+    assert after["decode"] == before["decode"]
+
+
 # -- bad input --------------------------------------------------------------------------------------
 
 
@@ -322,6 +367,25 @@ def test_entropy_stage_sends_incompressible_bytes_raw():
     x = torch.randn(3, generator=torch.Generator().manual_seed(1))  # 12 bytes: a zstd frame is larger
     packed = get_codec("none+zstd").encode(x)
     assert packed[0] == 0 and packed[1:] == get_codec("none").encode(x)
+
+
+def test_entropy_stage_skips_zstd_where_a_sample_shows_it_would_not_pay():
+    """A large encoding whose first bytes zstd cannot shrink goes raw (its CPU would buy no link
+    time); one whose sample shrinks is compressed whole, and both decode to the inner codec's values."""
+    from peer.averaging.entropy import EntropyCoded
+
+    coder = get_codec("none+zstd")
+    n = 3 * EntropyCoded.SAMPLE // 4  # fp32 values: 3 samples' worth of bytes
+    noise = torch.from_numpy(np.random.default_rng(3).integers(0, 2**32, n, dtype=np.uint32).view(np.float32).copy())
+    noise[~torch.isfinite(noise)] = 1.0
+    packed = coder.encode(noise)
+    assert packed[0] == EntropyCoded.RAW and packed[1:] == get_codec("none").encode(noise)
+    smooth = torch.zeros(n)
+    smooth[EntropyCoded.SAMPLE // 4 :] = noise[EntropyCoded.SAMPLE // 4 :]  # a compressible sample, noise after
+    packed = coder.encode(smooth)
+    assert packed[0] == EntropyCoded.ZSTD and len(packed) < len(get_codec("none").encode(smooth))
+    for x, data in ((noise, coder.encode(noise)), (smooth, packed)):
+        assert coder.decode(data, n).numpy().tobytes() == x.numpy().tobytes()
 
 
 def test_entropy_stage_rejects_malformed_bytes_without_inflating_them():

@@ -20,6 +20,7 @@ Over the network (hivemind's P2P and DHT):
   fallback reducers.
 - ``state_transfer``: serving and fetching a module's :class:`~peer.outer.ModuleState` (newcomers, re-sync).
 - ``net_averager``: :class:`NetAverager`, the contract over all of the above.
+- ``phases``: the exchange's CPU seconds by phase (encode, entropy, decode, reduce, copy), for benchmarks.
 
 Imports ``peer.outer`` and ``peer.network``.
 """

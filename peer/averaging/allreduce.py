@@ -16,11 +16,12 @@ members, bandwidth 0, reduce nothing; see :mod:`peer.averaging.partition`). Memb
 3. it replies to every sender with those same bytes (:class:`protos.hivepath.peer.v1.net_pb2.PartReply` + payload), and
    decodes them itself: member and reducer apply identical bits.
 
-The vector is first cut into at most 16 block-aligned segments, each reduced this way, with
-:data:`~peer.averaging.partition.PIPELINE` segments in flight: encoding and uploading segment s+1 overlaps the averages of
-segment s coming back (as hivemind's chunked all-reduce does), so the link is rarely idle; each
-segment's averages are decoded as they arrive, and a sender's encoder hands back the decoded
-values its bytes carry (no second decode of what we sent).
+The vector is first cut into at most :data:`~peer.averaging.partition.MAX_SEGMENTS` block-aligned
+segments, each reduced this way, with :data:`~peer.averaging.partition.PIPELINE` segments in flight:
+encoding and uploading segment s+1 overlaps the averages of segment s coming back (as hivemind's
+chunked all-reduce does), so the link is rarely idle; each segment's averages are decoded as they
+arrive, straight into the round's vector, and a sender's encoder hands back the decoded values its
+bytes carry (no second decode of what we sent).
 
 A stream that breaks at a live reducer is asked again (an accepted contribution is served its
 average, never added twice). A part whose reducer is gone (or refuses, or misses the deadline) goes
@@ -46,6 +47,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from peer.averaging.phases import phase
 from peer.averaging.partition import PIPELINE, Group, fallback_reducer, part_bounds, segment_bounds
 from peer.averaging.quantizers import Codec
 from peer.averaging.reducer import PROBE, GroupState, PartReducer, PartSlot, wait_event
@@ -111,13 +113,17 @@ class ReductionServer(PartReducer):
         averaged = torch.empty_like(flat)  # (numel,) the group's average, decoded segment by segment
 
         def encode(a: int, b: int) -> bytes:
-            data, own_decoded[a:b] = codec.encode_roundtrip(flat[a:b])
+            with phase("encode"):
+                data, values = codec.encode_roundtrip(flat[a:b])
+            with phase("copy"):
+                own_decoded[a:b] = values
             return data
 
         def decode(keys: list[tuple[int, int]]) -> None:
             for s, j in keys:
                 a, b = bounds[s][j]
-                averaged[a:b] = codec.decode(results[(s, j)][0], b - a)
+                with phase("decode"):
+                    codec.decode_into(results[(s, j)][0], averaged[a:b])  # straight into the average
 
         order = [(me + k) % n for k in range(1, n)]  # start after us so reducers are hit evenly
         state.sends_left = sum(1 for parts in bounds for j in order if parts[j][1] > parts[j][0])

@@ -153,6 +153,12 @@ class NetAverager:
         await self._matchmaker.start()
         await self._state_server.start()
 
+    @property
+    def loop_thread_id(self) -> Optional[int]:
+        """The native id of the thread running the averager's event loop (its CPU is the exchange's
+        stream I/O to the p2p daemon; :mod:`peer.averaging.phases` counts the rest)."""
+        return self._thread.native_id
+
     def _call(self, coro: Any, timeout: Optional[float]) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 

@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 
 from models.codec_spec import BLOCK
 
-__all__ = ["Group", "part_bounds", "segment_bounds", "fallback_reducer", "PIPELINE", "SEGMENT_BLOCKS"]
+__all__ = ["Group", "part_bounds", "segment_bounds", "fallback_reducer", "PIPELINE", "SEGMENT_BLOCKS", "MAX_SEGMENTS"]
 
 
 def part_bounds(numel: int, bandwidths: Sequence[float]) -> list[tuple[int, int]]:
@@ -45,10 +45,14 @@ def part_bounds(numel: int, bandwidths: Sequence[float]) -> list[tuple[int, int]
 PIPELINE = 3
 """Segments in flight at once: encoding and the upload of segment s+1 overlap the averages of s."""
 SEGMENT_BLOCKS = 256
-"""Smallest segment, in blocks; a vector is cut into at most 16 segments of at least this size."""
+"""Smallest segment, in blocks; a vector is cut into at most :data:`MAX_SEGMENTS` of at least this size."""
+MAX_SEGMENTS = 8
+"""Most segments of a vector. Each segment opens one stream per pair of members through the p2p
+daemons, whose fixed CPU cost per stream showed in a round's profile (issue 24): 8 keeps the link busy
+with 3 in flight and halves the streams of the 16 used before."""
 
 
-def segment_bounds(numel: int, max_segments: int = 16) -> list[tuple[int, int]]:
+def segment_bounds(numel: int, max_segments: int = MAX_SEGMENTS) -> list[tuple[int, int]]:
     """Cut ``numel`` elements into pipeline segments at multiples of ``BLOCK`` (at least one)."""
     n_blocks = max(1, math.ceil(numel / BLOCK))
     per = max(SEGMENT_BLOCKS, math.ceil(n_blocks / max_segments))

@@ -82,6 +82,12 @@ class Codec(abc.ABC):
     def decode(self, data: bytes, numel: int) -> Tensor:
         """Decode ``numel`` values to a CPU fp32 1-D tensor; raises ValueError on malformed bytes."""
 
+    def decode_into(self, data: bytes, out: Tensor) -> None:
+        """Decode ``out.numel()`` values into ``out`` (a contiguous CPU fp32 1-D tensor), bit for bit
+        what :meth:`decode` returns, without an intermediate tensor where the codec can; raises
+        ValueError on malformed bytes (``out`` may then hold part of them)."""
+        out.copy_(self.decode(data, out.numel()))
+
     def roundtrip(self, flat: Tensor) -> Tensor:
         """``decode(encode(flat))``: what a receiver of ``flat`` gets."""
         return self.encode_roundtrip(flat)[1]
@@ -220,29 +226,32 @@ class _BlockwiseCodec(_SpecCodec):
     def encode_roundtrip(self, flat: Tensor) -> tuple[bytes, Tensor]:
         return self._encode(flat, roundtrip=True)  # type: ignore[return-value]  # values are set when asked
 
-    def _decode_blocks(self, raw: np.ndarray, count: int) -> Tensor:
-        # raw: (nb, 4 + code_bytes) uint8
-        scale = torch.from_numpy(raw[:, :SCALE_BYTES].copy().view("<f4").astype(np.float32))  # (nb, 1)
-        if not bool(torch.isfinite(scale).all()) or bool((scale < 0).any()):
+    def _decode_blocks(self, raw: np.ndarray, count: int, out: Tensor) -> None:
+        # raw: (nb, 4 + code_bytes) uint8; out: (nb, count) fp32
+        scale = torch.from_numpy(raw[:, :SCALE_BYTES].copy().view("<f4").astype(np.float32, copy=False))
+        if not bool(torch.isfinite(scale).all()) or bool((scale < 0).any()):  # scale: (nb, 1)
             raise ValueError(f"{self.name}: a block scale is negative, NaN or Inf")
         if bool((scale > _MAX_SCALE[self.qmax]).any()):  # a code times it would overflow to Inf
             raise ValueError(f"{self.name}: a block scale exceeds {_MAX_SCALE[self.qmax]:.4g} (absmax beyond fp32)")
         q = self._unpack(raw[:, SCALE_BYTES:], count)  # (nb, count) int8
-        return torch.mul(q, scale).reshape(-1)  # int8 code times fp32 scale: exact widening, one rounding
+        out.copy_(q).mul_(scale)  # int8 code times fp32 scale: exact widening, one rounding
 
-    def decode(self, data: bytes, numel: int) -> Tensor:
+    def decode_into(self, data: bytes, out: Tensor) -> None:
+        numel = out.numel()
         self._check_length(data, numel)
         buf = np.frombuffer(data, dtype=np.uint8)
         full, tail = divmod(numel, BLOCK)
         stride = SCALE_BYTES + self.spec.code_bytes(BLOCK)
-        parts = []
         if full:
-            parts.append(self._decode_blocks(buf[: full * stride].reshape(full, stride), BLOCK))
+            self._decode_blocks(buf[: full * stride].reshape(full, stride), BLOCK, out[: full * BLOCK].view(full, BLOCK))
         if tail:
-            parts.append(self._decode_blocks(buf[full * stride :].reshape(1, -1), tail))
-        if not parts:
-            return torch.zeros(0, dtype=torch.float32)
-        return torch.cat(parts) if len(parts) > 1 else parts[0]
+            self._decode_blocks(buf[full * stride :].reshape(1, -1), tail, out[full * BLOCK :].view(1, tail))
+
+    def decode(self, data: bytes, numel: int) -> Tensor:
+        self._check_length(data, numel)
+        out = torch.empty(numel, dtype=torch.float32)  # (numel,)
+        self.decode_into(data, out)
+        return out
 
 
 class Int8Codec(_BlockwiseCodec):
@@ -268,21 +277,24 @@ class Int4Codec(_BlockwiseCodec):
     spec = SPECS["int4"]
 
     def _pack(self, q: Tensor) -> np.ndarray:
-        nib = (q.to(torch.int16) + 8).to(torch.uint8)  # (nb, count) in 1..15
+        nib = q.add(8).to(torch.uint8)  # (nb, count) in 1..15 (q is integral, so the sum is exact)
         if nib.shape[1] % 2:
             nib = torch.cat([nib, torch.full((nib.shape[0], 1), 8, dtype=torch.uint8)], dim=1)
         packed = nib[:, 0::2] | (nib[:, 1::2] << 4)  # (nb, code_bytes)
         return packed.numpy()
 
     def _unpack(self, raw: np.ndarray, count: int) -> Tensor:
-        packed = torch.from_numpy(raw.copy())  # (nb, code_bytes) uint8
-        low, high = packed & 0x0F, packed >> 4
-        nib = torch.stack([low, high], dim=2).reshape(packed.shape[0], -1)[:, :count]  # (nb, count)
-        if bool((nib == 0).any()):
+        # one table lookup per byte gives both codes (low nibble first): (nb, code_bytes, 2) int8
+        codes = np.take(_NIBBLES, raw, axis=0).reshape(raw.shape[0], -1)[:, :count]  # (nb, count)
+        if codes.size and int(codes.min()) == -8:
             raise ValueError("int4: nibble 0 (code -8) is outside [-7, 7]")
-        if count % 2 and bool((high[:, -1] != 8).any()):
+        if count % 2 and bool((raw[:, -1] >> 4 != 8).any()):
             raise ValueError("int4: the padding nibble of an odd-sized block is not zero")
-        return nib.to(torch.int8) - 8
+        return torch.from_numpy(codes)
+
+
+_NIBBLES = np.array([[(b & 0x0F) - 8, (b >> 4) - 8] for b in range(256)], dtype=np.int8)
+"""Byte -> its two 4-bit codes (low nibble, high nibble), each nibble minus 8: (256, 2) int8."""
 
 
 VALUE_CODECS: tuple[Codec, ...] = (NoneCodec(), Fp16Codec(), Int8Codec(), Int4Codec())

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from peer.averaging.aggregation import MEAN, Aggregation, aggregate
 from peer.averaging.partition import Group
+from peer.averaging.phases import phase
 from peer.averaging.quantizers import Codec
 from peer.network.frames import handler_name, linger, read_message, read_payload, serve
 from protos.hivepath.peer.v1.net_pb2 import DESCRIPTOR as NET, PartHeader, PartReply
@@ -249,7 +250,7 @@ class PartReducer:
         if not problem:
             try:
                 values = await asyncio.get_running_loop().run_in_executor(
-                    None, slot.codec.decode, payload, slot.numel)  # (numel,), always finite
+                    None, _timed, "decode", slot.codec.decode, payload, slot.numel)  # (numel,), always finite
             except ValueError as e:
                 problem = f"undecodable: {e}"
         problem = problem or slot.accept(sender, values, header.weight)
@@ -286,11 +287,11 @@ class PartReducer:
         contributions, rule = dict(slot.decoded), self.aggregation
         loop = asyncio.get_running_loop()
         try:
-            reduced = await loop.run_in_executor(None, aggregate, contributions, rule)
+            reduced = await loop.run_in_executor(None, _timed, "reduce", aggregate, contributions, rule)
         except ValueError as e:
             slot.result.set_exception(RuntimeError(f"aggregation failed: {e}"))
             return
-        data = await loop.run_in_executor(None, codec.encode, reduced.value)
+        data = await loop.run_in_executor(None, _timed, "encode", codec.encode, reduced.value)
         contributors = reduced.used
         for peer, why in sorted(reduced.suspects.items()):
             state.suspect(key, peer, why)
@@ -306,6 +307,12 @@ class PartReducer:
         """Report reaching ``point`` to the event hook, if any."""
         if self.event_hook is not None:
             self.event_hook(point)
+
+
+def _timed(name: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, its CPU seconds counted as phase ``name`` (:mod:`peer.averaging.phases`)."""
+    with phase(name):
+        return fn(*args)
 
 
 async def wait_event(event: asyncio.Event, deadline: float) -> None:
