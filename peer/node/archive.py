@@ -139,7 +139,7 @@ class ArchivePeer:
 
         opts = self.opts
         with PeerStartup(opts.network, opts.directory, self.status, "archive",
-                         leave_reason=lambda: "archive stopped") as startup:
+                         leave_reason=lambda: "archive stopped", home_flag="--dir") as startup:
             spec = startup.run_spec()
             cfg = spec.run_config
             lat = cfg.lattice
