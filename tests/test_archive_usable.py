@@ -26,6 +26,7 @@ def test_an_archive_without_a_snapshot_yet_says_so(tmp_path):
 
 @pytest.mark.integration
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_eval_generate_export_read_the_archive(procs, tmp_path):
     from models.corpus import default_corpus
     from models.data import Dataset, prepare

@@ -153,6 +153,7 @@ def test_operator_journey(procs, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_volunteer_journey(procs, tmp_path):
     """The operator starts the coordinator (docs/coordinator.md), a volunteer joins as README "Joining a
     real run" says, trains a round and is drained by the operator's command."""
@@ -176,6 +177,7 @@ def test_volunteer_journey(procs, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_generate_journey(procs, tmp_path):
     """docs/generate.md "Commands", every line as written."""
     reader = Reader(procs, tmp_path)

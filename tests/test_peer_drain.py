@@ -95,3 +95,29 @@ def test_a_drained_peer_withdraws_its_records_at_once(procs, tmp_path, dataset):
         after = procs.log(n)[marks[n]:]
         waited = [line for line in after.splitlines() if c_id in line and "did not declare" in line]
         assert not waited, f"{n} waited for the drained peer: {waited}"
+
+
+def test_release_withdraws_at_once_and_a_new_hold_replaces_the_withdrawal():
+    """Two real DHT nodes: after ``release`` the other node reads no holder record at once (not after
+    ``holder_ttl``); holding the module again (a reassignment keeping it) is read again."""
+    from peer.averaging import NetAverager
+    from peer.network import DHTOptions, HolderRecord, holders_key, read_records, start_dht
+
+    host = ["/ip4/127.0.0.1/tcp/0"]
+    with start_dht(DHTOptions(host_maddrs=host)) as dht_a, \
+            start_dht(DHTOptions(host_maddrs=host, initial_peers=dht_a.maddrs())) as dht_b:
+        avg = NetAverager(dht_a, "wd", "aaaa0000aaaa0000", holder_ttl=300.0)
+        try:
+            def holders():
+                return read_records(dht_b.dht, holders_key("wd", "L0M0"), HolderRecord)
+
+            avg.hold("L0M0", 4)
+            wait_for(lambda: dht_a.peer_id in holders(), 30, "the holder record")
+            avg.release("L0M0")
+            assert dht_a.peer_id not in holders()  # at once: the record would live 300 s
+            avg.hold("L0M0", 5)
+            wait_for(lambda: holders().get(dht_a.peer_id), 30, "the record held again")
+            assert holders()[dht_a.peer_id].round_no == 5
+        finally:
+            avg.shutdown()
+        assert dht_a.peer_id not in read_records(dht_b.dht, holders_key("wd", "L0M0"), HolderRecord)

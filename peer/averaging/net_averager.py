@@ -135,6 +135,10 @@ class NetAverager:
         """The rounds being averaged (futures on our loop): :meth:`abandon_rounds` cancels them."""
         self._abandoned = ""
         """Why rounds are refused from now on ('' while they are not)."""
+        self._withdrawn: dict[str, float] = {}
+        """module -> DHT expiration of our last withdrawal of its holder record."""
+        self._expires: dict[str, float] = {}
+        """module -> DHT expiration of the holder record we last stored."""
         self._stopping = threading.Event()
         self._loop = _new_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="net-averager", daemon=True)
@@ -227,7 +231,9 @@ class NetAverager:
         from hivemind.utils import get_dht_time
 
         # a later expiration than the record's own (refreshed to now + holder_ttl) replaces it on every node
-        expires = get_dht_time() + self.holder_ttl + 1.0
+        # later than the record's own expiration (the DHT keeps the value of the later one)
+        expires = max(get_dht_time() + self.holder_ttl, self._expires.get(module_id, 0.0)) + 1.0
+        self._withdrawn[module_id] = expires  # a later hold must outlive it (see _publish)
         value = withdrawal(self._credential())
         await asyncio.gather(*(self.dht.store(k, value, expires, subkey=self.peer_id, return_future=True) for k in keys),
                              self._matchmaker.withdraw(module_id))
@@ -244,8 +250,12 @@ class NetAverager:
 
         record = HolderRecord(self.config_hash, self.data_hash, round_no, self.throughput, self.bandwidth,
                               self._credential(), digest)
+        # held again soon after a withdrawal (a reassignment keeping a module): the DHT keeps the value
+        # of the later expiration, so ours must expire after the withdrawal's
+        expires = max(get_dht_time() + self.holder_ttl, self._withdrawn.get(module_id, 0.0) + 1.0)
+        self._expires[module_id] = expires
         return self.dht.store(holders_key(self.run_id, module_id), to_value(record),
-                              get_dht_time() + self.holder_ttl, subkey=self.peer_id, return_future=True)
+                              expires, subkey=self.peer_id, return_future=True)
 
     def _refresh_loop(self) -> None:
         while not self._stopping.wait(self.holder_ttl / 3):
