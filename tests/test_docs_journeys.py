@@ -49,9 +49,14 @@ def doc_commands(doc: str, section: str, block: Optional[int] = None) -> list[st
     text = (ROOT / doc).read_text(encoding="utf-8")
     heading = re.search(rf"^#+ {re.escape(section)}\s*$", text, re.M)
     assert heading, f"{doc} has no section {section!r}"
-    body = text[heading.end():]
-    end = re.search(r"^#+ ", body, re.M)
-    body = body[:end.start()] if end else body
+    lines, fenced = [], False
+    for line in text[heading.end():].splitlines(keepends=True):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and re.match(r"#+ ", line):
+            break  # the next heading (a '#' inside a block is a shell comment)
+        lines.append(line)
+    body = "".join(lines)
     blocks = re.findall(r"^```(?:bash|sh)\n(.*?)^```", body, re.M | re.S)
     assert blocks, f"{doc} section {section!r} has no bash block"
     if block is not None:
