@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import signal
+import time
 
 import pytest
 
@@ -58,7 +59,16 @@ def test_drain_timeout_abandons_the_round_in_flight(procs, tmp_path, dataset):
     wait_for(lambda: "averaged by 2" in procs.log("a"), 240, "both peers to average a round together")
     procs.signal("b", signal.SIGSTOP)
     try:
-        wait_for(lambda: _local_state(status_port) == "averaging", 120, "a to enter a round without b")
+        def blocked() -> bool:  # in a round, and still in it half a second later: waiting for b
+            if _local_state(status_port) != "averaging":
+                return False
+            later = time.monotonic() + 0.5
+            while time.monotonic() < later:
+                if _local_state(status_port) != "averaging":
+                    return False
+            return True
+
+        wait_for(blocked, 120, "a to wait in a round for the frozen b")
         code = net.stop("a", timeout=120)
     finally:
         procs.signal("b", signal.SIGCONT)
@@ -84,7 +94,7 @@ def test_a_drained_peer_withdraws_its_records_at_once(procs, tmp_path, dataset):
     kinds = [e["event"] for e in events]
     for kind in ("join", "assignment", "round", "checkpoint", "drain", "leave"):
         assert kind in kinds, (kind, kinds)
-    assert kinds.index("join") < kinds.index("assignment") < kinds.index("round") < kinds.index("drain")
+    assert kinds.index("join") < kinds.index("assignment") < kinds.index("round")  # a drain may come mid-round
     assert kinds[-1] == "leave" and events[-1]["drain_seconds"] is not None and "error" not in kinds
     done = [e for e in events if e["event"] == "round" and e["status"] == "done" and e["group_size"] == 3]
     assert done and c_id in done[0]["peers"] and done[0]["bytes_sent"] > 0
