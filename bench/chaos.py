@@ -241,6 +241,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     ap.add_argument("--byzantine-steps", type=int, default=300, help="inner steps per simulated worker (default 300)")
     ap.add_argument("--aggregator", default="trimmed_mean", choices=["trimmed_mean", "centered_clip", "mean"])
     ap.add_argument("--skip-faults", action="store_true", help="only the hostile-peer measurement")
+    ap.add_argument("--skip-drain", action="store_true", help="leave out the drain measurement (bench.chaos_drain)")
     ap.add_argument("--work", type=Path, help="keep logs and checkpoints here (default: a temp dir)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -249,6 +250,10 @@ def main(argv: Optional[list[str]] = None) -> dict:
     result: dict = {"minutes": args.minutes, "peers": args.peers, "kill_every_s": args.kill_every,
                     "inner_steps": args.inner_steps, "work": str(work)}
     result.update(byzantine(args.byzantine_steps, work, args.aggregator))
+    if not args.skip_drain:
+        from bench.chaos_drain import drain_run  # survivor_round_ratio_after_drain (issue 19)
+
+        result.update(drain_run(work))
     if not args.skip_faults:
         result.update(fault_run(args.minutes, args.peers, args.kill_every, work, args.inner_steps,
                                 args.partition_seconds))

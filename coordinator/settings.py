@@ -19,9 +19,9 @@ from typing import Any, Mapping, Union
 
 from models.config import RunConfig
 from models.presets import load_run_config, read_toml
-from models.errors import ConfigError
+from models.errors import ConfigError, DataError
 
-__all__ = ["CoordinatorSettings", "load_settings", "load_run_and_settings", "MAX_PATHS"]
+__all__ = ["CoordinatorSettings", "load_settings", "load_run_and_settings", "pin_dataset", "MAX_PATHS"]
 
 MAX_PATHS = 65536
 """The scheduler keeps per-path state; lattices with more paths are refused at start-up."""
@@ -149,3 +149,41 @@ def load_run_and_settings(path: Union[str, Path]) -> tuple[RunConfig, Coordinato
             f"{run.lattice.num_paths} paths is more than the coordinator schedules ({MAX_PATHS}); use a smaller lattice",
         )
     return run, settings
+
+
+BUILT_IN_CORPUS = "default"
+"""The ``[data] corpus`` every peer can prepare itself, always to the same bytes."""
+
+
+def pin_dataset(run: RunConfig, data_dir: Union[str, Path, None]) -> RunConfig:
+    """The run with its dataset pinned: ``[data] manifest_hash`` filled from the prepared dataset at
+    ``data_dir`` (``coordinator serve --data``) when the config leaves it empty.
+
+    Refused, with one line: a ``data_dir`` whose manifest differs from a pinned hash (exit 4), and an
+    empty hash without ``data_dir`` for a corpus other than the built-in one (exit 2): peers could
+    neither check nor fetch such data, and the run's checkpoints would name no dataset for ``eval``
+    and ``generate``. A run on the built-in corpus may leave it empty: every peer prepares the same
+    bytes, and its checkpoints record the hash of what it trained on."""
+    from models.manifest import MANIFEST_FILE, manifest_hash
+
+    pinned = run.data.manifest_hash
+    if data_dir is None:
+        if not pinned and run.data.corpus != BUILT_IN_CORPUS:
+            raise ConfigError("data.manifest_hash", f"is empty, and peers cannot prepare the corpus {run.data.corpus!r} "
+                              "themselves; pass --data DIR (the prepared dataset, whose manifest hash is used) or set "
+                              "it to the hash 'hivepath data prepare' printed")
+        return run
+    manifest = Path(data_dir) / MANIFEST_FILE
+    try:
+        import json
+
+        found = manifest_hash(json.loads(manifest.read_text(encoding="utf-8")))
+    except (OSError, ValueError) as e:
+        raise DataError(f"--data {data_dir}: cannot read {MANIFEST_FILE} ({e}); pass a dataset 'hivepath data "
+                        "prepare' wrote") from None
+    if pinned and pinned != found:
+        err = DataError(f"--data {data_dir} has manifest {found} but the run config pins {pinned}; pass the run's "
+                        "dataset or set [data] manifest_hash to its hash")
+        err.exit_code = 4
+        raise err
+    return run.replace(data={"manifest_hash": found})

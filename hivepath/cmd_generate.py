@@ -68,6 +68,10 @@ def open_source(directory: str | Path, data_dir: str | None = None):
     if not is_run_dir(directory) and (directory / EXPORT_CONFIG_FILE).exists():
         return load_export(directory)
     if directory.is_dir() and not is_run_dir(directory):
+        from models.run_dir import no_snapshot_yet
+
+        if no_snapshot_yet(directory):
+            raise DataError(no_snapshot_yet(directory))
         raise DataError(f"{directory} holds neither {RUN_FILE} nor {EXPORT_CONFIG_FILE}; pass a run directory "
                         "('hivepath train-local --out') or an export ('hivepath export --out')")
     return load_run_dir(directory, data_dir=data_dir)

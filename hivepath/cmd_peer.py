@@ -64,7 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     j.add_argument("--progress", default=env_default("HIVEPATH_PROGRESS"), choices=["auto", "rich", "json"],
                    help="live panel (rich), JSON lines on stdout (json), or rich on a terminal (auto; env HIVEPATH_PROGRESS)")
     j.add_argument("--drain-timeout", type=non_negative(), default=env_default("HIVEPATH_DRAIN_TIMEOUT"),
-                   metavar="S", help="seconds allowed to finish a round when stopping (env HIVEPATH_DRAIN_TIMEOUT)")
+                   metavar="S", help="seconds from the start of a drain allowed to finish the round in flight; then it is abandoned (not "
+                   "applied: the last global state is checkpointed) and the peer leaves (env HIVEPATH_DRAIN_TIMEOUT)")
     j.add_argument("--max-steps", type=natural(), default=env_default("HIVEPATH_MAX_STEPS"), metavar="N",
                    help="leave after N inner steps (0: run until stopped; env HIVEPATH_MAX_STEPS)")
     j.add_argument("--threads", type=count(), default=env_default("HIVEPATH_THREADS"), metavar="N",

@@ -85,7 +85,7 @@ CLI_SETTINGS: tuple[Setting, ...] = (
             flag="--upload-mbps", read_by="peer join"),
     Setting("HIVEPATH_PROGRESS", "text", "auto", "progress display: auto, rich or json", flag="--progress",
             read_by="peer join"),
-    Setting("HIVEPATH_DRAIN_TIMEOUT", "number", 60.0, "seconds allowed to finish a round when stopping",
+    Setting("HIVEPATH_DRAIN_TIMEOUT", "number", 60.0, "seconds from the start of a drain allowed to finish the round in flight; then it is abandoned (not applied) and the peer leaves",
             flag="--drain-timeout", read_by="peer join"),
     Setting("HIVEPATH_MAX_STEPS", "integer", 0, "leave after this many inner steps (0: run until stopped)",
             flag="--max-steps", read_by="peer join"),

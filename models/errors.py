@@ -10,7 +10,7 @@ Exit codes (documented in ``docs/cli.md``):
  3    the coordinator cannot be reached or refused the peer (token)
  4    incompatible run: config hash or dataset manifest differ
  5    no assignment fits this machine (memory)
- 6    the identity file is in use by a live peer
+ 6    the work dir or the identity file is in use by a live process
 ====  ==============================================================
 """
 

@@ -25,7 +25,7 @@ from models.checkpoint import RUN_FILE, CheckpointError, load_module, module_fil
 from models.config import Path_, RunConfig, format_path, parse_path
 from models.errors import ConfigError, DataError
 
-__all__ = ["RunDir", "load_run_dir"]
+__all__ = ["RunDir", "load_run_dir", "no_snapshot_yet"]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,16 @@ class RunDir:
         return self.model.path_model(path)
 
 
+def no_snapshot_yet(directory: Path) -> str:
+    """What to say when ``directory`` is an archive's or a peer's directory (its identity key is there)
+    that holds no snapshot yet, else ''."""
+    if not (Path(directory) / "identity.key").exists():
+        return ""
+    return (f"{directory} is an archive or peer directory that holds no snapshot yet: one is written once a "
+            "module's round has been fetched from its holders (the archive logs 'archived MODULE at round R'); "
+            "try again then")
+
+
 def _read_summary(run_dir: Path) -> dict[str, Any]:
     if not run_dir.exists():
         raise DataError(f"run directory {run_dir} does not exist; pass --from DIR written by 'hivepath train-local'")
@@ -102,7 +112,7 @@ def _read_summary(run_dir: Path) -> dict[str, Any]:
         summary = read_summary(run_dir)
     except CheckpointError as e:
         if not path.exists():
-            raise DataError(f"{e}; pass a directory written by 'hivepath train-local'") from None
+            raise DataError(no_snapshot_yet(run_dir) or f"{e}; pass a directory written by 'hivepath train-local'") from None
         raise DataError(f"{e}; restore it or re-run training") from None
     if not isinstance(summary, dict):
         raise DataError(f"{path} is not a JSON object; restore it or re-run training")
@@ -183,6 +193,10 @@ def _attach_data(rd: RunDir, explicit: bool) -> None:
     """Open the run's dataset for its tokenizer and router, refusing one with another manifest."""
     from models.data import Dataset, DatasetMismatch
 
+    if not explicit and not str(rd.summary["data"].get("dir") or ""):
+        which = f"manifest {rd.manifest_hash}" if rd.manifest_hash else "its manifest hash is not recorded either"
+        raise DataError(f"{rd.dir / RUN_FILE} names no dataset directory (a run or archive started without --data); "
+                        f"pass --data DIR with the dataset the run trained on ({which}) for its tokenizer and router")
     if not rd.data_dir.exists():
         how = "pass --data DIR" if not explicit else "check --data"
         raise DataError(
@@ -190,6 +204,10 @@ def _attach_data(rd: RunDir, explicit: bool) -> None:
             f"(manifest {rd.manifest_hash}) for its tokenizer and router"
         )
     ds = Dataset(rd.data_dir)
+    if not rd.manifest_hash:  # an old snapshot of a run that pinned no dataset: the one given is trusted
+        log.warning("%s records no manifest hash; using %s (manifest %s) as the run's dataset", rd.dir / RUN_FILE,
+                    rd.data_dir, ds.manifest_hash)
+        rd.manifest_hash = ds.manifest_hash
     if ds.manifest_hash != rd.manifest_hash:
         raise DatasetMismatch(
             f"dataset {rd.data_dir} has manifest {ds.manifest_hash} but the run trained on {rd.manifest_hash}; "

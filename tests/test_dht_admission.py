@@ -80,3 +80,29 @@ def test_an_admitted_node_refuses_an_outsiders_store(keys):
     finally:
         outsider.shutdown()
         admitted.shutdown()
+
+
+def test_a_withdrawal_replaces_only_its_writers_record(keys):
+    """Issue 19 item 3: a drained peer withdraws its records at once; only its own credential may."""
+    from peer.network import withdrawal
+    from peer.network.records import records_from_value
+
+    issuer, forger = keys
+    v = AdmissionValidator(RUN_ID, issuer.public_key, ["L0M0"])
+    good = issuer.issue(A, time.time()).encode()
+    for key in (holders_key(RUN_ID, "L0M0"), group_key(RUN_ID, "L0M0", 7)):
+        assert v.validate(record(key, A, withdrawal(good)))
+        assert not v.validate(record(key, B, withdrawal(good))), "withdrawing another peer's record"
+        assert not v.validate(record(key, A, withdrawal())), "an uncredentialed withdrawal"
+        assert not v.validate(record(key, A, withdrawal(forger.issue(A, time.time()).encode()))), "forged"
+
+    class Item:
+        def __init__(self, value):
+            self.value = value
+
+    other = "12D3KooWAdmittedPeerCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCC"
+
+    class Found:
+        value = {A: Item(withdrawal(good)), other: Item(to_value(HolderRecord(CONFIG, "", 3, 1.0, 1.0)))}
+
+    assert set(records_from_value(Found(), HolderRecord)) == {other}, "a withdrawn holder is no holder"

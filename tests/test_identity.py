@@ -36,7 +36,7 @@ def test_identity_held_in_this_process_is_refused(tmp_path):
     with pytest.raises(IdentityInUseError) as err:
         load_or_create_identity(path)
     assert err.value.exit_code == 6
-    assert str(path) in str(err.value) and "another --identity" in str(err.value)
+    assert str(path) in str(err.value) and "its own work dir" in str(err.value)
     held.release()
     load_or_create_identity(path).release()  # free again once released
 

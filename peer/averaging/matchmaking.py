@@ -47,7 +47,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional
 from peer.averaging.group_join import GroupJoin, Looking
 from peer.averaging.partition import Group
 from peer.network import (MAX_EXPECTING, CredentialProvider, CredentialVerifier, GroupDeclaration, HolderRecord,
-                          group_key, holders_key, records_from_value, to_value)
+                          group_key, holders_key, records_from_value, to_value, withdrawal)
 
 __all__ = ["Matchmaker", "Match", "LONE", "BEHIND_PATIENCE_ROUNDS"]
 
@@ -96,6 +96,8 @@ class Matchmaker(GroupJoin):
         self._behind_since: dict[tuple[str, str], tuple[int, float, bool]] = {}
         """(module, holder behind us) -> (the round its record announces, when we began waiting for it,
         whether we logged giving up on it)."""
+        self._declared: dict[str, tuple[str, float]] = {}
+        """module -> (the group key of our last declaration, its DHT expiration)."""
 
     def fetched(self, module_id: str, source: str, round_no: int) -> None:
         """We took ``module_id``'s state at ``round_no`` from ``source`` to average it: at that round our
@@ -119,6 +121,7 @@ class Matchmaker(GroupJoin):
         try:
             patience = BEHIND_PATIENCE_ROUNDS * timeout
             looking.expires = get_dht_time() + timeout
+            self._declared[module_id] = (key, looking.expires)
             await self._declare(looking, self._own_joiners(module_id, round_no, patience))
             everyone, ahead, same_round, behind, live = await self._gather(module_id, round_no, looking,
                                                                            gather_deadline, patience, wait_for_behind)
@@ -170,6 +173,16 @@ class Matchmaker(GroupJoin):
         decl = GroupDeclaration(self.config_hash, self.data_hash, self.bandwidth, self._own_credential(),
                                 looking.digest, tuple(sorted(expecting))[:MAX_EXPECTING])
         await self.dht.store(looking.key, to_value(decl), looking.expires, subkey=self.peer_id, return_future=True)
+
+    async def withdraw(self, module_id: str) -> None:
+        """Replace our last declaration for ``module_id`` with a withdrawal (a drain or a release):
+        members still gathering that round stop counting on us now."""
+        from hivemind.utils import get_dht_time
+
+        key, expires = self._declared.pop(module_id, ("", 0.0))
+        if key and expires > get_dht_time():
+            await self.dht.store(key, withdrawal(self._own_credential()), expires + 1.0, subkey=self.peer_id,
+                                 return_future=True)
 
     def _fresh_source(self, module_id: str, round_no: int, live: set[str], patience: float) -> str:
         """The live holder we fetched this round's state from in the last ``patience`` seconds, or ''."""

@@ -41,6 +41,7 @@ from peer.network import (
     holders_key,
     records_from_value,
     to_value,
+    withdrawal,
 )
 from peer.averaging.state_transfer import StateProvider, StateServer, fetch_module_state
 
@@ -56,6 +57,8 @@ reachable member it reduces (next to) nothing, so no part crosses its relay; in 
 members alone they share the work as their links allow."""
 WAITING_POLL = 1.0
 """Seconds between the DHT checks behind :meth:`NetAverager.others_waiting`."""
+WITHDRAW_TIMEOUT = 5.0
+"""Seconds a release waits for the DHT to store its withdrawals (a drain must not hang on it)."""
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -128,6 +131,14 @@ class NetAverager:
         self._waiting_checked = -math.inf
         self._archived: dict[str, int] = {}
         self._held_lock = threading.Lock()
+        self._in_flight: set[Any] = set()
+        """The rounds being averaged (futures on our loop): :meth:`abandon_rounds` cancels them."""
+        self._abandoned = ""
+        """Why rounds are refused from now on ('' while they are not)."""
+        self._withdrawn: dict[str, float] = {}
+        """module -> DHT expiration of our last withdrawal of its holder record."""
+        self._expires: dict[str, float] = {}
+        """module -> DHT expiration of the holder record we last stored."""
         self._stopping = threading.Event()
         self._loop = _new_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="net-averager", daemon=True)
@@ -203,19 +214,54 @@ class NetAverager:
         return self.dht.store(archive_key(self.run_id, module_id), to_value(record),
                               get_dht_time() + self.holder_ttl, subkey=self.peer_id, return_future=True)
 
-    def release(self, module_id: str) -> None:
-        """Stop announcing ``module_id`` (its record expires within ``holder_ttl``)."""
+    def release(self, module_id: str, timeout: float = WITHDRAW_TIMEOUT) -> None:
+        """Stop announcing ``module_id`` and withdraw our records of it at once: the holder (or archive)
+        record and our last group declaration are replaced by a
+        :func:`peer.network.records.withdrawal`, so the other holders stop waiting for us now rather
+        than when the records would have expired (``holder_ttl``). Waits up to ``timeout`` seconds for
+        the DHT; a failure is logged (the records then expire as before)."""
         with self._held_lock:
-            self._held.pop(module_id, None)
-            self._archived.pop(module_id, None)
+            held = self._held.pop(module_id, None)
+            archived = self._archived.pop(module_id, None)
+        keys = ([holders_key(self.run_id, module_id)] if held is not None else []) + \
+               ([archive_key(self.run_id, module_id)] if archived is not None else [])
+        if not keys or self._stopping.is_set() or not self._loop.is_running():
+            return
+        try:
+            self._call(self._withdraw(module_id, keys), timeout)
+        except Exception as e:  # a DHT shutting down or unreachable: the records expire within holder_ttl
+            log.info("could not withdraw our records of %s (%r); they expire within %.0fs", module_id, e,
+                     self.holder_ttl)
+
+    async def _withdraw(self, module_id: str, keys: list[str]) -> None:
+        from hivemind.utils import get_dht_time
+
+        # a later expiration than the record's own (refreshed to now + holder_ttl) replaces it on every node
+        # later than the record's own expiration (the DHT keeps the value of the later one)
+        expires = max(get_dht_time() + self.holder_ttl, self._expires.get(module_id, 0.0)) + 1.0
+        self._withdrawn[module_id] = expires  # a later hold must outlive it (see _publish)
+        value = withdrawal(self._credential())
+        await asyncio.gather(*(self.dht.store(k, value, expires, subkey=self.peer_id, return_future=True) for k in keys),
+                             self._matchmaker.withdraw(module_id))
+
+    def release_all(self, timeout: float = WITHDRAW_TIMEOUT) -> None:
+        """:meth:`release` every module we hold or archive (a drain, a leave, a shutdown)."""
+        with self._held_lock:
+            modules = sorted(set(self._held) | set(self._archived))
+        for module_id in modules:
+            self.release(module_id, timeout)
 
     def _publish(self, module_id: str, round_no: int, digest: str = "") -> Any:
         from hivemind.utils import get_dht_time
 
         record = HolderRecord(self.config_hash, self.data_hash, round_no, self.throughput, self.bandwidth,
                               self._credential(), digest)
+        # held again soon after a withdrawal (a reassignment keeping a module): the DHT keeps the value
+        # of the later expiration, so ours must expire after the withdrawal's
+        expires = max(get_dht_time() + self.holder_ttl, self._withdrawn.get(module_id, 0.0) + 1.0)
+        self._expires[module_id] = expires
         return self.dht.store(holders_key(self.run_id, module_id), to_value(record),
-                              get_dht_time() + self.holder_ttl, subkey=self.peer_id, return_future=True)
+                              expires, subkey=self.peer_id, return_future=True)
 
     def _refresh_loop(self) -> None:
         while not self._stopping.wait(self.holder_ttl / 3):
@@ -258,6 +304,15 @@ class NetAverager:
 
     # -- averaging ----------------------------------------------------------------------------
 
+    def abandon_rounds(self, reason: str) -> None:
+        """Cancel the rounds in flight and refuse new ones (a drain past its deadline): each returns
+        at once as not applied, so the trainer keeps its last global state and checkpoints it."""
+        with self._held_lock:
+            self._abandoned = reason or "abandoned"
+            in_flight = list(self._in_flight)
+        for future in in_flight:
+            future.cancel()
+
     def use_round_policy(self, wait_for_behind: bool) -> None:
         """Called by :class:`peer.diloco.DiLoCoOptimizer`. A member that fails a round keeps its round
         number, so holders behind it can catch up while it waits for them; in overlap mode the next
@@ -272,6 +327,8 @@ class NetAverager:
         require_codec(codec)
         if not (math.isfinite(weight) and weight > 0):
             raise ValueError(f"weight must be a finite number > 0, got {weight}")
+        if self._abandoned:
+            return AverageResult(None, None, 0, [], 0, 0, reason=f"not sent: {self._abandoned}")
         flat = flatten(tensors)  # (n,)
         if not bool(torch.isfinite(flat).all()):
             return AverageResult(None, None, 0, [], 0, 0, reason="not sent: the delta holds NaN or Inf")
@@ -280,8 +337,16 @@ class NetAverager:
         try:
             # the round's deadline bounds the whole exchange (matchmaking, all-reduce, a dial to a peer
             # cut off by a partition): the training loop never waits on a round for longer
-            res = self._call(asyncio.wait_for(self._average(module_id, round_no, flat, tensors, float(weight), codec,
-                                                            timeout, digest), timeout), timeout + 2.0)
+            future = asyncio.run_coroutine_threadsafe(asyncio.wait_for(
+                self._average(module_id, round_no, flat, tensors, float(weight), codec, timeout, digest), timeout),
+                self._loop)
+            with self._held_lock:
+                self._in_flight.add(future)
+            try:
+                res = future.result(timeout + 2.0)
+            finally:
+                with self._held_lock:
+                    self._in_flight.discard(future)
             self._report_suspects(module_id, round_no, res.suspects)
             return res
         except Exception as e:
@@ -289,7 +354,8 @@ class NetAverager:
             return AverageResult(None, None, 0, [], 0, 0, reason=f"{type(e).__name__}: {e}")
         finally:
             try:  # a no-op when the round's group formed: we announced round + 1 then
-                self.hold(module_id, round_no + 1)
+                if not self._abandoned:  # a drain past its deadline: we are leaving, announce nothing
+                    self.hold(module_id, round_no + 1)
             except Exception as e:
                 log.debug("publishing holder record failed: %r", e)
             log.debug("module %s round %d took %.2fs", module_id, round_no, time.monotonic() - t0)
@@ -365,7 +431,9 @@ class NetAverager:
     # -- life cycle ---------------------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Stop refreshing records and stop the loop (the DHT itself belongs to the caller)."""
+        """Withdraw our records, stop refreshing them and stop the loop (the DHT itself belongs to the caller)."""
+        if self._loop.is_running():
+            self.release_all()
         self._stopping.set()
         if self._loop.is_running():
             try:

@@ -162,6 +162,14 @@ class DiLoCoOptimizer:
             return self._end_round(elapsed)
         return None
 
+    def round_due(self) -> bool:
+        """True when the next :meth:`step` is expected to end the round: by its step count, its time
+        budget, or because other holders already wait for us (a non-blocking, cached check): the
+        caller's cue that it is about to average."""
+        cfg = self.outer_cfg
+        return self._steps_in_round + 1 >= cfg.inner_steps or (
+            cfg.round_seconds > 0 and self.clock() - self._round_start >= cfg.round_seconds) or self._others_waiting()
+
     def _others_waiting(self) -> bool:
         """True when another holder already waits to average one of our modules' current round.
 

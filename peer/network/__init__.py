@@ -36,6 +36,7 @@ from peer.network.records import (
     records_from_value,
     refresh_until,
     to_value,
+    withdrawal,
 )
 
 __all__ = [
@@ -43,6 +44,6 @@ __all__ = [
     "start_dht", "unwrap_dht", "Identity", "IdentityError", "IdentityInUseError", "load_or_create_identity",
     "peer_id_of", "MAX_EXPECTING", "ArchiveRecord", "GroupDeclaration", "HolderRecord", "archive_key", "group_bucket",
     "group_buckets", "group_key",
-    "holders_key", "is_peer_id", "parse_record", "read_records", "records_from_value", "refresh_until", "to_value",
+    "holders_key", "is_peer_id", "parse_record", "read_records", "records_from_value", "refresh_until", "to_value", "withdrawal",
     "circuit_addrs",
 ]

@@ -12,7 +12,8 @@ their shape):
 - under a module's holders or archive key (:func:`peer.network.records.holders_key`,
   :func:`peer.network.records.archive_key`, every module of the lattice): every record;
 - under any key: a record whose value has the fields of a
-  :class:`peer.network.records.GroupDeclaration` (group keys carry round numbers, so they are not listed).
+  :class:`peer.network.records.GroupDeclaration` (group keys carry round numbers, so they are not listed),
+  or of a :func:`peer.network.records.withdrawal` (which replaces a peer's record: only that peer may).
 
 Such a record is stored only if its subkey is a peer id and its value carries a credential
 (:mod:`protos.credential`) that the coordinator signed for that peer id, for this run, unexpired.
@@ -27,7 +28,7 @@ from typing import Any, Iterable, Optional
 
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 
-from peer.network.records import GroupDeclaration, archive_key, holders_key, is_peer_id
+from peer.network.records import GroupDeclaration, archive_key, holders_key, is_peer_id, is_withdrawal
 
 __all__ = ["AdmissionValidator"]
 
@@ -71,7 +72,8 @@ class AdmissionValidator(RecordValidatorBase):
             value = MSGPackSerializer.loads(record.value)
         except Exception:
             return not listed
-        if not listed and not (isinstance(value, dict) and _DECLARATION_REQUIRED <= set(value) <= _DECLARATION_FIELDS):
+        declaration = isinstance(value, dict) and _DECLARATION_REQUIRED <= set(value) <= _DECLARATION_FIELDS
+        if not listed and not declaration and not is_withdrawal(value):
             return True  # not one of the run's credentialed records
         try:
             subkey = MSGPackSerializer.loads(record.subkey) if record.subkey else None

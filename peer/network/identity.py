@@ -8,13 +8,12 @@ The lock is released by the kernel when the holder exits, so a crashed peer neve
 
 from __future__ import annotations
 
-import fcntl
 import logging
-import os
 from pathlib import Path
 from typing import Optional, Union
 
 from models.errors import HivepathError
+from peer.network.pidlock import LockHeld, release, take
 
 __all__ = ["Identity", "IdentityError", "IdentityInUseError", "load_or_create_identity", "peer_id_of"]
 
@@ -56,8 +55,7 @@ class Identity:
     def release(self) -> None:
         """Drop the lock so another process may use this identity."""
         if self._lock_fd is not None:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-            os.close(self._lock_fd)
+            release(self._lock_fd)
             self._lock_fd = None
 
     def __enter__(self) -> "Identity":
@@ -86,36 +84,22 @@ def load_or_create_identity(path: Union[str, Path]) -> Identity:
         raise IdentityError(f"directory {path.parent} for identity file {path.name} does not exist; create it first")
     lock_path = path.with_name(path.name + ".lock")
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = take(lock_path)
+    except LockHeld as e:
+        raise IdentityInUseError(
+            f"identity file {path} is in use by a live process{f' (pid {e.pid})' if e.pid else ''}; stop it, or "
+            "give this process its own work dir (peer join --work-dir, archive --dir), which holds its own identity"
+        ) from None
     except OSError as e:
         raise IdentityError(f"cannot create lock file {lock_path}: {e}; check the directory's permissions") from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = _read_pid(fd)
-        os.close(fd)
-        raise IdentityInUseError(
-            f"identity file {path} is in use by a live peer{f' (pid {holder})' if holder else ''}; "
-            "stop that peer or pass another --identity file"
-        ) from None
-    try:
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
         if not path.exists():
             log.info("creating a new identity in %s", path)
             P2P.generate_identity(str(path))
         peer_id = peer_id_of(path)
     except BaseException:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+        release(fd)
         raise
     log.info("identity %s: peer id %s", path, peer_id)
     return Identity(path, fd, peer_id)
 
-
-def _read_pid(fd: int) -> Optional[int]:
-    try:
-        raw = os.pread(fd, 32, 0).decode().strip()
-        return int(raw) if raw else None
-    except (OSError, ValueError):
-        return None

@@ -18,6 +18,11 @@ Record types:
   Subkey: the declaring peer id. Matchmaking reads these to pick the group's leader.
 - :class:`ArchiveRecord` under :func:`archive_key`: "I keep this module's state at round R and serve
   it" (an archive peer: it serves newcomers but never averages). Subkey: the archive's peer id.
+
+A peer that stops holding a module (a drain, a leave, a reassignment) overwrites its record under any
+of these keys with a :func:`withdrawal` (``{"withdrawn": true, "credential": ...}``, stored with a
+later expiration so it replaces the record at once): readers drop it without a word, so the others
+stop waiting for the peer now instead of when its record would have expired.
 """
 
 from __future__ import annotations
@@ -51,6 +56,9 @@ __all__ = [
     "is_peer_id",
     "records_from_value",
     "to_value",
+    "withdrawal",
+    "is_withdrawal",
+    "WITHDRAWN",
 ]
 
 log = logging.getLogger(__name__)
@@ -254,11 +262,32 @@ def records_from_value(found: Any, cls: type[R], verifier: Optional["CredentialV
         return {}
     out: dict[str, R] = {}
     for subkey, item in entries.items():
+        if is_withdrawal(getattr(item, "value", None)):
+            continue  # the writer stopped holding it: not an invalid record, nothing to say
         record = parse_record(cls, subkey, getattr(item, "value", None))
         if record is not None and (verifier is None
                                    or verifier.admits(record.credential, subkey, f"{cls.__name__} record")):
             out[subkey] = record
     return out
+
+
+WITHDRAWN = "withdrawn"
+"""The field that marks a :func:`withdrawal`."""
+
+
+def withdrawal(credential: bytes = b"") -> dict[str, Any]:
+    """The value that replaces one of our records when we stop holding it: readers drop it
+    (:func:`records_from_value`); ``credential``: ours, for the DHT's admission check."""
+    value: dict[str, Any] = {WITHDRAWN: True}
+    if credential:
+        value["credential"] = credential
+    return value
+
+
+def is_withdrawal(value: Any) -> bool:
+    """True for a :func:`withdrawal` value (exactly its fields, ``withdrawn`` true)."""
+    return (isinstance(value, Mapping) and value.get(WITHDRAWN) is True and set(value) <= {WITHDRAWN, "credential"}
+            and isinstance(value.get("credential", b""), bytes))
 
 
 def to_value(record: Any) -> dict[str, Any]:

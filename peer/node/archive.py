@@ -168,7 +168,7 @@ class ArchivePeer:
 
         opts = self.opts
         with PeerStartup(opts.network, opts.directory, self.status, "archive",
-                         leave_reason=lambda: "archive stopped") as startup:
+                         leave_reason=lambda: "archive stopped", home_flag="--dir") as startup:
             spec = startup.run_spec()
             cfg = spec.run_config
             lat = cfg.lattice
@@ -181,10 +181,15 @@ class ArchivePeer:
             del shapes
             self._load_own(cfg)
             data = None
+            # what the snapshots name as the run's dataset: the pinned hash, else that of --data, else the
+            # one the holders announce (a run on the built-in corpus that pins none)
+            manifest_hash = spec.manifest_hash
             if opts.data_dir is not None:
                 data = RunData(cfg, spec.manifest_hash, opts.directory,
                                DataOptions(data_dir=opts.data_dir, seed=opts.seed), self.status)
-                if data.open_local() is not None and opts.eval_documents:
+                local = data.open_local()
+                manifest_hash = manifest_hash or (local.manifest_hash if local is not None else "")
+                if local is not None and opts.eval_documents:
                     self.evaluator = SnapshotEvaluator(data.dataset, opts.eval_documents, opts.eval_interval)
                     startup.on_close(self.evaluator.close)
             dht = startup.start_dht(spec)
@@ -222,6 +227,10 @@ class ArchivePeer:
                         level = logging.DEBUG if "waiting for the group" in str(e) else logging.WARNING
                         log.log(level, "could not fetch %s at round %d: %s", mid, max(ahead), e)
                         continue
+                    if not manifest_hash:
+                        announced = {h.data_hash for h in holders.values()
+                                     if h.config_hash == cfg.content_hash() and h.data_hash}
+                        manifest_hash = announced.pop() if len(announced) == 1 else ""
                     if state.round_no > have:
                         log.info("archived %s at round %d", mid, state.round_no)
                         with self._lock:
@@ -229,7 +238,7 @@ class ArchivePeer:
                         averager.announce_archive(mid, state.round_no)
                         changed = True
                 if changed:
-                    self._save(cfg, spec.manifest_hash)
+                    self._save(cfg, manifest_hash)
                     self.status.round_no = max(s.round_no for s in self.states.values())
                 self._stop.wait(opts.poll_interval)
             return 0

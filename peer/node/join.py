@@ -12,8 +12,9 @@
    outer rounds over :class:`peer.averaging.net_averager.NetAverager`, a checkpoint after each round,
    heartbeats in the background. A new assignment in a heartbeat reply ends the current path
    cleanly (flush, checkpoint, release its modules) and starts the new one.
-6. On SIGTERM/SIGINT, a drain order or a preemption notice: finish or abandon the round within
-   ``drain_timeout``, checkpoint, leave, exit 0.
+6. On SIGTERM/SIGINT, a drain order or a preemption notice: finish the round in flight, or abandon it
+   once ``drain_timeout`` seconds have passed since the drain began (the round is not applied: the
+   last global state is kept), checkpoint, withdraw our DHT records, leave, exit 0.
 
 Start-up and teardown (identity, status page, coordinator, DHT, averager, join, leave) are those of
 every long-running peer process: :class:`peer.node.startup.PeerStartup`.
@@ -112,19 +113,45 @@ class PeerNode:
         self._work_started = time.monotonic()
         self._share: Optional[MachineShare] = None
         self._preempting = False
+        self._drain_started: Optional[float] = None
+        self._drain_timer: Optional[threading.Timer] = None
+        self._averager = None
+        self._checkpoint_seen = ("", "")
+        self._drain_overdue_at: Optional[float] = None
         self.view: Optional[ProgressView] = None
         self.data: Optional[RunData] = None
 
     # -- control from other threads (signals, heartbeats, spot notices) --------------------------
 
     def request_stop(self, reason: str, preempting: bool = False) -> None:
-        """Drain: finish or abandon the current round, checkpoint, leave."""
+        """Drain: finish the current round, or abandon it once ``drain_timeout`` seconds have passed
+        since now; checkpoint, leave."""
         with self._lock:
             if not self._stop.is_set():
                 self._stop_reason = reason
                 self._preempting = preempting
+                self._drain_started = time.monotonic()
                 self._stop.set()
-                log.info("stopping: %s", reason)
+                log.info("stopping: %s (draining: the round in flight gets %.0fs)", reason, self.opts.drain_timeout)
+                self._event("drain", reason=reason, preempting=preempting, drain_timeout=self.opts.drain_timeout)
+                self._drain_timer = threading.Timer(self.opts.drain_timeout, self._drain_overdue)
+                self._drain_timer.daemon = True
+                self._drain_timer.start()
+
+    def _event(self, kind: str, **fields) -> None:
+        """One event on the progress view (:data:`peer.node.progress.EVENTS`), once it is up."""
+        if self.view is not None:
+            self.view.event(kind, **fields)
+
+    def _drain_overdue(self) -> None:
+        """``drain_timeout`` passed since the drain began: abandon the rounds in flight (not applied, the
+        last global state is kept and checkpointed) so the peer leaves now."""
+        averager = self._averager
+        self._drain_overdue_at = time.monotonic()
+        log.warning("draining took longer than --drain-timeout %.0fs: abandoning the round in flight (its "
+                    "progress is dropped; the last global state is checkpointed)", self.opts.drain_timeout)
+        if averager is not None:
+            averager.abandon_rounds(f"draining past --drain-timeout {self.opts.drain_timeout:.0f}s")
 
     def _on_heartbeat(self, reply: HeartbeatReply) -> None:
         self.status.coordinator = "connected"
@@ -176,10 +203,42 @@ class PeerNode:
     # -- the life cycle -----------------------------------------------------------------------
 
     def _after_round(self, report: RoundReport) -> None:
+        for m in report.modules.values():
+            self._event("round", module=m.module_id, round=m.round_no, status="done" if m.applied else "failed",
+                        peers=list(m.peers), group_size=m.group_size, bytes_sent=m.bytes_sent,
+                        bytes_received=m.bytes_received, seconds=round(m.wait_seconds, 3), reason=m.reason)
+        self._checkpoint_event()
         if self._share is not None:
             self._share.update()  # peers that started or stopped since: take our new share of the cores
 
+    def _checkpoint_event(self) -> None:
+        """A ``checkpoint`` event when a snapshot was written (or failed) since the last one."""
+        seen = (self.status.checkpoint, self.status.checkpoint_error)
+        if seen != self._checkpoint_seen and any(seen):
+            self._checkpoint_seen = seen
+            self._event("checkpoint", path=seen[0], round=self.status.round_no, error=seen[1])
+
     def run(self) -> int:
+        opts = self.opts
+        self.view = make_view(opts.progress)
+        code = 1
+        try:
+            code = self._run()
+            return code
+        except HivepathError as e:
+            code = e.exit_code
+            self._event("error", message=str(e), exit_code=e.exit_code)
+            raise
+        except Exception as e:
+            self._event("error", message=f"{type(e).__name__}: {e}", exit_code=1)
+            raise
+        finally:
+            drained = None if self._drain_started is None else round(time.monotonic() - self._drain_started, 3)
+            self._event("leave", reason=self._stop_reason or ("finished" if code == 0 else "error"),
+                        drain_seconds=drained)
+            self.view.close(self.status)
+
+    def _run(self) -> int:
         opts = self.opts
         if opts.threads:
             torch.set_num_threads(opts.threads)
@@ -226,9 +285,12 @@ class PeerNode:
                     bandwidth = (bandwidth or DEFAULT_BANDWIDTH) * RELAYED_SHARE
                 averager = startup.start_averager(spec, dataset.manifest_hash, bandwidth=bandwidth,
                                                   throughput=tokens_per_s, on_suspect=client.report_peer_later)
+                self._averager = averager
+                if self._drain_started is not None and time.monotonic() - self._drain_started > self.opts.drain_timeout:
+                    averager.abandon_rounds("drained before training began")
                 log.info("joined run %s as %s: %s (%s)", cfg.run_id, dht.peer_id, joined.assignment.label(),
                          joined.assignment.reason)
-                self.view = make_view(opts.progress)
+                self._event("join", peer_id=dht.peer_id, run_id=cfg.run_id, reachability=self.status.reachability)
                 try:
                     self._train(joined.run_config, joined.assignment, dataset, device, averager, dht)
                 except Stopped:
@@ -238,11 +300,13 @@ class PeerNode:
                 log.info("stopped while fetching the data: %s", self._stop_reason)
                 return 0
             finally:
+                if self._drain_timer is not None:
+                    self._drain_timer.cancel()
+                if self._drain_started is not None:
+                    log.info("drained in %.1fs", time.monotonic() - self._drain_started)
                 if self.data is not None:
                     self.data.close()
                 self.status.state = "stopped"
-                if self.view is not None:
-                    self.view.close(self.status)
 
     def _train(self, cfg: RunConfig, assignment: WorkAssignment, dataset, device, averager, dht) -> None:
         from peer.node.stage_runner import run_stage_server
@@ -254,6 +318,8 @@ class PeerNode:
         def fetch(mid, like, accept=None, min_round=-1):
             from peer.averaging import StateTransferError
 
+            if self._drain_overdue_at is not None:  # leaving past the drain's deadline: no re-sync
+                return None
             try:
                 return averager.fetch_state(mid, timeout=cfg.outer.round_timeout, like=like, accept=accept,
                                             min_round=min_round)
@@ -261,14 +327,19 @@ class PeerNode:
                 log.info("no live holder sent %s (%s)", mid, e)
                 return None
 
+        previous = None
         while True:
+            if previous is None:
+                self._event("assignment", mode=assignment.mode, work=assignment.label(), reason=assignment.reason)
+            else:
+                self._event("reroute", mode=assignment.mode, work=assignment.label(), previous=previous.label(),
+                            reason=assignment.reason)
             if assignment.mode not in ("path", "stage"):
                 raise UnsupportedAssignment(f"the coordinator assigned {assignment.label()}, which a training peer "
                                             "cannot do; run 'hivepath archive' for an archive peer")
             outer = assignment.outer_config(cfg.outer)  # H and codec as the coordinator decided them
             self.status.mode = assignment.mode
             self._work_started = time.monotonic()
-            deadline = time.monotonic() + self.opts.drain_timeout
             if assignment.mode == "stage":
                 # SWARM stage mode: serve one module's forward/backward to trainers (peer.node.stage_runner)
                 self.status.assignment = assignment.module_id
@@ -284,9 +355,8 @@ class PeerNode:
                 reason = self._trainer.run(self._should_stop, self._after_round)
                 self.status.state = "draining"
                 self._trainer.finish()
-            if time.monotonic() > deadline:
-                log.warning("draining took longer than --drain-timeout %.0fs", self.opts.drain_timeout)
+                self._checkpoint_event()
             if reason != "reassigned":
                 return
             with self._lock:
-                assignment, self._reassign = self._reassign, None
+                previous, assignment, self._reassign = assignment, self._reassign, None

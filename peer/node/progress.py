@@ -2,6 +2,10 @@
 
 Both views render the same :class:`PeerStatus`, which the peer updates after inner steps and
 outer rounds. JSON lines go to stdout, one object per update, for log collectors in containers.
+Besides these ``progress`` lines a view shows **events** (:meth:`ProgressView.event`): as JSON lines
+at once (``{"time": ..., "event": KIND, ...}``, the schema is :data:`EVENTS` and docs/cli.md), or as
+lines printed above the rich panel. While the rich panel is up, log records go through rich's own
+handler on the panel's console, so they print above it and never through it.
 The same status feeds the local status endpoint (:mod:`peer.node.local_status`): it records when the
 peer last made progress, when its main loop last turned and when the coordinator last answered.
 """
@@ -9,8 +13,10 @@ peer last made progress, when its main loop last turned and when the coordinator
 from __future__ import annotations
 
 import abc
+import logging
 import os
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, ClassVar, Optional, TextIO
@@ -23,7 +29,25 @@ from models import strict_json
 from peer import settings
 
 __all__ = ["PeerStatus", "ProgressView", "JsonLinesView", "RichView", "make_view", "WAITING_STATES", "FetchView",
-           "make_fetch_view"]
+           "make_fetch_view", "EVENTS"]
+
+EVENTS: dict[str, tuple[str, ...]] = {
+    "join": ("peer_id", "run_id", "reachability"),
+    "assignment": ("mode", "work", "reason"),
+    "reroute": ("mode", "work", "previous", "reason"),
+    "round": ("module", "round", "status", "peers", "group_size", "bytes_sent", "bytes_received", "seconds",
+              "reason"),
+    "checkpoint": ("path", "round", "error"),
+    "drain": ("reason", "preempting", "drain_timeout"),
+    "leave": ("reason", "drain_seconds"),
+    "error": ("message", "exit_code"),
+}
+"""The events a peer emits and the fields each carries (besides ``time`` and ``event``): ``join`` once
+admitted; ``assignment`` for its first work and ``reroute`` when the coordinator moves it (``previous``:
+the work it leaves); ``round`` per module and outer round (``status`` ``done`` or ``failed``, ``peers``
+the group's members, ``seconds`` the exchange's wait); ``checkpoint`` after each snapshot (``error``
+when it failed); ``drain`` when a drain begins; ``leave`` as the process ends (``drain_seconds``: how
+long the drain took, None without one); ``error`` for a problem that stops it."""
 
 WAITING_STATES = ("starting", "fetching", "joining", "loading", "draining", "stopped")
 """States in which a peer waits on something outside its main loop (the coordinator, the DHT, a
@@ -133,28 +157,69 @@ class ProgressView(abc.ABC):
         if status is not None:
             self.render(status)
 
+    def event(self, kind: str, **fields: Any) -> None:
+        """Show one event now (``kind`` and its fields: :data:`EVENTS`)."""
+        unknown = set(fields) - set(EVENTS[kind])
+        if unknown:
+            raise ValueError(f"event {kind!r} has no field(s) {sorted(unknown)}")
+        self.show_event(kind, {name: fields.get(name) for name in EVENTS[kind]})
+
+    @abc.abstractmethod
+    def show_event(self, kind: str, fields: dict) -> None:
+        """Render one event (every field of its kind present)."""
+
 
 class JsonLinesView(ProgressView):
-    """One JSON object per update on ``stream`` (stdout by default)."""
+    """One JSON object per update on ``stream`` (stdout by default), and one per event."""
 
     def __init__(self, stream: TextIO = sys.stdout, min_interval: float = 5.0):
         super().__init__(min_interval)
         self.stream = stream
+        self._lock = threading.RLock()  # events come from the heartbeat thread and signal handlers too
 
     def render(self, status: PeerStatus) -> None:
-        record = {"time": round(time.time(), 3), "event": "progress", **asdict(status)}
-        self.stream.write(strict_json.dumps(record, sort_keys=True) + "\n")
-        self.stream.flush()
+        self._write({"time": round(time.time(), 3), "event": "progress", **asdict(status)})
+
+    def show_event(self, kind: str, fields: dict) -> None:
+        self._write({"time": round(time.time(), 3), "event": kind, **fields})
+
+    def _write(self, record: dict) -> None:
+        line = strict_json.dumps(record, sort_keys=True) + "\n"
+        with self._lock:
+            self.stream.write(line)
+            self.stream.flush()
 
 
 class RichView(ProgressView):
-    """A small live table on the terminal."""
+    """A small live table on the terminal. While it is up, the root logger's stream handlers are
+    replaced by a :class:`rich.logging.RichHandler` on the panel's console, so log lines print above
+    the panel instead of through it; :meth:`close` puts them back."""
 
     def __init__(self, console: Optional[Console] = None):
         super().__init__(0.25)
         self.console = console or Console(stderr=True)
-        self.live = Live(console=self.console, auto_refresh=False, transient=False)
+        self.live = Live(console=self.console, auto_refresh=False, transient=False, redirect_stderr=False,
+                         redirect_stdout=False)
+        self._handlers = self._log_through_console()
         self.live.start()
+
+    def _log_through_console(self) -> list[logging.Handler]:
+        from rich.logging import RichHandler
+
+        root = logging.getLogger()
+        replaced = [h for h in root.handlers if type(h) is logging.StreamHandler]
+        level = min((h.level for h in replaced), default=logging.NOTSET)
+        for h in replaced:
+            root.removeHandler(h)
+        self._rich_handler = RichHandler(console=self.console, level=level, show_path=False, log_time_format="%H:%M:%S")
+        root.addHandler(self._rich_handler)
+        return replaced
+
+    def show_event(self, kind: str, fields: dict) -> None:
+        from rich.text import Text
+
+        shown = " ".join(f"{k}={v}" for k, v in fields.items() if v not in (None, "", [], {}))
+        self.console.print(Text.assemble((kind, "bold"), " ", shown), highlight=False)
 
     def render(self, status: PeerStatus) -> None:
         table = Table(title=f"hivepath peer {status.peer_id[:12]}", show_header=False, expand=False)
@@ -179,8 +244,14 @@ class RichView(ProgressView):
         self.live.update(table, refresh=True)
 
     def close(self, status: Optional[PeerStatus] = None) -> None:
-        super().close(status)
-        self.live.stop()
+        try:
+            super().close(status)
+            self.live.stop()
+        finally:
+            root = logging.getLogger()
+            root.removeHandler(self._rich_handler)
+            for h in self._handlers:
+                root.addHandler(h)
 
 
 def make_view(fmt: str = "auto") -> ProgressView:

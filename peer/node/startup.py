@@ -5,8 +5,9 @@
 :class:`PeerStartup` brings a process onto the run in this order, each step a call the process
 makes when it is ready for it (a peer prepares its dataset and measures itself between 3 and 4):
 
-1. the identity file, taken and released at once: a second process on the same file stops here
-   (exit 6) before any slow work (``__enter__``);
+1. the work dir, locked for the process's life (:mod:`peer.node.workdir`), and the identity file,
+   taken and released at once: a second process on the same directory or file stops here (exit 6)
+   before any slow work (``__enter__``);
 2. the local status page (``/status``, ``/healthz``) when a port is given (``__enter__``);
 3. the coordinator client and the run spec: config, DHT bootstrap peers, the coordinator's key
    (:meth:`PeerStartup.run_spec`);
@@ -124,15 +125,18 @@ def _check_multiaddr(flag: str, text: str) -> None:
 class PeerStartup:
     """A peer process's place in the run, from identity to heartbeats; a context manager.
 
-    ``home``: the process's directory (created; the identity file defaults to ``home/identity.key``);
-    ``role``: ``peer`` or ``archive`` (the status page says it); ``leave_reason()``: what the leave
+    ``home``: the process's directory (created and locked for this process: one process per directory;
+    the identity file defaults to ``home/identity.key``); ``home_flag``: the flag that names it (for
+    the message when another process holds it); ``role``: ``peer`` or ``archive`` (the status page says it); ``leave_reason()``: what the leave
     tells the coordinator, asked at teardown.
     """
 
     def __init__(self, opts: NetworkOptions, home: Path, status: PeerStatus, role: str,
-                 leave_reason: Callable[[], str] = lambda: "finished"):
+                 leave_reason: Callable[[], str] = lambda: "finished", home_flag: str = "--work-dir"):
         self.opts = opts
         self.home = Path(home)
+        self.home_flag = home_flag
+        self._home_lock: Any = None
         self.status = status
         self.role = role
         self.identity = Path(opts.identity) if opts.identity else self.home / "identity.key"
@@ -149,13 +153,15 @@ class PeerStartup:
         from peer.coordinator_client import CoordinatorClient
         from peer.network import load_or_create_identity
         from peer.node.lifetime import watch_descendants
+        from peer.node.workdir import lock_work_dir
 
         # the DHT will run in a child process with a p2p daemon under it: both go if we are killed outright
         # (started first, so the watchdog is up before they are)
         watch_descendants()
         self.home.mkdir(parents=True, exist_ok=True)
-        load_or_create_identity(self.identity).release()  # fail fast (exit 6) if a live process holds it
+        self._home_lock = lock_work_dir(self.home, self.home_flag)  # exit 6 if a live process uses it
         try:
+            load_or_create_identity(self.identity).release()  # fail fast (exit 6) if a live process holds it
             search = STATUS_PORT_SEARCH if self.opts.status_port == DEFAULT_STATUS_PORT else 0  # the default: shared
             self._status_server = start_optional(self.status, self.role, self.opts.status_port, self.opts.stall_timeout,
                                                  search=search)
@@ -240,6 +246,8 @@ class PeerStartup:
         """Tear down what was started, in reverse (see the module docstring); safe to call twice."""
         self.status.state = "stopped"
         with ExitStack() as stack:  # callbacks run last-in first-out, each even if one before failed
+            if self._home_lock is not None:
+                stack.callback(self._home_lock.release)  # last: nothing of ours writes the directory any more
             if self._status_server is not None:
                 stack.callback(self._status_server.stop)
             if self.dht is not None:
@@ -250,7 +258,7 @@ class PeerStartup:
                 stack.callback(callback)
             if self.client is not None:
                 stack.callback(self._end_session, self.client)
-            self._status_server = self.dht = self.averager = self.client = None
+            self._status_server = self.dht = self.averager = self.client = self._home_lock = None
             self._on_close = []
 
     def _end_session(self, client: "CoordinatorClient") -> None:

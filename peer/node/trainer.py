@@ -166,7 +166,10 @@ class PathTrainer:
             self.loss_ema = value if self.loss_ema is None else 0.95 * self.loss_ema + 0.05 * value
         tokens = x.numel()
         self.tokens += tokens
+        if self.opt.round_due():
+            self.status.state = "averaging"  # the outer round: the local status page shows it
         report = self.opt.step(tokens=tokens)
+        self.status.state = "training"
         self.opt.zero_grad(set_to_none=True)
         return report
 

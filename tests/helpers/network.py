@@ -18,7 +18,8 @@ TINY_RUN = """preset = "tiny"
 run_id = "{run_id}"
 [outer]
 inner_steps = {inner_steps}
-round_timeout = 12.0
+round_timeout = {round_timeout}
+{outer_extra}
 [data]
 manifest_hash = "{manifest_hash}"
 corpus = "{corpus}"
@@ -34,11 +35,13 @@ class Network:
 
     def __init__(self, procs: ProcessGroup, root: Path, data_dir: Path, manifest_hash: str,
                  inner_steps: int = 10, lease_timeout: float = 8.0, run_id: str = "itest", extra_toml: str = "",
-                 share_cores: bool = False, corpus: str = "default"):
+                 share_cores: bool = False, corpus: str = "default", round_timeout: float = 12.0,
+                 outer_extra: str = ""):
         """``extra_toml``: more run-config tables appended to the tiny run (e.g. a ``[lattice]``).
         ``share_cores``: peers get no ``HIVEPATH_THREADS`` and divide the cores among themselves, in a
         registry of this network's own (``peer.node.machine_share``); else one thread each.
-        ``corpus``: the run's ``[data] corpus`` (a directory no peer has makes peers fetch the data)."""
+        ``corpus``: the run's ``[data] corpus`` (a directory no peer has makes peers fetch the data).
+        ``round_timeout``: the ``[outer]`` round deadline; ``outer_extra``: more ``[outer]`` lines."""
         self.procs = procs
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -47,7 +50,8 @@ class Network:
         (self.root / "token").write_text(self.token)
         self.run_toml = self.root / "run.toml"
         self.run_toml.write_text(TINY_RUN.format(run_id=run_id, inner_steps=inner_steps, manifest_hash=manifest_hash,
-                                                 lease_timeout=lease_timeout, extra=extra_toml, corpus=corpus))
+                                                 lease_timeout=lease_timeout, extra=extra_toml, corpus=corpus,
+                                                 round_timeout=round_timeout, outer_extra=outer_extra))
         self.port = free_port()
         self.http_port = free_port()
         self.address = f"127.0.0.1:{self.port}"

@@ -1,0 +1,191 @@
+"""Docs that run (issue 19): the command blocks of the operator's and the volunteer's journeys, taken
+from the docs and run in the order a reader would, against real processes in a temp directory. A doc
+block that no longer works fails its test.
+
+Blocks are the fenced ``bash`` blocks of a section (:func:`doc_commands`): lines joined at a trailing
+backslash, comments dropped. Each command runs in ``bash`` in the temp directory, with ``HOME`` there
+(so ``~/.hivepath`` is too) and this checkout's ``hivepath`` first on ``PATH``; ``export K=V`` sets a
+variable for the commands after it; ``pip install`` lines are the test's own environment and are
+skipped. What must differ from the page, and only that, is substituted (:class:`Reader`):
+
+- the ports ``7700``/``7701`` of ``--port``, ``--http-port`` and ``HOST:7700`` become free ports, and
+  ``coord.example.org`` becomes ``127.0.0.1``; the operator commands' default coordinator
+  (``127.0.0.1:7700``) becomes that port through ``HIVEPATH_COORDINATOR``;
+- the example peer id ``QmUTBN6Bp15euBud...`` (whole or shortened) becomes the id of a peer of the run;
+- ``deploy/run.example.toml`` is copied from this checkout into the temp directory.
+
+Long-running commands (``coordinator serve``, ``peer join``, ``archive``) start in the background and
+are waited for by their readiness (a port, a progress event), then stopped with SIGTERM (a drain).
+
+``test_operator_journey`` runs in the default test run (about half a minute); the volunteer's and the
+generate journeys are ``slow``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from helpers import free_port, wait_for
+from helpers.procs import ROOT
+
+pytestmark = pytest.mark.integration
+
+EXAMPLE_PEER = "QmUTBN6Bp15euBudrpM9hih36odyxBWgvSJ18K6iD8f4R9"
+"""The peer id the docs use in examples (one the program printed)."""
+LONG_RUNNING = ("hivepath coordinator serve", "hivepath peer join", "hivepath archive")
+
+
+def doc_commands(doc: str, section: str, block: Optional[int] = None) -> list[str]:
+    """The commands of the fenced ``bash`` blocks under heading ``section`` of ``doc`` (relative to the
+    checkout), or only block number ``block`` of them."""
+    text = (ROOT / doc).read_text(encoding="utf-8")
+    heading = re.search(rf"^#+ {re.escape(section)}\s*$", text, re.M)
+    assert heading, f"{doc} has no section {section!r}"
+    lines, fenced = [], False
+    for line in text[heading.end():].splitlines(keepends=True):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and re.match(r"#+ ", line):
+            break  # the next heading (a '#' inside a block is a shell comment)
+        lines.append(line)
+    body = "".join(lines)
+    blocks = re.findall(r"^```(?:bash|sh)\n(.*?)^```", body, re.M | re.S)
+    assert blocks, f"{doc} section {section!r} has no bash block"
+    if block is not None:
+        blocks = [blocks[block]]
+    commands = []
+    for b in blocks:
+        joined = re.sub(r"\\\n\s*", " ", b)
+        for line in joined.splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()
+            if line and not line.startswith("#"):
+                commands.append(line)
+    return commands
+
+
+class Reader:
+    """Runs doc commands as a reader would, in ``home``, with the substitutions of the module docstring."""
+
+    def __init__(self, procs, home: Path):
+        self.procs = procs
+        self.home = home
+        self.port, self.http_port = free_port(), free_port()
+        self.peer_id = EXAMPLE_PEER
+        bin_dir = str(Path(sys.executable).parent)
+        self.env = {**os.environ, "HOME": str(home), "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+                    "HIVEPATH_THREADS": "1", "HIVEPATH_PROGRESS": "json", "HIVEPATH_STATUS_PORT": "0"}
+        for name in ("HIVEPATH_TOKEN", "HIVEPATH_TOKEN_FILE"):
+            self.env.pop(name, None)
+        self.env["HIVEPATH_COORDINATOR"] = f"127.0.0.1:{self.port}"
+        (home / "deploy").mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / "deploy" / "run.example.toml", home / "deploy" / "run.example.toml")
+        self.started: list[str] = []
+
+    def substitute(self, cmd: str) -> str:
+        cmd = cmd.replace("coord.example.org", "127.0.0.1")
+        cmd = re.sub(r"--port 7700\b", f"--port {self.port}", cmd)
+        cmd = re.sub(r"--http-port 7701\b", f"--http-port {self.http_port}", cmd)
+        cmd = re.sub(r"(127\.0\.0\.1|HOST):7700\b", f"127.0.0.1:{self.port}", cmd)
+        return re.sub(r"\b" + EXAMPLE_PEER[:16] + r"\w*", lambda m: self.peer_id[:len(m.group(0))], cmd)
+
+    def run(self, commands: list[str], expect: int = 0) -> list[subprocess.CompletedProcess]:
+        done = []
+        for raw in commands:
+            cmd = self.substitute(raw)
+            if cmd.startswith("pip install"):
+                continue
+            if cmd.startswith("export "):
+                key, _, value = cmd[len("export "):].partition("=")
+                self.env[key] = value
+                continue
+            if cmd.startswith(LONG_RUNNING):
+                name = f"doc{len(self.started)}"
+                self.procs.start(name, ["bash", "-c", f"exec {cmd}"], env=self.env, cwd=self.home)
+                self.started.append(name)
+                continue
+            out = subprocess.run(["bash", "-c", cmd], cwd=self.home, env=self.env, capture_output=True, text=True,
+                                 timeout=600)
+            assert out.returncode == expect, f"doc command {raw!r} ran as {cmd!r}: exit {out.returncode}\n{out.stderr}"
+            done.append(out)
+        return done
+
+    def coordinator_answers(self) -> bool:
+        out = subprocess.run(["bash", "-c", "hivepath coordinator status --json"], cwd=self.home, env=self.env,
+                             capture_output=True, text=True, timeout=60)
+        return out.returncode == 0
+
+
+def _join_a_peer(reader: Reader, token: str, peer_id: str):
+    from peer.coordinator_client import CoordinatorClient, PeerInfo
+
+    client = CoordinatorClient(f"127.0.0.1:{reader.port}", token, PeerInfo(peer_id, "cpu", 8 << 30, 1000.0,
+                                                                           public_key=b"doc"), retry_timeout=30.0)
+    client.join()
+    return client
+
+
+def test_operator_journey(procs, tmp_path):
+    """docs/coordinator.md "Running it": the token, serve, the operator's status commands, then drain,
+    ban and unban of a peer that joined (the example id stands for it)."""
+    reader = Reader(procs, tmp_path)
+    serve, status, moderation = (doc_commands("docs/coordinator.md", "Running it", i) for i in range(3))
+    reader.run(serve)
+    token = (tmp_path / "run.token").read_text().strip()
+    assert re.fullmatch(r"[0-9a-f]{32}", token) and (tmp_path / "run.token").stat().st_mode & 0o077 == 0
+    reader.env["HIVEPATH_TOKEN_FILE"] = "run.token"  # the next block's export, for the readiness check
+    wait_for(reader.coordinator_answers, 120, "the coordinator of the docs to answer")
+    plain, as_json = reader.run(status)
+    assert "run demo" in plain.stdout
+    import json
+
+    assert json.loads(as_json.stdout)["run_id"] == "demo"
+    client = _join_a_peer(reader, token, "QmTkFbVDjvRJ6CU9cgWrNHeXRWoHzhtwsmS5CaxLyGqvJ1")
+    try:
+        reader.peer_id = client.peer.peer_id
+        drained, banned, unbanned = reader.run(moderation)
+        assert drained.stdout.startswith(f"{reader.peer_id}: ") and "draining" in drained.stdout
+        assert banned.stdout.startswith(f"{reader.peer_id}: ") and unbanned.stdout.startswith(f"{reader.peer_id}: ")
+    finally:
+        client.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_volunteer_journey(procs, tmp_path):
+    """The operator starts the coordinator (docs/coordinator.md), a volunteer joins as README "Joining a
+    real run" says, trains a round and is drained by the operator's command."""
+    reader = Reader(procs, tmp_path)
+    reader.run(doc_commands("docs/coordinator.md", "Running it", 0))
+    reader.env["HIVEPATH_TOKEN_FILE"] = "run.token"
+    wait_for(reader.coordinator_answers, 120, "the coordinator to answer")
+    del reader.env["HIVEPATH_TOKEN_FILE"]  # the volunteer passes --token-file as the README says
+    reader.run(doc_commands("README.md", "Joining a real run"))
+    volunteer = reader.started[-1]
+
+    def events(kind):
+        return [e for e in procs.json_lines(volunteer) if e.get("event") == kind]
+
+    wait_for(lambda: events("round"), 1200, "the volunteer to finish a round")
+    reader.peer_id = events("join")[0]["peer_id"]
+    reader.run(doc_commands("docs/coordinator.md", "Running it", 1)[:1])  # export HIVEPATH_TOKEN_FILE
+    reader.run(doc_commands("docs/coordinator.md", "Running it", 2)[:1])  # drain
+    assert procs.procs[volunteer].wait(timeout=300) == 0, procs.log(volunteer)[-3000:]
+    assert events("leave") and events("drain")[0]["reason"].startswith("drained by the coordinator")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_generate_journey(procs, tmp_path):
+    """docs/generate.md "Commands", every line as written."""
+    reader = Reader(procs, tmp_path)
+    outs = reader.run(doc_commands("docs/generate.md", "Commands"))
+    assert outs[1].stdout.startswith("To be, or not to be") and "[path" in outs[1].stderr
+    assert (tmp_path / "exports" / "r1-0-1").is_dir()
