@@ -79,8 +79,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="metadata server base URL (env HIVEPATH_SPOT_URL; default: the provider's own)")
     j.add_argument("--spot-poll-interval", type=seconds(), default=env_default("HIVEPATH_SPOT_POLL_INTERVAL"),
                    metavar="S", help="seconds between notice checks (env HIVEPATH_SPOT_POLL_INTERVAL; default 5)")
-    j.add_argument("--coordinator-timeout", type=non_negative(), default=env_default("HIVEPATH_COORDINATOR_TIMEOUT"),
-                   metavar="S", help="seconds to retry an unreachable coordinator at start-up (env HIVEPATH_COORDINATOR_TIMEOUT)")
     j.add_argument("--keep-checkpoints", type=count(), default=env_default("HIVEPATH_KEEP_CHECKPOINTS"), metavar="K",
                    help="checkpoint snapshots kept in WORK_DIR/checkpoints (env HIVEPATH_KEEP_CHECKPOINTS; default 2)")
     j.set_defaults(func=run)
@@ -104,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     from peer.node import PeerNode, PeerOptions, SpotOptions, run_until_stopped
 
     opts = PeerOptions(
-        network=network_options(args, client_mode=args.client_mode, coordinator_timeout=args.coordinator_timeout),
+        network=network_options(args, client_mode=args.client_mode),
         device=args.device,
         max_memory_gb=args.max_memory,
         work_dir=Path(args.work_dir).expanduser(),

@@ -18,7 +18,7 @@ import argparse
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from hivepath.numbers import port, seconds
+from hivepath.numbers import non_negative, port, seconds
 from hivepath.paths import certificate, key_file, text_file
 from hivepath.settings import env_default, setting
 from models.errors import HivepathError
@@ -94,6 +94,21 @@ def add_network_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stall-timeout", type=seconds(), default=env_default("HIVEPATH_STALL_TIMEOUT"), metavar="S",
                    help="report unhealthy after S seconds without progress outside a waiting state "
                    "(env HIVEPATH_STALL_TIMEOUT; default 300)")
+    p.add_argument("--coordinator-timeout", type=non_negative(), default=env_default("HIVEPATH_COORDINATOR_TIMEOUT"),
+                   action=_WaitAsked, metavar="S",
+                   help="seconds to retry an unreachable coordinator at start-up (env HIVEPATH_COORDINATOR_TIMEOUT; "
+                        "default 60); without it, an address where nothing answers yet is given up after 10 s")
+    p.set_defaults(coordinator_wait=setting("HIVEPATH_COORDINATOR_TIMEOUT").is_set())
+
+
+class _WaitAsked(argparse.Action):
+    """``--coordinator-timeout`` given: wait that long even where nothing answers yet (a coordinator
+    being started beside this process) instead of giving up after 10 s."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: Optional[str] = None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.coordinator_wait = True
 
 
 def network_options(args: argparse.Namespace, **extra: Any):
@@ -113,5 +128,7 @@ def network_options(args: argparse.Namespace, **extra: Any):
         tls_ca=args.tls_ca,
         status_port=args.status_port,
         stall_timeout=args.stall_timeout,
+        coordinator_timeout=args.coordinator_timeout,
+        coordinator_wait=args.coordinator_wait,
         **extra,
     )

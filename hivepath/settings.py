@@ -94,8 +94,9 @@ CLI_SETTINGS: tuple[Setting, ...] = (
     Setting("HIVEPATH_MEASURE_SECONDS", "number", 2.0, "seconds spent measuring tokens/s at start-up",
             flag="--measure-seconds", read_by="peer join"),
     Setting("HIVEPATH_COORDINATOR_TIMEOUT", "number", 60.0,
-            "seconds to retry an unreachable coordinator at start-up", flag="--coordinator-timeout",
-            read_by="peer join"),
+            "seconds to retry an unreachable coordinator at start-up (set: also where nothing answers yet, "
+            "which is otherwise given up after 10 s)", flag="--coordinator-timeout",
+            read_by="peer join, archive"),
     Setting("HIVEPATH_KEEP_CHECKPOINTS", "integer", 2, "checkpoint snapshots kept in WORK_DIR/checkpoints",
             flag="--keep-checkpoints", read_by="peer join"),
     Setting("HIVEPATH_ARCHIVE_DIR", "path", None, "where the archive writes its snapshots (required)",

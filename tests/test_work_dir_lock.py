@@ -37,7 +37,8 @@ def test_second_process_on_one_work_dir_exits_6_naming_the_first(procs, tmp_path
     work = tmp_path / "work"
     token = tmp_path / "token"
     token.write_text("test-token-0123456789")
-    common = ["--coordinator", f"127.0.0.1:{free_port()}", "--token-file", str(token), "--status-port", "0"]
+    common = ["--coordinator", f"127.0.0.1:{free_port()}", "--token-file", str(token), "--status-port", "0",
+              "--coordinator-timeout", "600"]  # asked to wait: nothing answering is not given up after 10 s
     where = ["peer", "join", "--work-dir", str(work)] if command == "peer" else ["archive", "--dir", str(work)]
     first = procs.start("first", hivepath_cmd(*where, *common))
     wait_for(lambda: _holder_pid(work) == first.pid, 60, "the first process to lock the work dir")

@@ -83,6 +83,10 @@ class NetworkOptions:
     """CA certificate to verify a TLS coordinator."""
     coordinator_timeout: float = 60.0
     """Seconds to keep retrying the coordinator at start-up before giving up (exit 3)."""
+    coordinator_wait: bool = False
+    """Retry for ``coordinator_timeout`` even where nothing answers yet (``--coordinator-timeout``
+    given: a coordinator started beside this peer); otherwise such an address is given up after
+    :data:`peer.coordinator_client.client.FIRST_CONTACT_TIMEOUT`."""
     rebootstrap_interval: float = 20.0
     """Seconds between checks that the peers the coordinator lists are in our DHT routing table
     (re-merges the swarm after a partition; see ``PeerDHT.keep_connected``)."""
@@ -166,7 +170,8 @@ class PeerStartup:
             self._status_server = start_optional(self.status, self.role, self.opts.status_port, self.opts.stall_timeout,
                                                  search=search)
             self.client = CoordinatorClient(self.opts.coordinator, self.opts.token, tls_ca=self.opts.tls_ca,
-                                            retry_timeout=self.opts.coordinator_timeout)
+                                            retry_timeout=self.opts.coordinator_timeout,
+                                            expect_starting=self.opts.coordinator_wait)
         except BaseException:
             self.close()
             raise
