@@ -1,6 +1,6 @@
 """bench.byzantine: hostile peers against a model near its plateau, each attack with and without the defence (issue 23).
 
-A dense (1x1) ``demo``-sized model (d_model 96, byte tokenizer, seq_len 96, batch 16) is first trained
+A dense (1x1) ``demo``-sized model (d_model 96, byte tokenizer, seq_len 96, ``--batch`` 8) is first trained
 by one worker for ``--pretrain-steps`` inner steps (cached under ``--cache``: the same settings reuse
 it), and, to say how close that is to the plateau, for twice as many. Every run then starts from the
 pretrained weights and does ``--rounds`` outer rounds of H inner steps with the in-process simulator
@@ -8,9 +8,9 @@ pretrained weights and does ``--rounds`` outer rounds of H inner steps with the 
 flat vector is split into one part per member (:func:`peer.averaging.partition.part_bounds`, equal
 bandwidths), the member owning a part reduces it with the run's rule
 (:func:`peer.averaging.aggregate`), and every honest reducer files what it caught as a report against
-the sender; the coordinator's own decision (:class:`coordinator.bans.BanBook`,
-:func:`coordinator.bans.ban_decision` with the default ``CoordinatorSettings`` thresholds) bans, and a
-banned peer is left out of every later group (its credential is not renewed).
+the sender to a coordinator (:class:`coordinator.core.Coordinator` in process, memory store, default
+``CoordinatorSettings``: its ``report`` and :func:`coordinator.bans.ban_decision` decide the ban, as
+over gRPC), and a banned peer is left out of every later group (its credential is not renewed).
 
 Attacks (1 hostile of 5; ``collude``: 2 of 7), applied to the hostile worker's pseudo-gradient every
 round before the codec: ``scaled`` (x100), ``sign_flip`` (-1x), ``noise`` (Gaussian, the same norm),
@@ -49,13 +49,14 @@ HARMFUL = 0.05
 """A control gap below this is "not harmful at this scale" (the issue's threshold)."""
 EVAL_DOCUMENTS = 48
 ROUND_SECONDS = 10.0
-"""Coordinator clock advanced per round (well inside the default 600 s ban window)."""
+"""Coordinator clock advanced per round (inside the default 30 s lease and 600 s ban window)."""
 
 
-def _config(ds, aggregator: str, norm_bound: float, inner_steps: int):
+def _config(ds, aggregator: str, norm_bound: float, inner_steps: int, batch: int):
     from models.presets import demo
 
     return demo().replace(lattice={"levels": 1, "modules_per_level": 1, "vocab_size": ds.manifest["vocab_size"]},
+                          inner={"batch_size": batch},
                           outer={"aggregator": aggregator, "norm_bound": norm_bound, "inner_steps": inner_steps},
                           data={"manifest_hash": ds.manifest_hash, "tokenizer": ds.manifest["tokenizer"]})
 
@@ -106,8 +107,10 @@ class Attacked:
                  defended: bool, seed: int):
         import torch
 
-        from coordinator.bans import BanBook
+        from coordinator.core import Coordinator
+        from coordinator.records import Capabilities
         from coordinator.settings import CoordinatorSettings
+        from coordinator.store import MemoryStore
         from peer.averaging import MEAN, Aggregation
         from peer.simulator import DiLoCoSimulator
 
@@ -123,15 +126,19 @@ class Attacked:
         self.sim.outer_step = self.outer_step  # the network's reduction, per part, with reports
         self.hostile, self.attack, self.defended = set(hostile), attack, defended
         self.rule = Aggregation.from_config(cfg.outer) if defended else MEAN
-        self.settings = CoordinatorSettings()
-        self.bans, self.banned_at = BanBook(), {}
+        self.now = 1_000_000.0
+        self.coord = Coordinator(cfg, CoordinatorSettings(), MemoryStore(), clock=lambda: self.now)
+        self.leases = {self.pid(k): self.coord.join(self.pid(k), b"key%d" % k, Capabilities("cpu", 8 << 30, 1000.0))
+                       .lease.lease_id for k in range(workers)}
+        self.banned_at: dict[str, int] = {}
         self.rng = torch.Generator().manual_seed(seed)
         self.first_sent: dict[tuple[int, str], object] = {}
         self.reports = 0
 
     @staticmethod
     def pid(index: int) -> str:
-        return f"peer{index:03d}"
+        """A libp2p-shaped peer id (base58: no zero) whose sort order is the worker order."""
+        return "12D3KooWbyz" + str(index).replace("0", "z").rjust(8, "z")
 
     def _attack(self, k: int, mid: str, own, honest: list):
         import torch
@@ -158,12 +165,14 @@ class Attacked:
         """The networked outer step: hostile deltas, per-part robust reduction, reports, bans."""
         import torch
 
-        from coordinator.bans import Report, ban_decision
         from peer.averaging import aggregate, flatten, unflatten
         from peer.averaging.partition import part_bounds
 
         sim, rnd = self.sim, self.sim.round_no + 1
-        now = rnd * ROUND_SECONDS
+        self.now += ROUND_SECONDS
+        for pid, lease in self.leases.items():  # every live peer heartbeats during the round
+            if pid not in self.banned_at:
+                self.coord.heartbeat(lease, pid)
         with torch.no_grad():
             for mid in sim.module_ids:
                 opt = sim.outer[mid]
@@ -196,14 +205,11 @@ class Attacked:
                         if suspect == self.pid(reducer.index) or suspect in self.banned_at:
                             continue
                         self.reports += 1
-                        recent = self.bans.add_report(Report(self.pid(reducer.index), suspect, mid, rnd, why, now),
-                                                      self.settings.ban_window)
-                        s = self.settings
-                        ban, reason = ban_decision(recent, now, s.ban_window, s.ban_reporters, s.ban_reports)
-                        if ban:
-                            self.bans.ban(suspect, reason, now)
+                        reporter = self.pid(reducer.index)
+                        res = self.coord.report(self.leases[reporter], reporter, suspect, mid, rnd, why)
+                        if res.banned:
                             self.banned_at[suspect] = rnd
-                            log.info("round %d: banned %s (%s)", rnd, suspect, reason)
+                            log.info("round %d: banned %s (%s)", rnd, suspect, res.reason)
                 avg = sim.codec.roundtrip(torch.cat(parts))  # (n,) each reducer encodes its part once
                 opt.step(unflatten(avg, opt.global_params))
                 for w in sim.holders(mid):
@@ -213,7 +219,7 @@ class Attacked:
     def run(self, rounds: int, ds, cfg) -> dict:
         self.sim.train(rounds * cfg.outer.inner_steps)
         bans = [self.banned_at.get(self.pid(k)) for k in sorted(self.hostile)]
-        wrong = sorted(p for p in self.banned_at if int(p[4:]) not in self.hostile)
+        wrong = sorted(p for p in self.banned_at if p not in {self.pid(k) for k in self.hostile})
         return {"bpb": _bpb(self.sim.global_model(), ds, cfg),
                 "rounds_to_ban": max(bans) if bans and all(b is not None for b in bans) else None,
                 "honest_banned": wrong, "reports": self.reports}
@@ -230,9 +236,9 @@ def run_bench(args: argparse.Namespace) -> dict:
     if not (data / "manifest.json").exists():
         prepare(default_corpus(), data, levels=1, modules=1, tokenizer="bytes")
     ds = Dataset(data)
-    cfg = _config(ds, args.aggregator, args.norm_bound, args.inner_steps)
+    cfg = _config(ds, args.aggregator, args.norm_bound, args.inner_steps, args.batch)
     t0 = time.perf_counter()
-    state, info = pretrain(ds, _config(ds, "mean", 0.0, args.inner_steps), args.pretrain_steps, Path(args.cache))
+    state, info = pretrain(ds, _config(ds, "mean", 0.0, args.inner_steps, args.batch), args.pretrain_steps, Path(args.cache))
 
     def one(workers: int, hostile: list[int], attack: Optional[str], defended: bool) -> dict:
         t = time.perf_counter()
@@ -285,8 +291,9 @@ def run_bench(args: argparse.Namespace) -> dict:
 
 def main(argv: Optional[list[str]] = None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m bench.byzantine", description=__doc__.split("\n")[0])
-    ap.add_argument("--pretrain-steps", type=int, default=2000, help="one worker's inner steps before the attacks")
-    ap.add_argument("--rounds", type=int, default=6, help="outer rounds of every attacked run")
+    ap.add_argument("--batch", type=int, default=8, help="sequences per inner step (the demo preset has 16)")
+    ap.add_argument("--pretrain-steps", type=int, default=1500, help="one worker's inner steps before the attacks")
+    ap.add_argument("--rounds", type=int, default=5, help="outer rounds of every attacked run")
     ap.add_argument("--inner-steps", type=int, default=10, help="H")
     ap.add_argument("--aggregator", default="trimmed_mean", choices=["trimmed_mean", "centered_clip"])
     ap.add_argument("--norm-bound", type=float, default=2.0, help="the defence's norm bound (0: none)")
@@ -297,6 +304,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
                     help="pretrained checkpoints, reused by later runs with the same settings")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("coordinator").setLevel(logging.WARNING)  # a line per join and report: bans are logged here
     if math.isnan(args.norm_bound) or args.rounds < 1:
         ap.error("--rounds must be >= 1 and --norm-bound a number")
     return emit("byzantine", run_bench(args))
