@@ -293,7 +293,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m bench.byzantine", description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, default=8, help="sequences per inner step (the demo preset has 16)")
     ap.add_argument("--pretrain-steps", type=int, default=1500, help="one worker's inner steps before the attacks")
-    ap.add_argument("--rounds", type=int, default=5, help="outer rounds of every attacked run")
+    ap.add_argument("--rounds", type=int, default=4, help="outer rounds of every attacked run")
     ap.add_argument("--inner-steps", type=int, default=10, help="H")
     ap.add_argument("--aggregator", default="trimmed_mean", choices=["trimmed_mean", "centered_clip"])
     ap.add_argument("--norm-bound", type=float, default=2.0, help="the defence's norm bound (0: none)")

@@ -247,7 +247,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
                     help="the cut-off peer's link stays down at least this long (default 30)")
     ap.add_argument("--partitions", type=int, default=3,
                     help="partitions in the run, each of another peer, over its second half (default 3)")
-    ap.add_argument("--byzantine-steps", type=int, default=300, help="inner steps per simulated worker (default 300)")
+    ap.add_argument("--byzantine-steps", type=int, default=300, help="inner steps per simulated worker (default 300; 0: no hostile-peer run)")
     ap.add_argument("--aggregator", default="trimmed_mean", choices=["trimmed_mean", "centered_clip", "mean"])
     ap.add_argument("--skip-faults", action="store_true", help="only the hostile-peer measurement")
     ap.add_argument("--work", type=Path, help="keep logs and checkpoints here (default: a temp dir)")
@@ -257,7 +257,8 @@ def main(argv: Optional[list[str]] = None) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     result: dict = {"minutes": args.minutes, "peers": args.peers, "kill_every_s": args.kill_every,
                     "inner_steps": args.inner_steps, "work": str(work)}
-    result.update(byzantine(args.byzantine_steps, work, args.aggregator))
+    if args.byzantine_steps > 0:
+        result.update(byzantine(args.byzantine_steps, work, args.aggregator))
     if not args.skip_faults:
         result.update(fault_run(args.minutes, args.peers, args.kill_every, work, args.inner_steps,
                                 args.partition_seconds, args.partitions))
