@@ -178,12 +178,15 @@ def _trimmed_mean(order: list[str], values: list[Tensor], weights: list[float], 
         den += torch.where(keep, wk, torch.zeros(()))
         trims.append(~keep)
     value = num / den  # (n,)
-    # a member counts as trimmed only where the members disagree and its value is not the aggregate's:
-    # where every member sends the same value (a row no member's data touched, changed alike by weight
-    # decay) ties go to the first row, which would otherwise report an honest member every round
-    spread = lo_val != hi_val  # (n,)
-    contested = max(1, int(spread.sum()))
-    trimmed = [float((t & spread & (v != value)).sum()) / contested for t, v in zip(trims, values)]
+    # a member counts as trimmed only where its value was the one lowest or highest: ties (rows no
+    # member's data touched, changed alike by weight decay) go to the first row, which would otherwise
+    # be reported every round; the share is of the coordinates where the members disagree at all
+    n_lo = sum((v == lo_val).to(torch.int32) for v in values)  # (n,)
+    n_hi = sum((v == hi_val).to(torch.int32) for v in values)  # (n,)
+    unique_lo, unique_hi = n_lo == 1, n_hi == 1  # (n,) each: the extreme is one member's alone
+    contested = max(1, int((lo_val != hi_val).sum()))
+    trimmed = [float((t & (((v == lo_val) & unique_lo) | ((v == hi_val) & unique_hi))).sum()) / contested
+               for t, v in zip(trims, values)]
     for i, pid in enumerate(order):
         if trimmed[i] > TRIM_REPORT and pid not in suspects:
             suspects[pid] = f"trimmed at {trimmed[i]:.0%} of coordinates"
