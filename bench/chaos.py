@@ -5,9 +5,11 @@
 loopback without the partition when namespaces cannot be made). For ``--minutes`` (default 10):
 every ``--kill-every`` seconds one peer (round robin) is killed with ``kill -9`` and restarted with
 the same work dir and identity once the others finished a round without it; once, the coordinator is
-killed and restarted on the same ``--db`` after every peer finished two rounds without it; once, one
-peer's namespace link goes down for ``--partition-seconds`` (default 30), and until the others
-finished two rounds and it finished one on its own. The fault injector and the
+killed and restarted on the same ``--db`` after every peer finished two rounds without it;
+``--partitions`` times (default 3, over the run's second half, each time another peer), one peer's
+namespace link goes down for ``--partition-seconds`` (default 30), and until the others finished two
+rounds and it finished one on its own; ``partition_remerge_rounds`` lists the rounds each took to
+re-merge after the heal, ``partition_remerge_rounds_max`` the worst (target <= 2). The fault injector and the
 invariants are the chaos test suite's (``tests/chaos``): faults fire on conditions (rounds ended,
 log lines), and at the end everything is stopped with SIGTERM and checked.
 
@@ -18,7 +20,8 @@ pseudo-gradient every round, against the same run with 5 honest workers; validat
 of each, gap relative to the clean run.
 
 Keys: ``rounds_completed``, ``rounds_lost`` (target 0), ``max_stall_s`` (target <= the round
-deadline), ``replica_max_abs_diff`` (target 0.0), ``byzantine_bpb_gap`` (target <= 0.05).
+deadline), ``replica_max_abs_diff`` (target 0.0), ``partition_remerge_rounds_max`` (target <= 2),
+``byzantine_bpb_gap`` (target <= 0.05; every attack with a control: ``bench.byzantine``).
 """
 
 from __future__ import annotations
