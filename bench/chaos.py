@@ -5,9 +5,11 @@
 loopback without the partition when namespaces cannot be made). For ``--minutes`` (default 10):
 every ``--kill-every`` seconds one peer (round robin) is killed with ``kill -9`` and restarted with
 the same work dir and identity once the others finished a round without it; once, the coordinator is
-killed and restarted on the same ``--db`` after every peer finished two rounds without it; once, one
-peer's namespace link goes down for ``--partition-seconds`` (default 30), and until the others
-finished two rounds and it finished one on its own. The fault injector and the
+killed and restarted on the same ``--db`` after every peer finished two rounds without it;
+``--partitions`` times (default 3, over the run's second half, each time another peer), one peer's
+namespace link goes down for ``--partition-seconds`` (default 30), and until the others finished two
+rounds and it finished one on its own; ``partition_remerge_rounds`` lists the rounds each took to
+re-merge after the heal, ``partition_remerge_rounds_max`` the worst (target <= 2). The fault injector and the
 invariants are the chaos test suite's (``tests/chaos``): faults fire on conditions (rounds ended,
 log lines), and at the end everything is stopped with SIGTERM and checked.
 
@@ -18,7 +20,8 @@ pseudo-gradient every round, against the same run with 5 honest workers; validat
 of each, gap relative to the clean run.
 
 Keys: ``rounds_completed``, ``rounds_lost`` (target 0), ``max_stall_s`` (target <= the round
-deadline), ``replica_max_abs_diff`` (target 0.0), ``byzantine_bpb_gap`` (target <= 0.05).
+deadline), ``replica_max_abs_diff`` (target 0.0), ``partition_remerge_rounds_max`` (target <= 2),
+``byzantine_bpb_gap`` (target <= 0.05; every attack with a control: ``bench.byzantine``).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ ROUND_TIMEOUT = 12.0
 
 
 def fault_run(minutes: float, peers: int, kill_every: float, work: Path, inner_steps: int,
-              partition_s: float = 30.0) -> dict:
+              partition_s: float = 30.0, partitions: int = 3) -> dict:
     from chaos.fault import FaultInjector, rounds_done
     from chaos.invariants import (acknowledged_rounds, first_identical_round, held_rounds, loss_thirds,
                                   replica_check, round_gaps, round_waits, rounds_lost,
@@ -84,11 +87,14 @@ def fault_run(minutes: float, peers: int, kill_every: float, work: Path, inner_s
         baseline = acknowledged_rounds(roots)
         start = time.monotonic()
         end = start + minutes * 60
-        coordinator_at, partition_at = start + 0.4 * (end - start), start + 0.7 * (end - start)
-        next_kill, victim = start + kill_every, 0
+        coordinator_at = start + 0.4 * (end - start)
+        # partitions spread over the last half of the run, each on another peer (at most one per peer)
+        partition_due = [start + (0.5 + 0.45 * i / max(1, partitions)) * (end - start)
+                         for i in range(min(partitions, peers))]
+        next_kill, victim = start + kill_every if kill_every > 0 else float("inf"), 0
         exclude: dict[Path, Any] = {}
-        cut_forked: Optional[tuple[Path, dict[str, int]]] = None
-        merge_rounds = None
+        cuts: list[tuple[Path, dict[str, int]]] = []
+        merge_rounds: list[int] = []
 
         def others_round(skip: set[str], n: int = 1, timeout: float = 120.0) -> None:
             rest = [x for x in names if x not in skip]
@@ -104,14 +110,16 @@ def fault_run(minutes: float, peers: int, kill_every: float, work: Path, inner_s
                 inj.kill_coordinator()
                 others_round(set(), 2)
                 inj.restart_coordinator()
-            elif partition_at and bridge is not None and now >= partition_at:
-                partition_at = 0.0
+            elif partition_due and bridge is not None and now >= partition_due[0]:
+                partition_due.pop(0)
                 others_round(set(), 1)
-                cut = names[(victim + 1) % peers]
+                was_cut = {r for r, _ in cuts}
+                order = [names[(victim + 1 + i) % peers] for i in range(peers)]
+                cut = next(n for n in order if works[names.index(n)] / "checkpoints" not in was_cut)
                 cut_root = works[names.index(cut)] / "checkpoints"
-                ref_root = works[names.index(names[victim % peers])] / "checkpoints"
+                ref_root = works[names.index(next(n for n in order if n != cut))] / "checkpoints"
                 forked_from = max(held_rounds([cut_root]).values(), default=0)
-                cut_forked = (cut_root, held_rounds([cut_root]))
+                cuts.append((cut_root, held_rounds([cut_root])))
                 alone = rounds_done(net, cut)
                 inj.partition(net.where[cut])
                 cut_at = time.monotonic()
@@ -122,7 +130,8 @@ def fault_run(minutes: float, peers: int, kill_every: float, work: Path, inner_s
                 healed_at = max(held_rounds([r for r in roots if r != cut_root]).values())
                 merged = inj.when(lambda: first_identical_round(ref_root, cut_root, healed_at, ("embed", "head")),
                                   180, f"{cut} to re-merge with the others")
-                merge_rounds = merged - healed_at
+                merge_rounds.append(merged - healed_at)
+                log.info("partition %d: %s re-merged %d rounds after the heal", len(cuts), cut, merged - healed_at)
                 exclude[cut_root] = (forked_from + 1, merged - 1)
             elif now >= next_kill:
                 name = names[victim % peers]
@@ -134,17 +143,17 @@ def fault_run(minutes: float, peers: int, kill_every: float, work: Path, inner_s
                 inj.when(lambda: rounds_done(net, name) > back, 120, f"the restarted {name} to finish a round")
                 next_kill = time.monotonic() + kill_every
             else:  # the next fault is due later: wait for a round to end meanwhile (not a sleep)
-                others_round(set(), 1, timeout=max(1.0, min(next_kill, end) - now) + 60)
+                due = min([next_kill, end, *partition_due])
+                others_round(set(), 1, timeout=max(1.0, due - now) + 60)
         run_s = time.monotonic() - start
         seconds: dict[str, float] = {}
         codes = stop_all(net, names, 90.0, seconds)
         for name in ("archive", "coordinator"):
             codes.update(stop_all(net, [name], 90.0, seconds))
-        if cut_forked:  # per module: the cut-off peer's own rounds from the cut until it re-merged
-            cut_root, forked = cut_forked
+        for cut_root, forked in cuts:  # per module: the cut-off peer's own rounds from the cut until it re-merged
             merged_by_module = first_merged_rounds(cut_root, [r for r in roots if r != cut_root], forked)
             exclude[cut_root] = {m: (forked[m] + 1, merged_by_module[m] - 1) for m in merged_by_module}
-            out["partition_merged_round_by_module"] = merged_by_module
+            out.setdefault("partition_merged_round_by_module", []).append(merged_by_module)
         check = replica_check(roots, baseline, exclude)
         acked, held = acknowledged_rounds(roots), held_rounds(roots)
         lost = rounds_lost(acked, held)
@@ -173,6 +182,7 @@ def fault_run(minutes: float, peers: int, kill_every: float, work: Path, inner_s
             "loss_first_last_third": {n: [round(a, 3), round(b, 3)] for n, (a, b, _) in losses.items()},
             "loss_falling": all(b < a for a, b, k in losses.values() if k >= 3),
             "partition_remerge_rounds": merge_rounds,
+            "partition_remerge_rounds_max": max(merge_rounds, default=None),
             "partition_excluded_rounds": {str(k): v for k, v in exclude.items()},
         })
         net.close()
@@ -234,11 +244,13 @@ def main(argv: Optional[list[str]] = None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=10.0, help="length of the fault run (default 10)")
     ap.add_argument("--peers", type=int, default=4, help="trainers (default 4; plus an archive)")
-    ap.add_argument("--kill-every", type=float, default=60.0, help="seconds between peer kills (default 60)")
+    ap.add_argument("--kill-every", type=float, default=60.0, help="seconds between peer kills (default 60; 0: none)")
     ap.add_argument("--inner-steps", type=int, default=20, help="inner steps per round (default 20)")
     ap.add_argument("--partition-seconds", type=float, default=30.0,
                     help="the cut-off peer's link stays down at least this long (default 30)")
-    ap.add_argument("--byzantine-steps", type=int, default=300, help="inner steps per simulated worker (default 300)")
+    ap.add_argument("--partitions", type=int, default=3,
+                    help="partitions in the run, each of another peer, over its second half (default 3)")
+    ap.add_argument("--byzantine-steps", type=int, default=300, help="inner steps per simulated worker (default 300; 0: no hostile-peer run)")
     ap.add_argument("--aggregator", default="trimmed_mean", choices=["trimmed_mean", "centered_clip", "mean"])
     ap.add_argument("--skip-faults", action="store_true", help="only the hostile-peer measurement")
     ap.add_argument("--skip-drain", action="store_true", help="leave out the drain measurement (bench.chaos_drain)")
@@ -249,14 +261,15 @@ def main(argv: Optional[list[str]] = None) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     result: dict = {"minutes": args.minutes, "peers": args.peers, "kill_every_s": args.kill_every,
                     "inner_steps": args.inner_steps, "work": str(work)}
-    result.update(byzantine(args.byzantine_steps, work, args.aggregator))
+    if args.byzantine_steps > 0:
+        result.update(byzantine(args.byzantine_steps, work, args.aggregator))
     if not args.skip_drain:
         from bench.chaos_drain import drain_run  # survivor_round_ratio_after_drain (issue 19)
 
         result.update(drain_run(work))
     if not args.skip_faults:
         result.update(fault_run(args.minutes, args.peers, args.kill_every, work, args.inner_steps,
-                                args.partition_seconds))
+                                args.partition_seconds, args.partitions))
     return emit("chaos", result)
 
 

@@ -1,29 +1,38 @@
-"""bench.utilization: share of wall time in inner compute on slow, far-apart links (issue 5).
+"""bench.utilization: share of wall time in inner compute on slow, far-apart links (issues 5 and 23).
 
-Four peers, each in its own network namespace behind one bridge (:mod:`bench.netns`), egress shaped
-to 50 Mbit/s by ``tbf``, about 40 ms round trip added by :mod:`bench.delay_relay` (each peer's p2p
-daemon listens on 127.0.0.1 inside its namespace; a relay in the same namespace is the announced,
-and only, way in, holding every byte 20 ms in each direction). Every variant starts four fresh peer
-processes (a real DHT and p2p daemon each, bootstrapped from the first) that train the same path of a
-small lattice from the same initialisation, each on its own random windows of the built-in corpus,
-at equal tokens (``--steps`` inner steps of ``--batch`` sequences per peer):
+Four peers, each in its own network namespace behind one bridge (:mod:`bench.netns`, namespaces
+``hpu-p0..3`` on 10.85.0.0/24), egress shaped to 50 Mbit/s by ``tbf``, about 40 ms round trip added by
+:mod:`bench.delay_relay` (each peer's p2p daemon listens on 127.0.0.1 inside its namespace; a relay in
+the same namespace is the announced, and only, way in, holding every byte 20 ms in each direction).
+Every variant starts four fresh peer processes (a real DHT and p2p daemon each, bootstrapped from the
+first) that train the same path of the ``demo`` lattice (``--preset``) from the same initialisation,
+each on its own random windows of the built-in corpus, at equal tokens (``--steps`` inner steps of
+``--batch`` sequences per peer):
 
 - ``ddp``: every-step gradient averaging, synchronous data-parallel over the same transport
   (:class:`peer.averaging.net_averager.NetAverager`, codec ``none``, one bucket holding every gradient; after a
   round with fewer than every peer, a peer waits for the others' holder records to reach its step,
   so the group stays in lock-step as DDP does instead of racing ahead alone);
-- ``h20``, ``h100``: hivepath, :class:`peer.diloco.DiLoCoOptimizer` with H = 20 / 100, int8;
-- ``h20_overlap``, ``h100_overlap``: the same with ``OuterConfig.overlap`` (Streaming DiLoCo).
+- ``h10``, ``h20``, ``h100``: hivepath, :class:`peer.diloco.DiLoCoOptimizer` with H = 10 / 20 / 100,
+  codec ``--codec`` (int8);
+- ``h10_overlap``, ...: the same with ``OuterConfig.overlap`` (Streaming DiLoCo).
+
+By default only the headline pair :data:`HEADLINE` runs (``--variants`` picks others): H = 10 on the
+demo preset is where one exchange without overlap costs over 30% of a round here.
 
 Keys (``bench/results/utilization.json``), per variant under ``variants``: ``utilization`` (wall time
 not spent blocked on the network, over wall time: ``1 - wait / wall``, wait from
 ``RoundReport.wait_seconds``, or the gradient all-reduce time for ``ddp``; mean over peers, the final
 overlap flush excluded and reported as ``utilization_with_drain``), ``val_loss`` (mean cross-entropy of
-the final global model on fixed validation windows), ``bytes_sent_per_peer`` (payload) and
-``wire_tx_bytes_per_peer`` (eth0). ``utilization_overlap`` is ``h100_overlap``'s (target >= 0.95).
+the final global model on fixed validation windows), ``val_bpb`` (its bits per byte on the first 32
+validation documents of the path), ``bytes_sent_per_peer`` (payload) and ``wire_tx_bytes_per_peer``
+(eth0). Headline keys from :data:`HEADLINE`: ``comm_share_without_overlap`` (``1 - utilization`` without
+overlap), ``utilization_no_overlap``, ``utilization_overlap`` (target >= 0.95) and
+``utilization_overlap_bpb_delta`` (``val_bpb`` with overlap minus without, after the same inner steps:
+the cost of applying each round's average one round late). All measured; nothing projected.
 
-Run as root: ``python -m bench.utilization`` (``--steps``, ``--preset``, ``--variants``). Without root
-it prints a ``{"skipped": ...}`` line and exits 0.
+Run as root: ``python -m bench.utilization`` (``--steps``, ``--preset``, ``--codec``, ``--variants``).
+Without root it prints a ``{"skipped": ...}`` line and exits 0.
 """
 
 from __future__ import annotations
@@ -48,11 +57,17 @@ log = logging.getLogger("bench.utilization")
 
 P2P_PORT = 40000
 RELAY_PORT = 40001
-VARIANTS = {"ddp": (1, False), "h20": (20, False), "h20_overlap": (20, True), "h100": (100, False),
-            "h100_overlap": (100, True)}
+VARIANTS = {"ddp": (1, False), "h10": (10, False), "h10_overlap": (10, True), "h20": (20, False),
+            "h20_overlap": (20, True), "h100": (100, False), "h100_overlap": (100, True)}
 """name -> (H, overlap); ddp averages gradients every step instead of DiLoCo pseudo-gradients."""
+HEADLINE = ("h10", "h10_overlap")
+"""The pair the issue's keys come from: without / with overlap, at the H where an exchange costs
+over 30% of a round on the demo preset (``comm_share_without_overlap``)."""
+SUBNET, PREFIX = "10.85.0", "hpu"
+"""This bench's namespaces (chaos uses hpc/10.78.0, bench.nat hpn/10.81.0, bench.data_fetch hpd/10.83.0)."""
 PATH = (0, 0)
 EVAL_BATCHES = 16
+BPB_DOCUMENTS = 32
 
 
 def _wait_holders(dht, run_id: str, module_id: str, count: int, barrier_timeout: float, min_round: int = 0) -> bool:
@@ -127,7 +142,7 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
             wall = time.perf_counter() - t0
             state = [p.detach().clone() for p in params]
         else:
-            outer = OuterConfig(inner_steps=h, codec="int8", overlap=overlap, round_timeout=args.round_timeout)
+            outer = OuterConfig(inner_steps=h, codec=args.codec, overlap=overlap, round_timeout=args.round_timeout)
             opt = DiLoCoOptimizer(model.modules_by_id(), inner=cfg.inner, outer=outer, lattice=cfg.lattice, averager=avg)
             reports = []
             for _ in range(args.steps):
@@ -162,6 +177,7 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
                state_sum=float(sum(float(t.double().sum()) for t in state)))
     if args.peer == 0:
         out["val_loss"] = evaluate(model, dataset, args.batch, cfg.lattice.seq_len)
+        out["val_bpb"] = validation_bpb(model, dataset, cfg.lattice.seq_len)
     log.info("%s: wall %.1fs, waited %.1fs, %d rounds (%d failed)", name, wall, wait, rounds, failed)
     return out
 
@@ -173,6 +189,13 @@ def evaluate(model, dataset, batch: int, seq_len: int) -> float:
     batches = dataset.path_batches(PATH, "validation", batch, seq_len, seed=4242)
     with torch.no_grad():
         return sum(float(model(*next(batches))[1]) for _ in range(EVAL_BATCHES)) / EVAL_BATCHES
+
+
+def validation_bpb(model, dataset, seq_len: int) -> float:
+    """Bits per byte of ``model`` on the first :data:`BPB_DOCUMENTS` validation documents of the path."""
+    from models.evaluate import bits_per_byte
+
+    return bits_per_byte(model, dataset.validation_documents(PATH), seq_len, "cpu", max_documents=BPB_DOCUMENTS).bpb
 
 
 def run_peer(args: argparse.Namespace) -> None:
@@ -226,7 +249,7 @@ def _summarize(peers: list[dict], relays: list[dict], names: list[str]) -> dict:
             utilization_with_drain=round(sum(with_drain) / len(with_drain), 4),
             wall_seconds=round(max(r["wall_seconds"] for r in runs), 2),
             wait_seconds_mean=round(sum(r["wait_seconds"] for r in runs) / len(runs), 2),
-            val_loss=round(runs[0]["val_loss"], 4),
+            val_loss=round(runs[0]["val_loss"], 4), val_bpb=round(runs[0]["val_bpb"], 4),
             bytes_sent_per_peer=round(sum(r["bytes_sent"] for r in runs) / len(runs)),
             wire_tx_bytes_per_peer=round(sum(r["wire_tx_bytes"] for r in runs) / len(runs)),
             rounds=runs[0]["rounds"], failed_rounds=max(r["failed_rounds"] for r in runs),
@@ -258,7 +281,7 @@ def _run_variant_swarm(net, name: str, out: Path, args: argparse.Namespace, data
     logs = [open(out / f"peer{i}.log", "wb") for i in range(n)]
     base = [sys.executable, "-m", "bench.utilization", "--out", str(out), "--data", str(data), "--peers", str(n),
             "--preset", args.preset, "--steps", str(args.steps), "--batch", str(args.batch),
-            "--rate-mbit", str(args.rate_mbit), "--variants", name, "--round-timeout", str(args.round_timeout)]
+            "--rate-mbit", str(args.rate_mbit), "--variants", name, "--codec", args.codec, "--round-timeout", str(args.round_timeout)]
     try:
         procs.append(net.popen(0, [*base, "--peer", "0", "--host", net.address(0)], env=env,
                                stdout=logs[0], stderr=subprocess.STDOUT))
@@ -296,7 +319,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     n = args.peers
     peers: list[dict] = [{} for _ in range(n)]
     with tempfile.TemporaryDirectory(prefix="hivepath-util-") as tmp, \
-            NetnsBridge(n, rate=f"{args.rate_mbit}mbit", subnet="10.78.0", prefix="hpu") as net:
+            NetnsBridge(n, rate=f"{args.rate_mbit}mbit", subnet=SUBNET, prefix=PREFIX) as net:
         out = Path(tmp)
         relays = []
         logs = [open(out / f"relay{i}.log", "wb") for i in range(n)]
@@ -322,13 +345,17 @@ def run_bench(args: argparse.Namespace) -> dict:
         relay_stats = [json.loads((out / f"relay{i}.json").read_text()) for i in range(n)]
     summary = _summarize(peers, relay_stats, names)
     wire = sum(v["wire_tx_bytes_per_peer"] for v in summary["variants"].values()) * n
-    result = dict(peers=n, preset=args.preset, steps=args.steps, batch=args.batch,
+    result = dict(peers=n, preset=args.preset, codec=args.codec, steps=args.steps, batch=args.batch,
                   tokens_per_peer=args.steps * args.batch * cfg.lattice.seq_len, rate_mbit=args.rate_mbit,
                   rtt_ms=args.rtt_ms, path_params=cfg.lattice.path_param_count(PATH),
                   relay_share_of_wire_bytes=round(summary["relay_bytes_total"] / wire, 3) if wire > 0 else None,
                   **summary)
-    if "h100_overlap" in summary["variants"]:
-        result["utilization_overlap"] = summary["variants"]["h100_overlap"]["utilization"]
+    v = summary["variants"]
+    if all(name in v for name in HEADLINE):
+        off, on = v[HEADLINE[0]], v[HEADLINE[1]]
+        result.update(headline_inner_steps=off["inner_steps"], comm_share_without_overlap=round(1 - off["utilization"], 4),
+                      utilization_no_overlap=off["utilization"], utilization_overlap=on["utilization"],
+                      utilization_overlap_bpb_delta=round(on["val_bpb"] - off["val_bpb"], 4))
     for name, v in summary["variants"].items():
         result[f"utilization_{name}"] = v["utilization"]
     return result
@@ -337,12 +364,13 @@ def run_bench(args: argparse.Namespace) -> dict:
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.utilization", description=__doc__.split("\n")[0])
     parser.add_argument("--peers", type=int, default=4)
-    parser.add_argument("--preset", default="tiny", help="model size (models.presets.PRESETS)")
-    parser.add_argument("--steps", type=int, default=300, help="inner steps per peer in every variant (equal tokens)")
+    parser.add_argument("--preset", default="demo", help="model size (models.presets.PRESETS)")
+    parser.add_argument("--codec", default="int8", help="pseudo-gradient codec of the DiLoCo variants")
+    parser.add_argument("--steps", type=int, default=200, help="inner steps per peer in every variant (equal tokens)")
     parser.add_argument("--batch", type=int, default=8, help="sequences per inner step")
     parser.add_argument("--rate-mbit", type=int, default=50, help="egress limit of every peer")
     parser.add_argument("--rtt-ms", type=float, default=40.0, help="round trip added by the delay relays")
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--variants", default=",".join(HEADLINE))
     parser.add_argument("--round-timeout", type=float, default=30.0)
     parser.add_argument("--peer-timeout", type=float, default=1200.0, help="seconds a peer may take for one variant")
     parser.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "hivepath-bench-data"))

@@ -106,6 +106,20 @@ def test_trimmed_mean_is_weighted_and_coordinate_wise():
     assert torch.equal(three.value, weighted_mean(values[:3], [1.0] * 3)), "fewer than 4 members: plain mean"
 
 
+def test_trimmed_mean_reports_no_honest_member_where_every_member_sends_the_same_value():
+    # rows no member's data touched change alike (weight decay): ties go to the first member, which
+    # must not count as trimmed there, or it is reported every round and banned (bench.byzantine found it)
+    honest = [*_honest(1000), _honest(1000, seed=1)[0]]
+    for v in honest:
+        v[:950] = 0.25
+    out = aggregate({p: (v, w) for p, v, w in zip("abcde", honest, WEIGHTS)}, Aggregation("trimmed_mean"))
+    assert out.suspects == {}
+    huge = [*honest[:4], honest[4] * 100.0]
+    huge[4][:950] = 0.25
+    caught = aggregate({p: (v, w) for p, v, w in zip("abcde", huge, WEIGHTS)}, Aggregation("trimmed_mean"))
+    assert set(caught.suspects) == {"e"} and "trimmed at" in caught.suspects["e"]
+
+
 def test_bad_rules_and_unusable_groups_are_refused():
     with pytest.raises(ValueError, match="aggregator 'median' is not one of"):
         Aggregation("median")

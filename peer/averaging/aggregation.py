@@ -90,7 +90,7 @@ MEAN = Aggregation()
 """The plain weighted mean (no robustness: the default)."""
 
 TRIM_REPORT = 0.9
-"""trimmed_mean reports a member trimmed at more than this fraction of the coordinates."""
+"""trimmed_mean reports a member trimmed at more than this fraction of the coordinates where members disagree."""
 CLIP_REPORT = 0.5
 """centered_clip reports a member whose weight clipping cut below this fraction."""
 
@@ -166,7 +166,7 @@ def _trimmed_mean(order: list[str], values: list[Tensor], weights: list[float], 
     lo_taken = torch.zeros_like(lo_val, dtype=torch.bool)  # (n,)
     hi_taken = torch.zeros_like(lo_val, dtype=torch.bool)  # (n,)
     num, den = torch.zeros_like(lo_val), torch.zeros_like(lo_val)  # (n,) each
-    trimmed = []
+    trims = []
     for v, w in zip(values, weights):
         is_lo = (v == lo_val) & ~lo_taken  # (n,)
         lo_taken |= is_lo
@@ -176,8 +176,17 @@ def _trimmed_mean(order: list[str], values: list[Tensor], weights: list[float], 
         wk = torch.tensor(w, dtype=torch.float32)
         num += torch.where(keep, v * wk, torch.zeros(()))
         den += torch.where(keep, wk, torch.zeros(()))
-        trimmed.append(1.0 - float(keep.sum()) / max(1, v.numel()))
+        trims.append(~keep)
     value = num / den  # (n,)
+    # a member counts as trimmed only where its value was the one lowest or highest: ties (rows no
+    # member's data touched, changed alike by weight decay) go to the first row, which would otherwise
+    # be reported every round; the share is of the coordinates where the members disagree at all
+    n_lo = sum((v == lo_val).to(torch.int32) for v in values)  # (n,)
+    n_hi = sum((v == hi_val).to(torch.int32) for v in values)  # (n,)
+    unique_lo, unique_hi = n_lo == 1, n_hi == 1  # (n,) each: the extreme is one member's alone
+    contested = max(1, int((lo_val != hi_val).sum()))
+    trimmed = [float((t & (((v == lo_val) & unique_lo) | ((v == hi_val) & unique_hi))).sum()) / contested
+               for t, v in zip(trims, values)]
     for i, pid in enumerate(order):
         if trimmed[i] > TRIM_REPORT and pid not in suspects:
             suspects[pid] = f"trimmed at {trimmed[i]:.0%} of coordinates"
