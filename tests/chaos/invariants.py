@@ -108,16 +108,26 @@ def _window(spec, mid: str) -> tuple[int, int]:
 
 
 def first_merged_rounds(cut: Path, others: list[Path], forked_from: dict[str, int]) -> dict[str, int]:
-    """Per module, the first round after ``forked_from`` at which the snapshot under ``cut`` equals one
-    under another root (a partitioned peer back in the group's lineage); modules never re-merged are left out."""
+    """Per module, the round after ``forked_from`` from which the snapshot under ``cut`` equals one under
+    another root (a partitioned peer back in the group's lineage): the first equal round after the last
+    round that no other root agrees with. A round in flight when the link went down can still be the
+    group's, and the forked rounds come after it. Modules never re-merged are left out (their rounds
+    are compared, and fail)."""
     views = {r: module_rounds_in(r) for r in [cut, *others]}
     out: dict[str, int] = {}
     for mid, r0 in forked_from.items():
+        merged = None
         for r in sorted(x for x in views[cut].get(mid, {}) if x > r0):
+            held = [o for o in others if r in views[o].get(mid, {})]
+            if not held:
+                continue
             a = _module_tensors(views[cut][mid][r], mid)
-            if any(r in views[o].get(mid, {}) and _same(a, _module_tensors(views[o][mid][r], mid)) for o in others):
-                out[mid] = r
-                break
+            if any(_same(a, _module_tensors(views[o][mid][r], mid)) for o in held):
+                merged = r if merged is None else merged
+            else:
+                merged = None  # forked here: the lineage re-merges later, if at all
+        if merged is not None:
+            out[mid] = merged
     return out
 
 
