@@ -117,7 +117,7 @@ class ReductionServer(PartReducer):
         def decode(keys: list[tuple[int, int]]) -> None:
             for s, j in keys:
                 a, b = bounds[s][j]
-                averaged[a:b] = codec.decode(results[(s, j)][0], b - a)
+                averaged[a:b] = codec.decode_average(results[(s, j)][0], b - a)
 
         order = [(me + k) % n for k in range(1, n)]  # start after us so reducers are hit evenly
         state.sends_left = sum(1 for parts in bounds for j in order if parts[j][1] > parts[j][0])
@@ -282,7 +282,7 @@ class ReductionServer(PartReducer):
             writer.close()
         if reply is None or not reply.ok:
             raise RuntimeError(reply.error if reply is not None else err.message)
-        if not state.codec.size_ok(len(data), b - a) or reply.payload_len != len(data):
+        if not state.codec.average_size_ok(len(data), b - a) or reply.payload_len != len(data):
             raise RuntimeError(f"average is {len(data)} bytes (announced {reply.payload_len}), which cannot encode "
                                f"{b - a} values with {state.codec.name}")
         state.bytes_received += len(data)

@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 
 from torch import Tensor
 
-from peer.averaging.aggregation import MEAN, Aggregation, aggregate
+from peer.averaging.aggregation import MEAN, Aggregation, aggregate, encode_aggregate
 from peer.averaging.partition import Group
 from peer.averaging.quantizers import Codec
 from peer.network.frames import handler_name, linger, read_message, read_payload, serve
@@ -290,7 +290,7 @@ class PartReducer:
         except ValueError as e:
             slot.result.set_exception(RuntimeError(f"aggregation failed: {e}"))
             return
-        data = await loop.run_in_executor(None, codec.encode, reduced.value)
+        data = await loop.run_in_executor(None, encode_aggregate, codec, reduced, contributions, rule)
         contributors = reduced.used
         for peer, why in sorted(reduced.suspects.items()):
             state.suspect(key, peer, why)
