@@ -98,6 +98,8 @@ def quick() -> Scale:
                  diloco_tuned=((250, "int4", 0.7, 0.5), (50, "none", 0.7, 0.5)),
                  bpe_grid=((250, "int4"),), outer_grid=((0.4, 0.9), (0.7, 0.5), (1.0, 0.5)), outer_H=(10,),
                  reroute_windows=(64,),
+                 sparse_grid=((32, "topk16b2", 1.0, 0.0), (16, "topk16b2", 1.0, 0.0), (64, "topk16b2", 1.0, 0.0),
+                              (32, "topk32b2", 1.0, 0.0), (32, "topk16b4", 1.0, 0.0), (8, "topk16b2", 1.0, 0.0)),
                  priority=("sync-bytes", "diloco-bytes-H250-int4", "diloco-bytes-H250-none", "diloco-bytes-H50-none",
                            "diloco-bytes-H10-none", "dipaco-2x2", "dense-p", "dense-2p", "dense-p-equal-compute",
                            "hetero-step", "hetero-time", "hetero-fast", "equivalence-bytes-H10-int8",

@@ -17,14 +17,17 @@ members of what each sends, comparable to the synchronous baseline's ring all-re
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from pathlib import Path
+from typing import Any, Optional
 
 from bench.quality_runs import RunContext, dense_bpb, make_config, seed_batches
 from peer.averaging import Reduced, encode_aggregate
 from peer.averaging.partition import part_bounds, segment_bounds
 from peer.simulator import DiLoCoSimulator
 
-__all__ = ["run_sparse", "round_wire_bytes"]
+__all__ = ["run_sparse", "round_wire_bytes", "sparse_rows", "sparse_summary", "sparse_table", "sparse_plot",
+           "GOAL_RATIO", "GOAL_GAP"]
 
 
 def round_wire_bytes(sim: DiLoCoSimulator, module_id: str) -> dict[str, float]:
@@ -88,3 +91,107 @@ def run_sparse(ctx: RunContext, tokenizer: str = "bytes", workers: int = 4, inne
     return {"bpb": curve[-1]["bpb"], "tokens": tokens, "bytes_per_worker": sent, "bytes_up": up, "bytes_down": down,
             "parts_gathered": gathered, "parts": parts, "params": cfg.lattice.total_param_count(),
             "rounds": sim.round_no, "curve": curve}
+
+
+# -- report -----------------------------------------------------------------------------------------
+
+GOAL_RATIO = 1000.0
+"""Issue 26: at least this many times fewer bytes than synchronous training ..."""
+GOAL_GAP = 0.02
+"""... within this relative gap in bits per byte (at equal inner steps)."""
+
+
+def sparse_rows(ok: dict[str, dict]) -> list[dict]:
+    """The sparse points against ``sync-bytes``: H, codec, k, bits, bytes ratio, gap (sorted by ratio)."""
+    from models.sparse_spec import sparse_spec
+
+    sync = ok.get("sync-bytes")
+    rows = []
+    for name, res in ok.items():
+        if not name.startswith("sparse-bytes-"):
+            continue
+        h, codec, lr, mom = name[len("sparse-bytes-"):].split("-")
+        spec = sparse_spec(codec)
+        row = {"name": name, "H": int(h[1:]), "codec": codec, "k_percent": 100 * spec.density, "bits": spec.bits,
+               "outer": f"{lr[2:]}/{mom[1:]}", "bpb": res["bpb"], "bytes": res["bytes_per_worker"],
+               "parts_gathered": res.get("parts_gathered"), "parts": res.get("parts")}
+        if sync is not None:
+            row["gap"] = (res["bpb"] - sync["bpb"]) / sync["bpb"]
+            row["bytes_ratio"] = sync["bytes_per_worker"] / res["bytes_per_worker"]
+        rows.append(row)
+    return sorted(rows, key=lambda r: (r.get("bytes_ratio", 0.0), r["name"]))
+
+
+def sparse_summary(ok: dict[str, dict], dense_rows: list[dict], replicas: Optional[dict]) -> dict[str, Any]:
+    """Issue 26's keys: the best sparse point within the goal's gap, today's int4 codec at the nearest
+    byte budget, the replicas' largest difference over the peer-path run (``bench.sparse_network``)."""
+    rows = [r for r in sparse_rows(ok) if "gap" in r]
+    out: dict[str, Any] = {"sparse_points": rows}
+    within = [r for r in rows if r["gap"] <= GOAL_GAP]
+    best = max(within, key=lambda r: r["bytes_ratio"]) if within else None
+    out["sparse_best_bytes_ratio"] = best["bytes_ratio"] if best else None
+    out["sparse_bpb_gap_at_best"] = best["gap"] if best else None
+    out["sparse_best_point"] = best["name"] if best else None
+    out["sparse_meets_goal"] = bool(best and best["bytes_ratio"] >= GOAL_RATIO)
+    far = [r for r in rows if r["bytes_ratio"] >= GOAL_RATIO]
+    closest = min(far or rows, key=lambda r: r["gap"], default=None)
+    out["sparse_smallest_gap_at_1000x_point"] = closest["name"] if closest and far else None
+    out["sparse_smallest_gap_at_1000x"] = closest["gap"] if closest and far else None
+    ref = best or closest
+    int4 = [r for r in dense_rows if r["codec"] == "int4" and "bytes_ratio" in r]
+    if ref is not None and int4:
+        near = min(int4, key=lambda r: (abs(math.log(r["bytes_ratio"] / ref["bytes_ratio"])), r["gap"]))
+        out["int4_bpb_gap_at_same_bytes"] = near["gap"]
+        out["int4_point_at_same_bytes"] = near["name"]
+        out["int4_bytes_ratio_at_same_bytes"] = near["bytes_ratio"]
+        out["sparse_point_compared_with_int4"] = ref["name"]
+    else:
+        out["int4_bpb_gap_at_same_bytes"] = None
+    out["replica_max_abs_diff"] = replicas.get("replica_max_abs_diff") if replicas else None
+    return out
+
+
+def sparse_table(ok: dict[str, dict]) -> str:
+    rows = sparse_rows(ok)
+    if not rows:
+        return ""
+    lines = ["| H | codec | kept | bits | outer lr/momentum | bpb | gap to sync | bytes ratio | parts gathered |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        gap = f"{100 * r['gap']:+.2f}%" if "gap" in r else "-"
+        ratio = f"{r['bytes_ratio']:,.0f}x" if "bytes_ratio" in r else "-"
+        lines.append(f"| {r['H']} | {r['codec']} | {r['k_percent']:.2f}% | {r['bits']} | {r['outer']} | "
+                     f"{r['bpb']:.4f} | {gap} | {ratio} | {r['parts_gathered']}/{r['parts']} |")
+    return "\n".join(lines) + "\n"
+
+
+def sparse_plot(ok: dict[str, dict], dense_rows: list[dict], path: Path) -> Optional[Path]:
+    """Gap to synchronous training against bytes ratio: sparse points beside the dense codecs'."""
+    rows = [r for r in sparse_rows(ok) if "gap" in r]
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for codec in sorted({r["codec"] for r in rows}):
+        pts = sorted((r for r in rows if r["codec"] == codec), key=lambda r: r["bytes_ratio"])
+        ax.plot([r["bytes_ratio"] for r in pts], [100 * r["gap"] for r in pts], "-o", label=f"{codec} (H varies)")
+        for r in pts:
+            ax.annotate(f"H={r['H']}", (r["bytes_ratio"], 100 * r["gap"]), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")
+    dense = [r for r in dense_rows if "gap" in r]
+    if dense:
+        ax.plot([r["bytes_ratio"] for r in dense], [100 * r["gap"] for r in dense], "ks", ms=4,
+                label="DiLoCo none/fp16/int8/int4")
+    ax.axhline(100 * GOAL_GAP, color="grey", ls="--", lw=1)
+    ax.axvline(GOAL_RATIO, color="grey", ls="--", lw=1)
+    ax.set(xscale="log", xlabel="bytes of synchronous training / bytes of the run (per worker)",
+           ylabel="bits per byte above synchronous (%)", title="sparse pseudo-gradients: gap against bytes")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
