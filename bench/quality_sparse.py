@@ -90,6 +90,7 @@ def run_sparse(ctx: RunContext, tokenizer: str = "bytes", workers: int = 4, inne
                           "bpb": dense_bpb(ctx, sim.global_model().path_model((0,)), tokenizer)})
     return {"bpb": curve[-1]["bpb"], "tokens": tokens, "bytes_per_worker": sent, "bytes_up": up, "bytes_down": down,
             "parts_gathered": gathered, "parts": parts, "params": cfg.lattice.total_param_count(),
+            "module_numels": {m: cfg.lattice.module_param_count(m) for m in sim.module_ids},
             "rounds": sim.round_no, "curve": curve}
 
 

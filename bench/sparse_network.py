@@ -9,7 +9,7 @@ pseudo-gradients (token-weighted) and apply the outer step. When every held modu
 ``--rounds`` rounds the peers are drained, and every pair of checkpoints of the same module at the
 same round (weights and outer momentum, past any start-up fork) is compared: ``replica_max_abs_diff``
 is the largest absolute difference found (0.0: bit-identical). ``bytes_sent_per_peer`` is what each
-peer counted on the wire.
+peer counted on the wire; ``assigned_codecs`` is the codec each peer's assignment carried.
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ def sparse_network(work: Path, peers: int = 3, rounds: int = 6, codec: str = "to
             return done is not None and done >= rounds
 
         wait_for(trained, timeout, f"{peers} peers training, {rounds} rounds on every held module", interval=0.5)
+        assigned = [((net.peer_assignment(net.peer_id(n)) or {}).get("assignment") or {}).get("codec") for n in names]
         codes = [net.stop(n) for n in names]
         sent = [max((p.get("bytes_sent", 0) for p in net.progress_lines(n)), default=0) for n in names]
         logs = [procs.log(n) for n in names]
@@ -100,7 +101,7 @@ def sparse_network(work: Path, peers: int = 3, rounds: int = 6, codec: str = "to
                     diff = max([diff] + [float((a[k].float() - b[k].float()).abs().max()) for k in a])
                     pairs += 1
     return {"replica_max_abs_diff": diff, "pairs_compared": pairs, "exit_codes": codes,
-            "bytes_sent_per_peer": sent, "codec": codec, "peers": peers,
+            "bytes_sent_per_peer": sent, "codec": codec, "assigned_codecs": assigned, "peers": peers,
             "rounds": rounds, "inner_steps": inner_steps, "forked_rounds": forked,
             "seconds": round(time.monotonic() - t0, 1), "torch": torch.__version__}
 
@@ -116,7 +117,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     with tempfile.TemporaryDirectory(prefix="sparse-net-") as tmp:
         result = sparse_network(Path(tmp), args.peers, args.rounds, args.codec, args.inner_steps)
     emit("sparse_network", result)
-    return 0 if result["replica_max_abs_diff"] == 0.0 and result["pairs_compared"] > 0 else 1
+    ok = result["replica_max_abs_diff"] == 0.0 and result["pairs_compared"] > 0
+    return 0 if ok and result["assigned_codecs"] == [args.codec] * args.peers else 1
 
 
 if __name__ == "__main__":
