@@ -21,6 +21,7 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
+from bench.common import RESULTS
 from bench.quality_runs import RunContext, dense_bpb, make_config, seed_batches
 from peer.averaging import Reduced, encode_aggregate
 from peer.averaging.partition import part_bounds, segment_bounds
@@ -56,6 +57,20 @@ def round_wire_bytes(sim: DiLoCoSimulator, module_id: str) -> dict[str, float]:
     return {"up": up / k, "down": down / k, "parts": parts, "gathered": gathered}
 
 
+PARTIAL = RESULTS / "quality_sparse_partial.jsonl"
+"""Each evaluation of a sparse point as it happens (scale, point arguments, curve entry): a point cut
+short (a 2-core machine shared with other work) still leaves its curve, to compare with the synchronous
+curve at equal inner steps."""
+
+
+def _partial(ctx: RunContext, codec: str, inner_steps: int, lr: float, momentum: float, entry: dict) -> None:
+    from models import strict_json
+
+    rec = {"scale": ctx.scale.name, "name": f"sparse-bytes-H{inner_steps}-{codec}-lr{lr:g}-m{momentum:g}", **entry}
+    with PARTIAL.open("a") as f:
+        f.write(strict_json.dumps(rec, sort_keys=True) + "\n")
+
+
 def run_sparse(ctx: RunContext, tokenizer: str = "bytes", workers: int = 4, inner_steps: int = 16,
                codec: str = "topk16b2", outer_lr: float = 1.0, outer_momentum: float = 0.0) -> dict[str, Any]:
     """DiLoCo with a sparse codec: ``workers`` simulated workers, outer step every ``inner_steps``,
@@ -88,6 +103,7 @@ def run_sparse(ctx: RunContext, tokenizer: str = "bytes", workers: int = 4, inne
                 marks.pop(0)
             curve.append({"step": done, "tokens": tokens, "bytes": sent,
                           "bpb": dense_bpb(ctx, sim.global_model().path_model((0,)), tokenizer)})
+            _partial(ctx, codec, inner_steps, outer_lr, outer_momentum, curve[-1])
     return {"bpb": curve[-1]["bpb"], "tokens": tokens, "bytes_per_worker": sent, "bytes_up": up, "bytes_down": down,
             "parts_gathered": gathered, "parts": parts, "params": cfg.lattice.total_param_count(),
             "module_numels": {m: cfg.lattice.module_param_count(m) for m in sim.module_ids},
@@ -123,7 +139,37 @@ def sparse_rows(ok: dict[str, dict]) -> list[dict]:
     return sorted(rows, key=lambda r: (r.get("bytes_ratio", 0.0), r["name"]))
 
 
-def sparse_summary(ok: dict[str, dict], dense_rows: list[dict], replicas: Optional[dict]) -> dict[str, Any]:
+def _at_step(curve: list[dict], step: int) -> Optional[float]:
+    return next((p["bpb"] for p in curve if p["step"] == step), None)
+
+
+def partial_rows(ok: dict[str, dict], partial: list[dict]) -> list[dict]:
+    """Sparse points cut short, from :data:`PARTIAL` (one scale's entries): each one's last evaluation
+    at a step where the synchronous curve was evaluated too, its gap to synchronous training at those
+    equal inner steps, and the same for every int4 DiLoCo point evaluated at that step."""
+    sync = ok.get("sync-bytes")
+    if sync is None:
+        return []
+    last: dict[str, dict] = {}
+    for entry in partial:
+        if entry["name"] not in ok and _at_step(sync["curve"], entry["step"]) is not None:
+            if entry["step"] >= last.get(entry["name"], {"step": -1})["step"]:
+                last[entry["name"]] = entry
+    rows = []
+    for name, e in sorted(last.items()):
+        s_bpb = _at_step(sync["curve"], e["step"])
+        s_bytes = next(p["bytes"] for p in sync["curve"] if p["step"] == e["step"])
+        h, codec = name[len("sparse-bytes-"):].split("-")[:2]
+        int4 = {n: (_at_step(r["curve"], e["step"]) - s_bpb) / s_bpb for n, r in ok.items()
+                if n.startswith("diloco-bytes-") and "-int4" in n and _at_step(r["curve"], e["step"]) is not None}
+        rows.append({"name": name, "H": int(h[1:]), "codec": codec, "step": e["step"], "bpb": e["bpb"],
+                     "sync_bpb": s_bpb, "gap": (e["bpb"] - s_bpb) / s_bpb, "bytes_ratio": s_bytes / e["bytes"],
+                     "int4_gaps_at_step": int4})
+    return rows
+
+
+def sparse_summary(ok: dict[str, dict], dense_rows: list[dict], replicas: Optional[dict],
+                   partial: Optional[list[dict]] = None) -> dict[str, Any]:
     """Issue 26's keys: the best sparse point within the goal's gap, today's int4 codec at the nearest
     byte budget, the replicas' largest difference over the peer-path run (``bench.sparse_network``)."""
     rows = [r for r in sparse_rows(ok) if "gap" in r]
@@ -149,6 +195,7 @@ def sparse_summary(ok: dict[str, dict], dense_rows: list[dict], replicas: Option
     else:
         out["int4_bpb_gap_at_same_bytes"] = None
     out["replica_max_abs_diff"] = replicas.get("replica_max_abs_diff") if replicas else None
+    out["sparse_partial_points"] = partial_rows(ok, partial or [])
     return out
 
 

@@ -77,7 +77,8 @@ def sparse_network(work: Path, peers: int = 3, rounds: int = 6, codec: str = "to
             return done is not None and done >= rounds
 
         wait_for(trained, timeout, f"{peers} peers training, {rounds} rounds on every held module", interval=0.5)
-        assigned = [((net.peer_assignment(net.peer_id(n)) or {}).get("assignment") or {}).get("codec") for n in names]
+        rows = {p["peer_id"]: p for p in (net.status_json() or {}).get("peers", [])}
+        assigned = [((rows.get(net.peer_id(n)) or {}).get("assignment") or {}).get("codec") for n in names]
         codes = [net.stop(n) for n in names]
         sent = [max((p.get("bytes_sent", 0) for p in net.progress_lines(n)), default=0) for n in names]
         logs = [procs.log(n) for n in names]
