@@ -139,32 +139,43 @@ def sparse_rows(ok: dict[str, dict]) -> list[dict]:
     return sorted(rows, key=lambda r: (r.get("bytes_ratio", 0.0), r["name"]))
 
 
-def _at_step(curve: list[dict], step: int) -> Optional[float]:
-    return next((p["bpb"] for p in curve if p["step"] == step), None)
+def _at_step(curve: list[dict], step: int, key: str = "bpb") -> Optional[float]:
+    """``key`` of ``curve`` at ``step``: exact where it was evaluated there, else linear between the
+    evaluations either side; None outside the curve."""
+    pts = sorted((p["step"], p[key]) for p in curve)
+    for (s0, v0), (s1, v1) in zip(pts, pts[1:]):
+        if s0 <= step <= s1:
+            return v0 if step == s0 else v1 if step == s1 else v0 + (v1 - v0) * (step - s0) / (s1 - s0)
+    return pts[0][1] if pts and pts[0][0] == step else None
 
 
 def partial_rows(ok: dict[str, dict], partial: list[dict]) -> list[dict]:
-    """Sparse points cut short, from :data:`PARTIAL` (one scale's entries): each one's last evaluation
-    at a step where the synchronous curve was evaluated too, its gap to synchronous training at those
-    equal inner steps, and the same for every int4 DiLoCo point evaluated at that step."""
+    """Sparse points cut short, from :data:`PARTIAL` (one scale's entries): each one's last evaluation,
+    its gap to synchronous training at the same inner step (the synchronous curve interpolated
+    linearly between its evaluations when it was not evaluated at that step: ``sync_interpolated``),
+    and the same for every int4 DiLoCo point."""
     sync = ok.get("sync-bytes")
     if sync is None:
         return []
     last: dict[str, dict] = {}
     for entry in partial:
-        if entry["name"] not in ok and _at_step(sync["curve"], entry["step"]) is not None:
-            if entry["step"] >= last.get(entry["name"], {"step": -1})["step"]:
-                last[entry["name"]] = entry
+        if entry["name"] not in ok and entry["step"] >= last.get(entry["name"], {"step": -1})["step"]:
+            last[entry["name"]] = entry
     rows = []
     for name, e in sorted(last.items()):
         s_bpb = _at_step(sync["curve"], e["step"])
-        s_bytes = next(p["bytes"] for p in sync["curve"] if p["step"] == e["step"])
+        if s_bpb is None:
+            continue
+        s_bytes = _at_step(sync["curve"], e["step"], "bytes")
         h, codec = name[len("sparse-bytes-"):].split("-")[:2]
-        int4 = {n: (_at_step(r["curve"], e["step"]) - s_bpb) / s_bpb for n, r in ok.items()
-                if n.startswith("diloco-bytes-") and "-int4" in n and _at_step(r["curve"], e["step"]) is not None}
+        int4 = {}
+        for n, r in ok.items():
+            v = _at_step(r["curve"], e["step"]) if n.startswith("diloco-bytes-") and "-int4" in n else None
+            if v is not None:
+                int4[n] = {"gap": (v - s_bpb) / s_bpb, "bytes_ratio": sync["bytes_per_worker"] / r["bytes_per_worker"]}
         rows.append({"name": name, "H": int(h[1:]), "codec": codec, "step": e["step"], "bpb": e["bpb"],
-                     "sync_bpb": s_bpb, "gap": (e["bpb"] - s_bpb) / s_bpb, "bytes_ratio": s_bytes / e["bytes"],
-                     "int4_gaps_at_step": int4})
+                     "sync_bpb": s_bpb, "sync_interpolated": all(p["step"] != e["step"] for p in sync["curve"]),
+                     "gap": (e["bpb"] - s_bpb) / s_bpb, "bytes_ratio": s_bytes / e["bytes"], "int4_at_step": int4})
     return rows
 
 
@@ -195,7 +206,27 @@ def sparse_summary(ok: dict[str, dict], dense_rows: list[dict], replicas: Option
     else:
         out["int4_bpb_gap_at_same_bytes"] = None
     out["replica_max_abs_diff"] = replicas.get("replica_max_abs_diff") if replicas else None
-    out["sparse_partial_points"] = partial_rows(ok, partial or [])
+    cut = partial_rows(ok, partial or [])
+    out["sparse_partial_points"] = cut
+    if not rows and cut:  # no sparse point finished: the keys from the curves of those cut short
+        out["sparse_keys_from"] = "partial curves (gap to synchronous training at the same inner step)"
+        within = [r for r in cut if r["gap"] <= GOAL_GAP]
+        best = max(within, key=lambda r: r["bytes_ratio"]) if within else None
+        out["sparse_best_bytes_ratio"] = best["bytes_ratio"] if best else None
+        out["sparse_bpb_gap_at_best"] = best["gap"] if best else None
+        out["sparse_best_point"] = best["name"] if best else None
+        far = [r for r in cut if r["bytes_ratio"] >= GOAL_RATIO]
+        closest = min(far, key=lambda r: r["gap"], default=None)
+        out["sparse_smallest_gap_at_1000x_point"] = closest["name"] if closest else None
+        out["sparse_smallest_gap_at_1000x"] = closest["gap"] if closest else None
+        ref = best or closest or min(cut, key=lambda r: r["gap"])
+        if ref["int4_at_step"]:
+            name, near = min(ref["int4_at_step"].items(),
+                             key=lambda kv: (abs(math.log(kv[1]["bytes_ratio"] / ref["bytes_ratio"])), kv[1]["gap"]))
+            out["int4_bpb_gap_at_same_bytes"] = near["gap"]
+            out["int4_point_at_same_bytes"] = name
+            out["int4_bytes_ratio_at_same_bytes"] = near["bytes_ratio"]
+            out["sparse_point_compared_with_int4"] = ref["name"]
     return out
 
 
