@@ -69,6 +69,9 @@ class Scale:
     """Experiment 4's codec (its lr 0.7 / momentum 0.9 point is experiment 1's point of that H and codec)."""
     dipaco_outer_grid: tuple[tuple[float, float], ...] = ((0.7, 0.5),)
     """Experiment 4: (outer lr, momentum) pairs the DiPaCo lattice is also trained with."""
+    sparse_grid: tuple[tuple[int, str, float, float], ...] = ()
+    """Issue 26's sparse points (``--only sparse``): (H, sparse codec ``topk{K}b{B}``, outer lr, outer
+    momentum), bytes counted on the wire (:mod:`bench.quality_sparse`)."""
     equivalence: tuple[int, int] = (10, 3)
     """(H, rounds) of the point trained both by the simulator and by the peers' DiLoCoOptimizer."""
     reroute_windows: tuple[int, ...] = (64, 256)
@@ -95,6 +98,8 @@ def quick() -> Scale:
                  diloco_tuned=((250, "int4", 0.7, 0.5), (50, "none", 0.7, 0.5)),
                  bpe_grid=((250, "int4"),), outer_grid=((0.4, 0.9), (0.7, 0.5), (1.0, 0.5)), outer_H=(10,),
                  reroute_windows=(64,),
+                 sparse_grid=((32, "topk16b2", 1.0, 0.0), (16, "topk16b2", 1.0, 0.0), (64, "topk16b2", 1.0, 0.0),
+                              (32, "topk32b2", 1.0, 0.0), (32, "topk16b4", 1.0, 0.0), (8, "topk16b2", 1.0, 0.0)),
                  priority=("sync-bytes", "diloco-bytes-H250-int4", "diloco-bytes-H250-none", "diloco-bytes-H50-none",
                            "diloco-bytes-H10-none", "dipaco-2x2", "dense-p", "dense-2p", "dense-p-equal-compute",
                            "hetero-step", "hetero-time", "hetero-fast", "equivalence-bytes-H10-int8",
@@ -116,8 +121,14 @@ def long() -> Scale:
 def horizon() -> Scale:
     """The quick model trained 12x longer (12,000 steps per worker, about a hundred outer rounds) on the
     settings that send >= 1000x fewer bytes than synchronous training: H=128 with the 4-bit codec
-    (1,016x) and H=256 with int8 (1,020x). Run with ``--only diloco``."""
+    (1,016x) and H=256 with int8 (1,020x). Run with ``--only diloco``. Issue 26's sparse points
+    (top-16 or top-32 of every 1024 values at 2 or 4 bits, short horizons, SparseLoCo's outer step:
+    lr 1, no momentum) run with ``--only sparse``."""
     return quick().replace(name="horizon", steps=12000, evals=6,
+                           sparse_grid=((32, "topk16b2", 1.0, 0.0), (16, "topk16b2", 1.0, 0.0),
+                                        (32, "topk32b2", 1.0, 0.0), (64, "topk16b2", 1.0, 0.0),
+                                        (16, "topk32b2", 1.0, 0.0), (32, "topk16b4", 1.0, 0.0),
+                                        (8, "topk16b2", 1.0, 0.0)),
                            diloco_grid=((128, "int4"), (256, "int8")), bpe_grid=(),
                            diloco_tuned=((128, "int4", 0.7, 0.8),), outer_grid=(), outer_H=(), dipaco_outer_grid=(),
                            priority=("sync-bytes", "diloco-bytes-H128-int4", "diloco-bytes-H256-int8",
@@ -163,7 +174,8 @@ def tiny() -> Scale:
     return Scale(name="tiny", d_model=16, n_heads=2, blocks_per_module=2, seq_len=16, batch_size=2, steps=6,
                  dipaco_steps=4, hetero_rounds=4, hetero_h=4, evals=2, eval_docs=2, eval_tokens=64,
                  warmup_steps=1, diloco_grid=((3, "none"), (3, "int4")), bpe_grid=(), outer_grid=((0.4, 0.5),),
-                 outer_H=(3,), reroute_windows=(8,), equivalence=(3, 2), dipaco_outer_grid=())
+                 outer_H=(3,), reroute_windows=(8,), equivalence=(3, 2), dipaco_outer_grid=(),
+                 sparse_grid=((2, "topk16b2", 1.0, 0.0),))
 
 
 SCALES = {"tiny": tiny, "quick": quick, "long": long, "horizon": horizon, "horizon-cosine": horizon_cosine,

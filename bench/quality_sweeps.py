@@ -23,8 +23,8 @@ __all__ = ["EXPERIMENTS", "Point", "grid", "run_point", "run_points", "load_cont
 
 log = logging.getLogger(__name__)
 
-EXPERIMENTS = ("diloco", "dipaco", "hetero", "outer")
-"""The four experiments of issue 6, in order."""
+EXPERIMENTS = ("diloco", "dipaco", "hetero", "outer", "sparse")
+"""The four experiments of issue 6, in order, then issue 26's sparse codecs."""
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,15 @@ def _outer_points(s: Scale) -> list[Point]:
     return pts
 
 
+def _sparse_points(s: Scale) -> list[Point]:
+    return [Point(f"sparse-bytes-H{H}-{codec}-lr{lr:g}-m{mom:g}", "sparse", "sparse",
+                  {"tokenizer": "bytes", "inner_steps": H, "codec": codec, "outer_lr": lr, "outer_momentum": mom})
+            for H, codec, lr, mom in s.sparse_grid]
+
+
 _GRIDS: dict[str, Callable[[Scale], list[Point]]] = {
     "diloco": _diloco_points, "dipaco": _dipaco_points, "hetero": _hetero_points, "outer": _outer_points,
+    "sparse": _sparse_points,
 }
 
 
@@ -132,13 +139,14 @@ def load_context(scale: Scale, data_dirs: dict[str, str], device: str = "cpu", t
 
 def run_point(ctx, point: Point) -> dict[str, Any]:
     """Run one point; any exception becomes a ``failed`` record naming the error (never raised)."""
-    from bench import quality_equivalence, quality_runs
+    from bench import quality_equivalence, quality_runs, quality_sparse
 
     start = time.monotonic()
     record: dict[str, Any] = {"point": point.to_dict(), "name": point.name, "experiment": point.experiment}
     try:
-        runner = getattr(quality_runs, f"run_{point.runner}", None) or getattr(
-            quality_equivalence, f"run_{point.runner}", None)
+        runner = (getattr(quality_runs, f"run_{point.runner}", None)
+                  or getattr(quality_equivalence, f"run_{point.runner}", None)
+                  or getattr(quality_sparse, f"run_{point.runner}", None))
         if runner is None:
             raise ValueError(f"unknown runner '{point.runner}'")
         record["result"] = runner(ctx, **point.args)

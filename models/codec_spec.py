@@ -23,11 +23,18 @@ wire codec ``int8+zstd`` (:func:`wire_name`) is ``int8`` behind a one-byte tag, 
 shrinks it. Its size varies with the data, bounded by :func:`encoded_size` of its wire name (the raw
 size plus the tag). Sizes are :meth:`CodecSpec.encoded_size` (a codec alone) and :func:`encoded_size`
 (a wire name).
+
+The sparse codecs ``topk{K}b{B}`` (top-K of every 1024 values at B bits, issue 26) are specified in
+:mod:`models.sparse_spec`; :func:`codec_spec` and :func:`wire_name` accept their names too (no
+entropy stage applies to them).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Union
+
+from models.sparse_spec import SparseSpec, is_sparse, sparse_spec
 
 __all__ = [
     "CODECS",
@@ -41,6 +48,7 @@ __all__ = [
     "wire_name",
     "split_wire_name",
     "encoded_size",
+    "is_codec",
 ]
 
 BLOCK = 1024
@@ -104,26 +112,38 @@ ENTROPY_STAGES = ("none", "zstd")
 shrink is sent raw). Quantised codes are far from uniform, so zstd's Huffman stage saves 5-50%."""
 
 
-def codec_spec(name: str) -> CodecSpec:
-    """The layout of codec ``name`` (one of :data:`CODECS`); ValueError otherwise."""
+def is_codec(name: object) -> bool:
+    """Whether ``name`` names a codec: one of :data:`CODECS` or a sparse ``topk{K}b{B}``."""
+    return (isinstance(name, str) and name in SPECS) or is_sparse(name)
+
+
+def codec_spec(name: str) -> Union[CodecSpec, SparseSpec]:
+    """The layout of codec ``name`` (one of :data:`CODECS`, or a sparse codec of
+    :mod:`models.sparse_spec`); ValueError otherwise."""
+    if is_sparse(name):
+        return sparse_spec(name)
     try:
         return SPECS[name]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown codec '{name}'; use one of {', '.join(CODECS)}") from None
+        raise ValueError(f"unknown codec '{name}'; use one of {', '.join(CODECS)} or a sparse topk{{K}}b{{B}} "
+                         "(e.g. topk16b2)") from None
 
 
 def wire_name(codec: str, entropy: str) -> str:
     """The name peers exchange ``codec`` under: ``int8`` with entropy stage ``none``, ``int8+zstd``
-    with ``zstd``. ValueError for an unknown codec or stage."""
+    with ``zstd``; a sparse codec under its own name whatever the stage (its bytes are bit-packed).
+    ValueError for an unknown codec or stage."""
     codec_spec(codec)
     if entropy not in ENTROPY_STAGES:
         raise ValueError(f"unknown entropy stage '{entropy}'; use one of {', '.join(ENTROPY_STAGES)}")
-    return codec if entropy == "none" else f"{codec}+{entropy}"
+    return codec if entropy == "none" or is_sparse(codec) else f"{codec}+{entropy}"
 
 
 def split_wire_name(name: str) -> tuple[str, str]:
     """``int8+zstd`` -> ``("int8", "zstd")``, ``int8`` -> ``("int8", "none")``: the inverse of
     :func:`wire_name`. ValueError for anything it does not produce."""
+    if is_sparse(name):
+        return str(name), "none"
     codec, plus, entropy = str(name).partition("+")
     if codec in SPECS and ((not plus and not entropy) or (entropy in ENTROPY_STAGES and entropy != "none")):
         return codec, entropy or "none"
@@ -135,5 +155,5 @@ def encoded_size(name: str, numel: int) -> int:
     """Bytes that ``numel`` values take on the wire under the wire codec ``name``: exact for a
     codec alone, an upper bound (the raw size plus the tag) with an entropy stage."""
     codec, entropy = split_wire_name(name)
-    size = SPECS[codec].encoded_size(numel)
+    size = codec_spec(codec).encoded_size(numel)
     return size if entropy == "none" else TAG_BYTES + size

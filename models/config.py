@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from models import strict_json
-from models.codec_spec import CODECS, ENTROPY_STAGES, wire_name
+from models.codec_spec import ENTROPY_STAGES, codec_spec, is_codec, wire_name
 from models.config_fields import check_types, non_negative, positive, stable_hash
 from models.config_fields import from_dict as build_from_dict
 from models.errors import ConfigError
@@ -292,7 +292,9 @@ class OuterConfig:
     round_timeout: float = 30.0
     """Seconds a round's exchange may take before slow or gone members are dropped."""
     codec: str = "int8"
-    """Pseudo-gradient codec: none, fp16, int8 (blockwise absmax) or int4 (:data:`models.codec_spec.CODECS`).
+    """Pseudo-gradient codec: none, fp16, int8 (blockwise absmax), int4 (:data:`models.codec_spec.CODECS`)
+    or a sparse ``topk{K}b{B}`` (top-K of every 1024 values at B bits with decayed error feedback,
+    :mod:`models.sparse_spec`; e.g. ``topk16b2``).
     The coordinator hands it to every peer in its assignment, unchanged: a module's group must share it."""
     entropy: str = "zstd"
     """Lossless stage on the codec's bytes on the wire: zstd or none (:data:`models.codec_spec.ENTROPY_STAGES`)."""
@@ -316,8 +318,11 @@ class OuterConfig:
             raise ConfigError("aggregator", f"'{self.aggregator}' is not one of {', '.join(AGGREGATORS)}")
         if not 0.0 <= self.momentum < 1.0:
             raise ConfigError("momentum", f"must be in [0, 1), got {self.momentum}")
-        if self.codec not in CODECS:
-            raise ConfigError("codec", f"'{self.codec}' is not one of {', '.join(CODECS)}")
+        if not is_codec(self.codec):
+            try:
+                codec_spec(self.codec)
+            except ValueError as e:
+                raise ConfigError("codec", str(e)) from None
         if self.entropy not in ENTROPY_STAGES:
             raise ConfigError("entropy", f"'{self.entropy}' is not one of {', '.join(ENTROPY_STAGES)}")
 

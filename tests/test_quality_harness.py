@@ -43,7 +43,7 @@ def records(data_dirs):
 def test_grid_covers_every_experiment_and_runner():
     points = grid(tiny())
     assert {p.experiment for p in points} == set(EXPERIMENTS)
-    assert {p.runner for p in points} == {"sync", "diloco", "equivalence", "dense", "dipaco", "hetero"}
+    assert {p.runner for p in points} == {"sync", "diloco", "equivalence", "dense", "dipaco", "hetero", "sparse"}
     assert len({p.name for p in points}) == len(points)
     assert [p.experiment for p in grid(tiny(), ["hetero"])] == ["hetero"] * 3
     with pytest.raises(ValueError, match="unknown experiment"):
@@ -79,6 +79,25 @@ def test_bytes_follow_the_allreduce_formula(records):
     assert by["diloco-bytes-H3-none"]["bytes_per_worker"] == pytest.approx(2 * allreduce_bytes(get_codec("none").encoded_size(numel), 4))
     # Tokens are equal at equal steps and per-worker batch: DiLoCo against synchronous.
     assert dl["tokens"] == sync["tokens"]
+
+
+def test_sparse_bytes_are_the_encoded_messages(records):
+    """Issue 26: a member sends its parts to the other reducers and the average of its own part to the
+    other members; uplink sizes are exact, averages are the encoded replies of the real rounds."""
+    from bench.quality_sparse import sparse_summary
+    from peer.averaging.partition import part_bounds, segment_bounds
+
+    by = {r["name"]: r["result"] for r in records}
+    sp = by["sparse-bytes-H2-topk16b2-lr1-m0"]
+    codec = get_codec("topk16b2")
+    assert sum(sp["module_numels"].values()) == sp["params"]
+    up = sum(3 * codec.encoded_size(b - a) for n in sp["module_numels"].values() for s0, s1 in segment_bounds(n)
+             for a, b in part_bounds(s1 - s0, [1.0] * 4) if b > a) / 4
+    assert sp["rounds"] == 3 and sp["bytes_up"] == pytest.approx(3 * up)
+    assert sp["bytes_down"] > 0 and sp["bytes_per_worker"] == pytest.approx(sp["bytes_up"] + sp["bytes_down"])
+    assert sp["bytes_per_worker"] < by["diloco-bytes-H3-int4"]["bytes_per_worker"]
+    summary = sparse_summary({n: r for n, r in by.items()}, [], {"replica_max_abs_diff": 0.0})
+    assert summary["sparse_points"][0]["codec"] == "topk16b2" and summary["replica_max_abs_diff"] == 0.0
 
 
 def test_dipaco_dense_and_routing_records(records):

@@ -3,8 +3,10 @@
 The contract and the rule:
 - ``contract``: :class:`ModuleAverager` (what the DiLoCo optimizer calls), :class:`AverageResult`.
 - ``codecs``: the pseudo-gradient codecs by wire name (:func:`get_codec`: none, fp16, int8, int4, each
-  optionally zstd-coded), as specified by :mod:`models.codec_spec` (names, :data:`BLOCK`, sizes);
-  implemented by ``quantizers`` (the value codecs, :class:`Codec`) and ``entropy`` (the zstd stage).
+  optionally zstd-coded, and the sparse ``topk{K}b{B}``), as specified by :mod:`models.codec_spec`
+  and :mod:`models.sparse_spec` (names, :data:`BLOCK`, sizes);
+  implemented by ``quantizers`` (the value codecs, :class:`Codec`), ``entropy`` (the zstd stage) and
+  ``sparse`` (:class:`SparseCodec`: per-chunk top-k at 2 or 4 bits, averages sent exactly).
 - ``vectors``: :func:`flatten` / :func:`unflatten`, a module's tensors as the flat vector codecs encode.
 - ``error_feedback``: :class:`ErrorFeedback`, what the codec dropped carried into the next round.
 - ``aggregation``: the reduction rule every reducer applies (weighted mean, trimmed mean, centered
@@ -26,18 +28,21 @@ Imports ``peer.outer`` and ``peer.network``.
 """
 
 from models.codec_spec import BLOCK
-from peer.averaging.aggregation import AGGREGATORS, MEAN, Aggregation, Reduced, aggregate, reduce_encoded, reduce_part, weighted_mean
+from peer.averaging.aggregation import (AGGREGATORS, MEAN, Aggregation, Reduced, aggregate, encode_aggregate, reduce_encoded,
+                                        reduce_part, weighted_mean)
 from peer.averaging.codecs import get_codec
 from peer.averaging.contract import AverageResult, ModuleAverager, SuspectHook
 from peer.averaging.error_feedback import ErrorFeedback
 from peer.averaging.quantizers import Codec
+from peer.averaging.sparse import SparseCodec
 from peer.averaging.vectors import flatten, unflatten
 from peer.averaging.local import LocalAverager, LocalMember
 from peer.averaging.net_averager import NetAverager
 from peer.averaging.state_transfer import StateTransferError, fetch_module_state
 
 __all__ = [
-    "AGGREGATORS", "MEAN", "Aggregation", "Reduced", "aggregate", "reduce_encoded", "reduce_part", "weighted_mean",
+    "AGGREGATORS", "MEAN", "Aggregation", "Reduced", "aggregate", "encode_aggregate", "reduce_encoded", "reduce_part",
+    "weighted_mean", "SparseCodec",
     "BLOCK", "Codec", "ErrorFeedback", "flatten", "get_codec", "unflatten", "AverageResult", "ModuleAverager",
     "SuspectHook", "LocalAverager", "LocalMember", "NetAverager", "StateTransferError", "fetch_module_state",
 ]

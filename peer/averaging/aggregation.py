@@ -37,7 +37,8 @@ from torch import Tensor
 from models.config import AGGREGATORS
 from peer.averaging.quantizers import Codec
 
-__all__ = ["AGGREGATORS", "Aggregation", "MEAN", "Reduced", "aggregate", "reduce_part", "weighted_mean", "reduce_encoded"]
+__all__ = ["AGGREGATORS", "Aggregation", "MEAN", "Reduced", "aggregate", "encode_aggregate", "reduce_part",
+           "weighted_mean", "reduce_encoded"]
 
 
 def weighted_mean(values: Sequence[Tensor], weights: Sequence[float]) -> Tensor:
@@ -215,6 +216,15 @@ def _centered_clip(order: list[str], values: list[Tensor], weights: list[float],
     return v
 
 
+def encode_aggregate(codec: Codec, reduced: Reduced, contributions: Mapping[str, tuple[Tensor, float]],
+                     rule: Aggregation = MEAN) -> bytes:
+    """The bytes a reducer answers every member with: ``codec.encode_average`` of the aggregate,
+    told whether it is the plain weighted mean of the contributions it used (the sparse codec may
+    then send those instead, :mod:`peer.averaging.sparse`)."""
+    plain = rule.rule == "mean" and rule.norm_bound <= 0
+    return codec.encode_average(reduced.value, {pid: contributions[pid] for pid in reduced.used}, plain)
+
+
 def reduce_part(codec: Codec, contributions: Mapping[str, tuple[bytes, float]], numel: int,
                 rule: Aggregation = MEAN) -> tuple[bytes, Reduced]:
     """The reducer's job for one part: decode each ``peer_id -> (bytes, weight)``, aggregate with
@@ -230,7 +240,7 @@ def reduce_part(codec: Codec, contributions: Mapping[str, tuple[bytes, float]], 
         raise ValueError(f"no decodable contribution: {'; '.join(undecodable.values())}")
     reduced = aggregate(decoded, rule)
     reduced.suspects.update(undecodable)
-    return codec.encode(reduced.value), reduced
+    return encode_aggregate(codec, reduced, decoded, rule), reduced
 
 
 def reduce_encoded(codec: Codec, contributions: Mapping[str, tuple[bytes, float]], numel: int,

@@ -123,7 +123,7 @@ class ReductionServer(PartReducer):
             for s, j in keys:
                 a, b = bounds[s][j]
                 with phase("decode"):
-                    codec.decode_into(results[(s, j)][0], averaged[a:b])  # straight into the average
+                    codec.decode_average_into(results[(s, j)][0], averaged[a:b])  # straight into the average
 
         order = [(me + k) % n for k in range(1, n)]  # start after us so reducers are hit evenly
         state.sends_left = sum(1 for parts in bounds for j in order if parts[j][1] > parts[j][0])
@@ -288,7 +288,7 @@ class ReductionServer(PartReducer):
             writer.close()
         if reply is None or not reply.ok:
             raise RuntimeError(reply.error if reply is not None else err.message)
-        if not state.codec.size_ok(len(data), b - a) or reply.payload_len != len(data):
+        if not state.codec.average_size_ok(len(data), b - a) or reply.payload_len != len(data):
             raise RuntimeError(f"average is {len(data)} bytes (announced {reply.payload_len}), which cannot encode "
                                f"{b - a} values with {state.codec.name}")
         state.bytes_received += len(data)

@@ -14,8 +14,10 @@ the name travels on the wire only so that a reducer can refuse a part encoded wi
 from __future__ import annotations
 
 from models.codec_spec import CODECS, ENTROPY_STAGES, split_wire_name, wire_name
+from models.sparse_spec import is_sparse, sparse_spec
 from peer.averaging.entropy import ENTROPY_CODERS
 from peer.averaging.quantizers import VALUE_CODECS, Codec
+from peer.averaging.sparse import SparseCodec
 
 __all__ = ["get_codec"]
 
@@ -28,8 +30,11 @@ _CODECS.update({wire_name(name, stage): coder(_CODECS[name]) for name in CODECS
 
 def get_codec(name: str) -> Codec:
     """The codec called ``name``: one of :data:`models.codec_spec.CODECS`, optionally followed by
-    ``+zstd`` (its bytes through the lossless entropy stage); ValueError otherwise."""
+    ``+zstd`` (its bytes through the lossless entropy stage), or a sparse ``topk{K}b{B}``
+    (:mod:`peer.averaging.sparse`); ValueError otherwise."""
     codec = _CODECS.get(name) if isinstance(name, str) else None
+    if codec is None and is_sparse(name):
+        codec = _CODECS[name] = SparseCodec(sparse_spec(name))
     if codec is None:
         split_wire_name(name)  # every name it accepts is registered: it raises, naming the known codecs
     return codec

@@ -17,14 +17,19 @@ class ErrorFeedback:
     group actually received (the codec round trip of ``x``). If nothing was sent, skip ``update``.
     """
 
-    def __init__(self, numel: int):
+    def __init__(self, numel: int, decay: float = 1.0):
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"error feedback decay must be in (0, 1], got {decay}")
         self.residual = torch.zeros(numel, dtype=torch.float32)  # (numel,)
+        self.decay = float(decay)
+        """The residual is scaled by this before it is added (SparseLoCo's beta; 1: plain error feedback)."""
 
     def add(self, flat: Tensor) -> Tensor:
-        """``flat + residual`` as a new CPU fp32 vector."""
+        """``flat + decay * residual`` as a new CPU fp32 vector."""
         if flat.shape != self.residual.shape:
             raise ValueError(f"delta of shape {tuple(flat.shape)} does not fit residual {tuple(self.residual.shape)}")
-        return flat.to(device="cpu", dtype=torch.float32) + self.residual
+        residual = self.residual if self.decay == 1.0 else self.residual * self.decay
+        return flat.to(device="cpu", dtype=torch.float32) + residual
 
     def update(self, sent_input: Tensor, sent: Tensor) -> None:
         """Keep ``sent_input - sent``: the part of the last exchanged vector the codec dropped."""

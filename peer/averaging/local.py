@@ -172,7 +172,7 @@ class LocalAverager:
         if result_bytes is None or peer_id not in members:
             return AverageResult(None, None, 0, [], len(encoded), 0, reason=reason or "dropped from the round",
                                  suspects=suspects)
-        averaged = c.decode(result_bytes, rnd.numel)
+        averaged = c.decode_average(result_bytes, rnd.numel)
         return AverageResult(
             averaged=unflatten(averaged, tensors),
             own_decoded=unflatten(own, tensors),

@@ -18,7 +18,7 @@ second pass over the values.
 from __future__ import annotations
 
 import abc
-from typing import Optional
+from typing import Mapping, Optional
 
 import numpy as np
 import torch
@@ -104,6 +104,31 @@ class Codec(abc.ABC):
         expected = self.encoded_size(numel)
         if len(data) != expected:
             raise ValueError(f"{self.name}: {len(data)} bytes do not encode {numel} values (expected {expected})")
+
+    # The average a reducer sends back: the codec's own encoding unless it overrides these (the sparse
+    # codec sends the union of the contributions, :mod:`peer.averaging.sparse`).
+
+    feedback_decay: float = 1.0
+    """Error feedback keeps ``feedback_decay * residual`` from one round to the next."""
+
+    def encode_average(self, value: Tensor, contributions: Optional[Mapping[str, tuple[Tensor, float]]] = None,
+                       plain_mean: bool = False) -> bytes:
+        """The bytes a reducer answers with for the aggregate ``value`` of ``contributions``
+        (``plain_mean``: ``value`` is their weighted mean in sorted peer-id order)."""
+        return self.encode(value)
+
+    def decode_average(self, data: bytes, numel: int) -> Tensor:
+        """What every member applies from a reducer's answer."""
+        return self.decode(data, numel)
+
+    def decode_average_into(self, data: bytes, out: Tensor) -> None:
+        """:meth:`decode_average` into ``out`` (see :meth:`decode_into`); a codec whose answer is its
+        :meth:`decode` needs no intermediate tensor."""
+        self.decode_into(data, out)
+
+    def average_size_ok(self, length: int, numel: int) -> bool:
+        """Whether ``length`` bytes can be a reducer's answer for ``numel`` values."""
+        return self.size_ok(length, numel)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

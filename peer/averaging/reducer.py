@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 
 from torch import Tensor
 
-from peer.averaging.aggregation import MEAN, Aggregation, aggregate
+from peer.averaging.aggregation import MEAN, Aggregation, aggregate, encode_aggregate
 from peer.averaging.partition import Group
 from peer.averaging.phases import phase
 from peer.averaging.quantizers import Codec
@@ -291,7 +291,7 @@ class PartReducer:
         except ValueError as e:
             slot.result.set_exception(RuntimeError(f"aggregation failed: {e}"))
             return
-        data = await loop.run_in_executor(None, _timed, "encode", codec.encode, reduced.value)
+        data = await loop.run_in_executor(None, _timed, "encode", encode_aggregate, codec, reduced, contributions, rule)
         contributors = reduced.used
         for peer, why in sorted(reduced.suspects.items()):
             state.suspect(key, peer, why)

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from models.config import LatticeConfig, OuterConfig
+from models.sparse_spec import feedback_decay
 from peer.averaging import AverageResult, ErrorFeedback, flatten
 from peer.outer import ModuleState, OuterOptimizer
 
@@ -40,7 +41,7 @@ class HeldModule:
         self.params = params
         self.cfg = outer
         self.outer = OuterOptimizer(params, lr=outer.lr, momentum=outer.momentum, nesterov=outer.nesterov)
-        self.ef = ErrorFeedback(self.outer.numel)
+        self.ef = ErrorFeedback(self.outer.numel, feedback_decay(outer.codec))
         self.round_no = 0
         self.pending: Optional[PendingExchange] = None
         self.sharing_factor = math.sqrt(len(lattice.paths_through(module_id))) if outer.sqrt_sharing else 1.0

@@ -9,7 +9,7 @@ This simulator runs exactly the arithmetic the networked peers run (``peer.avera
 ``peer.outer``, ``peer.averaging.aggregate``), so distributed runs can be checked against it.
 For each module ``m`` and each worker ``k`` holding it, in worker order::
 
-    x_k = delta_k + residual_k                       (error feedback)
+    x_k = delta_k + beta residual_k                  (error feedback; beta 1, or 0.95 for sparse codecs)
     sent_k = codec.roundtrip(flatten(x_k)); residual_k = x_k - sent_k
     avg = codec.roundtrip(sum_k w_k sent_k / sum_k w_k)      (w_k: tokens this round; or the run's
                                                      robust rule on the whole module, outer.aggregator)
@@ -29,7 +29,7 @@ import torch
 from models.config import Path_, RunConfig, format_path
 from models.lattice import ModularLM
 from models.training import InnerLoop
-from peer.averaging import Aggregation, aggregate
+from peer.averaging import Aggregation, aggregate, encode_aggregate
 from peer.averaging import flatten, get_codec, unflatten
 from peer.outer import OuterOptimizer
 
@@ -101,6 +101,9 @@ class DiLoCoSimulator:
                                              momentum=cfg.outer.momentum, nesterov=cfg.outer.nesterov)
         self.round_no = 0
         self.steps_done = 0
+        self.last_exchange: dict[str, tuple[dict, object]] = {}
+        """Per module, the last round's decoded contributions by worker and their aggregate
+        (:class:`peer.averaging.Reduced`): what a benchmark counts wire bytes from."""
 
     def holders(self, module_id: str) -> list[SimWorker]:
         """Workers whose path contains ``module_id``, in worker order (the reduction order)."""
@@ -133,13 +136,17 @@ class DiLoCoSimulator:
             for w in holders:
                 x = flatten(opt.pseudo_gradient(w.module_params(mid)))  # (numel,)
                 if self.cfg.outer.error_feedback:
-                    x = x + w.residual.get(mid, torch.zeros_like(x))
+                    r = w.residual.get(mid, torch.zeros_like(x))
+                    x = x + (r if self.codec.feedback_decay == 1.0 else r * self.codec.feedback_decay)
                 s = self.codec.roundtrip(x)  # (numel,)
                 if self.cfg.outer.error_feedback:
                     w.residual[mid] = x - s
                 sent.append(s)
             contributions = {f"{w.index:06d}": (s, float(weights[w.index])) for w, s in zip(holders, sent)}
-            avg = self.codec.roundtrip(aggregate(contributions, self.aggregation).value)
+            reduced = aggregate(contributions, self.aggregation)
+            reply = encode_aggregate(self.codec, reduced, contributions, self.aggregation)
+            self.last_exchange[mid] = (contributions, reduced)
+            avg = self.codec.decode_average(reply, reduced.value.numel())
             if self.cfg.outer.sqrt_sharing:
                 avg = avg * math.sqrt(len(self.cfg.lattice.paths_through(mid)))
             opt.step(unflatten(avg, opt.global_params))

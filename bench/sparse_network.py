@@ -1,0 +1,126 @@
+"""The sparse codec through the real peer path (issue 26): replicas stay bit-identical.
+
+Run: ``python -m bench.sparse_network [--peers 3] [--rounds 6] [--codec topk16b2]``.
+
+Starts a coordinator, an archive peer and ``--peers`` path-mode peers (``hivepath`` processes on
+loopback, the tiny run of ``tests/helpers/network.py``) whose run config names the sparse codec:
+the coordinator hands it to every peer in its assignment, peers matchmake, all-reduce their sparse
+pseudo-gradients (token-weighted) and apply the outer step. When every held module has done
+``--rounds`` rounds the peers are drained, and every pair of checkpoints of the same module at the
+same round (weights and outer momentum, past any start-up fork) is compared: ``replica_max_abs_diff``
+is the largest absolute difference found (0.0: bit-identical). ``bytes_sent_per_peer`` is what each
+peer counted on the wire; ``assigned_codecs`` is the codec each peer's assignment carried.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+for _p in (ROOT, ROOT / "tests"):  # the network helpers live with the integration tests
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+from bench.common import emit, run_main  # noqa: E402
+
+__all__ = ["sparse_network", "main"]
+
+log = logging.getLogger("bench.sparse_network")
+
+
+def _held_rounds(net, ids: list[str]) -> Optional[int]:
+    """The lowest round of a held module once every peer holds one, else None."""
+    modules = (net.status() or {}).get("modules", [])
+    held = [m for m in modules if m.get("holders")]
+    if not held or any(not any(pid in m["holders"] for m in held) for pid in ids):
+        return None
+    return min(m["round"] for m in held)
+
+
+def sparse_network(work: Path, peers: int = 3, rounds: int = 6, codec: str = "topk16b2", inner_steps: int = 10,
+                   timeout: float = 600.0) -> dict:
+    """Run the network in ``work`` and compare its replicas; returns the figures."""
+    import torch
+    from helpers.network import Network
+    from helpers.procs import ProcessGroup, wait_for
+    from models.checkpoint import CheckpointDir
+    from models.corpus import default_corpus
+    from models.data import Dataset, prepare
+
+    data = work / "data"
+    if not (data / "manifest.json").exists():
+        prepare(default_corpus(), data, levels=2, modules=2, tokenizer="bytes")
+    ds = Dataset(data)
+    procs = ProcessGroup(work / "logs")
+    net = Network(procs, work / "net", ds.dir, ds.manifest_hash, inner_steps=inner_steps, share_cores=False)
+    toml = net.run_toml.read_text()
+    net.run_toml.write_text(toml.replace("[outer]\n", f'[outer]\ncodec = "{codec}"\nlr = 1.0\nmomentum = 0.0\n', 1))
+    names = [f"peer{i}" for i in range(peers)]
+    t0 = time.monotonic()
+    try:
+        net.start_coordinator()
+        net.start_archive()
+        works = [net.start_peer(n) for n in names]
+
+        def trained() -> bool:
+            try:
+                ids = [net.peer_id(n) for n in names]
+            except AssertionError:
+                return False
+            done = _held_rounds(net, ids)
+            return done is not None and done >= rounds
+
+        wait_for(trained, timeout, f"{peers} peers training, {rounds} rounds on every held module", interval=0.5)
+        rows = {p["peer_id"]: p for p in (net.status_json() or {}).get("peers", [])}
+        assigned = [((rows.get(net.peer_id(n)) or {}).get("assignment") or {}).get("codec") for n in names]
+        codes = [net.stop(n) for n in names]
+        sent = [max((p.get("bytes_sent", 0) for p in net.progress_lines(n)), default=0) for n in names]
+        logs = [procs.log(n) for n in names]
+    finally:
+        net.close()
+        procs.close()
+    from test_peer_network import forked_rounds, snapshots_by_round
+
+    forked = forked_rounds(logs)
+    views = [snapshots_by_round(w / "checkpoints") for w in works]
+    pairs, diff = 0, 0.0
+    for i in range(len(views)):
+        for j in range(i + 1, len(views)):
+            for mid in set(views[i]) & set(views[j]):
+                for r in set(views[i][mid]) & set(views[j][mid]):
+                    if r == 0 or r <= forked.get(mid, 0):
+                        continue
+                    a, b = views[i][mid][r], views[j][mid][r]
+                    if a.keys() != b.keys():
+                        raise AssertionError(f"{mid} round {r}: snapshots hold different tensors")
+                    diff = max([diff] + [float((a[k].float() - b[k].float()).abs().max()) for k in a])
+                    pairs += 1
+    return {"replica_max_abs_diff": diff, "pairs_compared": pairs, "exit_codes": codes,
+            "bytes_sent_per_peer": sent, "codec": codec, "assigned_codecs": assigned, "peers": peers,
+            "rounds": rounds, "inner_steps": inner_steps, "forked_rounds": forked,
+            "seconds": round(time.monotonic() - t0, 1), "torch": torch.__version__}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.sparse_network", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--peers", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--inner-steps", type=int, default=10)
+    ap.add_argument("--codec", default="topk16b2")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    with tempfile.TemporaryDirectory(prefix="sparse-net-") as tmp:
+        result = sparse_network(Path(tmp), args.peers, args.rounds, args.codec, args.inner_steps)
+    emit("sparse_network", result)
+    ok = result["replica_max_abs_diff"] == 0.0 and result["pairs_compared"] > 0
+    return 0 if ok and result["assigned_codecs"] == [args.codec] * args.peers else 1
+
+
+if __name__ == "__main__":
+    run_main(main)
