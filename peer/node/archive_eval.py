@@ -15,7 +15,7 @@ import logging
 import math
 import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from models.config import format_path
 from peer.coordinator_client import Evaluation
@@ -25,22 +25,24 @@ __all__ = ["evaluate_snapshot", "SnapshotEvaluator"]
 log = logging.getLogger(__name__)
 
 
-def evaluate_snapshot(snapshot: Path, dataset: Any, max_documents: int) -> list[Evaluation]:
+def evaluate_snapshot(snapshot: Path, dataset: Any, max_documents: int,
+                      should_stop: Callable[[], bool] = lambda: False) -> list[Evaluation]:
     """Validation bits per byte of each complete path of ``snapshot`` (a run directory) on
     ``dataset``'s validation documents routed to it (at most ``max_documents`` per path); a path no
-    validation document routes to is left out. ``round``: the lowest round of the path's modules."""
+    validation document routes to is left out. ``round``: the lowest round of the path's modules.
+    Paths are scored one at a time; ``should_stop`` true between two ends it early (no results)."""
     from models.evaluate import evaluate_lattice
     from models.run_dir import load_run_dir
 
     loaded = load_run_dir(snapshot, with_data=False)
     paths = loaded.available_paths()
-    if not paths:
-        return []
-    result = evaluate_lattice(loaded.model, dataset, paths, loaded.lattice.seq_len, "cpu", dense=loaded.dense,
-                              max_documents_per_path=max_documents)
     rounds = loaded.summary.get("rounds", {})
     out = []
     for path in paths:
+        if should_stop():
+            return []
+        result = evaluate_lattice(loaded.model, dataset, [path], loaded.lattice.seq_len, "cpu", dense=loaded.dense,
+                                  max_documents_per_path=max_documents)
         bpb = result.per_path.get("dense" if loaded.dense else format_path(path), {}).get("bpb")
         if bpb is None or not math.isfinite(bpb):
             continue
@@ -62,6 +64,7 @@ class SnapshotEvaluator:
         self.max_documents = max_documents
         self.min_interval = min_interval
         self._closed = threading.Event()
+        self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
         self._waiting: Optional[Path] = None
         self._busy = False
@@ -72,15 +75,22 @@ class SnapshotEvaluator:
     def submit(self, snapshot: Path) -> None:
         """Score ``snapshot`` when the thread is free (replacing any snapshot still waiting)."""
         with self._lock:
+            if self._closed.is_set():
+                return
             self._waiting = Path(snapshot)
             if self._busy:
                 return
             self._busy = True
-        threading.Thread(target=self._work, name="archive-eval", daemon=True).start()
+        self._thread = threading.Thread(target=self._work, name="archive-eval", daemon=True)
+        self._thread.start()
 
-    def close(self) -> None:
-        """Score nothing more (a scoring under way finishes; its thread is a daemon)."""
+    def close(self, timeout: float = 60.0) -> None:
+        """Score nothing more, and wait for a scoring under way to end (at its next path): torch work
+        still running in a thread when the interpreter exits aborts the process."""
         self._closed.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
 
     def _work(self) -> None:
         rest = False
@@ -93,7 +103,7 @@ class SnapshotEvaluator:
                     self._busy = False
                     return
             try:
-                results = evaluate_snapshot(snapshot, self.dataset, self.max_documents)
+                results = evaluate_snapshot(snapshot, self.dataset, self.max_documents, self._closed.is_set)
             except Exception as e:  # a snapshot rotated away meanwhile, a torn file: the next one is scored
                 log.warning("could not evaluate %s: %s", snapshot, e)
                 continue
