@@ -85,22 +85,10 @@ def sparse_network(work: Path, peers: int = 3, rounds: int = 6, codec: str = "to
     finally:
         net.close()
         procs.close()
-    from test_peer_network import forked_rounds, snapshots_by_round
+    from test_peer_network import forked_rounds, replica_diff
 
     forked = forked_rounds(logs)
-    views = [snapshots_by_round(w / "checkpoints") for w in works]
-    pairs, diff = 0, 0.0
-    for i in range(len(views)):
-        for j in range(i + 1, len(views)):
-            for mid in set(views[i]) & set(views[j]):
-                for r in set(views[i][mid]) & set(views[j][mid]):
-                    if r == 0 or r <= forked.get(mid, 0):
-                        continue
-                    a, b = views[i][mid][r], views[j][mid][r]
-                    if a.keys() != b.keys():
-                        raise AssertionError(f"{mid} round {r}: snapshots hold different tensors")
-                    diff = max([diff] + [float((a[k].float() - b[k].float()).abs().max()) for k in a])
-                    pairs += 1
+    pairs, diff, _ = replica_diff([w / "checkpoints" for w in works], forked)
     return {"replica_max_abs_diff": diff, "pairs_compared": pairs, "exit_codes": codes,
             "bytes_sent_per_peer": sent, "codec": codec, "assigned_codecs": assigned, "peers": peers,
             "rounds": rounds, "inner_steps": inner_steps, "forked_rounds": forked,

@@ -7,6 +7,7 @@ checkpoints and the archive's snapshots), loss falls, drained peers exit 0 with 
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Optional
@@ -60,24 +61,38 @@ def forked_rounds(logs: list[str]) -> dict[str, int]:
     return last
 
 
+def replica_diff(roots: list[Path], forked: Optional[dict[str, int]] = None) -> tuple[int, float, str]:
+    """Over every pair of snapshots of the same module at the same round under ``roots`` (except at
+    rounds up to a start-up fork of that module, ``forked``: :func:`forked_rounds`): the number of pairs
+    compared, the largest absolute difference, and the first differing pair named ('' if none)."""
+    forked = forked or {}
+    views = [snapshots_by_round(r) for r in roots]
+    pairs, diff, first = 0, 0.0, ""
+    for i in range(len(views)):
+        for j in range(i + 1, len(views)):
+            for mid in set(views[i]) & set(views[j]):
+                for r in sorted(set(views[i][mid]) & set(views[j][mid])):
+                    if r == 0 or r <= forked.get(mid, 0):
+                        continue
+                    a, b = views[i][mid][r], views[j][mid][r]
+                    if a.keys() != b.keys():
+                        raise AssertionError(f"{mid} round {r}: {roots[i]} and {roots[j]} hold different tensors")
+                    for k in a:
+                        if torch.equal(a[k], b[k]):
+                            continue
+                        d = float((a[k].float() - b[k].float()).abs().max()) if a[k].shape == b[k].shape else math.inf
+                        diff = max(diff, d if d > 0 else math.inf)  # NaN: a difference too
+                        first = first or f"{mid} round {r} differs in {k} between {roots[i]} and {roots[j]}"
+                    pairs += 1
+    return pairs, diff, first
+
+
 def assert_identical_at_equal_rounds(roots: list[Path], min_pairs: int = 1, forked: Optional[dict[str, int]] = None) -> int:
     """Every pair of snapshots of the same module at the same round is bit-identical, except at rounds
     up to a start-up fork of that module (``forked``: :func:`forked_rounds`); returns the number of pairs
     compared (the test asserts that enough were)."""
-    forked = forked or {}
-    views = [snapshots_by_round(r) for r in roots]
-    pairs = 0
-    for i in range(len(views)):
-        for j in range(i + 1, len(views)):
-            for mid in set(views[i]) & set(views[j]):
-                for r in set(views[i][mid]) & set(views[j][mid]):
-                    if r == 0 or r <= forked.get(mid, 0):
-                        continue
-                    a, b = views[i][mid][r], views[j][mid][r]
-                    assert a.keys() == b.keys()
-                    for k in a:
-                        assert torch.equal(a[k], b[k]), f"{mid} round {r} differs in {k} between {roots[i]} and {roots[j]}"
-                    pairs += 1
+    pairs, diff, first = replica_diff(roots, forked)
+    assert diff == 0.0, first
     assert pairs >= min_pairs, f"only {pairs} common (module, round) snapshots to compare"
     return pairs
 
