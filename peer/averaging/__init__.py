@@ -6,6 +6,7 @@ The contract and the rule:
   optionally zstd-coded), as specified by :mod:`models.codec_spec` (names, :data:`BLOCK`, sizes);
   implemented by ``quantizers`` (the value codecs, :class:`Codec`) and ``entropy`` (the zstd stage).
 - ``vectors``: :func:`flatten` / :func:`unflatten`, a module's tensors as the flat vector codecs encode.
+- ``memory``: round-sized vectors reused between rounds and glibc's thresholds pinned (page faults).
 - ``error_feedback``: :class:`ErrorFeedback`, what the codec dropped carried into the next round.
 - ``aggregation``: the reduction rule every reducer applies (weighted mean, trimmed mean, centered
   clipping; :func:`reduce_part`), in a fixed order so every member gets the same bytes.
