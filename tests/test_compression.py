@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import struct
 
 import numpy as np
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from models.codec_spec import CODECS
 from peer.averaging import BLOCK, ErrorFeedback, flatten, get_codec, unflatten
+from peer.averaging.memory import FlatBuffers, keep_freed_memory
 
 
 def _gauss(n: int, seed: int = 0) -> torch.Tensor:
@@ -280,6 +282,52 @@ def test_unknown_codec_name():
 
 
 # -- flatten / unflatten ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [*CODECS, *(f"{c}+zstd" for c in CODECS)])
+@pytest.mark.parametrize("numel", [0, 1, 7, BLOCK, 3 * BLOCK + 17])
+def test_encode_roundtrip_into_writes_what_encode_roundtrip_returns(name, numel):
+    """The all-reduce encodes its parts with their decoded values written straight into the round's
+    vector: the same bytes and bits as encode_roundtrip, into a slice of a larger buffer whose stale
+    contents (last round's) play no part, leaving the rest of it alone."""
+    codec = get_codec(name)
+    x = _gauss(numel, seed=numel + 2) * 0.01
+    if numel > 100:
+        x[:BLOCK // 2] = 0.0
+        x[BLOCK // 2 : BLOCK // 2 + 50] = -1e-30
+    data, values = codec.encode_roundtrip(x)
+    buf = torch.full((numel + 10,), 7.0)
+    buf[5 : 5 + numel] = float("nan")
+    assert codec.encode_roundtrip_into(x, buf[5 : 5 + numel]) == data
+    assert buf[5 : 5 + numel].numpy().tobytes() == values.numpy().tobytes()
+    assert bool((buf[:5] == 7.0).all()) and bool((buf[5 + numel :] == 7.0).all())
+    if name.startswith("int") and numel:
+        with pytest.raises(ValueError, match="out must be"):
+            codec.encode_roundtrip_into(x, buf[: numel + 1])
+
+
+def test_flat_buffers_reuse_a_given_back_vector_per_size():
+    """Round-sized vectors are reused across rounds (no fresh pages to fault in), one owner at a time."""
+    pool = FlatBuffers(keep=1)
+    a = pool.take(100)
+    assert a.shape == (100,) and a.dtype == torch.float32
+    b = pool.take(100)  # a is still taken: a different vector
+    assert b.data_ptr() != a.data_ptr()
+    pool.give(a)
+    pool.give(b)  # beyond keep: dropped
+    assert pool.take(100).data_ptr() == a.data_ptr()
+    assert pool.take(100).data_ptr() not in (a.data_ptr(), b.data_ptr())
+    assert pool.take(50).shape == (50,)
+    like = [torch.randn(3, 4, dtype=torch.float64), torch.randn(5)]
+    out = pool.take(17)
+    assert flatten(like, out=out).data_ptr() == out.data_ptr()
+    assert torch.equal(out, flatten(like))
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+def test_keep_freed_memory_pins_glibc_thresholds_once():
+    assert keep_freed_memory() is True
+    assert keep_freed_memory() is True  # idempotent: set once per process
 
 
 def test_flatten_unflatten_roundtrip_any_dtype():

@@ -8,6 +8,7 @@ The contract and the rule:
   implemented by ``quantizers`` (the value codecs, :class:`Codec`), ``entropy`` (the zstd stage) and
   ``sparse`` (:class:`SparseCodec`: per-chunk top-k at 2 or 4 bits, averages sent exactly).
 - ``vectors``: :func:`flatten` / :func:`unflatten`, a module's tensors as the flat vector codecs encode.
+- ``memory``: round-sized vectors reused between rounds and glibc's thresholds pinned (page faults).
 - ``error_feedback``: :class:`ErrorFeedback`, what the codec dropped carried into the next round.
 - ``aggregation``: the reduction rule every reducer applies (weighted mean, trimmed mean, centered
   clipping; :func:`reduce_part`), in a fixed order so every member gets the same bytes.

@@ -28,6 +28,7 @@ from peer.averaging.aggregation import MEAN, Aggregation
 from peer.averaging.contract import AverageResult, SuspectHook, require_codec
 from peer.averaging.quantizers import Codec
 from peer.averaging.reducer import EventHook
+from peer.averaging.memory import FlatBuffers, keep_freed_memory
 from peer.averaging.vectors import flatten, unflatten
 from peer.outer import ModuleState
 from peer.network import unwrap_dht
@@ -126,6 +127,8 @@ class NetAverager:
         """Called when a round found no other holder to average with (a lone round, or declared
         holders that never joined): we may be cut off from part of the swarm. ``peer.node`` sets it to
         ``PeerDHT.poke`` so the DHT re-checks its routing table against the coordinator's peers."""
+        self._flat_buffers = FlatBuffers()  # each round's flattened delta: no fresh round-sized vector
+        keep_freed_memory()  # a round's temporaries stay in the heap for the next one
         self._held: dict[str, tuple[int, str]] = {}
         self._waiting_check: Optional[Any] = None
         self._waiting_checked = -math.inf
@@ -329,8 +332,10 @@ class NetAverager:
             raise ValueError(f"weight must be a finite number > 0, got {weight}")
         if self._abandoned:
             return AverageResult(None, None, 0, [], 0, 0, reason=f"not sent: {self._abandoned}")
-        flat = flatten(tensors)  # (n,)
-        if not bool(torch.isfinite(flat).all()):
+        flat = flatten(tensors, out=self._flat_buffers.take(sum(t.numel() for t in tensors)))  # (n,)
+        # the extremes, not isfinite(flat): no round-sized temporary (NaN propagates, Inf is an extreme)
+        if flat.numel() and not bool(torch.isfinite(torch.stack(torch.aminmax(flat))).all()):
+            self._flat_buffers.give(flat)
             return AverageResult(None, None, 0, [], 0, 0, reason="not sent: the delta holds NaN or Inf")
         t0 = time.monotonic()
         self.hold(module_id, round_no)
@@ -347,6 +352,10 @@ class NetAverager:
             finally:
                 with self._held_lock:
                     self._in_flight.discard(future)
+            # the round ran to its end, so nothing reads ``flat`` any more (a round cut off by its
+            # deadline, or abandoned by a drain, may still have an encoder on it in a thread: that
+            # buffer is not reused)
+            self._flat_buffers.give(flat)
             self._report_suspects(module_id, round_no, res.suspects)
             return res
         except Exception as e:
@@ -374,6 +383,8 @@ class NetAverager:
             return AverageResult(None, None, 0, [], 0, 0, reason=reason, adopt=adopt)
         if group.group_id == LONE:
             own = codec.roundtrip(flat)  # (n,)
+            if own.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr():
+                own = own.clone()  # ``flat`` is reused next round
             mine = unflatten(own, like)
             return AverageResult([t.clone() for t in mine], mine, 1, [self.peer_id], 0, 0, reason="lone holder")
         self._server.event("group_formed")

@@ -46,10 +46,11 @@ PIPELINE = 3
 """Segments in flight at once: encoding and the upload of segment s+1 overlap the averages of s."""
 SEGMENT_BLOCKS = 256
 """Smallest segment, in blocks; a vector is cut into at most :data:`MAX_SEGMENTS` of at least this size."""
-MAX_SEGMENTS = 8
+MAX_SEGMENTS = 4
 """Most segments of a vector. Each segment opens one stream per pair of members through the p2p
-daemons, whose fixed CPU cost per stream showed in a round's profile (issue 24): 8 keeps the link busy
-with 3 in flight and halves the streams of the 16 used before."""
+daemons, whose fixed CPU cost per stream showed in a round's profile (issue 24): 4 still keeps the link
+busy with 3 in flight (the same link efficiency as 8 in a back-to-back run) and cut the event-loop
+thread's CPU by about a quarter against 8 (16 before that)."""
 
 
 def segment_bounds(numel: int, max_segments: int = MAX_SEGMENTS) -> list[tuple[int, int]]:

@@ -22,7 +22,8 @@ __all__ = ["PHASES", "phase", "snapshot"]
 PHASES = ("encode", "entropy", "decode", "reduce", "copy")
 """``encode``: quantising values to a codec's bytes; ``entropy``: the zstd stage, both ways;
 ``decode``: bytes back to values; ``reduce``: the aggregation rule over a part's contributions;
-``copy``: moving bytes and values between buffers outside the codecs."""
+``copy``: moving bytes and values between buffers outside the codecs (none in the all-reduce since
+codecs write a sender's decoded values straight into the round's vector, ``Codec.encode_roundtrip_into``)."""
 
 _lock = threading.Lock()
 _totals = dict.fromkeys(PHASES, 0.0)

@@ -98,6 +98,14 @@ class Codec(abc.ABC):
         data = self.encode(flat)
         return data, self.decode(data, flat.numel())
 
+    def encode_roundtrip_into(self, flat: Tensor, out: Tensor) -> bytes:
+        """:meth:`encode_roundtrip` whose decoded values are written into ``out`` (a contiguous CPU
+        fp32 1-D tensor of ``flat.numel()`` values), bit for bit, without a temporary where the codec
+        can: the all-reduce keeps what the group receives from it in one round-sized vector."""
+        data, values = self.encode_roundtrip(flat)
+        out.copy_(values)
+        return data
+
     def _check_length(self, data: bytes, numel: int) -> None:
         if numel < 0:
             raise ValueError(f"numel must be >= 0, got {numel}")
@@ -159,6 +167,11 @@ class NoneCodec(_SpecCodec):
         flat = _check_flat(flat)
         return flat.numpy().astype("<f4", copy=False).tobytes(), flat.clone()
 
+    def encode_roundtrip_into(self, flat: Tensor, out: Tensor) -> bytes:
+        flat = _check_flat(flat)
+        out.copy_(flat)
+        return flat.numpy().astype("<f4", copy=False).tobytes()
+
     def decode(self, data: bytes, numel: int) -> Tensor:
         self._check_length(data, numel)
         out = torch.from_numpy(np.frombuffer(data, dtype="<f4").astype(np.float32))  # (numel,)
@@ -205,13 +218,19 @@ class _BlockwiseCodec(_SpecCodec):
     def _pack(self, q: Tensor) -> np.ndarray:
         """Integer codes ``(nb, count)`` in [-qmax, qmax] -> uint8 ``(nb, code_bytes)``."""
 
+    def _pack_into(self, q: Tensor, dst: np.ndarray) -> None:
+        """:meth:`_pack` written into ``dst``, a uint8 ``(nb, code_bytes)`` view of the output."""
+        dst[...] = self._pack(q)
+
     @abc.abstractmethod
     def _unpack(self, raw: np.ndarray, count: int) -> Tensor:
         """uint8 ``(nb, code_bytes)`` -> int codes ``(nb, count)``; ValueError on invalid codes."""
 
-    def _encode_blocks(self, blocks: Tensor, roundtrip: bool) -> tuple[bytes, Optional[Tensor]]:
-        # blocks: (nb, count) fp32. One pass for the extremes and in-place rounding: the exchange is
-        # CPU-bound on small machines, and this is its largest single cost (the bytes are unchanged).
+    def _encode_blocks(self, blocks: Tensor, values: Optional[Tensor]) -> bytes:
+        # blocks: (nb, count) fp32; values: None or (nb, count) fp32, filled with what decode gives.
+        # One pass for the extremes, then the codes are computed in place in ``values`` (or one
+        # temporary): the exchange is CPU-bound on small machines and this is its largest single cost;
+        # no fresh round-sized buffer is touched (page faults), and the bytes are unchanged.
         lo, hi = torch.aminmax(blocks, dim=1, keepdim=True)  # (nb, 1) each
         absmax = torch.maximum(hi, lo.neg_())  # (nb, 1) == blocks.abs().amax(dim=1)
         if not bool(torch.isfinite(absmax).all()):  # NaN propagates through aminmax, Inf is an extreme
@@ -220,36 +239,40 @@ class _BlockwiseCodec(_SpecCodec):
         if bool((scale > _MAX_SCALE[self.qmax]).any()):
             raise ValueError(f"{self.name}: values beyond {_MAX_SCALE[self.qmax] * self.qmax:.4g} cannot be encoded")
         safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-        q = torch.div(blocks, safe).round_().clamp_(-self.qmax, self.qmax)  # (nb, count)
-        packed = self._pack(q)  # (nb, code_bytes) uint8
-        out = np.empty((blocks.shape[0], SCALE_BYTES + packed.shape[1]), dtype=np.uint8)
+        q = torch.div(blocks, safe) if values is None else torch.div(blocks, safe, out=values)
+        q.round_().clamp_(-self.qmax, self.qmax)  # (nb, count) integral codes
+        out = np.empty((blocks.shape[0], SCALE_BYTES + self.spec.code_bytes(blocks.shape[1])), dtype=np.uint8)
         out[:, :SCALE_BYTES] = scale.numpy().astype("<f4", copy=False).view(np.uint8)
-        out[:, SCALE_BYTES:] = packed
-        # what decode computes from these bytes: integer code times the stored fp32 scale (+0.0 turns
-        # the -0.0 that rounding leaves into the +0.0 a decoded code 0 gives)
-        values = q.add_(0.0).mul_(scale).reshape(-1) if roundtrip else None  # (nb * count,)
-        return out.tobytes(), values
+        self._pack_into(q, out[:, SCALE_BYTES:])
+        if values is not None:
+            # what decode computes from these bytes: integer code times the stored fp32 scale (+0.0
+            # turns the -0.0 that rounding leaves into the +0.0 a decoded code 0 gives)
+            q.add_(0.0).mul_(scale)
+        return out.tobytes()
 
-    def _encode(self, flat: Tensor, roundtrip: bool) -> tuple[bytes, Optional[Tensor]]:
+    def _encode(self, flat: Tensor, values: Optional[Tensor]) -> bytes:
         flat = _check_flat(flat, finite=False)  # checked per block in _encode_blocks
-        full = flat.numel() // BLOCK
+        full, tail = divmod(flat.numel(), BLOCK)
         parts = []
         if full:
-            parts.append(self._encode_blocks(flat[: full * BLOCK].view(full, BLOCK), roundtrip))
-        if flat.numel() % BLOCK:
-            parts.append(self._encode_blocks(flat[full * BLOCK :].view(1, -1), roundtrip))
-        data = b"".join(p[0] for p in parts)
-        if not roundtrip:
-            return data, None
-        if not parts:
-            return data, torch.zeros(0, dtype=torch.float32)
-        return data, torch.cat([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
+            parts.append(self._encode_blocks(flat[: full * BLOCK].view(full, BLOCK),
+                                             None if values is None else values[: full * BLOCK].view(full, BLOCK)))
+        if tail:
+            parts.append(self._encode_blocks(flat[full * BLOCK :].view(1, -1),
+                                             None if values is None else values[full * BLOCK :].view(1, -1)))
+        return b"".join(parts)
 
     def encode(self, flat: Tensor) -> bytes:
-        return self._encode(flat, roundtrip=False)[0]
+        return self._encode(flat, None)
 
     def encode_roundtrip(self, flat: Tensor) -> tuple[bytes, Tensor]:
-        return self._encode(flat, roundtrip=True)  # type: ignore[return-value]  # values are set when asked
+        values = torch.empty(flat.numel(), dtype=torch.float32)  # (numel,)
+        return self._encode(flat, values), values
+
+    def encode_roundtrip_into(self, flat: Tensor, out: Tensor) -> bytes:
+        if out.dim() != 1 or out.numel() != flat.numel() or out.dtype != torch.float32 or not out.is_contiguous():
+            raise ValueError(f"{self.name}: out must be a contiguous fp32 vector of {flat.numel()} values")
+        return self._encode(flat, out)
 
     def _decode_blocks(self, raw: np.ndarray, count: int, out: Tensor) -> None:
         # raw: (nb, 4 + code_bytes) uint8; out: (nb, count) fp32
@@ -287,6 +310,9 @@ class Int8Codec(_BlockwiseCodec):
 
     def _pack(self, q: Tensor) -> np.ndarray:
         return q.to(torch.int8).numpy().view(np.uint8)
+
+    def _pack_into(self, q: Tensor, dst: np.ndarray) -> None:
+        torch.from_numpy(dst.view(np.int8)).copy_(q)  # fp32 codes straight into the output, no temporary
 
     def _unpack(self, raw: np.ndarray, count: int) -> Tensor:
         codes = torch.from_numpy(raw.view(np.int8).copy())  # (nb, count)

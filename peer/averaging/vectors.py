@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -10,12 +10,13 @@ from torch import Tensor
 __all__ = ["flatten", "unflatten"]
 
 
-def flatten(tensors: Iterable[Tensor]) -> Tensor:
-    """Concatenate tensors, in order, into one CPU fp32 1-D vector (a copy)."""
+def flatten(tensors: Iterable[Tensor], out: Optional[Tensor] = None) -> Tensor:
+    """Concatenate tensors, in order, into one CPU fp32 1-D vector (a copy; written into ``out``, a
+    CPU fp32 vector of their total size, when given)."""
     parts = [t.detach().reshape(-1).to(device="cpu", dtype=torch.float32) for t in tensors]
     if not parts:
-        return torch.zeros(0, dtype=torch.float32)
-    return torch.cat(parts)
+        return torch.zeros(0, dtype=torch.float32) if out is None else out
+    return torch.cat(parts) if out is None else torch.cat(parts, out=out)
 
 
 def unflatten(flat: Tensor, like: Sequence[Tensor]) -> list[Tensor]:
