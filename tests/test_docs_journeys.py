@@ -12,13 +12,25 @@ skipped. What must differ from the page, and only that, is substituted (:class:`
   ``coord.example.org`` becomes ``127.0.0.1``; the operator commands' default coordinator
   (``127.0.0.1:7700``) becomes that port through ``HIVEPATH_COORDINATOR``;
 - the example peer id ``QmUTBN6Bp15euBud...`` (whole or shortened) becomes the id of a peer of the run;
-- ``deploy/run.example.toml`` is copied from this checkout into the temp directory.
+- ``deploy/run.example.toml`` is copied from this checkout into the temp directory;
+- the p2p port ``31337`` of ``--host_maddrs``/``--host-maddrs`` and ``--announce-maddrs`` becomes a free
+  port, the public example addresses ``198.51.100.7`` (a forwarded port) become ``127.0.0.1``, and the
+  bootstrap node's example address ``/ip4/203.0.113.7/tcp/31337/p2p/Qm...`` becomes the address the
+  stock ``hivemind-dht`` node of the run printed (:attr:`Reader.bootstrap`);
+- ``hivepath peer status`` asks the default status port ``7702``; the peers run with
+  ``HIVEPATH_STATUS_PORT`` set to a free port instead (both read it), or with it off (``0``) where no
+  doc command asks them.
 
-Long-running commands (``coordinator serve``, ``peer join``, ``archive``) start in the background and
-are waited for by their readiness (a port, a progress event), then stopped with SIGTERM (a drain).
+What a page assumes the reader has is made first: docs/deploy.md's volunteer has the operator's token
+file as ``token`` and a prepared dataset in ``data/`` (``hivepath data prepare --corpus default``).
 
-``test_operator_journey`` runs in the default test run (about half a minute); the volunteer's and the
-generate journeys are ``slow``.
+Long-running commands (``coordinator serve``, ``peer join``, ``archive``, ``hivemind-dht``) start in the
+background and are waited for by their readiness (a port, a progress event, a printed address), then
+stopped with SIGTERM (a drain).
+
+``test_operator_journey`` runs in the default test run (about half a minute); the volunteer's, the
+generate and the deploy journeys (the last about a minute and a half) are ``slow``. Container commands
+(``docker ...``) are the Docker tests' (tests/docker), not these.
 """
 
 from __future__ import annotations
@@ -40,7 +52,9 @@ pytestmark = pytest.mark.integration
 
 EXAMPLE_PEER = "QmUTBN6Bp15euBudrpM9hih36odyxBWgvSJ18K6iD8f4R9"
 """The peer id the docs use in examples (one the program printed)."""
-LONG_RUNNING = ("hivepath coordinator serve", "hivepath peer join", "hivepath archive")
+BOOTSTRAP_EXAMPLE = re.compile(r"/ip4/203\.0\.113\.7/tcp/31337/p2p/Qm\w+")
+"""The stock bootstrap node's address as docs/deploy.md shows it (its printed line's form)."""
+LONG_RUNNING = ("hivepath coordinator serve", "hivepath peer join", "hivepath archive", "hivemind-dht")
 
 
 def doc_commands(doc: str, section: str, block: Optional[int] = None) -> list[str]:
@@ -51,13 +65,13 @@ def doc_commands(doc: str, section: str, block: Optional[int] = None) -> list[st
     assert heading, f"{doc} has no section {section!r}"
     lines, fenced = [], False
     for line in text[heading.end():].splitlines(keepends=True):
-        if line.startswith("```"):
+        if line.lstrip().startswith("```"):
             fenced = not fenced
         elif not fenced and re.match(r"#+ ", line):
             break  # the next heading (a '#' inside a block is a shell comment)
         lines.append(line)
     body = "".join(lines)
-    blocks = re.findall(r"^```(?:bash|sh)\n(.*?)^```", body, re.M | re.S)
+    blocks = re.findall(r"^ *```(?:bash|sh)\n(.*?)^ *```", body, re.M | re.S)  # a list item's block is indented
     assert blocks, f"{doc} section {section!r} has no bash block"
     if block is not None:
         blocks = [blocks[block]]
@@ -79,6 +93,9 @@ class Reader:
         self.home = home
         self.port, self.http_port = free_port(), free_port()
         self.peer_id = EXAMPLE_PEER
+        self.p2p_port = free_port()
+        self.bootstrap = ""
+        """The multiaddr the stock ``hivemind-dht`` node printed (set once it runs)."""
         bin_dir = str(Path(sys.executable).parent)
         self.env = {**os.environ, "HOME": str(home), "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
                     "HIVEPATH_THREADS": "1", "HIVEPATH_PROGRESS": "json", "HIVEPATH_STATUS_PORT": "0"}
@@ -94,6 +111,9 @@ class Reader:
         cmd = re.sub(r"--port 7700\b", f"--port {self.port}", cmd)
         cmd = re.sub(r"--http-port 7701\b", f"--http-port {self.http_port}", cmd)
         cmd = re.sub(r"(127\.0\.0\.1|HOST):7700\b", f"127.0.0.1:{self.port}", cmd)
+        if self.bootstrap:
+            cmd = BOOTSTRAP_EXAMPLE.sub(self.bootstrap, cmd)
+        cmd = re.sub(r"/tcp/31337\b", f"/tcp/{self.p2p_port}", cmd).replace("/ip4/198.51.100.7/", "/ip4/127.0.0.1/")
         return re.sub(r"\b" + EXAMPLE_PEER[:16] + r"\w*", lambda m: self.peer_id[:len(m.group(0))], cmd)
 
     def run(self, commands: list[str], expect: int = 0) -> list[subprocess.CompletedProcess]:
@@ -189,3 +209,66 @@ def test_generate_journey(procs, tmp_path):
     outs = reader.run(doc_commands("docs/generate.md", "Commands"))
     assert outs[1].stdout.startswith("To be, or not to be") and "[path" in outs[1].stderr
     assert (tmp_path / "exports" / "r1-0-1").is_dir()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_deploy_journey_without_containers(procs, tmp_path):
+    """docs/deploy.md outside containers: a stock hivemind DHT node and a peer bootstrapped from the
+    address it printed ("Bootstrap peers"), the peer's health checks ("Health checks"), then a peer
+    announcing a forwarded port that the coordinator's dial-back reaches ("Behind NAT or a firewall")."""
+    import json
+
+    reader = Reader(procs, tmp_path)
+    reader.env["HIVEPATH_STATUS_PORT"] = str(free_port())
+    reader.run(doc_commands("docs/coordinator.md", "Running it", 0))
+    reader.env["HIVEPATH_TOKEN_FILE"] = "run.token"
+    wait_for(reader.coordinator_answers, 120, "the coordinator to answer")
+    del reader.env["HIVEPATH_TOKEN_FILE"]  # the peers pass --token-file as the page says
+    # what the page assumes the volunteer has: the token file and a prepared dataset
+    shutil.copy(tmp_path / "run.token", tmp_path / "token")
+    reader.run(["hivepath data prepare --corpus default --out data"])
+
+    stock, join = doc_commands("docs/deploy.md", "Bootstrap peers")
+    assert BOOTSTRAP_EXAMPLE.search(join), "the page's bootstrap address is not the form hivemind-dht prints"
+    reader.run([stock])
+    node = reader.started[-1]
+    printed = wait_for(lambda: re.search(r"--initial_peers (\S+)", procs.log(node)), 60,
+                       "the stock node to print its address")
+    reader.bootstrap = printed.group(1)
+    assert re.fullmatch(rf"/ip4/[\d.]+/tcp/{reader.p2p_port}/p2p/Qm\w{{44}}", reader.bootstrap), reader.bootstrap
+    reader.run([join])
+    peer = reader.started[-1]
+
+    def events(name, kind):
+        return [e for e in procs.json_lines(name) if e.get("event") == kind]
+
+    def joined_or_exited(name):
+        """The peer's join event; a peer that exited first (a doc command that no longer works) fails."""
+        wait_for(lambda: events(name, "join") or procs.procs[name].poll() is not None, 600, f"{name} to join")
+        assert procs.procs[name].poll() is None, procs.log(name)[-3000:]
+        return events(name, "join")[0]
+
+    joined = joined_or_exited(peer)
+    assert "bootstrap failed" not in procs.log(peer)
+    # the stock node reports its routing table every 30 s: the peer is in it
+    wait_for(lambda: re.search(r"\b([2-9]|\d\d+) DHT nodes \(including this one\)", procs.log(node)), 120,
+             "the stock node to know the peer")
+
+    health = [c for c in doc_commands("docs/deploy.md", "Health checks") if not c.startswith("docker ")]
+    plain, as_json = reader.run(health)
+    document = json.loads(as_json.stdout)
+    assert document["peer_id"] == joined["peer_id"] and document["healthy"] is True
+    assert plain.stdout.startswith(f"peer {joined['peer_id'][:16]} ") and "| healthy: " in plain.stdout
+    procs.signal(peer, 15)
+    assert procs.procs[peer].wait(timeout=300) == 0, procs.log(peer)[-3000:]
+
+    reader.p2p_port = free_port()  # the stock node keeps the first one
+    reader.env["HIVEPATH_STATUS_PORT"] = "0"
+    forwarded = doc_commands("docs/deploy.md", "Behind NAT or a firewall")
+    reader.run(forwarded)
+    behind = reader.started[-1]
+    joined = joined_or_exited(behind)
+    assert joined["reachability"].startswith(f"reachable at /ip4/127.0.0.1/tcp/{reader.p2p_port}/"), joined
+    procs.signal(behind, 15)
+    assert procs.procs[behind].wait(timeout=300) == 0, procs.log(behind)[-3000:]

@@ -48,3 +48,18 @@ def test_the_rich_panel_prints_log_records_above_itself_and_gives_the_handlers_b
     logging.getLogger("peer.test").warning("after the panel")
     root.removeHandler(plain)
     assert "after the panel" in stream.getvalue()
+
+
+def test_the_event_table_of_the_cli_docs_is_the_schema():
+    """docs/cli.md's ``--progress json`` table has one row per event of :data:`EVENTS`, naming each
+    of its fields."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text(encoding="utf-8")
+    table = text[text.index("| `event` | fields"):].split("\n\n")[0]
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \| (.*?) \|", table, re.M)}
+    del rows["event"]  # the header
+    assert set(rows) == set(EVENTS)
+    for kind, names in EVENTS.items():
+        assert set(names) <= set(re.findall(r"`(\w+)`", rows[kind])), kind

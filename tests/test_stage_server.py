@@ -152,3 +152,53 @@ def test_a_server_that_keeps_failing_is_skipped_until_its_record_expires(stage):
         assert lonely.stats.requests > 2, "a server with a fresh record was never asked again"
     finally:
         lonely.close()
+
+
+def test_failovers_are_progress_events(stage):
+    """A backward whose server fails goes to another server, and a request no server answers gives
+    up: each is one ``failover`` line of ``--progress json`` (the real JSON-lines writer), naming the
+    module, the server left, the one that answered (null: none) and why."""
+    import io
+    import json
+
+    from hivemind.utils import get_dht_time
+
+    from peer.node.progress import EVENTS, JsonLinesView
+    from peer.node.stage_runner import failover_events
+    from peer.stage import Hop, StageUnavailable
+    from peer.stage.records import StageServerRecord, stage_record_value, stage_servers_key
+
+    server, client = stage
+    out = io.StringIO()
+    # a live peer that serves no stage, announced as a server of L0M0 (it fails every request)
+    other = start_dht(DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+                                 initial_peers=[str(a) for a in server.dht.get_visible_maddrs()]))
+    reporter = StageClient(client.dht, CFG.run_id, CFG.content_hash(), codec="none", request_timeout=2.0,
+                           call_timeout=8.0, on_failover=failover_events(JsonLinesView(out)))
+    try:
+        record = StageServerRecord("L0M0", CFG.content_hash(), 1000.0, 0)
+        assert other.dht.store(stage_servers_key(CFG.run_id, "L0M0"), stage_record_value(record), get_dht_time() + 30,
+                           subkey=other.peer_id)
+        wait_for(lambda: other.peer_id in reporter.servers("L0M0"), 10, "the bogus record to be read")
+        x = torch.randn(1, T, C)  # (B, T, C)
+        hop = Hop("L0M0", other.peer_id, "gone", encode_tensor(x, activation_codec("none")))
+        gx = reporter.backward(hop, torch.ones(1, T, C))  # its forward's server fails: the input is resent
+        assert gx.shape == (1, T, C) and reporter.stats.failovers == 1
+
+        assert server.dht.store(stage_servers_key(CFG.run_id, "L1M1"), stage_record_value(
+            StageServerRecord("L1M1", CFG.content_hash(), 1000.0, 0)), get_dht_time() + 30, subkey=server.peer_id)
+        with pytest.raises(StageUnavailable):
+            reporter.forward("L1M1", torch.ones(1, 4, C))
+    finally:
+        reporter.close()
+        other.shutdown()
+
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [e["event"] for e in lines] == ["failover", "failover"]
+    switched, gave_up = lines
+    assert set(switched) == {"time", "event", *EVENTS["failover"]}
+    assert switched["module"] == "L0M0"
+    assert (switched["from_server"], switched["to_server"]) == (other.peer_id, server.peer_id)
+    assert switched["reason"]
+    assert (gave_up["module"], gave_up["from_server"], gave_up["to_server"]) == ("L1M1", server.peer_id, None)
+    assert gave_up["reason"].startswith("NOT_HELD"), gave_up["reason"]

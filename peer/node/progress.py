@@ -41,13 +41,16 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "drain": ("reason", "preempting", "drain_timeout"),
     "leave": ("reason", "drain_seconds"),
     "error": ("message", "exit_code"),
+    "failover": ("module", "from_server", "to_server", "reason"),
 }
 """The events a peer emits and the fields each carries (besides ``time`` and ``event``): ``join`` once
 admitted; ``assignment`` for its first work and ``reroute`` when the coordinator moves it (``previous``:
 the work it leaves); ``round`` per module and outer round (``status`` ``done`` or ``failed``, ``peers``
 the group's members, ``seconds`` the exchange's wait); ``checkpoint`` after each snapshot (``error``
 when it failed); ``drain`` when a drain begins; ``leave`` as the process ends (``drain_seconds``: how
-long the drain took, None without one); ``error`` for a problem that stops it."""
+long the drain took, None without one); ``error`` for a problem that stops it; ``failover`` when a
+stage-mode trainer's request leaves a stage server of ``module`` that failed (``reason``) for
+``to_server``, or for none (None: no server of the module answered in time, the step is abandoned)."""
 
 WAITING_STATES = ("starting", "fetching", "joining", "loading", "draining", "stopped")
 """States in which a peer waits on something outside its main loop (the coordinator, the DHT, a

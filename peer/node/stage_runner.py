@@ -32,12 +32,12 @@ from models.lattice import ModularLM
 from models.training import autocast
 from peer.node.checkpoint import CheckpointDir, CheckpointError, saved_state, state_groups
 from peer.diloco import DiLoCoOptimizer, RoundReport
-from peer.node.progress import PeerStatus
+from peer.node.progress import PeerStatus, ProgressView
 from peer.diloco import install_resync, resync_after_round
 from peer.stage import StageClient, StageUnavailable
 from peer.stage import StageServer, StageServerOptions
 
-__all__ = ["StageTrainer", "run_stage_server", "run_stage_trainer", "adopt_states", "save_states"]
+__all__ = ["StageTrainer", "run_stage_server", "run_stage_trainer", "adopt_states", "save_states", "failover_events"]
 
 log = logging.getLogger(__name__)
 
@@ -235,19 +235,33 @@ def run_stage_server(cfg: RunConfig, module_id: str, dataset: Any, device: torch
             averager.release(module_id)
 
 
+def failover_events(view: ProgressView) -> Callable[[str, str, Optional[str], str], None]:
+    """A :class:`peer.stage.StageClient` ``on_failover`` that shows each failover as a ``failover``
+    event on ``view`` (:data:`peer.node.progress.EVENTS`)."""
+
+    def report(module_id: str, from_server: str, to_server: Optional[str], reason: str) -> None:
+        view.event("failover", module=module_id, from_server=from_server, to_server=to_server, reason=reason)
+
+    return report
+
+
 def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, device: torch.device, dht: Any,
                       averager: Any, checkpoints: Optional[CheckpointDir], should_stop: Callable[[], Optional[str]],
                       status: Optional[PeerStatus] = None, outer: Optional[OuterConfig] = None, codec: str = "int8",
                       micro_batches: int = 1, request_timeout: float = 10.0,
-                      on_step: Optional[Callable[["StageTrainer", float], None]] = None) -> str:
+                      on_step: Optional[Callable[["StageTrainer", float], None]] = None,
+                      view: Optional[ProgressView] = None) -> str:
     """Train ``path`` through stage servers (holding its embed and head) until ``should_stop()``
     returns a reason; return it. ``codec``: activations' and gradients' codec; ``micro_batches``:
-    chunks of each batch in flight at once; ``on_step(trainer, loss)`` is called after every step."""
+    chunks of each batch in flight at once; ``on_step(trainer, loss)`` is called after every step;
+    ``view``: the progress view that shows a ``failover`` event whenever a request leaves a failed
+    server (they are logged either way)."""
     status = status if status is not None else PeerStatus()
     peer_id = getattr(averager, "peer_id", "") or "trainer"
     seed = int.from_bytes(hashlib.sha256(f"{peer_id}/{format_path(tuple(path))}".encode()).digest()[:4], "little")
     client = StageClient(dht, cfg.run_id, cfg.content_hash(), codec=codec, request_timeout=request_timeout, seed=seed,
-                         call_timeout=max(60.0, 3 * request_timeout))
+                         call_timeout=max(60.0, 3 * request_timeout),
+                         on_failover=failover_events(view) if view is not None else None)
     trainer = StageTrainer(cfg, path, client, device, averager, dataset, micro_batches, seed, outer)
     extra = {"peer_id": peer_id, "paths": [format_path(trainer.path)]}
     fetch = _fetcher(averager, (outer or cfg.outer).round_timeout)

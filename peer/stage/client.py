@@ -22,7 +22,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from torch import Tensor
 
@@ -115,11 +115,16 @@ class StageClient:
         max_failures: consecutive failures after which a server is skipped until its record expires.
         refresh_interval: seconds between DHT reads of a module's servers.
         seed: seeds the stochastic wiring.
+        on_failover: called as ``on_failover(module_id, from_server, to_server, reason)`` when a
+            request leaves a server that failed (``reason``: its failure) for another that answered,
+            or (``to_server`` None) when no server answered before ``call_timeout``; a retry that
+            the same server answers is no failover.
     """
 
     def __init__(self, dht: Any, run_id: str, config_hash: str, codec: str = DEFAULT_ACTIVATION_CODEC,
                  request_timeout: float = 10.0, call_timeout: float = 60.0, max_failures: int = 2,
-                 refresh_interval: float = 2.0, seed: int = 0, startup_timeout: float = 30.0):
+                 refresh_interval: float = 2.0, seed: int = 0, startup_timeout: float = 30.0,
+                 on_failover: Optional[Callable[[str, str, Optional[str], str], None]] = None):
         self.dht = unwrap_dht(dht)
         self.run_id = run_id
         self.config_hash = config_hash
@@ -128,6 +133,7 @@ class StageClient:
         self.call_timeout = call_timeout
         self.max_failures = max_failures
         self.refresh_interval = refresh_interval
+        self.on_failover = on_failover
         self.stats = ClientStats()
         self._rng = random.Random(seed)
         self._servers: dict[str, tuple[float, dict[str, StageServerEntry]]] = {}
@@ -228,6 +234,14 @@ class StageClient:
         return [e for p, e in sorted(entries.items()) if p not in exclude and e.expires > now
                 and self._per_server.get(p, _ServerStats()).banned_until <= now]
 
+    def _report_failover(self, module_id: str, failed: Optional[tuple[str, str]], to: Optional[str]) -> None:
+        if failed is None or failed[0] == to or self.on_failover is None:
+            return
+        try:
+            self.on_failover(module_id, failed[0], to, failed[1])
+        except Exception as e:  # a broken reporter must not fail the request it reports on
+            log.warning("reporting a failover of %s failed: %r", module_id, e)
+
     def _failed(self, peer: str, expires: float, why: str) -> None:
         s = self._per_server.setdefault(peer, _ServerStats())
         s.failures += 1
@@ -243,10 +257,12 @@ class StageClient:
         tried: set[str] = set()
         force = False
         attempt = 0
+        failed: Optional[tuple[str, str]] = None  # the first server that failed this request, and why
         while True:
             candidates = await self._candidates(module_id, tried, force)
             if not candidates:
                 if time.monotonic() >= deadline:
+                    self._report_failover(module_id, failed, None)
                     raise StageUnavailable(f"no server of {module_id} answered within {self.call_timeout:.0f}s "
                                            f"({len(tried)} tried)")
                 await asyncio.sleep(_RETRY_POLL)
@@ -269,7 +285,9 @@ class StageClient:
                 left = max(0.01, min(self.request_timeout, deadline - t0))
                 reply = await asyncio.wait_for(self._ask(peer, request), left)
             except Exception as e:
-                self._failed(peer, entry.expires, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
+                why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+                self._failed(peer, entry.expires, why)
+                failed = failed or (peer, why)
                 tried.add(peer)
                 continue
             finally:
@@ -277,7 +295,9 @@ class StageClient:
             if reply.code == StageReply.BAD_REQUEST:
                 raise StageRequestError(f"server {peer[-8:]} of {module_id} refused the request: {reply.error}")
             if reply.code != StageReply.OK:
-                self._failed(peer, entry.expires, StageReply.Code.Name(reply.code) + ": " + reply.error)
+                why = StageReply.Code.Name(reply.code) + ": " + reply.error
+                self._failed(peer, entry.expires, why)
+                failed = failed or (peer, why)
                 tried.add(peer)
                 continue
             seconds = max(1e-6, time.monotonic() - t0)
@@ -294,4 +314,5 @@ class StageClient:
             self.stats.fp32_bytes += 4 * sum(s[0] * s[1] * s[2] for s in (request.input.shape, request.grad.shape)
                                              if len(s) == 3)
             self.stats.served_by[peer] = self.stats.served_by.get(peer, 0) + 1
+            self._report_failover(module_id, failed, peer)
             return reply, peer
