@@ -77,7 +77,6 @@ def drain_run(work: Path, peers: int = 3, window: float = 30.0, inner_steps: int
 
 if __name__ == "__main__":
     import argparse
-    import json
     import sys
     import tempfile
 
@@ -91,7 +90,7 @@ if __name__ == "__main__":
     ap.add_argument("--work", type=Path)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from bench.common import run_main
+    from bench.common import emit, run_main
 
-    run_main(lambda: print(json.dumps(drain_run(args.work or Path(tempfile.mkdtemp(prefix="hivepath-drain-")),
-                                                args.peers, args.window))))
+    run_main(lambda: emit("chaos_drain", drain_run(args.work or Path(tempfile.mkdtemp(prefix="hivepath-drain-")),
+                                                   args.peers, args.window)))

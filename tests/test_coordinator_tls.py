@@ -62,8 +62,8 @@ def test_tls_end_to_end_and_no_secret_in_any_log(procs, tmp_path, caplog):
     key_pem = (tmp_path / "state.db.key").read_text()
 
     caplog.set_level(logging.DEBUG)
-    info = PeerInfo("12D3KooWTSPeerAAAAAAAAAA", "cpu", 8 << 30, 1000.0, public_key=b"ka")
-    other = PeerInfo("12D3KooWTSPeerBBBBBBBBBB", "cpu", 8 << 30, 1000.0, public_key=b"kb")
+    info = PeerInfo("12D3KooWTSPeerAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", "cpu", 8 << 30, 1000.0, public_key=b"ka")
+    other = PeerInfo("12D3KooWTSPeerBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB", "cpu", 8 << 30, 1000.0, public_key=b"kb")
     a = CoordinatorClient(f"127.0.0.1:{port}", TOKEN, info, tls_ca=tls["ca"])
     b = CoordinatorClient(f"127.0.0.1:{port}", TOKEN, other, tls_ca=tls["ca"])
     try:
