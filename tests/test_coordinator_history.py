@@ -16,6 +16,7 @@ from coordinator.records import Capabilities
 from coordinator.results import PathEvaluation, ProgressReport
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import MemoryStore, WriteBatch
+from helpers.network import HISTORY_RUN_TOML
 from helpers import free_port, hivepath_cmd, wait_for
 from models.presets import tiny_cpu
 from peer.coordinator_client import CoordinatorClient, Evaluation, PeerInfo, Progress
@@ -119,15 +120,7 @@ def test_only_an_archive_reports_validation_and_bad_numbers_are_refused():
 
 
 TOKEN = "history-test-token"
-RUN_TOML = """
-preset = "tiny"
-[coordinator]
-lease_timeout = 30.0
-heartbeat_interval = 0.5
-flush_interval = 0.2
-tick_interval = 0.2
-history_interval = 0.2
-"""
+RUN_TOML = HISTORY_RUN_TOML
 
 
 def _status(http_port: int, path: str = "/status.json") -> dict:

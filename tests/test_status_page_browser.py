@@ -16,21 +16,14 @@ import urllib.request
 
 import pytest
 
+from helpers.network import HISTORY_RUN_TOML
 from helpers import free_port, hivepath_cmd, wait_for
 from peer.coordinator_client import CoordinatorClient, Evaluation, PeerInfo, Progress
 
 pytestmark = pytest.mark.integration
 
 TOKEN = "browser-test-token"
-RUN_TOML = """
-preset = "tiny"
-[coordinator]
-lease_timeout = 30.0
-heartbeat_interval = 0.5
-flush_interval = 0.2
-tick_interval = 0.2
-history_interval = 0.2
-"""
+RUN_TOML = HISTORY_RUN_TOML
 PLOTS = ("plot-bpb", "plot-tps", "plot-peers", "plot-bytes", "plot-tokens")
 
 

@@ -30,6 +30,18 @@ restart_grace = 5.0
 {extra}"""
 
 
+
+HISTORY_RUN_TOML = """
+preset = "tiny"
+[coordinator]
+lease_timeout = 30.0
+heartbeat_interval = 0.5
+flush_interval = 0.2
+tick_interval = 0.2
+history_interval = 0.2
+"""
+"""A run config for coordinator-only tests of the status page's history: samples every 0.2 s."""
+
 class Network:
     """Start and drive a small network; ``procs`` reaps every process at the end of the test."""
 
