@@ -5,6 +5,11 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.hivepath-installed
 PYTEST_ARGS ?=
+# Test worker processes (pytest-xdist): the integration tests mostly wait on rounds, leases and process
+# start-up, so two workers on two cores cut the wall time by a third; the chaos and Docker tests run in
+# one of them, one at a time (tests/conftest.py). TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS))
 BENCHES := inner_loop routing codecs coordinator_load comm comm_hivemind utilization swarm chaos byzantine nat scale data_fetch
 
 .PHONY: setup demo test test-all bench protos clean
@@ -25,10 +30,10 @@ demo: setup
 	$(VENV)/bin/hivepath demo
 
 test: setup
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 test-all: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # bench.comm and bench.utilization need root (network namespaces); without it they print a skip line.
 # bench.quality runs its reduced CPU grid here; `python -m bench.quality --scale full` is the whole grid.

@@ -58,6 +58,31 @@ def procs(request, tmp_path):
                 print("\n".join(lines))
 
 
+SERIAL_FOLDERS = ("chaos", "docker")
+"""Test folders whose tests use machine-wide resources, run one at a time, one folder after the other,
+in one worker when the suite runs in pytest-xdist workers (``make test``): the chaos suite's network
+namespaces (one prefix and subnet, ``chaos.nsnet``) and the Docker engine's containers, networks and
+images. One worker for both also keeps these two heaviest groups (a dozen processes each) from running
+at once on a two-core machine."""
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scheduling by test file (a file's tests run in order in one worker, so its module-scoped
+    fixtures, such as a started swarm whose DHT records expire, serve tests run back to back), except
+    that all the tests of the :data:`SERIAL_FOLDERS` form one unit of work. (xdist's own ``--dist
+    loadgroup`` renames node ids to group them, which pytest 9 no longer allows: its groups would
+    silently run in parallel.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SerialGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "serial" if any(folder in path.split("/")[:-1] for folder in SERIAL_FOLDERS) else path
+
+    return SerialGroups(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     try:
         import torch
