@@ -93,6 +93,16 @@ class SimConfig:
     """Split a module's holders into groups of about this size each round (0: one group a module)."""
     replace_departures: bool = True
     """Each departed peer is replaced by a new volunteer (the population stays at ``peers``)."""
+    base_run: Optional[RunConfig] = None
+    """The model, inner and coordinator settings to simulate (default: the 13M-parameter lattice of
+    :func:`run_config`); its lattice shape and ``[outer]`` round settings are this config's."""
+    peer_specs: tuple[PeerSpec, ...] = ()
+    """Explicit peers instead of drawn ones (``peers`` must be their count): a real run's measured
+    peers, arrival times and links, for calibration (``bench.scale_calibrate``)."""
+
+    def __post_init__(self) -> None:
+        if self.peer_specs and len(self.peer_specs) != self.peers:
+            raise ValueError(f"peers={self.peers} but {len(self.peer_specs)} peer_specs")
 
 
 @dataclass
@@ -110,7 +120,13 @@ class SimResult:
 
 
 def run_config(cfg: SimConfig) -> RunConfig:
-    """A 13M-parameter-per-path lattice (d_model 512, 2 blocks a module) of the given shape."""
+    """A 13M-parameter-per-path lattice (d_model 512, 2 blocks a module) of the given shape, or
+    ``cfg.base_run`` with the shape and round settings of ``cfg``."""
+    if cfg.base_run is not None:
+        return cfg.base_run.replace(
+            lattice={"levels": cfg.levels, "modules_per_level": cfg.modules_per_level},
+            outer={"inner_steps": cfg.inner_steps, "round_seconds": cfg.round_seconds,
+                   "round_timeout": cfg.round_timeout})
     return RunConfig(
         run_id="scale",
         lattice=LatticeConfig(vocab_size=256, d_model=512, n_heads=8, blocks_per_module=2, seq_len=256,
@@ -566,7 +582,8 @@ class Swarm:
 
     def simulate(self) -> SimResult:
         cfg = self.cfg
-        for spec in draw_peers(self.rng, cfg.peers, cfg.ramp, cfg.leave_per_hour):
+        specs = cfg.peer_specs or draw_peers(self.rng, cfg.peers, cfg.ramp, cfg.leave_per_hour)
+        for spec in specs:
             self.loop.at(spec.arrival, self.arrive, spec)
         self.loop.at(0.0, self._tick)
         self.loop.at(0.0, self._flush)
