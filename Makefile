@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.hivepath-installed
 PYTEST_ARGS ?=
-BENCHES := inner_loop routing codecs coordinator_load comm comm_hivemind utilization swarm chaos byzantine nat scale data_fetch
+BENCHES := inner_loop routing codecs coordinator_load comm comm_hivemind utilization swarm chaos byzantine nat scale scale_calibrate data_fetch
 
 .PHONY: setup demo test test-all bench protos clean
 
