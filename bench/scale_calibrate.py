@@ -108,7 +108,8 @@ def real_figures(net: LoopbackNetwork, start: float, stop: float) -> dict:
         durations += [b - a for a, b in zip(ends, ends[1:]) if start < b <= stop]
         for e in net.events(name, "round"):
             if start < e["time"] <= stop:
-                groups[(e["module"], e["round"], tuple(sorted(e.get("peers") or ())))] = e["group_size"]
+                if e["status"] == "done":  # a failed round names no group
+                    groups[(e["module"], e["round"], tuple(sorted(e.get("peers") or ())))] = e["group_size"]
                 if e["module"] == MODULE:
                     waits.append(e["seconds"])
                     rounds += 1
