@@ -8,17 +8,21 @@ of :mod:`peer.network.records`; the bandwidth-proportional partition of
 :func:`coordinator.scheduler.exchange_bytes`.
 
 Modelled (``docs/BENCHMARKS.md`` lists them): compute time (H steps at the peer's tokens/s, cut at
-``round_seconds``), link transfer times (bytes over a bandwidth, plus a fixed latency), the group
-decision of :class:`peer.averaging.matchmaking.Matchmaker` (a group closes when every expected holder
-has declared or at the gather deadline; its leader is the smallest declared peer id that accepts
-connections; late declarers fail the round and re-sync), and an exchange that loses a member ending
-at the round's deadline (the reducer waits for it, :mod:`peer.averaging.allreduce`).
+the first whole step past ``round_seconds``, as ``DiLoCoOptimizer.step`` checks the time budget after
+each inner step), link transfer times (bytes over a bandwidth, plus a fixed latency), the group
+decision of :class:`peer.averaging.matchmaking.Matchmaker` (a group closes a ``POLL`` after every
+expected holder has declared, when the members' next reads see it, or at the gather deadline; its
+leader is the smallest declared peer id that accepts connections; late declarers fail the round and
+re-sync), and an exchange that loses a member ending at the round's deadline (the reducer waits for
+it, :mod:`peer.averaging.allreduce`).
 
 Re-alignment after a miss is modelled as the real trainer does it: a member that failed a round
 re-syncs (fetches the state from a holder ahead, :mod:`peer.diloco.resync`) and starts its next
 round; while computing it checks every ``WAITING_POLL`` seconds whether another holder already
 declared its modules' current round (:meth:`peer.averaging.net_averager.NetAverager.others_waiting`)
-and, if one has, ends its round at once with the tokens it has (``DiLoCoOptimizer._others_waiting``):
+and, if one has, ends its round at once with the tokens it has (``DiLoCoOptimizer._others_waiting``;
+the trainer ends it at its next inner step, which is not modelled: with it, the simulator fell into
+rounds far shorter than ``round_seconds`` in churn runs, a mode not investigated):
 the fastest member paces the round, so phases do not drift apart.
 
 With ``max_group_size`` > 0 a module's holders split each round into
@@ -93,6 +97,16 @@ class SimConfig:
     """Split a module's holders into groups of about this size each round (0: one group a module)."""
     replace_departures: bool = True
     """Each departed peer is replaced by a new volunteer (the population stays at ``peers``)."""
+    base_run: Optional[RunConfig] = None
+    """The model, inner and coordinator settings to simulate (default: the 13M-parameter lattice of
+    :func:`run_config`); its lattice shape and ``[outer]`` round settings are this config's."""
+    peer_specs: tuple[PeerSpec, ...] = ()
+    """Explicit peers instead of drawn ones (``peers`` must be their count): a real run's measured
+    peers, arrival times and links, for calibration (``bench.scale_calibrate``)."""
+
+    def __post_init__(self) -> None:
+        if self.peer_specs and len(self.peer_specs) != self.peers:
+            raise ValueError(f"peers={self.peers} but {len(self.peer_specs)} peer_specs")
 
 
 @dataclass
@@ -110,7 +124,13 @@ class SimResult:
 
 
 def run_config(cfg: SimConfig) -> RunConfig:
-    """A 13M-parameter-per-path lattice (d_model 512, 2 blocks a module) of the given shape."""
+    """A 13M-parameter-per-path lattice (d_model 512, 2 blocks a module) of the given shape, or
+    ``cfg.base_run`` with the shape and round settings of ``cfg``."""
+    if cfg.base_run is not None:
+        return cfg.base_run.replace(
+            lattice={"levels": cfg.levels, "modules_per_level": cfg.modules_per_level},
+            outer={"inner_steps": cfg.inner_steps, "round_seconds": cfg.round_seconds,
+                   "round_timeout": cfg.round_timeout})
     return RunConfig(
         run_id="scale",
         lattice=LatticeConfig(vocab_size=256, d_model=512, n_heads=8, blocks_per_module=2, seq_len=256,
@@ -361,8 +381,11 @@ class Swarm:
                 self._bootstrap(p, p.assignment.module_ids, "move")
                 return
         a = p.assignment
-        steps = a.inner_steps * self.run.inner.batch_size * self.run.lattice.seq_len
-        full = min(steps / p.spec.tokens_per_s, self.cfg.round_seconds)
+        step = self._step_seconds(p)
+        steps = a.inner_steps
+        if self.cfg.round_seconds > 0:  # the budget is checked after each step: the round ends at a whole step
+            steps = min(steps, max(1, math.ceil(self.cfg.round_seconds / step - 1e-9)))
+        full = steps * step
         now = self.loop.now()
         p.round_start = now
         p.open, p.failed = len(a.module_ids), 0
@@ -388,6 +411,10 @@ class Swarm:
             others_waiting |= math.isfinite(g.first)
         # others_waiting: a holder already waits for this round: end ours at the next check
         self.loop.after(self.rng.uniform(0.0, WAITING_POLL) if others_waiting else full, self._declare, p, p.seq)
+
+    def _step_seconds(self, p: _Peer) -> float:
+        """Seconds of one inner step (a batch of ``batch_size`` sequences) at the peer's tokens/s."""
+        return self.run.inner.batch_size * self.run.lattice.seq_len / p.spec.tokens_per_s
 
     def _records(self, p: _Peer) -> tuple[dict, dict]:
         """The peer's holder record (round 0) and group declaration as the real ``to_value`` writes them
@@ -456,8 +483,8 @@ class Swarm:
                     q = self.peers[pid]
                     if q.alive and not q.declared:
                         self.loop.after(self.rng.uniform(0.0, WAITING_POLL), self._declare, q, q.seq)
-            if g.waiting <= 0:
-                self._close(g)
+            if g.waiting <= 0:  # the members' next gather reads see it
+                self.loop.after(POLL, self._close, g)
 
     def _close(self, g: _Group) -> None:
         if g.closed:
@@ -566,7 +593,8 @@ class Swarm:
 
     def simulate(self) -> SimResult:
         cfg = self.cfg
-        for spec in draw_peers(self.rng, cfg.peers, cfg.ramp, cfg.leave_per_hour):
+        specs = cfg.peer_specs or draw_peers(self.rng, cfg.peers, cfg.ramp, cfg.leave_per_hour)
+        for spec in specs:
             self.loop.at(spec.arrival, self.arrive, spec)
         self.loop.at(0.0, self._tick)
         self.loop.at(0.0, self._flush)

@@ -1,0 +1,323 @@
+"""Calibrate the scale simulator against real processes (issue 25): the same figures from a real
+network on this machine and from :mod:`bench.scale_sim` describing the same run.
+
+Real: a ``hivepath coordinator serve`` and N ``hivepath peer join`` processes on loopback (one torch
+thread each, their own DHT node and p2p daemon each), the ``tiny`` preset on a 2x2 lattice over the
+built-in corpus, rounds bounded in time (``[outer] round_seconds``, with an ``inner_steps`` no peer
+reaches). The network grows in stages (default 4, 8, 12 peers): at each stage the new peers join,
+the benchmark waits until every peer's last rounds averaged ``embed`` (held by every path) with all
+of them, then measures ``window`` seconds. Round times come from the peers' ``--progress json``
+``round`` events (the time between two rounds of ``embed`` of one peer); group sizes from the same
+events (one per module, round and member set).
+
+Simulated: :func:`bench.scale_sim.simulate` with the same peers (each joining at the second the real
+one did, with the tokens/s and link bandwidths it measured and reported to the coordinator), the
+same lattice, ``round_seconds``, ``round_timeout``, ``inner_steps``, the tiny run config, no churn,
+and the same window.
+
+Key: ``sim_vs_real_round_time_error``, |simulated median round - real median round| / real median
+round at the largest real size (target <= 0.25); the same at every size, both medians, both
+overheads (median round minus ``round_seconds``: the part the simulator models beyond compute) and
+mean group sizes; the machine's load average over each window. A size at which the peers did not
+all average together within a deadline is reported under ``sizes_not_measured`` and ends the run
+(this machine's limit). ``--quick`` runs 4 peers with short rounds and window
+(``scale_calibrate_quick.json``); ``--resimulate RESULT.json`` runs only the simulator again on an
+earlier result's measured inputs (after a change to the model; the earlier figures are kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from bench.common import emit, run_main
+from bench.loopback import LoopbackNetwork, prepared_corpus, wait_until
+
+__all__ = ["Plan", "calibrate", "main", "real_figures"]
+
+log = logging.getLogger("bench.scale_calibrate")
+
+RUN_TOML = """preset = "tiny"
+run_id = "calib"
+[outer]
+inner_steps = {inner_steps}
+round_seconds = {round_seconds}
+round_timeout = {round_timeout}
+[data]
+manifest_hash = "{manifest_hash}"
+corpus = "default"
+[coordinator]
+lease_timeout = 60.0
+"""
+"""The real run: the tiny preset, time-bounded rounds; the coordinator's other settings its defaults
+(as the simulator's :class:`coordinator.CoordinatorSettings`), a lease long enough for a loaded machine."""
+
+INNER_STEPS = 100_000
+"""H: more steps than a tiny peer takes in a round, so every round ends at ``round_seconds``."""
+MODULE = "embed"
+"""The module whose rounds are timed: every path holds it, so every peer averages it every round."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One calibration run."""
+
+    sizes: tuple[int, ...] = (4, 8, 12)
+    """Peers at each stage (the network grows from one to the next)."""
+    round_seconds: float = 10.0
+    round_timeout: float = 20.0
+    window: float = 60.0
+    """Seconds measured at each stage, once every peer averages with all the others."""
+    settle_rounds: int = 2
+    """Rounds of ``embed`` in a group of everyone each peer must have done before a stage is measured."""
+    seed: int = 0
+
+
+QUICK = Plan(sizes=(4,), round_seconds=5.0, round_timeout=10.0, window=25.0)
+
+
+def _round_events(net: LoopbackNetwork, name: str) -> list[dict]:
+    return sorted((e for e in net.events(name, "round") if e.get("module") == MODULE), key=lambda e: e["time"])
+
+
+def _settled(net: LoopbackNetwork, n: int, rounds: int, since: float) -> bool:
+    """Every peer's last ``rounds`` rounds of ``embed``, all after ``since``, averaged in a group of all ``n``."""
+    for name in net.peers:
+        last = [e for e in _round_events(net, name) if e["time"] > since][-rounds:]
+        if len(last) < rounds or not all(e["status"] == "done" and e["group_size"] == n for e in last):
+            return False
+    return True
+
+
+def real_figures(net: LoopbackNetwork, start: float, stop: float) -> dict:
+    """Round times, group sizes and failed rounds of the rounds that ended in ``(start, stop]``."""
+    durations: list[float] = []
+    groups: dict[tuple, int] = {}
+    waits: list[float] = []
+    rounds = failed = 0
+    for name in net.peers:
+        ends = [e["time"] for e in _round_events(net, name)]
+        durations += [b - a for a, b in zip(ends, ends[1:]) if start < b <= stop]
+        for e in net.events(name, "round"):
+            if start < e["time"] <= stop:
+                if e["status"] == "done":  # a failed round names no group
+                    groups[(e["module"], e["round"], tuple(sorted(e.get("peers") or ())))] = e["group_size"]
+                if e["module"] == MODULE:
+                    waits.append(e["seconds"])
+                    rounds += 1
+                    failed += e["status"] != "done"
+    return {
+        "round_s_median": statistics.median(durations) if durations else None,
+        "round_s_p90": sorted(durations)[int(0.9 * len(durations))] if durations else None,
+        "peer_rounds": rounds,
+        "failed_round_share": failed / rounds if rounds else None,
+        "group_size_mean": statistics.fmean(groups.values()) if groups else None,
+        "exchange_wait_s_median": statistics.median(waits) if waits else None,
+    }
+
+
+def _measured_peers(net: LoopbackNetwork, t0: float) -> list[dict]:
+    """What the simulator needs of each real peer: when it joined (seconds after the coordinator
+    started) and the tokens/s, memory and links it reported to the coordinator (tokens/s as its
+    heartbeats last reported it: measured while training)."""
+    reported = {p["peer_id"]: p for p in (net.status() or {}).get("peers", [])}
+    out = []
+    for name in net.peers:
+        join = net.events(name, "join")[0]
+        p = reported[join["peer_id"]]
+        up = p["upload_bps"] or 100e6 / 8
+        out.append({"arrival": round(max(0.0, join["time"] - t0), 3), "tokens_per_s": p["tokens_per_s"],
+                    "memory_bytes": p["memory_bytes"], "upload_bps": up, "download_bps": p["download_bps"] or up})
+    return out
+
+
+def _peer_specs(peers: list[dict]) -> tuple:
+    """Measured peers as the simulator's :class:`~bench.scale_sim.PeerSpec` (no NAT, no departure)."""
+    import math
+
+    from bench.scale_sim import PeerSpec
+    from bench.scale_sim.population import peer_id
+
+    return tuple(PeerSpec(index=i, peer_id=peer_id(i), device="cpu", tokens_per_s=p["tokens_per_s"],
+                          memory_bytes=p["memory_bytes"], upload_bps=p["upload_bps"], download_bps=p["download_bps"],
+                          natted=False, arrival=p["arrival"], lifetime=math.inf, leave_kind="leave")
+                 for i, p in enumerate(peers))
+
+
+def simulated(plan: Plan, base_run, measured: dict) -> dict:
+    """The simulator's figures for the measured peers and window (``measured``: ``peers``, and ``start``
+    and ``stop`` in seconds after the coordinator started)."""
+    from bench.scale_sim import SimConfig, simulate
+
+    specs, start, stop = _peer_specs(measured["peers"]), measured["start"], measured["stop"]
+    cfg = SimConfig(peers=len(specs), duration=stop - start, ramp=start, leave_per_hour=0.0, seed=plan.seed,
+                    inner_steps=INNER_STEPS, round_seconds=plan.round_seconds, round_timeout=plan.round_timeout,
+                    replace_departures=False, base_run=base_run, peer_specs=specs)
+    f = simulate(cfg).figures
+    return {k: f[k] for k in ("round_s_median", "round_s_p90", "peer_rounds", "group_size_mean", "refused")}
+
+
+def _dataset():
+    """The built-in corpus prepared for the 2x2 lattice (kept in the temp dir), and the run config the
+    simulator is given: the tiny preset on it."""
+    from models.presets import tiny_cpu
+
+    data = prepared_corpus(Path(tempfile.gettempdir()) / "hivepath-calib-data-2x2")
+    return data, tiny_cpu().replace(lattice={"vocab_size": data.manifest["vocab_size"]},
+                                    data={"manifest_hash": data.manifest_hash})
+
+
+def calibrate(plan: Plan, work: Path) -> dict:
+    """Grow a real network through ``plan.sizes``, measure each stage, simulate it; the rows."""
+    data, base_run = _dataset()
+    net = LoopbackNetwork(work, RUN_TOML.format(inner_steps=INNER_STEPS, round_seconds=plan.round_seconds,
+                                                round_timeout=plan.round_timeout,
+                                                manifest_hash=data.manifest_hash), data.dir)
+    rows = []
+    try:
+        t0 = time.time()
+        net.start_coordinator()
+        for n in plan.sizes:
+            new = [f"peer{i}" for i in range(len(net.peers), n)]
+            for name in new:
+                net.start_peer(name)
+            log.info("%d peers: started %d; waiting until all average together", n, len(new))
+            try:
+                wait_until(lambda: _alive(net) and all(net.events(m, "join") for m in new), 120 + 10 * len(new),
+                           f"{len(new)} new peers to join")
+                joined = max(net.events(m, "join")[0]["time"] for m in new)
+                wait_until(lambda: _alive(net) and _settled(net, n, plan.settle_rounds, joined),
+                           120 + 4 * plan.settle_rounds * (plan.round_seconds + plan.round_timeout),
+                           f"all {n} peers to average together")
+            except (TimeoutError, RuntimeError) as e:  # this machine's limit: report the sizes that ran
+                log.warning("%d peers: not measured: %s", n, e)
+                rows.append({"peers": n, "not_measured": str(e)[:500], "load_average": os.getloadavg()[0]})
+                break
+            start, load = time.time(), os.getloadavg()[0]
+            wait_until(lambda: _alive(net) and time.time() >= start + plan.window, plan.window + 30,
+                       "the measured window", interval=1.0)
+            stop = time.time()
+            measured = {"start": round(start - t0, 3), "stop": round(stop - t0, 3), "peers": _measured_peers(net, t0)}
+            row = compare(plan, base_run, {"peers": n, "window_s": round(stop - start, 1),
+                                           "load_average": [load, os.getloadavg()[0]],
+                                           "real": real_figures(net, start, stop), "measured": measured})
+            log.info("%d peers: %s", n, {k: v for k, v in row.items() if k != "measured"})
+            rows.append(row)
+    finally:
+        net.close()
+    return {"rows": rows, "work": str(work)}
+
+
+def compare(plan: Plan, base_run, row: dict) -> dict:
+    """``row`` (a stage's ``real`` figures and ``measured`` inputs) with the simulator's figures and the error."""
+    real, sim = row["real"], simulated(plan, base_run, row["measured"])
+    for side in (real, sim):
+        side["overhead_s_median"] = (side["round_s_median"] - plan.round_seconds
+                                     if side["round_s_median"] is not None else None)
+    return {**row, "sim": sim, "round_time_error": _error(sim["round_s_median"], real["round_s_median"])}
+
+
+def _alive(net: LoopbackNetwork) -> bool:
+    dead = net.exited()
+    if dead:
+        tails = {n: net.log(n)[-1500:] for n in dead}
+        raise RuntimeError(f"exited early: {dead}: {tails}")
+    return True
+
+
+def _error(sim: Optional[float], real: Optional[float]) -> Optional[float]:
+    if sim is None or not real:
+        return None
+    return abs(sim - real) / real
+
+
+def headline(plan: Plan, rows: list[dict]) -> dict:
+    """The key at the largest real size, and the figures of every size."""
+    from bench.scale_sim import swarm
+
+    measured = [r for r in rows if "real" in r]
+    if not measured:
+        raise RuntimeError(f"no size was measured: {rows}")
+    top = max(measured, key=lambda r: r["peers"])
+    by = {str(r["peers"]): r for r in measured}
+    return {
+        "sizes_not_measured": {str(r["peers"]): r["not_measured"] for r in rows if "real" not in r},
+        "sim_vs_real_round_time_error": top["round_time_error"],
+        "largest_real_peers": top["peers"],
+        "sim_vs_real_round_time_error_by_peers": {k: r["round_time_error"] for k, r in by.items()},
+        "real_round_s_median_by_peers": {k: r["real"]["round_s_median"] for k, r in by.items()},
+        "sim_round_s_median_by_peers": {k: r["sim"]["round_s_median"] for k, r in by.items()},
+        "real_group_size_mean_by_peers": {k: r["real"]["group_size_mean"] for k, r in by.items()},
+        "sim_group_size_mean_by_peers": {k: r["sim"]["group_size_mean"] for k, r in by.items()},
+        "real_overhead_s_median_by_peers": {k: r["real"]["overhead_s_median"] for k, r in by.items()},
+        "sim_overhead_s_median_by_peers": {k: r["sim"]["overhead_s_median"] for k, r in by.items()},
+        "sizes": list(plan.sizes), "round_seconds": plan.round_seconds, "round_timeout": plan.round_timeout,
+        "window_s": plan.window, "inner_steps": INNER_STEPS, "lattice": "2x2", "preset": "tiny", "seed": plan.seed,
+        "sim_model": {"LATENCY": swarm.LATENCY, "GATHER": swarm.GATHER, "POLL": swarm.POLL,
+                      "WAITING_POLL": swarm.WAITING_POLL, "DEADLINE": swarm.DEADLINE},
+        "rows": rows,
+    }
+
+
+def resimulate(previous: dict) -> tuple[Plan, list[dict]]:
+    """The rows of an earlier result with the simulator run again on its measured inputs (after a change
+    to the model): the real figures are kept, the earlier simulated ones move to ``sim_previous``."""
+    plan = Plan(sizes=tuple(previous["sizes"]), round_seconds=previous["round_seconds"],
+                round_timeout=previous["round_timeout"], window=previous["window_s"], seed=previous["seed"])
+    _, base_run = _dataset()
+    rows = []
+    for r in previous["rows"]:
+        if "real" not in r:
+            rows.append(r)
+            continue
+        row = compare(plan, base_run, {k: r[k] for k in ("peers", "window_s", "load_average", "real", "measured")
+                                       if k in r})
+        rows.append({**row, "sim_previous": r["sim"], "round_time_error_previous": r["round_time_error"],
+                     "sim_model_previous": previous["sim_model"]})
+    return plan, rows
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.scale_calibrate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="4 peers, 5 s rounds, a 25 s window")
+    ap.add_argument("--sizes", help="peers at each stage, comma-separated (default 4,8,12)")
+    ap.add_argument("--window", type=float, help="seconds measured at each stage (default 60)")
+    ap.add_argument("--work", type=Path, help="keep the processes' logs and work dirs here (default: a temp dir)")
+    ap.add_argument("--resimulate", type=Path, metavar="RESULT.json",
+                    help="no real run: simulate again the measured inputs of an earlier result (after a model change)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("coordinator").setLevel(logging.WARNING)
+    logging.getLogger("peer").setLevel(logging.ERROR)
+    if args.resimulate is not None:
+        previous = json.loads(args.resimulate.read_text())
+        plan, rows = resimulate(previous)
+        emit(previous["bench"], {**headline(plan, rows), "quick": previous["quick"],
+                                 "real_measured_unix_time": previous.get("real_measured_unix_time",
+                                                                         previous["unix_time"])})
+        return 0
+    plan = QUICK if args.quick else Plan()
+    if args.sizes:
+        plan = Plan(**{**plan.__dict__, "sizes": tuple(int(s) for s in args.sizes.split(","))})
+    if args.window:
+        plan = Plan(**{**plan.__dict__, "window": args.window})
+    if args.work is not None:
+        out = calibrate(plan, args.work)
+    else:
+        with tempfile.TemporaryDirectory(prefix="hivepath-calib-") as d:
+            out = calibrate(plan, Path(d))
+    emit("scale_calibrate_quick" if args.quick else "scale_calibrate",
+         {**headline(plan, out["rows"]), "quick": args.quick})
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,34 @@
+"""bench.scale_calibrate's quick mode (issue 25): a real coordinator and 4 real peers on loopback, and
+the simulator describing the same run, give comparable figures. The target on the error lives in the
+benchmark, not here."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench.scale_calibrate import QUICK, calibrate, headline
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.mark.timeout(600)
+def test_quick_calibration_compares_real_and_simulated_rounds(tmp_path):
+    rows = calibrate(QUICK, tmp_path)["rows"]
+    out = headline(QUICK, rows)
+    assert out["largest_real_peers"] == 4 and [r["peers"] for r in rows] == [4]
+    row = rows[0]
+    for side in ("real", "sim"):
+        f = row[side]
+        assert f["round_s_median"] > 0, (side, f)
+        # rounds are bounded by round_seconds, then averaged: never shorter than the compute budget
+        assert f["round_s_median"] >= 0.9 * QUICK.round_seconds, (side, f)
+        assert f["peer_rounds"] >= 4, (side, f)
+        assert 1 <= f["group_size_mean"] <= 4, (side, f)
+    assert row["sim"]["refused"] == 0
+    assert row["real"]["failed_round_share"] < 0.5
+    error = out["sim_vs_real_round_time_error"]
+    assert error is not None and math.isfinite(error) and error >= 0
+    assert error == pytest.approx(abs(row["sim"]["round_s_median"] - row["real"]["round_s_median"])
+                                  / row["real"]["round_s_median"])
