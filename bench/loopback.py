@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -47,22 +45,12 @@ def prepared_corpus(out: Path, levels: int = 2, modules: int = 2):
     return Dataset(out)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _hivepath() -> str:
-    exe = Path(sys.executable).with_name("hivepath")
-    return str(exe) if exe.exists() else "hivepath"
-
-
 class LoopbackNetwork:
     """A coordinator on ``127.0.0.1`` and peers joining it, one thread of torch each
     (``HIVEPATH_THREADS=1``), their DHTs on loopback with ephemeral ports."""
 
     def __init__(self, root: Path, run_toml: str, data_dir: Path):
+        from peer.demo.launcher import _free_port
         from peer.node.lifetime import ChildProcesses
 
         self.root = Path(root)
@@ -77,15 +65,19 @@ class LoopbackNetwork:
         self.peers: list[str] = []
 
     def start_coordinator(self, timeout: float = 120.0) -> None:
+        from peer.demo.launcher import _hivepath
+
         self.procs.start("coordinator", [
-            _hivepath(), "coordinator", "serve", "--run-config", str(self.root / "run.toml"),
+            *_hivepath(), "coordinator", "serve", "--run-config", str(self.root / "run.toml"),
             "--db", str(self.root / "state.db"), "--host", "127.0.0.1", "--port", str(self.port),
             "--http-port", str(self.http_port), "--token-file", str(self.root / "token")], env=self.env)
         wait_until(lambda: self.status() is not None, timeout, "the coordinator to answer")
 
     def start_peer(self, name: str) -> None:
+        from peer.demo.launcher import _hivepath
+
         self.procs.start(name, [
-            _hivepath(), "peer", "join", "--work-dir", str(self.root / name), "--progress", "json",
+            *_hivepath(), "peer", "join", "--work-dir", str(self.root / name), "--progress", "json",
             "--measure-seconds", "0.3", "--coordinator", f"127.0.0.1:{self.port}",
             "--token-file", str(self.root / "token"), "--data", str(self.data_dir),
             "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--status-port", "0"], env=self.env)
