@@ -47,12 +47,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``hivepath archive``: the flags as :class:`peer.node.ArchiveOptions`, run until stopped."""
-    from peer.node import ArchiveOptions, ArchivePeer, run_until_stopped
-
     if not args.dir:
         raise HivepathError("no archive directory: pass --dir DIR or set HIVEPATH_ARCHIVE_DIR")
+    network = network_options(args)  # bad flags: one line before torch loads
+    from peer.node import ArchiveOptions, ArchivePeer, run_until_stopped
+
     opts = ArchiveOptions(
-        network=network_options(args),
+        network=network,
         directory=Path(args.dir),
         data_dir=Path(args.data).expanduser() if args.data else None,
         seed=not args.no_seed,

@@ -99,10 +99,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``hivepath peer join``: the flags as :class:`peer.node.PeerOptions`, run until drained."""
+    network = network_options(args, client_mode=args.client_mode)  # bad flags: one line before torch loads
     from peer.node import PeerNode, PeerOptions, SpotOptions, run_until_stopped
 
     opts = PeerOptions(
-        network=network_options(args, client_mode=args.client_mode),
+        network=network,
         device=args.device,
         max_memory_gb=args.max_memory,
         work_dir=Path(args.work_dir).expanduser(),

@@ -22,7 +22,7 @@ from hivepath.numbers import non_negative, port, seconds
 from hivepath.paths import certificate, key_file, text_file
 from hivepath.settings import env_default, setting
 from models.errors import HivepathError
-from models.settings import COORDINATOR_PORT
+from models.settings import COORDINATOR_PORT, check_address
 
 __all__ = ["add_token_flags", "read_token", "add_network_flags", "network_options"]
 
@@ -113,14 +113,17 @@ class _WaitAsked(argparse.Action):
 
 def network_options(args: argparse.Namespace, **extra: Any):
     """The :class:`peer.node.startup.NetworkOptions` of parsed :func:`add_network_flags` flags, the
-    token read by :func:`read_token`; ``extra``: fields only some commands have flags for."""
-    from peer.node.startup import NetworkOptions
-
+    token read by :func:`read_token`; ``extra``: fields only some commands have flags for. The address
+    and the token are checked before the peer package (torch, hivemind: seconds of CPU) is imported."""
     if not args.coordinator:
         raise HivepathError("no coordinator address: pass --coordinator HOST:PORT or set HIVEPATH_COORDINATOR")
+    check_address(args.coordinator)
+    token = read_token(args.token, args.token_file)
+    from peer.node.startup import NetworkOptions
+
     return NetworkOptions(
         coordinator=args.coordinator,
-        token=read_token(args.token, args.token_file),
+        token=token,
         initial_peers=tuple(args.initial_peers),
         identity=Path(args.identity).expanduser() if args.identity else None,
         host_maddrs=tuple(args.host_maddrs),

@@ -1,7 +1,8 @@
 """The :class:`Setting` that describes one ``HIVEPATH_*`` environment variable: its name, kind,
 default, what it does and who reads it. Each package keeps its own table of them (``peer.settings``,
 ``hivepath.settings``); this type is shared, torch-free and stdlib-only, so that the command line's
-table loads where the peer package is absent (the coordinator's image).
+table loads where the peer package is absent (the coordinator's image). The coordinator's ports and
+:func:`check_address`, the check of a ``--coordinator`` address, live here for the same reason.
 """
 
 from __future__ import annotations
@@ -10,15 +11,40 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from models.errors import ConfigError
+from models.errors import ConfigError, HivepathError
 
-__all__ = ["Setting", "KINDS", "COORDINATOR_PORT", "COORDINATOR_HTTP_PORT"]
+__all__ = ["Setting", "KINDS", "COORDINATOR_PORT", "COORDINATOR_HTTP_PORT", "check_address"]
 
 COORDINATOR_PORT = 7700
 """The coordinator's gRPC port unless ``coordinator serve --port`` says otherwise; a ``--coordinator``
 address without a port means this one."""
 COORDINATOR_HTTP_PORT = 7701
 """The coordinator's status page and metrics port unless ``--http-port`` says otherwise."""
+
+
+def check_address(address: str) -> str:
+    """``address`` as the ``HOST:PORT`` to dial, else a :class:`HivepathError` (exit 2) naming what is
+    wrong. ``HOST`` alone (``[IPV6]`` for IPv6) means the coordinator's default port
+    (:data:`models.settings.COORDINATOR_PORT`). A malformed address is bad input, refused at once; what
+    answers at a well-formed one is found out when the client first calls it
+    (:func:`peer.coordinator_client.transport.what_answers`). Torch- and grpc-free: the command line checks
+    ``--coordinator`` with it before it imports the peer."""
+    fix = (f"pass --coordinator HOST[:PORT] (e.g. coord.example.org:{COORDINATOR_PORT}) or set "
+           "HIVEPATH_COORDINATOR")
+    text = (address or "").strip()
+    if "://" in text:
+        raise HivepathError(f"coordinator address {address!r} has a scheme; {fix}")
+    bare_ipv6 = text.startswith("[") and text.endswith("]")
+    if text and (":" not in text or bare_ipv6):
+        text = f"{text}:{COORDINATOR_PORT}"
+    host, sep, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or any(c.isspace() for c in text) or (":" in host and not text.startswith("[")):
+        raise HivepathError(f"coordinator address {address!r} is not HOST[:PORT]; {fix}")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise HivepathError(f"coordinator address {address!r}: the port must be 1-65535; {fix}")
+    return text
 
 
 _TRUE = ("1", "true", "yes", "on")

@@ -66,24 +66,51 @@ images. One worker for both also keeps these two heaviest groups (a dozen proces
 at once on a two-core machine."""
 
 
+HEAVY_FIRST = ("tests/test_peer_network.py", "serial", "tests/test_stage_pipeline.py", "tests/test_stopping.py",
+               "tests/test_peer_drain.py", "tests/test_bootstrap.py", "tests/test_net_averaging.py",
+               "tests/test_peer_data_network.py", "tests/test_generate.py", "tests/test_train_local.py")
+"""Units of work handed out first, longest first (measured: each takes one to ten minutes of a worker on
+a two-core machine), so that no long file starts last and keeps one worker busy while the other idles.
+The other files follow in collection order. A file missing here costs balance, never correctness."""
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of work of a test under xdist: ``serial`` for the :data:`SERIAL_FOLDERS`, else its file."""
+    path = nodeid.split("::", 1)[0]
+    return "serial" if any(folder in path.split("/")[:-1] for folder in SERIAL_FOLDERS) else path
+
+
+def _rank(item) -> int:
+    unit = work_unit(item.nodeid)
+    return HEAVY_FIRST.index(unit) if unit in HEAVY_FIRST else len(HEAVY_FIRST)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """xdist's scheduling by test file (a file's tests run in order in one worker, so its module-scoped
     fixtures, such as a started swarm whose DHT records expire, serve tests run back to back), except
-    that all the tests of the :data:`SERIAL_FOLDERS` form one unit of work. (xdist's own ``--dist
-    loadgroup`` renames node ids to group them, which pytest 9 no longer allows: its groups would
-    silently run in parallel.)"""
+    that all the tests of the :data:`SERIAL_FOLDERS` form one unit of work, and the units of
+    :data:`HEAVY_FIRST` are handed out first. (xdist's own ``--dist loadgroup`` renames node ids to
+    group them, which pytest 9 no longer allows: its groups would silently run in parallel.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class SerialGroups(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return "serial" if any(folder in path.split("/")[:-1] for folder in SERIAL_FOLDERS) else path
+            return work_unit(nodeid)
+
+        def schedule(self) -> None:
+            # the collection's order (pytest_collection_modifyitems: HEAVY_FIRST) instead of xdist's
+            # (units with the most tests first)
+            self.config.option.loadscopereorder = False
+            super().schedule()
 
     return SerialGroups(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
+    # HEAVY_FIRST's units first, in every worker alike (xdist hands tests out by their index in the
+    # workers' collection); stable, so each unit's tests stay together and in their order
+    items.sort(key=_rank)
     try:
         import torch
 

@@ -99,10 +99,13 @@ def test_plots_render_with_data_and_the_contributions_table_updates(procs, tmp_p
                 page = browser.new_page(viewport={"width": 1280, "height": 1400})
                 page.goto(f"http://127.0.0.1:{http_port}/?refresh=1")
                 for plot in PLOTS:
-                    lines = page.eval_on_selector_all(
-                        f"#{plot} polyline.line",
-                        "els => els.map(e => ({points: +e.dataset.points, length: e.getTotalLength(),"
-                        " width: e.getBoundingClientRect().width}))")
+                    # waited for, not read once: the page replaces its body every second, and a line read
+                    # while the new body is not laid out yet has no geometry ("non-rendered element")
+                    lines = page.wait_for_function(
+                        "sel => { try { const out = [...document.querySelectorAll(sel)].map(e => ({points: "
+                        "+e.dataset.points, length: e.getTotalLength(), width: e.getBoundingClientRect().width}));"
+                        " return out.length && out.every(l => l.length > 0 && l.width > 0) ? out : null; }"
+                        " catch (err) { return null; } }", arg=f"#{plot} polyline.line", timeout=30_000).json_value()
                     assert lines, f"{plot} draws no line"
                     for line in lines:
                         assert line["points"] >= 2 and line["length"] > 0 and line["width"] > 0, (plot, line)

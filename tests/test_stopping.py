@@ -102,11 +102,22 @@ def _signals(*slow: signal.Signals) -> list:
             for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL)]
 
 
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> Path:
+    """The tiny preset's dataset, prepared once for every demo here (the demo's own preparation is
+    ``test_peer_network.test_demo_short_run_writes_report``'s)."""
+    from models.presets import PRESETS
+    from peer.node.run_data import ensure_dataset
+
+    root = tmp_path_factory.mktemp("tiny")
+    return ensure_dataset(PRESETS["tiny"](), root / "data", root, "").dir
+
+
 @pytest.mark.parametrize("sig", _signals(signal.SIGINT, signal.SIGTERM))
-def test_demo_stops_every_process(tmp_path, sig):
-    # one peer and the archive: two p2p daemons; the dataset is prepared here, once per test
+def test_demo_stops_every_process(tmp_path, tiny_data, sig):
+    # one peer and the archive: two p2p daemons
     cmd = hivepath_cmd("demo", "--peers", "1", "--minutes", "5", "--preset", "tiny", "--out", str(tmp_path / "demo"),
-                       "--data", str(tmp_path / "data"), "--no-live", "--eval-docs", "2")
+                       "--data", str(tiny_data), "--no-live", "--eval-docs", "2")
     with open(tmp_path / "demo.log", "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
     _stop_and_check(proc, sig, daemons=2, start_timeout=180,

@@ -14,7 +14,7 @@ import grpc
 
 from models.config import OuterConfig, RunConfig
 from models.errors import HivepathError
-from models.settings import COORDINATOR_PORT
+from models.settings import COORDINATOR_PORT, check_address
 from protos.hivepath.coordinator.v1 import coordinator_pb2 as pb
 
 __all__ = [
@@ -203,27 +203,3 @@ def refusal(code: grpc.StatusCode, detail: str, address: str = "the coordinator"
         err.exit_code = 2
         return err
     return CoordinatorRefused(f"the coordinator answered {code.name}: {detail}")
-
-
-def check_address(address: str) -> str:
-    """``address`` as the ``HOST:PORT`` to dial, else a :class:`HivepathError` (exit 2) naming what is
-    wrong. ``HOST`` alone (``[IPV6]`` for IPv6) means the coordinator's default port
-    (:data:`models.settings.COORDINATOR_PORT`). A malformed address is bad input, refused at once; what
-    answers at a well-formed one is found out when the client first calls it
-    (:func:`peer.coordinator_client.transport.what_answers`)."""
-    fix = (f"pass --coordinator HOST[:PORT] (e.g. coord.example.org:{COORDINATOR_PORT}) or set "
-           "HIVEPATH_COORDINATOR")
-    text = (address or "").strip()
-    if "://" in text:
-        raise HivepathError(f"coordinator address {address!r} has a scheme; {fix}")
-    bare_ipv6 = text.startswith("[") and text.endswith("]")
-    if text and (":" not in text or bare_ipv6):
-        text = f"{text}:{COORDINATOR_PORT}"
-    host, sep, port = text.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not sep or not host or any(c.isspace() for c in text) or (":" in host and not text.startswith("[")):
-        raise HivepathError(f"coordinator address {address!r} is not HOST[:PORT]; {fix}")
-    if not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise HivepathError(f"coordinator address {address!r}: the port must be 1-65535; {fix}")
-    return text

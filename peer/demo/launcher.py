@@ -17,6 +17,7 @@ import os
 import secrets
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,7 +101,9 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     # every peer and still write the report; a second signal exits at once, and the watchdog of
     # peer.node.lifetime stops the children
     with drain_signals(lambda why: interrupted.update(n=1)):
-        bpb_before = evaluate_init(cfg, dataset, opts.eval_documents)
+        # the untrained lattice (every peer's start, fixed by the seed) is scored while the network
+        # starts, not before it: the processes come up at once instead of after minutes of evaluation
+        before = _Background(evaluate_init, cfg, dataset, opts.eval_documents)
         monitor = DemoMonitor(cfg, live=opts.live)
         try:
             procs.start("coordinator", [*_hivepath(), "coordinator", "serve", "--run-config", str(run_toml), "--db",
@@ -133,11 +136,35 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
             client.close()
         finally:
             procs.stop(list(procs.procs), timeout=30)
+        bpb_before = before.result()
         bpb_after, per_path = evaluate_run_dir(out / "archive", dataset, opts.eval_documents)
         summary = monitor.summary(cfg, opts, bpb_before, bpb_after, per_path, codes)
         summary["report"] = str(out / "report.md")
         write_report(out, summary, monitor)
     return summary
+
+
+class _Background:
+    """``fn(*args)`` in a daemon thread (an error or a second signal exits without waiting for it);
+    :meth:`result` waits for its value or raises its exception."""
+
+    def __init__(self, fn: Any, *args: Any):
+        self._out: dict[str, Any] = {}
+        self._thread = threading.Thread(target=self._run, args=(fn, args), name=getattr(fn, "__name__", "background"),
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Any, args: tuple) -> None:
+        try:
+            self._out["value"] = fn(*args)
+        except BaseException as e:  # handed to the caller of result()
+            self._out["error"] = e
+
+    def result(self) -> Any:
+        self._thread.join()
+        if "error" in self._out:
+            raise self._out["error"]
+        return self._out["value"]
 
 
 def _to_toml(cfg: RunConfig, **coordinator: float) -> str:
