@@ -8,6 +8,13 @@ Newcomer side: :func:`fetch_module_state` tries the module's holders and archive
 DHT records, same config hash, most advanced round first) until one answers, and checks what it
 received.
 
+Through a relay (issue 17): a relay between private addresses resets each relayed connection after
+128 KiB (``peer.network.relays``), less than a module's state. A transfer cut short resumes: the
+newcomer keeps the bytes it has and asks again from that offset, for the same state (its digest); the
+next dial opens a new relayed connection. The holder keeps the last state it packed of each module
+(:data:`KEPT_STATES`) so that every piece comes from one state, and the whole is checked against the
+digest of the first reply.
+
 Admission (issue 9): with a ``verifier`` the holder refuses a requester whose credential is not
 bound to its libp2p peer id, and the newcomer only asks sources whose DHT records carry a valid
 credential. Requests larger than :data:`MAX_REQUEST_BYTES` are refused unread.
@@ -24,7 +31,8 @@ from torch import Tensor
 
 from peer.network import CredentialProvider, CredentialVerifier
 from peer.outer import ModuleState
-from peer.network.frames import MESSAGE_LIMIT, handler_name, linger, log_limited, read_message, read_payload, serve
+from peer.network.frames import (MESSAGE_LIMIT, MalformedFrame, handler_name, linger, log_limited, read_message,
+                                 read_payload_into, serve)
 from protos.hivepath.peer.v1.net_pb2 import DESCRIPTOR as NET, StateReply, StateRequest
 from peer.network import ArchiveRecord, HolderRecord, archive_key, holders_key, records_from_value
 
@@ -44,6 +52,13 @@ MAX_STATE_BYTES = 1 << 40
 
 STATE = NET.services_by_name["Averaging"].methods_by_name["State"]
 """The ``State`` rpc of ``net.proto``: a module's state from a holder."""
+
+RESUMES = 64
+"""Times one transfer may be cut and resumed before the source is given up (a 1 MB state through a
+relay that resets every 128 KiB takes 8); three pieces in a row without new bytes give it up too."""
+
+KEPT_SECONDS = 120.0
+"""Seconds a holder keeps a packed state for transfers that resume (a relay's resets, a slow link)."""
 
 _JOINER_MEMORY = 600.0
 """Seconds a holder remembers who fetched a module's state to average it (longer than any wait on them)."""
@@ -101,6 +116,9 @@ class StateServer:
         self.provider = provider
         self._joiners: dict[str, dict[str, tuple[int, float]]] = {}
         """module -> peer that fetched it to average it -> (the round we sent, when)."""
+        self._packed: dict[str, tuple[str, int, bytes, float]] = {}
+        """module -> (digest, round, the packed state, when packed): the last state sent of each module,
+        kept :data:`KEPT_SECONDS` for transfers that resume (one per module: a newer one replaces it)."""
 
     def joiners(self, module_id: str, within: float) -> dict[str, int]:
         """Peers that fetched ``module_id`` from us in the last ``within`` seconds to average it (newcomers,
@@ -135,18 +153,40 @@ class StateServer:
             reply.error = f"config hash {request.config_hash} differs from the holder's {self.config_hash}"
             log_limited(log, "state:config", "refusing state of %s to %s: %s", request.module_id[:64], sender, reply.error)
         else:
-            state = self.provider(request.module_id) if self.provider is not None else None
-            if state is None:
-                reply.error = f"this peer does not hold {request.module_id}"
-            else:
-                blob = await asyncio.get_running_loop().run_in_executor(None, _pack, state)
-                reply = StateReply(ok=True, round_no=int(state.round_no), payload_len=len(blob))
-                self.served += 1
-                if request.joining:
-                    self._served_to(request.module_id, sender, int(state.round_no))
+            blob, reply = await self._state(request)
+            if reply.ok and request.joining and not request.offset:
+                self._served_to(request.module_id, sender, int(reply.round_no))
         await P2P.send_protobuf(reply, writer)
         await P2P.send_raw_data(blob, writer)
         await linger(reader, 60.0)
+
+    def _forget(self, module_id: str, digest: str) -> None:
+        if self._packed.get(module_id, ("",))[0] == digest:
+            del self._packed[module_id]
+
+    async def _state(self, request: StateRequest) -> tuple[Any, StateReply]:
+        """The bytes to send (the state's, from ``request.offset``) and the reply announcing them."""
+        import hashlib
+
+        if request.offset:  # a transfer cut short resumes: the same state, or none
+            kept = self._packed.get(request.module_id)
+            if kept is None or kept[0] != request.digest or request.offset > len(kept[2]):
+                return b"", StateReply(ok=False, error=f"the state {request.digest[:16]} of {request.module_id} is no "
+                                                        "longer kept here (a newer round replaced it): start again")
+            digest, round_no, blob, _ = kept
+            return (memoryview(blob)[request.offset:],
+                    StateReply(ok=True, round_no=round_no, payload_len=len(blob) - request.offset,
+                               total_len=len(blob), digest=digest))
+        state = self.provider(request.module_id) if self.provider is not None else None
+        if state is None:
+            return b"", StateReply(ok=False, error=f"this peer does not hold {request.module_id}")
+        blob = await asyncio.get_running_loop().run_in_executor(None, _pack, state)
+        digest = hashlib.sha256(blob).hexdigest()
+        self._packed[request.module_id] = (digest, int(state.round_no), blob, time.monotonic())
+        asyncio.get_running_loop().call_later(KEPT_SECONDS, self._forget, request.module_id, digest)
+        self.served += 1
+        return blob, StateReply(ok=True, round_no=int(state.round_no), payload_len=len(blob), total_len=len(blob),
+                                digest=digest)
 
 
 async def fetch_module_state(dht: Any, p2p: Any, run_id: str, module_id: str, config_hash: str, prefix: str,
@@ -188,37 +228,77 @@ async def fetch_module_state(dht: Any, p2p: Any, run_id: str, module_id: str, co
         if left <= 0:
             break
         try:
-            async def ask() -> tuple[StateReply, bytes]:
-                async def request() -> tuple[Any, Any, Any]:
-                    _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer),
-                                                                             handler_name(prefix, STATE))
-                    try:
-                        await P2P.send_protobuf(StateRequest(module_id=module_id, config_hash=config_hash,
-                                                             credential=own, joining=joining), writer)
-                        return (*await P2P.receive_protobuf(StateReply, reader), reader, writer)
-                    except BaseException:
-                        writer.close()
-                        raise
-
-                reply, err, reader, writer = await asyncio.wait_for(request(), min(left, reply_timeout))
-                try:
-                    if reply is None:
-                        raise RuntimeError(err.message)
-                    blob = await read_payload(reader, blob_limit)
-                finally:
-                    writer.close()
-                return reply, blob
-
-            reply, blob = await asyncio.wait_for(ask(), left)
-            if not reply.ok:
-                raise RuntimeError(reply.error)
-            state = await asyncio.get_running_loop().run_in_executor(None, _unpack, bytes(blob), reply.round_no, like)
+            round_no, blob = await asyncio.wait_for(
+                _transfer(p2p, peer, prefix, StateRequest(module_id=module_id, config_hash=config_hash, credential=own,
+                                                          joining=joining), reply_timeout, blob_limit), left)
+            state = await asyncio.get_running_loop().run_in_executor(None, _unpack, blob, round_no, like)
             unwanted = accept(state) if accept is not None else ""
             if unwanted:
                 raise RuntimeError(unwanted)
-            log.info("fetched %s at round %d from %s", module_id, reply.round_no, peer)
+            log.info("fetched %s at round %d from %s", module_id, round_no, peer)
             state.source = peer
             return state
         except Exception as e:
             errors.append(f"{peer[-8:]}: {type(e).__name__}: {e}")
     raise StateTransferError(f"no holder sent a valid state of {module_id} ({'; '.join(errors) or 'timed out'})")
+
+
+async def _transfer(p2p: Any, peer: str, prefix: str, request: StateRequest, reply_timeout: float,
+                    limit: int) -> tuple[int, bytes]:
+    """The round and the bytes of the state ``peer`` sends for ``request``, resumed from where it was cut
+    (at most :data:`RESUMES` times, each piece bringing new bytes) and checked against its digest."""
+    import hashlib
+
+    from hivemind.p2p import P2P, PeerID
+
+    received, total, digest, round_no, stalls = bytearray(), 0, "", 0, 0
+    for piece in range(RESUMES + 1):
+        if stalls > 2:
+            break
+        offset = len(received)
+        request.offset, request.digest = offset, digest
+
+        async def ask() -> tuple[Any, Any, Any, Any]:
+            _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer),
+                                                                     handler_name(prefix, STATE))
+            try:
+                await P2P.send_protobuf(request, writer)
+                return (*await P2P.receive_protobuf(StateReply, reader), reader, writer)
+            except BaseException:
+                writer.close()
+                raise
+
+        try:
+            reply, err, reader, writer = await asyncio.wait_for(ask(), reply_timeout)
+        except Exception as e:  # a reset connection, a refused dial, a timeout
+            if not offset:
+                raise
+            log.debug("resuming %s from %s at byte %d failed: %s", request.module_id, peer[-8:], offset, e)
+            stalls += 1
+            continue  # the piece's new connection broke before its reply: a new dial
+        try:
+            if reply is None:
+                raise RuntimeError(err.message)
+            if not reply.ok:
+                raise RuntimeError(reply.error)
+            if not offset:
+                total, digest, round_no = reply.total_len or reply.payload_len, reply.digest, int(reply.round_no)
+                if total > limit:
+                    raise MalformedFrame(f"state: {total} bytes announced, more than the {limit} expected")
+            elif (reply.digest, reply.total_len) != (digest, total):
+                raise RuntimeError("the holder resumed another state")
+            complete = await read_payload_into(reader, received, total - offset)
+        finally:
+            writer.close()
+        if complete:
+            if digest and hashlib.sha256(received).hexdigest() != digest:
+                raise RuntimeError(f"the state's {total} bytes do not match the digest {digest[:16]}")
+            if piece:
+                log.info("%s from %s came in %d pieces (%d bytes; its connections were cut, e.g. by a relay's "
+                         "limit)", request.module_id, peer[-8:], piece + 1, total)
+            return round_no, bytes(received)
+        if not digest:
+            raise RuntimeError(f"cut after {len(received)} of {total} bytes, and the holder cannot resume")
+        stalls = 0 if len(received) > offset else stalls + 1
+        log.debug("%s from %s cut after %d of %d bytes: resuming", request.module_id, peer[-8:], len(received), total)
+    raise RuntimeError(f"cut {piece + 1} times, {len(received)} of {total} bytes received")

@@ -12,7 +12,8 @@ traceback per frame; a handler of ours that raised did the same through asyncio.
 a peer could fill its memory or its operator's disk. Here:
 
 - :func:`read_message` and :func:`read_payload` read one frame with a byte limit and raise
-  :class:`MalformedFrame` for a bad marker, an oversized length or bytes that are not the message;
+  :class:`MalformedFrame` for a bad marker, an oversized length or bytes that are not the message
+  (:func:`read_payload_into` keeps what arrived of a payload whose stream ended early);
 - :func:`serve` registers a handler for one rpc of a service descriptor, guarded: a malformed frame
   is answered with an error frame saying exactly :data:`MALFORMED`, the stream closes, nothing else
   happens, and the log gets at most one line per rpc per :data:`models.log_limit.LOG_INTERVAL`
@@ -37,7 +38,7 @@ from google.protobuf.message import DecodeError, Message
 
 from models.log_limit import LogLimiter
 
-__all__ = ["MALFORMED", "MalformedFrame", "REFUSED", "read_message", "read_payload", "handler_name", "serve",
+__all__ = ["MALFORMED", "MalformedFrame", "REFUSED", "read_message", "read_payload", "read_payload_into", "handler_name", "serve",
            "serve_messages", "send_error", "log_limited", "linger", "MESSAGE_LIMIT", "ERROR_LINGER"]
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,28 @@ async def read_payload(reader: asyncio.StreamReader, limit: int) -> bytes:
     if size > limit:
         raise MalformedFrame(f"payload: {size} bytes announced, more than the {limit} accepted")
     return await reader.readexactly(size)
+
+
+async def read_payload_into(reader: asyncio.StreamReader, buf: bytearray, expected: int) -> bool:
+    """Append the payload that follows a header to ``buf`` as it arrives; it must announce exactly
+    ``expected`` bytes. True when all of it came; False when the stream ended or broke first (what
+    came is in ``buf``: a transfer through a relay that resets connections resumes from there)."""
+    try:
+        size = int.from_bytes(await reader.readexactly(_LENGTH_BYTES), "big")
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return False
+    if size != expected:
+        raise MalformedFrame(f"payload: {size} bytes announced, {expected} expected")
+    end = len(buf) + size
+    while len(buf) < end:
+        try:
+            chunk = await reader.read(min(end - len(buf), 1 << 20))
+        except ConnectionError:
+            return False
+        if not chunk:
+            return False
+        buf += chunk
+    return True
 
 
 async def send_message(message: Message, writer: asyncio.StreamWriter) -> None:

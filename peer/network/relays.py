@@ -17,7 +17,11 @@ AutoNAT never does, and each relayed connection carries at most 128 KiB.
 Forcing the reachability public does not help: the two services then race for the protocol and the
 default one wins about three times in four (measured). So the averaging keeps bulk off relays: a
 relayed peer reduces nothing next to a reachable member (``RELAYED_SHARE``), and its own parts go
-over its direct connection to the reducer.
+over its direct connection to the reducer. A module's state, which a newcomer may have to fetch from
+a relayed holder, crosses a relay in pieces: a transfer cut by a reset resumes from the byte it
+reached, for the same state (``peer.averaging.state_transfer``; measured on loopback, where the same
+limits apply: 720 KB in 8 pieces, 0.6 s). An averaging round among relayed peers alone is not resumed:
+it fails when it meets a reset, and the next round goes over a new connection.
 
 hivemind's ``P2P.create`` has no argument for the daemon's ``-relayDiscovery``, and with discovery on
 the daemon's auto-relay waits for four relay candidates, or three minutes, before it reserves any

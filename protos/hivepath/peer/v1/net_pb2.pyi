@@ -92,25 +92,33 @@ class PartReply(_message.Message):
     def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., contributors: _Optional[_Iterable[str]] = ..., payload_len: _Optional[int] = ..., received: _Optional[bool] = ...) -> None: ...
 
 class StateRequest(_message.Message):
-    __slots__ = ("module_id", "config_hash", "credential", "joining")
+    __slots__ = ("module_id", "config_hash", "credential", "joining", "offset", "digest")
     MODULE_ID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
     CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     JOINING_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
     module_id: str
     config_hash: str
     credential: bytes
     joining: bool
-    def __init__(self, module_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., credential: _Optional[bytes] = ..., joining: _Optional[bool] = ...) -> None: ...
+    offset: int
+    digest: str
+    def __init__(self, module_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., credential: _Optional[bytes] = ..., joining: _Optional[bool] = ..., offset: _Optional[int] = ..., digest: _Optional[str] = ...) -> None: ...
 
 class StateReply(_message.Message):
-    __slots__ = ("ok", "error", "round_no", "payload_len")
+    __slots__ = ("ok", "error", "round_no", "payload_len", "total_len", "digest")
     OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     ROUND_NO_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_LEN_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_LEN_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     error: str
     round_no: int
     payload_len: int
-    def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., round_no: _Optional[int] = ..., payload_len: _Optional[int] = ...) -> None: ...
+    total_len: int
+    digest: str
+    def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., round_no: _Optional[int] = ..., payload_len: _Optional[int] = ..., total_len: _Optional[int] = ..., digest: _Optional[str] = ...) -> None: ...
