@@ -4,7 +4,9 @@ regular file where a directory is expected, a directory where a file is, a path 
 file, a place nothing can be created, a missing input, a non-UTF-8 text file, a file that is not
 PEM) are refused by the real ``hivepath`` process before any work starts: exit 2, one line naming
 the flag and the path, no traceback, nothing created. A ``HIVEPATH_*`` variable that gives a path
-is refused the same way, naming the variable. Root passes permission bits, so the unwritable places
+is refused the same way, naming the variable. The sweep calls ``hivepath``'s entry point in this
+process (``helpers.cli``: hundreds of commands); :func:`test_the_installed_command_refuses_the_same_way`
+checks that the installed command, as a process, gives the same line and exit status. Root passes permission bits, so the unwritable places
 swept are the ones root cannot write either: under a regular file, ``/proc``."""
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from helpers import hivepath_cmd
+from helpers.cli import run_cli
 from hivepath.cli import build_parser
 from hivepath.paths import (
     MANIFEST_FILE,
@@ -158,8 +161,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 def _refused(cmd: tuple[str, ...], args: list[str], tmp: Path, env: dict[str, str]) -> str:
     before = _tree(tmp)
-    out = subprocess.run(hivepath_cmd(*cmd, *args), capture_output=True, text=True, timeout=60, cwd=tmp, env=env,
-                         stdin=subprocess.DEVNULL)
+    out = run_cli(*cmd, *args, env=env, cwd=tmp)
     err = out.stderr.strip()
     assert out.returncode == 2, (out.returncode, err)
     assert "\n" not in err and "Traceback" not in err and err.startswith("hivepath: error: "), err
@@ -176,6 +178,22 @@ def test_wrong_path_is_refused(cmd, action, tmp_path):
         err = _refused(cmd, args, tmp_path, _env(HOME=str(tmp_path / "home")))
         assert f"argument {name}: {bad}: " in err, (what, err)
         assert f"pass {action.type.what}" in err, (what, err)
+
+
+def test_the_installed_command_refuses_the_same_way(tmp_path):
+    """The sweep's in-process calls against the real process: the same one line on stderr, exit 2,
+    no traceback, for a flag and for a variable."""
+    missing = tmp_path / "missing.toml"
+    for args, env in ((["coordinator", "serve", "--run-config", str(missing)], _env()),
+                      (["peer", "join", "--coordinator", "h:1", "--token", "t"],
+                       _env(HIVEPATH_WORK_DIR=str(tmp_path / "f" / "w")))):
+        (tmp_path / "f").write_text("a file")
+        inside = run_cli(*args, env=env, cwd=tmp_path)
+        process = subprocess.run(hivepath_cmd(*args), capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                                 env=env, stdin=subprocess.DEVNULL)
+        assert process.returncode == inside.returncode == 2, (process.returncode, process.stderr, inside)
+        assert process.stderr == inside.stderr and process.stderr.count("\n") == 1, (process.stderr, inside.stderr)
+        assert "Traceback" not in process.stderr and process.stderr.startswith("hivepath: error: ")
 
 
 VARIABLES = [(cmd, a, s.name) for cmd, a in PATHS for s in ALL_SETTINGS

@@ -1,7 +1,8 @@
 """Every numeric flag of every subcommand, generated from the argument parser (a new flag is swept the
 day it is added): each takes a range-checked type, and a value out of its range, a non-number or a
-NaN is refused by the real ``hivepath`` process before any work starts: exit 2, one line naming the
-flag, no traceback. A ``HIVEPATH_*`` variable out of range is refused the same way."""
+NaN is refused before any work starts: exit 2, one line naming the flag, no traceback. A
+``HIVEPATH_*`` variable out of range is refused the same way. The sweep calls ``hivepath``'s entry
+point in this process (``helpers.cli``); the malformed addresses below run the installed command."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import subprocess
 import pytest
 
 from helpers import hivepath_cmd
+from helpers.cli import run_cli
 from hivepath.cli import build_parser
 from hivepath.numbers import Number
 from hivepath.settings import ALL_SETTINGS
@@ -46,8 +48,7 @@ def test_no_numeric_flag_is_unchecked():
 
 
 def _refused(cmd: tuple[str, ...], args: list[str], flag: str, env: dict | None = None) -> str:
-    out = subprocess.run(hivepath_cmd(*cmd, *args), capture_output=True, text=True, timeout=60,
-                         env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+    out = run_cli(*cmd, *args, env={**os.environ, **(env or {})})  # in process: hundreds of commands
     err = out.stderr.strip()
     assert out.returncode == 2, (out.returncode, err)
     assert "\n" not in err and "Traceback" not in err and flag.lstrip("-") in err, err
