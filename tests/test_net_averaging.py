@@ -338,6 +338,23 @@ def test_three_peers_on_a_2x2_lattice_stay_bit_identical_with_int8(procs, tmp_pa
 
 
 @pytest.mark.integration
+def test_a_fallback_with_only_our_own_part_loses_the_round_instead_of_forking(procs, tmp_path):
+    """Two members; ``c`` kills itself in round 1 once it has averaged its own part (``reduced``). ``a`` is
+    the fallback reducer of c's part, nobody else asks and nobody has the original average: a's own part
+    applied alone could fork it from a reducer that is alive but cut off from it (a relay's reset does
+    that to NATed members, ``bench.nat``), so a's round 1 is not applied, and says why."""
+    common = dict(mode="direct", module="L0M0", numel=5 * BLOCK + 77, peers=2, rounds=2, round_timeout=12.0)
+    _swarm(procs, tmp_path, [dict(common, name="a", seed=1), dict(common, name="c", seed=3, die_at="reduced",
+                                                                    die_round=1)])
+    procs.procs["c"].wait(timeout=PEER_TIMEOUT)
+    assert procs.procs["c"].returncode == -signal.SIGKILL and "FAULT reduced round 1" in procs.log("c")
+    records = {r["round"]: r for r in _result(procs, tmp_path, "a")["records"]}
+    assert records[0]["averaged"] is not None and len(records[0]["peers"]) == 2, records[0]["reason"]
+    assert records[1]["averaged"] is None, records[1]["peers"]
+    assert "no other member reached the fallback" in records[1]["reason"], records[1]["reason"]
+
+
+@pytest.mark.integration
 @pytest.mark.parametrize("die_at", ["reduced", pytest.param("part_replied", marks=pytest.mark.slow)])
 def test_member_killed_mid_round_the_rest_finish_identical(procs, tmp_path, die_at):
     """Peer ``c`` kills itself (and its p2p daemon) in round 1, at ``reduced``: the moment it has

@@ -29,7 +29,9 @@ to a fallback reducer, the first other member in sorted order that reduces anyth
 original average if it received one, else asks the other members for it
 (:data:`~peer.averaging.reducer.PROBE`) and adopts
 it, so members the dead reducer answered and those it did not still agree; only if nobody has it
-does it reduce the contributions of the members that ask. Not covered: a second fault in the same
+does it reduce the contributions of the members that ask, and only if another member asks (our
+own part alone, applied, could fork us from a reducer that is alive but cut off from us, e.g. by a
+relay's reset: the round is lost instead, and the next one re-syncs). Not covered: a second fault in the same
 round (the fallback reducer dying as well), after which members may differ for that round.
 
 Moving each byte once up and once down the sender's link, this is bandwidth-optimal:
@@ -225,6 +227,12 @@ class ReductionServer(PartReducer):
                 return found
             task = asyncio.create_task(self._reduce(state, (s, j, 1), deadline))
             result = await self._own_result(state, (s, j, 1), task)
+            if set(result[1]) <= {self.peer_id}:
+                # nobody else asked and nobody had the original: the part's reducer may be alive and have
+                # answered the others (a relay's reset cuts us off from a live member), so our own part
+                # applied alone could fork us from them; the round is lost instead, and we re-sync
+                raise RuntimeError("no other member reached the fallback and none had the original average "
+                                   "(applying our own part alone could fork us from its reducer)")
             future.set_result((*result, True))
             return result
         except BaseException as e:
