@@ -66,7 +66,7 @@ def test_drain_timeout_abandons_the_round_in_flight(procs, tmp_path, dataset):
                 return False
         return True
 
-    for attempt in range(4):
+    for _ in range(4):
         mark, rounds = len(procs.log("a")), procs.log("a").count("averaged by 2")
         procs.signal("b", signal.SIGSTOP)
         # Frozen between applying a round and announcing the next, b's holder record lags a's round: a

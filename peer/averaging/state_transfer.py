@@ -12,7 +12,7 @@ Through a relay (issue 17): a relay between private addresses resets each relaye
 128 KiB (``peer.network.relays``), less than a module's state. A transfer cut short resumes: the
 newcomer keeps the bytes it has and asks again from that offset, for the same state (its digest); the
 next dial opens a new relayed connection. The holder keeps the last state it packed of each module
-(:data:`KEPT_STATES`) so that every piece comes from one state, and the whole is checked against the
+(:data:`KEPT_SECONDS`) so that every piece comes from one state, and the whole is checked against the
 digest of the first reply.
 
 Admission (issue 9): with a ``verifier`` the holder refuses a requester whose credential is not
@@ -116,8 +116,8 @@ class StateServer:
         self.provider = provider
         self._joiners: dict[str, dict[str, tuple[int, float]]] = {}
         """module -> peer that fetched it to average it -> (the round we sent, when)."""
-        self._packed: dict[str, tuple[str, int, bytes, float]] = {}
-        """module -> (digest, round, the packed state, when packed): the last state sent of each module,
+        self._packed: dict[str, tuple[str, int, bytes]] = {}
+        """module -> (digest, round, the packed state): the last state sent of each module,
         kept :data:`KEPT_SECONDS` for transfers that resume (one per module: a newer one replaces it)."""
 
     def joiners(self, module_id: str, within: float) -> dict[str, int]:
@@ -173,7 +173,7 @@ class StateServer:
             if kept is None or kept[0] != request.digest or request.offset > len(kept[2]):
                 return b"", StateReply(ok=False, error=f"the state {request.digest[:16]} of {request.module_id} is no "
                                                         "longer kept here (a newer round replaced it): start again")
-            digest, round_no, blob, _ = kept
+            digest, round_no, blob = kept
             return (memoryview(blob)[request.offset:],
                     StateReply(ok=True, round_no=round_no, payload_len=len(blob) - request.offset,
                                total_len=len(blob), digest=digest))
@@ -182,7 +182,7 @@ class StateServer:
             return b"", StateReply(ok=False, error=f"this peer does not hold {request.module_id}")
         blob = await asyncio.get_running_loop().run_in_executor(None, _pack, state)
         digest = hashlib.sha256(blob).hexdigest()
-        self._packed[request.module_id] = (digest, int(state.round_no), blob, time.monotonic())
+        self._packed[request.module_id] = (digest, int(state.round_no), blob)
         asyncio.get_running_loop().call_later(KEPT_SECONDS, self._forget, request.module_id, digest)
         self.served += 1
         return blob, StateReply(ok=True, round_no=int(state.round_no), payload_len=len(blob), total_len=len(blob),
