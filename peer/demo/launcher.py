@@ -32,6 +32,9 @@ __all__ = ["DemoOptions", "run_demo"]
 
 log = logging.getLogger(__name__)
 
+START_LIMIT_S = 300.0
+"""How long the demo waits for the first trained tokens before it gives up (torch loading, joining)."""
+
 
 @dataclass
 class DemoOptions:
@@ -61,6 +64,7 @@ def _hivepath() -> list[str]:
 
 def run_demo(opts: DemoOptions) -> dict[str, Any]:
     """Run the demo network; returns the summary (also written to ``OUT/summary.json``)."""
+    from models.checkpoint.layout import is_run_dir, resolve_snapshot
     from peer.coordinator_client import CoordinatorClient
     from peer.demo.report import (
         DemoMonitor,
@@ -103,7 +107,7 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     with drain_signals(lambda why: interrupted.update(n=1)):
         # the untrained lattice (every peer's start, fixed by the seed) is scored while the network
         # starts, not before it: the processes come up at once instead of after minutes of evaluation
-        before = _Background(evaluate_init, cfg, dataset, opts.eval_documents)
+        before = _Background(_on_one_thread, evaluate_init, cfg, dataset, opts.eval_documents)
         monitor = DemoMonitor(cfg, live=opts.live)
         try:
             procs.start("coordinator", [*_hivepath(), "coordinator", "serve", "--run-config", str(run_toml), "--db",
@@ -121,10 +125,18 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
                 procs.start(name, [*_hivepath(), "peer", "join", "--work-dir", str(out / name), *common,
                                    *opts.extra_peer_args], {**os.environ, **env})
                 names.append(name)
-            deadline = time.monotonic() + opts.minutes * 60
+            # --minutes is training time: the clock starts when the first peer reports trained tokens, so
+            # that a slow start (torch loading on a busy machine) does not eat the run
+            started = time.monotonic()
+            deadline: Optional[float] = None
             with monitor:
-                while time.monotonic() < deadline and not interrupted["n"]:
+                while (deadline is None or time.monotonic() < deadline) and not interrupted["n"]:
                     monitor.poll(client, procs.procs, http_port)
+                    if deadline is None and monitor.history and monitor.history[-1]["tokens"] > 0:
+                        deadline = time.monotonic() + opts.minutes * 60
+                    if deadline is None and time.monotonic() - started > START_LIMIT_S:
+                        raise HivepathError(f"no peer started training within {START_LIMIT_S:.0f} s; "
+                                            f"see the logs in {out / 'logs'}")
                     dead = [n for n in names if procs.procs[n].poll() is not None]
                     if dead and len(dead) == len(names):
                         raise HivepathError(f"every peer exited early; see the logs in {out / 'logs'}")
@@ -137,11 +149,28 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
         finally:
             procs.stop(list(procs.procs), timeout=30)
         bpb_before = before.result()
+        if not is_run_dir(resolve_snapshot(out / "archive")):
+            raise HivepathError(
+                f"no module finished an averaging round in {opts.minutes:g} minutes of training, so the archive "
+                f"({out / 'archive'}) holds no trained state to score; run longer with --minutes "
+                f"(the logs are in {out / 'logs'})")
         bpb_after, per_path = evaluate_run_dir(out / "archive", dataset, opts.eval_documents)
         summary = monitor.summary(cfg, opts, bpb_before, bpb_after, per_path, codes)
         summary["report"] = str(out / "report.md")
         write_report(out, summary, monitor)
     return summary
+
+
+def _on_one_thread(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` with torch on one thread: the peers starting beside it get the other cores."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return fn(*args)
+    finally:
+        torch.set_num_threads(threads)
 
 
 class _Background:
