@@ -74,10 +74,18 @@ a two-core machine), so that no long file starts last and keeps one worker busy 
 The other files follow in collection order. A file missing here costs balance, never correctness."""
 
 
+SAME_UNIT = {"tests/test_export.py": "tests/test_generate.py"}
+"""Files that run in the unit of another because they share its session fixture: ``test_export`` uses
+``test_generate``'s two trained runs (about 50 s of training), built once per worker."""
+
+
 def work_unit(nodeid: str) -> str:
-    """The unit of work of a test under xdist: ``serial`` for the :data:`SERIAL_FOLDERS`, else its file."""
+    """The unit of work of a test under xdist: ``serial`` for the :data:`SERIAL_FOLDERS`, else its file
+    (or the file it shares fixtures with: :data:`SAME_UNIT`)."""
     path = nodeid.split("::", 1)[0]
-    return "serial" if any(folder in path.split("/")[:-1] for folder in SERIAL_FOLDERS) else path
+    if any(folder in path.split("/")[:-1] for folder in SERIAL_FOLDERS):
+        return "serial"
+    return SAME_UNIT.get(path, path)
 
 
 def _rank(item) -> int:
