@@ -10,8 +10,13 @@ the third NATed peer joins (the newcomer); the run goes on until the newcomer ha
 participant public (no routers) is the control for the round time.
 
 Keys:
-- ``natted_round_share``: over the NATed peers' outer rounds, the share of (module, round) results of
-  modules held by two peers or more that were averaged with at least one other holder (target >= 0.95);
+- ``natted_round_share``: over the NATed peers' outer rounds of modules held by two peers or more (at
+  the end), the share of (module, round) results that were averaged with at least one other holder
+  (target >= 0.95). Rounds a peer applied alone because it was the module's only live holder then (its
+  round line says ``(the only holder)``: before the newcomer comes, three peers on four paths leave two
+  modules to one peer each) are not rounds with anybody to average with, and are left out; they are
+  counted in ``natted_only_holder_rounds``, and ``natted_round_share_counting_only_holder_rounds`` is
+  the share with them counted as misses (the definition of the runs before 2026-11-26);
 - ``replica_max_abs_diff``: over every pair of checkpoints of one module at one round, from the
   newcomer's first group round on (target 0.0); ``startup_mismatched_rounds`` lists earlier ones (a
   joiner's start-up fork, which the next rounds repair);
@@ -97,9 +102,15 @@ def one_run(natted: bool, work: Path, rate: str, inner_steps: int, warmup: int, 
         logs = {n: net.procs.log(n) for n in works}
         natted_names = [n for n in works if n != "public"]
         shared = {m for m, k in held.items() if k >= 2}
-        results = [(m, k) for n in natted_names for m, k in module_results(logs[n]) if m in shared]
+        results = [(m, k) for n in natted_names for m, k in module_results(logs[n], only_holder=False) if m in shared]
         out["natted_module_rounds"] = len(results)
         out["natted_round_share"] = round(sum(1 for _, k in results if k >= 2) / len(results), 4) if results else None
+        # the definition of the runs before 2026-11-26: rounds a peer applied alone as the module's only live
+        # holder (before the newcomer came, three peers leave two modules to one holder each) counted as misses
+        every = [(m, k) for n in natted_names for m, k in module_results(logs[n]) if m in shared]
+        out["natted_only_holder_rounds"] = len(every) - len(results)
+        out["natted_round_share_counting_only_holder_rounds"] = (
+            round(sum(1 for _, k in every if k >= 2) / len(every), 4) if every else None)
         gaps = [g for n in works for g in round_gaps(logs[n])[2:]]
         out["median_round_s"] = statistics.median(gaps) if gaps else None
         check = replica_check([w / "checkpoints" for w in works.values()], min_round=floor)
@@ -146,6 +157,8 @@ def main() -> int:
     p.add_argument("--inner-steps", type=int, default=10, help="inner steps per round (default 10)")
     p.add_argument("--warmup", type=int, default=5, help="rounds before the newcomer joins (default 5)")
     p.add_argument("--rounds", type=int, default=20, help="rounds of the newcomer before the stop (default 20)")
+    p.add_argument("--work", type=Path, default=None,
+                   help="keep every process's logs and checkpoints in this directory (default: a temporary one, removed)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from bench.netns import netns_available
@@ -157,8 +170,9 @@ def main() -> int:
         emit("nat", {"skipped": why})
         return 0
     with tempfile.TemporaryDirectory(prefix="bench-nat-") as tmp:
-        nat = one_run(True, Path(tmp) / "nat", args.rate, args.inner_steps, args.warmup, args.rounds)
-        public = one_run(False, Path(tmp) / "public", args.rate, args.inner_steps, args.warmup, args.rounds)
+        work = args.work or Path(tmp)
+        nat = one_run(True, work / "nat", args.rate, args.inner_steps, args.warmup, args.rounds)
+        public = one_run(False, work / "public", args.rate, args.inner_steps, args.warmup, args.rounds)
     result = {
         "natted_round_share": nat["natted_round_share"],
         "replica_max_abs_diff": max(nat["replica_max_abs_diff"], public["replica_max_abs_diff"]),

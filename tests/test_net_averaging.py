@@ -290,6 +290,34 @@ def test_part_bounds_follow_bandwidth():
     assert fallback_reducer(0, [(0, 5), (5, 5)]) is None
 
 
+def test_relayed_members_get_parts_a_relayed_connection_carries_and_others_keep_four_segments():
+    """Parts between members behind relays fit in ``RELAY_PIECE_BYTES`` (a relay resets a connection after
+    128 KiB); a group with one relayed member (which reduces nothing next to reachable ones) or none keeps
+    the usual segments, and the cut is the same function of the group on every member."""
+    from peer.averaging import get_codec
+    from peer.averaging.partition import (MAX_SEGMENTS, RELAY_PIECE_BYTES, Group, relayed_segment_bounds,
+                                          segment_bounds)
+
+    int8 = get_codec("int8")
+    numel = 1_000_003
+    both = Group("g", ("a", "b"), (1e3, 1e3), 10.0, (True, True))
+    assert both.relayed_pairs() and not Group("g", ("a", "b"), (1e3, 1e6), 10.0, (True, False)).relayed_pairs()
+    # next to a reachable member, relayed ones reduce next to nothing: their parts already fit
+    with_public = Group("g", ("a", "b", "c"), (1e3, 1e3, 1e6), 10.0, (True, True, False))
+    assert relayed_segment_bounds(numel, with_public, int8.encoded_size) == segment_bounds(numel)
+    assert not Group("g", ("a", "b"), (1e6, 1e6), 10.0).relayed_pairs()
+    segments = relayed_segment_bounds(numel, both, int8.encoded_size)
+    assert segments == relayed_segment_bounds(numel, both, int8.encoded_size)
+    assert segments[0][0] == 0 and segments[-1][1] == numel
+    assert all(b == c for (_, b), (c, _) in zip(segments, segments[1:]))
+    relayed_parts = [b - a for s0, s1 in segments
+                     for i, (a, b) in enumerate(part_bounds(s1 - s0, both.bandwidths)) if both.relayed[i]]
+    assert max(int8.encoded_size(n) for n in relayed_parts) <= RELAY_PIECE_BYTES
+    assert len(segments) > MAX_SEGMENTS == len(segment_bounds(numel))
+    # one block a part is as small as it goes: a huge codec cost still ends
+    assert len(relayed_segment_bounds(4 * BLOCK, both, lambda n: 10 * RELAY_PIECE_BYTES)) == 4
+
+
 # -- integration: real peers on loopback ---------------------------------------------------------
 
 

@@ -14,7 +14,10 @@ from torch import Tensor
 
 from peer.averaging.quantizers import Codec
 
-__all__ = ["AverageResult", "ModuleAverager", "SuspectHook", "require_codec"]
+__all__ = ["AverageResult", "ModuleAverager", "SuspectHook", "require_codec", "LONE_HOLDER"]
+
+LONE_HOLDER = "lone holder"
+"""``AverageResult.reason`` of a round applied alone because we were the module's only live holder."""
 
 
 @dataclass

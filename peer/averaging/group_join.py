@@ -51,6 +51,8 @@ class Follower(NamedTuple):
     """Resolved with the group the leader begins (None: it gave up)."""
     fetched_from: str
     """Its ``JoinRequest.fetched_from``."""
+    relayed: bool = False
+    """Its ``JoinRequest.relayed``: it can be dialled only through a relay."""
 
 
 @dataclass
@@ -81,8 +83,11 @@ class GroupJoin:
     """
 
     def __init__(self, p2p: Any, peer_id: str, config_hash: str, data_hash: str, bandwidth: float, prefix: str,
-                 credential: Optional[CredentialProvider] = None, verifier: Optional[CredentialVerifier] = None):
+                 credential: Optional[CredentialProvider] = None, verifier: Optional[CredentialVerifier] = None,
+                 relayed: bool = False):
         self.p2p = p2p
+        self.relayed = relayed
+        """We can be dialled only through a circuit relay (behind NAT): the groups we are in say so."""
         self.peer_id = peer_id
         self.config_hash = config_hash
         self.data_hash = data_hash
@@ -142,7 +147,8 @@ class GroupJoin:
             yield JoinReply(code=JoinReply.REFUSED, reason="the group already began", credential=mine)
             return
         future: asyncio.Future[Optional[Group]] = asyncio.get_running_loop().create_future()
-        looking.followers[sender] = Follower(max(0.0, request.bandwidth), future, request.fetched_from)
+        looking.followers[sender] = Follower(max(0.0, request.bandwidth), future, request.fetched_from,
+                                             bool(request.relayed))
         looking.changed.set()
         yield JoinReply(code=JoinReply.ACCEPTED, credential=mine)
         group = await future
@@ -150,7 +156,8 @@ class GroupJoin:
             yield JoinReply(code=JoinReply.REFUSED, reason="the leader gave up", credential=mine)
             return
         yield JoinReply(code=JoinReply.BEGIN, group_id=group.group_id, members=list(group.members),
-                        bandwidths=list(group.bandwidths), allreduce_timeout=group.allreduce_timeout, credential=mine)
+                        bandwidths=list(group.bandwidths), allreduce_timeout=group.allreduce_timeout, credential=mine,
+                        relayed=list(group.relayed))
         # Returning now would close the stream at once, and the daemon can drop a reply still in
         # flight: the follower would miss BEGIN while we count it in. It closes the stream once it
         # has read BEGIN, which cancels this wait.
@@ -175,8 +182,10 @@ class GroupJoin:
             return None, (f"every member fetched this round's state from {', '.join(sorted(p[-8:] for p in sources))}, "
                           "none of which joined: re-sync to them instead of averaging their old state")
         bw = {self.peer_id: self.bandwidth, **{p: f.bandwidth for p, f in followers.items()}}
+        relayed = {self.peer_id: self.relayed, **{p: f.relayed for p, f in followers.items()}}
         group = Group(f"{looking.key}-{self.peer_id[-8:]}-{secrets.token_hex(4)}", members,
-                      tuple(bw[p] for p in members), max(0.1, end - time.monotonic()))
+                      tuple(bw[p] for p in members), max(0.1, end - time.monotonic()),
+                      tuple(relayed[p] for p in members) if any(relayed.values()) else ())
         for f in followers.values():
             if not f.future.done():
                 f.future.set_result(group)
@@ -210,7 +219,7 @@ class GroupJoin:
 
         request = JoinRequest(group_key=key, config_hash=self.config_hash, data_hash=self.data_hash,
                               bandwidth=self.bandwidth, credential=self._own_credential(), state_digest=digest,
-                              fetched_from=fetched_from)
+                              fetched_from=fetched_from, relayed=self.relayed)
         for _ in range(3):
             stream = await self.p2p.iterate_protobuf_handler(PeerID.from_base58(leader), self.handler_name,
                                                              request, JoinReply)
@@ -248,6 +257,8 @@ class GroupJoin:
     def _check_group(self, reply: JoinReply, leader: str) -> tuple[Optional[Group], str]:
         members = tuple(reply.members)
         if (self.peer_id not in members or list(members) != sorted(set(members))
-                or len(reply.bandwidths) != len(members) or not reply.allreduce_timeout > 0):
+                or len(reply.bandwidths) != len(members) or not reply.allreduce_timeout > 0
+                or len(reply.relayed) not in (0, len(members))):
             return None, f"leader {leader} sent a malformed group"
-        return Group(reply.group_id, members, tuple(reply.bandwidths), float(reply.allreduce_timeout)), ""
+        return Group(reply.group_id, members, tuple(reply.bandwidths), float(reply.allreduce_timeout),
+                     tuple(bool(r) for r in reply.relayed)), ""

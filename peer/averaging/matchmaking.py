@@ -82,12 +82,12 @@ class Matchmaker(GroupJoin):
     def __init__(self, dht: Any, p2p: Any, peer_id: str, run_id: str, config_hash: str, data_hash: str,
                  bandwidth: float, prefix: str, credential: Optional[CredentialProvider] = None,
                  verifier: Optional[CredentialVerifier] = None,
-                 joiners: Optional[Callable[[str, float], Mapping[str, int]]] = None):
+                 joiners: Optional[Callable[[str, float], Mapping[str, int]]] = None, relayed: bool = False):
         """``credential`` returns this peer's current credential; ``verifier`` checks everyone
         else's (both None: an open run, no admission checks). ``joiners(module_id, within)``: the peers
         that fetched the module's state from us in the last ``within`` seconds to average it, and the
         round we sent (:meth:`peer.averaging.state_transfer.StateServer.joiners`)."""
-        super().__init__(p2p, peer_id, config_hash, data_hash, bandwidth, prefix, credential, verifier)
+        super().__init__(p2p, peer_id, config_hash, data_hash, bandwidth, prefix, credential, verifier, relayed)
         self.dht = dht
         self.run_id = run_id
         self.joiners = joiners or (lambda module_id, within: {})
@@ -144,7 +144,9 @@ class Matchmaker(GroupJoin):
                 if waiting:  # they re-sync to us at their next round; stepping alone would keep us out of reach
                     return Match(None, "waiting for holders behind us to catch up ("
                                        + ", ".join(f"{p[-8:]} at round {r}" for p, r in sorted(waiting.items())) + ")")
-                return Match(Group(LONE, (self.peer_id,), (self.bandwidth,), 0.0), "")
+                gave_up = sorted(p for p in behind if p != self.peer_id)
+                return Match(Group(LONE, (self.peer_id,), (self.bandwidth,), 0.0),
+                             f"holders behind us did not catch up ({', '.join(p[-8:] for p in gave_up)})" if gave_up else "")
             if not candidates:
                 looking.decided.set()
                 return Match(None, "no member of the group accepts connections (all in client mode)")

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from peer.averaging.allreduce import ReductionServer
 from peer.averaging.aggregation import MEAN, Aggregation
-from peer.averaging.contract import AverageResult, SuspectHook, require_codec
+from peer.averaging.contract import LONE_HOLDER, AverageResult, SuspectHook, require_codec
 from peer.averaging.quantizers import Codec
 from peer.averaging.reducer import EventHook
 from peer.averaging.memory import FlatBuffers, keep_freed_memory
@@ -88,6 +88,8 @@ class NetAverager:
         startup_timeout: seconds to connect to the p2p daemon and register handlers.
         event_hook: called at named points of a round, for fault injection in tests and phase timing in
             benchmarks (see :data:`peer.averaging.reducer.EventHook`).
+        relayed: we can be dialled only through a circuit relay (behind NAT, ``peer.network.relays``):
+            the groups we are in say so, and parts between two relayed members go in small pieces.
         aggregation: the run's reduction rule (``Aggregation.from_config(cfg.outer)``; the config hash
             keeps every group member on the same rule). ``DiLoCoOptimizer`` sets it through
             :meth:`use_aggregation`.
@@ -102,8 +104,10 @@ class NetAverager:
                  state_provider: Optional[StateProvider] = None, holder_ttl: float = 30.0,
                  startup_timeout: float = 30.0, event_hook: Optional[EventHook] = None,
                  aggregation: Aggregation = MEAN, on_suspect: Optional[SuspectHook] = None,
-                 credential: Optional[Callable[[], bytes]] = None, verifier: Optional[Any] = None):
+                 credential: Optional[Callable[[], bytes]] = None, verifier: Optional[Any] = None,
+                 relayed: bool = False):
         self.dht = unwrap_dht(dht)
+        self.relayed = relayed
         self._credential = credential or (lambda: b"")
         self._verifier = verifier
         self.run_id = run_id
@@ -162,7 +166,8 @@ class NetAverager:
         self._state_server = StateServer(self._p2p, self.config_hash, self.prefix, provider, verifier=self._verifier)
         self._matchmaker = Matchmaker(self.dht, self._p2p, self.peer_id, self.run_id, self.config_hash,
                                       self.data_hash, self.bandwidth, self.prefix, credential=self._credential,
-                                      verifier=self._verifier, joiners=self._state_server.joiners)
+                                      verifier=self._verifier, joiners=self._state_server.joiners,
+                                      relayed=self.relayed)
         await self._server.start()
         await self._matchmaker.start()
         await self._state_server.start()
@@ -386,7 +391,8 @@ class NetAverager:
             if own.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr():
                 own = own.clone()  # ``flat`` is reused next round
             mine = unflatten(own, like)
-            return AverageResult([t.clone() for t in mine], mine, 1, [self.peer_id], 0, 0, reason="lone holder")
+            # alone because nobody else holds the module, or because the holders behind us did not catch up
+            return AverageResult([t.clone() for t in mine], mine, 1, [self.peer_id], 0, 0, reason=reason or LONE_HOLDER)
         self._server.event("group_formed")
         out = await self._server.run(group, flat, weight, codec)
         suspicious = "; ".join(f"{p}: {why}" for p, why in sorted(out.suspects.items()))

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from models.codec_spec import BLOCK
 
-__all__ = ["Group", "part_bounds", "segment_bounds", "fallback_reducer", "PIPELINE", "SEGMENT_BLOCKS", "MAX_SEGMENTS"]
+__all__ = ["Group", "part_bounds", "segment_bounds", "relayed_segment_bounds", "fallback_reducer", "PIPELINE",
+           "SEGMENT_BLOCKS", "MAX_SEGMENTS", "RELAY_PIECE_BYTES"]
 
 
 def part_bounds(numel: int, bandwidths: Sequence[float]) -> list[tuple[int, int]]:
@@ -53,12 +54,41 @@ busy with 3 in flight (the same link efficiency as 8 in a back-to-back run) and 
 thread's CPU by about a quarter against 8 (16 before that)."""
 
 
-def segment_bounds(numel: int, max_segments: int = MAX_SEGMENTS) -> list[tuple[int, int]]:
-    """Cut ``numel`` elements into pipeline segments at multiples of ``BLOCK`` (at least one)."""
+def segment_bounds(numel: int, max_segments: int = MAX_SEGMENTS,
+                   min_blocks: int = SEGMENT_BLOCKS) -> list[tuple[int, int]]:
+    """Cut ``numel`` elements into pipeline segments at multiples of ``BLOCK`` (at least one), each of at
+    least ``min_blocks`` blocks."""
     n_blocks = max(1, math.ceil(numel / BLOCK))
-    per = max(SEGMENT_BLOCKS, math.ceil(n_blocks / max_segments))
+    per = max(min_blocks, math.ceil(n_blocks / max_segments))
     starts = list(range(0, n_blocks, per))
     return [(s * BLOCK, min(numel, (s + per) * BLOCK)) for s in starts] or [(0, 0)]
+
+
+RELAY_PIECE_BYTES = 32 * 1024
+"""Most encoded bytes of one part that crosses a relay. A relay between private addresses resets a
+relayed connection after 128 KiB each way (``peer.network.relays``); a contribution and an average
+of this size each way, in flight at once, leave room for a second one before the reset, and a part
+cut by it is sent again whole."""
+
+
+def relayed_segment_bounds(numel: int, group: "Group", encoded_size: Callable[[int], int],
+                           piece_bytes: int = RELAY_PIECE_BYTES) -> list[tuple[int, int]]:
+    """The segments of a group in which two members are dialled through relays: as few as keep every
+    part a relayed member reduces within ``piece_bytes`` encoded (``encoded_size(numel)``), down to one
+    block a part. Pure, as :func:`segment_bounds`."""
+    def fits(segments: list[tuple[int, int]]) -> bool:
+        largest = max((b - a for s0, s1 in segments
+                       for i, (a, b) in enumerate(part_bounds(s1 - s0, group.bandwidths)) if group.relayed[i]),
+                      default=0)
+        return encoded_size(largest) <= piece_bytes
+
+    n_blocks = max(1, math.ceil(numel / BLOCK))
+    segments = segment_bounds(numel)  # the usual cut when its parts fit already
+    k = len(segments)
+    while not fits(segments) and len(segments) < n_blocks:
+        k *= 2
+        segments = segment_bounds(numel, k, min_blocks=1)
+    return segments
 
 
 def fallback_reducer(failed: int, bounds: Sequence[tuple[int, int]]) -> Optional[int]:
@@ -79,3 +109,10 @@ class Group:
     bandwidths: tuple[float, ...]
     allreduce_timeout: float
     """Seconds the reduction may take, counted from when the member got the group."""
+    relayed: tuple[bool, ...] = ()
+    """Per member, whether it can be dialled only through a circuit relay (empty: none can)."""
+
+    def relayed_pairs(self) -> bool:
+        """Whether two members that can be dialled only through relays are in the group (their parts
+        cross a relay, which resets a connection after 128 KiB: ``peer.network.relays``)."""
+        return sum(1 for r in self.relayed if r) >= 2

@@ -115,6 +115,9 @@ class GroupState:
     """Accepted contributions whose average is not yet sent back."""
     served: asyncio.Event = field(default_factory=asyncio.Event)
     suspects: dict[str, str] = field(default_factory=dict)
+    one_at_a_time: dict[str, asyncio.Lock] = field(default_factory=dict)
+    """Member -> the lock our parts to it are asked again under, once a stream to it was cut mid-way
+    (see ``ReductionServer._ask_again``)."""
 
     def max_part_bytes(self) -> int:
         """The most bytes an encoded part of this group can take (the largest part, in the group's codec)."""

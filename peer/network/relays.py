@@ -20,8 +20,12 @@ relayed peer reduces nothing next to a reachable member (``RELAYED_SHARE``), and
 over its direct connection to the reducer. A module's state, which a newcomer may have to fetch from
 a relayed holder, crosses a relay in pieces: a transfer cut by a reset resumes from the byte it
 reached, for the same state (``peer.averaging.state_transfer``; measured on loopback, where the same
-limits apply: 720 KB in 8 pieces, 0.6 s). An averaging round among relayed peers alone is not resumed:
-it fails when it meets a reset, and the next round goes over a new connection.
+limits apply: 720 KB in 8 pieces, 0.6 s). A group of relayed members alone knows it (each member's
+join request says whether it is relayed, and the leader's group lists them): their parts go in pieces
+of at most 32 KiB (``peer.averaging.partition.RELAY_PIECE_BYTES``), one at a time to each member, and
+a piece cut by a reset is sent again over the next connection (``ReductionServer._ask_again``;
+measured on loopback: a 300k-parameter module, int8, averaged by two relayed peers in 0.3-0.9 s a round,
+10 rounds of 10, where no round completed before).
 
 hivemind's ``P2P.create`` has no argument for the daemon's ``-relayDiscovery``, and with discovery on
 the daemon's auto-relay waits for four relay candidates, or three minutes, before it reserves any

@@ -150,6 +150,8 @@ class PeerStartup:
         self._spec: Optional[RunSpec] = None
         self.verifier: Optional[CredentialVerifier] = None
         self.averager: Any = None
+        self.relayed = False
+        """The coordinator found us behind NAT and we announce circuits through relays (:meth:`join`)."""
         self._status_server: Any = None
         self._on_close: list[Callable[[], None]] = []
 
@@ -210,6 +212,7 @@ class PeerStartup:
 
         cfg = spec.run_config
         client = self.client
+        role_options.setdefault("relayed", self.relayed)
         self.averager = NetAverager(self.dht, cfg.run_id, cfg.content_hash(), manifest_hash,
                                     credential=lambda: client.credential, verifier=self.verifier, **role_options)
         self.averager.on_isolated = self.dht.poke
@@ -234,6 +237,7 @@ class PeerStartup:
             self.start_dht(self._spec, relays=joined.relays)
             client.peer = replace(peer, multiaddrs=tuple(self.dht.maddrs()))
             joined = client.join()
+        self.relayed = joined.reachability == "relayed"
         level, line = reachability_line(joined, self.opts.client_mode)
         self.status.reachability = line
         log.log(level, "%s", line)

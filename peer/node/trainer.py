@@ -21,6 +21,7 @@ import torch
 from models.config import OuterConfig, RunConfig, format_path
 from models.lattice import ModularLM
 from models.training import autocast, make_adamw
+from peer.averaging.contract import LONE_HOLDER
 from peer.node.checkpoint import CheckpointDir, CheckpointError, save_snapshot, saved_state, state_groups
 from peer.diloco import DiLoCoOptimizer, RoundReport
 from peer.node.progress import PeerStatus
@@ -197,8 +198,7 @@ class PathTrainer:
 
     def _after_round(self, report: RoundReport) -> None:
         log.info("round %d: %s; waited %.2fs", report.round, "; ".join(
-            f"{mid} r{m.round_no} " + (f"averaged by {m.group_size}" if m.applied else f"not applied ({m.reason})")
-            for mid, m in report.modules.items()), report.wait_seconds)
+            f"{mid} r{m.round_no} {_outcome(m)}" for mid, m in report.modules.items()), report.wait_seconds)
         for mid, m in report.modules.items():
             self.status.bytes_sent += m.bytes_sent
             self.status.bytes_received += m.bytes_received
@@ -219,3 +219,11 @@ class PathTrainer:
             self.opt.close()
             for mid in self.module_ids:
                 self.averager.release(mid)
+
+
+def _outcome(m: Any) -> str:
+    """A module's round in the trainer's round line (``averaged by N``, ``(the only holder)`` when it
+    had nobody to average with, or ``not applied (why)``); the chaos tests and benchmarks parse it."""
+    if not m.applied:
+        return f"not applied ({m.reason})"
+    return f"averaged by {m.group_size}" + (" (the only holder)" if m.reason == LONE_HOLDER else "")

@@ -222,19 +222,21 @@ def stop_all(net, names: Iterable[str], exit_timeout: float = 60.0,
     return codes
 
 
-def module_results(log_text: str) -> list[tuple[str, int]]:
+def module_results(log_text: str, only_holder: bool = True) -> list[tuple[str, int]]:
     """(module id, group size) of every module result in the trainer's round lines
-    (``round N: embed r60 averaged by 3; L1M1 r0 not applied (...); ...``); size 0 when the module's
-    round was not applied."""
+    (``round N: embed r60 averaged by 3; L1M0 r4 averaged by 1 (the only holder); L1M1 r0 not applied
+    (...); ...``); size 0 when the module's round was not applied. Without ``only_holder``, the rounds
+    the peer applied alone because it was the module's only live holder are left out."""
     out = []
     for line in log_text.splitlines():
         if "peer.node.trainer: round " not in line:
             continue
         body = line.split(": ", 2)[-1].rsplit("; waited", 1)[0]
         for entry in body.split("; "):
-            m = re.match(r"(\w+) r\d+ averaged by (\d+)", entry)
+            m = re.match(r"(\w+) r\d+ averaged by (\d+)( \(the only holder\))?", entry)
             if m:
-                out.append((m[1], int(m[2])))
+                if only_holder or not m[3]:
+                    out.append((m[1], int(m[2])))
             elif re.match(r"\w+ r\d+", entry):
                 out.append((entry.split()[0], 0))
     return out

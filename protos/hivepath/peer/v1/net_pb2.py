@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!protos/hivepath/peer/v1/net.proto\x12\x10hivepath.peer.v1\"\x9b\x01\n\x0bJoinRequest\x12\x11\n\tgroup_key\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_hash\x18\x02 \x01(\t\x12\x11\n\tdata_hash\x18\x03 \x01(\t\x12\x11\n\tbandwidth\x18\x04 \x01(\x01\x12\x12\n\ncredential\x18\x05 \x01(\x0c\x12\x14\n\x0cstate_digest\x18\x06 \x01(\t\x12\x14\n\x0c\x66\x65tched_from\x18\x07 \x01(\t\"\x98\x02\n\tJoinReply\x12.\n\x04\x63ode\x18\x01 \x01(\x0e\x32 .hivepath.peer.v1.JoinReply.Code\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x10\n\x08group_id\x18\x03 \x01(\t\x12\x0f\n\x07members\x18\x04 \x03(\t\x12\x12\n\nbandwidths\x18\x05 \x03(\x01\x12\x19\n\x11\x61llreduce_timeout\x18\x06 \x01(\x01\x12\x18\n\x10suggested_leader\x18\x07 \x01(\t\x12\x12\n\ncredential\x18\x08 \x01(\x0c\"K\n\x04\x43ode\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x0c\n\x08\x41\x43\x43\x45PTED\x10\x01\x12\t\n\x05\x42\x45GIN\x10\x02\x12\x0b\n\x07REFUSED\x10\x03\x12\x10\n\x0cNOT_A_LEADER\x10\x04\"\x97\x01\n\nPartHeader\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x12\n\npart_index\x18\x02 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\r\x12\x0e\n\x06weight\x18\x04 \x01(\x01\x12\r\n\x05numel\x18\x05 \x01(\x04\x12\r\n\x05\x63odec\x18\x06 \x01(\t\x12\x13\n\x0bpayload_len\x18\x07 \x01(\x04\x12\x0f\n\x07segment\x18\x08 \x01(\r\"c\n\tPartReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x14\n\x0c\x63ontributors\x18\x03 \x03(\t\x12\x13\n\x0bpayload_len\x18\x04 \x01(\x04\x12\x10\n\x08received\x18\x05 \x01(\x08\"{\n\x0cStateRequest\x12\x11\n\tmodule_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_hash\x18\x02 \x01(\t\x12\x12\n\ncredential\x18\x03 \x01(\x0c\x12\x0f\n\x07joining\x18\x04 \x01(\x08\x12\x0e\n\x06offset\x18\x05 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x06 \x01(\t\"q\n\nStateReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x10\n\x08round_no\x18\x03 \x01(\x04\x12\x13\n\x0bpayload_len\x18\x04 \x01(\x04\x12\x11\n\ttotal_len\x18\x05 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x06 \x01(\t2\xdd\x01\n\tAveraging\x12\x44\n\x04Join\x12\x1d.hivepath.peer.v1.JoinRequest\x1a\x1b.hivepath.peer.v1.JoinReply0\x01\x12\x43\n\x04Part\x12\x1c.hivepath.peer.v1.PartHeader\x1a\x1b.hivepath.peer.v1.PartReply0\x01\x12\x45\n\x05State\x12\x1e.hivepath.peer.v1.StateRequest\x1a\x1c.hivepath.peer.v1.StateReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!protos/hivepath/peer/v1/net.proto\x12\x10hivepath.peer.v1\"\xac\x01\n\x0bJoinRequest\x12\x11\n\tgroup_key\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_hash\x18\x02 \x01(\t\x12\x11\n\tdata_hash\x18\x03 \x01(\t\x12\x11\n\tbandwidth\x18\x04 \x01(\x01\x12\x12\n\ncredential\x18\x05 \x01(\x0c\x12\x14\n\x0cstate_digest\x18\x06 \x01(\t\x12\x14\n\x0c\x66\x65tched_from\x18\x07 \x01(\t\x12\x0f\n\x07relayed\x18\x08 \x01(\x08\"\xa9\x02\n\tJoinReply\x12.\n\x04\x63ode\x18\x01 \x01(\x0e\x32 .hivepath.peer.v1.JoinReply.Code\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x10\n\x08group_id\x18\x03 \x01(\t\x12\x0f\n\x07members\x18\x04 \x03(\t\x12\x12\n\nbandwidths\x18\x05 \x03(\x01\x12\x19\n\x11\x61llreduce_timeout\x18\x06 \x01(\x01\x12\x18\n\x10suggested_leader\x18\x07 \x01(\t\x12\x12\n\ncredential\x18\x08 \x01(\x0c\x12\x0f\n\x07relayed\x18\t \x03(\x08\"K\n\x04\x43ode\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x0c\n\x08\x41\x43\x43\x45PTED\x10\x01\x12\t\n\x05\x42\x45GIN\x10\x02\x12\x0b\n\x07REFUSED\x10\x03\x12\x10\n\x0cNOT_A_LEADER\x10\x04\"\x97\x01\n\nPartHeader\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x12\n\npart_index\x18\x02 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\r\x12\x0e\n\x06weight\x18\x04 \x01(\x01\x12\r\n\x05numel\x18\x05 \x01(\x04\x12\r\n\x05\x63odec\x18\x06 \x01(\t\x12\x13\n\x0bpayload_len\x18\x07 \x01(\x04\x12\x0f\n\x07segment\x18\x08 \x01(\r\"c\n\tPartReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x14\n\x0c\x63ontributors\x18\x03 \x03(\t\x12\x13\n\x0bpayload_len\x18\x04 \x01(\x04\x12\x10\n\x08received\x18\x05 \x01(\x08\"{\n\x0cStateRequest\x12\x11\n\tmodule_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_hash\x18\x02 \x01(\t\x12\x12\n\ncredential\x18\x03 \x01(\x0c\x12\x0f\n\x07joining\x18\x04 \x01(\x08\x12\x0e\n\x06offset\x18\x05 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x06 \x01(\t\"q\n\nStateReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x10\n\x08round_no\x18\x03 \x01(\x04\x12\x13\n\x0bpayload_len\x18\x04 \x01(\x04\x12\x11\n\ttotal_len\x18\x05 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x06 \x01(\t2\xdd\x01\n\tAveraging\x12\x44\n\x04Join\x12\x1d.hivepath.peer.v1.JoinRequest\x1a\x1b.hivepath.peer.v1.JoinReply0\x01\x12\x43\n\x04Part\x12\x1c.hivepath.peer.v1.PartHeader\x1a\x1b.hivepath.peer.v1.PartReply0\x01\x12\x45\n\x05State\x12\x1e.hivepath.peer.v1.StateRequest\x1a\x1c.hivepath.peer.v1.StateReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,19 +32,19 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.hivepath.peer.v1.net
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_JOINREQUEST']._serialized_start=56
-  _globals['_JOINREQUEST']._serialized_end=211
-  _globals['_JOINREPLY']._serialized_start=214
-  _globals['_JOINREPLY']._serialized_end=494
-  _globals['_JOINREPLY_CODE']._serialized_start=419
-  _globals['_JOINREPLY_CODE']._serialized_end=494
-  _globals['_PARTHEADER']._serialized_start=497
-  _globals['_PARTHEADER']._serialized_end=648
-  _globals['_PARTREPLY']._serialized_start=650
-  _globals['_PARTREPLY']._serialized_end=749
-  _globals['_STATEREQUEST']._serialized_start=751
-  _globals['_STATEREQUEST']._serialized_end=874
-  _globals['_STATEREPLY']._serialized_start=876
-  _globals['_STATEREPLY']._serialized_end=989
-  _globals['_AVERAGING']._serialized_start=992
-  _globals['_AVERAGING']._serialized_end=1213
+  _globals['_JOINREQUEST']._serialized_end=228
+  _globals['_JOINREPLY']._serialized_start=231
+  _globals['_JOINREPLY']._serialized_end=528
+  _globals['_JOINREPLY_CODE']._serialized_start=453
+  _globals['_JOINREPLY_CODE']._serialized_end=528
+  _globals['_PARTHEADER']._serialized_start=531
+  _globals['_PARTHEADER']._serialized_end=682
+  _globals['_PARTREPLY']._serialized_start=684
+  _globals['_PARTREPLY']._serialized_end=783
+  _globals['_STATEREQUEST']._serialized_start=785
+  _globals['_STATEREQUEST']._serialized_end=908
+  _globals['_STATEREPLY']._serialized_start=910
+  _globals['_STATEREPLY']._serialized_end=1023
+  _globals['_AVERAGING']._serialized_start=1026
+  _globals['_AVERAGING']._serialized_end=1247
 # @@protoc_insertion_point(module_scope)

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class JoinRequest(_message.Message):
-    __slots__ = ("group_key", "config_hash", "data_hash", "bandwidth", "credential", "state_digest", "fetched_from")
+    __slots__ = ("group_key", "config_hash", "data_hash", "bandwidth", "credential", "state_digest", "fetched_from", "relayed")
     GROUP_KEY_FIELD_NUMBER: _ClassVar[int]
     CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
     DATA_HASH_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class JoinRequest(_message.Message):
     CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     STATE_DIGEST_FIELD_NUMBER: _ClassVar[int]
     FETCHED_FROM_FIELD_NUMBER: _ClassVar[int]
+    RELAYED_FIELD_NUMBER: _ClassVar[int]
     group_key: str
     config_hash: str
     data_hash: str
@@ -23,10 +24,11 @@ class JoinRequest(_message.Message):
     credential: bytes
     state_digest: str
     fetched_from: str
-    def __init__(self, group_key: _Optional[str] = ..., config_hash: _Optional[str] = ..., data_hash: _Optional[str] = ..., bandwidth: _Optional[float] = ..., credential: _Optional[bytes] = ..., state_digest: _Optional[str] = ..., fetched_from: _Optional[str] = ...) -> None: ...
+    relayed: bool
+    def __init__(self, group_key: _Optional[str] = ..., config_hash: _Optional[str] = ..., data_hash: _Optional[str] = ..., bandwidth: _Optional[float] = ..., credential: _Optional[bytes] = ..., state_digest: _Optional[str] = ..., fetched_from: _Optional[str] = ..., relayed: _Optional[bool] = ...) -> None: ...
 
 class JoinReply(_message.Message):
-    __slots__ = ("code", "reason", "group_id", "members", "bandwidths", "allreduce_timeout", "suggested_leader", "credential")
+    __slots__ = ("code", "reason", "group_id", "members", "bandwidths", "allreduce_timeout", "suggested_leader", "credential", "relayed")
     class Code(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         UNKNOWN: _ClassVar[JoinReply.Code]
@@ -47,6 +49,7 @@ class JoinReply(_message.Message):
     ALLREDUCE_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     SUGGESTED_LEADER_FIELD_NUMBER: _ClassVar[int]
     CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
+    RELAYED_FIELD_NUMBER: _ClassVar[int]
     code: JoinReply.Code
     reason: str
     group_id: str
@@ -55,7 +58,8 @@ class JoinReply(_message.Message):
     allreduce_timeout: float
     suggested_leader: str
     credential: bytes
-    def __init__(self, code: _Optional[_Union[JoinReply.Code, str]] = ..., reason: _Optional[str] = ..., group_id: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., bandwidths: _Optional[_Iterable[float]] = ..., allreduce_timeout: _Optional[float] = ..., suggested_leader: _Optional[str] = ..., credential: _Optional[bytes] = ...) -> None: ...
+    relayed: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, code: _Optional[_Union[JoinReply.Code, str]] = ..., reason: _Optional[str] = ..., group_id: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., bandwidths: _Optional[_Iterable[float]] = ..., allreduce_timeout: _Optional[float] = ..., suggested_leader: _Optional[str] = ..., credential: _Optional[bytes] = ..., relayed: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class PartHeader(_message.Message):
     __slots__ = ("group_id", "part_index", "attempt", "weight", "numel", "codec", "payload_len", "segment")
