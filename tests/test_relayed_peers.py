@@ -36,7 +36,7 @@ HOST = ["/ip4/127.0.0.1/tcp/0"]
 @pytest.fixture(scope="module")
 def relayed_pair():
     """A relay, and two peers announcing only circuits through it: (holder's averager, newcomer's averager,
-    the holder's state provider's dict module -> state)."""
+    the holder's state provider's dict module -> state, the two peers' DHT nodes)."""
     from peer.averaging import NetAverager
     from peer.network import DHTOptions, HolderRecord, holders_key, read_records, start_dht
     from peer.network.relays import use_static_relays
@@ -54,7 +54,7 @@ def relayed_pair():
                 holder.hold("L0M0", 7)
                 wait_for(lambda: a.peer_id in read_records(b.dht, holders_key(RUN_ID, "L0M0"), HolderRecord), 60,
                          "the holder's record, seen by the newcomer")
-                yield holder, newcomer, states
+                yield holder, newcomer, states, (a, b)
             finally:
                 newcomer.shutdown()
                 holder.shutdown()
@@ -67,7 +67,7 @@ def _state(seed: int, round_no: int) -> ModuleState:
 
 
 def test_a_state_larger_than_the_relay_limit_arrives_whole_in_pieces(relayed_pair, caplog):
-    holder, newcomer, states = relayed_pair
+    holder, newcomer, states = relayed_pair[:3]
     sent = states["L0M0"] = _state(0, 7)  # 2 x 361 KB: several times the relay's 128 KiB per connection
     with caplog.at_level(logging.INFO, logger="peer.averaging.state_transfer"):
         got = newcomer.fetch_state("L0M0", 60, like=sent.global_params)
@@ -87,7 +87,7 @@ def test_a_resume_for_a_state_no_longer_kept_starts_again_from_the_current_one(r
     from peer.network.frames import handler_name
     from protos.hivepath.peer.v1.net_pb2 import StateReply, StateRequest
 
-    holder, newcomer, states = relayed_pair
+    holder, newcomer, states = relayed_pair[:3]
     states["L0M0"] = _state(1, 8)
 
     async def ask(request: StateRequest) -> StateReply:
@@ -154,3 +154,40 @@ def test_two_relayed_peers_average_a_module_larger_than_the_relay_limit_bit_iden
             assert (results[0].averaged[0] - want).abs().max() < 0.05 * deltas[0].abs().max()
     # the relay did cut parts (else this proves nothing about resending them)
     assert any("asking" in r.getMessage() and "again" in r.getMessage() for r in caplog.records)
+
+
+def test_a_relayed_trainer_trains_through_a_relayed_stage_server(relayed_pair):
+    """Stage mode with both ends behind NAT: the stage server and its client can each be dialled only
+    through the relay. The first forward and backward match local autograd, and 16 request pairs of
+    32 KB each way go through while the relay resets the connection every 128 KiB: a request cut by a
+    reset is sent again by the client, to the same server (the only one)."""
+    from models.lattice import ModularLM
+    from models.presets import tiny_cpu
+    from peer.stage import StageClient, StageServer, StageServerOptions
+
+    cfg = tiny_cpu()
+    C, T = cfg.lattice.d_model, cfg.lattice.seq_len
+    B = 8  # (8, 32, 32) fp32: 32 KB a request
+    server_dht, client_dht = relayed_pair[3]
+    server = StageServer(cfg, "L0M0", server_dht, options=StageServerOptions(max_elements=B * T * C)).start()
+    client = StageClient(client_dht, cfg.run_id, cfg.content_hash(), codec="none", request_timeout=10.0)
+    try:
+        ref = ModularLM(cfg.lattice, seed=cfg.seed, module_ids=["L0M0"]).mods["L0M0"]
+        g = torch.Generator().manual_seed(5)
+        for i in range(16):
+            x = torch.randn(B, T, C, generator=g)
+            y, hop = client.forward("L0M0", x)
+            grad = torch.randn(y.shape, generator=g)
+            gx = client.backward(hop, grad)
+            assert hop.peer_id == server.peer_id and y.shape == gx.shape == x.shape
+            assert bool(torch.isfinite(y).all() and torch.isfinite(gx).all())
+            if i == 0:  # the server steps its module once enough tokens were backpropagated
+                xr = x.clone().requires_grad_(True)
+                yr = ref(xr)
+                yr.backward(grad)
+                assert torch.allclose(y, yr, atol=1e-5) and torch.allclose(gx, xr.grad, atol=1e-5)
+        assert client.stats.bytes_sent > 3 * 128 * 1024  # more than three relayed connections carry
+        assert client.stats.requests > 32, "no request was cut by the relay: this proves nothing about resending"
+    finally:
+        client.close()
+        server.close()
