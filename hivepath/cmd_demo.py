@@ -44,7 +44,11 @@ def run(args: argparse.Namespace) -> int:
         eval_documents=args.eval_docs, live=not args.no_live,
     ))
     ratio = summary["ddp_bytes_equivalent"] / max(1, summary["bytes_exchanged"])
-    print(f"routed validation bits per byte: {summary['bpb_before']:.3f} before -> {summary['bpb_after']:.3f} after")
+    if summary["bpb_after"] is None:
+        print(f"routed validation bits per byte: {summary['bpb_before']:.3f} before; stopped before any module "
+              "finished an averaging round, so nothing trained to score")
+    else:
+        print(f"routed validation bits per byte: {summary['bpb_before']:.3f} before -> {summary['bpb_after']:.3f} after")
     print(f"bytes exchanged: {summary['bytes_exchanged'] / 1e6:.1f} MB; synchronous data-parallel would have sent "
           f"{summary['ddp_bytes_equivalent'] / 1e6:.1f} MB ({ratio:,.0f}x more) for the same {summary['tokens']:,} tokens")
     print(f"report: {summary['report']}")

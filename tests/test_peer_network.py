@@ -330,7 +330,7 @@ def test_demo_short_run_writes_report(tmp_path):
     from helpers import hivepath_cmd
 
     out = tmp_path / "demo"
-    r = subprocess.run(hivepath_cmd("demo", "--peers", "2", "--minutes", "0.75", "--preset", "tiny", "--out", str(out),
+    r = subprocess.run(hivepath_cmd("demo", "--peers", "2", "--minutes", "0.5", "--preset", "tiny", "--out", str(out),
                                     "--data", str(tmp_path / "data"), "--no-live", "--eval-docs", "4"),
                        capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]

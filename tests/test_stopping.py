@@ -122,6 +122,10 @@ def test_demo_stops_every_process(tmp_path, tiny_data, sig):
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
     _stop_and_check(proc, sig, daemons=2, start_timeout=180,
                     logs=[tmp_path / "demo.log", *(tmp_path / "demo" / "logs" / f"{n}.log" for n in ("coordinator", "archive", "peer0"))])
+    if sig != signal.SIGKILL:  # a handled signal drains: the report is still written, the exit is clean
+        report = tmp_path / "demo" / "report.md"
+        assert proc.returncode == 0 and report.is_file(), (proc.returncode, _tails([tmp_path / "demo.log"]))
+        assert "routed validation bits per byte, after" in report.read_text()
 
 
 @pytest.mark.parametrize("sig", _signals(signal.SIGINT, signal.SIGHUP))

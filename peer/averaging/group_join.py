@@ -39,6 +39,13 @@ __all__ = ["GroupJoin", "Looking", "Follower"]
 
 log = logging.getLogger(__name__)
 
+CUT_STREAM = object()
+"""What :meth:`GroupJoin._read_replies` returns when the leader's stream ended before BEGIN or a refusal:
+a leader never closes it so, so the stream was cut (a relay resets a relayed connection after 128 KiB)."""
+
+MAX_JOIN_CUTS = 5
+"""Most times a follower joins a leader again after a cut stream, within one round's join deadline."""
+
 _BEGIN_LINGER = 10.0
 """Seconds a leader keeps a follower's stream open after BEGIN, unless the follower closes it first."""
 
@@ -95,6 +102,9 @@ class GroupJoin:
         self.prefix = prefix
         self.handler_name = handler_name(prefix, JOIN)
         self._looking: dict[str, Looking] = {}
+        self._begun: dict[str, Group] = {}
+        """Group key -> the group we led and began, kept for its all-reduce's time: a follower whose
+        stream was cut before it read BEGIN (a relay's reset) joins again and is sent the same group."""
         self.credential = credential
         self.verifier = verifier
 
@@ -131,6 +141,11 @@ class GroupJoin:
             yield JoinReply(code=JoinReply.REFUSED, reason=problem, credential=mine)
             return
         looking = self._looking.get(request.group_key)
+        begun = self._begun.get(request.group_key)
+        if begun is not None and sender in begun.members:  # its stream was cut before it read BEGIN
+            yield self._begin_reply(begun, mine)
+            await asyncio.sleep(_BEGIN_LINGER)
+            return
         if looking is None:
             yield JoinReply(code=JoinReply.REFUSED, reason="not looking for this group (formed or not started)",
                             credential=mine)
@@ -144,9 +159,17 @@ class GroupJoin:
             yield JoinReply(code=JoinReply.NOT_A_LEADER, suggested_leader=looking.leader, credential=mine)
             return
         if looking.closed:
+            begun = self._begun.get(request.group_key)
+            if begun is not None and sender in begun.members:
+                yield self._begin_reply(begun, mine)
+                await asyncio.sleep(_BEGIN_LINGER)
+                return
             yield JoinReply(code=JoinReply.REFUSED, reason="the group already began", credential=mine)
             return
         future: asyncio.Future[Optional[Group]] = asyncio.get_running_loop().create_future()
+        earlier = looking.followers.get(sender)
+        if earlier is not None and not earlier.future.done():  # its earlier stream was cut: end that handler
+            earlier.future.set_result(None)
         looking.followers[sender] = Follower(max(0.0, request.bandwidth), future, request.fetched_from,
                                              bool(request.relayed))
         looking.changed.set()
@@ -155,13 +178,17 @@ class GroupJoin:
         if group is None:
             yield JoinReply(code=JoinReply.REFUSED, reason="the leader gave up", credential=mine)
             return
-        yield JoinReply(code=JoinReply.BEGIN, group_id=group.group_id, members=list(group.members),
-                        bandwidths=list(group.bandwidths), allreduce_timeout=group.allreduce_timeout, credential=mine,
-                        relayed=list(group.relayed))
+        yield self._begin_reply(group, mine)
         # Returning now would close the stream at once, and the daemon can drop a reply still in
         # flight: the follower would miss BEGIN while we count it in. It closes the stream once it
         # has read BEGIN, which cancels this wait.
         await asyncio.sleep(_BEGIN_LINGER)
+
+    @staticmethod
+    def _begin_reply(group: Group, credential: bytes) -> JoinReply:
+        return JoinReply(code=JoinReply.BEGIN, group_id=group.group_id, members=list(group.members),
+                         bandwidths=list(group.bandwidths), allreduce_timeout=group.allreduce_timeout,
+                         credential=credential, relayed=list(group.relayed))
 
     async def _lead(self, looking: Looking, others: set[str], close_deadline: float, end: float) -> tuple[Optional[Group], str]:
         while not others <= set(looking.followers) and time.monotonic() < close_deadline:
@@ -189,6 +216,8 @@ class GroupJoin:
         for f in followers.values():
             if not f.future.done():
                 f.future.set_result(group)
+        self._begun[looking.key] = group
+        asyncio.get_running_loop().call_later(group.allreduce_timeout, self._begun.pop, looking.key, None)
         missing = sorted(others - set(followers))
         return group, (f"dropped {', '.join(missing)} (did not join)" if missing else "")
 
@@ -220,22 +249,36 @@ class GroupJoin:
         request = JoinRequest(group_key=key, config_hash=self.config_hash, data_hash=self.data_hash,
                               bandwidth=self.bandwidth, credential=self._own_credential(), state_digest=digest,
                               fetched_from=fetched_from, relayed=self.relayed)
-        for _ in range(3):
+        redirections = cuts = 0
+        while True:
             stream = await self.p2p.iterate_protobuf_handler(PeerID.from_base58(leader), self.handler_name,
                                                              request, JoinReply)
             try:
                 outcome = await self._read_replies(stream, leader, accepted)
+            except (EOFError, ConnectionError) as e:
+                log.debug("join stream to %s cut (%r): joining again", leader[-8:], e)
+                outcome = CUT_STREAM
             finally:
                 await stream.aclose()  # the leader lingers until we close: tell it we read its reply
+            if outcome is CUT_STREAM:
+                # a relay's reset cut the stream: ask again (a leader that counted us in takes us again,
+                # one that already began sends the same group)
+                cuts += 1
+                if cuts > MAX_JOIN_CUTS:
+                    return None, f"leader {leader} closed the stream without beginning, {cuts} times"
+                continue
             if isinstance(outcome, str):
+                redirections += 1
+                if redirections >= 3:
+                    return None, "too many leader redirections"
                 leader = outcome
                 continue
             return outcome
-        return None, "too many leader redirections"
 
     async def _read_replies(self, stream: Any, leader: str,
-                            accepted: asyncio.Event) -> Union[str, tuple[Optional[Group], str]]:
-        """The outcome of one join stream: ``(group, reason)``, or the peer id to follow instead."""
+                            accepted: asyncio.Event) -> Union[str, object, tuple[Optional[Group], str]]:
+        """The outcome of one join stream: ``(group, reason)``, the peer id to follow instead, or
+        :data:`CUT_STREAM`."""
         checked = self.verifier is None
         async for reply in stream:
             if not checked:  # one stream is one authenticated connection: its first reply vouches
@@ -252,7 +295,7 @@ class GroupJoin:
             if reply.code == JoinReply.NOT_A_LEADER and reply.suggested_leader not in ("", leader, self.peer_id):
                 return reply.suggested_leader
             return None, f"leader {leader} refused: {reply.reason or JoinReply.Code.Name(reply.code)}"
-        return None, f"leader {leader} closed the stream without beginning"
+        return CUT_STREAM
 
     def _check_group(self, reply: JoinReply, leader: str) -> tuple[Optional[Group], str]:
         members = tuple(reply.members)

@@ -149,12 +149,15 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
         finally:
             procs.stop(list(procs.procs), timeout=30)
         bpb_before = before.result()
-        if not is_run_dir(resolve_snapshot(out / "archive")):
+        if is_run_dir(resolve_snapshot(out / "archive")):
+            bpb_after, per_path = evaluate_run_dir(out / "archive", dataset, opts.eval_documents)
+        elif interrupted["n"]:  # stopped early: the report says there is nothing trained to score yet
+            bpb_after, per_path = None, {}
+        else:
             raise HivepathError(
                 f"no module finished an averaging round in {opts.minutes:g} minutes of training, so the archive "
                 f"({out / 'archive'}) holds no trained state to score; run longer with --minutes "
                 f"(the logs are in {out / 'logs'})")
-        bpb_after, per_path = evaluate_run_dir(out / "archive", dataset, opts.eval_documents)
         summary = monitor.summary(cfg, opts, bpb_before, bpb_after, per_path, codes)
         summary["report"] = str(out / "report.md")
         write_report(out, summary, monitor)

@@ -120,7 +120,7 @@ class DemoMonitor:
         t.caption = f"module rounds: {rounds or '-'}"
         return t
 
-    def summary(self, cfg: RunConfig, opts: Any, bpb_before: float, bpb_after: float, per_path: dict,
+    def summary(self, cfg: RunConfig, opts: Any, bpb_before: float, bpb_after: Optional[float], per_path: dict,
                 codes: dict) -> dict[str, Any]:
         status = self.last
         tokens = sum(self.peer_tokens.values())
@@ -174,7 +174,8 @@ def write_report(out: Path, summary: dict[str, Any], monitor: DemoMonitor) -> No
         f"{summary['peers']} peers, {summary['minutes']} minutes, {summary['tokens']:,} tokens trained.", "",
         "| metric | value |", "| --- | --- |",
         f"| routed validation bits per byte, before | {summary['bpb_before']:.3f} |",
-        f"| routed validation bits per byte, after | {summary['bpb_after']:.3f} |",
+        "| routed validation bits per byte, after | " + (f"{summary['bpb_after']:.3f} |" if summary["bpb_after"] is not None
+                                                          else "none: stopped before any module finished a round |"),
         f"| bytes exchanged | {summary['bytes_exchanged']:,} |",
         f"| synchronous data-parallel equivalent | {summary['ddp_bytes_equivalent']:,.0f} |",
         f"| reduction | {ratio:,.0f}x |", "",
