@@ -45,10 +45,11 @@ Moving each byte once up and once down the sender's link, this is bandwidth-opti
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
@@ -58,6 +59,7 @@ from peer.averaging.partition import (PIPELINE, Group, fallback_reducer, part_bo
                                       segment_bounds)
 from peer.averaging.quantizers import Codec
 from peer.averaging.reducer import PROBE, GroupState, PartReducer, PartSlot, wait_event
+from peer.network.frames import STREAM_CUT
 from protos.hivepath.peer.v1.net_pb2 import PartHeader, PartReply
 
 __all__ = ["AllReduceOutcome", "ReductionServer", "RESUMES"]
@@ -69,9 +71,6 @@ RESUMES = 24
 A relay between private addresses resets a relayed connection after 128 KiB each way
 (``peer.network.relays``), so two relayed members exchanging a demo-preset module meet a few resets
 a round; a reducer that is gone fails to dial instead, and is not asked more than once more."""
-
-CUT = (EOFError, ConnectionError)
-"""A stream cut mid-way (``asyncio.IncompleteReadError`` is an ``EOFError``): worth asking again."""
 
 
 @dataclass
@@ -229,11 +228,16 @@ class ReductionServer(PartReducer):
                               deadline: float) -> tuple[bytes, list[str]]:
         """Part ``j`` of segment ``s`` to its reducer; between two members behind relays, one part at a
         time (as :meth:`_ask_again`): all of them at once would be cut together by the relay's reset."""
+        async with self._one_at_a_time(state, j, cut=False):
+            return await self._exchange(state, state.group.members[j], s, j, 0, payload, weight, deadline)
+
+    def _one_at_a_time(self, state: GroupState, j: int, cut: bool) -> Any:
+        """The lock our parts to member ``j`` go under when they must go one at a time (the two of us
+        behind relays, or a stream to it already ``cut``), else a no-op."""
         group = state.group
-        if group.relayed and group.relayed[j] and group.relayed[group.members.index(self.peer_id)]:
-            async with state.one_at_a_time.setdefault(group.members[j], asyncio.Lock()):
-                return await self._exchange(state, group.members[j], s, j, 0, payload, weight, deadline)
-        return await self._exchange(state, group.members[j], s, j, 0, payload, weight, deadline)
+        if cut or group.relayed_between(group.members.index(self.peer_id), j):
+            return state.one_at_a_time.setdefault(group.members[j], asyncio.Lock())
+        return contextlib.nullcontext()
 
     async def _ask_again(self, state: GroupState, s: int, j: int, payload: bytes, weight: float, error: Exception,
                          deadline: float) -> tuple[bytes, list[str]]:
@@ -248,14 +252,13 @@ class ReductionServer(PartReducer):
         use it up before any of them got through (measured: no round of a 300k-parameter module between
         two relayed peers completed), while one part at a time gets two or three through per connection."""
         peer = state.group.members[j]
-        lock = state.one_at_a_time.setdefault(peer, asyncio.Lock())
         for attempt in range(RESUMES):
             log.info("part %d.%d of group %s: %r; asking %s again", s, j, state.group.group_id, error, peer[-8:])
             try:
-                async with lock:
+                async with self._one_at_a_time(state, j, cut=True):
                     return await self._exchange(state, peer, s, j, 0, payload, weight, deadline)
             except Exception as e:
-                if not (isinstance(error, CUT) and isinstance(e, CUT)) or time.monotonic() >= deadline:
+                if not (isinstance(error, STREAM_CUT) and isinstance(e, STREAM_CUT)) or time.monotonic() >= deadline:
                     raise
                 error = e
             await asyncio.sleep(min(0.5, 0.05 * 2 ** attempt, max(0.0, deadline - time.monotonic())))

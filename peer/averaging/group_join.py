@@ -30,7 +30,7 @@ from typing import Any, AsyncIterator, NamedTuple, Optional, Union
 
 from peer.averaging.partition import Group
 from peer.network import CredentialProvider, CredentialVerifier
-from peer.network.frames import handler_name, log_limited, serve_messages
+from peer.network.frames import STREAM_CUT, handler_name, log_limited, serve_messages
 from protos.hivepath.peer.v1.net_pb2 import DESCRIPTOR as NET, JoinReply, JoinRequest
 
 JOIN = NET.services_by_name["Averaging"].methods_by_name["Join"]
@@ -141,8 +141,8 @@ class GroupJoin:
             yield JoinReply(code=JoinReply.REFUSED, reason=problem, credential=mine)
             return
         looking = self._looking.get(request.group_key)
-        begun = self._begun.get(request.group_key)
-        if begun is not None and sender in begun.members:  # its stream was cut before it read BEGIN
+        begun = self._begun_with(request.group_key, sender)
+        if begun is not None:  # its stream was cut before it read BEGIN
             yield self._begin_reply(begun, mine)
             await asyncio.sleep(_BEGIN_LINGER)
             return
@@ -159,8 +159,8 @@ class GroupJoin:
             yield JoinReply(code=JoinReply.NOT_A_LEADER, suggested_leader=looking.leader, credential=mine)
             return
         if looking.closed:
-            begun = self._begun.get(request.group_key)
-            if begun is not None and sender in begun.members:
+            begun = self._begun_with(request.group_key, sender)  # it began while we waited
+            if begun is not None:
                 yield self._begin_reply(begun, mine)
                 await asyncio.sleep(_BEGIN_LINGER)
                 return
@@ -183,6 +183,11 @@ class GroupJoin:
         # flight: the follower would miss BEGIN while we count it in. It closes the stream once it
         # has read BEGIN, which cancels this wait.
         await asyncio.sleep(_BEGIN_LINGER)
+
+    def _begun_with(self, key: str, member: str) -> Optional[Group]:
+        """The group we began for ``key`` if ``member`` is in it (it joins again: its stream was cut)."""
+        group = self._begun.get(key)
+        return group if group is not None and member in group.members else None
 
     @staticmethod
     def _begin_reply(group: Group, credential: bytes) -> JoinReply:
@@ -255,7 +260,7 @@ class GroupJoin:
                                                              request, JoinReply)
             try:
                 outcome = await self._read_replies(stream, leader, accepted)
-            except (EOFError, ConnectionError) as e:
+            except STREAM_CUT as e:
                 log.debug("join stream to %s cut (%r): joining again", leader[-8:], e)
                 outcome = CUT_STREAM
             finally:

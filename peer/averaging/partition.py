@@ -116,3 +116,7 @@ class Group:
         """Whether two members that can be dialled only through relays are in the group (their parts
         cross a relay, which resets a connection after 128 KiB: ``peer.network.relays``)."""
         return sum(1 for r in self.relayed if r) >= 2
+
+    def relayed_between(self, i: int, j: int) -> bool:
+        """Whether what members ``i`` and ``j`` send each other crosses a relay (both are relayed)."""
+        return bool(self.relayed) and self.relayed[i] and self.relayed[j]

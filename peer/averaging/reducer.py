@@ -116,8 +116,8 @@ class GroupState:
     served: asyncio.Event = field(default_factory=asyncio.Event)
     suspects: dict[str, str] = field(default_factory=dict)
     one_at_a_time: dict[str, asyncio.Lock] = field(default_factory=dict)
-    """Member -> the lock our parts to it are asked again under, once a stream to it was cut mid-way
-    (see ``ReductionServer._ask_again``)."""
+    """Member -> the lock our parts to it go under one at a time: when both of us are relayed, or once a
+    stream to it was cut mid-way (``ReductionServer._one_at_a_time``)."""
 
     def max_part_bytes(self) -> int:
         """The most bytes an encoded part of this group can take (the largest part, in the group's codec)."""

@@ -39,9 +39,13 @@ from google.protobuf.message import DecodeError, Message
 from models.log_limit import LogLimiter
 
 __all__ = ["MALFORMED", "MalformedFrame", "REFUSED", "read_message", "read_payload", "read_payload_into", "handler_name", "serve",
-           "serve_messages", "send_error", "log_limited", "linger", "MESSAGE_LIMIT", "ERROR_LINGER"]
+           "serve_messages", "send_error", "log_limited", "linger", "MESSAGE_LIMIT", "ERROR_LINGER", "STREAM_CUT"]
 
 log = logging.getLogger(__name__)
+
+STREAM_CUT = (EOFError, ConnectionError)
+"""What a stream cut mid-way raises (``asyncio.IncompleteReadError`` is an ``EOFError``), e.g. by a
+relay's reset (``peer.network.relays``): worth asking again over the next connection."""
 
 MALFORMED = "malformed request"
 """The whole error text sent back for a refused frame: it tells a prober nothing about the parser."""
