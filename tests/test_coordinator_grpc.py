@@ -3,6 +3,8 @@ transparent re-join, TLS, the health service, and fuzzed requests that must neve
 
 from __future__ import annotations
 
+import dataclasses
+
 import datetime
 import math
 import time
@@ -156,6 +158,30 @@ def test_heartbeat_rejoins_transparently_after_the_lease_is_gone(server):
         assert reply.rejoined and reply.join is not None and reply.join.rejoined
         assert client.joined.lease_id != first.lease_id
         assert client.heartbeat().lease_remaining > 0
+    finally:
+        client.close()
+
+
+def test_a_rejoin_that_keeps_the_work_does_not_restart_the_peers_trainer(server):
+    """The coordinator lost our lease (it restarted past its grace) and the re-join kept our path: the
+    peer trains on. Restarting its trainer would withdraw its modules from the DHT for nothing, and
+    holders behind it would stall on the withdrawal (a kill -9 coordinator test saw both)."""
+    from peer.node.join import PeerNode, PeerOptions
+    from peer.node.startup import NetworkOptions
+
+    client = CoordinatorClient(f"127.0.0.1:{server.port}", TOKEN, peer_info(9))
+    node = PeerNode(PeerOptions(NetworkOptions(f"127.0.0.1:{server.port}", TOKEN)))
+    try:
+        first = client.join()
+        node._working = first.assignment
+        server.coordinator.leave(first.lease_id, client.peer.peer_id, "simulated loss")
+        reply = client.heartbeat()
+        assert reply.rejoined and reply.assignment.same_work(first.assignment), (reply.assignment, first.assignment)
+        node._on_heartbeat(reply)
+        assert node._should_stop() is None, "the kept work restarted the trainer"
+        moved = dataclasses.replace(reply.assignment, path=tuple(1 - i for i in reply.assignment.path))
+        node._on_heartbeat(dataclasses.replace(reply, assignment=moved))
+        assert node._should_stop() == "reassigned"  # the control: other work does
     finally:
         client.close()
 

@@ -106,3 +106,36 @@ def test_a_withdrawal_replaces_only_its_writers_record(keys):
         value = {A: Item(withdrawal(good)), other: Item(to_value(HolderRecord(CONFIG, "", 3, 1.0, 1.0)))}
 
     assert set(records_from_value(Found(), HolderRecord)) == {other}, "a withdrawn holder is no holder"
+
+
+def test_a_withdrawal_says_the_round_its_writer_left_at(keys):
+    """A withdrawal carries the round its writer's record announced and that round's config; only a
+    credentialed one of our config is read back (a forged one could hold the others back), and a
+    malformed round makes it no withdrawal."""
+    from peer.network import withdrawal, withdrawn_rounds
+    from peer.network.credentials import CredentialVerifier
+    from peer.network.records import is_withdrawal
+
+    issuer, forger = keys
+    v = AdmissionValidator(RUN_ID, issuer.public_key, ["L0M0"])
+    good = issuer.issue(A, time.time()).encode()
+    assert v.validate(record(holders_key(RUN_ID, "L0M0"), A, withdrawal(good, 12, CONFIG)))
+    assert withdrawal(good, 12, CONFIG)["round"] == 12 and "round" not in withdrawal(good)
+    for bad in (-1, True, 1.5, "3", 2 ** 62):
+        assert not is_withdrawal({"withdrawn": True, "round": bad}), bad
+
+    class Item:
+        def __init__(self, value):
+            self.value = value
+
+    forged_by = "12D3KooWAdmittedPeerCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCC"
+
+    class Found:
+        value = {A: Item(withdrawal(good, 12, CONFIG)), B: Item(withdrawal(good)),
+                 forged_by: Item(withdrawal(forger.issue(forged_by, time.time()).encode(), 40, CONFIG))}
+
+    assert withdrawn_rounds(Found(), CONFIG, "") == {A: 12, forged_by: 40}
+    assert withdrawn_rounds(Found(), CONFIG, "", CredentialVerifier(RUN_ID, issuer.public_key)) == {A: 12}
+    assert withdrawn_rounds(Found(), "12" * 8, "") == {}, "a holder of another config is no holder of ours"
+    assert withdrawn_rounds(Found(), CONFIG, "ab" * 8) == {}, "nor one of another dataset"
+    assert withdrawn_rounds(None, CONFIG, "") == {}

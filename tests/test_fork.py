@@ -16,6 +16,7 @@ from peer.averaging.matchmaking import LONE, Matchmaker
 from peer.outer import state_digest
 from peer.network import HolderRecord, holders_key, to_value
 from peer.averaging.state_transfer import StateServer, StateTransferError, fetch_module_state
+from helpers import wait_for
 from helpers.swarm import loopback_swarm, run
 
 pytestmark = pytest.mark.integration
@@ -157,3 +158,73 @@ def test_a_re_sync_asks_only_holders_at_the_round_it_needs(swarm):
         run(loop, fetch_module_state(d0.dht, p2p0, RUN_ID, "L2M2", CONFIG, PREFIX, d0.peer_id, 20.0, min_round=6))
     got = run(loop, fetch_module_state(d0.dht, p2p0, RUN_ID, "L2M2", CONFIG, PREFIX, d0.peer_id, 20.0, min_round=5))
     assert got.round_no == 5
+
+
+def _store(node, key: str, value: dict) -> None:
+    from hivemind.utils import get_dht_time
+
+    d = node[0]
+    assert d.dht.store(key, value, get_dht_time() + 60, subkey=d.peer_id)
+
+
+def test_a_holder_behind_one_that_left_re_syncs_instead_of_stepping_alone(swarm):
+    """A holder that withdrew (a drain, a trainer restart, a reassignment) announcing round 6 applied
+    round 5 without us: once its record is gone, stepping alone at round 5 would make a second round-5
+    state (the kill -9 coordinator test caught one). Its withdrawal says the round it left at; one that
+    left at our own round never applied it, and holds nobody back."""
+    from peer.network import withdrawal
+
+    nodes, loop, states = swarm
+    mm0, gone = nodes[0][2], nodes[1]
+    _store(gone, holders_key(RUN_ID, "L4M0"), withdrawal(round_no=6, config_hash=CONFIG))
+    match = run(loop, mm0.form_group("L4M0", 5, 4.0, states[0].digest))
+    assert match.group is None and match.reason.startswith("behind: holders that left were at round 6"), match.reason
+    _store(gone, holders_key(RUN_ID, "L4M1"), withdrawal(round_no=5, config_hash=CONFIG))  # the control: it left at our round
+    match = run(loop, mm0.form_group("L4M1", 5, 4.0, states[0].digest))
+    assert match.group is not None and match.group.group_id == LONE, match.reason
+    _store(gone, holders_key(RUN_ID, "L4M3"), withdrawal(round_no=6, config_hash="12" * 8))  # another run config
+    match = run(loop, mm0.form_group("L4M3", 5, 4.0, states[0].digest))
+    assert match.group is not None and match.group.group_id == LONE, match.reason
+
+
+def test_a_lone_holder_behind_the_archive_re_syncs_from_it(swarm):
+    """The archive keeps a round this holder missed (the holders that applied it left since): that is
+    the module's state at that round, so the holder re-syncs to it rather than step alone into another."""
+    from peer.network import ArchiveRecord, archive_key
+
+    nodes, loop, states = swarm
+    mm0, archive = nodes[0][2], nodes[2]
+    _store(archive, archive_key(RUN_ID, "L4M2"), to_value(ArchiveRecord(CONFIG, "", 8)))
+    match = run(loop, mm0.form_group("L4M2", 5, 4.0, states[0].digest))
+    assert match.group is None and match.reason.startswith("behind: the archive keeps round 8"), match.reason
+    match = run(loop, mm0.form_group("L4M2", 9, 4.0, states[0].digest))  # the archive is behind us: alone
+    assert match.group is not None and match.group.group_id == LONE, match.reason
+
+
+def test_a_holder_whose_partner_vanished_does_not_race_ahead_alone(swarm):
+    """A partition: the other holder's record expires without a withdrawal. Stepping alone at once
+    would race this holder ahead one round per inner loop, and at the heal its lone lineage would be
+    the one ahead; it waits two round budgets after it last read the record, then steps alone."""
+    from hivemind.utils import get_dht_time
+    from peer.averaging.matchmaking import BEHIND_PATIENCE_ROUNDS
+    from peer.network import read_records
+
+    nodes, loop, states = swarm
+    mm0, partner = nodes[0][2], nodes[1]
+    budget = 2.0
+    d1 = partner[0]
+    assert d1.dht.store(holders_key(RUN_ID, "L5M0"), to_value(HolderRecord(CONFIG, "", 5, 1.0, 1e6)),
+                        get_dht_time() + 2.0, subkey=d1.peer_id)
+    first = run(loop, mm0.form_group("L5M0", 5, budget, states[0].digest))
+    assert first.group is None and "did not declare in time" in first.reason, first.reason
+    seen_at = time.monotonic()
+    deadline = seen_at + 30.0
+    wait_for(lambda: not read_records(nodes[0][0].dht, holders_key(RUN_ID, "L5M0"), HolderRecord), 30,
+             "the partner's record to expire")
+    match = run(loop, mm0.form_group("L5M0", 5, budget, states[0].digest))
+    assert match.group is None and "vanished without leaving" in match.reason, match.reason
+    while match.group is None and time.monotonic() < deadline:
+        assert "vanished without leaving" in match.reason, match.reason
+        match = run(loop, mm0.form_group("L5M0", 5, budget, states[0].digest))
+    assert match.group is not None and match.group.group_id == LONE, match.reason
+    assert time.monotonic() - seen_at >= BEHIND_PATIENCE_ROUNDS * budget - 0.5

@@ -46,8 +46,9 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 from peer.averaging.group_join import GroupJoin, Looking
 from peer.averaging.partition import Group
-from peer.network import (MAX_EXPECTING, CredentialProvider, CredentialVerifier, GroupDeclaration, HolderRecord,
-                          group_key, holders_key, records_from_value, to_value, withdrawal)
+from peer.network import (MAX_EXPECTING, ArchiveRecord, CredentialProvider, CredentialVerifier, GroupDeclaration,
+                          HolderRecord, archive_key, group_key, holders_key, records_from_value, to_value, withdrawal,
+                          withdrawn_rounds)
 
 __all__ = ["Matchmaker", "Match", "LONE", "BEHIND_PATIENCE_ROUNDS"]
 
@@ -97,6 +98,9 @@ class Matchmaker(GroupJoin):
         """(module, holder behind us) -> (the round its record announces, when we began waiting for it,
         whether we logged giving up on it)."""
         self._declared: dict[str, tuple[str, float]] = {}
+        self._seen: dict[tuple[str, str], float] = {}
+        """(module, other holder) -> when its holder record was last read: a holder whose record
+        vanished without a withdrawal may be cut off from us, not gone (see :meth:`_vanished`)."""
         """module -> (the group key of our last declaration, its DHT expiration)."""
 
     def fetched(self, module_id: str, source: str, round_no: int) -> None:
@@ -123,11 +127,18 @@ class Matchmaker(GroupJoin):
             looking.expires = get_dht_time() + timeout
             self._declared[module_id] = (key, looking.expires)
             await self._declare(looking, self._own_joiners(module_id, round_no, patience))
-            everyone, ahead, same_round, behind, live = await self._gather(module_id, round_no, looking,
-                                                                           gather_deadline, patience, wait_for_behind)
+            everyone, ahead, same_round, behind, live, gone = await self._gather(
+                module_id, round_no, looking, gather_deadline, patience, wait_for_behind)
+            left = max(gone.values(), default=-1)
+            vanished = self._vanished(module_id, live, gone, patience)
             if ahead > round_no:
                 # the group applied rounds we missed: averaging now would fork the replicas
                 return Match(None, f"behind: other holders are at round {ahead}; re-sync from them first")
+            if left > round_no:
+                # holders that left (a drain, a restart, a reassignment) had applied rounds we missed:
+                # stepping now, alone or with others as far behind, would make a second state at those
+                # round numbers. Their withdrawals expire within the holder records' lifetime.
+                return Match(None, f"behind: holders that left were at round {left}; re-sync to it first")
             looking.fetched_from = self._fresh_source(module_id, round_no, live, patience)
             declared = {p: d for p, d in everyone.items() if d.digest == digest}
             fork = self._resolve_fork(key, digest, everyone)
@@ -144,6 +155,12 @@ class Matchmaker(GroupJoin):
                 if waiting:  # they re-sync to us at their next round; stepping alone would keep us out of reach
                     return Match(None, "waiting for holders behind us to catch up ("
                                        + ", ".join(f"{p[-8:]} at round {r}" for p, r in sorted(waiting.items())) + ")")
+                if vanished:  # cut off from us, maybe: stepping alone would race ahead of them, a fork
+                    return Match(None, f"holders {', '.join(p[-8:] for p in vanished)} vanished without leaving "
+                                       f"(cut off?): not stepping alone for {patience:.0f}s after they were last seen")
+                archived = await self._archived_round(module_id)
+                if archived > round_no:  # the archive kept a round we missed (its holders left since)
+                    return Match(None, f"behind: the archive keeps round {archived}; re-sync from it first")
                 gave_up = sorted(p for p in behind if p != self.peer_id)
                 return Match(Group(LONE, (self.peer_id,), (self.bandwidth,), 0.0),
                              f"holders behind us did not catch up ({', '.join(p[-8:] for p in gave_up)})" if gave_up else "")
@@ -164,6 +181,32 @@ class Matchmaker(GroupJoin):
                 if not f.future.done():
                     f.future.set_result(None)
             self._looking.pop(key, None)
+
+    def _vanished(self, module_id: str, live: set[str], gone: dict[str, int], patience: float) -> list[str]:
+        """Holders of ``module_id`` whose record we read less than ``patience`` seconds ago and no
+        longer read, with no withdrawal in its place: cut off from us by a partition, or dead
+        (``kill -9``, a lost machine). A member that stepped alone meanwhile would race ahead of them,
+        one round per inner loop, and at the heal its lone lineage, further ahead, would win over
+        theirs; so it keeps training on its own progress and steps alone only once they have been
+        silent for ``patience``."""
+        now = time.monotonic()
+        for peer in live:
+            self._seen[(module_id, peer)] = now
+        out = []
+        for (mid, peer), seen in list(self._seen.items()):
+            if mid != module_id or peer in live:
+                continue
+            if peer in gone or now - seen >= patience:
+                del self._seen[(mid, peer)]  # it left, or stayed silent long enough
+            else:
+                out.append(peer)
+        return sorted(out)
+
+    async def _archived_round(self, module_id: str) -> int:
+        """The most advanced round an archive of our config keeps of ``module_id`` (-1: none)."""
+        found = await self.dht.get(archive_key(self.run_id, module_id), latest=True, return_future=True)
+        return max((a.round_no for p, a in records_from_value(found, ArchiveRecord, self.verifier).items()
+                    if p != self.peer_id and not self._mismatch(p, a.config_hash, a.data_hash)), default=-1)
 
     def _own_joiners(self, module_id: str, round_no: int, patience: float) -> frozenset[str]:
         """Peers that fetched ``round_no`` of ``module_id`` from us in the last ``patience`` seconds to average it."""
@@ -234,11 +277,11 @@ class Matchmaker(GroupJoin):
 
     async def _gather(self, module_id: str, round_no: int, looking: Looking, deadline: float, patience: float,
                       wait_for_behind: bool) -> tuple[dict[str, GroupDeclaration], int, set[str], dict[str, int],
-                                                      set[str]]:
+                                                      set[str], dict[str, int]]:
         """Other members' valid declarations, read until every live holder at this round declared or
         ``deadline``; also the highest round any other live holder announces, the other holders at our
-        round, those behind it (peer -> round) and every other live holder. Holders that declared are never
-        counted as ahead.
+        round, those behind it (peer -> round), every other live holder, and the holders that withdrew
+        (peer -> the round they announced when they left). Holders that declared are never counted as ahead.
 
         A peer that fetched this round's state from us in the last ``patience`` seconds to average it
         (a newcomer, a re-syncing member) counts as a holder at this round even before its holder
@@ -294,5 +337,7 @@ class Matchmaker(GroupJoin):
                 missing = sorted(expected - set(declared))
                 if missing:
                     log.info("%s: holders %s did not declare by the gather deadline", key, ", ".join(missing))
-                return declared, ahead, expected, behind, set(live)
+                gone = withdrawn_rounds(holders, self.config_hash, self.data_hash, self.verifier)
+                gone.pop(self.peer_id, None)
+                return declared, ahead, expected, behind, set(live), gone
             await asyncio.sleep(_POLL)

@@ -231,8 +231,10 @@ class NetAverager:
         with self._held_lock:
             held = self._held.pop(module_id, None)
             archived = self._archived.pop(module_id, None)
-        keys = ([holders_key(self.run_id, module_id)] if held is not None else []) + \
-               ([archive_key(self.run_id, module_id)] if archived is not None else [])
+        # each key's withdrawal says the round we left at: holders still behind it re-sync instead of
+        # stepping alone into a second state at a round we already applied
+        keys = ([(holders_key(self.run_id, module_id), held[0])] if held is not None else []) + \
+               ([(archive_key(self.run_id, module_id), archived)] if archived is not None else [])
         if not keys or self._stopping.is_set() or not self._loop.is_running():
             return
         try:
@@ -241,15 +243,16 @@ class NetAverager:
             log.info("could not withdraw our records of %s (%r); they expire within %.0fs", module_id, e,
                      self.holder_ttl)
 
-    async def _withdraw(self, module_id: str, keys: list[str]) -> None:
+    async def _withdraw(self, module_id: str, keys: list[tuple[str, int]]) -> None:
         from hivemind.utils import get_dht_time
 
         # a later expiration than the record's own (refreshed to now + holder_ttl) replaces it on every node
         # later than the record's own expiration (the DHT keeps the value of the later one)
         expires = max(get_dht_time() + self.holder_ttl, self._expires.get(module_id, 0.0)) + 1.0
         self._withdrawn[module_id] = expires  # a later hold must outlive it (see _publish)
-        value = withdrawal(self._credential())
-        await asyncio.gather(*(self.dht.store(k, value, expires, subkey=self.peer_id, return_future=True) for k in keys),
+        credential = self._credential()
+        await asyncio.gather(*(self.dht.store(k, withdrawal(credential, r, self.config_hash, self.data_hash), expires,
+                                              subkey=self.peer_id, return_future=True) for k, r in keys),
                              self._matchmaker.withdraw(module_id))
 
     def release_all(self, timeout: float = WITHDRAW_TIMEOUT) -> None:

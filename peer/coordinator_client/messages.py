@@ -103,6 +103,12 @@ class WorkAssignment:
         mode = {pb.MODE_PATH: "path", pb.MODE_ARCHIVE: "archive"}.get(m.mode, "stage")
         return cls(mode, tuple(m.path), m.module_id, tuple(m.module_ids), m.inner_steps, m.codec, m.reason, m.version)
 
+    def same_work(self, other: "WorkAssignment") -> bool:
+        """True when ``other`` asks for exactly this work (mode, path or module, H and codec), whatever
+        its reason and version say: a re-join that kept the peer's assignment."""
+        fields = ("mode", "path", "module_id", "module_ids", "inner_steps", "codec")
+        return all(getattr(self, f) == getattr(other, f) for f in fields)
+
     def label(self) -> str:
         if self.mode == "path":
             return "path " + ",".join(map(str, self.path))

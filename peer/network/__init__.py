@@ -37,6 +37,7 @@ from peer.network.records import (
     refresh_until,
     to_value,
     withdrawal,
+    withdrawn_rounds,
 )
 
 __all__ = [
@@ -45,5 +46,6 @@ __all__ = [
     "peer_id_of", "MAX_EXPECTING", "ArchiveRecord", "GroupDeclaration", "HolderRecord", "archive_key", "group_bucket",
     "group_buckets", "group_key",
     "holders_key", "is_peer_id", "parse_record", "read_records", "records_from_value", "refresh_until", "to_value", "withdrawal",
+    "withdrawn_rounds",
     "circuit_addrs",
 ]

@@ -20,9 +20,13 @@ Record types:
   it" (an archive peer: it serves newcomers but never averages). Subkey: the archive's peer id.
 
 A peer that stops holding a module (a drain, a leave, a reassignment) overwrites its record under any
-of these keys with a :func:`withdrawal` (``{"withdrawn": true, "credential": ...}``, stored with a
-later expiration so it replaces the record at once): readers drop it without a word, so the others
-stop waiting for the peer now instead of when its record would have expired.
+of these keys with a :func:`withdrawal` (``{"withdrawn": true, "credential": ..., "round": R}``, stored
+with a later expiration so it replaces the record at once; it also names the config and dataset
+hashes of that round): readers drop it as a record, so the others
+stop waiting for the peer now instead of when its record would have expired. The round it left at
+stays readable (:func:`withdrawn_rounds`) until the withdrawal expires: a holder still at an earlier
+round learns that the module moved on without it, and re-syncs instead of stepping alone into a second
+state at the round the leaver already applied.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ __all__ = [
     "to_value",
     "withdrawal",
     "is_withdrawal",
+    "withdrawn_rounds",
     "WITHDRAWN",
 ]
 
@@ -275,19 +280,51 @@ WITHDRAWN = "withdrawn"
 """The field that marks a :func:`withdrawal`."""
 
 
-def withdrawal(credential: bytes = b"") -> dict[str, Any]:
+def withdrawal(credential: bytes = b"", round_no: int = -1, config_hash: str = "", data_hash: str = "") -> dict[str, Any]:
     """The value that replaces one of our records when we stop holding it: readers drop it
-    (:func:`records_from_value`); ``credential``: ours, for the DHT's admission check."""
+    (:func:`records_from_value`); ``credential``: ours, for the DHT's admission check; ``round_no``:
+    the round our record announced when we left (-1: none), read back by :func:`withdrawn_rounds`
+    together with the config and dataset hashes it belongs to."""
     value: dict[str, Any] = {WITHDRAWN: True}
     if credential:
         value["credential"] = credential
+    if round_no >= 0:
+        value.update(round=int(round_no), config_hash=config_hash, data_hash=data_hash)
     return value
 
 
+_WITHDRAWAL_FIELDS = {WITHDRAWN, "credential", "round", "config_hash", "data_hash"}
+
+
 def is_withdrawal(value: Any) -> bool:
-    """True for a :func:`withdrawal` value (exactly its fields, ``withdrawn`` true)."""
-    return (isinstance(value, Mapping) and value.get(WITHDRAWN) is True and set(value) <= {WITHDRAWN, "credential"}
-            and isinstance(value.get("credential", b""), bytes))
+    """True for a :func:`withdrawal` value (only its fields, ``withdrawn`` true, each well-typed)."""
+    if not (isinstance(value, Mapping) and value.get(WITHDRAWN) is True and set(value) <= _WITHDRAWAL_FIELDS):
+        return False
+    round_no = value.get("round", 0)
+    return (isinstance(value.get("credential", b""), bytes) and isinstance(round_no, int)
+            and not isinstance(round_no, bool) and 0 <= round_no < 2 ** 62
+            and all(isinstance(value.get(k, ""), str) and len(value.get(k, "")) <= 64
+                    for k in ("config_hash", "data_hash")))
+
+
+def withdrawn_rounds(found: Any, config_hash: str, data_hash: str,
+                     verifier: Optional["CredentialVerifier"] = None) -> dict[str, int]:
+    """Peer id -> the round it announced when it withdrew, for every :func:`withdrawal` of a holder
+    of ``config_hash`` and ``data_hash`` in the result of a DHT get (a dictionary of subkeys); with a
+    ``verifier``, only withdrawals with a valid credential for their subkey's peer id (a forged one
+    could hold the others back)."""
+    entries = getattr(found, "value", None)
+    if not isinstance(entries, dict):
+        return {}
+    out: dict[str, int] = {}
+    for subkey, item in entries.items():
+        value = getattr(item, "value", None)
+        if (not is_withdrawal(value) or "round" not in value or not is_peer_id(subkey)
+                or (value.get("config_hash"), value.get("data_hash")) != (config_hash, data_hash)):
+            continue
+        if verifier is None or verifier.admits(value.get("credential", b""), subkey, "withdrawal"):
+            out[subkey] = value["round"]
+    return out
 
 
 def to_value(record: Any) -> dict[str, Any]:

@@ -109,6 +109,7 @@ class PeerNode:
         self._stop = threading.Event()
         self._stop_reason = ""
         self._reassign: Optional[WorkAssignment] = None
+        self._working: Optional[WorkAssignment] = None  # the assignment being trained or served now
         self._lock = threading.Lock()
         self._work_started = time.monotonic()
         self._share: Optional[MachineShare] = None
@@ -160,8 +161,17 @@ class PeerNode:
             self.request_stop(f"drained by the coordinator: {reply.drain_reason or 'no reason given'}")
         elif reply.assignment is not None:
             with self._lock:
-                self._reassign = reply.assignment
-            log.info("reassigned to %s (%s)", reply.assignment.label(), reply.assignment.reason)
+                working = self._working
+                if working is not None and reply.assignment.same_work(working):
+                    # a re-join (the coordinator lost our lease, e.g. it restarted) that kept our work:
+                    # restarting the trainer would drop our modules from the DHT for nothing
+                    self._reassign = None
+                else:
+                    self._reassign = reply.assignment
+            if self._reassign is None:
+                log.info("the coordinator kept our work: %s (%s)", reply.assignment.label(), reply.assignment.reason)
+            else:
+                log.info("reassigned to %s (%s)", reply.assignment.label(), reply.assignment.reason)
 
     def _should_stop(self) -> Optional[str]:
         self.status.mark_loop()
@@ -337,6 +347,8 @@ class PeerNode:
             if assignment.mode not in ("path", "stage"):
                 raise UnsupportedAssignment(f"the coordinator assigned {assignment.label()}, which a training peer "
                                             "cannot do; run 'hivepath archive' for an archive peer")
+            with self._lock:
+                self._working = assignment
             outer = assignment.outer_config(cfg.outer)  # H and codec as the coordinator decided them
             self.status.mode = assignment.mode
             self._work_started = time.monotonic()

@@ -54,6 +54,23 @@ are then means of at least three readings each, not single noisy ones (a peer ki
 twice can reach the end of a scenario having printed only three)."""
 
 
+def round_story(net, names: Iterable[str], mismatches: list[str], limit: int = 60) -> str:
+    """What each process logged about the (module, round)s of ``mismatches`` (``head round 11: ...``)
+    and the rounds next to them, and when it was told to stop: how a fork came about, in a CI log."""
+    import re
+
+    wanted = {(m, int(r)) for m, r in re.findall(r"^(\w+) round (\d+):", "\n".join(mismatches), re.M)}
+    marks = [f" {m} r{r}" for mid, rr in wanted for m, r in ((mid, rr - 1), (mid, rr), (mid, rr + 1))]
+    marks += [f"_{m}_r{r}_" for m, r in wanted] + [f"module {m} round {r}" for m, r in wanted]
+    marks += [f"fetched {m} at round" for m, _ in wanted] + [f"module {m}:" for m, _ in wanted] + ["stopping:"]
+    out = []
+    for name in names:
+        lines = [line[:400] for line in net.procs.log(name).splitlines() if any(k in line for k in marks)]
+        if lines:
+            out.append(f"----- {name}\n" + "\n".join(lines[-limit:]))
+    return ("\nwhat the processes logged about those rounds:\n" + "\n".join(out)) if out else ""
+
+
 def finish_and_check(net, peers: Iterable[str], roots: list[Path], exit_timeout: float = 60.0,
                      min_round: Optional[dict[str, int]] = None, min_pairs: int = 1,
                      others: Iterable[str] = ("archive", "coordinator")) -> dict:
@@ -76,7 +93,8 @@ def finish_and_check(net, peers: Iterable[str], roots: list[Path], exit_timeout:
     assert not hung, f"hung (no exit within {exit_timeout:.0f}s of SIGTERM): {hung}"
     assert all(c == 0 for c in codes.values()), (codes, {n: net.procs.log(n)[-1500:] for n, c in codes.items() if c})
     check = replica_check(roots, min_round)
-    assert not check.mismatches, "replicas differ at equal rounds:\n" + "\n".join(check.mismatches[:10])
+    assert not check.mismatches, ("replicas differ at equal rounds:\n" + "\n".join(check.mismatches[:10])
+                                  + round_story(net, [*peers, *others], check.mismatches))
     assert check.pairs >= min_pairs, f"only {check.pairs} (module, round) pairs to compare"
     acked, held = acknowledged_rounds(roots), held_rounds(roots)
     lost = rounds_lost(acked, held)
