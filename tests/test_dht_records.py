@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 
@@ -95,3 +96,51 @@ def test_reading_a_real_dht_keeps_only_valid_records(caplog):
         assert found == {a.peer_id: HolderRecord("ab12", "", 1, 5.0, 9.0)}
         assert "round_no='many'" in caplog.text and "subkey is not a peer id" in caplog.text
         assert read_records(a.dht, holders_key("tiny", "L1M1"), HolderRecord) == {}
+
+
+async def _in_routing_table(peer_id, _dht, node) -> bool:
+    return peer_id in node.protocol.routing_table
+
+
+async def _drop_from_routing_table(peer_id, _dht, node) -> None:
+    table = node.protocol.routing_table
+    del table[table.get(peer_id=peer_id)]
+
+
+def test_a_peer_cut_off_from_the_coordinator_re_connects_from_the_last_peer_list():
+    """``keep_connected`` after a partition: the coordinator's client is still retrying (its answer
+    would come long after the heal), so the check dials the peer list the coordinator gave last.
+    Without that the two halves stayed apart until the client's backoff ran out (18 s in bench.chaos)."""
+    import threading
+
+    from helpers import wait_for
+    from peer.network import DHTOptions, start_dht
+
+    opts = DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    answered, stalled = threading.Event(), threading.Event()
+    with start_dht(opts) as a, start_dht(opts) as b:
+        listed = b.maddrs()
+
+        def source():
+            if answered.is_set():  # later asks: a coordinator that does not answer (until the test ends)
+                stalled.wait(60)
+                raise ConnectionError("coordinator unreachable")
+            answered.set()
+            return listed
+
+        def knows_b() -> bool:
+            return a.dht.run_coroutine(functools.partial(_in_routing_table, b.dht.peer_id))
+
+        def forget_b() -> None:
+            a.dht.run_coroutine(functools.partial(_drop_from_routing_table, b.dht.peer_id))
+
+        try:
+            a.keep_connected(source, interval=600)  # only pokes wake it
+            a.poke()
+            wait_for(knows_b, 30, "the first check to connect to b")
+            forget_b()  # the partition: a dropped b from its routing table
+            assert not knows_b()
+            a.poke()  # an isolated round: the check runs while the coordinator stalls
+            wait_for(knows_b, 30, "a to find b again from the last list")
+        finally:
+            stalled.set()

@@ -114,24 +114,35 @@ class PeerDHT:
         """Every ``interval`` seconds, ping the peers ``source()`` names (the coordinator's current peer
         list) that are missing from our routing table. A DHT node forgets peers it could not reach,
         so after a network partition heals, or when every peer it knew has restarted, the two sides
-        of the swarm would never find each other again; this re-merges them within ``interval``."""
+        of the swarm would never find each other again; this re-merges them within ``interval``
+        (within :data:`_MIN_RECONNECT_GAP` of a :meth:`poke`).
+
+        ``source()`` is given :data:`_PEER_LIST_WAIT` seconds: a cut-off peer's coordinator client
+        can be retrying for a minute, and waiting out its backoff after the heal kept a cut-off
+        peer apart for 18 s. Meanwhile the last list it answered is used."""
         if self._keeper is not None:
             return
 
         def loop() -> None:
+            known: list[str] = []
+            asked: Optional[_Asked] = None
             while not self._stopping.is_set():
                 self._poked.wait(interval)
                 self._poked.clear()
                 if self._stopping.wait(_MIN_RECONNECT_GAP):  # also rate-limits pokes
                     return
-                try:
-                    maddrs = source()
-                except Exception as e:  # the coordinator may be down: the DHT goes on as it is
-                    log.debug("no peer list to re-connect to: %r", e)
+                asked = asked or _Asked(source)
+                if asked.done.wait(_PEER_LIST_WAIT):
+                    if asked.error is None:
+                        known = asked.value
+                    else:  # the coordinator may be down: the last list it gave, if any
+                        log.debug("no peer list to re-connect to: %r", asked.error)
+                    asked = None
+                if not known:
                     continue
                 if self._stopping.is_set() or not self.dht.is_alive():
                     return
-                found = self.connect(maddrs, timeout=min(15.0, interval), only_missing=True)
+                found = self.connect(known, timeout=min(_RECONNECT_TIMEOUT, interval), only_missing=True)
                 if found:
                     log.info("re-connected to %d peer(s) missing from the DHT routing table", found)
 
@@ -236,8 +247,33 @@ class _partial_connect:
         return sum(1 for r in results if r is True)
 
 
-_MIN_RECONNECT_GAP = 5.0
+_MIN_RECONNECT_GAP = 2.0
 """Seconds between two re-connection checks, however often :meth:`PeerDHT.poke` is called."""
+
+_PEER_LIST_WAIT = 2.0
+"""Seconds a re-connection check waits for the coordinator's peer list before it uses the last one."""
+
+_RECONNECT_TIMEOUT = 8.0
+"""Seconds a re-connection check gives the missing peers to answer (a dial and a ping)."""
+
+
+class _Asked:
+    """One call of a peer-list source in a daemon thread (it may block for its whole retry budget;
+    a daemon thread never holds up the process's exit)."""
+
+    def __init__(self, source: Callable[[], Sequence[str]]):
+        self.done = threading.Event()
+        self.value: list[str] = []
+        self.error: Optional[BaseException] = None
+        threading.Thread(target=self._run, args=(source,), name="dht-peer-list", daemon=True).start()
+
+    def _run(self, source: Callable[[], Sequence[str]]) -> None:
+        try:
+            self.value = list(source())
+        except Exception as e:
+            self.error = e
+        finally:
+            self.done.set()
 
 
 def unwrap_dht(dht: Any) -> Any:
