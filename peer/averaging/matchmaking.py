@@ -98,10 +98,10 @@ class Matchmaker(GroupJoin):
         """(module, holder behind us) -> (the round its record announces, when we began waiting for it,
         whether we logged giving up on it)."""
         self._declared: dict[str, tuple[str, float]] = {}
+        """module -> (the group key of our last declaration, its DHT expiration)."""
         self._seen: dict[tuple[str, str], float] = {}
         """(module, other holder) -> when its holder record was last read: a holder whose record
         vanished without a withdrawal may be cut off from us, not gone (see :meth:`_vanished`)."""
-        """module -> (the group key of our last declaration, its DHT expiration)."""
 
     def fetched(self, module_id: str, source: str, round_no: int) -> None:
         """We took ``module_id``'s state at ``round_no`` from ``source`` to average it: at that round our

@@ -20,13 +20,12 @@ Record types:
   it" (an archive peer: it serves newcomers but never averages). Subkey: the archive's peer id.
 
 A peer that stops holding a module (a drain, a leave, a reassignment) overwrites its record under any
-of these keys with a :func:`withdrawal` (``{"withdrawn": true, "credential": ..., "round": R}``, stored
-with a later expiration so it replaces the record at once; it also names the config and dataset
-hashes of that round): readers drop it as a record, so the others
-stop waiting for the peer now instead of when its record would have expired. The round it left at
-stays readable (:func:`withdrawn_rounds`) until the withdrawal expires: a holder still at an earlier
-round learns that the module moved on without it, and re-syncs instead of stepping alone into a second
-state at the round the leaver already applied.
+of these keys with a :func:`withdrawal` (``{"withdrawn": true, "credential": ..., "round": R}`` and the
+config and dataset hashes of that round, stored with a later expiration so it replaces the record at
+once): readers drop it as a record, so the others stop waiting for the peer now instead of when its
+record would have expired. The round it left at stays readable (:func:`withdrawn_rounds`) until the
+withdrawal expires: a holder still at an earlier round learns that the module moved on without it,
+and re-syncs instead of stepping alone into a second state at the round the leaver already applied.
 """
 
 from __future__ import annotations

@@ -161,14 +161,11 @@ class PeerNode:
             self.request_stop(f"drained by the coordinator: {reply.drain_reason or 'no reason given'}")
         elif reply.assignment is not None:
             with self._lock:
-                working = self._working
-                if working is not None and reply.assignment.same_work(working):
-                    # a re-join (the coordinator lost our lease, e.g. it restarted) that kept our work:
-                    # restarting the trainer would drop our modules from the DHT for nothing
-                    self._reassign = None
-                else:
-                    self._reassign = reply.assignment
-            if self._reassign is None:
+                # a re-join (the coordinator lost our lease, e.g. it restarted) that kept our work:
+                # restarting the trainer would drop our modules from the DHT for nothing
+                kept = self._working is not None and reply.assignment.same_work(self._working)
+                self._reassign = None if kept else reply.assignment
+            if kept:
                 log.info("the coordinator kept our work: %s (%s)", reply.assignment.label(), reply.assignment.reason)
             else:
                 log.info("reassigned to %s (%s)", reply.assignment.label(), reply.assignment.reason)
