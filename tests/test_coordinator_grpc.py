@@ -177,6 +177,15 @@ def test_a_rejoin_that_keeps_the_work_does_not_restart_the_peers_trainer(server)
         server.coordinator.leave(first.lease_id, client.peer.peer_id, "simulated loss")
         reply = client.heartbeat()
         assert reply.rejoined and reply.assignment.same_work(first.assignment), (reply.assignment, first.assignment)
+        # the matchmaker's "in touch with the coordinator since": from the re-join (the lease had lapsed)
+        since = client.contact_since()
+        assert since is not None and since >= client.answered_at - 1.0
+        client.heartbeat()
+        assert client.contact_since() == since  # unbroken
+        client.answered_at -= client._contact_gap() + 1.0  # a heartbeat retried for longer than the gap
+        assert client.contact_since() is None
+        client.heartbeat()
+        assert client.contact_since() > since  # in touch again, from now
         node._on_heartbeat(reply)
         assert node._should_stop() is None, "the kept work restarted the trainer"
         moved = dataclasses.replace(reply.assignment, path=tuple(1 - i for i in reply.assignment.path))

@@ -202,9 +202,10 @@ def test_a_lone_holder_behind_the_archive_re_syncs_from_it(swarm):
 
 
 def test_a_holder_whose_partner_vanished_does_not_race_ahead_alone(swarm):
-    """A partition: the other holder's record expires without a withdrawal. Stepping alone at once
-    would race this holder ahead one round per inner loop, and at the heal its lone lineage would be
-    the one ahead; it waits two round budgets after it last read the record, then steps alone."""
+    """A partition: the other holder's record expires without a withdrawal, and the coordinator does
+    not answer us either (the matchmaker's default: not known to). Stepping alone at once would race
+    this holder ahead one round per inner loop, and at the heal its lone lineage would be the one
+    ahead; it waits two round budgets after it last read the record, then steps alone."""
     from hivemind.utils import get_dht_time
     from peer.averaging.matchmaking import BEHIND_PATIENCE_ROUNDS
     from peer.network import read_records
@@ -223,8 +224,37 @@ def test_a_holder_whose_partner_vanished_does_not_race_ahead_alone(swarm):
              "the partner's record to expire")
     match = run(loop, mm0.form_group("L5M0", 5, budget, states[0].digest))
     assert match.group is None and "vanished without leaving" in match.reason, match.reason
+    assert "out of touch with the coordinator" in match.reason, match.reason
     while match.group is None and time.monotonic() < deadline:
         assert "vanished without leaving" in match.reason, match.reason
         match = run(loop, mm0.form_group("L5M0", 5, budget, states[0].digest))
     assert match.group is not None and match.group.group_id == LONE, match.reason
     assert time.monotonic() - seen_at >= BEHIND_PATIENCE_ROUNDS * budget - 0.5
+
+
+def test_a_holder_that_still_reaches_the_coordinator_steps_alone_when_its_partner_vanished(swarm):
+    """The control of the test above: the coordinator has answered us without a break since before
+    the partner's record vanished, so the partner is the one cut off (or killed), and we step alone
+    at once as the only live holder."""
+    from hivemind.utils import get_dht_time
+    from peer.network import read_records
+
+    nodes, loop, states = swarm
+    mm0, partner = nodes[0][2], nodes[1]
+    d1 = partner[0]
+    assert d1.dht.store(holders_key(RUN_ID, "L5M1"), to_value(HolderRecord(CONFIG, "", 5, 1.0, 1e6)),
+                        get_dht_time() + 2.0, subkey=d1.peer_id)
+    first = run(loop, mm0.form_group("L5M1", 5, 2.0, states[0].digest))
+    assert first.group is None and "did not declare in time" in first.reason, first.reason
+    wait_for(lambda: not read_records(nodes[0][0].dht, holders_key(RUN_ID, "L5M1"), HolderRecord), 30,
+             "the partner's record to expire")
+    try:
+        mm0.in_touch_since = lambda: 0.0  # in touch since long before
+        match = run(loop, mm0.form_group("L5M1", 5, 2.0, states[0].digest))
+        assert match.group is not None and match.group.group_id == LONE, match.reason
+        back = time.monotonic()  # in touch again only since the partner vanished: a heal, we were cut off
+        mm0.in_touch_since = lambda: back
+        match = run(loop, mm0.form_group("L5M1", 6, 2.0, states[0].digest))
+        assert match.group is None and "out of touch with the coordinator" in match.reason, match.reason
+    finally:
+        mm0.in_touch_since = lambda: None

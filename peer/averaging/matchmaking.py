@@ -83,15 +83,19 @@ class Matchmaker(GroupJoin):
     def __init__(self, dht: Any, p2p: Any, peer_id: str, run_id: str, config_hash: str, data_hash: str,
                  bandwidth: float, prefix: str, credential: Optional[CredentialProvider] = None,
                  verifier: Optional[CredentialVerifier] = None,
-                 joiners: Optional[Callable[[str, float], Mapping[str, int]]] = None, relayed: bool = False):
+                 joiners: Optional[Callable[[str, float], Mapping[str, int]]] = None, relayed: bool = False,
+                 in_touch_since: Optional[Callable[[], Optional[float]]] = None):
         """``credential`` returns this peer's current credential; ``verifier`` checks everyone
         else's (both None: an open run, no admission checks). ``joiners(module_id, within)``: the peers
         that fetched the module's state from us in the last ``within`` seconds to average it, and the
-        round we sent (:meth:`peer.averaging.state_transfer.StateServer.joiners`)."""
+        round we sent (:meth:`peer.averaging.state_transfer.StateServer.joiners`). ``in_touch_since()``:
+        since when (monotonic) the run's coordinator has answered us without a break, None while it
+        does not (the default: never known); see :meth:`_vanished`."""
         super().__init__(p2p, peer_id, config_hash, data_hash, bandwidth, prefix, credential, verifier, relayed)
         self.dht = dht
         self.run_id = run_id
         self.joiners = joiners or (lambda module_id, within: {})
+        self.in_touch_since = in_touch_since or (lambda: None)
         self._sources: dict[str, tuple[str, int, float]] = {}
         """module -> (the peer we last fetched its state from, the round of that state, when)."""
         self._behind_since: dict[tuple[str, str], tuple[int, float, bool]] = {}
@@ -155,9 +159,11 @@ class Matchmaker(GroupJoin):
                 if waiting:  # they re-sync to us at their next round; stepping alone would keep us out of reach
                     return Match(None, "waiting for holders behind us to catch up ("
                                        + ", ".join(f"{p[-8:]} at round {r}" for p, r in sorted(waiting.items())) + ")")
-                if vanished:  # cut off from us, maybe: stepping alone would race ahead of them, a fork
-                    return Match(None, f"holders {', '.join(p[-8:] for p in vanished)} vanished without leaving "
-                                       f"(cut off?): not stepping alone for {patience:.0f}s after they were last seen")
+                since = self.in_touch_since()
+                if vanished and (since is None or since > min(vanished.values())):  # we may be the one cut off
+                    return Match(None, f"holders {', '.join(p[-8:] for p in sorted(vanished))} vanished without leaving "
+                                       f"while we were out of touch with the coordinator (cut off?): not stepping alone for "
+                                       f"{patience:.0f}s after they were last seen")
                 archived = await self._archived_round(module_id)
                 if archived > round_no:  # the archive kept a round we missed (its holders left since)
                     return Match(None, f"behind: the archive keeps round {archived}; re-sync from it first")
@@ -182,25 +188,28 @@ class Matchmaker(GroupJoin):
                     f.future.set_result(None)
             self._looking.pop(key, None)
 
-    def _vanished(self, module_id: str, live: set[str], gone: dict[str, int], patience: float) -> list[str]:
+    def _vanished(self, module_id: str, live: set[str], gone: dict[str, int], patience: float) -> dict[str, float]:
         """Holders of ``module_id`` whose record we read less than ``patience`` seconds ago and no
         longer read, with no withdrawal in its place: cut off from us by a partition, or dead
-        (``kill -9``, a lost machine). A member that stepped alone meanwhile would race ahead of them,
-        one round per inner loop, and at the heal its lone lineage, further ahead, would win over
-        theirs; so it keeps training on its own progress and steps alone only once they have been
-        silent for ``patience``."""
+        (``kill -9``, a lost machine); each with when we last read its record. If we are the one cut
+        off, stepping alone would race us ahead of them, one round per inner loop, and at the heal our
+        lone lineage, further ahead, would win over theirs; so we keep training on our own progress
+        and step alone only once they have been silent for ``patience``. Where the coordinator has
+        answered us without a break since before they vanished, they are the ones gone, and we step
+        alone at once as the only live holder (a cut-off peer reaches the coordinator again a few
+        seconds after the heal, before its DHT finds the others: contact alone does not say it)."""
         now = time.monotonic()
         for peer in live:
             self._seen[(module_id, peer)] = now
-        out = []
+        out = {}
         for (mid, peer), seen in list(self._seen.items()):
             if mid != module_id or peer in live:
                 continue
             if peer in gone or now - seen >= patience:
                 del self._seen[(mid, peer)]  # it left, or stayed silent long enough
             else:
-                out.append(peer)
-        return sorted(out)
+                out[peer] = seen
+        return out
 
     async def _archived_round(self, module_id: str) -> int:
         """The most advanced round an archive of our config keeps of ``module_id`` (-1: none)."""

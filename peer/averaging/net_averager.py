@@ -128,6 +128,11 @@ class NetAverager:
         self._aggregation = aggregation
         self.on_suspect = on_suspect
         self.on_isolated: Optional[Callable[[], None]] = None
+        self.coordinator_contact: Optional[Callable[[], Optional[float]]] = None
+        """Since when (monotonic) the run's coordinator has answered every heartbeat, None while it
+        does not. Holders whose records vanished after that are the ones cut off (or dead), and we
+        may step alone as their only live holder; otherwise we may be the one cut off, and do not
+        (see the matchmaker's ``_vanished``). ``peer.node`` sets it from the coordinator client."""
         """Called when a round found no other holder to average with (a lone round, or declared
         holders that never joined): we may be cut off from part of the swarm. ``peer.node`` sets it to
         ``PeerDHT.poke`` so the DHT re-checks its routing table against the coordinator's peers."""
@@ -167,7 +172,8 @@ class NetAverager:
         self._matchmaker = Matchmaker(self.dht, self._p2p, self.peer_id, self.run_id, self.config_hash,
                                       self.data_hash, self.bandwidth, self.prefix, credential=self._credential,
                                       verifier=self._verifier, joiners=self._state_server.joiners,
-                                      relayed=self.relayed)
+                                      relayed=self.relayed,
+                                      in_touch_since=lambda: self.coordinator_contact and self.coordinator_contact())
         await self._server.start()
         await self._matchmaker.start()
         await self._state_server.start()

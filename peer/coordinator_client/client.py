@@ -93,6 +93,10 @@ class CoordinatorClient:
         self._stub = pb_grpc.CoordinatorStub(self._channel)
         self.joined: Optional[JoinInfo] = None
         self.assignment_version = 0
+        self.answered_at: Optional[float] = None
+        """When (monotonic) the coordinator last answered a join or heartbeat; None before the first."""
+        self.in_contact_since: Optional[float] = None
+        """Since when (monotonic) every heartbeat was answered; None after a failed one, until the next."""
         self._credential = b""
         self._reporter: Optional[Any] = None
         self._thread: Optional[threading.Thread] = None
@@ -140,6 +144,7 @@ class CoordinatorClient:
             self.joined = info
             self.assignment_version = info.assignment.version
             self._credential = info.credential
+        self._answered_now()
         log.info("joined run %s: %s (%s)", run.run_id, info.assignment.label(), info.assignment.reason)
         return info
 
@@ -174,8 +179,17 @@ class CoordinatorClient:
             reply = self._send_heartbeat(request)
         except _NotFound:
             log.info("the coordinator does not know our lease any more; joining again")
-            info = self.join()
+            self.in_contact_since = None  # our lease lapsed: we were out of touch
+            try:
+                info = self.join()
+            except Exception:
+                self.in_contact_since = None
+                raise
             return HeartbeatReply(info.lease_duration, info.assignment, False, rejoined=True, join=info)
+        except Exception:
+            self.in_contact_since = None  # a heartbeat failed: our contact with the coordinator broke
+            raise
+        self._answered_now()
         assignment = WorkAssignment.from_proto(reply.assignment) if reply.HasField("assignment") else None
         with self._lock:
             if assignment is not None:
@@ -184,6 +198,23 @@ class CoordinatorClient:
                 self._credential = bytes(reply.credential)
         return HeartbeatReply(reply.lease_remaining_s, assignment, reply.drain, reply.drain_reason,
                               credential=bytes(reply.credential))
+
+    def _answered_now(self) -> None:
+        now = time.monotonic()
+        if self.in_contact_since is None or self.answered_at is None or now - self.answered_at > self._contact_gap():
+            self.in_contact_since = now  # (again) in touch from now: a heartbeat retried through a cut ends here
+        self.answered_at = now
+
+    def _contact_gap(self) -> float:
+        """Seconds without an answer that break our contact: three heartbeat intervals, and one more second."""
+        return 3 * (self.joined.heartbeat_interval if self.joined is not None else 5.0) + 1.0
+
+    def contact_since(self) -> Optional[float]:
+        """Since when (monotonic) the coordinator has answered us without a break (no gap longer than
+        three heartbeat intervals), or None while it does not."""
+        if self.answered_at is None or time.monotonic() - self.answered_at > self._contact_gap():
+            return None
+        return self.in_contact_since
 
     @property
     def credential(self) -> bytes:

@@ -216,6 +216,7 @@ class PeerStartup:
         self.averager = NetAverager(self.dht, cfg.run_id, cfg.content_hash(), manifest_hash,
                                     credential=lambda: client.credential, verifier=self.verifier, **role_options)
         self.averager.on_isolated = self.dht.poke
+        self.averager.coordinator_contact = client.contact_since
         return self.averager
 
     def join(self, peer: "PeerInfo", report: Callable[[], dict],
