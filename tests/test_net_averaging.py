@@ -330,7 +330,8 @@ def test_three_peers_on_a_2x2_lattice_stay_bit_identical_with_int8(procs, tmp_pa
     from models.lattice import ModularLM
 
     paths = {"a": (0, 0), "b": (0, 1), "c": (1, 1)}
-    common = dict(mode="lattice", peers=3, rounds=3, inner_steps=2, round_timeout=20.0, overlap=overlap)
+    # a 30 s budget: its 6 s gather deadline rides out a peer that starts late on a loaded machine
+    common = dict(mode="lattice", peers=3, rounds=3, inner_steps=2, round_timeout=30.0, overlap=overlap)
     _swarm(procs, tmp_path, [dict(common, name=n, path=p, seed=i) for i, (n, p) in enumerate(paths.items())])
     outs = {n: _result(procs, tmp_path, n) for n in paths}
 
