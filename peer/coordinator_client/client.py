@@ -180,11 +180,7 @@ class CoordinatorClient:
         except _NotFound:
             log.info("the coordinator does not know our lease any more; joining again")
             self.in_contact_since = None  # our lease lapsed: we were out of touch
-            try:
-                info = self.join()
-            except Exception:
-                self.in_contact_since = None
-                raise
+            info = self.join()
             return HeartbeatReply(info.lease_duration, info.assignment, False, rejoined=True, join=info)
         except Exception:
             self.in_contact_since = None  # a heartbeat failed: our contact with the coordinator broke
@@ -207,7 +203,11 @@ class CoordinatorClient:
 
     def _contact_gap(self) -> float:
         """Seconds without an answer that break our contact: three heartbeat intervals, and one more second."""
-        return 3 * (self.joined.heartbeat_interval if self.joined is not None else 5.0) + 1.0
+        return 3 * self._heartbeat_every() + 1.0
+
+    def _heartbeat_every(self) -> float:
+        """Seconds between heartbeats: the coordinator's interval once joined, 5 before."""
+        return self.joined.heartbeat_interval if self.joined is not None else 5.0
 
     def contact_since(self) -> Optional[float]:
         """Since when (monotonic) the coordinator has answered us without a break (no gap longer than
@@ -333,7 +333,7 @@ class CoordinatorClient:
 
         def loop() -> None:
             while not self._closed.is_set():
-                every = interval or (self.joined.heartbeat_interval if self.joined else 5.0)
+                every = interval or self._heartbeat_every()
                 try:
                     on_reply(self.heartbeat(**report()))
                 except (CoordinatorUnavailable, _Closed):

@@ -106,8 +106,7 @@ class WorkAssignment:
     def same_work(self, other: "WorkAssignment") -> bool:
         """True when ``other`` asks for exactly this work (mode, path or module, H and codec), whatever
         its reason and version say: a re-join that kept the peer's assignment."""
-        fields = ("mode", "path", "module_id", "module_ids", "inner_steps", "codec")
-        return all(getattr(self, f) == getattr(other, f) for f in fields)
+        return dataclasses.replace(other, reason=self.reason, version=self.version) == self
 
     def label(self) -> str:
         if self.mode == "path":
