@@ -6,19 +6,22 @@ Four peers, each in its own network namespace behind one bridge (:mod:`bench.net
 the same namespace is the announced, and only, way in, holding every byte 20 ms in each direction).
 Every variant starts four fresh peer processes (a real DHT and p2p daemon each, bootstrapped from the
 first) that train the same path of the ``demo`` lattice (``--preset``) from the same initialisation,
-each on its own random windows of the built-in corpus, at equal tokens (``--steps`` inner steps of
-``--batch`` sequences per peer):
+each on its own random windows of the built-in corpus, for ``--steps`` inner steps of ``--batch``
+sequences (DiLoCo variants: ``--steps // H`` rounds on every peer; the fastest member paces each round,
+so a slower one ends it early with fewer tokens, as in a real run, and ``inner_steps_per_peer`` says how
+many steps each took on average):
 
 - ``ddp``: every-step gradient averaging, synchronous data-parallel over the same transport
   (:class:`peer.averaging.net_averager.NetAverager`, codec ``none``, one bucket holding every gradient; after a
   round with fewer than every peer, a peer waits for the others' holder records to reach its step,
   so the group stays in lock-step as DDP does instead of racing ahead alone);
-- ``h10``, ``h20``, ``h100``: hivepath, :class:`peer.diloco.DiLoCoOptimizer` with H = 10 / 20 / 100,
-  codec ``--codec`` (int8);
+- ``h10``, ``h15``, ``h18``, ``h20``, ``h100``: hivepath, :class:`peer.diloco.DiLoCoOptimizer` with
+  H = 10 / 15 / 18 / 20 / 100, codec ``--codec`` (int8);
 - ``h10_overlap``, ...: the same with ``OuterConfig.overlap`` (Streaming DiLoCo).
 
-By default only the headline pair :data:`HEADLINE` runs (``--variants`` picks others): H = 10 on the
-demo preset is where one exchange without overlap costs over 30% of a round here.
+By default only the headline pair :data:`HEADLINE` runs (``--variants`` picks others): H = 18 on the
+demo preset is the longest horizon where one exchange without overlap still costs over 30% of a round
+here (0.32; 0.36 at H = 15, 0.43 at H = 10).
 
 Keys (``bench/results/utilization.json``), per variant under ``variants``: ``utilization`` (wall time
 not spent blocked on the network, over wall time: ``1 - wait / wall``, wait from
@@ -57,11 +60,12 @@ log = logging.getLogger("bench.utilization")
 
 P2P_PORT = 40000
 RELAY_PORT = 40001
-VARIANTS = {"ddp": (1, False), "h10": (10, False), "h10_overlap": (10, True), "h20": (20, False),
+VARIANTS = {"ddp": (1, False), "h10": (10, False), "h10_overlap": (10, True), "h15": (15, False),
+            "h15_overlap": (15, True), "h18": (18, False), "h18_overlap": (18, True), "h20": (20, False),
             "h20_overlap": (20, True), "h100": (100, False), "h100_overlap": (100, True)}
 """name -> (H, overlap); ddp averages gradients every step instead of DiLoCo pseudo-gradients."""
-HEADLINE = ("h10", "h10_overlap")
-"""The pair the issue's keys come from: without / with overlap, at the H where an exchange costs
+HEADLINE = ("h18", "h18_overlap")
+"""The pair the issue's keys come from: without / with overlap, at an H where an exchange costs
 over 30% of a round on the demo preset (``comm_share_without_overlap``)."""
 SUBNET, PREFIX = "10.85.0", "hpu"
 """This bench's namespaces (chaos uses hpc/10.78.0, bench.nat hpn/10.81.0, bench.data_fetch hpd/10.83.0)."""
@@ -101,6 +105,7 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
     batches = dataset.path_batches(PATH, "train", args.batch, cfg.lattice.seq_len, seed=1000 + args.peer)
     wait = drain = sent = received = 0.0
     failed = rounds = 0
+    steps_done = args.steps  # DDP: every step; DiLoCo variants: counted
     reasons: list[str] = []
     groups: list[int] = []  # members of every exchange we took part in
     try:
@@ -144,12 +149,16 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
         else:
             outer = OuterConfig(inner_steps=h, codec=args.codec, overlap=overlap, round_timeout=args.round_timeout)
             opt = DiLoCoOptimizer(model.modules_by_id(), inner=cfg.inner, outer=outer, lattice=cfg.lattice, averager=avg)
-            reports = []
-            for _ in range(args.steps):
+            reports, steps_done = [], 0
+            # the same rounds on every peer: the fastest member paces a round (a slower one ends it
+            # early, with fewer tokens), so a fixed step count would leave slower peers extra rounds
+            # without the others, and their replicas would differ at the end
+            while opt.round < args.steps // h:
                 x, y = next(batches)  # (B, T), (B, T)
                 model(x, y)[1].backward()
                 report = opt.step(tokens=float(y.numel()))
                 opt.zero_grad()
+                steps_done += 1
                 if report is not None:
                     reports.append(report)
             wall = time.perf_counter() - t0
@@ -158,6 +167,7 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
             drain = time.perf_counter() - d0
             opt.close()
             wait = sum(r.wait_seconds for r in reports)
+            log.info("%s: waits per round %s", name, " ".join(f"{r.wait_seconds:.2f}" for r in reports))
             reports += [last] if last is not None else []
             mods = [m for r in reports for m in r.modules.values()]
             sent, received = sum(m.bytes_sent for m in mods), sum(m.bytes_received for m in mods)
@@ -172,7 +182,7 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
     finally:
         avg.shutdown()
     out = dict(wall_seconds=wall, wait_seconds=wait, drain_seconds=drain, bytes_sent=sent, bytes_received=received,
-               wire_tx_bytes=wire, rounds=rounds, failed_rounds=failed, failures=reasons[:5],
+               wire_tx_bytes=wire, inner_steps_done=steps_done, rounds=rounds, failed_rounds=failed, failures=reasons[:5],
                mean_group_size=sum(groups) / max(1, len(groups)),
                state_sum=float(sum(float(t.double().sum()) for t in state)))
     if args.peer == 0:
@@ -249,6 +259,7 @@ def _summarize(peers: list[dict], relays: list[dict], names: list[str]) -> dict:
             utilization_with_drain=round(sum(with_drain) / len(with_drain), 4),
             wall_seconds=round(max(r["wall_seconds"] for r in runs), 2),
             wait_seconds_mean=round(sum(r["wait_seconds"] for r in runs) / len(runs), 2),
+            inner_steps_per_peer=round(sum(r["inner_steps_done"] for r in runs) / len(runs), 1),
             val_loss=round(runs[0]["val_loss"], 4), val_bpb=round(runs[0]["val_bpb"], 4),
             bytes_sent_per_peer=round(sum(r["bytes_sent"] for r in runs) / len(runs)),
             wire_tx_bytes_per_peer=round(sum(r["wire_tx_bytes"] for r in runs) / len(runs)),
@@ -366,7 +377,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--peers", type=int, default=4)
     parser.add_argument("--preset", default="demo", help="model size (models.presets.PRESETS)")
     parser.add_argument("--codec", default="int8", help="pseudo-gradient codec of the DiLoCo variants")
-    parser.add_argument("--steps", type=int, default=200, help="inner steps per peer in every variant (equal tokens)")
+    parser.add_argument("--steps", type=int, default=252,
+                        help="inner steps per peer (DiLoCo variants: steps // H rounds, paced by the fastest peer)")
     parser.add_argument("--batch", type=int, default=8, help="sequences per inner step")
     parser.add_argument("--rate-mbit", type=int, default=50, help="egress limit of every peer")
     parser.add_argument("--rtt-ms", type=float, default=40.0, help="round trip added by the delay relays")

@@ -255,6 +255,39 @@ def test_time_bounded_rounds_give_the_slow_worker_a_smaller_weight():
     assert_replicas_identical([fast, slow], check_local=True)
 
 
+class _Paced:
+    """A member averager that reports another holder waiting for ``waiting_round`` (as
+    ``NetAverager.others_waiting`` does from the DHT)."""
+
+    def __init__(self, member, waiting_round: int) -> None:
+        self.member, self.waiting_round, self.asked = member, waiting_round, []
+
+    def average(self, *args, **kw):
+        return self.member.average(*args, **kw)
+
+    def others_waiting(self, rounds) -> bool:
+        self.asked.append(dict(rounds))
+        return self.waiting_round in rounds.values()
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+def test_a_member_others_wait_for_ends_its_round_early_in_both_modes(overlap):
+    """The fastest member paces the round: a member told that another holder already declared its
+    current round ends it at the next step, with the tokens it has (a smaller weight). In overlap mode
+    too: the others' exchange of that round cannot begin before it declares."""
+    outer = OuterConfig(inner_steps=5, codec="int8", round_timeout=5.0, overlap=overlap)
+    hub = LocalAverager()
+    paced = _Paced(hub.member("a"), waiting_round=1)
+    w = make_worker("a", (0,), DENSE, outer, paced, seed=1)
+    for _ in range(5 + 1 + 5):
+        w.train_step()
+    assert hub.round_weights("L0M0", 0) == {"a": 5.0 * BATCH * SEQ}
+    assert hub.round_weights("L0M0", 1) == {"a": 1.0 * BATCH * SEQ}  # ended at its first step
+    assert w.opt.module_round("L0M0") == 3  # 5 steps, 1 step, 5 steps
+    assert {"L0M0": 1, "embed": 1, "head": 1} in paced.asked
+    w.opt.close()
+
+
 def test_absent_member_is_dropped_after_the_timeout_and_the_rest_stay_identical():
     outer = OuterConfig(inner_steps=3, codec="int4", round_timeout=2.0)
     hub = LocalAverager()

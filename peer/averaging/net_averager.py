@@ -312,9 +312,12 @@ class NetAverager:
         return False
 
     async def _check_waiting(self, key: tuple) -> tuple[tuple, bool]:
-        for module_id, round_no in key:
-            found = await self.dht.get(group_key(self.run_id, module_id, round_no), latest=True, return_future=True)
-            for peer, decl in records_from_value(found, GroupDeclaration).items():
+        # every module's key at once: one DHT round trip, not one per module, before a slower peer
+        # notices that the group waits for it
+        found = await asyncio.gather(*(self.dht.get(group_key(self.run_id, module_id, round_no), latest=True,
+                                                    return_future=True) for module_id, round_no in key))
+        for value in found:
+            for peer, decl in records_from_value(value, GroupDeclaration).items():
                 if peer != self.peer_id and decl.config_hash == self.config_hash and decl.data_hash == self.data_hash:
                     return key, True
         return key, False

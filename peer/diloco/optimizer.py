@@ -175,10 +175,12 @@ class DiLoCoOptimizer:
 
         Then this peer ends its round now with the tokens it has (a smaller weight) instead of
         making the group wait for its remaining steps: the fastest member paces the round, as
-        with hivemind's target batch size. Averagers without this signal never end rounds early.
+        with hivemind's target batch size. In overlap mode too: the others' exchange of this round
+        can only begin once we declare it, and they would wait for it at the end of their next
+        round. Averagers without this signal never end rounds early.
         """
         probe = getattr(self.averager, "others_waiting", None)
-        if probe is None or self.outer_cfg.overlap:
+        if probe is None:
             return False
         return bool(probe({mid: st.round_no for mid, st in self._modules.items()}))
 
