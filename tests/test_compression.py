@@ -136,6 +136,23 @@ def test_golden_bytes_pin_the_formats():
     assert get_codec("none").encode(x) == struct.pack("<4f", 0.0, 1.0, -1.0, 0.5)
 
 
+def test_int4_whole_buffer_packing_equals_the_per_nibble_table():
+    """Full blocks take the int16 pair path both ways; it must give the bytes and codes of the
+    padded, table-driven path that odd tail blocks still use."""
+    from peer.averaging.quantizers import _NIBBLES
+
+    codec = get_codec("int4")
+    gen = torch.Generator().manual_seed(0)
+    for count in (BLOCK, 2, 6):
+        q = torch.randint(-7, 8, (33, count), generator=gen).float()  # (nb, count) integral codes
+        fast = np.empty((33, count // 2), dtype=np.uint8)
+        codec._pack_into(q, fast)
+        assert np.array_equal(fast, codec._pack(q)), count
+        codes = codec._unpack(fast, count)
+        assert np.array_equal(codes.numpy(), np.take(_NIBBLES, fast, axis=0).reshape(33, -1)), count
+        assert torch.equal(codes.float(), q)
+
+
 @pytest.mark.parametrize("name", CODECS)
 def test_decode_is_deterministic_and_independent_of_input_memory(name):
     codec = get_codec(name)

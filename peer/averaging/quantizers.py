@@ -18,6 +18,7 @@ second pass over the values.
 from __future__ import annotations
 
 import abc
+import sys
 from typing import Mapping, Optional
 
 import numpy as np
@@ -231,9 +232,10 @@ class _BlockwiseCodec(_SpecCodec):
         # One pass for the extremes, then the codes are computed in place in ``values`` (or one
         # temporary): the exchange is CPU-bound on small machines and this is its largest single cost;
         # no fresh round-sized buffer is touched (page faults), and the bytes are unchanged.
-        lo, hi = torch.aminmax(blocks, dim=1, keepdim=True)  # (nb, 1) each
+        # amax and amin, not aminmax: torch's aminmax along a dimension is about 6x slower on the CPU
+        hi, lo = torch.amax(blocks, dim=1, keepdim=True), torch.amin(blocks, dim=1, keepdim=True)  # (nb, 1) each
         absmax = torch.maximum(hi, lo.neg_())  # (nb, 1) == blocks.abs().amax(dim=1)
-        if not bool(torch.isfinite(absmax).all()):  # NaN propagates through aminmax, Inf is an extreme
+        if not bool(torch.isfinite(absmax).all()):  # NaN propagates through amax/amin, Inf is an extreme
             raise ValueError("cannot encode a vector holding NaN or Inf")
         scale = absmax / self.qmax  # (nb, 1)
         if bool((scale > _MAX_SCALE[self.qmax]).any()):
@@ -334,7 +336,31 @@ class Int4Codec(_BlockwiseCodec):
         packed = nib[:, 0::2] | (nib[:, 1::2] << 4)  # (nb, code_bytes)
         return packed.numpy()
 
+    def _pack_into(self, q: Tensor, dst: np.ndarray) -> None:
+        if q.shape[1] % 2 or not _LITTLE_ENDIAN:  # an odd tail block: the padded general path
+            dst[...] = self._pack(q)
+            return
+        # Even blocks (every full block): two neighbouring codes read as one little-endian int16
+        # (low code | high code << 8); the same bytes as _pack at a third of its time, whole-buffer
+        # ops with no strided access.
+        nib = q.to(torch.int8)  # (nb, count): codes in [-7, 7]
+        nib += 8  # 1..15
+        pair = nib.view(torch.int16)  # (nb, code_bytes)
+        pair |= pair >> 4  # low byte: low | high << 4 (the low code is below 16: it shifts out)
+        torch.from_numpy(dst).copy_(pair)  # the low byte of each pair (int16 -> uint8 keeps it)
+
     def _unpack(self, raw: np.ndarray, count: int) -> Tensor:
+        if count % 2 == 0 and _LITTLE_ENDIAN:
+            # the inverse of _pack_into: each byte widened to an int16 whose two bytes are its nibbles
+            pair = torch.from_numpy(raw).to(torch.int16)  # (nb, code_bytes)
+            high = pair >> 4
+            pair &= 0x0F
+            pair |= high.mul_(256)  # low nibble | high nibble << 8
+            codes = pair.view(torch.int8)  # (nb, count) nibbles 0..15, low nibble first
+            codes -= 8
+            if codes.numel() and int(codes.min()) == -8:
+                raise ValueError("int4: nibble 0 (code -8) is outside [-7, 7]")
+            return codes
         # one table lookup per byte gives both codes (low nibble first): (nb, code_bytes, 2) int8
         codes = np.take(_NIBBLES, raw, axis=0).reshape(raw.shape[0], -1)[:, :count]  # (nb, count)
         if codes.size and int(codes.min()) == -8:
@@ -343,6 +369,9 @@ class Int4Codec(_BlockwiseCodec):
             raise ValueError("int4: the padding nibble of an odd-sized block is not zero")
         return torch.from_numpy(codes)
 
+
+_LITTLE_ENDIAN = sys.byteorder == "little"
+"""Whether int16 views of byte pairs read the first byte as the low one (the int4 fast paths)."""
 
 _NIBBLES = np.array([[(b & 0x0F) - 8, (b >> 4) - 8] for b in range(256)], dtype=np.int8)
 """Byte -> its two 4-bit codes (low nibble, high nibble), each nibble minus 8: (256, 2) int8."""
