@@ -229,7 +229,7 @@ class _BlockwiseCodec(_SpecCodec):
 
     def _encode_blocks(self, blocks: Tensor, values: Optional[Tensor]) -> bytes:
         # blocks: (nb, count) fp32; values: None or (nb, count) fp32, filled with what decode gives.
-        # One pass for the extremes, then the codes are computed in place in ``values`` (or one
+        # The extremes (two reductions), then the codes are computed in place in ``values`` (or one
         # temporary): the exchange is CPU-bound on small machines and this is its largest single cost;
         # no fresh round-sized buffer is touched (page faults), and the bytes are unchanged.
         # amax and amin, not aminmax: torch's aminmax along a dimension is about 6x slower on the CPU
