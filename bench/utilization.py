@@ -105,7 +105,7 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
     batches = dataset.path_batches(PATH, "train", args.batch, cfg.lattice.seq_len, seed=1000 + args.peer)
     wait = drain = sent = received = 0.0
     failed = rounds = 0
-    steps_done = args.steps  # DDP: every step; DiLoCo variants: counted
+    steps_done = 0
     reasons: list[str] = []
     groups: list[int] = []  # members of every exchange we took part in
     try:
@@ -145,11 +145,12 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
                 inner.step()
                 inner.zero_grad(set_to_none=False)
             wall = time.perf_counter() - t0
+            steps_done = args.steps
             state = [p.detach().clone() for p in params]
         else:
             outer = OuterConfig(inner_steps=h, codec=args.codec, overlap=overlap, round_timeout=args.round_timeout)
             opt = DiLoCoOptimizer(model.modules_by_id(), inner=cfg.inner, outer=outer, lattice=cfg.lattice, averager=avg)
-            reports, steps_done = [], 0
+            reports = []
             # the same rounds on every peer: the fastest member paces a round (a slower one ends it
             # early, with fewer tokens), so a fixed step count would leave slower peers extra rounds
             # without the others, and their replicas would differ at the end

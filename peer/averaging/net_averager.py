@@ -128,14 +128,14 @@ class NetAverager:
         self._aggregation = aggregation
         self.on_suspect = on_suspect
         self.on_isolated: Optional[Callable[[], None]] = None
+        """Called when a round found no other holder to average with (a lone round, or declared
+        holders that never joined): we may be cut off from part of the swarm. ``peer.node`` sets it to
+        ``PeerDHT.poke`` so the DHT re-checks its routing table against the coordinator's peers."""
         self.coordinator_contact: Optional[Callable[[], Optional[float]]] = None
         """Since when (monotonic) the run's coordinator has answered every heartbeat, None while it
         does not. Holders whose records vanished after that are the ones cut off (or dead), and we
         may step alone as their only live holder; otherwise we may be the one cut off, and do not
         (see the matchmaker's ``_vanished``). ``peer.node`` sets it from the coordinator client."""
-        """Called when a round found no other holder to average with (a lone round, or declared
-        holders that never joined): we may be cut off from part of the swarm. ``peer.node`` sets it to
-        ``PeerDHT.poke`` so the DHT re-checks its routing table against the coordinator's peers."""
         self._flat_buffers = FlatBuffers()  # each round's flattened delta: no fresh round-sized vector
         keep_freed_memory()  # a round's temporaries stay in the heap for the next one
         self._held: dict[str, tuple[int, str]] = {}

@@ -358,16 +358,14 @@ class Int4Codec(_BlockwiseCodec):
             pair |= high.mul_(256)  # low nibble | high nibble << 8
             codes = pair.view(torch.int8)  # (nb, count) nibbles 0..15, low nibble first
             codes -= 8
-            if codes.numel() and int(codes.min()) == -8:
-                raise ValueError("int4: nibble 0 (code -8) is outside [-7, 7]")
-            return codes
-        # one table lookup per byte gives both codes (low nibble first): (nb, code_bytes, 2) int8
-        codes = np.take(_NIBBLES, raw, axis=0).reshape(raw.shape[0], -1)[:, :count]  # (nb, count)
-        if codes.size and int(codes.min()) == -8:
+        else:
+            # one table lookup per byte gives both codes (low nibble first): (nb, code_bytes, 2) int8
+            codes = torch.from_numpy(np.take(_NIBBLES, raw, axis=0).reshape(raw.shape[0], -1)[:, :count])
+        if codes.numel() and int(codes.min()) == -8:
             raise ValueError("int4: nibble 0 (code -8) is outside [-7, 7]")
         if count % 2 and bool((raw[:, -1] >> 4 != 8).any()):
             raise ValueError("int4: the padding nibble of an odd-sized block is not zero")
-        return torch.from_numpy(codes)
+        return codes
 
 
 _LITTLE_ENDIAN = sys.byteorder == "little"

@@ -106,12 +106,13 @@ def finish_and_check(net, peers: Iterable[str], roots: list[Path], exit_timeout:
     lost = rounds_lost(acked, held)
     assert not any(lost.values()), f"acknowledged rounds lost: {lost} (acknowledged {acked}, held {held})"
     losses = {}
-    readings = {name: loss_thirds(net.progress_lines(name)) for name in peers}
+    lines = {name: net.progress_lines(name) for name in peers}
+    readings = {name: loss_thirds(lines[name]) for name in peers}
     # The network's early loss: the first third of the peer that printed a loss first (it trained from
     # the shared initialisation). A peer that joined later began from the others' trained state, so its
     # own first readings can already be low and its loss average, over a few dozen steps, flat: it must
     # end below the network's early loss. A peer that trained from the start must end below its own.
-    origin = min(peers, key=lambda name: _first_loss_time(net.progress_lines(name)))
+    origin = min(peers, key=lambda name: _first_loss_time(lines[name]))
     for name in peers:
         first, last, n = readings[name]
         bound = max(first, readings[origin][0])
