@@ -352,7 +352,7 @@ class Int4Codec(_BlockwiseCodec):
     def _unpack(self, raw: np.ndarray, count: int) -> Tensor:
         if count % 2 == 0 and _LITTLE_ENDIAN:
             # the inverse of _pack_into: each byte widened to an int16 whose two bytes are its nibbles
-            pair = torch.from_numpy(raw).to(torch.int16)  # (nb, code_bytes)
+            pair = torch.from_numpy(raw.astype(np.int16))  # (nb, code_bytes), a writable copy of the read-only bytes
             high = pair >> 4
             pair &= 0x0F
             pair |= high.mul_(256)  # low nibble | high nibble << 8
