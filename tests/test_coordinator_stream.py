@@ -20,7 +20,7 @@ from coordinator.settings import CoordinatorSettings
 from coordinator.sqlite_store import open_store
 from helpers import free_port
 from models.presets import tiny_cpu
-from peer.coordinator_client import CoordinatorClient, PeerInfo, Progress
+from peer.coordinator_client import CoordinatorClient, CoordinatorUnavailable, PeerInfo, Progress
 from protos import coordinator_pb2 as pb
 from protos import coordinator_pb2_grpc as pb_grpc
 
@@ -119,6 +119,45 @@ def test_client_rejoins_when_the_stream_reports_the_lease_gone(server):
         assert client.heartbeat().rejoined is False  # over a fresh stream
         assert client.heartbeats_sent == {"stream": 2, "unary": 0}
         assert server.coordinator.peer(pid).state == "active"
+    finally:
+        client.close()
+
+
+def test_a_peer_that_left_never_joins_again_from_a_heartbeat(server):
+    """A drain ends with leave() while the background heartbeat thread still runs: neither a heartbeat
+    sent after the leave nor one that was built from the old lease (NOT_FOUND) may take a fresh lease."""
+    client = client_for(server.port, 3)
+    pid = peer_info(3).peer_id
+    try:
+        client.join()
+        client.heartbeat()
+        old = client.joined
+        client.leave("spot notice")
+        assert server.coordinator.peer(pid).state == "left"
+        with pytest.raises(CoordinatorUnavailable, match="has left the run"):
+            client.heartbeat()  # no lease any more: it used to join again here
+        client.joined = old  # a heartbeat that read the lease before the leave: NOT_FOUND
+        with pytest.raises(CoordinatorUnavailable, match="has left the run"):
+            client.heartbeat()
+        assert server.coordinator.peer(pid).state == "left"
+        assert pid not in {p["peer_id"] for p in client.status()["peers"]}
+    finally:
+        client.close()
+
+
+def test_background_heartbeats_stop_at_the_leave(server):
+    client = client_for(server.port, 4)
+    pid = peer_info(4).peer_id
+    beats = threading.Semaphore(0)
+    try:
+        client.join()
+        thread = client.start_heartbeats(lambda: {}, lambda _reply: beats.release(), interval=0.02)
+        for _ in range(3):
+            assert beats.acquire(timeout=30), "the background heartbeats run"
+        client.leave("drained")
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "the heartbeat thread ends at the leave, not at close()"
+        assert server.coordinator.peer(pid).state == "left"
     finally:
         client.close()
 

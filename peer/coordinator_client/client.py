@@ -80,6 +80,11 @@ class CoordinatorClient:
         self._rng = random.Random(seed)
         self._closed = threading.Event()
         self._lock = threading.RLock()
+        self._left = threading.Event()
+        """Set by :meth:`leave`: from then on a heartbeat never joins again (a background heartbeat racing
+        the leave would otherwise take a fresh lease on the way out: a ghost holding work until it expired)."""
+        self._session_lock = threading.Lock()
+        """Held by :meth:`leave` and by a heartbeat's re-join, so one finishes before the other starts."""
         options = [("grpc.max_receive_message_length", MAX_REPLY_BYTES), *KEEPALIVE_OPTIONS]
         if tls_ca:
             try:
@@ -162,8 +167,7 @@ class CoordinatorClient:
         ``seeded_paths``: the paths whose shards this peer seeds (None: it does not say).
         ``evaluations``: validation bits per byte per path (an archive peer's; others are refused)."""
         if self.joined is None:
-            info = self.join()
-            return HeartbeatReply(info.lease_duration, info.assignment, False, rejoined=True, join=info)
+            return self._rejoin()
         request = pb.HeartbeatRequest(
             lease_id=self.joined.lease_id, peer_id=self.peer.peer_id if self.peer else "",
             progress=[pb.ModuleProgress(module_id=p.module_id, round=p.round, tokens=p.tokens, loss=p.loss)
@@ -180,8 +184,7 @@ class CoordinatorClient:
         except _NotFound:
             log.info("the coordinator does not know our lease any more; joining again")
             self.in_contact_since = None  # our lease lapsed: we were out of touch
-            info = self.join()
-            return HeartbeatReply(info.lease_duration, info.assignment, False, rejoined=True, join=info)
+            return self._rejoin()
         except Exception:
             self.in_contact_since = None  # a heartbeat failed: our contact with the coordinator broke
             raise
@@ -194,6 +197,14 @@ class CoordinatorClient:
                 self._credential = bytes(reply.credential)
         return HeartbeatReply(reply.lease_remaining_s, assignment, reply.drain, reply.drain_reason,
                               credential=bytes(reply.credential))
+
+    def _rejoin(self) -> HeartbeatReply:
+        """A heartbeat's re-join, unless :meth:`leave` has been called (then :class:`_Closed`)."""
+        with self._session_lock:
+            if self._left.is_set():
+                raise _Closed("this peer has left the run; it does not join again")
+            info = self.join()
+        return HeartbeatReply(info.lease_duration, info.assignment, False, rejoined=True, join=info)
 
     def _answered_now(self) -> None:
         now = time.monotonic()
@@ -284,7 +295,13 @@ class CoordinatorClient:
         return self._call(self._stub.Unban, pb.UnbanRequest(token=self._token, peer_id=peer_id)).state
 
     def leave(self, reason: str = "") -> None:
-        """Give the lease back (best effort: a missing lease is already gone)."""
+        """Give the lease back (best effort: a missing lease is already gone). Heartbeats stop joining
+        from here on; a re-join already under way finishes first and its lease is the one given back."""
+        self._left.set()
+        with self._session_lock:
+            self._leave(reason)
+
+    def _leave(self, reason: str) -> None:
         if self.joined is None:
             return
         try:
@@ -332,11 +349,13 @@ class CoordinatorClient:
         retrying (with backoff) and the caller keeps training; nothing here blocks the caller."""
 
         def loop() -> None:
-            while not self._closed.is_set():
+            while not self._closed.is_set() and not self._left.is_set():
                 every = interval or self._heartbeat_every()
                 try:
                     on_reply(self.heartbeat(**report()))
                 except (CoordinatorUnavailable, _Closed):
+                    if self._left.is_set():
+                        break
                     log.warning("coordinator %s unreachable; still training, retrying", self.address)
                 except HivepathError as e:
                     log.error("heartbeat refused: %s", e)

@@ -142,7 +142,10 @@ def test_docker_stop_drains_checkpoints_and_exits_0_within_the_grace_period(net)
     assert net.docker.exit_code(victim) == 0, net.docker.logs(victim)[-3000:]
     assert took < DRAIN_TIMEOUT + 20, f"drained in {took:.1f}s"
     # the coordinator knows at once: the peer left (no wait for the lease to expire)
-    assert peer_id not in net.live() and net.counter("leaves") == leaves + 1
+    # the lease is given back before the exit, and never taken again on the way out (a heartbeat racing
+    # the leave used to re-join: a ghost lease holding the path until it expired)
+    assert peer_id not in net.live(), docker.logs(spot)[-3000:]
+    assert net.counter("leaves") == leaves + 1
     logs = net.docker.logs(victim)
     assert "SIGTERM" in logs
     volume = next(m["Name"] for m in net.docker.inspect(victim)["Mounts"] if m["Destination"] == "/data")
