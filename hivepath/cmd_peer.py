@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from hivepath.numbers import count, natural, non_negative, port, positive, seconds
+from hivepath.numbers import count, natural, non_negative, port, positive, seconds, share
 from hivepath.options import add_network_flags, network_options
 from hivepath.paths import dataset, write_dir
 from hivepath.settings import env_default, setting
@@ -71,6 +71,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     j.add_argument("--threads", type=count(), default=env_default("HIVEPATH_THREADS"), metavar="N",
                    help="CPU threads for torch (env HIVEPATH_THREADS; default: this machine's cores divided "
                         "among the peers running on it)")
+    j.add_argument("--cpu-limit", type=share(), default=env_default("HIVEPATH_CPU_LIMIT"), metavar="SHARE",
+                   help="train at most this share of the time, resting between inner steps, e.g. 0.5 on a machine "
+                        "you also use (env HIVEPATH_CPU_LIMIT; default 1: no rest). The tokens/s reported to the "
+                        "coordinator are the rested ones, so the work assigned fits")
     j.add_argument("--measure-seconds", type=seconds(), default=env_default("HIVEPATH_MEASURE_SECONDS"),
                    metavar="S", help="seconds spent measuring tokens/s at start-up (env HIVEPATH_MEASURE_SECONDS; default 2)")
     j.add_argument("--spot", default=env_default("HIVEPATH_SPOT"), choices=["none", "aws", "gcp", "auto"],
@@ -115,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         drain_timeout=args.drain_timeout,
         max_steps=args.max_steps,
         threads=args.threads,
+        cpu_limit=args.cpu_limit,
         measure_seconds=args.measure_seconds,
         keep_checkpoints=args.keep_checkpoints,
     )

@@ -15,7 +15,8 @@ from typing import Any, Optional, Union
 
 from models.errors import ConfigError
 
-__all__ = ["Number", "count", "natural", "seconds", "positive", "port", "non_negative", "seed", "check_defaults"]
+__all__ = ["Number", "count", "natural", "seconds", "positive", "port", "non_negative", "seed", "share",
+           "check_defaults"]
 
 
 class Number:
@@ -29,7 +30,7 @@ class Number:
     def describe(self) -> str:
         noun = "an integer" if self.kind is int else "a number"
         if self.low is not None and self.high is not None:
-            return f"{noun} from {self.low:g} to {self.high:g}"
+            return f"{noun} from {self.low:g}{' (exclusive)' if self.low_open else ''} to {self.high:g}"
         if self.low is not None:
             return f"{noun} {'>' if self.low_open else '>='} {self.low:g}"
         return noun
@@ -70,6 +71,11 @@ def positive() -> Number:
 def non_negative() -> Number:
     """A finite number >= 0."""
     return Number(float, 0.0)
+
+
+def share() -> Number:
+    """A fraction of a whole: a number > 0 and <= 1."""
+    return Number(float, 0.0, 1.0, low_open=True)
 
 
 def port(allow_zero: bool = True) -> Number:

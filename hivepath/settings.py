@@ -93,6 +93,10 @@ CLI_SETTINGS: tuple[Setting, ...] = (
             flag="--threads", read_by="peer join, train-local, eval, generate"),
     Setting("HIVEPATH_MEASURE_SECONDS", "number", 2.0, "seconds spent measuring tokens/s at start-up",
             flag="--measure-seconds", read_by="peer join"),
+    Setting("HIVEPATH_CPU_LIMIT", "number", 1.0,
+            "share of the time the peer trains, from 0 (exclusive) to 1: it rests between inner steps so "
+            "that computing is at most this share (a machine its owner also uses); 1: no rest",
+            flag="--cpu-limit", read_by="peer join"),
     Setting("HIVEPATH_COORDINATOR_TIMEOUT", "number", 60.0,
             "seconds to retry an unreachable coordinator at start-up (set: also where nothing answers yet, "
             "which is otherwise given up after 10 s)", flag="--coordinator-timeout",

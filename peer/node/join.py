@@ -85,6 +85,9 @@ class PeerOptions:
     max_steps: int = 0
     """Stop after this many inner steps (0: run until stopped)."""
     threads: Optional[int] = None
+    cpu_limit: float = 1.0
+    """Share of the time spent training (``--cpu-limit``): the trainer rests between inner steps for
+    the rest (:class:`peer.node.trainer.CpuLimit`), and the tokens/s this peer reports are scaled by it."""
     keep_checkpoints: int = 2
     """Snapshots kept under WORK_DIR/checkpoints."""
 
@@ -92,6 +95,8 @@ class PeerOptions:
         self.work_dir = Path(self.work_dir).expanduser()
         if self.keep_checkpoints < 1:
             raise HivepathError(f"--keep-checkpoints must be >= 1, got {self.keep_checkpoints}")
+        if not 0.0 < self.cpu_limit <= 1.0:
+            raise HivepathError(f"--cpu-limit must be > 0 and <= 1, got {self.cpu_limit}")
         if self.max_data_gb is not None and not self.max_data_gb > 0:
             raise HivepathError(f"--max-data-gb must be > 0, got {self.max_data_gb}")
 
@@ -262,6 +267,10 @@ class PeerNode:
                 device = resolve_device(opts.device)
                 memory = usable_memory_bytes(device, opts.max_memory_gb)
                 tokens_per_s = measure_tokens_per_s(cfg.lattice, cfg.inner, device, seconds=opts.measure_seconds)
+                if opts.cpu_limit < 1.0:  # the coordinator sizes work by what we will do, resting included
+                    log.info("--cpu-limit %g: training %.0f%% of the time, %.0f of %.0f tokens/s", opts.cpu_limit,
+                             100 * opts.cpu_limit, tokens_per_s * opts.cpu_limit, tokens_per_s)
+                    tokens_per_s *= opts.cpu_limit
                 dht = startup.start_dht(spec)
                 if dataset is None:
                     dataset = self.data.fetch_meta(dht, self._stop.is_set)
@@ -317,7 +326,7 @@ class PeerNode:
 
     def _train(self, cfg: RunConfig, assignment: WorkAssignment, dataset, device, averager, dht) -> None:
         from peer.node.stage_runner import run_stage_server
-        from peer.node.trainer import PathTrainer
+        from peer.node.trainer import CpuLimit, PathTrainer
 
         peer_id = dht.peer_id
         checkpoints = CheckpointDir(self.opts.work_dir / "checkpoints", keep=self.opts.keep_checkpoints)
@@ -360,7 +369,8 @@ class PeerNode:
                 self.data.ensure_path(assignment.path, dht, self._fetch_should_stop)  # returns once train is verified
                 self.status.state = "loading"
                 self._trainer = PathTrainer(cfg, assignment.path, dataset, device, averager, checkpoints,
-                                            peer_id, self.status, fetch_state=fetch, outer=outer)
+                                            peer_id, self.status, fetch_state=fetch, outer=outer,
+                                            cpu_limit=CpuLimit(self.opts.cpu_limit, wake=self._stop))
                 reason = self._trainer.run(self._should_stop, self._after_round)
                 self.status.state = "draining"
                 self._trainer.finish()

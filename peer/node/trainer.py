@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -27,7 +28,7 @@ from peer.diloco import DiLoCoOptimizer, RoundReport
 from peer.node.progress import PeerStatus
 from peer.diloco import install_resync, resync_after_round
 
-__all__ = ["PathTrainer", "StateSource"]
+__all__ = ["CpuLimit", "PathTrainer", "StateSource"]
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +43,37 @@ class StateSource:
     round_no: int
 
 
+class CpuLimit:
+    """Rests between inner steps so that computing takes at most ``share`` of the wall time: a
+    volunteer's ``--cpu-limit`` on a machine its owner also uses (BOINC's "use at most N% of CPU
+    time"). After an inner step of ``t`` seconds it waits ``t * (1 - share) / share`` on ``wake``,
+    which a drain sets, so a rest never delays one. A step that ran an outer round is not followed
+    by a rest: its exchange already left the compute idle."""
+
+    def __init__(self, share: float = 1.0, wake: Optional[threading.Event] = None):
+        if not (isinstance(share, (int, float)) and 0.0 < share <= 1.0):
+            raise ValueError(f"cpu limit must be > 0 and <= 1, got {share!r}")
+        self.share = float(share)
+        self._wake = wake if wake is not None else threading.Event()
+        self.rested_s = 0.0
+        """Seconds spent resting so far."""
+
+    def after_step(self, seconds: float) -> None:
+        if self.share >= 1.0 or not seconds > 0.0:
+            return
+        pause = seconds * (1.0 - self.share) / self.share
+        started = time.monotonic()
+        self._wake.wait(pause)
+        self.rested_s += time.monotonic() - started
+
+
 class PathTrainer:
     """Trains ``path`` of the run on ``dataset`` with ``averager`` (a :class:`peer.averaging.ModuleAverager`).
 
     ``fetch_state(module_id, like) -> ModuleState | None`` asks live holders for a module's state;
     ``outer`` overrides the run's outer config for this assignment (a larger H or a stronger codec
-    for a slow link); the checkpoint still belongs to the run's config hash.
+    for a slow link); the checkpoint still belongs to the run's config hash. ``cpu_limit`` rests
+    between inner steps (:class:`CpuLimit`; default: no rest).
     """
 
     def __init__(
@@ -62,8 +88,10 @@ class PathTrainer:
         status: PeerStatus,
         fetch_state: Optional[Callable[[str, list[torch.Tensor]], Any]] = None,
         outer: Optional[OuterConfig] = None,
+        cpu_limit: Optional[CpuLimit] = None,
     ):
         self.cfg = cfg
+        self.cpu_limit = cpu_limit or CpuLimit()
         self.path = cfg.lattice.check_path(path)
         self.dataset = dataset
         self.device = device
@@ -186,7 +214,10 @@ class PathTrainer:
             reason = should_stop()
             if reason:
                 return reason
+            step_started = time.monotonic()
             report = self.train_step()
+            if report is None:
+                self.cpu_limit.after_step(time.monotonic() - step_started)
             elapsed = max(1e-6, time.monotonic() - started)
             self.status.step += 1
             self.status.loss = self.loss_ema

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.solo import SoloAverager
 from peer.node import CheckpointDir, CheckpointError
 
 torch.set_num_threads(1)
@@ -134,31 +135,6 @@ def dataset(tmp_path_factory):
     src = write_corpus(root / "src", per_domain=4)
     prepare(corpus_from_paths([str(src)]), root / "data", levels=1, modules=1)
     return Dataset(root / "data")
-
-
-class SoloAverager:
-    """The in-process :class:`peer.averaging.LocalAverager` with this peer as its only member, plus
-    the holder announcements a network averager makes (nobody to announce to without a network)."""
-
-    def __init__(self) -> None:
-        from peer.averaging import LocalAverager
-
-        self.member = LocalAverager().member("solo")
-
-    def average(self, *args, **kwargs):
-        return self.member.average(*args, **kwargs)
-
-    def use_aggregation(self, rule) -> None:
-        self.member.use_aggregation(rule)
-
-    def serve_states(self, provider) -> None:
-        self.provider = provider
-
-    def hold(self, module_id: str, round_no: int, wait: bool = True, digest: str = "") -> None:
-        pass
-
-    def release(self, module_id: str) -> None:
-        pass
 
 
 def test_a_training_peer_reports_the_full_disk_and_keeps_training(small_disk, dataset, caplog):
