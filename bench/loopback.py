@@ -73,14 +73,15 @@ class LoopbackNetwork:
             "--http-port", str(self.http_port), "--token-file", str(self.root / "token")], env=self.env)
         wait_until(lambda: self.status() is not None, timeout, "the coordinator to answer")
 
-    def start_peer(self, name: str) -> None:
+    def start_peer(self, name: str, *extra: str) -> None:
+        """``hivepath peer join`` as ``name``, with ``extra`` flags after the network's own."""
         from peer.demo.launcher import _hivepath
 
         self.procs.start(name, [
             *_hivepath(), "peer", "join", "--work-dir", str(self.root / name), "--progress", "json",
             "--measure-seconds", "0.3", "--coordinator", f"127.0.0.1:{self.port}",
             "--token-file", str(self.root / "token"), "--data", str(self.data_dir),
-            "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--status-port", "0"], env=self.env)
+            "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--status-port", "0", *extra], env=self.env)
         self.peers.append(name)
 
     def exited(self) -> list[str]:

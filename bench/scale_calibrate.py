@@ -10,6 +10,11 @@ of them, then measures ``window`` seconds. Round times come from the peers' ``--
 ``round`` events (the time between two rounds of ``embed`` of one peer); group sizes from the same
 events (one per module, round and member set).
 
+Each peer trains a share of the time (``peer join --cpu-limit``) such that all of them together at
+the largest size take ``compute_cores`` (default 1) of this machine's 2 cores: volunteers each have a
+machine of their own, and N peers training flat out on 2 cores starve every exchange of CPU, which
+the simulator (one machine per peer) does not model.
+
 Simulated: :func:`bench.scale_sim.simulate` with the same peers (each joining at the second the real
 one did, with the tokens/s and link bandwidths it measured and reported to the coordinator), the
 same lattice, ``round_seconds``, ``round_timeout``, ``inner_steps``, the tiny run config, no churn,
@@ -79,6 +84,17 @@ class Plan:
     settle_rounds: int = 2
     """Rounds of ``embed`` in a group of everyone each peer must have done before a stage is measured."""
     seed: int = 0
+    compute_cores: float = 1.0
+    """Cores the peers' training takes together at the largest size: each peer trains with
+    ``--cpu-limit compute_cores / max(sizes)`` (0: no limit). Volunteers each have a machine of
+    their own; here N peers share 2 cores, and training them flat out starves every exchange of CPU
+    (load averages of 10-27 on 2 cores in the first runs), an overhead no volunteer has and the
+    simulator does not model. The rest of the machine is left to the exchanges, daemons and DHTs."""
+
+    def cpu_limit(self) -> Optional[float]:
+        if self.compute_cores <= 0:
+            return None
+        return min(1.0, self.compute_cores / max(self.sizes))
 
 
 QUICK = Plan(sizes=(4,), round_seconds=5.0, round_timeout=10.0, window=25.0)
@@ -187,8 +203,9 @@ def calibrate(plan: Plan, work: Path) -> dict:
         net.start_coordinator()
         for n in plan.sizes:
             new = [f"peer{i}" for i in range(len(net.peers), n)]
+            limit = plan.cpu_limit()
             for name in new:
-                net.start_peer(name)
+                net.start_peer(name, *(["--cpu-limit", f"{limit:.4f}"] if limit is not None else []))
             log.info("%d peers: started %d; waiting until all average together", n, len(new))
             try:
                 wait_until(lambda: _alive(net) and all(net.events(m, "join") for m in new), 120 + 10 * len(new),
@@ -260,7 +277,8 @@ def headline(plan: Plan, rows: list[dict]) -> dict:
         "real_overhead_s_median_by_peers": {k: r["real"]["overhead_s_median"] for k, r in by.items()},
         "sim_overhead_s_median_by_peers": {k: r["sim"]["overhead_s_median"] for k, r in by.items()},
         "sizes": list(plan.sizes), "round_seconds": plan.round_seconds, "round_timeout": plan.round_timeout,
-        "window_s": plan.window, "inner_steps": INNER_STEPS, "lattice": "2x2", "preset": "tiny", "seed": plan.seed,
+        "window_s": plan.window, "compute_cores": plan.compute_cores, "peer_cpu_limit": plan.cpu_limit(),
+        "inner_steps": INNER_STEPS, "lattice": "2x2", "preset": "tiny", "seed": plan.seed,
         "sim_model": {"LATENCY": swarm.LATENCY, "GATHER": swarm.GATHER, "POLL": swarm.POLL,
                       "WAITING_POLL": swarm.WAITING_POLL, "DEADLINE": swarm.DEADLINE},
         "rows": rows,
@@ -271,7 +289,8 @@ def resimulate(previous: dict) -> tuple[Plan, list[dict]]:
     """The rows of an earlier result with the simulator run again on its measured inputs (after a change
     to the model): the real figures are kept, the earlier simulated ones move to ``sim_previous``."""
     plan = Plan(sizes=tuple(previous["sizes"]), round_seconds=previous["round_seconds"],
-                round_timeout=previous["round_timeout"], window=previous["window_s"], seed=previous["seed"])
+                round_timeout=previous["round_timeout"], window=previous["window_s"], seed=previous["seed"],
+                compute_cores=previous.get("compute_cores", 0.0))  # the first runs trained flat out
     _, base_run = _dataset()
     rows = []
     for r in previous["rows"]:
@@ -290,6 +309,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--quick", action="store_true", help="4 peers, 5 s rounds, a 25 s window")
     ap.add_argument("--sizes", help="peers at each stage, comma-separated (default 4,8,12)")
     ap.add_argument("--window", type=float, help="seconds measured at each stage (default 60)")
+    ap.add_argument("--compute-cores", type=float,
+                    help="cores the peers' training takes together at the largest size (each peer's --cpu-limit is "
+                         "this over the largest size; 0: no limit; default 1)")
     ap.add_argument("--work", type=Path, help="keep the processes' logs and work dirs here (default: a temp dir)")
     ap.add_argument("--resimulate", type=Path, metavar="RESULT.json",
                     help="no real run: simulate again the measured inputs of an earlier result (after a model change)")
@@ -309,6 +331,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         plan = Plan(**{**plan.__dict__, "sizes": tuple(int(s) for s in args.sizes.split(","))})
     if args.window:
         plan = Plan(**{**plan.__dict__, "window": args.window})
+    if args.compute_cores is not None:
+        if not args.compute_cores >= 0:
+            ap.error(f"--compute-cores must be >= 0, got {args.compute_cores}")
+        plan = Plan(**{**plan.__dict__, "compute_cores": args.compute_cores})
     if args.work is not None:
         out = calibrate(plan, args.work)
     else:
