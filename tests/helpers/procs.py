@@ -51,6 +51,10 @@ def hivepath_cmd(*args: str) -> list[str]:
     return [str(exe) if exe.exists() else "hivepath", *args]
 
 
+TEARDOWN_GRACE = 1.0
+"""Seconds a test's processes get to exit after SIGTERM at its end before SIGKILL (see :meth:`ProcessGroup.close`)."""
+
+
 class ProcessGroup(ChildProcesses):
     """Child processes started by a test (each in its own session, with the same parent-death watchdog
     as the demo's and the benchmarks'); :meth:`close` terminates and reaps every one."""
@@ -61,6 +65,13 @@ class ProcessGroup(ChildProcesses):
     def start(self, name: str, cmd: Sequence[str], env: Optional[dict] = None, **kw) -> subprocess.Popen:
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         return super().start(name, cmd, env=full_env, cwd=kw.pop("cwd", ROOT), **kw)
+
+    def close(self) -> None:
+        """At the end of a test: SIGTERM, :data:`TEARDOWN_GRACE` seconds, then SIGKILL to every session.
+        The test has asserted what it needed; a drain (finish the round, checkpoint, leave) would only
+        cost each test seconds more on a loaded machine. Tests of the drain itself stop their processes
+        themselves, with the drain's own timeout."""
+        self.stop(timeout=TEARDOWN_GRACE)
 
     def log(self, name: str) -> str:
         path = self.log_dir / f"{name}.log"
