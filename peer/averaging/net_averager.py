@@ -141,6 +141,8 @@ class NetAverager:
         self._held: dict[str, tuple[int, str]] = {}
         self._waiting_check: Optional[Any] = None
         self._waiting_checked = -math.inf
+        self.last_waiting: Optional[tuple[str, int, str]] = None
+        """(module, round, peer) of the last declaration :meth:`others_waiting` answered True for."""
         self._archived: dict[str, int] = {}
         self._held_lock = threading.Lock()
         self._in_flight: set[Any] = set()
@@ -308,19 +310,21 @@ class NetAverager:
             self._waiting_check = asyncio.run_coroutine_threadsafe(self._check_waiting(key), self._loop)
         if pending is not None and pending.done() and pending.exception() is None:
             checked_key, waiting = pending.result()
-            return waiting and checked_key == key
+            if waiting is not None and checked_key == key:
+                self.last_waiting = waiting
+                return True
         return False
 
-    async def _check_waiting(self, key: tuple) -> tuple[tuple, bool]:
+    async def _check_waiting(self, key: tuple) -> tuple[tuple, Optional[tuple[str, int, str]]]:
         # every module's key at once: one DHT round trip, not one per module, before a slower peer
         # notices that the group waits for it
         found = await asyncio.gather(*(self.dht.get(group_key(self.run_id, module_id, round_no), latest=True,
                                                     return_future=True) for module_id, round_no in key))
-        for value in found:
+        for (module_id, round_no), value in zip(key, found):
             for peer, decl in records_from_value(value, GroupDeclaration).items():
                 if peer != self.peer_id and decl.config_hash == self.config_hash and decl.data_hash == self.data_hash:
-                    return key, True
-        return key, False
+                    return key, (module_id, round_no, peer)
+        return key, None
 
     # -- averaging ----------------------------------------------------------------------------
 

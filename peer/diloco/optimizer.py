@@ -159,6 +159,10 @@ class DiLoCoOptimizer:
         if self._steps_in_round >= cfg.inner_steps or (cfg.round_seconds > 0 and elapsed >= cfg.round_seconds):
             return self._end_round(elapsed)
         if self._others_waiting():
+            waiting = getattr(self.averager, "last_waiting", None)
+            logger.info("round %d ends early, after %d steps in %.2fs: %s", self.round, self._steps_in_round, elapsed,
+                        "another holder waits" if waiting is None else
+                        f"{waiting[2][-8:]} waits to average {waiting[0]} round {waiting[1]}")
             return self._end_round(elapsed)
         return None
 
