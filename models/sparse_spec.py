@@ -6,16 +6,23 @@ positions; the rest is left to error feedback (SparseLoCo, Sarfi et al. 2025; De
 ``topk16b2`` keeps 1.56% of the values at 2 bits. Like the other codecs, a run names it in
 ``OuterConfig.codec`` and the coordinator hands it to every peer in its assignment.
 
-Uplink (a member's contribution), per chunk of ``c`` values keeping ``k_c = min(c, ceil(K c / CHUNK))``:
+Uplink (a member's contribution), per chunk of ``c`` values keeping ``k_c = min(c, ceil(K c / CHUNK))``,
+whose positions ``p_1 < ... < p_kc`` are Elias-Fano coded (Elias 1974, Fano 1971) with
+``l = low_bits(c, k_c) = floor(log2(c / k_c))`` low bits each:
 
 ==========================  =============================================================
  scale                       little-endian fp32: the chunk's largest kept magnitude / 2^(B-1)
- k_c entries, bit-packed     per entry :data:`INDEX_BITS` bits of position in the chunk
- (MSB first, padded to a     (ascending), then B bits of code: a sign bit and B-1 bits of
- byte per chunk)             ``level - 1``; the value is ``+-level * scale``, level in 1..2^(B-1)
+ then, bit-packed (MSB       the high parts: ``k_c + ((c - 1) >> l) + 1`` bits, with bit
+ first, padded to a byte     ``(p_i >> l) + i`` set for i = 0..k_c-1 (exactly k_c ones);
+ per chunk)                  the low parts: ``l`` bits of ``p_i`` per entry, in order;
+                             the codes: B bits per entry, in order: a sign bit and B-1 bits
+                             of ``level - 1``; the value is ``+-level * scale``, level in
+                             1..2^(B-1)
 ==========================  =============================================================
 
-so a chunk takes ``4 + ceil(k_c (INDEX_BITS + B) / 8)`` bytes, whatever the values: exact sizes.
+so a chunk takes :meth:`SparseSpec.chunk_bytes` bytes, whatever the values: exact sizes. For
+``topk16b2`` that is 4 + 20 bytes per 1024 values: 32 + 96 bits of positions where 10 bits each
+would take 160 (within 9 bits of the ``log2 C(1024, 16)`` = 119 bits any set of 16 positions needs).
 
 Downlink (a reducer's average of one part), behind a one-byte tag, whichever is smaller:
 
@@ -36,14 +43,15 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-__all__ = ["CHUNK", "INDEX_BITS", "SparseSpec", "sparse_spec", "is_sparse", "FEEDBACK_DECAY", "feedback_decay"]
+__all__ = ["CHUNK", "INDEX_BITS", "SparseSpec", "sparse_spec", "is_sparse", "FEEDBACK_DECAY", "feedback_decay",
+           "low_bits", "position_bits"]
 
 CHUNK = 1024
 """Values per top-k chunk: :data:`models.codec_spec.BLOCK`, so parts of a vector cut at its multiples
 encode to the same chunks as the whole vector (the all-reduce relies on it)."""
 
 INDEX_BITS = 10
-"""Bits of a position inside a chunk (``2 ** INDEX_BITS == CHUNK``)."""
+"""Bits of a position inside a chunk (``2 ** INDEX_BITS == CHUNK``) in an ``EXACT`` average."""
 
 FEEDBACK_DECAY = 0.95
 """Error feedback decay of the sparse codecs: ``x = delta + 0.95 residual`` (SparseLoCo's beta)."""
@@ -78,7 +86,8 @@ class SparseSpec:
         return min(count, -(-self.k * count // CHUNK))
 
     def chunk_bytes(self, count: int) -> int:
-        return 4 + (self.kept(count) * (INDEX_BITS + self.bits) + 7) // 8
+        kept = self.kept(count)
+        return 4 + (position_bits(count, kept) + kept * self.bits + 7) // 8
 
     def encoded_size(self, numel: int) -> int:
         """The exact number of bytes a contribution of ``numel`` values takes."""
@@ -95,6 +104,21 @@ class SparseSpec:
     def average_size(self, numel: int) -> int:
         """The most bytes an average of ``numel`` values takes (an ``EXACT`` one with no zero)."""
         return self.exact_size(numel, numel)
+
+
+def low_bits(count: int, kept: int) -> int:
+    """Elias-Fano low bits per position of ``kept`` positions in a chunk of ``count`` values:
+    ``floor(log2(count / kept))`` (0 when nearly every value is kept)."""
+    if not 1 <= kept <= count:
+        raise ValueError(f"cannot keep {kept} of {count} values")
+    return max(0, (count // kept).bit_length() - 1)
+
+
+def position_bits(count: int, kept: int) -> int:
+    """Bits of the Elias-Fano code of ``kept`` ascending positions in a chunk of ``count`` values:
+    the high parts' ``kept + ((count - 1) >> l) + 1`` bits and ``l`` low bits each."""
+    lb = low_bits(count, kept)
+    return kept + ((count - 1) >> lb) + 1 + kept * lb
 
 
 def _parse(name: object) -> Optional[SparseSpec]:

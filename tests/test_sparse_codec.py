@@ -3,6 +3,7 @@ that decode to the same bits whichever format the reducer sends."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -42,10 +43,27 @@ def test_roundtrip_keeps_the_largest_values_per_chunk_at_exact_sizes(name, numel
         assert float(levels.round().min()) >= 1 and float(levels.max()) == spec.levels
 
 
-def test_k16_at_2_bits_is_146x_smaller_than_fp32():
+def test_k16_at_2_bits_is_170x_smaller_than_fp32():
     n = 64 * CHUNK
-    assert codec_spec("topk16b2").encoded_size(n) == 64 * (4 + 16 * 12 // 8)
-    assert 4 * n / codec_spec("topk16b2").encoded_size(n) == pytest.approx(146.3, abs=0.1)
+    # 4 bytes of scale, 16 positions Elias-Fano coded in 32 + 16 x 6 bits, 16 codes of 2 bits
+    assert codec_spec("topk16b2").encoded_size(n) == 64 * (4 + (32 + 16 * 6 + 16 * 2) // 8)
+    assert 4 * n / codec_spec("topk16b2").encoded_size(n) == pytest.approx(170.7, abs=0.1)
+
+
+@pytest.mark.parametrize("count,kept", [(1024, 16), (1024, 14), (1024, 1), (1024, 1024), (100, 2), (7, 1), (5, 5),
+                                        (1000, 999), (33, 4)])
+def test_positions_are_elias_fano_coded_in_their_exact_size(count, kept):
+    from models.sparse_spec import position_bits
+    from peer.averaging.sparse import _elias_fano, _elias_fano_positions
+
+    g = torch.Generator().manual_seed(count * 7 + kept)
+    idx = torch.stack([torch.randperm(count, generator=g)[:kept].sort().values for _ in range(20)]).numpy()
+    idx[0] = np.arange(count - kept, count)  # the last positions: the largest high parts
+    idx[1] = np.arange(kept)
+    bits = _elias_fano(idx, count)
+    assert bits.shape == (20, position_bits(count, kept))
+    back, used = _elias_fano_positions(bits, count, kept, "test")
+    assert used == bits.shape[1] and np.array_equal(back, idx)
 
 
 def test_parts_cut_at_chunk_boundaries_encode_to_the_whole_vector():
@@ -56,30 +74,44 @@ def test_parts_cut_at_chunk_boundaries_encode_to_the_whole_vector():
     assert parts == whole
 
 
-@pytest.mark.parametrize("corrupt", ["length", "position", "order", "scale", "padding"])
-def test_malformed_bytes_are_refused(corrupt):
-    codec = get_codec("topk16b2")
-    data = bytearray(codec.encode(_vec(CHUNK, 3)))
+def _edit_bits(data: bytes, edit) -> bytes:
+    """``data`` with ``edit(bits)`` applied to its bits after the 4-byte scale (one chunk)."""
+    bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8)[4:]).copy()
+    edit(bits)
+    return data[:4] + np.packbits(bits).tobytes()
+
+
+@pytest.mark.parametrize("corrupt,says", [("length", "bytes"), ("count", "do not hold 16 entries"),
+                                           ("position", "out of the chunk or not strictly ascending"),
+                                           ("order", "out of the chunk or not strictly ascending"),
+                                           ("scale", "scale"), ("padding", "padding")])
+def test_malformed_bytes_are_refused(corrupt, says):
+    codec, numel = get_codec("topk16b2"), CHUNK
+    data = codec.encode(_vec(CHUNK, 3))
+    # topk16b2 on 1024 values: 32 bits of high parts (16 ones), 16 x 6 low bits, 16 x 2 bits of codes
     if corrupt == "length":
         data = data[:-1]
     elif corrupt == "scale":
-        data[0:4] = bytes.fromhex("0000c0ff")  # NaN
-    elif corrupt in ("position", "order"):
-        # first entry's position bits: set them to the second's (order) or beyond the chunk (tail chunk)
-        data = bytearray(codec.encode(_vec(CHUNK, 3)))
-        if corrupt == "order":
-            data[4] = 0xFF
-            data[5] |= 0xC0  # first position = 1023: the next one cannot be larger
-        else:
-            data = bytearray(codec.encode(_vec(100, 3)))
-            data[4] = 0xFF
-            data[5] |= 0xC0  # position 1023 in a chunk of 100
+        data = bytes.fromhex("0000c0ff") + data[4:]  # NaN
+    elif corrupt == "count":
+        data = _edit_bits(data, lambda b: b.__setitem__(int(np.flatnonzero(b[:32] == 0)[0]), 1))  # 17 ones
+    elif corrupt == "order":
+        def same_first_two(b):  # positions 0 and 1 both high part 0 with equal low parts: not ascending
+            b[:32] = 0
+            b[0:2] = 1
+            b[3:17] = 1  # the other 14: high part 1 (in the chunk)
+            b[32 + 6 : 32 + 12] = b[32:38]
+        data = _edit_bits(data, same_first_two)
+    elif corrupt == "position":
+        numel = 100  # a tail chunk keeps 2 positions with 5 low bits; its high parts take 6 bits
+        data = _edit_bits(codec.encode(_vec(100, 3)), lambda b: b.__setitem__(slice(0, 6), [0, 0, 0, 0, 1, 1]))
     elif corrupt == "padding":
-        data = bytearray(get_codec("topk3b2").encode(_vec(CHUNK, 3)))  # 3 x 12 bits: 4 padding bits
+        codec = get_codec("topk3b2")  # 31 bits of positions and 6 of codes: 3 padding bits
+        data = bytearray(codec.encode(_vec(CHUNK, 3)))
         data[-1] |= 0x01
-        codec = get_codec("topk3b2")
-    with pytest.raises(ValueError):
-        codec.decode(bytes(data), 100 if corrupt == "position" else CHUNK)
+        data = bytes(data)
+    with pytest.raises(ValueError, match=says):
+        codec.decode(data, numel)
 
 
 def test_averages_gathered_or_exact_decode_to_the_weighted_mean_bit_for_bit():

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from models.sparse_spec import CHUNK, INDEX_BITS, FEEDBACK_DECAY, SparseSpec
+from models.sparse_spec import CHUNK, INDEX_BITS, FEEDBACK_DECAY, SparseSpec, low_bits
 from peer.averaging.quantizers import Codec, _check_flat, _max_scale
 
 __all__ = ["SparseCodec", "EXACT", "GATHER"]
@@ -46,6 +46,39 @@ def _ints(bits: np.ndarray) -> np.ndarray:
     width = bits.shape[-1]
     weights = (1 << np.arange(width - 1, -1, -1)).astype(np.int64)
     return (bits.astype(np.int64) * weights).sum(axis=-1)
+
+
+def _elias_fano(idx: np.ndarray, count: int) -> np.ndarray:
+    """``(nb, kc)`` ascending positions in chunks of ``count`` -> their Elias-Fano bits ``(nb, position
+    bits)`` uint8 (layout: :mod:`models.sparse_spec`): the high parts as set bits ``(p >> l) + i``,
+    then ``l`` low bits of each position."""
+    nb, kc = idx.shape
+    lb = low_bits(count, kc)
+    high_len = kc + ((count - 1) >> lb) + 1
+    high = np.zeros((nb, high_len), dtype=np.uint8)
+    np.put_along_axis(high, (idx >> lb) + np.arange(kc), 1, axis=1)
+    low = _bits(idx & ((1 << lb) - 1), lb).reshape(nb, kc * lb)
+    return np.concatenate([high, low], axis=1)
+
+
+def _elias_fano_positions(bits: np.ndarray, count: int, kc: int, name: str) -> tuple[np.ndarray, int]:
+    """The ``(nb, kc)`` positions coded at the start of each row of ``bits`` and the bits they took;
+    ValueError unless each chunk's high parts hold exactly ``kc`` ones and the positions are strictly
+    ascending within the chunk."""
+    nb = bits.shape[0]
+    lb = low_bits(count, kc)
+    high_len = kc + ((count - 1) >> lb) + 1
+    if bits.shape[1] < high_len + kc * lb:
+        raise ValueError(f"{name}: a chunk is cut short")
+    high = bits[:, :high_len]
+    if bool((high.sum(axis=1, dtype=np.int64) != kc).any()):
+        raise ValueError(f"{name}: a chunk's positions do not hold {kc} entries")
+    set_at = np.nonzero(high)[1].reshape(nb, kc).astype(np.int64)  # row-major: ascending in each row
+    low = _ints(bits[:, high_len : high_len + kc * lb].reshape(nb, kc, lb))
+    idx = ((set_at - np.arange(kc)) << lb) | low
+    if bool((idx >= count).any()) or (kc > 1 and bool((idx[:, 1:] <= idx[:, :-1]).any())):
+        raise ValueError(f"{name}: positions are out of the chunk or not strictly ascending")
+    return idx, high_len + kc * lb
 
 
 class SparseCodec(Codec):
@@ -86,8 +119,9 @@ class SparseCodec(Codec):
         level = torch.div(vals.abs(), safe).round_().clamp_(1, m)  # (nb, kc) in 1..m
         negative = vals < 0  # (nb, kc)
         code = negative.to(torch.int64) << (self.spec.bits - 1) | (level.to(torch.int64) - 1)  # (nb, kc)
-        entry = np.concatenate([_bits(idx.numpy(), INDEX_BITS), _bits(code.numpy(), self.spec.bits)], axis=2)
-        packed = np.packbits(entry.reshape(nb, -1), axis=1)  # (nb, ceil(kc (10 + bits) / 8))
+        positions = _elias_fano(idx.numpy(), c)  # (nb, position bits)
+        codes = _bits(code.numpy(), self.spec.bits).reshape(nb, -1)  # (nb, kc * bits)
+        packed = np.packbits(np.concatenate([positions, codes], axis=1), axis=1)
         out = np.empty((nb, 4 + packed.shape[1]), dtype=np.uint8)
         out[:, :4] = scale.numpy().astype("<f4", copy=False).view(np.uint8)
         out[:, 4:] = packed
@@ -135,15 +169,13 @@ class SparseCodec(Codec):
         scale = torch.from_numpy(raw[:, :4].copy().view("<f4").astype(np.float32))  # (nb, 1)
         if not bool(torch.isfinite(scale).all()) or bool((scale < 0).any()) or bool((scale > self._max_scale).any()):
             raise ValueError(f"{self.name}: a chunk scale is negative, NaN, Inf or beyond fp32")
-        width = INDEX_BITS + self.spec.bits
         bits = np.unpackbits(raw[:, 4:], axis=1)
-        if bits[:, kc * width :].any():
+        idx_np, used = _elias_fano_positions(bits, c, kc, self.name)
+        end = used + kc * self.spec.bits
+        if bits[:, end:].any():
             raise ValueError(f"{self.name}: the padding bits of a chunk are not zero")
-        entry = bits[:, : kc * width].reshape(nb, kc, width)
-        idx = torch.from_numpy(_ints(entry[:, :, :INDEX_BITS]))  # (nb, kc)
-        code = _ints(entry[:, :, INDEX_BITS:])  # (nb, kc)
-        if bool((idx >= c).any()) or (kc > 1 and bool((idx[:, 1:] <= idx[:, :-1]).any())):
-            raise ValueError(f"{self.name}: positions are out of the chunk or not strictly ascending")
+        idx = torch.from_numpy(idx_np)  # (nb, kc)
+        code = _ints(bits[:, used:end].reshape(nb, kc, self.spec.bits))  # (nb, kc)
         m = self.spec.levels
         level = torch.from_numpy((code & (m - 1)) + 1).to(torch.float32)  # (nb, kc)
         signed = torch.where(torch.from_numpy(code >= m), level.neg(), level)
