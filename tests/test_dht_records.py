@@ -41,6 +41,11 @@ def test_valid_record_parses_and_round_trips():
     assert to_value(record) == GOOD
     decl = parse_record(GroupDeclaration, PEER, {"config_hash": "ab", "data_hash": "cd", "bandwidth": 0})
     assert decl == GroupDeclaration("ab", "cd", 0.0) and isinstance(decl.bandwidth, float)
+    # a paced declaration says so; an unpaced one stores no such field (as peers before it wrote them)
+    paced = GroupDeclaration("ab", "cd", 1.0, paced=True)
+    assert parse_record(GroupDeclaration, PEER, to_value(paced)) == paced
+    assert "paced" not in to_value(GroupDeclaration("ab", "cd", 1.0))
+    assert parse_record(GroupDeclaration, PEER, {**to_value(paced), "paced": "yes"}) is None
 
 
 @pytest.mark.parametrize(

@@ -507,7 +507,19 @@ def test_archive_peer_serves_state_but_is_never_waited_for(tmp_path):
             assert dht_a.dht.store(group_key("arch", "L1M1", 3), to_value(GroupDeclaration("aaaa0000aaaa0000", "", 1.0)),
                                    exp, subkey=dht_a.peer_id)
             wait_for(lambda: newcomer.others_waiting({"L1M1": 3}), 20, "the waiting peer to be noticed")
+            assert newcomer.last_waiting == ("L1M1", 3, dht_a.peer_id)
             assert not newcomer.others_waiting({"L1M1": 4})  # another round: not waiting for us
+            # a holder that ended its own round early for a waiting one paces nobody in turn
+            assert dht_a.dht.store(group_key("arch", "L1M1", 5),
+                                   to_value(GroupDeclaration("aaaa0000aaaa0000", "", 1.0, paced=True)),
+                                   exp, subkey=dht_a.peer_id)
+            assert dht_a.dht.store(group_key("arch", "L1M1", 6), to_value(GroupDeclaration("aaaa0000aaaa0000", "", 1.0)),
+                                   exp, subkey=dht_a.peer_id)
+            wait_for(lambda: newcomer.others_waiting({"L1M1": 6}), 20, "the unpaced declaration to be noticed")
+            end = time.monotonic() + 2.5  # over 2 checks, the paced declaration never counts
+            while time.monotonic() < end:
+                assert not newcomer.others_waiting({"L1M1": 5})
+                time.sleep(0.05)
             end = time.monotonic() + 2.5  # over 2 checks, the other config's declaration never counts
             while time.monotonic() < end:
                 assert not newcomer.others_waiting({"L1M0": 3})
@@ -558,6 +570,38 @@ def test_client_mode_peer_averages_without_reducing(tmp_path):
     assert float((results[0].averaged[0] - exact).abs().max()) < 1e-2 * float(exact.abs().max())
     # the client sent its 3 parts and received 3 averages, but served no part to anyone
     assert results[2].bytes_sent == sum(2 * n for n in _parts_sizes(3 * BLOCK + 5, ids, avgs))
+
+
+@pytest.mark.integration
+def test_a_member_that_ended_its_round_for_a_waiting_one_declares_it_paced():
+    """Pacing: ``b`` sees ``a`` waiting in matchmaking for their round, ends its own (what
+    ``DiLoCoOptimizer`` does on ``others_waiting``) and joins: its declaration says it was paced, ``a``'s
+    (a whole round) does not, so ``b``'s declaration never ends a third holder's round."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from peer.network import GroupDeclaration, group_key, records_from_value
+
+    host = ["/ip4/127.0.0.1/tcp/0"]
+    with start_dht(DHTOptions(host_maddrs=host)) as d0, \
+            start_dht(DHTOptions(host_maddrs=host, initial_peers=d0.maddrs())) as d1:
+        a, b = (NetAverager(d, "paced", "aaaa0000aaaa0000") for d in (d0, d1))
+        try:
+            for avg in (a, b):
+                avg.hold("L0M0", 4)
+            wait_for(lambda: len(read_records(b.dht, holders_key("paced", "L0M0"), HolderRecord)) == 2, 30,
+                     "both holder records")
+            int8 = get_codec("int8")
+            with ThreadPoolExecutor(2) as pool:
+                first = pool.submit(a.average, "L0M0", 4, [torch.ones(2 * BLOCK)], 1.0, int8, 20.0)
+                wait_for(lambda: b.others_waiting({"L0M0": 4}), 20, "a waiting for round 4")
+                second = pool.submit(b.average, "L0M0", 4, [torch.zeros(2 * BLOCK)], 1.0, int8, 20.0)
+                results = [first.result(timeout=60), second.result(timeout=60)]
+            decls = records_from_value(d0.dht.get(group_key("paced", "L0M0", 4), latest=True), GroupDeclaration)
+        finally:
+            a.shutdown()
+            b.shutdown()
+    assert all(r.group_size == 2 for r in results), [r.reason for r in results]
+    assert decls[a.peer_id].paced is False and decls[b.peer_id].paced is True
 
 
 def _parts_sizes(numel: int, ids: list[str], avgs: list) -> list[int]:

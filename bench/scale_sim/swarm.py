@@ -22,8 +22,10 @@ round; while computing it checks every ``WAITING_POLL`` seconds whether another 
 declared its modules' current round (:meth:`peer.averaging.net_averager.NetAverager.others_waiting`)
 and, if one has, ends its round at once with the tokens it has (``DiLoCoOptimizer._others_waiting``;
 the trainer ends it at its next inner step, which is not modelled: with it, the simulator fell into
-rounds far shorter than ``round_seconds`` in churn runs, a mode not investigated):
-the fastest member paces the round, so phases do not drift apart.
+rounds far shorter than ``round_seconds`` in churn runs, a mode not investigated; the real network
+showed the same once, at 8 peers, before a paced declaration stopped pacing others):
+the fastest member paces the round, so phases do not drift apart. As in the real code, only a member
+that computed its whole round paces the others (``GroupDeclaration.paced``).
 
 With ``max_group_size`` > 0 a module's holders split each round into
 :func:`peer.network.records.group_buckets` groups by :func:`peer.network.records.group_bucket` (real
@@ -171,8 +173,8 @@ class _Peer:
 
 
 class _Group:
-    __slots__ = ("module", "round_no", "bucket", "expected", "waiting", "declared", "first", "closed", "members",
-                 "end", "deadline", "finished", "lost_member", "close_at")
+    __slots__ = ("module", "round_no", "bucket", "expected", "waiting", "declared", "first", "first_full", "closed",
+                 "members", "end", "deadline", "finished", "lost_member", "close_at")
 
     def __init__(self, module: str, round_no: int, bucket: Optional[int]):
         self.module, self.round_no, self.bucket = module, round_no, bucket
@@ -180,6 +182,7 @@ class _Group:
         self.waiting = 0  # expected members that have not declared
         self.declared: dict[str, float] = {}
         self.first = math.inf
+        self.first_full = math.inf  # the first declaration of a member that was not paced: it paces the others
         self.closed = False
         self.members: list[_Peer] = []
         self.end = math.inf
@@ -408,9 +411,11 @@ class Swarm:
             if not g.closed:
                 g.expected.add(p.spec.peer_id)
                 g.waiting += 1
-            others_waiting |= math.isfinite(g.first)
-        # others_waiting: a holder already waits for this round: end ours at the next check
-        self.loop.after(self.rng.uniform(0.0, WAITING_POLL) if others_waiting else full, self._declare, p, p.seq)
+            others_waiting |= math.isfinite(g.first_full)
+        # others_waiting: a holder that computed its whole round already waits for this round: end ours at
+        # the next check (and say so: a paced declaration paces nobody, GroupDeclaration.paced)
+        self.loop.after(self.rng.uniform(0.0, WAITING_POLL) if others_waiting else full, self._declare, p, p.seq,
+                        others_waiting)
 
     def _step_seconds(self, p: _Peer) -> float:
         """Seconds of one inner step (a batch of ``batch_size`` sequences) at the peer's tokens/s."""
@@ -448,7 +453,7 @@ class Swarm:
             g = self.groups[(m, r, b)] = _Group(m, r, b)
         return g
 
-    def _declare(self, p: _Peer, seq: int) -> None:
+    def _declare(self, p: _Peer, seq: int, paced: bool = False) -> None:
         if not p.alive or seq != p.seq or p.declared:
             return
         p.declared = True
@@ -479,10 +484,12 @@ class Swarm:
                 g.first = now
                 g.close_at = now + GATHER * timeout
                 self.loop.at(g.close_at, self._close, g)
+            if not paced and g.first_full == math.inf:
+                g.first_full = now
                 for pid in g.expected:  # their others_waiting check sees us within a poll
                     q = self.peers[pid]
                     if q.alive and not q.declared:
-                        self.loop.after(self.rng.uniform(0.0, WAITING_POLL), self._declare, q, q.seq)
+                        self.loop.after(self.rng.uniform(0.0, WAITING_POLL), self._declare, q, q.seq, True)
             if g.waiting <= 0:  # the members' next gather reads see it
                 self.loop.after(POLL, self._close, g)
 

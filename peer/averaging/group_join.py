@@ -80,6 +80,8 @@ class Looking:
     """The joiners our stored declaration lists."""
     expires: float = 0.0
     """DHT expiration time of our declaration."""
+    paced: bool = False
+    """We ended this round early because another holder waited (:attr:`GroupDeclaration.paced`)."""
 
 
 class GroupJoin:

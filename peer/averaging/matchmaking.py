@@ -114,18 +114,19 @@ class Matchmaker(GroupJoin):
         self._sources[module_id] = (source, int(round_no), time.monotonic())
 
     async def form_group(self, module_id: str, round_no: int, timeout: float, digest: str = "",
-                         wait_for_behind: bool = True) -> Match:
+                         wait_for_behind: bool = True, paced: bool = False) -> Match:
         """Matchmake round ``round_no`` of ``module_id`` within ``timeout`` seconds (the whole round's
         budget: the leader hands the rest to the all-reduce) among the holders whose state has
         ``digest`` (:func:`peer.outer.state_digest`). Returns a :class:`Match`. Without
-        ``wait_for_behind`` (overlap mode) a member with only holders behind it averages alone."""
+        ``wait_for_behind`` (overlap mode) a member with only holders behind it averages alone.
+        ``paced``: we ended this round early for a waiting holder (said in our declaration)."""
         from hivemind.utils import get_dht_time
 
         t0 = time.monotonic()
         gather_deadline, close_deadline, join_deadline = t0 + 0.2 * timeout, t0 + 0.35 * timeout, t0 + 0.45 * timeout
         end = t0 + 0.95 * timeout
         key = group_key(self.run_id, module_id, round_no)
-        looking = self._looking[key] = Looking(key, digest)
+        looking = self._looking[key] = Looking(key, digest, paced=paced)
         try:
             patience = BEHIND_PATIENCE_ROUNDS * timeout
             looking.expires = get_dht_time() + timeout
@@ -225,7 +226,7 @@ class Matchmaker(GroupJoin):
         """Store (or re-store, when more peers fetched our state meanwhile) our declaration of this round."""
         looking.expecting = expecting
         decl = GroupDeclaration(self.config_hash, self.data_hash, self.bandwidth, self._own_credential(),
-                                looking.digest, tuple(sorted(expecting))[:MAX_EXPECTING])
+                                looking.digest, tuple(sorted(expecting))[:MAX_EXPECTING], looking.paced)
         await self.dht.store(looking.key, to_value(decl), looking.expires, subkey=self.peer_id, return_future=True)
 
     async def withdraw(self, module_id: str) -> None:

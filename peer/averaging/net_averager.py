@@ -143,6 +143,9 @@ class NetAverager:
         self._waiting_checked = -math.inf
         self.last_waiting: Optional[tuple[str, int, str]] = None
         """(module, round, peer) of the last declaration :meth:`others_waiting` answered True for."""
+        self._paced: dict[str, int] = {}
+        """module -> the round :meth:`others_waiting` last answered True for: our declaration of
+        that round says it was paced (:attr:`peer.network.records.GroupDeclaration.paced`)."""
         self._archived: dict[str, int] = {}
         self._held_lock = threading.Lock()
         self._in_flight: set[Any] = set()
@@ -298,8 +301,10 @@ class NetAverager:
 
     def others_waiting(self, rounds: Mapping[str, int]) -> bool:
         """True when another holder of our config already declared itself ready for the current round
-        of one of these modules (``module_id -> round``): it waits in matchmaking, so
-        ``DiLoCoOptimizer`` ends its round now with the tokens it has. Never blocks the training loop:
+        of one of these modules (``module_id -> round``) after computing its whole round (a declaration
+        that was itself paced does not count: :attr:`peer.network.records.GroupDeclaration.paced`): it
+        waits in matchmaking, so ``DiLoCoOptimizer`` ends its round now with the tokens it has, and
+        our declaration of it says so. Never blocks the training loop:
         it answers from a DHT check at most ``WAITING_POLL`` seconds old, refreshed in the background
         (False until a check for exactly these rounds has come back)."""
         key = tuple(sorted(rounds.items()))
@@ -312,6 +317,7 @@ class NetAverager:
             checked_key, waiting = pending.result()
             if waiting is not None and checked_key == key:
                 self.last_waiting = waiting
+                self._paced = dict(key)
                 return True
         return False
 
@@ -322,7 +328,8 @@ class NetAverager:
                                                     return_future=True) for module_id, round_no in key))
         for (module_id, round_no), value in zip(key, found):
             for peer, decl in records_from_value(value, GroupDeclaration).items():
-                if peer != self.peer_id and decl.config_hash == self.config_hash and decl.data_hash == self.data_hash:
+                if (peer != self.peer_id and decl.config_hash == self.config_hash and decl.data_hash == self.data_hash
+                        and not decl.paced):
                     return key, (module_id, round_no, peer)
         return key, None
 
@@ -392,8 +399,9 @@ class NetAverager:
 
     async def _average(self, module_id: str, round_no: int, flat: Tensor, like: Sequence[Tensor], weight: float,
                        codec: Codec, timeout: float, digest: str) -> AverageResult:
+        paced = self._paced.get(module_id) == round_no
         group, reason, adopt = await self._matchmaker.form_group(module_id, round_no, timeout, digest,
-                                                                 wait_for_behind=self.wait_for_behind)
+                                                                 wait_for_behind=self.wait_for_behind, paced=paced)
         # announce our next round now, in the background, so it is visible long before anyone's next round
         self.hold(module_id, round_no + 1, wait=False)
         if (group is None and not adopt and not reason.startswith("behind")) or (group is not None
