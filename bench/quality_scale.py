@@ -165,9 +165,11 @@ def wide() -> Scale:
 def wide_horizon() -> Scale:
     """``wide``'s model on ``horizon-cosine``'s schedule (12,000 steps, inner lr cosine-decayed to a
     tenth), synchronous against H=128 int4 (outer momentum 0.9 and 0.8): at the same horizon and the same number of outer
-    rounds, is the gap of a 3.7x larger model smaller? Run with ``--only diloco``."""
+    rounds, is the gap of a 3.7x larger model smaller? Run with ``--only diloco``. Issue 26's best sparse
+    setting at the quick model's horizon scale (H=16, top-16 of 1024 at 2 bits) on this model: ``--only sparse``."""
     return wide().replace(name="wide-horizon", steps=12000, evals=6, lr_decay=True,
                           diloco_grid=((128, "int4"),), diloco_tuned=((128, "int4", 0.7, 0.8),),
+                          sparse_grid=((16, "topk16b2", 1.0, 0.0),),
                           priority=("sync-bytes", "diloco-bytes-H128-int4-lr0.7-m0.8", "diloco-bytes-H128-int4"))
 
 
