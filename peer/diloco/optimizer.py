@@ -181,7 +181,9 @@ class DiLoCoOptimizer:
         making the group wait for its remaining steps: the fastest member paces the round, as
         with hivemind's target batch size. In overlap mode too: the others' exchange of this round
         can only begin once we declare it, and they would wait for it at the end of their next
-        round. Averagers without this signal never end rounds early.
+        round. Only a holder that computed its whole round counts (the averager's rule: one that
+        ended early itself paces nobody, :attr:`peer.network.records.GroupDeclaration.paced`).
+        Averagers without this signal never end rounds early.
         """
         probe = getattr(self.averager, "others_waiting", None)
         if probe is None:
