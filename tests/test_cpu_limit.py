@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from helpers.solo import SoloAverager
+from helpers.solo import SoloAverager, one_path_dataset
 from peer.node import CheckpointDir, PeerStatus
 from peer.node.trainer import CpuLimit, PathTrainer
 
@@ -43,14 +43,7 @@ def test_a_share_outside_zero_to_one_is_refused(share):
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    from helpers import write_corpus
-    from models.corpus import corpus_from_paths
-    from models.data import Dataset, prepare
-
-    root = tmp_path_factory.mktemp("cpu-limit-data")
-    src = write_corpus(root / "src", per_domain=4)
-    prepare(corpus_from_paths([str(src)]), root / "data", levels=1, modules=1)
-    return Dataset(root / "data")
+    return one_path_dataset(tmp_path_factory.mktemp("cpu-limit-data"))
 
 
 def _train(dataset, tmp_path, limit: CpuLimit, steps: int) -> tuple[float, PathTrainer]:

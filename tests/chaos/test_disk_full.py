@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.solo import SoloAverager
+from helpers.solo import SoloAverager, one_path_dataset
 from peer.node import CheckpointDir, CheckpointError
 
 torch.set_num_threads(1)
@@ -127,14 +127,7 @@ def test_completely_full_disk_fails_at_the_first_byte(small_disk):
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    from helpers import write_corpus
-    from models.corpus import corpus_from_paths
-    from models.data import Dataset, prepare
-
-    root = tmp_path_factory.mktemp("disk-full-data")
-    src = write_corpus(root / "src", per_domain=4)
-    prepare(corpus_from_paths([str(src)]), root / "data", levels=1, modules=1)
-    return Dataset(root / "data")
+    return one_path_dataset(tmp_path_factory.mktemp("disk-full-data"))
 
 
 def test_a_training_peer_reports_the_full_disk_and_keeps_training(small_disk, dataset, caplog):

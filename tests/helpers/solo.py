@@ -1,6 +1,20 @@
-"""A peer's averager with nobody else: for tests that drive a trainer in this process."""
+"""A peer's averager with nobody else, and a one-path dataset: for tests that drive a trainer in
+this process."""
 
 from __future__ import annotations
+
+from pathlib import Path
+
+
+def one_path_dataset(root: Path):
+    """A small corpus under ``root`` prepared for a 1x1 lattice: a :class:`models.data.Dataset`."""
+    from helpers import write_corpus
+    from models.corpus import corpus_from_paths
+    from models.data import Dataset, prepare
+
+    src = write_corpus(root / "src", per_domain=4)
+    prepare(corpus_from_paths([str(src)]), root / "data", levels=1, modules=1)
+    return Dataset(root / "data")
 
 
 class SoloAverager:
