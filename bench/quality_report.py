@@ -156,6 +156,32 @@ def summarize(records: Sequence[dict]) -> dict[str, Any]:
     return out
 
 
+def goal_across_scales(summary: dict, results: Path = RESULTS) -> dict[str, Any]:
+    """The report's ``diloco_best_*`` keys (``quality.json``) when this scale has no point that meets the
+    goal (>= 1000x within 2% of its own synchronous baseline) and another scale's results file
+    (``quality_SCALE.json``, its own model, steps and baseline) has: that scale's best point, named
+    with ``diloco_best_scale``. Each gap is against the synchronous run of its own scale."""
+    own = {"diloco_best_scale": summary.get("scale_name")} if summary.get("diloco_meets_goal") else {}
+    if own:
+        return own
+    best = None
+    for path in sorted(results.glob("quality_*.json")):
+        try:
+            other = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if other.get("diloco_meets_goal") and (best is None or other["diloco_best_bytes_ratio"]
+                                               > best[1]["diloco_best_bytes_ratio"]):
+            best = (path, other)
+    if best is None:
+        return {"diloco_best_scale": None}
+    path, other = best
+    return {"diloco_best_bytes_ratio": other["diloco_best_bytes_ratio"],
+            "diloco_bpb_gap_at_best": other["diloco_bpb_gap_at_best"],
+            "diloco_best_point": other["diloco_best_point"], "diloco_meets_goal": True,
+            "diloco_best_scale": path.stem.removeprefix("quality_")}
+
+
 def _fmt(x: Any, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
 

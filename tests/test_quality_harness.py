@@ -175,3 +175,27 @@ def test_every_preset_builds_its_grid_and_names_only_its_own_points_first(name):
     missing = [n for n in scale.priority if n not in names]
     assert not missing, f"{name}: priority names points that are not in its grid: {missing}"
     assert names[:len(scale.priority)] == list(scale.priority)
+
+
+def test_the_report_takes_the_goal_from_the_scale_that_met_it(tmp_path):
+    import json
+
+    from bench.quality_report import goal_across_scales
+
+    def write(name: str, meets: bool, ratio: float, gap: float, point: str) -> None:
+        (tmp_path / f"quality_{name}.json").write_text(json.dumps(
+            {"diloco_meets_goal": meets, "diloco_best_bytes_ratio": ratio if meets else None,
+             "diloco_bpb_gap_at_best": gap if meets else None, "diloco_best_point": point if meets else None}))
+
+    quick = {"diloco_meets_goal": False, "diloco_best_bytes_ratio": None, "scale_name": "quick"}
+    assert goal_across_scales(quick, tmp_path) == {"diloco_best_scale": None}  # no scale met it
+    write("wide", False, 0, 0, "")
+    write("horizon", True, 1068.0, 0.013, "sparse-bytes-H16-topk16b2-lr1-m0")
+    write("long", True, 1010.0, 0.019, "diloco-x")
+    (tmp_path / "quality_broken.json").write_text("{not json")
+    assert goal_across_scales(quick, tmp_path) == {
+        "diloco_best_bytes_ratio": 1068.0, "diloco_bpb_gap_at_best": 0.013, "diloco_meets_goal": True,
+        "diloco_best_point": "sparse-bytes-H16-topk16b2-lr1-m0", "diloco_best_scale": "horizon"}
+    # a scale that met it itself keeps its own point
+    assert goal_across_scales({"diloco_meets_goal": True, "scale_name": "quick"}, tmp_path) == {
+        "diloco_best_scale": "quick"}
