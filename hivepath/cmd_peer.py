@@ -72,9 +72,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="CPU threads for torch (env HIVEPATH_THREADS; default: this machine's cores divided "
                         "among the peers running on it)")
     j.add_argument("--cpu-limit", type=share(), default=env_default("HIVEPATH_CPU_LIMIT"), metavar="SHARE",
-                   help="train at most this share of the time, resting between inner steps, e.g. 0.5 on a machine "
-                        "you also use (env HIVEPATH_CPU_LIMIT; default 1: no rest). The tokens/s reported to the "
-                        "coordinator are the rested ones, so the work assigned fits")
+                   help="train at most this share of the time, resting between inner steps (env HIVEPATH_CPU_LIMIT; "
+                        "default 1). E.g. 0.5 on a machine you also use; 1 never rests. The tokens/s reported to "
+                        "the coordinator are the rested ones, so the work assigned fits")
     j.add_argument("--measure-seconds", type=seconds(), default=env_default("HIVEPATH_MEASURE_SECONDS"),
                    metavar="S", help="seconds spent measuring tokens/s at start-up (env HIVEPATH_MEASURE_SECONDS; default 2)")
     j.add_argument("--spot", default=env_default("HIVEPATH_SPOT"), choices=["none", "aws", "gcp", "auto"],
