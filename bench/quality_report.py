@@ -161,9 +161,8 @@ def goal_across_scales(summary: dict, results: Path = RESULTS) -> dict[str, Any]
     goal (>= 1000x within 2% of its own synchronous baseline) and another scale's results file
     (``quality_SCALE.json``, its own model, steps and baseline) has: that scale's best point, named
     with ``diloco_best_scale``. Each gap is against the synchronous run of its own scale."""
-    own = {"diloco_best_scale": summary.get("scale_name")} if summary.get("diloco_meets_goal") else {}
-    if own:
-        return own
+    if summary.get("diloco_meets_goal"):
+        return {"diloco_best_scale": summary.get("scale_name")}
     best = None
     for path in sorted(results.glob("quality_*.json")):
         try:

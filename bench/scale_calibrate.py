@@ -201,11 +201,12 @@ def calibrate(plan: Plan, work: Path) -> dict:
     try:
         t0 = time.time()
         net.start_coordinator()
+        limit = plan.cpu_limit()
+        peer_flags = ["--cpu-limit", f"{limit:.4f}"] if limit is not None else []
         for n in plan.sizes:
             new = [f"peer{i}" for i in range(len(net.peers), n)]
-            limit = plan.cpu_limit()
             for name in new:
-                net.start_peer(name, *(["--cpu-limit", f"{limit:.4f}"] if limit is not None else []))
+                net.start_peer(name, *peer_flags)
             log.info("%d peers: started %d; waiting until all average together", n, len(new))
             try:
                 wait_until(lambda: _alive(net) and all(net.events(m, "join") for m in new), 120 + 10 * len(new),

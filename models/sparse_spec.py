@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 __all__ = ["CHUNK", "INDEX_BITS", "SparseSpec", "sparse_spec", "is_sparse", "FEEDBACK_DECAY", "feedback_decay",
-           "low_bits", "position_bits"]
+           "high_bits", "low_bits", "position_bits"]
 
 CHUNK = 1024
 """Values per top-k chunk: :data:`models.codec_spec.BLOCK`, so parts of a vector cut at its multiples
@@ -114,11 +114,16 @@ def low_bits(count: int, kept: int) -> int:
     return max(0, (count // kept).bit_length() - 1)
 
 
+def high_bits(count: int, kept: int) -> int:
+    """Bits of the Elias-Fano high parts of ``kept`` ascending positions in a chunk of ``count``
+    values: ``kept + ((count - 1) >> l) + 1``, a one per position and a zero per bucket boundary."""
+    return kept + ((count - 1) >> low_bits(count, kept)) + 1
+
+
 def position_bits(count: int, kept: int) -> int:
     """Bits of the Elias-Fano code of ``kept`` ascending positions in a chunk of ``count`` values:
-    the high parts' ``kept + ((count - 1) >> l) + 1`` bits and ``l`` low bits each."""
-    lb = low_bits(count, kept)
-    return kept + ((count - 1) >> lb) + 1 + kept * lb
+    the high parts (:func:`high_bits`) and ``l`` low bits each."""
+    return high_bits(count, kept) + kept * low_bits(count, kept)
 
 
 def _parse(name: object) -> Optional[SparseSpec]:

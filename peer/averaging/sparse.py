@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from models.sparse_spec import CHUNK, INDEX_BITS, FEEDBACK_DECAY, SparseSpec, low_bits
+from models.sparse_spec import CHUNK, INDEX_BITS, FEEDBACK_DECAY, SparseSpec, high_bits, low_bits
 from peer.averaging.quantizers import Codec, _check_flat, _max_scale
 
 __all__ = ["SparseCodec", "EXACT", "GATHER"]
@@ -53,8 +53,7 @@ def _elias_fano(idx: np.ndarray, count: int) -> np.ndarray:
     bits)`` uint8 (layout: :mod:`models.sparse_spec`): the high parts as set bits ``(p >> l) + i``,
     then ``l`` low bits of each position."""
     nb, kc = idx.shape
-    lb = low_bits(count, kc)
-    high_len = kc + ((count - 1) >> lb) + 1
+    lb, high_len = low_bits(count, kc), high_bits(count, kc)
     high = np.zeros((nb, high_len), dtype=np.uint8)
     np.put_along_axis(high, (idx >> lb) + np.arange(kc), 1, axis=1)
     low = _bits(idx & ((1 << lb) - 1), lb).reshape(nb, kc * lb)
@@ -66,8 +65,7 @@ def _elias_fano_positions(bits: np.ndarray, count: int, kc: int, name: str) -> t
     ValueError unless each chunk's high parts hold exactly ``kc`` ones and the positions are strictly
     ascending within the chunk."""
     nb = bits.shape[0]
-    lb = low_bits(count, kc)
-    high_len = kc + ((count - 1) >> lb) + 1
+    lb, high_len = low_bits(count, kc), high_bits(count, kc)
     if bits.shape[1] < high_len + kc * lb:
         raise ValueError(f"{name}: a chunk is cut short")
     high = bits[:, :high_len]
