@@ -10,9 +10,10 @@ Keys: ``peers_simulated`` (>= 10,000), ``round_time_ratio_1000_vs_10`` (<= 1.5),
 ``dht_ops_per_peer_round_at_1000`` (flat in peers), ``coordinator_cpu_share_at_10000`` (<= 0.5),
 ``churn_compute_loss_10pct_per_hour`` (<= 0.05); ``sweep`` holds every run's figures.
 ``--quick`` runs 10 and 100 peers only (seconds; writes ``scale_quick.json``, no plot). Each size runs
-twice: ``before`` (one averaging group per module and round, the matchmaker of today) and ``after``
-(``max_group_size`` = 64: a widely held module's holders split into groups by
-:func:`peer.network.records.group_bucket`). The 10,000-peer runs measure 240 simulated seconds after
+twice: ``before`` (one averaging group per module and round) and ``after`` (``[outer] max_group_size``
+= 64: a widely held module's holders average in groups drawn by
+:func:`peer.network.records.group_bucket`, whose means a top group of one delegate each averages and
+passes down each group's tree, as :mod:`peer.averaging.hierarchy` does). The 10,000-peer runs measure 240 simulated seconds after
 their ramp (wall time on 2 cores), the others 900 (lattice shapes 300).
 """
 

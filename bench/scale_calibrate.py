@@ -28,6 +28,8 @@ all average together within a deadline is reported under ``sizes_not_measured`` 
 (this machine's limit). ``--quick`` runs 4 peers with short rounds and window
 (``scale_calibrate_quick.json``); ``--resimulate RESULT.json`` runs only the simulator again on an
 earlier result's measured inputs (after a change to the model; the earlier figures are kept).
+``--max-group-size N`` runs it with split rounds (``[outer] max_group_size``, ``embed`` and ``head``
+averaged in two levels once more than N peers hold them) and writes ``scale_calibrate_split.json``.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ run_id = "calib"
 inner_steps = {inner_steps}
 round_seconds = {round_seconds}
 round_timeout = {round_timeout}
+max_group_size = {max_group_size}
 [data]
 manifest_hash = "{manifest_hash}"
 corpus = "default"
@@ -84,6 +87,10 @@ class Plan:
     settle_rounds: int = 2
     """Rounds of ``embed`` in a group of everyone each peer must have done before a stage is measured."""
     seed: int = 0
+    max_group_size: int = 0
+    """``[outer] max_group_size`` of the run (0: one group a module): with it, ``embed`` and ``head``
+    split into groups averaged in two levels (:mod:`peer.averaging.hierarchy`) once more peers hold
+    them, in the real peers and in the simulator alike."""
     compute_cores: float = 1.0
     """Cores the peers' training takes together at the largest size: each peer trains with
     ``--cpu-limit compute_cores / max(sizes)`` (0: no limit). Volunteers each have a machine of
@@ -104,11 +111,12 @@ def _round_events(net: LoopbackNetwork, name: str) -> list[dict]:
     return sorted((e for e in net.events(name, "round") if e.get("module") == MODULE), key=lambda e: e["time"])
 
 
-def _settled(net: LoopbackNetwork, n: int, rounds: int, since: float) -> bool:
-    """Every peer's last ``rounds`` rounds of ``embed``, all after ``since``, averaged in a group of all ``n``."""
+def _settled(net: LoopbackNetwork, n: int, rounds: int, since: float, split: bool = False) -> bool:
+    """Every peer's last ``rounds`` rounds of ``embed``, all after ``since``, averaged in a group of all
+    ``n`` (``split``: averaged, in a split round: a peer's group then counts its bucket and the delegates)."""
     for name in net.peers:
         last = [e for e in _round_events(net, name) if e["time"] > since][-rounds:]
-        if len(last) < rounds or not all(e["status"] == "done" and e["group_size"] == n for e in last):
+        if len(last) < rounds or not all(e["status"] == "done" and (split or e["group_size"] == n) for e in last):
             return False
     return True
 
@@ -176,7 +184,7 @@ def simulated(plan: Plan, base_run, measured: dict) -> dict:
     specs, start, stop = _peer_specs(measured["peers"]), measured["start"], measured["stop"]
     cfg = SimConfig(peers=len(specs), duration=stop - start, ramp=start, leave_per_hour=0.0, seed=plan.seed,
                     inner_steps=INNER_STEPS, round_seconds=plan.round_seconds, round_timeout=plan.round_timeout,
-                    replace_departures=False, base_run=base_run, peer_specs=specs)
+                    replace_departures=False, base_run=base_run, peer_specs=specs, max_group_size=plan.max_group_size)
     f = simulate(cfg).figures
     return {k: f[k] for k in ("round_s_median", "round_s_p90", "peer_rounds", "group_size_mean", "refused")}
 
@@ -195,7 +203,7 @@ def calibrate(plan: Plan, work: Path) -> dict:
     """Grow a real network through ``plan.sizes``, measure each stage, simulate it; the rows."""
     data, base_run = _dataset()
     net = LoopbackNetwork(work, RUN_TOML.format(inner_steps=INNER_STEPS, round_seconds=plan.round_seconds,
-                                                round_timeout=plan.round_timeout,
+                                                round_timeout=plan.round_timeout, max_group_size=plan.max_group_size,
                                                 manifest_hash=data.manifest_hash), data.dir)
     rows = []
     try:
@@ -212,7 +220,7 @@ def calibrate(plan: Plan, work: Path) -> dict:
                 wait_until(lambda: _alive(net) and all(net.events(m, "join") for m in new), 120 + 10 * len(new),
                            f"{len(new)} new peers to join")
                 joined = max(net.events(m, "join")[0]["time"] for m in new)
-                wait_until(lambda: _alive(net) and _settled(net, n, plan.settle_rounds, joined),
+                wait_until(lambda: _alive(net) and _settled(net, n, plan.settle_rounds, joined, plan.max_group_size > 0),
                            120 + 4 * plan.settle_rounds * (plan.round_seconds + plan.round_timeout),
                            f"all {n} peers to average together")
             except (TimeoutError, RuntimeError) as e:  # this machine's limit: report the sizes that ran
@@ -279,6 +287,7 @@ def headline(plan: Plan, rows: list[dict]) -> dict:
         "sim_overhead_s_median_by_peers": {k: r["sim"]["overhead_s_median"] for k, r in by.items()},
         "sizes": list(plan.sizes), "round_seconds": plan.round_seconds, "round_timeout": plan.round_timeout,
         "window_s": plan.window, "compute_cores": plan.compute_cores, "peer_cpu_limit": plan.cpu_limit(),
+        "max_group_size": plan.max_group_size,
         "inner_steps": INNER_STEPS, "lattice": "2x2", "preset": "tiny", "seed": plan.seed,
         "sim_model": {"LATENCY": swarm.LATENCY, "GATHER": swarm.GATHER, "POLL": swarm.POLL,
                       "WAITING_POLL": swarm.WAITING_POLL, "DEADLINE": swarm.DEADLINE},
@@ -291,7 +300,8 @@ def resimulate(previous: dict) -> tuple[Plan, list[dict]]:
     to the model): the real figures are kept, the earlier simulated ones move to ``sim_previous``."""
     plan = Plan(sizes=tuple(previous["sizes"]), round_seconds=previous["round_seconds"],
                 round_timeout=previous["round_timeout"], window=previous["window_s"], seed=previous["seed"],
-                compute_cores=previous.get("compute_cores", 0.0))  # the first runs trained flat out
+                compute_cores=previous.get("compute_cores", 0.0),  # the first runs trained flat out
+                max_group_size=previous.get("max_group_size", 0))
     _, base_run = _dataset()
     rows = []
     for r in previous["rows"]:
@@ -313,6 +323,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--compute-cores", type=float,
                     help="cores the peers' training takes together at the largest size (each peer's --cpu-limit is "
                          "this over the largest size; 0: no limit; default 1)")
+    ap.add_argument("--max-group-size", type=int, default=0,
+                    help="the run's [outer] max_group_size: split rounds of more holders (default 0: one group a "
+                         "module); writes scale_calibrate_split.json")
     ap.add_argument("--work", type=Path, help="keep the processes' logs and work dirs here (default: a temp dir)")
     ap.add_argument("--resimulate", type=Path, metavar="RESULT.json",
                     help="no real run: simulate again the measured inputs of an earlier result (after a model change)")
@@ -336,13 +349,17 @@ def main(argv: Optional[list[str]] = None) -> int:
         if not args.compute_cores >= 0:
             ap.error(f"--compute-cores must be >= 0, got {args.compute_cores}")
         plan = Plan(**{**plan.__dict__, "compute_cores": args.compute_cores})
+    if args.max_group_size:
+        if args.max_group_size < 2:
+            ap.error(f"--max-group-size must be 0 or at least 2, got {args.max_group_size}")
+        plan = Plan(**{**plan.__dict__, "max_group_size": args.max_group_size})
     if args.work is not None:
         out = calibrate(plan, args.work)
     else:
         with tempfile.TemporaryDirectory(prefix="hivepath-calib-") as d:
             out = calibrate(plan, Path(d))
-    emit("scale_calibrate_quick" if args.quick else "scale_calibrate",
-         {**headline(plan, out["rows"]), "quick": args.quick})
+    name = "scale_calibrate_quick" if args.quick else "scale_calibrate"
+    emit(name + ("_split" if plan.max_group_size else ""), {**headline(plan, out["rows"]), "quick": args.quick})
     return 0
 
 

@@ -309,11 +309,17 @@ class OuterConfig:
     norm_bound: float = 0.0
     """When > 0, a contribution whose norm exceeds this many times the group's median norm is
     scaled down to it before aggregation (0 disables)."""
+    max_group_size: int = 0
+    """When > 0, a round of a module with more live holders than this splits into groups of about this
+    size, whose means a top group of one delegate each averages; every holder applies the same bytes
+    (:mod:`peer.averaging.hierarchy`). 0: one group a module, whatever its size."""
 
     def __post_init__(self) -> None:
         check_types(self)
         positive(self, "lr", "inner_steps", "round_timeout")
-        non_negative(self, "round_seconds", "norm_bound")
+        non_negative(self, "round_seconds", "norm_bound", "max_group_size")
+        if self.max_group_size == 1:
+            raise ConfigError("max_group_size", "must be 0 (one group a module) or at least 2, got 1")
         if self.aggregator not in AGGREGATORS:
             raise ConfigError("aggregator", f"'{self.aggregator}' is not one of {', '.join(AGGREGATORS)}")
         if not 0.0 <= self.momentum < 1.0:

@@ -65,6 +65,7 @@ class Recorder:
         self.records.append(dict(
             module=module_id, round=round_no, weight=weight, sent=flatten(tensors),
             averaged=None if res.averaged is None else flatten(res.averaged), peers=list(res.peers),
+            own=None if res.own_decoded is None else flatten(res.own_decoded),
             group_size=res.group_size, reason=res.reason, seconds=time.monotonic() - t0,
             bytes_sent=res.bytes_sent, bytes_received=res.bytes_received,
         ))
@@ -105,7 +106,7 @@ def run_lattice(opts: dict, dht, out: dict) -> None:
         avg.hold(mid, 0)
     wait_holders(dht, cfg.run_id, "embed", cfg.content_hash(), opts["peers"])
     outer = OuterConfig(inner_steps=opts["inner_steps"], codec="int8", round_timeout=opts["round_timeout"],
-                        overlap=opts.get("overlap", False))
+                        overlap=opts.get("overlap", False), max_group_size=opts.get("max_group_size", 0))
     opt = DiLoCoOptimizer(pm.modules_by_id(), inner=cfg.inner, outer=outer, lattice=cfg.lattice, averager=rec)
     gen = torch.Generator().manual_seed(100 + opts["seed"])
     losses = []
@@ -141,8 +142,17 @@ def run_direct(opts: dict, dht, out: dict) -> None:
         if point == opts.get("die_at") and current["round"] == opts.get("die_round"):
             print(f"FAULT {point} round {current['round']}", flush=True)
             os.killpg(os.getpgid(0), signal.SIGKILL)
+        if point == opts.get("stall_at") and current["round"] == opts.get("stall_round"):
+            if opts.get("stall_once"):  # only the first peer to get here (the file is made once)
+                try:
+                    os.close(os.open(opts["stall_once"], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                except FileExistsError:
+                    return
+            print(f"STALL {point} round {current['round']}", flush=True)
+            time.sleep(opts["stall_s"])  # holds the averager's loop: everything of ours waits
 
     avg = NetAverager(dht, run_id, config_hash, state_provider=provider, event_hook=hook)
+    avg.use_group_cap(opts.get("max_group_size", 0))
     rec = Recorder(avg)
     if opts.get("join_late"):
         wait_holders(dht, run_id, mid, config_hash, opts["peers"] - 1, min_round=opts["join_round"])

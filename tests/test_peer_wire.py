@@ -39,9 +39,9 @@ METHODS = [m for s in SERVICES for m in s.methods]
 REPLY_TIMEOUT = 10.0
 PENDING_TIMEOUT = 1.0
 """Seconds to wait for a reply the handler may rightly hold back (see :data:`WAITS_FOR_ITS_GROUP`)."""
-WAITS_FOR_ITS_GROUP = {"Part"}
-"""Rpcs whose well-formed request may get no reply within the test's patience (a part of a group the
-host does not know waits for that group to form)."""
+WAITS_FOR_ITS_GROUP = {"Part", "Result"}
+"""Rpcs whose well-formed request may get no reply within the test's patience (a part, or a round's
+average, of a group the host does not know waits for that group to form)."""
 
 
 @pytest.fixture(scope="module")

@@ -75,6 +75,10 @@ class SimDHT:
             if not entries:
                 self.drop_key(key)
 
+    def size(self, key: str) -> int:
+        """The bytes one get of ``key`` returns now (nothing counted)."""
+        return self._size.get(key, 0) + len(key)
+
     def get_size(self, key: str, polls: int = 1) -> int:
         """Count ``polls`` gets of ``key`` without building their results (the matchmaking polls
         between two changes of the key return the same value); returns the bytes of one."""

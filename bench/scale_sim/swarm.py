@@ -29,8 +29,19 @@ that computed its whole round paces the others (``GroupDeclaration.paced``).
 
 With ``max_group_size`` > 0 a module's holders split each round into
 :func:`peer.network.records.group_buckets` groups by :func:`peer.network.records.group_bucket` (real
-code), each with its own group key and holders-of-this-group key; a member reads the module's whole
-holders key once a round to count the holders (the bucket count), and polls only its group's keys.
+code), each with its own group key; a member reads the module's whole holders key once a round to
+count the holders (the bucket count), then polls its group's key every ``POLL`` and the module's
+holders key every ``SPLIT_HOLDERS_POLL`` (as ``Matchmaker._gather`` does in a split round).
+As :mod:`peer.averaging.hierarchy` does, each bucket's delegate (real rule: its smallest member that
+accepts connections) then reads the holders key once more, declares the top group under
+:func:`peer.network.records.top_group_key` and polls it until the top group closes (every bucket with
+members there, or the gather deadline ``SPLIT_TOP_GATHER`` of the real averager); the top group needs
+more than half of those buckets, and its all-reduce is modelled as a group's (a bucket that comes after
+it closed fetches its average from a top member and applies it, its members' deltas carried into their
+next round, or fails if the top group failed); each bucket's members
+get the average down the real :func:`peer.averaging.hierarchy.tree` (the fastest uploads inner), passed
+on part by part as it arrives: the encoded average times its children over its upload, for the
+slowest inner node, plus a part's time at that pace and a round trip a hop.
 """
 
 from __future__ import annotations
@@ -55,9 +66,12 @@ from coordinator.records import Capabilities
 from coordinator.results import ProgressReport
 from coordinator.scheduler import exchange_bytes
 from models.config import InnerConfig, LatticeConfig, OuterConfig, RunConfig
-from peer.averaging.partition import part_bounds
+from peer.averaging.hierarchy import tree, tree_depth
+from peer.averaging.matchmaking import SPLIT_HOLDERS_POLL
+from peer.averaging.net_averager import SPLIT_BUCKET, SPLIT_TOP_GATHER
+from peer.averaging.partition import MAX_SEGMENTS, Group, part_bounds
 from peer.network.records import (GroupDeclaration, HolderRecord, group_bucket, group_buckets, group_key, holders_key,
-                                  records_from_value, to_value)
+                                  records_from_value, to_value, top_group_key)
 
 __all__ = ["SimConfig", "SimResult", "simulate", "run_config"]
 
@@ -192,6 +206,25 @@ class _Group:
         self.close_at = math.inf
 
 
+class _Top:
+    """The top group of one split round (:mod:`peer.averaging.hierarchy`): the buckets' delegates."""
+
+    __slots__ = ("module", "round_no", "groups", "ready", "arrived", "closed", "deadline", "expected", "first_full",
+                 "done_at", "late")
+
+    def __init__(self, module: str, round_no: int):
+        self.module, self.round_no = module, round_no
+        self.groups: list[_Group] = []  # the round's bucket groups
+        self.ready: list[_Group] = []  # those whose all-reduce ended (their delegate declared the top group)
+        self.arrived: dict[int, float] = {}  # id(group) -> when its delegate declared
+        self.closed = False
+        self.deadline = math.inf
+        self.expected: Optional[set[int]] = None  # the buckets of the holders at this round or the next
+        self.first_full = math.inf  # the first member of any bucket that computed its whole round: it paces all
+        self.done_at = math.inf  # when the top group's average exists (inf: it failed, or not yet)
+        self.late: list[_Peer] = []  # members that missed their bucket: they fetch the average once it exists
+
+
 class Swarm:
     """One simulated run: peers, the coordinator, the DHT and the event loop."""
 
@@ -212,6 +245,7 @@ class Swarm:
         self.dht = SimDHT(self.loop.now, self.loop.at)
         self.peers: dict[str, _Peer] = {}
         self.groups: dict[tuple[str, int, Optional[int]], _Group] = {}
+        self.tops: dict[tuple[str, int], _Top] = {}
         self.next_round: Counter[str] = Counter()
         self.next_index = cfg.peers
         self.c: Counter[str] = Counter()  # counts and sums measured in the window
@@ -403,19 +437,24 @@ class Swarm:
             self._add("dht_bytes", self.dht.store(h_key, p.spec.peer_id, value, expires, expire=True))
             self._add("dht_ops")
             b = p.buckets[m] = self._bucket(p, m, r)
-            if b is not None:  # announce ourselves to our group of this round too
-                self._add("dht_bytes", self.dht.store(self._holders_key(m, r, b), p.spec.peer_id, value,
-                                                      expires, expire=True))
-                self._add("dht_ops")
             g = self._group(m, r, b)
-            if not g.closed:
-                g.expected.add(p.spec.peer_id)
-                g.waiting += 1
-            others_waiting |= math.isfinite(g.first_full)
+            self._expect(g, p)
+            # (a split round's pacer declared under the module's key, where its declaration lives for
+            # round_timeout: Matchmaker.announce_full_round)
+            others_waiting |= math.isfinite(g.first_full) or (
+                b is not None and 0.0 <= now - self._top(m, r).first_full < self.cfg.round_timeout)
         # others_waiting: a holder that computed its whole round already waits for this round: end ours at
         # the next check (and say so: a paced declaration paces nobody, GroupDeclaration.paced)
         self.loop.after(self.rng.uniform(0.0, WAITING_POLL) if others_waiting else full, self._declare, p, p.seq,
                         others_waiting)
+
+    def _expect(self, g: _Group, p: _Peer) -> None:
+        """``g``'s members wait for ``p`` (its holder record announces ``g``'s round) until it declares."""
+        pid = p.spec.peer_id
+        if not g.closed and pid not in g.expected:
+            g.expected.add(pid)
+            if pid not in g.declared:
+                g.waiting += 1
 
     def _step_seconds(self, p: _Peer) -> float:
         """Seconds of one inner step (a batch of ``batch_size`` sequences) at the peer's tokens/s."""
@@ -430,28 +469,33 @@ class Swarm:
                         to_value(GroupDeclaration(self.config_hash, "", bw, p.credential)))
         return p.values
 
-    def _bucket(self, p: _Peer, m: str, r: int) -> Optional[int]:
+    def _bucket(self, p: _Peer, m: str, r: int, count: bool = True) -> Optional[int]:
         """This peer's group of module ``m``'s round ``r`` (None: one group a module): it counts the
-        holders in one read of the module's holders key, then applies the real rule."""
+        holders in one read of the module's holders key (``count``: the peer's own read, measured), then
+        applies the real rule."""
         if self.cfg.max_group_size <= 0:
             return None
         h_key = holders_key(self.run.run_id, m)
-        self._add("dht_bytes", self.dht.get_size(h_key))
-        self._add("dht_ops")
+        if count:
+            self._add("dht_bytes", self.dht.get_size(h_key))
+            self._add("dht_ops")
         k = group_buckets(self.dht.count(h_key), self.cfg.max_group_size)
         return None if k == 1 else group_bucket(m, r, p.spec.peer_id, k)
-
-    def _holders_key(self, m: str, r: int, b: Optional[int]) -> str:
-        """The holders a member polls while gathering: the module's, or (split groups) its group's."""
-        if b is None:
-            return holders_key(self.run.run_id, m)
-        return group_key(self.run.run_id, m, r, b)[:-len("group")] + "holders"
 
     def _group(self, m: str, r: int, b: Optional[int]) -> _Group:
         g = self.groups.get((m, r, b))
         if g is None:
             g = self.groups[(m, r, b)] = _Group(m, r, b)
+            if b is not None:
+                self._top(m, r).groups.append(g)
         return g
+
+    def _top(self, m: str, r: int) -> _Top:
+        top = self.tops.get((m, r))
+        if top is None:
+            top = self.tops[(m, r)] = _Top(m, r)
+            self.loop.after(3 * self.cfg.round_timeout + self.cfg.round_seconds, self.tops.pop, (m, r), None)
+        return top
 
     def _declare(self, p: _Peer, seq: int, paced: bool = False) -> None:
         if not p.alive or seq != p.seq or p.declared:
@@ -466,12 +510,16 @@ class Swarm:
         if polls:
             self._add("dht_ops", polls * len(mods))
             self.dht.ops += polls * len(mods)
-            self._add("dht_bytes", polls * sum(len(group_key(self.run.run_id, m, p.rounds[m], p.buckets[m]))
+            # (the module's key: a split round's pacers declare there too)
+            self._add("dht_bytes", polls * sum(self.dht.size(group_key(self.run.run_id, m, p.rounds[m]))
                                                for m in mods))
         for m in mods:
             g = self._group(m, p.rounds[m], p.buckets[m])
-            if g.closed:  # the group formed without us: behind, re-sync and fail this round
-                ready = g.end if math.isfinite(g.end) else now
+            if g.closed:  # the group formed without us
+                if g.bucket is not None:  # a split round: the round's average from a top member, if any
+                    self._late_member(p, m, g)
+                    continue
+                ready = g.end if math.isfinite(g.end) else now  # behind: re-sync and fail this round
                 self._module_done(p, m, g, ok=False, at=max(now, ready) + 4 * self.numel[m] / p.spec.download_bps)
                 continue
             key = group_key(self.run.run_id, m, g.round_no, g.bucket)
@@ -484,9 +532,22 @@ class Swarm:
                 g.first = now
                 g.close_at = now + GATHER * timeout
                 self.loop.at(g.close_at, self._close, g)
+            if not paced and g.bucket is not None:  # a split round's pacer also declares under the module's key
+                self._add("dht_bytes", self.dht.store(group_key(self.run.run_id, m, g.round_no), p.spec.peer_id,
+                                                      self._records(p)[1], now + timeout))
+                self._add("dht_ops")
+                top = self._top(m, g.round_no)
+                if top.first_full == math.inf:
+                    top.first_full = now
+                    # every bucket's others_waiting sees us (in a fixed order: the run does not depend on
+                    # the process's string hashing)
+                    for pid in sorted({q for x in top.groups for q in x.expected}):
+                        q = self.peers[pid]
+                        if q.alive and not q.declared:
+                            self.loop.after(self.rng.uniform(0.0, WAITING_POLL), self._declare, q, q.seq, True)
             if not paced and g.first_full == math.inf:
                 g.first_full = now
-                for pid in g.expected:  # their others_waiting check sees us within a poll
+                for pid in sorted(g.expected):  # their others_waiting check sees us within a poll
                     q = self.peers[pid]
                     if q.alive and not q.declared:
                         self.loop.after(self.rng.uniform(0.0, WAITING_POLL), self._declare, q, q.seq, True)
@@ -498,23 +559,40 @@ class Swarm:
             return
         now = self.loop.now()
         g.closed = True
-        self.next_round[g.module] = max(self.next_round[g.module], g.round_no + 1)
+        if g.bucket is None:  # a split round is applied only once its top group is through (_top_close)
+            self.next_round[g.module] = max(self.next_round[g.module], g.round_no + 1)
         key = group_key(self.run.run_id, g.module, g.round_no, g.bucket)
         found = self.dht.get(key)  # the leader's last read, through the real parser
         self._add("dht_ops")
         declared = records_from_value(found, GroupDeclaration)
         members = sorted(p for p in declared if self.peers[p].alive)
-        # each member polled both keys from its declaration until the group closed (or its own deadline)
-        h_key = self._holders_key(g.module, g.round_no, g.bucket)
+        # each member polled its group key from its declaration until the group closed (or its own
+        # deadline), and the module's holders key as often, or once a SPLIT_HOLDERS_POLL in a split round
+        h_key = holders_key(self.run.run_id, g.module)
+        gather = GATHER * self.cfg.round_timeout
         for pid in members:
-            polls = int(max(0.0, min(now, g.declared[pid] + GATHER * self.cfg.round_timeout)
-                            - g.declared[pid]) / POLL) + 1
-            nbytes = self.dht.get_size(key, polls) + self.dht.get_size(h_key, polls)
-            self._add("dht_ops", 2 * polls)
-            self._add("dht_bytes", nbytes * polls)
+            gathered = max(0.0, min(now, g.declared[pid] + gather) - g.declared[pid])
+            polls = int(gathered / POLL) + 1
+            h_polls = polls if g.bucket is None else int(gathered / SPLIT_HOLDERS_POLL) + 1
+            nbytes = self.dht.get_size(key, polls) * polls + self.dht.get_size(h_key, h_polls) * h_polls
+            self._add("dht_ops", polls + h_polls)
+            self._add("dht_bytes", nbytes)
         self.loop.after(self.cfg.round_timeout, self.dht.drop_key, key)
         g.members = [self.peers[p] for p in members]
-        g.deadline = g.first + DEADLINE * self.cfg.round_timeout
+        # its members announce their next round now (NetAverager holds round + 1 once the group formed):
+        # the next round's groups wait for them from here on, as the real matchmaker reads their records
+        for q in g.members:
+            if g.bucket is None:
+                self._expect(self._group(g.module, g.round_no + 1, None), q)
+            else:
+                self._expect(self._group(g.module, g.round_no + 1, self._bucket(q, g.module, g.round_no + 1,
+                                                                                 count=False)), q)
+        # a split round's bucket all-reduces by SPLIT_BUCKET of the round's budget (NetAverager._average_split)
+        g.deadline = g.first + self.cfg.round_timeout * (DEADLINE if g.bucket is None else SPLIT_BUCKET)
+        if g.bucket is not None:
+            top = self._top(g.module, g.round_no)
+            top.deadline = min(top.deadline, g.first + SPLIT_TOP_GATHER * self.cfg.round_timeout)
+            self.loop.at(top.deadline, self._top_close, top)
         if not members:
             g.finished = True
             return
@@ -565,16 +643,140 @@ class Swarm:
         if g.finished or self.loop.now() < g.end:
             return
         g.finished = True
+        if g.bucket is not None:  # a split round: the bucket's mean goes to the top group
+            self._top_arrive(g)
+            return
         for p in g.members:
             self._module_done(p, g.module, g, ok=True, at=self.loop.now())
 
-    def _module_done(self, p: _Peer, m: str, g: _Group, ok: bool, at: float) -> None:
+    # -- split rounds (peer.averaging.hierarchy) ------------------------------------------------
+
+    def _top_arrive(self, g: _Group) -> None:
+        """A bucket's all-reduce ended: its delegate counts the module's holders (one read of the holders
+        key) and declares the top group; the top group closes once every bucket with members is there."""
+        now = self.loop.now()
+        if self.groups.get((g.module, g.round_no, g.bucket)) is not g:  # an attempt whose top group failed
+            for p in g.members:
+                self._module_done(p, g.module, g, ok=False, at=now, retry=True)
+            return
+        top = self._top(g.module, g.round_no)
+        if top.closed:  # too late for the top group
+            self._add("top_late_groups")
+            if math.isfinite(top.done_at):  # its delegate fetches the round's average from a top member
+                spread = self._tree_seconds(g, self.wire[g.module] / MAX_SEGMENTS)
+                for p in g.members:  # (their deltas carry into their next round: not lost)
+                    self._module_done(p, g.module, g, ok=True, at=max(now, top.done_at) + LATENCY + spread)
+                return
+            for p in g.members:  # no average: nobody applied the round, the members average it again
+                self._module_done(p, g.module, g, ok=False, at=now, retry=True)
+            return
+        h_key = holders_key(self.run.run_id, g.module)
+        t_key = top_group_key(self.run.run_id, g.module, g.round_no)
+        d = self._delegate(g)
+        self._add("dht_bytes", self.dht.get_size(h_key))
+        self._add("dht_bytes", self.dht.store(t_key, d.spec.peer_id, self._records(d)[1], now + self.cfg.round_timeout))
+        self._add("dht_ops", 2)
+        top.ready.append(g)
+        top.arrived[id(g)] = now
+        if top.expected is None:  # as NetAverager._top_round reads them: the buckets of the live holders at
+            top.expected = self._held_buckets(g.module, g.round_no)  # this round or the next, ours included
+            top.expected.add(g.bucket)
+        if top.expected <= {x.bucket for x in top.ready}:
+            self.loop.after(POLL, self._top_close, top)
+
+    def _held_buckets(self, m: str, r: int) -> set[int]:
+        """The buckets of round ``r`` of ``m`` that hold a live holder, whatever round it announces, of as
+        many buckets as the holders key counts (``NetAverager._buckets``)."""
+        k = group_buckets(self.dht.count(holders_key(self.run.run_id, m)), self.cfg.max_group_size)
+        return {group_bucket(m, r, p.spec.peer_id, k) for p in self.peers.values()
+                if p.alive and p.assignment is not None and m in p.assignment.module_ids}
+
+    def _late_member(self, p: _Peer, m: str, g: _Group) -> None:
+        """``p`` missed its bucket's group (``NetAverager._average_split``): once the round's top group is
+        through it fetches the average from a top member and applies it (its delta carried into its
+        next round); if the top group failed, nobody applied the round and it averages it again."""
+        top = self._top(m, g.round_no)
+        if not top.closed:
+            top.late.append(p)
+            return
+        now = self.loop.now()
+        if math.isfinite(top.done_at):
+            self._module_done(p, m, g, ok=True, at=max(now, top.done_at) + LATENCY + self.wire[m] / p.spec.download_bps)
+        else:
+            self._module_done(p, m, g, ok=False, at=now, retry=True)
+
+    def _delegate(self, g: _Group) -> _Peer:
+        """The bucket's delegate: its smallest member that accepts connections (``hierarchy.delegate``)."""
+        accepting = [p for p in g.members if not p.spec.natted]
+        return min(accepting or g.members, key=lambda p: p.spec.peer_id)
+
+    def _top_close(self, top: _Top) -> None:
+        """The top group forms from the delegates that declared (more than half of the round's buckets
+        with members, or nobody applies), all-reduces the bucket means, and each bucket's members get the
+        average down their tree: ``hierarchy.tree_depth`` hops of the encoded average, each node
+        uploading it to two children."""
+        if top.closed:
+            return
+        top.closed = True
+        now = self.loop.now()
+        m = top.module
+        t_key = top_group_key(self.run.run_id, m, top.round_no)
+        for g in top.ready:  # each delegate polled the top key from its declaration until the close
+            polls = int((now - top.arrived[id(g)]) / POLL) + 1
+            self._add("dht_ops", polls)
+            self._add("dht_bytes", self.dht.get_size(t_key, polls) * polls)
+        self.loop.after(self.cfg.round_timeout, self.dht.drop_key, t_key)
+        held = len(top.expected or ())
+        ready = [g for g in top.ready if any(p.alive for p in g.members)]
+        if len(ready) < held // 2 + 1:  # nobody applies the round: every member averages it again, a
+            self._add("top_minority")    # fresh attempt (new groups, a new top group) at its next round
+            for key in [k for k in self.groups if k[0] == m and k[1] == top.round_no]:
+                del self.groups[key]
+            self.tops.pop((m, top.round_no), None)
+            for g in ready:
+                for p in g.members:
+                    self._module_done(p, m, g, ok=False, at=now, retry=True)
+            attempt = _Group(m, top.round_no, None)
+            for p in top.late:
+                self._module_done(p, m, attempt, ok=False, at=now, retry=True)
+            return
+        self.next_round[m] = max(self.next_round[m], top.round_no + 1)
+        self._add("top_groups")
+        self._add("top_group_members", len(ready))
+        exchange = self._exchange_seconds(m, [self._delegate(g) for g in ready]) if len(ready) > 1 else 0.0
+        top.done_at = now + exchange
+        for p in top.late:
+            self._late_member(p, m, self._group(m, top.round_no, p.buckets.get(m)))
+        part = self.wire[m] / (MAX_SEGMENTS * len(ready))  # the top group's parts, passed on one by one
+        for g in ready:
+            spread = self._tree_seconds(g, part)
+            for p in g.members:
+                self._module_done(p, m, g, ok=True, at=now + exchange + spread)
+
+    def _tree_seconds(self, g: _Group, part: float) -> float:
+        """Seconds for the round's average to reach the last member of bucket ``g`` down the real tree:
+        each inner node uploads it to its children as it arrives, the slowest of them sets the pace,
+        and each hop adds a part's time (``part`` bytes) at that pace and a round trip."""
+        group = Group("", tuple(p.spec.peer_id for p in g.members),
+                      tuple(0.0 if p.spec.natted else p.spec.upload_bps for p in g.members), 1.0)
+        root = self._delegate(g).spec.peer_id
+        children = Counter(tree(group, root).values())
+        if not children:
+            return 0.0
+        wire = self.wire[g.module]
+        upload = {p.spec.peer_id: p.spec.upload_bps for p in g.members}
+        pace = max(n * wire / upload[q] for q, n in children.items())
+        return pace + tree_depth(group, root) * (LATENCY + pace * part / wire)
+
+    def _module_done(self, p: _Peer, m: str, g: _Group, ok: bool, at: float, retry: bool = False) -> None:
+        """``p`` is done with ``m``'s round of ``g`` at ``at``: applied (``ok``), failed and re-synced to the
+        holders ahead, or failed with nobody applying it (``retry``: it averages the same round again)."""
         if at > self.loop.now():
-            self.loop.at(at, self._module_done, p, m, g, ok, at)
+            self.loop.at(at, self._module_done, p, m, g, ok, at, retry)
             return
         if not p.alive or p.open == 0:
             return
-        p.rounds[m] = g.round_no + 1 if ok else self.next_round[m]
+        p.rounds[m] = g.round_no + 1 if ok else (g.round_no if retry else max(self.next_round[m], g.round_no))
         p.open -= 1
         if not ok:
             p.failed += 1
@@ -644,6 +846,10 @@ class Swarm:
             "peer_rounds": peer_rounds,
             "group_size_mean": c["group_members"] / groups,
             "group_size_max": max(self.group_sizes, default=0),
+            "top_groups": c["top_groups"],
+            "top_group_size_mean": c["top_group_members"] / max(1.0, c["top_groups"]),
+            "top_groups_failed": c["top_minority"],
+            "top_late_groups": c["top_late_groups"],
             "groups_lost_member_share": c["groups_lost_member"] / groups,
             "dht_ops_per_peer_round": c["dht_ops"] / max(1, peer_rounds),
             "dht_bytes_per_peer_round": c["dht_bytes"] / max(1, peer_rounds),

@@ -21,6 +21,8 @@ Over the network (hivemind's P2P and DHT):
 - ``reducer``: the reducer's half of the all-reduce: validating, reducing and answering the parts it reduces.
 - ``allreduce``: :class:`ReductionServer`, a member's half of the all-reduce of one group's parts, with
   fallback reducers.
+- ``hierarchy``: split rounds (``outer.max_group_size``): a widely held module averaged in buckets, a top
+  group of their delegates, and the top group's bytes passed down each bucket's tree.
 - ``state_transfer``: serving and fetching a module's :class:`~peer.outer.ModuleState` (newcomers, re-sync).
 - ``net_averager``: :class:`NetAverager`, the contract over all of the above.
 - ``phases``: the exchange's CPU seconds by phase (encode, entropy, decode, reduce, copy), for benchmarks.

@@ -86,6 +86,10 @@ class AllReduceOutcome:
     reason: str = ""
     suspects: dict[str, str] = field(default_factory=dict)
     """Peer id -> why its contribution to a part reduced here was dropped or clipped."""
+    parts: list[tuple[int, int, bytes]] = field(default_factory=list)
+    """(start, end, encoded average) of every part, in vector order: the bytes ``averaged`` was decoded
+    from, the same on every member (a split round's top group passes them on to the other holders,
+    :mod:`peer.averaging.hierarchy`); empty when a part failed."""
 
 
 
@@ -215,8 +219,9 @@ class ReductionServer(PartReducer):
             while state.serving > 0 and time.monotonic() < final_deadline:  # our averages still going out
                 state.served.clear()
                 await wait_event(state.served, final_deadline)
+            parts = sorted((*bounds[s][j], data) for (s, j), (data, _) in results.items())
             return AllReduceOutcome(averaged, own_decoded, sorted(contributors), state.bytes_sent,
-                                    state.bytes_received, reason, dict(state.suspects))
+                                    state.bytes_received, reason, dict(state.suspects), parts)
         finally:
             for task in reducers.values():
                 if not task.done():

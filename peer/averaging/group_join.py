@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -60,6 +61,8 @@ class Follower(NamedTuple):
     """Its ``JoinRequest.fetched_from``."""
     relayed: bool = False
     """Its ``JoinRequest.relayed``: it can be dialled only through a relay."""
+    weight: float = 0.0
+    """Its ``JoinRequest.weight``: the tokens behind its contribution (0: not said)."""
 
 
 @dataclass
@@ -82,6 +85,8 @@ class Looking:
     """DHT expiration time of our declaration."""
     paced: bool = False
     """We ended this round early because another holder waited (:attr:`GroupDeclaration.paced`)."""
+    weight: float = 0.0
+    """The tokens behind our contribution, said in our join request (0: not said)."""
 
 
 class GroupJoin:
@@ -172,8 +177,9 @@ class GroupJoin:
         earlier = looking.followers.get(sender)
         if earlier is not None and not earlier.future.done():  # its earlier stream was cut: end that handler
             earlier.future.set_result(None)
+        weight = request.weight if math.isfinite(request.weight) and request.weight > 0 else 0.0
         looking.followers[sender] = Follower(max(0.0, request.bandwidth), future, request.fetched_from,
-                                             bool(request.relayed))
+                                             bool(request.relayed), weight)
         looking.changed.set()
         yield JoinReply(code=JoinReply.ACCEPTED, credential=mine)
         group = await future
@@ -195,9 +201,14 @@ class GroupJoin:
     def _begin_reply(group: Group, credential: bytes) -> JoinReply:
         return JoinReply(code=JoinReply.BEGIN, group_id=group.group_id, members=list(group.members),
                          bandwidths=list(group.bandwidths), allreduce_timeout=group.allreduce_timeout,
-                         credential=credential, relayed=list(group.relayed))
+                         credential=credential, relayed=list(group.relayed), weights=list(group.weights))
 
-    async def _lead(self, looking: Looking, others: set[str], close_deadline: float, end: float) -> tuple[Optional[Group], str]:
+    async def _lead(self, looking: Looking, others: set[str], close_deadline: float, end: float,
+                    min_members: int = 2, check_sources: bool = True) -> tuple[Optional[Group], str]:
+        """Wait for the declared ``others`` to join until ``close_deadline``, then begin the group (its
+        all-reduce may run until ``end``) if it has ``min_members`` members (us included), else give
+        up; with ``check_sources``, also when every member fetched this round's state from holders none
+        of which joined (see the module)."""
         while not others <= set(looking.followers) and time.monotonic() < close_deadline:
             looking.changed.clear()
             try:
@@ -208,18 +219,25 @@ class GroupJoin:
         followers = dict(looking.followers)
         if not followers:
             return None, f"no declared member ({', '.join(sorted(others))}) joined us"
+        if len(followers) + 1 < min_members:
+            for f in followers.values():  # they are told the leader gave up
+                if not f.future.done():
+                    f.future.set_result(None)
+            return None, f"only {len(followers) + 1} members joined, {min_members} needed"
         members = tuple(sorted([self.peer_id, *followers]))
         sources = {looking.fetched_from, *(f.fetched_from for f in followers.values())}
-        if "" not in sources and not sources & set(members):
+        if check_sources and "" not in sources and not sources & set(members):
             # every member just fetched this round's state from holders that are not here: they may have
             # stepped on already, and this group would be a second lineage at the same round numbers
             return None, (f"every member fetched this round's state from {', '.join(sorted(p[-8:] for p in sources))}, "
                           "none of which joined: re-sync to them instead of averaging their old state")
         bw = {self.peer_id: self.bandwidth, **{p: f.bandwidth for p, f in followers.items()}}
         relayed = {self.peer_id: self.relayed, **{p: f.relayed for p, f in followers.items()}}
+        weights = {self.peer_id: looking.weight, **{p: f.weight for p, f in followers.items()}}
         group = Group(f"{looking.key}-{self.peer_id[-8:]}-{secrets.token_hex(4)}", members,
                       tuple(bw[p] for p in members), max(0.1, end - time.monotonic()),
-                      tuple(relayed[p] for p in members) if any(relayed.values()) else ())
+                      tuple(relayed[p] for p in members) if any(relayed.values()) else (),
+                      tuple(weights[p] for p in members) if any(weights.values()) else ())
         for f in followers.values():
             if not f.future.done():
                 f.future.set_result(group)
@@ -229,13 +247,13 @@ class GroupJoin:
         return group, (f"dropped {', '.join(missing)} (did not join)" if missing else "")
 
     async def _follow(self, key: str, leader: str, deadline: float, begin_deadline: float,
-                      digest: str, fetched_from: str) -> tuple[Optional[Group], str]:
+                      digest: str, fetched_from: str, weight: float = 0.0) -> tuple[Optional[Group], str]:
         """Join ``leader`` by ``deadline``. Once it accepted us, it counts us in the group it begins,
         so we wait for its BEGIN until ``begin_deadline``: the leader's round may have started seconds
         after ours, and giving up earlier would leave the others waiting for our part until their
         all-reduce deadline."""
         accepted = asyncio.Event()
-        task = asyncio.ensure_future(self._follow_unbounded(key, leader, digest, fetched_from, accepted))
+        task = asyncio.ensure_future(self._follow_unbounded(key, leader, digest, fetched_from, accepted, weight))
         try:
             done, _ = await asyncio.wait({task}, timeout=max(0.01, deadline - time.monotonic()))
             if not done and accepted.is_set():
@@ -250,12 +268,12 @@ class GroupJoin:
                 task.cancel()
 
     async def _follow_unbounded(self, key: str, leader: str, digest: str, fetched_from: str,
-                                accepted: asyncio.Event) -> tuple[Optional[Group], str]:
+                                accepted: asyncio.Event, weight: float = 0.0) -> tuple[Optional[Group], str]:
         from hivemind.p2p import PeerID
 
         request = JoinRequest(group_key=key, config_hash=self.config_hash, data_hash=self.data_hash,
                               bandwidth=self.bandwidth, credential=self._own_credential(), state_digest=digest,
-                              fetched_from=fetched_from, relayed=self.relayed)
+                              fetched_from=fetched_from, relayed=self.relayed, weight=weight)
         redirections = cuts = 0
         while True:
             stream = await self.p2p.iterate_protobuf_handler(PeerID.from_base58(leader), self.handler_name,
@@ -308,7 +326,8 @@ class GroupJoin:
         members = tuple(reply.members)
         if (self.peer_id not in members or list(members) != sorted(set(members))
                 or len(reply.bandwidths) != len(members) or not reply.allreduce_timeout > 0
-                or len(reply.relayed) not in (0, len(members))):
+                or len(reply.relayed) not in (0, len(members)) or len(reply.weights) not in (0, len(members))
+                or not all(math.isfinite(w) and w >= 0 for w in reply.weights)):
             return None, f"leader {leader} sent a malformed group"
         return Group(reply.group_id, members, tuple(reply.bandwidths), float(reply.allreduce_timeout),
-                     tuple(bool(r) for r in reply.relayed)), ""
+                     tuple(bool(r) for r in reply.relayed), tuple(float(w) for w in reply.weights)), ""

@@ -30,6 +30,12 @@ fork), the state declared by the most holders is kept (ties: the larger digest, 
 every peer); the others fail the round with :attr:`Match.adopt` set and re-sync to it, keeping their
 local progress, so replicas are identical again after one round.
 
+Split rounds (``outer.max_group_size``, :mod:`peer.averaging.hierarchy`): a module with more live holders
+than the cap averages each round in buckets, each matchmade as above on its own key among the
+holders :func:`peer.network.records.group_bucket` puts in it (a member alone in its bucket gets a
+``LONE`` group and carries its own delta up); the buckets' delegates then matchmake the top group
+(:meth:`Matchmaker.form_top_group`), which needs more than half of the buckets that hold members.
+
 Admission (issue 9): with a ``verifier`` (:class:`peer.network.credentials.CredentialVerifier`) only
 admitted peers are grouped. Declarations and holder records without a valid credential for their
 writer are ignored, and so are join requests and leader replies without one
@@ -40,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import Counter
 from typing import Any, Callable, Mapping, NamedTuple, Optional
@@ -47,8 +54,8 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional
 from peer.averaging.group_join import GroupJoin, Looking
 from peer.averaging.partition import Group
 from peer.network import (MAX_EXPECTING, ArchiveRecord, CredentialProvider, CredentialVerifier, GroupDeclaration,
-                          HolderRecord, archive_key, group_key, holders_key, records_from_value, to_value, withdrawal,
-                          withdrawn_rounds)
+                          HolderRecord, archive_key, group_bucket, group_key, holders_key, records_from_value, to_value,
+                          top_group_key, withdrawal, withdrawn_rounds)
 
 __all__ = ["Matchmaker", "Match", "LONE", "BEHIND_PATIENCE_ROUNDS"]
 
@@ -61,6 +68,15 @@ BEHIND_PATIENCE_ROUNDS = 2.0
 """How long (in round budgets) a member otherwise alone waits for a holder behind it to catch up."""
 
 _POLL = 0.1  # seconds between DHT reads while gathering (a protocol poll, not a test wait)
+SPLIT_HOLDERS_POLL = 1.0
+"""Seconds between reads of a module's holders key while gathering a split round's bucket (the key
+lists every holder of the module: read every poll, it would be most of a peer's DHT bytes)."""
+
+
+def in_bucket(module_id: str, round_no: int, peer_id: str, bucket: Optional[tuple[int, int]]) -> bool:
+    """Whether ``peer_id`` averages ``module_id``'s round ``round_no`` in ``bucket`` = (b, k) (always,
+    without a bucket: one group a module)."""
+    return bucket is None or group_bucket(module_id, round_no, peer_id, bucket[1]) == bucket[0]
 
 
 class Match(NamedTuple):
@@ -103,6 +119,8 @@ class Matchmaker(GroupJoin):
         whether we logged giving up on it)."""
         self._declared: dict[str, tuple[str, float]] = {}
         """module -> (the group key of our last declaration, its DHT expiration)."""
+        self._announcing: set["asyncio.Future[Any]"] = set()
+        """Background stores of :meth:`announce_full_round` (kept so that they are not collected)."""
         self._seen: dict[tuple[str, str], float] = {}
         """(module, other holder) -> when its holder record was last read: a holder whose record
         vanished without a withdrawal may be cut off from us, not gone (see :meth:`_vanished`)."""
@@ -114,26 +132,35 @@ class Matchmaker(GroupJoin):
         self._sources[module_id] = (source, int(round_no), time.monotonic())
 
     async def form_group(self, module_id: str, round_no: int, timeout: float, digest: str = "",
-                         wait_for_behind: bool = True, paced: bool = False) -> Match:
+                         wait_for_behind: bool = True, paced: bool = False,
+                         bucket: Optional[tuple[int, int]] = None, weight: float = 0.0, end_share: float = 0.95) -> Match:
         """Matchmake round ``round_no`` of ``module_id`` within ``timeout`` seconds (the whole round's
         budget: the leader hands the rest to the all-reduce) among the holders whose state has
         ``digest`` (:func:`peer.outer.state_digest`). Returns a :class:`Match`. Without
         ``wait_for_behind`` (overlap mode) a member with only holders behind it averages alone.
-        ``paced``: we ended this round early for a waiting holder (said in our declaration)."""
+        ``paced``: we ended this round early for a waiting holder (said in our declaration).
+        ``weight``: the tokens behind our contribution, said to the leader (:attr:`Group.weights`).
+        ``end_share``: the share of ``timeout`` by which the group's all-reduce ends (a split round's
+        bucket leaves the rest to the top group and the tree).
+
+        ``bucket`` = (b, k): the module's holders average in k groups this round
+        (:mod:`peer.averaging.hierarchy`) and ours is group b; only holders whose
+        :func:`peer.network.records.group_bucket` is b are waited for, under the bucket's own key, and a
+        member alone in its bucket gets a ``LONE`` group (it carries its own delta to the top group)."""
         from hivemind.utils import get_dht_time
 
         t0 = time.monotonic()
         gather_deadline, close_deadline, join_deadline = t0 + 0.2 * timeout, t0 + 0.35 * timeout, t0 + 0.45 * timeout
-        end = t0 + 0.95 * timeout
-        key = group_key(self.run_id, module_id, round_no)
-        looking = self._looking[key] = Looking(key, digest, paced=paced)
+        end = t0 + min(0.95, end_share) * timeout
+        key = group_key(self.run_id, module_id, round_no, None if bucket is None else bucket[0])
+        looking = self._looking[key] = Looking(key, digest, paced=paced, weight=weight)
         try:
             patience = BEHIND_PATIENCE_ROUNDS * timeout
             looking.expires = get_dht_time() + timeout
             self._declared[module_id] = (key, looking.expires)
-            await self._declare(looking, self._own_joiners(module_id, round_no, patience))
+            await self._declare(looking, self._own_joiners(module_id, round_no, patience, bucket))
             everyone, ahead, same_round, behind, live, gone = await self._gather(
-                module_id, round_no, looking, gather_deadline, patience, wait_for_behind)
+                module_id, round_no, looking, gather_deadline, patience, wait_for_behind, bucket)
             left = max(gone.values(), default=-1)
             vanished = self._vanished(module_id, live, gone, patience)
             if ahead > round_no:
@@ -156,6 +183,8 @@ class Matchmaker(GroupJoin):
                 silent = same_round - set(everyone)
                 if silent:  # applying our delta alone would fork us from them
                     return Match(None, f"holders {', '.join(sorted(silent))} at this round did not declare in time")
+                if bucket is not None:  # the top group decides whether the round goes ahead
+                    return Match(Group(LONE, (self.peer_id,), (self.bandwidth,), 0.0), f"alone in group {bucket[0]}")
                 waiting = self._still_waiting(module_id, behind, patience) if wait_for_behind else {}
                 if waiting:  # they re-sync to us at their next round; stepping alone would keep us out of reach
                     return Match(None, "waiting for holders behind us to catch up ("
@@ -177,11 +206,79 @@ class Matchmaker(GroupJoin):
             leader = min(candidates)
             if leader == self.peer_id:
                 looking.decided.set()
-                return Match(*await self._lead(looking, set(declared), close_deadline, end))
+                # a split round's bucket is often all newcomers whose sources are in other buckets; the
+                # top group, which needs most buckets at this state, keeps them from a second lineage
+                return Match(*await self._lead(looking, set(declared), close_deadline, end,
+                                               check_sources=bucket is None))
             looking.leader = leader
             looking.decided.set()
             return Match(*await self._follow(key, leader, join_deadline, close_deadline + (end - close_deadline) / 2,
-                                             digest, looking.fetched_from))
+                                             digest, looking.fetched_from, weight))
+        finally:
+            looking.decided.set()
+            for f in looking.followers.values():
+                if not f.future.done():
+                    f.future.set_result(None)
+            self._looking.pop(key, None)
+
+    def announce_full_round(self, module_id: str, round_no: int, digest: str, timeout: float) -> None:
+        """In a split round, a member that computed its whole round also declares under the module's
+        own group key (in the background: the exchange does not wait on it). Every holder's
+        ``NetAverager.others_waiting`` reads that key, so the first one to finish paces the module's
+        holders in every bucket, not only its own: buckets that began late would miss the top group."""
+        from hivemind.utils import get_dht_time
+
+        decl = GroupDeclaration(self.config_hash, self.data_hash, self.bandwidth, self._own_credential(), digest)
+        task = asyncio.ensure_future(self.dht.store(group_key(self.run_id, module_id, round_no), to_value(decl),
+                                                    get_dht_time() + timeout, subkey=self.peer_id, return_future=True))
+        self._announcing.add(task)
+        task.add_done_callback(self._announced)
+
+    def _announced(self, task: "asyncio.Future[Any]") -> None:
+        self._announcing.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("announcing a full round failed: %r", task.exception())
+
+    async def form_top_group(self, module_id: str, round_no: int, digest: str, buckets: int, weight: float,
+                             gather_deadline: float, end: float) -> Match:
+        """As the delegate of our bucket's group (:mod:`peer.averaging.hierarchy`), matchmake the top group
+        of ``module_id``'s round ``round_no``: one delegate for each of the ``buckets`` groups that hold
+        members this round, whose state has ``digest``, each contributing its group's mean with
+        ``weight`` (the tokens behind it). Declarations are read until every bucket's delegate declared or
+        ``gather_deadline`` (``time.monotonic()``); the group is led by the smallest declared peer id that
+        accepts connections and must hold more than half the ``buckets``: two top groups of one round,
+        each applying another mean, would fork the replicas, and only one can hold a majority."""
+        from hivemind.utils import get_dht_time
+
+        key = top_group_key(self.run_id, module_id, round_no)
+        looking = self._looking[key] = Looking(key, digest, weight=weight)
+        need = buckets // 2 + 1
+        try:
+            looking.expires = get_dht_time() + max(1.0, end - time.monotonic())
+            await self._declare(looking, frozenset())
+            while True:
+                found = await self.dht.get(key, latest=True, return_future=True)
+                declared = {p: d for p, d in records_from_value(found, GroupDeclaration, self.verifier).items()
+                            if p != self.peer_id and d.digest == digest
+                            and not self._mismatch(p, d.config_hash, d.data_hash)}
+                if len(declared) + 1 >= buckets or time.monotonic() >= gather_deadline:
+                    break
+                await asyncio.sleep(_POLL)
+            if len(declared) + 1 < need:
+                return Match(None, f"top group: {len(declared) + 1} of {buckets} groups' delegates declared "
+                                   f"(a mean of fewer than {need} could fork the replicas)")
+            candidates = {p for p, d in declared.items() if d.bandwidth > 0} | ({self.peer_id} if self.bandwidth > 0 else set())
+            if not candidates:
+                return Match(None, "top group: no delegate accepts connections (all in client mode)")
+            leader = min(candidates)
+            close_deadline = gather_deadline + (end - gather_deadline) * 0.25
+            if leader == self.peer_id:
+                looking.decided.set()
+                return Match(*await self._lead(looking, set(declared), close_deadline, end, min_members=need))
+            looking.leader = leader
+            looking.decided.set()
+            return Match(*await self._follow(key, leader, close_deadline, close_deadline + (end - close_deadline) / 2,
+                                             digest, "", weight))
         finally:
             looking.decided.set()
             for f in looking.followers.values():
@@ -218,9 +315,12 @@ class Matchmaker(GroupJoin):
         return max((a.round_no for p, a in records_from_value(found, ArchiveRecord, self.verifier).items()
                     if p != self.peer_id and not self._mismatch(p, a.config_hash, a.data_hash)), default=-1)
 
-    def _own_joiners(self, module_id: str, round_no: int, patience: float) -> frozenset[str]:
-        """Peers that fetched ``round_no`` of ``module_id`` from us in the last ``patience`` seconds to average it."""
-        return frozenset(p for p, r in self.joiners(module_id, patience).items() if r == round_no and p != self.peer_id)
+    def _own_joiners(self, module_id: str, round_no: int, patience: float,
+                     bucket: Optional[tuple[int, int]] = None) -> frozenset[str]:
+        """Peers that fetched ``round_no`` of ``module_id`` from us in the last ``patience`` seconds to
+        average it (those of our ``bucket`` only, when the holders are split)."""
+        return frozenset(p for p, r in self.joiners(module_id, patience).items()
+                         if r == round_no and p != self.peer_id and in_bucket(module_id, round_no, p, bucket))
 
     async def _declare(self, looking: Looking, expecting: frozenset[str]) -> None:
         """Store (or re-store, when more peers fetched our state meanwhile) our declaration of this round."""
@@ -286,8 +386,8 @@ class Matchmaker(GroupJoin):
                            f"{kept}, ours is {digest or '(none)'}; re-syncing to theirs", adopt=kept)
 
     async def _gather(self, module_id: str, round_no: int, looking: Looking, deadline: float, patience: float,
-                      wait_for_behind: bool) -> tuple[dict[str, GroupDeclaration], int, set[str], dict[str, int],
-                                                      set[str], dict[str, int]]:
+                      wait_for_behind: bool, bucket: Optional[tuple[int, int]] = None
+                      ) -> tuple[dict[str, GroupDeclaration], int, set[str], dict[str, int], set[str], dict[str, int]]:
         """Other members' valid declarations, read until every live holder at this round declared or
         ``deadline``; also the highest round any other live holder announces, the other holders at our
         round, those behind it (peer -> round), every other live holder, and the holders that withdrew
@@ -308,13 +408,24 @@ class Matchmaker(GroupJoin):
         holders behind it, it waits for them instead: they re-sync to its state at their next round.
         A member that stepped alone whenever nobody was at its exact round would race ahead by one
         round per inner loop (a cut-off peer does so between a heal and its DHT re-merge) and fork
-        every time a lagging record made it think so."""
+        every time a lagging record made it think so.
+
+        With a ``bucket`` only the holders of our group this round are waited for (the other returns
+        are still about every holder of the module)."""
         key = looking.key
+        mine = (lambda p: in_bucket(module_id, round_no, p, bucket))
+        holders, holders_read = None, -math.inf
         while True:
-            found, holders = await asyncio.gather(
+            # a split round reads the module's holders (every holder of a widely held module) once a
+            # SPLIT_HOLDERS_POLL, and its bucket's declarations every poll
+            reread = bucket is None or time.monotonic() - holders_read >= SPLIT_HOLDERS_POLL
+            found, fresh = await asyncio.gather(
                 self.dht.get(key, latest=True, return_future=True),
-                self.dht.get(holders_key(self.run_id, module_id), latest=True, return_future=True),
+                self.dht.get(holders_key(self.run_id, module_id), latest=True, return_future=True) if reread
+                else asyncio.sleep(0, holders),
             )
+            if reread:
+                holders, holders_read = fresh, time.monotonic()
             declared = {}
             for peer, d in records_from_value(found, GroupDeclaration, self.verifier).items():
                 problem = self._mismatch(peer, d.config_hash, d.data_hash)
@@ -324,24 +435,27 @@ class Matchmaker(GroupJoin):
                     declared[peer] = d
             live = {p: h for p, h in records_from_value(holders, HolderRecord, self.verifier).items()
                     if p != self.peer_id and not self._mismatch(p, h.config_hash, h.data_hash)}
-            expected = {p for p, h in live.items() if h.round_no == round_no}
-            joiners = self._own_joiners(module_id, round_no, patience)
+            expected = {p for p, h in live.items() if h.round_no == round_no and mine(p)}
+            joiners = self._own_joiners(module_id, round_no, patience, bucket)
             if not joiners <= looking.expecting:  # tell the others whom to wait for
                 await self._declare(looking, looking.expecting | joiners)
             # joiners of this round, ours and those the other members declared they sent state to,
             # unless their record already shows them past it
             told = {p for d in declared.values() if d.digest == looking.digest for p in d.expecting}
             expected |= {p for p in joiners | told
-                         if p != self.peer_id and not (p in live and live[p].round_no > round_no)}
+                         if p != self.peer_id and not (p in live and live[p].round_no > round_no) and mine(p)}
             # A holder that declared this round is at this round, whatever its record says (an overlap
             # member announces its next round while this one's exchange runs); one a single round
             # ahead that has not declared may be such a member about to declare: wait for it.
-            ahead = max((h.round_no for p, h in live.items() if p not in declared), default=-1)
-            next_round = {p for p, h in live.items() if h.round_no == round_no + 1 and p not in declared}
+            # In a split round the holders of other buckets announce the next round once their own
+            # group formed: one round ahead of us in another bucket is not ahead of the round.
+            ahead = max((h.round_no for p, h in live.items() if p not in declared
+                         and (mine(p) or h.round_no != round_no + 1)), default=-1)
+            next_round = {p for p, h in live.items() if h.round_no == round_no + 1 and p not in declared and mine(p)}
             behind = {p: h.round_no for p, h in live.items()
                       if h.round_no < round_no and p not in declared and p not in expected}
             last_round = set() if wait_for_behind else {
-                p for p, r in self._still_waiting(module_id, behind, patience).items() if r == round_no - 1}
+                p for p, r in self._still_waiting(module_id, behind, patience).items() if r == round_no - 1 and mine(p)}
             if ((expected <= set(declared) and not next_round and not last_round) or time.monotonic() >= deadline
                     or ahead > round_no + 1):
                 missing = sorted(expected - set(declared))

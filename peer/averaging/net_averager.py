@@ -32,15 +32,20 @@ from peer.averaging.memory import FlatBuffers, keep_freed_memory
 from peer.averaging.vectors import flatten, unflatten
 from peer.outer import ModuleState
 from peer.network import unwrap_dht
+from peer.averaging.hierarchy import ResultRelay, RoundResult, bucket_weight, delegate, round_key, tree_parent
 from peer.averaging.matchmaking import LONE, Matchmaker
+from peer.averaging.partition import Group
 from peer.network import (
     ArchiveRecord,
     GroupDeclaration,
     HolderRecord,
     archive_key,
+    group_bucket,
+    group_buckets,
     group_key,
     holders_key,
     records_from_value,
+    top_group_key,
     to_value,
     withdrawal,
 )
@@ -58,6 +63,17 @@ reachable member it reduces (next to) nothing, so no part crosses its relay; in 
 members alone they share the work as their links allow."""
 WAITING_POLL = 1.0
 """Seconds between the DHT checks behind :meth:`NetAverager.others_waiting`."""
+SPLIT_BUCKET = 0.6
+"""Share of a round's timeout by which a split round's bucket group has matchmade (as a whole module's
+group does, within the same shares of the timeout) and all-reduced (:mod:`peer.averaging.hierarchy`) ..."""
+SPLIT_TOP_GATHER = 0.7
+"""... by when (a share of the timeout from the round's start) the buckets' delegates have declared the top group ..."""
+SPLIT_TOP = 0.88
+"""... by when the top group's all-reduce ends ..."""
+SPLIT_END = 0.95
+"""... and by when every holder has the average from its tree."""
+LATE_POLL = 1.0
+"""Seconds between a late member's reads of the top group's declarations (whom to ask for the average)."""
 WITHDRAW_TIMEOUT = 5.0
 """Seconds a release waits for the DHT to store its withdrawals (a drain must not hang on it)."""
 
@@ -122,6 +138,9 @@ class NetAverager:
         self.holder_ttl = holder_ttl
         self.wait_for_behind = True
         """Whether a member otherwise alone waits for holders behind it (:meth:`use_round_policy`)."""
+        self.max_group_size = 0
+        """Split a round of a module with more live holders into groups of about this size, averaged in
+        two levels (:mod:`peer.averaging.hierarchy`; 0: one group a module). :meth:`use_group_cap`."""
         self.peer_id: str = self.dht.peer_id.to_base58()
         self.prefix = f"hivepath_{run_id}"
         self._event_hook = event_hook
@@ -179,9 +198,12 @@ class NetAverager:
                                       verifier=self._verifier, joiners=self._state_server.joiners,
                                       relayed=self.relayed,
                                       in_touch_since=lambda: self.coordinator_contact and self.coordinator_contact())
+        self._relay = ResultRelay(self._p2p, self.peer_id, self.prefix, credential=self._credential,
+                                  verifier=self._verifier)
         await self._server.start()
         await self._matchmaker.start()
         await self._state_server.start()
+        await self._relay.start()
 
     @property
     def loop_thread_id(self) -> Optional[int]:
@@ -324,6 +346,8 @@ class NetAverager:
     async def _check_waiting(self, key: tuple) -> tuple[tuple, Optional[tuple[str, int, str]]]:
         # every module's key at once: one DHT round trip, not one per module, before a slower peer
         # notices that the group waits for it
+        # (in a split round the members that computed their whole round declare here too, whatever
+        # their bucket: Matchmaker.announce_full_round)
         found = await asyncio.gather(*(self.dht.get(group_key(self.run_id, module_id, round_no), latest=True,
                                                     return_future=True) for module_id, round_no in key))
         for (module_id, round_no), value in zip(key, found):
@@ -350,6 +374,14 @@ class NetAverager:
         round is launched whatever the last one did, and waiting would only fail rounds: such a member
         averages alone whenever nobody is at its round (:meth:`peer.averaging.matchmaking.Matchmaker.form_group`)."""
         self.wait_for_behind = bool(wait_for_behind)
+
+    def use_group_cap(self, max_group_size: int) -> None:
+        """Called by :class:`peer.diloco.DiLoCoOptimizer` with ``outer.max_group_size`` (the config hash
+        keeps every holder on the same cap): a round of a module with more live holders than this splits
+        into groups averaged in two levels (:mod:`peer.averaging.hierarchy`); 0 keeps one group."""
+        if not (isinstance(max_group_size, int) and max_group_size >= 0):
+            raise ValueError(f"max_group_size must be an int >= 0, got {max_group_size!r}")
+        self.max_group_size = max_group_size
 
     def average(self, module_id: str, round_no: int, tensors: list[Tensor], weight: float, codec: Codec,
                 timeout: float, digest: str = "") -> AverageResult:
@@ -400,6 +432,11 @@ class NetAverager:
     async def _average(self, module_id: str, round_no: int, flat: Tensor, like: Sequence[Tensor], weight: float,
                        codec: Codec, timeout: float, digest: str) -> AverageResult:
         paced = self._paced.get(module_id) == round_no
+        if self.max_group_size > 0:
+            buckets, held = await self._buckets(module_id, round_no)
+            if buckets > 1:
+                return await self._average_split(module_id, round_no, flat, like, weight, codec, timeout, digest,
+                                                 paced, buckets, held)
         group, reason, adopt = await self._matchmaker.form_group(module_id, round_no, timeout, digest,
                                                                  wait_for_behind=self.wait_for_behind, paced=paced)
         # announce our next round now, in the background, so it is visible long before anyone's next round
@@ -428,6 +465,186 @@ class NetAverager:
                                  suspects=out.suspects)
         return AverageResult(unflatten(out.averaged, like), own, len(out.contributors), out.contributors,
                              out.bytes_sent, out.bytes_received, reason=notes, suspects=out.suspects)
+
+    async def _live_holders(self, module_id: str) -> dict[str, HolderRecord]:
+        """The module's other live holders of our config and dataset (one DHT read)."""
+        found = await self.dht.get(holders_key(self.run_id, module_id), latest=True, return_future=True)
+        return {p: h for p, h in records_from_value(found, HolderRecord, self._verifier).items()
+                if p != self.peer_id and h.config_hash == self.config_hash and h.data_hash == self.data_hash}
+
+    async def _buckets(self, module_id: str, round_no: int) -> tuple[int, int]:
+        """How many groups this round of ``module_id`` splits into (:func:`peer.network.records.group_buckets`
+        of its live holders, us included), and how many of them hold a live holder: the top group needs
+        more than half of those. Every holder counts both from the same holder records, whatever round
+        each announces, so all delegates of a round agree on the majority (counting only the holders at
+        this round would let an early set of buckets and a late one each see a majority of its own)."""
+        live = [*await self._live_holders(module_id), self.peer_id]
+        buckets = group_buckets(len(live), self.max_group_size)
+        return buckets, len({group_bucket(module_id, round_no, p, buckets) for p in live})
+
+    async def _average_split(self, module_id: str, round_no: int, flat: Tensor, like: Sequence[Tensor], weight: float,
+                             codec: Codec, timeout: float, digest: str, paced: bool, buckets: int,
+                             held: int) -> AverageResult:
+        """A round averaged in two levels (:mod:`peer.averaging.hierarchy`): our bucket's group, then its
+        delegate in the top group, then the top group's average down the bucket's tree."""
+        t0 = time.monotonic()
+        bucket = group_bucket(module_id, round_no, self.peer_id, buckets)
+        if not paced:  # every holder's others_waiting reads the module's key, whatever its bucket
+            self._matchmaker.announce_full_round(module_id, round_no, digest, timeout)
+        group, reason, adopt = await self._matchmaker.form_group(
+            module_id, round_no, timeout, digest, wait_for_behind=self.wait_for_behind, paced=paced,
+            bucket=(bucket, buckets), weight=weight, end_share=SPLIT_BUCKET)
+        self.hold(module_id, round_no + 1, wait=False)
+        if group is None and not adopt and not reason.startswith("behind"):
+            # our bucket formed without us (or not at all): the round's average, if its top group gets
+            # through, applied with nothing of ours in it (our delta carries into the next round)
+            late = await self._late_result(module_id, round_no, flat.numel(), codec, t0 + SPLIT_END * timeout, digest)
+            if late is not None:
+                log.info("module %s round %d: missed group %d of %d (%s); applying the round's average",
+                         module_id, round_no, bucket, buckets, reason)
+                return AverageResult(unflatten(late.decode(codec, torch.empty_like(flat)), like),
+                                     unflatten(torch.zeros_like(flat), like), len(late.contributors),
+                                     list(late.contributors), 0, sum(len(d) for *_, d in late.parts),
+                                     reason=f"late: missed group {bucket} of {buckets} ({reason}), our delta carries over")
+        if group is None:
+            log.info("module %s round %d: no group %d of %d (%s)", module_id, round_no, bucket, buckets, reason)
+            return AverageResult(None, None, 0, [], 0, 0, reason=reason, adopt=adopt)
+        # our place in the bucket's tree, before the all-reduce: children may ask as soon as theirs ends
+        served = self._relay.expect(group, t0 + SPLIT_END * timeout) if group.group_id != LONE else None
+        try:
+            return await self._split_levels(module_id, round_no, flat, like, weight, codec, timeout, digest, t0,
+                                            bucket, buckets, held, group, reason, served)
+        finally:
+            if served is not None and not served.complete:
+                self._relay.fail(group.group_id, "the round failed here")
+
+    async def _split_levels(self, module_id: str, round_no: int, flat: Tensor, like: Sequence[Tensor], weight: float,
+                            codec: Codec, timeout: float, digest: str, t0: float, bucket: int, buckets: int,
+                            held: int, group: Group, reason: str, served: Optional[Any]) -> AverageResult:
+        sent = received = 0
+        suspects: dict[str, str] = {}
+        deadline = t0 + SPLIT_END * timeout
+        if group.group_id == LONE:  # alone in our bucket: our own delta goes to the top group
+            own = codec.roundtrip(flat)  # (n,)
+            if own.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr():
+                own = own.clone()  # ``flat`` is reused next round
+            mean, contributors, mean_weight, bucket_parts = own, [self.peer_id], float(weight), None
+        else:
+            self._server.event("group_formed")
+            out = await self._server.run(group, flat, weight, codec)
+            sent, received, suspects = out.bytes_sent, out.bytes_received, out.suspects
+            own = out.own_decoded
+            if out.averaged is None:
+                log.warning("module %s round %d failed in group %d of %d: %s", module_id, round_no, bucket, buckets,
+                            out.reason)
+                return AverageResult(None, unflatten(own, like), 0, [], sent, received, reason=out.reason,
+                                     suspects=out.suspects)
+            mean, contributors, bucket_parts = out.averaged, out.contributors, out.parts
+            mean_weight = bucket_weight(group, contributors, float(weight))
+        root = delegate(group, contributors) if group.group_id != LONE else self.peer_id
+        self._server.event("bucket_done")
+        try:
+            if root == self.peer_id:
+                result, top_sent, top_received = await self._top_round(
+                    module_id, round_no, mean, mean_weight, codec, digest, t0, timeout, bucket_parts, held,
+                    contributors)
+                sent, received = sent + top_sent, received + top_received
+            else:
+                result = await self._fetch_result(group, root, flat.numel(), codec, deadline, served)
+                received += sum(len(d) for *_, d in result.parts)
+        except Exception as e:
+            why = f"split round (group {bucket} of {buckets}): {type(e).__name__}: {e}"
+            log.warning("module %s round %d failed: %s", module_id, round_no, why)
+            if served is not None:  # our children fail at once (or ask the delegate)
+                self._relay.fail(group.group_id, why)
+            return AverageResult(None, unflatten(own, like), 0, [], sent, received, reason=why, suspects=suspects)
+        if served is not None and root == self.peer_id:  # our children in the bucket's tree ask us
+            self._relay.publish(group.group_id, result)
+        averaged = result.decode(codec, torch.empty_like(flat))
+        if result.late:  # nothing of ours is in it: error feedback carries our whole delta into the next round
+            own = torch.zeros_like(flat)
+            reason = "; ".join(r for r in (reason, "late: our group missed the top group, our delta carries over") if r)
+        notes = "; ".join(r for r in (reason, f"group {bucket} of {buckets}") if r)
+        # suspects: of the parts we reduced in our bucket (a top group's member is a bucket's mean, not a peer)
+        return AverageResult(unflatten(averaged, like), unflatten(own, like), len(result.contributors),
+                             list(result.contributors), sent, received, reason=notes, suspects=suspects)
+
+    async def _top_round(self, module_id: str, round_no: int, mean: Tensor, weight: float, codec: Codec, digest: str,
+                         t0: float, timeout: float, bucket_parts: Optional[list[tuple[int, int, bytes]]],
+                         held: int, contributors: Sequence[str]) -> tuple[RoundResult, int, int]:
+        """As our bucket's delegate: the top group's all-reduce of the bucket means (``held``: how many
+        buckets hold a live holder; the top group needs more than half of them). Returns the round's
+        average as the parts every holder decodes, and the bytes sent and received.
+
+        When ours is the only bucket with live holders, its mean is the round's (``bucket_parts``, the
+        bytes every member of the bucket decoded; a member alone in it fails the round instead of
+        stepping alone while other holders live). When the top group formed without us (our bucket
+        was late), the round's average from one of its members, marked ``late``."""
+        if held <= 1:
+            if bucket_parts is None:
+                raise RuntimeError("no other holder at this round (not stepping alone while others live)")
+            return RoundResult(codec.name, tuple(bucket_parts), tuple(contributors)), 0, 0
+        end = t0 + SPLIT_TOP * timeout
+        self._server.event("top_gather")
+        top, reason, _ = await self._matchmaker.form_top_group(module_id, round_no, digest, held, weight,
+                                                               t0 + SPLIT_TOP_GATHER * timeout, end)
+        if top is None:
+            late = await self._late_result(module_id, round_no, mean.numel(), codec, t0 + SPLIT_END * timeout, digest)
+            if late is None:
+                raise RuntimeError(reason)
+            log.info("module %s round %d: our group missed the top group (%s); applying its average", module_id,
+                     round_no, reason)
+            return late, 0, sum(len(d) for *_, d in late.parts)
+        self._relay.expect_round(module_id, round_no, t0 + SPLIT_END * timeout)  # for groups that come late
+        out = await self._server.run(top, mean, weight, codec)
+        if out.averaged is None:
+            self._relay.fail(round_key(module_id, round_no), "the top group failed")
+            raise RuntimeError(f"the top group's all-reduce failed: {out.reason}")
+        result = RoundResult(codec.name, tuple(out.parts), tuple(sorted(set(contributors) | set(top.members))))
+        self._relay.publish(round_key(module_id, round_no), result)
+        return result, out.bytes_sent, out.bytes_received
+
+    async def _late_result(self, module_id: str, round_no: int, numel: int, codec: Codec, deadline: float,
+                           digest: str) -> Optional[RoundResult]:
+        """The round's average from a member of the top group that formed without us (None if none
+        serves one by ``deadline``): only a top group of most buckets applies one, so it is the round's.
+        Asked only of delegates that declared the state we hold (``digest``): the average is applied to it."""
+        tried: set[str] = set()
+        while time.monotonic() < deadline:
+            found = await self.dht.get(top_group_key(self.run_id, module_id, round_no), latest=True, return_future=True)
+            members = sorted(p for p, d in records_from_value(found, GroupDeclaration, self._verifier).items()
+                             if p != self.peer_id and p not in tried and d.digest == digest
+                             and d.config_hash == self.config_hash and d.data_hash == self.data_hash)
+            tried.update(members)
+            # all at once (one that never joined the top group answers only after UNKNOWN_WAIT); the
+            # parts are the same bytes at every member of the top group, so the first answer is the one
+            tasks = [asyncio.ensure_future(self._relay.fetch(peer, round_key(module_id, round_no), numel, codec,
+                                                             deadline, late=True)) for peer in members]
+            try:
+                for next_done in asyncio.as_completed(tasks):
+                    try:
+                        return await next_done
+                    except Exception as e:
+                        log.debug("the average of %s round %d: %r", module_id, round_no, e)
+            finally:
+                for task in tasks:
+                    task.cancel()
+            await asyncio.sleep(min(LATE_POLL, max(0.0, deadline - time.monotonic())))
+        return None
+
+    async def _fetch_result(self, group: Group, root: str, numel: int, codec: Codec, deadline: float,
+                            place: Any) -> RoundResult:
+        """The round's average from our parent in the bucket's tree, or from the delegate itself if the
+        parent has none (gone, or failed); passed on to our children as it arrives (``place``)."""
+        parent = tree_parent(group, root, self.peer_id)
+        try:
+            return await self._relay.fetch(parent, group.group_id, numel, codec, deadline, place)
+        except Exception as e:
+            if parent == root:
+                raise
+            log.info("the average of group %s from %s failed (%r); asking its delegate %s", group.group_id,
+                     parent[-8:], e, root[-8:])
+            return await self._relay.fetch(root, group.group_id, numel, codec, deadline, place)
 
     def _isolated(self) -> None:
         if self.on_isolated is not None:

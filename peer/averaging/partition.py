@@ -111,6 +111,9 @@ class Group:
     """Seconds the reduction may take, counted from when the member got the group."""
     relayed: tuple[bool, ...] = ()
     """Per member, whether it can be dialled only through a circuit relay (empty: none can)."""
+    weights: tuple[float, ...] = ()
+    """Per member, the tokens behind its contribution as it said when joining (empty: not said); a
+    bucket's delegate sums its contributors' for the top group (:mod:`peer.averaging.hierarchy`)."""
 
     def relayed_pairs(self) -> bool:
         """Whether two members that can be dialled only through relays are in the group (their parts

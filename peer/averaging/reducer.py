@@ -134,7 +134,9 @@ EventHook = Callable[[str], None]
 kill the process) and benchmarks can time phases: ``"group_formed"`` (matchmaking done, before
 the reduction), ``"parts_sent"`` (every part we contribute was acknowledged by its reducer),
 ``"reduced"`` (a part we reduce is averaged and encoded, and about to be sent back),
-``"part_replied"`` (one member received, and closed the stream of, the average of a part we reduce)."""
+``"part_replied"`` (one member received, and closed the stream of, the average of a part we reduce),
+``"bucket_done"`` (a split round's bucket mean is ours, before the top group or the tree,
+:mod:`peer.averaging.hierarchy`), ``"top_gather"`` (a delegate about to matchmake the top group)."""
 
 
 class PartReducer:

@@ -88,6 +88,9 @@ class DiLoCoOptimizer:
         configure = getattr(averager, "use_aggregation", None)
         if configure is not None:  # the run's reduction rule (outer.aggregator, outer.norm_bound)
             configure(Aggregation.from_config(outer))
+        cap = getattr(averager, "use_group_cap", None)
+        if cap is not None:  # a widely held module's round splits into groups of about this size
+            cap(outer.max_group_size)
         rounds = getattr(averager, "use_round_policy", None)
         if rounds is not None:  # a failed round keeps our round number only without overlap
             rounds(wait_for_behind=not outer.overlap)

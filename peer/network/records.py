@@ -54,6 +54,7 @@ __all__ = [
     "group_key",
     "group_buckets",
     "group_bucket",
+    "top_group_key",
     "parse_record",
     "read_records",
     "is_peer_id",
@@ -113,6 +114,15 @@ def group_key(run_id: str, module_id: str, round_no: int, bucket: Optional[int] 
     return f"{run_id}_{module_id}_r{round_no}_b{bucket}_group"
 
 
+def top_group_key(run_id: str, module_id: str, round_no: int) -> str:
+    """DHT key where the delegates of a split round's groups (one per bucket,
+    :mod:`peer.averaging.hierarchy`) declare themselves: ``{run_id}_{module_id}_r{round}_top_group``."""
+    _check_key_parts(run_id, module_id)
+    if not 0 <= round_no < _MAX_ROUND:
+        raise ValueError(f"round number {round_no} out of range")
+    return f"{run_id}_{module_id}_r{round_no}_top_group"
+
+
 def group_buckets(holders: int, max_group_size: int) -> int:
     """How many groups a module of ``holders`` live holders splits into each round so that none
     exceeds about ``max_group_size`` members: the smallest power of two >= ceil(holders / max_group_size)
@@ -128,8 +138,9 @@ def group_buckets(holders: int, max_group_size: int) -> int:
 def group_bucket(module_id: str, round_no: int, peer_id: str, buckets: int) -> int:
     """The group (0 .. ``buckets`` - 1) ``peer_id`` averages ``module_id``'s round ``round_no`` in: a hash
     of the three, the same on every peer. The round is in the hash, so groups are drawn anew every
-    round and what one group averaged reaches every other within a few rounds (the random regrouping
-    of Moshpit SGD, Ryabinin et al. 2021)."""
+    round (a slow or undiallable member does not weigh on the same group every round, as in Moshpit
+    SGD's random regrouping, Ryabinin et al. 2021); the groups' means are then averaged by a top
+    group, so every holder applies the same average (:mod:`peer.averaging.hierarchy`)."""
     if buckets <= 1:
         return 0
     digest = hashlib.blake2b(f"{module_id}/{round_no}/{peer_id}".encode(), digest_size=8).digest()

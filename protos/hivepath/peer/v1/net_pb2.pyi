@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class JoinRequest(_message.Message):
-    __slots__ = ("group_key", "config_hash", "data_hash", "bandwidth", "credential", "state_digest", "fetched_from", "relayed")
+    __slots__ = ("group_key", "config_hash", "data_hash", "bandwidth", "credential", "state_digest", "fetched_from", "relayed", "weight")
     GROUP_KEY_FIELD_NUMBER: _ClassVar[int]
     CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
     DATA_HASH_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,7 @@ class JoinRequest(_message.Message):
     STATE_DIGEST_FIELD_NUMBER: _ClassVar[int]
     FETCHED_FROM_FIELD_NUMBER: _ClassVar[int]
     RELAYED_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
     group_key: str
     config_hash: str
     data_hash: str
@@ -25,10 +26,11 @@ class JoinRequest(_message.Message):
     state_digest: str
     fetched_from: str
     relayed: bool
-    def __init__(self, group_key: _Optional[str] = ..., config_hash: _Optional[str] = ..., data_hash: _Optional[str] = ..., bandwidth: _Optional[float] = ..., credential: _Optional[bytes] = ..., state_digest: _Optional[str] = ..., fetched_from: _Optional[str] = ..., relayed: _Optional[bool] = ...) -> None: ...
+    weight: float
+    def __init__(self, group_key: _Optional[str] = ..., config_hash: _Optional[str] = ..., data_hash: _Optional[str] = ..., bandwidth: _Optional[float] = ..., credential: _Optional[bytes] = ..., state_digest: _Optional[str] = ..., fetched_from: _Optional[str] = ..., relayed: _Optional[bool] = ..., weight: _Optional[float] = ...) -> None: ...
 
 class JoinReply(_message.Message):
-    __slots__ = ("code", "reason", "group_id", "members", "bandwidths", "allreduce_timeout", "suggested_leader", "credential", "relayed")
+    __slots__ = ("code", "reason", "group_id", "members", "bandwidths", "allreduce_timeout", "suggested_leader", "credential", "relayed", "weights")
     class Code(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         UNKNOWN: _ClassVar[JoinReply.Code]
@@ -50,6 +52,7 @@ class JoinReply(_message.Message):
     SUGGESTED_LEADER_FIELD_NUMBER: _ClassVar[int]
     CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     RELAYED_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     code: JoinReply.Code
     reason: str
     group_id: str
@@ -59,7 +62,8 @@ class JoinReply(_message.Message):
     suggested_leader: str
     credential: bytes
     relayed: _containers.RepeatedScalarFieldContainer[bool]
-    def __init__(self, code: _Optional[_Union[JoinReply.Code, str]] = ..., reason: _Optional[str] = ..., group_id: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., bandwidths: _Optional[_Iterable[float]] = ..., allreduce_timeout: _Optional[float] = ..., suggested_leader: _Optional[str] = ..., credential: _Optional[bytes] = ..., relayed: _Optional[_Iterable[bool]] = ...) -> None: ...
+    weights: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, code: _Optional[_Union[JoinReply.Code, str]] = ..., reason: _Optional[str] = ..., group_id: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., bandwidths: _Optional[_Iterable[float]] = ..., allreduce_timeout: _Optional[float] = ..., suggested_leader: _Optional[str] = ..., credential: _Optional[bytes] = ..., relayed: _Optional[_Iterable[bool]] = ..., weights: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class PartHeader(_message.Message):
     __slots__ = ("group_id", "part_index", "attempt", "weight", "numel", "codec", "payload_len", "segment")
@@ -126,3 +130,31 @@ class StateReply(_message.Message):
     total_len: int
     digest: str
     def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., round_no: _Optional[int] = ..., payload_len: _Optional[int] = ..., total_len: _Optional[int] = ..., digest: _Optional[str] = ...) -> None: ...
+
+class ResultRequest(_message.Message):
+    __slots__ = ("group_id", "credential")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    credential: bytes
+    def __init__(self, group_id: _Optional[str] = ..., credential: _Optional[bytes] = ...) -> None: ...
+
+class ResultReply(_message.Message):
+    __slots__ = ("ok", "error", "codec", "bounds", "payload_lens", "contributors", "credential", "late")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    BOUNDS_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_LENS_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTORS_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
+    LATE_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    error: str
+    codec: str
+    bounds: _containers.RepeatedScalarFieldContainer[int]
+    payload_lens: _containers.RepeatedScalarFieldContainer[int]
+    contributors: _containers.RepeatedScalarFieldContainer[str]
+    credential: bytes
+    late: bool
+    def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., codec: _Optional[str] = ..., bounds: _Optional[_Iterable[int]] = ..., payload_lens: _Optional[_Iterable[int]] = ..., contributors: _Optional[_Iterable[str]] = ..., credential: _Optional[bytes] = ..., late: _Optional[bool] = ...) -> None: ...

@@ -1,0 +1,370 @@
+"""Split rounds: a module held by more peers than ``outer.max_group_size`` averages in two levels, and
+every holder still applies the same bytes.
+
+A group of thousands would cut the vector into thousands of parts, each member dialling every other
+and every matchmaking read carrying every declaration (``bench.scale``: 82 MB of DHT reads per peer and
+round at 1,000 peers). With ``max_group_size`` > 0 a round of a module with more live holders splits:
+
+1. **Buckets.** Each holder counts the module's live holders and draws its bucket of this round,
+   :func:`peer.network.records.group_bucket` of :func:`peer.network.records.group_buckets` buckets (a new
+   draw every round). Each bucket matchmakes and all-reduces on its own key as a whole module's group
+   would (:mod:`peer.averaging.matchmaking`, :mod:`peer.averaging.allreduce`); every member of the bucket
+   then holds the bucket's mean, identical bits, and the tokens behind it (the members' join weights).
+   A holder alone in its bucket carries its own encoded delta.
+2. **Top group.** The bucket's delegate (:func:`delegate`: its smallest contributing peer id that accepts
+   connections) matchmakes the top group of the round with the other buckets' delegates
+   (:meth:`peer.averaging.matchmaking.Matchmaker.form_top_group`) and all-reduces the bucket means
+   weighted by their tokens. The top group needs more than half of the buckets that hold a live
+   holder, counted from the holder records every holder counted the buckets from (whatever round each
+   announces), so two top groups of one round cannot both apply.
+3. **Down the tree.** The top group's average is a list of encoded parts, the same bytes at every
+   delegate. Each bucket passes them down a binary tree rooted at its delegate (:func:`tree`):
+   a member asks its parent (:class:`ResultRelay`, the ``Result`` rpc), passes each part on to its own
+   children as it arrives, and decodes them. The fastest uploads are the tree's inner nodes.
+   Every holder of the module decodes the same bytes: replicas stay identical.
+
+**Late, not lost.** A bucket whose delegate comes after the top group formed, or a member that missed
+its bucket's group, asks a top group member for the round's average (each serves it, under
+:func:`round_key`, to any admitted peer; a late member asks only those that declared the state it
+holds) and applies it with nothing of
+its own in it: its ``own_decoded`` is zero, so error feedback carries its whole delta into its next
+round (:attr:`RoundResult.late`). A holder that gets no average at all (the top group failed, so nobody
+applied the round; or its parent and delegate are gone) fails the round and keeps its local
+progress, as after any failed round.
+
+**Pacing.** A member that computed its whole round also declares under the module's own group key
+(:meth:`peer.averaging.matchmaking.Matchmaker.announce_full_round`), which every holder's
+``NetAverager.others_waiting`` reads: the first to finish paces the holders of every bucket.
+
+Costs, per round: a member sends its vector once up and once down its bucket (the all-reduce) and
+receives the encoded average once; an inner node of the tree uploads it to at most two children (the
+faster half of the bucket; the rest upload nothing more); a delegate also runs the top group's
+all-reduce. The bucket mean is encoded again for the top group with the run's codec; what that
+second encoding drops is not fed back (error feedback covers each member's own delta in its bucket).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+from torch import Tensor
+
+from peer.averaging.partition import Group
+from peer.averaging.quantizers import Codec
+from peer.network.frames import MESSAGE_LIMIT, handler_name, linger, read_message, read_payload, serve
+from protos.hivepath.peer.v1.net_pb2 import DESCRIPTOR as NET, ResultReply, ResultRequest
+
+RESULT = NET.services_by_name["Averaging"].methods_by_name["Result"]
+"""The ``Result`` rpc of ``net.proto``: a bucket member asks its parent for the round's average."""
+
+__all__ = ["RoundResult", "ResultRelay", "delegate", "tree", "tree_parent", "tree_depth", "bucket_weight", "round_key",
+           "RESULT"]
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_WAIT = 5.0
+"""Seconds a request for a group we do not know yet waits for it (every member learns its group at
+the same BEGIN, but a child may ask before its parent registered it)."""
+KEEP = 30.0
+"""Seconds a served result stays after its round's deadline (a slow child still gets it)."""
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """The average of a split round, as its encoded parts: what every holder decodes."""
+
+    codec: str
+    parts: tuple[tuple[int, int, bytes], ...]
+    """(start, end, encoded average) of each part of the module's flat vector, in order, covering it."""
+    contributors: tuple[str, ...]
+    """Our bucket's contributors and the top group's delegates, sorted."""
+    late: bool = False
+    """Our bucket missed the top group: its members' deltas are not in this average (each carries its
+    own into its next round, so the replicas stay identical and the work is not lost)."""
+
+    def check(self, numel: int, codec: Codec) -> str:
+        """Why these parts cannot be this module's average in ``codec`` ('' if they can)."""
+        return check_head(self.codec, [x for a, b, _ in self.parts for x in (a, b)],
+                          [len(d) for *_, d in self.parts], numel, codec)
+
+    def decode(self, codec: Codec, out: Tensor) -> Tensor:
+        """Decode every part into ``out`` (numel,) and return it."""
+        for a, b, data in self.parts:
+            codec.decode_average_into(data, out[a:b])
+        return out
+
+
+def delegate(group: Group, contributors: Sequence[str]) -> str:
+    """The member of a bucket's ``group`` that takes its mean to the top group: the smallest contributor
+    that accepts connections (the smallest contributor if none does). The same on every member, which
+    all know the group and its contributors."""
+    bandwidth = dict(zip(group.members, group.bandwidths))
+    accepting = [p for p in contributors if bandwidth.get(p, 0.0) > 0]
+    return min(accepting or contributors)
+
+
+def tree(group: Group, root: str) -> dict[str, str]:
+    """The bucket ``group``'s distribution tree: member -> the member it asks for the round's average.
+
+    A binary heap over ``root``, then the members that accept connections from the fastest upload
+    down, then those that cannot be dialled (client mode, behind NAT without a relay): the fastest
+    uploads are the inner nodes (each serves at most two children), the slowest half and the
+    undiallable ones are leaves. A member whose heap parent cannot be dialled asks the nearest
+    ancestor that can. The same on every member (it depends on the group and its delegate only)."""
+    bandwidth = dict(zip(group.members, group.bandwidths))
+    accepting = sorted((m for m in group.members if m != root and bandwidth.get(m, 0.0) > 0),
+                       key=lambda m: (-bandwidth[m], m))
+    order = [root] + accepting + sorted(m for m in group.members if m != root and bandwidth.get(m, 0.0) <= 0)
+    dialable = len(accepting) + 1
+    parents = {}
+    for i, member in enumerate(order[1:], start=1):
+        p = (i - 1) // 2
+        while p >= dialable:
+            p = (p - 1) // 2
+        parents[member] = order[p]
+    return parents
+
+
+def tree_parent(group: Group, root: str, me: str) -> str:
+    """Whom ``me`` asks for the round's average in the bucket ``group``'s :func:`tree` rooted at ``root``."""
+    return tree(group, root)[me]
+
+
+def tree_depth(group: Group, root: Optional[str] = None) -> int:
+    """Hops from the delegate (``root``, default :func:`delegate` of every member) to the deepest
+    member of ``group``'s :func:`tree`."""
+    root = root if root is not None else delegate(group, group.members)
+    parents = tree(group, root)
+    depth: dict[str, int] = {root: 0}
+
+    def hops(m: str) -> int:
+        if m not in depth:
+            depth[m] = hops(parents[m]) + 1
+        return depth[m]
+
+    return max((hops(m) for m in group.members), default=0)
+
+
+def bucket_weight(group: Group, contributors: Sequence[str], own: float) -> float:
+    """The tokens behind a bucket's mean: the join weights of its contributors (``own`` each when the
+    group did not carry weights: a leader of an older version)."""
+    weights = dict(zip(group.members, group.weights))
+    return float(sum(weights.get(p, 0.0) or own for p in contributors))
+
+
+@dataclass
+class _Place:
+    """A bucket group's average at this member, filled as it arrives: its head (codec, bounds, blob
+    lengths, contributors), then its parts one by one; children are served each part as it comes."""
+
+    members: Optional[frozenset[str]]
+    """Who may ask (None: any admitted peer; the round's average a top group member serves to late groups)."""
+    head: Optional[tuple[str, tuple[int, ...], tuple[int, ...], tuple[str, ...], bool]] = None
+    payloads: list[bytes] = field(default_factory=list)
+    error: str = ""
+    complete: bool = False
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def bump(self) -> None:
+        """Wake every waiter (each waits on the event it read before checking)."""
+        event, self.changed = self.changed, asyncio.Event()
+        event.set()
+
+    async def until(self, ready: Callable[[], bool], deadline: float) -> bool:
+        """Wait until ``ready()`` or a failure or ``deadline``; whether ``ready()`` holds."""
+        while not ready() and not self.error and time.monotonic() < deadline:
+            event = self.changed
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(event.wait(), max(0.0, deadline - time.monotonic()))
+        return ready()
+
+
+def round_key(module_id: str, round_no: int) -> str:
+    """The name under which a top group's members serve a round's average to late groups."""
+    return f"{module_id}/r{round_no}"
+
+
+def check_head(codec_name: str, bounds: Sequence[int], lengths: Sequence[int], numel: int, codec: Codec) -> str:
+    """Why parts of these ``bounds`` (flattened (start, end) pairs) and blob ``lengths`` cannot be a
+    module average of ``numel`` values in ``codec`` ('' if they can)."""
+    if codec_name != codec.name:
+        return f"average is in {codec_name}, ours is {codec.name}"
+    if len(bounds) != 2 * len(lengths):
+        return f"{len(bounds)} bounds for {len(lengths)} parts"
+    at = 0
+    for i, length in enumerate(lengths):
+        a, b = int(bounds[2 * i]), int(bounds[2 * i + 1])
+        if a != at or b <= a or b > numel:
+            return f"part ({a}, {b}) does not continue the vector at {at} of {numel}"
+        if not codec.average_size_ok(int(length), b - a):
+            return f"part ({a}, {b}) is {length} bytes, which cannot encode {b - a} values with {codec.name}"
+        at = b
+    if at != numel:
+        return f"the parts cover {at} of {numel} values"
+    return ""
+
+
+class ResultRelay:
+    """Serves the averages of split rounds down each bucket's tree and fetches ours from our parent.
+
+    Lives on the averager's loop; :meth:`start` registers the ``{prefix}_result`` handler. A result is
+    served only to members of the bucket's group it is kept for, and (with a ``verifier``) to admitted
+    peers. It is passed on as it arrives (each part to our children as soon as we have it), so the
+    tree's depth adds a part's time per hop, not the whole average's."""
+
+    def __init__(self, p2p: Any, peer_id: str, prefix: str, credential: Optional[Callable[[], bytes]] = None,
+                 verifier: Optional[Any] = None):
+        self.p2p = p2p
+        self.peer_id = peer_id
+        self.prefix = prefix
+        self.handler_name = handler_name(prefix, RESULT)
+        self.credential = credential or (lambda: b"")
+        self.verifier = verifier
+        self._kept: dict[str, _Place] = {}
+        self._added = asyncio.Event()
+
+    async def start(self) -> None:
+        await serve(self.p2p, self.prefix, RESULT, self._handle)
+
+    def expect(self, group: Group, until: float) -> _Place:
+        """Keep a place for ``group``'s average (served to its members as :meth:`publish` or
+        :meth:`fetch` fills it) until ``until`` (``time.monotonic()``) plus :data:`KEEP`."""
+        return self._expect(group.group_id, frozenset(group.members), until)
+
+    def expect_round(self, module_id: str, round_no: int, until: float) -> _Place:
+        """As a member of a round's top group: keep a place for the round's average, served to any
+        admitted peer that asks (the delegate of a group that missed the top group, :func:`round_key`)."""
+        return self._expect(round_key(module_id, round_no), None, until)
+
+    def _expect(self, key: str, members: Optional[frozenset[str]], until: float) -> _Place:
+        place = self._kept[key] = _Place(members)
+        self._added.set()
+        asyncio.get_running_loop().call_later(max(0.0, until - time.monotonic()) + KEEP, self._forget, key)
+        return place
+
+    def publish(self, group_id: str, result: RoundResult) -> None:
+        """Fill the place of ``group_id`` with a whole average (the delegate's, from the top group)."""
+        place = self._kept.get(group_id)
+        if place is None or place.complete or place.error:
+            return
+        place.head = (result.codec, tuple(x for a, b, _ in result.parts for x in (a, b)),
+                      tuple(len(d) for *_, d in result.parts), result.contributors, result.late)
+        place.payloads = [d for *_, d in result.parts]
+        place.complete = True
+        place.bump()
+
+    def fail(self, group_id: str, error: str) -> None:
+        """No average of ``group_id`` here (askers are told why, or see the stream end)."""
+        place = self._kept.get(group_id)
+        if place is None or place.complete or place.error:
+            return
+        place.error = error or "no average"
+        place.bump()
+
+    def _forget(self, group_id: str) -> None:
+        place = self._kept.pop(group_id, None)
+        if place is not None and not place.complete and not place.error:
+            place.error = "expired"
+            place.bump()
+
+    async def _handle(self, stream_info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        from hivemind.p2p import P2P
+
+        sender = stream_info.peer_id.to_base58()
+        request = await read_message(reader, ResultRequest)
+        if request is None:
+            return
+        reply, place = await self._answer(sender, request)
+        await P2P.send_protobuf(reply, writer)
+        if place is None:
+            return
+        deadline = time.monotonic() + KEEP
+        for i in range(len(reply.payload_lens)):  # each part as soon as we have it
+            if not await place.until(lambda: len(place.payloads) > i, deadline):
+                log.debug("average of a group for %s ended at part %d: %s", sender[-8:], i, place.error or "timeout")
+                return  # the stream ends short: the child asks the delegate instead
+            await P2P.send_raw_data(place.payloads[i], writer)
+        await linger(reader, KEEP)
+
+    async def _answer(self, sender: str, request: ResultRequest) -> tuple[ResultReply, Optional[_Place]]:
+        mine = self.credential()
+        if self.verifier is not None:
+            problem = self.verifier.check(request.credential, sender)
+            if problem:
+                self.verifier.log_refusal(sender, "a round's average", problem)
+                return ResultReply(ok=False, error=f"not admitted: {problem}", credential=mine), None
+        deadline = time.monotonic() + UNKNOWN_WAIT  # a child may ask before we have the group ourselves
+        while request.group_id not in self._kept and time.monotonic() < deadline:
+            self._added.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._added.wait(), max(0.0, deadline - time.monotonic()))
+        place = self._kept.get(request.group_id)
+        if place is None or (place.members is not None and sender not in place.members):
+            return ResultReply(ok=False, error="no average of that group here for you", credential=mine), None
+        if not await place.until(lambda: place.head is not None, time.monotonic() + KEEP):
+            return ResultReply(ok=False, error=place.error or "no average in time", credential=mine), None
+        codec, bounds, lengths, contributors, late = place.head
+        return ResultReply(ok=True, codec=codec, bounds=bounds, payload_lens=lengths, contributors=contributors,
+                           late=late, credential=mine), place
+
+    async def fetch(self, peer: str, group_id: str, numel: int, codec: Codec, deadline: float,
+                    place: Optional[_Place] = None, late: bool = False) -> RoundResult:
+        """The average of ``group_id``'s round from ``peer`` (our parent or the delegate), checked to be
+        ``numel`` values in ``codec``; raises if ``peer`` has none by ``deadline`` or sends a bad one.
+        With our ``place`` (:meth:`expect`), each part is passed on to our children as it arrives; a
+        second fetch (from the delegate, after our parent failed) adds only the parts after those.
+        ``late``: the round's average fetched by a group that missed the top group (passed on so)."""
+        return await asyncio.wait_for(self._fetch(peer, group_id, numel, codec, place, late),
+                                      max(0.01, deadline - time.monotonic()))
+
+    async def _fetch(self, peer: str, group_id: str, numel: int, codec: Codec, place: Optional[_Place],
+                     late: bool) -> RoundResult:
+        from hivemind.p2p import P2P, PeerID
+
+        _, reader, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer), self.handler_name)
+        try:
+            await P2P.send_protobuf(ResultRequest(group_id=group_id, credential=self.credential()), writer)
+            reply = await read_message(reader, ResultReply, MESSAGE_LIMIT)
+            if reply is None:
+                raise RuntimeError(f"{peer[-8:]} ended the stream")
+            if self.verifier is not None:
+                problem = self.verifier.check(reply.credential, peer)
+                if problem:
+                    raise RuntimeError(f"{peer[-8:]} is not admitted: {problem}")
+            if not reply.ok:
+                raise RuntimeError(f"{peer[-8:]}: {reply.error}")
+            problem = check_head(reply.codec, reply.bounds, reply.payload_lens, numel, codec)
+            if problem:
+                raise RuntimeError(f"{peer[-8:]} sent a bad average: {problem}")
+            head = (reply.codec, tuple(reply.bounds), tuple(reply.payload_lens), tuple(sorted(reply.contributors)),
+                    bool(reply.late) or late)
+            if place is not None:
+                if place.head is None:
+                    place.head = head
+                    place.bump()
+                elif place.head != head:
+                    raise RuntimeError(f"{peer[-8:]} sent another average than the one we began to pass on")
+            parts = []
+            for i, length in enumerate(reply.payload_lens):
+                a, b = int(reply.bounds[2 * i]), int(reply.bounds[2 * i + 1])
+                data = bytes(await read_payload(reader, length))
+                if len(data) != length:
+                    raise RuntimeError(f"{peer[-8:]} announced {length} bytes and sent {len(data)}")
+                if place is not None:
+                    if len(place.payloads) == i:
+                        place.payloads.append(data)
+                        place.bump()
+                    elif place.payloads[i] != data:
+                        raise RuntimeError(f"{peer[-8:]} sent other bytes than the ones we began to pass on")
+                parts.append((a, b, data))
+        finally:
+            writer.close()
+        if place is not None:
+            place.complete = True
+            place.bump()
+        return RoundResult(reply.codec, tuple(parts), head[3], head[4])
