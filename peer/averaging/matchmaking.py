@@ -215,11 +215,15 @@ class Matchmaker(GroupJoin):
             return Match(*await self._follow(key, leader, join_deadline, close_deadline + (end - close_deadline) / 2,
                                              digest, looking.fetched_from, weight))
         finally:
-            looking.decided.set()
-            for f in looking.followers.values():
-                if not f.future.done():
-                    f.future.set_result(None)
-            self._looking.pop(key, None)
+            self._stop_looking(looking)
+
+    def _stop_looking(self, looking: Looking) -> None:
+        """Our matchmaking of ``looking``'s round is over: followers still waiting are told we gave up."""
+        looking.decided.set()
+        for f in looking.followers.values():
+            if not f.future.done():
+                f.future.set_result(None)
+        self._looking.pop(looking.key, None)
 
     def announce_full_round(self, module_id: str, round_no: int, digest: str, timeout: float) -> None:
         """In a split round, a member that computed its whole round also declares under the module's
@@ -280,11 +284,7 @@ class Matchmaker(GroupJoin):
             return Match(*await self._follow(key, leader, close_deadline, close_deadline + (end - close_deadline) / 2,
                                              digest, "", weight))
         finally:
-            looking.decided.set()
-            for f in looking.followers.values():
-                if not f.future.done():
-                    f.future.set_result(None)
-            self._looking.pop(key, None)
+            self._stop_looking(looking)
 
     def _vanished(self, module_id: str, live: set[str], gone: dict[str, int], patience: float) -> dict[str, float]:
         """Holders of ``module_id`` whose record we read less than ``patience`` seconds ago and no
