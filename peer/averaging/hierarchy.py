@@ -212,9 +212,10 @@ def check_head(codec_name: str, bounds: Sequence[int], lengths: Sequence[int], n
 class ResultRelay:
     """Serves the averages of split rounds down each bucket's tree and fetches ours from our parent.
 
-    Lives on the averager's loop; :meth:`start` registers the ``{prefix}_result`` handler. A result is
-    served only to members of the bucket's group it is kept for, and (with a ``verifier``) to admitted
-    peers. It is passed on as it arrives (each part to our children as soon as we have it), so the
+    Lives on the averager's loop; :meth:`start` registers the ``{prefix}_result`` handler. A bucket's
+    result is served only to members of the bucket's group it is kept for, a round's (to late groups,
+    :meth:`expect_round`) to any peer, and both (with a ``verifier``) to admitted peers only. It is
+    passed on as it arrives (each part to our children as soon as we have it), so the
     tree's depth adds a part's time per hop, not the whole average's."""
 
     def __init__(self, p2p: Any, peer_id: str, prefix: str, credential: Optional[Callable[[], bytes]] = None,
@@ -244,7 +245,7 @@ class ResultRelay:
     def _expect(self, key: str, members: Optional[frozenset[str]], until: float) -> _Place:
         place = self._kept[key] = _Place(members)
         self._added.set()
-        asyncio.get_running_loop().call_later(max(0.0, until - time.monotonic()) + KEEP, self._forget, key)
+        asyncio.get_running_loop().call_later(max(0.0, until - time.monotonic()) + KEEP, self._forget, key, place)
         return place
 
     def publish(self, group_id: str, result: RoundResult) -> None:
@@ -266,9 +267,10 @@ class ResultRelay:
         place.error = error or "no average"
         place.bump()
 
-    def _forget(self, group_id: str) -> None:
-        place = self._kept.pop(group_id, None)
-        if place is not None and not place.complete and not place.error:
+    def _forget(self, key: str, place: _Place) -> None:
+        if self._kept.get(key) is place:  # not a later place under the same key (a round tried again)
+            del self._kept[key]
+        if not place.complete and not place.error:
             place.error = "expired"
             place.bump()
 
