@@ -200,7 +200,7 @@ def start_dht(options: DHTOptions = DHTOptions()) -> PeerDHT:
         kwargs["identity_path"] = str(identity.path)
         kwargs["check_if_identity_free"] = options.check_identity_on_network
     try:
-        dht = DHT(**kwargs)
+        dht = _start_process(kwargs, options.startup_timeout + READY_GRACE)
     except Exception as e:
         if identity is not None:
             identity.release()
@@ -218,6 +218,32 @@ def start_dht(options: DHTOptions = DHTOptions()) -> PeerDHT:
     node = PeerDHT(dht, identity, options.client_mode)
     log.info("DHT up: peer id %s, reachable at %s", node.peer_id, node.maddrs() or "(client mode)")
     return node
+
+
+READY_GRACE = 60.0
+"""Seconds past ``startup_timeout`` that :func:`start_dht` waits for the DHT process to be ready (its
+p2p daemon and bootstrap included) before it gives that process up and starts another, once.
+hivemind's own wait has no bound: a DHT process that never got ready (seen in CI: two test DHT
+nodes of a busy worker never answered, for 300 s) held its caller forever."""
+
+
+def _start_process(kwargs: dict[str, Any], timeout: float, attempts: int = 2) -> Any:
+    """hivemind's ``DHT`` started in its process and ready within ``timeout`` seconds; a process that
+    is not is killed and another started, up to ``attempts`` in all (then ``TimeoutError``). An error
+    the process reports (a port in use, no initial peer answering) is raised at once."""
+    from hivemind.dht import DHT
+
+    for attempt in range(1, attempts + 1):
+        dht = DHT(**{**kwargs, "start": False})
+        try:
+            dht.run_in_background(await_ready=True, timeout=timeout)
+            return dht
+        except TimeoutError:
+            log.warning("the DHT process (pid %s) was not ready after %.0fs (attempt %d of %d); killing it",
+                        dht.pid, timeout, attempt, attempts)
+            dht.kill()
+            dht.join(10)
+    raise TimeoutError(f"the DHT process was not ready after {timeout:.0f}s, {attempts} times")
 
 
 class _partial_connect:
