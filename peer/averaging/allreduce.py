@@ -17,11 +17,14 @@ members, bandwidth 0, reduce nothing; see :mod:`peer.averaging.partition`). Memb
    decodes them itself: member and reducer apply identical bits.
 
 The vector is first cut into at most :data:`~peer.averaging.partition.MAX_SEGMENTS` block-aligned
-segments, each reduced this way, with :data:`~peer.averaging.partition.PIPELINE` segments in flight:
-encoding and uploading segment s+1 overlaps the averages of segment s coming back (as hivemind's
-chunked all-reduce does), so the link is rarely idle; each segment's averages are decoded as they
-arrive, straight into the round's vector, and a sender's encoder hands back the decoded values its
-bytes carry (no second decode of what we sent).
+segments, each reduced this way, as a pipeline: a member sends its parts to each reducer segment
+after segment, the next once the last is handed to the p2p daemon, so a reducer averages segment s
+while s+1 is on the wire and the link carries the averages of early segments beside the
+contributions of later ones (sending every segment at once, as before, made them all finish
+together: the link idled while each reducer waited for its last bytes, then carried only averages).
+Each part is encoded just before it goes out (the next one of a reducer while the last one is on
+its way), each average is decoded as it arrives, straight into the round's vector, and a sender's
+encoder hands back the decoded values its bytes carry (no second decode of what we sent).
 
 A stream that breaks at a live reducer is asked again (an accepted contribution is served its
 average, never added twice); a stream cut mid-way, as a relay's reset cuts it, up to
@@ -55,7 +58,7 @@ import torch
 from torch import Tensor
 
 from peer.averaging.phases import phase
-from peer.averaging.partition import (PIPELINE, Group, fallback_reducer, part_bounds, relayed_segment_bounds,
+from peer.averaging.partition import (Group, fallback_reducer, part_bounds, relayed_segment_bounds,
                                       segment_bounds)
 from peer.averaging.quantizers import Codec
 from peer.averaging.reducer import PROBE, GroupState, PartReducer, PartSlot, wait_event
@@ -102,7 +105,7 @@ class ReductionServer(PartReducer):
     async def run(self, group: Group, flat: Tensor, weight: float, codec: Codec) -> AllReduceOutcome:
         """This member's side of the group's all-reduce of ``flat`` (numel,) with ``weight``.
 
-        The vector is cut into segments reduced as a pipeline (at most ``PIPELINE`` in flight), so
+        The vector is cut into segments reduced as a pipeline (see the module's docstring), so
         encoding, the upload of contributions and the download of averages overlap."""
         t0 = time.monotonic()
         # reducers close their parts well before members stop waiting for the averages
@@ -137,51 +140,95 @@ class ReductionServer(PartReducer):
             with phase("encode"):  # the decoded values straight into the round's vector: no copy
                 return codec.encode_roundtrip_into(flat[a:b], own_decoded[a:b])
 
-        def decode(keys: list[tuple[int, int]]) -> None:
-            for s, j in keys:
-                a, b = bounds[s][j]
-                with phase("decode"):
-                    codec.decode_average_into(results[(s, j)][0], averaged[a:b])  # straight into the average
+        def decode(s: int, j: int) -> None:
+            a, b = bounds[s][j]
+            with phase("decode"):
+                codec.decode_average_into(results[(s, j)][0], averaged[a:b])  # straight into the average
 
         order = [(me + k) % n for k in range(1, n)]  # start after us so reducers are hit evenly
-        state.sends_left = sum(1 for parts in bounds for j in order if parts[j][1] > parts[j][0])
+
+        def has(s: int, j: int) -> bool:
+            return bounds[s][j][1] > bounds[s][j][0]
+
+        state.sends_left = sum(1 for s in range(len(bounds)) for j in order if has(s, j))
         if state.sends_left == 0:
             self.event("parts_sent")
-        window = asyncio.Semaphore(PIPELINE)
+        # each part is encoded just before it is needed (the next one of a reducer while the last one is
+        # on its way), not all at the start, where every member encoding at once would starve the slowest
+        pending = {s: sum(1 for j in order if has(s, j)) for s in range(len(bounds))}
+        others_encoded = {s: asyncio.Event() for s in range(len(bounds))}
+        for s, left in pending.items():
+            if left == 0:
+                others_encoded[s].set()
+        encodes: dict[tuple[int, int], asyncio.Task] = {}
+        tasks: list[asyncio.Task] = []  # every part's exchange, cancelled if the round ends early
 
-        async def segment(s: int) -> None:
-            async with window:
-                tasks: dict[int, asyncio.Task] = {}
-                for j in order:
-                    a, b = bounds[s][j]
-                    if b > a:
-                        encoded[(s, j)] = await loop.run_in_executor(None, encode, a, b)
-                        tasks[j] = asyncio.create_task(self._first_exchange(
-                            state, s, j, encoded[(s, j)], weight, phase1_deadline))
-                a, b = bounds[s][me]
-                if b > a:
-                    encoded[(s, me)] = await loop.run_in_executor(None, encode, a, b)
-                    slot = state.slots[(s, me, 0)]
-                    slot.decoded[self.peer_id] = (own_decoded[a:b], float(weight))
-                    slot.changed.set()
-                    tasks[me] = asyncio.create_task(self._own_result(state, (s, me, 0), reducers[s]))
-                for j, task in tasks.items():
+        async def encode_part(s: int, j: int) -> bytes:
+            try:
+                encoded[(s, j)] = await loop.run_in_executor(None, encode, *bounds[s][j])
+                return encoded[(s, j)]
+            finally:
+                if j != me:
+                    pending[s] -= 1
+                    if pending[s] == 0:
+                        others_encoded[s].set()
+
+        def encoding(s: int, j: int) -> asyncio.Task:
+            if (s, j) not in encodes:
+                encodes[(s, j)] = asyncio.create_task(encode_part(s, j))
+            return encodes[(s, j)]
+
+        async def contribute(s: int, j: int, after: Optional[int], sent: asyncio.Event) -> None:
+            """Our part ``j`` of segment ``s`` to its reducer and its average back, decoded as it comes;
+            segment ``after`` of the same reducer is encoded meanwhile."""
+            try:
+                payload = await encoding(s, j)
+                if after is not None:
+                    encoding(after, j)
+                try:
+                    results[(s, j)] = await self._first_exchange(state, s, j, payload, weight, phase1_deadline, sent)
+                except Exception as e:
+                    sent.set()
                     try:
-                        results[(s, j)] = await task
-                    except Exception as e:
-                        if j == me:
-                            errors[(s, j)] = f"{type(e).__name__}: {e}"
-                            continue
-                        try:
-                            results[(s, j)] = await self._ask_again(state, s, j, encoded[(s, j)], weight, e,
-                                                                    phase1_deadline)
-                        except Exception as e2:
-                            errors[(s, j)] = f"{type(e).__name__}: {e}; again: {type(e2).__name__}: {e2}"
-                # decode this segment's averages now, while later segments are on the wire
-                await loop.run_in_executor(None, decode, [(s, j) for j in tasks if (s, j) in results])
+                        results[(s, j)] = await self._ask_again(state, s, j, payload, weight, e, phase1_deadline)
+                    except Exception as e2:
+                        errors[(s, j)] = f"{type(e).__name__}: {e}; again: {type(e2).__name__}: {e2}"
+                        return
+            finally:
+                sent.set()
+            await loop.run_in_executor(None, decode, s, j)
+
+        async def to_reducer(j: int) -> None:
+            """Our parts for member ``j``, segment after segment: the next one goes once the last one is
+            handed to the daemon, so segment s is reduced while s+1 is on the wire, and the link carries the
+            averages of early segments beside the contributions of later ones (all segments at once would
+            all finish together, the link idle while every reducer waits for its last bytes)."""
+            segs = [s for s in range(len(bounds)) if has(s, j)]
+            parts = []
+            for k, s in enumerate(segs):
+                sent = asyncio.Event()
+                parts.append(asyncio.create_task(contribute(s, j, segs[k + 1] if k + 1 < len(segs) else None, sent)))
+                tasks.append(parts[-1])
+                await sent.wait()  # set by the part's task at the latest when it ends
+            await asyncio.gather(*parts)
+
+        async def own(s: int) -> None:
+            """Our own part of segment ``s``: into our slot as soon as encoded, then its average."""
+            a, b = bounds[s][me]
+            try:
+                await others_encoded[s].wait()  # the parts that go out first are encoded first
+                await encoding(s, me)
+                slot = state.slots[(s, me, 0)]
+                slot.decoded[self.peer_id] = (own_decoded[a:b], float(weight))
+                slot.changed.set()
+                results[(s, me)] = await self._own_result(state, (s, me, 0), reducers[s])
+            except Exception as e:
+                errors[(s, me)] = f"{type(e).__name__}: {e}"
+                return
+            await loop.run_in_executor(None, decode, s, me)
 
         try:
-            await asyncio.gather(*(segment(s) for s in range(len(segments))))
+            await asyncio.gather(*(to_reducer(j) for j in order), *(own(s) for s in reducers))
             state.finished.update(results)
             own_parts = {key: own_decoded[bounds[key[0]][key[1]][0]:bounds[key[0]][key[1]][1]] for key in errors}
             for s, j in errors:
@@ -203,7 +250,7 @@ class ReductionServer(PartReducer):
                     else:
                         results[(s, j)] = await self._exchange(state, group.members[f], s, j, 1, encoded[(s, j)],
                                                                weight, final_deadline)
-                    await loop.run_in_executor(None, decode, [(s, j)])
+                    await loop.run_in_executor(None, decode, s, j)
                     errors.pop((s, j))
                 except Exception as e:
                     errors[(s, j)] = f"{errors[(s, j)]}; fallback: {type(e).__name__}: {e}"
@@ -223,18 +270,18 @@ class ReductionServer(PartReducer):
             return AllReduceOutcome(averaged, own_decoded, sorted(contributors), state.bytes_sent,
                                     state.bytes_received, reason, dict(state.suspects), parts)
         finally:
-            for task in reducers.values():
+            for task in [*reducers.values(), *tasks, *encodes.values()]:
                 if not task.done():
                     task.cancel()
             loop.call_later(max(0.0, final_deadline - time.monotonic()) + 5.0,
                             self._groups.pop, group.group_id, None)
 
     async def _first_exchange(self, state: GroupState, s: int, j: int, payload: bytes, weight: float,
-                              deadline: float) -> tuple[bytes, list[str]]:
+                              deadline: float, sent: Optional[asyncio.Event] = None) -> tuple[bytes, list[str]]:
         """Part ``j`` of segment ``s`` to its reducer; between two members behind relays, one part at a
         time (as :meth:`_ask_again`): all of them at once would be cut together by the relay's reset."""
         async with self._one_at_a_time(state, j, cut=False):
-            return await self._exchange(state, state.group.members[j], s, j, 0, payload, weight, deadline)
+            return await self._exchange(state, state.group.members[j], s, j, 0, payload, weight, deadline, sent)
 
     def _one_at_a_time(self, state: GroupState, j: int, cut: bool) -> Any:
         """The lock our parts to member ``j`` go under when they must go one at a time (the two of us
@@ -318,14 +365,17 @@ class ReductionServer(PartReducer):
         return state.slots[key].result.result()
 
     async def _exchange(self, state: GroupState, peer: str, segment: int, part: int, attempt: int,
-                        payload: bytes, weight: float, deadline: float) -> tuple[bytes, list[str]]:
-        """Send our part ``part`` of ``segment`` to ``peer`` and return the average it sends back."""
+                        payload: bytes, weight: float, deadline: float,
+                        sent: Optional[asyncio.Event] = None) -> tuple[bytes, list[str]]:
+        """Send our part ``part`` of ``segment`` to ``peer`` and return the average it sends back;
+        ``sent`` is set once the payload is handed to the daemon."""
         return await asyncio.wait_for(
-            self._exchange_unbounded(state, peer, segment, part, attempt, payload, weight),
+            self._exchange_unbounded(state, peer, segment, part, attempt, payload, weight, sent),
             max(0.01, deadline - time.monotonic()))
 
     async def _exchange_unbounded(self, state: GroupState, peer: str, segment: int, part: int, attempt: int,
-                                  payload: bytes, weight: float) -> tuple[bytes, list[str]]:
+                                  payload: bytes, weight: float,
+                                  sent: Optional[asyncio.Event] = None) -> tuple[bytes, list[str]]:
         from hivemind.p2p import P2P, PeerID
 
         a, b = state.bounds[segment][part]
@@ -336,6 +386,8 @@ class ReductionServer(PartReducer):
             await P2P.send_protobuf(header, writer)
             await P2P.send_raw_data(payload, writer)
             state.bytes_sent += len(payload)
+            if sent is not None:
+                sent.set()
             reply, err = await P2P.receive_protobuf(PartReply, reader)
             if reply is not None and reply.ok and reply.received:
                 if attempt == 0 and (segment, part) not in state.acked:

@@ -14,8 +14,8 @@ from typing import Callable, Optional, Sequence
 
 from models.codec_spec import BLOCK
 
-__all__ = ["Group", "part_bounds", "segment_bounds", "relayed_segment_bounds", "fallback_reducer", "PIPELINE",
-           "SEGMENT_BLOCKS", "MAX_SEGMENTS", "RELAY_PIECE_BYTES"]
+__all__ = ["Group", "part_bounds", "segment_bounds", "relayed_segment_bounds", "fallback_reducer", "SEGMENT_BLOCKS",
+           "MAX_SEGMENTS", "RELAY_PIECE_BYTES"]
 
 
 def part_bounds(numel: int, bandwidths: Sequence[float]) -> list[tuple[int, int]]:
@@ -43,15 +43,13 @@ def part_bounds(numel: int, bandwidths: Sequence[float]) -> list[tuple[int, int]
     return bounds
 
 
-PIPELINE = 3
-"""Segments in flight at once: encoding and the upload of segment s+1 overlap the averages of s."""
 SEGMENT_BLOCKS = 256
 """Smallest segment, in blocks; a vector is cut into at most :data:`MAX_SEGMENTS` of at least this size."""
 MAX_SEGMENTS = 4
 """Most segments of a vector. Each segment opens one stream per pair of members through the p2p
-daemons, whose fixed CPU cost per stream showed in a round's profile (issue 24): 4 still keeps the link
-busy with 3 in flight (the same link efficiency as 8 in a back-to-back run) and cut the event-loop
-thread's CPU by about a quarter against 8 (16 before that)."""
+daemons, whose fixed CPU cost per stream showed in a round's profile (issue 24): with the all-reduce's
+segment-after-segment sending, 8 and 16 gave no better link efficiency than 4 at 100 or 25 Mbit/s
+(``bench.comm``), and cost the event-loop thread about twice the CPU at 16."""
 
 
 def segment_bounds(numel: int, max_segments: int = MAX_SEGMENTS,
