@@ -87,6 +87,8 @@ class Looking:
     """We ended this round early because another holder waited (:attr:`GroupDeclaration.paced`)."""
     weight: float = 0.0
     """The tokens behind our contribution, said in our join request (0: not said)."""
+    storing: Optional["asyncio.Future[None]"] = None
+    """The DHT store of our first declaration, while it runs behind the gather (its push came first)."""
 
 
 class GroupJoin:

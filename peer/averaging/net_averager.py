@@ -326,10 +326,19 @@ class NetAverager:
         of one of these modules (``module_id -> round``) after computing its whole round (a declaration
         that was itself paced does not count: :attr:`peer.network.records.GroupDeclaration.paced`): it
         waits in matchmaking, so ``DiLoCoOptimizer`` ends its round now with the tokens it has, and
-        our declaration of it says so. Never blocks the training loop:
-        it answers from a DHT check at most ``WAITING_POLL`` seconds old, refreshed in the background
-        (False until a check for exactly these rounds has come back)."""
+        our declaration of it says so. Never blocks the training loop: it answers from the
+        declarations holders pushed us (:meth:`peer.averaging.matchmaking.Matchmaker._push`), else from
+        a DHT check at most ``WAITING_POLL`` seconds old, refreshed in the background (False until a
+        check for exactly these rounds has come back)."""
         key = tuple(sorted(rounds.items()))
+        matchmaker = getattr(self, "_matchmaker", None)
+        for module_id, round_no in key if matchmaker is not None else ():  # declarations pushed to us
+            told = sorted(p for p, d in matchmaker.pushed_to(group_key(self.run_id, module_id, round_no)).items()
+                          if not d.paced)
+            if told:
+                self.last_waiting = (module_id, round_no, told[0])
+                self._paced = dict(key)
+                return True
         now = time.monotonic()
         pending = self._waiting_check
         if (pending is None or pending.done()) and now - self._waiting_checked >= WAITING_POLL:

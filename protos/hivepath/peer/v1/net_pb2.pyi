@@ -158,3 +158,33 @@ class ResultReply(_message.Message):
     credential: bytes
     late: bool
     def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., codec: _Optional[str] = ..., bounds: _Optional[_Iterable[int]] = ..., payload_lens: _Optional[_Iterable[int]] = ..., contributors: _Optional[_Iterable[str]] = ..., credential: _Optional[bytes] = ..., late: _Optional[bool] = ...) -> None: ...
+
+class DeclareNotice(_message.Message):
+    __slots__ = ("group_key", "config_hash", "data_hash", "bandwidth", "credential", "digest", "expecting", "paced", "expiration")
+    GROUP_KEY_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
+    DATA_HASH_FIELD_NUMBER: _ClassVar[int]
+    BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    EXPECTING_FIELD_NUMBER: _ClassVar[int]
+    PACED_FIELD_NUMBER: _ClassVar[int]
+    EXPIRATION_FIELD_NUMBER: _ClassVar[int]
+    group_key: str
+    config_hash: str
+    data_hash: str
+    bandwidth: float
+    credential: bytes
+    digest: str
+    expecting: _containers.RepeatedScalarFieldContainer[str]
+    paced: bool
+    expiration: float
+    def __init__(self, group_key: _Optional[str] = ..., config_hash: _Optional[str] = ..., data_hash: _Optional[str] = ..., bandwidth: _Optional[float] = ..., credential: _Optional[bytes] = ..., digest: _Optional[str] = ..., expecting: _Optional[_Iterable[str]] = ..., paced: _Optional[bool] = ..., expiration: _Optional[float] = ...) -> None: ...
+
+class DeclareAck(_message.Message):
+    __slots__ = ("ok", "error")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    error: str
+    def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,133 @@
+"""Declarations pushed to a module's live holders (``Declare`` rpc, ``Matchmaker._push``).
+
+A member pushes its declaration of a round to the holders its last gather read as it stores it on the
+DHT: pacing (``NetAverager.others_waiting``) and the other members' gathers see it before the DHT
+record, which on a busy host lands 0.3-0.9 s later (``bench.utilization``). The DHT's copy stays the
+authority: a push is only ever the same statement, earlier, from the authenticated sender.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from helpers import wait_for
+from peer.averaging import BLOCK, get_codec
+from peer.averaging.matchmaking import PUSHED_KEYS, Matchmaker
+from peer.averaging.net_averager import NetAverager
+from peer.network import DHTOptions, HolderRecord, group_key, holders_key, read_records, start_dht
+from protos.hivepath.peer.v1.net_pb2 import DeclareNotice
+
+HOST = ["/ip4/127.0.0.1/tcp/0"]
+CONFIG = "aaaa0000aaaa0000"
+
+
+def _handle(mm: Matchmaker, sender: str, notice: DeclareNotice):
+    """Run the handler as the p2p layer does for a stream from ``sender``; its one reply."""
+    context = SimpleNamespace(remote_id=SimpleNamespace(to_base58=lambda: sender))
+
+    async def one():
+        return [ack async for ack in mm._handle_declare(notice, context)]
+
+    (ack,) = asyncio.run(one())
+    return ack
+
+
+def _notice(key: str, expiration: float, config: str = CONFIG, paced: bool = False) -> DeclareNotice:
+    return DeclareNotice(group_key=key, config_hash=config, data_hash="", bandwidth=1e6, digest="d" * 64,
+                         expecting=["x"], paced=paced, expiration=expiration)
+
+
+def test_a_pushed_declaration_is_kept_only_from_a_live_holder_of_its_module_with_our_config():
+    from hivemind.utils import get_dht_time
+
+    mm = Matchmaker(None, None, "me", "run", CONFIG, "", 1e6, "hivepath_run")
+    mm._live["L0M0"] = frozenset({"holder"})
+    key, later = group_key("run", "L0M0", 5), get_dht_time() + 60
+    stranger = _handle(mm, "stranger", _notice(key, later))
+    assert not stranger.ok and "not a live holder" in stranger.error
+    other_config = _handle(mm, "holder", _notice(key, later, config="bbbb1111bbbb1111"))
+    assert not other_config.ok and "config hash" in other_config.error
+    wrong_module = _handle(mm, "holder", _notice(group_key("run", "L1M0", 5), later))
+    assert not wrong_module.ok
+    not_a_round_key = _handle(mm, "holder", _notice("run_L0M0_holders", later))
+    assert not not_a_round_key.ok
+    assert mm.pushed_to(key) == {}
+    assert _handle(mm, "holder", _notice(key, later)).ok
+    (decl,) = mm.pushed_to(key).values()
+    assert (decl.config_hash, decl.digest, decl.expecting, decl.paced) == (CONFIG, "d" * 64, ("x",), False)
+    bucket_key = group_key("run", "L0M0", 5, bucket=1)  # a split round's bucket
+    assert _handle(mm, "holder", _notice(bucket_key, later)).ok and "holder" in mm.pushed_to(bucket_key)
+    # an expired declaration is not returned; the kept keys are bounded, the oldest forgotten first
+    expired = group_key("run", "L0M0", 6)
+    assert _handle(mm, "holder", _notice(expired, get_dht_time() - 1)).ok
+    assert mm.pushed_to(expired) == {}
+    for r in range(7, 7 + PUSHED_KEYS):
+        assert _handle(mm, "holder", _notice(group_key("run", "L0M0", r), later)).ok
+    assert len(mm.pushed) == PUSHED_KEYS and mm.pushed_to(key) == {}
+    assert "holder" in mm.pushed_to(group_key("run", "L0M0", 6 + PUSHED_KEYS))
+
+
+class _SlowDeclarations:
+    """A DHT whose stores of group declarations land ``delay`` seconds late (a busy DHT process)."""
+
+    def __init__(self, dht, delay: float):
+        self._dht, self._delay = dht, delay
+
+    def __getattr__(self, name):
+        return getattr(self._dht, name)
+
+    def store(self, key, *args, **kwargs):
+        if not key.endswith("_group"):
+            return self._dht.store(key, *args, **kwargs)
+
+        async def later():
+            await asyncio.sleep(self._delay)
+            return await self._dht.store(key, *args, **kwargs)
+
+        return asyncio.ensure_future(later())
+
+
+@pytest.mark.integration
+def test_pushed_declarations_pace_and_group_holders_before_their_dht_records_land():
+    """Three holders average round 4 (their gathers learn who the live holders are). Then ``a``'s
+    group declarations reach the DHT only 12 s late, past every gather deadline of the round: ``b``
+    still notices ``a`` waiting for round 5 with its own DHT check switched off, and the three
+    still form one group and apply the same bytes, from ``a``'s pushed declaration alone."""
+    with start_dht(DHTOptions(host_maddrs=HOST)) as d0, \
+            start_dht(DHTOptions(host_maddrs=HOST, initial_peers=d0.maddrs())) as d1, \
+            start_dht(DHTOptions(host_maddrs=HOST, initial_peers=d0.maddrs())) as d2:
+        a, b, c = avgs = [NetAverager(d, "pushed", CONFIG) for d in (d0, d1, d2)]
+        try:
+            for avg in avgs:
+                avg.hold("L0M0", 4)
+            wait_for(lambda: len(read_records(d0.dht, holders_key("pushed", "L0M0"), HolderRecord)) == 3, 30,
+                     "three holder records")
+            int8 = get_codec("int8")
+            deltas = [torch.randn(3 * BLOCK, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+            with ThreadPoolExecutor(3) as pool:
+                first = list(pool.map(lambda i: avgs[i].average("L0M0", 4, [deltas[i]], 1.0, int8, 20.0), range(3)))
+            assert all(r.group_size == 3 for r in first), [r.reason for r in first]
+
+            a._matchmaker.dht = _SlowDeclarations(a._matchmaker.dht, 12.0)
+            b._waiting_checked = math.inf  # b's own DHT check of who waits never runs again
+            assert not b.others_waiting({"L0M0": 5})
+            with ThreadPoolExecutor(3) as pool:
+                futures = [pool.submit(a.average, "L0M0", 5, [deltas[0]], 1.0, int8, 20.0)]
+                wait_for(lambda: b.others_waiting({"L0M0": 5}), 10, "b to notice a's pushed declaration")
+                assert b.last_waiting == ("L0M0", 5, a.peer_id)
+                assert not b.others_waiting({"L0M0": 6})
+                futures += [pool.submit(avg.average, "L0M0", 5, [deltas[i]], 1.0, int8, 20.0)
+                            for i, avg in ((1, b), (2, c))]
+                second = [f.result(timeout=60) for f in futures]
+        finally:
+            for avg in avgs:
+                avg.shutdown()
+    # b and c stop gathering 4 s in (0.2 of the round's 20 s): a group of three formed from a's push
+    assert all(r.group_size == 3 for r in second), [r.reason for r in second]
+    assert all(torch.equal(r.averaged[0], second[0].averaged[0]) for r in second)
