@@ -213,10 +213,18 @@ class ReductionServer(PartReducer):
             await asyncio.gather(*parts)
 
         async def own(s: int) -> None:
-            """Our own part of segment ``s``: into our slot as soon as encoded, then its average."""
+            """Our own part of segment ``s``: into our slot as soon as encoded, then its average. It is
+            encoded after the parts of ``s`` that go out (those are needed first), or once we reduced an
+            earlier segment, whichever comes first: a send stalled at a reducer (until the deadline)
+            holds up that reducer's later encodes, never our own reductions."""
             a, b = bounds[s][me]
             try:
-                await others_encoded[s].wait()  # the parts that go out first are encoded first
+                earlier = [r for r in reducers if r < s]
+                cue = [asyncio.ensure_future(others_encoded[s].wait())] + ([reducers[max(earlier)]] if earlier else [])
+                try:
+                    await asyncio.wait(cue, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    cue[0].cancel()
                 await encoding(s, me)
                 slot = state.slots[(s, me, 0)]
                 slot.decoded[self.peer_id] = (own_decoded[a:b], float(weight))
