@@ -235,9 +235,9 @@ def test_a_lattice_trained_through_diloco_with_a_group_cap_splits_its_shared_mod
         for s in states[1:]:
             for x, y in zip(s.global_params + s.momentum, states[0].global_params + states[0].momentum):
                 assert torch.equal(x, y), f"replicas of {mid} differ"
-    for out in outs.values():
-        first, last = out["losses"][:2], out["losses"][-2:]
-        assert sum(last) < sum(first) - 0.1, out["losses"]
+    for out in outs.values():  # the loss on fixed held-out windows falls on every path
+        before, after = out["held_out_loss"]
+        assert after < before - 0.1, (out["held_out_loss"], out["losses"])
 
 
 @pytest.mark.integration

@@ -159,6 +159,9 @@ class Matchmaker(GroupJoin):
         self._push_waiters: set[asyncio.Event] = set()
         """One event per gather in progress, set when a declaration is pushed to us."""
         self._pushing: set["asyncio.Future[Any]"] = set()
+        self._grouped: dict[str, tuple[int, frozenset[str]]] = {}
+        """module -> (the last round whose group we formed, its other members): at the next round each
+        of them is at that round too, whatever its holder record still says (see :meth:`_gather`)."""
         self.declare_handler = handler_name(prefix, DECLARE)
 
     async def start(self) -> None:
@@ -318,12 +321,17 @@ class Matchmaker(GroupJoin):
                 looking.decided.set()
                 # a split round's bucket is often all newcomers whose sources are in other buckets; the
                 # top group, which needs most buckets at this state, keeps them from a second lineage
-                return Match(*await self._lead(looking, set(declared), close_deadline, end,
-                                               check_sources=bucket is None))
-            looking.leader = leader
-            looking.decided.set()
-            return Match(*await self._follow(key, leader, join_deadline, close_deadline + (end - close_deadline) / 2,
-                                             digest, looking.fetched_from, weight))
+                match = Match(*await self._lead(looking, set(declared), close_deadline, end,
+                                                check_sources=bucket is None))
+            else:
+                looking.leader = leader
+                looking.decided.set()
+                match = Match(*await self._follow(key, leader, join_deadline,
+                                                  close_deadline + (end - close_deadline) / 2, digest,
+                                                  looking.fetched_from, weight))
+            if match.group is not None:
+                self._grouped[module_id] = (round_no, frozenset(match.group.members) - {self.peer_id})
+            return match
         finally:
             self._stop_looking(looking)
 
@@ -448,6 +456,7 @@ class Matchmaker(GroupJoin):
         from hivemind.utils import get_dht_time
 
         key, expires = self._declared.pop(module_id, ("", 0.0))
+        self._grouped.pop(module_id, None)
         if key and expires > get_dht_time():
             await self.dht.store(key, withdrawal(self._own_credential()), expires + 1.0, subkey=self.peer_id,
                                  return_future=True)
@@ -513,6 +522,12 @@ class Matchmaker(GroupJoin):
         the peers the other members' declarations list too: a newcomer that leads knows only its own
         source, and would close the group before the other newcomers of that source declared.
 
+        The other members of the group we formed last round are at this round too: each moved on when
+        that group formed, and announces so in the background. Their records may still say the last
+        round (a store takes 0.3-0.9 s on a busy host, and a pushed declaration ends a gather sooner
+        than that): they are waited for as holders at this round, not left behind as holders a round
+        behind (which, once the others declared, would split the group and fork the replicas).
+
         Without ``wait_for_behind`` (overlap mode, where a member with only holders behind it steps
         alone) holders one round behind are also waited for until ``deadline``: their record may lag
         behind their declaration.
@@ -570,7 +585,9 @@ class Matchmaker(GroupJoin):
                 live = {p: h for p, h in records_from_value(holders, HolderRecord, self.verifier).items()
                         if p != self.peer_id and not self._mismatch(p, h.config_hash, h.data_hash)}
                 self._live[module_id] = frozenset(live)
-                expected = {p for p, h in live.items() if h.round_no == round_no and mine(p)}
+                last_round_no, last_group = self._grouped.get(module_id, (-1, frozenset()))
+                expected = {p for p, h in live.items() if mine(p) and (h.round_no == round_no or (
+                    h.round_no == round_no - 1 and last_round_no == round_no - 1 and p in last_group))}
                 joiners = self._own_joiners(module_id, round_no, patience, bucket)
                 if not joiners <= looking.expecting:  # tell the others whom to wait for
                     if looking.storing is not None:  # after the first store: the DHT keeps the later one
