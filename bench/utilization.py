@@ -9,7 +9,9 @@ first) that train the same path of the ``demo`` lattice (``--preset``) from the 
 each on its own random windows of the built-in corpus, for ``--steps`` inner steps of ``--batch``
 sequences (DiLoCo variants: ``--steps // H`` rounds on every peer; the fastest member paces each round,
 so a slower one ends it early with fewer tokens, as in a real run, and ``inner_steps_per_peer`` says how
-many steps each took on average):
+many steps each took on average; after each round a peer does what ``peer join`` does, re-syncs a module
+whose round it missed and announces each module's round and state digest,
+:func:`peer.diloco.resync_after_round`):
 
 - ``ddp``: every-step gradient averaging, synchronous data-parallel over the same transport
   (:class:`peer.averaging.net_averager.NetAverager`, codec ``none``, one bucket holding every gradient; after a
@@ -25,7 +27,8 @@ here (0.32; 0.36 at H = 15, 0.43 at H = 10).
 
 Keys (``bench/results/utilization.json``), per variant under ``variants``: ``utilization`` (wall time
 not spent blocked on the network, over wall time: ``1 - wait / wall``, wait from
-``RoundReport.wait_seconds``, or the gradient all-reduce time for ``ddp``; mean over peers, the final
+``RoundReport.wait_seconds`` plus the time in :func:`peer.diloco.resync_after_round`, or the gradient
+all-reduce time for ``ddp``; mean over peers, the final
 overlap flush excluded and reported as ``utilization_with_drain``), ``val_loss`` (mean cross-entropy of
 the final global model on fixed validation windows), ``val_bpb`` (its bits per byte on the first 32
 validation documents of the path), ``bytes_sent_per_peer`` (payload) and ``wire_tx_bytes_per_peer``
@@ -95,13 +98,23 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
     from models.config import OuterConfig
     from models.lattice import ModularLM
     from peer.averaging import NetAverager, get_codec
-    from peer.diloco import DiLoCoOptimizer
+    from peer.diloco import DiLoCoOptimizer, install_resync, resync_after_round
 
     h, overlap = VARIANTS[name]
     run_id = f"util-{name.replace('_', '-')}"
     mids = cfg.lattice.path_modules(PATH)
     model = ModularLM(cfg.lattice, seed=0, module_ids=mids).path_model(PATH)
-    avg = NetAverager(dht, run_id, cfg.content_hash(), bandwidth=args.rate_mbit * 1e6 / 8)
+    trained: dict = {}  # "opt": the DiLoCo optimizer, once made (the state our averager serves)
+    avg = NetAverager(dht, run_id, cfg.content_hash(), bandwidth=args.rate_mbit * 1e6 / 8,
+                      state_provider=lambda mid: trained["opt"].module_state(mid) if "opt" in trained else None)
+
+    def fetch(mid: str, like: list, accept=None, min_round: int = -1):
+        """A module's state from a live holder, for a re-sync after a missed round (as ``peer join``)."""
+        try:
+            return avg.fetch_state(mid, timeout=args.round_timeout, like=like, accept=accept, min_round=min_round)
+        except Exception as e:
+            log.info("no live holder sent %s (%s)", mid, e)
+            return None
     batches = dataset.path_batches(PATH, "train", args.batch, cfg.lattice.seq_len, seed=1000 + args.peer)
     wait = drain = sent = received = 0.0
     failed = rounds = 0
@@ -149,8 +162,11 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
             state = [p.detach().clone() for p in params]
         else:
             outer = OuterConfig(inner_steps=h, codec=args.codec, overlap=overlap, round_timeout=args.round_timeout)
-            opt = DiLoCoOptimizer(model.modules_by_id(), inner=cfg.inner, outer=outer, lattice=cfg.lattice, averager=avg)
+            opt = trained["opt"] = DiLoCoOptimizer(model.modules_by_id(), inner=cfg.inner, outer=outer,
+                                                   lattice=cfg.lattice, averager=avg)
+            install_resync(opt, fetch)  # what a real peer does after a missed round (peer.node.trainer)
             reports = []
+            after_rounds = 0.0  # seconds in resync_after_round
             # the same rounds on every peer: the fastest member paces a round (a slower one ends it
             # early, with fewer tokens), so a fixed step count would leave slower peers extra rounds
             # without the others, and their replicas would differ at the end
@@ -162,13 +178,19 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
                 steps_done += 1
                 if report is not None:
                     reports.append(report)
+                    a0 = time.perf_counter()
+                    resync_after_round(opt, report, avg, fetch)
+                    after_rounds += time.perf_counter() - a0
             wall = time.perf_counter() - t0
             d0 = time.perf_counter()
             last = opt.flush()
             drain = time.perf_counter() - d0
             opt.close()
-            wait = sum(r.wait_seconds for r in reports)
-            log.info("%s: waits per round %s", name, " ".join(f"{r.wait_seconds:.2f}" for r in reports))
+            # blocked on the network: each round's wait for its exchange, and the after-round work
+            # (re-syncs, announcements) that does not compute either
+            wait = sum(r.wait_seconds for r in reports) + after_rounds
+            log.info("%s: waits per round %s; after rounds %.2fs in all", name,
+                     " ".join(f"{r.wait_seconds:.2f}" for r in reports), after_rounds)
             reports += [last] if last is not None else []
             mods = [m for r in reports for m in r.modules.values()]
             sent, received = sum(m.bytes_sent for m in mods), sum(m.bytes_received for m in mods)
