@@ -18,6 +18,7 @@ import pytest
 import torch
 from torch import nn
 
+from helpers import wait_for
 from models.config import InnerConfig, LatticeConfig, OuterConfig
 from models.errors import ConfigError
 from peer.averaging import LocalAverager, get_codec
@@ -94,7 +95,8 @@ class Worker:
         return report
 
 
-def make_worker(name, path, cfg, outer, averager, seed, lr=1e-2, module_ids=None, clocked=False) -> Worker:
+def make_worker(name, path, cfg, outer, averager, seed, lr=1e-2, module_ids=None, clocked=False,
+                train_through_waits=True) -> Worker:
     mids = module_ids or cfg.path_modules(path)
     mods = {mid: build_module(cfg, mid) for mid in mids}
     params = [p for m in mods.values() for p in m.parameters()]
@@ -103,6 +105,7 @@ def make_worker(name, path, cfg, outer, averager, seed, lr=1e-2, module_ids=None
     opt = DiLoCoOptimizer(
         modules=mods, inner=torch.optim.AdamW(params, lr=lr), outer=outer,
         lattice=cfg if module_ids is None else None, averager=averager, clock=clock,
+        train_through_waits=train_through_waits,
     )
     return Worker(name, path, mods, opt, torch.Generator().manual_seed(seed), now)
 
@@ -154,10 +157,10 @@ def assert_replicas_identical(workers: list[Worker], check_local: bool) -> None:
 PATHS = {"w0": (0, 0), "w1": (0, 1), "w2": (1, 1)}
 
 
-def lattice_workers(outer: OuterConfig) -> tuple[LocalAverager, list[Worker]]:
+def lattice_workers(outer: OuterConfig, **kw) -> tuple[LocalAverager, list[Worker]]:
     hub = LocalAverager()
     workers = [
-        make_worker(name, path, LATTICE, outer, hub.member(name, LATTICE.path_modules(path)), seed=k)
+        make_worker(name, path, LATTICE, outer, hub.member(name, LATTICE.path_modules(path)), seed=k, **kw)
         for k, (name, path) in enumerate(PATHS.items())
     ]
     return hub, workers
@@ -186,7 +189,7 @@ def test_three_workers_on_a_2x2_lattice_stay_bit_identical_with_int8():
 
 def test_overlap_mode_stays_bit_identical_and_loss_falls():
     outer = OuterConfig(inner_steps=5, codec="int8", round_timeout=60.0, overlap=True)
-    hub, workers = lattice_workers(outer)
+    hub, workers = lattice_workers(outer, train_through_waits=False)  # rounds of exactly 5 steps
     rounds = 6
     # two steps past the last boundary: progress made while round 5's exchange is in flight
     run_threads([lambda w=w: [w.train_step() for _ in range(rounds * outer.inner_steps + 2)] for w in workers])
@@ -268,6 +271,69 @@ class _Paced:
     def others_waiting(self, rounds) -> bool:
         self.asked.append(dict(rounds))
         return self.waiting_round in rounds.values()
+
+
+class _Gated:
+    """A member averager whose exchanges of round ``round_no`` return only once ``release`` is set."""
+
+    def __init__(self, member, round_no: int) -> None:
+        self.member, self.round_no, self.release = member, round_no, threading.Event()
+
+    def average(self, module_id, round_no, *args, **kw):
+        if round_no == self.round_no:
+            assert self.release.wait(60), "never released"
+        return self.member.average(module_id, round_no, *args, **kw)
+
+
+def _in_flight(w: Worker) -> bool:
+    return any(st.pending is not None and st.pending.future is not None and not st.pending.future.done()
+               for st in w.opt._modules.values())
+
+
+def test_overlap_trains_through_a_wait_for_the_last_exchange_and_ends_the_round_once_it_is_done():
+    """Round 0's exchange is held back: round 1 does not end after its 3 steps but goes on stepping
+    (nothing blocks the training loop), and ends at the first step after the exchange returns, with
+    those extra steps' tokens as its weight."""
+    outer = OuterConfig(inner_steps=3, codec="int8", round_timeout=60.0, overlap=True)
+    hub = LocalAverager()
+    gated = _Gated(hub.member("a"), round_no=0)
+    w = make_worker("a", (0,), DENSE, outer, gated, seed=1)
+    for _ in range(3 + 3 + 1):  # round 0, round 1's steps, one more
+        assert w.train_step() is None
+    assert w.opt.round == 1 and _in_flight(w)
+    gated.release.set()
+    wait_for(lambda: not _in_flight(w), 30, "round 0's exchange to return")
+    report = w.train_step()  # the first step after it: round 1 ends, round 0's average is applied
+    assert report is not None and report.round == 0 and report.applied
+    assert w.opt.round == 2
+    w.opt.flush()
+    assert hub.round_weights("L0M0", 1) == {"a": 5.0 * BATCH * SEQ}  # 3 steps + 2 while waiting
+    w.opt.close()
+
+
+@pytest.mark.parametrize("fill", [True, False], ids=["through", "wait"])
+def test_a_round_trained_through_a_wait_has_at_most_twice_its_steps(fill):
+    """The exchange stays in flight: round 1 ends (and waits for it) after 6 steps, twice its 3,
+    or after its 3 without ``train_through_waits``."""
+    outer = OuterConfig(inner_steps=3, codec="int8", round_timeout=60.0, overlap=True)
+    hub = LocalAverager()
+    gated = _Gated(hub.member("a"), round_no=0)
+    w = make_worker("a", (0,), DENSE, outer, gated, seed=1, train_through_waits=fill)
+    for _ in range(3):
+        w.train_step()
+    steps = 6 if fill else 3
+    for _ in range(steps - 1):
+        assert w.train_step() is None
+    worker = threading.Thread(target=w.train_step)  # the round's last step waits for the exchange
+    worker.start()
+    wait_for(lambda: w.opt._steps_in_round == steps, 30, "round 1's last step")
+    assert w.reports == []
+    gated.release.set()
+    worker.join(30)
+    assert [r.round for r in w.reports] == [0] and w.reports[0].applied
+    w.opt.flush()
+    assert hub.round_weights("L0M0", 1) == {"a": steps * BATCH * SEQ}
+    w.opt.close()
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
@@ -498,7 +564,8 @@ def test_local_params_on_any_device_and_dtype_share_one_cpu_fp32_global_copy(dev
     for k, name in enumerate("ab"):
         mods = {mid: build_module(DENSE, mid).to(device=device, dtype=dtype) for mid in DENSE.path_modules((0,))}
         params = [p for m in mods.values() for p in m.parameters()]
-        opt = DiLoCoOptimizer(mods, torch.optim.SGD(params, lr=0.1), outer, DENSE, hub.member(name))
+        opt = DiLoCoOptimizer(mods, torch.optim.SGD(params, lr=0.1), outer, DENSE, hub.member(name),
+                              train_through_waits=False)  # rounds of exactly 2 steps
         workers.append((mods, opt, torch.Generator().manual_seed(k)))
 
     def train(mods, opt, gen) -> None:

@@ -146,8 +146,8 @@ class Matchmaker(GroupJoin):
         whether we logged giving up on it)."""
         self._declared: dict[str, tuple[str, float]] = {}
         """module -> (the group key of our last declaration, its DHT expiration)."""
-        self._announcing: set["asyncio.Future[Any]"] = set()
-        """Background stores of :meth:`announce_full_round` (kept so that they are not collected)."""
+        self._background: set["asyncio.Future[Any]"] = set()
+        """Pushes and background DHT stores (kept so that they are not collected)."""
         self._seen: dict[tuple[str, str], float] = {}
         """(module, other holder) -> when its holder record was last read: a holder whose record
         vanished without a withdrawal may be cut off from us, not gone (see :meth:`_vanished`)."""
@@ -158,7 +158,6 @@ class Matchmaker(GroupJoin):
         (:meth:`_handle_declare`), in arrival order of the keys, at most :data:`PUSHED_KEYS` keys."""
         self._push_waiters: set[asyncio.Event] = set()
         """One event per gather in progress, set when a declaration is pushed to us."""
-        self._pushing: set["asyncio.Future[Any]"] = set()
         self._grouped: dict[str, tuple[int, frozenset[str]]] = {}
         """module -> (the last round whose group we formed, its other members): at the next round each
         of them is at that round too, whatever its holder record still says (see :meth:`_gather`)."""
@@ -231,9 +230,18 @@ class Matchmaker(GroupJoin):
                 log.debug("pushing our declaration to %s failed: %r", peer[-8:], e)
 
         for peer in sorted(self._live.get(module_id, ()))[:PUSH_MAX]:
-            task = asyncio.ensure_future(tell(peer))
-            self._pushing.add(task)
-            task.add_done_callback(self._pushing.discard)
+            self._in_background(tell(peer), "pushing our declaration")
+
+    def _in_background(self, work: Any, what: str) -> None:
+        """Run ``work`` (a coroutine or future) without waiting for it; a failure is logged."""
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+
+        def done(task: "asyncio.Future[Any]") -> None:
+            self._background.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                log.debug("%s failed: %r", what, task.exception())
+        task.add_done_callback(done)
 
     def fetched(self, module_id: str, source: str, round_no: int) -> None:
         """We took ``module_id``'s state at ``round_no`` from ``source`` to average it: at that round our
@@ -351,15 +359,9 @@ class Matchmaker(GroupJoin):
         from hivemind.utils import get_dht_time
 
         decl = GroupDeclaration(self.config_hash, self.data_hash, self.bandwidth, self._own_credential(), digest)
-        task = asyncio.ensure_future(self.dht.store(group_key(self.run_id, module_id, round_no), to_value(decl),
-                                                    get_dht_time() + timeout, subkey=self.peer_id, return_future=True))
-        self._announcing.add(task)
-        task.add_done_callback(self._announced)
-
-    def _announced(self, task: "asyncio.Future[Any]") -> None:
-        self._announcing.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.debug("announcing a full round failed: %r", task.exception())
+        self._in_background(self.dht.store(group_key(self.run_id, module_id, round_no), to_value(decl),
+                                           get_dht_time() + timeout, subkey=self.peer_id, return_future=True),
+                            "announcing a full round")
 
     async def form_top_group(self, module_id: str, round_no: int, digest: str, buckets: int, weight: float,
                              gather_deadline: float, end: float) -> Match:
@@ -578,9 +580,8 @@ class Matchmaker(GroupJoin):
                         declared[peer] = d
                 # pushed to us and not yet on the DHT (where a record of the sender's, a withdrawal too, wins)
                 on_dht = set(found.value) if found is not None and isinstance(found.value, dict) else set()
-                for peer, d in self.pushed_to(key).items():
-                    if peer not in on_dht and peer != self.peer_id and not self._mismatch(peer, d.config_hash,
-                                                                                          d.data_hash):
+                for peer, d in self.pushed_to(key).items():  # kept only when of our config (_handle_declare)
+                    if peer not in on_dht and peer != self.peer_id:
                         declared[peer] = d
                 live = {p: h for p, h in records_from_value(holders, HolderRecord, self.verifier).items()
                         if p != self.peer_id and not self._mismatch(p, h.config_hash, h.data_hash)}

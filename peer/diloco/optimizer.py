@@ -57,6 +57,12 @@ class DiLoCoOptimizer:
     With ``outer.overlap`` the exchange of round t runs on a background thread during round t+1 and is
     applied at the end of round t+1, keeping the local progress made meanwhile on top of the new
     global copy. Global copies and outer momentum stay bit-identical across the group in both modes.
+    Where round t's exchange is still in flight when round t+1 has had its steps (or seconds), the peer
+    goes on stepping rather than waiting idle (``train_through_waits``): round t+1 ends at the first
+    step after that exchange is done, after at most ``outer.inner_steps`` (or ``round_seconds``) more,
+    or as soon as another holder waits for us (pacing). Its declaration comes no later than if it had
+    waited, and the extra steps count in its tokens (the round's weight), as a slower member's fewer
+    steps do.
     """
 
     def __init__(
@@ -67,6 +73,7 @@ class DiLoCoOptimizer:
         lattice: Optional[LatticeConfig] = None,
         averager: Optional[ModuleAverager] = None,
         clock: Callable[[], float] = time.monotonic,
+        train_through_waits: bool = True,
     ):
         if not modules:
             raise ConfigError("modules", "the optimizer needs at least one module to train")
@@ -95,6 +102,7 @@ class DiLoCoOptimizer:
         if rounds is not None:  # a failed round keeps our round number only without overlap
             rounds(wait_for_behind=not outer.overlap)
         self.clock = clock
+        self.train_through_waits = train_through_waits
         self._modules: dict[str, HeldModule] = {}
         seen: set[int] = set()
         for mid in self._ordered(modules):
@@ -159,7 +167,8 @@ class DiLoCoOptimizer:
         self._tokens_in_round += 1.0 if tokens is None else float(tokens)
         elapsed = self.clock() - self._round_start
         cfg = self.outer_cfg
-        if self._steps_in_round >= cfg.inner_steps or (cfg.round_seconds > 0 and elapsed >= cfg.round_seconds):
+        if (self._steps_in_round >= cfg.inner_steps or (cfg.round_seconds > 0 and elapsed >= cfg.round_seconds)) \
+                and not self._exchange_still_running(elapsed):
             return self._end_round(elapsed)
         if self._others_waiting():
             waiting = getattr(self.averager, "last_waiting", None)
@@ -174,8 +183,19 @@ class DiLoCoOptimizer:
         budget, or because other holders already wait for us (a non-blocking, cached check): the
         caller's cue that it is about to average."""
         cfg = self.outer_cfg
-        return self._steps_in_round + 1 >= cfg.inner_steps or (
-            cfg.round_seconds > 0 and self.clock() - self._round_start >= cfg.round_seconds) or self._others_waiting()
+        elapsed = self.clock() - self._round_start
+        return ((self._steps_in_round + 1 >= cfg.inner_steps or (cfg.round_seconds > 0 and elapsed >= cfg.round_seconds))
+                and not self._exchange_still_running(elapsed)) or self._others_waiting()
+
+    def _exchange_still_running(self, elapsed: float) -> bool:
+        """Overlap mode with ``train_through_waits``: the last round's exchange of some module is still
+        in flight, and this round has not yet had twice its steps (or seconds): keep stepping."""
+        cfg = self.outer_cfg
+        if not (cfg.overlap and self.train_through_waits) or self._steps_in_round >= 2 * cfg.inner_steps or (
+                cfg.round_seconds > 0 and elapsed >= 2 * cfg.round_seconds):
+            return False
+        return any(st.pending is not None and st.pending.future is not None and not st.pending.future.done()
+                   for st in self._modules.values())
 
     def _others_waiting(self) -> bool:
         """True when another holder already waits to average one of our modules' current round.
