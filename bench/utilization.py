@@ -19,7 +19,10 @@ whose round it missed and announces each module's round and state digest,
   so the group stays in lock-step as DDP does instead of racing ahead alone);
 - ``h10``, ``h15``, ``h18``, ``h20``, ``h100``: hivepath, :class:`peer.diloco.DiLoCoOptimizer` with
   H = 10 / 15 / 18 / 20 / 100, codec ``--codec`` (int8);
-- ``h10_overlap``, ...: the same with ``OuterConfig.overlap`` (Streaming DiLoCo).
+- ``h10_overlap``, ...: the same with ``OuterConfig.overlap`` (Streaming DiLoCo). As in a real peer
+  (``DiLoCoOptimizer(train_through_waits=True)``), a peer whose last exchange is still in flight at the
+  end of a round's steps goes on stepping until it returns (at most H more steps) instead of waiting
+  idle, so these variants take more inner steps in the same rounds (``inner_steps_per_peer``).
 
 By default only the headline pair :data:`HEADLINE` runs (``--variants`` picks others): H = 18 on the
 demo preset is the longest horizon where one exchange without overlap still costs over 30% of a round
@@ -34,8 +37,9 @@ the final global model on fixed validation windows), ``val_bpb`` (its bits per b
 validation documents of the path), ``bytes_sent_per_peer`` (payload) and ``wire_tx_bytes_per_peer``
 (eth0). Headline keys from :data:`HEADLINE`: ``comm_share_without_overlap`` (``1 - utilization`` without
 overlap), ``utilization_no_overlap``, ``utilization_overlap`` (target >= 0.95) and
-``utilization_overlap_bpb_delta`` (``val_bpb`` with overlap minus without, after the same inner steps:
-the cost of applying each round's average one round late). All measured; nothing projected.
+``utilization_overlap_bpb_delta`` (``val_bpb`` with overlap minus without, after the same rounds:
+the cost of applying each round's average one round late, net of the extra steps trained through
+waits). All measured; nothing projected.
 
 Run as root: ``python -m bench.utilization`` (``--steps``, ``--preset``, ``--codec``, ``--variants``).
 Without root it prints a ``{"skipped": ...}`` line and exits 0.
