@@ -202,6 +202,8 @@ def run_peer(args: argparse.Namespace) -> None:
                 torch.save(flat, out / f"avg{args.peer}.pt")
             log.info("%s: %.2fs (all-reduce %.2fs), sent %d bytes", codec, results[codec]["seconds_total"],
                      results[codec]["seconds_allreduce"], res.bytes_sent)
+            del flat
+            avg.give_back(res)  # as a training peer does once it applied the round (its vectors are reused)
         (out / f"peer{args.peer}.tmp").write_text(strict_json.dumps(results))
         os.replace(out / f"peer{args.peer}.tmp", out / f"peer{args.peer}.json")
     finally:

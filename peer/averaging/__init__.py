@@ -7,7 +7,8 @@ The contract and the rule:
   and :mod:`models.sparse_spec` (names, :data:`BLOCK`, sizes);
   implemented by ``quantizers`` (the value codecs, :class:`Codec`), ``entropy`` (the zstd stage) and
   ``sparse`` (:class:`SparseCodec`: per-chunk top-k at 2 or 4 bits, averages sent exactly).
-- ``vectors``: :func:`flatten` / :func:`unflatten`, a module's tensors as the flat vector codecs encode.
+- ``vectors``: :func:`flatten` / :func:`unflatten` / :func:`flat_view`, a module's tensors as the flat
+  vector codecs encode.
 - ``memory``: round-sized vectors reused between rounds and glibc's thresholds pinned (page faults).
 - ``error_feedback``: :class:`ErrorFeedback`, what the codec dropped carried into the next round.
 - ``aggregation``: the reduction rule every reducer applies (weighted mean, trimmed mean, centered
@@ -38,7 +39,7 @@ from peer.averaging.contract import AverageResult, ModuleAverager, SuspectHook
 from peer.averaging.error_feedback import ErrorFeedback
 from peer.averaging.quantizers import Codec
 from peer.averaging.sparse import SparseCodec
-from peer.averaging.vectors import flatten, unflatten
+from peer.averaging.vectors import flat_view, flatten, unflatten
 from peer.averaging.local import LocalAverager, LocalMember
 from peer.averaging.net_averager import NetAverager
 from peer.averaging.state_transfer import StateTransferError, fetch_module_state
@@ -46,6 +47,6 @@ from peer.averaging.state_transfer import StateTransferError, fetch_module_state
 __all__ = [
     "AGGREGATORS", "MEAN", "Aggregation", "Reduced", "aggregate", "encode_aggregate", "reduce_encoded", "reduce_part",
     "weighted_mean", "SparseCodec",
-    "BLOCK", "Codec", "ErrorFeedback", "flatten", "get_codec", "unflatten", "AverageResult", "ModuleAverager",
+    "BLOCK", "Codec", "ErrorFeedback", "flat_view", "flatten", "get_codec", "unflatten", "AverageResult", "ModuleAverager",
     "SuspectHook", "LocalAverager", "LocalMember", "NetAverager", "StateTransferError", "fetch_module_state",
 ]

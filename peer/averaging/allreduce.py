@@ -102,8 +102,11 @@ class ReductionServer(PartReducer):
     whose reducer failed."""
 
 
-    async def run(self, group: Group, flat: Tensor, weight: float, codec: Codec) -> AllReduceOutcome:
-        """This member's side of the group's all-reduce of ``flat`` (numel,) with ``weight``.
+    async def run(self, group: Group, flat: Tensor, weight: float, codec: Codec,
+                  out: Optional[tuple[Tensor, Tensor]] = None) -> AllReduceOutcome:
+        """This member's side of the group's all-reduce of ``flat`` (numel,) with ``weight``; ``out``:
+        two vectors like ``flat`` to write what the group receives from us and the average into
+        (fresh ones when None).
 
         The vector is cut into segments reduced as a pipeline (see the module's docstring), so
         encoding, the upload of contributions and the download of averages overlap."""
@@ -133,8 +136,9 @@ class ReductionServer(PartReducer):
         self._group_added.set()
         results: dict[tuple[int, int], tuple[bytes, list[str]]] = {}
         errors: dict[tuple[int, int], str] = {}
-        own_decoded = torch.empty_like(flat)  # (numel,) what the group receives from us, filled as we encode
-        averaged = torch.empty_like(flat)  # (numel,) the group's average, decoded segment by segment
+        # (numel,) each: what the group receives from us, filled as we encode; the group's average,
+        # decoded segment by segment
+        own_decoded, averaged = out if out is not None else (torch.empty_like(flat), torch.empty_like(flat))
 
         def encode(a: int, b: int) -> bytes:
             with phase("encode"):  # the decoded values straight into the round's vector: no copy

@@ -41,6 +41,10 @@ class AverageResult:
     adopt: str = ""
     """Set when the round failed because other holders at this round hold a different state (a fork)
     and theirs is the one kept: the :func:`peer.outer.state_digest` to re-sync to."""
+    buffers: tuple = field(default=(), repr=False, compare=False)
+    """The round-sized vectors ``averaged`` and ``own_decoded`` are views of, which the averager reuses
+    in a later round once the caller hands them back (``give_back(result)``, where the averager has
+    it) after its last read of them; empty where there is nothing to reuse."""
 
     @property
     def ok(self) -> bool:
@@ -53,6 +57,8 @@ class ModuleAverager(Protocol):
     :class:`peer.diloco.DiLoCoOptimizer` calls :meth:`average` for all its modules at once, from
     several threads (one exchange per module), so implementations must be thread-safe across
     modules: a slow or missing member of one module's group must not delay another module's round.
+    An averager may also offer ``give_back(result)``, which the optimizer calls once it applied a
+    result and reads its tensors no more (:attr:`AverageResult.buffers`).
     """
 
     def average(

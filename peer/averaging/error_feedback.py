@@ -33,7 +33,11 @@ class ErrorFeedback:
 
     def update(self, sent_input: Tensor, sent: Tensor) -> None:
         """Keep ``sent_input - sent``: the part of the last exchanged vector the codec dropped."""
-        self.residual = (sent_input.to(torch.float32) - sent.to(torch.float32)).reshape(-1).clone()
+        a, b = sent_input.to(torch.float32).reshape(-1), sent.to(torch.float32).reshape(-1)
+        if a.shape == self.residual.shape and b.shape == a.shape and a.device == self.residual.device:
+            torch.sub(a, b, out=self.residual)  # in place: no fresh vector of the module's size a round
+        else:
+            self.residual = (a - b).clone()
 
     def reset(self) -> None:
         self.residual.zero_()

@@ -3,9 +3,11 @@
 A round of a 64 MB module touches a few hundred MB of fresh memory (the flattened delta, the
 decoded parts, the average, per-part temporaries); each fresh 4 KiB page costs a page fault and the
 kernel's zeroing, which issue 24 measured at about a quarter of a peer's kernel time. Two remedies
-live here: :class:`FlatBuffers` keeps the flattened delta's vector from round to round, and
-:func:`keep_freed_memory` pins glibc's thresholds so that part-sized temporaries (up to 32 MB) come
-from the heap and stay there between rounds instead of being mapped and unmapped each time.
+live here: :class:`FlatBuffers` keeps the flattened delta's vector from round to round (and, in
+``NetAverager``, the average and our decoded contribution once the caller hands them back:
+``NetAverager.give_back``), and :func:`keep_freed_memory` pins glibc's thresholds so that part-sized
+temporaries (up to 32 MB) come from the heap and stay there between rounds instead of being mapped
+and unmapped each time.
 """
 
 from __future__ import annotations

@@ -156,6 +156,8 @@ class NetAverager:
         may step alone as their only live holder; otherwise we may be the one cut off, and do not
         (see the matchmaker's ``_vanished``). ``peer.node`` sets it from the coordinator client."""
         self._flat_buffers = FlatBuffers()  # each round's flattened delta: no fresh round-sized vector
+        # a round's decoded contribution and average, handed back by the caller (give_back)
+        self._out_buffers = FlatBuffers(keep=2)
         keep_freed_memory()  # a round's temporaries stay in the heap for the next one
         self._held: dict[str, tuple[int, str]] = {}
         self._waiting_check: Optional[Any] = None
@@ -240,6 +242,13 @@ class NetAverager:
         future = self._publish(module_id, int(round_no), digest)
         if wait:
             future.result()
+
+    def give_back(self, result: AverageResult) -> None:
+        """The caller is done with ``result.averaged`` and ``result.own_decoded`` (it applied them and
+        keeps no view of them): their vectors are reused by a later round of the same size, which then
+        faults no fresh pages (two module-sized vectors a round)."""
+        for buf in result.buffers:
+            self._out_buffers.give(buf)
 
     def announce_archive(self, module_id: str, round_no: int) -> None:
         """Announce that we serve ``module_id``'s state at ``round_no`` without averaging it (an archive
@@ -464,7 +473,8 @@ class NetAverager:
             # alone because nobody else holds the module, or because the holders behind us did not catch up
             return AverageResult([t.clone() for t in mine], mine, 1, [self.peer_id], 0, 0, reason=reason or LONE_HOLDER)
         self._server.event("group_formed")
-        out = await self._server.run(group, flat, weight, codec)
+        buffers = (self._out_buffers.take(flat.numel()), self._out_buffers.take(flat.numel()))
+        out = await self._server.run(group, flat, weight, codec, out=buffers)
         suspicious = "; ".join(f"{p}: {why}" for p, why in sorted(out.suspects.items()))
         notes = "; ".join(r for r in (reason, out.reason, suspicious) if r)
         own = unflatten(out.own_decoded, like)
@@ -473,7 +483,7 @@ class NetAverager:
             return AverageResult(None, own, 0, [], out.bytes_sent, out.bytes_received, reason=notes,
                                  suspects=out.suspects)
         return AverageResult(unflatten(out.averaged, like), own, len(out.contributors), out.contributors,
-                             out.bytes_sent, out.bytes_received, reason=notes, suspects=out.suspects)
+                             out.bytes_sent, out.bytes_received, reason=notes, suspects=out.suspects, buffers=buffers)
 
     async def _live_holders(self, module_id: str) -> dict[str, HolderRecord]:
         """The module's other live holders of our config and dataset (one DHT read)."""

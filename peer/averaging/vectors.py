@@ -7,7 +7,7 @@ from typing import Iterable, Optional, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["flatten", "unflatten"]
+__all__ = ["flatten", "flat_view", "unflatten"]
 
 
 def flatten(tensors: Iterable[Tensor], out: Optional[Tensor] = None) -> Tensor:
@@ -17,6 +17,21 @@ def flatten(tensors: Iterable[Tensor], out: Optional[Tensor] = None) -> Tensor:
     if not parts:
         return torch.zeros(0, dtype=torch.float32) if out is None else out
     return torch.cat(parts) if out is None else torch.cat(parts, out=out)
+
+
+def flat_view(tensors: Sequence[Tensor]) -> Tensor:
+    """The CPU fp32 1-D vector ``tensors`` are consecutive views of (as :func:`unflatten` makes them),
+    without a copy; :func:`flatten`'s copy of them otherwise."""
+    if tensors and all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in tensors):
+        first, at = tensors[0], tensors[0].storage_offset()
+        ptr = first.untyped_storage().data_ptr()
+        for t in tensors:
+            if t.untyped_storage().data_ptr() != ptr or t.storage_offset() != at:
+                break
+            at += t.numel()
+        else:
+            return first.as_strided((at - first.storage_offset(),), (1,))
+    return flatten(tensors)
 
 
 def unflatten(flat: Tensor, like: Sequence[Tensor]) -> list[Tensor]:

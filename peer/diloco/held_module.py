@@ -21,7 +21,7 @@ from torch import Tensor
 
 from models.config import LatticeConfig, OuterConfig
 from models.sparse_spec import feedback_decay
-from peer.averaging import AverageResult, ErrorFeedback, flatten
+from peer.averaging import AverageResult, ErrorFeedback, flat_view, flatten
 from peer.outer import ModuleState, OuterOptimizer
 
 __all__ = ["HeldModule", "PendingExchange"]
@@ -59,7 +59,7 @@ class HeldModule:
     def apply(self, sent: Tensor, res: AverageResult) -> None:
         """Error feedback and the outer step on the global copy (identical on every member)."""
         if self.cfg.error_feedback:
-            self.ef.update(sent, flatten(res.own_decoded))
+            self.ef.update(sent, flat_view(res.own_decoded))  # the round's vector itself: no copy
         averaged = res.averaged
         if self.cfg.sqrt_sharing:
             averaged = [a * self.sharing_factor for a in averaged]
