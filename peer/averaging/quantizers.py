@@ -247,9 +247,10 @@ class _BlockwiseCodec(_SpecCodec):
         out[:, :SCALE_BYTES] = scale.numpy().astype("<f4", copy=False).view(np.uint8)
         self._pack_into(q, out[:, SCALE_BYTES:])
         if values is not None:
-            # what decode computes from these bytes: integer code times the stored fp32 scale (+0.0
-            # turns the -0.0 that rounding leaves into the +0.0 a decoded code 0 gives)
-            q.add_(0.0).mul_(scale)
+            # what decode computes from these bytes: integer code times the stored fp32 scale, added to
+            # +0.0 (which turns the -0.0 that rounding leaves into the +0.0 a decoded code 0 gives); one
+            # pass (addcmul) where add_(0.0).mul_(scale) took two, the same bits
+            torch.addcmul(_ZERO, q, scale, out=q)
         return out.tobytes()
 
     def _encode(self, flat: Tensor, values: Optional[Tensor]) -> bytes:
@@ -367,6 +368,9 @@ class Int4Codec(_BlockwiseCodec):
             raise ValueError("int4: the padding nibble of an odd-sized block is not zero")
         return codes
 
+
+_ZERO = torch.zeros(())
+"""+0.0, the addend of the encoders' round trip (:meth:`_BlockwiseCodec._encode_blocks`)."""
 
 _LITTLE_ENDIAN = sys.byteorder == "little"
 """Whether int16 views of byte pairs read the first byte as the low one (the int4 fast paths)."""
