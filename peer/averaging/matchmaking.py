@@ -14,7 +14,9 @@ round that did not declare makes it fail the round; holders behind it make it wa
 until they re-sync to it, for at most two round budgets per round they announce (an idle or stuck
 holder does not hold it back for good; overlap members, whose round number moves on whatever the
 last round did, do not wait); holders ahead make it re-sync to them. A peer that just fetched this round's state from us to average
-it counts as a holder at this round before its record is visible. A holder serves a round's state
+it counts as a holder at this round before its record is visible, and so does every other member of
+the group we formed last round (its record of this round lands 0.3-0.9 s after that group formed on
+a busy host). A holder serves a round's state
 even while that round's exchange runs, so newcomers can hold a round its holders have left: a leader
 refuses a group whose members all fetched this round's state from holders none of which is in it
 (they would average the old state between them, a second lineage at the same round numbers).
