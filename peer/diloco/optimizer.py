@@ -332,11 +332,10 @@ class DiLoCoOptimizer:
                 st.apply(pending.sent, res)
             else:
                 st.roll_back(pending)
-        if res.ok:  # applied: nothing reads the round's vectors any more, the averager may reuse them
-            give_back = getattr(self.averager, "give_back", None)
-            if give_back is not None:
-                give_back(res)
         if res.ok:
+            give_back = getattr(self.averager, "give_back", None)
+            if give_back is not None:  # applied: nothing reads the round's vectors any more, reuse them
+                give_back(res)
             st.adopt_local(pending.anchor)
         return self._report(st, pending.round_no, pending.tokens, res, wait)
 
