@@ -34,9 +34,11 @@ Keys (``bench/results/comm.json``):
   (the kernel's share: sockets, TCP) and ``child_cpu_seconds_by_peer`` (its child processes by name:
   ``p2pd``, the DHT process).
 
-A 1 MB exchange runs first (``--no-warmup`` skips it), so the timings are those of a running
-network's rounds, whose p2p connections are already open; the first round of a fresh swarm also
-pays the connection handshakes (about 0.5 s here).
+A full-size int4 exchange runs first (``--no-warmup`` skips it), its vectors handed back as a
+training peer does once it applied a round, so the timings are those of a running network's rounds:
+the p2p connections are open and the round's module-sized vectors are reused (the first round of a
+fresh swarm also pays the connection handshakes, about 0.5 s here, and faults in its vectors).
+``bench.comm_hivemind`` likewise times hivemind's second full-size round in one averager.
 
 Run as root: ``python -m bench.comm`` (``--mb``, ``--rate-mbit``, ``--peers``, ``--codecs``,
 ``--report-rates``, ``--report-codecs``, ``--no-hivemind``; a reduced run for iteration:
@@ -172,11 +174,13 @@ def run_peer(args: argparse.Namespace) -> None:
         numel = args.mb * 2**20 // 4
         delta = torch.randn(numel, generator=torch.Generator().manual_seed(args.peer)) * 0.01  # (numel,)
         if args.warmup:
-            # a small exchange first, so the peers' p2p connections are open as in a running network (every
-            # round after the first); the codecs' timings then measure the exchange, not the handshakes
-            warm = avg.average(MODULE, 0, [torch.zeros(2**18)], 1.0, get_codec("none"), args.timeout)
+            # a full-size exchange first, so the peers' p2p connections are open and the round's vectors
+            # in use, as in a running network (every round after the first); the codecs' timings then
+            # measure the exchange, not the handshakes and first touches
+            warm = avg.average(MODULE, 0, [delta], 1.0, get_codec(wire_name("int4", args.entropy)), args.timeout)
             if warm.averaged is None:
                 raise RuntimeError(f"warm-up round failed: {warm.reason}")
+            avg.give_back(warm)
         results = {}
         for k, codec in enumerate(args.codecs.split(","), start=1):
             marks.clear()

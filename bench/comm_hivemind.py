@@ -11,7 +11,9 @@ Each peer runs a real hivemind DHT and one ``DecentralizedAverager`` per codec (
 ``bench.comm``: a peer asks for a step with ``require_trigger``, waits until its group is formed
 (``AWAITING_TRIGGER``), then starts the clock and triggers the all-reduce; ``allreduce_seconds`` is
 the slowest peer's trigger-to-result time. A 1 MB uncompressed round runs first so the p2p
-connections are open.
+connections are open, and each codec's averager runs a full-size round before the timed one (as
+``bench.comm`` times hivepath's rounds after a full-size warm-up: a running network's rounds, not a
+fresh process's first, whose buffers are all first touches).
 
 hivemind's 8-bit decoder fails under numpy 2.x (``int()`` of a one-element array), and its averager
 swallows the error and returns with nothing averaged; this benchmark fixes that one line (the issue
@@ -22,7 +24,7 @@ Keys (``bench/results/comm_hivemind.json``): per codec ``link_efficiency`` (``2 
 size / rate`` over ``allreduce_seconds``, ``size`` the bytes hivemind's codec makes of the module),
 ``allreduce_seconds_by_peer``, ``python_cpu_seconds_by_peer`` (the peer's main process, user +
 system), ``averager_cpu_seconds_by_peer`` (hivemind's averager process, which compresses and reduces,
-from its start to the result: matchmaking included), ``child_cpu_seconds_by_peer`` (the p2p daemon and
+from the end of its warm-up round to the result: matchmaking included), ``child_cpu_seconds_by_peer`` (the p2p daemon and
 the DHT process by name),
 ``max_abs_error_vs_exact_mean`` and ``replica_max_abs_diff`` (largest difference between two
 peers' averages; hivemind's lossy codecs leave replicas apart). Run as root:
@@ -115,11 +117,20 @@ def run_peer(args: argparse.Namespace) -> None:
         this process and all its descendants from the trigger to the result)."""
         import psutil
 
-        averager = DecentralizedAverager([tensor], dht, prefix=prefix, start=True, target_group_size=n,
+        averager = DecentralizedAverager([tensor.clone()], dht, prefix=prefix, start=True, target_group_size=n,
                                          min_group_size=n, min_matchmaking_time=3.0, request_timeout=3.0,
                                          compression=_compression(codec), bandwidth=rate,
                                          allreduce_timeout=args.timeout)
         try:
+            # a first full-size round, untimed: the second one is timed, as bench.comm times hivepath's
+            # rounds after a full-size warm-up (a running network's rounds, not a fresh process's first)
+            if averager.step(weight=weight, timeout=120) is None:
+                raise RuntimeError(f"{codec}: the warm-up round failed")
+            with averager.get_tensors() as tensors:
+                tensors[0].copy_(tensor)  # the timed round averages the same input
+            import psutil
+
+            warm = psutil.Process(averager.pid).cpu_times()
             control = averager.step(weight=weight, timeout=120, require_trigger=True, wait=False)
             deadline = time.monotonic() + 120
             while control.stage != AveragingStage.AWAITING_TRIGGER:
@@ -136,7 +147,7 @@ def run_peer(args: argparse.Namespace) -> None:
             t = psutil.Process(averager.pid).cpu_times()  # read before shutdown ends the process
             allreduce_cpu = cpu1 - cpu0 + sum(children1.values()) - sum(children0.values())
             with averager.get_tensors() as tensors:
-                return seconds, tensors[0].clone(), t.user + t.system, allreduce_cpu
+                return seconds, tensors[0].clone(), t.user + t.system - warm.user - warm.system, allreduce_cpu
         finally:
             averager.shutdown()
 
