@@ -19,13 +19,12 @@ import pytest
 import torch
 
 from helpers import wait_for
+from helpers.averagers import loopback_holders
 from peer.averaging import BLOCK, get_codec
 from peer.averaging.matchmaking import PUSHED_KEYS, Matchmaker
-from peer.averaging.net_averager import NetAverager
-from peer.network import DHTOptions, HolderRecord, group_key, holders_key, read_records, start_dht
+from peer.network import HolderRecord, group_key, holders_key, read_records
 from protos.hivepath.peer.v1.net_pb2 import DeclareNotice
 
-HOST = ["/ip4/127.0.0.1/tcp/0"]
 CONFIG = "aaaa0000aaaa0000"
 
 
@@ -101,35 +100,25 @@ def test_pushed_declarations_pace_and_group_holders_before_their_dht_records_lan
     group declarations reach the DHT only 12 s late, past every gather deadline of the round: ``b``
     still notices ``a`` waiting for round 5 with its own DHT check switched off, and the three
     still form one group and apply the same bytes, from ``a``'s pushed declaration alone."""
-    with start_dht(DHTOptions(host_maddrs=HOST)) as d0, \
-            start_dht(DHTOptions(host_maddrs=HOST, initial_peers=d0.maddrs())) as d1, \
-            start_dht(DHTOptions(host_maddrs=HOST, initial_peers=d0.maddrs())) as d2:
-        a, b, c = avgs = [NetAverager(d, "pushed", CONFIG) for d in (d0, d1, d2)]
-        try:
-            for avg in avgs:
-                avg.hold("L0M0", 4)
-            wait_for(lambda: len(read_records(d0.dht, holders_key("pushed", "L0M0"), HolderRecord)) == 3, 30,
-                     "three holder records")
-            int8 = get_codec("int8")
-            deltas = [torch.randn(3 * BLOCK, generator=torch.Generator().manual_seed(i)) for i in range(3)]
-            with ThreadPoolExecutor(3) as pool:
-                first = list(pool.map(lambda i: avgs[i].average("L0M0", 4, [deltas[i]], 1.0, int8, 20.0), range(3)))
-            assert all(r.group_size == 3 for r in first), [r.reason for r in first]
+    with loopback_holders(3, "pushed", "L0M0", 4, CONFIG) as avgs:
+        a, b, c = avgs
+        int8 = get_codec("int8")
+        deltas = [torch.randn(3 * BLOCK, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+        with ThreadPoolExecutor(3) as pool:
+            first = list(pool.map(lambda i: avgs[i].average("L0M0", 4, [deltas[i]], 1.0, int8, 20.0), range(3)))
+        assert all(r.group_size == 3 for r in first), [r.reason for r in first]
 
-            a._matchmaker.dht = _SlowDeclarations(a._matchmaker.dht, 12.0)
-            b._waiting_checked = math.inf  # b's own DHT check of who waits never runs again
-            assert not b.others_waiting({"L0M0": 5})
-            with ThreadPoolExecutor(3) as pool:
-                futures = [pool.submit(a.average, "L0M0", 5, [deltas[0]], 1.0, int8, 20.0)]
-                wait_for(lambda: b.others_waiting({"L0M0": 5}), 10, "b to notice a's pushed declaration")
-                assert b.last_waiting == ("L0M0", 5, a.peer_id)
-                assert not b.others_waiting({"L0M0": 6})
-                futures += [pool.submit(avg.average, "L0M0", 5, [deltas[i]], 1.0, int8, 20.0)
-                            for i, avg in ((1, b), (2, c))]
-                second = [f.result(timeout=60) for f in futures]
-        finally:
-            for avg in avgs:
-                avg.shutdown()
+        a._matchmaker.dht = _SlowDeclarations(a._matchmaker.dht, 12.0)
+        b._waiting_checked = math.inf  # b's own DHT check of who waits never runs again
+        assert not b.others_waiting({"L0M0": 5})
+        with ThreadPoolExecutor(3) as pool:
+            futures = [pool.submit(a.average, "L0M0", 5, [deltas[0]], 1.0, int8, 20.0)]
+            wait_for(lambda: b.others_waiting({"L0M0": 5}), 10, "b to notice a's pushed declaration")
+            assert b.last_waiting == ("L0M0", 5, a.peer_id)
+            assert not b.others_waiting({"L0M0": 6})
+            futures += [pool.submit(avg.average, "L0M0", 5, [deltas[i]], 1.0, int8, 20.0)
+                        for i, avg in ((1, b), (2, c))]
+            second = [f.result(timeout=60) for f in futures]
     # b and c stop gathering 4 s in (0.2 of the round's 20 s): a group of three formed from a's push
     assert all(r.group_size == 3 for r in second), [r.reason for r in second]
     assert all(torch.equal(r.averaged[0], second[0].averaged[0]) for r in second)
@@ -167,22 +156,16 @@ def test_a_member_whose_holder_record_lags_is_still_waited_for_at_the_next_round
     round 5 a second after ``b`` and ``c``: they were in one group with ``a`` at round 4, so they wait
     for it rather than averaging round 5 without it (a group of two, and a third replica left at
     another state). Checked by hand: without that rule ``b`` and ``c`` form round 5 as a pair."""
-    with start_dht(DHTOptions(host_maddrs=HOST)) as d0, \
-            start_dht(DHTOptions(host_maddrs=HOST, initial_peers=d0.maddrs())) as d1, \
-            start_dht(DHTOptions(host_maddrs=HOST, initial_peers=d0.maddrs())) as d2:
-        a, b, c = avgs = [NetAverager(d, "lagging", CONFIG) for d in (d0, d1, d2)]
+    with loopback_holders(3, "lagging", "L0M0", 4, CONFIG) as avgs:
+        a, b, c = avgs
+        int8 = get_codec("int8")
+        deltas = [torch.randn(3 * BLOCK, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+        a.dht = _LateHolderRecords(a.dht, 12.0)  # from round 4's announcement of round 5 on
         try:
-            for avg in avgs:
-                avg.hold("L0M0", 4)
-            wait_for(lambda: len(read_records(d0.dht, holders_key("lagging", "L0M0"), HolderRecord)) == 3, 30,
-                     "three holder records")
-            int8 = get_codec("int8")
-            deltas = [torch.randn(3 * BLOCK, generator=torch.Generator().manual_seed(i)) for i in range(3)]
-            a.dht = _LateHolderRecords(a.dht, 12.0)  # from round 4's announcement of round 5 on
             with ThreadPoolExecutor(3) as pool:
                 first = list(pool.map(lambda i: avgs[i].average("L0M0", 4, [deltas[i]], 1.0, int8, 20.0), range(3)))
             assert all(r.group_size == 3 for r in first), [r.reason for r in first]
-            records = read_records(d1.dht, holders_key("lagging", "L0M0"), HolderRecord)
+            records = read_records(b.dht, holders_key("lagging", "L0M0"), HolderRecord)
             assert records[a.peer_id].round_no == 4 and records[b.peer_id].round_no == 5, records
             with ThreadPoolExecutor(3) as pool:
                 futures = [pool.submit(avg.average, "L0M0", 5, [deltas[i]], 1.0, int8, 20.0)
@@ -190,10 +173,8 @@ def test_a_member_whose_holder_record_lags_is_still_waited_for_at_the_next_round
                 time.sleep(1.0)  # scenario timing, not synchronisation: a declares after b and c gathered
                 futures.insert(0, pool.submit(a.average, "L0M0", 5, [deltas[0]], 1.0, int8, 20.0))
                 second = [f.result(timeout=60) for f in futures]
-            assert read_records(d1.dht, holders_key("lagging", "L0M0"), HolderRecord)[a.peer_id].round_no == 4
+            assert read_records(b.dht, holders_key("lagging", "L0M0"), HolderRecord)[a.peer_id].round_no == 4
         finally:
-            a.dht = getattr(a.dht, "_dht", a.dht)  # a leaves through the real DHT
-            for avg in avgs:
-                avg.shutdown()
+            a.dht = a.dht._dht  # a leaves through the real DHT
     assert all(r.group_size == 3 for r in second), [r.reason for r in second]
     assert all(torch.equal(r.averaged[0], second[0].averaged[0]) for r in second)

@@ -13,14 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from helpers import wait_for
+from helpers.averagers import loopback_holders
 from models.config import OuterConfig
 from peer.averaging import BLOCK, ErrorFeedback, LocalAverager, flat_view, flatten, get_codec, unflatten
-from peer.averaging.net_averager import NetAverager
 from peer.diloco import DiLoCoOptimizer
-from peer.network import DHTOptions, HolderRecord, holders_key, read_records, start_dht
-
-HOST = ["/ip4/127.0.0.1/tcp/0"]
 
 
 def test_flat_view_is_the_vector_unflatten_cut_and_a_copy_otherwise():
@@ -88,36 +84,26 @@ def test_the_optimizer_hands_back_each_applied_result_once(overlap):
 def test_a_given_back_round_s_vectors_are_reused_by_the_next_round():
     """Two holders on loopback, codec none (exact): round 1 writes into the vectors round 0 returned,
     and its average is still the exact weighted mean."""
-    with start_dht(DHTOptions(host_maddrs=HOST)) as d0, \
-            start_dht(DHTOptions(host_maddrs=HOST, initial_peers=d0.maddrs())) as d1:
-        avgs = [NetAverager(d, "buffers", "aaaa0000aaaa0000") for d in (d0, d1)]
-        try:
-            for avg in avgs:
-                avg.hold("L0M0", 0)
-            wait_for(lambda: len(read_records(d0.dht, holders_key("buffers", "L0M0"), HolderRecord)) == 2, 30,
-                     "two holder records")
-            exact = get_codec("none")
-            n = 3 * BLOCK + 5
-            results = []
-            for r in range(2):
-                deltas = [torch.randn(n, generator=torch.Generator().manual_seed(10 * r + i)) for i in range(2)]
-                with ThreadPoolExecutor(2) as pool:
-                    got = list(pool.map(lambda i: avgs[i].average("L0M0", r, [deltas[i]], float(i + 1), exact, 20.0),
-                                        range(2)))
-                assert all(res.ok and res.group_size == 2 for res in got), [res.reason for res in got]
-                mean = (deltas[0] + 2 * deltas[1]) / 3
-                for i, res in enumerate(got):
-                    assert torch.allclose(res.averaged[0], mean, atol=1e-6)
-                    assert torch.equal(res.own_decoded[0], deltas[i])  # codec none: sent as it is
-                results.append(got)
-                if r == 0:
-                    first = [{b.untyped_storage().data_ptr() for b in res.buffers} for res in got]
-                    assert all(len(ptrs) == 2 for ptrs in first)
-                    for avg, res in zip(avgs, got):
-                        avg.give_back(res)
-            for i, res in enumerate(results[1]):
-                assert res.averaged[0].untyped_storage().data_ptr() in first[i]
-                assert res.own_decoded[0].untyped_storage().data_ptr() in first[i]
-        finally:
-            for avg in avgs:
-                avg.shutdown()
+    with loopback_holders(2, "buffers", "L0M0", 0) as avgs:
+        exact = get_codec("none")
+        n = 3 * BLOCK + 5
+        results = []
+        for r in range(2):
+            deltas = [torch.randn(n, generator=torch.Generator().manual_seed(10 * r + i)) for i in range(2)]
+            with ThreadPoolExecutor(2) as pool:
+                got = list(pool.map(lambda i: avgs[i].average("L0M0", r, [deltas[i]], float(i + 1), exact, 20.0),
+                                    range(2)))
+            assert all(res.ok and res.group_size == 2 for res in got), [res.reason for res in got]
+            mean = (deltas[0] + 2 * deltas[1]) / 3
+            for i, res in enumerate(got):
+                assert torch.allclose(res.averaged[0], mean, atol=1e-6)
+                assert torch.equal(res.own_decoded[0], deltas[i])  # codec none: sent as it is
+            results.append(got)
+            if r == 0:
+                first = [{b.untyped_storage().data_ptr() for b in res.buffers} for res in got]
+                assert all(len(ptrs) == 2 for ptrs in first)
+                for avg, res in zip(avgs, got):
+                    avg.give_back(res)
+        for i, res in enumerate(results[1]):
+            assert res.averaged[0].untyped_storage().data_ptr() in first[i]
+            assert res.own_decoded[0].untyped_storage().data_ptr() in first[i]
