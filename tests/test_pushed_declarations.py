@@ -178,3 +178,23 @@ def test_a_member_whose_holder_record_lags_is_still_waited_for_at_the_next_round
             a.dht = a.dht._dht  # a leaves through the real DHT
     assert all(r.group_size == 3 for r in second), [r.reason for r in second]
     assert all(torch.equal(r.averaged[0], second[0].averaged[0]) for r in second)
+
+
+@pytest.mark.integration
+def test_an_old_declaration_of_a_holder_two_rounds_on_counts_it_as_ahead():
+    """``b`` declared round 5 (while waiting for ``a``, say, during a partition) and went on to round 7;
+    its declaration has not expired. ``a``, still at round 5, must re-sync to round 7, not lead or join
+    a group with ``b`` that ``b`` left long ago (that cost a cut-off peer a whole close deadline after
+    the heal in ``bench.chaos``)."""
+    from hivemind.utils import get_dht_time
+
+    from peer.network import GroupDeclaration, to_value
+
+    with loopback_holders(2, "stale", "L0M0", 5, CONFIG) as (a, b):
+        old = GroupDeclaration(CONFIG, b.data_hash, 1.0, b"", "")
+        assert b.dht.store(group_key("stale", "L0M0", 5), to_value(old), get_dht_time() + 60, subkey=b.peer_id)
+        b.hold("L0M0", 7)
+        wait_for(lambda: read_records(a.dht, holders_key("stale", "L0M0"), HolderRecord)[b.peer_id].round_no == 7, 30,
+                 "b's record of round 7")
+        res = a.average("L0M0", 5, [torch.zeros(BLOCK)], 1.0, get_codec("int8"), 20.0)
+    assert not res.ok and res.reason.startswith("behind: other holders are at round 7"), res.reason

@@ -517,7 +517,8 @@ class Matchmaker(GroupJoin):
         """Other members' valid declarations, read until every live holder at this round declared or
         ``deadline``; also the highest round any other live holder announces, the other holders at our
         round, those behind it (peer -> round), every other live holder, and the holders that withdrew
-        (peer -> the round they announced when they left). Holders that declared are never counted as ahead.
+        (peer -> the round they announced when they left). Holders that declared are not counted as ahead,
+        unless their record is two or more rounds on (the declaration is an old one).
 
         A peer that fetched this round's state from us in the last ``patience`` seconds to average it
         (a newcomer, a re-syncing member) counts as a holder at this round even before its holder
@@ -602,11 +603,13 @@ class Matchmaker(GroupJoin):
                 expected |= {p for p in joiners | told
                              if p != self.peer_id and not (p in live and live[p].round_no > round_no) and mine(p)}
                 # A holder that declared this round is at this round, whatever its record says (an overlap
-                # member announces its next round while this one's exchange runs); one a single round
+                # member announces its next round while this one's exchange runs), unless its record is
+                # two or more rounds on: that declaration is an old one, not yet expired (a holder that
+                # waited for us at this round while we were cut off, then went on). One a single round
                 # ahead that has not declared may be such a member about to declare: wait for it.
                 # In a split round the holders of other buckets announce the next round once their own
                 # group formed: one round ahead of us in another bucket is not ahead of the round.
-                ahead = max((h.round_no for p, h in live.items() if p not in declared
+                ahead = max((h.round_no for p, h in live.items() if (p not in declared or h.round_no > round_no + 1)
                              and (mine(p) or h.round_no != round_no + 1)), default=-1)
                 next_round = {p for p, h in live.items() if h.round_no == round_no + 1 and p not in declared and mine(p)}
                 behind = {p: h.round_no for p, h in live.items()
