@@ -344,7 +344,7 @@ def test_a_member_others_wait_for_ends_its_round_early_in_both_modes(overlap):
     outer = OuterConfig(inner_steps=5, codec="int8", round_timeout=5.0, overlap=overlap)
     hub = LocalAverager()
     paced = _Paced(hub.member("a"), waiting_round=1)
-    w = make_worker("a", (0,), DENSE, outer, paced, seed=1)
+    w = make_worker("a", (0,), DENSE, outer, paced, seed=1, train_through_waits=False)  # exact step counts
     for _ in range(5 + 1 + 5):
         w.train_step()
     assert hub.round_weights("L0M0", 0) == {"a": 5.0 * BATCH * SEQ}
