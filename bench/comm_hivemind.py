@@ -128,8 +128,6 @@ def run_peer(args: argparse.Namespace) -> None:
                 raise RuntimeError(f"{codec}: the warm-up round failed")
             with averager.get_tensors() as tensors:
                 tensors[0].copy_(tensor)  # the timed round averages the same input
-            import psutil
-
             warm = psutil.Process(averager.pid).cpu_times()
             control = averager.step(weight=weight, timeout=120, require_trigger=True, wait=False)
             deadline = time.monotonic() + 120

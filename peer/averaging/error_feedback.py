@@ -37,7 +37,7 @@ class ErrorFeedback:
         if a.shape == self.residual.shape and b.shape == a.shape and a.device == self.residual.device:
             torch.sub(a, b, out=self.residual)  # in place: no fresh vector of the module's size a round
         else:
-            self.residual = (a - b).clone()
+            self.residual = a - b
 
     def reset(self) -> None:
         self.residual.zero_()

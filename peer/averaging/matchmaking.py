@@ -104,13 +104,6 @@ class Match(NamedTuple):
 
 
 
-def _stored(task: "asyncio.Future[None]") -> None:
-    """Done callback of a declaration's background DHT store: a failure is logged (the holders it was
-    pushed to have it; the others do not see us this round, as when a store comes too late)."""
-    if not task.cancelled() and task.exception() is not None:
-        log.warning("storing our declaration on the DHT failed: %r", task.exception())
-
-
 def _is_round_key(key: str, prefix: str) -> bool:
     """Whether ``key`` is ``{prefix}{round}_group`` or ``{prefix}{round}_b{bucket}_group`` (a module's
     group key of a round, :func:`peer.network.group_key`)."""
@@ -149,7 +142,8 @@ class Matchmaker(GroupJoin):
         self._declared: dict[str, tuple[str, float]] = {}
         """module -> (the group key of our last declaration, its DHT expiration)."""
         self._background: set["asyncio.Future[Any]"] = set()
-        """Pushes and background DHT stores (kept so that they are not collected)."""
+        """Pushes, our declarations' DHT stores and other background stores (kept so that they are not
+        collected)."""
         self._seen: dict[tuple[str, str], float] = {}
         """(module, other holder) -> when its holder record was last read: a holder whose record
         vanished without a withdrawal may be cut off from us, not gone (see :meth:`_vanished`)."""
@@ -234,16 +228,18 @@ class Matchmaker(GroupJoin):
         for peer in sorted(self._live.get(module_id, ()))[:PUSH_MAX]:
             self._in_background(tell(peer), "pushing our declaration")
 
-    def _in_background(self, work: Any, what: str) -> None:
-        """Run ``work`` (a coroutine or future) without waiting for it; a failure is logged."""
+    def _in_background(self, work: Any, what: str, level: int = logging.DEBUG) -> "asyncio.Future[Any]":
+        """Run ``work`` (a coroutine or future) without waiting for it (its task is returned); a failure
+        is logged at ``level``."""
         task = asyncio.ensure_future(work)
         self._background.add(task)
 
         def done(task: "asyncio.Future[Any]") -> None:
             self._background.discard(task)
             if not task.cancelled() and task.exception() is not None:
-                log.debug("%s failed: %r", what, task.exception())
+                log.log(level, "%s failed: %r", what, task.exception())
         task.add_done_callback(done)
+        return task
 
     def fetched(self, module_id: str, source: str, round_no: int) -> None:
         """We took ``module_id``'s state at ``round_no`` from ``source`` to average it: at that round our
@@ -279,9 +275,11 @@ class Matchmaker(GroupJoin):
             looking.expires = get_dht_time() + timeout
             self._declared[module_id] = (key, looking.expires)
             # pushed to the live holders at once; the DHT store, 0.3-0.5 s on a busy host, runs behind our gather
-            looking.storing = asyncio.ensure_future(
-                self._declare(looking, self._own_joiners(module_id, round_no, patience, bucket), module_id))
-            looking.storing.add_done_callback(_stored)
+            # a failed store is a warning: the holders it was pushed to have it; the others do not see us
+            # this round, as when a store comes too late
+            looking.storing = self._in_background(
+                self._declare(looking, self._own_joiners(module_id, round_no, patience, bucket), module_id),
+                "storing our declaration on the DHT", logging.WARNING)
             everyone, ahead, same_round, behind, live, gone = await self._gather(
                 module_id, round_no, looking, gather_deadline, patience, wait_for_behind, bucket)
             left = max(gone.values(), default=-1)

@@ -166,9 +166,7 @@ class DiLoCoOptimizer:
         self._steps_in_round += 1
         self._tokens_in_round += 1.0 if tokens is None else float(tokens)
         elapsed = self.clock() - self._round_start
-        cfg = self.outer_cfg
-        if (self._steps_in_round >= cfg.inner_steps or (cfg.round_seconds > 0 and elapsed >= cfg.round_seconds)) \
-                and not self._exchange_still_running(elapsed):
+        if self._budget_spent(self._steps_in_round, elapsed) and not self._exchange_still_running(elapsed):
             return self._end_round(elapsed)
         if self._others_waiting():
             waiting = getattr(self.averager, "last_waiting", None)
@@ -182,17 +180,21 @@ class DiLoCoOptimizer:
         """True when the next :meth:`step` is expected to end the round: by its step count, its time
         budget, or because other holders already wait for us (a non-blocking, cached check): the
         caller's cue that it is about to average."""
-        cfg = self.outer_cfg
         elapsed = self.clock() - self._round_start
-        return ((self._steps_in_round + 1 >= cfg.inner_steps or (cfg.round_seconds > 0 and elapsed >= cfg.round_seconds))
-                and not self._exchange_still_running(elapsed)) or self._others_waiting()
+        return (self._budget_spent(self._steps_in_round + 1, elapsed) and not self._exchange_still_running(elapsed)) \
+            or self._others_waiting()
+
+    def _budget_spent(self, steps: int, elapsed: float, times: int = 1) -> bool:
+        """Whether ``steps`` inner steps or ``elapsed`` seconds are ``times`` a round's budget
+        (``outer.inner_steps``, ``outer.round_seconds`` when > 0)."""
+        cfg = self.outer_cfg
+        return steps >= times * cfg.inner_steps or (cfg.round_seconds > 0 and elapsed >= times * cfg.round_seconds)
 
     def _exchange_still_running(self, elapsed: float) -> bool:
         """Overlap mode with ``train_through_waits``: the last round's exchange of some module is still
         in flight, and this round has not yet had twice its steps (or seconds): keep stepping."""
-        cfg = self.outer_cfg
-        if not (cfg.overlap and self.train_through_waits) or self._steps_in_round >= 2 * cfg.inner_steps or (
-                cfg.round_seconds > 0 and elapsed >= 2 * cfg.round_seconds):
+        if not (self.outer_cfg.overlap and self.train_through_waits) or self._budget_spent(self._steps_in_round,
+                                                                                          elapsed, times=2):
             return False
         return any(st.pending is not None and st.pending.future is not None and not st.pending.future.done()
                    for st in self._modules.values())
