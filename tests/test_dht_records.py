@@ -149,3 +149,31 @@ def test_a_peer_cut_off_from_the_coordinator_re_connects_from_the_last_peer_list
             wait_for(knows_b, 30, "a to find b again from the last list")
         finally:
             stalled.set()
+
+
+@pytest.mark.integration
+def test_a_re_connection_check_through_a_cut_leaves_the_first_check_after_the_heal_free_to_dial():
+    """libp2p backs off every dial of a peer after a failed one (5 s, then 5 s + n² s). Re-connection
+    checks run through a cut (an isolated peer pokes one a round) must not dial then, or the first
+    check after the heal is refused ("dial backoff") and the healed peer stays apart for up to 20 s
+    (bench.chaos). Here b is reachable only through a forwarder; the cut (it refuses connections)
+    lasts past a first backoff's 5 s, and the first check after the heal connects."""
+    import time
+
+    from hivemind.utils.multiaddr import Multiaddr
+
+    from bench.delay_relay import DelayRelay
+    from peer.network import DHTOptions, start_dht
+
+    opts = DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    with start_dht(opts) as a, start_dht(opts) as b:  # two swarms: a knows b only through the forwarder
+        target = ("127.0.0.1", int(Multiaddr(b.maddrs()[0])["tcp"]))
+        with DelayRelay(("127.0.0.1", 0), target, 0.0) as forwarder:
+            port = forwarder.port
+        via = [f"/ip4/127.0.0.1/tcp/{port}/p2p/{b.peer_id}"]
+        cut = time.monotonic()
+        while time.monotonic() - cut < 7.0:  # a check a second, as an isolated peer's pokes run them
+            assert a.connect(via, timeout=5, only_missing=True) == 0
+            time.sleep(1.0)  # the checks' cadence (what is measured is the check after the heal)
+        with DelayRelay(("127.0.0.1", port), target, 0.0):
+            assert a.connect(via, timeout=5, only_missing=True) == 1

@@ -203,7 +203,12 @@ class Matchmaker(GroupJoin):
         :data:`PUSH_MAX`, from our last gather), in the background. It reaches them before the DHT
         record: a slower holder ends its round at its next step (pacing), instead of after its next
         DHT check, about a second here; a gather counts it without waiting for the store, 0.3-0.5 s on
-        a busy host with 40 ms round trips (``bench.utilization``)."""
+        a busy host with 40 ms round trips (``bench.utilization``).
+
+        Only holders we hold a connection to are told: a push never dials. A cut-off peer's holder
+        records outlive the cut, and its pushes to them failed every round; each failed dial backs
+        libp2p's later dials of that peer off (5 s, then 5 s + n² s), which kept a healed peer apart
+        for 5-20 s (``bench.chaos`` partitions). Holders not connected yet read our DHT record."""
         from hivemind.p2p import PeerID
 
         notice = DeclareNotice(group_key=looking.key, config_hash=decl.config_hash, data_hash=decl.data_hash,
@@ -225,8 +230,15 @@ class Matchmaker(GroupJoin):
             except Exception as e:  # the DHT record still reaches them
                 log.debug("pushing our declaration to %s failed: %r", peer[-8:], e)
 
-        for peer in sorted(self._live.get(module_id, ()))[:PUSH_MAX]:
-            self._in_background(tell(peer), "pushing our declaration")
+        async def tell_connected(holders: list[str]) -> None:
+            connected = {info.peer_id.to_base58() for info in await self.p2p.list_peers()}
+            for peer in holders:
+                if peer in connected:
+                    self._in_background(tell(peer), "pushing our declaration")
+
+        holders = sorted(self._live.get(module_id, ()))[:PUSH_MAX]
+        if holders:
+            self._in_background(tell_connected(holders), "pushing our declaration")
 
     def _in_background(self, work: Any, what: str, level: int = logging.DEBUG) -> "asyncio.Future[Any]":
         """Run ``work`` (a coroutine or future) without waiting for it (its task is returned); a failure

@@ -235,7 +235,8 @@ async def fetch_module_state(dht: Any, p2p: Any, run_id: str, module_id: str, co
             unwanted = accept(state) if accept is not None else ""
             if unwanted:
                 raise RuntimeError(unwanted)
-            log.info("fetched %s at round %d from %s", module_id, round_no, peer)
+            log.info("fetched %s at round %d from %s%s", module_id, round_no, peer,
+                     f" (after {'; '.join(errors)})" if errors else "")
             state.source = peer
             return state
         except Exception as e:

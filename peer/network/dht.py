@@ -78,6 +78,8 @@ class PeerDHT:
         self._stopping = threading.Event()
         self._keeper: Optional[threading.Thread] = None
         self._poked = threading.Event()
+        self._unanswered: frozenset[str] = frozenset()
+        """Multiaddrs whose TCP port did not answer at the last :meth:`connect`."""
 
     def maddrs(self) -> list[str]:
         """Multiaddrs (with ``/p2p/<peer id>``) under which other peers can reach us; empty in client mode."""
@@ -91,17 +93,28 @@ class PeerDHT:
 
         Peers that started at the same moment each began a swarm of their own; the coordinator's
         join reply names the peers that joined before us, and connecting to them merges the swarms.
+
+        An address whose TCP port does not answer is not dialled (see :meth:`keep_connected`). When
+        one that did not answer at the last call answers again, our connection to its peer, if
+        libp2p still lists one, died in the cut: it is closed (at both ends, the network being back)
+        before the dial, or libp2p would reuse it and our pings and state requests would hang on it
+        until they time out (3-5 s each after a heal, ``bench.chaos``).
         """
         maddrs = [m for m in maddrs if "/p2p/" in m and not m.endswith(self.peer_id)]
         if not maddrs:
             return 0
         try:
-            return int(self.dht.run_coroutine(_partial_connect(maddrs, timeout, only_missing),
-                                              return_future=True).result(timeout + 5))
+            outcomes = self.dht.run_coroutine(_partial_connect(maddrs, timeout, only_missing, self._unanswered),
+                                              return_future=True).result(timeout + 5)
         except Exception as e:  # a failed merge is retried at the next refresh of the peer list
             log.log(logging.INFO if only_missing else logging.WARNING, "could not reach peers %s: %r",
                     ", ".join(maddrs), e)
             return 0
+        self._unanswered = (self._unanswered - set(maddrs)) | {m for m, o in zip(maddrs, outcomes) if o == _UNANSWERED}
+        failed = {m: o for m, o in zip(maddrs, outcomes) if o not in (_CONNECTED, _IN_TABLE)}
+        if failed:
+            log.debug("re-connection: %s", "; ".join(f"{m}: {o}" for m, o in failed.items()))
+        return sum(1 for o in outcomes if o == _CONNECTED)
 
     def admit_only(self, run_id: str, coordinator_public_key: bytes, module_ids: Sequence[str]) -> None:
         """From now on this DHT node refuses the run's records of peers without a valid credential
@@ -117,9 +130,15 @@ class PeerDHT:
         of the swarm would never find each other again; this re-merges them within ``interval``
         (within :data:`_MIN_RECONNECT_GAP` of a :meth:`poke`).
 
-        ``source()`` is given :data:`_PEER_LIST_WAIT` seconds: a cut-off peer's coordinator client
-        can be retrying for a minute, and waiting out its backoff after the heal kept a cut-off
-        peer apart for 18 s. Meanwhile the last list it answered is used."""
+        ``source()`` is asked in the background: a cut-off peer's coordinator client can be retrying
+        for a minute, and waiting out its backoff after the heal kept a cut-off peer apart for 18 s.
+        Meanwhile the last list it answered is used (the first list is waited for
+        :data:`_PEER_LIST_WAIT` seconds).
+
+        A missing peer is dialled only when a plain TCP connection to its address opens. libp2p backs
+        off every later dial of a peer after a failed one (5 s, then 5 s + n² s after the n-th, up to
+        5 minutes); dialling through a cut, every check, kept a healed peer apart for 5-20 s, and a
+        long outage would have kept it apart for minutes."""
         if self._keeper is not None:
             return
 
@@ -132,7 +151,8 @@ class PeerDHT:
                 if self._stopping.wait(_MIN_RECONNECT_GAP):  # also rate-limits pokes
                     return
                 asked = asked or _Asked(source)
-                if asked.done.wait(_PEER_LIST_WAIT):
+                # the first list is waited for; later ones are not (the last list serves meanwhile)
+                if asked.done.wait(0.0 if known else _PEER_LIST_WAIT):
                     if asked.error is None:
                         known = asked.value
                     else:  # the coordinator may be down: the last list it gave, if any
@@ -246,34 +266,77 @@ def _start_process(kwargs: dict[str, Any], timeout: float, attempts: int = 2) ->
     raise TimeoutError(f"the DHT process was not ready after {timeout:.0f}s, {attempts} times")
 
 
-class _partial_connect:
-    """A picklable coroutine factory run inside the DHT process (hivemind's ``run_coroutine``)."""
+_CONNECTED, _IN_TABLE, _UNANSWERED = "connected", "in the routing table", "its TCP port does not answer"
 
-    def __init__(self, maddrs: Sequence[str], timeout: float, only_missing: bool = False):
+
+class _partial_connect:
+    """A picklable coroutine factory run inside the DHT process (hivemind's ``run_coroutine``): one
+    outcome per multiaddr, :data:`_CONNECTED` where the peer answered a DHT ping."""
+
+    def __init__(self, maddrs: Sequence[str], timeout: float, only_missing: bool = False,
+                 unanswered: frozenset[str] = frozenset()):
         self.maddrs = list(maddrs)
         self.timeout = timeout
         self.only_missing = only_missing
+        self.unanswered = unanswered
 
-    async def __call__(self, dht: Any, node: Any) -> int:
+    async def __call__(self, dht: Any, node: Any) -> list[str]:
         import asyncio
 
         from hivemind.p2p import PeerID
         from hivemind.utils.multiaddr import Multiaddr
 
-        async def one(addr: str) -> bool:
+        client = node.p2p._client
+
+        async def one(addr: str) -> str:
             m = Multiaddr(addr)
             peer = PeerID.from_base58(m["p2p"])
             if self.only_missing and peer in node.protocol.routing_table:
-                return False
-            await node.p2p._client.connect(peer, [m.decapsulate(Multiaddr(f"/p2p/{m['p2p']}"))])
-            return await node.protocol.call_ping(peer) is not None
+                return _IN_TABLE
+            endpoint = _tcp_endpoint(m)
+            if endpoint is not None and not await _tcp_reachable(*endpoint, min(_PROBE_TIMEOUT, self.timeout)):
+                return _UNANSWERED  # no libp2p dial: a failed one backs every later dial off (keep_connected)
+            target = [m.decapsulate(Multiaddr(f"/p2p/{m['p2p']}"))]
+            if addr in self.unanswered:  # back after a cut: its connection, if libp2p lists one, is dead
+                await client.disconnect(peer)
+            await client.connect(peer, target)
+            return _CONNECTED if await node.protocol.call_ping(peer) is not None else "no answer to a DHT ping"
 
-        results = await asyncio.wait_for(asyncio.gather(*(one(a) for a in self.maddrs), return_exceptions=True),
-                                         self.timeout)
-        return sum(1 for r in results if r is True)
+        async def guarded(addr: str) -> str:
+            try:
+                return await one(addr)
+            except Exception as e:
+                return repr(e)
+
+        return list(await asyncio.wait_for(asyncio.gather(*(guarded(a) for a in self.maddrs)), self.timeout))
 
 
-_MIN_RECONNECT_GAP = 2.0
+def _tcp_endpoint(m: Any) -> Optional[tuple[str, int]]:
+    """The first IP address and TCP port in multiaddr ``m`` (for a relay circuit: the relay's), or
+    None for one without (a DNS name, QUIC)."""
+    protos = [p.name for p in m.protocols()]
+    host = next((p for p in protos if p in ("ip4", "ip6")), None)
+    if host is None or "tcp" not in protos or protos.index("tcp") < protos.index(host):
+        return None
+    return m[host], int(m["tcp"])
+
+
+async def _tcp_reachable(host: str, port: int, timeout: float) -> bool:
+    """Whether a plain TCP connection to ``host:port`` opens within ``timeout`` seconds (closed at once)."""
+    import asyncio
+
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    except (OSError, asyncio.TimeoutError):
+        return False
+    writer.close()
+    return True
+
+
+_PROBE_TIMEOUT = 2.0
+"""Seconds a re-connection check's TCP probe of one address waits for the connection to open."""
+
+_MIN_RECONNECT_GAP = 1.0
 """Seconds between two re-connection checks, however often :meth:`PeerDHT.poke` is called."""
 
 _PEER_LIST_WAIT = 2.0
