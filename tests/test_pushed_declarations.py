@@ -268,3 +268,50 @@ def test_a_declaration_is_pushed_only_over_an_open_connection():
 async def _idle(mm: Matchmaker) -> bool:
     await asyncio.sleep(0)
     return not mm._background
+
+
+def test_a_leader_stops_waiting_for_a_declared_member_that_pushed_a_later_round():
+    """A member that declared our round while it waited for us during a partition, then went on without
+    us, still has that declaration on the DHT after the heal: the peer back from the cut, leading that
+    round, waited for it until the close deadline (about 4 s, bench.chaos). Its declaration of a later
+    round, pushed to us, tells us it is done with ours."""
+    from hivemind.utils import get_dht_time
+
+    from peer.averaging.group_join import Looking
+
+    mm = Matchmaker(None, None, "me", "run", CONFIG, "", 1e6, "hivepath_run")
+    mm._live.update({"L0M0": frozenset({"gone", "late"}), "L1M0": frozenset({"gone"})})
+    key, later = group_key("run", "L0M0", 5), get_dht_time() + 60
+
+    def sender(peer: str) -> SimpleNamespace:
+        return SimpleNamespace(remote_id=SimpleNamespace(to_base58=lambda: peer))
+
+    async def push(peer: str, notice: DeclareNotice) -> None:
+        assert all(ack.ok for ack in [a async for a in mm._handle_declare(notice, sender(peer))])
+
+    async def settle() -> None:
+        for _ in range(5):  # the leader's wait wakes on a push and re-checks (event-loop turns, not time)
+            await asyncio.sleep(0)
+
+    async def scenario():
+        looking = Looking(key, digest="d" * 64, expires=later)
+        mm._looking[key] = looking
+        lead = asyncio.ensure_future(mm._lead(looking, {"gone", "late"}, time.monotonic() + 60,
+                                              time.monotonic() + 120))
+        await settle()
+        # our round again, another module's later round, an earlier round, an expired later round: no news
+        await push("gone", _notice(key, later))
+        await push("gone", _notice(group_key("run", "L1M0", 6), later))
+        await push("gone", _notice(group_key("run", "L0M0", 4), later))
+        await push("gone", _notice(group_key("run", "L0M0", 7), get_dht_time() - 1))
+        await settle()
+        assert not lead.done() and mm._gone_on(key, {"gone", "late"}) == set()
+        await push("gone", _notice(group_key("run", "L0M0", 6, bucket=1), later))  # a later round (a bucket)
+        await settle()
+        assert not lead.done(), "it stopped waiting for the member that did not go on"
+        assert mm._gone_on(key, {"gone", "late"}) == {"gone"}
+        await push("late", _notice(group_key("run", "L0M0", 6), later))
+        return await asyncio.wait_for(lead, 10)
+
+    group, why = asyncio.run(scenario())
+    assert group is None and "no declared member (gone, late) joined us" in why, why

@@ -194,6 +194,11 @@ class GroupJoin:
         # has read BEGIN, which cancels this wait.
         await asyncio.sleep(_BEGIN_LINGER)
 
+    def _gone_on(self, key: str, members: set[str]) -> set[str]:
+        """Those of ``members`` known to have declared a later round of ``key``'s module (none here;
+        the matchmaker knows the declarations pushed to it)."""
+        return set()
+
     def _begun_with(self, key: str, member: str) -> Optional[Group]:
         """The group we began for ``key`` if ``member`` is in it (it joins again: its stream was cut)."""
         group = self._begun.get(key)
@@ -210,8 +215,13 @@ class GroupJoin:
         """Wait for the declared ``others`` to join until ``close_deadline``, then begin the group (its
         all-reduce may run until ``end``) if it has ``min_members`` members (us included), else give
         up; with ``check_sources``, also when every member fetched this round's state from holders none
-        of which joined (see the module)."""
-        while not others <= set(looking.followers) and time.monotonic() < close_deadline:
+        of which joined (see the module). A declared member known to have gone on to a later round
+        (:meth:`_gone_on`) is not waited for."""
+        declared = sorted(others)
+        while True:
+            others = others - self._gone_on(looking.key, others)
+            if others <= set(looking.followers) or time.monotonic() >= close_deadline:
+                break
             looking.changed.clear()
             try:
                 await asyncio.wait_for(looking.changed.wait(), max(0.0, close_deadline - time.monotonic()))
@@ -220,7 +230,7 @@ class GroupJoin:
         looking.closed = True
         followers = dict(looking.followers)
         if not followers:
-            return None, f"no declared member ({', '.join(sorted(others))}) joined us"
+            return None, f"no declared member ({', '.join(declared)}) joined us"
         if len(followers) + 1 < min_members:
             for f in followers.values():  # they are told the leader gave up
                 if not f.future.done():

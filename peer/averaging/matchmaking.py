@@ -113,6 +113,12 @@ def _is_round_key(key: str, prefix: str) -> bool:
     return round_no.isdigit() and (not split or bucket.isdigit())
 
 
+def _round_of(rest: str) -> int:
+    """The round of a group key's tail after ``_r`` (``{round}_group`` or ``{round}_b{bucket}_group``)."""
+    head = rest.split("_", 1)[0]
+    return int(head) if head.isdigit() else -1
+
+
 class Matchmaker(GroupJoin):
     """Runs this peer's side of matchmaking for every module it averages (one asyncio loop): gathers
     the declared members of a round, decides (alone, lead, follow, fail), and joins or leads the
@@ -189,7 +195,28 @@ class Matchmaker(GroupJoin):
             del self.pushed[next(iter(self.pushed))]
         for waiter in self._push_waiters:
             waiter.set()
+        for looking in self._looking.values():  # a group we lead re-checks whom it waits for (_gone_on)
+            looking.changed.set()
         yield DeclareAck(ok=True)
+
+    def _gone_on(self, key: str, members: set[str]) -> set[str]:
+        """Those of ``members`` that pushed us an unexpired declaration of a later round of ``key``'s
+        module: each is done with ``key``'s round (a member declares a round only once its last one's
+        matchmaking ended; a failed round is declared again, not skipped). A member that declared
+        our round during a partition, while it waited for us, then went on without us, is not waited
+        for until the close deadline (about 4 s of the first round after a heal, ``bench.chaos``)."""
+        module_prefix, sep, rest = key.rpartition("_r")
+        if not sep or not members:
+            return set()
+        round_no = _round_of(rest)
+        from hivemind.utils import get_dht_time
+
+        now = get_dht_time()
+        gone: set[str] = set()
+        for other, senders in self.pushed.items():
+            if _is_round_key(other, f"{module_prefix}_r") and _round_of(other[len(module_prefix) + 2:]) > round_no:
+                gone |= {p for p, (_, expires) in senders.items() if p in members and expires > now}
+        return gone
 
     def pushed_to(self, key: str) -> dict[str, GroupDeclaration]:
         """The unexpired declarations other holders pushed us under ``key``, by sender."""
