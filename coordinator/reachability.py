@@ -25,11 +25,12 @@ but what NAT breaks is the connect.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import logging
 from dataclasses import dataclass
 from typing import Optional, Sequence
+
+from models.tcp import tcp_accepts
 
 __all__ = ["Reachability", "dial_back", "tcp_target", "observed_host", "relay_of", "relay_load", "dialable",
            "RELAYS_PER_PEER",
@@ -115,17 +116,6 @@ def observed_host(grpc_peer: str) -> str:
     return ""
 
 
-async def _accepts(host: str, port: int, timeout: float) -> bool:
-    try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-    except (OSError, asyncio.TimeoutError):
-        return False
-    writer.close()
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(writer.wait_closed(), 1.0)
-    return True
-
-
 async def dial_back(maddrs: Sequence[str], observed: str = "", timeout: float = DIAL_TIMEOUT) -> Reachability:
     """The verdict on a peer announcing ``maddrs`` whose join came from ``observed`` (see the module)."""
     from_loopback = _is_loopback(observed)
@@ -147,7 +137,7 @@ async def dial_back(maddrs: Sequence[str], observed: str = "", timeout: float = 
         return Reachability(NOT_LISTENING, "", observed)
     if not targets and not circuits:
         return Reachability(UNREACHABLE, "", observed)
-    accepted = await asyncio.gather(*(_accepts(h, p, timeout) for _, (h, p) in targets + circuits))
+    accepted = await asyncio.gather(*(tcp_accepts(h, p, timeout) for _, (h, p) in targets + circuits))
     for i, ((maddr, _), ok) in enumerate(zip(targets + circuits, accepted)):
         if ok:
             return Reachability(REACHABLE if i < len(targets) else RELAYED, maddr, observed)

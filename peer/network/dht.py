@@ -286,6 +286,8 @@ class _partial_connect:
         from hivemind.p2p import PeerID
         from hivemind.utils.multiaddr import Multiaddr
 
+        from models.tcp import tcp_accepts
+
         client = node.p2p._client
 
         async def one(addr: str) -> str:
@@ -294,7 +296,7 @@ class _partial_connect:
             if self.only_missing and peer in node.protocol.routing_table:
                 return _IN_TABLE
             endpoint = _tcp_endpoint(m)
-            if endpoint is not None and not await _tcp_reachable(*endpoint, min(_PROBE_TIMEOUT, self.timeout)):
+            if endpoint is not None and not await tcp_accepts(*endpoint, min(_PROBE_TIMEOUT, self.timeout)):
                 return _UNANSWERED  # no libp2p dial: a failed one backs every later dial off (keep_connected)
             target = [m.decapsulate(Multiaddr(f"/p2p/{m['p2p']}"))]
             if addr in self.unanswered:  # back after a cut: its connection, if libp2p lists one, is dead
@@ -319,18 +321,6 @@ def _tcp_endpoint(m: Any) -> Optional[tuple[str, int]]:
     if host is None or "tcp" not in protos or protos.index("tcp") < protos.index(host):
         return None
     return m[host], int(m["tcp"])
-
-
-async def _tcp_reachable(host: str, port: int, timeout: float) -> bool:
-    """Whether a plain TCP connection to ``host:port`` opens within ``timeout`` seconds (closed at once)."""
-    import asyncio
-
-    try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-    except (OSError, asyncio.TimeoutError):
-        return False
-    writer.close()
-    return True
 
 
 _PROBE_TIMEOUT = 2.0
