@@ -200,74 +200,54 @@ def test_an_old_declaration_of_a_holder_two_rounds_on_counts_it_as_ahead():
     assert not res.ok and res.reason.startswith("behind: other holders are at round 7"), res.reason
 
 
-@pytest.mark.integration
 def test_a_declaration_is_pushed_only_over_an_open_connection():
     """A push never dials: a cut-off peer's pushes to holders whose records outlived the cut failed
     every round, and each failed dial backed libp2p's later dials of that holder off (5 s, then
-    5 s + n² s), keeping the healed peer apart for 5-20 s. Two live holders whose daemons know each
-    other's addresses but hold no connection: no push and no connection; once connected, the push
-    arrives."""
-    from hivemind.p2p import PeerID
+    5 s + n² s), keeping the healed peer apart for 5-20 s. Of two live holders, only the one the p2p
+    daemon holds a connection to is told; once both are connected, both are. (hivemind's P2P stands
+    in here: which peers it is connected to, and the streams opened; a test on real daemons failed
+    under load, the DHTs re-connecting the two on their own.)"""
     from hivemind.utils import get_dht_time
 
     from peer.averaging.group_join import Looking
-    from peer.network import DHTOptions, GroupDeclaration, start_dht
-    from helpers.swarm import run
+    from peer.network import GroupDeclaration
+    from protos.hivepath.peer.v1.net_pb2 import DeclareAck
 
-    opts = DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    replicas = []
-    try:
-        with start_dht(opts) as a, start_dht(opts) as b:  # no initial peers: two swarms
-            mms = []
-            for node in (a, b):
-                replicas.append(run(loop, node.dht.replicate_p2p()))
-                mm = Matchmaker(node.dht, replicas[-1], node.peer_id, "run", CONFIG, "", 1e6, "hivepath_run")
-                run(loop, mm.start())
-                mms.append(mm)
-            mma, mmb = mms
-            mma._live["L0M0"] = frozenset({b.peer_id})
-            mmb._live["L0M0"] = frozenset({a.peer_id})
-            decl = GroupDeclaration(CONFIG, "", 1e6, b"", "d" * 64, ("x",), False)
+    near, far = ("12D3KooWPbySgUijvGYy1St7ys38Ccfc1ce5RqA2rc5aoSFH4tkJ",
+                 "12D3KooWPev3zeMMc3HCpKzabCxjKbV1XtB5igLV1Astn8q2idC1")
 
-            def push(round_no: int) -> str:
-                key = group_key("run", "L0M0", round_no)
-                looking = Looking(key, digest="d" * 64, expires=get_dht_time() + 60)
-                loop.call_soon_threadsafe(mma._push, "L0M0", looking, decl)
-                return key
+    class Daemon:
+        def __init__(self):
+            self.connected: set[str] = set()
+            self.told: list[str] = []
 
-            def connected() -> set[str]:
-                return {i.peer_id.to_base58() for i in run(loop, replicas[0].list_peers())}
+        async def list_peers(self):
+            return [SimpleNamespace(peer_id=SimpleNamespace(to_base58=lambda p=p: p)) for p in self.connected]
 
-            def settled() -> bool:
-                return run(loop, _idle(mma))
+        async def iterate_protobuf_handler(self, peer, name, notice, reply_type):
+            self.told.append(peer.to_base58())
 
-            assert a.connect(b.maddrs()) == 1  # a's daemon learns b's addresses (it could dial b) ...
-            run(loop, replicas[0]._client.disconnect(PeerID.from_base58(b.peer_id)))  # ... the link goes
-            wait_for(lambda: b.peer_id not in connected(), 10, "a to drop its connection to b")
-            first = push(5)
-            wait_for(settled, 10, "a's push to finish")
-            assert b.peer_id not in connected(), "the push dialled b"
-            assert mmb.pushed_to(first) == {}
-            assert a.connect(b.maddrs()) == 1
-            second = push(6)
-            wait_for(lambda: a.peer_id in mmb.pushed_to(second), 10, "the push over the connection")
-    finally:
-        async def close() -> None:
-            for p2p in replicas:
-                await p2p.shutdown()
+            async def acks():
+                yield DeclareAck(ok=True)
+            return acks()
 
-        run(loop, close(), 30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
+    daemon = Daemon()
+    mm = Matchmaker(None, daemon, "me", "run", CONFIG, "", 1e6, "hivepath_run")
+    mm._live["L0M0"] = frozenset({near, far})
+    decl = GroupDeclaration(CONFIG, "", 1e6, b"", "d" * 64, ("x",), False)
 
+    async def push(round_no: int) -> list[str]:
+        daemon.told.clear()
+        mm._push("L0M0", Looking(group_key("run", "L0M0", round_no), digest="d" * 64, expires=get_dht_time() + 60),
+                 decl)
+        while mm._background:  # the pushes run in the background: until the last one is done
+            await asyncio.wait(set(mm._background))
+        return sorted(daemon.told)
 
-async def _idle(mm: Matchmaker) -> bool:
-    await asyncio.sleep(0)
-    return not mm._background
+    daemon.connected = {near}
+    assert asyncio.run(push(5)) == [near]
+    daemon.connected = {near, far}
+    assert asyncio.run(push(6)) == sorted([near, far])
 
 
 def test_a_leader_stops_waiting_for_a_declared_member_that_pushed_a_later_round():

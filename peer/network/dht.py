@@ -293,8 +293,8 @@ class _partial_connect:
         async def one(addr: str) -> str:
             m = Multiaddr(addr)
             peer = PeerID.from_base58(m["p2p"])
-            if self.only_missing and peer in node.protocol.routing_table:
-                return _IN_TABLE
+            if self.only_missing and peer in node.protocol.routing_table and addr not in self.unanswered:
+                return _IN_TABLE  # (one back from a cut may be in the table again, through its own RPCs to us)
             endpoint = _tcp_endpoint(m)
             if endpoint is not None and not await tcp_accepts(*endpoint, min(_PROBE_TIMEOUT, self.timeout)):
                 return _UNANSWERED  # no libp2p dial: a failed one backs every later dial off (keep_connected)
