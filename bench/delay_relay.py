@@ -61,10 +61,14 @@ def _nodelay(writer: asyncio.StreamWriter) -> None:
 class DelayRelay:
     """Forward ``listen`` to ``target``, holding every chunk ``delay`` seconds in each direction."""
 
-    def __init__(self, listen: tuple[str, int], target: tuple[str, int], delay: float):
+    def __init__(self, listen: tuple[str, int], target: tuple[str, int], delay: float,
+                 sock: Optional[socket.socket] = None):
+        """``sock``: a TCP socket already bound to ``listen`` to serve on (it keeps the port ours
+        before the relay starts: bound but not listening, it refuses connections)."""
         if delay < 0:
             raise ValueError(f"delay must be >= 0 seconds, not {delay}")
         self.listen, self.target, self.delay = listen, target, delay
+        self._sock = sock
         self.stats = RelayStats()
         self.port: int = listen[1]
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -76,7 +80,10 @@ class DelayRelay:
 
     async def serve(self) -> None:
         """Bind the listening socket (``self.port`` is then the real port)."""
-        self._server = await asyncio.start_server(self._accept, self.listen[0], self.listen[1], reuse_address=True)
+        if self._sock is not None:
+            self._server = await asyncio.start_server(self._accept, sock=self._sock)
+        else:
+            self._server = await asyncio.start_server(self._accept, self.listen[0], self.listen[1], reuse_address=True)
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("relay %s:%d -> %s:%d, %.1f ms each way", self.listen[0], self.port, *self.target, self.delay * 1e3)
 

@@ -156,8 +156,10 @@ def test_a_re_connection_check_through_a_cut_leaves_the_first_check_after_the_he
     """libp2p backs off every dial of a peer after a failed one (5 s, then 5 s + n² s). Re-connection
     checks run through a cut (an isolated peer pokes one a round) must not dial then, or the first
     check after the heal is refused ("dial backoff") and the healed peer stays apart for up to 20 s
-    (bench.chaos). Here b is reachable only through a forwarder; the cut (it refuses connections)
-    lasts past a first backoff's 5 s, and the first check after the heal connects."""
+    (bench.chaos). Here b is reachable only through a forwarder's port; through the cut the port is
+    bound but not listening (it refuses connections, and no other test can take it), for longer
+    than a first backoff's 5 s; at the heal the forwarder serves on it, and the first check connects."""
+    import socket
     import time
 
     from hivemind.utils.multiaddr import Multiaddr
@@ -168,12 +170,13 @@ def test_a_re_connection_check_through_a_cut_leaves_the_first_check_after_the_he
     opts = DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
     with start_dht(opts) as a, start_dht(opts) as b:  # two swarms: a knows b only through the forwarder
         target = ("127.0.0.1", int(Multiaddr(b.maddrs()[0])["tcp"]))
-        with DelayRelay(("127.0.0.1", 0), target, 0.0) as forwarder:
-            port = forwarder.port
+        port_socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        port_socket.bind(("127.0.0.1", 0))
+        port = port_socket.getsockname()[1]
         via = [f"/ip4/127.0.0.1/tcp/{port}/p2p/{b.peer_id}"]
         cut = time.monotonic()
         while time.monotonic() - cut < 7.0:  # a check a second, as an isolated peer's pokes run them
             assert a.connect(via, timeout=5, only_missing=True) == 0
             time.sleep(1.0)  # the checks' cadence (what is measured is the check after the heal)
-        with DelayRelay(("127.0.0.1", port), target, 0.0):
+        with DelayRelay(("127.0.0.1", port), target, 0.0, sock=port_socket):
             assert a.connect(via, timeout=5, only_missing=True) == 1
