@@ -30,7 +30,7 @@ import logging
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from models.tcp import tcp_accepts
+from models.tcp import relay_of, tcp_accepts, tcp_target
 
 __all__ = ["Reachability", "dial_back", "tcp_target", "observed_host", "relay_of", "relay_load", "dialable",
            "RELAYS_PER_PEER",
@@ -60,34 +60,6 @@ class Reachability:
     """The announced multiaddr that accepted the dial (``reachable``), or the circuit (``relayed``)."""
     observed: str = ""
     """The address the join came from, as the coordinator saw it (a NATed peer's public address)."""
-
-
-def tcp_target(maddr: str) -> Optional[tuple[str, int]]:
-    """``(host, port)`` of a ``/ip4|ip6/HOST/tcp/PORT[/...]`` multiaddr; None for anything else
-    (a relay circuit, DNS, UDP, an unspecified host or port 0)."""
-    parts = maddr.split("/")
-    if len(parts) < 5 or parts[0] != "" or parts[1] not in ("ip4", "ip6") or parts[3] != "tcp":
-        return None
-    if "p2p-circuit" in parts:
-        return None
-    try:
-        host = ipaddress.ip_address(parts[2])
-        port = int(parts[4])
-    except ValueError:
-        return None
-    if host.is_unspecified or not 0 < port < 65536:
-        return None
-    return str(host), port
-
-
-def relay_of(maddr: str) -> Optional[tuple[str, str]]:
-    """``(relay transport multiaddr, relay peer id)`` of a circuit ``.../p2p/RELAY/p2p-circuit[/p2p/ME]``;
-    None for anything else."""
-    head, sep, _ = maddr.partition("/p2p-circuit")
-    transport, p2p, relay = head.rpartition("/p2p/")
-    if not sep or not p2p or not relay or "/" in relay or not transport:
-        return None
-    return transport, relay
 
 
 def relay_load(reachable_addrs: Sequence[str]) -> dict[str, int]:

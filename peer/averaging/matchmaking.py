@@ -104,19 +104,13 @@ class Match(NamedTuple):
 
 
 
-def _is_round_key(key: str, prefix: str) -> bool:
-    """Whether ``key`` is ``{prefix}{round}_group`` or ``{prefix}{round}_b{bucket}_group`` (a module's
-    group key of a round, :func:`peer.network.group_key`)."""
+def _round_in(key: str, prefix: str) -> int:
+    """The round of ``key`` when it is ``{prefix}{round}_group`` or ``{prefix}{round}_b{bucket}_group``
+    (a module's group key of a round, :func:`peer.network.group_key`); else -1."""
     if not (key.startswith(prefix) and key.endswith("_group")):
-        return False
+        return -1
     round_no, split, bucket = key[len(prefix):-len("_group")].partition("_b")
-    return round_no.isdigit() and (not split or bucket.isdigit())
-
-
-def _round_of(rest: str) -> int:
-    """The round of a group key's tail after ``_r`` (``{round}_group`` or ``{round}_b{bucket}_group``)."""
-    head = rest.split("_", 1)[0]
-    return int(head) if head.isdigit() else -1
+    return int(round_no) if round_no.isdigit() and (not split or bucket.isdigit()) else -1
 
 
 class Matchmaker(GroupJoin):
@@ -175,7 +169,7 @@ class Matchmaker(GroupJoin):
         its credential admits it: the same checks as a DHT record's, whose subkey is the sender."""
         sender = context.remote_id.to_base58()
         problem = self._mismatch(sender, request.config_hash, request.data_hash)
-        if not problem and not any(sender in live and _is_round_key(request.group_key, f"{self.run_id}_{module_id}_r")
+        if not problem and not any(sender in live and _round_in(request.group_key, f"{self.run_id}_{module_id}_r") >= 0
                                    for module_id, live in self._live.items()):
             problem = "not a live holder of that module, as far as we read"
         decl = GroupDeclaration(request.config_hash, request.data_hash, float(request.bandwidth),
@@ -205,16 +199,17 @@ class Matchmaker(GroupJoin):
         matchmaking ended; a failed round is declared again, not skipped). A member that declared
         our round during a partition, while it waited for us, then went on without us, is not waited
         for until the close deadline (about 4 s of the first round after a heal, ``bench.chaos``)."""
-        module_prefix, sep, rest = key.rpartition("_r")
-        if not sep or not members:
+        head, sep, _ = key.rpartition("_r")
+        prefix = head + sep
+        round_no = _round_in(key, prefix)
+        if round_no < 0 or not members:
             return set()
-        round_no = _round_of(rest)
         from hivemind.utils import get_dht_time
 
         now = get_dht_time()
         gone: set[str] = set()
         for other, senders in self.pushed.items():
-            if _is_round_key(other, f"{module_prefix}_r") and _round_of(other[len(module_prefix) + 2:]) > round_no:
+            if _round_in(other, prefix) > round_no:
                 gone |= {p for p, (_, expires) in senders.items() if p in members and expires > now}
         return gone
 

@@ -286,7 +286,7 @@ class _partial_connect:
         from hivemind.p2p import PeerID
         from hivemind.utils.multiaddr import Multiaddr
 
-        from models.tcp import tcp_accepts
+        from models.tcp import relay_of, tcp_accepts, tcp_target
 
         client = node.p2p._client
 
@@ -295,7 +295,8 @@ class _partial_connect:
             peer = PeerID.from_base58(m["p2p"])
             if self.only_missing and peer in node.protocol.routing_table and addr not in self.unanswered:
                 return _IN_TABLE  # (one back from a cut may be in the table again, through its own RPCs to us)
-            endpoint = _tcp_endpoint(m)
+            relay = relay_of(addr)  # a circuit: its relay's port
+            endpoint = tcp_target(relay[0] if relay is not None else addr)
             if endpoint is not None and not await tcp_accepts(*endpoint, min(_PROBE_TIMEOUT, self.timeout)):
                 return _UNANSWERED  # no libp2p dial: a failed one backs every later dial off (keep_connected)
             target = [m.decapsulate(Multiaddr(f"/p2p/{m['p2p']}"))]
@@ -311,16 +312,6 @@ class _partial_connect:
                 return repr(e)
 
         return list(await asyncio.wait_for(asyncio.gather(*(guarded(a) for a in self.maddrs)), self.timeout))
-
-
-def _tcp_endpoint(m: Any) -> Optional[tuple[str, int]]:
-    """The first IP address and TCP port in multiaddr ``m`` (for a relay circuit: the relay's), or
-    None for one without (a DNS name, QUIC)."""
-    protos = [p.name for p in m.protocols()]
-    host = next((p for p in protos if p in ("ip4", "ip6")), None)
-    if host is None or "tcp" not in protos or protos.index("tcp") < protos.index(host):
-        return None
-    return m[host], int(m["tcp"])
 
 
 _PROBE_TIMEOUT = 2.0
