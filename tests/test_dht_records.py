@@ -180,3 +180,78 @@ def test_a_re_connection_check_through_a_cut_leaves_the_first_check_after_the_he
             time.sleep(1.0)  # the checks' cadence (what is measured is the check after the heal)
         with DelayRelay(("127.0.0.1", port), target, 0.0, sock=port_socket):
             assert a.connect(via, timeout=5, only_missing=True) == 1
+
+
+@pytest.mark.integration
+def test_a_cut_off_peer_probes_the_peers_still_in_its_routing_table_and_dials_them_afresh_at_the_heal():
+    """A peer stays in our routing table through a cut when we sent it no RPC meanwhile, and keeps the
+    connection that died in the cut: the first DHT lookup after the heal waited 3 s on it (hivemind's
+    RPC timeout; bench.chaos, 2 of 3 partitions). Once half the listed peers did not answer, the checks
+    probe the peers in the table too, drop those that do not answer (as hivemind drops one that missed
+    an RPC), and at the heal close and dial them afresh with the others. Here a knows b and c directly;
+    the listed addresses are forwarders' ports, bound but not listening through the cut."""
+    import socket
+
+    from bench.delay_relay import DelayRelay
+    from hivemind.utils.multiaddr import Multiaddr
+    from peer.network import DHTOptions, start_dht
+
+    opts = DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    with start_dht(opts) as a, start_dht(opts) as b, start_dht(opts) as c:
+        sockets, via, targets = [], [], []
+        for d in (b, c):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+            via.append(f"/ip4/127.0.0.1/tcp/{s.getsockname()[1]}/p2p/{d.peer_id}")
+            targets.append(("127.0.0.1", int(Multiaddr(d.maddrs()[0])["tcp"])))
+        assert a.connect(b.maddrs() + c.maddrs()) == 2
+
+        def knows(d) -> bool:
+            return a.dht.run_coroutine(functools.partial(_in_routing_table, d.dht.peer_id))
+
+        a.dht.run_coroutine(functools.partial(_drop_from_routing_table, b.dht.peer_id))  # an RPC to b failed
+        assert not a.cut_off(via)
+        assert a.connect(via, timeout=5, only_missing=True) == 0  # b does not answer; c is in the table
+        assert knows(c) and a.cut_off(via)  # half the list did not answer: we seem cut off
+        assert a.connect(via, timeout=5, only_missing=True) == 0
+        assert not knows(c)  # probed although in the table, and dropped from it
+        with DelayRelay(("127.0.0.1", 0), targets[0], 0.0, sock=sockets[0]), \
+                DelayRelay(("127.0.0.1", 0), targets[1], 0.0, sock=sockets[1]):
+            assert a.connect(via, timeout=5, only_missing=True) == 2  # the heal: both dialled afresh
+            assert knows(b) and knows(c) and not a.cut_off(via)
+
+
+@pytest.mark.integration
+def test_a_peer_that_misses_a_listed_peer_checks_again_without_being_poked_and_dials_it_at_the_heal():
+    """The peers on the healthy side of a cut are not poked (their rounds go on), and checked every
+    ``interval`` (20 s) they dialled the cut-off peer back that much after the heal; meanwhile its
+    own dials of them could be refused by libp2p's backoff (bench.chaos: 6 rounds apart). A peer with
+    a listed peer that did not answer keeps checking every second or so, and dials it at the heal."""
+    import socket
+
+    from bench.delay_relay import DelayRelay
+    from helpers import wait_for
+    from hivemind.utils.multiaddr import Multiaddr
+    from peer.network import DHTOptions, start_dht
+
+    opts = DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    with start_dht(opts) as a, start_dht(opts) as b, start_dht(opts) as c, start_dht(opts) as d:
+        port_socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        port_socket.bind(("127.0.0.1", 0))  # bound, not listening: refuses, as a cut-off peer's port
+        # b behind the port, c and d answering: one listed peer of three missing is not being cut off
+        via = [f"/ip4/127.0.0.1/tcp/{port_socket.getsockname()[1]}/p2p/{b.peer_id}"] + c.maddrs() + d.maddrs()
+        checks = []
+
+        def source():
+            checks.append(1)
+            return via
+
+        a.keep_connected(source, interval=600)  # no later pokes: only the unanswered peer wakes it
+        a.poke()
+        wait_for(lambda: len(checks) >= 2, 30, "a second check without a poke")
+        assert not a.dht.run_coroutine(functools.partial(_in_routing_table, b.dht.peer_id))
+        assert not a.cut_off(via)
+        with DelayRelay(("127.0.0.1", 0), ("127.0.0.1", int(Multiaddr(b.maddrs()[0])["tcp"])), 0.0, sock=port_socket):
+            wait_for(lambda: a.dht.run_coroutine(functools.partial(_in_routing_table, b.dht.peer_id)), 30,
+                     "a to dial b once its port answers")

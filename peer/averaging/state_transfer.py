@@ -31,8 +31,8 @@ from torch import Tensor
 
 from peer.network import CredentialProvider, CredentialVerifier
 from peer.outer import ModuleState
-from peer.network.frames import (MESSAGE_LIMIT, MalformedFrame, handler_name, linger, log_limited, read_message,
-                                 read_payload_into, serve)
+from peer.network.frames import (MESSAGE_LIMIT, STREAM_CUT, MalformedFrame, handler_name, linger, log_limited,
+                                 read_message, read_payload_into, serve)
 from protos.hivepath.peer.v1.net_pb2 import DESCRIPTOR as NET, StateReply, StateRequest
 from peer.network import ArchiveRecord, HolderRecord, archive_key, holders_key, records_from_value
 
@@ -272,8 +272,8 @@ async def _transfer(p2p: Any, peer: str, prefix: str, request: StateRequest, rep
         try:
             reply, err, reader, writer = await asyncio.wait_for(ask(), reply_timeout)
         except Exception as e:  # a reset connection, a refused dial, a timeout
-            if not offset:
-                raise
+            if not offset and not isinstance(e, STREAM_CUT):
+                raise  # nothing came yet, and asking this holder again would not help: the next holder
             log.debug("resuming %s from %s at byte %d failed: %s", request.module_id, peer[-8:], offset, e)
             stalls += 1
             continue  # the piece's new connection broke before its reply: a new dial

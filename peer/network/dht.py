@@ -104,7 +104,8 @@ class PeerDHT:
         if not maddrs:
             return 0
         try:
-            outcomes = self.dht.run_coroutine(_partial_connect(maddrs, timeout, only_missing, self._unanswered),
+            outcomes = self.dht.run_coroutine(_partial_connect(maddrs, timeout, only_missing, self._unanswered,
+                                                               self.cut_off(maddrs)),
                                               return_future=True).result(timeout + 5)
         except Exception as e:  # a failed merge is retried at the next refresh of the peer list
             log.log(logging.INFO if only_missing else logging.WARNING, "could not reach peers %s: %r",
@@ -115,6 +116,16 @@ class PeerDHT:
         if failed:
             log.debug("re-connection: %s", "; ".join(f"{m}: {o}" for m, o in failed.items()))
         return sum(1 for o in outcomes if o == _CONNECTED)
+
+    def cut_off(self, maddrs: Sequence[str]) -> bool:
+        """Whether we seem cut off from the peers at ``maddrs``: at least half of them did not answer the
+        last check's probes. The next checks then probe the peers in our routing table too: a peer that
+        stays in it through a cut (we sent it no RPC meanwhile) keeps a connection that died in the cut,
+        and the first DHT lookup after the heal waited 3 s on it (hivemind's RPC timeout, ``bench.chaos``).
+        One that does not answer is dropped from the table, as hivemind drops a peer that missed an RPC,
+        and closed and dialled afresh once it answers again."""
+        listed = [m for m in maddrs if "/p2p/" in m and not m.endswith(self.peer_id)]
+        return bool(listed) and 2 * len(self._unanswered & set(listed)) >= len(listed)
 
     def admit_only(self, run_id: str, coordinator_public_key: bytes, module_ids: Sequence[str]) -> None:
         """From now on this DHT node refuses the run's records of peers without a valid credential
@@ -138,7 +149,14 @@ class PeerDHT:
         A missing peer is dialled only when a plain TCP connection to its address opens. libp2p backs
         off every later dial of a peer after a failed one (5 s, then 5 s + n² s after the n-th, up to
         5 minutes); dialling through a cut, every check, kept a healed peer apart for 5-20 s, and a
-        long outage would have kept it apart for minutes."""
+        long outage would have kept it apart for minutes. While we seem cut off (:meth:`cut_off`) the
+        checks follow each other every :data:`_CUT_OFF_GAP` seconds and each probe tries again every
+        :data:`_PROBE_AGAIN` seconds, so the heal is seen within a fraction of a second. While any
+        listed peer did not answer, the checks run every :data:`_MIN_RECONNECT_GAP` seconds rather
+        than every ``interval``: the peers on our side of a cut dial the cut-off peer back within
+        about a second of the heal. Its own dials of a peer can be refused for seconds by libp2p's
+        backoff after a failed one during the cut (a DHT request on a connection libp2p had closed
+        meanwhile), and a connection opened from our side serves its requests too."""
         if self._keeper is not None:
             return
 
@@ -146,10 +164,11 @@ class PeerDHT:
             known: list[str] = []
             asked: Optional[_Asked] = None
             while not self._stopping.is_set():
-                self._poked.wait(interval)
+                self._poked.wait(0.0 if known and self.cut_off(known) else
+                                 _MIN_RECONNECT_GAP if self._unanswered & set(known) else interval)
                 self._poked.clear()
-                if self._stopping.wait(_MIN_RECONNECT_GAP):  # also rate-limits pokes
-                    return
+                if self._stopping.wait(_CUT_OFF_GAP if known and self.cut_off(known) else _MIN_RECONNECT_GAP):
+                    return  # (the gap also rate-limits pokes)
                 asked = asked or _Asked(source)
                 # the first list is waited for; later ones are not (the last list serves meanwhile)
                 if asked.done.wait(0.0 if known else _PEER_LIST_WAIT):
@@ -274,11 +293,12 @@ class _partial_connect:
     outcome per multiaddr, :data:`_CONNECTED` where the peer answered a DHT ping."""
 
     def __init__(self, maddrs: Sequence[str], timeout: float, only_missing: bool = False,
-                 unanswered: frozenset[str] = frozenset()):
+                 unanswered: frozenset[str] = frozenset(), cut_off: bool = False):
         self.maddrs = list(maddrs)
         self.timeout = timeout
         self.only_missing = only_missing
         self.unanswered = unanswered
+        self.cut_off = cut_off
 
     async def __call__(self, dht: Any, node: Any) -> list[str]:
         import asyncio
@@ -293,12 +313,19 @@ class _partial_connect:
         async def one(addr: str) -> str:
             m = Multiaddr(addr)
             peer = PeerID.from_base58(m["p2p"])
-            if self.only_missing and peer in node.protocol.routing_table and addr not in self.unanswered:
+            table = node.protocol.routing_table
+            in_table = peer in table and addr not in self.unanswered
+            if self.only_missing and in_table and not self.cut_off:
                 return _IN_TABLE  # (one back from a cut may be in the table again, through its own RPCs to us)
             relay = relay_of(addr)  # a circuit: its relay's port
             endpoint = tcp_target(relay[0] if relay is not None else addr)
-            if endpoint is not None and not await tcp_accepts(*endpoint, min(_PROBE_TIMEOUT, self.timeout)):
+            if endpoint is not None and not await tcp_accepts(*endpoint, min(_PROBE_TIMEOUT, self.timeout),
+                                                              _PROBE_AGAIN):
+                if peer in table:  # cut off: our RPCs must not wait on its dead connection (see PeerDHT.connect)
+                    del table[table[peer]]
                 return _UNANSWERED  # no libp2p dial: a failed one backs every later dial off (keep_connected)
+            if self.only_missing and in_table:
+                return _IN_TABLE
             target = [m.decapsulate(Multiaddr(f"/p2p/{m['p2p']}"))]
             if addr in self.unanswered:  # back after a cut: its connection, if libp2p lists one, is dead
                 await client.disconnect(peer)
@@ -317,8 +344,16 @@ class _partial_connect:
 _PROBE_TIMEOUT = 2.0
 """Seconds a re-connection check's TCP probe of one address waits for the connection to open."""
 
+_PROBE_AGAIN = 0.25
+"""Seconds between the attempts of one TCP probe (:func:`models.tcp.tcp_accepts`): a probe through a
+cut that heals answers within this of the heal."""
+
 _MIN_RECONNECT_GAP = 1.0
 """Seconds between two re-connection checks, however often :meth:`PeerDHT.poke` is called."""
+
+_CUT_OFF_GAP = 0.25
+"""Seconds between two re-connection checks while we seem cut off (at least half of the listed
+peers did not answer the last check's probes)."""
 
 _PEER_LIST_WAIT = 2.0
 """Seconds a re-connection check waits for the coordinator's peer list before it uses the last one."""
