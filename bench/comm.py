@@ -38,7 +38,11 @@ A full-size int4 exchange runs first (``--no-warmup`` skips it), its vectors han
 training peer does once it applied a round, so the timings are those of a running network's rounds:
 the p2p connections are open and the round's module-sized vectors are reused (the first round of a
 fresh swarm also pays the connection handshakes, about 0.5 s here, and faults in its vectors).
-``bench.comm_hivemind`` likewise times hivemind's second full-size round in one averager.
+``bench.comm_hivemind`` likewise times hivemind's full-size rounds after a first one in one averager.
+Each codec runs ``--rounds`` (default 3) timed rounds: its entry is the round of median link
+efficiency, with ``cpu_s_per_mb`` and ``cpu_breakdown_seconds`` the medians over the rounds and
+``link_efficiency_by_round``, ``cpu_s_per_mb_by_round`` every round's (a single round on these two
+shared cores varies by about 10%, as much as the changes it is meant to show).
 
 Run as root: ``python -m bench.comm`` (``--mb``, ``--rate-mbit``, ``--peers``, ``--codecs``,
 ``--report-rates``, ``--report-codecs``, ``--no-hivemind``; a reduced run for iteration:
@@ -55,6 +59,7 @@ import hashlib
 import json
 import logging
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -181,33 +186,37 @@ def run_peer(args: argparse.Namespace) -> None:
             if warm.averaged is None:
                 raise RuntimeError(f"warm-up round failed: {warm.reason}")
             avg.give_back(warm)
-        results = {}
-        for k, codec in enumerate(args.codecs.split(","), start=1):
-            marks.clear()
-            formed.clear()
-            start = _snapshot(avg.loop_thread_id)  # used only if no group forms (a lone round)
-            tx0, t0, (cpu0, sys0, children0) = tx_bytes(), time.monotonic(), _cpu_seconds()
-            wire = get_codec(wire_name(codec, args.entropy))
-            res = avg.average(MODULE, k, [delta], float(1 + args.peer), wire, args.timeout)
-            t1, (cpu1, sys1, children1) = time.monotonic(), _cpu_seconds()
-            end = _snapshot(avg.loop_thread_id)
-            if res.averaged is None:
-                raise RuntimeError(f"{codec} round failed: {res.reason}")
-            flat = res.averaged[0]
-            results[codec] = dict(
-                seconds_total=t1 - t0, seconds_allreduce=t1 - marks.get("group_formed", t0),
-                cpu_seconds=cpu1 - cpu0, system_cpu_seconds=sys1 - sys0,
-                child_cpu_seconds={name: round(v - children0.get(name, 0.0), 3) for name, v in children1.items()},
-                bytes_sent=res.bytes_sent, bytes_received=res.bytes_received, wire_tx_bytes=tx_bytes() - tx0,
-                group_size=res.group_size, sha256=hashlib.sha256(flat.numpy().tobytes()).hexdigest(),
-                allreduce_cpu=_breakdown(formed.get("snapshot", start), end),
-            )
-            if codec == "int8":
-                torch.save(flat, out / f"avg{args.peer}.pt")
-            log.info("%s: %.2fs (all-reduce %.2fs), sent %d bytes", codec, results[codec]["seconds_total"],
-                     results[codec]["seconds_allreduce"], res.bytes_sent)
-            del flat
-            avg.give_back(res)  # as a training peer does once it applied the round (its vectors are reused)
+        results: dict[str, list[dict]] = {}
+        round_no = 0
+        for codec in args.codecs.split(","):
+            results[codec] = []
+            for _ in range(args.rounds):
+                round_no += 1
+                marks.clear()
+                formed.clear()
+                start = _snapshot(avg.loop_thread_id)  # used only if no group forms (a lone round)
+                tx0, t0, (cpu0, sys0, children0) = tx_bytes(), time.monotonic(), _cpu_seconds()
+                wire = get_codec(wire_name(codec, args.entropy))
+                res = avg.average(MODULE, round_no, [delta], float(1 + args.peer), wire, args.timeout)
+                t1, (cpu1, sys1, children1) = time.monotonic(), _cpu_seconds()
+                end = _snapshot(avg.loop_thread_id)
+                if res.averaged is None:
+                    raise RuntimeError(f"{codec} round failed: {res.reason}")
+                flat = res.averaged[0]
+                results[codec].append(dict(
+                    seconds_total=t1 - t0, seconds_allreduce=t1 - marks.get("group_formed", t0),
+                    cpu_seconds=cpu1 - cpu0, system_cpu_seconds=sys1 - sys0,
+                    child_cpu_seconds={name: round(v - children0.get(name, 0.0), 3) for name, v in children1.items()},
+                    bytes_sent=res.bytes_sent, bytes_received=res.bytes_received, wire_tx_bytes=tx_bytes() - tx0,
+                    group_size=res.group_size, sha256=hashlib.sha256(flat.numpy().tobytes()).hexdigest(),
+                    allreduce_cpu=_breakdown(formed.get("snapshot", start), end),
+                ))
+                if codec == "int8":
+                    torch.save(flat, out / f"avg{args.peer}.pt")  # the last round's: compared across peers
+                log.info("%s: %.2fs (all-reduce %.2fs), sent %d bytes", codec, results[codec][-1]["seconds_total"],
+                         results[codec][-1]["seconds_allreduce"], res.bytes_sent)
+                del flat
+                avg.give_back(res)  # as a training peer does once it applied the round (its vectors are reused)
         (out / f"peer{args.peer}.tmp").write_text(strict_json.dumps(results))
         os.replace(out / f"peer{args.peer}.tmp", out / f"peer{args.peer}.json")
     finally:
@@ -269,42 +278,73 @@ def _round_at(args: argparse.Namespace, rate_mbit: int, codecs: list[str]) -> tu
     n, numel = args.peers, args.mb * 2**20 // 4
     rate = rate_mbit * 1e6 / 8
     peer_args = ["--peers", str(n), "--mb", str(args.mb), "--rate-mbit", str(rate_mbit), "--codecs", ",".join(codecs),
+                 "--rounds", str(args.rounds),
                  "--entropy", args.entropy, "--timeout", str(args.timeout), *([] if args.warmup else ["--no-warmup"])]
-    with namespaced_peers("bench.comm", n, rate_mbit, peer_args, args.timeout * len(codecs) + 180) as out:
+    with namespaced_peers("bench.comm", n, rate_mbit, peer_args, args.timeout * len(codecs) * args.rounds + 180) as out:
         peers = [json.loads((out / f"peer{i}.json").read_text()) for i in range(n)]
         avgs = [torch.load(out / f"avg{i}.pt") for i in range(n)] if "int8" in codecs else []
     per_codec = {}
     for codec in codecs:
-        sent = sum(p[codec]["bytes_sent"] for p in peers) / n
-        size = sent / (2 * (n - 1) / n)  # what the codec (and entropy stage) actually sends per copy of the module
-        optimal = sent / rate  # = 2 (n - 1) / n * size / rate
-        t_ar = max(p[codec]["seconds_allreduce"] for p in peers)
-        cpu = [p[codec]["allreduce_cpu"] for p in peers]
-        per_codec[codec] = dict(
-            wire_codec=wire_name(codec, args.entropy), codec_bytes=codec_spec(codec).encoded_size(numel),
-            compressed_bytes=round(size), optimal_seconds=round(optimal, 3), allreduce_seconds=round(t_ar, 3),
-            total_seconds=round(max(p[codec]["seconds_total"] for p in peers), 3),
-            link_efficiency=round(optimal / t_ar, 3),
-            cpu_s_per_mb=round(sum(c["peer_and_daemon"] for c in cpu) / n / args.mb, 5),
-            cpu_breakdown_seconds={k: round(sum(c[k] for c in cpu) / n, 4) for k in cpu[0]},
-            bytes_sent_per_peer=round(sent),
-            wire_tx_bytes_per_peer=round(sum(p[codec]["wire_tx_bytes"] for p in peers) / n),
-            wire_tx_bytes_by_peer=[p[codec]["wire_tx_bytes"] for p in peers],
-            allreduce_seconds_by_peer=[round(p[codec]["seconds_allreduce"], 3) for p in peers],
-            python_cpu_seconds_by_peer=[round(p[codec]["cpu_seconds"], 3) for p in peers],
-            python_system_cpu_seconds_by_peer=[round(p[codec]["system_cpu_seconds"], 3) for p in peers],
-            child_cpu_seconds_by_peer=[p[codec]["child_cpu_seconds"] for p in peers],
-            identical_on_all_peers=len({p[codec]["sha256"] for p in peers}) == 1,
-            group_size=min(p[codec]["group_size"] for p in peers),
-        )
+        rounds = [_round_summary(args, codec, [p[codec][r] for p in peers], rate, numel)
+                  for r in range(len(peers[0][codec]))]
+        per_codec[codec] = _median_round(rounds)
     return per_codec, avgs
+
+
+def _round_summary(args: argparse.Namespace, codec: str, peers: list[dict], rate: float, numel: int) -> dict:
+    """One round of ``codec``: its times, bytes and CPU from every peer's record of it."""
+    n = len(peers)
+    sent = sum(p["bytes_sent"] for p in peers) / n
+    size = sent / (2 * (n - 1) / n)  # what the codec (and entropy stage) actually sends per copy of the module
+    optimal = sent / rate  # = 2 (n - 1) / n * size / rate
+    t_ar = max(p["seconds_allreduce"] for p in peers)
+    cpu = [p["allreduce_cpu"] for p in peers]
+    return dict(
+        wire_codec=wire_name(codec, args.entropy), codec_bytes=codec_spec(codec).encoded_size(numel),
+        compressed_bytes=round(size), optimal_seconds=round(optimal, 3), allreduce_seconds=round(t_ar, 3),
+        total_seconds=round(max(p["seconds_total"] for p in peers), 3),
+        link_efficiency=round(optimal / t_ar, 3),
+        cpu_s_per_mb=round(sum(c["peer_and_daemon"] for c in cpu) / n / args.mb, 5),
+        cpu_breakdown_seconds={k: round(sum(c[k] for c in cpu) / n, 4) for k in cpu[0]},
+        bytes_sent_per_peer=round(sent),
+        wire_tx_bytes_per_peer=round(sum(p["wire_tx_bytes"] for p in peers) / n),
+        wire_tx_bytes_by_peer=[p["wire_tx_bytes"] for p in peers],
+        allreduce_seconds_by_peer=[round(p["seconds_allreduce"], 3) for p in peers],
+        python_cpu_seconds_by_peer=[round(p["cpu_seconds"], 3) for p in peers],
+        python_system_cpu_seconds_by_peer=[round(p["system_cpu_seconds"], 3) for p in peers],
+        child_cpu_seconds_by_peer=[p["child_cpu_seconds"] for p in peers],
+        identical_on_all_peers=len({p["sha256"] for p in peers}) == 1,
+        group_size=min(p["group_size"] for p in peers),
+    )
+
+
+def _median_round(rounds: list[dict]) -> dict:
+    """A codec's result over its rounds: the round of median link efficiency in full, with the median
+    over the rounds of ``cpu_s_per_mb`` and of each phase of ``cpu_breakdown_seconds`` (one round on
+    these 2 shared cores varies by about 10%), each round's ``link_efficiency`` and ``cpu_s_per_mb``
+    (``*_by_round``), and ``identical_on_all_peers`` only if it held in every round."""
+    def median(values: list[float]) -> float:
+        return statistics.median(values)
+
+    out = dict(sorted(rounds, key=lambda r: r["link_efficiency"])[(len(rounds) - 1) // 2])
+    out.update(
+        rounds=len(rounds),
+        cpu_s_per_mb=round(median([r["cpu_s_per_mb"] for r in rounds]), 5),
+        cpu_breakdown_seconds={k: round(median([r["cpu_breakdown_seconds"][k] for r in rounds]), 4)
+                               for k in rounds[0]["cpu_breakdown_seconds"]},
+        link_efficiency_by_round=[r["link_efficiency"] for r in rounds],
+        cpu_s_per_mb_by_round=[r["cpu_s_per_mb"] for r in rounds],
+        identical_on_all_peers=all(r["identical_on_all_peers"] for r in rounds),
+    )
+    return out
 
 
 def _hivemind(args: argparse.Namespace) -> dict:
     """hivemind's averager on the same set-up and rate (:mod:`bench.comm_hivemind`), its 8-bit codec."""
     from bench import comm_hivemind
 
-    hm = argparse.Namespace(peers=args.peers, mb=args.mb, rate_mbit=args.rate_mbit, codecs="8bit", timeout=args.timeout)
+    hm = argparse.Namespace(peers=args.peers, mb=args.mb, rate_mbit=args.rate_mbit, codecs="8bit", timeout=args.timeout,
+                            rounds=args.rounds)
     return comm_hivemind.run_bench(hm)["codecs"]["8bit"]
 
 
@@ -318,7 +358,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     rate = args.rate_mbit * 1e6 / 8
     codecs = args.codecs.split(",")
     per_codec, avgs = _round_at(args, args.rate_mbit, codecs)
-    result: dict = {"peers": n, "module_mb": args.mb, "rate_mbit": args.rate_mbit, "warmup": args.warmup,
+    result: dict = {"peers": n, "module_mb": args.mb, "rate_mbit": args.rate_mbit, "warmup": args.warmup, "rounds": args.rounds,
                     "entropy": args.entropy, "codecs": per_codec}
     by_rate = {str(args.rate_mbit): {c: per_codec[c]["link_efficiency"] for c in codecs}}
     report_codecs = [c for c in args.report_codecs.split(",") if c]
@@ -363,6 +403,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--report-codecs", default="int8,int4", help="the codecs run at --report-rates")
     parser.add_argument("--no-hivemind", dest="hivemind", action="store_false",
                         help="skip hivemind's averager with its 8-bit codec on the same set-up (bench.comm_hivemind)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="timed rounds per codec (default 3): the round of median link efficiency is reported, "
+                             "with the median CPU over the rounds")
     parser.add_argument("--timeout", type=float, default=120.0, help="round_timeout of each average")
     parser.add_argument("--entropy", choices=ENTROPY_STAGES, default=OuterConfig().entropy,
                         help="lossless stage on the codec's bytes (default: the peers' default)")

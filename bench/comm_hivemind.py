@@ -11,9 +11,11 @@ Each peer runs a real hivemind DHT and one ``DecentralizedAverager`` per codec (
 ``bench.comm``: a peer asks for a step with ``require_trigger``, waits until its group is formed
 (``AWAITING_TRIGGER``), then starts the clock and triggers the all-reduce; ``allreduce_seconds`` is
 the slowest peer's trigger-to-result time. A 1 MB uncompressed round runs first so the p2p
-connections are open, and each codec's averager runs a full-size round before the timed one (as
+connections are open, and each codec's averager runs a full-size round before the timed ones (as
 ``bench.comm`` times hivepath's rounds after a full-size warm-up: a running network's rounds, not a
-fresh process's first, whose buffers are all first touches).
+fresh process's first, whose buffers are all first touches). ``--rounds`` (default 3) timed rounds
+per codec: the round of median link efficiency is reported, ``cpu_s_per_mb`` is the median over the
+rounds, and ``*_by_round`` lists every round's (one round on these shared cores varies by about 10%).
 
 hivemind's 8-bit decoder fails under numpy 2.x (``int()`` of a one-element array), and its averager
 swallows the error and returns with nothing averaged; this benchmark fixes that one line (the issue
@@ -37,6 +39,7 @@ import argparse
 import json
 import logging
 import os
+import statistics
 import time
 import warnings
 from pathlib import Path
@@ -112,9 +115,10 @@ def run_peer(args: argparse.Namespace) -> None:
     rate = args.rate_mbit * 1e6 / 8
     numel = args.mb * 2**20 // 4
 
-    def average(prefix: str, tensor: torch.Tensor, codec: str, weight: float) -> tuple[float, torch.Tensor, float, float]:
-        """(all-reduce seconds, the average, CPU seconds of the averager's own process, CPU seconds of
-        this process and all its descendants from the trigger to the result)."""
+    def average(prefix: str, tensor: torch.Tensor, codec: str, weight: float,
+                rounds: int = 1) -> list[tuple[float, torch.Tensor, float, float]]:
+        """Per timed round: (all-reduce seconds, the average, CPU seconds of the averager's own process,
+        CPU seconds of this process and all its descendants from the trigger to the result)."""
         import psutil
 
         averager = DecentralizedAverager([tensor.clone()], dht, prefix=prefix, start=True, target_group_size=n,
@@ -126,26 +130,30 @@ def run_peer(args: argparse.Namespace) -> None:
             # rounds after a full-size warm-up (a running network's rounds, not a fresh process's first)
             if averager.step(weight=weight, timeout=120) is None:
                 raise RuntimeError(f"{codec}: the warm-up round failed")
-            with averager.get_tensors() as tensors:
-                tensors[0].copy_(tensor)  # the timed round averages the same input
-            warm = psutil.Process(averager.pid).cpu_times()
-            control = averager.step(weight=weight, timeout=120, require_trigger=True, wait=False)
-            deadline = time.monotonic() + 120
-            while control.stage != AveragingStage.AWAITING_TRIGGER:
-                if control.done() or time.monotonic() > deadline:
-                    raise RuntimeError(f"{codec}: no group of {n} formed ({control.stage})")
-                time.sleep(0.01)
-            cpu0, _, children0 = _cpu_seconds()  # the averager process, the DHT and p2pd are descendants
-            t0 = time.monotonic()
-            control.allow_allreduce()
-            if control.result() is None:
-                raise RuntimeError(f"{codec}: the all-reduce failed")
-            seconds = time.monotonic() - t0
-            cpu1, _, children1 = _cpu_seconds()
-            t = psutil.Process(averager.pid).cpu_times()  # read before shutdown ends the process
-            allreduce_cpu = cpu1 - cpu0 + sum(children1.values()) - sum(children0.values())
-            with averager.get_tensors() as tensors:
-                return seconds, tensors[0].clone(), t.user + t.system - warm.user - warm.system, allreduce_cpu
+            timed = []
+            for _ in range(rounds):
+                with averager.get_tensors() as tensors:
+                    tensors[0].copy_(tensor)  # every timed round averages the same input
+                warm = psutil.Process(averager.pid).cpu_times()
+                control = averager.step(weight=weight, timeout=120, require_trigger=True, wait=False)
+                deadline = time.monotonic() + 120
+                while control.stage != AveragingStage.AWAITING_TRIGGER:
+                    if control.done() or time.monotonic() > deadline:
+                        raise RuntimeError(f"{codec}: no group of {n} formed ({control.stage})")
+                    time.sleep(0.01)
+                cpu0, _, children0 = _cpu_seconds()  # the averager process, the DHT and p2pd are descendants
+                t0 = time.monotonic()
+                control.allow_allreduce()
+                if control.result() is None:
+                    raise RuntimeError(f"{codec}: the all-reduce failed")
+                seconds = time.monotonic() - t0
+                cpu1, _, children1 = _cpu_seconds()
+                t = psutil.Process(averager.pid).cpu_times()  # read before shutdown ends the process
+                allreduce_cpu = cpu1 - cpu0 + sum(children1.values()) - sum(children0.values())
+                with averager.get_tensors() as tensors:
+                    timed.append((seconds, tensors[0].clone(), t.user + t.system - warm.user - warm.system,
+                                  allreduce_cpu))
+            return timed
         finally:
             averager.shutdown()
 
@@ -155,15 +163,15 @@ def run_peer(args: argparse.Namespace) -> None:
         for codec in args.codecs.split(","):
             delta = torch.randn(numel, generator=torch.Generator().manual_seed(args.peer)) * 0.01  # (numel,)
             cpu0, _, children0 = _cpu_seconds()
-            seconds, averaged, averager_cpu, allreduce_cpu = average(f"bench_{codec}", delta.clone(), codec,
-                                                                     float(1 + args.peer))
+            timed = average(f"bench_{codec}", delta.clone(), codec, float(1 + args.peer), args.rounds)
             cpu1, _, children1 = _cpu_seconds()
-            torch.save(averaged, out / f"avg_{codec}_{args.peer}.pt")
-            results[codec] = dict(seconds_allreduce=seconds, cpu_seconds=cpu1 - cpu0, averager_cpu_seconds=averager_cpu,
-                                  allreduce_cpu_seconds=allreduce_cpu,
+            torch.save(timed[-1][1], out / f"avg_{codec}_{args.peer}.pt")
+            results[codec] = dict(seconds_allreduce=[r[0] for r in timed], cpu_seconds=cpu1 - cpu0,
+                                  averager_cpu_seconds=[r[2] for r in timed],
+                                  allreduce_cpu_seconds=[r[3] for r in timed],
                                   child_cpu_seconds={k: round(v - children0.get(k, 0.0), 3) for k, v in children1.items()},
-                                  sha256=hashlib.sha256(averaged.numpy().tobytes()).hexdigest())
-            log.info("%s: all-reduce %.2fs", codec, seconds)
+                                  sha256=[hashlib.sha256(r[1].numpy().tobytes()).hexdigest() for r in timed])
+            log.info("%s: all-reduce %s s", codec, ", ".join(f"{r[0]:.2f}" for r in timed))
         (out / f"peer{args.peer}.tmp").write_text(strict_json.dumps(results))
         os.replace(out / f"peer{args.peer}.tmp", out / f"peer{args.peer}.json")
     finally:
@@ -182,9 +190,9 @@ def run_bench(args: argparse.Namespace) -> dict:
     rate = args.rate_mbit * 1e6 / 8
     codecs = args.codecs.split(",")
     peer_args = ["--peers", str(n), "--mb", str(args.mb), "--rate-mbit", str(args.rate_mbit), "--codecs", args.codecs,
-                 "--timeout", str(args.timeout)]
+                 "--timeout", str(args.timeout), "--rounds", str(args.rounds)]
     with namespaced_peers("bench.comm_hivemind", n, args.rate_mbit, peer_args,
-                          (args.timeout + 130) * (len(codecs) + 1) + 60, prefix="hph") as out:
+                          (args.timeout + 130) * (len(codecs) * args.rounds + 1) + 60, prefix="hph") as out:
         peers = [json.loads((out / f"peer{i}.json").read_text()) for i in range(n)]
         avgs = {c: [torch.load(out / f"avg_{c}_{i}.pt") for i in range(n)] for c in codecs}
     deltas = [torch.randn(numel, generator=torch.Generator().manual_seed(i)) * 0.01 for i in range(n)]
@@ -195,21 +203,27 @@ def run_bench(args: argparse.Namespace) -> dict:
     for codec in codecs:
         size = _encoded_bytes(codec, numel, part_values)
         optimal = 2 * (n - 1) / n * size / rate
-        t_ar = max(p[codec]["seconds_allreduce"] for p in peers)
+        rounds = len(peers[0][codec]["seconds_allreduce"])
+        t_ar = [max(p[codec]["seconds_allreduce"][r] for p in peers) for r in range(rounds)]
+        cpu = [sum(p[codec]["allreduce_cpu_seconds"][r] for p in peers) / n / args.mb for r in range(rounds)]
+        mid = sorted(range(rounds), key=lambda r: optimal / t_ar[r])[(rounds - 1) // 2]  # median link efficiency
         per_codec[codec] = dict(
-            compressed_bytes=size, optimal_seconds=round(optimal, 3), allreduce_seconds=round(t_ar, 3),
-            link_efficiency=round(optimal / t_ar, 3),
-            cpu_s_per_mb=round(sum(p[codec]["allreduce_cpu_seconds"] for p in peers) / n / args.mb, 5),
-            allreduce_cpu_seconds_by_peer=[round(p[codec]["allreduce_cpu_seconds"], 3) for p in peers],
-            allreduce_seconds_by_peer=[round(p[codec]["seconds_allreduce"], 3) for p in peers],
+            rounds=rounds, compressed_bytes=size, optimal_seconds=round(optimal, 3), allreduce_seconds=round(t_ar[mid], 3),
+            link_efficiency=round(optimal / t_ar[mid], 3),
+            link_efficiency_by_round=[round(optimal / t, 3) for t in t_ar],
+            cpu_s_per_mb=round(statistics.median(cpu), 5),  # the median over the rounds, as bench.comm's
+            cpu_s_per_mb_by_round=[round(c, 5) for c in cpu],
+            allreduce_cpu_seconds_by_peer=[round(p[codec]["allreduce_cpu_seconds"][mid], 3) for p in peers],
+            allreduce_seconds_by_peer=[round(p[codec]["seconds_allreduce"][mid], 3) for p in peers],
             python_cpu_seconds_by_peer=[round(p[codec]["cpu_seconds"], 3) for p in peers],
-            averager_cpu_seconds_by_peer=[round(p[codec]["averager_cpu_seconds"], 3) for p in peers],
+            averager_cpu_seconds_by_peer=[round(p[codec]["averager_cpu_seconds"][mid], 3) for p in peers],
             child_cpu_seconds_by_peer=[p[codec]["child_cpu_seconds"] for p in peers],
             max_abs_error_vs_exact_mean=max(float((a - exact).abs().max()) for a in avgs[codec]),
             replica_max_abs_diff=max(float((a - avgs[codec][0]).abs().max()) for a in avgs[codec]),
-            identical_on_all_peers=len({p[codec]["sha256"] for p in peers}) == 1,
+            identical_on_all_peers=all(len({p[codec]["sha256"][r] for p in peers}) == 1 for r in range(rounds)),
         )
-    result: dict = {"peers": n, "module_mb": args.mb, "rate_mbit": args.rate_mbit, "implementation": "hivemind 1.1.12",
+    result: dict = {"peers": n, "module_mb": args.mb, "rate_mbit": args.rate_mbit, "rounds": args.rounds,
+                    "implementation": "hivemind 1.1.12",
                     "codecs": per_codec}
     for codec in codecs:
         result[f"link_efficiency_{codec}"] = per_codec[codec]["link_efficiency"]
@@ -223,6 +237,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--rate-mbit", type=int, default=ISSUE_RATE_MBIT,
                         help=f"egress limit of every peer (default {ISSUE_RATE_MBIT}; others write comm_hivemind_RATEmbit.json)")
     parser.add_argument("--codecs", default=",".join(CODECS), help=f"comma-separated, of {','.join(CODECS)}")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="timed rounds per codec after the warm-up round (default 3; the median is reported)")
     parser.add_argument("--timeout", type=float, default=120.0, help="all-reduce timeout of each average")
     parser.add_argument("--peer", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--host", default=None, help=argparse.SUPPRESS)

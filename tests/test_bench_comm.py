@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.comm import _breakdown
+from bench.comm import _breakdown, _median_round
 
 
 def _snap(cpu: float, system: float, loop: float, minflt: int, children: dict, **phases: float) -> dict:
@@ -23,3 +23,16 @@ def test_breakdown_splits_a_round_into_phases_loop_daemon_and_the_rest():
     assert b["daemon"] == pytest.approx(0.6) and b["dht_process"] == pytest.approx(0.2)
     assert b["python_system"] == pytest.approx(0.5) and b["minor_page_faults"] == 300
     assert b["peer_and_daemon"] == pytest.approx(2.0 + 0.6 + 0.2)  # the process and all its children
+
+
+def test_a_codec_s_result_is_its_median_round_with_the_median_cpu():
+    rounds = [dict(link_efficiency=e, cpu_s_per_mb=c, allreduce_seconds=s, identical_on_all_peers=same,
+                   cpu_breakdown_seconds={"encode": enc, "daemon": d})
+              for e, c, s, same, enc, d in [(0.80, 0.012, 2.3, True, 0.10, 0.30),
+                                            (0.90, 0.010, 2.0, True, 0.30, 0.20),
+                                            (0.85, 0.011, 2.1, False, 0.20, 0.10)]]
+    out = _median_round(rounds)
+    assert out["link_efficiency"] == 0.85 and out["allreduce_seconds"] == 2.1  # that round, in full
+    assert out["cpu_s_per_mb"] == 0.011 and out["cpu_breakdown_seconds"] == {"encode": 0.2, "daemon": 0.2}
+    assert out["link_efficiency_by_round"] == [0.80, 0.90, 0.85] and out["rounds"] == 3
+    assert out["identical_on_all_peers"] is False  # not in every round
