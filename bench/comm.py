@@ -318,19 +318,22 @@ def _round_summary(args: argparse.Namespace, codec: str, peers: list[dict], rate
     )
 
 
+def median_index(values: list[float]) -> int:
+    """The index of the median of ``values`` (the lower one of an even count): the round a benchmark
+    reports of several (``bench.comm``, ``bench.comm_hivemind``)."""
+    return sorted(range(len(values)), key=lambda i: values[i])[(len(values) - 1) // 2]
+
+
 def _median_round(rounds: list[dict]) -> dict:
     """A codec's result over its rounds: the round of median link efficiency in full, with the median
     over the rounds of ``cpu_s_per_mb`` and of each phase of ``cpu_breakdown_seconds`` (one round on
     these 2 shared cores varies by about 10%), each round's ``link_efficiency`` and ``cpu_s_per_mb``
     (``*_by_round``), and ``identical_on_all_peers`` only if it held in every round."""
-    def median(values: list[float]) -> float:
-        return statistics.median(values)
-
-    out = dict(sorted(rounds, key=lambda r: r["link_efficiency"])[(len(rounds) - 1) // 2])
+    out = dict(rounds[median_index([r["link_efficiency"] for r in rounds])])
     out.update(
         rounds=len(rounds),
-        cpu_s_per_mb=round(median([r["cpu_s_per_mb"] for r in rounds]), 5),
-        cpu_breakdown_seconds={k: round(median([r["cpu_breakdown_seconds"][k] for r in rounds]), 4)
+        cpu_s_per_mb=round(statistics.median([r["cpu_s_per_mb"] for r in rounds]), 5),
+        cpu_breakdown_seconds={k: round(statistics.median([r["cpu_breakdown_seconds"][k] for r in rounds]), 4)
                                for k in rounds[0]["cpu_breakdown_seconds"]},
         link_efficiency_by_round=[r["link_efficiency"] for r in rounds],
         cpu_s_per_mb_by_round=[r["cpu_s_per_mb"] for r in rounds],

@@ -45,7 +45,7 @@ import warnings
 from pathlib import Path
 from typing import Optional
 
-from bench.comm import _cpu_seconds, namespaced_peers
+from bench.comm import _cpu_seconds, median_index, namespaced_peers
 from bench.common import ISSUE_RATE_MBIT, emit, rate_result_name, run_main
 from models import strict_json
 
@@ -206,7 +206,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         rounds = len(peers[0][codec]["seconds_allreduce"])
         t_ar = [max(p[codec]["seconds_allreduce"][r] for p in peers) for r in range(rounds)]
         cpu = [sum(p[codec]["allreduce_cpu_seconds"][r] for p in peers) / n / args.mb for r in range(rounds)]
-        mid = sorted(range(rounds), key=lambda r: optimal / t_ar[r])[(rounds - 1) // 2]  # median link efficiency
+        mid = median_index([optimal / t for t in t_ar])  # the round of median link efficiency
         per_codec[codec] = dict(
             rounds=rounds, compressed_bytes=size, optimal_seconds=round(optimal, 3), allreduce_seconds=round(t_ar[mid], 3),
             link_efficiency=round(optimal / t_ar[mid], 3),

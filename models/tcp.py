@@ -14,40 +14,26 @@ __all__ = ["relay_of", "tcp_accepts", "tcp_target"]
 
 async def tcp_accepts(host: str, port: int, timeout: float, again_every: Optional[float] = None) -> bool:
     """Whether a plain TCP connection to ``host:port`` opens within ``timeout`` seconds; it is closed
-    at once (nothing is sent). ``again_every``: a fresh attempt starts every so many seconds beside
-    the ones under way, until one opens or ``timeout``. A connection whose SYN was lost waits a whole
+    at once (nothing is sent). ``again_every``: an attempt that has not opened after so many seconds
+    is dropped for a fresh one, until one opens or ``timeout``. A connection whose SYN was lost waits a whole
     second (the kernel's first retransmission) before it tries again: probing a link that is coming
     back (a healed cut), the answer comes within ``again_every`` of the heal, not a second or more
     later."""
-    async def once() -> bool:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while True:
+        step_end = end if again_every is None else min(end, loop.time() + again_every)
         try:
-            _, writer = await asyncio.open_connection(host, port)
-        except OSError:
-            return False
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), max(0.0, step_end - loop.time()))
+        except (OSError, asyncio.TimeoutError):
+            if again_every is None or loop.time() >= end:
+                return False
+            await asyncio.sleep(max(0.0, step_end - loop.time()))  # refused at once: the next attempt when due
+            continue
         writer.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(writer.wait_closed(), 1.0)
         return True
-
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    attempts: set[asyncio.Future] = set()
-    try:
-        while True:
-            attempts.add(asyncio.ensure_future(once()))
-            next_attempt = end if again_every is None else min(end, loop.time() + again_every)
-            while attempts and loop.time() < next_attempt:
-                done, attempts = await asyncio.wait(attempts, timeout=next_attempt - loop.time(),
-                                                    return_when=asyncio.FIRST_COMPLETED)
-                if any(t.result() for t in done):
-                    return True
-            if loop.time() >= end or again_every is None:
-                return False
-            if not attempts:  # refused at once: the next attempt when it is due
-                await asyncio.sleep(max(0.0, next_attempt - loop.time()))
-    finally:
-        for t in attempts:
-            t.cancel()
 
 
 def tcp_target(maddr: str) -> Optional[tuple[str, int]]:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from helpers import wait_for
-from helpers.network import Network, loss_thirds
+from helpers.network import Network, first_loss, loss_thirds
 from peer.node import CheckpointDir
 from peer.node.machine_share import usable_cores
 
@@ -108,12 +108,6 @@ def all_training(net: Network, names: list[str], rounds: int) -> list[str] | Non
     if any(not any(pid in m["holders"] for m in held) for pid in ids):
         return None
     return ids if held and min(m["round"] for m in held) >= rounds else None
-
-
-def first_loss(lines: list[dict]) -> float:
-    """A peer's first loss reading (NaN without one)."""
-    losses = [p["loss"] for p in sorted(lines, key=lambda p: p.get("time", 0)) if p.get("loss") is not None]
-    return losses[0] if losses else float("nan")
 
 
 def test_network_trains_drains_and_replicas_stay_identical(procs, tmp_path, dataset):

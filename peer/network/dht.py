@@ -100,7 +100,7 @@ class PeerDHT:
         before the dial, or libp2p would reuse it and our pings and state requests would hang on it
         until they time out (3-5 s each after a heal, ``bench.chaos``).
         """
-        maddrs = [m for m in maddrs if "/p2p/" in m and not m.endswith(self.peer_id)]
+        maddrs = self._others(maddrs)
         if not maddrs:
             return 0
         try:
@@ -124,8 +124,12 @@ class PeerDHT:
         and the first DHT lookup after the heal waited 3 s on it (hivemind's RPC timeout, ``bench.chaos``).
         One that does not answer is dropped from the table, as hivemind drops a peer that missed an RPC,
         and closed and dialled afresh once it answers again."""
-        listed = [m for m in maddrs if "/p2p/" in m and not m.endswith(self.peer_id)]
+        listed = self._others(maddrs)
         return bool(listed) and 2 * len(self._unanswered & set(listed)) >= len(listed)
+
+    def _others(self, maddrs: Sequence[str]) -> list[str]:
+        """The multiaddrs of other peers among ``maddrs`` (with a peer id, not ours)."""
+        return [m for m in maddrs if "/p2p/" in m and not m.endswith(self.peer_id)]
 
     def admit_only(self, run_id: str, coordinator_public_key: bytes, module_ids: Sequence[str]) -> None:
         """From now on this DHT node refuses the run's records of peers without a valid credential
@@ -164,10 +168,10 @@ class PeerDHT:
             known: list[str] = []
             asked: Optional[_Asked] = None
             while not self._stopping.is_set():
-                self._poked.wait(0.0 if known and self.cut_off(known) else
-                                 _MIN_RECONNECT_GAP if self._unanswered & set(known) else interval)
+                cut_off = self.cut_off(known)
+                self._poked.wait(0.0 if cut_off else _MIN_RECONNECT_GAP if self._unanswered & set(known) else interval)
                 self._poked.clear()
-                if self._stopping.wait(_CUT_OFF_GAP if known and self.cut_off(known) else _MIN_RECONNECT_GAP):
+                if self._stopping.wait(_CUT_OFF_GAP if cut_off else _MIN_RECONNECT_GAP):
                     return  # (the gap also rate-limits pokes)
                 asked = asked or _Asked(source)
                 # the first list is waited for; later ones are not (the last list serves meanwhile)
@@ -321,8 +325,8 @@ class _partial_connect:
             endpoint = tcp_target(relay[0] if relay is not None else addr)
             if endpoint is not None and not await tcp_accepts(*endpoint, min(_PROBE_TIMEOUT, self.timeout),
                                                               _PROBE_AGAIN):
-                if peer in table:  # cut off: our RPCs must not wait on its dead connection (see PeerDHT.connect)
-                    del table[table[peer]]
+                # as for an RPC it missed: out of the table, so no lookup waits on its dead connection
+                await node.protocol.update_routing_table(None, peer, responded=False)
                 return _UNANSWERED  # no libp2p dial: a failed one backs every later dial off (keep_connected)
             if self.only_missing and in_table:
                 return _IN_TABLE

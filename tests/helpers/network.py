@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from helpers.procs import ProcessGroup, free_port, hivepath_cmd, wait_for
 
-__all__ = ["Network", "TINY_RUN", "loss_thirds"]
+__all__ = ["Network", "TINY_RUN", "first_loss", "loss_thirds"]
 
 TINY_RUN = """preset = "tiny"
 run_id = "{run_id}"
@@ -154,9 +154,20 @@ class Network:
             self._client.close()
 
 
+def _losses(lines: list[dict]) -> list[float]:
+    """The loss readings of progress lines, in time order."""
+    return [p["loss"] for p in sorted(lines, key=lambda p: p.get("time", 0)) if p.get("loss") is not None]
+
+
+def first_loss(lines: list[dict]) -> float:
+    """The first loss reading of progress lines (NaN without one)."""
+    losses = _losses(lines)
+    return losses[0] if losses else float("nan")
+
+
 def loss_thirds(lines: list[dict]) -> tuple[float, float, int]:
     """``(mean loss of the first third, of the last third, number of readings)`` of progress lines."""
-    losses = [p["loss"] for p in sorted(lines, key=lambda p: p.get("time", 0)) if p.get("loss") is not None]
+    losses = _losses(lines)
     if len(losses) < 3:
         return float("nan"), float("nan"), len(losses)
     k = len(losses) // 3
