@@ -21,7 +21,7 @@ import torch
 
 from models.config import OuterConfig, RunConfig, format_path
 from models.lattice import ModularLM
-from models.training import autocast, make_adamw
+from models.training import autocast
 from peer.averaging.contract import LONE_HOLDER
 from peer.node.checkpoint import CheckpointDir, CheckpointError, save_snapshot, saved_state, state_groups
 from peer.diloco import DiLoCoOptimizer, RoundReport
@@ -104,7 +104,10 @@ class PathTrainer:
         self.model = self.lm.path_model(self.path)
         self.opt = DiLoCoOptimizer(
             modules=self.model.modules_by_id(),
-            inner=make_adamw(self.model.parameters(), cfg.inner),
+            # the config, not a ready AdamW: the optimizer then warms the learning rate up and clips the
+            # gradients as the simulator and the stage runner do (a peer joining onto trained modules with
+            # a fresh AdamW took full-size steps on every weight from its first one)
+            inner=cfg.inner,
             outer=outer or cfg.outer,
             lattice=cfg.lattice,
             averager=averager,
