@@ -168,7 +168,7 @@ def run_peer(args: argparse.Namespace) -> None:
                 formed["snapshot"] = _snapshot(avg.loop_thread_id)
 
     rate = args.rate_mbit * 1e6 / 8
-    avg = NetAverager(dht, RUN_ID, CONFIG_HASH, bandwidth=rate, event_hook=on_event)
+    avg = NetAverager(dht, RUN_ID, CONFIG_HASH, bandwidth=rate, event_hook=on_event, direct_lanes=args.lanes)
     try:
         avg.hold(MODULE, 0)
         deadline = time.monotonic() + 120
@@ -196,6 +196,7 @@ def run_peer(args: argparse.Namespace) -> None:
                 formed.clear()
                 start = _snapshot(avg.loop_thread_id)  # used only if no group forms (a lone round)
                 tx0, t0, (cpu0, sys0, children0) = tx_bytes(), time.monotonic(), _cpu_seconds()
+                lanes0 = avg.lane_streams
                 wire = get_codec(wire_name(codec, args.entropy))
                 res = avg.average(MODULE, round_no, [delta], float(1 + args.peer), wire, args.timeout)
                 t1, (cpu1, sys1, children1) = time.monotonic(), _cpu_seconds()
@@ -210,6 +211,7 @@ def run_peer(args: argparse.Namespace) -> None:
                     bytes_sent=res.bytes_sent, bytes_received=res.bytes_received, wire_tx_bytes=tx_bytes() - tx0,
                     group_size=res.group_size, sha256=hashlib.sha256(flat.numpy().tobytes()).hexdigest(),
                     allreduce_cpu=_breakdown(formed.get("snapshot", start), end),
+                    lane_streams=avg.lane_streams - lanes0,
                 ))
                 if codec == "int8":
                     torch.save(flat, out / f"avg{args.peer}.pt")  # the last round's: compared across peers
@@ -279,7 +281,8 @@ def _round_at(args: argparse.Namespace, rate_mbit: int, codecs: list[str]) -> tu
     rate = rate_mbit * 1e6 / 8
     peer_args = ["--peers", str(n), "--mb", str(args.mb), "--rate-mbit", str(rate_mbit), "--codecs", ",".join(codecs),
                  "--rounds", str(args.rounds),
-                 "--entropy", args.entropy, "--timeout", str(args.timeout), *([] if args.warmup else ["--no-warmup"])]
+                 "--entropy", args.entropy, "--timeout", str(args.timeout), *([] if args.warmup else ["--no-warmup"]),
+                 *([] if args.lanes else ["--no-lanes"])]
     with namespaced_peers("bench.comm", n, rate_mbit, peer_args, args.timeout * len(codecs) * args.rounds + 180) as out:
         peers = [json.loads((out / f"peer{i}.json").read_text()) for i in range(n)]
         avgs = [torch.load(out / f"avg{i}.pt") for i in range(n)] if "int8" in codecs else []
@@ -313,6 +316,7 @@ def _round_summary(args: argparse.Namespace, codec: str, peers: list[dict], rate
         python_cpu_seconds_by_peer=[round(p["cpu_seconds"], 3) for p in peers],
         python_system_cpu_seconds_by_peer=[round(p["system_cpu_seconds"], 3) for p in peers],
         child_cpu_seconds_by_peer=[p["child_cpu_seconds"] for p in peers],
+        lane_streams_by_peer=[p["lane_streams"] for p in peers],
         identical_on_all_peers=len({p["sha256"] for p in peers}) == 1,
         group_size=min(p["group_size"] for p in peers),
     )
@@ -414,6 +418,9 @@ def main(argv: Optional[list[str]] = None) -> None:
                         help="lossless stage on the codec's bytes (default: the peers' default)")
     parser.add_argument("--no-warmup", dest="warmup", action="store_false",
                         help="time the first exchange too (its p2p connections are opened during it)")
+    parser.add_argument("--no-lanes", dest="lanes", action="store_false",
+                        help="carry every byte through the p2p daemons (no direct lanes, peer.network.lanes): "
+                             "the control run of what the lanes save")
     parser.add_argument("--peer", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--host", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--initial", nargs="*", default=None, help=argparse.SUPPRESS)

@@ -393,7 +393,11 @@ class ReductionServer(PartReducer):
         a, b = state.bounds[segment][part]
         header = PartHeader(group_id=state.group.group_id, segment=segment, part_index=part, attempt=attempt,
                             weight=weight, numel=b - a, codec=state.codec.name, payload_len=len(payload))
-        _, reader, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer), self.handler_name)
+        opened = await self.lanes.open(peer, self.handler_name) if self.lanes is not None else None
+        if opened is None:
+            _, reader, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer), self.handler_name)
+        else:
+            reader, writer = opened
         try:
             await P2P.send_protobuf(header, writer)
             await P2P.send_raw_data(payload, writer)

@@ -148,8 +148,11 @@ class PartReducer:
     """
 
     def __init__(self, p2p: Any, peer_id: str, prefix: str, wait_timeout: float = 60.0,
-                 event_hook: Optional[EventHook] = None, aggregation: Aggregation = MEAN):
+                 event_hook: Optional[EventHook] = None, aggregation: Aggregation = MEAN,
+                 lanes: Optional[Any] = None):
         self.p2p = p2p
+        self.lanes = lanes
+        """:class:`peer.network.lanes.DirectLanes` carrying parts outside the p2p daemon where it can."""
         self.aggregation = aggregation
         self.event_hook = event_hook
         self.peer_id = peer_id
@@ -160,7 +163,7 @@ class PartReducer:
         self._group_added = asyncio.Event()
 
     async def start(self) -> None:
-        await serve(self.p2p, self.prefix, PART, self._handle)
+        await serve(self.p2p, self.prefix, PART, self._handle, lanes=self.lanes)
 
     # -- serving side -------------------------------------------------------------------------
 

@@ -184,9 +184,11 @@ def _failed(name: str, caller: str, error: BaseException) -> None:
     log.debug("the %s handler failed", name, exc_info=error)
 
 
-async def serve(p2p: Any, prefix: str, method: MethodDescriptor, handler: StreamHandler) -> str:
+async def serve(p2p: Any, prefix: str, method: MethodDescriptor, handler: StreamHandler,
+                lanes: Optional[Any] = None) -> str:
     """Register ``handler(stream_info, reader, writer)`` for ``method``, guarded (see the module);
-    the stream is closed when it returns. Returns the protocol name."""
+    the stream is closed when it returns. ``lanes``: a :class:`peer.network.lanes.DirectLanes` that
+    serves it too, outside the p2p daemon. Returns the protocol name."""
     name = handler_name(prefix, method)
 
     async def guarded(stream_info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -211,6 +213,8 @@ async def serve(p2p: Any, prefix: str, method: MethodDescriptor, handler: Stream
             writer.close()
 
     await p2p.add_binary_stream_handler(name, guarded)
+    if lanes is not None:
+        lanes.serve(name, guarded)
     return name
 
 

@@ -188,3 +188,19 @@ class DeclareAck(_message.Message):
     ok: bool
     error: str
     def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+
+class LaneRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LaneOffer(_message.Message):
+    __slots__ = ("addresses", "fingerprint", "token", "ttl")
+    ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    addresses: _containers.RepeatedScalarFieldContainer[str]
+    fingerprint: bytes
+    token: bytes
+    ttl: float
+    def __init__(self, addresses: _Optional[_Iterable[str]] = ..., fingerprint: _Optional[bytes] = ..., token: _Optional[bytes] = ..., ttl: _Optional[float] = ...) -> None: ...
