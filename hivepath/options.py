@@ -86,6 +86,10 @@ def add_network_flags(p: argparse.ArgumentParser) -> None:
                    help="multiaddrs to listen on (env HIVEPATH_HOST_MADDRS)")
     p.add_argument("--announce-maddrs", nargs="*", default=env_default("HIVEPATH_ANNOUNCE_MADDRS"), metavar="MADDR",
                    help="multiaddrs other peers should dial (env HIVEPATH_ANNOUNCE_MADDRS)")
+    p.add_argument("--lane-port", type=port(), default=env_default("HIVEPATH_LANE_PORT"), metavar="PORT",
+                   help="TCP port of the direct lane that carries averaging parts outside the p2p daemon, on the "
+                   "--host-maddrs hosts, offered at the announced addresses; 0 picks an ephemeral port; forward it "
+                   "beside the p2p port behind a router (env HIVEPATH_LANE_PORT; default 0)")
     p.add_argument("--tls-ca", type=certificate(), default=env_default("HIVEPATH_TLS_CA"), metavar="FILE",
                    help="CA certificate to verify a TLS coordinator (env HIVEPATH_TLS_CA)")
     p.add_argument("--status-port", type=port(), default=env_default("HIVEPATH_STATUS_PORT"), metavar="PORT",
@@ -128,6 +132,7 @@ def network_options(args: argparse.Namespace, **extra: Any):
         identity=Path(args.identity).expanduser() if args.identity else None,
         host_maddrs=tuple(args.host_maddrs),
         announce_maddrs=tuple(args.announce_maddrs),
+        lane_port=args.lane_port,
         tls_ca=args.tls_ca,
         status_port=args.status_port,
         stall_timeout=args.stall_timeout,

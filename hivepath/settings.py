@@ -56,6 +56,9 @@ CLI_SETTINGS: tuple[Setting, ...] = (
     Setting("HIVEPATH_ANNOUNCE_MADDRS", "list", [],
             "multiaddrs other peers should dial (the images' entrypoint turns 'auto' into the container's "
             "addresses)", flag="--announce-maddrs", read_by=f"{_NET}, deploy/entrypoint.sh"),
+    Setting("HIVEPATH_LANE_PORT", "integer", 0,
+            "TCP port of the direct lane that carries averaging parts outside the p2p daemon (0: an ephemeral "
+            "port)", flag="--lane-port", read_by=_NET),
     Setting("HIVEPATH_TLS_CA", "path", None, "CA certificate to verify a TLS coordinator", flag="--tls-ca",
             read_by=_NET),
     Setting("HIVEPATH_STATUS_PORT", "integer", 7702,

@@ -312,3 +312,61 @@ def test_a_handler_that_reads_late_stops_the_connection_reading_and_then_gets_ev
             await _close(lanes_a, lanes_b, a, b)
 
     asyncio.run(scenario())
+
+
+def test_the_offer_names_the_addresses_peers_reach_at_the_port_bound_for_them():
+    offered = lanes_mod._offered
+    # listening on the wildcard: each found address at its port, the wildcard itself never
+    assert offered(["10.0.0.5", "127.0.0.1"], {"0.0.0.0": 4100}) == ["10.0.0.5:4100", "127.0.0.1:4100"]
+    # an announced public address in front of a port forwarded to a private host we bound
+    assert offered(["198.51.100.7"], {"10.0.0.5": 4100}) == ["198.51.100.7:4100", "10.0.0.5:4100"]
+    # a host bound on its own keeps its own (ephemeral) port; v6 in brackets; no port for another family
+    assert offered(["10.0.0.5", "fe80::1"], {"10.0.0.5": 4100, "::": 4200}) == ["10.0.0.5:4100", "[fe80::1]:4200"]
+    assert offered(["fe80::1"], {"10.0.0.5": 4100}) == ["10.0.0.5:4100"]
+    for text in offered(["10.0.0.5", "fe80::1"], {"0.0.0.0": 1, "::": 2}):
+        assert lanes_mod._split_address(text)[1] in (1, 2)
+
+
+def test_a_lane_port_asked_for_listens_on_the_wildcard_and_is_offered_at_the_found_address():
+    import socket
+
+    async def scenario() -> None:
+        from hivemind.p2p import P2P
+
+        with socket.socket() as probe:  # a free port, then released for the lane
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        a = await P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+        b = await P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=[str(m) for m in await a.get_visible_maddrs()])
+        lanes_a, lanes_b, taken = DirectLanes(a, PREFIX), DirectLanes(b, PREFIX, offer=False), DirectLanes(a, PREFIX)
+        try:
+            await lanes_a.start(["127.0.0.1"], listen=["0.0.0.0"], port=port)
+            assert lanes_a.addresses == [f"127.0.0.1:{port}"]
+            await lanes_b.start([])
+            lanes_a.serve(NAME, _echo_handler)
+            assert await lanes_b.connect(a.peer_id.to_base58())
+            assert await _echo_over(lanes_b, a.peer_id.to_base58(), b"abc") == b"cba"
+            with pytest.raises(lanes_mod.LanePortError, match=f"cannot listen on port {port}"):
+                await taken.start(["127.0.0.1"], port=port)  # in use: the operator hears of it at start
+        finally:
+            await _close(lanes_a, lanes_b, taken, a, b)
+
+    asyncio.run(scenario())
+
+
+async def _echo_handler(info, reader, writer) -> None:
+    from hivemind.p2p import P2P
+
+    data = await read_payload(reader, 1 << 20)
+    await P2P.send_raw_data(data[::-1], writer)
+    await reader.read()
+
+
+@pytest.mark.parametrize("extra, problem", [({"lane_port": 70000}, "--lane-port must be a TCP port"),
+                                            ({"lane_port": 4100, "client_mode": True}, "--client-mode accepts no")])
+def test_a_lane_port_that_cannot_be_is_refused_naming_the_flag(extra, problem):
+    from models.errors import HivepathError
+    from peer.node.startup import NetworkOptions
+
+    with pytest.raises(HivepathError, match=problem):
+        NetworkOptions(coordinator="127.0.0.1:7700", token="t", **extra)

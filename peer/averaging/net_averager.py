@@ -110,6 +110,10 @@ class NetAverager:
         direct_lanes: carry the parts over direct TLS connections where the reducer offers one
             (:mod:`peer.network.lanes`: a third less CPU per byte than through the p2p daemons); off,
             every byte goes through the daemons (a benchmark's control run).
+        lane_port: the lane's TCP port (0: an ephemeral one); :class:`peer.network.lanes.LanePortError`
+            when it cannot be bound.
+        lane_listen: the hosts the lane listens on (default: those of our visible addresses); it is
+            offered at our visible (announced) addresses.
         aggregation: the run's reduction rule (``Aggregation.from_config(cfg.outer)``; the config hash
             keeps every group member on the same rule). ``DiLoCoOptimizer`` sets it through
             :meth:`use_aggregation`.
@@ -125,9 +129,12 @@ class NetAverager:
                  startup_timeout: float = 30.0, event_hook: Optional[EventHook] = None,
                  aggregation: Aggregation = MEAN, on_suspect: Optional[SuspectHook] = None,
                  credential: Optional[Callable[[], bytes]] = None, verifier: Optional[Any] = None,
-                 relayed: bool = False, direct_lanes: bool = True):
+                 relayed: bool = False, direct_lanes: bool = True, lane_port: int = 0,
+                 lane_listen: Sequence[str] = ()):
         self.dht = unwrap_dht(dht)
         self.direct_lanes = direct_lanes
+        self.lane_port = lane_port
+        self.lane_listen = tuple(lane_listen)
         self.relayed = relayed
         self._credential = credential or (lambda: b"")
         self._verifier = verifier
@@ -202,7 +209,8 @@ class NetAverager:
             # behind NAT (or in client mode) nobody can dial us directly: we offer no lane, but use theirs
             offer = not (self.relayed or self.dht.client_mode)
             self._lanes = DirectLanes(self._p2p, self.prefix, offer=offer)
-            await self._lanes.start(lane_hosts(await self._p2p.get_visible_maddrs()) if offer else [])
+            visible = lane_hosts(await self._p2p.get_visible_maddrs()) if offer else []
+            await self._lanes.start(visible, list(self.lane_listen) or None, self.lane_port)
         self._server = ReductionServer(self._p2p, self.peer_id, self.prefix, event_hook=self._event_hook,
                                        aggregation=self._aggregation, lanes=self._lanes)
         self._state_server = StateServer(self._p2p, self.config_hash, self.prefix, provider, verifier=self._verifier)

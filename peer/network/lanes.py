@@ -47,7 +47,7 @@ from peer.network.lane_wire import (_HELLO, HELLO_TIMEOUT, IDLE_TIMEOUT, TOKEN_B
 from protos.hivepath.peer.v1 import net_pb2
 from protos.hivepath.peer.v1.net_pb2 import LaneOffer, LaneRequest
 
-__all__ = ["DirectLanes", "lane_hosts", "PAUSE", "TOKEN_TTL"]
+__all__ = ["DirectLanes", "LanePortError", "lane_hosts", "PAUSE", "TOKEN_TTL"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,30 @@ def lane_hosts(maddrs: list[Any]) -> list[str]:
         if not address.is_unspecified and parts[2] not in hosts:
             hosts.append(parts[2])
     return sorted(hosts, key=lambda h: ipaddress.ip_address(h).is_loopback)
+
+
+class LanePortError(OSError):
+    """The lane's port, asked for by the operator, could not be bound on any host."""
+
+
+def _offered(hosts: list[str], bound: dict[str, int]) -> list[str]:
+    """``host:port`` of each of ``hosts`` where we listen for it: on the host itself, on the wildcard
+    of its family, or (an announced address in front of a forwarded port) on any host of its family;
+    then bound hosts not among ``hosts``. Wildcards are never offered."""
+    def family(h: str) -> int:
+        return ipaddress.ip_address(h).version
+
+    wildcard = {family(h): p for h, p in bound.items() if ipaddress.ip_address(h).is_unspecified}
+    out: list[str] = []
+    for host in [*hosts, *bound]:
+        if ipaddress.ip_address(host).is_unspecified:
+            continue
+        port = bound.get(host) or wildcard.get(family(host)) or next(
+            (p for h, p in bound.items() if family(h) == family(host)), None)
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if port is not None and address not in out:
+            out.append(address)
+    return out
 
 
 def _split_address(text: str) -> tuple[str, int]:
@@ -175,24 +199,33 @@ class DirectLanes:
         """Where our lane listens (``host:port``), empty when we offer none."""
         return list(self._addresses)
 
-    async def start(self, hosts: list[str]) -> None:
-        """Listen on ``hosts`` (an ephemeral port each; a host we cannot bind is skipped) and serve
-        offers over P2P."""
+    async def start(self, hosts: list[str], listen: Optional[list[str]] = None, port: int = 0) -> None:
+        """Listen on ``listen`` (default: ``hosts``; a host we cannot bind is skipped) at ``port`` (0: an
+        ephemeral one per host), offer ``hosts`` (where other peers reach us: our announced or found
+        addresses) at the port bound for them, and serve offers over P2P.
+
+        Raises :class:`LanePortError` when ``port`` was asked for and no host could be bound to it."""
         if self.offer and hosts:
             self._server_context, self._fingerprint = _certificate()
-            for host in hosts:
+            bound: dict[str, int] = {}
+            problems = []
+            for host in listen or hosts:
                 try:
                     server = await asyncio.get_running_loop().create_server(
-                        lambda: LaneConnection(self, serving=True), host, 0, ssl=self._server_context,
+                        lambda: LaneConnection(self, serving=True), host, port, ssl=self._server_context,
                         ssl_handshake_timeout=HELLO_TIMEOUT)
                 except OSError as e:
-                    log.info("no direct lane on %s: %s", host, e)
+                    problems.append(f"{host}: {e.strerror or e}")
                     continue
                 self._servers.append(server)
-                port = server.sockets[0].getsockname()[1]
-                self._addresses.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+                bound[host] = server.sockets[0].getsockname()[1]
+            if port and not bound:
+                raise LanePortError(f"cannot listen on port {port} ({'; '.join(problems)})")
+            if problems:
+                log.info("no direct lane on %s", "; ".join(problems))
+            self._addresses = _offered(hosts, bound)
             if self._addresses:
-                log.info("direct lane for the exchange's bytes listening on %s", ", ".join(self._addresses))
+                log.info("direct lane for the exchange's bytes at %s", ", ".join(self._addresses))
         await serve_messages(self.p2p, self.prefix, LANE, self._handle_offer)
         self._track(asyncio.ensure_future(self._sweep()))
 

@@ -79,6 +79,10 @@ class NetworkOptions:
     """Multiaddrs other peers should dial (default: what the DHT node finds)."""
     client_mode: bool = False
     """Accept no incoming connections (behind NAT)."""
+    lane_port: int = 0
+    """TCP port of the direct lane that carries the all-reduce's parts outside the p2p daemon
+    (:mod:`peer.network.lanes`), on the hosts of ``host_maddrs``, offered at the announced (or found)
+    addresses; 0: an ephemeral one, which a firewall may drop (the parts then go through the daemon)."""
     tls_ca: Optional[str] = None
     """CA certificate to verify a TLS coordinator."""
     coordinator_timeout: float = 60.0
@@ -108,11 +112,27 @@ class NetworkOptions:
                             ("--announce-maddrs", self.announce_maddrs)):
             for addr in addrs:
                 _check_multiaddr(flag, addr)
+        if not 0 <= self.lane_port <= 65535:
+            raise HivepathError(f"--lane-port must be a TCP port (1-65535) or 0 for an ephemeral one, got {self.lane_port}")
+        if self.client_mode and self.lane_port:
+            raise HivepathError("--client-mode accepts no incoming connections, so it serves no lane at --lane-port: "
+                                "drop one of the two (HIVEPATH_CLIENT_MODE, HIVEPATH_LANE_PORT)")
         if not 0 <= self.status_port <= 65535:
             raise HivepathError(f"--status-port must be a TCP port (1-65535) or 0 to turn it off, "
                                 f"got {self.status_port}")
         if not self.stall_timeout > 0:
             raise HivepathError(f"--stall-timeout must be > 0 seconds, got {self.stall_timeout}")
+
+
+def _maddr_hosts(maddrs: Sequence[str]) -> tuple[str, ...]:
+    """The IP hosts of ``/ip4/H/tcp/P`` and ``/ip6/H/tcp/P`` multiaddrs, each once (where the direct
+    lane listens: beside the DHT node, e.g. ``0.0.0.0``)."""
+    hosts: list[str] = []
+    for maddr in maddrs:
+        parts = str(maddr).split("/")
+        if len(parts) >= 5 and parts[1] in ("ip4", "ip6") and parts[3] == "tcp" and parts[2] not in hosts:
+            hosts.append(parts[2])
+    return tuple(hosts)
 
 
 def _check_multiaddr(flag: str, text: str) -> None:
@@ -209,12 +229,19 @@ class PeerStartup:
         """The process's :class:`peer.averaging.NetAverager` over the DHT node, carrying our credential
         and checking members'; ``role_options``: what the role adds (bandwidth, a state provider...)."""
         from peer.averaging import NetAverager
+        from peer.network.lanes import LanePortError
 
         cfg = spec.run_config
         client = self.client
         role_options.setdefault("relayed", self.relayed)
-        self.averager = NetAverager(self.dht, cfg.run_id, cfg.content_hash(), manifest_hash,
-                                    credential=lambda: client.credential, verifier=self.verifier, **role_options)
+        role_options.setdefault("lane_port", self.opts.lane_port)
+        role_options.setdefault("lane_listen", _maddr_hosts(self.opts.host_maddrs))
+        try:
+            self.averager = NetAverager(self.dht, cfg.run_id, cfg.content_hash(), manifest_hash,
+                                        credential=lambda: client.credential, verifier=self.verifier, **role_options)
+        except LanePortError as e:
+            raise HivepathError(f"--lane-port {self.opts.lane_port}: {e}; pass a free port, or 0 for an ephemeral "
+                                "one (HIVEPATH_LANE_PORT)") from None
         self.averager.on_isolated = self.dht.poke
         self.averager.coordinator_contact = client.contact_since
         return self.averager
