@@ -71,7 +71,7 @@ def other_grpc_service():
 
 def _join_error(address: str, tls_ca: str | None = None, retry_timeout: float = 60.0) -> tuple[Exception, float]:
     client = CoordinatorClient(address, TOKEN, PeerInfo("12D3KooWaddressxxxxxx", "cpu", 8 << 30, 1000.0, public_key=b"a"),
-                               tls_ca=tls_ca, retry_timeout=retry_timeout, rpc_timeout=5.0)
+                               tls_ca=tls_ca, retry_timeout=retry_timeout, rpc_timeout=5.0, seed=0)
     t0 = time.monotonic()
     try:
         with pytest.raises(Exception) as e:
@@ -136,8 +136,10 @@ def test_nothing_listening_is_named_within_the_first_contact_limit_not_the_retry
     assert isinstance(error, CoordinatorUnavailable) and error.exit_code == 3, error
     assert "nothing answers (connection refused)" in str(error) and str(COORDINATOR_PORT) in str(error), error
     # retried (a coordinator may be restarting), then given up by FIRST_CONTACT_TIMEOUT (the next backoff would
-    # pass it), far from the 120 s that the retries would otherwise take
-    assert 2.0 <= seconds <= FIRST_CONTACT_TIMEOUT + 5, seconds
+    # pass it), far from the 120 s that the retries would otherwise take. Seed 0's jittered backoffs wait
+    # 0.17, 0.30, 0.34, 0.41, 1.64 and 2.59 s, and the seventh (up to 6.4 s) would pass 10 s: at least their sum
+    # (unseeded, a CI run gave up after 1.6 s: an early backoff drew a delay that would pass 10 s)
+    assert 5.4 <= seconds <= FIRST_CONTACT_TIMEOUT + 5, seconds
 
 
 def test_the_cli_names_a_wrong_port_in_one_line(tls_coordinator):
