@@ -393,7 +393,9 @@ class ReductionServer(PartReducer):
         a, b = state.bounds[segment][part]
         header = PartHeader(group_id=state.group.group_id, segment=segment, part_index=part, attempt=attempt,
                             weight=weight, numel=b - a, codec=state.codec.name, payload_len=len(payload))
-        opened = await self.lanes.open(peer, self.handler_name) if self.lanes is not None else None
+        # a member dialled through a relay (behind NAT) offers no lane: not even asked, through its relay
+        relayed = state.group.relayed and state.group.relayed[state.group.members.index(peer)]
+        opened = await self.lanes.open(peer, self.handler_name) if self.lanes is not None and not relayed else None
         if opened is None:
             _, reader, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer), self.handler_name)
         else:
