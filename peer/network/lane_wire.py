@@ -146,9 +146,6 @@ class LaneReader:
             return self._take(self._size)
         return self._take(min(n, self._size))
 
-    def at_eof(self) -> bool:
-        return self._eof and not self._size
-
 
 class LaneWriter:
     """One stream's outgoing side: ``write``, ``drain``, ``close`` as ``asyncio.StreamWriter``'s.
@@ -195,15 +192,6 @@ class LaneWriter:
             self._connection.send(_END)
         self._stream.sent_end = True
         self._connection.stream_changed()
-
-    def is_closing(self) -> bool:
-        return self._closed
-
-    async def wait_closed(self) -> None:
-        return None
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return default
 
 
 class _Stream:

@@ -39,7 +39,7 @@ import ssl
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any, Awaitable, Callable, Optional, Sequence
 
 from peer.network.frames import handler_name, serve_messages
 from peer.network.lane_wire import (_HELLO, HELLO_TIMEOUT, IDLE_TIMEOUT, TOKEN_BYTES, LaneConnection, LaneError,
@@ -47,7 +47,7 @@ from peer.network.lane_wire import (_HELLO, HELLO_TIMEOUT, IDLE_TIMEOUT, TOKEN_B
 from protos.hivepath.peer.v1 import net_pb2
 from protos.hivepath.peer.v1.net_pb2 import LaneOffer, LaneRequest
 
-__all__ = ["DirectLanes", "LanePortError", "lane_hosts", "PAUSE", "TOKEN_TTL"]
+__all__ = ["DirectLanes", "LanePortError", "lane_hosts", "maddr_hosts", "PAUSE", "TOKEN_TTL"]
 
 log = logging.getLogger(__name__)
 
@@ -64,20 +64,26 @@ OFFER_TIMEOUT = 5.0
 """Seconds to get a peer's offer over P2P."""
 
 
-def lane_hosts(maddrs: list[Any]) -> list[str]:
+def maddr_hosts(maddrs: Sequence[Any]) -> list[str]:
     """The IP hosts of ``maddrs`` (``/ip4/H/tcp/P``, ``/ip6/H/tcp/P``; relayed addresses skipped),
-    each once, loopback last: where our lane listens."""
+    each once, in order: where a lane listens beside the DHT node (``0.0.0.0`` included)."""
     hosts: list[str] = []
     for maddr in maddrs:
         parts = str(maddr).split("/")
         if "p2p-circuit" in parts or len(parts) < 5 or parts[1] not in ("ip4", "ip6") or parts[3] != "tcp":
             continue
         try:
-            address = ipaddress.ip_address(parts[2])
+            ipaddress.ip_address(parts[2])
         except ValueError:
             continue
-        if not address.is_unspecified and parts[2] not in hosts:
+        if parts[2] not in hosts:
             hosts.append(parts[2])
+    return hosts
+
+
+def lane_hosts(maddrs: Sequence[Any]) -> list[str]:
+    """:func:`maddr_hosts` but the wildcard, loopback last: where other peers reach our lane."""
+    hosts = [h for h in maddr_hosts(maddrs) if not ipaddress.ip_address(h).is_unspecified]
     return sorted(hosts, key=lambda h: ipaddress.ip_address(h).is_loopback)
 
 

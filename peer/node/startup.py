@@ -124,17 +124,6 @@ class NetworkOptions:
             raise HivepathError(f"--stall-timeout must be > 0 seconds, got {self.stall_timeout}")
 
 
-def _maddr_hosts(maddrs: Sequence[str]) -> tuple[str, ...]:
-    """The IP hosts of ``/ip4/H/tcp/P`` and ``/ip6/H/tcp/P`` multiaddrs, each once (where the direct
-    lane listens: beside the DHT node, e.g. ``0.0.0.0``)."""
-    hosts: list[str] = []
-    for maddr in maddrs:
-        parts = str(maddr).split("/")
-        if len(parts) >= 5 and parts[1] in ("ip4", "ip6") and parts[3] == "tcp" and parts[2] not in hosts:
-            hosts.append(parts[2])
-    return tuple(hosts)
-
-
 def _check_multiaddr(flag: str, text: str) -> None:
     """A :class:`HivepathError` (exit 2) naming ``flag`` when ``text`` does not parse as a multiaddr."""
     from hivemind.utils.multiaddr import Multiaddr
@@ -229,13 +218,13 @@ class PeerStartup:
         """The process's :class:`peer.averaging.NetAverager` over the DHT node, carrying our credential
         and checking members'; ``role_options``: what the role adds (bandwidth, a state provider...)."""
         from peer.averaging import NetAverager
-        from peer.network.lanes import LanePortError
+        from peer.network.lanes import LanePortError, maddr_hosts
 
         cfg = spec.run_config
         client = self.client
         role_options.setdefault("relayed", self.relayed)
         role_options.setdefault("lane_port", self.opts.lane_port)
-        role_options.setdefault("lane_listen", _maddr_hosts(self.opts.host_maddrs))
+        role_options.setdefault("lane_listen", maddr_hosts(self.opts.host_maddrs))
         try:
             self.averager = NetAverager(self.dht, cfg.run_id, cfg.content_hash(), manifest_hash,
                                         credential=lambda: client.credential, verifier=self.verifier, **role_options)
