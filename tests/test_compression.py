@@ -288,6 +288,22 @@ def test_blockwise_codecs_encode_near_the_fp32_limit_only_to_finite_values(name)
         assert torch.isfinite(decoded).all()
 
 
+@pytest.mark.parametrize("name", ["int8", "int4"])
+def test_blocks_of_subnormal_values_get_codes_within_range(name):
+    """A block whose absmax over qmax is subnormal has a scale too coarse for x / scale to stay
+    within qmax + 1/2 (the encoder clamps only such blocks): codes stay in range, so the bytes decode
+    and keep each value's sign, and normal blocks beside them are unaffected."""
+    codec = get_codec(name)
+    qmax = 127 if name == "int8" else 7
+    tiny = 2.0 ** -149  # the smallest subnormal
+    # absmax = (1.5 qmax - 0.5) tiny: absmax / qmax rounds down to one tiny, so x / scale is ~1.5 qmax
+    sub = torch.full((BLOCK,), (1.5 * qmax - 0.5) * tiny).index_fill_(0, torch.tensor([3]), -(1.5 * qmax - 0.5) * tiny)
+    normal = _gauss(BLOCK, seed=3)
+    data, decoded = codec.encode_roundtrip(torch.cat([sub, normal]))
+    assert torch.equal(codec.decode(data, 2 * BLOCK), decoded)  # decodes: no code outside [-qmax, qmax]
+    assert decoded[3] < 0 < decoded[0] and decoded[0] == qmax * tiny
+    assert torch.equal(decoded[BLOCK:], codec.roundtrip(normal))
+
 def test_fp16_refuses_values_beyond_its_range():
     with pytest.raises(ValueError, match="65504"):
         get_codec("fp16").encode(torch.tensor([1e6]))
@@ -321,6 +337,12 @@ def test_encode_roundtrip_into_writes_what_encode_roundtrip_returns(name, numel)
     if name.startswith("int") and numel:
         with pytest.raises(ValueError, match="out must be"):
             codec.encode_roundtrip_into(x, buf[: numel + 1])
+    # a reducer's own part: the same values without the bytes
+    buf[5 : 5 + numel] = float("nan")
+    codec.roundtrip_into(x, buf[5 : 5 + numel])
+    assert buf[5 : 5 + numel].numpy().tobytes() == values.numpy().tobytes()
+    assert codec.roundtrip(x).numpy().tobytes() == values.numpy().tobytes()
+    assert bool((buf[:5] == 7.0).all()) and bool((buf[5 + numel :] == 7.0).all())
 
 
 def test_flat_buffers_reuse_a_given_back_vector_per_size():

@@ -51,10 +51,22 @@ def weighted_mean(values: Sequence[Tensor], weights: Sequence[float]) -> Tensor:
     total = math.fsum(float(w) for w in weights)
     if not total > 0:
         raise ValueError(f"total weight must be > 0, got {total}")
-    acc = torch.zeros_like(values[0], dtype=torch.float32)  # (n,)
-    for v, w in zip(values, weights):
-        acc.add_(v.to(torch.float32) * torch.tensor(float(w), dtype=torch.float32))  # fp32 product, then sum
-    return acc / torch.tensor(total, dtype=torch.float32)
+    # the bits of ``0 + v_1 w_1 + ... + v_k w_k``, then one division, in one accumulator and one
+    # scratch vector: the first product lands in the accumulator (``0 + v w``, an addcmul: +0.0 where
+    # the product is -0.0, as the sum from zeros gives), each later one in the scratch and is added
+    acc = torch.empty_like(values[0], dtype=torch.float32)  # (n,)
+    scratch = torch.empty_like(acc) if len(values) > 1 else None  # (n,)
+    for k, (v, w) in enumerate(zip(values, weights)):
+        weight = torch.tensor(float(w), dtype=torch.float32)
+        if k == 0:
+            torch.addcmul(_ZERO, v.to(torch.float32), weight, out=acc)
+        else:
+            acc.add_(torch.mul(v.to(torch.float32), weight, out=scratch))  # fp32 product, then sum
+    return acc.div_(torch.tensor(total, dtype=torch.float32))
+
+
+_ZERO = torch.zeros(())
+"""+0.0, the start of :func:`weighted_mean`'s sum."""
 
 
 @dataclass(frozen=True)
@@ -124,7 +136,7 @@ def aggregate(contributions: Mapping[str, tuple[Tensor, float]], rule: Aggregati
         # reducer's hot path); only a non-finite result needs the per-contribution pass below
         order = sorted(contributions)
         value = weighted_mean([contributions[pid][0] for pid in order], [contributions[pid][1] for pid in order])
-        if bool(torch.isfinite(value).all()):
+        if math.isfinite(float(value.sum())):  # a NaN or Inf anywhere makes the sum one (one read, no mask)
             return Reduced(value, order, {})
     suspects: dict[str, str] = {}
     order = []

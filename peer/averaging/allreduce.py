@@ -144,6 +144,10 @@ class ReductionServer(PartReducer):
             with phase("encode"):  # the decoded values straight into the round's vector: no copy
                 return codec.encode_roundtrip_into(flat[a:b], own_decoded[a:b])
 
+        def own_values(a: int, b: int) -> None:
+            with phase("encode"):  # our own part is never sent: its values without the bytes
+                codec.roundtrip_into(flat[a:b], own_decoded[a:b])
+
         def decode(s: int, j: int) -> None:
             a, b = bounds[s][j]
             with phase("decode"):
@@ -229,7 +233,7 @@ class ReductionServer(PartReducer):
                     await asyncio.wait(cue, return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     cue[0].cancel()
-                await encoding(s, me)
+                await loop.run_in_executor(None, own_values, a, b)
                 slot = state.slots[(s, me, 0)]
                 slot.decoded[self.peer_id] = (own_decoded[a:b], float(weight))
                 slot.changed.set()
@@ -260,6 +264,8 @@ class ReductionServer(PartReducer):
                     if f == me:
                         results[(s, j)] = await self._fallback(state, s, j, fallback_reduce_deadline)
                     else:
+                        if (s, j) not in encoded:  # our own part, whose bytes were not needed so far
+                            encoded[(s, j)] = await loop.run_in_executor(None, encode, *bounds[s][j])
                         results[(s, j)] = await self._exchange(state, group.members[f], s, j, 1, encoded[(s, j)],
                                                                weight, final_deadline)
                     await loop.run_in_executor(None, decode, s, j)

@@ -108,6 +108,9 @@ class EntropyCoded(Codec):
     def roundtrip(self, flat: Tensor) -> Tensor:
         return self.inner.roundtrip(flat)  # lossless stage: skip it
 
+    def roundtrip_into(self, flat: Tensor, out: Tensor) -> None:
+        self.inner.roundtrip_into(flat, out)
+
     def decode(self, data: bytes, numel: int) -> Tensor:
         return self.inner.decode(self.unpack(data, numel), numel)
 

@@ -107,6 +107,11 @@ class Codec(abc.ABC):
         out.copy_(values)
         return data
 
+    def roundtrip_into(self, flat: Tensor, out: Tensor) -> None:
+        """:meth:`roundtrip` written into ``out`` (as :meth:`encode_roundtrip_into`), without making
+        the bytes where the codec can: a reducer's own part is never sent."""
+        out.copy_(self.roundtrip(flat))
+
     def _check_length(self, data: bytes, numel: int) -> None:
         if numel < 0:
             raise ValueError(f"numel must be >= 0, got {numel}")
@@ -224,10 +229,11 @@ class _BlockwiseCodec(_SpecCodec):
         dst[...] = self._pack(q)
 
     @abc.abstractmethod
-    def _unpack(self, raw: np.ndarray, count: int) -> Tensor:
-        """uint8 ``(nb, code_bytes)`` -> int codes ``(nb, count)``; ValueError on invalid codes."""
+    def _unpack(self, raw: np.ndarray, count: int) -> "Tensor | np.ndarray":
+        """uint8 ``(nb, code_bytes)`` -> int8 codes ``(nb, count)`` (a tensor, or an array that may be a
+        read-only view of ``raw``); ValueError on invalid codes."""
 
-    def _encode_blocks(self, blocks: Tensor, values: Optional[Tensor]) -> bytes:
+    def _encode_blocks(self, blocks: Tensor, values: Optional[Tensor], pack: bool = True) -> bytes:
         # blocks: (nb, count) fp32; values: None or (nb, count) fp32, filled with what decode gives.
         # The extremes (two reductions), then the codes are computed in place in ``values`` (or one
         # temporary): the exchange is CPU-bound on small machines and this is its largest single cost;
@@ -242,10 +248,17 @@ class _BlockwiseCodec(_SpecCodec):
             raise ValueError(f"{self.name}: values beyond {_MAX_SCALE[self.qmax] * self.qmax:.4g} cannot be encoded")
         safe = torch.where(scale > 0, scale, torch.ones_like(scale))
         q = torch.div(blocks, safe) if values is None else torch.div(blocks, safe, out=values)
-        q.round_().clamp_(-self.qmax, self.qmax)  # (nb, count) integral codes
-        out = np.empty((blocks.shape[0], SCALE_BYTES + self.spec.code_bytes(blocks.shape[1])), dtype=np.uint8)
-        out[:, :SCALE_BYTES] = scale.numpy().astype("<f4", copy=False).view(np.uint8)
-        self._pack_into(q, out[:, SCALE_BYTES:])
+        q.round_()  # (nb, count) integral codes
+        # |x| / fl(absmax / qmax) stays below qmax + 1/2 whenever the scale is a normal float (two
+        # roundings of relative error 2^-24 each), so the codes are already in [-qmax, qmax]; a
+        # subnormal scale keeps too few bits for that, and only then is a clamp pass needed
+        if bool(((scale > 0) & (scale < _FLT_MIN)).any()):
+            q.clamp_(-self.qmax, self.qmax)
+        out = np.empty((blocks.shape[0], SCALE_BYTES + self.spec.code_bytes(blocks.shape[1]) if pack else 0),
+                       dtype=np.uint8)
+        if pack:  # (not: only the round trip's values are wanted)
+            out[:, :SCALE_BYTES] = scale.numpy().astype("<f4", copy=False).view(np.uint8)
+            self._pack_into(q, out[:, SCALE_BYTES:])
         if values is not None:
             # what decode computes from these bytes: integer code times the stored fp32 scale, added to
             # +0.0 (which turns the -0.0 that rounding leaves into the +0.0 a decoded code 0 gives); one
@@ -253,16 +266,16 @@ class _BlockwiseCodec(_SpecCodec):
             torch.addcmul(_ZERO, q, scale, out=q)
         return out.tobytes()
 
-    def _encode(self, flat: Tensor, values: Optional[Tensor]) -> bytes:
+    def _encode(self, flat: Tensor, values: Optional[Tensor], pack: bool = True) -> bytes:
         flat = _check_flat(flat, finite=False)  # checked per block in _encode_blocks
         full, tail = divmod(flat.numel(), BLOCK)
         parts = []
         if full:
             parts.append(self._encode_blocks(flat[: full * BLOCK].view(full, BLOCK),
-                                             None if values is None else values[: full * BLOCK].view(full, BLOCK)))
+                                             None if values is None else values[: full * BLOCK].view(full, BLOCK), pack))
         if tail:
             parts.append(self._encode_blocks(flat[full * BLOCK :].view(1, -1),
-                                             None if values is None else values[full * BLOCK :].view(1, -1)))
+                                             None if values is None else values[full * BLOCK :].view(1, -1), pack))
         return b"".join(parts)
 
     def encode(self, flat: Tensor) -> bytes:
@@ -273,9 +286,21 @@ class _BlockwiseCodec(_SpecCodec):
         return self._encode(flat, values), values
 
     def encode_roundtrip_into(self, flat: Tensor, out: Tensor) -> bytes:
+        self._check_out(flat, out)
+        return self._encode(flat, out)
+
+    def roundtrip(self, flat: Tensor) -> Tensor:
+        values = torch.empty(flat.numel(), dtype=torch.float32)  # (numel,)
+        self._encode(flat, values, pack=False)
+        return values
+
+    def roundtrip_into(self, flat: Tensor, out: Tensor) -> None:
+        self._check_out(flat, out)
+        self._encode(flat, out, pack=False)
+
+    def _check_out(self, flat: Tensor, out: Tensor) -> None:
         if out.dim() != 1 or out.numel() != flat.numel() or out.dtype != torch.float32 or not out.is_contiguous():
             raise ValueError(f"{self.name}: out must be a contiguous fp32 vector of {flat.numel()} values")
-        return self._encode(flat, out)
 
     def _decode_blocks(self, raw: np.ndarray, count: int, out: Tensor) -> None:
         # raw: (nb, 4 + code_bytes) uint8; out: (nb, count) fp32
@@ -285,7 +310,9 @@ class _BlockwiseCodec(_SpecCodec):
         if bool((scale > _MAX_SCALE[self.qmax]).any()):  # a code times it would overflow to Inf
             raise ValueError(f"{self.name}: a block scale exceeds {_MAX_SCALE[self.qmax]:.4g} (absmax beyond fp32)")
         q = self._unpack(raw[:, SCALE_BYTES:], count)  # (nb, count) int8
-        out.copy_(q).mul_(scale)  # int8 code times fp32 scale: exact widening, one rounding
+        # int8 code times fp32 scale: exact widening, one rounding; numpy reads the codes where they
+        # lie (read-only bytes, which torch would first copy) and widens them as it multiplies
+        np.multiply(q if isinstance(q, np.ndarray) else q.numpy(), scale.numpy(), out=out.numpy())
 
     def decode_into(self, data: bytes, out: Tensor) -> None:
         numel = out.numel()
@@ -317,9 +344,9 @@ class Int8Codec(_BlockwiseCodec):
     def _pack_into(self, q: Tensor, dst: np.ndarray) -> None:
         torch.from_numpy(dst.view(np.int8)).copy_(q)  # fp32 codes straight into the output, no temporary
 
-    def _unpack(self, raw: np.ndarray, count: int) -> Tensor:
-        codes = torch.from_numpy(raw.view(np.int8).copy())  # (nb, count)
-        if codes.numel() and int(codes.min()) == -128:
+    def _unpack(self, raw: np.ndarray, count: int) -> np.ndarray:
+        codes = raw.view(np.int8)  # (nb, count): the bytes themselves, no copy
+        if codes.size and int(codes.min()) == -128:
             raise ValueError("int8: code -128 is outside [-127, 127]")
         return codes
 
@@ -368,6 +395,9 @@ class Int4Codec(_BlockwiseCodec):
             raise ValueError("int4: the padding nibble of an odd-sized block is not zero")
         return codes
 
+
+_FLT_MIN = float(np.finfo(np.float32).tiny)
+"""The smallest normal fp32 value: below it a block scale is subnormal (see ``_encode_blocks``)."""
 
 _ZERO = torch.zeros(())
 """+0.0, the addend of the encoders' round trip (:meth:`_BlockwiseCodec._encode_blocks`)."""
