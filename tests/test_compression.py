@@ -500,3 +500,22 @@ def test_entropy_codec_names():
     assert get_codec("int4+zstd").name == "int4+zstd"
     with pytest.raises(ValueError, match=r"optionally followed by \+zstd"):
         get_codec("int8+lz4")
+
+
+@pytest.mark.parametrize("name", [*CODECS, *(f"{c}+zstd" for c in CODECS), "topk16b2"])
+def test_a_reducer_writes_the_average_every_member_decodes_as_it_encodes_it(name):
+    """The reducer keeps its own copy of a part's average from encoding it (no decode of its own
+    bytes): the same bytes as ``encode_aggregate`` without ``out``, and bit for bit what every
+    member's ``decode_average_into`` makes of them, gathered (sparse) or not."""
+    from peer.averaging.aggregation import aggregate, encode_aggregate
+
+    codec = get_codec(name)
+    n = 3 * BLOCK + 17
+    contributions = {f"p{i}": (codec.roundtrip(_gauss(n, seed=40 + i) * 0.01), float(2 + i)) for i in range(3)}
+    reduced = aggregate(contributions)
+    out = torch.full((n,), float("nan"))
+    data = encode_aggregate(codec, reduced, contributions, out=out)
+    assert data == encode_aggregate(codec, reduced, contributions)
+    member = torch.empty(n)
+    codec.decode_average_into(data, member)
+    assert out.numpy().tobytes() == member.numpy().tobytes()

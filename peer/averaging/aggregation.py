@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -229,12 +229,16 @@ def _centered_clip(order: list[str], values: list[Tensor], weights: list[float],
 
 
 def encode_aggregate(codec: Codec, reduced: Reduced, contributions: Mapping[str, tuple[Tensor, float]],
-                     rule: Aggregation = MEAN) -> bytes:
+                     rule: Aggregation = MEAN, out: Optional[Tensor] = None) -> bytes:
     """The bytes a reducer answers every member with: ``codec.encode_average`` of the aggregate,
     told whether it is the plain weighted mean of the contributions it used (the sparse codec may
-    then send those instead, :mod:`peer.averaging.sparse`)."""
+    then send those instead, :mod:`peer.averaging.sparse`); with ``out``, what every member decodes
+    from them is written there too (``codec.encode_average_into``)."""
     plain = rule.rule == "mean" and rule.norm_bound <= 0
-    return codec.encode_average(reduced.value, {pid: contributions[pid] for pid in reduced.used}, plain)
+    used = {pid: contributions[pid] for pid in reduced.used}
+    if out is not None:
+        return codec.encode_average_into(reduced.value, used, plain, out)
+    return codec.encode_average(reduced.value, used, plain)
 
 
 def reduce_part(codec: Codec, contributions: Mapping[str, tuple[bytes, float]], numel: int,

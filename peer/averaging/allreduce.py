@@ -127,18 +127,18 @@ class ReductionServer(PartReducer):
         members = set(group.members)
         encoded: dict[tuple[int, int], bytes] = {}
         reducers: dict[int, asyncio.Task] = {}
+        # (numel,) each: what the group receives from us, filled as we encode; the group's average,
+        # decoded segment by segment (our own parts' averages written as we encode them)
+        own_decoded, averaged = out if out is not None else (torch.empty_like(flat), torch.empty_like(flat))
         for s, parts in enumerate(bounds):  # open our slots first: others may send before we encoded
             a, b = parts[me]
             if b > a:
-                state.slots[(s, me, 0)] = PartSlot(b - a, codec, members)
+                state.slots[(s, me, 0)] = PartSlot(b - a, codec, members, average_out=averaged[a:b])
                 reducers[s] = asyncio.create_task(self._reduce(state, (s, me, 0), reduce_deadline))
         self._groups[group.group_id] = state
         self._group_added.set()
         results: dict[tuple[int, int], tuple[bytes, list[str]]] = {}
         errors: dict[tuple[int, int], str] = {}
-        # (numel,) each: what the group receives from us, filled as we encode; the group's average,
-        # decoded segment by segment
-        own_decoded, averaged = out if out is not None else (torch.empty_like(flat), torch.empty_like(flat))
 
         def encode(a: int, b: int) -> bytes:
             with phase("encode"):  # the decoded values straight into the round's vector: no copy
@@ -241,7 +241,8 @@ class ReductionServer(PartReducer):
             except Exception as e:
                 errors[(s, me)] = f"{type(e).__name__}: {e}"
                 return
-            await loop.run_in_executor(None, decode, s, me)
+            if not state.slots[(s, me, 0)].average_written:
+                await loop.run_in_executor(None, decode, s, me)
 
         try:
             await asyncio.gather(*(to_reducer(j) for j in order), *(own(s) for s in reducers))

@@ -140,6 +140,15 @@ class Codec(abc.ABC):
         :meth:`decode` needs no intermediate tensor."""
         self.decode_into(data, out)
 
+    def encode_average_into(self, value: Tensor, contributions: Optional[Mapping[str, tuple[Tensor, float]]],
+                            plain_mean: bool, out: Tensor) -> bytes:
+        """:meth:`encode_average`, with what :meth:`decode_average_into` makes of its bytes written into
+        ``out``: the reducer's own copy of the average, without decoding what it just encoded where
+        the codec's answer is its own encoding (:meth:`encode_roundtrip_into`)."""
+        data = self.encode_average(value, contributions, plain_mean)
+        self.decode_average_into(data, out)
+        return data
+
     def average_size_ok(self, length: int, numel: int) -> bool:
         """Whether ``length`` bytes can be a reducer's answer for ``numel`` values."""
         return self.size_ok(length, numel)
@@ -152,6 +161,10 @@ class _SpecCodec(Codec):
     """A codec with a fixed layout: its name and sizes come from its :class:`CodecSpec`."""
 
     spec: CodecSpec
+
+    def encode_average_into(self, value: Tensor, contributions: Optional[Mapping[str, tuple[Tensor, float]]],
+                            plain_mean: bool, out: Tensor) -> bytes:
+        return self.encode_roundtrip_into(value, out)  # its answer is its encoding
 
     @property
     def name(self) -> str:  # type: ignore[override]  # read-only here, from the spec

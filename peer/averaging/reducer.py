@@ -58,6 +58,11 @@ class PartSlot:
     dropped: dict[str, str] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     result: "asyncio.Future[tuple[bytes, list[str]]]" = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    average_out: Optional[Tensor] = None
+    """(numel,) where the reducer writes the decoded average as it encodes it (its own copy of the
+    part's average, bit for bit what the members decode), or None."""
+    average_written: bool = False
+    """Whether ``average_out`` holds the average (the reducer need not decode its own bytes)."""
 
     def check(self, sender: str, header: PartHeader, payload: bytes) -> str:
         """Why this contribution cannot be accepted ('' if it can be decoded and offered)."""
@@ -299,7 +304,9 @@ class PartReducer:
         except ValueError as e:
             slot.result.set_exception(RuntimeError(f"aggregation failed: {e}"))
             return
-        data = await loop.run_in_executor(None, _timed, "encode", encode_aggregate, codec, reduced, contributions, rule)
+        data = await loop.run_in_executor(None, _timed, "encode", encode_aggregate, codec, reduced, contributions, rule,
+                                          slot.average_out)
+        slot.average_written = slot.average_out is not None
         contributors = reduced.used
         for peer, why in sorted(reduced.suspects.items()):
             state.suspect(key, peer, why)
