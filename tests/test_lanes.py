@@ -245,6 +245,12 @@ def test_a_round_among_averagers_with_and_without_lanes_is_bit_identical_and_lan
                     streams = [avg.lane_streams for avg in avgs]
                     if round_no == 0:
                         wait_for(lambda: all(avg._lanes._idle for avg in avgs[:2]), 30, "the two lanes set up")
+            # the codec's work ran in each averager's own small pool, not in asyncio's default one
+            import threading
+
+            from peer.averaging.net_averager import CODEC_THREADS
+            codec_threads = [t for t in threading.enumerate() if t.name.startswith("net-averager-codec")]
+            assert 3 <= len(codec_threads) <= 3 * CODEC_THREADS, [t.name for t in threading.enumerate()]
         finally:
             for avg in avgs:
                 avg.shutdown()

@@ -136,7 +136,9 @@ def aggregate(contributions: Mapping[str, tuple[Tensor, float]], rule: Aggregati
         # reducer's hot path); only a non-finite result needs the per-contribution pass below
         order = sorted(contributions)
         value = weighted_mean([contributions[pid][0] for pid in order], [contributions[pid][1] for pid in order])
-        if math.isfinite(float(value.sum())):  # a NaN or Inf anywhere makes the sum one (one read, no mask)
+        # a NaN or Inf anywhere makes the sum one (one read, no mask); a sum that only overflows
+        # takes the per-contribution pass below, which finds nothing to drop
+        if math.isfinite(float(value.sum())):
             return Reduced(value, order, {})
     suspects: dict[str, str] = {}
     order = []

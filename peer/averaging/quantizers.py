@@ -283,7 +283,8 @@ class _BlockwiseCodec(_SpecCodec):
     def _encode(self, flat: Tensor, values: Optional[Tensor], pack: bool = True) -> bytes:
         """The bytes (b"" unless ``pack``) of ``flat``, its decoded values into ``values`` if given. Full
         blocks go :data:`_CHUNK_BLOCKS` at a time: each pass over a chunk finds it in the core's cache,
-        where passes over the whole vector each went to memory (a quarter less CPU here)."""
+        where passes over the whole vector each went to memory (on one thread here, 16 Mi values: 16%
+        less CPU with the round trip, half for a plain encode)."""
         flat = _check_flat(flat, finite=False)  # checked per block in _encode_blocks
         numel = flat.numel()
         full, tail = divmod(numel, BLOCK)
