@@ -241,8 +241,7 @@ class ReductionServer(PartReducer):
             except Exception as e:
                 errors[(s, me)] = f"{type(e).__name__}: {e}"
                 return
-            if not state.slots[(s, me, 0)].average_written:
-                await loop.run_in_executor(None, decode, s, me)
+            # the average is in ``averaged`` already: the slot's average_out, written as it was encoded
 
         try:
             await asyncio.gather(*(to_reducer(j) for j in order), *(own(s) for s in reducers))

@@ -10,7 +10,6 @@ plus the tag).
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import zstandard
 from torch import Tensor
@@ -111,11 +110,6 @@ class EntropyCoded(Codec):
 
     def roundtrip_into(self, flat: Tensor, out: Tensor) -> None:
         self.inner.roundtrip_into(flat, out)
-
-    def encode_average_into(self, value: Tensor, contributions: Any, plain_mean: bool, out: Tensor) -> bytes:
-        if type(self.inner).encode_average_into is Codec.encode_average_into:  # the inner one answers otherwise
-            return super().encode_average_into(value, contributions, plain_mean, out)
-        return self.encode_roundtrip_into(value, out)  # its answer is its encoding, packed
 
     def decode(self, data: bytes, numel: int) -> Tensor:
         return self.inner.decode(self.unpack(data, numel), numel)

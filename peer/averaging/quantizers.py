@@ -143,11 +143,10 @@ class Codec(abc.ABC):
     def encode_average_into(self, value: Tensor, contributions: Optional[Mapping[str, tuple[Tensor, float]]],
                             plain_mean: bool, out: Tensor) -> bytes:
         """:meth:`encode_average`, with what :meth:`decode_average_into` makes of its bytes written into
-        ``out``: the reducer's own copy of the average, without decoding what it just encoded where
-        the codec's answer is its own encoding (:meth:`encode_roundtrip_into`)."""
-        data = self.encode_average(value, contributions, plain_mean)
-        self.decode_average_into(data, out)
-        return data
+        ``out``: the reducer's own copy of the average. Here the answer is the codec's encoding, so
+        its round trip (:meth:`encode_roundtrip_into`), with no decode of what was just encoded; a
+        codec that answers otherwise overrides this with them."""
+        return self.encode_roundtrip_into(value, out)
 
     def average_size_ok(self, length: int, numel: int) -> bool:
         """Whether ``length`` bytes can be a reducer's answer for ``numel`` values."""
@@ -161,10 +160,6 @@ class _SpecCodec(Codec):
     """A codec with a fixed layout: its name and sizes come from its :class:`CodecSpec`."""
 
     spec: CodecSpec
-
-    def encode_average_into(self, value: Tensor, contributions: Optional[Mapping[str, tuple[Tensor, float]]],
-                            plain_mean: bool, out: Tensor) -> bytes:
-        return self.encode_roundtrip_into(value, out)  # its answer is its encoding
 
     @property
     def name(self) -> str:  # type: ignore[override]  # read-only here, from the spec

@@ -60,9 +60,7 @@ class PartSlot:
     result: "asyncio.Future[tuple[bytes, list[str]]]" = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     average_out: Optional[Tensor] = None
     """(numel,) where the reducer writes the decoded average as it encodes it (its own copy of the
-    part's average, bit for bit what the members decode), or None."""
-    average_written: bool = False
-    """Whether ``average_out`` holds the average (the reducer need not decode its own bytes)."""
+    part's average, bit for bit what the members decode, there once ``result`` is), or None."""
 
     def check(self, sender: str, header: PartHeader, payload: bytes) -> str:
         """Why this contribution cannot be accepted ('' if it can be decoded and offered)."""
@@ -306,7 +304,6 @@ class PartReducer:
             return
         data = await loop.run_in_executor(None, _timed, "encode", encode_aggregate, codec, reduced, contributions, rule,
                                           slot.average_out)
-        slot.average_written = slot.average_out is not None
         contributors = reduced.used
         for peer, why in sorted(reduced.suspects.items()):
             state.suspect(key, peer, why)

@@ -212,6 +212,12 @@ class SparseCodec(Codec):
     def decode_average_into(self, data: bytes, out: Tensor) -> None:
         out.copy_(self.decode_average(data, out.numel()))
 
+    def encode_average_into(self, value: Tensor, contributions: Optional[Mapping[str, tuple[Tensor, float]]],
+                            plain_mean: bool, out: Tensor) -> bytes:
+        data = self.encode_average(value, contributions, plain_mean)  # not this codec's encoding of value
+        self.decode_average_into(data, out)
+        return data
+
     def decode_average(self, data: bytes, numel: int) -> Tensor:
         from peer.averaging.aggregation import weighted_mean
 
