@@ -45,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
     ))
     ratio = summary["ddp_bytes_equivalent"] / max(1, summary["bytes_exchanged"])
     if summary["bpb_after"] is None:
-        print(f"routed validation bits per byte: {summary['bpb_before']:.3f} before; stopped before any module "
-              "finished an averaging round, so nothing trained to score")
+        print(f"routed validation bits per byte: {summary['bpb_before']:.3f} before; stopped ({summary['stopped_by']}) "
+              "before any module finished an averaging round, so nothing trained to score")
     else:
         print(f"routed validation bits per byte: {summary['bpb_before']:.3f} before -> {summary['bpb_after']:.3f} after")
     print(f"bytes exchanged: {summary['bytes_exchanged'] / 1e6:.1f} MB; synchronous data-parallel would have sent "

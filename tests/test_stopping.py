@@ -5,6 +5,7 @@ stage servers, and hivemind's p2pd under each."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -126,6 +127,8 @@ def test_demo_stops_every_process(tmp_path, tiny_data, sig):
         report = tmp_path / "demo" / "report.md"
         assert proc.returncode == 0 and report.is_file(), (proc.returncode, _tails([tmp_path / "demo.log"]))
         assert "routed validation bits per byte, after" in report.read_text()
+        stopped = json.loads((tmp_path / "demo" / "summary.json").read_text())["stopped_by"]
+        assert stopped.startswith(f"{sig.name} received after "), stopped
 
 
 @pytest.mark.parametrize("sig", _signals(signal.SIGINT, signal.SIGHUP))

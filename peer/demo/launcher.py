@@ -99,12 +99,16 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     env = {"HIVEPATH_TOKEN": token, "HIVEPATH_THREADS": str(opts.threads_per_peer), "HIVEPATH_LOG_LEVEL": "INFO"}
     procs = ChildProcesses(out / "logs")
     names: list[str] = []
-    interrupted = {"n": 0}
+    interrupted = {"n": 0, "why": None, "after_s": None}
+    begun = time.monotonic()
 
     # Ctrl-C, SIGTERM (timeout, docker stop, systemd) or SIGHUP (terminal closed): stop training, drain
     # every peer and still write the report; a second signal exits at once, and the watchdog of
     # peer.node.lifetime stops the children
-    with drain_signals(lambda why: interrupted.update(n=1)):
+    def on_signal(why: str) -> None:
+        interrupted.update(n=1, why=why, after_s=round(time.monotonic() - begun, 1))
+
+    with drain_signals(on_signal):
         # the untrained lattice (every peer's start, fixed by the seed) is scored while the network
         # starts, not before it: the processes come up at once instead of after minutes of evaluation
         before = _Background(_on_one_thread, evaluate_init, cfg, dataset, opts.eval_documents)
@@ -159,6 +163,9 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
                 f"({out / 'archive'}) holds no trained state to score; run longer with --minutes "
                 f"(the logs are in {out / 'logs'})")
         summary = monitor.summary(cfg, opts, bpb_before, bpb_after, per_path, codes)
+        # what ended the run early, if anything: "SIGTERM received" and the seconds since the start
+        summary["stopped_by"] = (f"{interrupted['why']} after {interrupted['after_s']} s" if interrupted["n"]
+                                 else None)
         summary["report"] = str(out / "report.md")
         write_report(out, summary, monitor)
     return summary

@@ -171,7 +171,8 @@ def write_report(out: Path, summary: dict[str, Any], monitor: DemoMonitor) -> No
     ratio = summary["ddp_bytes_equivalent"] / summary["bytes_exchanged"] if summary["bytes_exchanged"] else float("inf")
     lines = [
         "# hivepath demo report", "",
-        f"{summary['peers']} peers, {summary['minutes']} minutes, {summary['tokens']:,} tokens trained.", "",
+        f"{summary['peers']} peers, {summary['minutes']} minutes, {summary['tokens']:,} tokens trained."
+        + (f" Stopped early: {summary['stopped_by']}." if summary.get("stopped_by") else ""), "",
         "| metric | value |", "| --- | --- |",
         f"| routed validation bits per byte, before | {summary['bpb_before']:.3f} |",
         "| routed validation bits per byte, after | " + (f"{summary['bpb_after']:.3f} |" if summary["bpb_after"] is not None
