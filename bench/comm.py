@@ -17,8 +17,9 @@ Keys (``bench/results/comm.json``):
   (TCP, TLS, DHT traffic included).
 - ``replica_max_abs_diff``: largest difference between the peers' averages (target 0.0).
 - ``cpu_s_per_mb`` (issue 24): per codec, CPU seconds of a peer's process and its children (the p2p
-  daemon, the DHT process) from the group forming to the average decoded, per MB of module averaged
-  (mean over peers); ``hivemind_8bit`` the same for hivemind's averager (:mod:`bench.comm_hivemind`,
+  daemon, the DHT process) from the group forming to the average decoded, plus the encoding done
+  before it (the vector is encoded while the group forms: ``encoded_ahead`` in the breakdown), per MB
+  of module averaged (mean over peers); ``hivemind_8bit`` the same for hivemind's averager (:mod:`bench.comm_hivemind`,
   its averager process included) on the same set-up in the same run, trigger to result.
   ``cpu_ratio_vs_hivemind``: int8's and int4's over hivemind's (target <= 0.5).
 - ``cpu_breakdown_seconds``: per codec, that CPU by phase (mean over peers): ``encode``, ``entropy``,
@@ -26,6 +27,8 @@ Keys (``bench/results/comm.json``):
   event-loop thread: streams to the p2p daemon, framing, asyncio), ``other_python`` (the rest of the
   process), ``daemon`` (``p2pd``), ``dht_process``, with ``python_system`` (the kernel's share) and
   ``minor_page_faults``.
+- ``group_formed_spread_s``: per codec, how far apart the members learned that their group formed
+  (the first member's all-reduce starts that much before the last one's can; in its link efficiency).
 - ``link_efficiency_by_rate``: the link efficiency at the headline rate and at ``--report-rates``
   (default 50 and 25 Mbit/s, codecs ``--report-codecs``: int8, int4), each a fresh set of namespaces;
   their full per-codec results are under ``codecs_RATEmbit``.
@@ -121,20 +124,28 @@ def _snapshot(loop_thread: Optional[int]) -> dict:
                 minflt=resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
 
 
-def _breakdown(before: dict, after: dict) -> dict:
+AHEAD_PHASES = ("encode", "entropy")
+"""The codec phases a round may run before its group forms (the vector is encoded while matchmaking
+runs, ``Codec.prepare``): counted in the round's CPU, as they would be if done after."""
+
+
+def _breakdown(before: dict, after: dict, ahead: Optional[dict] = None) -> dict:
     """Per-phase CPU seconds between two :func:`_snapshot`: the codec phases, the event loop's own
     (``io_loop``: streams to the daemon, framing, asyncio), the rest of the process (``other_python``:
-    threads handing work over, the caller), the p2p daemon and the DHT process."""
-    phases = {k: after["phases"][k] - before["phases"][k] for k in after["phases"]}
+    threads handing work over, the caller), the p2p daemon and the DHT process. ``ahead``: a
+    :func:`_snapshot` from the round's start, whose :data:`AHEAD_PHASES` seconds up to ``before`` (the
+    group forming) are counted too, in their phase and the process's total (``encoded_ahead``)."""
+    early = {k: before["phases"][k] - ahead["phases"][k] for k in AHEAD_PHASES} if ahead is not None else {}
+    phases = {k: after["phases"][k] - before["phases"][k] + early.get(k, 0.0) for k in after["phases"]}
     children = {k: v - before["children"].get(k, 0.0) for k, v in after["children"].items()}
-    python = after["cpu"] - before["cpu"]
+    python = after["cpu"] - before["cpu"] + sum(early.values())
     loop = after["loop"] - before["loop"]
     out = {k: round(v, 4) for k, v in phases.items()}
     out.update(io_loop=round(loop, 4), other_python=round(python - loop - sum(phases.values()), 4),
                python_total=round(python, 4), python_system=round(after["system"] - before["system"], 4),
                daemon=round(children.get("p2pd", 0.0), 4),
                dht_process=round(sum(v for k, v in children.items() if k != "p2pd"), 4),
-               minor_page_faults=after["minflt"] - before["minflt"])
+               minor_page_faults=after["minflt"] - before["minflt"], encoded_ahead=round(sum(early.values()), 4))
     out["peer_and_daemon"] = round(python + sum(children.values()), 4)
     return out
 
@@ -206,11 +217,13 @@ def run_peer(args: argparse.Namespace) -> None:
                 flat = res.averaged[0]
                 results[codec].append(dict(
                     seconds_total=t1 - t0, seconds_allreduce=t1 - marks.get("group_formed", t0),
+                    formed_at=marks.get("group_formed", t0),  # time.monotonic(): one clock for every namespace
                     cpu_seconds=cpu1 - cpu0, system_cpu_seconds=sys1 - sys0,
                     child_cpu_seconds={name: round(v - children0.get(name, 0.0), 3) for name, v in children1.items()},
                     bytes_sent=res.bytes_sent, bytes_received=res.bytes_received, wire_tx_bytes=tx_bytes() - tx0,
                     group_size=res.group_size, sha256=hashlib.sha256(flat.numpy().tobytes()).hexdigest(),
-                    allreduce_cpu=_breakdown(formed.get("snapshot", start), end),
+                    allreduce_cpu=_breakdown(formed["snapshot"], end, ahead=start) if "snapshot" in formed
+                    else _breakdown(start, end),
                     lane_streams=avg.lane_streams - lanes0,
                 ))
                 if codec == "int8":
@@ -307,6 +320,7 @@ def _round_summary(args: argparse.Namespace, codec: str, peers: list[dict], rate
         compressed_bytes=round(size), optimal_seconds=round(optimal, 3), allreduce_seconds=round(t_ar, 3),
         total_seconds=round(max(p["seconds_total"] for p in peers), 3),
         link_efficiency=round(optimal / t_ar, 3),
+        group_formed_spread_s=round(max(p["formed_at"] for p in peers) - min(p["formed_at"] for p in peers), 3),
         cpu_s_per_mb=round(sum(c["peer_and_daemon"] for c in cpu) / n / args.mb, 5),
         cpu_breakdown_seconds={k: round(sum(c[k] for c in cpu) / n, 4) for k in cpu[0]},
         bytes_sent_per_peer=round(sent),
@@ -340,6 +354,7 @@ def _median_round(rounds: list[dict]) -> dict:
         cpu_breakdown_seconds={k: round(statistics.median([r["cpu_breakdown_seconds"][k] for r in rounds]), 4)
                                for k in rounds[0]["cpu_breakdown_seconds"]},
         link_efficiency_by_round=[r["link_efficiency"] for r in rounds],
+        group_formed_spread_s_by_round=[r["group_formed_spread_s"] for r in rounds],
         cpu_s_per_mb_by_round=[r["cpu_s_per_mb"] for r in rounds],
         identical_on_all_peers=all(r["identical_on_all_peers"] for r in rounds),
     )

@@ -243,6 +243,30 @@ def test_phases_count_nested_cpu_once():
     assert after["decode"] == before["decode"]
 
 
+def test_a_phase_that_ticks_is_counted_as_it_runs():
+    """``tick`` counts a running phase's CPU so far (a vector encoded while the group forms is seen
+    by the snapshot taken when it formed), and the rest once it ends: each second once."""
+    import time
+
+    from peer.averaging.phases import phase, snapshot, tick
+
+    def spin(seconds: float) -> None:
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    before = snapshot()
+    with phase("decode"):
+        spin(0.05)
+        tick()
+        middle = snapshot()
+        spin(0.05)
+    after = snapshot()
+    assert middle["decode"] - before["decode"] >= 0.05
+    assert after["decode"] - middle["decode"] >= 0.05
+    assert after["decode"] - before["decode"] < 0.1 + 0.01
+
+
 # -- bad input --------------------------------------------------------------------------------------
 
 
@@ -538,3 +562,50 @@ def test_a_reducer_writes_the_average_every_member_decodes_as_it_encodes_it(name
     member = torch.empty(n)
     codec.decode_average_into(data, member)
     assert out.numpy().tobytes() == member.numpy().tobytes()
+
+
+@pytest.mark.parametrize("name", [*CODECS, *(f"{c}+zstd" for c in CODECS)])
+@pytest.mark.parametrize("numel", [1, BLOCK, 600 * BLOCK + 17])
+def test_a_vector_encoded_ahead_gives_each_part_the_bytes_of_the_part_alone(name, numel):
+    """``Codec.prepare``: the vector encoded whole in a thread (as the group forms) gives every
+    block-aligned part the bytes the codec makes of that part alone, and writes the values a receiver
+    decodes; a part asked for before the encoding reached it waits for it (the reader starts first)."""
+    import threading
+
+    codec = get_codec(name)
+    x = _gauss(numel, seed=3) * 0.01
+    prepared = codec.prepare(numel)
+    cuts = sorted({0, numel, *(min(numel, k * BLOCK) for k in (1, 7, 300, 599))})
+    parts = list(zip(cuts, cuts[1:]))
+    got: dict = {}
+    readers = [threading.Thread(target=lambda a=a, b=b: got.__setitem__((a, b), prepared.part(a, b))) for a, b in parts]
+    for t in readers:
+        t.start()
+    out = torch.empty(numel)
+    prepared.fill(x, out)
+    for t in readers:
+        t.join()
+    assert torch.equal(out, codec.roundtrip(x))
+    for a, b in parts:
+        assert got[(a, b)] == codec.encode(x[a:b]), (a, b)
+        assert torch.equal(codec.decode(got[(a, b)], b - a), out[a:b])
+
+
+def test_a_vector_encoded_ahead_refuses_unaligned_parts_and_passes_on_an_encoding_error():
+    codec = get_codec("fp16")
+    prepared = codec.prepare(3 * BLOCK)
+    with pytest.raises(ValueError, match="block-aligned"):
+        prepared.part(1, BLOCK)
+    with pytest.raises(ValueError, match="block-aligned"):
+        prepared.part(0, 3 * BLOCK + 1)
+    too_big = torch.full((3 * BLOCK,), 1e6)  # beyond half precision
+    with pytest.raises(ValueError, match="half-precision"):
+        prepared.fill(too_big, torch.empty(3 * BLOCK))
+    with pytest.raises(ValueError, match="could not be encoded"):  # a reader waiting on it is not left hanging
+        prepared.part(0, BLOCK)
+    with pytest.raises(ValueError, match="prepared for"):
+        get_codec("int8").prepare(BLOCK).fill(torch.zeros(2 * BLOCK), torch.empty(2 * BLOCK))
+
+
+def test_the_sparse_codec_encodes_nothing_ahead():
+    assert get_codec("topk16b2").prepare(4 * BLOCK) is None  # its parts choose their own values

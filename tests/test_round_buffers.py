@@ -107,3 +107,23 @@ def test_a_given_back_round_s_vectors_are_reused_by_the_next_round():
         for i, res in enumerate(results[1]):
             assert res.averaged[0].untyped_storage().data_ptr() in first[i]
             assert res.own_decoded[0].untyped_storage().data_ptr() in first[i]
+
+
+@pytest.mark.integration
+def test_a_lone_holder_applies_its_vector_encoded_while_it_looked_for_a_group():
+    """A holder alone: the int8 encoding made while matchmaking ran (``Codec.prepare``) is what it
+    applies, exactly the codec's round trip of its delta; its vector is handed back and reused."""
+    with loopback_holders(1, "lone", "L0M0", 0) as (avg,):
+        codec = get_codec("int8+zstd")
+        n = 5 * BLOCK + 3
+        used = set()
+        for r in range(2):
+            delta = torch.randn(n, generator=torch.Generator().manual_seed(r)) * 0.01
+            res = avg.average("L0M0", r, [delta], 1.0, codec, 20.0)
+            assert res.ok and res.group_size == 1, res.reason
+            assert torch.equal(res.own_decoded[0], codec.roundtrip(delta))
+            assert torch.equal(res.averaged[0], res.own_decoded[0])
+            assert len(res.buffers) == 1
+            used.add(res.own_decoded[0].untyped_storage().data_ptr())
+            avg.give_back(res)
+        assert len(used) == 1  # round 1 encoded into the vector round 0 handed back

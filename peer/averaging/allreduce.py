@@ -22,8 +22,12 @@ after segment, the next once the last is handed to the p2p daemon, so a reducer 
 while s+1 is on the wire and the link carries the averages of early segments beside the
 contributions of later ones (sending every segment at once, as before, made them all finish
 together: the link idled while each reducer waited for its last bytes, then carried only averages).
-Each part is encoded just before it goes out (the next one of a reducer while the last one is on
-its way), each average is decoded as it arrives, straight into the round's vector, and a sender's
+The vector is encoded while the group forms (:meth:`~peer.averaging.quantizers.Codec.prepare`: the
+averager starts it in a thread before matchmaking, so the first part goes out as soon as the group
+is known and the encoding's CPU is spent while we wait on the network); a part's bytes are then cut
+from it and entropy-coded just before they go out (the next one of a reducer while the last one is
+on its way). A codec whose parts cannot be cut from the whole (the sparse one) encodes each part
+then. Each average is decoded as it arrives, straight into the round's vector, and a sender's
 encoder hands back the decoded values its bytes carry (no second decode of what we sent).
 
 A stream that breaks at a live reducer is asked again (an accepted contribution is served its
@@ -60,7 +64,7 @@ from torch import Tensor
 from peer.averaging.phases import phase
 from peer.averaging.partition import (Group, fallback_reducer, part_bounds, relayed_segment_bounds,
                                       segment_bounds)
-from peer.averaging.quantizers import Codec
+from peer.averaging.quantizers import Codec, Prepared
 from peer.averaging.reducer import PROBE, GroupState, PartReducer, PartSlot, wait_event
 from peer.network.frames import STREAM_CUT
 from protos.hivepath.peer.v1.net_pb2 import PartHeader, PartReply
@@ -103,10 +107,12 @@ class ReductionServer(PartReducer):
 
 
     async def run(self, group: Group, flat: Tensor, weight: float, codec: Codec,
-                  out: Optional[tuple[Tensor, Tensor]] = None) -> AllReduceOutcome:
+                  out: Optional[tuple[Tensor, Tensor]] = None, prepared: Optional[Prepared] = None) -> AllReduceOutcome:
         """This member's side of the group's all-reduce of ``flat`` (numel,) with ``weight``; ``out``:
         two vectors like ``flat`` to write what the group receives from us and the average into
-        (fresh ones when None).
+        (fresh ones when None). ``prepared``: ``flat`` encoded by ``codec`` while the group formed
+        (:meth:`~peer.averaging.quantizers.Codec.prepare`), filled or being filled in a thread, its
+        decoded values going into ``out[0]``: parts are then cut from it rather than encoded here.
 
         The vector is cut into segments reduced as a pipeline (see the module's docstring), so
         encoding, the upload of contributions and the download of averages overlap."""
@@ -142,11 +148,16 @@ class ReductionServer(PartReducer):
 
         def encode(a: int, b: int) -> bytes:
             with phase("encode"):  # the decoded values straight into the round's vector: no copy
+                if prepared is not None:  # encoded already (or being encoded): cut and entropy-coded
+                    return prepared.part(a, b)
                 return codec.encode_roundtrip_into(flat[a:b], own_decoded[a:b])
 
         def own_values(a: int, b: int) -> None:
             with phase("encode"):  # our own part is never sent: its values without the bytes
-                codec.roundtrip_into(flat[a:b], own_decoded[a:b])
+                if prepared is not None:
+                    prepared.wait(b)  # its values are in own_decoded once the encoding got past it
+                else:
+                    codec.roundtrip_into(flat[a:b], own_decoded[a:b])
 
         def decode(s: int, j: int) -> None:
             a, b = bounds[s][j]
@@ -161,8 +172,9 @@ class ReductionServer(PartReducer):
         state.sends_left = sum(1 for s in range(len(bounds)) for j in order if has(s, j))
         if state.sends_left == 0:
             self.event("parts_sent")
-        # each part is encoded just before it is needed (the next one of a reducer while the last one is
-        # on its way), not all at the start, where every member encoding at once would starve the slowest
+        # each part is encoded (or, prepared, cut and entropy-coded) just before it is needed (the next one
+        # of a reducer while the last one is on its way), not all at the start, where every member
+        # encoding at once would starve the slowest
         pending = {s: sum(1 for j in order if has(s, j)) for s in range(len(bounds))}
         others_encoded = {s: asyncio.Event() for s in range(len(bounds))}
         for s, left in pending.items():

@@ -10,13 +10,14 @@ plus the tag).
 from __future__ import annotations
 
 import threading
+from typing import Optional
 
 import zstandard
 from torch import Tensor
 
 from models.codec_spec import TAG_BYTES, wire_name
 from peer.averaging.phases import phase
-from peer.averaging.quantizers import Codec
+from peer.averaging.quantizers import Codec, Prepared
 
 __all__ = ["EntropyCoded", "ENTROPY_CODERS"]
 
@@ -104,6 +105,10 @@ class EntropyCoded(Codec):
 
     def encode_roundtrip_into(self, flat: Tensor, out: Tensor) -> bytes:
         return self.pack(self.inner.encode_roundtrip_into(flat, out))
+
+    def prepare(self, numel: int) -> Optional[Prepared]:
+        inner = self.inner.prepare(numel)
+        return None if inner is None else Prepared(inner.codec, numel, pack=self.pack)
 
     def roundtrip(self, flat: Tensor) -> Tensor:
         return self.inner.roundtrip(flat)  # lossless stage: skip it

@@ -492,6 +492,15 @@ class NetAverager:
             if buckets > 1:
                 return await self._average_split(module_id, round_no, flat, like, weight, codec, timeout, digest,
                                                  paced, buckets, held)
+        # our vector is encoded while the group forms (the codec pool's thread), so the exchange starts
+        # on bytes that are ready and its CPU is spent while we wait on the network, not after
+        prepared = codec.prepare(flat.numel())
+        own_buf: Optional[Tensor] = None
+        filling: Optional[asyncio.Future] = None
+        if prepared is not None:
+            own_buf = self._out_buffers.take(flat.numel())
+            filling = asyncio.get_running_loop().run_in_executor(None, prepared.fill, flat, own_buf)
+            filling.add_done_callback(lambda f: f.cancelled() or f.exception())  # raised where awaited
         group, reason, adopt = await self._matchmaker.form_group(module_id, round_no, timeout, digest,
                                                                  wait_for_behind=self.wait_for_behind, paced=paced)
         # announce our next round now, in the background, so it is visible long before anyone's next round
@@ -501,7 +510,15 @@ class NetAverager:
             self._isolated()
         if group is None:
             log.info("module %s round %d: no group (%s)", module_id, round_no, reason)
+            if filling is not None and own_buf is not None:  # the encoding is not needed: its vector is reused
+                await asyncio.wait([filling])
+                self._out_buffers.give(own_buf)
             return AverageResult(None, None, 0, [], 0, 0, reason=reason, adopt=adopt)
+        if group.group_id == LONE and filling is not None and own_buf is not None:
+            await filling  # what the group would have received from us is what we apply alone
+            mine = unflatten(own_buf, like)
+            return AverageResult([t.clone() for t in mine], mine, 1, [self.peer_id], 0, 0,
+                                 reason=reason or LONE_HOLDER, buffers=(own_buf,))
         if group.group_id == LONE:
             own = codec.roundtrip(flat)  # (n,)
             if own.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr():
@@ -510,8 +527,9 @@ class NetAverager:
             # alone because nobody else holds the module, or because the holders behind us did not catch up
             return AverageResult([t.clone() for t in mine], mine, 1, [self.peer_id], 0, 0, reason=reason or LONE_HOLDER)
         self._server.event("group_formed")
-        buffers = (self._out_buffers.take(flat.numel()), self._out_buffers.take(flat.numel()))
-        out = await self._server.run(group, flat, weight, codec, out=buffers)
+        buffers = (own_buf if own_buf is not None else self._out_buffers.take(flat.numel()),
+                   self._out_buffers.take(flat.numel()))
+        out = await self._server.run(group, flat, weight, codec, out=buffers, prepared=prepared)
         suspicious = "; ".join(f"{p}: {why}" for p, why in sorted(out.suspects.items()))
         notes = "; ".join(r for r in (reason, out.reason, suspicious) if r)
         own = unflatten(out.own_decoded, like)

@@ -17,7 +17,7 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-__all__ = ["PHASES", "phase", "snapshot"]
+__all__ = ["PHASES", "phase", "snapshot", "tick"]
 
 PHASES = ("encode", "entropy", "decode", "reduce", "copy")
 """``encode``: quantising values to a codec's bytes; ``entropy``: the zstd stage, both ways;
@@ -49,6 +49,17 @@ def phase(name: str) -> Iterator[None]:
         _add(name, now - start)
         if stack:
             stack[-1] = (stack[-1][0], now)
+
+
+def tick() -> None:
+    """Count the calling thread's CPU seconds in its current phase so far, without leaving it: a long
+    phase (a vector encoded while the group forms) is seen by a :func:`snapshot` as it runs."""
+    stack = getattr(_local, "stack", None)
+    if stack:
+        now = time.thread_time()
+        name, start = stack[-1]
+        _add(name, now - start)
+        stack[-1] = (name, now)
 
 
 def _add(name: str, seconds: float) -> None:

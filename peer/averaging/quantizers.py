@@ -19,15 +19,17 @@ from __future__ import annotations
 
 import abc
 import sys
-from typing import Mapping, Optional
+import threading
+from typing import Callable, Mapping, Optional
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from models.codec_spec import BLOCK, SCALE_BYTES, SPECS, CodecSpec
+from peer.averaging.phases import phase, tick
 
-__all__ = ["Codec", "NoneCodec", "Fp16Codec", "Int8Codec", "Int4Codec", "VALUE_CODECS"]
+__all__ = ["Codec", "NoneCodec", "Fp16Codec", "Int8Codec", "Int4Codec", "Prepared", "VALUE_CODECS"]
 
 
 def _max_scale(qmax: int) -> float:
@@ -112,6 +114,19 @@ class Codec(abc.ABC):
         the bytes where the codec can: a reducer's own part is never sent."""
         out.copy_(self.roundtrip(flat))
 
+    def prepare(self, numel: int) -> Optional["Prepared"]:
+        """A :class:`Prepared` encoding of a vector of ``numel`` values, to be filled in a thread
+        (:meth:`Prepared.fill`) before the group is known, or None where a part's bytes are not a slice
+        of the whole vector's (the sparse codec chooses its values per part)."""
+        return None
+
+    def _prepare_into(self, flat: Tensor, out: Tensor, raw: np.ndarray, advance: Callable[[int], None]) -> None:
+        """Write the encoding of ``flat`` into ``raw`` (uint8, ``encoded_size(numel)``) and its decoded
+        values into ``out``, calling ``advance(n)`` once the first ``n`` values' bytes are written."""
+        data = self.encode_roundtrip_into(flat, out)
+        raw[:] = np.frombuffer(data, dtype=np.uint8)
+        advance(flat.numel())
+
     def _check_length(self, data: bytes, numel: int) -> None:
         if numel < 0:
             raise ValueError(f"numel must be >= 0, got {numel}")
@@ -167,6 +182,9 @@ class _SpecCodec(Codec):
 
     def encoded_size(self, numel: int) -> int:
         return self.spec.encoded_size(numel)
+
+    def prepare(self, numel: int) -> "Prepared":
+        return Prepared(self, numel)
 
 
 class NoneCodec(_SpecCodec):
@@ -284,26 +302,36 @@ class _BlockwiseCodec(_SpecCodec):
                 # gives); one pass (addcmul) where add_(0.0).mul_(scale) took two, the same bits
                 torch.addcmul(_ZERO, q, scale, out=q)
 
-    def _encode(self, flat: Tensor, values: Optional[Tensor], pack: bool = True) -> bytes:
-        """The bytes (b"" unless ``pack``) of ``flat``, its decoded values into ``values`` if given. Full
-        blocks go :data:`_CHUNK_BLOCKS` at a time: each pass over a chunk finds it in the core's cache,
-        where passes over the whole vector each went to memory (on one thread here, 16 Mi values: 16%
-        less CPU with the round trip, half for a plain encode)."""
+    def _encode(self, flat: Tensor, values: Optional[Tensor], pack: bool = True, into: Optional[np.ndarray] = None,
+                advance: Optional[Callable[[int], None]] = None) -> bytes:
+        """The bytes (b"" unless ``pack``, or when written ``into`` a uint8 buffer of the encoded size)
+        of ``flat``, its decoded values into ``values`` if given; ``advance(n)`` is called as the first
+        ``n`` values are done. Full blocks go :data:`_CHUNK_BLOCKS` at a time: each pass over a chunk
+        finds it in the core's cache, where passes over the whole vector each went to memory (on one
+        thread here, 16 Mi values: 16% less CPU with the round trip, half for a plain encode)."""
         flat = _check_flat(flat, finite=False)  # checked per block in _encode_blocks
         numel = flat.numel()
         full, tail = divmod(numel, BLOCK)
         stride = SCALE_BYTES + self.spec.code_bytes(BLOCK)
-        out = np.empty(self.encoded_size(numel), dtype=np.uint8) if pack else None
+        out = into if into is not None else np.empty(self.encoded_size(numel), dtype=np.uint8) if pack else None
         for c0 in range(0, full, _CHUNK_BLOCKS):
             c1 = min(full, c0 + _CHUNK_BLOCKS)
             self._encode_blocks(flat[c0 * BLOCK : c1 * BLOCK].view(c1 - c0, BLOCK),
                                 None if values is None else values[c0 * BLOCK : c1 * BLOCK].view(c1 - c0, BLOCK),
                                 None if out is None else out[c0 * stride : c1 * stride].reshape(c1 - c0, stride))
+            if advance is not None:
+                advance(c1 * BLOCK)
         if tail:
             self._encode_blocks(flat[full * BLOCK :].view(1, -1),
                                 None if values is None else values[full * BLOCK :].view(1, -1),
                                 None if out is None else out[full * stride :].reshape(1, -1))
-        return out.tobytes() if out is not None else b""
+        if advance is not None:
+            advance(numel)
+        return out.tobytes() if out is not None and into is None else b""
+
+    def _prepare_into(self, flat: Tensor, out: Tensor, raw: np.ndarray, advance: Callable[[int], None]) -> None:
+        self._check_out(flat, out)
+        self._encode(flat, out, into=raw, advance=advance)
 
     def encode(self, flat: Tensor) -> bytes:
         return self._encode(flat, None)
@@ -424,6 +452,67 @@ class Int4Codec(_BlockwiseCodec):
         if count % 2 and bool((raw[:, -1] >> 4 != 8).any()):
             raise ValueError("int4: the padding nibble of an odd-sized block is not zero")
         return codes
+
+
+class Prepared:
+    """A vector's encoding made before its group is known (the all-reduce then only cuts it into parts
+    and, with an entropy stage, compresses each): :meth:`fill` encodes the whole vector in a thread,
+    chunk by chunk, while matchmaking runs; :meth:`part` gives the bytes of a block-aligned part as
+    soon as the encoding got past it. A part's bytes are those the codec makes of the part alone:
+    blocks start at element 0 and each lies whole in the bytes (:mod:`models.codec_spec`).
+
+    ``codec``: the value codec whose layout the bytes have; ``pack``: what a part's bytes go through
+    on their way out (the entropy stage, :class:`peer.averaging.entropy.EntropyCoded`), if anything."""
+
+    WAIT = 60.0
+    """Most seconds :meth:`part` waits for :meth:`fill` to get past its part."""
+
+    def __init__(self, codec: Codec, numel: int, pack: Optional[Callable[[memoryview], bytes]] = None):
+        self.codec = codec
+        self.numel = numel
+        self.pack = pack
+        self.raw = np.empty(codec.encoded_size(numel), dtype=np.uint8)
+        self._done = 0
+        self._error: Optional[BaseException] = None
+        self._changed = threading.Condition()
+
+    def fill(self, flat: Tensor, out: Tensor) -> None:
+        """Encode ``flat`` (``numel`` values) and write what a receiver decodes into ``out``; raises
+        ValueError as :meth:`Codec.encode` does (then every :meth:`part` raises it too)."""
+        if flat.numel() != self.numel:
+            raise ValueError(f"{self.codec.name}: prepared for {self.numel} values, got {flat.numel()}")
+        try:
+            with phase("encode"):  # counted chunk by chunk (_advance): a snapshot sees it as it runs
+                self.codec._prepare_into(flat, out, self.raw, self._advance)
+        except BaseException as e:
+            with self._changed:
+                self._error = e
+                self._changed.notify_all()
+            raise
+
+    def _advance(self, done: int) -> None:
+        tick()
+        with self._changed:
+            self._done = done
+            self._changed.notify_all()
+
+    def wait(self, upto: int) -> None:
+        """Return once the first ``upto`` values are encoded (their bytes and decoded values written);
+        ValueError if the encoding failed, TimeoutError after :data:`WAIT` seconds."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: self._done >= upto or self._error is not None, self.WAIT):
+                raise TimeoutError(f"{self.codec.name}: the vector's encoding did not reach {upto} in {self.WAIT:.0f}s")
+            if self._error is not None:
+                raise ValueError(f"{self.codec.name}: the vector could not be encoded: {self._error}")
+
+    def part(self, a: int, b: int) -> bytes:
+        """The encoded bytes of values ``[a, b)`` (``a`` and ``b`` multiples of ``BLOCK``, or ``b`` the
+        vector's end), through :attr:`pack`; waits for :meth:`fill` to get past ``b``."""
+        if not (0 <= a <= b <= self.numel and a % BLOCK == 0 and (b % BLOCK == 0 or b == self.numel)):
+            raise ValueError(f"[{a}, {b}) is not a block-aligned part of {self.numel} values")
+        self.wait(b)
+        view = memoryview(self.raw)[self.codec.encoded_size(a) : self.codec.encoded_size(b)]
+        return self.pack(view) if self.pack is not None else view.tobytes()
 
 
 _CHUNK_BLOCKS = 256
