@@ -107,8 +107,10 @@ class EntropyCoded(Codec):
         return self.pack(self.inner.encode_roundtrip_into(flat, out))
 
     def prepare(self, numel: int) -> Optional[Prepared]:
-        inner = self.inner.prepare(numel)
-        return None if inner is None else Prepared(inner.codec, numel, pack=self.pack)
+        prepared = self.inner.prepare(numel)  # inner's bytes, each part through this stage on its way out
+        if prepared is not None:
+            prepared.pack = self.pack
+        return prepared
 
     def roundtrip(self, flat: Tensor) -> Tensor:
         return self.inner.roundtrip(flat)  # lossless stage: skip it

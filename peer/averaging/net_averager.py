@@ -495,10 +495,8 @@ class NetAverager:
         # our vector is encoded while the group forms (the codec pool's thread), so the exchange starts
         # on bytes that are ready and its CPU is spent while we wait on the network, not after
         prepared = codec.prepare(flat.numel())
-        own_buf: Optional[Tensor] = None
-        filling: Optional[asyncio.Future] = None
+        own_buf = self._out_buffers.take(flat.numel())  # what the group receives from us
         if prepared is not None:
-            own_buf = self._out_buffers.take(flat.numel())
             filling = asyncio.get_running_loop().run_in_executor(None, prepared.fill, flat, own_buf)
             filling.add_done_callback(lambda f: f.cancelled() or f.exception())  # raised where awaited
         group, reason, adopt = await self._matchmaker.form_group(module_id, round_no, timeout, digest,
@@ -510,25 +508,22 @@ class NetAverager:
             self._isolated()
         if group is None:
             log.info("module %s round %d: no group (%s)", module_id, round_no, reason)
-            if filling is not None and own_buf is not None:  # the encoding is not needed: its vector is reused
+            if prepared is not None:  # the encoding is not needed: its vector is reused once it ended
                 await asyncio.wait([filling])
-                self._out_buffers.give(own_buf)
+            self._out_buffers.give(own_buf)
             return AverageResult(None, None, 0, [], 0, 0, reason=reason, adopt=adopt)
-        if group.group_id == LONE and filling is not None and own_buf is not None:
-            await filling  # what the group would have received from us is what we apply alone
+        if group.group_id == LONE:
+            # alone because nobody else holds the module, or because the holders behind us did not catch
+            # up: what the group would have received from us is what we apply
+            if prepared is not None:
+                await filling
+            else:
+                codec.roundtrip_into(flat, own_buf)
             mine = unflatten(own_buf, like)
             return AverageResult([t.clone() for t in mine], mine, 1, [self.peer_id], 0, 0,
                                  reason=reason or LONE_HOLDER, buffers=(own_buf,))
-        if group.group_id == LONE:
-            own = codec.roundtrip(flat)  # (n,)
-            if own.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr():
-                own = own.clone()  # ``flat`` is reused next round
-            mine = unflatten(own, like)
-            # alone because nobody else holds the module, or because the holders behind us did not catch up
-            return AverageResult([t.clone() for t in mine], mine, 1, [self.peer_id], 0, 0, reason=reason or LONE_HOLDER)
         self._server.event("group_formed")
-        buffers = (own_buf if own_buf is not None else self._out_buffers.take(flat.numel()),
-                   self._out_buffers.take(flat.numel()))
+        buffers = (own_buf, self._out_buffers.take(flat.numel()))
         out = await self._server.run(group, flat, weight, codec, out=buffers, prepared=prepared)
         suspicious = "; ".join(f"{p}: {why}" for p, why in sorted(out.suspects.items()))
         notes = "; ".join(r for r in (reason, out.reason, suspicious) if r)

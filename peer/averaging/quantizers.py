@@ -120,13 +120,6 @@ class Codec(abc.ABC):
         of the whole vector's (the sparse codec chooses its values per part)."""
         return None
 
-    def _prepare_into(self, flat: Tensor, out: Tensor, raw: np.ndarray, advance: Callable[[int], None]) -> None:
-        """Write the encoding of ``flat`` into ``raw`` (uint8, ``encoded_size(numel)``) and its decoded
-        values into ``out``, calling ``advance(n)`` once the first ``n`` values' bytes are written."""
-        data = self.encode_roundtrip_into(flat, out)
-        raw[:] = np.frombuffer(data, dtype=np.uint8)
-        advance(flat.numel())
-
     def _check_length(self, data: bytes, numel: int) -> None:
         if numel < 0:
             raise ValueError(f"numel must be >= 0, got {numel}")
@@ -185,6 +178,13 @@ class _SpecCodec(Codec):
 
     def prepare(self, numel: int) -> "Prepared":
         return Prepared(self, numel)
+
+    def _prepare_into(self, flat: Tensor, out: Tensor, raw: np.ndarray, advance: Callable[[int], None]) -> None:
+        """Write the encoding of ``flat`` into ``raw`` (uint8, ``encoded_size(numel)``) and its decoded
+        values into ``out``, calling ``advance(n)`` once the first ``n`` values' bytes are written
+        (:meth:`Prepared.fill`); whole here, chunk by chunk in the blockwise codecs."""
+        raw[:] = np.frombuffer(self.encode_roundtrip_into(flat, out), dtype=np.uint8)
+        advance(flat.numel())
 
 
 class NoneCodec(_SpecCodec):
@@ -302,18 +302,17 @@ class _BlockwiseCodec(_SpecCodec):
                 # gives); one pass (addcmul) where add_(0.0).mul_(scale) took two, the same bits
                 torch.addcmul(_ZERO, q, scale, out=q)
 
-    def _encode(self, flat: Tensor, values: Optional[Tensor], pack: bool = True, into: Optional[np.ndarray] = None,
-                advance: Optional[Callable[[int], None]] = None) -> bytes:
-        """The bytes (b"" unless ``pack``, or when written ``into`` a uint8 buffer of the encoded size)
-        of ``flat``, its decoded values into ``values`` if given; ``advance(n)`` is called as the first
-        ``n`` values are done. Full blocks go :data:`_CHUNK_BLOCKS` at a time: each pass over a chunk
-        finds it in the core's cache, where passes over the whole vector each went to memory (on one
-        thread here, 16 Mi values: 16% less CPU with the round trip, half for a plain encode)."""
+    def _encode(self, flat: Tensor, values: Optional[Tensor], out: Optional[np.ndarray],
+                advance: Optional[Callable[[int], None]] = None) -> None:
+        """Encode ``flat``: its bytes into ``out`` (uint8, the encoded size) and its decoded values into
+        ``values``, each if given; ``advance(n)`` is called as the first ``n`` values are done. Full
+        blocks go :data:`_CHUNK_BLOCKS` at a time: each pass over a chunk finds it in the core's cache,
+        where passes over the whole vector each went to memory (on one thread here, 16 Mi values: 16%
+        less CPU with the round trip, half for a plain encode)."""
         flat = _check_flat(flat, finite=False)  # checked per block in _encode_blocks
         numel = flat.numel()
         full, tail = divmod(numel, BLOCK)
         stride = SCALE_BYTES + self.spec.code_bytes(BLOCK)
-        out = into if into is not None else np.empty(self.encoded_size(numel), dtype=np.uint8) if pack else None
         for c0 in range(0, full, _CHUNK_BLOCKS):
             c1 = min(full, c0 + _CHUNK_BLOCKS)
             self._encode_blocks(flat[c0 * BLOCK : c1 * BLOCK].view(c1 - c0, BLOCK),
@@ -327,31 +326,37 @@ class _BlockwiseCodec(_SpecCodec):
                                 None if out is None else out[full * stride :].reshape(1, -1))
         if advance is not None:
             advance(numel)
-        return out.tobytes() if out is not None and into is None else b""
+
+    def _bytes(self, flat: Tensor, values: Optional[Tensor]) -> bytes:
+        """:meth:`_encode` into a fresh buffer: the bytes."""
+        flat = _check_flat(flat, finite=False)
+        out = np.empty(self.encoded_size(flat.numel()), dtype=np.uint8)
+        self._encode(flat, values, out)
+        return out.tobytes()
 
     def _prepare_into(self, flat: Tensor, out: Tensor, raw: np.ndarray, advance: Callable[[int], None]) -> None:
         self._check_out(flat, out)
-        self._encode(flat, out, into=raw, advance=advance)
+        self._encode(flat, out, raw, advance)
 
     def encode(self, flat: Tensor) -> bytes:
-        return self._encode(flat, None)
+        return self._bytes(flat, None)
 
     def encode_roundtrip(self, flat: Tensor) -> tuple[bytes, Tensor]:
         values = torch.empty(flat.numel(), dtype=torch.float32)  # (numel,)
-        return self._encode(flat, values), values
+        return self._bytes(flat, values), values
 
     def encode_roundtrip_into(self, flat: Tensor, out: Tensor) -> bytes:
         self._check_out(flat, out)
-        return self._encode(flat, out)
+        return self._bytes(flat, out)
 
     def roundtrip(self, flat: Tensor) -> Tensor:
         values = torch.empty(flat.numel(), dtype=torch.float32)  # (numel,)
-        self._encode(flat, values, pack=False)
+        self._encode(flat, values, None)
         return values
 
     def roundtrip_into(self, flat: Tensor, out: Tensor) -> None:
         self._check_out(flat, out)
-        self._encode(flat, out, pack=False)
+        self._encode(flat, out, None)
 
     def _check_out(self, flat: Tensor, out: Tensor) -> None:
         if out.dim() != 1 or out.numel() != flat.numel() or out.dtype != torch.float32 or not out.is_contiguous():
@@ -461,13 +466,13 @@ class Prepared:
     soon as the encoding got past it. A part's bytes are those the codec makes of the part alone:
     blocks start at element 0 and each lies whole in the bytes (:mod:`models.codec_spec`).
 
-    ``codec``: the value codec whose layout the bytes have; ``pack``: what a part's bytes go through
+    ``codec``: the value codec whose layout the bytes have (a :class:`_SpecCodec`); ``pack``: what a part's bytes go through
     on their way out (the entropy stage, :class:`peer.averaging.entropy.EntropyCoded`), if anything."""
 
     WAIT = 60.0
     """Most seconds :meth:`part` waits for :meth:`fill` to get past its part."""
 
-    def __init__(self, codec: Codec, numel: int, pack: Optional[Callable[[memoryview], bytes]] = None):
+    def __init__(self, codec: "_SpecCodec", numel: int, pack: Optional[Callable[[memoryview], bytes]] = None):
         self.codec = codec
         self.numel = numel
         self.pack = pack
