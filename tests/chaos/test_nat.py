@@ -73,11 +73,13 @@ def test_the_coordinator_finds_who_is_behind_nat_and_each_peer_says_so(procs, tm
     # every one measured its link to the coordinator (client mode and NATed included), through the NAT
     assert all(by_id[p]["upload_bps"] > 0 and by_id[p]["download_bps"] > 0 for p in (public, natted, client)), by_id
 
-    # one line each, at start
-    assert re.search(rf"reachable at /ip4/{re.escape(nat_bridge.address(1))}/tcp/\d+", net.procs.log("public"))
+    # one line each, at start (logged just after the join the coordinator already counts: wait for it)
+    said = re.compile(rf"INFO peer\.node\.startup: reachable at /ip4/{re.escape(nat_bridge.address(1))}/tcp/\d+")
+    wait_for(lambda: said.search(net.procs.log("public")), 60, "the public peer's reachability line")
     line = next(l for l in net.procs.log("natted").splitlines() if "cannot be reached and no relay answers" in l)
     assert f"(its connections come from {nat_bridge.address(2)})" in line and "--announce-maddrs" in line
-    assert "client mode: other peers cannot dial this one" in net.procs.log("client")
+    wait_for(lambda: "client mode: other peers cannot dial this one" in net.procs.log("client"), 60,
+             "the client-mode peer's reachability line")
 
     # the operator's views
     def fetch(path: str) -> str:
