@@ -100,8 +100,13 @@ def net(docker, images, tmp_path_factory):
     n = Network(docker, images, tmp_path_factory.mktemp("compose"))
     n.compose("up", "-d", "--no-build", "--scale", "peer=3", timeout=300)
     # a cold start under load: torch imports, data preparation and a speed measurement per peer
-    wait_for(lambda: len(n.live()) >= 4, 420, "the archive and 3 peers live", interval=1.0)
-    yield n
+    try:
+        wait_for(lambda: len(n.live()) >= 4, 420, "the archive and 3 peers live", interval=1.0)
+        yield n
+    finally:
+        # down at the module's end, not the session's: the network's five containers would otherwise
+        # train on (most of a core) through every test the worker runs after this module
+        n.compose("down", "-v", "-t", "5", "--remove-orphans", timeout=180, check=False)
 
 
 def test_compose_network_trains_and_rounds_complete(net):
@@ -204,6 +209,13 @@ def test_spot_notice_from_a_fake_metadata_server_drains_the_peer_within_the_noti
         "HIVEPATH_DRAIN_TIMEOUT": str(int(DRAIN_TIMEOUT)), "HIVEPATH_SPOT": "aws",
         "HIVEPATH_SPOT_URL": f"http://{meta}:8080", "HIVEPATH_SPOT_POLL_INTERVAL": "1",
     })
+    try:
+        _spot_drains_within_the_notice(net, docker, meta, spot)
+    finally:
+        docker("rm", "-f", "-v", meta, spot, check=False, timeout=120)
+
+
+def _spot_drains_within_the_notice(net, docker, meta: str, spot: str) -> None:
     peer_id = wait_for(lambda: docker.peer_id(spot), 300, "the spot peer to train", interval=1.0)
     wait_for(lambda: peer_id in net.live(), 60, "the spot peer active")
     assert docker.exit_code(spot) is None, "no notice yet: it keeps training"
