@@ -10,6 +10,11 @@ Keys (``bench/results/comm.json``):
   the measured all-reduce time (from the group forming to the average decoded; target >= 0.9).
   ``compressed_size`` is what the peers actually sent: with the default entropy stage (``--entropy
   zstd``, the peers' ``OuterConfig.entropy``) it is below the codec's own size (``codec_bytes``).
+- ``tcp_ceiling`` (:mod:`bench.tcp_ceiling`): for int8 and int4, the link efficiency bare TCP reaches
+  moving that codec's bytes in the all-reduce's pattern (same peers, rate, segments; zeros, no TLS, no
+  CPU work) in fresh namespaces, per schedule and the better of them; ``link_efficiency_vs_tcp_ceiling``:
+  each codec's link efficiency over it (1.0: the exchange is as fast as the link and TCP allow;
+  ``--ceiling-rounds``).
 - ``speedup_vs_fp32_optimal``: bandwidth-optimal fp32 time over the measured int8 time.
 - ``bytes_ratio_vs_ddp``: bytes a synchronous DDP ring all-reduce sends per peer for H = 100 steps
   (``H * 2 (n - 1) / n * 4 P``) over the payload bytes a peer sent in one int8 outer step
@@ -71,6 +76,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
 
+from bench import tcp_ceiling
 from bench.common import ISSUE_RATE_MBIT, emit, rate_result_name, run_main
 from bench.netns import tx_bytes
 from models import strict_json
@@ -399,6 +405,17 @@ def run_bench(args: argparse.Namespace) -> dict:
         result["cpu_ratio_vs_hivemind"] = {c: round(per_codec[c]["cpu_s_per_mb"] / hm["cpu_s_per_mb"], 3)
                                            for c in codecs if c in ("int8", "int4")}
         result["link_efficiency_hivemind_8bit"] = hm["link_efficiency"]
+    ceiling_codecs = [c for c in ("int8", "int4") if c in per_codec] if args.ceiling_rounds > 0 else []
+    if ceiling_codecs:
+        from peer.averaging.partition import segment_bounds
+
+        # what bare TCP reaches on the same link with each codec's bytes in the same pattern, no CPU work at all
+        result["tcp_ceiling"] = {c: tcp_ceiling.measure(n, args.rate_mbit, per_codec[c]["compressed_bytes"],
+                                                        len(segment_bounds(numel)), rounds=args.ceiling_rounds)
+                                 for c in ceiling_codecs}
+        result["link_efficiency_vs_tcp_ceiling"] = {
+            c: round(per_codec[c]["link_efficiency"] / result["tcp_ceiling"][c]["link_efficiency"], 3)
+            for c in ceiling_codecs}
     if "int8" in per_codec:
         c = per_codec["int8"]
         fp32_optimal = 2 * (n - 1) / n * 4 * numel / rate
@@ -436,6 +453,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--no-lanes", dest="lanes", action="store_false",
                         help="carry every byte through the p2p daemons (no direct lanes, peer.network.lanes): "
                              "the control run of what the lanes save")
+    parser.add_argument("--ceiling-rounds", type=int, default=5,
+                        help="rounds of bare TCP moving int8's and int4's bytes in the all-reduce's pattern on the same link "
+                             "(bench.tcp_ceiling: the link's own ceiling, key tcp_ceiling; 0 skips it)")
     parser.add_argument("--peer", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--host", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--initial", nargs="*", default=None, help=argparse.SUPPRESS)

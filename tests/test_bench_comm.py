@@ -54,3 +54,35 @@ def test_a_codec_s_result_is_its_median_round_with_the_median_cpu():
     assert out["link_efficiency_by_round"] == [0.80, 0.90, 0.85] and out["rounds"] == 3
     assert out["group_formed_spread_s_by_round"] == pytest.approx([0.23, 0.2, 0.21])
     assert out["identical_on_all_peers"] is False  # not in every round
+
+
+def test_bare_tcp_peers_exchange_every_segment_and_time_the_last_average_in_both_schedules():
+    """bench.tcp_ceiling's peers on loopback (127.0.0.x): each returns once every part's averages are
+    back; a peer that never comes makes the others fail, not report a time."""
+    import threading
+    import time
+
+    from bench.tcp_ceiling import SCHEDULES, _peer
+
+    addrs = ["127.0.0.11", "127.0.0.12", "127.0.0.13"]
+    for schedule in SCHEDULES:
+        start_at = time.time() + 0.5
+        out: dict[int, float] = {}
+        threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, _peer(i, addrs, 3 * 4 * 65536, 4, schedule,
+                                                                            start_at)))
+                   for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert sorted(out) == [0, 1, 2] and all(0 < s < 60 for s in out.values()), (schedule, out)
+
+
+def test_a_bare_tcp_peer_whose_partner_never_comes_fails(monkeypatch):
+    import time
+
+    import bench.tcp_ceiling as tc
+
+    monkeypatch.setattr(tc, "_IO_TIMEOUT", 1.0)
+    with pytest.raises(RuntimeError, match="peer 0"):
+        tc._peer(0, ["127.0.0.21", "127.0.0.22"], 2 * 65536, 2, "per_pair", time.time())
