@@ -154,8 +154,11 @@ class ChildProcesses:
             self.signal(stuck, signal.SIGKILL)
             codes.update(self.wait(stuck, 10.0))
         for n in names:
+            p = self.procs[n]
+            if p.poll() is not None and _leader_start(p.pid) is not None:
+                continue  # reaped, and its pid handed to a stranger: that group is not ours to kill
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.procs[n].pid, signal.SIGKILL)
+                os.killpg(p.pid, signal.SIGKILL)
         return codes
 
     def kill(self, name: str) -> Optional[int]:
@@ -201,6 +204,27 @@ def _sid(pid: int) -> int:
         return -1
 
 
+def _leader_start(sid: int) -> Optional[float]:
+    """When the leader of session ``sid`` (the process whose pid is ``sid``) started; None once it is gone."""
+    import psutil
+
+    try:
+        return psutil.Process(sid).create_time()
+    except psutil.Error:
+        return None
+
+
+def _same_session(sid: int, leader_started: Optional[float]) -> bool:
+    """Whether session ``sid`` is still the one seen when its leader had started at ``leader_started``
+    (None: its leader was gone by then). A session id is its leader's pid, which the kernel hands out
+    again once every process of the session has exited: a live leader that started at another time
+    leads a new, unrelated session (any other process's, a later test's), never to be swept. While any
+    process of the old session lives, its id is not reused, so a session without a live leader is the
+    one we saw."""
+    now = _leader_start(sid)
+    return now is None or now == leader_started
+
+
 def _watch(parent_pid: int) -> int:
     import psutil
 
@@ -216,22 +240,28 @@ def _watch(parent_pid: int) -> int:
     me = os.getpid()
     own_sessions = {os.getsid(0)} | (set() if _sid(parent_pid) == parent_pid else {_sid(parent_pid)})
     known: dict[int, psutil.Process] = {}
-    sessions: set[int] = {parent_pid} if _sid(parent_pid) == parent_pid else set()
+    # session id -> when its leader started, as first seen (None: the leader was gone by then)
+    sessions: dict[int, Optional[float]] = {parent_pid: parent.create_time()} if _sid(parent_pid) == parent_pid else {}
     while _alive(parent):
         with contextlib.suppress(psutil.NoSuchProcess):
             for child in parent.children(recursive=True):
                 if child.pid != me:
                     known.setdefault(child.pid, child)
-                    sessions.add(_sid(child.pid))
+                    sid = _sid(child.pid)
+                    if sid > 0 and sid not in sessions:  # (-1: the child is gone already)
+                        sessions[sid] = _leader_start(sid)
         known = {pid: p for pid, p in known.items() if p.is_running()}
+        # a session that ended frees its id for reuse: forget it rather than sweep a stranger's later
+        sessions = {sid: t for sid, t in sessions.items() if _same_session(sid, t)}
         time.sleep(WATCH_INTERVAL)
     # The descendants we saw, and everything in the sessions of the children that were started in their
-    # own (ChildProcesses): that also catches a p2p daemon started after our last look.
-    sessions -= own_sessions | {-1}
+    # own (ChildProcesses) that are still the sessions we saw: that also catches a p2p daemon started
+    # after our last look.
+    sweep = {sid for sid, t in sessions.items() if sid not in own_sessions and _same_session(sid, t)}
     orphans = [p for p in known.values() if p.is_running()]
     seen = {p.pid for p in orphans}
     for p in psutil.process_iter():
-        if p.pid not in seen and p.pid != me and _sid(p.pid) in sessions:
+        if p.pid not in seen and p.pid != me and _sid(p.pid) in sweep:
             orphans.append(p)
     for p in orphans:
         with contextlib.suppress(psutil.NoSuchProcess):
