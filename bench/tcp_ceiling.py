@@ -47,10 +47,12 @@ _HEADER = struct.Struct(">II")  # sender, segment
 _IO_TIMEOUT = 60.0
 
 
-def _recv_exactly(conn: socket.socket, n: int, buf: bytearray) -> None:
+def _recv_exactly(conn: socket.socket, n: int, buf: "bytearray | memoryview") -> None:
+    """Receive ``n`` bytes into ``buf``: from its start when it holds them all, else over and over
+    (a payload only counted)."""
     view = memoryview(buf)
     while n:
-        got = conn.recv_into(view, min(n, len(buf)))
+        got = conn.recv_into(view, min(n, len(view)))
         if not got:
             raise ConnectionError("closed early")
         n -= got
@@ -80,8 +82,8 @@ def _peer(me: int, addrs: list[str], size: int, segments: int, schedule: str, st
                 got = conn.recv_into(head)
                 if got == 0:
                     return
-                if got < _HEADER.size:
-                    _recv_exactly(conn, _HEADER.size - got, head)  # (short reads of 8 bytes are rare)
+                if got < _HEADER.size:  # the rest after what came
+                    _recv_exactly(conn, _HEADER.size - got, memoryview(head)[got:])
                 sender, s = _HEADER.unpack(head)
                 _recv_exactly(conn, seg, buf)
                 with lock:

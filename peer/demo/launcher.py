@@ -100,13 +100,14 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     procs = ChildProcesses(out / "logs")
     names: list[str] = []
     begun = time.monotonic()
-    stopped_by: dict[str, Optional[str]] = {"signal": None}  # what ended the run early: "SIGTERM received after 12.3 s"
+    stopped_by: Optional[str] = None  # what ended the run early: "SIGTERM received after 12.3 s"
 
     # Ctrl-C, SIGTERM (timeout, docker stop, systemd) or SIGHUP (terminal closed): stop training, drain
     # every peer and still write the report; a second signal exits at once, and the watchdog of
     # peer.node.lifetime stops the children
     def on_signal(why: str) -> None:
-        stopped_by["signal"] = f"{why} after {time.monotonic() - begun:.1f} s"
+        nonlocal stopped_by
+        stopped_by = f"{why} after {time.monotonic() - begun:.1f} s"
 
     with drain_signals(on_signal):
         # the untrained lattice (every peer's start, fixed by the seed) is scored while the network
@@ -134,7 +135,7 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
             started = time.monotonic()
             deadline: Optional[float] = None
             with monitor:
-                while (deadline is None or time.monotonic() < deadline) and stopped_by["signal"] is None:
+                while (deadline is None or time.monotonic() < deadline) and stopped_by is None:
                     monitor.poll(client, procs.procs, http_port)
                     if deadline is None and monitor.history and monitor.history[-1]["tokens"] > 0:
                         deadline = time.monotonic() + opts.minutes * 60
@@ -155,7 +156,7 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
         bpb_before = before.result()
         if is_run_dir(resolve_snapshot(out / "archive")):
             bpb_after, per_path = evaluate_run_dir(out / "archive", dataset, opts.eval_documents)
-        elif stopped_by["signal"] is not None:  # stopped early: the report says there is nothing trained to score yet
+        elif stopped_by is not None:  # stopped early: the report says there is nothing trained to score yet
             bpb_after, per_path = None, {}
         else:
             raise HivepathError(
@@ -163,7 +164,7 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
                 f"({out / 'archive'}) holds no trained state to score; run longer with --minutes "
                 f"(the logs are in {out / 'logs'})")
         summary = monitor.summary(cfg, opts, bpb_before, bpb_after, per_path, codes)
-        summary["stopped_by"] = stopped_by["signal"]
+        summary["stopped_by"] = stopped_by
         summary["report"] = str(out / "report.md")
         write_report(out, summary, monitor)
     return summary
