@@ -12,7 +12,7 @@ Keys (``bench/results/comm.json``):
   zstd``, the peers' ``OuterConfig.entropy``) it is below the codec's own size (``codec_bytes``).
 - ``tcp_ceiling`` (:mod:`bench.tcp_ceiling`): for int8 and int4, the link efficiency bare TCP reaches
   moving that codec's bytes in the all-reduce's pattern (same peers, rate, segments; zeros, no TLS, no
-  CPU work) in fresh namespaces, per schedule and the better of them; ``link_efficiency_vs_tcp_ceiling``:
+  CPU work) in fresh namespaces, per schedule and the best of them; ``link_efficiency_vs_tcp_ceiling``:
   each codec's link efficiency over it (1.0: the exchange is as fast as the link and TCP allow;
   ``--ceiling-rounds``).
 - ``speedup_vs_fp32_optimal``: bandwidth-optimal fp32 time over the measured int8 time.
@@ -34,6 +34,12 @@ Keys (``bench/results/comm.json``):
   ``minor_page_faults``.
 - ``group_formed_spread_s``: per codec, how far apart the members learned that their group formed
   (the first member's all-reduce starts that much before the last one's can; in its link efficiency).
+- ``link_idle_seconds`` (per codec): where the peers' links idled in the round, from a sampler of each
+  peer's link counter beside it (:func:`bench.netns.sample_tx`, every 10 ms; its CPU is not the
+  peer's): from the first member's group forming to the last member's average (``span_s``), the time
+  a link carried nothing (``idle_s``, the mean over the peers), split into ``start_s`` (before the
+  link first ran at half its rate or more in a 20 ms slice), ``tail_s`` (after it last did) and
+  ``middle_s`` (waits in between); ``link_idle_seconds_mean`` the mean over the rounds.
 - ``link_efficiency_by_rate``: the link efficiency at the headline rate and at ``--report-rates``
   (default 50 and 25 Mbit/s, codecs ``--report-codecs``: int8, int4), each a fresh set of namespaces;
   their full per-codec results are under ``codecs_RATEmbit``.
@@ -78,7 +84,7 @@ from typing import Iterator, Optional
 
 from bench import tcp_ceiling
 from bench.common import ISSUE_RATE_MBIT, emit, rate_result_name, run_main
-from bench.netns import tx_bytes
+from bench.netns import read_samples, tx_bytes
 from models import strict_json
 from models.codec_spec import ENTROPY_STAGES, codec_spec, wire_name
 from models.config import OuterConfig
@@ -257,11 +263,13 @@ def _wait(path: Path, procs: list, timeout: float) -> None:
 
 @contextmanager
 def namespaced_peers(module: str, n: int, rate_mbit: int, args: list[str], wait_s: float,
-                     prefix: str = "hpb") -> Iterator[Path]:
+                     prefix: str = "hpb", sample_links: bool = False) -> Iterator[Path]:
     """Run ``python -m MODULE ARGS --out DIR --peer i --host ADDR`` in each of ``n`` rate-limited
     namespaces (:class:`bench.netns.NetnsBridge`), peer 0 first: it writes its DHT multiaddrs to
     ``DIR/maddrs`` (JSON), which the others get as ``--initial``. Yields ``DIR`` once every peer exited
-    0 within ``wait_s`` (else raises with the failed peer's log tail); everything is torn down after."""
+    0 within ``wait_s`` (else raises with the failed peer's log tail); everything is torn down after.
+    ``sample_links``: beside each peer, a sampler of its link's counter (:func:`bench.netns.sample_tx`)
+    writes ``DIR/tx{i}.txt`` once the peers exited."""
     from bench.netns import NetnsBridge
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -269,7 +277,14 @@ def namespaced_peers(module: str, n: int, rate_mbit: int, args: list[str], wait_
             NetnsBridge(n, rate=f"{rate_mbit}mbit", prefix=prefix) as net:
         out = Path(tmp)
         procs, logs = [], [open(out / f"peer{i}.log", "wb") for i in range(n)]
+        samplers = [net.popen(i, [sys.executable, "-m", "bench.netns", "--sample-tx", str(out / f"tx{i}.txt")],
+                              env=env, stdout=subprocess.PIPE, stderr=logs[i], text=True)
+                    for i in range(n)] if sample_links else []
         try:
+            for i, p in enumerate(samplers):  # each reads its link before any peer starts
+                if p.stdout.readline().strip() != "sampling":
+                    raise RuntimeError(f"the link sampler of peer {i} did not start:\n"
+                                       f"{(out / f'peer{i}.log').read_text()[-3000:]}")
             base = [sys.executable, "-m", module, "--out", tmp, *args]
             procs.append(net.popen(0, [*base, "--peer", "0", "--host", net.address(0)], env=env,
                                    stdout=logs[0], stderr=subprocess.STDOUT))
@@ -282,9 +297,15 @@ def namespaced_peers(module: str, n: int, rate_mbit: int, args: list[str], wait_
                 p.wait(timeout=wait_s)
                 if p.returncode != 0:
                     raise RuntimeError(f"peer {i} exited {p.returncode}:\n{(out / f'peer{i}.log').read_text()[-3000:]}")
+            for p in samplers:
+                p.terminate()
+            for i, p in enumerate(samplers):
+                p.stdout.close()
+                if p.wait(timeout=30) != 0 or not (out / f"tx{i}.txt").exists():
+                    raise RuntimeError(f"the link sampler of peer {i} exited {p.returncode}")
             yield out
         finally:
-            for p in procs:
+            for p in [*procs, *samplers]:
                 if p.poll() is None:
                     os.killpg(p.pid, 9)
                     p.wait()
@@ -302,19 +323,23 @@ def _round_at(args: argparse.Namespace, rate_mbit: int, codecs: list[str]) -> tu
                  "--rounds", str(args.rounds),
                  "--entropy", args.entropy, "--timeout", str(args.timeout), *([] if args.warmup else ["--no-warmup"]),
                  *([] if args.lanes else ["--no-lanes"])]
-    with namespaced_peers("bench.comm", n, rate_mbit, peer_args, args.timeout * len(codecs) * args.rounds + 180) as out:
+    with namespaced_peers("bench.comm", n, rate_mbit, peer_args, args.timeout * len(codecs) * args.rounds + 180,
+                          sample_links=True) as out:
         peers = [json.loads((out / f"peer{i}.json").read_text()) for i in range(n)]
+        links = [read_samples(str(out / f"tx{i}.txt")) for i in range(n)]
         avgs = [torch.load(out / f"avg{i}.pt") for i in range(n)] if "int8" in codecs else []
     per_codec = {}
     for codec in codecs:
-        rounds = [_round_summary(args, codec, [p[codec][r] for p in peers], rate, numel)
+        rounds = [_round_summary(args, codec, [p[codec][r] for p in peers], rate, numel, links)
                   for r in range(len(peers[0][codec]))]
         per_codec[codec] = _median_round(rounds)
     return per_codec, avgs
 
 
-def _round_summary(args: argparse.Namespace, codec: str, peers: list[dict], rate: float, numel: int) -> dict:
-    """One round of ``codec``: its times, bytes and CPU from every peer's record of it."""
+def _round_summary(args: argparse.Namespace, codec: str, peers: list[dict], rate: float, numel: int,
+                   links: Optional[list] = None) -> dict:
+    """One round of ``codec``: its times, bytes and CPU from every peer's record of it; with ``links``
+    (each peer's :func:`bench.netns.read_samples`), where their links idled in it."""
     n = len(peers)
     sent = sum(p["bytes_sent"] for p in peers) / n
     size = sent / (2 * (n - 1) / n)  # what the codec (and entropy stage) actually sends per copy of the module
@@ -339,7 +364,19 @@ def _round_summary(args: argparse.Namespace, codec: str, peers: list[dict], rate
         lane_streams_by_peer=[p["lane_streams"] for p in peers],
         identical_on_all_peers=len({p["sha256"] for p in peers}) == 1,
         group_size=min(p["group_size"] for p in peers),
-    )
+    ) | (dict(link_idle_seconds=_link_idle(peers, links, rate)) if links else {})
+
+
+def _link_idle(peers: list[dict], links: list, rate: float) -> dict:
+    """Where the peers' links idled in one round (:func:`bench.netns.link_idle`, the mean over the
+    peers): from the first peer's group forming to the last one's average, its length ``span_s``,
+    the time no bytes went ``idle_s``, and that split into ``start_s``, ``middle_s`` and ``tail_s``."""
+    from bench.netns import link_idle
+
+    start = min(p["formed_at"] for p in peers)
+    end = max(p["formed_at"] + p["seconds_allreduce"] for p in peers)
+    each = [link_idle(samples, start, end, rate) for samples in links]
+    return {k: round(statistics.mean(e[k] for e in each), 3) for k in each[0]}
 
 
 def median_index(values: list[float]) -> int:
@@ -364,6 +401,9 @@ def _median_round(rounds: list[dict]) -> dict:
         cpu_s_per_mb_by_round=[r["cpu_s_per_mb"] for r in rounds],
         identical_on_all_peers=all(r["identical_on_all_peers"] for r in rounds),
     )
+    if all("link_idle_seconds" in r for r in rounds):
+        out["link_idle_seconds_mean"] = {k: round(statistics.mean(r["link_idle_seconds"][k] for r in rounds), 3)
+                                         for k in rounds[0]["link_idle_seconds"]}
     return out
 
 

@@ -29,7 +29,7 @@ import subprocess
 from pathlib import Path
 from typing import Optional, Sequence
 
-__all__ = ["NetnsBridge", "netns_available", "tx_bytes"]
+__all__ = ["NetnsBridge", "link_idle", "netns_available", "read_samples", "sample_tx", "tx_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -160,3 +160,97 @@ def tx_bytes(interface: str = "eth0") -> int:
         return int(Path(f"/sys/class/net/{interface}/statistics/tx_bytes").read_text())
     except OSError:
         return -1
+
+
+SAMPLE_INTERVAL = 0.01
+"""Seconds between two readings of a link's counter by :func:`sample_tx` (a reading costs a few
+microseconds: a pread of the sysfs file)."""
+
+
+def sample_tx(path: str, interface: str = "eth0", interval: float = SAMPLE_INTERVAL) -> None:
+    """Read ``interface``'s sent-bytes counter every ``interval`` seconds until SIGTERM or SIGINT,
+    then write the readings to ``path``, one ``monotonic_seconds bytes`` line each. The clock is
+    ``time.monotonic()``, one clock for every namespace of the host, as the benchmark peers' own
+    marks are. Run beside a peer in its namespace (``python -m bench.netns --sample-tx PATH``): its
+    CPU is not the peer's, and the counter is what the ``tbf`` let out, so the readings show when
+    the peer's link carried bytes and when it idled. Prints ``sampling`` once it read the counter."""
+    import signal
+    import time
+
+    stop = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.append(True))
+    readings: list[tuple[float, int]] = []
+    fd = os.open(f"/sys/class/net/{interface}/statistics/tx_bytes", os.O_RDONLY)
+    try:
+        readings.append((time.monotonic(), int(os.pread(fd, 32, 0))))
+        print("sampling", flush=True)  # whoever started us may go on: the counter is being read
+        while not stop:  # a reading after the signal too: the sleep resumes after the handler (PEP 475)
+            time.sleep(interval)
+            readings.append((time.monotonic(), int(os.pread(fd, 32, 0))))
+    finally:
+        os.close(fd)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.writelines(f"{t:.6f} {b}\n" for t, b in readings)
+    os.replace(tmp, path)
+
+
+def read_samples(path: str) -> list[tuple[float, int]]:
+    """:func:`sample_tx`'s readings in ``path``: ``(monotonic_seconds, bytes)``, in time order."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        t, b = line.split()
+        out.append((float(t), int(b)))
+    return out
+
+
+def link_idle(samples: Sequence[tuple[float, int]], start: float, end: float, rate: float,
+              busy: float = 0.5, step: float = 0.02) -> dict[str, float]:
+    """Where a link idled between ``start`` and ``end`` (monotonic seconds), from a counter's
+    ``samples`` (:func:`read_samples`) and its ``rate`` in bytes/s. The window is cut into ``step``
+    slices; a slice is busy where the link carried at least ``busy`` of its rate in it (the counter
+    read between samples as growing evenly). ``idle_s`` is the window's length less the time its bytes
+    took at ``rate``; it is split into ``start_s`` (until the first busy slice), ``tail_s`` (after the
+    last one) and ``middle_s`` (the rest, between them: the link waiting within the round)."""
+    times = [t for t, _ in samples]
+    counts = [b for _, b in samples]
+
+    def at(t: float) -> float:
+        import bisect
+
+        i = bisect.bisect_right(times, t)
+        if i == 0:
+            return float(counts[0])
+        if i == len(times):
+            return float(counts[-1])
+        t0, t1, b0, b1 = times[i - 1], times[i], counts[i - 1], counts[i]
+        return b0 + (b1 - b0) * (t - t0) / (t1 - t0) if t1 > t0 else float(b1)
+
+    span = max(0.0, end - start)
+    carried = max(0.0, at(end) - at(start))
+    idle = max(0.0, span - carried / rate)
+    slices = max(1, int(round(span / step)))
+    width = span / slices if span else 0.0
+    busy_slices = [k for k in range(slices)
+                   if width and at(start + (k + 1) * width) - at(start + k * width) >= busy * rate * width]
+    if not busy_slices:
+        return dict(span_s=span, idle_s=idle, start_s=idle, middle_s=0.0, tail_s=0.0)
+    head = min(idle, busy_slices[0] * width)
+    tail = min(idle - head, (slices - 1 - busy_slices[-1]) * width)
+    return dict(span_s=span, idle_s=idle, start_s=head, middle_s=max(0.0, idle - head - tail), tail_s=tail)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="sample this namespace's link counter (see sample_tx)")
+    parser.add_argument("--sample-tx", required=True, metavar="PATH", help="where the readings go on SIGTERM")
+    parser.add_argument("--interface", default="eth0")
+    parser.add_argument("--interval", type=float, default=SAMPLE_INTERVAL)
+    args = parser.parse_args(argv)
+    sample_tx(args.sample_tx, args.interface, args.interval)
+
+
+if __name__ == "__main__":
+    main()

@@ -9,14 +9,17 @@ every sender as soon as it holds that segment from all of them. Each peer's time
 start to the last average it receives; the round's time is the slowest peer's, and its link
 efficiency is ``bench.comm``'s: ``2 (n - 1) / n * size / rate`` over that time.
 
-Two schedules, each the better of the ways one might carry the traffic:
+Three schedules, ways one might carry the traffic:
 
 - ``per_pair``: one connection per ordered pair of peers, segments back to back, averages returned on it;
 - ``per_segment``: one connection per segment and part, the next segment sent once the last one is
-  handed to the kernel (what the averager does over its lanes).
+  handed to the kernel (what the averager did over its lanes until session 28);
+- ``paced``: as ``per_segment``, but the next segment also waits until the reducer acknowledged the
+  one before the last (a byte it sends back as soon as it holds the segment): what the averager does
+  since session 28 (``peer.averaging.allreduce.IN_FLIGHT``).
 
 ``measure`` runs ``rounds`` of each and reports each schedule's median link efficiency, and the
-ceiling: the better median. Everything the processes send is counted by the namespaces' ``tbf``
+ceiling: the best median. Everything the processes send is counted by the namespaces' ``tbf``
 too, so the gap between this ceiling and 1.0 is what TCP/IP headers, acknowledgements and the
 congestion control's own pacing leave of the link (about 5% is headers and acknowledgements alone).
 
@@ -41,7 +44,9 @@ from models import strict_json
 
 __all__ = ["measure", "SCHEDULES"]
 
-SCHEDULES = ("per_pair", "per_segment")
+SCHEDULES = ("per_pair", "per_segment", "paced")
+IN_FLIGHT = 2
+"""``paced``: most segments of a sender at one reducer not yet acknowledged (as the averager's)."""
 PORT = 47211
 _HEADER = struct.Struct(">II")  # sender, segment
 _IO_TIMEOUT = 60.0
@@ -86,11 +91,13 @@ def _peer(me: int, addrs: list[str], size: int, segments: int, schedule: str, st
                     _recv_exactly(conn, _HEADER.size - got, memoryview(head)[got:])
                 sender, s = _HEADER.unpack(head)
                 _recv_exactly(conn, seg, buf)
+                if schedule == "paced":
+                    conn.sendall(b"\1")  # before the average can be: the reply waits for ``have`` below
                 with lock:
                     have[s].add(sender)
                     reply_to[(sender, s)] = conn
                     lock.notify_all()
-                if schedule == "per_segment":
+                if schedule != "per_pair":
                     return
         except OSError as e:
             errors.append(e)
@@ -132,25 +139,32 @@ def _peer(me: int, addrs: list[str], size: int, segments: int, schedule: str, st
                     _recv_exactly(conn, seg, buf)
                 done.append(time.time())
                 return
-            handed = threading.Event()
+            handed = [threading.Event() for _ in range(segments)]
+            acked = [threading.Event() for _ in range(segments)]
             waits = []
 
             def one(s: int) -> None:
                 try:
                     conn = socket.create_connection((addrs[j], PORT), timeout=_IO_TIMEOUT)
                     conn.sendall(_HEADER.pack(me, s) + payload)
-                    handed.set()
+                    handed[s].set()
+                    if schedule == "paced":
+                        _recv_exactly(conn, 1, bytearray(1))
+                        acked[s].set()
                     _recv_exactly(conn, seg, bytearray(1 << 20))
                 except OSError as e:
                     errors.append(e)
-                    handed.set()
+                finally:
+                    handed[s].set()
+                    acked[s].set()
 
             for s in range(segments):
-                handed.clear()
                 t = threading.Thread(target=one, args=(s,), daemon=True)
                 t.start()
                 waits.append(t)
-                handed.wait(_IO_TIMEOUT)
+                handed[s].wait(_IO_TIMEOUT)
+                if schedule == "paced" and s + 1 >= IN_FLIGHT:
+                    acked[s + 1 - IN_FLIGHT].wait(_IO_TIMEOUT)
             for t in waits:
                 t.join(_IO_TIMEOUT)
             done.append(time.time())

@@ -86,3 +86,70 @@ def test_a_bare_tcp_peer_whose_partner_never_comes_fails(monkeypatch):
     monkeypatch.setattr(tc, "_IO_TIMEOUT", 1.0)
     with pytest.raises(RuntimeError, match="peer 0"):
         tc._peer(0, ["127.0.0.21", "127.0.0.22"], 2 * 65536, 2, "per_pair", time.time())
+
+
+def test_link_idle_splits_a_round_s_idle_time_into_its_start_middle_and_tail():
+    """A link at 1000 B/s sampled every 10 ms: idle 0.2 s, busy 0.5 s, idle 0.3 s, busy 0.6 s, idle
+    0.4 s within a 2.0 s window."""
+    from bench.netns import link_idle
+
+    rate, samples, count = 1000.0, [], 0.0
+    for k in range(201):
+        t = k * 0.01
+        samples.append((100.0 + t, int(round(count))))
+        busy = 0.2 <= t < 0.7 or 1.0 <= t < 1.6
+        count += rate * 0.01 if busy else 0.0
+    out = link_idle(samples, 100.0, 102.0, rate)
+    assert out["span_s"] == pytest.approx(2.0)
+    assert out["idle_s"] == pytest.approx(0.9, abs=0.02)  # 2.0 s less the 1.1 s its 1100 bytes took
+    assert out["start_s"] == pytest.approx(0.2, abs=0.02)
+    assert out["middle_s"] == pytest.approx(0.3, abs=0.02)
+    assert out["tail_s"] == pytest.approx(0.4, abs=0.02)
+    assert out["start_s"] + out["middle_s"] + out["tail_s"] == pytest.approx(out["idle_s"])
+    # a link that carried nothing idled from the start
+    quiet = link_idle([(100.0 + k * 0.01, 5) for k in range(101)], 100.0, 101.0, rate)
+    assert quiet["idle_s"] == pytest.approx(1.0) and quiet["start_s"] == pytest.approx(1.0)
+    assert quiet["middle_s"] == 0.0 and quiet["tail_s"] == 0.0
+
+
+def test_the_link_sampler_writes_the_counter_it_read_until_told_to_stop(tmp_path):
+    """``python -m bench.netns --sample-tx`` on loopback (here, outside any namespace): its readings
+    grow by at least what we sent while it ran, on the shared monotonic clock, and it exits 0 on SIGTERM."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from helpers import wait_for
+
+    from bench.netns import read_samples
+
+    path = tmp_path / "tx.txt"
+    proc = subprocess.Popen([sys.executable, "-m", "bench.netns", "--sample-tx", str(path), "--interface", "lo",
+                             "--interval", "0.005"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "sampling"  # it read the counter once: we may go on
+        t0 = time.monotonic()
+        server = socket.create_server(("127.0.0.1", 0))
+        client = socket.create_connection(server.getsockname())
+        conn, _ = server.accept()
+        payload = b"x" * (1 << 20)
+        for _ in range(8):  # 8 MiB over loopback, read as it comes
+            client.sendall(payload)
+            got = 0
+            while got < len(payload):
+                got += len(conn.recv(1 << 20))
+        for s in (client, conn, server):
+            s.close()
+        t1 = time.monotonic()
+    finally:  # its last reading comes after the signal: after our last byte
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+        proc.stdout.close()
+    wait_for(lambda: path.exists(), 10, "the readings written")
+    samples = read_samples(str(path))
+    times = [t for t, _ in samples]
+    counts = [b for _, b in samples]
+    assert times == sorted(times) and counts == sorted(counts)
+    assert times[0] <= t0 + 5 and times[-1] >= t1  # the same clock as ours
+    assert counts[-1] - counts[0] >= 8 << 20

@@ -137,6 +137,9 @@ EventHook = Callable[[str], None]
 kill the process) and benchmarks can time phases: ``"group_formed"`` (matchmaking done, before
 the reduction), ``"parts_sent"`` (every part we contribute was acknowledged by its reducer),
 ``"reduced"`` (a part we reduce is averaged and encoded, and about to be sent back),
+``"part_accepted"`` (a contribution to a part we reduce is validated and added, about to be
+acknowledged), ``"part_handed"`` / ``"part_acknowledged"`` (one part we contribute was handed over
+to the daemon or lane / its reducer acknowledged it),
 ``"part_replied"`` (one member received, and closed the stream of, the average of a part we reduce),
 ``"bucket_done"`` (a split round's bucket mean is ours, before the top group or the tree,
 :mod:`peer.averaging.hierarchy`), ``"top_gather"`` (a delegate about to matchmake the top group)."""
@@ -244,6 +247,7 @@ class PartReducer:
             log.warning("dropped %s from part %d.%d of group %s: %s", sender, header.segment, header.part_index,
                         header.group_id, problem)
             return PartReply(ok=False, error=problem), b""
+        self.event("part_accepted")
         await P2P.send_protobuf(PartReply(ok=True, received=True), writer)
         try:
             data, contributors = await asyncio.wait_for(asyncio.shield(slot.result), max(0.0, deadline - time.monotonic()))

@@ -1,0 +1,80 @@
+"""The all-reduce's pacing of segments (``peer.averaging.allreduce.IN_FLIGHT``), over real DHTs and p2p
+daemons on loopback: a member hands its next segment to a reducer only once that reducer acknowledged
+the one before the last. Handing over alone says little: a daemon or a socket's buffer takes whole
+segments at once, and every segment of a round then shares the link in the kernel.
+
+The reducer holds its first acknowledgement (its loop stalls in the event hook, as a busy peer's
+would); while it does, the member may hand over at most ``IN_FLIGHT`` segments."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from helpers import wait_for
+
+STALL_S = 2.0
+"""How long the reducer holds its first acknowledgement of a round: far longer than the member needs
+to hand over every segment of this small vector if nothing held it."""
+
+
+def test_a_member_hands_a_reducer_no_more_than_two_unacknowledged_segments():
+    from peer.averaging import BLOCK, get_codec
+    from peer.averaging.allreduce import IN_FLIGHT
+    from peer.averaging.net_averager import NetAverager
+    from peer.averaging.partition import MAX_SEGMENTS, SEGMENT_BLOCKS, segment_bounds
+    from peer.network import DHTOptions, HolderRecord, holders_key, read_records, start_dht
+
+    numel = MAX_SEGMENTS * SEGMENT_BLOCKS * BLOCK  # (numel,): the smallest vector cut into every segment
+    assert len(segment_bounds(numel)) == MAX_SEGMENTS > IN_FLIGHT
+    seen: list[tuple[float, str]] = []  # the member's own parts: (time, event)
+    stalls: list[float] = []
+    armed = threading.Event()
+
+    def member_hook(point: str) -> None:
+        if point in ("part_handed", "part_acknowledged"):
+            seen.append((time.monotonic(), point))
+
+    def reducer_hook(point: str) -> None:
+        if point == "part_accepted" and armed.is_set():
+            armed.clear()
+            stalls.append(time.monotonic())
+            time.sleep(STALL_S)  # holds the reducer's loop, and with it the acknowledgement
+
+    host = ["/ip4/127.0.0.1/tcp/0"]
+    with start_dht(DHTOptions(host_maddrs=host)) as d0, \
+            start_dht(DHTOptions(host_maddrs=host, initial_peers=d0.maddrs())) as d1:
+        # over the daemons: a lane would be set up during the round, and the daemons buffer every segment
+        avgs = [NetAverager(d, "pacing", "cccc0000cccc0000", direct_lanes=False, event_hook=hook)
+                for d, hook in ((d0, member_hook), (d1, reducer_hook))]
+        try:
+            for avg in avgs:
+                avg.hold("L0M0", 0)
+            for avg in avgs:
+                wait_for(lambda: len(read_records(avg.dht, holders_key("pacing", "L0M0"), HolderRecord)) == 2, 30,
+                         "both holder records")
+            deltas = [torch.randn(numel, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+            armed.set()
+            with ThreadPoolExecutor(2) as pool:
+                results = list(pool.map(lambda i: avgs[i].average("L0M0", 0, [deltas[i]], 1.0, get_codec("int8"), 60.0),
+                                        range(2)))
+        finally:
+            for avg in avgs:
+                avg.shutdown()
+    for res in results:
+        assert res.group_size == 2, res.reason
+    assert torch.equal(results[0].averaged[0], results[1].averaged[0])
+    assert stalls, "the reducer never accepted a part"
+    handed = [t for t, p in seen if p == "part_handed"]
+    acknowledged = [t for t, p in seen if p == "part_acknowledged"]
+    # the member contributes one part per segment to its one reducer, every one handed and acknowledged
+    assert len(handed) == len(acknowledged) == MAX_SEGMENTS, seen
+    assert acknowledged[0] > stalls[0] + STALL_S / 2, "an acknowledgement came while the reducer was stalled"
+    for k in range(IN_FLIGHT, MAX_SEGMENTS):
+        # segment k went once segment k - IN_FLIGHT was acknowledged: never more than IN_FLIGHT unacknowledged
+        assert handed[k] >= acknowledged[k - IN_FLIGHT], (k, seen)
+    # and while the acknowledgement was held, the member had handed over exactly IN_FLIGHT
+    assert sum(t < acknowledged[0] for t in handed) == IN_FLIGHT, seen
