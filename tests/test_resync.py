@@ -81,6 +81,28 @@ def test_a_state_behind_our_next_round_is_not_taken():
     assert not all(torch.equal(a, b) for a, b in zip(model.parameters(), before))
 
 
+def test_a_resync_without_a_wait_tries_once_where_the_default_polls_the_group():
+    """A stage server installs the re-sync with ``wait=0`` (its step runs inside a request it
+    serves): after a failed round it asks the holders once and goes on, where the default polls
+    them for up to ``0.2 * round_timeout`` (1 s here) for the group's state."""
+    asked = {}
+    for wait in (None, 0.0):
+        averager = Scripted()
+        model, opt = _opt(averager)
+        calls = asked[wait] = []
+
+        def fetch(mid, like, accept=None, min_round=-1, calls=calls):
+            calls.append(mid)
+            return None  # no holder has the group's state (the group is gone)
+
+        install_resync(opt, fetch, wait=wait)
+        _steps(model, opt, 4)  # round 0 launched, then completed (failed) and round 1 launched
+        opt.flush()
+        assert [r for r, _ in averager.calls] == [0, 1]  # the next round launched either way
+    assert asked[0.0] == ["L0M0"]
+    assert len(asked[None]) >= 2, asked  # polled every 0.5 s for about 1 s
+
+
 def test_after_a_round_each_module_is_announced_in_the_background_with_its_digest():
     """``resync_after_round`` announces each module's next round and state digest without making the
     training loop wait on a DHT store (one per module and round: 0.3-0.9 s each on a busy host cost

@@ -78,10 +78,14 @@ def resync_module(opt: DiLoCoOptimizer, module_id: str, fetch_state: Optional[Fe
     return True
 
 
-def install_resync(opt: DiLoCoOptimizer, fetch_state: Optional[FetchState]) -> None:
-    """Overlap mode: re-sync failed modules between their completed exchange and the next launch."""
+def install_resync(opt: DiLoCoOptimizer, fetch_state: Optional[FetchState], wait: Optional[float] = None) -> None:
+    """Overlap mode: re-sync failed modules between their completed exchange and the next launch,
+    polling for the group's state for up to ``wait`` seconds (None: ``min(10, 0.2 * round_timeout)``).
+    A stage server passes 0 (one try, a failed one retried after its next round): its step runs
+    inside the request that completed it, so a poll there stalls its serving, and with rounds failing
+    one after another (its group gone) a trainer's requests time out and its steps are abandoned."""
     if opt.outer_cfg.overlap and fetch_state is not None:
-        wait = min(10.0, 0.2 * opt.outer_cfg.round_timeout)
+        wait = min(10.0, 0.2 * opt.outer_cfg.round_timeout) if wait is None else wait
 
         def before_launch(mid: str, report: Any) -> None:
             if "NaN" not in report.reason:

@@ -211,7 +211,7 @@ def run_stage_server(cfg: RunConfig, module_id: str, dataset: Any, device: torch
 
     server = StageServer(cfg, module_id, dht, averager, device, options, outer, event_hook, on_round)
     adopt_states(cfg, server.opt, {module_id: server.module}, checkpoints, fetch)
-    install_resync(server.opt, fetch)
+    install_resync(server.opt, fetch, wait=0.0)  # never a poll in the request that completed a step
     if hasattr(averager, "serve_states"):
         averager.serve_states(server.opt.module_state)
     status.mode, status.assignment, status.state = "stage", module_id, "training"
