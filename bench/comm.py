@@ -84,7 +84,7 @@ from typing import Iterator, Optional
 
 from bench import tcp_ceiling
 from bench.common import ISSUE_RATE_MBIT, emit, rate_result_name, run_main
-from bench.netns import read_samples, tx_bytes
+from bench.netns import link_idle, read_samples, tx_bytes
 from models import strict_json
 from models.codec_spec import ENTROPY_STAGES, codec_spec, wire_name
 from models.config import OuterConfig
@@ -371,8 +371,6 @@ def _link_idle(peers: list[dict], links: list, rate: float) -> dict:
     """Where the peers' links idled in one round (:func:`bench.netns.link_idle`, the mean over the
     peers): from the first peer's group forming to the last one's average, its length ``span_s``,
     the time no bytes went ``idle_s``, and that split into ``start_s``, ``middle_s`` and ``tail_s``."""
-    from bench.netns import link_idle
-
     start = min(p["formed_at"] for p in peers)
     end = max(p["formed_at"] + p["seconds_allreduce"] for p in peers)
     each = [link_idle(samples, start, end, rate) for samples in links]

@@ -22,10 +22,13 @@ Everything is removed on :meth:`NetnsBridge.close` (also on failure: use it as a
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -174,9 +177,6 @@ def sample_tx(path: str, interface: str = "eth0", interval: float = SAMPLE_INTER
     marks are. Run beside a peer in its namespace (``python -m bench.netns --sample-tx PATH``): its
     CPU is not the peer's, and the counter is what the ``tbf`` let out, so the readings show when
     the peer's link carried bytes and when it idled. Prints ``sampling`` once it read the counter."""
-    import signal
-    import time
-
     stop = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.append(True))
@@ -217,8 +217,6 @@ def link_idle(samples: Sequence[tuple[float, int]], start: float, end: float, ra
     counts = [b for _, b in samples]
 
     def at(t: float) -> float:
-        import bisect
-
         i = bisect.bisect_right(times, t)
         if i == 0:
             return float(counts[0])

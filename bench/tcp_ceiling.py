@@ -46,7 +46,8 @@ __all__ = ["measure", "SCHEDULES"]
 
 SCHEDULES = ("per_pair", "per_segment", "paced")
 IN_FLIGHT = 2
-"""``paced``: most segments of a sender at one reducer not yet acknowledged (as the averager's)."""
+"""``paced``: most segments of a sender at one reducer not yet acknowledged: the averager's
+``peer.averaging.allreduce.IN_FLIGHT``, not imported (it would bring torch into these small processes)."""
 PORT = 47211
 _HEADER = struct.Struct(">II")  # sender, segment
 _IO_TIMEOUT = 60.0

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from helpers import wait_for
+from helpers.averagers import loopback_holders
 
 STALL_S = 2.0
 """How long the reducer holds its first acknowledgement of a round: far longer than the member needs
@@ -24,9 +24,7 @@ to hand over every segment of this small vector if nothing held it."""
 def test_a_member_hands_a_reducer_no_more_than_two_unacknowledged_segments():
     from peer.averaging import BLOCK, get_codec
     from peer.averaging.allreduce import IN_FLIGHT
-    from peer.averaging.net_averager import NetAverager
     from peer.averaging.partition import MAX_SEGMENTS, SEGMENT_BLOCKS, segment_bounds
-    from peer.network import DHTOptions, HolderRecord, holders_key, read_records, start_dht
 
     numel = MAX_SEGMENTS * SEGMENT_BLOCKS * BLOCK  # (numel,): the smallest vector cut into every segment
     assert len(segment_bounds(numel)) == MAX_SEGMENTS > IN_FLIGHT
@@ -44,26 +42,14 @@ def test_a_member_hands_a_reducer_no_more_than_two_unacknowledged_segments():
             stalls.append(time.monotonic())
             time.sleep(STALL_S)  # holds the reducer's loop, and with it the acknowledgement
 
-    host = ["/ip4/127.0.0.1/tcp/0"]
-    with start_dht(DHTOptions(host_maddrs=host)) as d0, \
-            start_dht(DHTOptions(host_maddrs=host, initial_peers=d0.maddrs())) as d1:
-        # over the daemons: a lane would be set up during the round, and the daemons buffer every segment
-        avgs = [NetAverager(d, "pacing", "cccc0000cccc0000", direct_lanes=False, event_hook=hook)
-                for d, hook in ((d0, member_hook), (d1, reducer_hook))]
-        try:
-            for avg in avgs:
-                avg.hold("L0M0", 0)
-            for avg in avgs:
-                wait_for(lambda: len(read_records(avg.dht, holders_key("pacing", "L0M0"), HolderRecord)) == 2, 30,
-                         "both holder records")
-            deltas = [torch.randn(numel, generator=torch.Generator().manual_seed(i)) for i in range(2)]
-            armed.set()
-            with ThreadPoolExecutor(2) as pool:
-                results = list(pool.map(lambda i: avgs[i].average("L0M0", 0, [deltas[i]], 1.0, get_codec("int8"), 60.0),
-                                        range(2)))
-        finally:
-            for avg in avgs:
-                avg.shutdown()
+    deltas = [torch.randn(numel, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    # over the daemons: a lane would be set up during the round, and the daemons buffer every segment
+    options = [dict(direct_lanes=False, event_hook=hook) for hook in (member_hook, reducer_hook)]
+    with loopback_holders(2, "pacing", "L0M0", 0, "cccc0000cccc0000", options) as avgs:
+        armed.set()
+        with ThreadPoolExecutor(2) as pool:
+            results = list(pool.map(lambda i: avgs[i].average("L0M0", 0, [deltas[i]], 1.0, get_codec("int8"), 60.0),
+                                    range(2)))
     for res in results:
         assert res.group_size == 2, res.reason
     assert torch.equal(results[0].averaged[0], results[1].averaged[0])

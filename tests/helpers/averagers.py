@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
-from typing import Iterator
+from typing import Iterator, Optional, Sequence
 
 from helpers.procs import wait_for
 
@@ -12,10 +12,11 @@ HOST = ["/ip4/127.0.0.1/tcp/0"]
 
 @contextmanager
 def loopback_holders(n: int, run_id: str, module_id: str, round_no: int,
-                     config_hash: str = "aaaa0000aaaa0000") -> Iterator[list]:
+                     config_hash: str = "aaaa0000aaaa0000", options: Optional[Sequence[dict]] = None) -> Iterator[list]:
     """``n`` averagers, each with its own DHT (the first bootstraps the others), holding ``module_id``
     at ``round_no``; yielded once every holder record is visible, shut down (averagers, then DHTs)
-    after."""
+    after. ``options``: each averager's further ``NetAverager`` keyword arguments (an event hook,
+    ``direct_lanes``)."""
     from peer.averaging.net_averager import NetAverager
     from peer.network import DHTOptions, HolderRecord, holders_key, read_records, start_dht
 
@@ -23,7 +24,7 @@ def loopback_holders(n: int, run_id: str, module_id: str, round_no: int,
         first = stack.enter_context(start_dht(DHTOptions(host_maddrs=HOST)))
         dhts = [first] + [stack.enter_context(start_dht(DHTOptions(host_maddrs=HOST, initial_peers=first.maddrs())))
                           for _ in range(n - 1)]
-        avgs = [NetAverager(d, run_id, config_hash) for d in dhts]
+        avgs = [NetAverager(d, run_id, config_hash, **(options[i] if options else {})) for i, d in enumerate(dhts)]
         try:
             for avg in avgs:
                 avg.hold(module_id, round_no)
