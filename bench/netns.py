@@ -185,9 +185,12 @@ def sample_tx(path: str, interface: str = "eth0", interval: float = SAMPLE_INTER
     try:
         readings.append((time.monotonic(), int(os.pread(fd, 32, 0))))
         print("sampling", flush=True)  # whoever started us may go on: the counter is being read
-        while not stop:  # a reading after the signal too: the sleep resumes after the handler (PEP 475)
+        while not stop:
             time.sleep(interval)
             readings.append((time.monotonic(), int(os.pread(fd, 32, 0))))
+        # one reading after the signal, always: it may come before the loop's first test, and then
+        # the loop takes none (the last reading must come after the caller's last byte)
+        readings.append((time.monotonic(), int(os.pread(fd, 32, 0))))
     finally:
         os.close(fd)
     tmp = f"{path}.tmp"

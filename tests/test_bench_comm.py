@@ -155,6 +155,30 @@ def test_the_link_sampler_writes_the_counter_it_read_until_told_to_stop(tmp_path
     assert counts[-1] - counts[0] >= 8 << 20
 
 
+def test_the_link_sampler_reads_once_more_after_a_signal_that_comes_at_once(tmp_path):
+    """A signal right after ``sampling`` may land before the sampler's loop ever tests it; its last
+    reading must still come after the signal (CI once got a single reading, from before the bytes)."""
+    import subprocess
+    import sys
+    import time
+
+    from bench.netns import read_samples
+
+    for k in range(5):  # the race is narrow: try it a few times
+        path = tmp_path / f"tx{k}.txt"
+        proc = subprocess.Popen([sys.executable, "-m", "bench.netns", "--sample-tx", str(path), "--interface", "lo",
+                                 "--interval", "0.5"], stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout.readline().strip() == "sampling"
+            t0 = time.monotonic()
+        finally:
+            proc.terminate()
+            assert proc.wait(timeout=30) == 0
+            proc.stdout.close()
+        times = [t for t, _ in read_samples(str(path))]
+        assert len(times) >= 2 and times[-1] >= t0
+
+
 def test_hivemind_s_baseline_is_run_again_once_after_a_failure_and_says_so(monkeypatch):
     """hivemind's averager now and then fails a round here; bench.comm runs its baseline once more
     (``attempts`` 2) rather than losing the whole run, and gives up after that (the failure is raised)."""
