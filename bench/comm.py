@@ -97,14 +97,23 @@ MODULE = "L0M0"
 H = 100
 
 
-def _cpu_seconds() -> tuple[float, float, dict[str, float]]:
-    """This process's CPU seconds (user + system, system) and its descendants' by command name (p2pd, the DHT)."""
+_CHILDREN: list = []
+"""This process's descendants as the last rescan found them (:func:`_cpu_seconds`)."""
+
+
+def _cpu_seconds(rescan: bool = True) -> tuple[float, float, dict[str, float]]:
+    """This process's CPU seconds (user + system, system) and its descendants' by command name (p2pd, the DHT).
+    ``rescan=False`` reuses the descendants the last call found: finding them reads every process's
+    ``/proc`` entry (milliseconds to tens of them on a busy host), too slow for the event loop's
+    snapshot at the round's start, which would hold the round's first sends back."""
     import psutil
 
     me = psutil.Process()
     own = me.cpu_times()
+    if rescan or not _CHILDREN:
+        _CHILDREN[:] = me.children(recursive=True)
     children: dict[str, float] = {}
-    for child in me.children(recursive=True):
+    for child in _CHILDREN:
         try:
             with child.oneshot():
                 t = child.cpu_times()
@@ -124,14 +133,15 @@ def _thread_cpu_seconds(native_id: Optional[int]) -> float:
     return 0.0
 
 
-def _snapshot(loop_thread: Optional[int]) -> dict:
+def _snapshot(loop_thread: Optional[int], rescan: bool = True) -> dict:
     """Everything a round's CPU breakdown is computed from: this process (and its loop thread), its
-    children by name, the averager's phase counters (:mod:`peer.averaging.phases`), page faults."""
+    children by name, the averager's phase counters (:mod:`peer.averaging.phases`), page faults.
+    ``rescan``: as :func:`_cpu_seconds`'s (False in the event loop)."""
     import resource
 
     from peer.averaging.phases import snapshot
 
-    cpu, system, children = _cpu_seconds()
+    cpu, system, children = _cpu_seconds(rescan)
     return dict(cpu=cpu, system=system, children=children, phases=snapshot(), loop=_thread_cpu_seconds(loop_thread),
                 minflt=resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
 
@@ -188,7 +198,7 @@ def run_peer(args: argparse.Namespace) -> None:
         if point not in marks:
             marks[point] = time.monotonic()
             if point == "group_formed":  # the all-reduce's CPU is counted from here
-                formed["snapshot"] = _snapshot(avg.loop_thread_id)
+                formed["snapshot"] = _snapshot(avg.loop_thread_id, rescan=False)  # in the loop: no /proc scan
 
     rate = args.rate_mbit * 1e6 / 8
     avg = NetAverager(dht, RUN_ID, CONFIG_HASH, bandwidth=rate, event_hook=on_event, direct_lanes=args.lanes)
