@@ -9,14 +9,17 @@ every sender as soon as it holds that segment from all of them. Each peer's time
 start to the last average it receives; the round's time is the slowest peer's, and its link
 efficiency is ``bench.comm``'s: ``2 (n - 1) / n * size / rate`` over that time.
 
-Three schedules, ways one might carry the traffic:
+Four schedules, ways one might carry the traffic:
 
 - ``per_pair``: one connection per ordered pair of peers, segments back to back, averages returned on it;
 - ``per_segment``: one connection per segment and part, the next segment sent once the last one is
   handed to the kernel (what the averager did over its lanes until session 28);
 - ``paced``: as ``per_segment``, but the next segment also waits until the reducer acknowledged the
-  one before the last (a byte it sends back as soon as it holds the segment): what the averager does
-  since session 28 (``peer.averaging.allreduce.IN_FLIGHT``).
+  one before the last (a byte it sends back as soon as it holds the segment): what the averager did
+  in session 28 (``peer.averaging.allreduce.IN_FLIGHT``);
+- ``ahead``: as ``paced``, but a peer returns a segment's averages only once its own segments through
+  the next one are handed to the kernel: what the averager does since session 29
+  (``peer.averaging.reducer.CONTRIBUTIONS_AHEAD``).
 
 ``measure`` runs ``rounds`` of each and reports each schedule's median link efficiency, and the
 ceiling: the best median. Everything the processes send is counted by the namespaces' ``tbf``
@@ -44,10 +47,13 @@ from models import strict_json
 
 __all__ = ["measure", "SCHEDULES"]
 
-SCHEDULES = ("per_pair", "per_segment", "paced")
+SCHEDULES = ("per_pair", "per_segment", "paced", "ahead")
 IN_FLIGHT = 2
-"""``paced``: most segments of a sender at one reducer not yet acknowledged: the averager's
+"""``paced`` and ``ahead``: most segments of a sender at one reducer not yet acknowledged: the averager's
 ``peer.averaging.allreduce.IN_FLIGHT``, not imported (it would bring torch into these small processes)."""
+CONTRIBUTIONS_AHEAD = 1
+"""``ahead``: the averager's ``peer.averaging.reducer.CONTRIBUTIONS_AHEAD`` (not imported, as above)."""
+_ACKED = ("paced", "ahead")
 PORT = 47211
 _HEADER = struct.Struct(">II")  # sender, segment
 _IO_TIMEOUT = 60.0
@@ -73,6 +79,7 @@ def _peer(me: int, addrs: list[str], size: int, segments: int, schedule: str, st
     have = [set() for _ in range(segments)]  # senders whose segment s of our part arrived
     reply_to: dict[tuple[int, int], socket.socket] = {}
     errors: list[BaseException] = []
+    handed_of = [0] * segments  # our own segments handed to the kernel, by segment (``ahead``)
 
     server = socket.socket()
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -92,7 +99,7 @@ def _peer(me: int, addrs: list[str], size: int, segments: int, schedule: str, st
                     _recv_exactly(conn, _HEADER.size - got, memoryview(head)[got:])
                 sender, s = _HEADER.unpack(head)
                 _recv_exactly(conn, seg, buf)
-                if schedule == "paced":
+                if schedule in _ACKED:
                     conn.sendall(b"\1")  # before the average can be: the reply waits for ``have`` below
                 with lock:
                     have[s].add(sender)
@@ -118,8 +125,9 @@ def _peer(me: int, addrs: list[str], size: int, segments: int, schedule: str, st
         """Averages of our part to ``sender``, segment after segment, each once every sender's is here."""
         try:
             for s in range(segments):
+                through = min(s + CONTRIBUTIONS_AHEAD, segments - 1) if schedule == "ahead" else -1
                 with lock:
-                    while len(have[s]) < n - 1 and not errors:
+                    while (len(have[s]) < n - 1 or any(h < n - 1 for h in handed_of[:through + 1])) and not errors:
                         lock.wait(1.0)
                     conn = reply_to.get((sender, s))
                 if conn is None:
@@ -149,7 +157,10 @@ def _peer(me: int, addrs: list[str], size: int, segments: int, schedule: str, st
                     conn = socket.create_connection((addrs[j], PORT), timeout=_IO_TIMEOUT)
                     conn.sendall(_HEADER.pack(me, s) + payload)
                     handed[s].set()
-                    if schedule == "paced":
+                    with lock:
+                        handed_of[s] += 1
+                        lock.notify_all()
+                    if schedule in _ACKED:
                         _recv_exactly(conn, 1, bytearray(1))
                         acked[s].set()
                     _recv_exactly(conn, seg, bytearray(1 << 20))
@@ -164,7 +175,7 @@ def _peer(me: int, addrs: list[str], size: int, segments: int, schedule: str, st
                 t.start()
                 waits.append(t)
                 handed[s].wait(_IO_TIMEOUT)
-                if schedule == "paced" and s + 1 >= IN_FLIGHT:
+                if schedule in _ACKED and s + 1 >= IN_FLIGHT:
                     acked[s + 1 - IN_FLIGHT].wait(_IO_TIMEOUT)
             for t in waits:
                 t.join(_IO_TIMEOUT)

@@ -64,3 +64,53 @@ def test_a_member_hands_a_reducer_no_more_than_two_unacknowledged_segments():
         assert handed[k] >= acknowledged[k - IN_FLIGHT], (k, seen)
     # and while the acknowledgement was held, the member had handed over exactly IN_FLIGHT
     assert sum(t < acknowledged[0] for t in handed) == IN_FLIGHT, seen
+
+
+def test_a_reducer_returns_an_average_only_after_its_own_contributions_a_segment_ahead():
+    """A reducer's link carries its contributions, which the other reducers wait on, and its averages,
+    which nobody waits on: the average of segment s goes out once its own contributions through
+    segment s + CONTRIBUTIONS_AHEAD are handed over. The other member stalls its first acknowledgement,
+    so the reducer cannot hand its third segment (pacing) while it already holds the first two
+    segments' contributions: without the rule, the second average would go out during the stall."""
+    from peer.averaging import BLOCK, get_codec
+    from peer.averaging.allreduce import IN_FLIGHT
+    from peer.averaging.partition import MAX_SEGMENTS, SEGMENT_BLOCKS
+    from peer.averaging.reducer import CONTRIBUTIONS_AHEAD
+
+    numel = MAX_SEGMENTS * SEGMENT_BLOCKS * BLOCK  # (numel,): cut into every segment
+    seen: list[tuple[float, str]] = []  # the reducer's: its contributions handed, its averages out
+    stalls: list[float] = []
+    armed = threading.Event()
+
+    def reducer_hook(point: str) -> None:
+        if point in ("part_handed", "average_out"):
+            seen.append((time.monotonic(), point))
+
+    def member_hook(point: str) -> None:
+        if point == "part_accepted" and armed.is_set():
+            armed.clear()
+            stalls.append(time.monotonic())
+            time.sleep(STALL_S)  # holds this member's loop, and with it the acknowledgement
+
+    deltas = [torch.randn(numel, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    options = [dict(direct_lanes=False, event_hook=hook) for hook in (reducer_hook, member_hook)]
+    with loopback_holders(2, "ahead", "L0M0", 0, "cccc0000cccc0001", options) as avgs:
+        armed.set()
+        with ThreadPoolExecutor(2) as pool:
+            results = list(pool.map(lambda i: avgs[i].average("L0M0", 0, [deltas[i]], 1.0, get_codec("int8"), 60.0),
+                                    range(2)))
+    for res in results:
+        assert res.group_size == 2, res.reason
+    assert torch.equal(results[0].averaged[0], results[1].averaged[0])
+    assert stalls, "the member never accepted a part"
+    handed = [t for t, p in seen if p == "part_handed"]
+    out = [t for t, p in seen if p == "average_out"]
+    # two members: one contribution and one average of ours per segment
+    assert len(handed) == len(out) == MAX_SEGMENTS, seen
+    assert IN_FLIGHT + 1 <= MAX_SEGMENTS and handed[IN_FLIGHT] > stalls[0] + STALL_S / 2, \
+        "the reducer handed its third segment while the member was stalled: nothing was held"
+    for k in range(1, MAX_SEGMENTS + 1):
+        # the k first averages include one of segment k - 1 or later: our contributions through
+        # segment k - 1 + CONTRIBUTIONS_AHEAD went before it
+        through = min(k + CONTRIBUTIONS_AHEAD, MAX_SEGMENTS)
+        assert out[k - 1] >= handed[through - 1], (k, seen)

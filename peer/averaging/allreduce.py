@@ -24,7 +24,10 @@ made them all finish together: the link idled while each reducer waited for its 
 carried only averages). The next segment goes once the last one is handed over AND the reducer
 acknowledged the one before it (:data:`IN_FLIGHT`): a socket's buffer or a p2p daemon takes a
 whole segment at once, so "handed over" alone let every segment into the kernel together, where
-the link is shared among them all and a reducer's early segments could come last.
+the link is shared among them all and a reducer's early segments could come last. A reducer returns
+the average of segment s once its own contributions through segment s+1 are handed over
+(:data:`~peer.averaging.reducer.CONTRIBUTIONS_AHEAD`): the other reducers wait on those, nobody
+waits on the averages.
 The vector is encoded while the group forms (:meth:`~peer.averaging.quantizers.Codec.prepare`: the
 averager starts it in a thread before matchmaking, so the first part goes out as soon as the group
 is known and the encoding's CPU is spent while we wait on the network); a part's bytes are then cut
@@ -152,6 +155,10 @@ class ReductionServer(PartReducer):
             if b > a:
                 state.slots[(s, me, 0)] = PartSlot(b - a, codec, members, average_out=averaged[a:b])
                 reducers[s] = asyncio.create_task(self._reduce(state, (s, me, 0), reduce_deadline))
+        # our averages wait for our own contributions a segment ahead (reducer.CONTRIBUTIONS_AHEAD)
+        state.to_hand = {s: sum(1 for j, (a, b) in enumerate(parts) if j != me and b > a)
+                         for s, parts in enumerate(bounds)}
+        state.hold_until = reduce_deadline
         self._groups[group.group_id] = state
         self._group_added.set()
         results: dict[tuple[int, int], tuple[bytes, list[str]]] = {}
@@ -249,6 +256,7 @@ class ReductionServer(PartReducer):
                     contribute(s, j, segs[k + 1] if k + 1 < len(segs) else None, sent, acks[-1])))
                 tasks.append(parts[-1])
                 await sent.wait()  # set by the part's task at the latest when it ends
+                state.handed(s)
                 if k + 1 >= IN_FLIGHT:
                     await acks[k + 1 - IN_FLIGHT].wait()  # likewise
             await asyncio.gather(*parts)
@@ -278,6 +286,7 @@ class ReductionServer(PartReducer):
 
         try:
             await asyncio.gather(*(to_reducer(j) for j in order), *(own(s) for s in reducers))
+            state.release_averages()
             state.finished.update(results)
             own_parts = {key: own_decoded[bounds[key[0]][key[1]][0]:bounds[key[0]][key[1]][1]] for key in errors}
             for s, j in errors:
@@ -321,6 +330,7 @@ class ReductionServer(PartReducer):
             return AllReduceOutcome(averaged, own_decoded, sorted(contributors), state.bytes_sent,
                                     state.bytes_received, reason, dict(state.suspects), parts)
         finally:
+            state.release_averages()
             for task in [*reducers.values(), *tasks, *encodes.values()]:
                 if not task.done():
                     task.cancel()
