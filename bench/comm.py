@@ -48,11 +48,14 @@ Keys (``bench/results/comm.json``):
   (the kernel's share: sockets, TCP) and ``child_cpu_seconds_by_peer`` (its child processes by name:
   ``p2pd``, the DHT process).
 
-A full-size int4 exchange runs first (``--no-warmup`` skips it), its vectors handed back as a
-training peer does once it applied a round, so the timings are those of a running network's rounds:
-the p2p connections are open and the round's module-sized vectors are reused (the first round of a
-fresh swarm also pays the connection handshakes, about 0.5 s here, and faults in its vectors).
-``bench.comm_hivemind`` likewise times hivemind's full-size rounds after a first one in one averager.
+Each codec's timed rounds follow a full-size untimed round in that codec (``--no-warmup`` skips
+it), its vectors handed back as a training peer does once it applied a round, so the timings are
+those of a running network's rounds, where one codec serves every round: the p2p connections are
+open and the codec's module-sized vectors and buffers are reused (the first round of a fresh swarm
+also pays the connection handshakes, about 0.5 s here, and faults in its vectors; before session 29
+a single int4 round warmed every codec up, and int8's first timed round cost about 0.1 s of CPU
+more than its later ones). ``bench.comm_hivemind`` likewise times hivemind's full-size rounds after
+a first one in the same codec and averager.
 Each codec runs ``--rounds`` (default 3) timed rounds: its entry is the round of median link
 efficiency, with ``cpu_s_per_mb`` and ``cpu_breakdown_seconds`` the medians over the rounds and
 ``link_efficiency_by_round``, ``cpu_s_per_mb_by_round`` every round's (a single round on these two
@@ -211,18 +214,21 @@ def run_peer(args: argparse.Namespace) -> None:
             time.sleep(0.2)
         numel = args.mb * 2**20 // 4
         delta = torch.randn(numel, generator=torch.Generator().manual_seed(args.peer)) * 0.01  # (numel,)
-        if args.warmup:
-            # a full-size exchange first, so the peers' p2p connections are open and the round's vectors
-            # in use, as in a running network (every round after the first); the codecs' timings then
-            # measure the exchange, not the handshakes and first touches
-            warm = avg.average(MODULE, 0, [delta], 1.0, get_codec(wire_name("int4", args.entropy)), args.timeout)
-            if warm.averaged is None:
-                raise RuntimeError(f"warm-up round failed: {warm.reason}")
-            avg.give_back(warm)
         results: dict[str, list[dict]] = {}
-        round_no = 0
+        round_no = -1  # the run's first round is 0: the round every peer announced holding at start
         for codec in args.codecs.split(","):
             results[codec] = []
+            if args.warmup:
+                # a full-size exchange in this codec first, so the peers' p2p connections are open and
+                # the codec's vectors and buffers in use, as in a running network (every round after
+                # the first, one codec for the whole run; hivemind's baseline warms each codec up too):
+                # the timings then measure the exchange, not the handshakes and first touches
+                round_no += 1
+                warm = avg.average(MODULE, round_no, [delta], 1.0, get_codec(wire_name(codec, args.entropy)),
+                                   args.timeout)
+                if warm.averaged is None:
+                    raise RuntimeError(f"{codec} warm-up round failed: {warm.reason}")
+                avg.give_back(warm)
             for _ in range(args.rounds):
                 round_no += 1
                 marks.clear()

@@ -155,10 +155,14 @@ class ReductionServer(PartReducer):
             if b > a:
                 state.slots[(s, me, 0)] = PartSlot(b - a, codec, members, average_out=averaged[a:b])
                 reducers[s] = asyncio.create_task(self._reduce(state, (s, me, 0), reduce_deadline))
-        # our averages wait for our own contributions a segment ahead (reducer.CONTRIBUTIONS_AHEAD)
-        state.to_hand = {s: sum(1 for j, (a, b) in enumerate(parts) if j != me and b > a)
-                         for s, parts in enumerate(bounds)}
-        state.hold_until = reduce_deadline
+        if not group.relayed_pairs():
+            # our averages wait for our own contributions a segment ahead (reducer.CONTRIBUTIONS_AHEAD).
+            # Not between relayed members: a part to one goes only once the last one's average came back
+            # (one at a time), so each of two such members would hold its average for a contribution
+            # the other's held average holds back, until the reduce deadline
+            state.to_hand = {s: sum(1 for j, (a, b) in enumerate(parts) if j != me and b > a)
+                             for s, parts in enumerate(bounds)}
+            state.hold_until = reduce_deadline
         self._groups[group.group_id] = state
         self._group_added.set()
         results: dict[tuple[int, int], tuple[bytes, list[str]]] = {}

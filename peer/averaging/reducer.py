@@ -108,7 +108,8 @@ the averages fill the link behind them. Bare TCP in the benchmark's namespaces (
 Mbit/s, int8's bytes, ``bench.tcp_ceiling``, medians of 6 rounds): 0.85 without the rule
 (``paced``), 0.90 with it (``ahead``). The hold ends at the round's reduce deadline at the latest,
 and once our contributions all went or failed: a reducer we cannot reach delays our averages no
-longer than it delays the round anyway."""
+longer than it delays the round anyway. Groups with relayed members hold nothing (their parts go
+one at a time, each after the last one's average: two holds would wait on each other)."""
 
 
 @dataclass
