@@ -30,7 +30,6 @@ import hashlib
 import json
 import logging
 import random
-import re
 import shutil
 import subprocess
 import sys

@@ -23,7 +23,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from bench.common import RESULTS, emit, run_main
+from bench.common import emit, run_main
 from bench.scale_sim import SimConfig, simulate
 
 __all__ = ["main", "sweep"]

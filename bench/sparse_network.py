@@ -49,7 +49,6 @@ def sparse_network(work: Path, peers: int = 3, rounds: int = 6, codec: str = "to
     import torch
     from helpers.network import Network
     from helpers.procs import ProcessGroup, wait_for
-    from models.checkpoint import CheckpointDir
     from models.corpus import default_corpus
     from models.data import Dataset, prepare
 

@@ -28,7 +28,7 @@ import asyncio
 import ipaddress
 import logging
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Sequence
 
 from models.tcp import relay_of, tcp_accepts, tcp_target
 

@@ -75,9 +75,13 @@ def test_a_reducer_returns_an_average_only_after_its_own_contributions_a_segment
     from peer.averaging import BLOCK, get_codec
     from peer.averaging.allreduce import IN_FLIGHT
     from peer.averaging.partition import MAX_SEGMENTS, SEGMENT_BLOCKS
-    from peer.averaging.reducer import CONTRIBUTIONS_AHEAD
+    from peer.averaging.reducer import CONTRIBUTIONS_AHEAD, HOLD_SEGMENTS
 
     numel = MAX_SEGMENTS * SEGMENT_BLOCKS * BLOCK  # (numel,): cut into every segment
+    codec = get_codec("int8")
+    # a held average waits at most HOLD_SEGMENTS segments' time at the holder's bandwidth: a bandwidth
+    # (both members', so the parts stay even) at which that is three stalls
+    bandwidth = HOLD_SEGMENTS * codec.encoded_size(numel // MAX_SEGMENTS // 2) / (3 * STALL_S)
     seen: list[tuple[float, str]] = []  # the reducer's: its contributions handed, its averages out
     stalls: list[float] = []
     armed = threading.Event()
@@ -93,12 +97,11 @@ def test_a_reducer_returns_an_average_only_after_its_own_contributions_a_segment
             time.sleep(STALL_S)  # holds this member's loop, and with it the acknowledgement
 
     deltas = [torch.randn(numel, generator=torch.Generator().manual_seed(i)) for i in range(2)]
-    options = [dict(direct_lanes=False, event_hook=hook) for hook in (reducer_hook, member_hook)]
+    options = [dict(direct_lanes=False, event_hook=hook, bandwidth=bandwidth) for hook in (reducer_hook, member_hook)]
     with loopback_holders(2, "ahead", "L0M0", 0, "cccc0000cccc0001", options) as avgs:
         armed.set()
         with ThreadPoolExecutor(2) as pool:
-            results = list(pool.map(lambda i: avgs[i].average("L0M0", 0, [deltas[i]], 1.0, get_codec("int8"), 60.0),
-                                    range(2)))
+            results = list(pool.map(lambda i: avgs[i].average("L0M0", 0, [deltas[i]], 1.0, codec, 60.0), range(2)))
     for res in results:
         assert res.group_size == 2, res.reason
     assert torch.equal(results[0].averaged[0], results[1].averaged[0])
@@ -114,3 +117,40 @@ def test_a_reducer_returns_an_average_only_after_its_own_contributions_a_segment
         # segment k - 1 + CONTRIBUTIONS_AHEAD went before it
         through = min(k + CONTRIBUTIONS_AHEAD, MAX_SEGMENTS)
         assert out[k - 1] >= handed[through - 1], (k, seen)
+
+
+def test_a_held_average_goes_once_our_contributions_a_segment_ahead_went_or_its_time_is_up():
+    """``GroupState.hold_average`` on its own: released by the contributions it waits for, by the end
+    of our first phase, and by ``hold_for`` when they never come (a dial that hangs)."""
+    import asyncio
+
+    from peer.averaging import get_codec
+    from peer.averaging.partition import Group
+    from peer.averaging.reducer import GroupState
+
+    async def main() -> None:
+        state = GroupState(Group("g", ("a", "b", "c"), (1.0, 1.0, 1.0), 60.0), [], get_codec("int8"))
+        state.to_hand = {0: 2, 1: 2, 2: 2}
+        state.hold_until = time.monotonic() + 3600
+        state.hold_for = 3600.0
+        held = asyncio.ensure_future(state.hold_average(0))  # waits for segments 0 and 1
+        for segment in (0, 0, 1):
+            state.handed(segment)
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            assert not held.done(), f"released before segment 1's second contribution (after {segment})"
+        state.handed(1)
+        await asyncio.wait_for(held, 30)
+        # the last segment waits for itself only; the end of our first phase releases it too
+        last = asyncio.ensure_future(state.hold_average(2))
+        await asyncio.sleep(0)
+        assert not last.done()
+        state.release_averages()
+        await asyncio.wait_for(last, 30)
+        # contributions that never go: released after hold_for, long before hold_until
+        state.to_hand = {0: 1, 1: 1}
+        state.hold_for = 0.05
+        await asyncio.wait_for(state.hold_average(0), 30)
+        assert state._holding(0)
+
+    asyncio.run(main())

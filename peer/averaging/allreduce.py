@@ -71,7 +71,7 @@ from peer.averaging.phases import phase
 from peer.averaging.partition import (Group, fallback_reducer, part_bounds, relayed_segment_bounds,
                                       segment_bounds)
 from peer.averaging.quantizers import Codec, Prepared
-from peer.averaging.reducer import PROBE, GroupState, PartReducer, PartSlot, wait_event
+from peer.averaging.reducer import HOLD_SEGMENTS, PROBE, GroupState, PartReducer, PartSlot, wait_event
 from peer.network.frames import STREAM_CUT
 from protos.hivepath.peer.v1.net_pb2 import PartHeader, PartReply
 
@@ -155,13 +155,17 @@ class ReductionServer(PartReducer):
             if b > a:
                 state.slots[(s, me, 0)] = PartSlot(b - a, codec, members, average_out=averaged[a:b])
                 reducers[s] = asyncio.create_task(self._reduce(state, (s, me, 0), reduce_deadline))
-        if not group.relayed_pairs():
-            # our averages wait for our own contributions a segment ahead (reducer.CONTRIBUTIONS_AHEAD).
-            # Not between relayed members: a part to one goes only once the last one's average came back
-            # (one at a time), so each of two such members would hold its average for a contribution
-            # the other's held average holds back, until the reduce deadline
+        rate = group.bandwidths[me] if me < len(group.bandwidths) else 0.0
+        if not group.relayed_pairs() and rate > 0:
+            # our averages wait for our own contributions a segment ahead (reducer.CONTRIBUTIONS_AHEAD),
+            # each at most HOLD_SEGMENTS segments' time at our bandwidth. Not between relayed members: a
+            # part to one goes only once the last one's average came back (one at a time), so each of
+            # two such members would hold its average for a contribution the other's held average holds
             state.to_hand = {s: sum(1 for j, (a, b) in enumerate(parts) if j != me and b > a)
                              for s, parts in enumerate(bounds)}
+            largest = max(sum(codec.encoded_size(b - a) for j, (a, b) in enumerate(parts) if j != me)
+                          for parts in bounds)
+            state.hold_for = HOLD_SEGMENTS * largest / rate
             state.hold_until = reduce_deadline
         self._groups[group.group_id] = state
         self._group_added.set()

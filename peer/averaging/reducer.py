@@ -31,7 +31,7 @@ from protos.hivepath.peer.v1.net_pb2 import DESCRIPTOR as NET, PartHeader, PartR
 PART = NET.services_by_name["Averaging"].methods_by_name["Part"]
 """The ``Part`` rpc of ``net.proto``: a member's encoded part to its reducer."""
 
-__all__ = ["PartSlot", "GroupState", "PartReducer", "EventHook", "PROBE", "BENIGN", "CONTRIBUTIONS_AHEAD", "wait_event"]
+__all__ = ["PartSlot", "GroupState", "PartReducer", "EventHook", "PROBE", "BENIGN", "CONTRIBUTIONS_AHEAD", "HOLD_SEGMENTS", "wait_event"]
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +106,15 @@ that fell behind with its contributions holds back every reducer of those segmen
 averages take half its link; sending contributions a segment ahead lets the reducers go on, and
 the averages fill the link behind them. Bare TCP in the benchmark's namespaces (4 peers, 100
 Mbit/s, int8's bytes, ``bench.tcp_ceiling``, medians of 6 rounds): 0.85 without the rule
-(``paced``), 0.90 with it (``ahead``). The hold ends at the round's reduce deadline at the latest,
-and once our contributions all went or failed: a reducer we cannot reach delays our averages no
-longer than it delays the round anyway. Groups with relayed members hold nothing (their parts go
-one at a time, each after the last one's average: two holds would wait on each other)."""
+(``paced``), 0.90 with it (``ahead``). One average is held at most :data:`HOLD_SEGMENTS` times
+the time our link takes to carry one segment of our contributions, and never past the round's
+reduce deadline or our contributions' end (all went or failed): a reducer we cannot reach, or a
+dial that hangs, must not hold back the averages everyone else needs (a test with a holder killed
+mid-round took 70 s instead of 45 s while the reduce deadline was the only bound). Groups with
+relayed members hold nothing (their parts go one at a time, each after the last one's average:
+two holds would wait on each other)."""
+HOLD_SEGMENTS = 2.0
+"""The longest an average is held, in segments of our contributions at our measured bandwidth."""
 
 
 @dataclass
@@ -142,6 +147,8 @@ class GroupState:
     handed_changed: asyncio.Event = field(default_factory=asyncio.Event)
     hold_until: float = 0.0
     """The latest an average of ours is held for our own contributions (``time.monotonic()``)."""
+    hold_for: float = 0.0
+    """The longest one average of ours is held (seconds)."""
 
     def handed(self, segment: int) -> None:
         """One contribution of ours to ``segment`` was handed over (or given up)."""
@@ -160,10 +167,12 @@ class GroupState:
 
     async def hold_average(self, segment: int) -> None:
         """Wait until our contributions through segment ``segment + CONTRIBUTIONS_AHEAD`` are handed
-        over (at most until :attr:`hold_until`), before the average of a part of ``segment`` goes out."""
-        while self._holding(segment) and time.monotonic() < self.hold_until:
+        over (at most :attr:`hold_for`, and until :attr:`hold_until`), before the average of a part of
+        ``segment`` goes out."""
+        until = min(self.hold_until, time.monotonic() + self.hold_for)
+        while self._holding(segment) and time.monotonic() < until:
             self.handed_changed.clear()
-            await wait_event(self.handed_changed, self.hold_until)
+            await wait_event(self.handed_changed, until)
 
     def max_part_bytes(self) -> int:
         """The most bytes an encoded part of this group can take (the largest part, in the group's codec)."""

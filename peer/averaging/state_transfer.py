@@ -203,8 +203,6 @@ async def fetch_module_state(dht: Any, p2p: Any, run_id: str, module_id: str, co
 
     A holder must answer within :data:`REPLY_TIMEOUT` (the state's bytes may take the rest of
     ``timeout``): one that is cut off must not use up the whole budget of a re-sync."""
-    from hivemind.p2p import P2P, PeerID
-
     deadline = time.monotonic() + timeout
     found, archived = await asyncio.gather(
         dht.get(holders_key(run_id, module_id), latest=True, return_future=True),

@@ -217,8 +217,6 @@ class PeerDHT:
 
 def start_dht(options: DHTOptions = DHTOptions()) -> PeerDHT:
     """Start this process's DHT node (and p2p daemon) and join the swarm of ``options.initial_peers``."""
-    from hivemind.dht import DHT
-
     identity = load_or_create_identity(options.identity_path) if options.identity_path else None
     kwargs: dict[str, Any] = dict(
         initial_peers=list(options.initial_peers),
