@@ -21,6 +21,39 @@ STALL_S = 2.0
 to hand over every segment of this small vector if nothing held it."""
 
 
+def _a_round_with_a_stall(name: str, config_hash: str, points: tuple[str, ...], numel: int, codec,
+                          **options) -> tuple[list[tuple[float, str]], float]:
+    """Two holders average one round of ``numel`` values over the daemons (a lane would be set up
+    during the round, and the daemons buffer every segment); holder 1 holds its loop for
+    :data:`STALL_S` at its first ``part_accepted``, and its acknowledgement with it. Returns holder
+    0's events among ``points`` as (time, point), and when the stall began."""
+    seen: list[tuple[float, str]] = []
+    stalls: list[float] = []
+    armed = threading.Event()
+
+    def recorder(point: str) -> None:
+        if point in points:
+            seen.append((time.monotonic(), point))
+
+    def staller(point: str) -> None:
+        if point == "part_accepted" and armed.is_set():
+            armed.clear()
+            stalls.append(time.monotonic())
+            time.sleep(STALL_S)
+
+    deltas = [torch.randn(numel, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    hooks = [dict(direct_lanes=False, event_hook=hook, **options) for hook in (recorder, staller)]
+    with loopback_holders(2, name, "L0M0", 0, config_hash, hooks) as avgs:
+        armed.set()
+        with ThreadPoolExecutor(2) as pool:
+            results = list(pool.map(lambda i: avgs[i].average("L0M0", 0, [deltas[i]], 1.0, codec, 60.0), range(2)))
+    for res in results:
+        assert res.group_size == 2, res.reason
+    assert torch.equal(results[0].averaged[0], results[1].averaged[0])
+    assert stalls, "holder 1 never accepted a part"
+    return seen, stalls[0]
+
+
 def test_a_member_hands_a_reducer_no_more_than_two_unacknowledged_segments():
     from peer.averaging import BLOCK, get_codec
     from peer.averaging.allreduce import IN_FLIGHT
@@ -28,37 +61,14 @@ def test_a_member_hands_a_reducer_no_more_than_two_unacknowledged_segments():
 
     numel = MAX_SEGMENTS * SEGMENT_BLOCKS * BLOCK  # (numel,): the smallest vector cut into every segment
     assert len(segment_bounds(numel)) == MAX_SEGMENTS > IN_FLIGHT
-    seen: list[tuple[float, str]] = []  # the member's own parts: (time, event)
-    stalls: list[float] = []
-    armed = threading.Event()
-
-    def member_hook(point: str) -> None:
-        if point in ("part_handed", "part_acknowledged"):
-            seen.append((time.monotonic(), point))
-
-    def reducer_hook(point: str) -> None:
-        if point == "part_accepted" and armed.is_set():
-            armed.clear()
-            stalls.append(time.monotonic())
-            time.sleep(STALL_S)  # holds the reducer's loop, and with it the acknowledgement
-
-    deltas = [torch.randn(numel, generator=torch.Generator().manual_seed(i)) for i in range(2)]
-    # over the daemons: a lane would be set up during the round, and the daemons buffer every segment
-    options = [dict(direct_lanes=False, event_hook=hook) for hook in (member_hook, reducer_hook)]
-    with loopback_holders(2, "pacing", "L0M0", 0, "cccc0000cccc0000", options) as avgs:
-        armed.set()
-        with ThreadPoolExecutor(2) as pool:
-            results = list(pool.map(lambda i: avgs[i].average("L0M0", 0, [deltas[i]], 1.0, get_codec("int8"), 60.0),
-                                    range(2)))
-    for res in results:
-        assert res.group_size == 2, res.reason
-    assert torch.equal(results[0].averaged[0], results[1].averaged[0])
-    assert stalls, "the reducer never accepted a part"
+    # holder 0 is the member (its own parts' events), holder 1 the reducer that stalls
+    seen, stalled = _a_round_with_a_stall("pacing", "cccc0000cccc0000", ("part_handed", "part_acknowledged"),
+                                          numel, get_codec("int8"))
     handed = [t for t, p in seen if p == "part_handed"]
     acknowledged = [t for t, p in seen if p == "part_acknowledged"]
     # the member contributes one part per segment to its one reducer, every one handed and acknowledged
     assert len(handed) == len(acknowledged) == MAX_SEGMENTS, seen
-    assert acknowledged[0] > stalls[0] + STALL_S / 2, "an acknowledgement came while the reducer was stalled"
+    assert acknowledged[0] > stalled + STALL_S / 2, "an acknowledgement came while the reducer was stalled"
     for k in range(IN_FLIGHT, MAX_SEGMENTS):
         # segment k went once segment k - IN_FLIGHT was acknowledged: never more than IN_FLIGHT unacknowledged
         assert handed[k] >= acknowledged[k - IN_FLIGHT], (k, seen)
@@ -82,35 +92,14 @@ def test_a_reducer_returns_an_average_only_after_its_own_contributions_a_segment
     # a held average waits at most HOLD_SEGMENTS segments' time at the holder's bandwidth: a bandwidth
     # (both members', so the parts stay even) at which that is three stalls
     bandwidth = HOLD_SEGMENTS * codec.encoded_size(numel // MAX_SEGMENTS // 2) / (3 * STALL_S)
-    seen: list[tuple[float, str]] = []  # the reducer's: its contributions handed, its averages out
-    stalls: list[float] = []
-    armed = threading.Event()
-
-    def reducer_hook(point: str) -> None:
-        if point in ("part_handed", "average_out"):
-            seen.append((time.monotonic(), point))
-
-    def member_hook(point: str) -> None:
-        if point == "part_accepted" and armed.is_set():
-            armed.clear()
-            stalls.append(time.monotonic())
-            time.sleep(STALL_S)  # holds this member's loop, and with it the acknowledgement
-
-    deltas = [torch.randn(numel, generator=torch.Generator().manual_seed(i)) for i in range(2)]
-    options = [dict(direct_lanes=False, event_hook=hook, bandwidth=bandwidth) for hook in (reducer_hook, member_hook)]
-    with loopback_holders(2, "ahead", "L0M0", 0, "cccc0000cccc0001", options) as avgs:
-        armed.set()
-        with ThreadPoolExecutor(2) as pool:
-            results = list(pool.map(lambda i: avgs[i].average("L0M0", 0, [deltas[i]], 1.0, codec, 60.0), range(2)))
-    for res in results:
-        assert res.group_size == 2, res.reason
-    assert torch.equal(results[0].averaged[0], results[1].averaged[0])
-    assert stalls, "the member never accepted a part"
+    # holder 0 is the reducer (its contributions handed, its averages out), holder 1 the member that stalls
+    seen, stalled = _a_round_with_a_stall("ahead", "cccc0000cccc0001", ("part_handed", "average_out"), numel, codec,
+                                          bandwidth=bandwidth)
     handed = [t for t, p in seen if p == "part_handed"]
     out = [t for t, p in seen if p == "average_out"]
     # two members: one contribution and one average of ours per segment
     assert len(handed) == len(out) == MAX_SEGMENTS, seen
-    assert IN_FLIGHT + 1 <= MAX_SEGMENTS and handed[IN_FLIGHT] > stalls[0] + STALL_S / 2, \
+    assert IN_FLIGHT + 1 <= MAX_SEGMENTS and handed[IN_FLIGHT] > stalled + STALL_S / 2, \
         "the reducer handed its third segment while the member was stalled: nothing was held"
     for k in range(1, MAX_SEGMENTS + 1):
         # the k first averages include one of segment k - 1 or later: our contributions through
