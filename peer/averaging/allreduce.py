@@ -71,7 +71,7 @@ from peer.averaging.phases import phase
 from peer.averaging.partition import (Group, fallback_reducer, part_bounds, relayed_segment_bounds,
                                       segment_bounds)
 from peer.averaging.quantizers import Codec, Prepared
-from peer.averaging.reducer import HOLD_SEGMENTS, PROBE, GroupState, PartReducer, PartSlot, wait_event
+from peer.averaging.reducer import PROBE, GroupState, PartReducer, PartSlot, wait_event
 from peer.network.frames import STREAM_CUT
 from protos.hivepath.peer.v1.net_pb2 import PartHeader, PartReply
 
@@ -155,18 +155,13 @@ class ReductionServer(PartReducer):
             if b > a:
                 state.slots[(s, me, 0)] = PartSlot(b - a, codec, members, average_out=averaged[a:b])
                 reducers[s] = asyncio.create_task(self._reduce(state, (s, me, 0), reduce_deadline))
-        rate = group.bandwidths[me] if me < len(group.bandwidths) else 0.0
-        if not group.relayed_pairs() and rate > 0:
-            # our averages wait for our own contributions a segment ahead (reducer.CONTRIBUTIONS_AHEAD),
-            # each at most HOLD_SEGMENTS segments' time at our bandwidth. Not between relayed members: a
-            # part to one goes only once the last one's average came back (one at a time), so each of
-            # two such members would hold its average for a contribution the other's held average holds
-            state.to_hand = {s: sum(1 for j, (a, b) in enumerate(parts) if j != me and b > a)
-                             for s, parts in enumerate(bounds)}
-            largest = max(sum(codec.encoded_size(b - a) for j, (a, b) in enumerate(parts) if j != me)
-                          for parts in bounds)
-            state.hold_for = HOLD_SEGMENTS * largest / rate
-            state.hold_until = reduce_deadline
+        ours = state.contributions(me)  # segment -> our parts of it that go out
+        if not group.relayed_pairs():
+            # our averages wait for our own contributions a segment ahead (reducer.CONTRIBUTIONS_AHEAD).
+            # Not between relayed members: a part to one goes only once the last one's average came back
+            # (one at a time), so each of two such members would hold its average for a contribution
+            # the other's held average holds back
+            state.hold_averages(me, group.bandwidths[me] if me < len(group.bandwidths) else 0.0, reduce_deadline)
         self._groups[group.group_id] = state
         self._group_added.set()
         results: dict[tuple[int, int], tuple[bytes, list[str]]] = {}
@@ -195,13 +190,13 @@ class ReductionServer(PartReducer):
         def has(s: int, j: int) -> bool:
             return bounds[s][j][1] > bounds[s][j][0]
 
-        state.sends_left = sum(1 for s in range(len(bounds)) for j in order if has(s, j))
+        state.sends_left = sum(ours.values())
         if state.sends_left == 0:
             self.event("parts_sent")
         # each part is encoded (or, prepared, cut and entropy-coded) just before it is needed (the next one
         # of a reducer while the last one is on its way), not all at the start, where every member
         # encoding at once would starve the slowest
-        pending = {s: sum(1 for j in order if has(s, j)) for s in range(len(bounds))}
+        pending = dict(ours)
         others_encoded = {s: asyncio.Event() for s in range(len(bounds))}
         for s, left in pending.items():
             if left == 0:

@@ -109,8 +109,7 @@ Mbit/s, int8's bytes, ``bench.tcp_ceiling``, medians of 6 rounds): 0.85 without 
 (``paced``), 0.90 with it (``ahead``). One average is held at most :data:`HOLD_SEGMENTS` times
 the time our link takes to carry one segment of our contributions, and never past the round's
 reduce deadline or our contributions' end (all went or failed): a reducer we cannot reach, or a
-dial that hangs, must not hold back the averages everyone else needs (a test with a holder killed
-mid-round took 70 s instead of 45 s while the reduce deadline was the only bound). Groups with
+dial that hangs, must not hold back the averages everyone else needs. Groups with
 relayed members hold nothing (their parts go one at a time, each after the last one's average:
 two holds would wait on each other)."""
 HOLD_SEGMENTS = 2.0
@@ -149,6 +148,23 @@ class GroupState:
     """The latest an average of ours is held for our own contributions (``time.monotonic()``)."""
     hold_for: float = 0.0
     """The longest one average of ours is held (seconds)."""
+
+    def contributions(self, me: int) -> dict[int, int]:
+        """Segment -> the parts member ``me`` contributes to it (the others' non-empty parts)."""
+        return {s: sum(1 for j, (a, b) in enumerate(parts) if j != me and b > a)
+                for s, parts in enumerate(self.bounds)}
+
+    def hold_averages(self, me: int, rate: float, until: float) -> None:
+        """Have our averages (we are member ``me``, uploading ``rate`` bytes/s) wait for our own
+        contributions a segment ahead (:meth:`hold_average`), each at most :data:`HOLD_SEGMENTS`
+        segments of them at ``rate``, none past ``until``; no hold without a rate."""
+        if rate <= 0:
+            return
+        self.to_hand = self.contributions(me)
+        largest = max(sum(self.codec.encoded_size(b - a) for j, (a, b) in enumerate(parts) if j != me)
+                      for parts in self.bounds)
+        self.hold_for = HOLD_SEGMENTS * largest / rate
+        self.hold_until = until
 
     def handed(self, segment: int) -> None:
         """One contribution of ours to ``segment`` was handed over (or given up)."""
