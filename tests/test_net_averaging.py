@@ -201,7 +201,8 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(opts.get("seed", 0))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    dht = start_dht(DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=opts.get("initial_peers", [])))
+    dht = start_dht(DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=opts.get("initial_peers", []),
+                               identity_path=opts.get("identity")))
     outdir = Path(opts["out"])
     if opts.get("publish_maddrs"):
         tmp = outdir / f"{opts['name']}.maddrs.tmp"

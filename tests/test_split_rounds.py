@@ -19,6 +19,7 @@ from peer.averaging.hierarchy import RoundResult, bucket_weight, delegate, tree,
 from peer.averaging.partition import Group
 from peer.averaging import get_codec
 from peer.network import group_bucket, group_buckets
+from peer.network.identity import peer_id_of
 from test_net_averaging import _result, _swarm
 
 
@@ -284,24 +285,46 @@ def test_the_group_cap_is_checked_where_the_run_config_is_read():
             OuterConfig(max_group_size=bad)
 
 
+def _identities_filling_buckets(tmp_path, names: list[str], module_id: str, round_no: int, buckets: int,
+                                 at_least: int) -> dict[str, str]:
+    """An identity file for each of ``names`` whose peer ids draw ``module_id``'s round ``round_no`` into
+    at least ``at_least`` of ``buckets`` buckets (:func:`group_bucket`). A fresh set of random ids misses
+    now and then (8 ids into 4 buckets fill only 2 in about 2% of draws); keys are drawn again until the
+    set fits, so the round's buckets are known before any peer starts."""
+    from hivemind.p2p import P2P
+
+    for attempt in range(50):
+        paths = {n: tmp_path / f"{n}.{attempt}.key" for n in names}
+        for path in paths.values():
+            P2P.generate_identity(str(path))
+        drawn = {group_bucket(module_id, round_no, peer_id_of(p), buckets) for p in paths.values()}
+        if len(drawn) >= at_least:
+            return {n: str(p) for n, p in paths.items()}
+    raise AssertionError(f"no set of {len(names)} identities filled {at_least} of {buckets} buckets in 50 draws")
+
+
 @pytest.mark.integration
 def test_a_group_that_misses_the_top_group_applies_the_rounds_average_and_carries_its_delta(procs, tmp_path):
-    """Eight holders capped at 2 (4 buckets: at least 3 hold members but in about 2% of draws); in round
-    1 the first delegate to reach the top group stalls past the top group's gather deadline: the top
-    group forms without its bucket (the others are a majority), and the bucket then applies the same
-    average as everyone (fetched from a top member, passed down its tree) with nothing of its own in it
-    (``own_decoded`` all zero, so error feedback carries the whole delta into the next round)."""
+    """Eight holders capped at 2 (4 buckets; the peers' identities are drawn so that round 1 fills at
+    least 3: with 2, the stalled bucket's would be needed for a majority); in round 1 the first delegate
+    to reach the top group stalls past the top group's gather deadline: the top group forms without its
+    bucket (the others are a majority), and the bucket then applies the same average as everyone
+    (fetched from a top member, passed down its tree) with nothing of its own in it (``own_decoded``
+    all zero, so error feedback carries the whole delta into the next round)."""
     # 24 processes on the test machine's 2 cores: a round timeout of 20 s (stall 16 s) was too tight for
     # the buckets' own matchmaking on a loaded CI run (a second bucket missed the top group too); both
     # scaled by 1.5, the stall still outlasts the top group's gather deadline
     common = dict(mode="direct", module="L0M0", numel=NUMEL, peers=8, rounds=3, round_timeout=30.0,
                   max_group_size=2)
     names = [f"p{i}" for i in range(8)]
+    assert group_buckets(8, 2) == 4
+    identities = _identities_filling_buckets(tmp_path, names, "L0M0", 1, buckets=4, at_least=3)
     # every peer stalls if it is a delegate in round 1; a file makes it the first one only
-    specs = [dict(common, name=n, seed=i, stall_at="top_gather", stall_round=1, stall_s=24.0,
-                  stall_once=str(tmp_path / "stalled")) for i, n in enumerate(names)]
+    specs = [dict(common, name=n, seed=i, identity=identities[n], stall_at="top_gather", stall_round=1,
+                  stall_s=24.0, stall_once=str(tmp_path / "stalled")) for i, n in enumerate(names)]
     _swarm(procs, tmp_path, specs)
     outs = {n: _result(procs, tmp_path, n) for n in names}
+    assert {n: out["peer_id"] for n, out in outs.items()} == {n: peer_id_of(p) for n, p in identities.items()}
     round1 = {out["peer_id"]: next(r for r in out["records"] if r["round"] == 1) for out in outs.values()}
     late = [p for p, rec in round1.items() if "late" in rec["reason"]]
     on_time = [p for p, rec in round1.items() if "late" not in rec["reason"]]
