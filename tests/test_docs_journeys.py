@@ -13,10 +13,11 @@ skipped. What must differ from the page, and only that, is substituted (:class:`
   (``127.0.0.1:7700``) becomes that port through ``HIVEPATH_COORDINATOR``;
 - the example peer id ``QmUTBN6Bp15euBud...`` (whole or shortened) becomes the id of a peer of the run;
 - ``deploy/run.example.toml`` is copied from this checkout into the temp directory;
-- the p2p port ``31337`` of ``--host_maddrs``/``--host-maddrs`` and ``--announce-maddrs`` becomes a free
-  port, the public example addresses ``198.51.100.7`` (a forwarded port) become ``127.0.0.1``, and the
-  bootstrap node's example address ``/ip4/203.0.113.7/tcp/31337/p2p/Qm...`` becomes the address the
-  stock ``hivemind-dht`` node of the run printed (:attr:`Reader.bootstrap`);
+- the p2p port ``31337`` of ``--host_maddrs``/``--host-maddrs`` and ``--announce-maddrs`` and the lane
+  port ``31338`` of ``--lane-port`` become free ports, the public example addresses ``198.51.100.7``
+  (a forwarded port) become ``127.0.0.1``, and the bootstrap node's example address
+  ``/ip4/203.0.113.7/tcp/31337/p2p/Qm...`` becomes the address the stock ``hivemind-dht`` node of the
+  run printed (:attr:`Reader.bootstrap`);
 - ``hivepath peer status`` asks the default status port ``7702``; the peers run with
   ``HIVEPATH_STATUS_PORT`` set to a free port instead (both read it), or with it off (``0``) where no
   doc command asks them.
@@ -94,6 +95,7 @@ class Reader:
         self.port, self.http_port = free_port(), free_port()
         self.peer_id = EXAMPLE_PEER
         self.p2p_port = free_port()
+        self.lane_port = free_port()
         self.bootstrap = ""
         """The multiaddr the stock ``hivemind-dht`` node printed (set once it runs)."""
         bin_dir = str(Path(sys.executable).parent)
@@ -114,6 +116,7 @@ class Reader:
         if self.bootstrap:
             cmd = BOOTSTRAP_EXAMPLE.sub(self.bootstrap, cmd)
         cmd = re.sub(r"/tcp/31337\b", f"/tcp/{self.p2p_port}", cmd).replace("/ip4/198.51.100.7/", "/ip4/127.0.0.1/")
+        cmd = re.sub(r"--lane-port 31338\b", f"--lane-port {self.lane_port}", cmd)
         return re.sub(r"\b" + EXAMPLE_PEER[:16] + r"\w*", lambda m: self.peer_id[:len(m.group(0))], cmd)
 
     def run(self, commands: list[str], expect: int = 0) -> list[subprocess.CompletedProcess]:
@@ -263,12 +266,27 @@ def test_deploy_journey_without_containers(procs, tmp_path):
     procs.signal(peer, 15)
     assert procs.procs[peer].wait(timeout=300) == 0, procs.log(peer)[-3000:]
 
-    reader.p2p_port = free_port()  # the stock node keeps the first one
     reader.env["HIVEPATH_STATUS_PORT"] = "0"
-    forwarded = doc_commands("docs/deploy.md", "Behind NAT or a firewall")
-    reader.run(forwarded)
-    behind = reader.started[-1]
-    joined = joined_or_exited(behind)
-    assert joined["reachability"].startswith(f"reachable at /ip4/127.0.0.1/tcp/{reader.p2p_port}/"), joined
-    procs.signal(behind, 15)
-    assert procs.procs[behind].wait(timeout=300) == 0, procs.log(behind)[-3000:]
+    # the page's two blocks are two ways to start one peer (on one work dir): each runs alone, in turn
+    forwarded, with_lane = (doc_commands("docs/deploy.md", "Behind NAT or a firewall", i) for i in range(2))
+    assert "--lane-port" not in forwarded[0] and "--lane-port 31338" in with_lane[0]
+    for block in (forwarded, with_lane):
+        reader.p2p_port = free_port()  # the stock node keeps the first one
+        reader.run(block)
+        behind = reader.started[-1]
+        joined = joined_or_exited(behind)
+        assert joined["reachability"].startswith(f"reachable at /ip4/127.0.0.1/tcp/{reader.p2p_port}/"), joined
+        if block is with_lane:  # the lane listens at the port the page forwards
+            wait_for(lambda: _accepts(reader.lane_port), 60, f"the direct lane to listen on {reader.lane_port}")
+        procs.signal(behind, 15)
+        assert procs.procs[behind].wait(timeout=300) == 0, procs.log(behind)[-3000:]
+
+
+def _accepts(port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+        return True
+    except OSError:
+        return False
