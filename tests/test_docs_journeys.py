@@ -39,6 +39,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -283,8 +284,7 @@ def test_deploy_journey_without_containers(procs, tmp_path):
 
 
 def _accepts(port: int) -> bool:
-    import socket
-
+    """Whether something accepts TCP connections on loopback ``port``."""
     try:
         socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
         return True
