@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hivepath.numbers import count, seconds
+from hivepath.numbers import count, natural, seconds
 from hivepath.options import add_network_flags, network_options
 from hivepath.paths import dataset, write_dir
 from hivepath.settings import env_default
@@ -41,6 +41,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="snapshots to keep (env HIVEPATH_ARCHIVE_KEEP; default 3)")
     p.add_argument("--poll-interval", type=seconds(), default=1.0, metavar="S",
                    help="seconds between looks at the modules' rounds (default 1)")
+    p.add_argument("--eval-docs", type=natural(), default=env_default("HIVEPATH_ARCHIVE_EVAL_DOCS"), metavar="N",
+                   help="validation documents per path scored on a new snapshot, shown on the coordinator's status "
+                   "page; 0 scores nothing (env HIVEPATH_ARCHIVE_EVAL_DOCS; default 4; needs --data)")
+    p.add_argument("--eval-interval", type=seconds(), default=env_default("HIVEPATH_ARCHIVE_EVAL_INTERVAL"),
+                   metavar="S", help="seconds between two scorings at least (env HIVEPATH_ARCHIVE_EVAL_INTERVAL; "
+                   "default 120)")
     p.add_argument("--progress", default="json", choices=["json"], help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
@@ -59,5 +65,7 @@ def run(args: argparse.Namespace) -> int:
         seed=not args.no_seed,
         keep=args.keep,
         poll_interval=args.poll_interval,
+        eval_documents=args.eval_docs,
+        eval_interval=args.eval_interval,
     )
     return run_until_stopped(ArchivePeer(opts))

@@ -109,6 +109,12 @@ CLI_SETTINGS: tuple[Setting, ...] = (
     Setting("HIVEPATH_ARCHIVE_DIR", "path", None, "where the archive writes its snapshots (required)",
             flag="--dir", read_by="archive, deploy/healthcheck.py (default /data/archive there)"),
     Setting("HIVEPATH_ARCHIVE_KEEP", "integer", 3, "archive snapshots kept", flag="--keep", read_by="archive"),
+    Setting("HIVEPATH_ARCHIVE_EVAL_DOCS", "integer", 4,
+            "validation documents per path the archive scores on a new snapshot for the status page (0: no scoring)",
+            flag="--eval-docs", read_by="archive"),
+    Setting("HIVEPATH_ARCHIVE_EVAL_INTERVAL", "number", 120.0,
+            "seconds between two of the archive's scorings at least (it often shares a machine with trainers)",
+            flag="--eval-interval", read_by="archive"),
 )
 """The command line's variables, each the default of the flag it names."""
 

@@ -258,7 +258,8 @@ def test_a_real_peer_and_archive_serve_their_status(procs, tmp_path, dataset):
         peer_port, archive_port = free_port(), free_port()
         net.start_peer("peer0", "--status-port", str(peer_port))
         procs.start("archive", hivepath_cmd("archive", "--dir", str(tmp_path / "archive"), "--poll-interval", "0.5",
-                                            *net.common(), "--status-port", str(archive_port)), env=net.env)
+                                            "--eval-docs", "0", *net.common(), "--status-port", str(archive_port)),
+                    env=net.env)
 
         def peer_doc():
             doc = json.loads(get(f"http://127.0.0.1:{peer_port}/status", timeout=2)[1])

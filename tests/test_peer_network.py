@@ -114,7 +114,7 @@ def test_network_trains_drains_and_replicas_stay_identical(procs, tmp_path, data
     net = Network(procs, tmp_path, dataset.dir, dataset.manifest_hash, share_cores=True)
     try:
         net.start_coordinator()
-        archive = net.start_archive()
+        archive = net.start_archive(eval_docs=1)  # its scores reach the status page (checked below)
         works = [net.start_peer(f"peer{i}") for i in range(3)]
         wait_for(lambda: all_training(net, ["peer0", "peer1", "peer2"], 6), 240,
                  "all three peers training, 6 rounds on every held module")
@@ -213,6 +213,9 @@ def test_kill9_peer_comes_back_bit_identical_and_archive_restores(procs, tmp_pat
         assert "starting from peer" in log and "starting from init" not in log, log[-3000:]
         assert net.stop("peer2") == 0
         assert_identical_at_equal_rounds([archive, fresh / "checkpoints"])
+        # started with --eval-docs 0 (the Network's default): the archive scored no snapshot
+        archive_log = net.procs.log("archive")
+        assert "not scoring snapshots" in archive_log and "validation of" not in archive_log, archive_log[-2000:]
     finally:
         net.close()
 

@@ -77,9 +77,12 @@ class ArchiveOptions:
     """Validation documents per path scored on a new snapshot, whose bits per byte go to the
     coordinator's status page (0: no scoring; without ``data_dir`` there is nothing to score on). The
     same documents each time, so the history shows the trend; ``hivepath eval`` scores them all.
-    Measured on the tiny preset's 2x2 lattice with the built-in corpus: about 5 CPU seconds per path."""
+    Measured on the tiny preset's 2x2 lattice with the built-in corpus: about 5 CPU seconds per path
+    on an idle core, 20-35 s of wall time for the 4 paths beside three training peers on 2 cores
+    (``--eval-docs``)."""
     eval_interval: float = 120.0
-    """Seconds between two scorings at least (the archive often shares a machine with trainers)."""
+    """Seconds between two scorings at least (the archive often shares a machine with trainers;
+    ``--eval-interval``)."""
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -192,6 +195,8 @@ class ArchivePeer:
                 if local is not None and opts.eval_documents:
                     self.evaluator = SnapshotEvaluator(data.dataset, opts.eval_documents, opts.eval_interval)
                     startup.on_close(self.evaluator.close)
+                elif local is not None:
+                    log.info("not scoring snapshots on validation documents (--eval-docs 0)")
             dht = startup.start_dht(spec)
             peer = PeerInfo(peer_id=dht.peer_id, device="cpu", memory_bytes=0, tokens_per_s=0.0,
                             multiaddrs=tuple(dht.maddrs()), manifest_hash=spec.manifest_hash, archive=True)

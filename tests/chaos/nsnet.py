@@ -63,7 +63,7 @@ class NsNetwork(Network):
         directory = self.root / name
         self.where[name] = index
         self.procs.start(name, self._in(index, hivepath_cmd(
-            "archive", "--dir", str(directory), "--poll-interval", "0.5", "--keep", "50",
+            "archive", "--dir", str(directory), "--poll-interval", "0.5", "--keep", "50", "--eval-docs", "0",
             *self.common_in(index))), env=self.env)
         return directory
 
