@@ -60,11 +60,12 @@ class NsNetwork(Network):
         return work
 
     def start_archive_in(self, index: int, name: str = "archive") -> Path:
+        """An archive in namespace ``index`` that scores snapshots as the archive does by default
+        (``bench.chaos``'s set-up, measured so)."""
         directory = self.root / name
         self.where[name] = index
-        self.procs.start(name, self._in(index, hivepath_cmd(
-            "archive", "--dir", str(directory), "--poll-interval", "0.5", "--keep", "50", "--eval-docs", "0",
-            *self.common_in(index))), env=self.env)
+        self.procs.start(name, self._in(index, hivepath_cmd(*self.archive_args(directory, eval_docs=None),
+                                                            *self.common_in(index))), env=self.env)
         return directory
 
     def status(self) -> Optional[dict[str, Any]]:

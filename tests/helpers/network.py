@@ -86,13 +86,18 @@ class Network:
                 *(["--data", str(self.data_dir)] if data else []),
                 "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--status-port", "0"]
 
+    def archive_args(self, directory: Path, eval_docs: Optional[int] = 0) -> list[str]:
+        """``hivepath archive`` and its flags but the network's (:meth:`common`) for an archive writing to
+        ``directory``; ``eval_docs``: validation documents per path it scores for the status page (0:
+        none; scoring all four paths of a snapshot takes a core 20-35 s beside three trainers; None:
+        the archive's default)."""
+        return ["archive", "--dir", str(directory), "--poll-interval", "0.5", "--keep", "50",
+                *(["--eval-docs", str(eval_docs)] if eval_docs is not None else [])]
+
     def start_archive(self, name: str = "archive", eval_docs: int = 0) -> Path:
-        """An archive; ``eval_docs``: validation documents per path it scores for the status page (0:
-        none; scoring all four paths of a snapshot takes a core 20-35 s beside three trainers)."""
+        """An archive (:meth:`archive_args`) in ``root/name``."""
         directory = self.root / name
-        self.procs.start(name, hivepath_cmd("archive", "--dir", str(directory), "--poll-interval", "0.5",
-                                            "--keep", "50", "--eval-docs", str(eval_docs), *self.common()),
-                         env=self.env)
+        self.procs.start(name, hivepath_cmd(*self.archive_args(directory, eval_docs), *self.common()), env=self.env)
         return directory
 
     def start_peer(self, name: str, *extra: str, data: bool = True) -> Path:
