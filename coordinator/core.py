@@ -35,7 +35,8 @@ from coordinator.reachability import RELAYS_PER_PEER, UNREACHABLE, Reachability,
 from coordinator.reading import Reading
 from coordinator.records import MODE_ARCHIVE, Assignment, Capabilities, Lease, ModuleProgress, PeerRecord
 from coordinator.results import HeartbeatResult, JoinResult, ProgressReport, ReportResult, StatusView
-from coordinator.scheduler import assign_peer, rebalance, rebalance_stages
+from coordinator.pipelines import rebalance_pipelines
+from coordinator.scheduler import assign_peer, rebalance
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import Store, WriteBatch
 from coordinator.story import Story, load_totals
@@ -146,14 +147,16 @@ class Coordinator(Leases, Reading, Moderation, Story):
     # -- peers' calls -------------------------------------------------------------------------
 
     def join(self, peer_id: str, public_key: bytes, caps: Capabilities, manifest_hash: str = "",
-             archive: bool = False, reachability: Reachability = Reachability()) -> JoinResult:
+             archive: bool = False, reachability: Reachability = Reachability(), role: str = "") -> JoinResult:
         """Admit ``peer_id`` (token already checked) and give it a lease and work; durable on return.
         ``reachability``: the dial-back verdict (:mod:`coordinator.reachability`); an unreachable or
         relayed peer's addresses are never handed out as bootstrap peers, and an unreachable one is
         handed relays (reachable peers, the least loaded first).
 
         An ``archive`` peer gets a lease but no work; its addresses are handed out first as DHT
-        bootstrap peers, since it is the longest-lived peer of a run."""
+        bootstrap peers, since it is the longest-lived peer of a run. ``role``: the role the peer asks
+        for (:data:`coordinator.pipelines.ROLES`; '' lets the scheduler decide); refused when it does
+        not fit, never moved by rebalancing."""
         want = self.run.data.manifest_hash
         if want and manifest_hash and manifest_hash != want:
             self.counters["rejected_incompatible"] += 1
@@ -186,7 +189,7 @@ class Coordinator(Leases, Reading, Moderation, Story):
                 assignment = Assignment(mode=MODE_ARCHIVE, reason=reason, version=version)
             else:
                 assignment, reason = assign_peer(
-                    now, caps, self.view, self.run, self.settings, previous=previous, version=version,
+                    now, caps, self.view, self.run, self.settings, previous=previous, version=version, role=role,
                 )
             if assignment is None:
                 self.counters["rejected_no_fit"] += 1
@@ -198,7 +201,7 @@ class Coordinator(Leases, Reading, Moderation, Story):
             else:
                 refusal = None
                 lease, assignment, initial, rejoined = self._admit(peer_id, peer, fingerprint, caps, assignment,
-                                                                   previous, now, batch, reachability)
+                                                                   previous, now, batch, reachability, role)
                 credential = self._issue(peer_id, now)
                 relays = self._relays_for(peer_id) if reachability.state == UNREACHABLE else []
         self._durable(batch)
@@ -253,19 +256,20 @@ class Coordinator(Leases, Reading, Moderation, Story):
                 self.counters["expirations"] += 1
                 events.append(f"lease of {peer.peer_id} expired")
             moves = 0
-            for decide in (rebalance, rebalance_stages):  # paths first, then pipeline stages
+            for decide in (rebalance, rebalance_pipelines):  # paths first, then pipeline roles
                 while moves < self.settings.max_moves_per_tick:
                     move, reason = decide(now, _LastMoved(self._peers), _Caps(self._peers), self.view, self.run,
                                           self.settings)
-                    if decide is rebalance or move is not None or self.view.stage_peers:
+                    if decide is rebalance or move is not None or self.view.stage_peers or self.view.trainer_peers:
                         self.last_rebalance_reason = reason
                     if move is None:
                         break
                     moves += 1
                     peer = self._peers[move.peer_id]
                     self.view.remove(peer.peer_id)
-                    self.view.add(peer.peer_id, move.assignment, peer.capabilities.tokens_per_s)
                     peer.assignment = move.assignment
+                    peer.served_tokens_per_s = peer.capacity_tokens_per_s = 0.0  # measured anew in the new role
+                    self.view.add(peer.peer_id, move.assignment, peer.counted_tokens_per_s())
                     peer.last_moved = now
                     batch.peers[peer.peer_id] = copy.copy(peer)
                     self.counters["moves"] += 1
@@ -284,7 +288,8 @@ class Coordinator(Leases, Reading, Moderation, Story):
 
     def _admit(self, peer_id: str, peer: Optional[PeerRecord], fingerprint: str, caps: Capabilities,
                assignment: Assignment, previous: Optional[Assignment], now: float,
-               batch: WriteBatch, reachability: Reachability = Reachability()) -> tuple[Lease, Assignment, list[str], bool]:
+               batch: WriteBatch, reachability: Reachability = Reachability(),
+               role: str = "") -> tuple[Lease, Assignment, list[str], bool]:
         """Record an admitted peer with its new lease and work (under the lock)."""
         rejoined = peer is not None
         if peer is None:
@@ -296,6 +301,8 @@ class Coordinator(Leases, Reading, Moderation, Story):
         peer.capabilities = caps
         peer.state = "active"
         peer.assignment = assignment
+        peer.requested_role = role
+        peer.served_tokens_per_s = peer.capacity_tokens_per_s = 0.0  # a pipeline role is measured anew
         peer.last_joined = peer.last_seen = now
         peer.joins += 1
         peer.drain_reason = ""
@@ -306,7 +313,9 @@ class Coordinator(Leases, Reading, Moderation, Story):
         self._lease_of[peer_id] = lease.lease_id
         self._session_base[peer_id] = (peer.tokens, peer.bytes_exchanged)
         self._progress_by_peer.pop(peer_id, None)
-        self.view.add(peer_id, assignment, caps.tokens_per_s)
+        self.view.add(peer_id, assignment, peer.counted_tokens_per_s())
+        if role:
+            self.view.pinned.add(peer_id)
         initial = self._initial_peers(peer_id)
         self._live_addrs.pop(peer_id, None)
         if caps.multiaddrs and dialable(reachability.state):  # nobody could bootstrap from it otherwise

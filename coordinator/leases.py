@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 from coordinator.errors import InvalidArgument, LeaseNotFound
 from coordinator.reachability import dialable
-from coordinator.records import Capabilities, Lease, ModuleProgress, PeerRecord
+from coordinator.records import PIPELINE_MODES, Capabilities, Lease, ModuleProgress, PeerRecord
 from coordinator.results import HeartbeatResult, PathEvaluation, ProgressReport
 from coordinator.store import WriteBatch
 from coordinator.view import ClusterView
@@ -47,11 +47,16 @@ class Leases:
         preempting: bool = False,
         seeded_paths: Optional[frozenset[str]] = None,
         evaluations: Sequence[PathEvaluation] = (),
+        measured: bool = False,
+        capacity: float = 0.0,
     ) -> HeartbeatResult:
         """Renew the lease and record progress; renewals are durable at the next flush, not on return.
         ``seeded_paths`` (checked by :meth:`check_seeded_paths`; None: unchanged): the paths whose
         shards the peer seeds now, kept in memory for the status page only. ``evaluations`` (checked
-        by :meth:`check_evaluations`): validation bits per byte per path, from an archive peer only."""
+        by :meth:`check_evaluations`): validation bits per byte per path, from an archive peer only.
+        ``measured``: ``tokens_per_s`` is a measurement, 0 included (what a stage server or trainer
+        served); otherwise 0 means unchanged. ``capacity``: a stage server's tokens/s at full load (0:
+        unknown)."""
         with self._lock:
             lease = self._leases.get(lease_id)
             now = self.clock()
@@ -73,6 +78,9 @@ class Leases:
                     self._seeding[peer_id] = seeded_paths
                 else:
                     self._seeding.pop(peer_id, None)
+            if measured and peer.assignment is not None and peer.assignment.mode in PIPELINE_MODES:
+                self._record_served(peer, tokens_per_s, capacity)
+                tokens_per_s = 0.0  # a pipeline role's figure is what it served, not its device's
             if progress or bytes_exchanged or (tokens_per_s and tokens_per_s != peer.capabilities.tokens_per_s):
                 self._record_progress(peer, progress, tokens_per_s, bytes_exchanged, now)
             batch = None
@@ -171,6 +179,16 @@ class Leases:
                 raise InvalidArgument("seeded_paths", f"{name[:32]!r} is not a path of this run's lattice (e.g. 0-1)")
         return frozenset(names)
 
+    def _record_served(self, peer: PeerRecord, tokens_per_s: float, capacity: float) -> None:
+        """A stage server's or trainer's measured tokens/s served (and capacity); under the lock."""
+        capacity = capacity or peer.capacity_tokens_per_s
+        if (tokens_per_s, capacity) == (peer.served_tokens_per_s, peer.capacity_tokens_per_s):
+            return
+        peer.served_tokens_per_s, peer.capacity_tokens_per_s = tokens_per_s, capacity
+        if peer.state == "active":
+            self.view.set_tokens_per_s(peer.peer_id, tokens_per_s, capacity)
+        self._dirty_peers.add(peer.peer_id)
+
     def _record_progress(
         self, peer: PeerRecord, progress: Sequence[ProgressReport], tokens_per_s: float, bytes_exchanged: int,
         now: float,
@@ -192,6 +210,6 @@ class Leases:
             caps = peer.capabilities
             peer.capabilities = Capabilities(caps.device, caps.memory_bytes, tokens_per_s, caps.upload_bps,
                                              caps.download_bps, caps.multiaddrs)
-            if peer.state == "active":
+            if peer.state == "active" and peer.counted_tokens_per_s() == tokens_per_s:
                 self.view.set_tokens_per_s(peer.peer_id, tokens_per_s)
         self._dirty_peers.add(peer.peer_id)

@@ -14,6 +14,8 @@ __all__ = [
     "MODE_PATH",
     "MODE_STAGE",
     "MODE_ARCHIVE",
+    "MODE_TRAINER",
+    "PIPELINE_MODES",
     "PEER_STATES",
     "Capabilities",
     "Assignment",
@@ -28,6 +30,12 @@ MODE_STAGE = "stage"
 """Serve one module as a pipeline stage (SWARM, Ryabinin et al. 2023)."""
 MODE_ARCHIVE = "archive"
 """An archive peer: follows every module, trains nothing; never counted as covering work."""
+MODE_TRAINER = "trainer"
+"""Drive a path's micro-batches through the stage servers of its levels (SWARM's trainer): holds the
+path's embedding, head and data."""
+PIPELINE_MODES = (MODE_STAGE, MODE_TRAINER)
+"""Roles whose throughput is what they served, reported by heartbeats (0 until measured), never the
+figure measured at join (which is a whole path's on this peer's device)."""
 
 PEER_STATES = ("active", "draining", "left", "expired", "banned")
 """``active``: holds a lease and work. ``draining``: told to finish its round and leave.
@@ -55,12 +63,13 @@ class Capabilities:
 
 @dataclass(frozen=True)
 class Assignment:
-    """Work for one peer: a path (path mode) or a module to serve (stage mode)."""
+    """Work for one peer: a path (path mode), a module to serve (stage mode) or a path to drive through
+    stage servers (a pipeline trainer)."""
 
     mode: str
-    """:data:`MODE_PATH` or :data:`MODE_STAGE`."""
+    """:data:`MODE_PATH`, :data:`MODE_STAGE`, :data:`MODE_TRAINER` or :data:`MODE_ARCHIVE`."""
     path: tuple[int, ...] = ()
-    """Path mode: one module index per level."""
+    """Path mode and trainers: one module index per level."""
     module_id: str = ""
     """Stage mode: the module served."""
     module_ids: tuple[str, ...] = ()
@@ -82,9 +91,11 @@ class Assignment:
         )
 
     def label(self) -> str:
-        """``path 1,0`` or ``stage L0M1``."""
+        """``path 1,0``, ``stage L0M1`` or ``trainer 1,0``."""
         if self.mode == MODE_PATH:
             return "path " + ",".join(map(str, self.path))
+        if self.mode == MODE_TRAINER:
+            return "trainer " + ",".join(map(str, self.path))
         if self.mode == MODE_ARCHIVE:
             return "archive"
         return "stage " + self.module_id
@@ -127,6 +138,21 @@ class PeerRecord:
     """The announced multiaddr that accepted the dial-back ('' unless reachable)."""
     observed_addr: str = ""
     """The address the latest join came from, as the coordinator saw it."""
+    served_tokens_per_s: float = 0.0
+    """Stage servers and trainers (:data:`PIPELINE_MODES`): tokens/s served over the last window, as
+    its heartbeats measure it; 0 from each new such assignment until measured."""
+    capacity_tokens_per_s: float = 0.0
+    """Stage servers: tokens/s they could serve at full load, as measured (0: unknown)."""
+    requested_role: str = ""
+    """The role the peer asked for at its latest join (``peer join --role``; '' lets the coordinator
+    decide): rebalancing never moves it to another."""
+
+    def counted_tokens_per_s(self) -> float:
+        """The throughput the scheduler counts this peer at: what it served in a pipeline role, else
+        the figure measured at join (or reported since)."""
+        if self.assignment is not None and self.assignment.mode in PIPELINE_MODES:
+            return self.served_tokens_per_s
+        return self.capabilities.tokens_per_s
 
     @property
     def holds_work(self) -> bool:

@@ -1,7 +1,8 @@
 """Work assignment: pure functions of (now, state, config) that return a decision and its reason.
 
 A peer whose memory fits a whole path trains a path (DiPaCo, Douillard et al. 2024, path mode); a
-smaller one serves a single module as a pipeline stage (SWARM, Ryabinin et al. 2023, stage mode).
+smaller one serves a single module as a pipeline stage or drives a pipeline through such stages
+(SWARM, Ryabinin et al. 2023): :mod:`coordinator.pipelines` decides which.
 Paths are kept covered first and then balanced by throughput (tokens/s), not by head count. A peer
 on a slow link gets the work that needs least bandwidth: among equally good choices the module group
 with fewer members, and a larger H so its exchange stays a small part of a round. The codec is the
@@ -20,14 +21,13 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, Optional, Sequence
 
-from coordinator.records import MODE_PATH, MODE_STAGE, Assignment, Capabilities
+from coordinator.records import MODE_PATH, Assignment, Capabilities
 from coordinator.settings import CoordinatorSettings
 from coordinator.view import ClusterView
 from models.codec_spec import codec_spec
 from models.config import RunConfig, format_path
 
-__all__ = ["Move", "assign_peer", "rebalance", "rebalance_stages", "link_overrides", "path_assignment", "fits_path",
-           "exchange_bytes"]
+__all__ = ["Move", "assign_peer", "rebalance", "link_overrides", "path_assignment", "fits_path", "exchange_bytes"]
 
 Path_ = tuple[int, ...]
 
@@ -139,13 +139,19 @@ def assign_peer(
     settings: CoordinatorSettings,
     previous: Optional[Assignment] = None,
     version: int = 1,
+    role: str = "",
 ) -> tuple[Optional[Assignment], str]:
     """Work for a joining peer that holds nothing in ``view``: (assignment, reason), or (None, reason)
-    when nothing fits its memory. ``previous`` is its last work before a leave, expiry or restart."""
+    when nothing fits its memory. ``previous`` is its last work before a leave, expiry or restart.
+    ``role``: what the peer asked for (:data:`coordinator.pipelines.ROLES`; '' lets us decide): a
+    path when it fits, else a stage server or a pipeline trainer (:mod:`coordinator.pipelines`)."""
     del now  # decisions at join do not depend on time; the argument keeps every decision's signature
     lattice = run.lattice
     fits, path_need = fits_path(caps, run, settings)
-    if fits:
+    if role == "path" and not fits:
+        return None, (f"--role path: a path needs {path_need} bytes, more than {_usable(caps, settings):.0f} usable "
+                      f"({settings.memory_headroom:.0%} of {caps.memory_bytes}); join with more memory or without --role")
+    if fits and role in ("", "path"):
         slow = _is_slow(caps, lattice.path_modules(lattice.paths()[0]), run, settings)
         uncovered = next(_uncovered(run, view), None)
         if uncovered is not None:
@@ -184,35 +190,9 @@ def assign_peer(
         a = path_assignment(best, caps, run, settings, why, version)
         return a, a.reason
 
-    batch = _batch_size(run, settings)
-    usable = _usable(caps, settings)
-    # stage servers serve lattice blocks; the embedding and head stay with the trainers that drive data
-    blocks = [m for m in lattice.module_ids() if lattice.module_kind(m) == "block"]
-    fitting = [m for m in blocks if lattice.training_memory_bytes([m], batch) <= usable]
-    if not fitting:
-        smallest = min(lattice.training_memory_bytes([m], batch) for m in blocks)
-        return None, (
-            f"no work fits {caps.memory_bytes} bytes ({settings.memory_headroom:.0%} usable): a path needs "
-            f"{path_need} and the smallest module {smallest}; join with more memory or a smaller batch"
-        )
-    if previous is not None and previous.mode == MODE_STAGE and previous.module_id in fitting:
-        module = previous.module_id
-        why = f"rejoined: keeps serving {module}"
-    else:
-        slow = _is_slow(caps, [max(fitting, key=lattice.module_param_count)], run, settings)
+    from coordinator.pipelines import assign_small
 
-        def key(m: str) -> tuple:
-            load = view.stage_tps.get(m, 0.0)
-            members = view.module_members.get(m, 0)
-            return (members, load, m) if slow else (load, members, m)
-
-        module = min(fitting, key=key)
-        why = (f"a path needs {path_need} bytes, more than {usable:.0f} usable; module {module} has the least "
-               f"stage throughput{' and fewest members, for a slow link' if slow else ''}")
-    h, codec, link = link_overrides(caps, [module], run, settings)
-    a = Assignment(mode=MODE_STAGE, module_id=module, module_ids=(module,), inner_steps=h, codec=codec,
-                   reason=f"{why}; {link}", version=version)
-    return a, a.reason
+    return assign_small(caps, view, run, settings, _usable(caps, settings), path_need, previous, version, role)
 
 
 def _mover(members: Mapping[str, float], gap: float, margin: float, now: float, last_moved: Mapping[str, float],
@@ -283,61 +263,3 @@ def rebalance(
     if waiting:
         return None, f"{trigger}, but the peers that could move were moved less than {settings.min_move_interval:.0f}s ago"
     return None, f"{trigger}, but no single move lowers the spread"
-
-
-def rebalance_stages(
-    now: float,
-    last_moved: Mapping[str, float],
-    caps: Mapping[str, Capabilities],
-    view: ClusterView,
-    run: RunConfig,
-    settings: CoordinatorSettings,
-) -> tuple[Optional[Move], str]:
-    """At most one stage-server move toward the pipeline's bottleneck: (move, reason) or (None, reason).
-
-    A path trained through stage servers (SWARM, Ryabinin et al. 2023) runs at the speed of its
-    slowest level, so servers go where the stage throughput (measured tokens/s, not head count) is
-    least: first to a block module no server holds while another has two or more, then from the most
-    to the least served module once their spread passes ``rebalance_threshold``. Hysteresis as for
-    paths: the move must shrink the gap by the threshold too, and a peer moves at most once per
-    ``min_move_interval``; the moved server must fit the new module's memory. It loads the module's
-    state from its holders before serving (``peer.node.stage_runner``).
-    """
-    if not view.stage_peers:
-        return None, "no stage servers"
-    lattice = run.lattice
-    blocks = [m for m in lattice.module_ids() if lattice.module_kind(m) == "block"]
-    batch = _batch_size(run, settings)
-    empty = [m for m in blocks if m not in view.stage_peers]
-    margin = 0.0
-    if empty:
-        target, target_tps = empty[0], 0.0
-        trigger = f"module {target} has no stage server"
-    else:
-        target = min(blocks, key=lambda m: (view.stage_tps[m], m))
-        target_tps = view.stage_tps[target]
-        hi = max(view.stage_tps[m] for m in blocks)
-        spread = (hi - target_tps) / hi if hi > 0 else 0.0
-        if spread <= settings.rebalance_threshold:
-            return None, f"stages balanced: throughput spread {spread:.0%} is within {settings.rebalance_threshold:.0%}"
-        trigger = f"stage throughput spread {spread:.0%} passes {settings.rebalance_threshold:.0%}"
-        margin = settings.rebalance_threshold * hi
-    need = lattice.training_memory_bytes([target], batch)
-    sources = sorted((m for m, servers in view.stage_peers.items() if len(servers) >= 2 and m != target),
-                     key=lambda m: (-view.stage_tps[m], m))
-    waiting = 0
-    for source in sources:
-        peer_id, blocked = _mover(view.stage_peers[source], view.stage_tps[source] - target_tps, margin, now,
-                                  last_moved, settings, lambda p: _usable(caps[p], settings) >= need)
-        waiting += blocked
-        if peer_id is not None:
-            old = view.assignments[peer_id]
-            why = (f"moved from stage {source} ({view.stage_tps[source]:.0f} tok/s) to {target} "
-                   f"({target_tps:.0f} tok/s): {trigger}")
-            h, codec, link = link_overrides(caps[peer_id], [target], run, settings)
-            a = Assignment(mode=MODE_STAGE, module_id=target, module_ids=(target,), inner_steps=h, codec=codec,
-                           reason=f"{why}; {link}", version=old.version + 1)
-            return Move(peer_id, a, a.reason), a.reason
-    if waiting:
-        return None, f"{trigger}, but the servers that could move were moved less than {settings.min_move_interval:.0f}s ago"
-    return None, f"{trigger}, but no single stage move lowers the spread"

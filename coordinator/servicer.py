@@ -35,7 +35,7 @@ from coordinator.errors import InvalidArgument, RequestError, Unauthenticated
 from coordinator.probe import ProbeService
 from coordinator.reachability import dial_back, observed_host
 from coordinator.results import PathEvaluation
-from coordinator.records import MODE_ARCHIVE, MODE_PATH, MODE_STAGE, Assignment
+from coordinator.records import MODE_ARCHIVE, MODE_PATH, MODE_STAGE, MODE_TRAINER, Assignment
 from coordinator.status import snapshot
 from coordinator.validation import (
     MAX_PROGRESS,
@@ -59,7 +59,8 @@ MAX_COUNT = 1 << 62
 """Largest round, token or byte count accepted."""
 
 
-_MODES = {MODE_PATH: pb.MODE_PATH, MODE_STAGE: pb.MODE_STAGE, MODE_ARCHIVE: pb.MODE_ARCHIVE}
+_MODES = {MODE_PATH: pb.MODE_PATH, MODE_STAGE: pb.MODE_STAGE, MODE_ARCHIVE: pb.MODE_ARCHIVE,
+          MODE_TRAINER: pb.MODE_TRAINER}
 _MODE_NAMES = {v: k for k, v in _MODES.items()}
 
 
@@ -129,8 +130,13 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                                   list(c.multiaddrs), trains=not request.archive)
         manifest = check_text("manifest_hash", request.manifest_hash, 64)
         reach = await dial_back(caps.multiaddrs, observed_host(context.peer() or ""))
+        role = {pb.MODE_UNSPECIFIED: "", pb.MODE_PATH: MODE_PATH, pb.MODE_STAGE: MODE_STAGE,
+                pb.MODE_TRAINER: MODE_TRAINER}.get(request.role)
+        if role is None or (role and request.archive):
+            raise InvalidArgument("role", f"{request.role} is not a role a training peer may ask for (path, stage, "
+                                          "trainer)")
         result = await self._blocking(self.coord.join, peer_id, bytes(request.public_key), caps, manifest,
-                                      request.archive, reach)
+                                      request.archive, reach, role)
         s = self.coord.settings
         return pb.JoinResponse(
             run_spec=self._run_spec(),
@@ -194,8 +200,11 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                     raise InvalidArgument("progress.loss", f"{p.loss} for {p.module_id} is not a finite loss >= 0")
                 progress.append(ProgressReport(p.module_id, p.round, p.tokens, p.loss))
         tokens_per_s = request.tokens_per_s
-        if tokens_per_s:
+        if tokens_per_s or request.tokens_per_s_measured:
             check_number("tokens_per_s", tokens_per_s, 0.0, MAX_RATE)
+        capacity = request.capacity_tokens_per_s
+        if capacity:
+            check_number("capacity_tokens_per_s", capacity, 0.0, MAX_RATE)
         if request.bytes_sent > MAX_COUNT or request.bytes_received > MAX_COUNT:
             raise InvalidArgument("bytes_sent", f"byte counts beyond {MAX_COUNT}")
         coord = self.coord
@@ -208,10 +217,12 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             result = await self._blocking(
                 coord.heartbeat, lease_id, peer_id, progress, request.assignment_version, tokens_per_s,
                 request.bytes_sent + request.bytes_received, True, seeded, evaluations,
+                request.tokens_per_s_measured, capacity,
             )
         else:
             result = coord.heartbeat(lease_id, peer_id, progress, request.assignment_version, tokens_per_s,
-                                     request.bytes_sent + request.bytes_received, False, seeded, evaluations)
+                                     request.bytes_sent + request.bytes_received, False, seeded, evaluations,
+                                     request.tokens_per_s_measured, capacity)
         reply.lease_remaining_s = result.lease_remaining
         if result.drain or result.drain_reason:
             reply.drain = result.drain

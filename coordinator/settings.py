@@ -57,6 +57,11 @@ class CoordinatorSettings:
     comm_budget: float = 0.1
     """A link is slow when exchanging its pseudo-gradients would take more than this fraction of a
     round's compute; the peer then gets a stronger codec and, if needed, a larger H."""
+    stage_mode: bool = True
+    """Peers too small for a path serve pipeline stages or drive pipelines (SWARM); false refuses them."""
+    server_busy_share: float = 0.8
+    """A driven pipeline's stage whose servers are busier than this share of what they can serve is
+    its bottleneck: a small peer joins it as a server; below it on every level, as another trainer."""
     max_inner_steps_factor: int = 8
     """Largest multiple of the run's H given to a slow-linked peer."""
     initial_peers: int = 8
@@ -87,6 +92,8 @@ class CoordinatorSettings:
                 object.__setattr__(self, f.name, float(value))
             elif f.type in ("int", int) and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ConfigError(f"coordinator.{f.name}", f"expected an integer, got {value!r}")
+            elif f.type in ("bool", bool) and not isinstance(value, bool):
+                raise ConfigError(f"coordinator.{f.name}", f"expected true or false, got {value!r}")
             elif f.type in ("str", str) and not isinstance(value, str):
                 raise ConfigError(f"coordinator.{f.name}", f"expected a string, got {value!r}")
         for name in ("lease_timeout", "heartbeat_interval", "flush_interval", "tick_interval", "comm_budget",
@@ -107,6 +114,8 @@ class CoordinatorSettings:
                 f"{self.credential_timeout} must exceed twice heartbeat_interval={self.heartbeat_interval} "
                 "(credentials are renewed in heartbeat replies)",
             )
+        if not 0 < self.server_busy_share <= 1:
+            raise ConfigError("coordinator.server_busy_share", f"must be in (0, 1], got {self.server_busy_share}")
         if not 0 < self.memory_headroom <= 1:
             raise ConfigError("coordinator.memory_headroom", f"must be in (0, 1], got {self.memory_headroom}")
         if self.sqlite_synchronous.upper() not in ("FULL", "NORMAL", "EXTRA"):

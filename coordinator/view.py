@@ -11,7 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-from coordinator.records import MODE_ARCHIVE, MODE_PATH, Assignment, PeerRecord
+from coordinator.records import MODE_ARCHIVE, MODE_PATH, MODE_TRAINER, Assignment, PeerRecord
 
 __all__ = ["ClusterView"]
 
@@ -30,8 +30,15 @@ class ClusterView:
     """Sum of stage-server tokens/s per module."""
     stage_peers: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
     """Stage servers of each module with their tokens/s."""
+    trainer_peers: dict[Path_, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
+    """Pipeline trainers of each path with the tokens/s they drove."""
+    pinned: set[str] = field(default_factory=set)
+    """Peers that asked for their role at join (``peer join --role``): rebalancing never moves them."""
+    capacity: dict[str, float] = field(default_factory=dict)
+    """peer id -> tokens/s a stage server could serve at full load (stage servers only; 0: unknown)."""
     module_members: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    """Peers averaging each module (path peers of every path through it, plus its stage servers)."""
+    """Peers averaging each module (path peers of every path through it, its stage servers, and the
+    trainers holding an embedding or head)."""
     holders: dict[str, float] = field(default_factory=dict)
     """peer id -> tokens/s of every peer counted here."""
     assignments: dict[str, Assignment] = field(default_factory=dict)
@@ -41,11 +48,14 @@ class ClusterView:
         view = cls()
         for p in peers:
             if p.holds_work:
-                view.add(p.peer_id, p.assignment, p.capabilities.tokens_per_s)
+                view.add(p.peer_id, p.assignment, p.counted_tokens_per_s(), p.capacity_tokens_per_s)
+                if p.requested_role:
+                    view.pinned.add(p.peer_id)
         return view
 
-    def add(self, peer_id: str, assignment: Assignment, tokens_per_s: float) -> None:
-        """Count ``peer_id`` as doing ``assignment`` (it must not be counted already)."""
+    def add(self, peer_id: str, assignment: Assignment, tokens_per_s: float, capacity: float = 0.0) -> None:
+        """Count ``peer_id`` as doing ``assignment`` (it must not be counted already); ``capacity``:
+        a stage server's measured tokens/s at full load (0: unknown)."""
         if peer_id in self.holders:
             raise ValueError(f"peer {peer_id} already holds {self.assignments[peer_id].label()}")
         self.holders[peer_id] = tokens_per_s
@@ -55,7 +65,10 @@ class ClusterView:
         if assignment.mode == MODE_PATH:
             self.path_peers[assignment.path][peer_id] = tokens_per_s
             self.path_tps[assignment.path] += tokens_per_s
+        elif assignment.mode == MODE_TRAINER:
+            self.trainer_peers[assignment.path][peer_id] = tokens_per_s
         else:
+            self.capacity[peer_id] = capacity
             self.stage_tps[assignment.module_id] += tokens_per_s
             self.stage_peers[assignment.module_id][peer_id] = tokens_per_s
         for m in assignment.module_ids:
@@ -65,11 +78,17 @@ class ClusterView:
         """Stop counting ``peer_id``; returns what it held (None if it held nothing)."""
         if peer_id not in self.holders:
             return None
+        self.pinned.discard(peer_id)
         tps = self.holders.pop(peer_id)
         assignment = self.assignments.pop(peer_id)
         if assignment.mode == MODE_ARCHIVE:
             return assignment
-        if assignment.mode == MODE_PATH:
+        if assignment.mode == MODE_TRAINER:
+            trainers = self.trainer_peers[assignment.path]
+            del trainers[peer_id]
+            if not trainers:
+                del self.trainer_peers[assignment.path]
+        elif assignment.mode == MODE_PATH:
             members = self.path_peers[assignment.path]
             del members[peer_id]
             if members:
@@ -78,6 +97,7 @@ class ClusterView:
                 del self.path_peers[assignment.path]
                 del self.path_tps[assignment.path]
         else:
+            self.capacity.pop(peer_id, None)
             servers = self.stage_peers[assignment.module_id]
             del servers[peer_id]
             if servers:
@@ -91,15 +111,23 @@ class ClusterView:
                 del self.module_members[m]
         return assignment
 
-    def set_tokens_per_s(self, peer_id: str, tokens_per_s: float) -> None:
-        """A held peer reported a new throughput."""
-        if peer_id in self.holders and self.holders[peer_id] != tokens_per_s:
+    def set_tokens_per_s(self, peer_id: str, tokens_per_s: float, capacity: Optional[float] = None) -> None:
+        """A held peer reported a new throughput (and, for a stage server, capacity; None: unchanged)."""
+        if peer_id not in self.holders:
+            return
+        capacity = self.capacity.get(peer_id, 0.0) if capacity is None else capacity
+        if self.holders[peer_id] != tokens_per_s or self.capacity.get(peer_id, 0.0) != capacity:
             assignment = self.assignments[peer_id]
             self.remove(peer_id)
-            self.add(peer_id, assignment, tokens_per_s)
+            self.add(peer_id, assignment, tokens_per_s, capacity)
+
+    def complete(self, blocks: Iterable[str]) -> bool:
+        """True when every module of ``blocks`` (a path's block modules) has a stage server."""
+        return all(m in self.stage_peers for m in blocks)
 
     def copy(self) -> "ClusterView":
         out = ClusterView()
         for peer_id, assignment in self.assignments.items():
-            out.add(peer_id, assignment, self.holders[peer_id])
+            out.add(peer_id, assignment, self.holders[peer_id], self.capacity.get(peer_id, 0.0))
+        out.pinned = set(self.pinned)
         return out

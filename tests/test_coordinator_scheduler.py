@@ -9,7 +9,7 @@ import math
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
 from coordinator.records import MODE_PATH, MODE_STAGE, Capabilities
-from coordinator.scheduler import assign_peer, exchange_bytes, fits_path, link_overrides, rebalance, rebalance_stages
+from coordinator.scheduler import assign_peer, exchange_bytes, fits_path, link_overrides, rebalance
 from coordinator.settings import CoordinatorSettings
 from coordinator.view import ClusterView
 from models.config import LatticeConfig, RunConfig
@@ -63,69 +63,6 @@ def test_nothing_fits_returns_none_and_says_why():
     a, reason = assign_peer(0.0, caps(memory=1000), ClusterView(), RUN, SETTINGS)
     assert a is None
     assert "no work fits 1000 bytes" in reason and "smallest module" in reason
-
-
-def test_stage_servers_spread_over_blocks():
-    """Stage servers spread over the lattice's blocks; the embedding and head stay with trainers."""
-    _, need = fits_path(caps(), RUN, SETTINGS)
-    view = ClusterView()
-    served = []
-    for i in range(len(RUN.lattice.module_ids())):
-        a, _ = assign_peer(0.0, caps(memory=int(need * 0.6)), view, RUN, SETTINGS)
-        view.add(f"s{i}", a, 100.0)
-        served.append(a.module_id)
-    fitting = [m for m in RUN.lattice.module_ids() if RUN.lattice.module_kind(m) == "block"
-               and RUN.lattice.training_memory_bytes([m], RUN.inner.batch_size) <= need * 0.6 * 0.8]
-    assert fitting and sorted(set(served)) == sorted(fitting)
-    assert not {"embed", "head"} & set(served)
-
-
-def _stage_view(tps_by_module: dict[str, list[float]]):
-    _, need = fits_path(caps(), RUN, SETTINGS)
-    small = caps(memory=int(need * 0.6))
-    view, cap_map, version = ClusterView(), {}, 1
-    for m, speeds in tps_by_module.items():
-        for i, tps in enumerate(speeds):
-            a, _ = assign_peer(0.0, small, ClusterView(), RUN, SETTINGS)
-            from dataclasses import replace
-            a = replace(a, module_id=m, module_ids=(m,), version=version)
-            pid = f"{m}-s{i}"
-            view.add(pid, a, tps)
-            cap_map[pid] = small
-    return view, cap_map
-
-
-def test_stage_servers_move_to_the_bottleneck_by_throughput_with_hysteresis():
-    blocks = [m for m in RUN.lattice.module_ids() if RUN.lattice.module_kind(m) == "block"]
-    assert len(blocks) == 4
-    # one module's servers are slow: head count is equal, throughput is not
-    view, cap_map = _stage_view({blocks[0]: [1000.0, 1000.0], blocks[1]: [1000.0, 1000.0],
-                                 blocks[2]: [1000.0, 1000.0], blocks[3]: [200.0, 200.0]})
-    move, reason = rebalance_stages(0.0, {}, cap_map, view, RUN, SETTINGS)
-    assert move is not None and move.assignment.module_id == blocks[3] and move.assignment.mode == MODE_STAGE
-    assert "spread" in reason and f"to {blocks[3]}" in reason
-    assert move.assignment.version == view.assignments[move.peer_id].version + 1
-    # applied, the spread is within the threshold or no move shrinks it enough: no second move
-    moved = view.assignments[move.peer_id]
-    tps = view.holders[move.peer_id]
-    view.remove(move.peer_id)
-    view.add(move.peer_id, move.assignment, tps)
-    again, why = rebalance_stages(1.0, {move.peer_id: 0.0}, cap_map, view, RUN, SETTINGS)
-    assert again is None or again.peer_id != move.peer_id, why
-    assert moved.module_id != blocks[3]
-
-
-def test_stage_module_without_server_is_filled_and_equal_stages_do_not_move():
-    blocks = [m for m in RUN.lattice.module_ids() if RUN.lattice.module_kind(m) == "block"]
-    view, cap_map = _stage_view({blocks[0]: [500.0, 500.0], blocks[1]: [500.0], blocks[2]: [500.0]})
-    move, reason = rebalance_stages(0.0, {}, cap_map, view, RUN, SETTINGS)
-    assert move is not None and move.assignment.module_id == blocks[3] and "has no stage server" in reason
-    view, cap_map = _stage_view({m: [500.0, 520.0] for m in blocks})
-    move, reason = rebalance_stages(0.0, {}, cap_map, view, RUN, SETTINGS)
-    assert move is None and reason.startswith("stages balanced")
-    view, cap_map = _stage_view({blocks[0]: [500.0, 500.0], blocks[1]: [500.0], blocks[2]: [500.0], blocks[3]: [480.0]})
-    move, reason = rebalance_stages(0.0, {}, cap_map, view, RUN, SETTINGS)
-    assert move is None, reason  # moving one of two servers would only mirror the imbalance
 
 
 def test_slow_link_gets_a_larger_h_and_keeps_the_groups_codec():

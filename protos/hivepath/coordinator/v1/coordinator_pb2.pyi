@@ -13,10 +13,12 @@ class Mode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MODE_PATH: _ClassVar[Mode]
     MODE_STAGE: _ClassVar[Mode]
     MODE_ARCHIVE: _ClassVar[Mode]
+    MODE_TRAINER: _ClassVar[Mode]
 MODE_UNSPECIFIED: Mode
 MODE_PATH: Mode
 MODE_STAGE: Mode
 MODE_ARCHIVE: Mode
+MODE_TRAINER: Mode
 
 class Capabilities(_message.Message):
     __slots__ = ("device", "memory_bytes", "tokens_per_s", "upload_bps", "download_bps", "multiaddrs")
@@ -35,20 +37,22 @@ class Capabilities(_message.Message):
     def __init__(self, device: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., upload_bps: _Optional[float] = ..., download_bps: _Optional[float] = ..., multiaddrs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("token", "peer_id", "public_key", "capabilities", "manifest_hash", "archive")
+    __slots__ = ("token", "peer_id", "public_key", "capabilities", "manifest_hash", "archive", "role")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_HASH_FIELD_NUMBER: _ClassVar[int]
     ARCHIVE_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
     token: str
     peer_id: str
     public_key: bytes
     capabilities: Capabilities
     manifest_hash: str
     archive: bool
-    def __init__(self, token: _Optional[str] = ..., peer_id: _Optional[str] = ..., public_key: _Optional[bytes] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ..., manifest_hash: _Optional[str] = ..., archive: _Optional[bool] = ...) -> None: ...
+    role: Mode
+    def __init__(self, token: _Optional[str] = ..., peer_id: _Optional[str] = ..., public_key: _Optional[bytes] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ..., manifest_hash: _Optional[str] = ..., archive: _Optional[bool] = ..., role: _Optional[_Union[Mode, str]] = ...) -> None: ...
 
 class RunSpec(_message.Message):
     __slots__ = ("run_config_json", "run_config_hash", "lattice_hash", "manifest_hash", "coordinator_public_key")
@@ -131,7 +135,7 @@ class ModuleProgress(_message.Message):
     def __init__(self, module_id: _Optional[str] = ..., round: _Optional[int] = ..., tokens: _Optional[int] = ..., loss: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("lease_id", "peer_id", "progress", "assignment_version", "tokens_per_s", "bytes_sent", "bytes_received", "preempting", "seeds_data", "seeded_paths", "evaluations")
+    __slots__ = ("lease_id", "peer_id", "progress", "assignment_version", "tokens_per_s", "bytes_sent", "bytes_received", "preempting", "seeds_data", "seeded_paths", "evaluations", "tokens_per_s_measured", "capacity_tokens_per_s")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +147,8 @@ class HeartbeatRequest(_message.Message):
     SEEDS_DATA_FIELD_NUMBER: _ClassVar[int]
     SEEDED_PATHS_FIELD_NUMBER: _ClassVar[int]
     EVALUATIONS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_S_MEASURED_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     peer_id: str
     progress: _containers.RepeatedCompositeFieldContainer[ModuleProgress]
@@ -154,7 +160,9 @@ class HeartbeatRequest(_message.Message):
     seeds_data: bool
     seeded_paths: _containers.RepeatedScalarFieldContainer[str]
     evaluations: _containers.RepeatedCompositeFieldContainer[PathEvaluation]
-    def __init__(self, lease_id: _Optional[str] = ..., peer_id: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[ModuleProgress, _Mapping]]] = ..., assignment_version: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., preempting: _Optional[bool] = ..., seeds_data: _Optional[bool] = ..., seeded_paths: _Optional[_Iterable[str]] = ..., evaluations: _Optional[_Iterable[_Union[PathEvaluation, _Mapping]]] = ...) -> None: ...
+    tokens_per_s_measured: bool
+    capacity_tokens_per_s: float
+    def __init__(self, lease_id: _Optional[str] = ..., peer_id: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[ModuleProgress, _Mapping]]] = ..., assignment_version: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., preempting: _Optional[bool] = ..., seeds_data: _Optional[bool] = ..., seeded_paths: _Optional[_Iterable[str]] = ..., evaluations: _Optional[_Iterable[_Union[PathEvaluation, _Mapping]]] = ..., tokens_per_s_measured: _Optional[bool] = ..., capacity_tokens_per_s: _Optional[float] = ...) -> None: ...
 
 class PathEvaluation(_message.Message):
     __slots__ = ("path", "bpb", "round")
