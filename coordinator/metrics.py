@@ -10,6 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from coordinator.reachability import STATES
+from coordinator.status import ROLES
 
 __all__ = ["SnapshotCollector", "render_metrics", "CONTENT_TYPE"]
 
@@ -55,8 +56,13 @@ class SnapshotCollector(Collector):
         for verdict in STATES:
             reach.add_metric([verdict], s["peer_reachability"].get(verdict, 0))
         yield reach
+        roles = GaugeMetricFamily("hivepath_coordinator_peers_role", "Active peers by role", labels=["role"])
+        for role in ROLES:
+            roles.add_metric([role], s["peer_roles"].get(role, 0))
+        yield roles
         yield GaugeMetricFamily("hivepath_coordinator_leases", "Live leases", value=s["live_leases"])
-        yield GaugeMetricFamily("hivepath_coordinator_tokens_per_second", "Sum of active peers' tokens/s",
+        yield GaugeMetricFamily("hivepath_coordinator_tokens_per_second",
+                                "Tokens trained per second: path peers' and pipeline trainers' (served, not join figures)",
                                 value=s["total_tokens_per_s"])
         yield CounterMetricFamily("hivepath_coordinator_tokens", "Tokens processed by all peers", value=s["tokens"])
         yield CounterMetricFamily("hivepath_coordinator_exchanged_bytes", "Bytes peers sent and received averaging",
@@ -89,6 +95,31 @@ class SnapshotCollector(Collector):
         yield path_loss
         yield path_seeders
         yield path_bpb
+        pipe_tps = GaugeMetricFamily("hivepath_coordinator_pipeline_tokens_per_second",
+                                     "Tokens/s a pipeline's trainers drove through its stage servers", labels=["path"])
+        pipe_running = GaugeMetricFamily("hivepath_coordinator_pipeline_running",
+                                         "1 while a pipeline has a trainer and a server on every level", labels=["path"])
+        for p in s["pipelines"]:
+            pipe_tps.add_metric([p["name"]], p["tokens_per_s"])
+            pipe_running.add_metric([p["name"]], 1.0 if p["state"] == "running" else 0.0)
+        yield pipe_tps
+        yield pipe_running
+        stage_servers = GaugeMetricFamily("hivepath_coordinator_stage_servers", "Stage servers of each module",
+                                          labels=["module"])
+        stage_tps = GaugeMetricFamily("hivepath_coordinator_stage_tokens_per_second",
+                                      "Tokens/s a module's stage servers served (their heartbeats' measurements)",
+                                      labels=["module"])
+        stage_busy = GaugeMetricFamily("hivepath_coordinator_stage_busy_ratio",
+                                       "Served over what a module's stage servers can serve (once all are measured)",
+                                       labels=["module"])
+        for m in s["stages"]:
+            stage_servers.add_metric([m["module_id"]], m["servers"])
+            stage_tps.add_metric([m["module_id"]], m["tokens_per_s"])
+            if m["busy"] is not None:
+                stage_busy.add_metric([m["module_id"]], m["busy"])
+        yield stage_servers
+        yield stage_tps
+        yield stage_busy
         for name, doc in _COUNTERS.items():
             yield CounterMetricFamily(f"hivepath_coordinator_{name}", doc, value=s["counters"].get(name, 0))
 

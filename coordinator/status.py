@@ -8,11 +8,16 @@ import math
 from typing import Any, Optional
 
 from coordinator.core import Coordinator
+from coordinator.pipelines import pipelines
 from coordinator.reachability import RELAYED, relay_of
-from coordinator.records import MODE_PATH, PeerRecord
+from coordinator.records import MODE_ARCHIVE, MODE_PATH, MODE_STAGE, MODE_TRAINER, PeerRecord
+from coordinator.view import ClusterView
 from models.config import format_path
 
-__all__ = ["snapshot", "contributions"]
+__all__ = ["snapshot", "contributions", "stages", "ROLES"]
+
+ROLES = (MODE_PATH, MODE_STAGE, MODE_TRAINER, MODE_ARCHIVE)
+"""A peer row's ``role``: its assignment's mode (:mod:`coordinator.records`)."""
 
 
 def _mean(values: list[float]) -> float:
@@ -20,13 +25,42 @@ def _mean(values: list[float]) -> float:
     return sum(vals) / len(vals) if vals else float("nan")
 
 
+def _busy(servers: dict[str, float], capacity: dict[str, float]) -> Optional[float]:
+    """Served tokens/s of a module's servers over what they can serve, as :mod:`coordinator.pipelines`
+    measures it: None until every server's capacity is measured."""
+    caps = [capacity.get(p, 0.0) for p in servers]
+    if not servers or any(c <= 0 for c in caps):
+        return None
+    return sum(servers.values()) / sum(caps)
+
+
+def stages(view: ClusterView) -> list[dict[str, Any]]:
+    """Every module that has stage servers, by id: how many, the tokens/s they served, what they can
+    serve (0 while any is unmeasured) and their busy share (None until every server is measured)."""
+    out = []
+    for m in sorted(view.stage_peers):
+        servers = view.stage_peers[m]
+        caps = [view.capacity.get(p, 0.0) for p in servers]
+        out.append({"module_id": m, "servers": len(servers), "tokens_per_s": sum(servers.values()),
+                    "capacity_tokens_per_s": sum(caps) if all(c > 0 for c in caps) else 0.0,
+                    "busy": _busy(servers, view.capacity)})
+    return out
+
+
 def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, Any]:
-    """The run now: live peers (the first ``max_peers`` by id; None: all), the lattice grid with each
-    module's holders, paths with their throughput, loss and number of seeders of their shards (live
-    peers of the run whose heartbeats say they seed it: the coordinator never looks at the data or the
-    DHT; ``hivepath data info --manifest-hash`` lists every seeder on the DHT), totals and counters
-    (tokens, module rounds and event counters survive restarts), each path's latest validation bits
-    per byte, and every peer's contribution (``contributions``: the first ``max_peers`` by tokens)."""
+    """The run now: live peers (the first ``max_peers`` by id; None: all) with their role and why, the
+    lattice grid with each module's holders, paths with their throughput, loss and number of seeders
+    of their shards (live peers of the run whose heartbeats say they seed it: the coordinator never
+    looks at the data or the DHT; ``hivepath data info --manifest-hash`` lists every seeder on the
+    DHT), the pipelines (:func:`coordinator.pipelines.pipelines`) and stage modules (:func:`stages`),
+    totals and counters (tokens, module rounds and event counters survive restarts), each path's
+    latest validation bits per byte, and every peer's contribution (``contributions``: the first
+    ``max_peers`` by tokens).
+
+    Throughput is what the scheduler counts (:meth:`PeerRecord.counted_tokens_per_s`): a stage server
+    or trainer shows what it served (0 until measured), never its join figure. The run's total is
+    the tokens trained per second: path peers' and trainers' (a stage server serves a trainer's
+    tokens, counted once at the trainer)."""
     lattice = coord.run.lattice
     v = coord.status_view()
     now, peers, leases, progress, counters, reason = (
@@ -34,12 +68,17 @@ def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, A
     )
     states: dict[str, int] = {}
     reach: dict[str, int] = {}
+    roles: dict[str, int] = {r: 0 for r in ROLES}
     live = []
     for p in peers:
         states[p.state] = states.get(p.state, 0) + 1
         if p.state in ("active", "draining"):
             live.append(p)
             reach[p.reachability] = reach.get(p.reachability, 0) + 1
+        if p.state == "active" and p.assignment is not None:
+            roles[p.assignment.mode] = roles.get(p.assignment.mode, 0) + 1
+    # the coordinator's view holds active peers only; rebuilt from these copies, it agrees with them
+    view = ClusterView.from_peers(p for p in peers if p.state == "active")
     live.sort(key=lambda p: p.peer_id)
     holders: dict[str, list[str]] = {m: [] for m in lattice.module_ids()}
     module_tps: dict[str, float] = {m: 0.0 for m in holders}
@@ -52,11 +91,11 @@ def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, A
         if p.state == "active" and a is not None:
             for m in a.module_ids:
                 holders[m].append(p.peer_id)
-                module_tps[m] += p.capabilities.tokens_per_s
+                module_tps[m] += p.counted_tokens_per_s()
             if a.mode == MODE_PATH:
                 row = paths.setdefault(a.path, {"peers": [], "tokens_per_s": 0.0, "losses": []})
                 row["peers"].append(p.peer_id)
-                row["tokens_per_s"] += p.capabilities.tokens_per_s
+                row["tokens_per_s"] += p.counted_tokens_per_s()
                 row["losses"].append(_mean([r.loss for r in mine.values()]))
         for m, r in mine.items():
             if m in module_round:
@@ -67,7 +106,10 @@ def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, A
                 "peer_id": p.peer_id,
                 "device": p.capabilities.device,
                 "state": p.state,
-                "tokens_per_s": p.capabilities.tokens_per_s,
+                "role": a.mode if a else "",
+                "role_reason": a.reason if a else "",
+                "tokens_per_s": p.counted_tokens_per_s(),
+                "capacity_tokens_per_s": p.capacity_tokens_per_s if a and a.mode == MODE_STAGE else None,
                 "memory_bytes": p.capabilities.memory_bytes,
                 "upload_bps": p.capabilities.upload_bps,
                 "download_bps": p.capabilities.download_bps,
@@ -121,13 +163,17 @@ def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, A
         "live_leases": len(leases),
         "peer_states": states,
         "peer_reachability": reach,
-        "total_tokens_per_s": sum(p.capabilities.tokens_per_s for p in live if p.state == "active"),
+        "peer_roles": roles,
+        "total_tokens_per_s": sum(p.counted_tokens_per_s() for p in live if p.state == "active"
+                                  and p.assignment is not None and p.assignment.mode in (MODE_PATH, MODE_TRAINER)),
         "tokens": total_tokens,
         "bytes_exchanged": sum(p.bytes_exchanged for p in peers),
         "peers": peer_rows,
         "peers_truncated": len(live) > len(peer_rows),
         "modules": modules,
         "paths": path_rows,
+        "pipelines": pipelines(coord.run, view),
+        "stages": stages(view),
         "rebalance": reason,
         "counters": counters,
         "data": {

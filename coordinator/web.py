@@ -35,6 +35,10 @@ PAGE_PEERS = 500
 """Rows of the peers and contributions tables on the HTML page (the JSON has them all)."""
 PAGE_ROUNDS = 16
 """Modules whose round the totals line names (the lattice grid shows every module's)."""
+PAGE_PIPELINES = 64
+"""Rows of the pipelines table (the JSON has them all)."""
+PAGE_SERVERS = 8
+"""Stage servers named per level of a pipeline on the page (the JSON has them all)."""
 REFRESH = 5.0
 """Seconds between reloads of the page (``/?refresh=S`` sets another, 1 to 3600)."""
 
@@ -117,20 +121,65 @@ def _contributions(snap: dict[str, Any]) -> str:
             + "".join(rows) + "</table>")
 
 
+def _fmt_busy(busy: Optional[float]) -> str:
+    return "busy not measured yet" if busy is None else f"{100 * busy:.0f}% busy"
+
+
+def _pipelines(snap: dict[str, Any]) -> str:
+    """The pipelines table: per pipeline its path, state, trainers and each level's servers with the
+    tokens/s they served (of what they can serve) and the level's busy share."""
+    e = html.escape
+    pipes = snap["pipelines"]
+    if not pipes:
+        return "<p id='pipelines'>none: no path has a trainer or a stage server on every level</p>"
+    levels = max(len(p["levels"]) for p in pipes)
+    rows = []
+    for p in pipes[:PAGE_PIPELINES]:
+        trainers = "<br>".join(f"<code>{e(t['peer_id'])}</code> {t['tokens_per_s']:.0f} tokens/s"
+                               for t in p["trainers"]) or "none"
+        cells = []
+        for lv in p["levels"]:
+            servers = [f"<code>{e(sv['peer_id'])}</code> {sv['tokens_per_s']:.0f}"
+                       + (f" of {sv['capacity_tokens_per_s']:.0f}" if sv["capacity_tokens_per_s"] > 0 else "")
+                       + " tokens/s" for sv in lv["servers"][:PAGE_SERVERS]]
+            if len(lv["servers"]) > PAGE_SERVERS:
+                servers.append(f"... {len(lv['servers']) - PAGE_SERVERS} more in /status.json")
+            body = "<br>".join(servers) if servers else "no server"
+            busy = f" · {_fmt_busy(lv['busy'])}" if lv["servers"] else ""
+            cells.append(f"<td class='{'ok' if lv['servers'] else 'empty'}'><b>{e(lv['module'])}</b>{busy}<br>{body}</td>")
+        state = p["state"]
+        rows.append(f"<tr data-path='{e(p['name'])}'><td>{e(p['name'])}</td>"
+                    f"<td class='{'ok' if state == 'running' else 'empty'}'>{e(state)}</td>"
+                    f"<td>{p['tokens_per_s']:.0f}</td><td>{trainers}</td>{''.join(cells)}</tr>")
+    if len(pipes) > PAGE_PIPELINES:
+        rows.append(f"<tr><td colspan={4 + levels}>... {len(pipes) - PAGE_PIPELINES} more pipelines in "
+                    "/status.json</td></tr>")
+    head = "".join(f"<th>level {i} servers</th>" for i in range(levels))
+    return (f"<table id='pipelines'><tr><th>path</th><th>state</th><th>tokens/s</th><th>trainers</th>{head}</tr>"
+            + "".join(rows) + "</table>")
+
+
+def _peer_tps(p: dict[str, Any]) -> str:
+    cap = p.get("capacity_tokens_per_s")
+    return f"{p['tokens_per_s']:.0f}" + (f" of {cap:.0f}" if cap else "")
+
+
 def render_page(snap: dict[str, Any], history: Optional[History] = None, refresh: float = REFRESH) -> str:
     """The human status page (``history``: the series of :mod:`coordinator.history` to plot)."""
     e = html.escape
     rows = []
     for p in snap["peers"][:PAGE_PEERS]:
         rows.append(
-            f"<tr><td><code>{e(p['peer_id'])}</code></td><td>{e(p['device'])}</td><td>{e(p['state'])}</td>"
-            f"<td>{e(p['work'])}</td><td>{p['tokens_per_s']:.0f}</td><td>{_fmt_bytes(p['memory_bytes'])}</td>"
+            f"<tr data-peer='{e(p['peer_id'])}'><td><code>{e(p['peer_id'])}</code></td><td>{e(p['device'])}</td>"
+            f"<td>{e(p['state'])}</td><td class='role'>{e(p['role'])}</td><td>{e(p['work'])}</td>"
+            f"<td class='tps'>{_peer_tps(p)}</td><td>{_fmt_bytes(p['memory_bytes'])}</td>"
             f"<td>{p['tokens']}</td><td>{_fmt_bytes(p['bytes_exchanged'])}</td><td>{p['last_seen_age_s']:.1f}s</td>"
             f"<td title=\"{e(p['reachable_addr'] or p['observed_addr'])}\">{e(p['reachability'].replace('_', ' '))}"
-            f"{' via <code>' + e(p['relay'][-8:]) + '</code>' if p['relay'] else ''}</td></tr>"
+            f"{' via <code>' + e(p['relay'][-8:]) + '</code>' if p['relay'] else ''}</td>"
+            f"<td class='why'>{e(p['role_reason'])}</td></tr>"
         )
     if snap["peers_truncated"]:
-        rows.append("<tr><td colspan=10>... more peers in /status.json</td></tr>")
+        rows.append("<tr><td colspan=12>... more peers in /status.json</td></tr>")
     grid = []
     for level, cells in enumerate(snap["lattice"]["grid"]):
         tds = "".join(
@@ -195,8 +244,9 @@ figure.plot svg{{width:100%;height:auto;font-size:11px}}figcaption{{font-weight:
 <h2>Contributions</h2>{_contributions(snap)}
 <h2>Lattice</h2><table>{''.join(grid)}</table><ul>{shared}</ul>
 <h2>Paths</h2>{data_line}<table><tr><th>path</th><th>peers</th><th>tokens/s</th><th>loss</th><th>validation bpb</th>{'<th>seeders</th>' if pinned else ''}</tr>{paths}</table>
-<h2>Peers</h2><table><tr><th>peer</th><th>device</th><th>state</th><th>work</th><th>tokens/s</th><th>memory</th>
-<th>tokens</th><th>exchanged</th><th>last seen</th><th>reachability</th></tr>{''.join(rows)}</table>
+<h2>Pipelines</h2>{_pipelines(snap)}
+<h2>Peers</h2><table id='peers'><tr><th>peer</th><th>device</th><th>state</th><th>role</th><th>work</th><th>tokens/s</th>
+<th>memory</th><th>tokens</th><th>exchanged</th><th>last seen</th><th>reachability</th><th>why this role</th></tr>{''.join(rows)}</table>
 </body></html>"""
 
 

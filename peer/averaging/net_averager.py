@@ -186,6 +186,8 @@ class NetAverager:
         """module -> the round :meth:`others_waiting` last answered True for: our declaration of
         that round says it was paced (:attr:`peer.network.records.GroupDeclaration.paced`)."""
         self._archived: dict[str, int] = {}
+        self._paused: set[str] = set()
+        """Modules we hold but announce no round of (:meth:`pause`)."""
         self._held_lock = threading.Lock()
         self._in_flight: set[Any] = set()
         """The rounds being averaged (futures on our loop): :meth:`abandon_rounds` cancels them."""
@@ -272,6 +274,8 @@ class NetAverager:
         state of ``digest`` when known (``wait``: until the DHT stored it). Re-announcing the same
         round costs nothing; a digest is kept until the round changes."""
         with self._held_lock:
+            if module_id in self._paused:  # an idle stage server or trainer holds back no round
+                return
             held = self._held.get(module_id)
             if held is not None and held[0] == int(round_no) and (not digest or held[1] == digest):
                 return
@@ -279,6 +283,28 @@ class NetAverager:
         future = self._publish(module_id, int(round_no), digest)
         if wait:
             future.result()
+
+    def pause(self, module_id: str, timeout: float = WITHDRAW_TIMEOUT) -> None:
+        """Stop being a holder of ``module_id`` others wait for, until :meth:`resume`: our records are
+        withdrawn (:meth:`release`) and :meth:`hold` announces nothing meanwhile, not even the next
+        round an exchange in flight would announce. A stage server nobody drives, or a trainer whose
+        pipeline lacks a level, pauses so that the module's other holders average without it."""
+        with self._held_lock:
+            if module_id in self._paused:
+                return
+            self._paused.add(module_id)
+        self.release(module_id, timeout)
+
+    def resume(self, module_id: str, round_no: int) -> None:
+        """Hold ``module_id`` again, at ``round_no``, after :meth:`pause` (announced in the background)."""
+        with self._held_lock:
+            self._paused.discard(module_id)
+        self.hold(module_id, round_no, wait=False)
+
+    def paused(self, module_id: str) -> bool:
+        """Whether ``module_id`` is paused (:meth:`pause`)."""
+        with self._held_lock:
+            return module_id in self._paused
 
     def give_back(self, result: AverageResult) -> None:
         """The caller is done with ``result.averaged`` and ``result.own_decoded`` (it applied them and

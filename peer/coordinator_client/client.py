@@ -40,6 +40,9 @@ __all__ = ["CoordinatorClient"]
 
 log = logging.getLogger(__name__)
 
+ROLE_MODES = {"": pb.MODE_UNSPECIFIED, "path": pb.MODE_PATH, "stage": pb.MODE_STAGE, "trainer": pb.MODE_TRAINER}
+"""``peer join --role`` values and the mode each asks the coordinator for."""
+
 MAX_REPLY_BYTES = 64 << 20
 """Status replies list every live peer; 64 MiB holds a few hundred thousand."""
 
@@ -132,7 +135,7 @@ class CoordinatorClient:
         p = self.peer
         request = pb.JoinRequest(
             token=self._token, peer_id=p.peer_id, public_key=p.public_key, manifest_hash=p.manifest_hash,
-            archive=p.archive,
+            archive=p.archive, role=ROLE_MODES[p.role],
             capabilities=pb.Capabilities(device=p.device, memory_bytes=p.memory_bytes, tokens_per_s=p.tokens_per_s,
                                          upload_bps=p.upload_bps, download_bps=p.download_bps,
                                          multiaddrs=list(p.multiaddrs)),
@@ -162,10 +165,14 @@ class CoordinatorClient:
         preempting: bool = False,
         seeded_paths: Optional[Sequence[str]] = None,
         evaluations: Sequence[Evaluation] = (),
+        measured: bool = False,
+        capacity: float = 0.0,
     ) -> HeartbeatReply:
         """Renew the lease; re-joins transparently when the coordinator answers NOT_FOUND.
         ``seeded_paths``: the paths whose shards this peer seeds (None: it does not say).
-        ``evaluations``: validation bits per byte per path (an archive peer's; others are refused)."""
+        ``evaluations``: validation bits per byte per path (an archive peer's; others are refused).
+        ``measured``: ``tokens_per_s`` is a measurement, 0 included (a stage server's or trainer's
+        served tokens/s); ``capacity``: a stage server's tokens/s at full load (0: unknown)."""
         if self.joined is None:
             return self._rejoin()
         request = pb.HeartbeatRequest(
@@ -173,7 +180,8 @@ class CoordinatorClient:
             progress=[pb.ModuleProgress(module_id=p.module_id, round=p.round, tokens=p.tokens, loss=p.loss)
                       for p in progress],
             assignment_version=self.assignment_version, tokens_per_s=tokens_per_s, bytes_sent=bytes_sent,
-            bytes_received=bytes_received, preempting=preempting,
+            bytes_received=bytes_received, preempting=preempting, tokens_per_s_measured=measured,
+            capacity_tokens_per_s=capacity,
             evaluations=[pb.PathEvaluation(path=list(e.path), bpb=e.bpb, round=e.round) for e in evaluations],
         )
         if seeded_paths is not None:

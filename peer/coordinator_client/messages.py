@@ -76,11 +76,14 @@ class PeerInfo:
     manifest_hash: str = ""
     archive: bool = False
     """An archive peer: the coordinator gives it no work and hands its addresses out first."""
+    role: str = ""
+    """The role asked for (``path``, ``stage`` or ``trainer``; '' lets the coordinator decide)."""
 
 
 @dataclass(frozen=True)
 class WorkAssignment:
-    """A path to train (``mode == "path"``) or a module to serve (``mode == "stage"``)."""
+    """A path to train (``mode == "path"``), a module to serve (``mode == "stage"``) or a path to drive
+    through stage servers (``mode == "trainer"``)."""
 
     mode: str
     path: tuple[int, ...]
@@ -100,7 +103,7 @@ class WorkAssignment:
 
     @classmethod
     def from_proto(cls, m: pb.Assignment) -> "WorkAssignment":
-        mode = {pb.MODE_PATH: "path", pb.MODE_ARCHIVE: "archive"}.get(m.mode, "stage")
+        mode = {pb.MODE_PATH: "path", pb.MODE_ARCHIVE: "archive", pb.MODE_TRAINER: "trainer"}.get(m.mode, "stage")
         return cls(mode, tuple(m.path), m.module_id, tuple(m.module_ids), m.inner_steps, m.codec, m.reason, m.version)
 
     def same_work(self, other: "WorkAssignment") -> bool:
@@ -109,8 +112,8 @@ class WorkAssignment:
         return dataclasses.replace(other, reason=self.reason, version=self.version) == self
 
     def label(self) -> str:
-        if self.mode == "path":
-            return "path " + ",".join(map(str, self.path))
+        if self.mode in ("path", "trainer"):
+            return self.mode + " " + ",".join(map(str, self.path))
         return "archive" if self.mode == "archive" else f"stage {self.module_id}"
 
 

@@ -54,6 +54,11 @@ THROUGHPUT_SETTLE_SECONDS = 30.0
 """Seconds of work on an assignment before its measured tokens/s goes into heartbeats."""
 
 
+TRAINER_WAIT_SECONDS = 20.0
+"""Seconds a pipeline trainer waits for a server of a level before it drops the step, says why and
+looks at its stop and reassignment orders again."""
+
+
 class UnsupportedAssignment(HivepathError):
     """The coordinator gave this peer work it cannot do (e.g. a stage while stage mode is off)."""
 
@@ -90,6 +95,8 @@ class PeerOptions:
     the rest (:class:`peer.node.trainer.CpuLimit`), and the tokens/s this peer reports are scaled by it."""
     keep_checkpoints: int = 2
     """Snapshots kept under WORK_DIR/checkpoints."""
+    role: str = ""
+    """``--role``: ask the coordinator for ``path``, ``stage`` or ``trainer`` ('' lets it decide)."""
 
     def __post_init__(self) -> None:
         self.work_dir = Path(self.work_dir).expanduser()
@@ -97,6 +104,8 @@ class PeerOptions:
             raise HivepathError(f"--keep-checkpoints must be >= 1, got {self.keep_checkpoints}")
         if not 0.0 < self.cpu_limit <= 1.0:
             raise HivepathError(f"--cpu-limit must be > 0 and <= 1, got {self.cpu_limit}")
+        if self.role not in ("", "path", "stage", "trainer"):
+            raise HivepathError(f"--role must be path, stage or trainer (or left out), got {self.role!r}")
         if self.max_data_gb is not None and not self.max_data_gb > 0:
             raise HivepathError(f"--max-data-gb must be > 0, got {self.max_data_gb}")
 
@@ -200,6 +209,15 @@ class PeerNode:
                 progress.append(Progress(mid, trainer.opt.module_round(mid), trainer.tokens, self.status.loss or 0.0))
         elif self.status.mode == "stage" and self.status.assignment:
             progress.append(Progress(self.status.assignment, self.status.round_no, self.status.tokens, 0.0))
+        elif self.status.mode == "trainer" and self._working is not None:
+            for mid in self._working.module_ids:
+                progress.append(Progress(mid, self.status.round_no, self.status.tokens, self.status.loss or 0.0))
+        if self.status.mode in ("stage", "trainer"):
+            # what it served over the last window, 0 when idle: never the join figure (a whole path's)
+            return {"progress": progress, "tokens_per_s": self.status.tokens_per_s, "measured": True,
+                    "capacity": self.status.capacity_tokens_per_s, "bytes_sent": self.status.bytes_sent,
+                    "bytes_received": self.status.bytes_received, "preempting": self._preempting,
+                    "seeded_paths": self.data.seeded_paths() if self.data is not None else None}
         # a throughput measured over the first seconds of new work (state loading, first rounds) is
         # noise the coordinator would rebalance on: report 0 ("unchanged", it keeps the join figure)
         settled = time.monotonic() - self._work_started >= THROUGHPUT_SETTLE_SECONDS
@@ -285,7 +303,7 @@ class PeerNode:
                 peer = PeerInfo(
                     peer_id=dht.peer_id, device=describe_device(device), memory_bytes=memory, tokens_per_s=tokens_per_s,
                     upload_bps=bandwidth or 0.0, download_bps=download, multiaddrs=tuple(dht.maddrs()),
-                    manifest_hash=dataset.manifest_hash,
+                    manifest_hash=dataset.manifest_hash, role=opts.role,
                 )
                 joined = startup.join(peer, self._progress, self._on_heartbeat)
                 dht = startup.dht  # a new node when the join found us behind NAT and handed us relays
@@ -325,7 +343,7 @@ class PeerNode:
                 self.status.state = "stopped"
 
     def _train(self, cfg: RunConfig, assignment: WorkAssignment, dataset, device, averager, dht) -> None:
-        from peer.node.stage_runner import run_stage_server
+        from peer.node.stage_runner import run_stage_server, run_stage_trainer
         from peer.node.trainer import CpuLimit, PathTrainer
 
         peer_id = dht.peer_id
@@ -350,7 +368,7 @@ class PeerNode:
             else:
                 self._event("reroute", mode=assignment.mode, work=assignment.label(), previous=previous.label(),
                             reason=assignment.reason)
-            if assignment.mode not in ("path", "stage"):
+            if assignment.mode not in ("path", "stage", "trainer"):
                 raise UnsupportedAssignment(f"the coordinator assigned {assignment.label()}, which a training peer "
                                             "cannot do; run 'hivepath archive' for an archive peer")
             with self._lock:
@@ -364,6 +382,14 @@ class PeerNode:
                 self._trainer = None
                 reason = run_stage_server(cfg, assignment.module_id, dataset, device, dht, averager, checkpoints,
                                           self._should_stop, status=self.status, outer=outer)
+            elif assignment.mode == "trainer":
+                # SWARM's trainer: the path's embedding, head and data here, its levels on stage servers
+                self.status.assignment = ",".join(map(str, assignment.path))
+                self._trainer = None
+                self.data.ensure_path(assignment.path, dht, self._fetch_should_stop)
+                reason = run_stage_trainer(cfg, assignment.path, dataset, device, dht, averager, checkpoints,
+                                           self._should_stop, status=self.status, outer=outer,
+                                           view=self.view, call_timeout=TRAINER_WAIT_SECONDS)
             else:
                 self.status.assignment = ",".join(map(str, assignment.path))
                 self.data.ensure_path(assignment.path, dht, self._fetch_should_stop)  # returns once train is verified

@@ -52,9 +52,10 @@ long the drain took, None without one); ``error`` for a problem that stops it; `
 stage-mode trainer's request leaves a stage server of ``module`` that failed (``reason``) for
 ``to_server``, or for none (None: no server of the module answered in time, the step is abandoned)."""
 
-WAITING_STATES = ("starting", "fetching", "joining", "loading", "draining", "stopped")
+WAITING_STATES = ("starting", "fetching", "joining", "loading", "waiting", "draining", "stopped")
 """States in which a peer waits on something outside its main loop (the coordinator, the DHT, a
-module's holders, the end of a round): they make no training progress and are not a stall."""
+module's holders, the end of a round, a pipeline to serve or a server of its level): they make no
+training progress and are not a stall."""
 
 _PROGRESS_FIELDS = frozenset({"step", "round_no", "tokens"})
 
@@ -78,6 +79,10 @@ class PeerStatus:
     step: int = 0
     loss: Optional[float] = None
     tokens_per_s: float = 0.0
+    """Path mode: tokens/s trained since the start of the work; stage server and trainer: tokens/s
+    served over the last window (0 when idle)."""
+    capacity_tokens_per_s: float = 0.0
+    """A stage server's tokens/s at full load (served tokens over busy seconds; 0: not measured)."""
     tokens: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
@@ -89,7 +94,8 @@ class PeerStatus:
     ``unreachable``, ``client mode``)."""
     state: str = "starting"
     """starting, fetching (the dataset's files), joining, loading, training, averaging, following
-    (archive), draining, stopped."""
+    (archive), waiting (a stage server nobody drives, a trainer whose pipeline lacks a server),
+    draining, stopped."""
     checkpoint: str = ""
     """The newest snapshot written (its directory)."""
     checkpoint_error: str = ""

@@ -34,8 +34,9 @@ from peer.node.checkpoint import CheckpointDir, CheckpointError, saved_state, st
 from peer.diloco import DiLoCoOptimizer, RoundReport
 from peer.node.progress import PeerStatus, ProgressView
 from peer.diloco import install_resync, resync_after_round
-from peer.stage import StageClient, StageUnavailable
+from peer.stage import DEFAULT_ACTIVATION_CODEC, StageClient, StageUnavailable
 from peer.stage import StageServer, StageServerOptions
+from peer.stage.activity import IdleHolds, ServedRate
 
 __all__ = ["StageTrainer", "run_stage_server", "run_stage_trainer", "adopt_states", "save_states", "failover_events"]
 
@@ -122,6 +123,8 @@ class StageTrainer:
         if dataset is not None:
             self.batches = dataset.path_batches(self.path, "train", cfg.inner.batch_size, cfg.lattice.seq_len, seed)
         self.tokens = 0
+        self.before_step: Optional[Callable[[], None]] = None
+        """Called once a batch went through the whole pipeline, before the optimizer steps on it."""
 
     def _micro(self, x: torch.Tensor, y: torch.Tensor, scale: float) -> float:
         """Forward and backward of one micro-batch x, y (b, T) through the pipeline; returns its loss."""
@@ -157,6 +160,8 @@ class StageTrainer:
             self.opt.zero_grad(set_to_none=True)
             raise
         loss = sum(l * cx.shape[0] for l, (cx, _) in zip(losses, chunks)) / x.shape[0]
+        if self.before_step is not None:
+            self.before_step()
         self.tokens += x.numel()
         report = self.opt.step(tokens=x.numel())
         self.opt.zero_grad(set_to_none=True)
@@ -214,9 +219,10 @@ def run_stage_server(cfg: RunConfig, module_id: str, dataset: Any, device: torch
     install_resync(server.opt, fetch, wait=0.0)  # never a poll in the request that completed a step
     if hasattr(averager, "serve_states"):
         averager.serve_states(server.opt.module_state)
-    status.mode, status.assignment, status.state = "stage", module_id, "training"
+    status.mode, status.assignment, status.state = "stage", module_id, "waiting"
     server.start()
-    started, wake = time.monotonic(), threading.Event()
+    log.info("serving %s; waiting for a trainer to drive it (it holds back no round meanwhile)", module_id)
+    served, wake = ServedRate(), threading.Event()
     try:
         while True:
             reason = should_stop()
@@ -224,7 +230,9 @@ def run_stage_server(cfg: RunConfig, module_id: str, dataset: Any, device: torch
                 return reason
             status.step = server.counts["step"]
             status.tokens = server.tokens_trained
-            status.tokens_per_s = server.tokens_trained / max(1e-6, time.monotonic() - started)
+            status.tokens_per_s = served.rate(server.tokens_trained)
+            status.capacity_tokens_per_s = server.throughput if server.tokens_trained else 0.0
+            status.state = "waiting" if server.holds is not None and server.holds.paused else "training"
             wake.wait(_POLL)
     finally:
         status.state = "draining"
@@ -247,20 +255,25 @@ def failover_events(view: ProgressView) -> Callable[[str, str, Optional[str], st
 
 def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, device: torch.device, dht: Any,
                       averager: Any, checkpoints: Optional[CheckpointDir], should_stop: Callable[[], Optional[str]],
-                      status: Optional[PeerStatus] = None, outer: Optional[OuterConfig] = None, codec: str = "int8",
+                      status: Optional[PeerStatus] = None, outer: Optional[OuterConfig] = None,
+                      codec: str = DEFAULT_ACTIVATION_CODEC,
                       micro_batches: int = 1, request_timeout: float = 10.0,
                       on_step: Optional[Callable[["StageTrainer", float], None]] = None,
-                      view: Optional[ProgressView] = None) -> str:
+                      view: Optional[ProgressView] = None, idle_timeout: float = 10.0,
+                      call_timeout: Optional[float] = None) -> str:
     """Train ``path`` through stage servers (holding its embed and head) until ``should_stop()``
     returns a reason; return it. ``codec``: activations' and gradients' codec; ``micro_batches``:
     chunks of each batch in flight at once; ``on_step(trainer, loss)`` is called after every step;
     ``view``: the progress view that shows a ``failover`` event whenever a request leaves a failed
-    server (they are logged either way)."""
+    server (they are logged either way). ``idle_timeout``: seconds without a step through the whole
+    pipeline after which the embedding and head leave their rounds (held again at the next step);
+    ``call_timeout``: seconds a forward or backward may wait for a server of its level (default
+    ``max(60, 3 * request_timeout)``); when none answers, the step is dropped and the trainer waits."""
     status = status if status is not None else PeerStatus()
     peer_id = getattr(averager, "peer_id", "") or "trainer"
     seed = int.from_bytes(hashlib.sha256(f"{peer_id}/{format_path(tuple(path))}".encode()).digest()[:4], "little")
     client = StageClient(dht, cfg.run_id, cfg.content_hash(), codec=codec, request_timeout=request_timeout, seed=seed,
-                         call_timeout=max(60.0, 3 * request_timeout),
+                         call_timeout=call_timeout or max(60.0, 3 * request_timeout),
                          on_failover=failover_events(view) if view is not None else None)
     trainer = StageTrainer(cfg, path, client, device, averager, dataset, micro_batches, seed, outer)
     extra = {"peer_id": peer_id, "paths": [format_path(trainer.path)]}
@@ -269,11 +282,12 @@ def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, devic
     install_resync(trainer.opt, fetch)
     if hasattr(averager, "serve_states"):
         averager.serve_states(trainer.opt.module_state)
-    if hasattr(averager, "hold"):
-        for mid in trainer.modules:
-            averager.hold(mid, trainer.opt.module_round(mid))
-    status.mode, status.assignment, status.state = "stage-trainer", format_path(trainer.path), "training"
-    started, loss_ema = time.monotonic(), None
+    # the embedding and head are held in rounds only while batches get through the whole pipeline
+    holds = IdleHolds(averager, list(trainer.modules), trainer.opt.module_round, idle_timeout,
+                      f"trainer of {format_path(trainer.path)}")
+    trainer.before_step = holds.active
+    status.mode, status.assignment, status.state = "trainer", format_path(trainer.path), "waiting"
+    served, loss_ema, waiting = ServedRate(), None, ""
     try:
         while True:
             reason = should_stop()
@@ -281,14 +295,22 @@ def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, devic
                 return reason
             try:
                 loss, report = trainer.train_step()
-            except StageUnavailable as e:  # servers come back (or new ones join): go on with the next batch
-                log.warning("step abandoned, its gradients dropped: %s; going on with the next batch", e)
+            except StageUnavailable as e:  # the coordinator refills the level (or new servers join): wait
+                why = f"pipeline {format_path(trainer.path)} paused: {e}"
+                if why != waiting:
+                    log.warning("%s; its step is dropped, and the trainer waits for a server", why)
+                waiting, status.state = why, "waiting"
+                status.tokens_per_s = served.rate(trainer.tokens)
+                holds.pause("its pipeline lacks a server")
                 continue
+            if waiting:
+                log.info("pipeline %s runs again", format_path(trainer.path))
+            waiting, status.state = "", "training"
             if math.isfinite(loss):
                 loss_ema = loss if loss_ema is None else 0.95 * loss_ema + 0.05 * loss
             status.step += 1
             status.loss, status.tokens = loss_ema, trainer.tokens
-            status.tokens_per_s = trainer.tokens / max(1e-6, time.monotonic() - started)
+            status.tokens_per_s = served.rate(trainer.tokens)
             status.bytes_sent, status.bytes_received = client.stats.bytes_sent, client.stats.bytes_received
             if report is not None:
                 resync_after_round(trainer.opt, report, averager, fetch)
@@ -299,6 +321,7 @@ def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, devic
                 on_step(trainer, loss)
     finally:
         status.state = "draining"
+        holds.close()
         trainer.close()
         client.close()
         if checkpoints is not None:

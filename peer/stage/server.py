@@ -44,6 +44,7 @@ from peer.diloco import DiLoCoOptimizer, RoundReport
 from peer.network import refresh_until, unwrap_dht
 from peer.network.frames import MESSAGE_LIMIT, log_limited, serve_messages
 from protos.hivepath.peer.v1.stage_pb2 import StageReply, StageRequest
+from peer.stage.activity import IdleHolds
 from peer.stage.records import StageServerRecord, stage_record_value, stage_servers_key
 from peer.stage.wire import WireError, activation_codec, decode_tensor, encode_tensor, STAGE_RPC, stage_prefix
 
@@ -72,6 +73,9 @@ class StageServerOptions:
     """Seconds a DHT record lives; refreshed every third of it."""
     overlap: bool = True
     """Average behind the next round (serving never waits on an exchange)."""
+    idle_timeout: float = 10.0
+    """Seconds without a backward after which the server stops holding its module in rounds
+    (:class:`peer.stage.activity.IdleHolds`); it holds it again at the next one."""
     emulated_throughput: float = 0.0
     """Benchmarks: emulate a device of this many tokens/s (forward + backward; a forward is a third of
     the work): a request lasts at least its share. 0 runs at full speed."""
@@ -127,6 +131,7 @@ class StageServer:
         self._stopping = threading.Event()
         self._announcer: Optional[threading.Thread] = None
         self._p2p: Any = None
+        self.holds: Optional[IdleHolds] = None
 
     # -- life cycle -----------------------------------------------------------------------------
 
@@ -135,8 +140,9 @@ class StageServer:
         self.throughput = self.measure_throughput()
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._register(), self._loop).result(startup_timeout)
-        if hasattr(self.averager, "hold"):
-            self.averager.hold(self.module_id, self.opt.module_round(self.module_id))
+        # held in rounds only while trainers drive us: an idle server must not hold back the module's others
+        self.holds = IdleHolds(self.averager, [self.module_id], self.opt.module_round, self.options.idle_timeout,
+                               f"stage {self.module_id}")
         self.announce()
         self._announcer = threading.Thread(target=self._announce_loop, name="stage-announce", daemon=True)
         self._announcer.start()
@@ -156,6 +162,8 @@ class StageServer:
     def close(self) -> None:
         """Stop announcing and serving; apply an exchange still in flight."""
         self._stopping.set()
+        if self.holds is not None:
+            self.holds.close()
         if self._loop.is_running():
             try:
                 asyncio.run_coroutine_threadsafe(self._p2p.shutdown(), self._loop).result(5.0)
@@ -289,6 +297,8 @@ class StageServer:
 
     def _backward(self, request: StageRequest, caller: str) -> tuple[Any, int]:
         self._event("backward")
+        if self.holds is not None:
+            self.holds.active()
         key = (caller, request.request_id)
         kept = self._kept.get(key)
         if kept is not None and kept[1] >= time.monotonic():
@@ -327,7 +337,7 @@ class StageServer:
             self._after_round(report)
 
     def _after_round(self, report: RoundReport) -> None:
-        if hasattr(self.averager, "hold"):
+        if hasattr(self.averager, "hold") and not (self.holds is not None and self.holds.paused):
             try:
                 self.averager.hold(self.module_id, self.opt.module_round(self.module_id), wait=False)
             except Exception as e:
