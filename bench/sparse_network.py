@@ -84,7 +84,7 @@ def sparse_network(work: Path, peers: int = 3, rounds: int = 6, codec: str = "to
     finally:
         net.close()
         procs.close()
-    from test_peer_network import forked_rounds, replica_diff
+    from helpers.replicas import forked_rounds, replica_diff
 
     forked = forked_rounds(logs)
     pairs, diff, _ = replica_diff([w / "checkpoints" for w in works], forked)

@@ -62,7 +62,7 @@ class SnapshotCollector(Collector):
         yield roles
         yield GaugeMetricFamily("hivepath_coordinator_leases", "Live leases", value=s["live_leases"])
         yield GaugeMetricFamily("hivepath_coordinator_tokens_per_second",
-                                "Tokens trained per second: path peers' and pipeline trainers' (served, not join figures)",
+                                "Tokens trained per second: path peers' and pipeline trainers' (what they served)",
                                 value=s["total_tokens_per_s"])
         yield CounterMetricFamily("hivepath_coordinator_tokens", "Tokens processed by all peers", value=s["tokens"])
         yield CounterMetricFamily("hivepath_coordinator_exchanged_bytes", "Bytes peers sent and received averaging",
@@ -98,7 +98,8 @@ class SnapshotCollector(Collector):
         pipe_tps = GaugeMetricFamily("hivepath_coordinator_pipeline_tokens_per_second",
                                      "Tokens/s a pipeline's trainers drove through its stage servers", labels=["path"])
         pipe_running = GaugeMetricFamily("hivepath_coordinator_pipeline_running",
-                                         "1 while a pipeline has a trainer and a server on every level", labels=["path"])
+                                         "1 while a pipeline has a trainer and a server on every level",
+                                         labels=["path"])
         for p in s["pipelines"]:
             pipe_tps.add_metric([p["name"]], p["tokens_per_s"])
             pipe_running.add_metric([p["name"]], 1.0 if p["state"] == "running" else 0.0)

@@ -29,12 +29,13 @@ from __future__ import annotations
 import itertools
 from typing import Mapping, Optional
 
-from coordinator.records import MODE_STAGE, MODE_TRAINER, Assignment, Capabilities
+from coordinator.links import link_overrides
+from coordinator.records import MODE_STAGE, MODE_TRAINER, Assignment, Capabilities, Move
 from coordinator.settings import CoordinatorSettings
 from coordinator.view import ClusterView
 from models.config import RunConfig, format_path
 
-__all__ = ["assign_small", "rebalance_pipelines", "pipelines", "trainer_memory", "stage_assignment",
+__all__ = ["assign_small", "rebalance_pipelines", "pipelines", "busy_share", "trainer_memory", "stage_assignment",
            "trainer_assignment", "ROLES"]
 
 Path_ = tuple[int, ...]
@@ -72,7 +73,7 @@ def _complete(run: RunConfig, view: ClusterView) -> list[Path_]:
     return driven + list(rest)
 
 
-def _busy(view: ClusterView, module_id: str) -> Optional[float]:
+def busy_share(view: ClusterView, module_id: str) -> Optional[float]:
     """Served tokens/s of a module's servers over what they can serve; None until every one is measured."""
     servers = view.stage_peers.get(module_id, {})
     caps = [view.capacity.get(p, 0.0) for p in servers]
@@ -91,7 +92,7 @@ def _bottleneck(run: RunConfig, view: ClusterView, share: float) -> Optional[tup
     best: Optional[tuple[float, str, Path_]] = None
     for path in _driven(run, view):
         for m in _blocks(run, path):
-            busy = _busy(view, m)
+            busy = busy_share(view, m)
             if busy is not None and busy >= share and (best is None or (-busy, m) < (-best[0], best[1])):
                 best = (busy, m, path)
     return None if best is None else (best[1], best[0], best[2])
@@ -116,8 +117,6 @@ def _closest(run: RunConfig, view: ClusterView) -> Path_:
 def stage_assignment(module: str, caps: Capabilities, run: RunConfig, settings: CoordinatorSettings, reason: str,
                      version: int) -> Assignment:
     """Serve ``module`` as a stage, with the peer's slow-link overrides."""
-    from coordinator.scheduler import link_overrides
-
     h, codec, link = link_overrides(caps, [module], run, settings)
     return Assignment(mode=MODE_STAGE, module_id=module, module_ids=(module,), inner_steps=h, codec=codec,
                       reason=f"{reason}; {link}", version=version)
@@ -126,8 +125,6 @@ def stage_assignment(module: str, caps: Capabilities, run: RunConfig, settings: 
 def trainer_assignment(path: Path_, caps: Capabilities, run: RunConfig, settings: CoordinatorSettings, reason: str,
                        version: int) -> Assignment:
     """Drive ``path`` through its stage servers, holding its embedding and head."""
-    from coordinator.scheduler import link_overrides
-
     lattice = run.lattice
     modules = (lattice.embed_id(path), lattice.head_id(path))
     h, codec, link = link_overrides(caps, modules, run, settings)
@@ -185,7 +182,7 @@ def assign_small(caps: Capabilities, view: ClusterView, run: RunConfig, settings
     if can_train:
         calm = []
         for path in _driven(run, view):
-            busy = [_busy(view, m) for m in _blocks(run, path)]
+            busy = [busy_share(view, m) for m in _blocks(run, path)]
             if all(b is not None for b in busy) and max(busy) < settings.server_busy_share:
                 calm.append((max(busy), path))
         if calm:
@@ -213,11 +210,9 @@ def assign_small(caps: Capabilities, view: ClusterView, run: RunConfig, settings
 
 
 def rebalance_pipelines(now: float, last_moved: Mapping[str, float], caps: Mapping[str, Capabilities],
-                        view: ClusterView, run: RunConfig, settings: CoordinatorSettings) -> tuple[Optional["Move"], str]:
+                        view: ClusterView, run: RunConfig, settings: CoordinatorSettings) -> tuple[Optional[Move], str]:
     """At most one role move that lets more tokens through the pipelines: (move, reason) or (None,
     reason). See the module docstring for the moves, tried in that order."""
-    from coordinator.scheduler import Move
-
     if not view.stage_peers and not view.trainer_peers:
         return None, "no pipelines"
     lattice = run.lattice
@@ -288,7 +283,7 @@ def pipelines(run: RunConfig, view: ClusterView) -> list[dict]:
             levels.append({"module": m, "servers": [{"peer_id": p, "tokens_per_s": tps,
                                                      "capacity_tokens_per_s": view.capacity.get(p, 0.0)}
                                                     for p, tps in sorted(servers.items())],
-                           "tokens_per_s": view.stage_tps.get(m, 0.0), "busy": _busy(view, m)})
+                           "tokens_per_s": view.stage_tps.get(m, 0.0), "busy": busy_share(view, m)})
         trainers = view.trainer_peers.get(path, {})
         missing = [lv["module"] for lv in levels if not lv["servers"]]
         state = "running" if trainers and not missing else ("paused: no server of " + ", ".join(missing) if missing

@@ -22,6 +22,7 @@ __all__ = [
     "PeerRecord",
     "Lease",
     "ModuleProgress",
+    "Move",
 ]
 
 MODE_PATH = "path"
@@ -200,3 +201,12 @@ class ModuleProgress:
     tokens: int = 0
     loss: float = field(default=float("nan"))
     updated_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class Move:
+    """Rebalancing decision: move ``peer_id`` from one path (or stage module) to another."""
+
+    peer_id: str
+    assignment: Assignment
+    reason: str

@@ -18,35 +18,18 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, Optional, Sequence
 
-from coordinator.records import MODE_PATH, Assignment, Capabilities
+from coordinator.links import exchange_bytes, link_overrides
+from coordinator.pipelines import assign_small
+from coordinator.records import MODE_PATH, Assignment, Capabilities, Move
 from coordinator.settings import CoordinatorSettings
 from coordinator.view import ClusterView
-from models.codec_spec import codec_spec
 from models.config import RunConfig, format_path
 
 __all__ = ["Move", "assign_peer", "rebalance", "link_overrides", "path_assignment", "fits_path", "exchange_bytes"]
 
 Path_ = tuple[int, ...]
-
-
-def exchange_bytes(run: RunConfig, module_ids: Sequence[str]) -> int:
-    """Bytes of one round's pseudo-gradients of ``module_ids`` under the run's codec, each module
-    encoded on its own: exact (:meth:`models.codec_spec.CodecSpec.encoded_size`); the zstd stage
-    sends less, by an amount that depends on the data (at worst one tag byte more per part)."""
-    spec = codec_spec(run.outer.codec)
-    return sum(spec.encoded_size(run.lattice.module_param_count(m)) for m in module_ids)
-
-
-@dataclass(frozen=True)
-class Move:
-    """Rebalancing decision: move ``peer_id`` from one path (or stage module) to another."""
-
-    peer_id: str
-    assignment: Assignment
-    reason: str
 
 
 def _batch_size(run: RunConfig, settings: CoordinatorSettings) -> int:
@@ -62,44 +45,6 @@ def fits_path(caps: Capabilities, run: RunConfig, settings: CoordinatorSettings)
     lattice = run.lattice
     need = lattice.training_memory_bytes(lattice.path_modules(lattice.paths()[0]), _batch_size(run, settings))
     return _usable(caps, settings) >= need, need
-
-
-MIN_SLOW_EXCHANGE_SECONDS = 1.0
-"""An exchange shorter than this never counts as slow, whatever its share of a (tiny) round."""
-
-
-def link_overrides(
-    caps: Capabilities, module_ids: Sequence[str], run: RunConfig, settings: CoordinatorSettings
-) -> tuple[int, str, str]:
-    """(inner_steps, codec, reason) for a peer exchanging the pseudo-gradients of ``module_ids`` per round.
-
-    A round computes ``H * batch * seq_len / tokens_per_s`` seconds; exchanging the pseudo-gradient
-    costs about ``payload / upload + payload / download``, ``payload`` its :func:`exchange_bytes`. When that passes ``comm_budget`` of a round,
-    H doubles, up to ``max_inner_steps_factor``. The codec stays the run's: every member of a module's
-    group must encode with the same codec (a reducer refuses parts in another one), so a per-peer
-    codec would get a slow peer's contributions dropped and the peer reported as hostile.
-    """
-    h, codec = run.outer.inner_steps, run.outer.codec
-    up, down = caps.upload_bps, caps.download_bps
-    if up <= 0 and down <= 0:
-        return h, codec, "link not measured"
-    payload = exchange_bytes(run, module_ids)
-    seconds = (payload / up if up > 0 else 0.0) + (payload / down if down > 0 else 0.0)
-
-    def ratio(h_: int) -> float:
-        compute = h_ * _batch_size(run, settings) * run.lattice.seq_len / max(caps.tokens_per_s, 1e-9)
-        return seconds / compute
-
-    r = ratio(h)
-    if r <= settings.comm_budget or seconds < MIN_SLOW_EXCHANGE_SECONDS:
-        return h, codec, f"exchange is {r:.0%} of a round ({seconds:.2f}s)"
-    max_h = run.outer.inner_steps * settings.max_inner_steps_factor
-    while ratio(h) > settings.comm_budget and h * 2 <= max_h:
-        h *= 2
-    return h, codec, (
-        f"slow link ({up / 1e6:.2f} MB/s up, {down / 1e6:.2f} MB/s down): codec {codec}, H={h} "
-        f"make the exchange {ratio(h):.0%} of a round (budget {settings.comm_budget:.0%})"
-    )
 
 
 def path_assignment(
@@ -189,8 +134,6 @@ def assign_peer(
             why = f"path {format_path(best)} had the least throughput ({lo:.0f} tok/s)"
         a = path_assignment(best, caps, run, settings, why, version)
         return a, a.reason
-
-    from coordinator.pipelines import assign_small
 
     return assign_small(caps, view, run, settings, _usable(caps, settings), path_need, previous, version, role)
 

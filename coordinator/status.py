@@ -8,7 +8,7 @@ import math
 from typing import Any, Optional
 
 from coordinator.core import Coordinator
-from coordinator.pipelines import pipelines
+from coordinator.pipelines import busy_share, pipelines
 from coordinator.reachability import RELAYED, relay_of
 from coordinator.records import MODE_ARCHIVE, MODE_PATH, MODE_STAGE, MODE_TRAINER, PeerRecord
 from coordinator.view import ClusterView
@@ -25,15 +25,6 @@ def _mean(values: list[float]) -> float:
     return sum(vals) / len(vals) if vals else float("nan")
 
 
-def _busy(servers: dict[str, float], capacity: dict[str, float]) -> Optional[float]:
-    """Served tokens/s of a module's servers over what they can serve, as :mod:`coordinator.pipelines`
-    measures it: None until every server's capacity is measured."""
-    caps = [capacity.get(p, 0.0) for p in servers]
-    if not servers or any(c <= 0 for c in caps):
-        return None
-    return sum(servers.values()) / sum(caps)
-
-
 def stages(view: ClusterView) -> list[dict[str, Any]]:
     """Every module that has stage servers, by id: how many, the tokens/s they served, what they can
     serve (0 while any is unmeasured) and their busy share (None until every server is measured)."""
@@ -43,7 +34,7 @@ def stages(view: ClusterView) -> list[dict[str, Any]]:
         caps = [view.capacity.get(p, 0.0) for p in servers]
         out.append({"module_id": m, "servers": len(servers), "tokens_per_s": sum(servers.values()),
                     "capacity_tokens_per_s": sum(caps) if all(c > 0 for c in caps) else 0.0,
-                    "busy": _busy(servers, view.capacity)})
+                    "busy": busy_share(view, m)})
     return out
 
 

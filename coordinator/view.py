@@ -117,9 +117,11 @@ class ClusterView:
             return
         capacity = self.capacity.get(peer_id, 0.0) if capacity is None else capacity
         if self.holders[peer_id] != tokens_per_s or self.capacity.get(peer_id, 0.0) != capacity:
-            assignment = self.assignments[peer_id]
+            assignment, pinned = self.assignments[peer_id], peer_id in self.pinned
             self.remove(peer_id)
             self.add(peer_id, assignment, tokens_per_s, capacity)
+            if pinned:
+                self.pinned.add(peer_id)
 
     def complete(self, blocks: Iterable[str]) -> bool:
         """True when every module of ``blocks`` (a path's block modules) has a stage server."""

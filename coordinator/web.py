@@ -146,7 +146,8 @@ def _pipelines(snap: dict[str, Any]) -> str:
                 servers.append(f"... {len(lv['servers']) - PAGE_SERVERS} more in /status.json")
             body = "<br>".join(servers) if servers else "no server"
             busy = f" · {_fmt_busy(lv['busy'])}" if lv["servers"] else ""
-            cells.append(f"<td class='{'ok' if lv['servers'] else 'empty'}'><b>{e(lv['module'])}</b>{busy}<br>{body}</td>")
+            cls = "ok" if lv["servers"] else "empty"
+            cells.append(f"<td class='{cls}'><b>{e(lv['module'])}</b>{busy}<br>{body}</td>")
         state = p["state"]
         rows.append(f"<tr data-path='{e(p['name'])}'><td>{e(p['name'])}</td>"
                     f"<td class='{'ok' if state == 'running' else 'empty'}'>{e(state)}</td>"

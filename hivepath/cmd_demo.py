@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hivepath.numbers import count, positive
+from hivepath.numbers import count, natural, positive
 from hivepath.paths import dataset, write_dir
 
 __all__ = ["register", "run"]
@@ -16,14 +16,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         "demo",
         help="run a whole network on this machine for a few minutes and report what it learned",
         description=(
-            "Start a coordinator, an archive peer and N peers as real processes on loopback, train the demo "
-            "preset's 2x2 lattice on the built-in corpus, show a live table of peers and rounds, and at the end "
-            "print routed validation bits per byte before and after and the bytes exchanged against synchronous "
-            "data-parallel training. Writes runs/ID/report.md (with loss curves) and runs/ID/summary.json. "
+            "Start a coordinator, an archive peer and N peers (and --small-peers more, too small for a path: stage "
+            "servers and pipeline trainers) as real processes on loopback, train the demo preset's 2x2 lattice on "
+            "the built-in corpus, show a live table of peers, their roles and rounds, and at the end print routed "
+            "validation bits per byte before and after, the bytes exchanged against synchronous data-parallel "
+            "training and each peer's role and tokens. Writes runs/ID/report.md (with loss curves) and runs/ID/summary.json. "
             "Ctrl-C stops every process cleanly; a second Ctrl-C kills them."
         ),
     )
     p.add_argument("--peers", type=count(), default=4, help="volunteer peers to start (default 4)")
+    p.add_argument("--small-peers", type=natural(), default=0, metavar="N",
+                   help="more peers with a --max-memory too small for a path but enough for a pipeline stage or "
+                        "trainer: they serve stages and drive pipelines on the same lattice (3 or more form a "
+                        "pipeline on a 2x2 lattice; default 0)")
     p.add_argument("--minutes", type=positive(), default=3.0, help="training time in minutes (default 3)")
     p.add_argument("--preset", default="demo", help="run preset: demo (default), tiny or dense")
     p.add_argument("--out", type=write_dir(), metavar="DIR", help="run directory (default runs/demo-<time>)")
@@ -36,10 +41,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from peer.demo import DemoOptions, run_demo
+    from peer.demo import DemoOptions, role_lines, run_demo
 
     summary = run_demo(DemoOptions(
-        peers=args.peers, minutes=args.minutes, preset=args.preset,
+        peers=args.peers, small_peers=args.small_peers, minutes=args.minutes, preset=args.preset,
         out=Path(args.out) if args.out else None, data=Path(args.data) if args.data else None,
         eval_documents=args.eval_docs, live=not args.no_live,
     ))
@@ -51,5 +56,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"routed validation bits per byte: {summary['bpb_before']:.3f} before -> {summary['bpb_after']:.3f} after")
     print(f"bytes exchanged: {summary['bytes_exchanged'] / 1e6:.1f} MB; synchronous data-parallel would have sent "
           f"{summary['ddp_bytes_equivalent'] / 1e6:.1f} MB ({ratio:,.0f}x more) for the same {summary['tokens']:,} tokens")
+    print("peers (role, work, tokens):")
+    for line in role_lines(summary):
+        print(f"  {line}")
     print(f"report: {summary['report']}")
     return 0

@@ -46,10 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="auto, cpu, cuda or cuda:N (env HIVEPATH_DEVICE; default auto)")
     j.add_argument("--max-memory", type=positive(), default=env_default("HIVEPATH_MAX_MEMORY"), metavar="GB",
                    help="use at most this much device memory (env HIVEPATH_MAX_MEMORY)")
-    j.add_argument("--role", choices=("path", "stage", "trainer"), default=env_default("HIVEPATH_ROLE"),
+    j.add_argument("--role", choices=("path", "stage", "trainer"), default=env_default("HIVEPATH_PEER_ROLE"),
                    help="ask the coordinator for this role instead of letting it choose from memory, compute and "
                    "link: train a whole path, serve one module as a pipeline stage, or drive a pipeline through "
-                   "stage servers (env HIVEPATH_ROLE; default: the coordinator decides)")
+                   "stage servers (env HIVEPATH_PEER_ROLE; default: the coordinator decides)")
     j.add_argument("--work-dir", type=write_dir(), default=env_default("HIVEPATH_WORK_DIR"), metavar="DIR",
                    help="checkpoints, identity and data (env HIVEPATH_WORK_DIR; default ~/.hivepath)")
     j.add_argument("--data", type=dataset(prepare=True), default=env_default("HIVEPATH_DATA"), metavar="DIR",

@@ -70,7 +70,7 @@ CLI_SETTINGS: tuple[Setting, ...] = (
     Setting("HIVEPATH_DEVICE", "text", "auto", "auto, cpu, cuda or cuda:N", flag="--device", read_by="peer join"),
     Setting("HIVEPATH_MAX_MEMORY", "number", None, "use at most this many GB of device memory",
             flag="--max-memory", read_by="peer join"),
-    Setting("HIVEPATH_ROLE", "text", None,
+    Setting("HIVEPATH_PEER_ROLE", "text", None,
             "ask the coordinator for a role: path, stage or trainer (default: it decides from memory, compute and "
             "link)", flag="--role", read_by="peer join"),
     Setting("HIVEPATH_WORK_DIR", "path", "~/.hivepath", "checkpoints, identity and data of a peer",

@@ -61,6 +61,10 @@ def test_json_status(server):
     contrib = s["contributions"]
     assert [c["tokens"] for c in contrib] == [3000, 2000, 1000, 0]
     assert contrib[0]["share"] == 0.5 and contrib[-1]["state"] == "left"
+    # path peers: their join figure counts, no pipelines (tests/test_coordinator_status_pipelines.py has them)
+    assert {p["role"] for p in s["peers"]} == {"path"} and all(p["role_reason"] for p in s["peers"])
+    assert all(p["capacity_tokens_per_s"] is None for p in s["peers"])
+    assert s["pipelines"] == [] and s["stages"] == [] and s["peer_roles"]["path"] == 3
 
 
 def test_history_json(server):
@@ -87,6 +91,9 @@ def test_metrics_parse_with_prometheus_parser(server):
     assert samples[("hivepath_coordinator_path_validation_bpb", (("path", "0,1"),))] == 4.25
     assert ("hivepath_coordinator_path_validation_bpb", (("path", "1,1"),)) not in samples
     assert samples[("hivepath_coordinator_evaluations_total", ())] == 2
+    assert samples[("hivepath_coordinator_peers_role", (("role", "path"),))] == 3
+    assert samples[("hivepath_coordinator_peers_role", (("role", "stage"),))] == 0
+    assert not any(name.startswith("hivepath_coordinator_pipeline_") for name, _ in samples), "no pipelines"
 
 
 class _Collect(HTMLParser):
@@ -109,7 +116,7 @@ def test_status_page_for_people(server):
     page.feed(body)
     text = " ".join(page.text)
     assert "hivepath run" in text and "3500 tokens/s" in text
-    for needle in ("cuda H100", "path 0,1", "L0M0", "L1M1", "exchanged"):
+    for needle in ("cuda H100", "path 0,1", "L0M0", "L1M1", "exchanged", "Pipelines", "why this role"):
         assert needle in text, needle
     assert page.tags.count("table") == 4
     for needle in ("validation bits per byte", "tokens per second", "peers online", "Contributions", "50.0%"):

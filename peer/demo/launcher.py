@@ -1,7 +1,9 @@
 """``hivepath demo``: a whole network on this machine, as real processes on loopback.
 
 A coordinator, an archive peer and N volunteer peers train the demo preset's 2x2 lattice on the
-built-in corpus for a few minutes. A live table shows peers and rounds; at the end the demo
+built-in corpus for a few minutes; ``small_peers`` more peers, too small for a path
+(:func:`peer.demo.roles.small_peer_memory`), serve pipeline stages or drive pipelines on the same
+lattice. A live table shows peers and rounds; at the end the demo
 evaluates routed validation bits per byte before and after (on the archive's copy of the model),
 compares the bytes the network exchanged with what synchronous data-parallel training would have
 sent for the same tokens, and writes ``runs/ID/report.md`` (with loss curves) and ``summary.json``.
@@ -27,6 +29,7 @@ from models import strict_json
 from models.config import RunConfig
 from models.errors import HivepathError
 from models.presets import PRESETS
+from peer.demo.roles import MEMORY_HEADROOM, PeerLines, small_peer_memory
 
 __all__ = ["DemoOptions", "run_demo"]
 
@@ -39,6 +42,8 @@ START_LIMIT_S = 300.0
 @dataclass
 class DemoOptions:
     peers: int = 4
+    small_peers: int = 0
+    """Peers started with a ``--max-memory`` too small for a path: stage servers and pipeline trainers."""
     minutes: float = 3.0
     preset: str = "demo"
     out: Optional[Path] = None
@@ -78,6 +83,8 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
 
     if opts.peers < 1:
         raise HivepathError(f"--peers must be >= 1, got {opts.peers}")
+    if opts.small_peers < 0:
+        raise HivepathError(f"--small-peers must be >= 0, got {opts.small_peers}")
     if opts.minutes <= 0:
         raise HivepathError(f"--minutes must be > 0, got {opts.minutes}")
     if opts.preset not in PRESETS:
@@ -89,11 +96,12 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     data_dir = Path(opts.data or Path("data") / f"default-{cfg.data.tokenizer.replace(':', '')}-{lat.levels}x{lat.modules_per_level}")
     dataset = ensure_dataset(cfg, data_dir, out, "")
     cfg = cfg.replace(lattice={"vocab_size": dataset.manifest["vocab_size"]}, data={"manifest_hash": dataset.manifest_hash})
+    small = small_peer_memory(cfg) if opts.small_peers else None
     token = secrets.token_hex(16)
     (out / "token").write_text(token)
     (out / "token").chmod(0o600)
     run_toml = out / "run.toml"
-    run_toml.write_text(_to_toml(cfg, heartbeat_interval=2.0, lease_timeout=15.0))
+    run_toml.write_text(_to_toml(cfg, heartbeat_interval=2.0, lease_timeout=15.0, memory_headroom=MEMORY_HEADROOM))
     port, http_port = _free_port(), _free_port()
     address = f"127.0.0.1:{port}"
     env = {"HIVEPATH_TOKEN": token, "HIVEPATH_THREADS": str(opts.threads_per_peer), "HIVEPATH_LOG_LEVEL": "INFO"}
@@ -113,7 +121,8 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
         # the untrained lattice (every peer's start, fixed by the seed) is scored while the network
         # starts, not before it: the processes come up at once instead of after minutes of evaluation
         before = _Background(_on_one_thread, evaluate_init, cfg, dataset, opts.eval_documents)
-        monitor = DemoMonitor(cfg, live=opts.live)
+        lines = PeerLines()
+        monitor = DemoMonitor(cfg, live=opts.live, lines=lines)
         try:
             procs.start("coordinator", [*_hivepath(), "coordinator", "serve", "--run-config", str(run_toml), "--db",
                                         str(out / "coordinator.db"), "--host", "127.0.0.1", "--port", str(port),
@@ -125,11 +134,18 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
             procs.start("archive", [*_hivepath(), "archive", "--dir", str(out / "archive"), "--identity",
                                     str(out / "archive.key"), *common], {**os.environ, **env})
             names.append("archive")
-            for i in range(opts.peers):
-                name = f"peer{i}"
-                procs.start(name, [*_hivepath(), "peer", "join", "--work-dir", str(out / name), *common,
+            small_args = [] if small is None else ["--max-memory", f"{small.max_memory_gb:g}"]
+            peers = [(f"peer{i}", []) for i in range(opts.peers)]
+            peers += [(f"small{i}", small_args) for i in range(opts.small_peers)]
+            for name, extra in peers:
+                lines.watch(name, out / "logs" / f"{name}.log")
+                procs.start(name, [*_hivepath(), "peer", "join", "--work-dir", str(out / name), *common, *extra,
                                    *opts.extra_peer_args], {**os.environ, **env})
                 names.append(name)
+            if small is not None:
+                log.info("small peers: --max-memory %g GB (%.0f%% usable) fits a stage (%d bytes) and a trainer "
+                         "(%d) but not a path (%d)", small.max_memory_gb, 100 * MEMORY_HEADROOM, small.stage_bytes,
+                         small.trainer_bytes, small.path_bytes)
             # --minutes is training time: the clock starts when the first peer reports trained tokens, so
             # that a slow start (torch loading on a busy machine) does not eat the run
             started = time.monotonic()
@@ -164,6 +180,7 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
                 f"({out / 'archive'}) holds no trained state to score; run longer with --minutes "
                 f"(the logs are in {out / 'logs'})")
         summary = monitor.summary(cfg, opts, bpb_before, bpb_after, per_path, codes)
+        summary["small_peer_max_memory_gb"] = small.max_memory_gb if small is not None else None
         summary["stopped_by"] = stopped_by
         summary["report"] = str(out / "report.md")
         write_report(out, summary, monitor)

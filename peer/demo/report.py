@@ -14,8 +14,10 @@ from rich.table import Table
 
 from models import strict_json
 from models.config import RunConfig, format_path
+from peer.demo.roles import PeerLines
 
-__all__ = ["DemoMonitor", "evaluate_init", "evaluate_run_dir", "write_report", "ddp_bytes_equivalent"]
+__all__ = ["DemoMonitor", "evaluate_init", "evaluate_run_dir", "write_report", "ddp_bytes_equivalent", "role_lines",
+           "role_table"]
 
 log = logging.getLogger(__name__)
 
@@ -62,15 +64,22 @@ def evaluate_run_dir(run_dir: Path, dataset: Any, max_docs: int) -> tuple[float,
 class DemoMonitor:
     """Polls the coordinator's status, draws the live table and keeps the history for the report."""
 
-    def __init__(self, cfg: RunConfig, live: bool = True):
+    def __init__(self, cfg: RunConfig, live: bool = True, lines: Optional[PeerLines] = None):
         self.cfg = cfg
+        self.lines = lines if lines is not None else PeerLines()
+        """Each peer's own progress lines: its name, role, work and tokens (trained or served)."""
         self.start = time.monotonic()
         self.history: list[dict[str, Any]] = []
         self.last: dict[str, Any] = {}
         self.console = Console(stderr=True)
         self._live: Optional[Live] = Live(console=self.console, auto_refresh=False) if live else None
         self.peer_paths: dict[str, tuple[int, ...]] = {}
-        """Last path each peer trained (peers that left have no assignment in the final status)."""
+        """Last path each peer trained, itself or as a pipeline's trainer (peers that left have no
+        assignment in the final status)."""
+        self.peer_modules: dict[str, tuple[str, ...]] = {}
+        """Modules each peer last held: a path's, a trainer's embedding and head, a stage's block."""
+        self.stage_peers: set[str] = set()
+        """Peers last seen serving a stage: the tokens they report were trained by a trainer too."""
         self.peer_tokens: dict[str, int] = {}
         self.module_rounds: dict[str, int] = {}
         """Highest round seen per module (a module's round reads 0 once its holders have left)."""
@@ -85,6 +94,7 @@ class DemoMonitor:
             self._live.stop()
 
     def poll(self, client: Any, procs: dict, http_port: int) -> None:
+        self.lines.read()
         try:
             status = client.status()
         except Exception as e:  # the coordinator may be restarting; the demo keeps going
@@ -95,27 +105,44 @@ class DemoMonitor:
         for m in status.get("modules", []):
             self.module_rounds[m["module_id"]] = max(self.module_rounds.get(m["module_id"], 0), int(m["round"]))
         for p in status.get("peers", []):
-            if p.get("mode") == "path":
-                self.peer_paths[p["peer_id"]] = tuple(p["path"])
+            self._held(p)
             self.peer_tokens[p["peer_id"]] = max(self.peer_tokens.get(p["peer_id"], 0), p.get("tokens", 0))
         self.history.append({
             "t": round(elapsed, 1),
             "paths": {format_path(tuple(p["path"])): p["loss"] for p in status.get("paths", []) if p.get("loss")},
-            "tokens": sum(p.get("tokens", 0) for p in status.get("peers", [])),
+            "tokens": sum(p.get("tokens", 0) for p in status.get("peers", []) if p.get("mode") != "stage"),
             "bytes": status.get("bytes_exchanged", 0),
         })
         if self._live is not None:
             self._live.update(self._table(status, elapsed, http_port), refresh=True)
 
+    def _held(self, p: dict) -> None:
+        """Note what peer row ``p`` of the status trains or serves."""
+        lattice, mode, peer_id = self.cfg.lattice, p.get("mode"), p["peer_id"]
+        if mode in ("path", "trainer") and p.get("path"):
+            path = tuple(p["path"])
+            self.peer_paths[peer_id] = path
+            self.peer_modules[peer_id] = (tuple(lattice.path_modules(path)) if mode == "path"
+                                          else (lattice.embed_id(path), lattice.head_id(path)))
+            self.stage_peers.discard(peer_id)
+        elif mode == "stage":
+            self.peer_paths.pop(peer_id, None)
+            self.peer_modules[peer_id] = (p.get("work", "").split(" ", 1)[-1],)  # "stage L0M1"
+            self.stage_peers.add(peer_id)
+
     def _table(self, status: dict, elapsed: float, http_port: int) -> Table:
         t = Table(title=f"hivepath demo: {elapsed:5.0f}s, {status.get('total_tokens_per_s', 0):,.0f} tokens/s, "
                         f"{status.get('bytes_exchanged', 0) / 1e6:.1f} MB exchanged  (status page http://127.0.0.1:{http_port})")
-        for col in ("peer", "state", "work", "tokens/s", "tokens", "last seen"):
+        for col in ("name", "peer", "role", "state", "work", "tokens/s", "tokens", "last seen"):
             t.add_column(col)
+        names = self.lines.names()
         for p in status.get("peers", []):
+            role = p.get("mode") or "-"
+            name = names.get(p["peer_id"], "archive" if role == "archive" else "-")
             work = p.get("work") or "-"
-            t.add_row(p["peer_id"][:12], p.get("state", ""), work or "-", f"{p.get('tokens_per_s', 0):,.0f}",
-                      f"{p.get('tokens', 0):,}", f"{p.get('last_seen_age_s', 0):.0f}s")
+            tokens = f"{p.get('tokens', 0):,}" + (" served" if role == "stage" else "")
+            t.add_row(name, p["peer_id"][:12], role, p.get("state", ""), work, f"{p.get('tokens_per_s', 0):,.0f}",
+                      tokens, f"{p.get('last_seen_age_s', 0):.0f}s")
         rounds = ", ".join(f"{m['module_id']}:r{m['round']}" for m in status.get("modules", []))
         t.caption = f"module rounds: {rounds or '-'}"
         return t
@@ -123,11 +150,17 @@ class DemoMonitor:
     def summary(self, cfg: RunConfig, opts: Any, bpb_before: float, bpb_after: Optional[float], per_path: dict,
                 codes: dict) -> dict[str, Any]:
         status = self.last
-        tokens = sum(self.peer_tokens.values())
+        # a stage server's tokens went through a trainer, which counts them
+        tokens = sum(n for peer_id, n in self.peer_tokens.items() if peer_id not in self.stage_peers)
         holders: dict[str, int] = {}
-        for path in self.peer_paths.values():
-            for mid in cfg.lattice.path_modules(path):
+        for modules in self.peer_modules.values():
+            for mid in modules:
                 holders[mid] = holders.get(mid, 0) + 1
+        roles = {name: p.to_dict() for name, p in sorted(self.lines.peers.items())}
+        by_role: dict[str, int] = {}
+        for p in self.lines.peers.values():
+            for role, n in p.tokens_by_role().items():
+                by_role[role] = by_role.get(role, 0) + n
         step_tokens = cfg.inner.batch_size * cfg.lattice.seq_len
         steps_by_path: dict[tuple[int, ...], int] = {}
         for peer_id, path in self.peer_paths.items():
@@ -140,11 +173,37 @@ class DemoMonitor:
             "ddp_bytes_equivalent": ddp_bytes_equivalent(cfg, steps_by_path, holders),
             "tokens": tokens,
             "peers": opts.peers,
+            "small_peers": getattr(opts, "small_peers", 0),
+            "peer_roles": roles,
+            "tokens_by_role": dict(sorted(by_role.items())),
             "minutes": opts.minutes,
             "module_rounds": dict(sorted(self.module_rounds.items())),
             "exit_codes": codes,
             "config_hash": cfg.content_hash(),
         }
+
+
+ROLE_TOKENS = {"path": "trained", "trainer": "trained", "stage": "served"}
+"""What a role's tokens are: a path peer and a pipeline trainer train them, a stage server serves them."""
+
+
+def _tokens(peer: dict[str, Any]) -> str:
+    """``1,234 trained as path``, or one such part per role a moved peer had."""
+    return ", ".join(f"{n:,} {ROLE_TOKENS.get(role, 'tokens')} as {role}" for role, n in peer["tokens_by_role"].items())
+
+
+def role_lines(summary: dict[str, Any]) -> list[str]:
+    """One line per peer of ``summary``: name, role, work, tokens (``peer0  path  0,1  1,234 trained as path``)."""
+    return [f"{name:8} {p['role'] or '-':8} {p['work'] or '-':6} {_tokens(p) or '0 tokens'}"
+            + (f", {p['failovers']} failovers" if p["failovers"] else "")
+            for name, p in summary.get("peer_roles", {}).items()]
+
+
+def role_table(summary: dict[str, Any]) -> list[str]:
+    """The report's table of peers: name, role, work, tokens trained or served, failovers."""
+    rows = [f"| {name} | {p['role'] or '-'} | {p['work'] or '-'} | {_tokens(p) or '0'} | {p['failovers']} |"
+            for name, p in summary.get("peer_roles", {}).items()]
+    return ["| peer | role | work | tokens | failovers |", "| --- | --- | --- | --- | --- |", *rows] if rows else []
 
 
 def write_report(out: Path, summary: dict[str, Any], monitor: DemoMonitor) -> None:
@@ -169,9 +228,11 @@ def write_report(out: Path, summary: dict[str, Any], monitor: DemoMonitor) -> No
     fig.savefig(out / "loss.png", dpi=100)
     plt.close(fig)
     ratio = summary["ddp_bytes_equivalent"] / summary["bytes_exchanged"] if summary["bytes_exchanged"] else float("inf")
+    small = summary.get("small_peers", 0)
     lines = [
         "# hivepath demo report", "",
-        f"{summary['peers']} peers, {summary['minutes']} minutes, {summary['tokens']:,} tokens trained."
+        f"{summary['peers']} peers{f' and {small} small peers' if small else ''}, {summary['minutes']} minutes, "
+        f"{summary['tokens']:,} tokens trained."
         + (f" Stopped early: {summary['stopped_by']}." if summary.get("stopped_by") else ""), "",
         "| metric | value |", "| --- | --- |",
         f"| routed validation bits per byte, before | {summary['bpb_before']:.3f} |",
@@ -182,5 +243,6 @@ def write_report(out: Path, summary: dict[str, Any], monitor: DemoMonitor) -> No
         f"| reduction | {ratio:,.0f}x |", "",
         "![training loss](loss.png)", "",
         "Per path (validation): " + ", ".join(f"{k}: {v['bpb']:.3f}" for k, v in summary["bpb_per_path"].items() if "bpb" in v),
+        "", *role_table(summary),
     ]
     (out / "report.md").write_text("\n".join(lines) + "\n")

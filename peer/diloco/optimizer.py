@@ -176,6 +176,19 @@ class DiLoCoOptimizer:
             return self._end_round(elapsed)
         return None
 
+    def end_round_if_others_wait(self) -> Optional[RoundReport]:
+        """End the round now, between inner steps, when another holder already waits to average it and
+        this round has had at least one step: for a peer whose steps are far apart (a stage server
+        steps once a whole batch came back through the pipeline), waiting for its next step would
+        hold the waiting holder past its gather deadline. Call it on the thread that calls
+        :meth:`step`. Returns the round's report, or None when nothing ended."""
+        if self._steps_in_round == 0 or not self._others_waiting():
+            return None
+        elapsed = self.clock() - self._round_start
+        logger.info("round %d ends between steps, after %d steps in %.2fs: another holder waits", self.round,
+                    self._steps_in_round, elapsed)
+        return self._end_round(elapsed)
+
     def round_due(self) -> bool:
         """True when the next :meth:`step` is expected to end the round: by its step count, its time
         budget, or because other holders already wait for us (a non-blocking, cached check): the

@@ -73,6 +73,9 @@ class StageServerOptions:
     """Seconds a DHT record lives; refreshed every third of it."""
     overlap: bool = True
     """Average behind the next round (serving never waits on an exchange)."""
+    pace_interval: float = 0.25
+    """Seconds between looks at whether another holder waits for our round: the round then ends
+    between inner steps (:meth:`peer.diloco.DiLoCoOptimizer.end_round_if_others_wait`)."""
     idle_timeout: float = 10.0
     """Seconds without a backward after which the server stops holding its module in rounds
     (:class:`peer.stage.activity.IdleHolds`); it holds it again at the next one."""
@@ -146,6 +149,8 @@ class StageServer:
         self.announce()
         self._announcer = threading.Thread(target=self._announce_loop, name="stage-announce", daemon=True)
         self._announcer.start()
+        self._pacer = threading.Thread(target=self._pace_loop, name="stage-pace", daemon=True)
+        self._pacer.start()
         log.info("serving %s as a stage (%.0f tokens/s measured)", self.module_id, self.throughput)
         return self
 
@@ -194,6 +199,25 @@ class StageServer:
 
     def _announce_loop(self) -> None:
         refresh_until(self._stopping, self.options.record_ttl / 3, self.announce)
+
+    def _pace_loop(self) -> None:
+        """A driven server's steps are a whole batch through the pipeline apart: once another holder waits
+        for our round, end it between steps instead of at the next one."""
+        pending = None
+        while not self._stopping.wait(self.options.pace_interval):
+            if self.holds is None or self.holds.paused or (pending is not None and not pending.done()):
+                continue
+            try:
+                pending = self._compute.submit(self._end_round_if_waited)
+            except RuntimeError:  # the compute pool shut down: we are closing
+                return
+
+    def _end_round_if_waited(self) -> None:
+        if self._stopping.is_set():
+            return
+        report = self.opt.end_round_if_others_wait()
+        if report is not None:
+            self._after_round(report)
 
     @torch.no_grad()
     def measure_throughput(self, repeats: int = 2) -> float:

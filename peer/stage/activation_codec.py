@@ -1,0 +1,199 @@
+"""The codecs of activations and gradients in stage mode, by name (:data:`ACTIVATION_CODECS`).
+
+A trainer and its stage servers exchange activations and their gradients (B, T, C) at every level
+boundary, both ways, every micro-batch: in stage mode the link carries these, not the pseudo-gradient.
+The default, :class:`TokenInt4Codec` (``int4tok+zstd``), takes about a tenth of fp32's bytes: one
+absmax scale per token (the last dimension, as ZeroQuant, Yao et al. 2022, quantises activations),
+4-bit codes, and zstd over them. The pseudo-gradient value codecs of :data:`models.codec_spec.CODECS`
+(``int8``, blockwise per 1024 values as SWARM, Ryabinin et al. 2023, sends activations; ``fp16``,
+``none``) stay accepted, on the flat vector (:class:`FlatCodec`).
+
+Every codec takes a finite CPU fp32 tensor and returns bytes; decoding takes the bytes and the shape,
+and raises :class:`ValueError` naming the problem for bytes that cannot be an encoding of that shape
+(:func:`peer.stage.wire.decode_tensor` turns it into a ``WireError``). What decoding returns is always
+finite.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Protocol, Sequence
+
+import numpy as np
+import torch
+import zstandard
+from torch import Tensor
+
+from models.codec_spec import CODECS
+from peer.averaging import Codec, get_codec
+
+__all__ = ["ActivationCodec", "FlatCodec", "TokenInt4Codec", "TOKEN_INT4", "ACTIVATION_CODECS"]
+
+TOKEN_INT4 = "int4tok+zstd"
+"""The name of :class:`TokenInt4Codec` on the wire."""
+
+
+class ActivationCodec(Protocol):
+    """Encodes a tensor of activations or gradients to bytes and back."""
+
+    name: str
+
+    def encode(self, t: Tensor) -> bytes:
+        """The bytes of ``t``, a finite CPU fp32 tensor of any shape; ValueError if it cannot be encoded."""
+
+    def decode(self, data: bytes, shape: Sequence[int]) -> Tensor:
+        """The CPU fp32 tensor of ``shape`` that ``data`` encodes; ValueError on malformed bytes."""
+
+
+class FlatCodec:
+    """A pseudo-gradient value codec (:mod:`peer.averaging.quantizers`) applied to the flat vector."""
+
+    def __init__(self, codec: Codec):
+        self.codec = codec
+        self.name = codec.name
+
+    def encode(self, t: Tensor) -> bytes:
+        return self.codec.encode(t.reshape(-1))
+
+    def decode(self, data: bytes, shape: Sequence[int]) -> Tensor:
+        return self.codec.decode(data, math.prod(shape)).view(list(shape))
+
+    def __repr__(self) -> str:
+        return f"FlatCodec({self.codec!r})"
+
+
+class TokenInt4Codec:
+    """Per-token absmax 4-bit codes, zstd-compressed: about 0.1 of fp32 on real activations and gradients.
+
+    A tensor is read as rows of its last dimension (a token's C values). Each row gets a scale
+    ``absmax / 7`` rounded to bfloat16 (fp32's range: gradients of a mean loss are far below fp16's)
+    and codes ``round(x / scale)`` in [-7, 7], rounded to nearest (no stochastic rounding: encoding
+    is a function of the values; unbiased rounding measured no better in ``bench.stage_codec``).
+    A per-token scale follows the tokens' very different magnitudes, of gradients above all. The
+    layout, before the entropy stage::
+
+        R little-endian bf16 scales | R rows of ceil(C / 2) bytes: codes + 8, two per byte, low nibble
+                                      first (an odd row padded with code 0)
+
+    then one tag byte: :data:`ZSTD` and one zstd frame declaring its content size, or :data:`RAW` and
+    the layout as it is where zstd would not shrink it. The codes of real activations are far from
+    uniform: zstd's Huffman stage takes the 4.2 bits a value of the layout to about 3.3.
+
+    Re-encoding what this codec decoded gives the same bytes (each row's absmax is ``7 * scale``
+    exactly), so a tensor relayed by the trainer to the next stage loses nothing more.
+    """
+
+    name = TOKEN_INT4
+    QMAX = 7
+    RAW, ZSTD = 0, 1
+    LEVEL = 3
+    """zstd level: level 3 saves about 2% more than level 1 on these codes, at well under a millisecond
+    for a (16, 96, 96) tensor."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()  # zstd contexts are not thread-safe; micro-batches encode in threads
+
+    def _zstd(self) -> tuple["zstandard.ZstdCompressor", "zstandard.ZstdDecompressor"]:
+        ctx = getattr(self._local, "ctx", None)
+        if ctx is None:
+            ctx = self._local.ctx = (zstandard.ZstdCompressor(level=self.LEVEL, write_content_size=True),
+                                     zstandard.ZstdDecompressor())
+        return ctx
+
+    @staticmethod
+    def _rows(shape: Sequence[int]) -> tuple[int, int]:
+        """``(rows, width)`` of a tensor of ``shape``: its last dimension is a row."""
+        width = int(shape[-1]) if len(shape) else 1
+        return (math.prod(shape) // width if width else 0), width
+
+    @staticmethod
+    def raw_size(rows: int, width: int) -> int:
+        """Bytes of the layout of ``rows`` rows of ``width`` values (scales and packed codes)."""
+        return rows * (2 + (width + 1) // 2)
+
+    def max_size(self, shape: Sequence[int]) -> int:
+        """The most bytes a tensor of ``shape`` encodes to: its layout sent raw, behind the tag."""
+        return 1 + self.raw_size(*self._rows(shape))
+
+    def encode(self, t: Tensor) -> bytes:
+        rows, width = self._rows(t.shape)
+        x = t.detach().to(device="cpu", dtype=torch.float32).reshape(rows, width)  # (R, C)
+        absmax = x.abs().amax(dim=1, keepdim=True)  # (R, 1)
+        if not bool(torch.isfinite(absmax).all()):  # NaN propagates through amax, Inf is a maximum
+            raise ValueError(f"{self.name}: cannot encode values holding NaN or Inf")
+        scale = torch.minimum((absmax / self.QMAX).to(torch.bfloat16), _MAX_SCALE)  # (R, 1)
+        s = scale.to(torch.float32)
+        q = torch.div(x, torch.where(s > 0, s, torch.ones_like(s))).round_()  # (R, C) codes
+        # bf16 rounding moves a scale by at most 2^-9, so |codes| < 7.02 round into [-7, 7]; the clamp
+        # only acts on subnormal scales and the capped ones
+        nib = q.clamp_(-self.QMAX, self.QMAX).add_(8).to(torch.uint8)  # (R, C) in 1..15
+        if width % 2:
+            nib = torch.cat([nib, torch.full((rows, 1), 8, dtype=torch.uint8)], dim=1)  # (R, C + 1)
+        packed = nib[:, 0::2] | (nib[:, 1::2] << 4)  # (R, ceil(C / 2))
+        raw = scale.view(torch.int16).numpy().astype("<i2").tobytes() + packed.numpy().tobytes()
+        frame = self._zstd()[0].compress(raw)
+        if len(frame) < len(raw):
+            return bytes((self.ZSTD,)) + frame
+        return bytes((self.RAW,)) + raw
+
+    def _unpack(self, data: bytes, expected: int) -> bytes:
+        """The layout inside ``data`` (``expected`` bytes): never inflated past that size."""
+        if not 1 <= len(data) <= 1 + expected:
+            raise ValueError(f"{self.name}: {len(data)} bytes cannot encode this shape (1 to {1 + expected} expected)")
+        tag, body = data[0], memoryview(data)[1:]
+        if tag == self.RAW:
+            if len(body) != expected:
+                raise ValueError(f"{self.name}: a raw payload of {len(body)} bytes, expected {expected}")
+            return bytes(body)
+        if tag != self.ZSTD:
+            raise ValueError(f"{self.name}: unknown tag {tag}")
+        try:
+            declared = zstandard.frame_content_size(body)
+            if declared != expected:  # also a frame that declares no size (-1): no bomb gets inflated
+                raise ValueError(f"{self.name}: the zstd frame declares {declared} bytes, expected {expected}")
+            raw = self._zstd()[1].decompress(body, max_output_size=expected, allow_extra_data=False)
+        except zstandard.ZstdError as e:
+            raise ValueError(f"{self.name}: corrupt zstd frame ({e})") from None
+        if len(raw) != expected:
+            raise ValueError(f"{self.name}: the zstd frame decompressed to {len(raw)} bytes, expected {expected}")
+        return raw
+
+    def decode(self, data: bytes, shape: Sequence[int]) -> Tensor:
+        rows, width = self._rows(shape)
+        raw = np.frombuffer(self._unpack(data, self.raw_size(rows, width)), dtype=np.uint8)
+        bits = raw[: 2 * rows].view("<u2").astype(np.uint32) << 16  # (R,) bf16 -> the high half of fp32
+        scale = torch.from_numpy(bits.view(np.float32)).view(rows, 1)  # (R, 1)
+        if not bool(torch.isfinite(scale).all()) or bool((bits >> 31).any()):
+            raise ValueError(f"{self.name}: a token's scale is negative, NaN or Inf")
+        if bool((scale > _MAX_SCALE.float()).any()):
+            raise ValueError(f"{self.name}: a token's scale exceeds {float(_MAX_SCALE):.4g} (values beyond fp32)")
+        packed = torch.from_numpy(raw[2 * rows :].reshape(rows, -1).astype(np.int16))  # (R, ceil(C / 2))
+        nib = torch.stack([packed & 0x0F, packed >> 4], dim=2).view(rows, -1)  # (R, 2 ceil(C / 2)), low first
+        if bool((nib[:, :width] == 0).any()):
+            raise ValueError(f"{self.name}: nibble 0 (code -8) is outside [-7, 7]")
+        if width % 2 and bool((nib[:, width] != 8).any()):
+            raise ValueError(f"{self.name}: the padding nibble of an odd-sized row is not code 0")
+        # a code times a bf16 scale needs 3 + 8 significant bits: exact in fp32, the same on every machine
+        return (nib[:, :width] - 8).to(torch.float32).mul_(scale).view(list(shape))
+
+    def __repr__(self) -> str:
+        return "TokenInt4Codec()"
+
+
+def _max_scale(qmax: int) -> Tensor:
+    """The largest bf16 scale whose code ``qmax`` decodes to a finite fp32 value (a 0-dim bf16 tensor)."""
+    bits = torch.tensor(torch.finfo(torch.float32).max / qmax).to(torch.bfloat16).view(torch.int16)
+    while not bool(torch.isfinite(bits.view(torch.bfloat16).float() * qmax)):
+        bits = bits - 1  # the next smaller positive bf16
+    return bits.view(torch.bfloat16)
+
+
+_MAX_SCALE = _max_scale(TokenInt4Codec.QMAX)
+"""Scales are capped at it (values near fp32's limit lose a little), and larger ones refused."""
+
+
+ACTIVATION_CODECS: dict[str, ActivationCodec] = {
+    TOKEN_INT4: TokenInt4Codec(), **{name: FlatCodec(get_codec(name)) for name in CODECS}}
+"""Every codec of activations and gradients by name: the default first, then the value codecs."""
+

@@ -1,0 +1,163 @@
+"""The activation codec of stage mode (``int4tok+zstd``): error bounds, size, determinism, malformed input."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+import zstandard
+
+from models.lattice import ModularLM
+from models.presets import demo
+from peer.stage import DEFAULT_ACTIVATION_CODEC, WireError, activation_codec, decode_tensor, encode_tensor
+from peer.stage.activation_codec import TOKEN_INT4, TokenInt4Codec
+from protos.hivepath.peer.v1.stage_pb2 import EncodedTensor
+
+CODEC = activation_codec(TOKEN_INT4)
+
+
+def _tokens(shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:
+    """Gaussian values whose tokens' magnitudes span six orders (as gradients' do)."""
+    gen = torch.Generator().manual_seed(seed)
+    magnitude = 10.0 ** torch.empty(shape[:-1] + (1,)).uniform_(-6, 0, generator=gen)  # (..., 1)
+    return torch.randn(shape, generator=gen) * magnitude
+
+
+def _wire(x: torch.Tensor) -> EncodedTensor:
+    """``x`` encoded, as the other side parses it."""
+    return EncodedTensor.FromString(encode_tensor(x, CODEC).SerializeToString())
+
+
+def _demo_activations_and_gradients() -> list[torch.Tensor]:
+    """What crosses the links of a demo path (untrained) on one batch: each level's input and output
+    (B, T, C), and their gradients."""
+    cfg = demo()
+    path = (0, 0)
+    pm = ModularLM(cfg.lattice, seed=0, module_ids=cfg.lattice.path_modules(path)).path_model(path)
+    idx = torch.randint(0, cfg.lattice.vocab_size, (8, cfg.lattice.seq_len + 1),
+                        generator=torch.Generator().manual_seed(0))  # (B, T+1)
+    h = pm.embed(idx[:, :-1])  # (B, T, C)
+    hs = [h]
+    for module in pm.stack:
+        h = module(h)  # (B, T, C)
+        hs.append(h)
+    for t in hs:
+        t.retain_grad()
+    logits = pm.head(h, pm.embed.tok.weight)  # (B, T, V)
+    torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), idx[:, 1:].reshape(-1)).backward()
+    return [t.detach() for t in hs] + [t.grad for t in hs]
+
+
+def test_it_is_the_default_and_the_value_codecs_stay_accepted():
+    assert DEFAULT_ACTIVATION_CODEC == TOKEN_INT4
+    x = _tokens((2, 3, 8))
+    for name in (TOKEN_INT4, "int8", "fp16", "none"):
+        y = decode_tensor(EncodedTensor.FromString(encode_tensor(x, activation_codec(name)).SerializeToString()),
+                          "x", 1000, last_dim=8)
+        assert y.shape == x.shape and y.dtype == torch.float32
+    with pytest.raises(WireError, match=re.escape(f"is not one of {TOKEN_INT4}, none, fp16, int8")):
+        activation_codec("int4tok")
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 8), (3, 4, 7), (1, 1, 1), (4, 96, 96)])
+def test_round_trip_error_is_at_most_half_a_step_of_each_token(shape):
+    x = _tokens(shape)
+    y = decode_tensor(_wire(x), "x", 10**6, shape=list(shape))
+    absmax = x.abs().amax(dim=-1, keepdim=True)  # (..., 1)
+    # half a step of 4-bit codes (absmax / 14), the step's bf16 rounding (2^-8) on top
+    assert bool(((y - x).abs() <= absmax / 14 * (1 + 2**-8)).all())
+    assert float((y - x).norm() / x.norm()) < 0.13  # about 0.11 on Gaussian tokens
+
+
+def test_zero_and_extreme_tokens_decode_finite():
+    x = torch.tensor([[[0.0, -0.0, 0.0], [3.4e38, -3.4e38, 1.0], [1e-30, -2e-30, 0.0]]])  # (1, 3, 3)
+    y = decode_tensor(_wire(x), "x", 100)
+    assert bool(torch.isfinite(y).all()) and bool((y[0, 0] == 0).all())
+    assert float(y[0, 1, 0]) > 3.3e38 and float(y[0, 1, 1]) < -3.3e38
+    assert torch.allclose(y[0, 2], x[0, 2], rtol=0, atol=2e-30 / 14 * 1.01)
+
+
+def test_bytes_are_at_most_an_eighth_of_fp32_on_demo_activations_and_gradients():
+    tensors = _demo_activations_and_gradients()
+    sizes = [len(encode_tensor(t, CODEC).data) for t in tensors]
+    for t, size in zip(tensors, sizes):
+        assert size <= 0.125 * 4 * t.numel(), f"{tuple(t.shape)}: {size / (4 * t.numel()):.4f} of fp32"
+    assert sum(sizes) <= 0.115 * 4 * sum(t.numel() for t in tensors)  # about 0.10
+
+
+def test_bytes_are_under_an_eighth_on_gaussian_tokens_and_bounded_on_noise():
+    x = _tokens((16, 96, 96))
+    assert len(encode_tensor(x, CODEC).data) <= 0.125 * 4 * x.numel()
+    # codes that zstd cannot shrink go raw: the layout behind its tag, 4 + 16/96 bits a value
+    noise = torch.empty(16, 96, 96).uniform_(-1, 1, generator=torch.Generator().manual_seed(0))
+    noise[..., 0] = 1.0
+    assert len(encode_tensor(noise, CODEC).data) <= CODEC.max_size(noise.shape) == 1 + 16 * 96 * (2 + 48)
+
+
+def test_encoding_is_deterministic_and_reencoding_what_was_decoded_changes_nothing():
+    x = _tokens((4, 9, 33), seed=3)
+    first = encode_tensor(x, CODEC).data
+    assert encode_tensor(x.clone(), TokenInt4Codec()).data == first  # another instance, same bytes
+    relayed = decode_tensor(EncodedTensor(shape=[4, 9, 33], codec=TOKEN_INT4, data=first), "x", 10**4)
+    assert encode_tensor(relayed, CODEC).data == first  # the trainer relays a level's output losslessly
+
+
+def _raw_layout(rows: int, width: int, scale_bits: int = 0x3F80, nibble: int = 8) -> bytes:
+    """A layout sent raw: ``rows`` scales (bf16 bits, 1.0 by default), every code nibble ``nibble``."""
+    codes = bytes([nibble | nibble << 4]) * ((width + 1) // 2)
+    return bytes((TokenInt4Codec.RAW,)) + scale_bits.to_bytes(2, "little") * rows + codes * rows
+
+
+def test_every_malformed_payload_is_a_wire_error_naming_it():
+    good = _wire(_tokens((2, 4, 8)))
+    frame_of = lambda raw, **kw: bytes((TokenInt4Codec.ZSTD,)) + zstandard.ZstdCompressor(**kw).compress(raw)  # noqa: E731
+    layout = 64 * (2 + 48)  # (1, 64, 96): the raw layout's bytes
+    cases = {
+        "bytes cannot encode this shape": good.data[:0],
+        "a raw payload of": _raw_layout(8, 8)[:-3],  # truncated
+        "unknown tag 7": bytes((7,)) + good.data[1:],
+        "corrupt zstd frame": bytes((TokenInt4Codec.ZSTD,)) + np.random.default_rng(0).bytes(40),  # garbage
+        "nibble 0 (code -8)": _raw_layout(8, 8, nibble=0),
+        "scale is negative, NaN or Inf": _raw_layout(8, 8, scale_bits=0xBF80),  # -1.0
+    }
+    for needle, data in cases.items():
+        with pytest.raises(WireError, match=re.escape(needle)):
+            decode_tensor(EncodedTensor(shape=[2, 4, 8], codec=TOKEN_INT4, data=data), "x", 1000)
+    with pytest.raises(WireError, match="scale is negative, NaN or Inf"):
+        decode_tensor(EncodedTensor(shape=[1, 1, 8], codec=TOKEN_INT4, data=_raw_layout(1, 8, 0x7FC0)), "x", 10)  # NaN
+    with pytest.raises(WireError, match="scale exceeds"):
+        decode_tensor(EncodedTensor(shape=[1, 1, 8], codec=TOKEN_INT4, data=_raw_layout(1, 8, 0x7F7F)), "x", 10)
+    odd = bytearray(_raw_layout(1, 7))
+    odd[-1] = 0x18  # the padding nibble of a 7-wide row holds code -7
+    with pytest.raises(WireError, match="padding nibble"):
+        decode_tensor(EncodedTensor(shape=[1, 1, 7], codec=TOKEN_INT4, data=bytes(odd)), "x", 10)
+    bombs = {
+        "declares 10000000 bytes, expected 3200": frame_of(b"\0" * 10_000_000),  # small on the wire
+        "declares -1 bytes": frame_of(_raw_layout(64, 96)[1:], write_content_size=False),
+        "unused data": frame_of(_raw_layout(64, 96)[1:]) + b"\0",
+    }
+    for needle, data in bombs.items():
+        assert len(data) <= 1 + layout
+        with pytest.raises(WireError, match=re.escape(needle)):
+            decode_tensor(EncodedTensor(shape=[1, 64, 96], codec=TOKEN_INT4, data=data), "x", 10**4)
+
+
+def test_decode_tensor_keeps_its_checks_for_the_codec():
+    good = _wire(_tokens((2, 4, 8)))
+    cases = {
+        "shape (batch, tokens, width)": EncodedTensor(shape=[64], codec=TOKEN_INT4, data=good.data),
+        "empty dimension": EncodedTensor(shape=[2, 0, 8], codec=TOKEN_INT4, data=good.data),
+        "width 16 differs": EncodedTensor(shape=[1, 4, 16], codec=TOKEN_INT4, data=good.data),
+        "more than this server accepts": EncodedTensor(shape=[200, 4, 8], codec=TOKEN_INT4, data=good.data),
+        "malformed": EncodedTensor(shape=[4, 4, 8], codec=TOKEN_INT4, data=good.data),  # another shape's bytes
+    }
+    for needle, msg in cases.items():
+        with pytest.raises(WireError, match=re.escape(needle)):
+            decode_tensor(msg, "x", 1000, last_dim=8)
+    with pytest.raises(WireError, match="differs from the expected"):
+        decode_tensor(good, "grad", 1000, shape=[2, 4, 9])
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(WireError, match="NaN or Inf"):
+            encode_tensor(torch.tensor([[[1.0, bad]]]), CODEC)

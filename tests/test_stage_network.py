@@ -1,0 +1,92 @@
+"""Stage mode in a real run: volunteers too small for a path join with ``peer join --max-memory`` and
+nothing else, beside path peers. The coordinator makes them stage servers and a pipeline trainer; the
+trainer drives tokens through the servers; the servers and the path peers holding the same modules
+average together, bit-identically; a server killed with SIGKILL costs the trainer failovers, not
+its run, and the coordinator refills the level."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from helpers import wait_for
+from helpers.network import Network
+from helpers.replicas import forked_rounds, replica_diff
+
+pytestmark = pytest.mark.integration
+
+SMALL = ("--max-memory", "0.002")
+"""2 MB: the tiny preset's stage module (1.07 MB) and trainer (1.05 MB) fit 80% of it, a path (3.2 MB) does not."""
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    from models.corpus import default_corpus
+    from models.data import Dataset, prepare
+
+    out = tmp_path_factory.mktemp("data") / "default-bytes-2x2"
+    prepare(default_corpus(), out, levels=2, modules=2, tokenizer="bytes")
+    return Dataset(out)
+
+
+def _roles(net: Network) -> dict[str, dict]:
+    """peer id -> its row of /status.json."""
+    return {p["peer_id"]: p for p in (net.status_json() or {}).get("peers", [])}
+
+
+def _last(net: Network, name: str, key: str, default=0):
+    values = [p[key] for p in net.progress_lines(name) if key in p]
+    return values[-1] if values else default
+
+
+def test_small_volunteers_train_through_a_pipeline_beside_path_peers(procs, tmp_path, dataset):
+    net = Network(procs, tmp_path, dataset.dir, dataset.manifest_hash, lease_timeout=8.0)
+    try:
+        net.start_coordinator()
+        works = {name: net.start_peer(name) for name in ("path0", "path1")}
+        wait_for(lambda: min(net.module_rounds().values(), default=0) >= 2 and len(net.module_rounds()) >= 4, 180,
+                 "the path peers averaging")
+        for i in range(3):
+            works[f"small{i}"] = net.start_peer(f"small{i}", *SMALL)
+        small = [f"small{i}" for i in range(3)]
+        wait_for(lambda: all(_last(net, n, "peer_id", "") for n in small), 180, "the small peers to join")
+        ids = {n: net.peer_id(n) for n in small}
+        rows = wait_for(lambda: (r := _roles(net)) and all(ids[n] in r for n in small) and r, 60, "their roles")
+        modes = sorted(rows[ids[n]]["assignment"]["mode"] for n in small)
+        assert modes == ["stage", "stage", "trainer"], rows
+        trainer = next(n for n in small if rows[ids[n]]["assignment"]["mode"] == "trainer")
+        servers = [n for n in small if n != trainer]
+        # the trainer drives tokens through both servers, and each server trains its module on them
+        wait_for(lambda: _last(net, trainer, "tokens") > 0 and all(_last(net, s, "tokens") > 0 for s in servers), 240,
+                 "tokens through the pipeline")
+        start = dict(net.module_rounds())
+        served = {s: rows[ids[s]]["assignment"]["module_id"] for s in servers}
+        # the modules the servers share with the path peers keep averaging, several rounds on
+        wait_for(lambda: all(net.module_rounds().get(m, 0) >= start.get(m, 0) + 3 for m in served.values()), 240,
+                 "the shared modules to go on averaging")
+        # the status page counts what a server served, not what its device measured at join
+        status = wait_for(lambda: (s := net.status_json()) and any(
+            p["peer_id"] in (ids[x] for x in servers) and 0 < p["tokens_per_s"] for p in s["peers"]) and s, 60,
+                          "a server's served tokens/s on the status page")
+        assert status is not None
+        # a server killed mid-run: the trainer fails over or waits, never dies
+        victim = servers[0]
+        procs.signal(victim, signal.SIGKILL)
+        before = _last(net, trainer, "tokens")
+        net.start_peer("small3", *SMALL)  # a newcomer refills the level
+        wait_for(lambda: _last(net, trainer, "tokens") > before + 1000, 240, "the pipeline training again")
+        assert procs.procs[trainer].poll() is None, procs.log(trainer)[-2000:]
+        codes = [net.stop(n) for n in ("path0", "path1", trainer, servers[1], "small3")]
+        assert codes == [0] * 5, codes
+        logs = [procs.log(n) for n in works]
+        roots = [w / "checkpoints" for n, w in works.items() if n != victim]
+        pairs, diff, first = replica_diff(roots, forked_rounds(logs))
+        assert diff == 0.0, first
+        assert pairs >= 3, pairs
+        # the stage server's module against a path peer's copy of it, at equal rounds
+        stage_pairs, diff, first = replica_diff([works[servers[1]] / "checkpoints", works["path0"] / "checkpoints",
+                                                 works["path1"] / "checkpoints"], forked_rounds(logs))
+        assert diff == 0.0 and stage_pairs >= 1, (stage_pairs, first)
+    finally:
+        net.close()
