@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -12,8 +14,11 @@ from typing import Any, Callable
 from models import strict_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = RESULTS.parent.parent
+_STARTED = time.time()
+"""When this benchmark process started (its result's ``duration_s`` counts from here)."""
 
-__all__ = ["emit", "rate_result_name", "run_main", "RESULTS", "ISSUE_RATE_MBIT"]
+__all__ = ["emit", "provenance", "rate_result_name", "run_main", "RESULTS", "ISSUE_RATE_MBIT"]
 
 ISSUE_RATE_MBIT = 100
 """The per-peer link rate of issue 3's averaging benchmarks (``bench.comm``, ``bench.comm_hivemind``)."""
@@ -25,6 +30,40 @@ def rate_result_name(name: str, rate_mbit: int) -> str:
     return name if rate_mbit == ISSUE_RATE_MBIT else f"{name}_{rate_mbit}mbit"
 
 
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git(*args: str) -> str:
+    try:
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def provenance() -> dict[str, Any]:
+    """What a result needs to be traced and rerun: the commit (and whether the tree had changes), the
+    exact command, the machine, when it started and how long it ran."""
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "commit": _git("rev-parse", "HEAD") or "unknown",
+        "dirty": bool(dirty),
+        "command": " ".join(["python", "-m", f"bench.{Path(sys.argv[0]).stem}"] + sys.argv[1:])
+        if sys.argv and sys.argv[0].endswith(".py") else " ".join(sys.argv),
+        "machine": {"cores": os.cpu_count(), "cpu_model": _cpu_model(), "python": platform.python_version(),
+                    "system": platform.platform()},
+        "started_unix": round(_STARTED),
+        "duration_s": round(time.time() - _STARTED, 1),
+    }
+
+
 def emit(name: str, result: dict[str, Any]) -> dict[str, Any]:
     """Write ``bench/results/NAME.json`` and print the result as the last line of output.
 
@@ -34,7 +73,7 @@ def emit(name: str, result: dict[str, Any]) -> dict[str, Any]:
     if "skipped" in result:
         print(strict_json.dumps(result), flush=True)
         return result
-    result = {**result, "bench": name, "host": platform.node(), "unix_time": round(time.time())}
+    result = {**provenance(), **result, "bench": name, "host": platform.node(), "unix_time": round(time.time())}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(strict_json.dumps(result, indent=2, sort_keys=True) + "\n")
     print(strict_json.dumps(result, sort_keys=True), flush=True)

@@ -1,289 +1,309 @@
-"""Stage mode (SWARM parallelism, Ryabinin et al. 2023): how much of a pipeline's capacity one trainer
-uses, with and without servers dying, and what compressing activations costs.
+"""Benchmark ``bench.swarm``: stage mode in a real run of ``hivepath peer join`` processes.
 
-Setup: path (0, 0) of the tiny 2x2 lattice. Four stage servers, each its own process with its own
-DHT and p2p daemon on loopback: L0M0 on a fast (1000 tokens/s) and a throttled (333 tokens/s)
-server, L1M0 on two fast ones. Server speeds are emulated (``StageServerOptions.emulated_throughput``:
-a request lasts at least its share of that rate) so that the capacity is known exactly and the
-shared CPU of the machine does not set it. The bottleneck is level 0: 1333 tokens/s.
+Setup: the demo lattice (2x2, byte tokenizer, the built-in corpus), a coordinator, 2 path peers and 6
+small peers, each small one started with nothing but a ``--max-memory`` that fits a stage module and
+a pipeline trainer but not a path (computed from the lattice, as the coordinator judges it). Every
+process is the installed ``hivepath`` command, in 4 network namespaces behind one bridge with
+50 Mbit/s links (``bench.netns``; on loopback, said in the result, where namespaces cannot be made).
+One torch thread per process: 9 processes share this machine's cores.
 
-- ``throughput_fraction``: the trainer's tokens/s (its step rate times its batch) over the
-  bottleneck's capacity, int8 activations, after a warm-up (target >= 0.8).
-- ``throughput_fraction_with_kills``: the same while a server is SIGKILLed every 30 s and a fresh
-  one of the same module and speed is started in its place (target >= 0.6).
-- ``activation_bytes_ratio``: bytes of activations and gradients on the wire over their fp32 size.
-- ``loss_by_codec``: validation loss of the same path trained in one process with every stage
-  boundary's activations and gradients passed through each codec (the numerical effect alone).
+Phases, each measured over its own window:
 
-Run: ``python -m bench.swarm`` (about 4 minutes; ``--quick`` for a short smoke run).
+1. **control**: the 2 path peers alone. Their module rounds: exchange seconds and failures.
+2. **stage**: the 6 small peers join; the coordinator makes them stage servers and trainers. Once a
+   pipeline runs, the window measures every peer's tokens, the path peers' rounds again, and the
+   servers' capacity (tokens over busy seconds, as their heartbeats report it).
+3. **kills**: a stage server (chosen with the seeded generator) is killed with SIGKILL every 30 s
+   and started again on its work directory.
+
+Keys:
+
+- ``small_peers_idle``: small peers that processed no token in the last half of the stage window (target 0).
+- ``small_peer_token_share``: tokens trained through pipelines (the trainers') / all tokens trained.
+- ``throughput_fraction``: the trainers' tokens/s over the pipelines' bottleneck, the least over
+  levels of the summed capacity of that level's servers (every pipeline token crosses one server a
+  level), in the stage window (target >= 0.8); ``throughput_fraction_with_kills`` in the kill
+  window, against the same bottleneck (target >= 0.6).
+- ``path_round_ratio_with_small_peers``: the path peers' median seconds from one round of a module to
+  its next, with small peers over without (target <= 1.2); on one machine it counts the CPU the
+  small peers take from the path peers too. ``path_exchange_wait_seconds_median`` (what the path
+  peers waited on their exchanges) and ``path_round_failures`` (failed rounds a window) isolate the
+  averaging.
+- ``activation_bytes_ratio``: bytes of activations and gradients the trainers sent and received over
+  their fp32 size (4 tensors per level per token); ``stage_bpb_gap_vs_fp32`` comes from
+  ``bench.stage_codec`` (the codec's effect on bits per byte at equal tokens, in one process).
+- ``replica_max_abs_diff``: over every pair of snapshots of one module at one round, across all the
+  peers' checkpoints (stage servers against path peers included): target 0.
+
+Run: ``python -m bench.swarm`` (about 12 minutes; ``--quick`` for a short smoke run).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
-import os
-import shutil
+import logging
+import random
 import signal
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
-
-import torch
-import torch.nn.functional as F
-
-from bench.common import emit, run_main
-from models import strict_json
+from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
-SPEEDS = {"a0": ("L0M0", 1000.0), "a1": ("L0M0", 333.0), "b0": ("L1M0", 1000.0), "b1": ("L1M0", 1000.0)}
-PATH = (0, 0)
-BATCH, MICRO_BATCHES = int(os.environ.get("SWARM_BATCH", 64)), int(os.environ.get("SWARM_MICRO", 16))
-"""Sequences per trainer step, and micro-batches of it in flight at once (128 tokens each)."""
+for _p in (ROOT, ROOT / "tests"):  # the namespace network and process group live with the tests' harness
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+from bench.common import emit, run_main  # noqa: E402
+
+log = logging.getLogger("bench.swarm")
+
+SUBNET, PREFIX = "10.79.0", "hps"
+"""Namespaces ``hps-p0``..., apart from the other benchmarks' and the chaos tests'."""
+RATE = "50mbit"
+NAMESPACES = 4
+KILL_EVERY = 30.0
+
+RUN_TOML = """preset = "demo"
+run_id = "swarm"
+[outer]
+round_timeout = 20.0
+[data]
+manifest_hash = "{manifest_hash}"
+[coordinator]
+lease_timeout = 8.0
+heartbeat_interval = 1.0
+restart_grace = 5.0
+min_move_interval = 20.0
+"""
 
 
-def _config():
-    from models.presets import tiny_cpu
+def small_memory_gb() -> float:
+    """GB for ``--max-memory`` that fits a stage module and a trainer but not a path of the demo lattice."""
+    from models.presets import demo
 
-    return tiny_cpu().replace(inner={"batch_size": BATCH}, outer={"inner_steps": 50})
+    run = demo()
+    lattice, batch = run.lattice, run.inner.batch_size
+    path = lattice.paths()[0]
+    path_need = lattice.training_memory_bytes(lattice.path_modules(path), batch)
+    stage = max(lattice.training_memory_bytes([m], batch) for m in lattice.path_modules(path)[1:-1])
+    trainer = lattice.training_memory_bytes([lattice.embed_id(path), lattice.head_id(path)], batch)
+    usable = (max(stage, trainer) + path_need) / 2  # between what it needs and a path
+    return round(usable / 0.8 / 1e9, 4)
 
 
-def _bottleneck() -> float:
+def _lines(net: Any, name: str, since: float, until: float, event: Optional[str] = None) -> list[dict]:
+    return [p for p in net.progress_lines(name) if since <= p.get("time", 0) <= until
+            and (event is None or p.get("event") == event)]
+
+
+def _tokens(net: Any, name: str, since: float, until: float) -> int:
+    """Tokens ``name`` reported processing between ``since`` and ``until`` (its progress lines)."""
+    seen = [p["tokens"] for p in _lines(net, name, since, until, "progress") if "tokens" in p]
+    return max(seen) - min(seen) if len(seen) >= 2 else 0
+
+
+def _rounds(net: Any, names: list[str], since: float, until: float) -> tuple[list[float], int, int, list[float]]:
+    """The path peers' module rounds in the window: the seconds between one round of a module and the
+    next on the same peer, rounds done, rounds failed, and the seconds each waited on its exchange."""
+    seconds, done, failed, waits = [], 0, 0, []
+    for n in names:
+        last: dict[str, float] = {}
+        for e in _lines(net, n, since, until, "round"):
+            if e.get("status") == "done":
+                done += 1
+                waits.append(float(e.get("seconds") or 0.0))
+            else:
+                failed += 1
+            module = e.get("module", "")
+            if module in last:
+                seconds.append(e["time"] - last[module])
+            last[module] = e["time"]
+    return seconds, done, failed, waits
+
+
+def _bottleneck(status: dict) -> float:
+    """The least over levels of the summed capacity of that level's stage servers (0 when unmeasured)."""
     levels: dict[str, float] = {}
-    for mid, tps in SPEEDS.values():
-        levels[mid] = levels.get(mid, 0.0) + tps
-    return min(levels.values())
+    for p in status.get("peers", []):
+        a = p.get("assignment") or {}
+        if p.get("state") == "active" and a.get("mode") == "stage":
+            level = a["module_id"][:2]
+            levels[level] = levels.get(level, 0.0) + float(p.get("capacity_tokens_per_s") or 0.0)
+    return min(levels.values()) if len(levels) >= 2 else 0.0
 
 
-# -- a stage server process ------------------------------------------------------------------------
+def run(work: Path, control_s: float, stage_s: float, kill_s: float, seed: int) -> dict[str, Any]:
+    from chaos.nsnet import NsNetwork
+    from chaos.scenario import prepare_dataset
+    from helpers.network import Network
+    from helpers.procs import ProcessGroup, wait_for
+    from helpers.replicas import forked_rounds, replica_diff
+    from models.presets import demo
 
+    from bench.netns import NetnsBridge, netns_available
 
-def serve(opts: dict) -> None:
-    from peer.network import DHTOptions, start_dht
-    from peer.node import run_stage_server
-    from peer.stage import StageServerOptions
-
-    torch.set_num_threads(1)
-    stop = {"reason": None}
-    signal.signal(signal.SIGTERM, lambda *_: stop.update(reason="terminated"))
-    dht = start_dht(DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=opts["initial_peers"]))
+    rng = random.Random(seed)
+    data = prepare_dataset(work / "data")
+    procs = ProcessGroup(work / "logs")
+    why = netns_available()
+    bridge = NetnsBridge(NAMESPACES, rate=RATE, subnet=SUBNET, prefix=PREFIX) if not why else None
+    out: dict[str, Any] = {"netns": not why, "netns_unavailable": why, "link": RATE if not why else "loopback",
+                           "seed": seed, "seeds": [seed], "small_max_memory_gb": small_memory_gb(),
+                           "windows_s": {"control": control_s, "stage": stage_s, "kills": kill_s}}
+    small = [f"small{i}" for i in range(6)]
+    path_names = ["path0", "path1"]
+    where = {"path0": 1, "path1": 2, **{n: 1 + i % (NAMESPACES - 1) for i, n in enumerate(small)}}
     try:
-        run_stage_server(_config(), opts["module"], None, torch.device("cpu"), dht, None, None,
-                         lambda: stop["reason"], options=StageServerOptions(
-                             emulated_throughput=opts["tps"], record_ttl=opts["record_ttl"]))
+        if bridge is not None:
+            bridge.open()
+            net = NsNetwork(procs, work / "net", data.dir, data.manifest_hash, bridge)
+            start = lambda name, *extra: net.start_peer_in(name, where[name], *extra)  # noqa: E731
+        else:
+            log.warning("no network namespaces (%s): loopback, no link limit", why)
+            net = Network(procs, work / "net", data.dir, data.manifest_hash)
+            start = lambda name, *extra: net.start_peer(name, *extra)  # noqa: E731
+        net.run_toml.write_text(RUN_TOML.format(manifest_hash=data.manifest_hash))
+        # /status.json: from inside namespace 0 (NsNetwork.status), or over loopback
+        status = net.status if bridge is not None else net.status_json
+        net.start_coordinator()
+        works = {n: start(n) for n in path_names}
+
+        def path_rounds(k: int) -> bool:
+            return all(len([e for e in net.progress_lines(n) if e.get("event") == "round"]) >= k for n in path_names)
+
+        wait_for(lambda: path_rounds(8), 600, "the path peers averaging")
+        t0 = time.time()
+        wait_for(lambda: time.time() >= t0 + control_s, control_s + 60, "the control window")
+        control = _rounds(net, path_names, t0, time.time())
+        memory = str(small_memory_gb())
+        for n in small:
+            works[n] = start(n, "--max-memory", memory)
+        wait_for(lambda: all(_tokens(net, n, 0, time.time()) > 0 for n in small if _is_trainer(net, n)) and
+                 any(_is_trainer(net, n) for n in small), 600, "a pipeline running")
+        t1 = time.time()
+        bottlenecks: list[float] = []
+
+        def sample() -> bool:
+            b = _bottleneck(status() or {})
+            if b > 0:
+                bottlenecks.append(b)
+            return time.time() >= t1 + stage_s
+
+        wait_for(sample, stage_s + 120, "the stage window", interval=5.0)
+        t2 = time.time()
+        with_small = _rounds(net, path_names, t1, t2)
+        trainers = [n for n in small if _is_trainer(net, n)]
+        tokens = {n: _tokens(net, n, t1, t2) for n in [*path_names, *small]}
+        late = {n: _tokens(net, n, (t1 + t2) / 2, t2) for n in small}
+        bottleneck = statistics.median(bottlenecks) if bottlenecks else 0.0
+        trainer_tps = sum(tokens[n] for n in trainers) / (t2 - t1)
+        out.update({
+            "roles": {n: _mode(net, n) for n in small},
+            "small_peers_idle": sum(1 for n in small if late[n] == 0),
+            "small_peer_tokens_last_half": late,
+            "small_peer_token_share": sum(tokens[n] for n in trainers) / max(1, sum(tokens[n] for n in trainers)
+                                                                              + sum(tokens[n] for n in path_names)),
+            "pipeline_tokens_per_s": round(trainer_tps, 1),
+            "bottleneck_capacity_tokens_per_s": round(bottleneck, 1),
+            "throughput_fraction": trainer_tps / bottleneck if bottleneck > 0 else None,
+            "path_round_seconds_median": {"control": _median(control[0]), "with_small_peers": _median(with_small[0])},
+            "path_exchange_wait_seconds_median": {"control": _median(control[3]),
+                                                  "with_small_peers": _median(with_small[3])},
+            "path_round_ratio_with_small_peers": (_median(with_small[0]) / _median(control[0])
+                                                  if control[0] and with_small[0] and _median(control[0]) > 0 else None),
+            "path_round_failures": {"control": {"done": control[1], "failed": control[2]},
+                                    "with_small_peers": {"done": with_small[1], "failed": with_small[2]}},
+        })
+        # activation bytes on the wire: 4 tensors (forward out and back, gradient out and back) a level a token
+        lat = demo().lattice
+        sent = sum(_last(net, n, "bytes_sent") + _last(net, n, "bytes_received") for n in trainers)
+        fp32 = sum(_last(net, n, "tokens") for n in trainers) * lat.levels * 4 * lat.d_model * 4
+        out["activation_bytes_ratio"] = sent / fp32 if fp32 else None
+        # kills: a stage server every KILL_EVERY seconds, started again on its work directory
+        servers = [n for n in small if _mode(net, n) == "stage"]
+        t3, kills = time.time(), 0
+        while time.time() < t3 + kill_s and servers:
+            victim = rng.choice(servers)
+            procs.signal(victim, signal.SIGKILL)
+            procs.procs[victim].wait(timeout=30)
+            start(victim, "--max-memory", memory)
+            kills += 1
+            due = time.time() + KILL_EVERY
+            wait_for(lambda: time.time() >= min(due, t3 + kill_s), KILL_EVERY + 60, "the next kill", interval=1.0)
+        t4 = time.time()
+        killed_tps = sum(_tokens(net, n, t3, t4) for n in trainers) / max(1e-9, t4 - t3)
+        out.update({"kills": kills, "pipeline_tokens_per_s_with_kills": round(killed_tps, 1),
+                    "throughput_fraction_with_kills": killed_tps / bottleneck if bottleneck > 0 else None})
+        codes = {}
+        for n in list(works):
+            procs.signal(n, signal.SIGTERM)
+        for n in list(works):
+            try:
+                codes[n] = procs.procs[n].wait(timeout=120)
+            except Exception:
+                codes[n] = None
+        out["exit_codes"] = codes
+        logs = [procs.log(n) for n in works]
+        pairs, diff, first = replica_diff([w / "checkpoints" for w in works.values()], forked_rounds(logs))
+        out.update({"replica_pairs": pairs, "replica_max_abs_diff": diff, "replica_first_difference": first})
     finally:
-        dht.shutdown()
-
-
-# -- the trainer and the measurements --------------------------------------------------------------
-
-
-class Servers:
-    """The stage server processes, each in its own session (a kill takes its p2p daemon too), stopped
-    with this benchmark however it ends (:class:`peer.node.lifetime.ChildProcesses`)."""
-
-    def __init__(self, maddrs: list[str], record_ttl: float, log_dir: Path):
-        from peer.node.lifetime import ChildProcesses
-
-        self.maddrs, self.record_ttl = maddrs, record_ttl
-        self.children = ChildProcesses(log_dir)
-        self.started = 0
-        self.current: dict[str, str] = {}
-        """Server name -> its running process's name in ``children`` (and log file)."""
-
-    def start(self, name: str) -> None:
-        module, tps = SPEEDS[name]
-        opts = {"module": module, "tps": tps, "initial_peers": self.maddrs, "record_ttl": self.record_ttl}
-        self.started += 1
-        self.current[name] = f"{name}-{self.started}"
-        self.children.start(self.current[name], [sys.executable, "-m", "bench.swarm", "--serve", strict_json.dumps(opts)],
-                            cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-    def kill(self, name: str) -> None:
-        self.children.kill(self.current.pop(name))
-
-    def close(self) -> None:
-        self.children.stop(timeout=10.0)
-
-
-def _wait_servers(client, count_by_module: dict[str, int], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not all(len(client.servers(m)) >= n for m, n in count_by_module.items()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"stage servers did not all announce themselves within {timeout:.0f}s")
-        time.sleep(0.2)
-
-
-def _measure(trainer, seconds: float, gen: torch.Generator, on_tick=None) -> tuple[float, int, list[float]]:
-    """Train for ``seconds``; return tokens/s, steps and losses."""
-    cfg = trainer.cfg
-    start, tokens, steps, losses = time.monotonic(), 0, 0, []
-    while time.monotonic() - start < seconds:
-        x = torch.randint(0, 64, (cfg.inner.batch_size, cfg.lattice.seq_len + 1), generator=gen)  # (B, T+1)
-        loss, _ = trainer.train_step(x[:, :-1], x[:, 1:])
-        tokens += x[:, 1:].numel()
-        steps += 1
-        losses.append(loss)
-        if on_tick is not None:
-            on_tick(time.monotonic() - start)
-    return tokens / (time.monotonic() - start), steps, losses
-
-
-def _throttled_share(client, served: dict[str, int]) -> float:
-    """Share of level 0's steady-phase requests that went to its slowest server."""
-    level0 = {p: e.record.throughput for p, e in client.servers("L0M0").items() if p in served}
-    if len(level0) < 2:
-        return float("nan")
-    slowest = min(level0, key=level0.get)
-    return round(served[slowest] / sum(served[p] for p in level0), 3)
-
-
-def pipeline(seconds: float, kill_seconds: float, kill_every: float, micro_batches: int, log_dir: Path) -> dict:
-    from peer.network import DHTOptions, start_dht
-    from peer.node import StageTrainer
-    from peer.stage import StageClient
-
-    cfg = _config()
-    dht = start_dht(DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"]))
-    servers = Servers(dht.maddrs(), record_ttl=4.0, log_dir=log_dir)
-    client = StageClient(dht, cfg.run_id, cfg.content_hash(), codec="int8", request_timeout=10.0, seed=0)
-    trainer = None
-    try:
-        for name in SPEEDS:
-            servers.start(name)
-        _wait_servers(client, {"L0M0": 2, "L1M0": 2}, timeout=120.0)
-        trainer = StageTrainer(cfg, PATH, client, torch.device("cpu"), micro_batches=micro_batches)
-        gen = torch.Generator().manual_seed(0)
-        _measure(trainer, 5.0, gen)  # warm-up: connections, measured throughputs
-        steady_tps, steady_steps, losses = _measure(trainer, seconds, gen)
-        served_steady = dict(client.stats.served_by)
-        throttled_share = _throttled_share(client, served_steady)
-        measured_capacity = min(sum(e.record.throughput for e in client.servers(m).values()) for m in ("L0M0", "L1M0"))
-        stats_before = (client.stats.bytes_sent + client.stats.bytes_received, client.stats.fp32_bytes)
-
-        victims, kills = ["a0", "b0", "b1", "a1"], []
-
-        def tick(elapsed: float) -> None:
-            if elapsed >= kill_every * (len(kills) + 1):
-                victim = victims[len(kills) % len(victims)]
-                servers.kill(victim)
-                servers.start(victim)  # a volunteer of the same speed takes its place (and must announce itself)
-                kills.append(round(elapsed, 1))
-
-        failovers0, failures0 = client.stats.failovers, client.stats.failures
-        kill_tps, kill_steps, _ = _measure(trainer, kill_seconds, gen, on_tick=tick)
-        wire, fp32 = client.stats.bytes_sent + client.stats.bytes_received, client.stats.fp32_bytes
-        capacity = _bottleneck()
-        return {
-            "bottleneck_tokens_per_s": capacity,
-            "bottleneck_tokens_per_s_as_servers_measured": round(measured_capacity, 1),
-            "throughput_fraction_of_measured_bottleneck": round(steady_tps / measured_capacity, 3),
-            "trainer_tokens_per_s": round(steady_tps, 1),
-            "throughput_fraction": round(steady_tps / capacity, 3),
-            "trainer_tokens_per_s_with_kills": round(kill_tps, 1),
-            "throughput_fraction_with_kills": round(kill_tps / capacity, 3),
-            "kills_at_seconds": kills,
-            "failovers_during_kills": client.stats.failovers - failovers0,
-            "failed_requests_during_kills": client.stats.failures - failures0,
-            "steps": steady_steps,
-            "steps_with_kills": kill_steps,
-            "activation_bytes_ratio": round(wire / fp32, 4),
-            "activation_bytes_ratio_steady": round(stats_before[0] / stats_before[1], 4),
-            "requests_by_server_steady": sorted(served_steady.values()),
-            "throttled_server_share_of_level0": throttled_share,
-            "servers_used_with_kills": len(client.stats.served_by),
-            "loss_first_last": [round(losses[0], 3), round(sum(losses[-10:]) / 10, 3)],
-        }
-    finally:
-        if trainer is not None:
-            trainer.close()
-        client.close()
-        servers.close()
-        dht.shutdown()
-
-
-class _Wire(torch.autograd.Function):
-    """A stage boundary: the activations and (in backward) the gradients pass through a codec."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, codec: str) -> torch.Tensor:
-        from peer.averaging import get_codec
-
-        ctx.codec = codec
-        return get_codec(codec).roundtrip(x.detach().reshape(-1)).view_as(x)  # (B, T, C)
-
-    @staticmethod
-    def backward(ctx, g: torch.Tensor):
-        from peer.averaging import get_codec
-
-        return get_codec(ctx.codec).roundtrip(g.reshape(-1)).view_as(g), None  # (B, T, C)
-
-
-def loss_by_codec(steps: int, data_dir: Path) -> dict:
-    from models.corpus import default_corpus
-    from models.data import MANIFEST_FILE, Dataset, prepare
-    from models.lattice import ModularLM
-    from models.training import make_adamw
-
-    cfg = _config()
-    if not (data_dir / MANIFEST_FILE).exists():
-        prepare(default_corpus(), data_dir, cfg.lattice.levels, cfg.lattice.modules_per_level, "bytes")
-    ds = Dataset(data_dir)
-    out = {}
-    for codec in ("none", "fp16", "int8"):
-        model = ModularLM(cfg.lattice, seed=0).path_model(PATH)
-        opt = make_adamw(model.parameters(), cfg.inner)
-        batches = ds.path_batches(PATH, "train", 16, cfg.lattice.seq_len, seed=1)
-
-        def run(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            h = _Wire.apply(model.embed(x), codec)  # (B, T, C)
-            for block in model.stack:
-                h = _Wire.apply(block(h), codec)  # (B, T, C)
-            logits = model.head(h, model.embed.tok.weight)  # (B, T, V)
-            return F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
-
-        for step in range(steps):
-            for group in opt.param_groups:
-                group["lr"] = cfg.inner.lr * min(1.0, (step + 1) / cfg.inner.warmup_steps)
-            x, y = next(batches)
-            loss = run(x, y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.inner.grad_clip)
-            opt.step()
-        val = ds.path_batches(PATH, "validation", 16, cfg.lattice.seq_len, seed=2)
-        with torch.no_grad():
-            out[codec] = round(sum(float(run(*next(val))) for _ in range(20)) / 20, 4)
+        net_close = locals().get("net")
+        if net_close is not None:
+            net_close.close()
+        procs.close()
+        if bridge is not None:
+            bridge.close()
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--serve", help=argparse.SUPPRESS)
-    parser.add_argument("--quick", action="store_true", help="a short smoke run")
-    parser.add_argument("--keep-logs", action="store_true", help="keep the stage servers' logs (a temp dir)")
-    args = parser.parse_args()
-    if args.serve:
-        serve(json.loads(args.serve))
-        return
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    log_dir = Path(tempfile.mkdtemp(prefix="hivepath-swarm-"))  # the servers' logs
-    seconds, kill_seconds, steps = (20.0, 0.0, 60) if args.quick else (60.0, 95.0, 400)
+def _is_trainer(net: Any, name: str) -> bool:
+    return _mode(net, name) == "trainer"
+
+
+def _mode(net: Any, name: str) -> str:
+    modes = [p.get("mode") for p in net.progress_lines(name) if p.get("event") == "progress"]
+    return modes[-1] if modes else ""
+
+
+def _last(net: Any, name: str, key: str) -> int:
+    values = [p[key] for p in net.progress_lines(name) if p.get("event") == "progress" and key in p]
+    return int(values[-1]) if values else 0
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def main(argv: Optional[list[str]] = None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m bench.swarm", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--control", type=float, default=120.0, help="seconds of the path peers alone (default 120)")
+    ap.add_argument("--stage", type=float, default=240.0, help="seconds measured with the small peers (default 240)")
+    ap.add_argument("--kills", type=float, default=150.0, help="seconds with a server killed every 30 s (default 150)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="a short smoke run (not a measurement)")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, checkpoints) and say where")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.quick:
+        args.control, args.stage, args.kills = 20.0, 40.0, 35.0
+    work = Path(tempfile.mkdtemp(prefix="hivepath-swarm-"))
     try:
-        result = pipeline(seconds, kill_seconds, kill_every=30.0, micro_batches=MICRO_BATCHES, log_dir=log_dir)
+        result = run(work, args.control, args.stage, args.kills, args.seed)
+        result["quick"] = args.quick
+        from bench.stage_codec import measure_bpb_gap
+
+        result.update(measure_bpb_gap(quick=args.quick))
     finally:
-        if args.keep_logs:
-            print(f"stage server logs in {log_dir}", file=sys.stderr)
+        if args.keep:
+            print(f"bench.swarm: work directory kept at {work}", file=sys.stderr)
         else:
-            shutil.rmtree(log_dir, ignore_errors=True)
-    result["loss_by_codec"] = loss_by_codec(steps, ROOT / "data" / "swarm-default-bytes")
-    result["loss_by_codec_steps"] = steps
-    result["targets"] = {"throughput_fraction": 0.8, "throughput_fraction_with_kills": 0.6}
-    assert all(math.isfinite(v) for v in result["loss_by_codec"].values())
-    emit("swarm", result)
+            import shutil
+
+            shutil.rmtree(work, ignore_errors=True)
+    return emit("swarm_quick" if args.quick else "swarm", result)
 
 
 if __name__ == "__main__":

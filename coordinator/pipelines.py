@@ -21,7 +21,8 @@ A small peer's role at join, in this order:
 Rebalancing (one move a tick, a peer at most once per ``min_move_interval``, peers that asked for a
 role never): a driven pipeline's empty level is refilled from an idle server (one on no driven
 trainer's path) or a module with two or more servers; a trainer whose pipeline lost a level moves to a
-complete pipeline nobody drives; an idle server moves to a driven pipeline's bottleneck.
+complete pipeline nobody drives; an idle server moves to a driven pipeline's bottleneck, or, when every
+level of a driven pipeline has room, drives it as another trainer.
 """
 
 from __future__ import annotations
@@ -180,13 +181,9 @@ def assign_small(caps: Capabilities, view: ClusterView, run: RunConfig, settings
                                  f"pipeline {format_path(neck[2])}", version)
             return a, a.reason
     if can_train:
-        calm = []
-        for path in _driven(run, view):
-            busy = [busy_share(view, m) for m in _blocks(run, path)]
-            if all(b is not None for b in busy) and max(busy) < settings.server_busy_share:
-                calm.append((max(busy), path))
-        if calm:
-            most, path = min(calm)
+        calm = _calm(run, view, settings.server_busy_share)
+        if calm is not None:
+            most, path = calm
             a = trainer_assignment(path, caps, run, settings,
                                    f"{small}: the servers of pipeline {format_path(path)} are at most {most:.0%} busy, "
                                    f"so another trainer drives more tokens through them", version)
@@ -268,7 +265,29 @@ def rebalance_pipelines(now: float, last_moved: Mapping[str, float], caps: Mappi
                 why = (f"moved from stage {old.module_id}, which no trainer drives, to {neck[0]}: its servers are "
                        f"{neck[1]:.0%} busy, the bottleneck of pipeline {format_path(neck[2])}")
                 return moved(peer_id, stage_assignment(neck[0], caps[peer_id], run, settings, why, old.version + 1))
+    # an idle server beside driven pipelines whose servers all have room: it drives one as a trainer
+    calm = _calm(run, view, settings.server_busy_share)
+    if calm is not None:
+        most, path = calm
+        t_need = trainer_memory(run, batch)
+        for peer_id in idle:
+            if movable(peer_id) and caps[peer_id].memory_bytes * settings.memory_headroom >= t_need:
+                old = view.assignments[peer_id]
+                why = (f"moved from stage {old.module_id}, which no trainer drives, to drive pipeline "
+                       f"{format_path(path)}: its servers are at most {most:.0%} busy")
+                return moved(peer_id, trainer_assignment(path, caps[peer_id], run, settings, why, old.version + 1))
     return None, "pipelines: no move lets more tokens through"
+
+
+def _calm(run: RunConfig, view: ClusterView, share: float) -> Optional[tuple[float, Path_]]:
+    """The driven pipeline whose busiest level is least busy, when every level is measured and below
+    ``share``: (that busy share, path); None otherwise."""
+    calm = []
+    for path in _driven(run, view):
+        busy = [busy_share(view, m) for m in _blocks(run, path)]
+        if all(b is not None for b in busy) and max(busy) < share:
+            calm.append((max(busy), path))
+    return min(calm) if calm else None
 
 
 def pipelines(run: RunConfig, view: ClusterView) -> list[dict]:

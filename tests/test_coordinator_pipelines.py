@@ -167,3 +167,26 @@ def test_coordinator_counts_served_tokens_not_the_join_figure():
                     measured=True)
     assert coord.view.holders[server] == 0.0  # idle now: 0, not "unchanged"
     assert coord._peers[server].capabilities.tokens_per_s == 5000.0  # the device's figure is kept apart
+
+
+def test_an_idle_server_beside_calm_pipelines_becomes_a_trainer():
+    view = ClusterView()
+    for i in range(4):  # a running pipeline, and one server toward the next (idle)
+        _join(view, f"s{i}")
+    [running] = [r for r in pipelines(RUN, view) if r["state"] == "running"]
+    used = {lv["module"] for lv in running["levels"]}
+    [idle] = [p for p, a in view.assignments.items() if a.mode == MODE_STAGE and a.module_id not in used]
+    caps = {p: SMALL for p in view.assignments}
+    assert rebalance_pipelines(0.0, {}, caps, view, RUN, SETTINGS)[0] is None, "not measured: nothing to judge by"
+    for pid, a in list(view.assignments.items()):
+        if a.mode == MODE_STAGE and a.module_id in used:
+            view.set_tokens_per_s(pid, 300.0, 1000.0)
+    move, reason = rebalance_pipelines(0.0, {}, caps, view, RUN, SETTINGS)
+    assert move is not None and move.peer_id == idle and move.assignment.mode == MODE_TRAINER
+    assert move.assignment.path == tuple(running["path"]) and "at most 30% busy" in reason
+    for pid, a in list(view.assignments.items()):  # the pipeline's level 0 is its bottleneck now
+        if a.mode == MODE_STAGE and a.module_id in used and a.module_id.startswith("L0"):
+            view.set_tokens_per_s(pid, 900.0, 1000.0)
+    move, reason = rebalance_pipelines(0.0, {}, caps, view, RUN, SETTINGS)
+    assert move is not None and move.peer_id == idle and move.assignment.mode == MODE_STAGE
+    assert move.assignment.module_id.startswith("L0") and "90% busy" in reason

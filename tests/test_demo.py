@@ -100,7 +100,7 @@ class _Client:
 
 
 def _peer(peer_id: str, mode: str, work: str, path: list[int], tokens: int) -> dict:
-    return {"peer_id": peer_id, "mode": mode, "work": work, "path": path, "tokens": tokens, "state": "training",
+    return {"peer_id": peer_id, "mode": mode, "work": work, "path": path, "tokens": tokens, "state": "active",
             "tokens_per_s": 100.0, "last_seen_age_s": 1.0}
 
 
@@ -127,8 +127,8 @@ def test_monitor_shows_roles_and_counts_served_tokens_once(tmp_path):
     console = Console(width=200, record=True)
     console.print(monitor._table(status, 10.0, 0))
     table = console.export_text()
-    for row in (("small0", "stage", "stage L0M1", "1,024 served"), ("small2", "trainer", "trainer 1,1"),
-                ("peer0", "path", "path 0,0", "4,096"), ("archive",)):
+    for row in (("small0", "stage", "training", "L0M1", "1,024 served"), ("small2", "trainer", "1,1"),
+                ("peer0", "path", "0,0", "4,096"), ("archive", "active")):
         assert any(all(cell in line for cell in row) for line in table.splitlines()), (row, table)
     summary = monitor.summary(cfg, type("Opts", (), {"peers": 1, "small_peers": 3, "minutes": 1.0})(),
                               8.0, 5.0, {}, {})

@@ -202,3 +202,25 @@ def test_failovers_are_progress_events(stage):
     assert switched["reason"]
     assert (gave_up["module"], gave_up["from_server"], gave_up["to_server"]) == ("L1M1", server.peer_id, None)
     assert gave_up["reason"].startswith("NOT_HELD"), gave_up["reason"]
+
+
+def test_a_process_serves_another_module_after_its_first_server_closed():
+    """A reassignment from one stage to another in one process: the second server registers the same
+    protocol in the same p2p daemon, which the first one's close must have given back."""
+    torch.set_num_threads(1)
+    a = start_dht(DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"]))
+    b = start_dht(DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=a.maddrs()))
+    client = StageClient(b, CFG.run_id, CFG.content_hash(), codec="none", request_timeout=10.0)
+    try:
+        StageServer(CFG, "L0M0", a, options=StageServerOptions(max_elements=4 * T * C)).start().close()
+        server = StageServer(CFG, "L1M0", a, options=StageServerOptions(max_elements=4 * T * C)).start()
+        try:
+            x = torch.randn(1, T, C, generator=torch.Generator().manual_seed(5))  # (B, T, C)
+            y, _ = client.forward("L1M0", x)
+            assert y.shape == x.shape and server.counts["forward"] == 1
+        finally:
+            server.close()
+    finally:
+        client.close()
+        b.shutdown()
+        a.shutdown()

@@ -136,13 +136,16 @@ class DemoMonitor:
         for col in ("name", "peer", "role", "state", "work", "tokens/s", "tokens", "last seen"):
             t.add_column(col)
         names = self.lines.names()
-        for p in status.get("peers", []):
+        rows = [(names.get(p["peer_id"], "archive" if p.get("mode") == "archive" else "-"), p)
+                for p in status.get("peers", [])]
+        for name, p in sorted(rows, key=lambda r: (r[0] == "-", r[0], r[1]["peer_id"])):
             role = p.get("mode") or "-"
-            name = names.get(p["peer_id"], "archive" if role == "archive" else "-")
-            work = p.get("work") or "-"
+            own = self.lines.peers.get(name)
+            state = own.state if own is not None and own.state else p.get("state", "")  # waiting, training, ...
+            work = (p.get("work") or "-").removeprefix(f"{role} ") or "-"  # "stage L0M1": the role has its column
             tokens = f"{p.get('tokens', 0):,}" + (" served" if role == "stage" else "")
-            t.add_row(name, p["peer_id"][:12], role, p.get("state", ""), work, f"{p.get('tokens_per_s', 0):,.0f}",
-                      tokens, f"{p.get('last_seen_age_s', 0):.0f}s")
+            t.add_row(name, p["peer_id"][:12], role, state, work, f"{p.get('tokens_per_s', 0):,.0f}", tokens,
+                      f"{p.get('last_seen_age_s', 0):.0f}s")
         rounds = ", ".join(f"{m['module_id']}:r{m['round']}" for m in status.get("modules", []))
         t.caption = f"module rounds: {rounds or '-'}"
         return t

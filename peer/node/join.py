@@ -54,6 +54,8 @@ THROUGHPUT_SETTLE_SECONDS = 30.0
 """Seconds of work on an assignment before its measured tokens/s goes into heartbeats."""
 
 
+TRAINER_MICRO_BATCHES = 4
+"""Chunks of a pipeline trainer's batch in flight at once (SWARM keeps its servers busy so)."""
 TRAINER_WAIT_SECONDS = 20.0
 """Seconds a pipeline trainer waits for a server of a level before it drops the step, says why and
 looks at its stop and reassignment orders again."""
@@ -389,7 +391,8 @@ class PeerNode:
                 self.data.ensure_path(assignment.path, dht, self._fetch_should_stop)
                 reason = run_stage_trainer(cfg, assignment.path, dataset, device, dht, averager, checkpoints,
                                            self._should_stop, status=self.status, outer=outer,
-                                           view=self.view, call_timeout=TRAINER_WAIT_SECONDS)
+                                           view=self.view, call_timeout=TRAINER_WAIT_SECONDS,
+                                           micro_batches=TRAINER_MICRO_BATCHES)
             else:
                 self.status.assignment = ",".join(map(str, assignment.path))
                 self.data.ensure_path(assignment.path, dht, self._fetch_should_stop)  # returns once train is verified

@@ -83,6 +83,8 @@ class PeerStatus:
     served over the last window (0 when idle)."""
     capacity_tokens_per_s: float = 0.0
     """A stage server's tokens/s at full load (served tokens over busy seconds; 0: not measured)."""
+    failovers: int = 0
+    """A pipeline trainer's requests that another server answered after the first one failed."""
     tokens: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
@@ -240,8 +242,11 @@ class RichView(ProgressView):
             ("state", f"{status.state} ({status.mode} {status.assignment})"),
             ("round / step", f"{status.round_no} / {status.step}"),
             ("loss", loss),
-            ("tokens/s", f"{status.tokens_per_s:,.0f}"),
+            ("tokens/s" if status.mode == "path" else "served tokens/s", f"{status.tokens_per_s:,.0f}"
+             + (f" of {status.capacity_tokens_per_s:,.0f}" if status.mode == "stage" and status.capacity_tokens_per_s
+                else "")),
             ("tokens", f"{status.tokens:,}"),
+            *([("failovers", f"{status.failovers:,}")] if status.mode == "trainer" else []),
             ("sent / received", f"{_fmt_bytes(status.bytes_sent)} / {_fmt_bytes(status.bytes_received)}"),
             ("group sizes", groups),
             ("coordinator", status.coordinator),

@@ -312,6 +312,7 @@ def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, devic
             status.loss, status.tokens = loss_ema, trainer.tokens
             status.tokens_per_s = served.rate(trainer.tokens)
             status.bytes_sent, status.bytes_received = client.stats.bytes_sent, client.stats.bytes_received
+            status.failovers = client.stats.failovers
             if report is not None:
                 resync_after_round(trainer.opt, report, averager, fetch)
                 status.round_no = max(trainer.opt.module_round(m) for m in trainer.modules)

@@ -5,6 +5,8 @@
   :func:`decode_tensor`).
 - ``server``: :class:`StageServer`, forward/backward of one module for trainers, with DiLoCo rounds.
 - ``client``: :class:`StageClient`, a trainer's way through the stages, picking servers by throughput.
+- ``endpoint``: the stage protocol's one handler per p2p daemon, handing requests to the server now attached.
+- ``activity``: :class:`IdleHolds` (an idle server or trainer holds back no round) and :class:`ServedRate`.
 
 The long-running stage processes (a server's life, a stage trainer's loop) are in ``peer.node.stage_runner``.
 Imports ``peer.diloco``, ``peer.averaging`` and ``peer.network``.

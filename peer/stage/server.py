@@ -32,7 +32,7 @@ import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -42,11 +42,12 @@ from models.lattice import ModularLM
 from peer.averaging import ModuleAverager
 from peer.diloco import DiLoCoOptimizer, RoundReport
 from peer.network import refresh_until, unwrap_dht
-from peer.network.frames import MESSAGE_LIMIT, log_limited, serve_messages
+from peer.network.frames import log_limited
 from protos.hivepath.peer.v1.stage_pb2 import StageReply, StageRequest
+from peer.stage import endpoint
 from peer.stage.activity import IdleHolds
 from peer.stage.records import StageServerRecord, stage_record_value, stage_servers_key
-from peer.stage.wire import WireError, activation_codec, decode_tensor, encode_tensor, STAGE_RPC, stage_prefix
+from peer.stage.wire import WireError, activation_codec, decode_tensor, encode_tensor
 
 __all__ = ["StageServer", "StageServerOptions", "StageEventHook"]
 
@@ -129,11 +130,9 @@ class StageServer:
         self._busy_tokens = 0.0
         self.throughput = 0.0
         self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage-{module_id}")
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="stage-server", daemon=True)
         self._stopping = threading.Event()
         self._announcer: Optional[threading.Thread] = None
-        self._p2p: Any = None
+        self._attached = False
         self.holds: Optional[IdleHolds] = None
 
     # -- life cycle -----------------------------------------------------------------------------
@@ -141,8 +140,8 @@ class StageServer:
     def start(self, startup_timeout: float = 30.0) -> "StageServer":
         """Measure throughput, register the handler on this process's P2P, and start announcing."""
         self.throughput = self.measure_throughput()
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._register(), self._loop).result(startup_timeout)
+        endpoint.attach(self, self.dht, self.cfg.run_id, self.options.max_elements, startup_timeout)
+        self._attached = True
         # held in rounds only while trainers drive us: an idle server must not hold back the module's others
         self.holds = IdleHolds(self.averager, [self.module_id], self.opt.module_round, self.options.idle_timeout,
                                f"stage {self.module_id}")
@@ -154,28 +153,14 @@ class StageServer:
         log.info("serving %s as a stage (%.0f tokens/s measured)", self.module_id, self.throughput)
         return self
 
-    async def _register(self) -> None:
-        self._p2p = await self.dht.replicate_p2p()
-        # a stream handler: unary handlers on a second replica of the daemon hang in hivemind 1.1.12; a
-        # request frame may carry max_elements fp32 values and little else
-        await serve_messages(self._p2p, stage_prefix(self.cfg.run_id), STAGE_RPC, self._handle_stream,
-                             limit=4 * self.options.max_elements + MESSAGE_LIMIT)
-
-    async def _handle_stream(self, request: StageRequest, context: Any) -> AsyncIterator[StageReply]:
-        yield await self._handle(request, context)
-
     def close(self) -> None:
         """Stop announcing and serving; apply an exchange still in flight."""
         self._stopping.set()
         if self.holds is not None:
             self.holds.close()
-        if self._loop.is_running():
-            try:
-                asyncio.run_coroutine_threadsafe(self._p2p.shutdown(), self._loop).result(5.0)
-            except Exception as e:
-                log.debug("stopping the stage P2P handle: %r", e)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=5)
+        if self._attached:
+            endpoint.detach(self, self.dht)
+            self._attached = False
         self._compute.submit(self.opt.close).result()
         self._compute.shutdown(wait=True)
 
@@ -242,7 +227,8 @@ class StageServer:
         """Requests received per kind, inner steps taken and requests rejected."""
         return dict(self._counts)
 
-    async def _handle(self, request: StageRequest, context: Any) -> StageReply:
+    async def handle(self, request: StageRequest, context: Any) -> StageReply:
+        """Answer one request (on the stage endpoint's event loop; the work runs on our compute thread)."""
         self.queue_length += 1
         try:
             loop = asyncio.get_running_loop()
