@@ -50,8 +50,8 @@ def _demo_activations_and_gradients() -> list[torch.Tensor]:
     return [t.detach() for t in hs] + [t.grad for t in hs]
 
 
-def test_it_is_the_default_and_the_value_codecs_stay_accepted():
-    assert DEFAULT_ACTIVATION_CODEC == TOKEN_INT4
+def test_decode_tensor_accepts_it_beside_the_value_codecs():
+    assert DEFAULT_ACTIVATION_CODEC == "int8"  # int4tok+zstd misses the quality bar (bench.stage_codec)
     x = _tokens((2, 3, 8))
     for name in (TOKEN_INT4, "int8", "fp16", "none"):
         y = decode_tensor(EncodedTensor.FromString(encode_tensor(x, activation_codec(name)).SerializeToString()),

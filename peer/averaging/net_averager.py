@@ -301,6 +301,11 @@ class NetAverager:
             self._paused.discard(module_id)
         self.hold(module_id, round_no, wait=False)
 
+    def holding(self, module_id: str) -> bool:
+        """Whether we announce ``module_id`` as held now (:meth:`hold`, not paused or released since)."""
+        with self._held_lock:
+            return module_id in self._held and module_id not in self._paused
+
     def paused(self, module_id: str) -> bool:
         """Whether ``module_id`` is paused (:meth:`pause`)."""
         with self._held_lock:

@@ -27,7 +27,9 @@ class IdleHolds:
     """Pauses ``modules``' holds on ``averager`` while idle (see the module docstring); thread-safe.
 
     ``round_of(module_id)``: the round to hold a module at when work resumes. ``what``: names the
-    peer's role in its log lines. Starts paused: the first :meth:`active` holds the modules.
+    peer's role in its log lines. Starts paused (the first :meth:`active` holds the modules) unless
+    the averager already holds every one of them (a start-up barrier announced them): then it pauses
+    only once idle for ``idle_timeout``.
     """
 
     def __init__(self, averager: Any, modules: Sequence[str], round_of: Callable[[str], int], idle_timeout: float,
@@ -42,9 +44,10 @@ class IdleHolds:
         self._paused = False
         self._last = clock()
         self._stop = threading.Event()
-        self._supported = all(hasattr(averager, name) for name in ("pause", "resume"))
+        self._supported = all(hasattr(averager, name) for name in ("pause", "resume", "holding"))
         self._thread: Optional[threading.Thread] = None
-        self.pause("nothing served yet")
+        if not (self._supported and all(averager.holding(m) for m in self.modules)):
+            self.pause("nothing served yet")
         if self._supported:
             self._thread = threading.Thread(target=self._watch, name="idle-holds", daemon=True)
             self._thread.start()
