@@ -30,8 +30,9 @@ Keys:
   peers waited on their exchanges) and ``path_round_failures`` (failed rounds a window) isolate the
   averaging.
 - ``activation_bytes_ratio``: bytes of activations and gradients the trainers sent and received over
-  their fp32 size (4 tensors per level per token); ``stage_bpb_gap_vs_fp32`` comes from
-  ``bench.stage_codec`` (the codec's effect on bits per byte at equal tokens, in one process).
+  their fp32 size (4 tensors per level per token), in this run's codec; the codec's effect on bits
+  per byte at equal tokens (``stage_bpb_gap_vs_fp32``) is ``bench.stage_codec``'s, measured in one
+  process where only the codec differs.
 - ``replica_max_abs_diff``: over every pair of snapshots of one module at one round, across all the
   peers' checkpoints (stage servers against path peers included): target 0.
 
@@ -293,9 +294,6 @@ def main(argv: Optional[list[str]] = None) -> dict:
     try:
         result = run(work, args.control, args.stage, args.kills, args.seed)
         result["quick"] = args.quick
-        from bench.stage_codec import measure_bpb_gap
-
-        result.update(measure_bpb_gap(quick=args.quick))
     finally:
         if args.keep:
             print(f"bench.swarm: work directory kept at {work}", file=sys.stderr)

@@ -187,7 +187,7 @@ class NetAverager:
         that round says it was paced (:attr:`peer.network.records.GroupDeclaration.paced`)."""
         self._archived: dict[str, int] = {}
         self._paused: set[str] = set()
-        """Modules we hold but announce no round of (:meth:`pause`)."""
+        """Modules we announce as held but idle (:meth:`pause`)."""
         self._held_lock = threading.Lock()
         self._in_flight: set[Any] = set()
         """The rounds being averaged (futures on our loop): :meth:`abandon_rounds` cancels them."""
@@ -274,8 +274,6 @@ class NetAverager:
         state of ``digest`` when known (``wait``: until the DHT stored it). Re-announcing the same
         round costs nothing; a digest is kept until the round changes."""
         with self._held_lock:
-            if module_id in self._paused:  # an idle stage server or trainer holds back no round
-                return
             held = self._held.get(module_id)
             if held is not None and held[0] == int(round_no) and (not digest or held[1] == digest):
                 return
@@ -284,25 +282,34 @@ class NetAverager:
         if wait:
             future.result()
 
-    def pause(self, module_id: str, timeout: float = WITHDRAW_TIMEOUT) -> None:
-        """Stop being a holder of ``module_id`` others wait for, until :meth:`resume`: our records are
-        withdrawn (:meth:`release`) and :meth:`hold` announces nothing meanwhile, not even the next
-        round an exchange in flight would announce. A stage server nobody drives, or a trainer whose
-        pipeline lacks a level, pauses so that the module's other holders average without it."""
+    def pause(self, module_id: str) -> None:
+        """Announce ``module_id`` as held but idle until :meth:`resume`: other holders neither wait for us
+        to declare its rounds nor to catch up with them (:attr:`peer.network.records.HolderRecord.idle`).
+        A stage server nobody drives, or a trainer whose pipeline lacks a level, pauses so that the
+        module's other holders average without it; it re-syncs when it trains again and is behind."""
         with self._held_lock:
             if module_id in self._paused:
                 return
             self._paused.add(module_id)
-        self.release(module_id, timeout)
+            held = self._held.get(module_id)
+        if held is not None:
+            self._publish(module_id, *held)
 
     def resume(self, module_id: str, round_no: int) -> None:
-        """Hold ``module_id`` again, at ``round_no``, after :meth:`pause` (announced in the background)."""
+        """Hold ``module_id`` in its rounds again, at ``round_no``, after :meth:`pause` (announced in the
+        background)."""
         with self._held_lock:
+            was = module_id in self._paused
             self._paused.discard(module_id)
-        self.hold(module_id, round_no, wait=False)
+            held = self._held.get(module_id)
+        if was and held is not None and held[0] == int(round_no):
+            self._publish(module_id, *held)
+        else:
+            self.hold(module_id, round_no, wait=False)
 
     def holding(self, module_id: str) -> bool:
-        """Whether we announce ``module_id`` as held now (:meth:`hold`, not paused or released since)."""
+        """Whether we announce ``module_id`` as held and not idle now (:meth:`hold`; not paused or
+        released since)."""
         with self._held_lock:
             return module_id in self._held and module_id not in self._paused
 
@@ -376,7 +383,7 @@ class NetAverager:
         from hivemind.utils import get_dht_time
 
         record = HolderRecord(self.config_hash, self.data_hash, round_no, self.throughput, self.bandwidth,
-                              self._credential(), digest)
+                              self._credential(), digest, idle=module_id in self._paused)
         # held again soon after a withdrawal (a reassignment keeping a module): the DHT keeps the value
         # of the later expiration, so ours must expire after the withdrawal's
         expires = max(get_dht_time() + self.holder_ttl, self._withdrawn.get(module_id, 0.0) + 1.0)
@@ -567,10 +574,12 @@ class NetAverager:
                              out.bytes_sent, out.bytes_received, reason=notes, suspects=out.suspects, buffers=buffers)
 
     async def _live_holders(self, module_id: str) -> dict[str, HolderRecord]:
-        """The module's other live holders of our config and dataset (one DHT read)."""
+        """The module's other live holders of our config and dataset that train it now (one DHT read;
+        an idle holder declares no round: :attr:`peer.network.records.HolderRecord.idle`)."""
         found = await self.dht.get(holders_key(self.run_id, module_id), latest=True, return_future=True)
         return {p: h for p, h in records_from_value(found, HolderRecord, self._verifier).items()
-                if p != self.peer_id and h.config_hash == self.config_hash and h.data_hash == self.data_hash}
+                if p != self.peer_id and h.config_hash == self.config_hash and h.data_hash == self.data_hash
+                and not h.idle}
 
     async def _buckets(self, module_id: str, round_no: int) -> tuple[int, int]:
         """How many groups this round of ``module_id`` splits into (:func:`peer.network.records.group_buckets`

@@ -167,6 +167,9 @@ class HolderRecord:
     """:func:`peer.outer.state_digest` of the state it serves to newcomers ('' until known: a holder
     announces its next round as soon as its group forms). The archive keeps a fetched state only when
     most holders announce its digest."""
+    idle: bool = False
+    """The holder trains nothing now (a stage server nobody drives, a trainer whose pipeline lacks a
+    server): nobody waits for it to declare, nor for it to catch up; it serves its state as any holder."""
 
 
 @dataclass(frozen=True)
@@ -349,9 +352,9 @@ def withdrawn_rounds(found: Any, config_hash: str, data_hash: str,
 
 def to_value(record: Any) -> dict[str, Any]:
     """The dict stored in the DHT for a record (an empty credential, digest or list, or a false
-    ``paced``, is left out)."""
+    ``paced`` or ``idle``, is left out)."""
     value = dataclasses.asdict(record)
-    for name in ("credential", "digest", "expecting", "paced"):
+    for name in ("credential", "digest", "expecting", "paced", "idle"):
         if name in value and not value[name]:
             del value[name]
     return value

@@ -2,9 +2,10 @@
 
 A stage server that no trainer drives, or a trainer whose pipeline lacks a level, takes no inner
 steps, so it would never declare a round of the modules it holds: the path peers sharing those
-modules would wait for it every round. :class:`IdleHolds` keeps such a peer out of its modules'
-rounds (:meth:`peer.averaging.net_averager.NetAverager.pause`) from the start and whenever it has
-been idle for ``idle_timeout`` seconds, and holds them again at its first work.
+modules would wait for it every round. :class:`IdleHolds` announces such a peer's modules as idle
+(:meth:`peer.averaging.net_averager.NetAverager.pause`: still held, its state still served, but
+nobody waits for it) from the start and whenever it has been idle for ``idle_timeout`` seconds, and
+holds them in their rounds again at its first work.
 
 :class:`ServedRate` is the tokens/s it served over a recent window: what its heartbeats report, 0
 once it has served nothing for a window (never the figure measured at join).
@@ -58,36 +59,41 @@ class IdleHolds:
 
     def active(self) -> None:
         """Work arrived (a backward, a step through the pipeline): hold the modules again if paused."""
-        with self._lock:
+        with self._lock:  # one transition at a time, so the averager's state follows ours
             self._last = self.clock()
             if not self._paused:
                 return
             self._paused = False
-        if self._supported:
-            for mid in self.modules:
-                self.averager.resume(mid, self.round_of(mid))
-            log.info("%s is driven again: holding %s in their rounds", self.what, ", ".join(self.modules))
+            if self._supported:
+                for mid in self.modules:
+                    self.averager.resume(mid, self.round_of(mid))
+        log.info("%s is driven again: holding %s in their rounds", self.what, ", ".join(self.modules))
 
     def pause(self, why: str) -> None:
-        """Leave the modules' rounds now (``why``: logged)."""
+        """Leave the modules' rounds now (``why``: logged); the averager announces them idle."""
         with self._lock:
             if self._paused and self._thread is not None:
                 return
             self._paused = True
-        if self._supported:
-            for mid in self.modules:
-                self.averager.pause(mid)
-            log.info("%s idle (%s): not holding back the rounds of %s", self.what, why, ", ".join(self.modules))
+            if self._supported:
+                for mid in self.modules:
+                    self.averager.pause(mid)
+        log.info("%s idle (%s): not holding back the rounds of %s", self.what, why, ", ".join(self.modules))
 
     def _watch(self) -> None:
         while not self._stop.wait(min(1.0, self.idle_timeout / 4)):
             with self._lock:
                 idle = not self._paused and self.clock() - self._last >= self.idle_timeout
+                if idle:
+                    try:
+                        self._paused = True
+                        for mid in self.modules:
+                            self.averager.pause(mid)
+                    except Exception as e:  # a DHT shutting down: the records expire on their own
+                        log.debug("pausing holds failed: %r", e)
             if idle:
-                try:
-                    self.pause(f"no work for {self.idle_timeout:.0f}s")
-                except Exception as e:  # a DHT shutting down: the records expire on their own
-                    log.debug("pausing holds failed: %r", e)
+                log.info("%s idle (no work for %.0fs): not holding back the rounds of %s", self.what,
+                         self.idle_timeout, ", ".join(self.modules))
 
     def close(self) -> None:
         self._stop.set()
