@@ -44,6 +44,7 @@ from models.presets import demo
 from models.training import InnerLoop
 from peer.stage import activation_codec, decode_tensor, encode_tensor
 from peer.stage.activation_codec import TOKEN_INT4
+from peer.stage.wire import codec_scheme
 
 TARGET_RATIO = 0.125
 """Most wire bytes of activations and gradients, relative to fp32."""
@@ -54,17 +55,22 @@ BASELINE = "none"
 
 
 class Link:
-    """The trainer<->server links of one run in one codec: crosses tensors and counts their bytes."""
+    """The trainer<->server links of one run in one codec scheme: crosses tensors and counts their bytes.
 
-    def __init__(self, codec: str):
-        self.codec = activation_codec(codec)
+    As :class:`peer.node.stage_runner.StageTrainer` does: level ``i``'s forward request names
+    ``scheme.forward(i)`` and its server answers in it, its backward request ``scheme.backward(i)``.
+    """
+
+    def __init__(self, scheme: str):
+        self.scheme = codec_scheme(scheme)
         self.bytes = {"forward": 0, "backward": 0}
         self.fp32_bytes = {"forward": 0, "backward": 0}
         self.worst_ratio = 0.0
 
-    def cross(self, t: torch.Tensor, direction: str) -> torch.Tensor:
-        """``t`` (B, T, C) as the other side decodes it, counted under ``direction``."""
-        msg = encode_tensor(t, self.codec)
+    def cross(self, t: torch.Tensor, direction: str, level: int) -> torch.Tensor:
+        """``t`` (B, T, C) of level ``level``'s request or reply as the other side decodes it."""
+        codec = self.scheme.forward(level) if direction == "forward" else self.scheme.backward(level)
+        msg = encode_tensor(t, activation_codec(codec))
         self.bytes[direction] += len(msg.data)
         self.fp32_bytes[direction] += 4 * t.numel()
         self.worst_ratio = max(self.worst_ratio, len(msg.data) / (4 * t.numel()))
@@ -79,13 +85,13 @@ class _Hop(torch.autograd.Function):
     """One link: activations encoded and decoded on the way forward, their gradient on the way back."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, link: Link) -> torch.Tensor:
-        ctx.link = link
-        return link.cross(x, "forward")
+    def forward(ctx, x: torch.Tensor, link: Link, level: int) -> torch.Tensor:
+        ctx.link, ctx.level = link, level
+        return link.cross(x, "forward", level)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return ctx.link.cross(grad, "backward"), None
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return ctx.link.cross(grad, "backward", ctx.level), None, None
 
 
 class StagedPath(nn.Module):
@@ -98,8 +104,8 @@ class StagedPath(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = self.path.embed(idx)  # (B, T, C)
-        for module in self.path.stack:
-            x = _Hop.apply(module(_Hop.apply(x, self.link)), self.link)  # trainer -> server -> trainer
+        for level, module in enumerate(self.path.stack):  # trainer -> server -> trainer
+            x = _Hop.apply(module(_Hop.apply(x, self.link, level)), self.link, level)
         logits = self.path.head(x, self.path.embed.tok.weight)  # (B, T, V)
         loss = nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss

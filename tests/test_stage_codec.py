@@ -1,4 +1,5 @@
-"""The activation codec of stage mode (``int4tok+zstd``): error bounds, size, determinism, malformed input."""
+"""The activation codecs of stage mode (``int4tok+zstd``, ``int5tok+zstd``): error bounds, size, determinism,
+malformed input; codec schemes and the trainer following one."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import zstandard
 from models.lattice import ModularLM
 from models.presets import demo
 from peer.stage import DEFAULT_ACTIVATION_CODEC, WireError, activation_codec, decode_tensor, encode_tensor
-from peer.stage.activation_codec import TOKEN_INT4, TokenInt4Codec
+from peer.stage.activation_codec import TOKEN_INT4, TOKEN_INT5, TokenInt4Codec, TokenIntCodec
+from peer.stage.wire import CodecScheme, codec_scheme
 from protos.hivepath.peer.v1.stage_pb2 import EncodedTensor
 
 CODEC = activation_codec(TOKEN_INT4)
@@ -53,11 +55,11 @@ def _demo_activations_and_gradients() -> list[torch.Tensor]:
 def test_decode_tensor_accepts_it_beside_the_value_codecs():
     assert DEFAULT_ACTIVATION_CODEC == "int8"  # int4tok+zstd misses the quality bar (bench.stage_codec)
     x = _tokens((2, 3, 8))
-    for name in (TOKEN_INT4, "int8", "fp16", "none"):
+    for name in (TOKEN_INT4, TOKEN_INT5, "int8", "fp16", "none"):
         y = decode_tensor(EncodedTensor.FromString(encode_tensor(x, activation_codec(name)).SerializeToString()),
                           "x", 1000, last_dim=8)
         assert y.shape == x.shape and y.dtype == torch.float32
-    with pytest.raises(WireError, match=re.escape(f"is not one of {TOKEN_INT4}, none, fp16, int8")):
+    with pytest.raises(WireError, match=re.escape(f"is not one of {TOKEN_INT4}, {TOKEN_INT5}, int6tok+zstd, none")):
         activation_codec("int4tok")
 
 
@@ -119,7 +121,7 @@ def test_every_malformed_payload_is_a_wire_error_naming_it():
         "a raw payload of": _raw_layout(8, 8)[:-3],  # truncated
         "unknown tag 7": bytes((7,)) + good.data[1:],
         "corrupt zstd frame": bytes((TokenInt4Codec.ZSTD,)) + np.random.default_rng(0).bytes(40),  # garbage
-        "nibble 0 (code -8)": _raw_layout(8, 8, nibble=0),
+        "a code is outside [-7, 7]": _raw_layout(8, 8, nibble=0),
         "scale is negative, NaN or Inf": _raw_layout(8, 8, scale_bits=0xBF80),  # -1.0
     }
     for needle, data in cases.items():
@@ -161,3 +163,102 @@ def test_decode_tensor_keeps_its_checks_for_the_codec():
     for bad in (float("nan"), float("inf")):
         with pytest.raises(WireError, match="NaN or Inf"):
             encode_tensor(torch.tensor([[[1.0, bad]]]), CODEC)
+
+
+@pytest.mark.parametrize("bits", [5, 6])
+def test_finer_per_token_codes_round_trip_within_half_a_step_and_relay_losslessly(bits):
+    codec = activation_codec(f"int{bits}tok+zstd")
+    qmax = 2 ** (bits - 1) - 1
+    for shape in [(2, 5, 8), (3, 4, 7), (4, 96, 96)]:
+        x = _tokens(shape, seed=bits)
+        msg = EncodedTensor.FromString(encode_tensor(x, codec).SerializeToString())
+        y = decode_tensor(msg, "x", 10**6, shape=list(shape))
+        absmax = x.abs().amax(dim=-1, keepdim=True)  # (..., 1)
+        assert bool(((y - x).abs() <= absmax / (2 * qmax) * (1 + 2**-8)).all())
+        assert encode_tensor(y, codec).data == msg.data
+    bad = bytes((TokenIntCodec.RAW,)) + (0x3F80).to_bytes(2, "little") + bytes([2 * qmax + 2]) * 8
+    with pytest.raises(WireError, match=re.escape(f"a code is outside [-{qmax}, {qmax}]")):
+        decode_tensor(EncodedTensor(shape=[1, 1, 8], codec=codec.name, data=bad), "x", 10)
+
+
+def test_five_bit_codes_cost_under_a_sixth_of_fp32_on_demo_activations():
+    tensors = _demo_activations_and_gradients()
+    codec = activation_codec(TOKEN_INT5)
+    sizes = [len(encode_tensor(t, codec).data) for t in tensors]
+    assert sum(sizes) <= 0.17 * 4 * sum(t.numel() for t in tensors)  # about 0.14
+    assert len(encode_tensor(tensors[0], codec).data) > len(encode_tensor(tensors[0], CODEC).data)
+
+
+def test_a_codec_scheme_names_each_levels_codec_both_ways():
+    plain = codec_scheme("int8")
+    assert plain == CodecScheme("int8") and [plain.forward(0), plain.backward(1)] == ["int8", "int8"]
+    name = f"{TOKEN_INT4}/first={TOKEN_INT5}/first_grad=int8"
+    scheme = codec_scheme(name)
+    assert str(scheme) == name
+    assert [scheme.forward(i) for i in range(3)] == [TOKEN_INT5, TOKEN_INT4, TOKEN_INT4]
+    assert [scheme.backward(i) for i in range(3)] == ["int8", TOKEN_INT4, TOKEN_INT4]
+    for bad, needle in [(f"{TOKEN_INT4}/first=int3", "first codec 'int3'"), ("int4/first=int8", "base codec 'int4'"),
+                        (f"{TOKEN_INT4}/last=int8", "'last=int8' is not"), (f"{TOKEN_INT4}/first", "'first' is not"),
+                        (f"{TOKEN_INT4}/first=int8/first=fp16", "once each")]:
+        with pytest.raises(WireError, match=re.escape(needle)):
+            codec_scheme(bad)
+
+
+class _LocalClient:
+    """A :class:`peer.stage.StageClient` stand-in: runs each level here, through the codec each call names."""
+
+    def __init__(self, scheme: str, modules: dict):
+        self.scheme = codec_scheme(scheme)
+        self.modules = modules
+        self.calls: list[tuple[str, str, str]] = []
+
+    def _cross(self, t: torch.Tensor, codec: str) -> torch.Tensor:
+        return decode_tensor(encode_tensor(t, activation_codec(codec)), "t", t.numel())
+
+    def forward(self, module_id: str, x: torch.Tensor, codec=None):
+        self.calls.append(("forward", module_id, codec))
+        xin = self._cross(x, codec).requires_grad_(True)
+        y = self.modules[module_id](xin)
+        return self._cross(y.detach(), codec), (xin, y)
+
+    def backward(self, hop, grad: torch.Tensor, codec=None) -> torch.Tensor:
+        xin, y = hop
+        self.calls.append(("backward", None, codec))
+        y.backward(self._cross(grad, codec))
+        return self._cross(xin.grad, codec)
+
+
+def test_the_stage_trainer_sends_each_level_in_the_codec_its_scheme_names():
+    from models.presets import tiny_cpu
+    from peer.node.stage_runner import StageTrainer
+
+    torch.set_num_threads(1)
+    cfg = tiny_cpu()
+    path = (0,) * cfg.lattice.levels
+    ids = cfg.lattice.path_modules(path)[1:-1]
+    assert len(ids) >= 2
+    lm = ModularLM(cfg.lattice, seed=cfg.seed, module_ids=ids)
+    client = _LocalClient(f"{TOKEN_INT4}/first=int8/first_grad={TOKEN_INT5}", {m: lm.mods[m] for m in ids})
+    trainer = StageTrainer(cfg, path, client, torch.device("cpu"))
+    try:
+        x = torch.randint(0, cfg.lattice.vocab_size, (2, cfg.lattice.seq_len))
+        loss, _ = trainer.train_step(x, torch.roll(x, -1, dims=1))
+    finally:
+        trainer.close()
+    assert loss == loss and client.calls[0] == ("forward", ids[0], "int8")
+    assert [c[2] for c in client.calls] == (["int8"] + [TOKEN_INT4] * (len(ids) - 1) + [TOKEN_INT4] * (len(ids) - 1)
+                                            + [TOKEN_INT5])
+
+
+def test_the_bench_crosses_each_level_as_the_trainer_does():
+    from bench.stage_codec import Link
+
+    link = Link(f"{TOKEN_INT4}/first={TOKEN_INT5}")
+    x = _tokens((2, 16, 96))
+    for level, codec in [(0, TOKEN_INT5), (1, TOKEN_INT4)]:
+        before = link.bytes["forward"]
+        y = link.cross(x, "forward", level)
+        assert link.bytes["forward"] - before == len(encode_tensor(x, activation_codec(codec)).data)
+        assert torch.equal(y, activation_codec(codec).decode(encode_tensor(x, activation_codec(codec)).data, x.shape))
+    link.cross(x, "backward", 0)
+    assert link.bytes["backward"] == len(encode_tensor(x, CODEC).data)

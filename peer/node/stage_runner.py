@@ -100,7 +100,9 @@ class StageTrainer:
     One :meth:`train_step` takes a batch of ``cfg.inner.batch_size`` sequences, splits it into
     ``micro_batches`` chunks that travel the pipeline concurrently, backpropagates each through the
     servers of every level in reverse, and steps the embed/head inner optimizer on the mean
-    gradient (outer rounds inside :class:`peer.diloco.DiLoCoOptimizer`).
+    gradient (outer rounds inside :class:`peer.diloco.DiLoCoOptimizer`). Each level's forward and
+    backward name the codec the client's scheme gives that level (:class:`peer.stage.wire.CodecScheme`:
+    e.g. a richer codec for the embedding's output into level 0); its server answers in it.
     """
 
     def __init__(self, cfg: RunConfig, path: tuple[int, ...], client: StageClient, device: torch.device,
@@ -117,6 +119,8 @@ class StageTrainer:
         self.opt = DiLoCoOptimizer(self.modules, inner=cfg.inner, outer=outer or cfg.outer, lattice=cfg.lattice,
                                    averager=averager)
         self.client = client
+        self.scheme = client.scheme
+        """Which codec each level's requests name (``run_stage_trainer``'s ``codec``, resolved by the client)."""
         self.micro_batches = max(1, min(micro_batches, cfg.inner.batch_size))
         self._pool = ThreadPoolExecutor(max_workers=self.micro_batches, thread_name_prefix="stage-micro")
         self.batches = None
@@ -131,8 +135,8 @@ class StageTrainer:
         with autocast(self.device):
             h0 = self.embed(x)  # (b, T, C)
         h, hops = h0.detach(), []
-        for mid in self.levels:
-            h, hop = self.client.forward(mid, h)  # (b, T, C) CPU fp32
+        for level, mid in enumerate(self.levels):
+            h, hop = self.client.forward(mid, h, codec=self.scheme.forward(level))  # (b, T, C) CPU fp32
             hops.append(hop)
         top = h.to(self.device).requires_grad_(True)  # (b, T, C)
         with autocast(self.device):
@@ -140,8 +144,8 @@ class StageTrainer:
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
         (loss * scale).backward()
         grad = top.grad  # (b, T, C)
-        for hop in reversed(hops):
-            grad = self.client.backward(hop, grad)  # (b, T, C)
+        for level in reversed(range(len(hops))):
+            grad = self.client.backward(hops[level], grad, codec=self.scheme.backward(level))  # (b, T, C)
         h0.backward(grad.to(device=h0.device, dtype=h0.dtype))
         return float(loss.detach())
 

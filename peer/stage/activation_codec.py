@@ -35,7 +35,8 @@ from torch import Tensor
 from models.codec_spec import CODECS
 from peer.averaging import Codec, get_codec
 
-__all__ = ["ActivationCodec", "FlatCodec", "TokenInt4Codec", "TOKEN_INT4", "ACTIVATION_CODECS"]
+__all__ = ["ActivationCodec", "FlatCodec", "TokenIntCodec", "TokenInt4Codec", "TOKEN_INT4", "TOKEN_INT5",
+           "ACTIVATION_CODECS"]
 
 TOKEN_INT4 = "int4tok+zstd"
 """The name of :class:`TokenInt4Codec` on the wire."""
@@ -70,34 +71,40 @@ class FlatCodec:
         return f"FlatCodec({self.codec!r})"
 
 
-class TokenInt4Codec:
-    """Per-token absmax 4-bit codes, zstd-compressed: about 0.1 of fp32 on real activations and gradients.
+class TokenIntCodec:
+    """Per-token absmax ``bits``-bit codes, zstd-compressed: about 0.1 of fp32 at 4 bits, 0.14 at 5.
 
     A tensor is read as rows of its last dimension (a token's C values). Each row gets a scale
-    ``absmax / 7`` rounded to bfloat16 (fp32's range: gradients of a mean loss are far below fp16's)
-    and codes ``round(x / scale)`` in [-7, 7], rounded to nearest: encoding is a function of the
-    values. A per-token scale follows the tokens' very different magnitudes, of gradients above all.
-    The layout, before the entropy stage::
+    ``absmax / qmax`` (``qmax = 2**(bits - 1) - 1``) rounded to bfloat16 (fp32's range: gradients of a
+    mean loss are far below fp16's) and codes ``round(x / scale)`` in [-qmax, qmax], rounded to nearest:
+    encoding is a function of the values. A per-token scale follows the tokens' very different
+    magnitudes, of gradients above all. The layout, before the entropy stage::
 
-        R little-endian bf16 scales | R rows of ceil(C / 2) bytes: codes + 8, two per byte, low nibble
-                                      first (an odd row padded with code 0)
+        R little-endian bf16 scales | R rows of codes + qmax + 1: at 4 bits ceil(C / 2) bytes, two
+                                      per byte, low nibble first (an odd row padded with code 0);
+                                      at 5 to 8 bits C bytes, one per byte
 
     then one tag byte: :data:`ZSTD` and one zstd frame declaring its content size, or :data:`RAW` and
     the layout as it is where zstd would not shrink it. The codes of real activations are far from
-    uniform: zstd's Huffman stage takes the 4.17 bits a value of the layout (C = 96) to 3.2-3.6.
+    uniform: zstd's Huffman stage takes the 4.17 bits a value of the 4-bit layout (C = 96) to 3.2-3.6,
+    and the 8 of the 5-bit one to about 4.5.
 
-    Re-encoding what this codec decoded gives the same bytes (each row's absmax is ``7 * scale``
+    Re-encoding what this codec decoded gives the same bytes (each row's absmax is ``qmax * scale``
     exactly), so a tensor relayed by the trainer to the next stage loses nothing more.
     """
 
-    name = TOKEN_INT4
-    QMAX = 7
     RAW, ZSTD = 0, 1
     LEVEL = 3
     """zstd level: level 3 saves about 2% more than level 1 on these codes at the same speed (about a
     millisecond to encode a (16, 96, 96) tensor); level 6 another 3% at twice the time."""
 
-    def __init__(self) -> None:
+    def __init__(self, bits: int = 4) -> None:
+        if not 4 <= bits <= 8:
+            raise ValueError(f"per-token codes of {bits} bits: 4 to 8 are supported")
+        self.bits = bits
+        self.name = f"int{bits}tok+zstd"
+        self.QMAX = 2 ** (bits - 1) - 1
+        self._max_scale = _max_scale(self.QMAX)
         self._local = threading.local()  # zstd contexts are not thread-safe; micro-batches encode in threads
 
     def _zstd(self) -> tuple["zstandard.ZstdCompressor", "zstandard.ZstdDecompressor"]:
@@ -113,10 +120,12 @@ class TokenInt4Codec:
         width = int(shape[-1]) if len(shape) else 1
         return (math.prod(shape) // width if width else 0), width
 
-    @staticmethod
-    def raw_size(rows: int, width: int) -> int:
+    def _row_bytes(self, width: int) -> int:
+        return (width + 1) // 2 if self.bits == 4 else width
+
+    def raw_size(self, rows: int, width: int) -> int:
         """Bytes of the layout of ``rows`` rows of ``width`` values (scales and packed codes)."""
-        return rows * (2 + (width + 1) // 2)
+        return rows * (2 + self._row_bytes(width))
 
     def max_size(self, shape: Sequence[int]) -> int:
         """The most bytes a tensor of ``shape`` encodes to: its layout sent raw, behind the tag."""
@@ -130,16 +139,17 @@ class TokenInt4Codec:
         absmax = x.abs().amax(dim=1, keepdim=True)  # (R, 1)
         if not bool(torch.isfinite(absmax).all()):  # NaN propagates through amax, Inf is a maximum
             raise ValueError(f"{self.name}: cannot encode values holding NaN or Inf")
-        scale = torch.minimum((absmax / self.QMAX).to(torch.bfloat16), _MAX_SCALE)  # (R, 1)
+        scale = torch.minimum((absmax / self.QMAX).to(torch.bfloat16), self._max_scale)  # (R, 1)
         s = scale.to(torch.float32)
         q = torch.div(x, torch.where(s > 0, s, torch.ones_like(s))).round_()  # (R, C) codes
-        # bf16 rounding moves a scale by at most 2^-8 of it, so |codes| < 7.03 round into [-7, 7]; the
-        # clamp only acts on subnormal scales and the capped ones
-        nib = q.clamp_(-self.QMAX, self.QMAX).add_(8).to(torch.uint8)  # (R, C) in 1..15
-        if width % 2:
-            nib = torch.cat([nib, torch.full((rows, 1), 8, dtype=torch.uint8)], dim=1)  # (R, C + 1)
-        packed = nib[:, 0::2] | (nib[:, 1::2] << 4)  # (R, ceil(C / 2))
-        raw = scale.view(torch.int16).numpy().astype("<i2").tobytes() + packed.numpy().tobytes()
+        # bf16 rounding moves a scale by at most 2^-8 of it, so |codes| < qmax + 0.5 round into range;
+        # the clamp only acts on subnormal scales and the capped ones
+        codes = q.clamp_(-self.QMAX, self.QMAX).add_(self.QMAX + 1).to(torch.uint8)  # (R, C) in 1..2 qmax + 1
+        if self.bits == 4:
+            if width % 2:
+                codes = torch.cat([codes, torch.full((rows, 1), 8, dtype=torch.uint8)], dim=1)  # (R, C + 1)
+            codes = codes[:, 0::2] | (codes[:, 1::2] << 4)  # (R, ceil(C / 2))
+        raw = scale.view(torch.int16).numpy().astype("<i2").tobytes() + codes.numpy().tobytes()
         frame = self._zstd()[0].compress(raw)
         if len(frame) < len(raw):
             return bytes((self.ZSTD,)) + frame
@@ -174,17 +184,34 @@ class TokenInt4Codec:
         scale = torch.from_numpy(bits.view(np.float32)).view(rows, 1)  # (R, 1)
         if not bool(torch.isfinite(scale).all()) or bool((bits >> 31).any()):
             raise ValueError(f"{self.name}: a token's scale is negative, NaN or Inf")
-        if bool((scale > _MAX_SCALE.float()).any()):
-            raise ValueError(f"{self.name}: a token's scale exceeds {float(_MAX_SCALE):.4g} (values beyond fp32)")
-        half = (width + 1) // 2
-        packed = torch.from_numpy(raw[2 * rows :].reshape(rows, half).astype(np.int16))  # (R, ceil(C / 2))
-        nib = torch.stack([packed & 0x0F, packed >> 4], dim=2).view(rows, 2 * half)  # low nibble first
-        if bool((nib[:, :width] == 0).any()):
-            raise ValueError(f"{self.name}: nibble 0 (code -8) is outside [-7, 7]")
-        if width % 2 and bool((nib[:, width] != 8).any()):
-            raise ValueError(f"{self.name}: the padding nibble of an odd-sized row is not code 0")
-        # a code times a bf16 scale needs 3 + 8 significant bits: exact in fp32, the same on every machine
-        return (nib[:, :width] - 8).to(torch.float32).mul_(scale).view(list(shape))
+        if bool((scale > self._max_scale.float()).any()):
+            raise ValueError(f"{self.name}: a token's scale exceeds {float(self._max_scale):.4g} (values beyond fp32)")
+        packed = torch.from_numpy(raw[2 * rows :].reshape(rows, self._row_bytes(width)).astype(np.int16))
+        if self.bits == 4:
+            half = (width + 1) // 2
+            codes = torch.stack([packed & 0x0F, packed >> 4], dim=2).view(rows, 2 * half)  # low nibble first
+            if width % 2 and bool((codes[:, width] != 8).any()):
+                raise ValueError(f"{self.name}: the padding nibble of an odd-sized row is not code 0")
+            codes = codes[:, :width]  # (R, C)
+        else:
+            codes = packed  # (R, C)
+        if bool((codes == 0).any()) or bool((codes > 2 * self.QMAX + 1).any()):
+            raise ValueError(f"{self.name}: a code is outside [-{self.QMAX}, {self.QMAX}]")
+        # a code times a bf16 scale needs bits - 1 + 8 significant bits: exact in fp32, the same everywhere
+        return (codes - (self.QMAX + 1)).to(torch.float32).mul_(scale).view(list(shape))
+
+    def __repr__(self) -> str:
+        return f"TokenIntCodec({self.bits})"
+
+
+class TokenInt4Codec(TokenIntCodec):
+    """:class:`TokenIntCodec` of 4 bits (``int4tok+zstd``)."""
+
+    name = TOKEN_INT4
+    QMAX = 7
+
+    def __init__(self) -> None:
+        super().__init__(4)
 
     def __repr__(self) -> str:
         return "TokenInt4Codec()"
@@ -198,11 +225,12 @@ def _max_scale(qmax: int) -> Tensor:
     return bits.view(torch.bfloat16)
 
 
-_MAX_SCALE = _max_scale(TokenInt4Codec.QMAX)
-"""Scales are capped at it (values near fp32's limit lose a little), and larger ones refused."""
+TOKEN_INT5 = "int5tok+zstd"
+"""The name of the 5-bit :class:`TokenIntCodec` on the wire."""
 
 
 ACTIVATION_CODECS: dict[str, ActivationCodec] = {
-    TOKEN_INT4: TokenInt4Codec(), **{name: FlatCodec(get_codec(name)) for name in CODECS}}
+    TOKEN_INT4: TokenInt4Codec(), TOKEN_INT5: TokenIntCodec(5), "int6tok+zstd": TokenIntCodec(6),
+    **{name: FlatCodec(get_codec(name)) for name in CODECS}}
 """Every codec of activations and gradients by name."""
 

@@ -9,7 +9,8 @@ until the DHT record we saw at that moment expires (a live server refreshes its 
 vanishes). Throughputs start from the servers' own claims and are replaced by what the trainer
 measures, since a peer's report is never trusted beyond the first guess.
 
-Activations and gradients travel encoded by :mod:`peer.stage.wire` (int8 by default).
+Activations and gradients travel encoded by :mod:`peer.stage.wire` (int8 by default); each call may
+name its own codec, which the server answers in (a :class:`peer.stage.wire.CodecScheme` picks them).
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from torch import Tensor
 
 from peer.network import unwrap_dht
 from protos.hivepath.peer.v1.stage_pb2 import EncodedTensor, StageReply, StageRequest
+from peer.stage.activation_codec import ActivationCodec
 from peer.stage.records import MAX_THROUGHPUT, StageServerEntry, stage_records_from_value, stage_servers_key
-from peer.stage.wire import (DEFAULT_ACTIVATION_CODEC, WireError, activation_codec, decode_tensor, encode_tensor,
-                             stage_handler_name)
+from peer.stage.wire import (DEFAULT_ACTIVATION_CODEC, WireError, activation_codec, codec_scheme, decode_tensor,
+                             encode_tensor, stage_handler_name)
 
 __all__ = ["StageClient", "Hop", "StageUnavailable", "StageRequestError", "choose_server"]
 
@@ -109,7 +111,9 @@ class StageClient:
 
     Args:
         dht: this process's DHT. run_id, config_hash: the run; servers of another hash are ignored.
-        codec: codec of activations and gradients (``int8``, ``fp16`` or ``none``), resolved once here.
+        codec: codec scheme of activations and gradients (:func:`peer.stage.wire.codec_scheme`: a codec
+            name such as ``int8``, ``int4tok+zstd``, or ``int4tok+zstd/first=int5tok+zstd``), resolved
+            once here into :attr:`scheme`; a call that names no codec uses the scheme's base codec.
         request_timeout: seconds one server may take to answer before we try another.
         call_timeout: seconds a forward or backward may take over all retries.
         max_failures: consecutive failures after which a server is skipped until its record expires.
@@ -128,7 +132,8 @@ class StageClient:
         self.dht = unwrap_dht(dht)
         self.run_id = run_id
         self.config_hash = config_hash
-        self.codec = activation_codec(codec)
+        self.scheme = codec_scheme(codec)
+        self.codec = activation_codec(self.scheme.base)
         self.request_timeout = request_timeout
         self.call_timeout = call_timeout
         self.max_failures = max_failures
@@ -146,9 +151,10 @@ class StageClient:
 
     # -- the API --------------------------------------------------------------------------------
 
-    def forward(self, module_id: str, x: Tensor) -> tuple[Tensor, Hop]:
-        """``x`` (B, T, C) through a server of ``module_id``: its output (B, T, C, CPU fp32) and the hop."""
-        msg = encode_tensor(x, self.codec)
+    def forward(self, module_id: str, x: Tensor, codec: Optional[str] = None) -> tuple[Tensor, Hop]:
+        """``x`` (B, T, C) through a server of ``module_id``: its output (B, T, C, CPU fp32) and the hop.
+        ``codec``: the request's codec, and so the reply's (default: the scheme's base codec)."""
+        msg = encode_tensor(x, self._codec(codec))
         rid = secrets.token_hex(8)
         request = StageRequest(kind=StageRequest.FORWARD, module_id=module_id, config_hash=self.config_hash,
                                request_id=rid, input=msg)
@@ -156,10 +162,11 @@ class StageClient:
         out = self._decode(reply, list(x.shape), module_id)
         return out, Hop(module_id, peer, rid, msg)
 
-    def backward(self, hop: Hop, grad: Tensor) -> Tensor:
+    def backward(self, hop: Hop, grad: Tensor, codec: Optional[str] = None) -> Tensor:
         """The gradient w.r.t. ``hop``'s input given ``grad`` w.r.t. its output (B, T, C). Goes to the
-        server of the forward; after a failure, to another server with the input resent."""
-        g = encode_tensor(grad, self.codec)
+        server of the forward; after a failure, to another server with the input resent. ``codec``:
+        the gradients' codec both ways (default: the scheme's base codec)."""
+        g = encode_tensor(grad, self._codec(codec))
 
         def make(peer: str, attempt: int) -> StageRequest:
             req = StageRequest(kind=StageRequest.BACKWARD, module_id=hop.module_id, config_hash=self.config_hash,
@@ -201,6 +208,9 @@ class StageClient:
             self._thread.join(timeout=5)
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _codec(self, name: Optional[str]) -> ActivationCodec:
+        return self.codec if name is None else activation_codec(name)
 
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(self.call_timeout + 10.0)

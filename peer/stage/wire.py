@@ -13,6 +13,7 @@ and raises :class:`WireError` with a message naming the problem.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
@@ -23,7 +24,7 @@ from peer.stage.activation_codec import ACTIVATION_CODECS, ActivationCodec
 from protos.hivepath.peer.v1.stage_pb2 import DESCRIPTOR as STAGE_PROTO, EncodedTensor
 
 __all__ = ["WireError", "activation_codec", "encode_tensor", "decode_tensor", "stage_handler_name", "stage_prefix",
-           "STAGE_RPC", "DEFAULT_ACTIVATION_CODEC"]
+           "STAGE_RPC", "DEFAULT_ACTIVATION_CODEC", "CodecScheme", "codec_scheme"]
 
 STAGE_RPC = STAGE_PROTO.services_by_name["Stage"].methods_by_name["Stage"]
 """The ``Stage`` rpc of ``stage.proto``: one forward or backward pass (a P2P stream handler)."""
@@ -36,6 +37,35 @@ than with fp32 activations (mean of 3 seeds; int8: -0.8%, seed noise) (``bench.s
 
 class WireError(ValueError):
     """A tensor on the wire is malformed, oversized, of the wrong shape, or holds NaN/Inf."""
+
+
+@dataclass(frozen=True)
+class CodecScheme:
+    """Which codec each of a trainer's stage requests names (a server answers in the request's codec).
+
+    Written ``BASE[/first=CODEC][/first_grad=CODEC]`` (:func:`codec_scheme`): a plain codec name is
+    that codec everywhere. Level 0's forward carries the embedding's output, whose position component
+    a coarse codec drowns (``bench.stage_codec``), so it may get a richer codec than the other hops.
+    """
+
+    base: str
+    """The codec of every request not named below."""
+    first: Optional[str] = None
+    """Level 0's forward: the embedding's output, and level 0's output in the reply."""
+    first_grad: Optional[str] = None
+    """Level 0's backward: the gradient w.r.t. its output, and the embedding's gradient in the reply."""
+
+    def forward(self, level: int) -> str:
+        """The codec of the forward request to the ``level``-th level of the path (0 first)."""
+        return self.first if level == 0 and self.first else self.base
+
+    def backward(self, level: int) -> str:
+        """The codec of the backward request to the ``level``-th level of the path (0 first)."""
+        return self.first_grad if level == 0 and self.first_grad else self.base
+
+    def __str__(self) -> str:
+        return self.base + (f"/first={self.first}" if self.first else "") + (
+            f"/first_grad={self.first_grad}" if self.first_grad else "")
 
 
 def stage_prefix(run_id: str) -> str:
@@ -56,6 +86,21 @@ def activation_codec(name: str, what: str = "tensor") -> ActivationCodec:
     if codec is None:
         raise WireError(f"{what} codec {name!r} is not one of {', '.join(ACTIVATION_CODECS)}")
     return codec
+
+
+def codec_scheme(name: str) -> CodecScheme:
+    """The :class:`CodecScheme` written ``name`` (``int8``, ``int4tok+zstd/first=int5tok+zstd``, ...);
+    WireError naming the problem if a part or a codec is unknown."""
+    base, *parts = str(name).split("/")
+    fields: dict[str, str] = {}
+    for part in parts:
+        key, sep, value = part.partition("=")
+        if not sep or key not in ("first", "first_grad") or key in fields:
+            raise WireError(f"codec scheme {name!r}: {part!r} is not first=CODEC or first_grad=CODEC (once each)")
+        fields[key] = value
+    for what, codec in [("base", base), *fields.items()]:
+        activation_codec(codec, f"codec scheme {name!r}: {what}")
+    return CodecScheme(base, **fields)
 
 
 def encode_tensor(t: Tensor, codec: ActivationCodec) -> EncodedTensor:
