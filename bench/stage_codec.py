@@ -7,7 +7,10 @@ output goes to level 0's server, each level's output comes back to the trainer a
 level, the last comes back to the head (two links a level); backward, the gradients cross the same
 links the other way. One AdamW (``models.training.InnerLoop``, the demo preset's inner config with a
 cosine decay over the run) stands in for the trainer's and servers' inner optimizers: no outer rounds,
-nobody to average with. Each codec trains from the same initial weights on the same batches (the
+nobody to average with. A codec is a scheme (:func:`peer.stage.wire.codec_scheme`, e.g.
+``int4tok+zstd/first=int5tok+zstd``): level ``i``'s forward request and its reply cross in the scheme's
+``forward(i)`` codec, its backward request and reply in ``backward(i)``, as
+:class:`peer.node.stage_runner.StageTrainer` sends them and its servers answer. Each codec trains from the same initial weights on the same batches (the
 built-in corpus, prepared for the 2x2 lattice) as codec ``none`` (fp32, lossless), for each seed.
 
 Reported per codec: ``activation_bytes_ratio``, the encoded bytes of every activation and gradient of

@@ -82,17 +82,12 @@ min_move_interval = 20.0
 
 
 def small_memory_gb() -> float:
-    """GB for ``--max-memory`` that fits a stage module and a trainer but not a path of the demo lattice."""
+    """GB for ``--max-memory`` that fits a stage module and a trainer but not a path of the demo lattice
+    (the demo's ``--small-peers`` rule)."""
     from models.presets import demo
+    from peer.demo.roles import small_peer_memory
 
-    run = demo()
-    lattice, batch = run.lattice, run.inner.batch_size
-    path = lattice.paths()[0]
-    path_need = lattice.training_memory_bytes(lattice.path_modules(path), batch)
-    stage = max(lattice.training_memory_bytes([m], batch) for m in lattice.path_modules(path)[1:-1])
-    trainer = lattice.training_memory_bytes([lattice.embed_id(path), lattice.head_id(path)], batch)
-    usable = (max(stage, trainer) + path_need) / 2  # between what it needs and a path
-    return round(usable / 0.8 / 1e9, 4)
+    return small_peer_memory(demo()).max_memory_gb
 
 
 def _lines(net: Any, name: str, since: float, until: float, event: Optional[str] = None) -> list[dict]:

@@ -197,7 +197,7 @@ def test_a_codec_scheme_names_each_levels_codec_both_ways():
     assert str(scheme) == name
     assert [scheme.forward(i) for i in range(3)] == [TOKEN_INT5, TOKEN_INT4, TOKEN_INT4]
     assert [scheme.backward(i) for i in range(3)] == ["int8", TOKEN_INT4, TOKEN_INT4]
-    for bad, needle in [(f"{TOKEN_INT4}/first=int3", "first codec 'int3'"), ("int4/first=int8", "base codec 'int4'"),
+    for bad, needle in [(f"{TOKEN_INT4}/first=int3", "first codec 'int3'"), ("int3/first=int8", "base codec 'int3'"),
                         (f"{TOKEN_INT4}/last=int8", "'last=int8' is not"), (f"{TOKEN_INT4}/first", "'first' is not"),
                         (f"{TOKEN_INT4}/first=int8/first=fp16", "once each")]:
         with pytest.raises(WireError, match=re.escape(needle)):

@@ -315,8 +315,7 @@ class Matchmaker(GroupJoin):
                 self._declare(looking, self._own_joiners(module_id, round_no, patience, bucket), module_id),
                 "storing our declaration on the DHT", logging.WARNING)
             everyone, ahead, same_round, behind, live, gone = await self._gather(
-                module_id, round_no, looking, gather_deadline, patience, wait_for_behind, bucket,
-                alone_deadline=close_deadline)
+                module_id, round_no, looking, gather_deadline, patience, wait_for_behind, bucket)
             left = max(gone.values(), default=-1)
             vanished = self._vanished(module_id, live, gone, patience)
             if ahead > round_no:
@@ -545,7 +544,7 @@ class Matchmaker(GroupJoin):
                            f"{kept}, ours is {digest or '(none)'}; re-syncing to theirs", adopt=kept)
 
     async def _gather(self, module_id: str, round_no: int, looking: Looking, deadline: float, patience: float,
-                      wait_for_behind: bool, bucket: Optional[tuple[int, int]] = None, alone_deadline: float = 0.0
+                      wait_for_behind: bool, bucket: Optional[tuple[int, int]] = None
                       ) -> tuple[dict[str, GroupDeclaration], int, set[str], dict[str, int], set[str], dict[str, int]]:
         """Other members' valid declarations, read until every live holder at this round declared or
         ``deadline``; also the highest round any other live holder announces, the other holders at our
@@ -577,24 +576,18 @@ class Matchmaker(GroupJoin):
         every time a lagging record made it think so.
 
         With a ``bucket`` only the holders of our group this round are waited for (the other returns
-        are still about every holder of the module).
-
-        While nobody but us has declared and holders at this round are expected, the gather goes on
-        until ``alone_deadline`` (when later than ``deadline``): the round would fail without them, and
-        a member whose inner steps are far apart (a pipeline trainer, a peer on a shared CPU) declares
-        only at its next step after it saw us waiting. Giving up first would leave us out of the group
-        they form a moment later, one round behind it."""
+        are still about every holder of the module)."""
         waiter = asyncio.Event()  # set when another holder pushes us a declaration (_handle_declare)
         self._push_waiters.add(waiter)
         try:
             return await self._gather_until(module_id, round_no, looking, deadline, patience, wait_for_behind,
-                                            bucket, waiter, max(deadline, alone_deadline))
+                                            bucket, waiter)
         finally:
             self._push_waiters.discard(waiter)
 
     async def _gather_until(self, module_id: str, round_no: int, looking: Looking, deadline: float,
                             patience: float, wait_for_behind: bool, bucket: Optional[tuple[int, int]],
-                            waiter: asyncio.Event, alone_deadline: float = 0.0
+                            waiter: asyncio.Event
                             ) -> tuple[dict[str, GroupDeclaration], int, set[str], dict[str, int], set[str], dict[str, int]]:
         """:meth:`_gather`'s loop; ``waiter`` is set when a declaration is pushed to us."""
         key = looking.key
@@ -656,8 +649,7 @@ class Matchmaker(GroupJoin):
                           if h.round_no < round_no and p not in declared and p not in expected}
                 last_round = set() if wait_for_behind else {
                     p for p, r in self._still_waiting(module_id, behind, patience).items() if r == round_no - 1 and mine(p)}
-                due = alone_deadline if expected and not declared else deadline
-                if ((expected <= set(declared) and not next_round and not last_round) or time.monotonic() >= due
+                if ((expected <= set(declared) and not next_round and not last_round) or time.monotonic() >= deadline
                         or ahead > round_no + 1):
                     missing = sorted(expected - set(declared))
                     if missing:

@@ -14,6 +14,9 @@ forward only, 3.0% backward only, 6.0% both), and forward the first hop most: qu
 embedding's output costs an fp32-trained path over fifteen times what quantising a block's output
 does, likely because its position component is a fifth of its size. Finer entropy-coded steps that
 still fit 1/8 of fp32 (0.08 relative error instead of 0.10) cut the gap by only about a third (3.7%).
+:class:`TokenIntCodec` of 5 and 6 bits (``int5tok+zstd``, ``int6tok+zstd``, about 0.14 and 0.18 of
+fp32) give a hop that needs more, such as the embedding's output, a finer step for little more
+(:class:`peer.stage.wire.CodecScheme` picks a codec per hop).
 
 Every codec takes a finite CPU fp32 tensor and returns bytes; decoding takes the bytes and the shape,
 and raises :class:`ValueError` naming the problem for bytes that cannot be an encoding of that shape

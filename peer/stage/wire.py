@@ -4,8 +4,9 @@ Tensors travel as :class:`protos.hivepath.peer.v1.stage_pb2.EncodedTensor`: a sh
 tensor encoded by one of :data:`peer.stage.activation_codec.ACTIVATION_CODECS`: the pseudo-gradient
 codecs on the flat vector (int8 blockwise absmax by default; fp16 and none; SWARM, Ryabinin et al. 2023,
 compresses activations the same way), or ``int4tok+zstd`` (per-token 4-bit codes behind zstd, about a
-tenth of fp32's bytes). A trainer resolves its codec once (:func:`activation_codec`); a server answers
-in the codec the request names. Decoding checks
+tenth of fp32's bytes; 5 and 6 bits also). A trainer resolves its codec scheme once
+(:func:`codec_scheme`: a codec per level and direction, e.g. a richer one for the embedding's output);
+a server answers in the codec the request names. Decoding checks
 everything a hostile or buggy peer could get wrong -- rank, sizes, codec, byte length, NaN/Inf --
 and raises :class:`WireError` with a message naming the problem.
 """
