@@ -5,10 +5,13 @@
    machine lacks is fetched instead (:mod:`peer.node.run_data`).
 3. Measure tokens/s on the run's own model, start the DHT with a persistent identity; fetch the
    dataset's manifest, router and tokenizer when it is not here.
-4. Join with those capabilities; get a lease and an assignment (a path); seed the files held
+4. Join with those capabilities; get a lease and an assignment (a path, a stage or a pipeline to
+   drive); seed the files held
    (unless ``--no-seed``), fetch the path's training shard (training starts once it is verified;
    the validation shard follows in the background).
-5. Train it (:class:`peer.node.trainer.PathTrainer`): state from our checkpoint or from live holders,
+5. Train it (:class:`peer.node.trainer.PathTrainer`), or, on a peer too small for a path, serve a
+   stage or drive a pipeline through stage servers (:mod:`peer.node.stage_runner`; the coordinator
+   decides which, ``--role`` may ask): state from our checkpoint or from live holders,
    outer rounds over :class:`peer.averaging.net_averager.NetAverager`, a checkpoint after each round,
    heartbeats in the background. A new assignment in a heartbeat reply ends the current path
    cleanly (flush, checkpoint, release its modules) and starts the new one.

@@ -270,7 +270,7 @@ def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, devic
     chunks of each batch in flight at once; ``on_step(trainer, loss)`` is called after every step;
     ``view``: the progress view that shows a ``failover`` event whenever a request leaves a failed
     server (they are logged either way). ``idle_timeout``: seconds without a step through the whole
-    pipeline after which the embedding and head leave their rounds (held again at the next step);
+    pipeline after which the embedding and head are announced idle (held in rounds again at the next step);
     ``call_timeout``: seconds a forward or backward may wait for a server of its level (default
     ``max(60, 3 * request_timeout)``); when none answers, the step is dropped and the trainer waits."""
     status = status if status is not None else PeerStatus()
