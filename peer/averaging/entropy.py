@@ -19,7 +19,23 @@ from models.codec_spec import TAG_BYTES, wire_name
 from peer.averaging.phases import phase
 from peer.averaging.quantizers import Codec, Prepared
 
-__all__ = ["EntropyCoded", "ENTROPY_CODERS"]
+__all__ = ["EntropyCoded", "ENTROPY_CODERS", "ZstdContexts"]
+
+
+class ZstdContexts:
+    """A zstd compressor and decompressor per thread (their contexts are not thread-safe; encoders run
+    in several threads): ``contexts.get()`` is this thread's pair, made on first use."""
+
+    def __init__(self, level: int):
+        self.level = level
+        self._local = threading.local()
+
+    def get(self) -> tuple["zstandard.ZstdCompressor", "zstandard.ZstdDecompressor"]:
+        ctx = getattr(self._local, "ctx", None)
+        if ctx is None:
+            ctx = self._local.ctx = (zstandard.ZstdCompressor(level=self.level, write_content_size=True),
+                                     zstandard.ZstdDecompressor())
+        return ctx
 
 
 class EntropyCoded(Codec):
@@ -43,14 +59,7 @@ class EntropyCoded(Codec):
     def __init__(self, inner: Codec):
         self.inner = inner
         self.name = wire_name(inner.name, "zstd")
-        self._local = threading.local()  # zstd contexts are not thread-safe; the all-reduce encodes in threads
-
-    def _zstd(self) -> tuple["zstandard.ZstdCompressor", "zstandard.ZstdDecompressor"]:
-        ctx = getattr(self._local, "ctx", None)
-        if ctx is None:
-            ctx = self._local.ctx = (zstandard.ZstdCompressor(level=self.LEVEL, write_content_size=True),
-                                     zstandard.ZstdDecompressor())
-        return ctx
+        self._zstd = ZstdContexts(self.LEVEL).get  # the all-reduce encodes in threads
 
     def encoded_size(self, numel: int) -> int:
         return TAG_BYTES + self.inner.encoded_size(numel)

@@ -29,7 +29,6 @@ finite.
 from __future__ import annotations
 
 import math
-import threading
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -39,6 +38,7 @@ from torch import Tensor
 
 from models.codec_spec import CODECS
 from peer.averaging import Codec, get_codec
+from peer.averaging.entropy import ZstdContexts
 
 __all__ = ["ActivationCodec", "FlatCodec", "TokenIntCodec", "TokenInt4Codec", "TOKEN_INT4", "TOKEN_INT5",
            "ACTIVATION_CODECS"]
@@ -110,14 +110,7 @@ class TokenIntCodec:
         self.name = f"int{bits}tok+zstd"
         self.QMAX = 2 ** (bits - 1) - 1
         self._max_scale = _max_scale(self.QMAX)
-        self._local = threading.local()  # zstd contexts are not thread-safe; micro-batches encode in threads
-
-    def _zstd(self) -> tuple["zstandard.ZstdCompressor", "zstandard.ZstdDecompressor"]:
-        ctx = getattr(self._local, "ctx", None)
-        if ctx is None:
-            ctx = self._local.ctx = (zstandard.ZstdCompressor(level=self.LEVEL, write_content_size=True),
-                                     zstandard.ZstdDecompressor())
-        return ctx
+        self._zstd = ZstdContexts(self.LEVEL).get  # micro-batches encode in threads
 
     @staticmethod
     def _rows(shape: Sequence[int]) -> tuple[int, int]:
