@@ -151,6 +151,7 @@ def run(work: Path, control_s: float, stage_s: float, kill_s: float, seed: int) 
                            "windows_s": {"control": control_s, "stage": stage_s, "kills": kill_s}}
     small = [f"small{i}" for i in range(6)]
     path_names = ["path0", "path1"]
+    net = None
     where = {"path0": 1, "path1": 2, **{n: 1 + i % (NAMESPACES - 1) for i, n in enumerate(small)}}
     try:
         if bridge is not None:
@@ -245,13 +246,16 @@ def run(work: Path, control_s: float, stage_s: float, kill_s: float, seed: int) 
         logs = [procs.log(n) for n in works]
         pairs, diff, first = replica_diff([w / "checkpoints" for w in works.values()], forked_rounds(logs))
         out.update({"replica_pairs": pairs, "replica_max_abs_diff": diff, "replica_first_difference": first})
-    finally:
-        net_close = locals().get("net")
-        if net_close is not None:
-            net_close.close()
-        procs.close()
-        if bridge is not None:
-            bridge.close()
+    finally:  # each step whatever the one before did: no process and no namespace outlives the run
+        try:
+            if net is not None:
+                net.close()
+        finally:
+            try:
+                procs.close()
+            finally:
+                if bridge is not None:
+                    bridge.close()
     return out
 
 
