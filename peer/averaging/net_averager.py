@@ -313,11 +313,6 @@ class NetAverager:
         with self._held_lock:
             return module_id in self._held and module_id not in self._paused
 
-    def paused(self, module_id: str) -> bool:
-        """Whether ``module_id`` is paused (:meth:`pause`)."""
-        with self._held_lock:
-            return module_id in self._paused
-
     def give_back(self, result: AverageResult) -> None:
         """The caller is done with ``result.averaged`` and ``result.own_decoded`` (it applied them and
         keeps no view of them): their vectors are reused by a later round of the same size, which then

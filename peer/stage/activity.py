@@ -72,26 +72,31 @@ class IdleHolds:
     def pause(self, why: str) -> None:
         """Leave the modules' rounds now (``why``: logged); the averager announces them idle."""
         with self._lock:
-            if self._paused and self._thread is not None:
-                return
-            self._paused = True
-            if self._supported:
-                for mid in self.modules:
-                    self.averager.pause(mid)
-        log.info("%s idle (%s): not holding back the rounds of %s", self.what, why, ", ".join(self.modules))
+            paused = self._pause_locked()
+        if paused:
+            log.info("%s idle (%s): not holding back the rounds of %s", self.what, why, ", ".join(self.modules))
+
+    def _pause_locked(self) -> bool:
+        """Announce the modules idle unless they are already; True when they were not (under the lock)."""
+        if self._paused:
+            return False
+        self._paused = True
+        if self._supported:
+            for mid in self.modules:
+                self.averager.pause(mid)
+        return True
 
     def _watch(self) -> None:
         while not self._stop.wait(min(1.0, self.idle_timeout / 4)):
-            with self._lock:
-                idle = not self._paused and self.clock() - self._last >= self.idle_timeout
-                if idle:
-                    try:
-                        self._paused = True
-                        for mid in self.modules:
-                            self.averager.pause(mid)
-                    except Exception as e:  # a DHT shutting down: the records expire on their own
-                        log.debug("pausing holds failed: %r", e)
-            if idle:
+            try:
+                with self._lock:
+                    if self.clock() - self._last < self.idle_timeout:
+                        continue
+                    paused = self._pause_locked()
+            except Exception as e:  # a DHT shutting down: the records expire on their own
+                log.debug("pausing holds failed: %r", e)
+                continue
+            if paused:
                 log.info("%s idle (no work for %.0fs): not holding back the rounds of %s", self.what,
                          self.idle_timeout, ", ".join(self.modules))
 

@@ -347,7 +347,7 @@ class StageServer:
             self._after_round(report)
 
     def _after_round(self, report: RoundReport) -> None:
-        if hasattr(self.averager, "hold") and not (self.holds is not None and self.holds.paused):
+        if hasattr(self.averager, "hold"):  # announced idle while paused (NetAverager.pause)
             try:
                 self.averager.hold(self.module_id, self.opt.module_round(self.module_id), wait=False)
             except Exception as e:
