@@ -36,6 +36,10 @@ __all__ = ["DiLoCoOptimizer"]
 
 logger = logging.getLogger(__name__)
 
+EMPTY_ROUND_WEIGHT = 1.0
+"""The weight (in tokens) of a round that ended with no inner step (:meth:`DiLoCoOptimizer.end_round_if_others_wait`):
+averaging needs a positive weight, and this one is far below any step's tokens."""
+
 
 class DiLoCoOptimizer:
     """Inner optimizer every call, one DiLoCo outer step per module every round (see module docstring).
@@ -176,13 +180,19 @@ class DiLoCoOptimizer:
             return self._end_round(elapsed)
         return None
 
-    def end_round_if_others_wait(self) -> Optional[RoundReport]:
+    def end_round_if_others_wait(self, empty: bool = False) -> Optional[RoundReport]:
         """End the round now, between inner steps, when another holder already waits to average it and
         this round has had at least one step: for a peer whose steps are far apart (a stage server
         steps once a whole batch came back through the pipeline), waiting for its next step would
         hold the waiting holder past its gather deadline. Call it on the thread that calls
-        :meth:`step`. Returns the round's report, or None when nothing ended."""
-        if self._steps_in_round == 0 or not self._others_waiting():
+        :meth:`step`. Returns the round's report, or None when nothing ended.
+
+        ``empty``: a round with no step ends too. Such a peer's steps can be further apart than a
+        holder waits for a declaration; it takes the round's average with weight
+        :data:`EMPTY_ROUND_WEIGHT` and a delta of zero (its parameters are the global copy the last
+        round left), which moves the average by that weight's share of the round's tokens (about
+        1e-4 in the demo), instead of failing the waiting holder's round."""
+        if (self._steps_in_round == 0 and not empty) or not self._others_waiting():
             return None
         elapsed = self.clock() - self._round_start
         logger.info("round %d ends between steps, after %d steps in %.2fs: another holder waits", self.round,
@@ -290,7 +300,8 @@ class DiLoCoOptimizer:
     def _exchange(self, st: HeldModule, round_no: int, sent: Tensor, tokens: float, digest: str) -> AverageResult:
         try:
             return self.averager.average(
-                st.module_id, round_no, unflatten(sent, st.outer.global_params), tokens, self.codec,
+                st.module_id, round_no, unflatten(sent, st.outer.global_params), max(tokens, EMPTY_ROUND_WEIGHT),
+                self.codec,
                 self.outer_cfg.round_timeout, digest=digest,
             )
         except Exception as e:  # an exchange failure must not take the training loop or other modules down

@@ -129,6 +129,11 @@ class StageTrainer:
         self.tokens = 0
         self.before_step: Optional[Callable[[], None]] = None
         """Called once a batch went through the whole pipeline, before the optimizer steps on it."""
+        self.pace_interval = 0.25
+        """Seconds between checks, while a step's micro-batches are in flight, for a holder waiting on
+        our round."""
+        self.on_round: Optional[Callable[[RoundReport], None]] = None
+        """Called with each outer round's report as the round ends (in a step, or during one)."""
 
     def _micro(self, x: torch.Tensor, y: torch.Tensor, scale: float) -> float:
         """Forward and backward of one micro-batch x, y (b, T) through the pipeline; returns its loss."""
@@ -149,15 +154,30 @@ class StageTrainer:
         h0.backward(grad.to(device=h0.device, dtype=h0.dtype))
         return float(loss.detach())
 
-    def train_step(self, x: Optional[torch.Tensor] = None, y: Optional[torch.Tensor] = None) -> tuple[float, Optional[RoundReport]]:
+    def train_step(self, x: Optional[torch.Tensor] = None, y: Optional[torch.Tensor] = None) -> tuple[float, list[RoundReport]]:
         """One inner step on ``x, y`` (B, T) (default: the next batch of the path's shard): mean loss
-        and the round report when an outer round ran."""
+        and the reports of the outer rounds that ended during it (none, usually).
+
+        A step waits for its micro-batches to cross every level twice, seconds on a busy pipeline. When
+        another holder of the embedding or head already waits to average the current round meanwhile,
+        the round ends while the micro-batches are in flight
+        (:meth:`peer.diloco.DiLoCoOptimizer.end_round_if_others_wait`) instead of holding that holder
+        past its gather deadline, where its round would fail. The outer step rewrites the parameters'
+        values (``.data``), which autograd does not track, so the micro-batches still in flight finish
+        on a mix of the two, and this step's gradient lands on the new values: one slightly stale inner
+        step, as in overlapped DiLoCo."""
         if x is None:
             x, y = next(self.batches)
         x, y = x.to(self.device), y.to(self.device)
         chunks = list(zip(x.chunk(self.micro_batches), y.chunk(self.micro_batches)))
         futures = [self._pool.submit(self._micro, cx, cy, cx.shape[0] / x.shape[0]) for cx, cy in chunks]
+        reports: list[RoundReport] = []
         try:
+            in_flight = set(futures)
+            while in_flight:
+                _, in_flight = wait(in_flight, timeout=self.pace_interval)
+                if in_flight and not any(f.done() and f.exception() is not None for f in futures):
+                    self._ended(self.opt.end_round_if_others_wait(empty=True), reports)
             losses = [f.result() for f in futures]
         except StageUnavailable:
             wait(futures)  # no micro-batch may still add to the gradients we drop now
@@ -169,7 +189,14 @@ class StageTrainer:
         self.tokens += x.numel()
         report = self.opt.step(tokens=x.numel())
         self.opt.zero_grad(set_to_none=True)
-        return loss, report
+        self._ended(report, reports)
+        return loss, reports
+
+    def _ended(self, report: Optional[RoundReport], reports: list[RoundReport]) -> None:
+        if report is not None:
+            reports.append(report)
+            if self.on_round is not None:
+                self.on_round(report)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -290,6 +317,14 @@ def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, devic
     holds = IdleHolds(averager, list(trainer.modules), trainer.opt.module_round, idle_timeout,
                       f"trainer of {format_path(trainer.path)}")
     trainer.before_step = holds.active
+
+    def on_round(report: RoundReport) -> None:
+        resync_after_round(trainer.opt, report, averager, fetch)
+        status.round_no = max(trainer.opt.module_round(m) for m in trainer.modules)
+        if checkpoints is not None:
+            save_states(cfg, trainer.opt, trainer.modules, checkpoints, extra)
+
+    trainer.on_round = on_round
     status.mode, status.assignment, status.state = "trainer", format_path(trainer.path), "waiting"
     served, loss_ema, waiting = ServedRate(), None, ""
     try:
@@ -298,7 +333,7 @@ def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, devic
             if reason:
                 return reason
             try:
-                loss, report = trainer.train_step()
+                loss, _ = trainer.train_step()
             except StageUnavailable as e:  # the coordinator refills the level (or new servers join): wait
                 why = f"pipeline {format_path(trainer.path)} paused: {e}"
                 if why != waiting:
@@ -317,11 +352,6 @@ def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, devic
             status.tokens_per_s = served.rate(trainer.tokens)
             status.bytes_sent, status.bytes_received = client.stats.bytes_sent, client.stats.bytes_received
             status.failovers = client.stats.failovers
-            if report is not None:
-                resync_after_round(trainer.opt, report, averager, fetch)
-                status.round_no = max(trainer.opt.module_round(m) for m in trainer.modules)
-                if checkpoints is not None:
-                    save_states(cfg, trainer.opt, trainer.modules, checkpoints, extra)
             if on_step is not None:
                 on_step(trainer, loss)
     finally:

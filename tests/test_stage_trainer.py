@@ -1,0 +1,139 @@
+"""The pipeline trainer's rounds: a holder waiting on the embedding's or head's round is not kept
+waiting for a step still crossing the pipeline."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from helpers import wait_for
+from models.lattice import ModularLM
+from models.presets import tiny_cpu
+from peer.averaging import LocalAverager
+from peer.stage import decode_tensor, encode_tensor
+from peer.stage.wire import activation_codec, codec_scheme
+
+WAIT = 60.0
+"""Seconds a condition may take on a loaded 2-core machine."""
+
+
+class _GatedClient:
+    """A :class:`peer.stage.StageClient` stand-in: runs each level here, in int8, and holds every
+    forward until ``gate`` is set (a pipeline whose servers are busy)."""
+
+    def __init__(self, modules: dict):
+        self.scheme = codec_scheme("int8")
+        self.modules = modules
+        self.gate = threading.Event()
+        self.gate.set()
+        self.held = 0
+
+    def _cross(self, t: torch.Tensor) -> torch.Tensor:
+        return decode_tensor(encode_tensor(t, activation_codec("int8")), "t", t.numel())
+
+    def forward(self, module_id: str, x: torch.Tensor, codec=None):
+        if not self.gate.is_set():
+            self.held += 1
+            assert self.gate.wait(WAIT), "the test never opened the gate"
+        xin = self._cross(x).requires_grad_(True)
+        y = self.modules[module_id](xin)
+        return self._cross(y.detach()), (xin, y)
+
+    def backward(self, hop, grad: torch.Tensor, codec=None) -> torch.Tensor:
+        xin, y = hop
+        y.backward(self._cross(grad))
+        return self._cross(xin.grad)
+
+
+class _Waiting:
+    """A member averager whose ``others_waiting`` says another holder waits for our current round once
+    ``waiting`` is set (as ``NetAverager.others_waiting`` reads it from the DHT); it counts the asks."""
+
+    def __init__(self, member) -> None:
+        self.member, self.waiting, self.asked = member, threading.Event(), 0
+
+    def average(self, *args, **kw):
+        return self.member.average(*args, **kw)
+
+    def others_waiting(self, rounds) -> bool:
+        self.asked += 1
+        return self.waiting.is_set()
+
+
+def _trainer(averager):
+    from peer.node.stage_runner import StageTrainer
+
+    base = tiny_cpu()
+    cfg = dataclasses.replace(base, outer=dataclasses.replace(base.outer, inner_steps=1000, round_timeout=30.0))
+    path = (0,) * cfg.lattice.levels
+    ids = cfg.lattice.path_modules(path)
+    lm = ModularLM(cfg.lattice, seed=cfg.seed, module_ids=ids[1:-1])
+    client = _GatedClient({m: lm.mods[m] for m in ids[1:-1]})
+    trainer = StageTrainer(cfg, path, client, torch.device("cpu"), averager=averager, micro_batches=2)
+    trainer.pace_interval = 0.05
+    gen = torch.Generator().manual_seed(0)
+
+    def batch():
+        x = torch.randint(0, cfg.lattice.vocab_size, (4, cfg.lattice.seq_len), generator=gen)  # (B, T)
+        return x, torch.roll(x, -1, dims=1)
+
+    return trainer, client, batch
+
+
+def test_a_round_another_holder_waits_on_ends_while_the_step_crosses_the_pipeline():
+    """One step done, the next held in the pipeline: once another holder waits on round 0, the round
+    ends during the held step (its report reaches ``on_round`` while the forwards still wait), and
+    the step then completes into round 1 with its loss and its inner update."""
+    torch.set_num_threads(1)
+    hub = LocalAverager()
+    averager = _Waiting(hub.member("t", ["embed", "head"]))
+    trainer, client, batch = _trainer(averager)
+    ended = []
+    trainer.on_round = ended.append
+    try:
+        loss0, reports0 = trainer.train_step(*batch())
+        assert reports0 == [] and trainer.opt.module_round("embed") == 0
+        client.gate.clear()
+        with ThreadPoolExecutor(1) as pool:
+            step = pool.submit(trainer.train_step, *batch())
+            wait_for(lambda: client.held >= 1, WAIT, "the step to reach the pipeline")
+            averager.waiting.set()
+            wait_for(lambda: ended, WAIT, "round 0 to end while the step is held")
+            assert not step.done() and trainer.opt.module_round("embed") == 1
+            assert ended[0].round == 0 and ended[0].inner_steps == 1 and ended[0].applied, ended[0]
+            averager.waiting.clear()
+            embed_before = [p.detach().clone() for p in trainer.embed.parameters()]
+            client.gate.set()
+            loss1, reports1 = step.result(timeout=WAIT)
+    finally:
+        client.gate.set()  # a failed assertion must not leave the step held
+        trainer.close()
+    assert reports1 == ended and loss1 == loss1
+    assert trainer.opt._steps_in_round == 1, "the held step did not land in round 1"
+    assert any(not torch.equal(a, p.detach()) for a, p in zip(embed_before, trainer.embed.parameters())), \
+        "the held step's inner update was not applied"
+
+
+def test_a_held_step_ends_no_round_while_nobody_waits():
+    """The control: the same held step, asked many times whether anyone waits, ends no round."""
+    torch.set_num_threads(1)
+    hub = LocalAverager()
+    averager = _Waiting(hub.member("t", ["embed", "head"]))
+    trainer, client, batch = _trainer(averager)
+    try:
+        trainer.train_step(*batch())
+        client.gate.clear()
+        with ThreadPoolExecutor(1) as pool:
+            step = pool.submit(trainer.train_step, *batch())
+            wait_for(lambda: client.held >= 1, WAIT, "the step to reach the pipeline")
+            asked = averager.asked
+            wait_for(lambda: averager.asked >= asked + 5, WAIT, "the trainer to ask whether anyone waits")
+            client.gate.set()
+            _, reports = step.result(timeout=WAIT)
+    finally:
+        client.gate.set()  # a failed assertion must not leave the step held
+        trainer.close()
+    assert reports == [] and trainer.opt.module_round("embed") == 0 and trainer.opt._steps_in_round == 2
