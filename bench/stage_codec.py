@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import multiprocessing
 import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -46,8 +48,7 @@ from models.lattice import ModularLM, PathModel
 from models.presets import demo
 from models.training import InnerLoop
 from peer.stage import activation_codec, decode_tensor, encode_tensor
-from peer.stage.activation_codec import TOKEN_INT4
-from peer.stage.wire import codec_scheme
+from peer.stage.wire import DEFAULT_ACTIVATION_CODEC, codec_scheme
 
 TARGET_RATIO = 0.125
 """Most wire bytes of activations and gradients, relative to fp32."""
@@ -108,7 +109,11 @@ class StagedPath(nn.Module):
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = self.path.embed(idx)  # (B, T, C)
         for level, module in enumerate(self.path.stack):  # trainer -> server -> trainer
-            x = _Hop.apply(module(_Hop.apply(x, self.link, level)), self.link, level)
+            xin = _Hop.apply(x, self.link, level)  # (B, T, C) as the server decodes it
+            if self.link.scheme.residual:  # the server replies output - input; the trainer adds its exact x
+                x = x + _Hop.apply(module(xin) - xin, self.link, level)
+            else:
+                x = _Hop.apply(module(xin), self.link, level)
         logits = self.path.head(x, self.path.embed.tok.weight)  # (B, T, V)
         loss = nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
@@ -134,6 +139,14 @@ def train_and_score(cfg, dataset: Dataset, path: tuple[int, ...], codec: str, se
         "worst_tensor_ratio": link.worst_ratio,
         "train_s": round(train_s, 1),
     }
+
+
+def _seed_runs(job: tuple) -> dict[str, dict]:
+    """Every codec of one seed: ``train_and_score`` from the same weights and batches (a worker process's job)."""
+    data_dir, cfg, path, codecs, seed, steps = job
+    torch.set_num_threads(1)
+    dataset = Dataset(Path(data_dir))
+    return {c: train_and_score(cfg, dataset, path, c, seed, steps) for c in codecs}
 
 
 def _summary(runs: dict[int, dict[str, dict]], codec: str) -> dict:
@@ -162,7 +175,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--steps", type=int, default=500, help="training steps of each run")
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (weights, batches)")
     ap.add_argument("--path", default="1,0", help="the path trained (the demo preset's lattice is 2x2)")
-    ap.add_argument("--codecs", default=f"{TOKEN_INT4},int8", help="codecs compared with fp32, the candidate first")
+    ap.add_argument("--codecs", default=f"{DEFAULT_ACTIVATION_CODEC},int8",
+                    help="codec schemes compared with fp32, the candidate first (default: peers' default, then int8)")
+    ap.add_argument("--jobs", type=int, default=1, help="seeds run at once, one process each")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -174,11 +189,16 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         prepare(default_corpus(), Path(tmp) / "data", levels=cfg.lattice.levels, modules=cfg.lattice.modules_per_level,
                 tokenizer="bytes")
-        dataset = Dataset(Path(tmp) / "data")
-        for seed in seeds:
-            runs[seed] = {c: train_and_score(cfg, dataset, path, c, seed, args.steps) for c in [BASELINE, *codecs]}
+        jobs = [(str(Path(tmp) / "data"), cfg, path, [BASELINE, *codecs], seed, args.steps) for seed in seeds]
+        if args.jobs > 1:  # one process a seed: each run is one torch thread, its figures the same either way
+            with ProcessPoolExecutor(min(args.jobs, len(jobs)), mp_context=multiprocessing.get_context("spawn")) as pool:
+                results = list(pool.map(_seed_runs, jobs))
+        else:
+            results = [_seed_runs(job) for job in jobs]
+        for seed, result in zip(seeds, results):
+            runs[seed] = result
             print(f"seed {seed}: " + ", ".join(f"{c} bpb {r['bpb']:.4f} bytes {r['bytes_ratio']:.4f}"
-                                               for c, r in runs[seed].items()), file=sys.stderr, flush=True)
+                                               for c, r in result.items()), file=sys.stderr, flush=True)
     per_codec = {c: _summary(runs, c) for c in codecs}
     candidate = per_codec[codecs[0]]
     return emit("stage_codec", {

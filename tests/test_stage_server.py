@@ -224,3 +224,50 @@ def test_a_process_serves_another_module_after_its_first_server_closed():
         client.close()
         b.shutdown()
         a.shutdown()
+
+
+def test_residual_replies_keep_the_codec_error_off_the_residual_stream():
+    """A client of scheme ``int4tok+zstd/residual`` gets the module's output and input gradient with
+    the codec's error on the residual branch only: several times closer to exact autograd than full
+    replies in the same codec; the server flags its replies residual, and a request without the flag
+    gets the whole tensors."""
+    import dataclasses
+
+    torch.set_num_threads(1)
+    cfg = dataclasses.replace(CFG, inner=dataclasses.replace(CFG.inner, batch_size=10_000))  # no inner step here
+    a = start_dht(DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"]))
+    b = start_dht(DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=a.maddrs()))
+    server = StageServer(cfg, "L0M0", a).start()
+    clients = {name: StageClient(b, cfg.run_id, cfg.content_hash(), codec=name, request_timeout=10.0)
+               for name in ("int4tok+zstd", "int4tok+zstd/residual")}
+    try:
+        ref = ModularLM(cfg.lattice, seed=cfg.seed, module_ids=["L0M0"]).mods["L0M0"]
+        ref.load_state_dict(server.run_on_compute(lambda: {k: v.clone() for k, v in server.module.state_dict().items()}))
+        gen = torch.Generator().manual_seed(5)
+        x = torch.randn(4, T, C, generator=gen)  # (B, T, C)
+        g = torch.randn(4, T, C, generator=gen)  # (B, T, C)
+        xr = x.clone().requires_grad_(True)
+        yr = ref(xr)
+        yr.backward(g)
+        err = {}
+        for name, client in clients.items():
+            y, hop = client.forward("L0M0", x)
+            gx = client.backward(hop, g)
+            err[name] = ((y - yr.detach()).norm() / yr.norm()).item(), ((gx - xr.grad).norm() / xr.grad.norm()).item()
+        full, res = err["int4tok+zstd"], err["int4tok+zstd/residual"]
+        assert res[0] < full[0] / 3 and res[1] < full[1] / 3, err
+        raw = clients["int4tok+zstd/residual"].send(server.peer_id, _forward(x, "raw", "none", residual=True,
+                                                                                    config_hash=cfg.content_hash()), 10.0)
+        plain = clients["int4tok+zstd"].send(server.peer_id, _forward(x, "plain", "none",
+                                                                             config_hash=cfg.content_hash()), 10.0)
+        from peer.stage import decode_tensor
+
+        assert raw.code == plain.code == StageReply.OK and raw.residual and not plain.residual, (raw.error, plain.error)
+        assert torch.allclose(decode_tensor(raw.output, "t", x.numel()) + x, yr.detach(), atol=1e-5)
+        assert torch.allclose(decode_tensor(plain.output, "t", x.numel()), yr.detach(), atol=1e-5)
+    finally:
+        for client in clients.values():
+            client.close()
+        server.close()
+        b.shutdown()
+        a.shutdown()

@@ -3,22 +3,16 @@
 A trainer and its stage servers exchange activations and their gradients (B, T, C) at every level
 boundary, both ways, every micro-batch: in stage mode the link carries these, not the pseudo-gradient.
 The pseudo-gradient value codecs of :data:`models.codec_spec.CODECS` serve on the flat vector
-(:class:`FlatCodec`): ``int8`` (the default, blockwise per 1024 values as SWARM, Ryabinin et al. 2023,
-sends activations; a quarter of fp32), ``fp16``, ``none``. :class:`TokenInt4Codec` (``int4tok+zstd``)
-takes about a tenth of fp32's bytes: one absmax scale per token (the last dimension, as ZeroQuant, Yao
-et al. 2022, quantises activations), 4-bit codes, and zstd over them. It costs quality:
-``bench.stage_codec`` trains a demo path through each codec; after 500 steps int4tok+zstd scores 3.9%
-more validation bits per byte than fp32 activations (3.0-4.5% over 3 seeds; the target was 2%), int8
--0.8% (seed noise). Both directions count (exploratory runs of 600 steps, one seed: 4.9% with the codec
-forward only, 3.0% backward only, 6.0% both), and forward the first hop most: quantising the
-embedding's output costs an fp32-trained path over fifteen times what quantising a block's output
-does, likely because its position component is a fifth of its size. Finer entropy-coded steps that
-still fit 1/8 of fp32 (0.08 relative error instead of 0.10) cut the gap by only about a third (3.7%).
-:class:`TokenIntCodec` of 5 and 6 bits (``int5tok+zstd``, ``int6tok+zstd``, about 0.14 and 0.18 of
-fp32) give a hop that needs more, such as the embedding's output, a finer step for little more
-(:class:`peer.stage.wire.CodecScheme` picks a codec per hop). Neither reaches the 2% target yet
-(``bench.stage_codec``, 500 steps, 3 seeds): ``int4tok+zstd/first=int5tok+zstd`` 0.108 of fp32 and
-+3.1% (3.0-3.1%); with ``first_grad=int5tok+zstd`` too, 0.112 and +5.4% (4.6-6.3%).
+(:class:`FlatCodec`): ``int8`` (blockwise per 1024 values, as SWARM, Ryabinin et al. 2023, sends
+activations; a quarter of fp32), ``fp16``, ``none``. :class:`TokenIntCodec` takes one absmax scale per
+token (the last dimension, as ZeroQuant, Yao et al. 2022, quantises activations), 4 to 6-bit codes
+and zstd over them: ``int4tok+zstd`` about a tenth of fp32's bytes, ``int5tok+zstd`` and
+``int6tok+zstd`` more, ``int4tok-sr+zstd`` 4 bits with stochastic rounding. Alone, 4 bits everywhere
+cost a trained path more bits per byte than a default may; what brings it within bounds is where the
+error lands (:class:`peer.stage.wire.CodecScheme`): replies that carry only a module's residual
+branches, so that the residual stream the trainer holds is never quantised, and 5 bits for the
+embedding's output into level 0, whose position component 4 bits drown. ``bench.stage_codec`` trains a
+demo path through each scheme against fp32 activations (its figures: docs/BENCHMARKS.md).
 
 Every codec takes a finite CPU fp32 tensor and returns bytes; decoding takes the bytes and the shape,
 and raises :class:`ValueError` naming the problem for bytes that cannot be an encoding of that shape
@@ -29,6 +23,8 @@ finite.
 from __future__ import annotations
 
 import math
+import os
+import threading
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -40,8 +36,8 @@ from models.codec_spec import CODECS
 from peer.averaging import Codec, get_codec
 from peer.averaging.entropy import ZstdContexts
 
-__all__ = ["ActivationCodec", "FlatCodec", "TokenIntCodec", "TokenInt4Codec", "TOKEN_INT4", "TOKEN_INT5",
-           "ACTIVATION_CODECS"]
+__all__ = ["ActivationCodec", "FlatCodec", "TokenIntCodec", "TokenInt4Codec", "TOKEN_INT4", "TOKEN_INT4_SR",
+           "TOKEN_INT5", "ACTIVATION_CODECS"]
 
 TOKEN_INT4 = "int4tok+zstd"
 """The name of :class:`TokenInt4Codec` on the wire."""
@@ -81,9 +77,12 @@ class TokenIntCodec:
 
     A tensor is read as rows of its last dimension (a token's C values). Each row gets a scale
     ``absmax / qmax`` (``qmax = 2**(bits - 1) - 1``) rounded to bfloat16 (fp32's range: gradients of a
-    mean loss are far below fp16's) and codes ``round(x / scale)`` in [-qmax, qmax], rounded to nearest:
-    encoding is a function of the values. A per-token scale follows the tokens' very different
-    magnitudes, of gradients above all. The layout, before the entropy stage::
+    mean loss are far below fp16's) and codes ``x / scale`` in [-qmax, qmax], rounded to nearest (then
+    encoding is a function of the values) or, with ``stochastic`` (``int4tok-sr+zstd``), up with
+    probability the fraction: unbiased, so that the rounding errors of gradients average out over a
+    step's micro-batches and steps instead of adding up (``bench.stage_codec``). The decoding is the
+    same. A per-token scale follows the tokens' very different magnitudes, of gradients above all.
+    The layout, before the entropy stage::
 
         R little-endian bf16 scales | R rows of codes + qmax + 1: at 4 bits ceil(C / 2) bytes, two
                                       per byte, low nibble first (an odd row padded with code 0);
@@ -95,7 +94,8 @@ class TokenIntCodec:
     and the 8 of the 5-bit one to about 4.5.
 
     Re-encoding what this codec decoded gives the same bytes (each row's absmax is ``qmax * scale``
-    exactly), so a tensor relayed by the trainer to the next stage loses nothing more.
+    exactly, and a value on the grid rounds to itself either way), so a tensor relayed by the trainer
+    to the next stage loses nothing more.
     """
 
     RAW, ZSTD = 0, 1
@@ -103,14 +103,16 @@ class TokenIntCodec:
     """zstd level: level 3 saves about 2% more than level 1 on these codes at the same speed (about a
     millisecond to encode a (16, 96, 96) tensor); level 6 another 3% at twice the time."""
 
-    def __init__(self, bits: int = 4) -> None:
+    def __init__(self, bits: int = 4, stochastic: bool = False) -> None:
         if not 4 <= bits <= 8:
             raise ValueError(f"per-token codes of {bits} bits: 4 to 8 are supported")
         self.bits = bits
-        self.name = f"int{bits}tok+zstd"
+        self.stochastic = stochastic
+        self.name = f"int{bits}tok{'-sr' if stochastic else ''}+zstd"
         self.QMAX = 2 ** (bits - 1) - 1
         self._max_scale = _max_scale(self.QMAX)
         self._zstd = ZstdContexts(self.LEVEL).get  # micro-batches encode in threads
+        self._rng = threading.local()
 
     @staticmethod
     def _rows(shape: Sequence[int]) -> tuple[int, int]:
@@ -139,7 +141,11 @@ class TokenIntCodec:
             raise ValueError(f"{self.name}: cannot encode values holding NaN or Inf")
         scale = torch.minimum((absmax / self.QMAX).to(torch.bfloat16), self._max_scale)  # (R, 1)
         s = scale.to(torch.float32)
-        q = torch.div(x, torch.where(s > 0, s, torch.ones_like(s))).round_()  # (R, C) codes
+        q = torch.div(x, torch.where(s > 0, s, torch.ones_like(s)))  # (R, C)
+        if self.stochastic:  # up with probability the fraction: unbiased; a value on the grid stays put
+            q = q.add_(torch.rand(q.shape, generator=self._generator())).floor_()
+        else:
+            q = q.round_()
         # bf16 rounding moves a scale by at most 2^-8 of it, so |codes| < qmax + 0.5 round into range;
         # the clamp only acts on subnormal scales and the capped ones
         codes = q.clamp_(-self.QMAX, self.QMAX).add_(self.QMAX + 1).to(torch.uint8)  # (R, C) in 1..2 qmax + 1
@@ -152,6 +158,14 @@ class TokenIntCodec:
         if len(frame) < len(raw):
             return bytes((self.ZSTD,)) + frame
         return bytes((self.RAW,)) + raw
+
+    def _generator(self) -> torch.Generator:
+        """This thread's generator of stochastic rounding, seeded from the OS: micro-batches encode in
+        threads, and rounding noise shared across peers would correlate their errors."""
+        gen = getattr(self._rng, "gen", None)
+        if gen is None:
+            gen = self._rng.gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+        return gen
 
     def _unpack(self, data: bytes, expected: int) -> bytes:
         """The layout inside ``data`` (``expected`` bytes): never inflated past that size."""
@@ -199,7 +213,7 @@ class TokenIntCodec:
         return (codes - (self.QMAX + 1)).to(torch.float32).mul_(scale).view(list(shape))
 
     def __repr__(self) -> str:
-        return f"TokenIntCodec({self.bits})"
+        return f"TokenIntCodec({self.bits}{', stochastic=True' if self.stochastic else ''})"
 
 
 class TokenInt4Codec(TokenIntCodec):
@@ -227,8 +241,13 @@ TOKEN_INT5 = "int5tok+zstd"
 """The name of the 5-bit :class:`TokenIntCodec` on the wire."""
 
 
+TOKEN_INT4_SR = "int4tok-sr+zstd"
+"""The name of the 4-bit :class:`TokenIntCodec` with stochastic rounding on the wire."""
+
+
 ACTIVATION_CODECS: dict[str, ActivationCodec] = {
-    TOKEN_INT4: TokenInt4Codec(), TOKEN_INT5: TokenIntCodec(5), "int6tok+zstd": TokenIntCodec(6),
+    TOKEN_INT4: TokenInt4Codec(), TOKEN_INT4_SR: TokenIntCodec(4, stochastic=True), TOKEN_INT5: TokenIntCodec(5),
+    "int6tok+zstd": TokenIntCodec(6),
     **{name: FlatCodec(get_codec(name)) for name in CODECS}}
 """Every codec of activations and gradients by name."""
 

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+import torch
 from torch import Tensor
 
 from peer.network import unwrap_dht
@@ -157,9 +158,11 @@ class StageClient:
         msg = encode_tensor(x, self._codec(codec))
         rid = secrets.token_hex(8)
         request = StageRequest(kind=StageRequest.FORWARD, module_id=module_id, config_hash=self.config_hash,
-                               request_id=rid, input=msg)
+                               request_id=rid, input=msg, residual=self.scheme.residual)
         reply, peer = self._call(self._request(module_id, lambda _peer, _attempt: request, prefer=None))
         out = self._decode(reply, list(x.shape), module_id)
+        if reply.residual:  # the module's output minus its input: added to the exact input
+            out = out.add_(x.detach().to(device="cpu", dtype=torch.float32))
         return out, Hop(module_id, peer, rid, msg)
 
     def backward(self, hop: Hop, grad: Tensor, codec: Optional[str] = None) -> Tensor:
@@ -170,7 +173,7 @@ class StageClient:
 
         def make(peer: str, attempt: int) -> StageRequest:
             req = StageRequest(kind=StageRequest.BACKWARD, module_id=hop.module_id, config_hash=self.config_hash,
-                               request_id=hop.request_id, grad=g)
+                               request_id=hop.request_id, grad=g, residual=self.scheme.residual)
             if peer != hop.peer_id or attempt > 0:  # another server, or a retry: it may not keep the input
                 req.input.CopyFrom(hop.input)
             return req
@@ -178,7 +181,10 @@ class StageClient:
         reply, peer = self._call(self._request(hop.module_id, make, prefer=hop.peer_id))
         if peer != hop.peer_id:
             self.stats.failovers += 1
-        return self._decode(reply, list(grad.shape), hop.module_id)
+        out = self._decode(reply, list(grad.shape), hop.module_id)
+        if reply.residual:  # the input's gradient minus the output's: added to the exact output gradient
+            out = out.add_(grad.detach().to(device="cpu", dtype=torch.float32))
+        return out
 
     def servers(self, module_id: str) -> dict[str, StageServerEntry]:
         """The module's valid server records of our config hash (read from the DHT now)."""

@@ -252,7 +252,7 @@ class StageServer:
                 (out, tokens), share = self._backward(request, caller), 2 / 3
             else:
                 raise _Rejected(StageReply.BAD_REQUEST, f"unknown request kind {request.kind}")
-            reply = StageReply(code=StageReply.OK, output=out)
+            reply = StageReply(code=StageReply.OK, output=out, residual=request.residual)
             if self.options.emulated_throughput > 0:
                 shape = request.input.shape if request.kind == StageRequest.FORWARD else request.grad.shape
                 work = shape[0] * shape[1] * share / self.options.emulated_throughput
@@ -299,6 +299,8 @@ class StageServer:
         self._event("forward")
         x = self._decode_input(request)  # (B, T, C)
         y = self.module(x)  # (B, T, C)
+        if request.residual:
+            y = y - x  # the blocks' residual branches: the trainer adds its exact input
         now = time.monotonic()
         while self._kept and (len(self._kept) >= self.options.max_kept or next(iter(self._kept.values()))[1] < now):
             self._kept.popitem(last=False)
@@ -323,7 +325,8 @@ class StageServer:
         with torch.enable_grad():
             y = self.module(x)  # (B, T, C)
             y.backward(g.to(self.device))
-        grad_in = encode_tensor(x.grad, activation_codec(request.grad.codec))
+        g_in = x.grad - g.to(self.device) if request.residual else x.grad  # residual: the trainer adds its exact g
+        grad_in = encode_tensor(g_in, activation_codec(request.grad.codec))
         self._kept.pop(key, None)  # only now: a backward that failed may be retried here
         tokens = x.shape[0] * x.shape[1]
         self._acc_tokens += tokens

@@ -2,11 +2,12 @@
 
 Tensors travel as :class:`protos.hivepath.peer.v1.stage_pb2.EncodedTensor`: a shape, a codec name and the bytes of the
 tensor encoded by one of :data:`peer.stage.activation_codec.ACTIVATION_CODECS`: the pseudo-gradient
-codecs on the flat vector (int8 blockwise absmax by default; fp16 and none; SWARM, Ryabinin et al. 2023,
+codecs on the flat vector (int8 blockwise absmax, fp16 and none; SWARM, Ryabinin et al. 2023,
 compresses activations the same way), or ``int4tok+zstd`` (per-token 4-bit codes behind zstd, about a
-tenth of fp32's bytes; 5 and 6 bits also). A trainer resolves its codec scheme once
-(:func:`codec_scheme`: a codec per level and direction, e.g. a richer one for the embedding's output);
-a server answers in the codec the request names. Decoding checks
+tenth of fp32's bytes; 5 and 6 bits also, and 4 with stochastic rounding). A trainer resolves its codec
+scheme once (:func:`codec_scheme`: a codec per level and direction, e.g. a richer one for the
+embedding's output, and whether replies are residual); a server answers in the codec the request
+names, residual when asked. Decoding checks
 everything a hostile or buggy peer could get wrong -- rank, sizes, codec, byte length, NaN/Inf --
 and raises :class:`WireError` with a message naming the problem.
 """
@@ -30,10 +31,13 @@ __all__ = ["WireError", "activation_codec", "encode_tensor", "decode_tensor", "s
 STAGE_RPC = STAGE_PROTO.services_by_name["Stage"].methods_by_name["Stage"]
 """The ``Stage`` rpc of ``stage.proto``: one forward or backward pass (a P2P stream handler)."""
 
-DEFAULT_ACTIVATION_CODEC = "int8"
-"""Codec of activations and gradients unless the trainer picks another. Not ``int4tok+zstd``: 0.39 of
-int8's bytes, but a demo path trained 500 steps through it scores 3.9% more validation bits per byte
-than with fp32 activations (mean of 3 seeds; int8: -0.8%, seed noise) (``bench.stage_codec``)."""
+DEFAULT_ACTIVATION_CODEC = "int4tok+zstd/first=int5tok+zstd/residual"
+"""The codec scheme of activations and gradients unless the trainer picks another: per-token 4-bit
+codes, 5-bit for the embedding's output into level 0 and level 0's reply, with residual replies
+(:attr:`CodecScheme.residual`). ``bench.stage_codec`` measures it against fp32 activations over 3 seeds
+(its figures in docs/BENCHMARKS.md): under an eighth of fp32's bytes, and a demo path trained through
+it within the 2% of validation bits per byte that a default may cost, where the same codecs with full
+replies miss it."""
 
 
 class WireError(ValueError):
@@ -42,11 +46,13 @@ class WireError(ValueError):
 
 @dataclass(frozen=True)
 class CodecScheme:
-    """Which codec each of a trainer's stage requests names (a server answers in the request's codec).
+    """How a trainer's stage requests cross the wire: the codec each names (a server answers in the
+    request's codec), and whether replies are residual.
 
-    Written ``BASE[/first=CODEC][/first_grad=CODEC]`` (:func:`codec_scheme`): a plain codec name is
-    that codec everywhere. Level 0's forward carries the embedding's output, whose position component
-    a coarse codec drowns (``bench.stage_codec``), so it may get a richer codec than the other hops.
+    Written ``BASE[/grad=CODEC][/first=CODEC][/first_grad=CODEC][/residual]`` (:func:`codec_scheme`):
+    a plain codec name is that codec everywhere, with full replies. Level 0's forward carries the
+    embedding's output, whose position component a coarse codec drowns (``bench.stage_codec``), so it
+    may get a richer codec than the other hops; gradients may get their own (stochastic rounding).
     """
 
     base: str
@@ -55,6 +61,14 @@ class CodecScheme:
     """Level 0's forward: the embedding's output, and level 0's output in the reply."""
     first_grad: Optional[str] = None
     """Level 0's backward: the gradient w.r.t. its output, and the embedding's gradient in the reply."""
+    grad: Optional[str] = None
+    """Every other level's backward (and level 0's without ``first_grad``)."""
+    residual: bool = False
+    """Requests ask for residual replies (:attr:`StageRequest.residual`): a server sends its output
+    minus its input, and the gradient w.r.t. its input minus the one w.r.t. its output, which the
+    trainer adds to the exact tensor it holds. A module is its input plus its blocks' residual
+    branches, so the codec's error lands on the branches only, never on the residual stream that
+    skips them."""
 
     def forward(self, level: int) -> str:
         """The codec of the forward request to the ``level``-th level of the path (0 first)."""
@@ -62,11 +76,14 @@ class CodecScheme:
 
     def backward(self, level: int) -> str:
         """The codec of the backward request to the ``level``-th level of the path (0 first)."""
-        return self.first_grad if level == 0 and self.first_grad else self.base
+        if level == 0 and self.first_grad:
+            return self.first_grad
+        return self.grad or self.base
 
     def __str__(self) -> str:
-        return self.base + (f"/first={self.first}" if self.first else "") + (
-            f"/first_grad={self.first_grad}" if self.first_grad else "")
+        return self.base + "".join(f"/{key}={value}" for key, value in
+                                   [("grad", self.grad), ("first", self.first), ("first_grad", self.first_grad)]
+                                   if value) + ("/residual" if self.residual else "")
 
 
 def stage_prefix(run_id: str) -> str:
@@ -90,18 +107,23 @@ def activation_codec(name: str, what: str = "tensor") -> ActivationCodec:
 
 
 def codec_scheme(name: str) -> CodecScheme:
-    """The :class:`CodecScheme` written ``name`` (``int8``, ``int4tok+zstd/first=int5tok+zstd``, ...);
-    WireError naming the problem if a part or a codec is unknown."""
+    """The :class:`CodecScheme` written ``name`` (``int8``, ``int4tok+zstd/first=int5tok+zstd/residual``,
+    ...); WireError naming the problem if a part or a codec is unknown."""
     base, *parts = str(name).split("/")
     fields: dict[str, str] = {}
+    residual = False
     for part in parts:
         key, sep, value = part.partition("=")
-        if not sep or key not in ("first", "first_grad") or key in fields:
-            raise WireError(f"codec scheme {name!r}: {part!r} is not first=CODEC or first_grad=CODEC (once each)")
+        if part == "residual" and not residual:
+            residual = True
+            continue
+        if not sep or key not in ("grad", "first", "first_grad") or key in fields:
+            raise WireError(f"codec scheme {name!r}: {part!r} is not grad=CODEC, first=CODEC, first_grad=CODEC or "
+                            "residual (once each)")
         fields[key] = value
     for what, codec in [("base", base), *fields.items()]:
         activation_codec(codec, f"codec scheme {name!r}: {what}")
-    return CodecScheme(base, **fields)
+    return CodecScheme(base, residual=residual, **fields)
 
 
 def encode_tensor(t: Tensor, codec: ActivationCodec) -> EncodedTensor:

@@ -18,7 +18,7 @@ class EncodedTensor(_message.Message):
     def __init__(self, shape: _Optional[_Iterable[int]] = ..., codec: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class StageRequest(_message.Message):
-    __slots__ = ("kind", "module_id", "config_hash", "request_id", "input", "grad")
+    __slots__ = ("kind", "module_id", "config_hash", "request_id", "input", "grad", "residual")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         FORWARD: _ClassVar[StageRequest.Kind]
@@ -31,16 +31,18 @@ class StageRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     INPUT_FIELD_NUMBER: _ClassVar[int]
     GRAD_FIELD_NUMBER: _ClassVar[int]
+    RESIDUAL_FIELD_NUMBER: _ClassVar[int]
     kind: StageRequest.Kind
     module_id: str
     config_hash: str
     request_id: str
     input: EncodedTensor
     grad: EncodedTensor
-    def __init__(self, kind: _Optional[_Union[StageRequest.Kind, str]] = ..., module_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., request_id: _Optional[str] = ..., input: _Optional[_Union[EncodedTensor, _Mapping]] = ..., grad: _Optional[_Union[EncodedTensor, _Mapping]] = ...) -> None: ...
+    residual: bool
+    def __init__(self, kind: _Optional[_Union[StageRequest.Kind, str]] = ..., module_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., request_id: _Optional[str] = ..., input: _Optional[_Union[EncodedTensor, _Mapping]] = ..., grad: _Optional[_Union[EncodedTensor, _Mapping]] = ..., residual: _Optional[bool] = ...) -> None: ...
 
 class StageReply(_message.Message):
-    __slots__ = ("code", "error", "output", "queue_length", "throughput")
+    __slots__ = ("code", "error", "output", "queue_length", "throughput", "residual")
     class Code(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         OK: _ClassVar[StageReply.Code]
@@ -58,9 +60,11 @@ class StageReply(_message.Message):
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     QUEUE_LENGTH_FIELD_NUMBER: _ClassVar[int]
     THROUGHPUT_FIELD_NUMBER: _ClassVar[int]
+    RESIDUAL_FIELD_NUMBER: _ClassVar[int]
     code: StageReply.Code
     error: str
     output: EncodedTensor
     queue_length: int
     throughput: float
-    def __init__(self, code: _Optional[_Union[StageReply.Code, str]] = ..., error: _Optional[str] = ..., output: _Optional[_Union[EncodedTensor, _Mapping]] = ..., queue_length: _Optional[int] = ..., throughput: _Optional[float] = ...) -> None: ...
+    residual: bool
+    def __init__(self, code: _Optional[_Union[StageReply.Code, str]] = ..., error: _Optional[str] = ..., output: _Optional[_Union[EncodedTensor, _Mapping]] = ..., queue_length: _Optional[int] = ..., throughput: _Optional[float] = ..., residual: _Optional[bool] = ...) -> None: ...
