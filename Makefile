@@ -37,9 +37,11 @@ test-all: setup
 
 # bench.comm and bench.utilization need root (network namespaces); without it they print a skip line.
 # bench.quality runs its reduced CPU grid here; `python -m bench.quality --scale full` is the whole grid.
+# bench.report then regenerates docs/BENCHMARKS.md's tables from the new results.
 bench: setup
 	@for b in $(BENCHES); do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
 	$(PY) -m bench.quality --quick
+	$(PY) -m bench.report
 
 protos: setup
 	$(PY) -m protos.generate

@@ -29,6 +29,15 @@ import grpc
 
 from bench.common import emit, run_main
 
+MEASURES = (
+    "bench/coordinator_load.py",
+    "coordinator",
+    "models",
+    "protos",
+)
+"""The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
+when any of it changed after the commit a result records."""
+
 log = logging.getLogger("bench.coordinator_load")
 
 TOKEN = "bench-token"
@@ -222,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
     result = {
+        "seeds": [0],  # the simulated peers' declarations
         "assign_ms_100k": round(assign_ms(args.assign_peers, 2, 16), 3),
         "assign_ms_100k_2x2": round(assign_ms(args.assign_peers, 2, 2), 3),
     }

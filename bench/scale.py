@@ -26,6 +26,17 @@ from pathlib import Path
 from bench.common import emit, run_main
 from bench.scale_sim import SimConfig, simulate
 
+MEASURES = (
+    "bench/scale.py",
+    "bench/scale_sim",
+    "coordinator",
+    "models",
+    "peer/averaging",
+    "peer/network/records.py",
+)
+"""The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
+when any of it changed after the commit a result records."""
+
 __all__ = ["main", "sweep"]
 
 log = logging.getLogger("bench.scale")
@@ -132,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = sweep(args.quick, args.seed)
     if args.plot and not args.quick:
         plot(rows, args.plot)
-    emit("scale_quick" if args.quick else "scale", {**headline(rows), "quick": args.quick, "seed": args.seed,
+    emit("scale_quick" if args.quick else "scale", {**headline(rows), "quick": args.quick, "seed": args.seed, "seeds": [args.seed],
                                                      "sweep": rows})
     return 0
 

@@ -48,6 +48,19 @@ from typing import Optional
 from bench.common import emit, run_main
 from bench.loopback import LoopbackNetwork, prepared_corpus, wait_until
 
+MEASURES = (
+    "bench/scale_calibrate.py",
+    "bench/scale_sim",
+    "bench/loopback.py",
+    "models",
+    "peer",
+    "coordinator",
+    "hivepath",
+    "protos",
+)
+"""The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
+when any of it changed after the commit a result records."""
+
 __all__ = ["Plan", "calibrate", "main", "real_figures"]
 
 log = logging.getLogger("bench.scale_calibrate")
@@ -288,7 +301,7 @@ def headline(plan: Plan, rows: list[dict]) -> dict:
         "sizes": list(plan.sizes), "round_seconds": plan.round_seconds, "round_timeout": plan.round_timeout,
         "window_s": plan.window, "compute_cores": plan.compute_cores, "peer_cpu_limit": plan.cpu_limit(),
         "max_group_size": plan.max_group_size,
-        "inner_steps": INNER_STEPS, "lattice": "2x2", "preset": "tiny", "seed": plan.seed,
+        "inner_steps": INNER_STEPS, "lattice": "2x2", "preset": "tiny", "seed": plan.seed, "seeds": [plan.seed],
         "sim_model": {"LATENCY": swarm.LATENCY, "GATHER": swarm.GATHER, "POLL": swarm.POLL,
                       "WAITING_POLL": swarm.WAITING_POLL, "DEADLINE": swarm.DEADLINE},
         "rows": rows,
