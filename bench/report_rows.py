@@ -98,10 +98,15 @@ ROWS: tuple[Row, ...] = tuple(
             ("nat_vs_public_round_s", "round time behind NAT over all-public", ("<=", 1.5)),
             ("newcomer_first_round_s", "a NATed newcomer's first round, s", ("<=", 60)))
     + _rows("scale", "scale",
-            ("peers_simulated", "peers simulated", (">=", 10000)),
+            ("peers_simulated", "joins simulated, admitted and refused together", (">=", 10000)),
             ("coordinator_cpu_share_at_10000", "coordinator CPU share at 10,000 peers (in-process)", ("<=", 0.5)),
             ("churn_compute_loss_10pct_per_hour", "compute lost to 10% churn per hour", ("<=", 0.05)),
             ("round_time_ratio_1000_vs_10", "round time at 1,000 peers over 10", ("<=", 1.5)))
+    + _rows("scale", "scale_quick",
+            ("peers_admitted", "quick sweep (10 and 100 peers): joins admitted"),
+            ("peers_refused", "joins refused"),
+            ("coordinator_cpu_share_at_1000_grpc", "coordinator CPU share through gRPC, 1,000 peers and 100 joins at once"),
+            ("heartbeat_rate_achieved", "heartbeats per second it served (the simulated rate: 200)"))
     + _rows("scale_calibrate", "scale_calibrate",
             ("sim_vs_real_round_time_error", "simulated vs real round time, largest real size", ("<=", 0.25)),
             ("largest_real_peers", "real peers at that size"))
