@@ -150,7 +150,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for p in plot(ordered, prefix=name):
         log.info("wrote %s", p)
     sys.stderr.write(tables(ordered))
-    if name == "quality":  # the report: the goal where any scale met it (each against its own baseline)
+    if name == "quality":  # the report: where the goal was met, this scale or another (named apart)
         from bench.quality_report import goal_across_scales
 
         summary.update(goal_across_scales({**summary, "scale_name": scale.name}))
