@@ -120,6 +120,10 @@ ROWS: tuple[Row, ...] = tuple(
             ("two_seeder_speedup", "speed-up with two seeders", (">=", 1.7)),
             ("time_to_first_step_s", "join to first training step, s"),
             ("verified_share", "share of fetched bytes verified", ("==", 1.0)))
+    + _rows("robust", "robust",
+            ("robust_err_over_spread_max", "worst error of trimmed mean and centered clip, 1 hostile of 5, in spreads",
+             ("<=", 0.6)),
+            ("err_over_spread.huge.mean", "the plain mean against a huge update, in spreads"))
     + _rows("chaos", "chaos",
             ("rounds_lost", "rounds lost to kills and a partition", ("==", 0)),
             ("max_stall_s", "longest stall, s", ("<=", 12)),
