@@ -77,7 +77,9 @@ def _git(*args: str) -> str:
 def provenance() -> dict[str, Any]:
     """What a result needs to be traced and rerun: the commit (and whether the tree had changes), the
     exact command, the machine (:func:`machine`), when it started and how long it ran."""
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    # a benchmark's own outputs (results, plots) do not make the measured code dirty
+    dirty = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results",
+                 ":(exclude)docs/img")
     return {
         "commit": _git("rev-parse", "HEAD") or "unknown",
         "dirty": bool(dirty),
