@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # one of them, one at a time (tests/conftest.py). TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS))
-BENCHES := inner_loop routing codecs coordinator_load comm comm_hivemind utilization stage_codec swarm chaos byzantine nat scale scale_calibrate data_fetch
+BENCHES := inner_loop routing codecs coordinator_load comm comm_hivemind utilization stage_codec swarm chaos byzantine robust nat scale scale_calibrate data_fetch
 
 .PHONY: setup demo test test-all bench protos clean
 
@@ -37,9 +37,11 @@ test-all: setup
 
 # bench.comm and bench.utilization need root (network namespaces); without it they print a skip line.
 # bench.quality runs its reduced CPU grid here; `python -m bench.quality --scale full` is the whole grid.
+# bench.report then regenerates docs/BENCHMARKS.md's tables from the new results.
 bench: setup
 	@for b in $(BENCHES); do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
 	$(PY) -m bench.quality --quick
+	$(PY) -m bench.report
 
 protos: setup
 	$(PY) -m protos.generate

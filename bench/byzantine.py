@@ -42,6 +42,18 @@ from typing import Optional
 
 from bench.common import emit, run_main
 
+MEASURES = (
+    "bench/byzantine.py",
+    "models",
+    "peer/averaging",
+    "peer/simulator",
+    "peer/outer",
+    "peer/diloco",
+    "coordinator",
+)
+"""The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
+when any of it changed after the commit a result records."""
+
 log = logging.getLogger("bench.byzantine")
 
 ATTACKS = ("scaled", "sign_flip", "noise", "nan", "alie", "replay", "collude")
@@ -271,7 +283,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     return {
         "preset": "demo (1x1 dense)", "path_params": cfg.lattice.path_param_count((0,)),
         "inner_steps": cfg.outer.inner_steps, "rounds": args.rounds, "codec": cfg.outer.codec,
-        "aggregator": args.aggregator, "norm_bound": args.norm_bound, "seed": args.seed,
+        "aggregator": args.aggregator, "norm_bound": args.norm_bound, "seed": args.seed, "seeds": [args.seed],
         **{f"pretrain_{k}" if not k.startswith("pretrain") else k: v for k, v in info.items()},
         "bpb_clean": round(clean[5]["bpb"], 4), "bpb_clean_7": round(clean[7]["bpb"], 4),
         "bpb_clean_defended": round(clean_defended[5]["bpb"], 4),

@@ -41,6 +41,24 @@ for _p in (ROOT, ROOT / "tests"):  # the fault injector and invariants live with
 
 from bench.common import emit, run_main  # noqa: E402
 
+MEASURES = (
+    "bench/chaos.py",
+    "bench/chaos_drain.py",
+    "bench/netns.py",
+    "models",
+    "peer",
+    "coordinator",
+    "hivepath",
+    "protos",
+    "tests/chaos/fault.py",
+    "tests/chaos/invariants.py",
+    "tests/chaos/nsnet.py",
+    "tests/chaos/scenario.py",
+    "tests/helpers",
+)
+"""The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
+when any of it changed after the commit a result records."""
+
 log = logging.getLogger("bench.chaos")
 
 ROUND_TIMEOUT = 12.0
@@ -259,8 +277,9 @@ def main(argv: Optional[list[str]] = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     work = args.work or Path(tempfile.mkdtemp(prefix="hivepath-chaos-"))
     work.mkdir(parents=True, exist_ok=True)
+    # every peer's run config and the hostile-peer simulator keep the preset's seed (0); kills follow a fixed order
     result: dict = {"minutes": args.minutes, "peers": args.peers, "kill_every_s": args.kill_every,
-                    "inner_steps": args.inner_steps, "work": str(work)}
+                    "inner_steps": args.inner_steps, "work": str(work), "seeds": [0]}
     if args.byzantine_steps > 0:
         result.update(byzantine(args.byzantine_steps, work, args.aggregator))
     if not args.skip_drain:

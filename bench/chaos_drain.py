@@ -20,6 +20,22 @@ import time
 from pathlib import Path
 from typing import Optional
 
+MEASURES = (
+    "bench/chaos_drain.py",
+    "models",
+    "peer",
+    "coordinator",
+    "hivepath",
+    "protos",
+    "tests/chaos/fault.py",
+    "tests/chaos/invariants.py",
+    "tests/chaos/nsnet.py",
+    "tests/chaos/scenario.py",
+    "tests/helpers",
+)
+"""The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
+when any of it changed after the commit a result records."""
+
 __all__ = ["drain_run"]
 
 log = logging.getLogger("bench.chaos_drain")
@@ -92,5 +108,5 @@ if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from bench.common import emit, run_main
 
-    run_main(lambda: emit("chaos_drain", drain_run(args.work or Path(tempfile.mkdtemp(prefix="hivepath-drain-")),
-                                                   args.peers, args.window)))
+    run_main(lambda: emit("chaos_drain", {**drain_run(args.work or Path(tempfile.mkdtemp(prefix="hivepath-drain-")),
+                                                      args.peers, args.window), "seeds": [0]}))  # the run config's seed

@@ -19,6 +19,14 @@ from models.codec_spec import CODECS
 from models.presets import tiny_cpu
 from peer.averaging import ErrorFeedback, flatten, get_codec
 
+MEASURES = (
+    "bench/codecs.py",
+    "models",
+    "peer/averaging",
+)
+"""The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
+when any of it changed after the commit a result records."""
+
 
 def _real_pseudo_gradient(steps: int = 10) -> torch.Tensor:
     """``global - local`` of every module of one tiny path after ``steps`` AdamW steps."""
@@ -70,7 +78,8 @@ def main() -> None:
     torch.set_num_threads(1)
     gauss = torch.randn(args.numel, generator=torch.Generator().manual_seed(0))
     real = _real_pseudo_gradient()
-    result: dict = {"numel": args.numel, "real_numel": real.numel(), "threads": 1, "codecs": {}}
+    result: dict = {"numel": args.numel, "real_numel": real.numel(), "threads": 1, "codecs": {},
+                    "seeds": [0, 1]}  # the model and the Gaussian vector from 0, the real delta's batches from 1
     for name in CODECS:
         codec = get_codec(name)
         data = codec.encode(gauss)

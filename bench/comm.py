@@ -92,6 +92,18 @@ from models import strict_json
 from models.codec_spec import ENTROPY_STAGES, codec_spec, wire_name
 from models.config import OuterConfig
 
+MEASURES = (
+    "bench/comm.py",
+    "bench/netns.py",
+    "bench/tcp_ceiling.py",
+    "models",
+    "peer/averaging",
+    "peer/network",
+    "protos",
+)
+"""The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
+when any of it changed after the commit a result records."""
+
 log = logging.getLogger("bench.comm")
 
 RUN_ID = "bench"
@@ -531,7 +543,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     if args.peer is not None:
         run_peer(args)
         return
-    emit(rate_result_name("comm", args.rate_mbit), run_bench(args))
+    # peer k's delta is drawn from seed k
+    emit(rate_result_name("comm", args.rate_mbit), {**run_bench(args), "seeds": list(range(args.peers))})
 
 
 if __name__ == "__main__":

@@ -49,6 +49,15 @@ from bench.comm import _cpu_seconds, median_index, namespaced_peers
 from bench.common import ISSUE_RATE_MBIT, emit, rate_result_name, run_main
 from models import strict_json
 
+MEASURES = (
+    "bench/comm_hivemind.py",
+    "bench/comm.py",
+    "bench/netns.py",
+    "models",
+)
+"""The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
+when any of it changed after the commit a result records."""
+
 log = logging.getLogger("bench.comm_hivemind")
 
 CODECS = ("8bit", "fp16", "none")
@@ -254,7 +263,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     if args.peer is not None:
         run_peer(args)
         return
-    emit(rate_result_name("comm_hivemind", args.rate_mbit), run_bench(args))
+    # peer k's delta is drawn from seed k
+    emit(rate_result_name("comm_hivemind", args.rate_mbit), {**run_bench(args), "seeds": list(range(args.peers))})
 
 
 if __name__ == "__main__":

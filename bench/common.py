@@ -1,15 +1,21 @@
-"""What every benchmark shares: writing its result where ``docs/BENCHMARKS.md`` expects it, and a
-``__main__`` that leaves nothing behind when it is stopped."""
+"""What every benchmark shares: writing its result where ``docs/BENCHMARKS.md`` expects it, with the
+provenance that traces it (commit, command, machine, seeds), and a ``__main__`` that leaves nothing
+behind when it is stopped.
+
+Each benchmark module declares ``MEASURES``, the paths of the code its figures depend on;
+``python -m bench.report`` reads it to mark a result stale once that code changed after the result's
+commit, and :func:`code_hash` of such paths keys the stored points a benchmark may reuse."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from models import strict_json
 
@@ -18,7 +24,7 @@ ROOT = RESULTS.parent.parent
 _STARTED = time.time()
 """When this benchmark process started (its result's ``duration_s`` counts from here)."""
 
-__all__ = ["emit", "provenance", "rate_result_name", "run_main", "RESULTS", "ISSUE_RATE_MBIT"]
+__all__ = ["code_hash", "emit", "machine", "provenance", "rate_result_name", "run_main", "RESULTS", "ISSUE_RATE_MBIT"]
 
 ISSUE_RATE_MBIT = 100
 """The per-peer link rate of issue 3's averaging benchmarks (``bench.comm``, ``bench.comm_hivemind``)."""
@@ -30,14 +36,34 @@ def rate_result_name(name: str, rate_mbit: int) -> str:
     return name if rate_mbit == ISSUE_RATE_MBIT else f"{name}_{rate_mbit}mbit"
 
 
-def _cpu_model() -> str:
+def _cpuinfo() -> list[dict[str, str]]:
+    """One ``{field: value}`` per logical CPU of ``/proc/cpuinfo`` (empty where there is none)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return []
+    cpus = []
+    for block in text.strip().split("\n\n"):
+        cpus.append({k.strip(): v.strip() for k, _, v in (line.partition(":") for line in block.splitlines())})
+    return cpus
+
+
+def machine() -> dict[str, Any]:
+    """The machine a result was measured on: physical ``cores``, hardware ``threads`` (logical CPUs),
+    the ``cpu_model``, the CPUs this process may use (``usable_cpus``: a cgroup or affinity can give it
+    fewer), torch's intra-op threads when torch is loaded, the Python version and the system."""
+    cpus = _cpuinfo()
+    threads = os.cpu_count() or len(cpus) or 1
+    physical = {(c.get("physical id", "0"), c.get("core id", str(i))) for i, c in enumerate(cpus)}
+    cores = len(physical) if cpus and "core id" in cpus[0] else threads
+    model = next((c["model name"] for c in cpus if "model name" in c), "") or platform.processor() or platform.machine()
+    out: dict[str, Any] = {"cores": cores, "threads": threads, "cpu_model": model,
+                           "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else threads,
+                           "python": platform.python_version(), "system": platform.platform()}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        out["torch_threads"] = torch.get_num_threads()
+    return out
 
 
 def _git(*args: str) -> str:
@@ -50,29 +76,52 @@ def _git(*args: str) -> str:
 
 def provenance() -> dict[str, Any]:
     """What a result needs to be traced and rerun: the commit (and whether the tree had changes), the
-    exact command, the machine, when it started and how long it ran."""
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    exact command, the machine (:func:`machine`), when it started and how long it ran."""
+    # a benchmark's own outputs (results, plots) do not make the measured code dirty
+    dirty = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results",
+                 ":(exclude)docs/img")
     return {
         "commit": _git("rev-parse", "HEAD") or "unknown",
         "dirty": bool(dirty),
         "command": " ".join(["python", "-m", f"bench.{Path(sys.argv[0]).stem}"] + sys.argv[1:])
         if sys.argv and sys.argv[0].endswith(".py") else " ".join(sys.argv),
-        "machine": {"cores": os.cpu_count(), "cpu_model": _cpu_model(), "python": platform.python_version(),
-                    "system": platform.platform()},
+        "machine": machine(),
         "started_unix": round(_STARTED),
         "duration_s": round(time.time() - _STARTED, 1),
     }
 
 
+def code_hash(paths: Sequence[str]) -> str:
+    """SHA-256 over the files under ``paths`` (relative to the repository root; a folder means every
+    file in it but compiled bytecode): their relative names and bytes, in sorted order. It changes when
+    any of that code changes, committed or not."""
+    digest = hashlib.sha256()
+    for rel in sorted(set(paths)):
+        root = ROOT / rel
+        if not root.exists():
+            raise FileNotFoundError(f"{rel} does not exist under {ROOT}")
+        files = [root] if root.is_file() else sorted(f for f in root.rglob("*")
+                                                     if f.is_file() and "__pycache__" not in f.parts)
+        for f in files:
+            digest.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def emit(name: str, result: dict[str, Any]) -> dict[str, Any]:
     """Write ``bench/results/NAME.json`` and print the result as the last line of output.
 
-    A result that says ``skipped`` (e.g. no network namespaces without root) is printed only: ``make
-    bench`` goes on, and the last measured result file is kept.
+    Every result records its ``seeds`` (a list: every seed its randomness came from, ``[]`` for a
+    benchmark that draws nothing at random) beside its :func:`provenance`; a result without them is a
+    programming error. A result that says ``skipped`` (e.g. no network namespaces without root) is
+    printed only: ``make bench`` goes on, and the last measured result file is kept.
     """
     if "skipped" in result:
         print(strict_json.dumps(result), flush=True)
         return result
+    seeds = result.get("seeds")
+    if not isinstance(seeds, list) or not all(isinstance(s, int) for s in seeds):
+        raise ValueError(f"bench.{name}'s result records no 'seeds' list of ints ({seeds!r}): add the seeds its "
+                         "randomness came from, [] if it draws nothing at random")
     result = {**provenance(), **result, "bench": name, "host": platform.node(), "unix_time": round(time.time())}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(strict_json.dumps(result, indent=2, sort_keys=True) + "\n")

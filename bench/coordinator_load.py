@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -24,10 +25,22 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 import grpc
 
 from bench.common import emit, run_main
+
+MEASURES = (
+    "bench/coordinator_load.py",
+    "coordinator",
+    "models",
+    "protos",
+)
+"""The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
+when any of it changed after the commit a result records."""
+
+__all__ = ["main", "coordinator_process", "event_loop", "peer_id", "process_cpu_s", "TOKEN"]
 
 log = logging.getLogger("bench.coordinator_load")
 
@@ -43,7 +56,8 @@ max_peers = 200000
 """
 
 
-def _peer_id(i: int) -> str:
+def peer_id(i: int) -> str:
+    """The ``i``-th synthetic peer id."""
     alphabet = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
     s = ""
     for _ in range(8):
@@ -87,7 +101,7 @@ def assign_ms(peers: int, levels: int, modules_per_level: int, repeats: int = 30
     return statistics.median(times)
 
 
-def _cpu_s(pid: int) -> float:
+def process_cpu_s(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -117,7 +131,7 @@ async def _load(port: int, peers: int, seconds: float, concurrency: int, server_
         while next_peer < peers:
             i = next_peer
             next_peer += 1
-            pid = _peer_id(i)
+            pid = peer_id(i)
             r = await stub.Join(pb.JoinRequest(token=TOKEN, peer_id=pid, public_key=pid.encode(), capabilities=caps),
                                 timeout=60)
             beats.append(pb.HeartbeatRequest(lease_id=r.lease.lease_id, peer_id=pid,
@@ -188,10 +202,10 @@ async def _drive(beat, n_leases: int, seconds: float, concurrency: int, server_p
             latencies.append(time.perf_counter() - s)
 
     t0 = time.perf_counter()
-    server_cpu0, load_cpu0 = _cpu_s(server_pid), time.process_time()
+    server_cpu0, load_cpu0 = process_cpu_s(server_pid), time.process_time()
     await asyncio.gather(*(beater() for _ in range(concurrency)))
     elapsed = time.perf_counter() - t0
-    server_cpu, load_cpu = _cpu_s(server_pid) - server_cpu0, time.process_time() - load_cpu0
+    server_cpu, load_cpu = process_cpu_s(server_pid) - server_cpu0, time.process_time() - load_cpu0
     latencies.sort()
     n = max(1, len(latencies))
     q = lambda f: latencies[min(len(latencies) - 1, int(f * len(latencies)))] * 1000  # noqa: E731
@@ -222,12 +236,25 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
     result = {
+        "seeds": [0],  # the simulated peers' declarations
         "assign_ms_100k": round(assign_ms(args.assign_peers, 2, 16), 3),
         "assign_ms_100k_2x2": round(assign_ms(args.assign_peers, 2, 2), 3),
     }
     log.info("assign: %s", result)
+    with coordinator_process(RUN_TOML) as (port, pid), event_loop() as runner:
+        result.update(runner.run(_load(port, args.peers, args.seconds, args.concurrency, pid, args.unary_seconds)))
+    result.update(concurrency=args.concurrency, seconds=args.seconds, cpus=os.cpu_count(),
+                  targets={"heartbeats_per_s": ">= 3000", "p99_ms": "<= 20", "assign_ms_100k": "<= 50"})
+    emit("coordinator_load", result)
+    return 0
+
+
+@contextlib.contextmanager
+def coordinator_process(run_toml: str) -> Iterator[tuple[int, int]]:
+    """A ``hivepath coordinator serve`` process of the run config ``run_toml`` on a fresh database:
+    ``(grpc port, pid)`` once it serves; stopped on exit."""
     with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "run.toml").write_text(RUN_TOML)
+        (Path(tmp) / "run.toml").write_text(run_toml)
         port, http_port = _free_port(), _free_port()
         server = subprocess.Popen(
             [sys.executable, "-m", "hivepath.cli", "--log-level", "WARNING", "coordinator", "serve", "--run-config",
@@ -237,22 +264,20 @@ def main(argv: list[str] | None = None) -> int:
         )
         try:
             _wait_serving(port, server)
-            try:
-                import uvloop
-
-                runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
-            except ImportError:  # pragma: no cover
-                runner = asyncio.Runner()
-            with runner:
-                result.update(runner.run(_load(port, args.peers, args.seconds, args.concurrency, server.pid,
-                                                 args.unary_seconds)))
+            yield port, server.pid
         finally:
             server.terminate()
             server.wait(30)
-    result.update(concurrency=args.concurrency, seconds=args.seconds, cpus=os.cpu_count(),
-                  targets={"heartbeats_per_s": ">= 3000", "p99_ms": "<= 20", "assign_ms_100k": "<= 50"})
-    emit("coordinator_load", result)
-    return 0
+
+
+def event_loop() -> asyncio.Runner:
+    """An asyncio runner on uvloop where it is installed (the load generator's own CPU matters)."""
+    try:
+        import uvloop
+
+        return asyncio.Runner(loop_factory=uvloop.new_event_loop)
+    except ImportError:  # pragma: no cover
+        return asyncio.Runner()
 
 
 def _wait_serving(port: int, server: subprocess.Popen, start_timeout: float = 60.0) -> None:

@@ -46,6 +46,19 @@ for _p in (ROOT, ROOT / "tests"):
 from models import strict_json  # noqa: E402
 from bench.common import emit, run_main  # noqa: E402
 
+MEASURES = (
+    "bench/data_fetch.py",
+    "bench/netns.py",
+    "models",
+    "peer",
+    "coordinator",
+    "hivepath",
+    "protos",
+    "tests/helpers",
+)
+"""The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
+when any of it changed after the commit a result records."""
+
 log = logging.getLogger("bench.data_fetch")
 
 PREFIX, SUBNET = "hpd", "10.83.0"
@@ -293,6 +306,7 @@ def main() -> int:
         "two_seeder_speedup": result["two_seeder_speedup"] >= 1.7,
         "verified_share": result["verified_share"] == 1.0,
     }
+    result["seeds"] = [0]  # the generated corpus and the run config
     emit("data_fetch", result)
     return 0
 

@@ -31,6 +31,13 @@ from models.data import Dataset, prepare
 from models.lattice import ModularLM
 from models.training import InnerLoop, autocast, make_adamw, pick_device
 
+MEASURES = (
+    "bench/inner_loop.py",
+    "models",
+)
+"""The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
+when any of it changed after the commit a result records."""
+
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -107,6 +114,7 @@ def main(argv=None) -> dict:
         "overhead_of_medians": round(1 - hp / bare, 4),
         "target_overhead": 0.03,
         "meets_target": overhead <= 0.03,
+        "seeds": list(range(8)),  # the model and the timed batches from 0, the fixed batches from 0-7
         "device": str(device),
         "clock": "process CPU time" if device.type == "cpu" else "wall clock",
         "threads": args.threads,

@@ -48,6 +48,23 @@ for _p in (ROOT, ROOT / "tests"):  # the namespaced network and the invariants l
 
 from bench.common import emit, run_main  # noqa: E402
 
+MEASURES = (
+    "bench/nat.py",
+    "bench/netns.py",
+    "models",
+    "peer",
+    "coordinator",
+    "hivepath",
+    "protos",
+    "tests/chaos/fault.py",
+    "tests/chaos/invariants.py",
+    "tests/chaos/nsnet.py",
+    "tests/chaos/scenario.py",
+    "tests/helpers",
+)
+"""The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
+when any of it changed after the commit a result records."""
+
 log = logging.getLogger("bench.nat")
 
 PREFIX, SUBNET = "hpn", "10.81.0"
@@ -174,6 +191,7 @@ def main() -> int:
         nat = one_run(True, work / "nat", args.rate, args.inner_steps, args.warmup, args.rounds)
         public = one_run(False, work / "public", args.rate, args.inner_steps, args.warmup, args.rounds)
     result = {
+        "seeds": [0],  # every peer's run config keeps the preset's seed
         "natted_round_share": nat["natted_round_share"],
         "replica_max_abs_diff": max(nat["replica_max_abs_diff"], public["replica_max_abs_diff"]),
         "relay_bytes_share": nat["relay_bytes_share"],

@@ -6,28 +6,54 @@ Run: ``python -m bench.quality [--quick] [--only diloco,dipaco,hetero,outer] [--
 Prepares the built-in corpus for a 2x2 lattice (byte-level, and BPE 4096 for the full grid) under
 ``data/quality-*`` once, runs every point of the chosen experiments (``bench.quality_sweeps``) with
 fixed seeds, appends each point's record to ``bench/results/quality_points.jsonl`` as it finishes
-(a rerun skips the points already recorded at the same scale; ``--fresh`` reruns them), then writes
-``bench/results/quality.json`` (every recorded point plus the headline figures of
-``bench.quality_report.summarize``) and the plots ``docs/img/quality_*.png``.
+with its reuse key (:func:`point_key`: the point, its scale and device, and a hash of the code a point
+runs), then writes ``bench/results/quality.json`` (every point of the grid recorded under its current
+key, plus the headline figures of ``bench.quality_report.summarize``) and the plots
+``docs/img/quality_*.png``. A rerun skips a point only when a record under the same key exists, so a
+point recorded by other code or another configuration runs again; ``--fresh`` reruns them all.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Optional, Sequence
 
-from bench.common import RESULTS, emit, run_main
+from bench.common import RESULTS, code_hash, emit, run_main
 from bench.quality_report import plot, summarize, tables
-from bench.quality_scale import SCALES
-from bench.quality_sweeps import EXPERIMENTS, grid, run_points, scale_by_name
+from bench.quality_scale import SCALES, Scale
+from bench.quality_sweeps import EXPERIMENTS, Point, grid, run_points, scale_by_name
 from models import strict_json
 
-__all__ = ["main", "prepare_data", "load_records"]
+MEASURES = (
+    "bench/quality.py",
+    "bench/quality_equivalence.py",
+    "bench/quality_eval.py",
+    "bench/quality_report.py",
+    "bench/quality_runs.py",
+    "bench/quality_scale.py",
+    "bench/quality_sparse.py",
+    "bench/quality_sweeps.py",
+    "models",
+    "peer/averaging",
+    "peer/diloco",
+    "peer/outer",
+    "peer/simulator",
+)
+"""The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
+when any of it changed after the commit a result records."""
+
+POINT_CODE = tuple(p for p in MEASURES if p not in ("bench/quality.py", "bench/quality_report.py"))
+"""The code one point runs (all of :data:`MEASURES` but the summary and plots): a stored point is
+reused only while its hash is unchanged."""
+
+__all__ = ["main", "prepare_data", "load_records", "point_key"]
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +77,24 @@ def prepare_data(tokenizers: Sequence[str], root: Path = DATA) -> dict[str, str]
     return dirs
 
 
-def load_records(path: Path, scale: str) -> dict[str, dict]:
-    """The latest record of each point in a records file (JSON lines), for one scale."""
+def point_key(point: Point, scale: Scale, device: str, code: str) -> str:
+    """The key a point's record is stored and reused under: a hash of the point (runner and
+    arguments), its whole scale, the device and ``code`` (:func:`bench.common.code_hash` of
+    :data:`POINT_CODE`). Any change to one of them is another key: the point runs again."""
+    config = {"point": point.to_dict(), "scale": asdict(scale), "device": device, "code": code}
+    return hashlib.sha256(strict_json.dumps(config, sort_keys=True).encode()).hexdigest()
+
+
+def load_records(path: Path, keys: dict[str, str]) -> dict[str, dict]:
+    """The latest record of each point in a records file (JSON lines) whose ``key`` is the one
+    ``keys`` (``{point name: point_key}``) holds for it now; records of other points, scales, devices
+    or code are not reused."""
     out: dict[str, dict] = {}
     if path.exists():
         for line in path.read_text().splitlines():
             if line.strip():
                 rec = json.loads(line)
-                if rec.get("scale") == scale:
+                if rec.get("name") in keys and rec.get("key") == keys[rec["name"]]:
                     out[rec["name"]] = rec
     return out
 
@@ -87,7 +123,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.points:
         wanted = set(args.points.split(","))
         points = [p for p in points if p.name in wanted]
-    records = load_records(args.records, scale.name)
+    code = code_hash(POINT_CODE)
+    keys = {p.name: point_key(p, scale, device, code) for p in grid(scale)}
+    records = load_records(args.records, keys)
     todo = [p for p in points if args.fresh or records.get(p.name, {}).get("status") != "ok"]
     data_dirs = prepare_data(sorted({"bytes"} | {p.args.get("tokenizer", "bytes") for p in points}))
     log.info("%s scale: %d point(s) to run (%d already recorded), %d job(s) on %s",
@@ -96,7 +134,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     start = time.monotonic()
 
     def on_result(rec: dict) -> None:
-        rec = {**rec, "scale": scale.name, "device": device}
+        rec = {**rec, "scale": scale.name, "device": device, "key": keys[rec["name"]]}
         records[rec["name"]] = rec
         with args.records.open("a") as f:
             f.write(strict_json.dumps(rec, sort_keys=True) + "\n")
@@ -112,13 +150,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for p in plot(ordered, prefix=name):
         log.info("wrote %s", p)
     sys.stderr.write(tables(ordered))
-    from dataclasses import asdict
-
-    if name == "quality":  # the report: the goal where any scale met it (each against its own baseline)
+    if name == "quality":  # the report: where the goal was met, this scale or another (named apart)
         from bench.quality_report import goal_across_scales
 
         summary.update(goal_across_scales({**summary, "scale_name": scale.name}))
-    emit(name, {**summary, "scale": asdict(scale), "device": device,
+    emit(name, {**summary, "scale": asdict(scale), "device": device, "seeds": [scale.seed], "code_hash": code,
                      "seconds_this_invocation": round(time.monotonic() - start, 1),
                      "points_run_this_invocation": [p.name for p in todo],
                      "points_not_run": sorted(p.name for p in grid(scale) if p.name not in records),

@@ -157,10 +157,12 @@ def summarize(records: Sequence[dict]) -> dict[str, Any]:
 
 
 def goal_across_scales(summary: dict, results: Path = RESULTS) -> dict[str, Any]:
-    """The report's ``diloco_best_*`` keys (``quality.json``) when this scale has no point that meets the
-    goal (>= 1000x within 2% of its own synchronous baseline) and another scale's results file
-    (``quality_SCALE.json``, its own model, steps and baseline) has: that scale's best point, named
-    with ``diloco_best_scale``. Each gap is against the synchronous run of its own scale."""
+    """Where the goal (>= 1000x within 2% of a scale's own synchronous baseline) was met, for the
+    report (``quality.json``): this scale (``diloco_best_scale``) when one of its points meets it;
+    else the best point of another scale's results file (``quality_SCALE.json``: its own model, steps,
+    baseline and run) under ``goal_elsewhere_*`` keys, named by ``goal_elsewhere_file``. This run's
+    own ``diloco_*`` keys are never replaced by another file's: the goal is met *here* only when
+    ``diloco_meets_goal`` says so."""
     if summary.get("diloco_meets_goal"):
         return {"diloco_best_scale": summary.get("scale_name")}
     best = None
@@ -175,10 +177,10 @@ def goal_across_scales(summary: dict, results: Path = RESULTS) -> dict[str, Any]
     if best is None:
         return {"diloco_best_scale": None}
     path, other = best
-    return {"diloco_best_bytes_ratio": other["diloco_best_bytes_ratio"],
-            "diloco_bpb_gap_at_best": other["diloco_bpb_gap_at_best"],
-            "diloco_best_point": other["diloco_best_point"], "diloco_meets_goal": True,
-            "diloco_best_scale": path.stem.removeprefix("quality_")}
+    return {"diloco_best_scale": None, "goal_elsewhere_file": path.name,
+            "goal_elsewhere_bytes_ratio": other["diloco_best_bytes_ratio"],
+            "goal_elsewhere_bpb_gap": other["diloco_bpb_gap_at_best"],
+            "goal_elsewhere_point": other["diloco_best_point"]}
 
 
 def _fmt(x: Any, spec: str = ".3f") -> str:

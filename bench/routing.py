@@ -17,6 +17,13 @@ from bench.common import emit, run_main
 from models.corpus import default_corpus
 from models.data import Dataset, prepare
 
+MEASURES = (
+    "bench/routing.py",
+    "models",
+)
+"""The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
+when any of it changed after the commit a result records."""
+
 
 def purity(manifest: dict, split: str = "train") -> float:
     """Token-weighted share of each shard's tokens from its majority source."""
@@ -25,7 +32,7 @@ def purity(manifest: dict, split: str = "train") -> float:
 
 
 def main() -> dict:
-    result: dict = {"paths": 4, "target_purity": 0.9}
+    result: dict = {"paths": 4, "target_purity": 0.9, "seeds": [0]}  # k-means' seeded restarts
     with tempfile.TemporaryDirectory() as tmp:
         for name, levels, modules in (("2x2", 2, 2), ("1x4", 1, 4)):
             start = time.perf_counter()

@@ -6,9 +6,15 @@ lattice shapes at 1,000 peers, and reports round time, DHT operations and bytes 
 the coordinator's measured CPU (thread CPU time inside its calls per simulated second), heartbeats
 per second and the share of compute lost to churn (10% of peers leaving per hour).
 
-Keys: ``peers_simulated`` (>= 10,000), ``round_time_ratio_1000_vs_10`` (<= 1.5),
+Keys: ``peers_simulated`` (>= 10,000; every join, of which ``peers_admitted`` trained and
+``peers_refused`` were refused, in the largest run), ``round_time_ratio_1000_vs_10`` (<= 1.5),
 ``dht_ops_per_peer_round_at_1000`` (flat in peers), ``coordinator_cpu_share_at_10000`` (<= 0.5),
 ``churn_compute_loss_10pct_per_hour`` (<= 0.05); ``sweep`` holds every run's figures.
+``coordinator_cpu_share_at_10000`` is the in-process coordinator's thread CPU inside the simulator;
+``coordinator_cpu_share_at_10000_grpc`` (<= 0.5) the real server process's, through gRPC at the
+simulated heartbeat rate with a storm of 1,000 joins (:mod:`bench.scale_grpc`; ``--quick``: 1,000
+peers and 100 joins, ``coordinator_cpu_share_at_1000_grpc``). ``noncompute_round_ratio_1000_vs_10``
+compares the part of a round beyond its compute budget, which the whole round's ratio dilutes.
 ``--quick`` runs 10 and 100 peers only (seconds; writes ``scale_quick.json``, no plot). Each size runs
 twice: ``before`` (one averaging group per module and round) and ``after`` (``[outer] max_group_size``
 = 64: a widely held module's holders average in groups drawn by
@@ -24,7 +30,22 @@ import logging
 from pathlib import Path
 
 from bench.common import emit, run_main
+from bench.scale_grpc import coordinator_cpu_share
 from bench.scale_sim import SimConfig, simulate
+
+MEASURES = (
+    "bench/scale.py",
+    "bench/scale_sim",
+    "bench/scale_grpc.py",
+    "bench/coordinator_load.py",
+    "coordinator",
+    "models",
+    "protos",
+    "peer/averaging",
+    "peer/network/records.py",
+)
+"""The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
+when any of it changed after the commit a result records."""
 
 __all__ = ["main", "sweep"]
 
@@ -67,6 +88,11 @@ def sweep(quick: bool, seed: int) -> list[dict]:
     return out
 
 
+def _beyond_compute(row: dict) -> float:
+    """A run's median round time less its rounds' compute budget (``SimConfig.round_seconds``)."""
+    return row["round_s_median"] - SimConfig(peers=row["peers"]).round_seconds
+
+
 def headline(rows: list[dict]) -> dict:
     """The issue's keys, read from the ``after`` runs (bounded groups), the ratio pair and the ``before`` runs."""
     after = {r["peers"]: r for r in rows if r["run"] == "after"}
@@ -74,12 +100,21 @@ def headline(rows: list[dict]) -> dict:
     ratio = {r["peers"]: r for r in rows if r["run"] == "ratio"}
     top = max(after)
     mid = after.get(1000, after[top])
+    biggest = max(rows, key=lambda r: r["peers_ever"])
     out = {
         "peers_simulated": max(r["peers_ever"] for r in rows),
+        # of the largest run, the joins the coordinator admitted and those it refused (reported apart:
+        # a refused join is a peer that never trained)
+        "peers_admitted": biggest["peers_ever"] - biggest["refused"],
+        "peers_refused": biggest["refused"],
         "round_time_ratio_1000_vs_10": (ratio[1000]["round_s_median"] / ratio[10]["round_s_median"]
                                         if len(ratio) == 2 else None),
         "round_time_ratio_group_sizes": ([ratio[10]["group_size_mean"], ratio[1000]["group_size_mean"]]
                                          if len(ratio) == 2 else None),
+        # the same ratio on the part of a round beyond its fixed compute (matchmaking and the exchange,
+        # as the link model and the groups make it), which the whole round's ratio dilutes
+        "noncompute_round_ratio_1000_vs_10": (_beyond_compute(ratio[1000]) / _beyond_compute(ratio[10])
+                                              if len(ratio) == 2 else None),
         "dht_ops_per_peer_round_at_1000": mid["dht_ops_per_peer_round"],
         "dht_bytes_per_peer_round_at_1000": mid["dht_bytes_per_peer_round"],
         "coordinator_cpu_share_at_10000": after[top]["coordinator_cpu_share"] if top >= 10_000 else None,
@@ -124,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="10 and 100 peers only (seconds)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--grpc-seconds", type=float, default=30.0,
+                    help="window of the coordinator's CPU share through gRPC (bench.scale_grpc; default 30)")
     ap.add_argument("--plot", default=str(DOCS_PLOT), help="write the curves to this PNG ('' for none)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
@@ -132,8 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = sweep(args.quick, args.seed)
     if args.plot and not args.quick:
         plot(rows, args.plot)
-    emit("scale_quick" if args.quick else "scale", {**headline(rows), "quick": args.quick, "seed": args.seed,
-                                                     "sweep": rows})
+    grpc = coordinator_cpu_share(*((1000, 100) if args.quick else (10_000, 1000)), seconds=args.grpc_seconds)
+    emit("scale_quick" if args.quick else "scale", {**headline(rows), **grpc, "quick": args.quick, "seed": args.seed,
+                                                     "seeds": [args.seed], "sweep": rows})
     return 0
 
 

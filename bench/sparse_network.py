@@ -29,6 +29,19 @@ for _p in (ROOT, ROOT / "tests"):  # the network helpers live with the integrati
 
 from bench.common import emit, run_main  # noqa: E402
 
+MEASURES = (
+    "bench/sparse_network.py",
+    "bench/loopback.py",
+    "models",
+    "peer",
+    "coordinator",
+    "hivepath",
+    "protos",
+    "tests/helpers",
+)
+"""The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
+when any of it changed after the commit a result records."""
+
 __all__ = ["sparse_network", "main"]
 
 log = logging.getLogger("bench.sparse_network")
@@ -104,7 +117,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with tempfile.TemporaryDirectory(prefix="sparse-net-") as tmp:
         result = sparse_network(Path(tmp), args.peers, args.rounds, args.codec, args.inner_steps)
-    emit("sparse_network", result)
+    emit("sparse_network", {**result, "seeds": [0]})  # every peer's run config keeps the preset's seed
     ok = result["replica_max_abs_diff"] == 0.0 and result["pairs_compared"] > 0
     return 0 if ok and result["assigned_codecs"] == [args.codec] * args.peers else 1
 

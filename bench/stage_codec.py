@@ -50,6 +50,14 @@ from models.training import InnerLoop
 from peer.stage import activation_codec, decode_tensor, encode_tensor
 from peer.stage.wire import DEFAULT_ACTIVATION_CODEC, codec_scheme
 
+MEASURES = (
+    "bench/stage_codec.py",
+    "models",
+    "peer/stage",
+)
+"""The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
+when any of it changed after the commit a result records."""
+
 TARGET_RATIO = 0.125
 """Most wire bytes of activations and gradients, relative to fp32."""
 TARGET_GAP = 0.02

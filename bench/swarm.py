@@ -59,6 +59,23 @@ for _p in (ROOT, ROOT / "tests"):  # the namespace network and process group liv
 
 from bench.common import emit, run_main  # noqa: E402
 
+MEASURES = (
+    "bench/swarm.py",
+    "bench/netns.py",
+    "models",
+    "peer",
+    "coordinator",
+    "hivepath",
+    "protos",
+    "tests/chaos/fault.py",
+    "tests/chaos/invariants.py",
+    "tests/chaos/nsnet.py",
+    "tests/chaos/scenario.py",
+    "tests/helpers",
+)
+"""The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
+when any of it changed after the commit a result records."""
+
 log = logging.getLogger("bench.swarm")
 
 SUBNET, PREFIX = "10.79.0", "hps"

@@ -63,6 +63,17 @@ from bench.common import emit, run_main
 from bench.netns import tx_bytes
 from models import strict_json
 
+MEASURES = (
+    "bench/utilization.py",
+    "bench/netns.py",
+    "bench/delay_relay.py",
+    "models",
+    "peer",
+    "protos",
+)
+"""The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
+when any of it changed after the commit a result records."""
+
 log = logging.getLogger("bench.utilization")
 
 P2P_PORT = 40000
@@ -424,7 +435,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     if args.peer is not None:
         run_peer(args)
         return
-    emit("utilization", run_bench(args))
+    # the model from seed 0, peer k's batches from 1000 + k and its torch state from k, validation from 4242
+    emit("utilization", {**run_bench(args), "seeds": sorted({0, 4242, *range(args.peers), *(1000 + k for k in range(args.peers))})})
 
 
 if __name__ == "__main__":

@@ -146,7 +146,7 @@ def test_the_link_sampler_writes_the_counter_it_read_until_told_to_stop(tmp_path
         proc.terminate()
         assert proc.wait(timeout=30) == 0
         proc.stdout.close()
-    wait_for(lambda: path.exists(), 10, "the readings written")
+    wait_for(lambda: path.exists(), 60, "the readings written")
     samples = read_samples(str(path))
     times = [t for t, _ in samples]
     counts = [b for _, b in samples]

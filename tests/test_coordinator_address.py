@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import subprocess
-import time
 from concurrent import futures
 
 import grpc
@@ -21,7 +20,6 @@ from helpers.tls import ca_and_server_cert
 from models.settings import COORDINATOR_PORT
 from peer.coordinator_client import (CoordinatorClient, CoordinatorUnavailable, NotACoordinator, PeerInfo,
                                      check_address)
-from peer.coordinator_client.client import FIRST_CONTACT_TIMEOUT
 from peer.coordinator_client.transport import HTTP1, HTTP2, NOTHING, TLS, what_answers
 
 pytestmark = pytest.mark.integration
@@ -33,8 +31,6 @@ preset = "tiny"
 flush_interval = 0.2
 tick_interval = 0.2
 """
-FAIL_WITHIN = 10.0
-"""The issue's bound: a wrong address is reported within this many seconds."""
 
 
 @pytest.fixture(scope="module")
@@ -69,15 +65,32 @@ def other_grpc_service():
         server.stop(None)
 
 
-def _join_error(address: str, tls_ca: str | None = None, retry_timeout: float = 60.0) -> tuple[Exception, float]:
+class _Retries(logging.Handler):
+    """Counts the client's "retrying in" lines: one for each backoff it waited before another attempt."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += "retrying in" in record.getMessage()
+
+
+def _join_error(address: str, tls_ca: str | None = None, retry_timeout: float = 60.0) -> tuple[Exception, int]:
+    """The error ``join`` raises against ``address``, and how many times the client retried before it."""
     client = CoordinatorClient(address, TOKEN, PeerInfo("12D3KooWaddressxxxxxx", "cpu", 8 << 30, 1000.0, public_key=b"a"),
                                tls_ca=tls_ca, retry_timeout=retry_timeout, rpc_timeout=5.0, seed=0)
-    t0 = time.monotonic()
+    logger = logging.getLogger("peer.coordinator_client.client")
+    retries, level = _Retries(), logger.level
+    logger.addHandler(retries)
+    logger.setLevel(logging.DEBUG)
     try:
         with pytest.raises(Exception) as e:
             client.join()
-        return e.value, time.monotonic() - t0
+        return e.value, retries.count
     finally:
+        logger.removeHandler(retries)
+        logger.setLevel(level)
         client.close()
 
 
@@ -99,27 +112,27 @@ def test_what_answers_tells_the_protocols_apart(tls_coordinator, other_grpc_serv
 
 
 def test_a_tls_coordinator_without_tls_ca_is_named_at_once(tls_coordinator):
-    error, seconds = _join_error(f"127.0.0.1:{tls_coordinator[0]}")
+    error, retries = _join_error(f"127.0.0.1:{tls_coordinator[0]}")
     assert isinstance(error, NotACoordinator) and error.exit_code == 2, error
-    assert "TLS" in str(error) and "--tls-ca" in str(error) and seconds < FAIL_WITHIN
+    assert "TLS" in str(error) and "--tls-ca" in str(error) and retries == 0
 
 
 def test_the_status_page_port_is_named_as_http(tls_coordinator):
-    error, seconds = _join_error(f"127.0.0.1:{tls_coordinator[1]}")
+    error, retries = _join_error(f"127.0.0.1:{tls_coordinator[1]}")
     assert isinstance(error, NotACoordinator), error
-    assert "HTTP/1" in str(error) and str(COORDINATOR_PORT) in str(error) and seconds < FAIL_WITHIN
+    assert "HTTP/1" in str(error) and str(COORDINATOR_PORT) in str(error) and retries == 0
 
 
 def test_another_grpc_service_is_named(other_grpc_service):
-    error, seconds = _join_error(other_grpc_service)
+    error, retries = _join_error(other_grpc_service)
     assert isinstance(error, NotACoordinator) and "not hivepath's coordinator service" in str(error), error
-    assert seconds < FAIL_WITHIN
+    assert retries == 0
 
 
 def test_plain_text_where_tls_is_asked_for_is_named(other_grpc_service, tls_coordinator):
-    error, seconds = _join_error(other_grpc_service, tls_ca=tls_coordinator[2]["ca"])
+    error, retries = _join_error(other_grpc_service, tls_ca=tls_coordinator[2]["ca"])
     assert isinstance(error, NotACoordinator) and "without TLS" in str(error) and "drop --tls-ca" in str(error), error
-    assert seconds < FAIL_WITHIN
+    assert retries == 0
 
 
 def test_nothing_listening_warns_once_then_names_it_when_the_retries_end(caplog):
@@ -132,21 +145,18 @@ def test_nothing_listening_warns_once_then_names_it_when_the_retries_end(caplog)
 
 
 def test_nothing_listening_is_named_within_the_first_contact_limit_not_the_retry_timeout():
-    error, seconds = _join_error(f"127.0.0.1:{free_port()}", retry_timeout=120.0)
+    error, retries = _join_error(f"127.0.0.1:{free_port()}", retry_timeout=120.0)
     assert isinstance(error, CoordinatorUnavailable) and error.exit_code == 3, error
     assert "nothing answers (connection refused)" in str(error) and str(COORDINATOR_PORT) in str(error), error
-    # retried (a coordinator may be restarting), then given up by FIRST_CONTACT_TIMEOUT (the next backoff would
-    # pass it), far from the 120 s that the retries would otherwise take. Seed 0's jittered backoffs wait
-    # 0.17, 0.30, 0.34, 0.41, 1.64 and 2.59 s, and the seventh (up to 6.4 s) would pass 10 s: at least their sum
-    # (unseeded, a CI run gave up after 1.6 s: an early backoff drew a delay that would pass 10 s)
-    assert 5.4 <= seconds <= FIRST_CONTACT_TIMEOUT + 5, seconds
+    # retried (a coordinator may be restarting), then given up because the next backoff would pass
+    # FIRST_CONTACT_TIMEOUT: the first-contact error names the address, where the end of the 120 s of
+    # retries would say "unreachable for 120s"
+    assert retries >= 1 and "unreachable for" not in str(error) and "check the address" in str(error), error
 
 
 def test_the_cli_names_a_wrong_port_in_one_line(tls_coordinator):
-    t0 = time.monotonic()
     r = subprocess.run(hivepath_cmd("coordinator", "status", "--token", TOKEN, "--coordinator",
                                     f"127.0.0.1:{tls_coordinator[1]}"), capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, (r.returncode, r.stderr)
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "HTTP/1" in lines[0] and "Traceback" not in r.stderr, r.stderr
-    assert time.monotonic() - t0 < FAIL_WITHIN + 5  # the command's own start-up on top

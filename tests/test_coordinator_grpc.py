@@ -7,7 +7,6 @@ import dataclasses
 
 import datetime
 import math
-import time
 
 import grpc
 import pytest
@@ -215,10 +214,8 @@ def test_unreachable_coordinator_raises_after_retry_timeout():
 
     client = CoordinatorClient(f"127.0.0.1:{free_port()}", TOKEN, peer_info(9), retry_timeout=1.0, rpc_timeout=0.5,
                                backoff_base=0.05, seed=0)
-    t0 = time.monotonic()
-    with pytest.raises(CoordinatorUnavailable, match="unreachable"):
+    with pytest.raises(CoordinatorUnavailable, match="unreachable for 1s"):  # retry_timeout's error, not another
         client.join()
-    assert time.monotonic() - t0 < 5.0
     client.close()
 
 

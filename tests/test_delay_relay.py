@@ -74,7 +74,6 @@ def test_round_trip_gains_twice_the_delay(relay):
             assert _recv_exactly(s, 10) == bytes([i]) * 10
             rtts.append(time.perf_counter() - t0)
     assert min(rtts) >= 2 * DELAY, rtts  # held DELAY on the way in and DELAY on the way back
-    assert sorted(rtts)[2] < 2 * DELAY + 0.5, rtts  # and not much more on a quiet machine
 
 
 def test_bytes_pass_intact_in_both_directions_and_are_counted(relay):

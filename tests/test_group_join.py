@@ -65,7 +65,7 @@ def test_a_follower_that_joins_twice_ends_its_earlier_handler():
         second = join._handle_join(JoinRequest(group_key=KEY, config_hash=CONFIG, data_hash=DATA),
                                    SimpleNamespace(remote_id=_Id("a")))
         assert (await second.__anext__()).code == JoinReply.ACCEPTED
-        ended = await asyncio.wait_for(first.__anext__(), 5)  # not left waiting for a group forever
+        ended = await asyncio.wait_for(first.__anext__(), 30)  # not left waiting for a group forever
         await second.aclose()
         return ended
 

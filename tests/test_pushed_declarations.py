@@ -113,7 +113,7 @@ def test_pushed_declarations_pace_and_group_holders_before_their_dht_records_lan
         assert not b.others_waiting({"L0M0": 5})
         with ThreadPoolExecutor(3) as pool:
             futures = [pool.submit(a.average, "L0M0", 5, [deltas[0]], 1.0, int8, 20.0)]
-            wait_for(lambda: b.others_waiting({"L0M0": 5}), 10, "b to notice a's pushed declaration")
+            wait_for(lambda: b.others_waiting({"L0M0": 5}), 60, "b to notice a's pushed declaration")
             assert b.last_waiting == ("L0M0", 5, a.peer_id)
             assert not b.others_waiting({"L0M0": 6})
             futures += [pool.submit(avg.average, "L0M0", 5, [deltas[i]], 1.0, int8, 20.0)
@@ -291,7 +291,7 @@ def test_a_leader_stops_waiting_for_a_declared_member_that_pushed_a_later_round(
         assert not lead.done(), "it stopped waiting for the member that did not go on"
         assert mm._gone_on(key, {"gone", "late"}) == {"gone"}
         await push("late", _notice(group_key("run", "L0M0", 6), later))
-        return await asyncio.wait_for(lead, 10)
+        return await asyncio.wait_for(lead, 60)
 
     group, why = asyncio.run(scenario())
     assert group is None and "no declared member (gone, late) joined us" in why, why

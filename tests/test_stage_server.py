@@ -179,7 +179,7 @@ def test_failovers_are_progress_events(stage):
         record = StageServerRecord("L0M0", CFG.content_hash(), 1000.0, 0)
         assert other.dht.store(stage_servers_key(CFG.run_id, "L0M0"), stage_record_value(record), get_dht_time() + 30,
                            subkey=other.peer_id)
-        wait_for(lambda: other.peer_id in reporter.servers("L0M0"), 10, "the bogus record to be read")
+        wait_for(lambda: other.peer_id in reporter.servers("L0M0"), 60, "the bogus record to be read")
         x = torch.randn(1, T, C)  # (B, T, C)
         hop = Hop("L0M0", other.peer_id, "gone", encode_tensor(x, activation_codec("none")))
         gx = reporter.backward(hop, torch.ones(1, T, C))  # its forward's server fails: the input is resent

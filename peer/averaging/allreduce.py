@@ -82,10 +82,10 @@ log = logging.getLogger(__name__)
 IN_FLIGHT = 2
 """Most of our segments at one reducer that it has not acknowledged: the next one goes once the last
 one is handed over and the one before it acknowledged, so one is always queued behind the one on the
-wire (the link never waits on the acknowledgement's round trip) and no more. ``bench.comm`` at
-100 Mbit/s (session 28, mean link efficiency over the rounds): int8 0.79 against 0.76 (30 rounds each),
-int4 0.73 against 0.68 (15 each) when only the handing-over was waited for; 8 segments instead of 4
-gave int8 0.81 for 12% more CPU, so :data:`~peer.averaging.partition.MAX_SEGMENTS` stays 4."""
+wire (the link never waits on the acknowledgement's round trip) and no more. ``bench.comm``'s
+``tcp_ceiling`` compares this schedule (``paced``) with waiting only for the handing-over
+(``per_segment``) on bare TCP; more segments than :data:`~peer.averaging.partition.MAX_SEGMENTS`
+cost CPU for little link efficiency."""
 
 RESUMES = 24
 """Most times a part whose stream was cut mid-way is asked again of its reducer within one round.

@@ -104,9 +104,8 @@ link carries both: its contributions to the other reducers, which each of them w
 averages it returns, which nobody waits on to go on. Shared evenly, as TCP shares them, a member
 that fell behind with its contributions holds back every reducer of those segments while its own
 averages take half its link; sending contributions a segment ahead lets the reducers go on, and
-the averages fill the link behind them. Bare TCP in the benchmark's namespaces (4 peers, 100
-Mbit/s, int8's bytes, ``bench.tcp_ceiling``, medians of 6 rounds): 0.85 without the rule
-(``paced``), 0.90 with it (``ahead``). One average is held at most :data:`HOLD_SEGMENTS` times
+the averages fill the link behind them. ``bench.comm`` measures bare TCP both ways in its namespaces
+(``tcp_ceiling``: ``paced`` without the rule, ``ahead`` with it, in ``bench/results/comm.json``). One average is held at most :data:`HOLD_SEGMENTS` times
 the time our link takes to carry one segment of our contributions, and never past the round's
 reduce deadline or our contributions' end (all went or failed): a reducer we cannot reach, or a
 dial that hangs, must not hold back the averages everyone else needs. Groups with
