@@ -88,10 +88,11 @@ ROWS: tuple[Row, ...] = tuple(
             ("throughput_fraction_with_kills", "the same with a server killed every 30 s", (">=", 0.6)),
             ("path_round_ratio_with_small_peers", "path peers' round time with small peers over without",
              ("<=", 1.2)),
+            ("path_round_failures_on_small_peers", "path peers' rounds failed on a small peer", ("==", 0)),
             ("activation_bytes_ratio", "activation bytes over fp32 (the default codec)", ("<=", 0.125)),
             ("replica_max_abs_diff", "largest difference between replicas", ("==", 0.0)))
     + _rows("stage_codec", "stage_codec",
-            ("activation_bytes_ratio", "activation bytes over fp32 (best codec)", ("<=", 0.125)),
+            ("activation_bytes_ratio", "activation bytes over fp32 (the candidate: peers' default)", ("<=", 0.125)),
             ("stage_bpb_gap_vs_fp32", "its bits-per-byte gap to fp32 activations", ("<=", 0.02)))
     + _rows("nat", "nat",
             ("natted_round_share", "share of NATed peers' rounds averaged with others", (">=", 0.95)),

@@ -28,7 +28,8 @@ Keys:
   its next, with small peers over without (target <= 1.2); on one machine it counts the CPU the
   small peers take from the path peers too. ``path_exchange_wait_seconds_median`` (what the path
   peers waited on their exchanges) and ``path_round_failures`` (failed rounds a window) isolate the
-  averaging.
+  averaging; ``path_round_failures_on_small_peers`` counts the failed ones whose reason names a small
+  peer (a holder that did not declare in time, a leader that refused, one behind): target 0.
 - ``activation_bytes_ratio``: bytes of activations and gradients the trainers sent and received over
   their fp32 size (4 tensors per level per token), in this run's codec; the codec's effect on bits
   per byte at equal tokens (``stage_bpb_gap_vs_fp32``) is ``bench.stage_codec``'s, measured in one
@@ -118,10 +119,11 @@ def _tokens(net: Any, name: str, since: float, until: float) -> int:
     return max(seen) - min(seen) if len(seen) >= 2 else 0
 
 
-def _rounds(net: Any, names: list[str], since: float, until: float) -> tuple[list[float], int, int, list[float]]:
+def _rounds(net: Any, names: list[str], since: float, until: float) -> tuple[list[float], int, int, list[float], list[str]]:
     """The path peers' module rounds in the window: the seconds between one round of a module and the
-    next on the same peer, rounds done, rounds failed, and the seconds each waited on its exchange."""
-    seconds, done, failed, waits = [], 0, 0, []
+    next on the same peer, rounds done, rounds failed, the seconds each waited on its exchange, and
+    why each failed round failed."""
+    seconds, done, failed, waits, reasons = [], 0, 0, [], []
     for n in names:
         last: dict[str, float] = {}
         for e in _lines(net, n, since, until, "round"):
@@ -130,11 +132,18 @@ def _rounds(net: Any, names: list[str], since: float, until: float) -> tuple[lis
                 waits.append(float(e.get("seconds") or 0.0))
             else:
                 failed += 1
+                reasons.append(str(e.get("reason", "")))
             module = e.get("module", "")
             if module in last:
                 seconds.append(e["time"] - last[module])
             last[module] = e["time"]
-    return seconds, done, failed, waits
+    return seconds, done, failed, waits, reasons
+
+
+def _blaming(reasons: list[str], peer_ids: list[str]) -> int:
+    """How many of ``reasons`` name one of ``peer_ids`` (whole, or its last 8 characters as the averager
+    writes a peer that did not catch up)."""
+    return sum(1 for r in reasons if any(p and (p in r or p[-8:] in r) for p in peer_ids))
 
 
 def _bottleneck(status: dict) -> float:
@@ -230,6 +239,8 @@ def run(work: Path, control_s: float, stage_s: float, kill_s: float, seed: int) 
                                                   if control[0] and with_small[0] and _median(control[0]) > 0 else None),
             "path_round_failures": {"control": {"done": control[1], "failed": control[2]},
                                     "with_small_peers": {"done": with_small[1], "failed": with_small[2]}},
+            "path_round_failures_on_small_peers": _blaming(with_small[4], [_peer_id(net, n) for n in small]),
+            "path_round_failure_reasons": sorted(set(with_small[4]))[:20],
         })
         # activation bytes on the wire: 4 tensors (forward out and back, gradient out and back) a level a token
         lat = demo().lattice
@@ -274,6 +285,11 @@ def run(work: Path, control_s: float, stage_s: float, kill_s: float, seed: int) 
                 if bridge is not None:
                     bridge.close()
     return out
+
+
+def _peer_id(net: Any, name: str) -> str:
+    ids = [p["peer_id"] for p in net.progress_lines(name) if p.get("peer_id")]
+    return ids[-1] if ids else ""
 
 
 def _is_trainer(net: Any, name: str) -> bool:
