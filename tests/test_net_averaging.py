@@ -538,6 +538,9 @@ def test_archive_peer_serves_state_but_is_never_waited_for(tmp_path):
             while time.monotonic() < end:
                 assert not newcomer.others_waiting({"L1M1": 5})
                 time.sleep(0.05)
+            # ... except for a peer whose steps are far apart (a stage server): every round waits on it
+            wait_for(lambda: newcomer.others_waiting({"L1M1": 5}, paced_too=True), 20,
+                     "the paced declaration to be noticed by a sparse stepper")
             end = time.monotonic() + 2.5  # over 2 checks, the other config's declaration never counts
             while time.monotonic() < end:
                 assert not newcomer.others_waiting({"L1M0": 3})

@@ -58,7 +58,7 @@ class _Waiting:
     def average(self, *args, **kw):
         return self.member.average(*args, **kw)
 
-    def others_waiting(self, rounds) -> bool:
+    def others_waiting(self, rounds, paced_too: bool = False) -> bool:
         self.asked += 1
         return self.waiting.is_set()
 

@@ -400,10 +400,11 @@ class NetAverager:
 
     # -- pacing -------------------------------------------------------------------------------
 
-    def others_waiting(self, rounds: Mapping[str, int]) -> bool:
+    def others_waiting(self, rounds: Mapping[str, int], paced_too: bool = False) -> bool:
         """True when another holder of our config already declared itself ready for the current round
         of one of these modules (``module_id -> round``) after computing its whole round (a declaration
-        that was itself paced does not count: :attr:`peer.network.records.GroupDeclaration.paced`): it
+        that was itself paced does not count, :attr:`peer.network.records.GroupDeclaration.paced`,
+        unless ``paced_too``: for a peer whose steps are far apart, the one every round waits on): it
         waits in matchmaking, so ``DiLoCoOptimizer`` ends its round now with the tokens it has, and
         our declaration of it says so. Never blocks the training loop: it answers from the
         declarations holders pushed us (:meth:`peer.averaging.matchmaking.Matchmaker._push`), else from
@@ -413,7 +414,7 @@ class NetAverager:
         matchmaker = getattr(self, "_matchmaker", None)
         for module_id, round_no in key if matchmaker is not None else ():  # declarations pushed to us
             told = sorted(p for p, d in matchmaker.pushed_to(group_key(self.run_id, module_id, round_no)).items()
-                          if not d.paced)
+                          if paced_too or not d.paced)
             if told:
                 self.last_waiting = (module_id, round_no, told[0])
                 self._paced = dict(key)
@@ -424,26 +425,32 @@ class NetAverager:
             self._waiting_checked = now
             self._waiting_check = asyncio.run_coroutine_threadsafe(self._check_waiting(key), self._loop)
         if pending is not None and pending.done() and pending.exception() is None:
-            checked_key, waiting = pending.result()
+            checked_key, unpaced, any_waiting = pending.result()
+            waiting = any_waiting if paced_too else unpaced
             if waiting is not None and checked_key == key:
                 self.last_waiting = waiting
                 self._paced = dict(key)
                 return True
         return False
 
-    async def _check_waiting(self, key: tuple) -> tuple[tuple, Optional[tuple[str, int, str]]]:
+    async def _check_waiting(self, key: tuple) -> tuple[tuple, Optional[tuple[str, int, str]],
+                                                       Optional[tuple[str, int, str]]]:
+        """``key`` and the first holder waiting on one of its rounds whose declaration was not paced, and
+        the first of any."""
         # every module's key at once: one DHT round trip, not one per module, before a slower peer
         # notices that the group waits for it
         # (in a split round the members that computed their whole round declare here too, whatever
         # their bucket: Matchmaker.announce_full_round)
         found = await asyncio.gather(*(self.dht.get(group_key(self.run_id, module_id, round_no), latest=True,
                                                     return_future=True) for module_id, round_no in key))
+        any_waiting: Optional[tuple[str, int, str]] = None
         for (module_id, round_no), value in zip(key, found):
             for peer, decl in records_from_value(value, GroupDeclaration).items():
-                if (peer != self.peer_id and decl.config_hash == self.config_hash and decl.data_hash == self.data_hash
-                        and not decl.paced):
-                    return key, (module_id, round_no, peer)
-        return key, None
+                if peer != self.peer_id and decl.config_hash == self.config_hash and decl.data_hash == self.data_hash:
+                    any_waiting = any_waiting or (module_id, round_no, peer)
+                    if not decl.paced:
+                        return key, (module_id, round_no, peer), any_waiting
+        return key, None, any_waiting
 
     # -- averaging ----------------------------------------------------------------------------
 

@@ -180,19 +180,21 @@ class DiLoCoOptimizer:
             return self._end_round(elapsed)
         return None
 
-    def end_round_if_others_wait(self, empty: bool = False) -> Optional[RoundReport]:
+    def end_round_if_others_wait(self, sparse: bool = False) -> Optional[RoundReport]:
         """End the round now, between inner steps, when another holder already waits to average it and
         this round has had at least one step: for a peer whose steps are far apart (a stage server
         steps once a whole batch came back through the pipeline), waiting for its next step would
         hold the waiting holder past its gather deadline. Call it on the thread that calls
         :meth:`step`. Returns the round's report, or None when nothing ended.
 
-        ``empty``: a round with no step ends too. Such a peer's steps can be further apart than a
-        holder waits for a declaration; it takes the round's average with weight
-        :data:`EMPTY_ROUND_WEIGHT` and a delta of zero (its parameters are the global copy the last
-        round left), which moves the average by that weight's share of the round's tokens (about
-        1e-4 in the demo), instead of failing the waiting holder's round."""
-        if (self._steps_in_round == 0 and not empty) or not self._others_waiting():
+        ``sparse``: this peer's steps can be further apart than a holder waits for a declaration (a
+        stage server, a pipeline trainer): it answers any waiting holder, one that ended its own round
+        early too (such a holder paces no ordinary peer, to stop a cascade of early rounds; this peer's
+        own declaration is paced, so it starts none), and a round with no step ends too, taking the
+        round's average with weight :data:`EMPTY_ROUND_WEIGHT` and a delta of zero (its parameters are
+        the global copy the last round left), which moves the average by that weight's share of the
+        round's tokens (about 1e-4 in the demo), instead of failing the waiting holder's round."""
+        if (self._steps_in_round == 0 and not sparse) or not self._others_waiting(paced_too=sparse):
             return None
         elapsed = self.clock() - self._round_start
         logger.info("round %d ends between steps, after %d steps in %.2fs: another holder waits", self.round,
@@ -222,7 +224,7 @@ class DiLoCoOptimizer:
         return any(st.pending is not None and st.pending.future is not None and not st.pending.future.done()
                    for st in self._modules.values())
 
-    def _others_waiting(self) -> bool:
+    def _others_waiting(self, paced_too: bool = False) -> bool:
         """True when another holder already waits to average one of our modules' current round.
 
         Then this peer ends its round now with the tokens it has (a smaller weight) instead of
@@ -236,7 +238,8 @@ class DiLoCoOptimizer:
         probe = getattr(self.averager, "others_waiting", None)
         if probe is None:
             return False
-        return bool(probe({mid: st.round_no for mid, st in self._modules.items()}))
+        rounds = {mid: st.round_no for mid, st in self._modules.items()}
+        return bool(probe(rounds, paced_too=True) if paced_too else probe(rounds))
 
     def flush(self) -> Optional[RoundReport]:
         """Overlap mode: wait for the exchanges in flight and apply them (local progress kept).

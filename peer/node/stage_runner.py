@@ -177,7 +177,7 @@ class StageTrainer:
             while in_flight:
                 _, in_flight = wait(in_flight, timeout=self.pace_interval)
                 if in_flight and not any(f.done() and f.exception() is not None for f in futures):
-                    self._ended(self.opt.end_round_if_others_wait(empty=True), reports)
+                    self._ended(self.opt.end_round_if_others_wait(sparse=True), reports)
             losses = [f.result() for f in futures]
         except StageUnavailable:
             wait(futures)  # no micro-batch may still add to the gradients we drop now

@@ -200,7 +200,7 @@ class StageServer:
     def _end_round_if_waited(self) -> None:
         if self._stopping.is_set():
             return
-        report = self.opt.end_round_if_others_wait(empty=True)  # steps a whole batch apart: no round waits on one
+        report = self.opt.end_round_if_others_wait(sparse=True)  # steps a whole batch apart: no round waits on one
         if report is not None:
             self._after_round(report)
 
