@@ -39,6 +39,7 @@ import torch
 from models.config import OuterConfig, RunConfig
 from models.errors import ConfigError
 from models.lattice import ModularLM
+from models.training import autocast
 from peer.averaging import ModuleAverager
 from peer.diloco import DiLoCoOptimizer, RoundReport
 from peer.network import refresh_until, unwrap_dht
@@ -211,11 +212,14 @@ class StageServer:
         x = torch.randn(cfg.inner.batch_size, cfg.lattice.seq_len, cfg.lattice.d_model, device=self.device)
         t0 = time.perf_counter()
         for _ in range(repeats):
-            self.module(x)
-            with torch.enable_grad():
+            with autocast(self.device):
+                self.module(x)
+            with torch.enable_grad(), autocast(self.device):
                 xi = x.clone().requires_grad_(True)
-                self.module(xi).sum().backward()
+                self.module(xi).float().sum().backward()
         self.module.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - t0
         measured = repeats * x.shape[0] * x.shape[1] / max(seconds, 1e-9)
         return min(measured, self.options.emulated_throughput or measured)
@@ -298,7 +302,8 @@ class StageServer:
     def _forward(self, request: StageRequest, caller: str) -> Any:
         self._event("forward")
         x = self._decode_input(request)  # (B, T, C)
-        y = self.module(x)  # (B, T, C)
+        with autocast(self.device):  # bf16 on CUDA, as a path peer trains
+            y = self.module(x).float()  # (B, T, C)
         if request.residual:
             y = y - x  # the blocks' residual branches: the trainer adds its exact input
         now = time.monotonic()
@@ -323,7 +328,8 @@ class StageServer:
         g = decode_tensor(request.grad, "output gradient", self.options.max_elements, shape=list(x.shape))
         x = x.detach().requires_grad_(True)
         with torch.enable_grad():
-            y = self.module(x)  # (B, T, C)
+            with autocast(self.device):
+                y = self.module(x).float()  # (B, T, C)
             y.backward(g.to(self.device))
         g_in = x.grad - g.to(self.device) if request.residual else x.grad  # residual: the trainer adds its exact g
         grad_in = encode_tensor(g_in, activation_codec(request.grad.codec))
