@@ -225,6 +225,15 @@ def test_skypilot_task_validates_against_skypilots_schema():
         jsonschema.validate({**task, "file_mounts": "/ckpt"}, schemas["task"])
 
 
+def test_skypilot_peer_drains_within_the_shortest_spot_notice():
+    """The task may land on GCP, whose 30 s notice must hold the drain, the checkpoint and the leave."""
+    from peer.node.spot import GCP_NOTICE_SECONDS
+
+    task = yaml.safe_load((DEPLOY / "skypilot" / "peer.yaml").read_text())
+    assert task["envs"]["HIVEPATH_SPOT"] == "auto"
+    assert float(task["envs"]["HIVEPATH_DRAIN_TIMEOUT"]) + 10 <= GCP_NOTICE_SECONDS
+
+
 # -- compose -----------------------------------------------------------------------------------
 
 
