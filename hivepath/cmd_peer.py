@@ -66,7 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    metavar="MBIT", help="upload bandwidth in Mbit/s (env HIVEPATH_UPLOAD_MBPS; default: measured "
                    "against the coordinator at start-up, 2 MiB each way; 100 if that fails)")
     j.add_argument("--progress", default=env_default("HIVEPATH_PROGRESS"), choices=["auto", "rich", "json"],
-                   help="live panel (rich), JSON lines on stdout (json), or rich on a terminal (auto; env HIVEPATH_PROGRESS)")
+                   help="live panel (rich), JSON lines on stdout (json), or rich on a terminal unless --log-format json "
+                   "(auto; env HIVEPATH_PROGRESS)")
     j.add_argument("--drain-timeout", type=non_negative(), default=env_default("HIVEPATH_DRAIN_TIMEOUT"),
                    metavar="S", help="seconds from the start of a drain allowed to finish the round in flight; then it is abandoned (not "
                    "applied: the last global state is checkpointed) and the peer leaves (env HIVEPATH_DRAIN_TIMEOUT)")
@@ -118,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
         data_dir=Path(args.data).expanduser() if args.data else None,
         seed=not args.no_seed,
         max_data_gb=args.max_data_gb,
-        progress=args.progress,
+        # JSON logs ask for lines a machine reads: no live panel, whatever the terminal
+        progress="json" if args.progress == "auto" and getattr(args, "log_format", "text") == "json" else args.progress,
         upload_mbps=args.upload_mbps,
         drain_timeout=args.drain_timeout,
         max_steps=args.max_steps,

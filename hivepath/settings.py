@@ -17,6 +17,7 @@ Imports nothing heavy: building the parser reads this.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -30,13 +31,16 @@ except ImportError:  # the coordinator's image holds no peer package; its comman
     PEER_SETTINGS = ()
 
 __all__ = ["CLI_SETTINGS", "IMAGE_SETTINGS", "ALL_SETTINGS", "setting", "env_default", "markdown_table",
-           "update_markdown", "BEGIN_MARKER", "END_MARKER", "main"]
+           "update_markdown", "pass_on", "BEGIN_MARKER", "END_MARKER", "main"]
 
 _NET = "peer join, archive"
 
 CLI_SETTINGS: tuple[Setting, ...] = (
     Setting("HIVEPATH_LOG_LEVEL", "text", "INFO", "logging verbosity: DEBUG, INFO, WARNING or ERROR",
             flag="--log-level", read_by="every command"),
+    Setting("HIVEPATH_LOG_FORMAT", "text", "text",
+            "log lines: text, or json (one JSON object per line: time, event, level, logger, message)",
+            flag="--log-format", read_by="every command"),
     Setting("HIVEPATH_COORDINATOR", "text", None,
             f"the coordinator's gRPC HOST[:PORT], PORT {COORDINATOR_PORT} if left out (required by peer join and "
             f"archive; the operator commands coordinator status/drain/ban/unban default to 127.0.0.1:{COORDINATOR_PORT})",
@@ -167,6 +171,11 @@ END_MARKER = "<!-- end of settings table -->"
 def setting(name: str) -> Setting:
     """The :class:`Setting` called ``name`` (any of :data:`ALL_SETTINGS`)."""
     return _BY_NAME[name]
+
+
+def pass_on(name: str, value: str) -> None:
+    """Set variable ``name`` in this process's environment, so the processes it starts read ``value``."""
+    os.environ[setting(name).name] = value
 
 
 def env_default(name: str) -> Any:

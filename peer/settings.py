@@ -35,8 +35,8 @@ PEER_SETTINGS: tuple[Setting, ...] = (
             "$XDG_RUNTIME_DIR/hivepath-UID/peers, else the temp dir's)",
             read_by="peer join without --threads"),
     Setting("HIVEPATH_PROGRESS_INTERVAL", "number", 5.0,
-            "least seconds between two JSON progress lines (--progress json)",
-            read_by="peer join"),
+            "least seconds between two progress lines: a peer's JSON lines (--progress json), the demo's plain "
+            "lines (off a terminal or --no-live)", read_by="peer join, demo"),
 )
 """The variables of the peer package, each read where its code needs it (see ``read_by``)."""
 
