@@ -43,9 +43,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_network_flags(j)
     j.add_argument("--device", default=env_default("HIVEPATH_DEVICE"),
-                   help="auto, cpu, cuda or cuda:N (env HIVEPATH_DEVICE; default auto)")
+                   help="auto (a GPU no other peer of this machine uses, or the CPU without one), cpu, cuda or cuda:N "
+                        "(env HIVEPATH_DEVICE; default auto)")
     j.add_argument("--max-memory", type=positive(), default=env_default("HIVEPATH_MAX_MEMORY"), metavar="GB",
-                   help="use at most this much device memory (env HIVEPATH_MAX_MEMORY)")
+                   help="use at most this much device memory (env HIVEPATH_MAX_MEMORY; default: the device's free "
+                        "memory divided among the peers of this machine on it)")
     j.add_argument("--role", choices=("path", "stage", "trainer"), default=env_default("HIVEPATH_PEER_ROLE"),
                    help="ask the coordinator for this role instead of letting it choose from memory, compute and "
                    "link: train a whole path, serve one module as a pipeline stage, or drive a pipeline through "
@@ -75,7 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="leave after N inner steps (0: run until stopped; env HIVEPATH_MAX_STEPS)")
     j.add_argument("--threads", type=count(), default=env_default("HIVEPATH_THREADS"), metavar="N",
                    help="CPU threads for torch (env HIVEPATH_THREADS; default: this machine's cores divided "
-                        "among the peers running on it)")
+                        "among the peers running on it, which register in HIVEPATH_PEERS_DIR)")
     j.add_argument("--cpu-limit", type=share(), default=env_default("HIVEPATH_CPU_LIMIT"), metavar="SHARE",
                    help="train at most this share of the time, resting between inner steps (env HIVEPATH_CPU_LIMIT; "
                         "default 1). E.g. 0.5 on a machine you also use; 1 never rests. The tokens/s reported to "

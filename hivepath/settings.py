@@ -71,8 +71,10 @@ CLI_SETTINGS: tuple[Setting, ...] = (
     Setting("HIVEPATH_STALL_TIMEOUT", "number", 300.0,
             "report unhealthy after this many seconds without progress outside a waiting state",
             flag="--stall-timeout", read_by=_NET),
-    Setting("HIVEPATH_DEVICE", "text", "auto", "auto, cpu, cuda or cuda:N", flag="--device", read_by="peer join"),
-    Setting("HIVEPATH_MAX_MEMORY", "number", None, "use at most this many GB of device memory",
+    Setting("HIVEPATH_DEVICE", "text", "auto", "auto (a GPU no other peer of this machine uses, the CPU without "
+            "one), cpu, cuda or cuda:N", flag="--device", read_by="peer join"),
+    Setting("HIVEPATH_MAX_MEMORY", "number", None, "use at most this many GB of device memory (default: the "
+            "device's free memory divided among the peers of this machine on it)",
             flag="--max-memory", read_by="peer join"),
     Setting("HIVEPATH_PEER_ROLE", "text", None,
             "ask the coordinator for a role: path, stage or trainer (default: it decides from memory, compute and "

@@ -31,9 +31,9 @@ PEER_SETTINGS: tuple[Setting, ...] = (
             "seconds between spot-notice checks",
             flag="--spot-poll-interval", read_by=_SPOT),
     Setting("HIVEPATH_PEERS_DIR", "text", None,
-            "where the peers of this machine register to share its cores (default "
+            "where the peers of this machine register to share its cores, memory and GPUs (default "
             "$XDG_RUNTIME_DIR/hivepath-UID/peers, else the temp dir's)",
-            read_by="peer join without --threads"),
+            read_by="peer join"),
     Setting("HIVEPATH_PROGRESS_INTERVAL", "number", 5.0,
             "least seconds between two progress lines: a peer's JSON lines (--progress json), the demo's plain "
             "lines (off a terminal or --no-live)", read_by="peer join, demo"),

@@ -61,7 +61,7 @@ def variants(line: str) -> list[list[str]]:
     ``a|b`` alternatives (``a/b`` only among the command words) and ``[--opt]`` optional parts
     expanded, and ``hivepath COMMAND`` made every command."""
     line = re.sub(r"\s+#.*$", "", line)
-    line = re.split(r"\s(?:\d?>>?|&&|\|\||\||;)\s?", line)[0]  # the shell's redirections, pipes, lists
+    line = re.split(r"\s(?:\d?>>?|&&?|\|\|?|;)(?:\s|$)", line)[0]  # the shell's redirections, pipes, lists
     line = re.sub(r"\s+/\s+", "/", line)
     optional = re.findall(r"\[([^\]]+)\]", line)
     base = re.sub(r"\s*\[[^\]]+\]", "", line)
@@ -183,6 +183,7 @@ def test_the_checker_refuses_a_wrong_flag_and_a_missing_command():
     assert variants("hivepath data fetch --out data/x") == [["data", "fetch", "--out", "data/x"]]
     assert variants("hivepath demo --minutes 3 > demo.log 2>&1") == [["demo", "--minutes", "3"]]
     assert variants("hivepath peer status --json | jq .round") == [["peer", "status", "--json"]]
+    assert variants("hivepath peer join --work-dir ~/.hivepath-a &") == [["peer", "join", "--work-dir", "~/.hivepath-a"]]
     assert [a for a in variants("hivepath coordinator ban/unban PEER_ID")] == [
         ["coordinator", "ban", "PEER_ID"], ["coordinator", "unban", "PEER_ID"]]
     assert variants("hivepath data info data/mine [--json]   # who") == [
