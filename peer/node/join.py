@@ -287,6 +287,8 @@ class PeerNode:
                 self.data = RunData(cfg, spec.manifest_hash, opts.work_dir, opts.data_options(), self.status)
                 dataset = self.data.open_local()
                 device = torch.device(self._share.claim_device(lambda others: str(resolve_device(opts.device, others))))
+                if device.type == "cuda":  # what torch puts on "cuda" without an index goes to this GPU too
+                    torch.cuda.set_device(device)
                 memory = usable_memory_bytes(device, opts.max_memory_gb, self._share.peers_on(str(device)))
                 tokens_per_s = measure_tokens_per_s(cfg.lattice, cfg.inner, device, seconds=opts.measure_seconds)
                 if opts.cpu_limit < 1.0:  # the coordinator sizes work by what we will do, resting included
