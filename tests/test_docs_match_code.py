@@ -331,3 +331,39 @@ def test_the_deploy_tables_state_the_code_defaults():
             assert _same(stated.group(1), default), (
                 f"docs/deploy.md ({section}) states {stated.group(1)!r} for {name}; the code's is {default!r}")
 
+
+
+PROSE_DEFAULT = re.compile(r"`(HIVEPATH_[A-Z0-9_]+|--[a-z][a-z-]*)`[^.()`]{0,30}?[(,]\s*default (\d+(?:\.\d+)?)\b")
+"""A default stated in prose: ``HIVEPATH_X`` or ``--flag``, then ``, default N`` or ``(default N``."""
+
+
+def _flag_defaults() -> dict[str, list]:
+    """Every ``hivepath`` flag -> the defaults it has across the commands (without ``HIVEPATH_*`` set)."""
+    out: dict[str, list] = {}
+    parsers = [_parser()]
+    while parsers:
+        p = parsers.pop()
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                parsers += list(action.choices.values())
+            for flag in action.option_strings:
+                if action.default not in out.setdefault(flag, []):
+                    out[flag].append(action.default)
+    return out
+
+
+def test_every_default_stated_in_prose_is_the_codes():
+    flags = _flag_defaults()
+    checked = 0
+    for doc in DOCS:
+        for name, stated in PROSE_DEFAULT.findall(" ".join(_prose(doc.read_text(encoding="utf-8")).split())):
+            if name.startswith("--"):
+                defaults = flags.get(name)
+                if not defaults or len(defaults) > 1:
+                    continue  # not a flag of hivepath (a benchmark's), or one with a default per command
+                [default] = defaults
+            else:
+                default = setting(name).default
+            assert _same(stated, default), f"{doc.name} states default {stated} for {name}; the code's is {default!r}"
+            checked += 1
+    assert checked >= 5
