@@ -82,7 +82,7 @@ def choose_device(choice: str, others: dict[str, str], gpus: int) -> str:
     raise HivepathError(f"--device {choice!r} is not one of auto, cpu, cuda, cuda:N")
 
 
-_REGISTRATION = re.compile(r"\d+@[^/]+")
+_REGISTRATION = re.compile(r"\d+(@[^/]+)?")  # PID alone: a peer of an earlier release
 
 
 def registration(pid: Optional[int] = None) -> str:
