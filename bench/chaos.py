@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -39,7 +38,7 @@ for _p in (ROOT, ROOT / "tests"):  # the fault injector and invariants live with
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from bench.common import emit, run_main  # noqa: E402
+from bench.common import emit, run_main, work_directory  # noqa: E402
 
 MEASURES = (
     "bench/chaos.py",
@@ -272,23 +271,26 @@ def main(argv: Optional[list[str]] = None) -> dict:
     ap.add_argument("--aggregator", default="trimmed_mean", choices=["trimmed_mean", "centered_clip", "mean"])
     ap.add_argument("--skip-faults", action="store_true", help="only the hostile-peer measurement")
     ap.add_argument("--skip-drain", action="store_true", help="leave out the drain measurement (bench.chaos_drain)")
-    ap.add_argument("--work", type=Path, help="keep logs and checkpoints here (default: a temp dir)")
+    ap.add_argument("--work", type=Path, help="keep logs and checkpoints here (default: a temp dir, removed at the "
+                    "end unless --keep)")
+    ap.add_argument("--keep", action="store_true", help="keep the temp work directory and say where")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    work = args.work or Path(tempfile.mkdtemp(prefix="hivepath-chaos-"))
-    work.mkdir(parents=True, exist_ok=True)
     # every peer's run config and the hostile-peer simulator keep the preset's seed (0); kills follow a fixed order
     result: dict = {"minutes": args.minutes, "peers": args.peers, "kill_every_s": args.kill_every,
-                    "inner_steps": args.inner_steps, "work": str(work), "seeds": [0]}
-    if args.byzantine_steps > 0:
-        result.update(byzantine(args.byzantine_steps, work, args.aggregator))
-    if not args.skip_drain:
-        from bench.chaos_drain import drain_run  # survivor_round_ratio_after_drain (issue 19)
+                    "inner_steps": args.inner_steps, "seeds": [0]}
+    with work_directory("hivepath-chaos-", args.work, args.keep) as work:
+        if args.work or args.keep:
+            result["work"] = str(work)
+        if args.byzantine_steps > 0:
+            result.update(byzantine(args.byzantine_steps, work, args.aggregator))
+        if not args.skip_drain:
+            from bench.chaos_drain import drain_run  # survivor_round_ratio_after_drain (issue 19)
 
-        result.update(drain_run(work))
-    if not args.skip_faults:
-        result.update(fault_run(args.minutes, args.peers, args.kill_every, work, args.inner_steps,
-                                args.partition_seconds, args.partitions))
+            result.update(drain_run(work))
+        if not args.skip_faults:
+            result.update(fault_run(args.minutes, args.peers, args.kill_every, work, args.inner_steps,
+                                    args.partition_seconds, args.partitions))
     return emit("chaos", result)
 
 

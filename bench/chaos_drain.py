@@ -94,7 +94,6 @@ def drain_run(work: Path, peers: int = 3, window: float = 30.0, inner_steps: int
 if __name__ == "__main__":
     import argparse
     import sys
-    import tempfile
 
     ROOT = Path(__file__).resolve().parents[1]
     for _p in (ROOT, ROOT / "tests"):
@@ -103,10 +102,15 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(prog="python -m bench.chaos_drain", description=__doc__.split("\n\n")[0])
     ap.add_argument("--peers", type=int, default=3)
     ap.add_argument("--window", type=float, default=30.0)
-    ap.add_argument("--work", type=Path)
+    ap.add_argument("--work", type=Path, help="keep logs and checkpoints here (default: a temp dir, removed at the end "
+                    "unless --keep)")
+    ap.add_argument("--keep", action="store_true", help="keep the temp work directory and say where")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from bench.common import emit, run_main
+    from bench.common import emit, run_main, work_directory
 
-    run_main(lambda: emit("chaos_drain", {**drain_run(args.work or Path(tempfile.mkdtemp(prefix="hivepath-drain-")),
-                                                      args.peers, args.window), "seeds": [0]}))  # the run config's seed
+    def measure() -> dict:
+        with work_directory("hivepath-drain-", args.work, args.keep) as work:
+            return emit("chaos_drain", {**drain_run(work, args.peers, args.window), "seeds": [0]})  # the run config's seed
+
+    run_main(measure)

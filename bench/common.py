@@ -1,6 +1,6 @@
 """What every benchmark shares: writing its result where ``docs/BENCHMARKS.md`` expects it, with the
-provenance that traces it (commit, command, machine, seeds), and a ``__main__`` that leaves nothing
-behind when it is stopped.
+provenance that traces it (commit, command, machine, seeds), a ``__main__`` that leaves nothing
+behind when it is stopped, and a work directory removed at the end (:func:`work_directory`).
 
 Each benchmark module declares ``MEASURES``, the paths of the code its figures depend on;
 ``python -m bench.report`` reads it to mark a result stale once that code changed after the result's
@@ -8,14 +8,17 @@ commit, and :func:`code_hash` of such paths keys the stored points a benchmark m
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import platform
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from models import strict_json
 
@@ -24,7 +27,8 @@ ROOT = RESULTS.parent.parent
 _STARTED = time.time()
 """When this benchmark process started (its result's ``duration_s`` counts from here)."""
 
-__all__ = ["code_hash", "emit", "machine", "provenance", "rate_result_name", "run_main", "RESULTS", "ISSUE_RATE_MBIT"]
+__all__ = ["code_hash", "emit", "machine", "provenance", "rate_result_name", "run_main", "work_directory", "RESULTS",
+           "ISSUE_RATE_MBIT"]
 
 ISSUE_RATE_MBIT = 100
 """The per-peer link rate of issue 3's averaging benchmarks (``bench.comm``, ``bench.comm_hivemind``)."""
@@ -127,6 +131,25 @@ def emit(name: str, result: dict[str, Any]) -> dict[str, Any]:
     (RESULTS / f"{name}.json").write_text(strict_json.dumps(result, indent=2, sort_keys=True) + "\n")
     print(strict_json.dumps(result, sort_keys=True), flush=True)
     return result
+
+
+@contextlib.contextmanager
+def work_directory(prefix: str, given: Optional[Path] = None, keep: bool = False) -> Iterator[Path]:
+    """Where a benchmark's processes write (logs, checkpoints, datasets): ``given`` (its ``--work``),
+    kept; else a new temp dir (``prefix``), removed when the block ends, by an error or a stop signal
+    too (:func:`run_main` makes them ``KeyboardInterrupt``), unless ``keep`` (``--keep``). A kept
+    directory is named on stderr at the end. Enter it outside the block that stops the processes, so
+    they are gone before their files."""
+    name = f"bench.{Path(sys.argv[0]).stem}" if sys.argv and sys.argv[0] else "bench"
+    work = given if given is not None else Path(tempfile.mkdtemp(prefix=prefix))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        yield work
+    finally:
+        if given is not None or keep:
+            print(f"{name}: work directory kept at {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def run_main(main: Callable[[], Any]) -> None:

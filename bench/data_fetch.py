@@ -30,7 +30,6 @@ import hashlib
 import json
 import logging
 import random
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -44,7 +43,7 @@ for _p in (ROOT, ROOT / "tests"):
         sys.path.insert(0, str(_p))
 
 from models import strict_json  # noqa: E402
-from bench.common import emit, run_main  # noqa: E402
+from bench.common import emit, run_main, work_directory  # noqa: E402
 
 MEASURES = (
     "bench/data_fetch.py",
@@ -290,17 +289,15 @@ def main() -> int:
     p.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "hivepath-bench-data-fetch"),
                    help="where the generated dataset is kept between runs")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds each phase may take")
+    p.add_argument("--keep", action="store_true", help="keep the work directory (logs, fetched files) and say where")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     why = netns_available()
     if why:
         emit("data_fetch", {"skipped": why})
         return 0
-    work = Path(tempfile.mkdtemp(prefix="hpd-bench-"))
-    try:
+    with work_directory("hpd-bench-", keep=args.keep) as work:
         result = run(args, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     result["meets_target"] = {
         "fetch_link_efficiency": result["fetch_link_efficiency"] >= 0.8,
         "two_seeder_speedup": result["two_seeder_speedup"] >= 1.7,

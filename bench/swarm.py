@@ -48,7 +48,6 @@ import random
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -58,7 +57,7 @@ for _p in (ROOT, ROOT / "tests"):  # the namespace network and process group liv
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from bench.common import emit, run_main  # noqa: E402
+from bench.common import emit, run_main, work_directory  # noqa: E402
 
 MEASURES = (
     "bench/swarm.py",
@@ -322,17 +321,9 @@ def main(argv: Optional[list[str]] = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.quick:
         args.control, args.stage, args.kills = 20.0, 40.0, 35.0
-    work = Path(tempfile.mkdtemp(prefix="hivepath-swarm-"))
-    try:
+    with work_directory("hivepath-swarm-", keep=args.keep) as work:
         result = run(work, args.control, args.stage, args.kills, args.seed)
         result["quick"] = args.quick
-    finally:
-        if args.keep:
-            print(f"bench.swarm: work directory kept at {work}", file=sys.stderr)
-        else:
-            import shutil
-
-            shutil.rmtree(work, ignore_errors=True)
     return emit("swarm_quick" if args.quick else "swarm", result)
 
 

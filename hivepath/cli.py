@@ -29,8 +29,9 @@ from hivepath import (
     cmd_train_local,
 )
 from hivepath.numbers import check_defaults
-from hivepath.settings import env_default
+from hivepath.settings import env_default, pass_on
 from models.errors import HivepathError
+from models.log_format import LOG_FORMATS, event_extra, setup_logging
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
@@ -66,36 +67,50 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         help="logging verbosity (env HIVEPATH_LOG_LEVEL; default INFO)",
     )
+    parser.add_argument(
+        "--log-format",
+        default=env_default("HIVEPATH_LOG_FORMAT"),
+        choices=list(LOG_FORMATS),
+        help="log lines as text, or json: one JSON object per line with the fields of the events "
+        "(time, event, level, logger, message); the processes a command starts log the same way "
+        "(env HIVEPATH_LOG_FORMAT; default text)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
         command.register(sub)
     return parser
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-        stream=sys.stderr,
-    )
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Parse, run the chosen subcommand, and turn user errors into one clear line and an exit code."""
+    """Parse, run the chosen subcommand, and turn user errors into one clear line and an exit code
+    (with ``--log-format json``, a JSON ``error`` line: ``message``, ``exit_code``)."""
+    json_lines = False
     try:
         parser = build_parser()
         argv = list(sys.argv[1:] if argv is None else argv)
         args = parser.parse_args(argv)
-        check_defaults(parser, args, argv)  # ranges of numbers a HIVEPATH_* variable set
-        _setup_logging(args.log_level)
+        check_defaults(parser, args, argv)  # ranges and choices of what a HIVEPATH_* variable set
+        setup_logging(args.log_level, args.log_format)
+        json_lines = args.log_format == "json"
+        if json_lines:  # the peers, coordinator and archive a command starts log alike
+            pass_on("HIVEPATH_LOG_FORMAT", args.log_format)
         return int(args.func(args) or 0)
     except HivepathError as e:
-        print(f"hivepath: error: {e}", file=sys.stderr)
+        _last_words(str(e), e.exit_code, json_lines)
         return e.exit_code
     except KeyboardInterrupt:
-        print("hivepath: interrupted", file=sys.stderr)
+        _last_words("interrupted", 130, json_lines)
         return 130
+
+
+def _last_words(message: str, exit_code: int, json_lines: bool) -> None:
+    """The line a command ends with on an error: ``hivepath: error: ...``, or a JSON ``error`` line."""
+    if json_lines:
+        log.error(message, extra=event_extra("error", exit_code=exit_code))
+    elif exit_code == 130:
+        print(f"hivepath: {message}", file=sys.stderr)
+    else:
+        print(f"hivepath: error: {message}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from hivepath.numbers import count, natural, positive
@@ -36,7 +37,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="prepared dataset (default data/default-bytes-2x2, prepared once)")
     p.add_argument("--eval-docs", type=count(), default=40, metavar="N",
                    help="validation documents per path for before/after bits per byte (default 40)")
-    p.add_argument("--no-live", action="store_true", help="no live table (logs only)")
+    p.add_argument("--no-live", action="store_true",
+                   help="no live table: a progress line every HIVEPATH_PROGRESS_INTERVAL seconds (default 5) and one "
+                        "line per event of a peer, through the log (what the demo does when stderr is not a terminal, "
+                        "or with --log-format json)")
     p.set_defaults(func=run)
 
 
@@ -46,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     summary = run_demo(DemoOptions(
         peers=args.peers, small_peers=args.small_peers, minutes=args.minutes, preset=args.preset,
         out=Path(args.out) if args.out else None, data=Path(args.data) if args.data else None,
-        eval_documents=args.eval_docs, live=not args.no_live,
+        eval_documents=args.eval_docs,
+        live=not args.no_live and sys.stderr.isatty() and getattr(args, "log_format", "text") != "json",
     ))
     ratio = summary["ddp_bytes_equivalent"] / max(1, summary["bytes_exchanged"])
     if summary["bpb_after"] is None:

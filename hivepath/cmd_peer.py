@@ -43,9 +43,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_network_flags(j)
     j.add_argument("--device", default=env_default("HIVEPATH_DEVICE"),
-                   help="auto, cpu, cuda or cuda:N (env HIVEPATH_DEVICE; default auto)")
+                   help="auto (a GPU no other peer of this machine uses, or the CPU without one), cpu, cuda or cuda:N "
+                        "(env HIVEPATH_DEVICE; default auto)")
     j.add_argument("--max-memory", type=positive(), default=env_default("HIVEPATH_MAX_MEMORY"), metavar="GB",
-                   help="use at most this much device memory (env HIVEPATH_MAX_MEMORY)")
+                   help="use at most this much device memory (env HIVEPATH_MAX_MEMORY; default: the device's free "
+                        "memory divided among the peers of this machine on it)")
     j.add_argument("--role", choices=("path", "stage", "trainer"), default=env_default("HIVEPATH_PEER_ROLE"),
                    help="ask the coordinator for this role instead of letting it choose from memory, compute and "
                    "link: train a whole path, serve one module as a pipeline stage, or drive a pipeline through "
@@ -66,7 +68,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    metavar="MBIT", help="upload bandwidth in Mbit/s (env HIVEPATH_UPLOAD_MBPS; default: measured "
                    "against the coordinator at start-up, 2 MiB each way; 100 if that fails)")
     j.add_argument("--progress", default=env_default("HIVEPATH_PROGRESS"), choices=["auto", "rich", "json"],
-                   help="live panel (rich), JSON lines on stdout (json), or rich on a terminal (auto; env HIVEPATH_PROGRESS)")
+                   help="live panel (rich), JSON lines on stdout (json), or rich on a terminal unless --log-format json "
+                   "(auto; env HIVEPATH_PROGRESS)")
     j.add_argument("--drain-timeout", type=non_negative(), default=env_default("HIVEPATH_DRAIN_TIMEOUT"),
                    metavar="S", help="seconds from the start of a drain allowed to finish the round in flight; then it is abandoned (not "
                    "applied: the last global state is checkpointed) and the peer leaves (env HIVEPATH_DRAIN_TIMEOUT)")
@@ -74,7 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="leave after N inner steps (0: run until stopped; env HIVEPATH_MAX_STEPS)")
     j.add_argument("--threads", type=count(), default=env_default("HIVEPATH_THREADS"), metavar="N",
                    help="CPU threads for torch (env HIVEPATH_THREADS; default: this machine's cores divided "
-                        "among the peers running on it)")
+                        "among the peers running on it, which register in HIVEPATH_PEERS_DIR)")
     j.add_argument("--cpu-limit", type=share(), default=env_default("HIVEPATH_CPU_LIMIT"), metavar="SHARE",
                    help="train at most this share of the time, resting between inner steps (env HIVEPATH_CPU_LIMIT; "
                         "default 1). E.g. 0.5 on a machine you also use; 1 never rests. The tokens/s reported to "
@@ -118,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
         data_dir=Path(args.data).expanduser() if args.data else None,
         seed=not args.no_seed,
         max_data_gb=args.max_data_gb,
-        progress=args.progress,
+        # JSON logs ask for lines a machine reads: no live panel, whatever the terminal
+        progress="json" if args.progress == "auto" and getattr(args, "log_format", "text") == "json" else args.progress,
         upload_mbps=args.upload_mbps,
         drain_timeout=args.drain_timeout,
         max_steps=args.max_steps,

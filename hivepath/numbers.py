@@ -89,16 +89,23 @@ def seed() -> Number:
 
 
 def check_defaults(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]) -> None:
-    """Apply each numeric flag's range to its value when it did not come from the command line (a
-    ``HIVEPATH_*`` variable set it): a :class:`ConfigError` naming the flag and the variable."""
+    """Apply each numeric flag's range, and each flag's choices, to its value when it did not come
+    from the command line (a ``HIVEPATH_*`` variable set it): a :class:`ConfigError` naming the flag
+    and the variable."""
     from hivepath.settings import ALL_SETTINGS
 
     by_flag = {s.flag: s.name for s in ALL_SETTINGS if s.flag}
     given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
     for action in _actions(parser, args):
-        if not isinstance(action.type, Number) or set(action.option_strings) & given:
+        if not action.option_strings or set(action.option_strings) & given:
             continue
         value: Any = getattr(args, action.dest, None)
+        if action.choices is not None and value is not None and value not in action.choices:
+            var = next((by_flag[o] for o in action.option_strings if o in by_flag), "")
+            raise ConfigError(action.option_strings[0].lstrip("-"), f"{value!r}{f' (from {var})' if var else ''} "
+                              f"must be one of {', '.join(map(str, action.choices))}")
+        if not isinstance(action.type, Number):
+            continue
         if value is None or _in_range(action.type, value):
             continue
         var = next((by_flag[o] for o in action.option_strings if o in by_flag), "")

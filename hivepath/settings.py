@@ -17,6 +17,7 @@ Imports nothing heavy: building the parser reads this.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -30,13 +31,16 @@ except ImportError:  # the coordinator's image holds no peer package; its comman
     PEER_SETTINGS = ()
 
 __all__ = ["CLI_SETTINGS", "IMAGE_SETTINGS", "ALL_SETTINGS", "setting", "env_default", "markdown_table",
-           "update_markdown", "BEGIN_MARKER", "END_MARKER", "main"]
+           "update_markdown", "pass_on", "BEGIN_MARKER", "END_MARKER", "main"]
 
 _NET = "peer join, archive"
 
 CLI_SETTINGS: tuple[Setting, ...] = (
     Setting("HIVEPATH_LOG_LEVEL", "text", "INFO", "logging verbosity: DEBUG, INFO, WARNING or ERROR",
             flag="--log-level", read_by="every command"),
+    Setting("HIVEPATH_LOG_FORMAT", "text", "text",
+            "log lines: text, or json (one JSON object per line: time, event, level, logger, message)",
+            flag="--log-format", read_by="every command"),
     Setting("HIVEPATH_COORDINATOR", "text", None,
             f"the coordinator's gRPC HOST[:PORT], PORT {COORDINATOR_PORT} if left out (required by peer join and "
             f"archive; the operator commands coordinator status/drain/ban/unban default to 127.0.0.1:{COORDINATOR_PORT})",
@@ -67,8 +71,10 @@ CLI_SETTINGS: tuple[Setting, ...] = (
     Setting("HIVEPATH_STALL_TIMEOUT", "number", 300.0,
             "report unhealthy after this many seconds without progress outside a waiting state",
             flag="--stall-timeout", read_by=_NET),
-    Setting("HIVEPATH_DEVICE", "text", "auto", "auto, cpu, cuda or cuda:N", flag="--device", read_by="peer join"),
-    Setting("HIVEPATH_MAX_MEMORY", "number", None, "use at most this many GB of device memory",
+    Setting("HIVEPATH_DEVICE", "text", "auto", "auto (a GPU no other peer of this machine uses, the CPU without "
+            "one), cpu, cuda or cuda:N", flag="--device", read_by="peer join"),
+    Setting("HIVEPATH_MAX_MEMORY", "number", None, "use at most this many GB of device memory (default: the "
+            "device's free memory divided among the peers of this machine on it)",
             flag="--max-memory", read_by="peer join"),
     Setting("HIVEPATH_PEER_ROLE", "text", None,
             "ask the coordinator for a role: path, stage or trainer (default: it decides from memory, compute and "
@@ -167,6 +173,11 @@ END_MARKER = "<!-- end of settings table -->"
 def setting(name: str) -> Setting:
     """The :class:`Setting` called ``name`` (any of :data:`ALL_SETTINGS`)."""
     return _BY_NAME[name]
+
+
+def pass_on(name: str, value: str) -> None:
+    """Set variable ``name`` in this process's environment, so the processes it starts read ``value``."""
+    os.environ[setting(name).name] = value
 
 
 def env_default(name: str) -> Any:

@@ -9,6 +9,7 @@
 - ``models.errors``: user-fixable errors shared by every package.
 - ``models.settings``: the ``Setting`` type of every package's ``HIVEPATH_*`` table (stdlib only).
 - ``models.strict_json``: the one JSON writer (non-finite floats become null; stdlib only).
+- ``models.log_format``: every command's log lines, as text or JSON objects (stdlib only).
 - ``models.lattice``: ``ModularLM``, the DiPaCo lattice of modules, and ``PathModel``.
 - ``models.tokenizer``, ``models.corpus``, ``models.data``: tokenizers, the built-in corpus, streaming
   ``prepare`` into routed, memory-mapped shards, and ``Dataset``.

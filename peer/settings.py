@@ -31,12 +31,12 @@ PEER_SETTINGS: tuple[Setting, ...] = (
             "seconds between spot-notice checks",
             flag="--spot-poll-interval", read_by=_SPOT),
     Setting("HIVEPATH_PEERS_DIR", "text", None,
-            "where the peers of this machine register to share its cores (default "
+            "where the peers of this machine register to share its cores, memory and GPUs (default "
             "$XDG_RUNTIME_DIR/hivepath-UID/peers, else the temp dir's)",
-            read_by="peer join without --threads"),
-    Setting("HIVEPATH_PROGRESS_INTERVAL", "number", 5.0,
-            "least seconds between two JSON progress lines (--progress json)",
             read_by="peer join"),
+    Setting("HIVEPATH_PROGRESS_INTERVAL", "number", 5.0,
+            "least seconds between two progress lines: a peer's JSON lines (--progress json), the demo's plain "
+            "lines (off a terminal or --no-live)", read_by="peer join, demo"),
 )
 """The variables of the peer package, each read where its code needs it (see ``read_by``)."""
 

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import re
@@ -225,6 +226,66 @@ def test_skypilot_task_validates_against_skypilots_schema():
         jsonschema.validate({**task, "file_mounts": "/ckpt"}, schemas["task"])
 
 
+def test_skypilot_peer_drains_within_the_shortest_spot_notice():
+    """The task may land on GCP, whose 30 s notice must hold the drain, the checkpoint and the leave."""
+    from peer.node.spot import GCP_NOTICE_SECONDS
+
+    task = yaml.safe_load((DEPLOY / "skypilot" / "peer.yaml").read_text())
+    assert task["envs"]["HIVEPATH_SPOT"] == "auto"
+    assert float(task["envs"]["HIVEPATH_DRAIN_TIMEOUT"]) + 10 <= GCP_NOTICE_SECONDS
+
+
+class _Metadata(http.server.BaseHTTPRequestHandler):
+    """A cloud's metadata server: AWS IMDSv2 (``public``: the instance's public IPv4, '' none) or GCP."""
+
+    cloud, public = "aws", "203.0.113.9"
+
+    def do_PUT(self):  # noqa: N802 - http.server's name
+        self._answer(self.cloud == "aws" and self.path == "/latest/api/token", "tok")
+
+    def do_GET(self):  # noqa: N802
+        if self.cloud == "aws":
+            ok = self.path == "/latest/meta-data/public-ipv4" and self.headers.get("X-aws-ec2-metadata-token") == "tok"
+        else:
+            ok = (self.path.endswith("/access-configs/0/external-ip") and self.headers.get("Metadata-Flavor") == "Google")
+        self._answer(ok and bool(self.public), self.public)
+
+    def _answer(self, ok: bool, body: str) -> None:
+        self.send_response(200 if ok else 404)
+        self.end_headers()
+        self.wfile.write(body.encode() if ok else b"")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("cloud,public,announced", [("aws", "203.0.113.9", "/ip4/203.0.113.9/tcp/7710"),
+                                                    ("gcp", "198.51.100.4", "/ip4/198.51.100.4/tcp/7710"),
+                                                    ("aws", "", "")])
+def test_skypilot_peer_announces_the_public_address(cloud, public, announced, tmp_path):
+    """The task's run script against a fake metadata server: it announces the public IPv4 at the port it
+    listens on, or nothing (its own addresses) when the cloud has none."""
+    import threading
+
+    task = yaml.safe_load((DEPLOY / "skypilot" / "peer.yaml").read_text())
+    handler = type("Handler", (_Metadata,), {"cloud": cloud, "public": public})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    script = re.sub(r"^\s*exec .*$", 'echo "announce=${HIVEPATH_ANNOUNCE_MADDRS:-}"', task["run"], flags=re.M)
+    env = {**os.environ, **task["envs"], "HIVEPATH_COORDINATOR": "c:7700", "HIVEPATH_TOKEN": "t",
+           "HIVEPATH_WORK_DIR": str(tmp_path / "w"), "AWS_METADATA": url if cloud == "aws" else "http://127.0.0.1:9",
+           "GCP_METADATA": url}
+    env.pop("HIVEPATH_ANNOUNCE_MADDRS", None)
+    try:
+        r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    finally:
+        server.shutdown()
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"announce={announced}", (r.stdout, r.stderr)
+    assert task["resources"]["ports"] == int(task["envs"]["HIVEPATH_HOST_MADDRS"].rsplit("/", 1)[1])
+
+
 # -- compose -----------------------------------------------------------------------------------
 
 
@@ -240,6 +301,23 @@ def test_compose_file_shape():
     drain = float(re.search(r":-(\d+)", services["peer"]["environment"]["HIVEPATH_DRAIN_TIMEOUT"]).group(1))
     assert grace >= drain + 20
     assert any(v.startswith("coordinator-data:/data") for v in services["coordinator"]["volumes"])
+
+
+def test_compose_gpu_peers_take_one_gpu_each():
+    """Scaled GPU peers all see every GPU: registered in one directory shared by the containers (a named
+    volume at a mount point the image's user owns), ``--device auto`` gives each its own."""
+    doc = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    gpu = doc["services"]["peer-gpu"]
+    env = gpu["environment"]
+    assert env["HIVEPATH_DEVICE"] == "auto"
+    assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["count"] == "all"
+    shared = env["HIVEPATH_PEERS_DIR"]
+    for name in ("peer", "peer-gpu"):
+        volume = next(v for v in doc["services"][name]["volumes"] if v.endswith(f":{shared}"))
+        assert volume.split(":")[0] in doc["volumes"], f"{name}: {shared} is a named volume the replicas share"
+    for dockerfile in ("Dockerfile.peer", "Dockerfile.peer-cuda"):
+        text = (DEPLOY / dockerfile).read_text()
+        assert re.search(rf"mkdir -p [^&]*{shared}\b.*&& chown hivepath:hivepath [^\n]*{shared}", text), dockerfile
 
 
 # -- the CLI covers everything the deploy files use --------------------------------------------

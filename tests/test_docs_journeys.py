@@ -132,6 +132,7 @@ class Reader:
                 continue
             if cmd.startswith(LONG_RUNNING):
                 name = f"doc{len(self.started)}"
+                cmd = cmd.removesuffix("&").rstrip()  # the page's '&': started in the background here anyway
                 self.procs.start(name, ["bash", "-c", f"exec {cmd}"], env=self.env, cwd=self.home)
                 self.started.append(name)
                 continue
@@ -219,8 +220,9 @@ def test_generate_journey(procs, tmp_path):
 @pytest.mark.timeout(1800)
 def test_deploy_journey_without_containers(procs, tmp_path):
     """docs/deploy.md outside containers: a stock hivemind DHT node and a peer bootstrapped from the
-    address it printed ("Bootstrap peers"), the peer's health checks ("Health checks"), then a peer
-    announcing a forwarded port that the coordinator's dial-back reaches ("Behind NAT or a firewall")."""
+    address it printed ("Bootstrap peers"), the peer's health checks ("Health checks"), a peer
+    announcing a forwarded port that the coordinator's dial-back reaches ("Behind NAT or a firewall"),
+    then one peer per GPU as "On a GPU box" starts them (on the CPU here: they share its memory)."""
     import json
 
     reader = Reader(procs, tmp_path)
@@ -281,6 +283,22 @@ def test_deploy_journey_without_containers(procs, tmp_path):
             wait_for(lambda: _accepts(reader.lane_port), 60, f"the direct lane to listen on {reader.lane_port}")
         procs.signal(behind, 15)
         assert procs.procs[behind].wait(timeout=300) == 0, procs.log(behind)[-3000:]
+
+    # "On a GPU box": one peer per GPU, as the page starts them; on this machine without one both take the
+    # CPU, register in one directory and the later of the two offers half the machine's free memory
+    reader.env["HIVEPATH_PEERS_DIR"] = str(tmp_path / "peers")
+    box = doc_commands("docs/deploy.md", "On a GPU box", 0)
+    assert len(box) == 2 and all(c.endswith("&") and "--work-dir" in c for c in box), box
+    reader.run(box)
+    peers = reader.started[-2:]
+    for name in peers:
+        joined_or_exited(name)
+    shared = re.compile(r"sharing the machine's [\d.]+ GB free with 1 other peer: offering [\d.]+ GB")
+    assert any(shared.search(procs.log(name)) for name in peers), [procs.log(n)[-2000:] for n in peers]
+    for name in peers:
+        procs.signal(name, 15)
+    for name in peers:
+        assert procs.procs[name].wait(timeout=300) == 0, procs.log(name)[-3000:]
 
 
 def _accepts(port: int) -> bool:

@@ -294,6 +294,11 @@ def test_demo_short_run_writes_report(tmp_path):
     assert summary["module_rounds"] and max(summary["module_rounds"].values()) >= 1, summary["module_rounds"]
     assert (out / "report.md").exists() and (out / "loss.png").stat().st_size > 1000
     assert "bits per byte" in r.stdout
+    # piped, without the live table: progress lines at an interval and every peer's events, one line each
+    assert re.search(r"INFO peer\.demo\.report: demo \d+s: 2 peers, [\d,]+ tokens, [\d.]+ MB exchanged, rounds L0M0:r\d+",
+                     r.stderr), r.stderr[-3000:]
+    for event in ("peer0 join: ", "peer1 assignment: mode=path", "peer0 round: ", "peer1 leave: "):
+        assert event in r.stderr, (event, r.stderr[-3000:])
     # no --small-peers: every peer trains a whole path (small peers: tests/test_demo.py)
     assert summary["small_peers"] == 0 and summary["small_peer_max_memory_gb"] is None
     assert {n: p["role"] for n, p in summary["peer_roles"].items()} == {"peer0": "path", "peer1": "path"}

@@ -1,16 +1,23 @@
 """Stopping leaves nothing behind: the demo and a benchmark, stopped by SIGINT, SIGTERM or SIGHUP or
 killed outright (SIGKILL: no handler runs), take every process they started with them, p2p daemons
 and DHT processes included, within 30 s. The process trees are real: coordinator, archive, peers,
-stage servers, and hivemind's p2pd under each."""
+stage servers, and hivemind's p2pd under each.
+
+Nor files: the unix sockets the tree had bound (hivemind's in ``/tmp``, torch's shared-memory
+manager's in ``TMPDIR``) are gone too, and a private ``TMPDIR`` holds nothing the run made (torch's
+compile cache, which the next run reuses, aside): counted for the demo and for a killed peer."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import psutil
 import pytest
@@ -56,6 +63,35 @@ def _describe(p: psutil.Process) -> str:
         return f"{p.pid} (gone)"
 
 
+KEPT_IN_TMPDIR = re.compile(r"torchinductor_\w+")
+"""What may stay in a run's TMPDIR: torch's compile cache (kept for the next run, like pip's)."""
+REGISTRY = re.compile(r"hivepath-\d+")
+"""The machine's peer registry (``peer.node.machine_share``): its directories stay, empty."""
+
+
+def _bound_sockets(processes: Sequence[psutil.Process]) -> set[str]:
+    """The paths of the unix sockets ``processes`` have bound (psutil, as the test sees them)."""
+    paths = set()
+    for p in processes:
+        try:
+            paths |= {c.laddr for c in p.net_connections(kind="unix") if isinstance(c.laddr, str) and c.laddr}
+        except psutil.Error:
+            continue
+    return paths
+
+
+def _left_on_disk(sockets: set[str], tmpdir: Optional[Path]) -> list[str]:
+    """Which of ``sockets`` still exist, and what ``tmpdir`` holds besides :data:`KEPT_IN_TMPDIR`."""
+    left = sorted(s for s in sockets if os.path.lexists(s))
+    if tmpdir is not None:
+        for p in sorted(tmpdir.iterdir()):
+            if REGISTRY.fullmatch(p.name) and p.is_dir():
+                left += [str(f) for f in sorted(p.rglob("*")) if not f.is_dir()]
+            elif not KEPT_IN_TMPDIR.fullmatch(p.name):
+                left.append(str(p))
+    return left
+
+
 def _tails(logs: Sequence[Path], lines: int = 30) -> str:
     out = []
     for path in logs:
@@ -64,15 +100,30 @@ def _tails(logs: Sequence[Path], lines: int = 30) -> str:
     return "\n".join(out)
 
 
+def _rounds_in(log: Path) -> bool:
+    """Whether the peer whose JSON lines go to ``log`` finished an outer round (it is all up then)."""
+    try:
+        lines = [line for line in log.read_text().splitlines() if line.startswith("{")]
+    except FileNotFoundError:
+        return False
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            if json.loads(line).get("event") == "round":
+                return True
+    return False
+
+
 def _stop_and_check(proc: subprocess.Popen, sig: int, daemons: int, start_timeout: float,
-                    logs: Sequence[Path] = ()) -> None:
+                    logs: Sequence[Path] = (), tmpdir: Optional[Path] = None, up: Optional[Path] = None) -> None:
     """Once ``proc``'s tree holds ``daemons`` p2p daemons, send ``sig`` to ``proc`` alone and check that
-    ``proc`` and every process of its tree are gone within :data:`LEFT_TIMEOUT` seconds. ``logs``: the
-    command's log files, whose tails a failure shows."""
+    ``proc`` and every process of its tree are gone within :data:`LEFT_TIMEOUT` seconds, and with them
+    the unix sockets they had bound and, where the command ran with ``tmpdir`` as its TMPDIR, whatever
+    it made there; ``up``: a peer's log in which the command is all up once a round is done (its
+    sockets are bound then). ``logs``: the command's log files, whose tails a failure shows."""
     try:
         try:
-            wait_for(lambda: proc.poll() is not None or _daemons(proc.pid) >= daemons, start_timeout,
-                     f"{daemons} p2p daemons under the command")
+            wait_for(lambda: proc.poll() is not None or (_daemons(proc.pid) >= daemons and (up is None or _rounds_in(up))),
+                     start_timeout, f"{daemons} p2p daemons under the command" + (f" and a round in {up.name}" if up else ""))
         except TimeoutError as e:
             tree = "; ".join(_describe(p) for p in _tree(proc.pid))
             raise AssertionError(f"{e}; its processes: {tree}\n{_tails(logs)}") from None
@@ -81,6 +132,8 @@ def _stop_and_check(proc: subprocess.Popen, sig: int, daemons: int, start_timeou
                                  f"daemons:\n{_tails(logs)}")
         tree = _tree(proc.pid)  # the processes to be stopped: children, their DHT processes and p2pds
         assert len(tree) > daemons
+        sockets = _bound_sockets([psutil.Process(proc.pid), *tree])
+        assert any(os.path.basename(s).startswith("hivemind-p2pd-") for s in sockets), sockets
         proc.send_signal(sig)
         wait_for(lambda: proc.poll() is not None, LEFT_TIMEOUT, f"the command to exit on {sig.name}")
         left = lambda: [p for p in tree if p.is_running() and _status(p) != psutil.STATUS_ZOMBIE]  # noqa: E731
@@ -88,6 +141,10 @@ def _stop_and_check(proc: subprocess.Popen, sig: int, daemons: int, start_timeou
             wait_for(lambda: not left(), LEFT_TIMEOUT, f"every process under the command to exit after {sig.name}")
         except TimeoutError:
             raise AssertionError(f"left after {sig.name}: " + "; ".join(_describe(p) for p in left())) from None
+        try:
+            wait_for(lambda: not _left_on_disk(sockets, tmpdir), LEFT_TIMEOUT, f"the files of the tree to go after {sig.name}")
+        except TimeoutError:
+            raise AssertionError(f"left on disk after {sig.name}: {_left_on_disk(sockets, tmpdir)}") from None
     finally:
         for p in [*_tree(proc.pid), psutil.Process(proc.pid)] if proc.poll() is None else []:
             p.kill()
@@ -119,9 +176,13 @@ def test_demo_stops_every_process(tmp_path, tiny_data, sig):
     # one peer and the archive: two p2p daemons
     cmd = hivepath_cmd("demo", "--peers", "1", "--minutes", "5", "--preset", "tiny", "--out", str(tmp_path / "demo"),
                        "--data", str(tiny_data), "--no-live", "--eval-docs", "2")
+    tmpdir = tmp_path / "tmp"  # the demo's own TMPDIR: hivemind's default shared-memory strategy, a manager each
+    tmpdir.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "HIVEMIND_MEMORY_SHARING_STRATEGY"}
     with open(tmp_path / "demo.log", "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
-    _stop_and_check(proc, sig, daemons=2, start_timeout=180,
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+                                env={**env, "TMPDIR": str(tmpdir)})
+    _stop_and_check(proc, sig, daemons=2, start_timeout=240, tmpdir=tmpdir, up=tmp_path / "demo" / "logs" / "peer0.log",
                     logs=[tmp_path / "demo.log", *(tmp_path / "demo" / "logs" / f"{n}.log" for n in ("coordinator", "archive", "peer0"))])
     if sig != signal.SIGKILL:  # a handled signal drains: the report is still written, the exit is clean
         report = tmp_path / "demo" / "report.md"
@@ -148,13 +209,20 @@ def test_killed_peer_takes_its_dht_process_and_p2p_daemon_with_it(procs, tmp_pat
 
     data = prepare_dataset(tmp_path / "data")
     net = Network(procs, tmp_path, data.dir, data.manifest_hash, inner_steps=4)
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
     try:
         net.start_coordinator()
+        net.env = {**net.env, "TMPDIR": str(tmpdir)}
+        net.env.pop("HIVEMIND_MEMORY_SHARING_STRATEGY", None)  # hivemind's default, as a volunteer's peer runs
         net.start_peer("peer0")
         peer = net.procs.procs["peer0"]
         wait_for(lambda: _daemons(peer.pid) >= 1, 120, "the peer's p2p daemon")
+        # all up (its sockets bound) once it finished a round, alone
+        wait_for(lambda: any(e.get("event") == "round" for e in procs.json_lines("peer0")), 300, "the peer's first round")
         tree = [p for p in _tree(peer.pid) if "peer.node.lifetime" not in " ".join(p.cmdline())]
         assert any(_name(p) == "p2pd" for p in tree)
+        sockets = _bound_sockets([psutil.Process(peer.pid), *tree])
         peer.send_signal(signal.SIGKILL)  # the peer alone, not its session
         peer.wait(timeout=10)
         left = lambda: [p for p in tree if p.is_running() and _status(p) != psutil.STATUS_ZOMBIE]  # noqa: E731
@@ -162,5 +230,9 @@ def test_killed_peer_takes_its_dht_process_and_p2p_daemon_with_it(procs, tmp_pat
             wait_for(lambda: not left(), LEFT_TIMEOUT, "the killed peer's DHT process and p2p daemon to exit")
         except TimeoutError:
             raise AssertionError("left after kill -9: " + "; ".join(_describe(p) for p in left())) from None
+        try:
+            wait_for(lambda: not _left_on_disk(sockets, tmpdir), LEFT_TIMEOUT, "the killed peer's files to go")
+        except TimeoutError:
+            raise AssertionError(f"left on disk after kill -9: {_left_on_disk(sockets, tmpdir)}") from None
     finally:
         net.close()

@@ -29,6 +29,7 @@ from models import strict_json
 from models.config import RunConfig
 from models.errors import HivepathError
 from models.presets import PRESETS
+from peer import settings
 from peer.demo.roles import MEMORY_HEADROOM, PeerLines, small_peer_memory
 
 __all__ = ["DemoOptions", "run_demo"]
@@ -52,6 +53,8 @@ class DemoOptions:
     eval_documents: int = 40
     """Validation documents per path for the before/after bits per byte."""
     live: bool = True
+    """The live table; else plain progress lines every ``HIVEPATH_PROGRESS_INTERVAL`` seconds and one
+    line per event of a peer, through the log."""
     extra_peer_args: list[str] = field(default_factory=list)
 
 
@@ -122,7 +125,7 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
         # starts, not before it: the processes come up at once instead of after minutes of evaluation
         before = _Background(_on_one_thread, evaluate_init, cfg, dataset, opts.eval_documents)
         lines = PeerLines()
-        monitor = DemoMonitor(cfg, live=opts.live, lines=lines)
+        monitor = DemoMonitor(cfg, live=opts.live, lines=lines, interval=settings.read("HIVEPATH_PROGRESS_INTERVAL"))
         try:
             procs.start("coordinator", [*_hivepath(), "coordinator", "serve", "--run-config", str(run_toml), "--db",
                                         str(out / "coordinator.db"), "--host", "127.0.0.1", "--port", str(port),
@@ -152,6 +155,8 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
             deadline: Optional[float] = None
             with monitor:
                 while (deadline is None or time.monotonic() < deadline) and stopped_by is None:
+                    if monitor.bpb_before is None and before.done():
+                        monitor.bpb_before = before.result()
                     monitor.poll(client, procs.procs, http_port)
                     if deadline is None and monitor.history and monitor.history[-1]["tokens"] > 0:
                         deadline = time.monotonic() + opts.minutes * 60
@@ -214,6 +219,10 @@ class _Background:
             self._out["value"] = fn(*args)
         except BaseException as e:  # handed to the caller of result()
             self._out["error"] = e
+
+    def done(self) -> bool:
+        """Whether ``fn`` returned (:meth:`result` has its value) or raised."""
+        return not self._thread.is_alive()
 
     def result(self) -> Any:
         self._thread.join()

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from models import strict_json
 from models.config import RunConfig, format_path
+from models.log_format import event_extra
 from peer.demo.roles import PeerLines
 
 __all__ = ["DemoMonitor", "evaluate_init", "evaluate_run_dir", "write_report", "ddp_bytes_equivalent", "role_lines",
@@ -62,12 +63,22 @@ def evaluate_run_dir(run_dir: Path, dataset: Any, max_docs: int) -> tuple[float,
 
 
 class DemoMonitor:
-    """Polls the coordinator's status, draws the live table and keeps the history for the report."""
+    """Polls the coordinator's status, keeps the history for the report and shows the run: a live
+    table (``live``, on a terminal), or else plain lines through the log, a progress line every
+    ``interval`` seconds (:meth:`progress_fields`) and one line per event a peer prints, each a JSON
+    object under ``--log-format json`` (``event`` ``demo_progress``, or the peer's event and ``peer``)."""
 
-    def __init__(self, cfg: RunConfig, live: bool = True, lines: Optional[PeerLines] = None):
+    def __init__(self, cfg: RunConfig, live: bool = True, lines: Optional[PeerLines] = None,
+                 interval: float = 5.0):
         self.cfg = cfg
         self.lines = lines if lines is not None else PeerLines()
         """Each peer's own progress lines: its name, role, work and tokens (trained or served)."""
+        if not live:
+            self.lines.on_event = self.show_event
+        self.interval = interval
+        self._shown_at = float("-inf")
+        self.bpb_before: Optional[float] = None
+        """Routed validation bits per byte of the untrained lattice, once the demo has scored it."""
         self.start = time.monotonic()
         self.history: list[dict[str, Any]] = []
         self.last: dict[str, Any] = {}
@@ -115,6 +126,37 @@ class DemoMonitor:
         })
         if self._live is not None:
             self._live.update(self._table(status, elapsed, http_port), refresh=True)
+        elif time.monotonic() - self._shown_at >= self.interval:
+            self._shown_at = time.monotonic()
+            self.show_progress(self.progress_fields(status, elapsed, _validation_bpb(http_port)))
+
+    def progress_fields(self, status: dict, elapsed: float, bpb_now: Optional[float]) -> dict[str, Any]:
+        """What a progress line says: seconds since the start, live peers, tokens trained, each module's
+        round, bytes exchanged, and routed validation bits per byte before training and of the archive's
+        newest scored snapshot (None until known)."""
+        peers = [p for p in status.get("peers", []) if p.get("mode") != "archive"]
+        tokens = sum(n for peer_id, n in self.peer_tokens.items() if peer_id not in self.stage_peers)
+        return {"elapsed_s": round(elapsed, 1), "peers": len(peers), "tokens": tokens,
+                "rounds": dict(sorted(self.module_rounds.items())), "bytes_exchanged": status.get("bytes_exchanged", 0),
+                "bpb_before": self.bpb_before, "bpb_now": bpb_now}
+
+    @staticmethod
+    def show_progress(fields: dict[str, Any]) -> None:
+        rounds = " ".join(f"{m}:r{r}" for m, r in fields["rounds"].items()) or "-"
+        bpb = [f"{fields[k]:.3f} {label}" for k, label in (("bpb_before", "before"), ("bpb_now", "now"))
+               if fields[k] is not None]
+        log.info("demo %.0fs: %d peers, %s tokens, %.1f MB exchanged, rounds %s%s", fields["elapsed_s"],
+                 fields["peers"], f"{fields['tokens']:,}", fields["bytes_exchanged"] / 1e6, rounds,
+                 f", bits per byte {', '.join(bpb)}" if bpb else "", extra=event_extra("demo_progress", **fields))
+
+    @staticmethod
+    def show_event(name: str, record: dict) -> None:
+        """One line for event ``record`` that demo peer ``name`` printed."""
+        kind = str(record.get("event"))
+        fields = {k: v for k, v in record.items() if k not in ("event", "time")}
+        shown = " ".join(f"{k}={_short(v)}" for k, v in fields.items() if v not in (None, "", [], {}))
+        log.info("%s %s: %s", name, kind, shown, extra=event_extra(kind, peer=name, peer_time=record.get("time"),
+                                                                      **fields))
 
     def _held(self, p: dict) -> None:
         """Note what peer row ``p`` of the status trains or serves."""
@@ -207,6 +249,29 @@ def role_table(summary: dict[str, Any]) -> list[str]:
     rows = [f"| {name} | {p['role'] or '-'} | {p['work'] or '-'} | {_tokens(p) or '0'} | {p['failovers']} |"
             for name, p in summary.get("peer_roles", {}).items()]
     return ["| peer | role | work | tokens | failovers |", "| --- | --- | --- | --- | --- |", *rows] if rows else []
+
+
+def _short(value: Any) -> str:
+    """An event's field in a text line: a list of peer ids as their first 12 characters, comma-joined."""
+    if isinstance(value, list):
+        return ",".join(str(v)[:12] if str(v).startswith(("Qm", "12D3")) else str(v) for v in value)
+    return str(value)
+
+
+def _validation_bpb(http_port: int) -> Optional[float]:
+    """Mean routed validation bits per byte over the paths the archive has scored, from the
+    coordinator's ``/status.json`` (None before the first score or when it does not answer)."""
+    import json
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/status.json", timeout=2.0) as r:
+            paths = json.loads(r.read()).get("paths", [])
+    except (OSError, ValueError) as e:
+        log.debug("status.json: %r", e)
+        return None
+    scores = [p["val_bpb"] for p in paths if isinstance(p.get("val_bpb"), (int, float))]
+    return sum(scores) / len(scores) if scores else None
 
 
 def write_report(out: Path, summary: dict[str, Any], monitor: DemoMonitor) -> None:

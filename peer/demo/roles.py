@@ -8,7 +8,8 @@ pipeline trainer, but not a whole path, so the coordinator hands it a stage or t
 
 :class:`PeerLines` follows each peer's ``--progress json`` lines in its log: its role (``mode``), its
 work (``assignment``), its state and its tokens, trained by a path peer or a trainer, served by a stage
-server, and the ``failover`` events of a trainer.
+server, and the ``failover`` events of a trainer; it hands every event a peer prints to ``on_event``
+(the demo prints them off a terminal).
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
 from models.config import RunConfig
 from models.errors import HivepathError
+from peer.node.progress import EVENTS
 
 __all__ = ["MEMORY_HEADROOM", "SmallPeerMemory", "small_peer_memory", "PeerLines", "PeerRole"]
 
@@ -93,9 +95,11 @@ class PeerLines:
     """Follows the JSON lines each demo peer writes to its log (``--progress json``); other lines (log
     records) are skipped. :meth:`watch` a log before its process starts, :meth:`read` to catch up."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_event: Optional[Callable[[str, dict], None]] = None) -> None:
         self.peers: dict[str, PeerRole] = {}
         self._logs: dict[str, tuple[Path, int]] = {}
+        self.on_event = on_event
+        """Called with the peer's name and the line for each of its events (:data:`peer.node.progress.EVENTS`)."""
 
     def watch(self, name: str, log: Path) -> None:
         """Follow ``log`` from its current end (a reused run directory keeps the logs of earlier runs)."""
@@ -115,9 +119,12 @@ class PeerLines:
             for line in whole.splitlines():
                 if line.startswith(b"{"):
                     try:
-                        self._take(self.peers[name], json.loads(line))
+                        record = json.loads(line)
+                        self._take(self.peers[name], record)
                     except (ValueError, TypeError, AttributeError):
                         continue
+                    if self.on_event is not None and record.get("event") in EVENTS:
+                        self.on_event(name, record)
 
     def names(self) -> dict[str, str]:
         """Peer id -> demo name (``peer0``, ``small1``) of every peer that printed its id."""

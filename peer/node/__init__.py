@@ -18,7 +18,8 @@
 - ``spot``: preemption notices (:class:`SpotWatcher`) and ``python -m peer.node.spot -- CMD``.
 - ``lifetime``: child processes that never outlive their parent (:class:`ChildProcesses`,
   :func:`watch_descendants`, :func:`stop_on_signals`), used by the start-up, the demo, the benchmarks
-  and the test helpers.
+  and the test helpers; its watchdog removes what a stopped tree leaves in the temp dirs (``leftovers``:
+  hivemind's p2p sockets, torch's shared-memory manager's).
 
 Imports every package below it. Names are resolved on first use (PEP 562): the spot supervisor and the
 health check run in the same images and must not pay for torch and hivemind they never use.

@@ -28,7 +28,6 @@ averaging, and its client retries in the background.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -277,18 +276,20 @@ class PeerNode:
         opts = self.opts
         if opts.threads:
             torch.set_num_threads(opts.threads)
-        # without --threads, the peers of this machine divide its cores (peer.node.machine_share)
-        self._share = None if opts.threads else MachineShare(torch.set_num_threads)
+        # the peers of this machine divide its cores (unless --threads), memory and GPUs (peer.node.machine_share)
+        self._share = MachineShare(None if opts.threads else torch.set_num_threads)
         startup = PeerStartup(opts.network, opts.work_dir, self.status, "peer",
                               leave_reason=lambda: self._stop_reason or "finished")
-        with startup, (self._share or contextlib.nullcontext()):
+        with startup, self._share:
             try:
                 spec = startup.run_spec()
                 cfg = spec.run_config
                 self.data = RunData(cfg, spec.manifest_hash, opts.work_dir, opts.data_options(), self.status)
                 dataset = self.data.open_local()
-                device = resolve_device(opts.device)
-                memory = usable_memory_bytes(device, opts.max_memory_gb)
+                device = torch.device(self._share.claim_device(lambda others: str(resolve_device(opts.device, others))))
+                if device.type == "cuda":  # what torch puts on "cuda" without an index goes to this GPU too
+                    torch.cuda.set_device(device)
+                memory = usable_memory_bytes(device, opts.max_memory_gb, self._share.peers_on(str(device)))
                 tokens_per_s = measure_tokens_per_s(cfg.lattice, cfg.inner, device, seconds=opts.measure_seconds)
                 if opts.cpu_limit < 1.0:  # the coordinator sizes work by what we will do, resting included
                     log.info("--cpu-limit %g: training %.0f%% of the time, %.0f of %.0f tokens/s", opts.cpu_limit,

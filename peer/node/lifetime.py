@@ -18,7 +18,11 @@ must stop on their own when it dies without a word (SIGKILL, the OOM killer).
 - Children get :data:`models.grpc_fork.GRPC_FORK_ENV`, and no ``preexec_fn`` where grpc was imported
   with its fork handlers on (they can abort a forked child: see :mod:`models.grpc_fork`).
 
-Standard library, psutil and :mod:`models.grpc_fork` only: the spot supervisor and the test helpers use it too.
+- The watchdog also removes what the tree leaves in the temp dirs once it is gone: hivemind's p2p
+  sockets and torch's shared-memory manager's (:mod:`peer.node.leftovers`).
+
+Standard library, psutil, :mod:`models.grpc_fork` and :mod:`peer.node.leftovers` only: the spot
+supervisor and the test helpers use it too.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 from models.grpc_fork import GRPC_FORK_ENV, fork_is_safe
+from peer.node.leftovers import bound_sockets, remove_dead_sockets, remove_registration
 
 __all__ = ["ChildProcesses", "stop_on_signals", "watch_descendants", "die_with_parent", "STOP_SIGNALS"]
 
@@ -50,6 +55,8 @@ WATCH_INTERVAL = 0.5
 """Seconds between the watchdog's looks at the process tree (a protocol poll, not a test wait)."""
 REAP_GRACE = 10.0
 """Seconds the watchdog gives orphaned descendants to exit on SIGTERM before it sends SIGKILL."""
+SOCKET_SCAN_INTERVAL = WATCH_INTERVAL
+"""Seconds between the watchdog's looks at the unix sockets the tree has bound (and at every new process)."""
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> None:
@@ -183,7 +190,8 @@ def watch_descendants() -> None:
     psutil checks their start times, so a reused pid is left alone) and to every process in the
     sessions of those that run in a session of their own (a child of :class:`ChildProcesses`), and
     in this process's session if it leads it: so a p2p daemon started since its last look goes too.
-    SIGKILL follows after :data:`REAP_GRACE` seconds; then the watchdog exits. (No pipe: a child forked by multiprocessing would inherit its write end and
+    SIGKILL follows after :data:`REAP_GRACE` seconds; then it removes the unix sockets the tree had
+    bound in the temp dirs that nobody listens at any more (:mod:`peer.node.leftovers`) and exits. (No pipe: a child forked by multiprocessing would inherit its write end and
     keep it open.)
     """
     global _watchdog
@@ -242,6 +250,8 @@ def _watch(parent_pid: int) -> int:
     known: dict[int, psutil.Process] = {}
     # session id -> when its leader started, as first seen (None: the leader was gone by then)
     sessions: dict[int, Optional[float]] = {parent_pid: parent.create_time()} if _sid(parent_pid) == parent_pid else {}
+    sockets: set[str] = set()  # unix sockets the tree bound in the temp dirs (peer.node.leftovers)
+    scanned_at, scanned_pids = float("-inf"), frozenset()
     while _alive(parent):
         with contextlib.suppress(psutil.NoSuchProcess):
             for child in parent.children(recursive=True):
@@ -251,6 +261,9 @@ def _watch(parent_pid: int) -> int:
                     if sid > 0 and sid not in sessions:  # (-1: the child is gone already)
                         sessions[sid] = _leader_start(sid)
         known = {pid: p for pid, p in known.items() if p.is_running()}
+        if frozenset(known) != scanned_pids or time.monotonic() - scanned_at >= SOCKET_SCAN_INTERVAL:
+            sockets |= bound_sockets([parent, *known.values()])
+            scanned_at, scanned_pids = time.monotonic(), frozenset(known)
         # a session that ended frees its id for reuse: forget it rather than sweep a stranger's later
         sessions = {sid: t for sid, t in sessions.items() if _same_session(sid, t)}
         time.sleep(WATCH_INTERVAL)
@@ -258,10 +271,10 @@ def _watch(parent_pid: int) -> int:
     # own (ChildProcesses) that are still the sessions we saw: that also catches a p2p daemon started
     # after our last look.
     sweep = {sid for sid, t in sessions.items() if sid not in own_sessions and _same_session(sid, t)}
-    orphans = [p for p in known.values() if p.is_running()]
+    orphans = [p for p in known.values() if p.is_running() and not _is_watchdog(p)]
     seen = {p.pid for p in orphans}
     for p in psutil.process_iter():
-        if p.pid not in seen and p.pid != me and _sid(p.pid) in sweep:
+        if p.pid not in seen and p.pid != me and _sid(p.pid) in sweep and not _is_watchdog(p):
             orphans.append(p)
     for p in orphans:
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -271,7 +284,21 @@ def _watch(parent_pid: int) -> int:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
     psutil.wait_procs(alive, timeout=5.0)
+    remove_dead_sockets(sockets)
+    remove_registration(parent_pid)
     return 0
+
+
+def _is_watchdog(p) -> bool:
+    """Whether ``p`` is the watchdog of a descendant (a peer the demo started): it ends on its own once
+    its process is gone, after removing what that one left, which a SIGKILL of ours would cut short."""
+    import psutil
+
+    try:
+        cmd = p.cmdline()
+    except psutil.Error:
+        return False
+    return "peer.node.lifetime" in cmd and "--watch" in cmd
 
 
 def _alive(p) -> bool:

@@ -197,7 +197,7 @@ def start_optional(status: PeerStatus, role: str, port: int, stall_timeout: floa
             continue
         if candidate != port:
             log.info("port %d is taken (another peer on this machine?): this %s's status is on port %d; "
-                     "read it with 'hivepath peer status --status-port %d'", port, role, candidate, candidate)
+                     "read it with 'hivepath peer status --port %d'", port, role, candidate, candidate)
         return server
     log.warning("%s; going on without it", first_error)
     return None

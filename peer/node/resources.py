@@ -18,15 +18,9 @@ import torch
 from models.config import LatticeConfig, InnerConfig
 from models.errors import HivepathError
 
-__all__ = ["Capabilities", "resolve_device", "usable_memory_bytes", "measure_tokens_per_s", "NoDeviceError"]
+__all__ = ["Capabilities", "resolve_device", "usable_memory_bytes", "measure_tokens_per_s"]
 
 log = logging.getLogger(__name__)
-
-
-class NoDeviceError(HivepathError):
-    """The requested device does not exist on this machine."""
-
-    exit_code = 2
 
 
 @dataclass(frozen=True)
@@ -41,18 +35,14 @@ class Capabilities:
     """Measured inner-step throughput on one path of the run's model."""
 
 
-def resolve_device(choice: str = "auto") -> torch.device:
-    """``auto`` picks CUDA when present; ``cuda`` without a GPU is a clear error."""
-    choice = choice.lower()
-    if choice == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if choice.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise NoDeviceError("--device cuda was asked for but this machine has no usable CUDA GPU; use --device cpu")
-        return torch.device(choice)
-    if choice == "cpu":
-        return torch.device("cpu")
-    raise NoDeviceError(f"--device {choice!r} is not one of auto, cpu, cuda, cuda:N")
+def resolve_device(choice: str = "auto", others: Optional[dict[str, str]] = None) -> torch.device:
+    """The device of ``--device choice`` on this machine, given the devices the other peers of the
+    machine train on (``others``: registration -> device): :func:`peer.node.machine_share.choose_device` with
+    torch's GPU count."""
+    from peer.node.machine_share import choose_device
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return torch.device(choose_device(choice, others or {}, gpus))
 
 
 def describe_device(device: torch.device) -> str:
@@ -61,17 +51,24 @@ def describe_device(device: torch.device) -> str:
     return "cpu"
 
 
-def usable_memory_bytes(device: torch.device, max_memory_gb: Optional[float] = None) -> int:
-    """Free memory of the device (GPU memory for CUDA, available RAM for CPU), capped by the user."""
+def usable_memory_bytes(device: torch.device, max_memory_gb: Optional[float] = None, sharing: int = 1) -> int:
+    """Memory this peer offers: ``--max-memory`` GB when given; else the device's free memory (GPU
+    memory for CUDA, available RAM for CPU) divided among the ``sharing`` peers of this machine on
+    that device (:meth:`peer.node.machine_share.MachineShare.peers_on`, this one included)."""
+    if max_memory_gb is not None and max_memory_gb <= 0:
+        raise HivepathError(f"--max-memory must be > 0 GB, got {max_memory_gb}")
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
     else:
         free = psutil.virtual_memory().available
     if max_memory_gb is not None:
-        if max_memory_gb <= 0:
-            raise HivepathError(f"--max-memory must be > 0 GB, got {max_memory_gb}")
-        free = min(free, int(max_memory_gb * 2**30))
-    return int(free)
+        return int(min(free, int(max_memory_gb * 2**30)))
+    share = int(free // max(1, sharing))
+    if sharing > 1:
+        log.info("sharing %s's %.1f GB free with %d other peer%s: offering %.1f GB (--max-memory GB to choose)",
+                 f"the GPU {device}" if device.type == "cuda" else "the machine", free / 2**30, sharing - 1,
+                 "s" if sharing > 2 else "", share / 2**30)
+    return share
 
 
 def measure_tokens_per_s(

@@ -80,8 +80,23 @@ def _prepared_dir(cfg: RunConfig, work_dir: Path) -> Path:
     return Path(work_dir) / f"data-{name}-{cfg.data.tokenizer.replace(':', '')}-{lat.levels}x{lat.modules_per_level}"
 
 
-def _preparable(cfg: RunConfig) -> bool:
-    return cfg.data.corpus == "default" or Path(cfg.data.corpus).expanduser().exists()
+def _preparable(cfg: RunConfig, manifest_hash: str = "") -> bool:
+    """Whether the run's corpus can be prepared here: a corpus directory that exists, or the built-in
+    corpus with its packages installed. Without them, a run that pins its manifest hash is fetched
+    from its seeders instead; one that does not is an error naming the command that installs them."""
+    if cfg.data.corpus != "default":
+        return Path(cfg.data.corpus).expanduser().exists()
+    from models.corpus import missing_corpus_packages
+
+    missing = missing_corpus_packages()
+    if not missing:
+        return True
+    if not manifest_hash:
+        raise DataError(f"the built-in corpus cannot be prepared here and the run pins no manifest hash to fetch it by; "
+                        f"install it with: {' && '.join(missing)}")
+    log.info("the built-in corpus is not installed here (%s installs it): fetching the run's data from the peers "
+             "that seed it", " && ".join(missing))
+    return False
 
 
 def local_dataset(cfg: RunConfig, data_dir: Optional[Path], work_dir: Path, manifest_hash: str):
@@ -90,13 +105,13 @@ def local_dataset(cfg: RunConfig, data_dir: Optional[Path], work_dir: Path, mani
     from models.data import MANIFEST_FILE, Dataset
 
     if data_dir is not None and not (Path(data_dir) / MANIFEST_FILE).exists():
-        if _preparable(cfg):  # --data names where to prepare it
+        if _preparable(cfg, manifest_hash):  # --data names where to prepare it
             _prepare_once(cfg, Path(data_dir))
         elif manifest_hash:
             return None  # fetched into data_dir
     if data_dir is None:
         prepared = _prepared_dir(cfg, work_dir)
-        if (prepared / MANIFEST_FILE).exists() or _preparable(cfg):
+        if (prepared / MANIFEST_FILE).exists() or _preparable(cfg, manifest_hash):
             data_dir = _prepare_once(cfg, prepared)
         elif manifest_hash and (fetched_dir(work_dir, manifest_hash) / MANIFEST_FILE).exists():
             data_dir = fetched_dir(work_dir, manifest_hash)
