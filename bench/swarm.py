@@ -5,7 +5,11 @@ small peers, each small one started with nothing but a ``--max-memory`` that fit
 a pipeline trainer but not a path (computed from the lattice, as the coordinator judges it). Every
 process is the installed ``hivepath`` command, in 4 network namespaces behind one bridge with
 50 Mbit/s links (``bench.netns``; on loopback, said in the result, where namespaces cannot be made).
-One torch thread per process: 9 processes share this machine's cores.
+One torch thread per process. The path peers run on one half of this machine's CPUs, the coordinator
+and the small peers on the other (``--shared-cpus``: all on all): as on machines of their own, the
+small peers do not take the path peers' CPU, so what changes the path peers' rounds between the
+windows is the protocol, not the machine's sharing (the small peers' own throughput is what their
+half allows, and ``throughput_fraction`` compares it with their servers' capacity on that half).
 
 Phases, each measured over its own window:
 
@@ -25,8 +29,8 @@ Keys:
   level), in the stage window (target >= 0.8); ``throughput_fraction_with_kills`` in the kill
   window, against the same bottleneck (target >= 0.6).
 - ``path_round_ratio_with_small_peers``: the path peers' median seconds from one round of a module to
-  its next, with small peers over without (target <= 1.2); on one machine it counts the CPU the
-  small peers take from the path peers too. ``path_exchange_wait_seconds_median`` (what the path
+  its next, with small peers over without (target <= 1.2); with ``--shared-cpus`` it counts the CPU
+  the small peers take from the path peers too. ``path_exchange_wait_seconds_median`` (what the path
   peers waited on their exchanges) and ``path_round_failures`` (failed rounds a window) isolate the
   averaging; ``path_round_failures_on_small_peers`` counts the failed ones whose reason names a small
   peer (a holder that did not declare in time, a leader that refused, one behind): target 0.
@@ -44,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import random
 import signal
 import statistics
@@ -156,7 +161,24 @@ def _bottleneck(status: dict) -> float:
     return min(levels.values()) if len(levels) >= 2 else 0.0
 
 
-def run(work: Path, control_s: float, stage_s: float, kill_s: float, seed: int) -> dict[str, Any]:
+def cpu_halves(isolate: bool) -> Optional[tuple[set[int], set[int]]]:
+    """The CPUs of the path peers and those of everything else (the coordinator and the small peers):
+    this process's usable CPUs cut in two halves, or None (one set for all) without ``isolate`` or
+    with fewer than 2 CPUs."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not isolate or len(cpus) < 2:
+        return None
+    return set(cpus[: len(cpus) // 2]), set(cpus[len(cpus) // 2:])
+
+
+def _pinned(cpus: Optional[set[int]]) -> None:
+    """Start the processes that follow on ``cpus`` (a child inherits its parent's CPU affinity)."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
+def run(work: Path, control_s: float, stage_s: float, kill_s: float, seed: int,
+        isolate: bool = True) -> dict[str, Any]:
     from chaos.nsnet import NsNetwork
     from chaos.scenario import prepare_dataset
     from helpers.network import Network
@@ -177,6 +199,10 @@ def run(work: Path, control_s: float, stage_s: float, kill_s: float, seed: int) 
     small = [f"small{i}" for i in range(6)]
     path_names = ["path0", "path1"]
     net = None
+    own_cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    halves = cpu_halves(isolate)
+    out["cpu_sets"] = ({"path_peers": sorted(halves[0]), "coordinator_and_small_peers": sorted(halves[1])}
+                       if halves else "shared")
     where = {"path0": 1, "path1": 2, **{n: 1 + i % (NAMESPACES - 1) for i, n in enumerate(small)}}
     try:
         if bridge is not None:
@@ -190,8 +216,11 @@ def run(work: Path, control_s: float, stage_s: float, kill_s: float, seed: int) 
         net.run_toml.write_text(RUN_TOML.format(manifest_hash=data.manifest_hash))
         # /status.json: from inside namespace 0 (NsNetwork.status), or over loopback
         status = net.status if bridge is not None else net.status_json
+        _pinned(halves[1] if halves else None)
         net.start_coordinator()
+        _pinned(halves[0] if halves else None)
         works = {n: start(n) for n in path_names}
+        _pinned(halves[1] if halves else None)  # the small peers, and the restarts of the killed ones
 
         def path_rounds(k: int) -> bool:
             return all(len([e for e in net.progress_lines(n) if e.get("event") == "round"]) >= k for n in path_names)
@@ -274,6 +303,8 @@ def run(work: Path, control_s: float, stage_s: float, kill_s: float, seed: int) 
         pairs, diff, first = replica_diff([w / "checkpoints" for w in works.values()], forked_rounds(logs))
         out.update({"replica_pairs": pairs, "replica_max_abs_diff": diff, "replica_first_difference": first})
     finally:  # each step whatever the one before did: no process and no namespace outlives the run
+        if own_cpus:
+            os.sched_setaffinity(0, own_cpus)
         try:
             if net is not None:
                 net.close()
@@ -317,12 +348,15 @@ def main(argv: Optional[list[str]] = None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="a short smoke run (not a measurement)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, checkpoints) and say where")
+    ap.add_argument("--shared-cpus", action="store_true",
+                    help="every process on every CPU (default: the path peers on one half of the CPUs, the "
+                         "coordinator and the small peers on the other, as on machines of their own)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.quick:
         args.control, args.stage, args.kills = 20.0, 40.0, 35.0
     with work_directory("hivepath-swarm-", keep=args.keep) as work:
-        result = run(work, args.control, args.stage, args.kills, args.seed)
+        result = run(work, args.control, args.stage, args.kills, args.seed, isolate=not args.shared_cpus)
         result["quick"] = args.quick
     return emit("swarm_quick" if args.quick else "swarm", result)
 
