@@ -31,6 +31,7 @@ from hivepath import (
 from hivepath.numbers import check_defaults
 from hivepath.settings import env_default
 from models.errors import HivepathError
+from protos.versions import describe
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
@@ -51,6 +52,14 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"hivepath: error: {message} (see '{self.prog} --help')\n")
 
 
+class _ShowVersion(argparse.Action):
+    """``--version``: :func:`protos.versions.describe` on one line (argparse's own action wraps it)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: D102 - argparse's hook
+        print(describe())
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="hivepath",
@@ -60,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog="Run 'hivepath COMMAND --help' for a command's options.",
     )
+    parser.add_argument("--version", action=_ShowVersion, nargs=0,
+                        help="show the release, the commit when run from a checkout, and each contract's "
+                             "protocol version, then exit")
     parser.add_argument(
         "--log-level",
         default=env_default("HIVEPATH_LOG_LEVEL"),
@@ -72,13 +84,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _setup_logging(level: str) -> None:
+class _Opening(logging.Formatter):
+    """Writes ``opening`` as a line of its own before the first record it formats: the first line of a
+    long-running process's log names its release and protocols, and a command that stops on bad input
+    before logging anything still answers with one line."""
+
+    def __init__(self, fmt: str, datefmt: str, opening: str):
+        super().__init__(fmt, datefmt)
+        self._opening = opening
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        opening, self._opening = self._opening, ""
+        if not opening:
+            return line
+        first = logging.LogRecord("hivepath", logging.INFO, __file__, 0, opening, None, None)
+        first.created = record.created
+        return super().format(first) + "\n" + line
+
+
+def _setup_logging(level: str, opening: str = "") -> None:
     logging.basicConfig(
         level=getattr(logging, level),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
         stream=sys.stderr,
     )
+    if opening:
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(_Opening("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S", opening))
+
+
+LONG_RUNNING = {("coordinator", "serve"), ("peer", "join"), ("archive", None), ("demo", None), ("data", "serve")}
+"""The commands whose log opens with :func:`protos.versions.describe` (release, commit, protocols)."""
+
+
+def _long_running(args: argparse.Namespace) -> bool:
+    return (args.command, getattr(args, f"{args.command}_command", None)) in LONG_RUNNING
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -88,7 +130,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         argv = list(sys.argv[1:] if argv is None else argv)
         args = parser.parse_args(argv)
         check_defaults(parser, args, argv)  # ranges of numbers a HIVEPATH_* variable set
-        _setup_logging(args.log_level)
+        _setup_logging(args.log_level, opening=describe() if _long_running(args) else "")
         return int(args.func(args) or 0)
     except HivepathError as e:
         print(f"hivepath: error: {e}", file=sys.stderr)

@@ -18,7 +18,7 @@ class EncodedTensor(_message.Message):
     def __init__(self, shape: _Optional[_Iterable[int]] = ..., codec: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class StageRequest(_message.Message):
-    __slots__ = ("kind", "module_id", "config_hash", "request_id", "input", "grad")
+    __slots__ = ("kind", "module_id", "config_hash", "request_id", "input", "grad", "protocol")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         FORWARD: _ClassVar[StageRequest.Kind]
@@ -31,13 +31,15 @@ class StageRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     INPUT_FIELD_NUMBER: _ClassVar[int]
     GRAD_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     kind: StageRequest.Kind
     module_id: str
     config_hash: str
     request_id: str
     input: EncodedTensor
     grad: EncodedTensor
-    def __init__(self, kind: _Optional[_Union[StageRequest.Kind, str]] = ..., module_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., request_id: _Optional[str] = ..., input: _Optional[_Union[EncodedTensor, _Mapping]] = ..., grad: _Optional[_Union[EncodedTensor, _Mapping]] = ...) -> None: ...
+    protocol: str
+    def __init__(self, kind: _Optional[_Union[StageRequest.Kind, str]] = ..., module_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., request_id: _Optional[str] = ..., input: _Optional[_Union[EncodedTensor, _Mapping]] = ..., grad: _Optional[_Union[EncodedTensor, _Mapping]] = ..., protocol: _Optional[str] = ...) -> None: ...
 
 class StageReply(_message.Message):
     __slots__ = ("code", "error", "output", "queue_length", "throughput")
