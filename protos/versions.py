@@ -39,7 +39,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 __all__ = [
     "RELEASE", "Contract", "CONTRACTS", "NAMES", "Version", "parse_version", "stated", "stated_text",
-    "stated_all", "set_override", "writes", "refusal", "release_key", "older_than", "commit", "describe",
+    "stated_all", "set_override", "writes", "stamp", "refusal", "release_key", "older_than", "commit", "describe",
     "UnknownFields", "UNKNOWN_FIELDS", "unknown_proto_fields",
 ]
 
@@ -145,6 +145,12 @@ def writes(name: str, field_name: str) -> bool:
     if major != contract.version[0]:
         return True
     return not any(field_name in fields for m, fields in contract.added.items() if m > minor)
+
+
+def stamp(name: str, field_name: str) -> str:
+    """What a writer of contract ``name`` puts in its version field ``field_name`` (``Message.field``):
+    the version it states, or '' where that field came after the minor it states."""
+    return stated_text(name) if writes(name, field_name) else ""
 
 
 def refusal(name: str, theirs: Any, who: str = "the other side", us: str = "this process") -> str:

@@ -227,10 +227,6 @@ class GroupDeclaration:
     """Peers that fetched this round's state from the declaring peer to average it (newcomers whose
     holder records may not be visible yet): every member waits for them to declare, up to its gather
     deadline, so a leader that never heard of them does not close the group without them."""
-    wire: str = ""
-    """The declaring peer's averaging bytes key (:func:`peer.averaging.wire_key`): matchmaking groups only
-    declarations of equal keys, whose members compute the same bytes ('' for the averaging protocol's
-    first bytes, those of 1.0)."""
     paced: bool = False
     """The declaring peer ended this round early because another holder was waiting (pacing,
     :meth:`peer.averaging.net_averager.NetAverager.others_waiting`). Such a declaration paces nobody
@@ -238,6 +234,10 @@ class GroupDeclaration:
     this rule, two sets of holders whose module round numbers are offset by one (a newcomer that
     re-synced one module to a newer round) ended each other's rounds, each as soon as it began:
     rounds of 2.8 s instead of 10, every group complete (seen once with 8 peers, issue 25)."""
+    wire: str = ""
+    """The declaring peer's averaging bytes key (:func:`peer.averaging.wire_key`): matchmaking groups only
+    declarations of equal keys, whose members compute the same bytes ('' for the averaging protocol's
+    first bytes, those of 1.0)."""
 
 
 @dataclass(frozen=True)
