@@ -29,7 +29,7 @@ from models.errors import HivepathError
 from models.settings import COORDINATOR_PORT
 from peer.coordinator_client.messages import (CoordinatorUnavailable, Evaluation, HeartbeatReply, IncompatibleRun,
                                                JoinInfo, NotACoordinator, PeerInfo, Progress, RunSpec, WorkAssignment, check_address,
-                                               check_coordinator, refusal)
+                                               VersionMismatch, check_coordinator, refusal)
 from peer.coordinator_client.transport import (HTTP1, HTTP2, KEEPALIVE_OPTIONS, NOTHING, PROBE_BYTES, TLS, Answer,
                                                HeartbeatStream, ProbeFailed, StreamStalled, probe_download, probe_upload,
                                                what_answers)
@@ -373,6 +373,9 @@ class CoordinatorClient:
                     if self._left.is_set():
                         break
                     log.warning("coordinator %s unreachable; still training, retrying", self.address)
+                except VersionMismatch as e:  # a re-join refused: the run no longer takes this release
+                    log.error("heartbeat refused: %s", e)
+                    on_reply(HeartbeatReply(0.0, None, True, str(e), refused=True))
                 except HivepathError as e:
                     log.error("heartbeat refused: %s", e)
                 except Exception:

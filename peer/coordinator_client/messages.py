@@ -202,6 +202,9 @@ class HeartbeatReply:
     """A renewed credential (empty: the current one stays valid)."""
     required_version: str = ""
     """Set with ``drain``: the run now requires this release or newer, above ours."""
+    refused: bool = False
+    """Set with ``drain``: a re-join (our lease was gone) was refused by version (:class:`VersionMismatch`,
+    whose message is ``drain_reason``): the run no longer takes this peer as it is."""
 
 
 def check_coordinator(reply: pb.JoinResponse) -> None:

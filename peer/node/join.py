@@ -180,7 +180,7 @@ class PeerNode:
     def _on_heartbeat(self, reply: HeartbeatReply) -> None:
         self.status.coordinator = "connected"
         self.status.mark_heartbeat()
-        if reply.drain and reply.required_version:
+        if reply.drain and (reply.required_version or reply.refused):
             self._upgrade = reply.drain_reason or f"the run now requires hivepath {reply.required_version} or newer"
             self.request_stop(f"drained by the coordinator: {self._upgrade}")
         elif reply.drain:
