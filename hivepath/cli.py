@@ -31,7 +31,6 @@ from hivepath import (
 from hivepath.numbers import check_defaults
 from hivepath.settings import env_default
 from models.errors import HivepathError
-from protos.versions import describe
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
@@ -56,6 +55,8 @@ class _ShowVersion(argparse.Action):
     """``--version``: :func:`protos.versions.describe` on one line (argparse's own action wraps it)."""
 
     def __call__(self, parser, namespace, values, option_string=None):  # noqa: D102 - argparse's hook
+        from protos.versions import describe  # imports grpc's stubs: not for every --help
+
         print(describe())
         parser.exit(0)
 
@@ -119,8 +120,13 @@ LONG_RUNNING = {("coordinator", "serve"), ("peer", "join"), ("archive", None), (
 """The commands whose log opens with :func:`protos.versions.describe` (release, commit, protocols)."""
 
 
-def _long_running(args: argparse.Namespace) -> bool:
-    return (args.command, getattr(args, f"{args.command}_command", None)) in LONG_RUNNING
+def _opening(args: argparse.Namespace) -> str:
+    """The first line of a long-running command's log (release, commit, protocols); '' for the others."""
+    if (args.command, getattr(args, f"{args.command}_command", None)) not in LONG_RUNNING:
+        return ""
+    from protos.versions import describe
+
+    return describe()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -130,7 +136,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         argv = list(sys.argv[1:] if argv is None else argv)
         args = parser.parse_args(argv)
         check_defaults(parser, args, argv)  # ranges of numbers a HIVEPATH_* variable set
-        _setup_logging(args.log_level, opening=describe() if _long_running(args) else "")
+        _setup_logging(args.log_level, opening=_opening(args))
         return int(args.func(args) or 0)
     except HivepathError as e:
         print(f"hivepath: error: {e}", file=sys.stderr)
