@@ -76,7 +76,7 @@ CONTRACTS: dict[str, Contract] = {c.name: c for c in (
     }),
     Contract("dht", (1, 1), "the records peers write to the DHT (peer.network.records, peer.stage.records, "
              "peer.datasync.records)", {
-        1: ("GroupDeclaration.wire", "GroupDeclaration.v", "HolderRecord.v", "ArchiveRecord.v",
+        1: ("GroupDeclaration.wire", "HolderRecord.wire", "GroupDeclaration.v", "HolderRecord.v", "ArchiveRecord.v",
             "StageServerRecord.v", "SeederRecord.v"),
     }),
     Contract("averaging", (1, 1), "matchmaking, all-reduce parts, results and state transfer between peers "

@@ -622,7 +622,7 @@ class Matchmaker(GroupJoin):
                         declared[peer] = d
                 # an idle holder (a stage server nobody drives) declares no round: nobody waits for it
                 live = {p: h for p, h in records_from_value(holders, HolderRecord, self.verifier).items()
-                        if p != self.peer_id and not h.idle and not self._mismatch(p, h.config_hash, h.data_hash)}
+                        if p != self.peer_id and not h.idle and not self._mismatch(p, h.config_hash, h.data_hash, h.wire)}
                 self._live[module_id] = frozenset(live)
                 last_round_no, last_group = self._grouped.get(module_id, (-1, frozenset()))
                 expected = {p for p, h in live.items() if mine(p) and (h.round_no == round_no or (

@@ -206,6 +206,9 @@ class HolderRecord:
     idle: bool = False
     """The holder trains nothing now (a stage server nobody drives, a trainer whose pipeline lacks a
     server): nobody waits for it to declare, nor for it to catch up; it serves its state as any holder."""
+    wire: str = ""
+    """The holder's averaging bytes key (:attr:`GroupDeclaration.wire`): holders of another key average
+    in groups of their own, so matchmaking neither waits for them nor counts them ahead or behind."""
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ def dht_records() -> dict[str, tuple[type, Callable[[Any], dict], Any]]:
     from peer.stage.records import StageServerRecord, stage_record_value
 
     return {
-        "HolderRecord": (HolderRecord, to_value, HolderRecord("ab12", "cd34", 3, 100.5, 1.25e7, b"cred", "ef56", True)),
+        "HolderRecord": (HolderRecord, to_value, HolderRecord("ab12", "cd34", 3, 100.5, 1.25e7, b"cred", "ef56", True, "1.0")),
         "GroupDeclaration": (GroupDeclaration, to_value, GroupDeclaration(
             "ab12", "cd34", 2.5e6, b"cred", "ef56", (PEER,), True, "1.0")),
         "ArchiveRecord": (ArchiveRecord, to_value, ArchiveRecord("ab12", "cd34", 7, b"cred")),
