@@ -105,6 +105,8 @@ class _Opening(logging.Formatter):
 
 
 def _setup_logging(level: str, opening: str = "") -> None:
+    """Log to stderr at ``level``; ``opening``: the first line of the log (on the handler set up here only)."""
+    before = list(logging.getLogger().handlers)
     logging.basicConfig(
         level=getattr(logging, level),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -112,7 +114,7 @@ def _setup_logging(level: str, opening: str = "") -> None:
         stream=sys.stderr,
     )
     if opening:
-        for handler in logging.getLogger().handlers:
+        for handler in set(logging.getLogger().handlers) - set(before):
             handler.setFormatter(_Opening("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S", opening))
 
 
