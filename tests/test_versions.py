@@ -3,6 +3,7 @@ check of the coordinator (protos.versions, coordinator.versions)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -123,6 +124,13 @@ def test_a_version_refusal_maps_to_exit_7():
 # -- over gRPC ---------------------------------------------------------------------------------------
 
 
+def _get(port: int, path: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+        return r.read().decode()
+
+
 def _serve(db, least: str, port: int = 0) -> BackgroundServer:
     settings = CoordinatorSettings(lease_timeout=30.0, heartbeat_interval=5.0, tick_interval=0.2,
                                    flush_interval=0.2, min_peer_version=least)
@@ -172,6 +180,13 @@ def test_raising_min_peer_version_drains_a_running_peer(tmp_path):
         assert not reply.drain and not reply.required_version
         assert srv.coordinator.peer_versions.get(client.peer.peer_id) == versions.RELEASE
         assert srv.coordinator.settings.min_peer_version == ""
+        metrics, page, status = (_get(srv.http_port, p) for p in ("/metrics", "/", "/status.json"))
+        assert f'hivepath_coordinator_peers_version{{version="{versions.RELEASE}"}} 1.0' in metrics
+        assert f'hivepath_coordinator_info{{commit="{versions.commit()}",min_peer_version="",' in metrics
+        assert f"coordinator hivepath {versions.RELEASE}" in page and f"<td class='version'>{versions.RELEASE}</td>" in page
+        me = next(p for p in json.loads(status)["peers"] if p["peer_id"] == client.peer.peer_id)
+        assert me["version"] == versions.RELEASE
+        assert client.status()["peers"][0]["version"] == versions.RELEASE  # the Status RPC says it too
     try:
         # the operator restarts the coordinator requiring a newer release; the peer's lease survives it
         with _serve(db, "99.0", port=port) as srv:

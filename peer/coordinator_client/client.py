@@ -342,7 +342,8 @@ class CoordinatorClient:
                           "memory_bytes": p.memory_bytes, "work": a.label() if a else "",
                           "mode": a.mode if a else "", "path": list(a.path) if a else [],
                           "tokens": p.tokens,
-                          "bytes_exchanged": p.bytes_exchanged, "last_seen_age_s": p.last_seen_age_s})
+                          "bytes_exchanged": p.bytes_exchanged, "last_seen_age_s": p.last_seen_age_s,
+                          "version": p.version})
         return {
             "run_id": r.run_id, "run_config_hash": r.run_config_hash, "live_leases": r.live_leases,
             "total_tokens_per_s": r.total_tokens_per_s, "bytes_exchanged": r.bytes_exchanged, "peers": peers,
