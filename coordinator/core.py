@@ -39,6 +39,7 @@ from coordinator.pipelines import rebalance_pipelines
 from coordinator.scheduler import assign_peer, rebalance
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import Store, WriteBatch
+from coordinator.versions import PeerVersions
 from coordinator.story import Story, load_totals
 from models.config import RunConfig
 from models.errors import HivepathError
@@ -108,6 +109,8 @@ class Coordinator(Leases, Reading, Moderation, Story):
             issuer = CredentialIssuer(load_or_create_key(None), run.run_id, settings.credential_timeout)
         self.issuer = issuer
         self._credential_expiry: dict[str, float] = {}
+        self.peer_versions = PeerVersions()
+        """The release each peer stated (:mod:`coordinator.versions`), for the status page and drains."""
 
         state = store.load()
         stored_hash = state.meta.get("run_config_hash")

@@ -14,6 +14,7 @@ __all__ = [
     "Overloaded",
     "PeerNotFound",
     "Banned",
+    "VersionRefused",
 ]
 
 
@@ -69,3 +70,14 @@ class Banned(RequestError):
 
     code = "PERMISSION_DENIED"
     exit_code = 3
+
+
+class VersionRefused(RequestError):
+    """The peer speaks another major version of a contract, or runs a release below the run's
+    ``min_peer_version``; the message names both versions and what to install."""
+
+    code = "FAILED_PRECONDITION"
+    exit_code = 7
+
+    def __init__(self, why: str):
+        super().__init__(f"version: {why}")

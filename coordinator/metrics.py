@@ -31,6 +31,8 @@ _COUNTERS = {
     "rejected_key": "Joins refused because the peer id belongs to another key",
     "rejected_incompatible": "Joins refused because the peer's data differs",
     "rejected_banned": "Joins refused because the peer is banned",
+    "rejected_version": "Joins refused for another major protocol version or a release below min_peer_version",
+    "drained_version": "Peers told to drain because the run now requires a newer release",
     "reports": "Reports of misbehaving peers received",
     "seeder_reports": "Reports of seeders that sent bad bytes of the run's dataset",
     "bans": "Peers banned (by reports or by the operator)",
@@ -60,6 +62,19 @@ class SnapshotCollector(Collector):
         for role in ROLES:
             roles.add_metric([role], s["peer_roles"].get(role, 0))
         yield roles
+        info = GaugeMetricFamily("hivepath_coordinator_info", "The coordinator's release, commit and protocols",
+                                 labels=["version", "commit", "protocols", "min_peer_version"])
+        v = s["versions"]
+        info.add_metric([v["release"], v["commit"], v["protocols"], v["min_peer_version"]], 1)
+        yield info
+        by_version = GaugeMetricFamily("hivepath_coordinator_peers_version", "Live peers by release",
+                                       labels=["version"])
+        for release, n in sorted(v["peers"].items()):
+            by_version.add_metric([release or "unknown"], n)
+        yield by_version
+        yield GaugeMetricFamily("hivepath_coordinator_unknown_fields",
+                                "Fields of peers' messages ignored because this coordinator does not know them",
+                                value=sum(v["unknown_fields"].values()))
         yield GaugeMetricFamily("hivepath_coordinator_leases", "Live leases", value=s["live_leases"])
         yield GaugeMetricFamily("hivepath_coordinator_tokens_per_second",
                                 "Tokens trained per second: path peers' and pipeline trainers' (what they served)",

@@ -5,7 +5,7 @@
 wrong or missing run token                  UNAUTHENTICATED
 unknown or expired lease                    NOT_FOUND (re-join)
 malformed or out-of-range field             INVALID_ARGUMENT
-no work fits / data differs                 FAILED_PRECONDITION
+no work fits / data or version differs     FAILED_PRECONDITION
 too many live leases or bandwidth probes    RESOURCE_EXHAUSTED
 banned peer                                 PERMISSION_DENIED
 =========================================  ===================
@@ -31,12 +31,13 @@ from typing import Any, Awaitable, Callable, Optional
 import grpc
 
 from coordinator.core import Coordinator, ProgressReport
-from coordinator.errors import InvalidArgument, RequestError, Unauthenticated
+from coordinator.errors import InvalidArgument, RequestError, Unauthenticated, VersionRefused
 from coordinator.probe import ProbeService
 from coordinator.reachability import dial_back, observed_host
 from coordinator.results import PathEvaluation
 from coordinator.records import MODE_ARCHIVE, MODE_PATH, MODE_STAGE, MODE_TRAINER, Assignment
 from coordinator.status import snapshot
+from coordinator.versions import MAX_PROTOCOLS, join_refusal, upgrade_reason
 from coordinator.validation import (
     MAX_PROGRESS,
     MAX_PUBLIC_KEY,
@@ -50,6 +51,7 @@ from coordinator.validation import (
 )
 from protos.hivepath.coordinator.v1 import coordinator_pb2 as pb
 from protos.hivepath.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
+from protos import versions
 
 __all__ = ["CoordinatorServicer", "assignment_to_proto", "assignment_from_proto"]
 
@@ -129,6 +131,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         caps = check_capabilities(c.device, c.memory_bytes, c.tokens_per_s, c.upload_bps, c.download_bps,
                                   list(c.multiaddrs), trains=not request.archive)
         manifest = check_text("manifest_hash", request.manifest_hash, 64)
+        peer_version = self._check_version(request)
         reach = await dial_back(caps.multiaddrs, observed_host(context.peer() or ""))
         role = {pb.MODE_UNSPECIFIED: "", pb.MODE_PATH: MODE_PATH, pb.MODE_STAGE: MODE_STAGE,
                 pb.MODE_TRAINER: MODE_TRAINER}.get(request.role)
@@ -137,6 +140,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                                           "trainer)")
         result = await self._blocking(self.coord.join, peer_id, bytes(request.public_key), caps, manifest,
                                       request.archive, reach, role)
+        self.coord.peer_versions.note(peer_id, peer_version)
         s = self.coord.settings
         return pb.JoinResponse(
             run_spec=self._run_spec(),
@@ -150,7 +154,26 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             reachable_addr=reach.addr,
             observed_addr=reach.observed,
             relays=result.relays,
+            coordinator_version=versions.RELEASE,
+            protocols=versions.stated_all(),
         )
+
+    def _check_version(self, request: pb.JoinRequest) -> str:
+        """The release a joining peer states; :class:`VersionRefused` for one of another major of a
+        contract or below ``min_peer_version`` (:func:`coordinator.versions.join_refusal`)."""
+        versions.unknown_proto_fields(request)
+        peer_version = check_text("peer_version", request.peer_version, 64)
+        if len(request.protocols) > MAX_PROTOCOLS:
+            raise InvalidArgument("protocols", f"{len(request.protocols)} entries, the limit is {MAX_PROTOCOLS}")
+        for name, version in request.protocols.items():
+            check_text("protocols", name, 32)
+            check_text(f"protocols[{name}]", version, 16)
+        why = join_refusal(peer_version, request.protocols, self.coord.settings.min_peer_version)
+        if why:
+            self.coord.count("rejected_version")
+            log.info("refused %s at join: %s", request.peer_id, why)
+            raise VersionRefused(why)
+        return peer_version
 
     def _run_spec(self) -> pb.RunSpec:
         c = self.coord
@@ -213,6 +236,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             seeded = coord.check_seeded_paths(list(request.seeded_paths))
         evaluations = [PathEvaluation(tuple(e.path), e.bpb, e.round) for e in request.evaluations]
         coord.check_evaluations(evaluations)
+        if request.peer_version:
+            coord.peer_versions.note(peer_id, check_text("peer_version", request.peer_version, 64))
         if request.preempting:
             result = await self._blocking(
                 coord.heartbeat, lease_id, peer_id, progress, request.assignment_version, tokens_per_s,
@@ -224,7 +249,14 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                                      request.bytes_sent + request.bytes_received, False, seeded, evaluations,
                                      request.tokens_per_s_measured, capacity)
         reply.lease_remaining_s = result.lease_remaining
-        if result.drain or result.drain_reason:
+        least = coord.settings.min_peer_version
+        upgrade = upgrade_reason(coord.peer_versions.get(peer_id), least)
+        if upgrade:  # the run now requires a newer release than this peer's: it drains and exits 7
+            if not result.drain:
+                await self._blocking(coord.drain, peer_id, upgrade)
+                coord.count("drained_version")
+            reply.drain, reply.drain_reason, reply.required_version = True, upgrade, least
+        elif result.drain or result.drain_reason:
             reply.drain = result.drain
             reply.drain_reason = result.drain_reason
         if result.credential:
@@ -301,7 +333,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             row = reply.peers.add(
                 peer_id=p["peer_id"], device=p["device"], state=p["state"], tokens_per_s=p["tokens_per_s"],
                 memory_bytes=p["memory_bytes"], last_seen_age_s=p["last_seen_age_s"], tokens=p["tokens"],
-                bytes_exchanged=p["bytes_exchanged"],
+                bytes_exchanged=p["bytes_exchanged"], version=p["version"],
             )
             if p["assignment"]:
                 row.assignment.CopyFrom(assignment_to_proto(Assignment.from_dict(p["assignment"])))

@@ -20,6 +20,7 @@ from typing import Any, Mapping, Union
 from models.config import RunConfig
 from models.presets import load_run_config, read_toml
 from models.errors import ConfigError, DataError
+from protos import versions
 
 __all__ = ["CoordinatorSettings", "load_settings", "load_run_and_settings", "pin_dataset", "MAX_PATHS"]
 
@@ -82,6 +83,12 @@ class CoordinatorSettings:
     for the status page's plots."""
     history_points: int = 2000
     """Most points kept per history series; older points are thinned to make room."""
+    min_peer_version: str = ""
+    """Least hivepath release a peer must run ('' admits every one): older ones are refused at join
+    with the release to install, and a peer already in the run when this is raised (the coordinator
+    restarted with a new value) drains and exits with code 7. Releases before 0.2.0 state no version
+    and read DHT records strictly: a run with peers of 0.2.0 or later sets at least "0.2.0"
+    (docs/upgrade.md)."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -125,6 +132,10 @@ class CoordinatorSettings:
                 raise ConfigError(f"coordinator.{name}", f"must be >= 1, got {getattr(self, name)}")
         if self.history_points < 16:
             raise ConfigError("coordinator.history_points", f"must be >= 16, got {self.history_points}")
+        try:
+            versions.release_key(self.min_peer_version)
+        except ValueError as e:
+            raise ConfigError("coordinator.min_peer_version", f"{e}; write it as \"0.2.0\", or \"\" to admit every release")
         if self.initial_peers < 0:
             raise ConfigError("coordinator.initial_peers", f"must be >= 0, got {self.initial_peers}")
 

@@ -13,6 +13,7 @@ from coordinator.reachability import RELAYED, relay_of
 from coordinator.records import MODE_ARCHIVE, MODE_PATH, MODE_STAGE, MODE_TRAINER, PeerRecord
 from coordinator.view import ClusterView
 from models.config import format_path
+from protos import versions
 
 __all__ = ["snapshot", "contributions", "stages", "ROLES"]
 
@@ -115,6 +116,7 @@ def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, A
                 "reachable_addr": p.reachable_addr,
                 "relay": (relay_of(p.reachable_addr) or ("", ""))[1] if p.reachability == RELAYED else "",
                 "observed_addr": p.observed_addr,
+                "version": coord.peer_versions.get(p.peer_id),
             })
     seeders: dict[str, int] = {}
     live_ids = {p.peer_id for p in live}
@@ -176,6 +178,13 @@ def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, A
         "totals": {"tokens": total_tokens, "module_rounds": {m: module_round[m] for m in holders},
                    "peers_ever": len(peers)},
         "contributions": contributions(peers, total_tokens, now, max_peers),
+        "versions": {
+            "release": versions.RELEASE, "commit": versions.commit(),
+            "protocols": ", ".join(f"{k} {v}" for k, v in versions.stated_all().items()),
+            "min_peer_version": coord.settings.min_peer_version,
+            "peers": coord.peer_versions.counts([p.peer_id for p in live]),
+            "unknown_fields": versions.UNKNOWN_FIELDS.snapshot(),
+        },
     }
 
 

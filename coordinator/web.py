@@ -177,10 +177,10 @@ def render_page(snap: dict[str, Any], history: Optional[History] = None, refresh
             f"<td>{p['tokens']}</td><td>{_fmt_bytes(p['bytes_exchanged'])}</td><td>{p['last_seen_age_s']:.1f}s</td>"
             f"<td title=\"{e(p['reachable_addr'] or p['observed_addr'])}\">{e(p['reachability'].replace('_', ' '))}"
             f"{' via <code>' + e(p['relay'][-8:]) + '</code>' if p['relay'] else ''}</td>"
-            f"<td class='why'>{e(p['role_reason'])}</td></tr>"
+            f"<td class='why'>{e(p['role_reason'])}</td><td class='version'>{e(p['version'] or '?')}</td></tr>"
         )
     if snap["peers_truncated"]:
-        rows.append("<tr><td colspan=12>... more peers in /status.json</td></tr>")
+        rows.append("<tr><td colspan=13>... more peers in /status.json</td></tr>")
     grid = []
     for level, cells in enumerate(snap["lattice"]["grid"]):
         tds = "".join(
@@ -240,6 +240,8 @@ figure.plot svg{{width:100%;height:auto;font-size:11px}}figcaption{{font-weight:
 <p><b>{snap['total_tokens_per_s']:.0f} tokens/s</b> · {snap['live_leases']} live leases · peers: {states}
  · {snap['tokens']} tokens · {_fmt_bytes(snap['bytes_exchanged'])} exchanged</p>
 <p>rebalancing: {e(snap['rebalance'])}</p>
+<p id="versions">coordinator hivepath {e(snap['versions']['release'])}{' (' + e(snap['versions']['commit']) + ')' if snap['versions']['commit'] else ''}
+ · protocols {e(snap['versions']['protocols'])} · peers must run {e(snap['versions']['min_peer_version'] or 'any release')}{' or newer' if snap['versions']['min_peer_version'] else ''}</p>
 <p id="totals">since the run began: <b>{totals['tokens']}</b> tokens · {totals['peers_ever']} peers · module rounds: {rounds}</p>
 <h2>History</h2><div class="plots">{render_history(history or {})}</div>
 <h2>Contributions</h2>{_contributions(snap)}
@@ -247,7 +249,7 @@ figure.plot svg{{width:100%;height:auto;font-size:11px}}figcaption{{font-weight:
 <h2>Paths</h2>{data_line}<table><tr><th>path</th><th>peers</th><th>tokens/s</th><th>loss</th><th>validation bpb</th>{'<th>seeders</th>' if pinned else ''}</tr>{paths}</table>
 <h2>Pipelines</h2>{_pipelines(snap)}
 <h2>Peers</h2><table id='peers'><tr><th>peer</th><th>device</th><th>state</th><th>role</th><th>work</th><th>tokens/s</th>
-<th>memory</th><th>tokens</th><th>exchanged</th><th>last seen</th><th>reachability</th><th>why this role</th></tr>{''.join(rows)}</table>
+<th>memory</th><th>tokens</th><th>exchanged</th><th>last seen</th><th>reachability</th><th>why this role</th><th>version</th></tr>{''.join(rows)}</table>
 </body></html>"""
 
 

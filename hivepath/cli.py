@@ -52,6 +52,16 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"hivepath: error: {message} (see '{self.prog} --help')\n")
 
 
+class _ShowVersion(argparse.Action):
+    """``--version``: :func:`protos.versions.describe` on one line (argparse's own action wraps it)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: D102 - argparse's hook
+        from protos.versions import describe  # imports grpc's stubs: not for every --help
+
+        print(describe())
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="hivepath",
@@ -61,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog="Run 'hivepath COMMAND --help' for a command's options.",
     )
+    parser.add_argument("--version", action=_ShowVersion, nargs=0,
+                        help="show the release, the commit when run from a checkout, and each contract's "
+                             "protocol version, then exit")
     parser.add_argument(
         "--log-level",
         default=env_default("HIVEPATH_LOG_LEVEL"),
@@ -81,6 +94,48 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Opening(logging.Formatter):
+    """Writes ``opening`` as a line of its own, in ``inner``'s format, before the first record it
+    formats: the first line of a long-running process's log names its release and protocols, and a
+    command that stops on bad input before logging anything still answers with one line."""
+
+    def __init__(self, inner: logging.Formatter, opening: str):
+        super().__init__()
+        self._inner = inner
+        self._opening = opening
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = self._inner.format(record)
+        opening, self._opening = self._opening, ""
+        if not opening:
+            return line
+        first = logging.LogRecord("hivepath", logging.INFO, __file__, 0, opening, None, None)
+        first.created = record.created
+        return self._inner.format(first) + "\n" + line
+
+
+def _open_log_with(opening: str) -> None:
+    """``opening`` first on the log handler :func:`models.log_format.setup_logging` installed."""
+    if not opening:
+        return
+    for handler in logging.getLogger().handlers:
+        if getattr(handler, "hivepath", False) and handler.formatter is not None:
+            handler.setFormatter(_Opening(handler.formatter, opening))
+
+
+LONG_RUNNING = {("coordinator", "serve"), ("peer", "join"), ("archive", None), ("demo", None), ("data", "serve")}
+"""The commands whose log opens with :func:`protos.versions.describe` (release, commit, protocols)."""
+
+
+def _opening(args: argparse.Namespace) -> str:
+    """The first line of a long-running command's log (release, commit, protocols); '' for the others."""
+    if (args.command, getattr(args, f"{args.command}_command", None)) not in LONG_RUNNING:
+        return ""
+    from protos.versions import describe
+
+    return describe()
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Parse, run the chosen subcommand, and turn user errors into one clear line and an exit code
     (with ``--log-format json``, a JSON ``error`` line: ``message``, ``exit_code``)."""
@@ -91,6 +146,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = parser.parse_args(argv)
         check_defaults(parser, args, argv)  # ranges and choices of what a HIVEPATH_* variable set
         setup_logging(args.log_level, args.log_format)
+        _open_log_with(_opening(args))
         json_lines = args.log_format == "json"
         if json_lines:  # the peers, coordinator and archive a command starts log alike
             pass_on("HIVEPATH_LOG_FORMAT", args.log_format)

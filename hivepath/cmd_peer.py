@@ -162,7 +162,7 @@ def _status_line(doc: dict) -> str:
     loss = doc.get("loss")
     heartbeat = doc.get("seconds_since_heartbeat")
     parts = [
-        f"{doc.get('role', 'peer')} {str(doc.get('peer_id') or '?')[:16]}",
+        f"{doc.get('role', 'peer')} {str(doc.get('peer_id') or '?')[:16]} (hivepath {doc.get('version') or '?'})",
         f"{doc.get('state')} {doc.get('mode')} {doc.get('assignment') or '-'}",
         f"round {doc.get('round_no')} step {doc.get('step')}",
         f"loss {loss:.3f}" if isinstance(loss, (int, float)) else "loss -",

@@ -37,6 +37,10 @@ PEER_SETTINGS: tuple[Setting, ...] = (
     Setting("HIVEPATH_PROGRESS_INTERVAL", "number", 5.0,
             "least seconds between two progress lines: a peer's JSON lines (--progress json), the demo's plain "
             "lines (off a terminal or --no-live)", read_by="peer join, demo"),
+    Setting("HIVEPATH_TEST_PROTOCOL", "text", None,
+            "tests only: speak these protocol versions instead of this release's, e.g. 'all=2.0' or "
+            "'dht=1.0,averaging=1.0' (protos.versions)",
+            read_by="every peer process (peer join, archive)"),
 )
 """The variables of the peer package, each read where its code needs it (see ``read_by``)."""
 

@@ -9,6 +9,8 @@ The ``.proto`` files are the source; ``python -m protos.generate`` rewrites the 
 - :mod:`protos.hivepath.peer.v1.stage_pb2`: stage mode's activations and gradients.
 - :mod:`protos.credential`: the admission credential's byte format, signing and verification
   (shared by the coordinator, which signs, and peers, which check each other).
+- :mod:`protos.versions`: the release and each contract's protocol version (major.minor), the rule
+  for reading another version, and the count of unknown fields read past.
 
 Imports nothing of ``models``, ``peer`` or ``coordinator``.
 """

@@ -17,6 +17,8 @@ from peer.network import (
     read_records,
     to_value,
 )
+from peer.network.records import is_withdrawal, withdrawal
+from protos import versions
 
 PEER = "12D3KooWPbySgUijvGYy1St7ys38Ccfc1ce5RqA2rc5aoSFH4tkJ"
 GOOD = {"config_hash": "ab12", "data_hash": "", "round_no": 3, "throughput": 100.0, "bandwidth": 1.25e7}
@@ -38,7 +40,7 @@ def test_keys_have_run_and_module_and_no_dots():
 def test_valid_record_parses_and_round_trips():
     record = parse_record(HolderRecord, PEER, GOOD)
     assert record == HolderRecord("ab12", "", 3, 100.0, 1.25e7)
-    assert to_value(record) == GOOD
+    assert to_value(record) == {**GOOD, "v": versions.stated_text("dht")}
     decl = parse_record(GroupDeclaration, PEER, {"config_hash": "ab", "data_hash": "cd", "bandwidth": 0})
     assert decl == GroupDeclaration("ab", "cd", 0.0) and isinstance(decl.bandwidth, float)
     # a paced declaration says so; an unpaced one stores no such field (as peers before it wrote them)
@@ -54,7 +56,6 @@ def test_valid_record_parses_and_round_trips():
         ("not a peer id!", GOOD, "subkey is not a peer id"),
         (PEER, [1, 2], "not a table"),
         (PEER, {k: v for k, v in GOOD.items() if k != "bandwidth"}, "missing ['bandwidth']"),
-        (PEER, {**GOOD, "admin": True}, "unexpected ['admin']"),
         (PEER, {**GOOD, "round_no": True}, "round_no=True"),
         (PEER, {**GOOD, "round_no": 2.0}, "round_no=2.0"),
         (PEER, {**GOOD, "round_no": -1}, "round_no=-1"),
@@ -255,3 +256,36 @@ def test_a_peer_that_misses_a_listed_peer_checks_again_without_being_poked_and_d
         with DelayRelay(("127.0.0.1", 0), ("127.0.0.1", int(Multiaddr(b.maddrs()[0])["tcp"])), 0.0, sock=port_socket):
             wait_for(lambda: a.dht.run_coroutine(functools.partial(_in_routing_table, b.dht.peer_id)), 30,
                      "a to dial b once its port answers")
+
+
+def test_a_later_minors_fields_are_read_past_and_counted():
+    before = versions.UNKNOWN_FIELDS.snapshot().get("HolderRecord.admin", 0)
+    newer = {**GOOD, "admin": True, "v": f"{versions.stated('dht')[0]}.99"}
+    assert parse_record(HolderRecord, PEER, newer) == HolderRecord("ab12", "", 3, 100.0, 1.25e7)
+    assert versions.UNKNOWN_FIELDS.snapshot()["HolderRecord.admin"] == before + 1
+    old = parse_record(HolderRecord, PEER, GOOD)  # no version: a release that stated none, 1.0
+    assert old is not None
+    # a withdrawal with a later minor's field is still a withdrawal
+    assert is_withdrawal({**withdrawal(b"c", 4, "ab", ""), "why": "drained"})
+
+
+def test_a_record_of_another_major_is_refused_once_naming_both(caplog):
+    other = {**GOOD, "v": "2.0"}
+    with caplog.at_level(logging.WARNING, logger="peer.network.records"):
+        assert parse_record(HolderRecord, PEER, other) is None
+        assert parse_record(HolderRecord, PEER, other) is None
+    lines = [r.getMessage() for r in caplog.records if "2.0" in r.getMessage()]
+    assert len(lines) == 1 and versions.stated_text("dht") in lines[0] and "HolderRecord" in lines[0]
+    assert parse_record(HolderRecord, PEER, {**GOOD, "v": "one"}) is None
+
+
+def test_a_writer_of_the_previous_minor_leaves_out_what_the_current_one_added():
+    decl = GroupDeclaration("ab", "cd", 1.0, wire="2.1")
+    assert to_value(decl)["wire"] == "2.1" and to_value(decl)["v"] == versions.stated_text("dht")
+    versions.set_override("dht=1.0")
+    try:
+        value = to_value(decl)
+    finally:
+        versions.set_override(None)
+    assert "wire" not in value and "v" not in value  # both came with 1.1
+    assert parse_record(GroupDeclaration, PEER, value) == GroupDeclaration("ab", "cd", 1.0)

@@ -84,3 +84,33 @@ def test_a_join_stream_that_ends_without_a_decision_reads_as_cut():
     assert asyncio.run(read()) is CUT_STREAM
     refused = asyncio.run(read(JoinReply.REFUSED))
     assert refused[0] is None and "refused" in refused[1]
+
+
+def _reply_to(join: GroupJoin, request: JoinRequest) -> JoinReply:
+    async def first() -> JoinReply:
+        replies = join._handle_join(request, SimpleNamespace(remote_id=_Id("c")))
+        try:
+            return await replies.__anext__()
+        finally:
+            await replies.aclose()
+
+    return asyncio.run(first())
+
+
+def test_a_leader_refuses_another_averaging_major_and_other_bytes_by_name():
+    from peer.averaging.compat import wire_key
+    from protos import versions
+
+    join = _leader()
+    ours = versions.stated_text("averaging")
+    other = _reply_to(join, JoinRequest(group_key=KEY, config_hash=CONFIG, data_hash=DATA, protocol="2.0"))
+    assert other.code == JoinReply.REFUSED and "2.0" in other.reason and ours in other.reason
+    assert "averaging protocol" in other.reason
+    bytes_differ = _reply_to(join, JoinRequest(group_key=KEY, config_hash=CONFIG, data_hash=DATA, protocol=ours,
+                                               wire="1.7"))
+    assert bytes_differ.code == JoinReply.REFUSED and "averaging bytes 1.7" in bytes_differ.reason
+    # the previous minor with the same bytes (and a release that states neither) is let in as far as versions go
+    for protocol in ("1.0", ""):
+        same = _reply_to(join, JoinRequest(group_key=KEY, config_hash=CONFIG, data_hash=DATA, protocol=protocol,
+                                           wire=wire_key()))
+        assert same.code == JoinReply.REFUSED and "not looking" in same.reason

@@ -65,6 +65,7 @@ def test_forward_and_backward_match_local_autograd(stage):
 @pytest.mark.parametrize("name, change, code, needle", [
     ("another module", dict(module_id="L1M1"), StageReply.NOT_HELD, "serves L0M0, not 'L1M1'"),
     ("another run", dict(config_hash="ffff0000ffff0000"), StageReply.NOT_HELD, "differs from the server's"),
+    ("another major", dict(protocol="2.0"), StageReply.BAD_REQUEST, "stage protocol: trainer"),
     ("rank 2", dict(input=EncodedTensor(shape=[T, C], codec="none", data=bytes(4 * T * C))),
      StageReply.BAD_REQUEST, "shape (batch, tokens, width)"),
     ("wrong width", dict(input=EncodedTensor(shape=[1, T, C + 1], codec="none", data=bytes(4 * T * (C + 1)))),

@@ -17,6 +17,8 @@ The contract and the rule:
 
 Over the network (hivemind's P2P and DHT):
 - ``matchmaking``: groups per (module, round) from holder records and group declarations.
+- ``compat``: :func:`wire_key`, the averaging bytes key: only holders of one key are grouped
+  (releases whose exchanges give other bytes average apart).
 - ``group_join``: the leader/follower protocol that turns a round's declared members into one group.
 - ``partition``: how a module's flat vector is cut into block-aligned parts among reducers.
 - ``reducer``: the reducer's half of the all-reduce: validating, reducing and answering the parts it reduces.

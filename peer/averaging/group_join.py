@@ -29,9 +29,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, NamedTuple, Optional, Union
 
+from peer.averaging.compat import wire_key
 from peer.averaging.partition import Group
 from peer.network import CredentialProvider, CredentialVerifier
 from peer.network.frames import STREAM_CUT, handler_name, log_limited, serve_messages
+from protos import versions
 from protos.hivepath.peer.v1.net_pb2 import DESCRIPTOR as NET, JoinReply, JoinRequest
 
 JOIN = NET.services_by_name["Averaging"].methods_by_name["Join"]
@@ -116,6 +118,8 @@ class GroupJoin:
         stream was cut before it read BEGIN (a relay's reset) joins again and is sent the same group."""
         self.credential = credential
         self.verifier = verifier
+        self.wire = wire_key()
+        """Our averaging bytes key (:func:`peer.averaging.compat.wire_key`): we group only with equal ones."""
 
     def _own_credential(self) -> bytes:
         return self.credential() if self.credential is not None else b""
@@ -123,11 +127,16 @@ class GroupJoin:
     async def start(self) -> None:
         await serve_messages(self.p2p, self.prefix, JOIN, self._handle_join)
 
-    def _mismatch(self, who: str, config_hash: str, data_hash: str) -> str:
+    def _mismatch(self, who: str, config_hash: str, data_hash: str, wire: Optional[str] = None) -> str:
+        """Why ``who`` cannot average with us ('' when it can): another config or dataset, or (``wire``:
+        its averaging bytes key, None where it states none) bytes that differ from ours."""
         if config_hash != self.config_hash:
             return f"config hash {config_hash} of {who} differs from ours {self.config_hash}"
         if data_hash != self.data_hash:
             return f"dataset hash {data_hash or '(none)'} of {who} differs from ours {self.data_hash or '(none)'}"
+        if wire is not None and wire != self.wire:
+            return (f"averaging bytes {wire or '1.0'} of {who} differ from ours {self.wire or '1.0'} (releases whose "
+                    "exchanges give other bytes average in separate groups)")
         return ""
 
     def _refuse_log(self, who: str, problem: str) -> None:
@@ -144,7 +153,8 @@ class GroupJoin:
                 self.verifier.log_refusal(sender, "a matchmaking join", problem)
                 yield JoinReply(code=JoinReply.REFUSED, reason=f"not admitted: {problem}", credential=mine)
                 return
-        problem = self._mismatch(sender, request.config_hash, request.data_hash)
+        problem = (versions.refusal("averaging", request.protocol, who=f"joining peer {sender[-8:]}", us="this peer")
+                   or self._mismatch(sender, request.config_hash, request.data_hash, request.wire))
         if problem:
             self._refuse_log(sender, problem)
             yield JoinReply(code=JoinReply.REFUSED, reason=problem, credential=mine)
@@ -285,7 +295,8 @@ class GroupJoin:
 
         request = JoinRequest(group_key=key, config_hash=self.config_hash, data_hash=self.data_hash,
                               bandwidth=self.bandwidth, credential=self._own_credential(), state_digest=digest,
-                              fetched_from=fetched_from, relayed=self.relayed, weight=weight)
+                              fetched_from=fetched_from, relayed=self.relayed, weight=weight, wire=self.wire,
+                              protocol=versions.stamp("averaging", "JoinRequest.protocol"))
         redirections = cuts = 0
         while True:
             stream = await self.p2p.iterate_protobuf_handler(PeerID.from_base58(leader), self.handler_name,

@@ -168,13 +168,13 @@ class Matchmaker(GroupJoin):
         is a live holder of the key's module in our last gather of it, of our config and dataset, and
         its credential admits it: the same checks as a DHT record's, whose subkey is the sender."""
         sender = context.remote_id.to_base58()
-        problem = self._mismatch(sender, request.config_hash, request.data_hash)
+        problem = self._mismatch(sender, request.config_hash, request.data_hash, request.wire)
         if not problem and not any(sender in live and _round_in(request.group_key, f"{self.run_id}_{module_id}_r") >= 0
                                    for module_id, live in self._live.items()):
             problem = "not a live holder of that module, as far as we read"
         decl = GroupDeclaration(request.config_hash, request.data_hash, float(request.bandwidth),
                                 bytes(request.credential), request.digest, tuple(request.expecting)[:MAX_EXPECTING],
-                                bool(request.paced))
+                                bool(request.paced), request.wire)
         if not problem and self.verifier is not None and not self.verifier.admits(decl.credential, sender,
                                                                                   "pushed declaration"):
             problem = "its credential does not admit it"
@@ -235,7 +235,8 @@ class Matchmaker(GroupJoin):
 
         notice = DeclareNotice(group_key=looking.key, config_hash=decl.config_hash, data_hash=decl.data_hash,
                                bandwidth=decl.bandwidth, credential=decl.credential, digest=decl.digest,
-                               expecting=list(decl.expecting), paced=decl.paced, expiration=looking.expires)
+                               expecting=list(decl.expecting), paced=decl.paced, expiration=looking.expires,
+                               wire=decl.wire)
 
         async def tell(peer: str) -> None:
             async def call() -> None:
@@ -392,7 +393,8 @@ class Matchmaker(GroupJoin):
         holders in every bucket, not only its own: buckets that began late would miss the top group."""
         from hivemind.utils import get_dht_time
 
-        decl = GroupDeclaration(self.config_hash, self.data_hash, self.bandwidth, self._own_credential(), digest)
+        decl = GroupDeclaration(self.config_hash, self.data_hash, self.bandwidth, self._own_credential(), digest,
+                                wire=self.wire)
         self._in_background(self.dht.store(group_key(self.run_id, module_id, round_no), to_value(decl),
                                            get_dht_time() + timeout, subkey=self.peer_id, return_future=True),
                             "announcing a full round")
@@ -418,7 +420,7 @@ class Matchmaker(GroupJoin):
                 found = await self.dht.get(key, latest=True, return_future=True)
                 declared = {p: d for p, d in records_from_value(found, GroupDeclaration, self.verifier).items()
                             if p != self.peer_id and d.digest == digest
-                            and not self._mismatch(p, d.config_hash, d.data_hash)}
+                            and not self._mismatch(p, d.config_hash, d.data_hash, d.wire)}
                 if len(declared) + 1 >= buckets or time.monotonic() >= gather_deadline:
                     break
                 await asyncio.sleep(_POLL)
@@ -481,7 +483,7 @@ class Matchmaker(GroupJoin):
         with ``module_id``, also push it to the module's live holders (:meth:`_push`)."""
         looking.expecting = expecting
         decl = GroupDeclaration(self.config_hash, self.data_hash, self.bandwidth, self._own_credential(),
-                                looking.digest, tuple(sorted(expecting))[:MAX_EXPECTING], looking.paced)
+                                looking.digest, tuple(sorted(expecting))[:MAX_EXPECTING], looking.paced, self.wire)
         if module_id:
             self._push(module_id, looking, decl)
         await self.dht.store(looking.key, to_value(decl), looking.expires, subkey=self.peer_id, return_future=True)
@@ -608,7 +610,7 @@ class Matchmaker(GroupJoin):
             while True:  # re-evaluated without a DHT read when a declaration is pushed to us
                 declared = {}
                 for peer, d in records_from_value(found, GroupDeclaration, self.verifier).items():
-                    problem = self._mismatch(peer, d.config_hash, d.data_hash)
+                    problem = self._mismatch(peer, d.config_hash, d.data_hash, d.wire)
                     if problem:
                         self._refuse_log(peer, problem)
                     elif peer != self.peer_id:
@@ -620,7 +622,7 @@ class Matchmaker(GroupJoin):
                         declared[peer] = d
                 # an idle holder (a stage server nobody drives) declares no round: nobody waits for it
                 live = {p: h for p, h in records_from_value(holders, HolderRecord, self.verifier).items()
-                        if p != self.peer_id and not h.idle and not self._mismatch(p, h.config_hash, h.data_hash)}
+                        if p != self.peer_id and not h.idle and not self._mismatch(p, h.config_hash, h.data_hash, h.wire)}
                 self._live[module_id] = frozenset(live)
                 last_round_no, last_group = self._grouped.get(module_id, (-1, frozenset()))
                 expected = {p for p, h in live.items() if mine(p) and (h.round_no == round_no or (

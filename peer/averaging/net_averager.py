@@ -27,6 +27,7 @@ from torch import Tensor
 from peer.averaging.allreduce import ReductionServer
 from peer.network.lanes import DirectLanes, lane_hosts
 from peer.averaging.aggregation import MEAN, Aggregation
+from peer.averaging.compat import wire_key
 from peer.averaging.contract import LONE_HOLDER, AverageResult, SuspectHook, require_codec
 from peer.averaging.quantizers import Codec
 from peer.averaging.reducer import EventHook
@@ -378,7 +379,7 @@ class NetAverager:
         from hivemind.utils import get_dht_time
 
         record = HolderRecord(self.config_hash, self.data_hash, round_no, self.throughput, self.bandwidth,
-                              self._credential(), digest, idle=module_id in self._paused)
+                              self._credential(), digest, idle=module_id in self._paused, wire=wire_key())
         # held again soon after a withdrawal (a reassignment keeping a module): the DHT keeps the value
         # of the later expiration, so ours must expire after the withdrawal's
         expires = max(get_dht_time() + self.holder_ttl, self._withdrawn.get(module_id, 0.0) + 1.0)
@@ -581,7 +582,7 @@ class NetAverager:
         found = await self.dht.get(holders_key(self.run_id, module_id), latest=True, return_future=True)
         return {p: h for p, h in records_from_value(found, HolderRecord, self._verifier).items()
                 if p != self.peer_id and h.config_hash == self.config_hash and h.data_hash == self.data_hash
-                and not h.idle}
+                and not h.idle and h.wire == wire_key()}
 
     async def _buckets(self, module_id: str, round_no: int) -> tuple[int, int]:
         """How many groups this round of ``module_id`` splits into (:func:`peer.network.records.group_buckets`

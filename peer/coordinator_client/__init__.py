@@ -22,11 +22,13 @@ from peer.coordinator_client.messages import (
     PeerInfo,
     Progress,
     RunSpec,
+    VersionMismatch,
     WorkAssignment,
     check_address,
 )
 
 __all__ = [
     "CoordinatorClient", "CoordinatorRefused", "CoordinatorUnavailable", "Evaluation", "HeartbeatReply", "IncompatibleRun",
-    "JoinInfo", "NoAssignmentFits", "NotACoordinator", "PeerBanned", "PeerInfo", "Progress", "RunSpec", "WorkAssignment", "check_address",
+    "JoinInfo", "NoAssignmentFits", "NotACoordinator", "PeerBanned", "PeerInfo", "Progress", "RunSpec", "VersionMismatch",
+    "WorkAssignment", "check_address",
 ]

@@ -29,12 +29,13 @@ from models.errors import HivepathError
 from models.settings import COORDINATOR_PORT
 from peer.coordinator_client.messages import (CoordinatorUnavailable, Evaluation, HeartbeatReply, IncompatibleRun,
                                                JoinInfo, NotACoordinator, PeerInfo, Progress, RunSpec, WorkAssignment, check_address,
-                                               refusal)
+                                               VersionMismatch, check_coordinator, refusal)
 from peer.coordinator_client.transport import (HTTP1, HTTP2, KEEPALIVE_OPTIONS, NOTHING, PROBE_BYTES, TLS, Answer,
                                                HeartbeatStream, ProbeFailed, StreamStalled, probe_download, probe_upload,
                                                what_answers)
 from protos.hivepath.coordinator.v1 import coordinator_pb2 as pb
 from protos.hivepath.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
+from protos import versions
 
 __all__ = ["CoordinatorClient"]
 
@@ -140,7 +141,12 @@ class CoordinatorClient:
                                          upload_bps=p.upload_bps, download_bps=p.download_bps,
                                          multiaddrs=list(p.multiaddrs)),
         )
+        if versions.writes("coordinator", "JoinRequest.peer_version"):
+            request.peer_version = versions.RELEASE
+            request.protocols.update(versions.stated_all())
         reply = self._call(self._stub.Join, request)
+        versions.unknown_proto_fields(reply)
+        check_coordinator(reply)
         spec = reply.run_spec
         run = _checked_config(spec)
         info = JoinInfo(run, spec.run_config_hash, spec.lattice_hash, spec.manifest_hash, tuple(reply.initial_peers),
@@ -184,6 +190,8 @@ class CoordinatorClient:
             capacity_tokens_per_s=capacity,
             evaluations=[pb.PathEvaluation(path=list(e.path), bpb=e.bpb, round=e.round) for e in evaluations],
         )
+        if versions.writes("coordinator", "HeartbeatRequest.peer_version"):
+            request.peer_version = versions.RELEASE
         if seeded_paths is not None:
             request.seeds_data = True
             request.seeded_paths.extend(seeded_paths)
@@ -204,7 +212,7 @@ class CoordinatorClient:
             if reply.credential:
                 self._credential = bytes(reply.credential)
         return HeartbeatReply(reply.lease_remaining_s, assignment, reply.drain, reply.drain_reason,
-                              credential=bytes(reply.credential))
+                              credential=bytes(reply.credential), required_version=reply.required_version)
 
     def _rejoin(self) -> HeartbeatReply:
         """A heartbeat's re-join, unless :meth:`leave` has been called (then :class:`_Closed`)."""
@@ -334,7 +342,8 @@ class CoordinatorClient:
                           "memory_bytes": p.memory_bytes, "work": a.label() if a else "",
                           "mode": a.mode if a else "", "path": list(a.path) if a else [],
                           "tokens": p.tokens,
-                          "bytes_exchanged": p.bytes_exchanged, "last_seen_age_s": p.last_seen_age_s})
+                          "bytes_exchanged": p.bytes_exchanged, "last_seen_age_s": p.last_seen_age_s,
+                          "version": p.version})
         return {
             "run_id": r.run_id, "run_config_hash": r.run_config_hash, "live_leases": r.live_leases,
             "total_tokens_per_s": r.total_tokens_per_s, "bytes_exchanged": r.bytes_exchanged, "peers": peers,
@@ -365,6 +374,9 @@ class CoordinatorClient:
                     if self._left.is_set():
                         break
                     log.warning("coordinator %s unreachable; still training, retrying", self.address)
+                except VersionMismatch as e:  # a re-join refused: the run no longer takes this release
+                    log.error("heartbeat refused: %s", e)
+                    on_reply(HeartbeatReply(0.0, None, True, str(e), refused=True))
                 except HivepathError as e:
                     log.error("heartbeat refused: %s", e)
                 except Exception:

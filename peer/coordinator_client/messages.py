@@ -15,11 +15,13 @@ import grpc
 from models.config import OuterConfig, RunConfig
 from models.errors import HivepathError
 from models.settings import COORDINATOR_PORT, check_address
+from protos import versions
 from protos.hivepath.coordinator.v1 import coordinator_pb2 as pb
 
 __all__ = [
     "PeerInfo", "WorkAssignment", "JoinInfo", "RunSpec", "Progress", "Evaluation", "HeartbeatReply", "CoordinatorUnavailable",
-    "CoordinatorRefused", "NotACoordinator", "PeerBanned", "NoAssignmentFits", "IncompatibleRun", "refusal",
+    "CoordinatorRefused", "NotACoordinator", "PeerBanned", "NoAssignmentFits", "IncompatibleRun", "VersionMismatch",
+    "refusal", "check_coordinator",
     "check_address",
 ]
 
@@ -57,6 +59,14 @@ class IncompatibleRun(HivepathError):
     """The peer's data or the run spec it received does not match the run."""
 
     exit_code = 4
+
+
+class VersionMismatch(HivepathError):
+    """This peer and the run cannot work together by version: the coordinator speaks another major
+    of a contract, or the run requires a newer release (at join, or since: the peer drained). The
+    message names both versions and what to install (docs/upgrade.md)."""
+
+    exit_code = 7
 
 
 @dataclass(frozen=True)
@@ -190,6 +200,21 @@ class HeartbeatReply:
     join: Optional[JoinInfo] = None
     credential: bytes = b""
     """A renewed credential (empty: the current one stays valid)."""
+    required_version: str = ""
+    """Set with ``drain``: the run now requires this release or newer, above ours."""
+    refused: bool = False
+    """Set with ``drain``: a re-join (our lease was gone) was refused by version (:class:`VersionMismatch`,
+    whose message is ``drain_reason``): the run no longer takes this peer as it is."""
+
+
+def check_coordinator(reply: pb.JoinResponse) -> None:
+    """:class:`VersionMismatch` when the coordinator that answered a join speaks another major of the
+    coordinator protocol than this peer (one that states none speaks 1.0)."""
+    why = versions.refusal("coordinator", reply.protocols.get("coordinator", ""),
+                           who=f"the coordinator (hivepath {reply.coordinator_version or 'before 0.2.0'})",
+                           us="this peer")
+    if why:
+        raise VersionMismatch(f"{why}; this peer cannot take part in its run")
 
 
 def refusal(code: grpc.StatusCode, detail: str, address: str = "the coordinator") -> HivepathError:
@@ -200,6 +225,8 @@ def refusal(code: grpc.StatusCode, detail: str, address: str = "the coordinator"
                                "'coordinator serve --port' says otherwise")
     if code == grpc.StatusCode.FAILED_PRECONDITION and detail.startswith("capabilities.memory_bytes"):
         return NoAssignmentFits(f"no work fits this machine: {detail}")
+    if code == grpc.StatusCode.FAILED_PRECONDITION and detail.startswith("version: "):
+        return VersionMismatch(f"the coordinator refused this peer: {detail[len('version: '):]}")
     if code == grpc.StatusCode.FAILED_PRECONDITION:
         return IncompatibleRun(f"the coordinator refused this peer: {detail}")
     if code == grpc.StatusCode.PERMISSION_DENIED:

@@ -13,6 +13,7 @@ import asyncio
 from typing import Any
 
 from peer.network.frames import handler_name, linger, read_payload
+from protos import versions
 from protos.hivepath.peer.v1.data_pb2 import DESCRIPTOR as DATA, ChunkReply, ChunkRequest
 
 __all__ = ["own_p2p", "CHUNK", "ChunkReply", "ChunkRequest", "MANIFEST_CHUNK", "MAX_MANIFEST_BYTES", "MAX_REQUEST_BYTES",
@@ -64,7 +65,9 @@ async def request_chunk(p2p: Any, peer_id: str, manifest_hash: str, file: str, i
         _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer_id),
                                                                  handler_name(data_prefix(manifest_hash), CHUNK))
         try:
-            await P2P.send_protobuf(ChunkRequest(manifest_hash=manifest_hash, file=file, index=index), writer)
+            request = ChunkRequest(manifest_hash=manifest_hash, file=file, index=index,
+                                   protocol=versions.stamp("data", "ChunkRequest.protocol"))
+            await P2P.send_protobuf(request, writer)
             reply, err = await P2P.receive_protobuf(ChunkReply, reader)
             if reply is None:
                 raise ConnectionError(f"the seeder answered with an error: {err.message}")

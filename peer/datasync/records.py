@@ -8,7 +8,7 @@ from every fetcher's view within one TTL.
 A record names the files it holds as a bitmap over the manifest's sorted file names (bit ``i`` of
 byte ``i // 8``, lowest bit first): 256 paths of 4 shard files fit in 128 bytes, where a list of names
 would not fit a DHT value. Readers validate every record (STYLE item 8): a subkey that is not a peer
-id, a missing or extra field, a file count that is not the manifest's or a bitmap of the wrong
+id, a missing field, a file count that is not the manifest's or a bitmap of the wrong
 length is ignored with a log line. A record is only a claim: every chunk is still checked against
 the manifest on arrival (:mod:`peer.datasync.fetcher`). Seeder records carry no admission
 credential: they are not the run's keys, and a seeder that lies only wastes a fetcher's request.
@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from peer.network import is_peer_id
+from peer.network import is_peer_id, stamped, version_problem
 
 __all__ = ["SeederRecord", "seeders_key", "parse_seeder_record", "seeders_from_value", "seeder_value",
            "RECORD_TTL", "MAX_FILES"]
@@ -74,9 +74,12 @@ def _problem(subkey: Any, value: Any) -> str:
     if not isinstance(value, Mapping):
         return f"value is a {type(value).__name__}, not a table"
     names = {f.name for f in dataclasses.fields(SeederRecord)}
-    extra, missing = sorted(set(value) - names), sorted(names - set(value))
-    if extra or missing:
-        return f"fields differ (missing {missing}, unexpected {extra})"
+    problem = version_problem("SeederRecord", subkey, value, names)  # a later minor's fields: counted
+    if problem:
+        return problem
+    missing = sorted(names - set(value))
+    if missing:
+        return f"missing {missing}"
     files, have = value["files"], value["have"]
     if isinstance(files, bool) or not isinstance(files, int) or not 0 <= files <= MAX_FILES:
         return f"files={files!r} is not an integer in [0, {MAX_FILES}]"
@@ -89,6 +92,8 @@ def parse_seeder_record(subkey: Any, value: Any) -> Optional[SeederRecord]:
     """Validate one DHT entry under :func:`seeders_key`; None (and a log line) if invalid."""
     problem = _problem(subkey, value)
     if problem:
+        if problem.startswith("dht protocol"):  # another major: version_problem said so once per writer
+            return None
         log.warning("ignoring invalid seeder record from %r: %s", subkey, problem)
         return None
     return SeederRecord(int(value["files"]), bytes(value["have"]))
@@ -111,5 +116,5 @@ def seeders_from_value(found: Any) -> dict[str, SeederRecord]:
 
 
 def seeder_value(record: SeederRecord) -> dict[str, Any]:
-    """The dict stored in the DHT for a record."""
-    return dataclasses.asdict(record)
+    """The dict stored in the DHT for a record, with our DHT protocol version (``peer.network.records``)."""
+    return stamped(record, dataclasses.asdict(record))

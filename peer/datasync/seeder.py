@@ -34,6 +34,7 @@ from peer.datasync.protocol import own_p2p, CHUNK, MANIFEST_CHUNK, MAX_REQUEST_B
 from peer.datasync.records import RECORD_TTL, SeederRecord, seeder_value, seeders_key
 from peer.network import refresh_until, unwrap_dht
 from peer.network.frames import read_message, serve
+from protos import versions
 
 __all__ = ["Seeder", "SeederOptions", "read_local_manifest"]
 
@@ -219,6 +220,9 @@ class Seeder:
 
     def _read(self, request: ChunkRequest) -> tuple[str, bytes, int]:
         name, index = request.file, int(request.index)
+        other_major = versions.refusal("data", request.protocol, who="the fetcher", us="this seeder")
+        if other_major:
+            return other_major, b"", 0
         if request.manifest_hash != self.manifest_hash:
             return f"this seeder serves dataset {self.manifest_hash}, not {request.manifest_hash[:64]}", b"", 0
         if name == MANIFEST_FILE:

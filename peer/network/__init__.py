@@ -39,7 +39,9 @@ from peer.network.records import (
     read_records,
     records_from_value,
     refresh_until,
+    stamped,
     to_value,
+    version_problem,
     withdrawal,
     withdrawn_rounds,
 )
@@ -50,6 +52,6 @@ __all__ = [
     "peer_id_of", "MAX_EXPECTING", "ArchiveRecord", "GroupDeclaration", "HolderRecord", "archive_key", "group_bucket",
     "group_buckets", "group_key", "top_group_key",
     "holders_key", "is_peer_id", "parse_record", "read_records", "records_from_value", "refresh_until", "to_value", "withdrawal",
-    "withdrawn_rounds",
+    "withdrawn_rounds", "stamped", "version_problem",
     "circuit_addrs",
 ]

@@ -37,6 +37,7 @@ from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from models.log_limit import LogLimiter
+from protos import versions
 
 __all__ = ["MALFORMED", "MalformedFrame", "REFUSED", "read_message", "read_payload", "read_payload_into", "handler_name", "serve",
            "serve_messages", "send_error", "log_limited", "linger", "MESSAGE_LIMIT", "ERROR_LINGER", "STREAM_CUT"]
@@ -102,9 +103,11 @@ async def read_message(reader: asyncio.StreamReader, cls: Type[M], limit: int = 
             raise MalformedFrame(f"{cls.__name__}: an error frame where a request was expected")
         return None
     try:
-        return cls.FromString(data)
+        message = cls.FromString(data)
     except DecodeError as e:  # protobuf reports invalid UTF-8 in a string field this way too
         raise MalformedFrame(f"{cls.__name__}: {e}") from None
+    versions.unknown_proto_fields(message)  # a later minor's fields: read past, counted
+    return message
 
 
 async def read_payload(reader: asyncio.StreamReader, limit: int) -> bytes:

@@ -2,8 +2,14 @@
 
 Keys follow ``{run_id}_{module_id}_...`` (hivemind forbids dots in key prefixes). Values are plain
 dicts of primitive types (msgpack on the wire). Every record is validated where it is read: a record
-with a missing or extra field, a wrong type, a non-finite or negative number, or a malformed hash or
-peer id is ignored and logged -- never trust a number another peer reported (STYLE item 8).
+with a missing field, a wrong type, a non-finite or negative number, or a malformed hash or peer id is
+ignored and logged -- never trust a number another peer reported (STYLE item 8).
+
+Versions (:mod:`protos.versions`, contract ``dht``): every record carries the writer's DHT protocol
+version under :data:`VERSION_FIELD` (``"v": "1.1"``; a record without one is 1.0, a release that stated
+none). A record of another major is ignored, with one log line per writer naming both versions; a
+field a reader does not know (a later minor's) is ignored and counted
+(:data:`protos.versions.UNKNOWN_FIELDS`), and the record is read.
 
 Admission: holder records, group declarations and archive records carry the writer's credential
 (:mod:`peer.network.credentials`); given a :class:`~peer.network.credentials.CredentialVerifier`,
@@ -39,6 +45,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, TypeVar
 
 from models.config import is_module_id
+from protos import versions
 from protos.credential import MAX_CREDENTIAL_BYTES
 
 if TYPE_CHECKING:
@@ -64,6 +71,10 @@ __all__ = [
     "is_withdrawal",
     "withdrawn_rounds",
     "WITHDRAWN",
+    "VERSION_FIELD",
+    "version_problem",
+    "stamped",
+    "is_wire_key",
 ]
 
 log = logging.getLogger(__name__)
@@ -74,6 +85,31 @@ _RUN_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
 _MAX_ROUND = 2**53
 MAX_EXPECTING = 256
 """Most peer ids a declaration may list as expected (a bound on what a reader waits for)."""
+VERSION_FIELD = "v"
+"""The field of every record that states its writer's DHT protocol version."""
+_WIRE_RE = re.compile(r"^[0-9a-z.+-]{0,32}$")
+_told_versions: set[tuple[str, str, str]] = set()
+
+
+def is_wire_key(text: Any) -> bool:
+    """True for an averaging bytes key (:func:`peer.averaging.wire_key`): '' or up to 32 of ``0-9a-z.+-``."""
+    return isinstance(text, str) and bool(_WIRE_RE.match(text))
+
+
+def version_problem(kind: str, subkey: Any, value: Mapping, known: set[str]) -> str:
+    """What makes ``value`` (a record of type ``kind`` from ``subkey``) unreadable by version: a
+    malformed version, or another major than ours (said once per writer and version, naming both).
+    Fields outside ``known`` (and the version field) are a later minor's: counted, never a problem."""
+    theirs = value.get(VERSION_FIELD, "")
+    why = versions.refusal("dht", theirs, who=f"{kind} record from {str(subkey)[-8:]}", us="this peer")
+    if why:
+        told = (kind, str(subkey), str(theirs))
+        if told not in _told_versions and len(_told_versions) < 4096:
+            _told_versions.add(told)
+            log.warning("ignoring it: %s", why)
+        return why
+    versions.UNKNOWN_FIELDS.count(kind, sorted(set(value) - known - {VERSION_FIELD}))
+    return ""
 
 
 def is_peer_id(text: Any) -> bool:
@@ -170,6 +206,9 @@ class HolderRecord:
     idle: bool = False
     """The holder trains nothing now (a stage server nobody drives, a trainer whose pipeline lacks a
     server): nobody waits for it to declare, nor for it to catch up; it serves its state as any holder."""
+    wire: str = ""
+    """The holder's averaging bytes key (:attr:`GroupDeclaration.wire`): holders of another key average
+    in groups of their own, so matchmaking neither waits for them nor counts them ahead or behind."""
 
 
 @dataclass(frozen=True)
@@ -198,6 +237,10 @@ class GroupDeclaration:
     this rule, two sets of holders whose module round numbers are offset by one (a newcomer that
     re-synced one module to a newer round) ended each other's rounds, each as soon as it began:
     rounds of 2.8 s instead of 10, every group complete (seen once with 8 peers, issue 25)."""
+    wire: str = ""
+    """The declaring peer's averaging bytes key (:func:`peer.averaging.wire_key`): matchmaking groups only
+    declarations of equal keys, whose members compute the same bytes ('' for the averaging protocol's
+    first bytes, those of 1.0)."""
 
 
 @dataclass(frozen=True)
@@ -221,7 +264,8 @@ def parse_record(cls: type[R], subkey: Any, value: Any) -> Optional[R]:
     """Validate one DHT entry as a ``cls`` record written by peer ``subkey``; None (and a log line) if invalid."""
     problem = _problem(cls, subkey, value)
     if problem:
-        log.warning("ignoring invalid %s record from %r: %s", cls.__name__, subkey, problem)
+        if problem != _OTHER_MAJOR:
+            log.warning("ignoring invalid %s record from %r: %s", cls.__name__, subkey, problem)
         return None
     return cls(**{f.name: _typed(f.type, value[f.name]) for f in dataclasses.fields(cls) if f.name in value})
 
@@ -234,6 +278,9 @@ def _typed(kind: Any, v: Any) -> Any:
     return v
 
 
+_OTHER_MAJOR = "another major version (logged once per writer)"
+
+
 def _problem(cls: type, subkey: Any, value: Any) -> str:
     if not is_peer_id(subkey):
         return "subkey is not a peer id"
@@ -241,16 +288,20 @@ def _problem(cls: type, subkey: Any, value: Any) -> str:
         return f"value is a {type(value).__name__}, not a table"
     fields = {f.name: f.type for f in dataclasses.fields(cls)}
     required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
-    extra = sorted(set(value) - set(fields))
+    if version_problem(cls.__name__, subkey, value, set(fields)):
+        return _OTHER_MAJOR
     missing = sorted(required - set(value))
-    if extra or missing:
-        return f"fields differ (missing {missing}, unexpected {extra})"
+    if missing:
+        return f"missing {missing}"
     for name, kind in fields.items():
         if name not in value:
             continue
         v = value[name]
         kind = kind if isinstance(kind, str) else kind.__name__
-        if kind == "int":
+        if name == "wire":
+            if not is_wire_key(v):
+                return f"wire={v!r} is not an averaging bytes key"
+        elif kind == "int":
             if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < _MAX_ROUND:
                 return f"{name}={v!r} is not a round number"
         elif kind == "float":
@@ -316,12 +367,10 @@ def withdrawal(credential: bytes = b"", round_no: int = -1, config_hash: str = "
     return value
 
 
-_WITHDRAWAL_FIELDS = {WITHDRAWN, "credential", "round", "config_hash", "data_hash"}
-
-
 def is_withdrawal(value: Any) -> bool:
-    """True for a :func:`withdrawal` value (only its fields, ``withdrawn`` true, each well-typed)."""
-    if not (isinstance(value, Mapping) and value.get(WITHDRAWN) is True and set(value) <= _WITHDRAWAL_FIELDS):
+    """True for a :func:`withdrawal` value (``withdrawn`` true, its fields well-typed; fields of a later
+    minor are ignored)."""
+    if not (isinstance(value, Mapping) and value.get(WITHDRAWN) is True):
         return False
     round_no = value.get("round", 0)
     return (isinstance(value.get("credential", b""), bytes) and isinstance(round_no, int)
@@ -351,12 +400,21 @@ def withdrawn_rounds(found: Any, config_hash: str, data_hash: str,
 
 
 def to_value(record: Any) -> dict[str, Any]:
-    """The dict stored in the DHT for a record (an empty credential, digest or list, or a false
-    ``paced`` or ``idle``, is left out)."""
-    value = dataclasses.asdict(record)
-    for name in ("credential", "digest", "expecting", "paced", "idle"):
-        if name in value and not value[name]:
+    """The dict stored in the DHT for a record (an empty credential, digest, list or wire key, or a false
+    ``paced`` or ``idle``, is left out; so is a field a later minor than the one we state added), with
+    our DHT protocol version (:data:`VERSION_FIELD`)."""
+    return stamped(record, dataclasses.asdict(record), ("credential", "digest", "expecting", "paced", "idle", "wire"))
+
+
+def stamped(record: Any, value: dict[str, Any], optional: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``value`` (``record`` as a dict) as written at the DHT protocol version we state: the ``optional``
+    fields left out when empty, the fields a later minor added left out, and the version field added."""
+    kind = type(record).__name__
+    for name in list(value):
+        if (name in optional and not value[name]) or not versions.writes("dht", f"{kind}.{name}"):
             del value[name]
+    if versions.writes("dht", f"{kind}.{VERSION_FIELD}"):
+        value[VERSION_FIELD] = versions.stated_text("dht")
     return value
 
 

@@ -17,7 +17,8 @@
    cleanly (flush, checkpoint, release its modules) and starts the new one.
 6. On SIGTERM/SIGINT, a drain order or a preemption notice: finish the round in flight, or abandon it
    once ``drain_timeout`` seconds have passed since the drain began (the round is not applied: the
-   last global state is kept), checkpoint, withdraw our DHT records, leave, exit 0.
+   last global state is kept), checkpoint, withdraw our DHT records, leave, exit 0; exit 7 when the
+   drain order said the run now requires a newer release (``[coordinator] min_peer_version``).
 
 Start-up and teardown (identity, status page, coordinator, DHT, averager, join, leave) are those of
 every long-running peer process: :class:`peer.node.startup.PeerStartup`.
@@ -40,7 +41,7 @@ import torch
 from models.config import RunConfig
 from models.errors import HivepathError
 from peer.node.checkpoint import CheckpointDir
-from peer.coordinator_client import HeartbeatReply, PeerInfo, Progress, WorkAssignment
+from peer.coordinator_client import HeartbeatReply, PeerInfo, Progress, VersionMismatch, WorkAssignment
 from peer.diloco import RoundReport
 from peer.node.progress import PeerStatus, ProgressView, make_view
 from peer.node.machine_share import MachineShare
@@ -137,6 +138,9 @@ class PeerNode:
         self._averager = None
         self._checkpoint_seen = ("", "")
         self._drain_overdue_at: Optional[float] = None
+        self._upgrade = ""
+        """Why the run no longer takes this release (a heartbeat's ``required_version``): after the drain
+        the peer exits with :class:`VersionMismatch`'s code instead of 0."""
         self.view: Optional[ProgressView] = None
         self.data: Optional[RunData] = None
 
@@ -175,7 +179,10 @@ class PeerNode:
     def _on_heartbeat(self, reply: HeartbeatReply) -> None:
         self.status.coordinator = "connected"
         self.status.mark_heartbeat()
-        if reply.drain:
+        if reply.drain and (reply.required_version or reply.refused):
+            self._upgrade = reply.drain_reason or f"the run now requires hivepath {reply.required_version} or newer"
+            self.request_stop(f"drained by the coordinator: {self._upgrade}")
+        elif reply.drain:
             self.request_stop(f"drained by the coordinator: {reply.drain_reason or 'no reason given'}")
         elif reply.assignment is not None:
             with self._lock:
@@ -258,6 +265,8 @@ class PeerNode:
         code = 1
         try:
             code = self._run()
+            if code == 0 and self._upgrade:  # drained and checkpointed; the user must upgrade to come back
+                raise VersionMismatch(self._upgrade)
             return code
         except HivepathError as e:
             code = e.exit_code

@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional
 from models import strict_json
 from models.errors import HivepathError
 from peer.node.progress import WAITING_STATES, PeerStatus
+from protos import versions
 
 __all__ = ["LocalStatusServer", "StatusPortUnavailable", "evaluate_health", "status_document", "start_optional",
            "DEFAULT_STATUS_PORT", "DEFAULT_STALL_TIMEOUT"]
@@ -81,6 +82,10 @@ def status_document(status: PeerStatus, role: str, now: float, stall_timeout: fl
         seconds_in_state=_age(status.state_at, now),
         seconds_since_heartbeat=_age(status.heartbeat_at, now),
         uptime_s=_age(started_at, now),
+        version=versions.RELEASE,
+        commit=versions.commit(),
+        protocols=versions.stated_all(),
+        unknown_fields=versions.UNKNOWN_FIELDS.snapshot(),
     )
     return doc
 

@@ -166,6 +166,13 @@ class PeerStartup:
 
     def __enter__(self) -> "PeerStartup":
         from peer.coordinator_client import CoordinatorClient
+        from peer.settings import read
+        from protos import versions
+
+        try:
+            versions.set_override(read("HIVEPATH_TEST_PROTOCOL"))
+        except ValueError as e:
+            raise HivepathError(f"HIVEPATH_TEST_PROTOCOL: {e}") from None
         from peer.network import load_or_create_identity
         from peer.node.lifetime import watch_descendants
         from peer.node.workdir import lock_work_dir

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from peer.network import unwrap_dht
+from protos import versions
 from protos.hivepath.peer.v1.stage_pb2 import EncodedTensor, StageReply, StageRequest
 from peer.stage.activation_codec import ActivationCodec
 from peer.stage.records import MAX_THROUGHPUT, StageServerEntry, stage_records_from_value, stage_servers_key
@@ -158,7 +159,8 @@ class StageClient:
         msg = encode_tensor(x, self._codec(codec))
         rid = secrets.token_hex(8)
         request = StageRequest(kind=StageRequest.FORWARD, module_id=module_id, config_hash=self.config_hash,
-                               request_id=rid, input=msg, residual=self.scheme.residual)
+                               request_id=rid, input=msg, residual=self.scheme.residual,
+                               protocol=versions.stamp("stage", "StageRequest.protocol"))
         reply, peer = self._call(self._request(module_id, lambda _peer, _attempt: request, prefer=None))
         out = self._decode(reply, list(x.shape), module_id)
         if reply.residual:  # the module's output minus its input: added to the exact input
@@ -173,7 +175,8 @@ class StageClient:
 
         def make(peer: str, attempt: int) -> StageRequest:
             req = StageRequest(kind=StageRequest.BACKWARD, module_id=hop.module_id, config_hash=self.config_hash,
-                               request_id=hop.request_id, grad=g, residual=self.scheme.residual)
+                               request_id=hop.request_id, grad=g, residual=self.scheme.residual,
+                               protocol=versions.stamp("stage", "StageRequest.protocol"))
             if peer != hop.peer_id or attempt > 0:  # another server, or a retry: it may not keep the input
                 req.input.CopyFrom(hop.input)
             return req

@@ -5,7 +5,7 @@ A stage server announces, under :func:`stage_servers_key` and with its peer id a
 throughput and its queue length. The record's DHT expiration is its expiry: a server refreshes it
 every third of its time to live, so a dead server vanishes from every trainer's view within one TTL.
 
-Every record is validated where it is read (STYLE item 8): a missing or extra field, a wrong type, a
+Every record is validated where it is read (STYLE item 8): a missing field, a wrong type, a
 non-finite or negative number, a module id that is not the key's module, or a subkey that is not a
 peer id makes the record ignored, with a log line. The numbers are still only what the server
 claims; :mod:`peer.stage.client` prefers its own measurements once it has any.
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from models.config import is_module_id
-from peer.network import is_peer_id
+from peer.network import is_peer_id, stamped, version_problem
 
 __all__ = [
     "StageServerRecord",
@@ -83,9 +83,12 @@ def _problem(module_id: str, subkey: Any, value: Any) -> str:
     if not isinstance(value, Mapping):
         return f"value is a {type(value).__name__}, not a table"
     names = {f.name for f in dataclasses.fields(StageServerRecord)}
-    extra, missing = sorted(set(value) - names), sorted(names - set(value))
-    if extra or missing:
-        return f"fields differ (missing {missing}, unexpected {extra})"
+    problem = version_problem("StageServerRecord", subkey, value, names)  # a later minor's fields: counted
+    if problem:
+        return problem
+    missing = sorted(names - set(value))
+    if missing:
+        return f"missing {missing}"
     mid, h, tps, queue = value["module_id"], value["config_hash"], value["throughput"], value["queue_length"]
     if mid != module_id:
         return f"module_id={mid!r} is not the key's module {module_id!r}"
@@ -102,6 +105,8 @@ def parse_stage_record(module_id: str, subkey: Any, value: Any) -> Optional[Stag
     """Validate one DHT entry under ``module_id``'s key; None (and a log line) if invalid."""
     problem = _problem(module_id, subkey, value)
     if problem:
+        if problem.startswith("dht protocol"):  # another major: version_problem said so once per writer
+            return None
         log.warning("ignoring invalid stage server record from %r: %s", subkey, problem)
         return None
     return StageServerRecord(value["module_id"], value["config_hash"], float(value["throughput"]),
@@ -126,5 +131,5 @@ def stage_records_from_value(module_id: str, found: Any) -> dict[str, StageServe
 
 
 def stage_record_value(record: StageServerRecord) -> dict[str, Any]:
-    """The dict stored in the DHT for a record."""
-    return dataclasses.asdict(record)
+    """The dict stored in the DHT for a record, with our DHT protocol version (``peer.network.records``)."""
+    return stamped(record, dataclasses.asdict(record))

@@ -44,6 +44,7 @@ from peer.averaging import ModuleAverager
 from peer.diloco import DiLoCoOptimizer, RoundReport
 from peer.network import refresh_until, unwrap_dht
 from peer.network.frames import log_limited
+from protos import versions
 from protos.hivepath.peer.v1.stage_pb2 import StageReply, StageRequest
 from peer.stage import endpoint
 from peer.stage.activity import IdleHolds
@@ -243,6 +244,9 @@ class StageServer:
     def _serve(self, request: StageRequest, caller: str) -> StageReply:
         t0 = time.perf_counter()
         try:
+            other_major = versions.refusal("stage", request.protocol, who=f"trainer {caller[-8:]}", us="this server")
+            if other_major:
+                raise _Rejected(StageReply.BAD_REQUEST, other_major)
             if request.module_id != self.module_id:
                 raise _Rejected(StageReply.NOT_HELD, f"this server serves {self.module_id}, not {request.module_id!r}")
             if request.config_hash != self.config_hash:

@@ -37,7 +37,14 @@ class Capabilities(_message.Message):
     def __init__(self, device: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., upload_bps: _Optional[float] = ..., download_bps: _Optional[float] = ..., multiaddrs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("token", "peer_id", "public_key", "capabilities", "manifest_hash", "archive", "role")
+    __slots__ = ("token", "peer_id", "public_key", "capabilities", "manifest_hash", "archive", "role", "peer_version", "protocols")
+    class ProtocolsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +52,8 @@ class JoinRequest(_message.Message):
     MANIFEST_HASH_FIELD_NUMBER: _ClassVar[int]
     ARCHIVE_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
+    PEER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOLS_FIELD_NUMBER: _ClassVar[int]
     token: str
     peer_id: str
     public_key: bytes
@@ -52,7 +61,9 @@ class JoinRequest(_message.Message):
     manifest_hash: str
     archive: bool
     role: Mode
-    def __init__(self, token: _Optional[str] = ..., peer_id: _Optional[str] = ..., public_key: _Optional[bytes] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ..., manifest_hash: _Optional[str] = ..., archive: _Optional[bool] = ..., role: _Optional[_Union[Mode, str]] = ...) -> None: ...
+    peer_version: str
+    protocols: _containers.ScalarMap[str, str]
+    def __init__(self, token: _Optional[str] = ..., peer_id: _Optional[str] = ..., public_key: _Optional[bytes] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ..., manifest_hash: _Optional[str] = ..., archive: _Optional[bool] = ..., role: _Optional[_Union[Mode, str]] = ..., peer_version: _Optional[str] = ..., protocols: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class RunSpec(_message.Message):
     __slots__ = ("run_config_json", "run_config_hash", "lattice_hash", "manifest_hash", "coordinator_public_key")
@@ -99,7 +110,14 @@ class Lease(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., duration_s: _Optional[float] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
-    __slots__ = ("run_spec", "initial_peers", "lease", "assignment", "rejoined", "credential", "reachability", "reachable_addr", "observed_addr", "relays")
+    __slots__ = ("run_spec", "initial_peers", "lease", "assignment", "rejoined", "credential", "reachability", "reachable_addr", "observed_addr", "relays", "coordinator_version", "protocols")
+    class ProtocolsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     RUN_SPEC_FIELD_NUMBER: _ClassVar[int]
     INITIAL_PEERS_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +128,8 @@ class JoinResponse(_message.Message):
     REACHABLE_ADDR_FIELD_NUMBER: _ClassVar[int]
     OBSERVED_ADDR_FIELD_NUMBER: _ClassVar[int]
     RELAYS_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOLS_FIELD_NUMBER: _ClassVar[int]
     run_spec: RunSpec
     initial_peers: _containers.RepeatedScalarFieldContainer[str]
     lease: Lease
@@ -120,7 +140,9 @@ class JoinResponse(_message.Message):
     reachable_addr: str
     observed_addr: str
     relays: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, run_spec: _Optional[_Union[RunSpec, _Mapping]] = ..., initial_peers: _Optional[_Iterable[str]] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., rejoined: _Optional[bool] = ..., credential: _Optional[bytes] = ..., reachability: _Optional[str] = ..., reachable_addr: _Optional[str] = ..., observed_addr: _Optional[str] = ..., relays: _Optional[_Iterable[str]] = ...) -> None: ...
+    coordinator_version: str
+    protocols: _containers.ScalarMap[str, str]
+    def __init__(self, run_spec: _Optional[_Union[RunSpec, _Mapping]] = ..., initial_peers: _Optional[_Iterable[str]] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., rejoined: _Optional[bool] = ..., credential: _Optional[bytes] = ..., reachability: _Optional[str] = ..., reachable_addr: _Optional[str] = ..., observed_addr: _Optional[str] = ..., relays: _Optional[_Iterable[str]] = ..., coordinator_version: _Optional[str] = ..., protocols: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ModuleProgress(_message.Message):
     __slots__ = ("module_id", "round", "tokens", "loss")
@@ -135,7 +157,7 @@ class ModuleProgress(_message.Message):
     def __init__(self, module_id: _Optional[str] = ..., round: _Optional[int] = ..., tokens: _Optional[int] = ..., loss: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("lease_id", "peer_id", "progress", "assignment_version", "tokens_per_s", "bytes_sent", "bytes_received", "preempting", "seeds_data", "seeded_paths", "evaluations", "tokens_per_s_measured", "capacity_tokens_per_s")
+    __slots__ = ("lease_id", "peer_id", "progress", "assignment_version", "tokens_per_s", "bytes_sent", "bytes_received", "preempting", "seeds_data", "seeded_paths", "evaluations", "tokens_per_s_measured", "capacity_tokens_per_s", "peer_version")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +171,7 @@ class HeartbeatRequest(_message.Message):
     EVALUATIONS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_S_MEASURED_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    PEER_VERSION_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     peer_id: str
     progress: _containers.RepeatedCompositeFieldContainer[ModuleProgress]
@@ -162,7 +185,8 @@ class HeartbeatRequest(_message.Message):
     evaluations: _containers.RepeatedCompositeFieldContainer[PathEvaluation]
     tokens_per_s_measured: bool
     capacity_tokens_per_s: float
-    def __init__(self, lease_id: _Optional[str] = ..., peer_id: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[ModuleProgress, _Mapping]]] = ..., assignment_version: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., preempting: _Optional[bool] = ..., seeds_data: _Optional[bool] = ..., seeded_paths: _Optional[_Iterable[str]] = ..., evaluations: _Optional[_Iterable[_Union[PathEvaluation, _Mapping]]] = ..., tokens_per_s_measured: _Optional[bool] = ..., capacity_tokens_per_s: _Optional[float] = ...) -> None: ...
+    peer_version: str
+    def __init__(self, lease_id: _Optional[str] = ..., peer_id: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[ModuleProgress, _Mapping]]] = ..., assignment_version: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., preempting: _Optional[bool] = ..., seeds_data: _Optional[bool] = ..., seeded_paths: _Optional[_Iterable[str]] = ..., evaluations: _Optional[_Iterable[_Union[PathEvaluation, _Mapping]]] = ..., tokens_per_s_measured: _Optional[bool] = ..., capacity_tokens_per_s: _Optional[float] = ..., peer_version: _Optional[str] = ...) -> None: ...
 
 class PathEvaluation(_message.Message):
     __slots__ = ("path", "bpb", "round")
@@ -175,18 +199,20 @@ class PathEvaluation(_message.Message):
     def __init__(self, path: _Optional[_Iterable[int]] = ..., bpb: _Optional[float] = ..., round: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("lease_remaining_s", "assignment", "drain", "drain_reason", "credential")
+    __slots__ = ("lease_remaining_s", "assignment", "drain", "drain_reason", "credential", "required_version")
     LEASE_REMAINING_S_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
     DRAIN_REASON_FIELD_NUMBER: _ClassVar[int]
     CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
+    REQUIRED_VERSION_FIELD_NUMBER: _ClassVar[int]
     lease_remaining_s: float
     assignment: Assignment
     drain: bool
     drain_reason: str
     credential: bytes
-    def __init__(self, lease_remaining_s: _Optional[float] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., drain: _Optional[bool] = ..., drain_reason: _Optional[str] = ..., credential: _Optional[bytes] = ...) -> None: ...
+    required_version: str
+    def __init__(self, lease_remaining_s: _Optional[float] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., drain: _Optional[bool] = ..., drain_reason: _Optional[str] = ..., credential: _Optional[bytes] = ..., required_version: _Optional[str] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
     __slots__ = ("lease_id", "peer_id", "reason")
@@ -209,7 +235,7 @@ class StatusRequest(_message.Message):
     def __init__(self, token: _Optional[str] = ...) -> None: ...
 
 class PeerStatus(_message.Message):
-    __slots__ = ("peer_id", "device", "state", "tokens_per_s", "memory_bytes", "assignment", "last_seen_age_s", "tokens", "bytes_exchanged")
+    __slots__ = ("peer_id", "device", "state", "tokens_per_s", "memory_bytes", "assignment", "last_seen_age_s", "tokens", "bytes_exchanged", "version")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -219,6 +245,7 @@ class PeerStatus(_message.Message):
     LAST_SEEN_AGE_S_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     BYTES_EXCHANGED_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
     peer_id: str
     device: str
     state: str
@@ -228,7 +255,8 @@ class PeerStatus(_message.Message):
     last_seen_age_s: float
     tokens: int
     bytes_exchanged: int
-    def __init__(self, peer_id: _Optional[str] = ..., device: _Optional[str] = ..., state: _Optional[str] = ..., tokens_per_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., last_seen_age_s: _Optional[float] = ..., tokens: _Optional[int] = ..., bytes_exchanged: _Optional[int] = ...) -> None: ...
+    version: str
+    def __init__(self, peer_id: _Optional[str] = ..., device: _Optional[str] = ..., state: _Optional[str] = ..., tokens_per_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., last_seen_age_s: _Optional[float] = ..., tokens: _Optional[int] = ..., bytes_exchanged: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
 
 class ModuleStatus(_message.Message):
     __slots__ = ("module_id", "holders", "round", "tokens_per_s")

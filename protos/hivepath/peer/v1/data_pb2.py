@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"protos/hivepath/peer/v1/data.proto\x12\x10hivepath.peer.v1\"B\n\x0c\x43hunkRequest\x12\x15\n\rmanifest_hash\x18\x01 \x01(\t\x12\x0c\n\x04\x66ile\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\r\"O\n\nChunkReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x13\n\x0bpayload_len\x18\x03 \x01(\x04\x12\x11\n\tfile_size\x18\x04 \x01(\x04\x32M\n\x04\x44\x61ta\x12\x45\n\x05\x43hunk\x12\x1e.hivepath.peer.v1.ChunkRequest\x1a\x1c.hivepath.peer.v1.ChunkReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"protos/hivepath/peer/v1/data.proto\x12\x10hivepath.peer.v1\"T\n\x0c\x43hunkRequest\x12\x15\n\rmanifest_hash\x18\x01 \x01(\t\x12\x0c\n\x04\x66ile\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\r\x12\x10\n\x08protocol\x18\x04 \x01(\t\"O\n\nChunkReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x13\n\x0bpayload_len\x18\x03 \x01(\x04\x12\x11\n\tfile_size\x18\x04 \x01(\x04\x32M\n\x04\x44\x61ta\x12\x45\n\x05\x43hunk\x12\x1e.hivepath.peer.v1.ChunkRequest\x1a\x1c.hivepath.peer.v1.ChunkReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,9 +32,9 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.hivepath.peer.v1.dat
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_CHUNKREQUEST']._serialized_start=56
-  _globals['_CHUNKREQUEST']._serialized_end=122
-  _globals['_CHUNKREPLY']._serialized_start=124
-  _globals['_CHUNKREPLY']._serialized_end=203
-  _globals['_DATA']._serialized_start=205
-  _globals['_DATA']._serialized_end=282
+  _globals['_CHUNKREQUEST']._serialized_end=140
+  _globals['_CHUNKREPLY']._serialized_start=142
+  _globals['_CHUNKREPLY']._serialized_end=221
+  _globals['_DATA']._serialized_start=223
+  _globals['_DATA']._serialized_end=300
 # @@protoc_insertion_point(module_scope)

@@ -5,14 +5,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ChunkRequest(_message.Message):
-    __slots__ = ("manifest_hash", "file", "index")
+    __slots__ = ("manifest_hash", "file", "index", "protocol")
     MANIFEST_HASH_FIELD_NUMBER: _ClassVar[int]
     FILE_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     manifest_hash: str
     file: str
     index: int
-    def __init__(self, manifest_hash: _Optional[str] = ..., file: _Optional[str] = ..., index: _Optional[int] = ...) -> None: ...
+    protocol: str
+    def __init__(self, manifest_hash: _Optional[str] = ..., file: _Optional[str] = ..., index: _Optional[int] = ..., protocol: _Optional[str] = ...) -> None: ...
 
 class ChunkReply(_message.Message):
     __slots__ = ("ok", "error", "payload_len", "file_size")

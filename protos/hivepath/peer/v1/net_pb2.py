@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!protos/hivepath/peer/v1/net.proto\x12\x10hivepath.peer.v1\"\xbc\x01\n\x0bJoinRequest\x12\x11\n\tgroup_key\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_hash\x18\x02 \x01(\t\x12\x11\n\tdata_hash\x18\x03 \x01(\t\x12\x11\n\tbandwidth\x18\x04 \x01(\x01\x12\x12\n\ncredential\x18\x05 \x01(\x0c\x12\x14\n\x0cstate_digest\x18\x06 \x01(\t\x12\x14\n\x0c\x66\x65tched_from\x18\x07 \x01(\t\x12\x0f\n\x07relayed\x18\x08 \x01(\x08\x12\x0e\n\x06weight\x18\t \x01(\x01\"\xba\x02\n\tJoinReply\x12.\n\x04\x63ode\x18\x01 \x01(\x0e\x32 .hivepath.peer.v1.JoinReply.Code\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x10\n\x08group_id\x18\x03 \x01(\t\x12\x0f\n\x07members\x18\x04 \x03(\t\x12\x12\n\nbandwidths\x18\x05 \x03(\x01\x12\x19\n\x11\x61llreduce_timeout\x18\x06 \x01(\x01\x12\x18\n\x10suggested_leader\x18\x07 \x01(\t\x12\x12\n\ncredential\x18\x08 \x01(\x0c\x12\x0f\n\x07relayed\x18\t \x03(\x08\x12\x0f\n\x07weights\x18\n \x03(\x01\"K\n\x04\x43ode\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x0c\n\x08\x41\x43\x43\x45PTED\x10\x01\x12\t\n\x05\x42\x45GIN\x10\x02\x12\x0b\n\x07REFUSED\x10\x03\x12\x10\n\x0cNOT_A_LEADER\x10\x04\"\x97\x01\n\nPartHeader\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x12\n\npart_index\x18\x02 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\r\x12\x0e\n\x06weight\x18\x04 \x01(\x01\x12\r\n\x05numel\x18\x05 \x01(\x04\x12\r\n\x05\x63odec\x18\x06 \x01(\t\x12\x13\n\x0bpayload_len\x18\x07 \x01(\x04\x12\x0f\n\x07segment\x18\x08 \x01(\r\"c\n\tPartReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x14\n\x0c\x63ontributors\x18\x03 \x03(\t\x12\x13\n\x0bpayload_len\x18\x04 \x01(\x04\x12\x10\n\x08received\x18\x05 \x01(\x08\"{\n\x0cStateRequest\x12\x11\n\tmodule_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_hash\x18\x02 \x01(\t\x12\x12\n\ncredential\x18\x03 \x01(\x0c\x12\x0f\n\x07joining\x18\x04 \x01(\x08\x12\x0e\n\x06offset\x18\x05 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x06 \x01(\t\"q\n\nStateReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x10\n\x08round_no\x18\x03 \x01(\x04\x12\x13\n\x0bpayload_len\x18\x04 \x01(\x04\x12\x11\n\ttotal_len\x18\x05 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x06 \x01(\t\"5\n\rResultRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x12\n\ncredential\x18\x02 \x01(\x0c\"\x95\x01\n\x0bResultReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\r\n\x05\x63odec\x18\x03 \x01(\t\x12\x0e\n\x06\x62ounds\x18\x04 \x03(\x04\x12\x14\n\x0cpayload_lens\x18\x05 \x03(\x04\x12\x14\n\x0c\x63ontributors\x18\x06 \x03(\t\x12\x12\n\ncredential\x18\x07 \x01(\x0c\x12\x0c\n\x04late\x18\x08 \x01(\x08\"\xb7\x01\n\rDeclareNotice\x12\x11\n\tgroup_key\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_hash\x18\x02 \x01(\t\x12\x11\n\tdata_hash\x18\x03 \x01(\t\x12\x11\n\tbandwidth\x18\x04 \x01(\x01\x12\x12\n\ncredential\x18\x05 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x06 \x01(\t\x12\x11\n\texpecting\x18\x07 \x03(\t\x12\r\n\x05paced\x18\x08 \x01(\x08\x12\x12\n\nexpiration\x18\t \x01(\x01\"\'\n\nDeclareAck\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"\r\n\x0bLaneRequest\"O\n\tLaneOffer\x12\x11\n\taddresses\x18\x01 \x03(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\x0c\x12\r\n\x05token\x18\x03 \x01(\x0c\x12\x0b\n\x03ttl\x18\x04 \x01(\x01\x32\xb9\x03\n\tAveraging\x12\x44\n\x04Join\x12\x1d.hivepath.peer.v1.JoinRequest\x1a\x1b.hivepath.peer.v1.JoinReply0\x01\x12\x43\n\x04Part\x12\x1c.hivepath.peer.v1.PartHeader\x1a\x1b.hivepath.peer.v1.PartReply0\x01\x12\x45\n\x05State\x12\x1e.hivepath.peer.v1.StateRequest\x1a\x1c.hivepath.peer.v1.StateReply\x12J\n\x06Result\x12\x1f.hivepath.peer.v1.ResultRequest\x1a\x1d.hivepath.peer.v1.ResultReply0\x01\x12H\n\x07\x44\x65\x63lare\x12\x1f.hivepath.peer.v1.DeclareNotice\x1a\x1c.hivepath.peer.v1.DeclareAck\x12\x44\n\x04Lane\x12\x1d.hivepath.peer.v1.LaneRequest\x1a\x1b.hivepath.peer.v1.LaneOffer0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!protos/hivepath/peer/v1/net.proto\x12\x10hivepath.peer.v1\"\xdc\x01\n\x0bJoinRequest\x12\x11\n\tgroup_key\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_hash\x18\x02 \x01(\t\x12\x11\n\tdata_hash\x18\x03 \x01(\t\x12\x11\n\tbandwidth\x18\x04 \x01(\x01\x12\x12\n\ncredential\x18\x05 \x01(\x0c\x12\x14\n\x0cstate_digest\x18\x06 \x01(\t\x12\x14\n\x0c\x66\x65tched_from\x18\x07 \x01(\t\x12\x0f\n\x07relayed\x18\x08 \x01(\x08\x12\x0e\n\x06weight\x18\t \x01(\x01\x12\x10\n\x08protocol\x18\n \x01(\t\x12\x0c\n\x04wire\x18\x0b \x01(\t\"\xba\x02\n\tJoinReply\x12.\n\x04\x63ode\x18\x01 \x01(\x0e\x32 .hivepath.peer.v1.JoinReply.Code\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x10\n\x08group_id\x18\x03 \x01(\t\x12\x0f\n\x07members\x18\x04 \x03(\t\x12\x12\n\nbandwidths\x18\x05 \x03(\x01\x12\x19\n\x11\x61llreduce_timeout\x18\x06 \x01(\x01\x12\x18\n\x10suggested_leader\x18\x07 \x01(\t\x12\x12\n\ncredential\x18\x08 \x01(\x0c\x12\x0f\n\x07relayed\x18\t \x03(\x08\x12\x0f\n\x07weights\x18\n \x03(\x01\"K\n\x04\x43ode\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x0c\n\x08\x41\x43\x43\x45PTED\x10\x01\x12\t\n\x05\x42\x45GIN\x10\x02\x12\x0b\n\x07REFUSED\x10\x03\x12\x10\n\x0cNOT_A_LEADER\x10\x04\"\x97\x01\n\nPartHeader\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x12\n\npart_index\x18\x02 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\r\x12\x0e\n\x06weight\x18\x04 \x01(\x01\x12\r\n\x05numel\x18\x05 \x01(\x04\x12\r\n\x05\x63odec\x18\x06 \x01(\t\x12\x13\n\x0bpayload_len\x18\x07 \x01(\x04\x12\x0f\n\x07segment\x18\x08 \x01(\r\"c\n\tPartReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x14\n\x0c\x63ontributors\x18\x03 \x03(\t\x12\x13\n\x0bpayload_len\x18\x04 \x01(\x04\x12\x10\n\x08received\x18\x05 \x01(\x08\"{\n\x0cStateRequest\x12\x11\n\tmodule_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_hash\x18\x02 \x01(\t\x12\x12\n\ncredential\x18\x03 \x01(\x0c\x12\x0f\n\x07joining\x18\x04 \x01(\x08\x12\x0e\n\x06offset\x18\x05 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x06 \x01(\t\"q\n\nStateReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x10\n\x08round_no\x18\x03 \x01(\x04\x12\x13\n\x0bpayload_len\x18\x04 \x01(\x04\x12\x11\n\ttotal_len\x18\x05 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x06 \x01(\t\"5\n\rResultRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x12\n\ncredential\x18\x02 \x01(\x0c\"\x95\x01\n\x0bResultReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\r\n\x05\x63odec\x18\x03 \x01(\t\x12\x0e\n\x06\x62ounds\x18\x04 \x03(\x04\x12\x14\n\x0cpayload_lens\x18\x05 \x03(\x04\x12\x14\n\x0c\x63ontributors\x18\x06 \x03(\t\x12\x12\n\ncredential\x18\x07 \x01(\x0c\x12\x0c\n\x04late\x18\x08 \x01(\x08\"\xc5\x01\n\rDeclareNotice\x12\x11\n\tgroup_key\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_hash\x18\x02 \x01(\t\x12\x11\n\tdata_hash\x18\x03 \x01(\t\x12\x11\n\tbandwidth\x18\x04 \x01(\x01\x12\x12\n\ncredential\x18\x05 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x06 \x01(\t\x12\x11\n\texpecting\x18\x07 \x03(\t\x12\r\n\x05paced\x18\x08 \x01(\x08\x12\x12\n\nexpiration\x18\t \x01(\x01\x12\x0c\n\x04wire\x18\n \x01(\t\"\'\n\nDeclareAck\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"\r\n\x0bLaneRequest\"O\n\tLaneOffer\x12\x11\n\taddresses\x18\x01 \x03(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\x0c\x12\r\n\x05token\x18\x03 \x01(\x0c\x12\x0b\n\x03ttl\x18\x04 \x01(\x01\x32\xb9\x03\n\tAveraging\x12\x44\n\x04Join\x12\x1d.hivepath.peer.v1.JoinRequest\x1a\x1b.hivepath.peer.v1.JoinReply0\x01\x12\x43\n\x04Part\x12\x1c.hivepath.peer.v1.PartHeader\x1a\x1b.hivepath.peer.v1.PartReply0\x01\x12\x45\n\x05State\x12\x1e.hivepath.peer.v1.StateRequest\x1a\x1c.hivepath.peer.v1.StateReply\x12J\n\x06Result\x12\x1f.hivepath.peer.v1.ResultRequest\x1a\x1d.hivepath.peer.v1.ResultReply0\x01\x12H\n\x07\x44\x65\x63lare\x12\x1f.hivepath.peer.v1.DeclareNotice\x1a\x1c.hivepath.peer.v1.DeclareAck\x12\x44\n\x04Lane\x12\x1d.hivepath.peer.v1.LaneRequest\x1a\x1b.hivepath.peer.v1.LaneOffer0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,31 +32,31 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.hivepath.peer.v1.net
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_JOINREQUEST']._serialized_start=56
-  _globals['_JOINREQUEST']._serialized_end=244
-  _globals['_JOINREPLY']._serialized_start=247
-  _globals['_JOINREPLY']._serialized_end=561
-  _globals['_JOINREPLY_CODE']._serialized_start=486
-  _globals['_JOINREPLY_CODE']._serialized_end=561
-  _globals['_PARTHEADER']._serialized_start=564
-  _globals['_PARTHEADER']._serialized_end=715
-  _globals['_PARTREPLY']._serialized_start=717
-  _globals['_PARTREPLY']._serialized_end=816
-  _globals['_STATEREQUEST']._serialized_start=818
-  _globals['_STATEREQUEST']._serialized_end=941
-  _globals['_STATEREPLY']._serialized_start=943
-  _globals['_STATEREPLY']._serialized_end=1056
-  _globals['_RESULTREQUEST']._serialized_start=1058
-  _globals['_RESULTREQUEST']._serialized_end=1111
-  _globals['_RESULTREPLY']._serialized_start=1114
-  _globals['_RESULTREPLY']._serialized_end=1263
-  _globals['_DECLARENOTICE']._serialized_start=1266
-  _globals['_DECLARENOTICE']._serialized_end=1449
-  _globals['_DECLAREACK']._serialized_start=1451
-  _globals['_DECLAREACK']._serialized_end=1490
-  _globals['_LANEREQUEST']._serialized_start=1492
-  _globals['_LANEREQUEST']._serialized_end=1505
-  _globals['_LANEOFFER']._serialized_start=1507
-  _globals['_LANEOFFER']._serialized_end=1586
-  _globals['_AVERAGING']._serialized_start=1589
-  _globals['_AVERAGING']._serialized_end=2030
+  _globals['_JOINREQUEST']._serialized_end=276
+  _globals['_JOINREPLY']._serialized_start=279
+  _globals['_JOINREPLY']._serialized_end=593
+  _globals['_JOINREPLY_CODE']._serialized_start=518
+  _globals['_JOINREPLY_CODE']._serialized_end=593
+  _globals['_PARTHEADER']._serialized_start=596
+  _globals['_PARTHEADER']._serialized_end=747
+  _globals['_PARTREPLY']._serialized_start=749
+  _globals['_PARTREPLY']._serialized_end=848
+  _globals['_STATEREQUEST']._serialized_start=850
+  _globals['_STATEREQUEST']._serialized_end=973
+  _globals['_STATEREPLY']._serialized_start=975
+  _globals['_STATEREPLY']._serialized_end=1088
+  _globals['_RESULTREQUEST']._serialized_start=1090
+  _globals['_RESULTREQUEST']._serialized_end=1143
+  _globals['_RESULTREPLY']._serialized_start=1146
+  _globals['_RESULTREPLY']._serialized_end=1295
+  _globals['_DECLARENOTICE']._serialized_start=1298
+  _globals['_DECLARENOTICE']._serialized_end=1495
+  _globals['_DECLAREACK']._serialized_start=1497
+  _globals['_DECLAREACK']._serialized_end=1536
+  _globals['_LANEREQUEST']._serialized_start=1538
+  _globals['_LANEREQUEST']._serialized_end=1551
+  _globals['_LANEOFFER']._serialized_start=1553
+  _globals['_LANEOFFER']._serialized_end=1632
+  _globals['_AVERAGING']._serialized_start=1635
+  _globals['_AVERAGING']._serialized_end=2076
 # @@protoc_insertion_point(module_scope)

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class JoinRequest(_message.Message):
-    __slots__ = ("group_key", "config_hash", "data_hash", "bandwidth", "credential", "state_digest", "fetched_from", "relayed", "weight")
+    __slots__ = ("group_key", "config_hash", "data_hash", "bandwidth", "credential", "state_digest", "fetched_from", "relayed", "weight", "protocol", "wire")
     GROUP_KEY_FIELD_NUMBER: _ClassVar[int]
     CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
     DATA_HASH_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,8 @@ class JoinRequest(_message.Message):
     FETCHED_FROM_FIELD_NUMBER: _ClassVar[int]
     RELAYED_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    WIRE_FIELD_NUMBER: _ClassVar[int]
     group_key: str
     config_hash: str
     data_hash: str
@@ -27,7 +29,9 @@ class JoinRequest(_message.Message):
     fetched_from: str
     relayed: bool
     weight: float
-    def __init__(self, group_key: _Optional[str] = ..., config_hash: _Optional[str] = ..., data_hash: _Optional[str] = ..., bandwidth: _Optional[float] = ..., credential: _Optional[bytes] = ..., state_digest: _Optional[str] = ..., fetched_from: _Optional[str] = ..., relayed: _Optional[bool] = ..., weight: _Optional[float] = ...) -> None: ...
+    protocol: str
+    wire: str
+    def __init__(self, group_key: _Optional[str] = ..., config_hash: _Optional[str] = ..., data_hash: _Optional[str] = ..., bandwidth: _Optional[float] = ..., credential: _Optional[bytes] = ..., state_digest: _Optional[str] = ..., fetched_from: _Optional[str] = ..., relayed: _Optional[bool] = ..., weight: _Optional[float] = ..., protocol: _Optional[str] = ..., wire: _Optional[str] = ...) -> None: ...
 
 class JoinReply(_message.Message):
     __slots__ = ("code", "reason", "group_id", "members", "bandwidths", "allreduce_timeout", "suggested_leader", "credential", "relayed", "weights")
@@ -160,7 +164,7 @@ class ResultReply(_message.Message):
     def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., codec: _Optional[str] = ..., bounds: _Optional[_Iterable[int]] = ..., payload_lens: _Optional[_Iterable[int]] = ..., contributors: _Optional[_Iterable[str]] = ..., credential: _Optional[bytes] = ..., late: _Optional[bool] = ...) -> None: ...
 
 class DeclareNotice(_message.Message):
-    __slots__ = ("group_key", "config_hash", "data_hash", "bandwidth", "credential", "digest", "expecting", "paced", "expiration")
+    __slots__ = ("group_key", "config_hash", "data_hash", "bandwidth", "credential", "digest", "expecting", "paced", "expiration", "wire")
     GROUP_KEY_FIELD_NUMBER: _ClassVar[int]
     CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
     DATA_HASH_FIELD_NUMBER: _ClassVar[int]
@@ -170,6 +174,7 @@ class DeclareNotice(_message.Message):
     EXPECTING_FIELD_NUMBER: _ClassVar[int]
     PACED_FIELD_NUMBER: _ClassVar[int]
     EXPIRATION_FIELD_NUMBER: _ClassVar[int]
+    WIRE_FIELD_NUMBER: _ClassVar[int]
     group_key: str
     config_hash: str
     data_hash: str
@@ -179,7 +184,8 @@ class DeclareNotice(_message.Message):
     expecting: _containers.RepeatedScalarFieldContainer[str]
     paced: bool
     expiration: float
-    def __init__(self, group_key: _Optional[str] = ..., config_hash: _Optional[str] = ..., data_hash: _Optional[str] = ..., bandwidth: _Optional[float] = ..., credential: _Optional[bytes] = ..., digest: _Optional[str] = ..., expecting: _Optional[_Iterable[str]] = ..., paced: _Optional[bool] = ..., expiration: _Optional[float] = ...) -> None: ...
+    wire: str
+    def __init__(self, group_key: _Optional[str] = ..., config_hash: _Optional[str] = ..., data_hash: _Optional[str] = ..., bandwidth: _Optional[float] = ..., credential: _Optional[bytes] = ..., digest: _Optional[str] = ..., expecting: _Optional[_Iterable[str]] = ..., paced: _Optional[bool] = ..., expiration: _Optional[float] = ..., wire: _Optional[str] = ...) -> None: ...
 
 class DeclareAck(_message.Message):
     __slots__ = ("ok", "error")

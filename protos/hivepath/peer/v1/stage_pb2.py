@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#protos/hivepath/peer/v1/stage.proto\x12\x10hivepath.peer.v1\";\n\rEncodedTensor\x12\r\n\x05shape\x18\x01 \x03(\r\x12\r\n\x05\x63odec\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\x91\x02\n\x0cStageRequest\x12\x31\n\x04kind\x18\x01 \x01(\x0e\x32#.hivepath.peer.v1.StageRequest.Kind\x12\x11\n\tmodule_id\x18\x02 \x01(\t\x12\x13\n\x0b\x63onfig_hash\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12.\n\x05input\x18\x05 \x01(\x0b\x32\x1f.hivepath.peer.v1.EncodedTensor\x12-\n\x04grad\x18\x06 \x01(\x0b\x32\x1f.hivepath.peer.v1.EncodedTensor\x12\x10\n\x08residual\x18\x07 \x01(\x08\"!\n\x04Kind\x12\x0b\n\x07\x46ORWARD\x10\x00\x12\x0c\n\x08\x42\x41\x43KWARD\x10\x01\"\x8b\x02\n\nStageReply\x12/\n\x04\x63ode\x18\x01 \x01(\x0e\x32!.hivepath.peer.v1.StageReply.Code\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12/\n\x06output\x18\x03 \x01(\x0b\x32\x1f.hivepath.peer.v1.EncodedTensor\x12\x14\n\x0cqueue_length\x18\x04 \x01(\r\x12\x12\n\nthroughput\x18\x05 \x01(\x01\x12\x10\n\x08residual\x18\x06 \x01(\x08\"P\n\x04\x43ode\x12\x06\n\x02OK\x10\x00\x12\x0f\n\x0b\x42\x41\x44_REQUEST\x10\x01\x12\x0c\n\x08NOT_HELD\x10\x02\x12\x13\n\x0fUNKNOWN_REQUEST\x10\x03\x12\x0c\n\x08INTERNAL\x10\x04\x32P\n\x05Stage\x12G\n\x05Stage\x12\x1e.hivepath.peer.v1.StageRequest\x1a\x1c.hivepath.peer.v1.StageReply0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#protos/hivepath/peer/v1/stage.proto\x12\x10hivepath.peer.v1\";\n\rEncodedTensor\x12\r\n\x05shape\x18\x01 \x03(\r\x12\r\n\x05\x63odec\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xa3\x02\n\x0cStageRequest\x12\x31\n\x04kind\x18\x01 \x01(\x0e\x32#.hivepath.peer.v1.StageRequest.Kind\x12\x11\n\tmodule_id\x18\x02 \x01(\t\x12\x13\n\x0b\x63onfig_hash\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12.\n\x05input\x18\x05 \x01(\x0b\x32\x1f.hivepath.peer.v1.EncodedTensor\x12-\n\x04grad\x18\x06 \x01(\x0b\x32\x1f.hivepath.peer.v1.EncodedTensor\x12\x10\n\x08protocol\x18\x07 \x01(\t\x12\x10\n\x08residual\x18\x08 \x01(\x08\"!\n\x04Kind\x12\x0b\n\x07\x46ORWARD\x10\x00\x12\x0c\n\x08\x42\x41\x43KWARD\x10\x01\"\x8b\x02\n\nStageReply\x12/\n\x04\x63ode\x18\x01 \x01(\x0e\x32!.hivepath.peer.v1.StageReply.Code\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12/\n\x06output\x18\x03 \x01(\x0b\x32\x1f.hivepath.peer.v1.EncodedTensor\x12\x14\n\x0cqueue_length\x18\x04 \x01(\r\x12\x12\n\nthroughput\x18\x05 \x01(\x01\x12\x10\n\x08residual\x18\x06 \x01(\x08\"P\n\x04\x43ode\x12\x06\n\x02OK\x10\x00\x12\x0f\n\x0b\x42\x41\x44_REQUEST\x10\x01\x12\x0c\n\x08NOT_HELD\x10\x02\x12\x13\n\x0fUNKNOWN_REQUEST\x10\x03\x12\x0c\n\x08INTERNAL\x10\x04\x32P\n\x05Stage\x12G\n\x05Stage\x12\x1e.hivepath.peer.v1.StageRequest\x1a\x1c.hivepath.peer.v1.StageReply0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,13 +34,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ENCODEDTENSOR']._serialized_start=57
   _globals['_ENCODEDTENSOR']._serialized_end=116
   _globals['_STAGEREQUEST']._serialized_start=119
-  _globals['_STAGEREQUEST']._serialized_end=392
-  _globals['_STAGEREQUEST_KIND']._serialized_start=359
-  _globals['_STAGEREQUEST_KIND']._serialized_end=392
-  _globals['_STAGEREPLY']._serialized_start=395
-  _globals['_STAGEREPLY']._serialized_end=662
-  _globals['_STAGEREPLY_CODE']._serialized_start=582
-  _globals['_STAGEREPLY_CODE']._serialized_end=662
-  _globals['_STAGE']._serialized_start=664
-  _globals['_STAGE']._serialized_end=744
+  _globals['_STAGEREQUEST']._serialized_end=410
+  _globals['_STAGEREQUEST_KIND']._serialized_start=377
+  _globals['_STAGEREQUEST_KIND']._serialized_end=410
+  _globals['_STAGEREPLY']._serialized_start=413
+  _globals['_STAGEREPLY']._serialized_end=680
+  _globals['_STAGEREPLY_CODE']._serialized_start=600
+  _globals['_STAGEREPLY_CODE']._serialized_end=680
+  _globals['_STAGE']._serialized_start=682
+  _globals['_STAGE']._serialized_end=762
 # @@protoc_insertion_point(module_scope)

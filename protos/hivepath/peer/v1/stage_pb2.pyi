@@ -18,7 +18,7 @@ class EncodedTensor(_message.Message):
     def __init__(self, shape: _Optional[_Iterable[int]] = ..., codec: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class StageRequest(_message.Message):
-    __slots__ = ("kind", "module_id", "config_hash", "request_id", "input", "grad", "residual")
+    __slots__ = ("kind", "module_id", "config_hash", "request_id", "input", "grad", "protocol", "residual")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         FORWARD: _ClassVar[StageRequest.Kind]
@@ -31,6 +31,7 @@ class StageRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     INPUT_FIELD_NUMBER: _ClassVar[int]
     GRAD_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     RESIDUAL_FIELD_NUMBER: _ClassVar[int]
     kind: StageRequest.Kind
     module_id: str
@@ -38,8 +39,9 @@ class StageRequest(_message.Message):
     request_id: str
     input: EncodedTensor
     grad: EncodedTensor
+    protocol: str
     residual: bool
-    def __init__(self, kind: _Optional[_Union[StageRequest.Kind, str]] = ..., module_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., request_id: _Optional[str] = ..., input: _Optional[_Union[EncodedTensor, _Mapping]] = ..., grad: _Optional[_Union[EncodedTensor, _Mapping]] = ..., residual: _Optional[bool] = ...) -> None: ...
+    def __init__(self, kind: _Optional[_Union[StageRequest.Kind, str]] = ..., module_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., request_id: _Optional[str] = ..., input: _Optional[_Union[EncodedTensor, _Mapping]] = ..., grad: _Optional[_Union[EncodedTensor, _Mapping]] = ..., protocol: _Optional[str] = ..., residual: _Optional[bool] = ...) -> None: ...
 
 class StageReply(_message.Message):
     __slots__ = ("code", "error", "output", "queue_length", "throughput", "residual")
