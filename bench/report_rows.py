@@ -88,7 +88,9 @@ ROWS: tuple[Row, ...] = tuple(
             ("throughput_fraction_with_kills", "the same with a server killed every 30 s", (">=", 0.6)),
             ("path_round_ratio_with_small_peers", "path peers' round time with small peers over without",
              ("<=", 1.2)),
-            ("path_round_failures_on_small_peers", "path peers' rounds failed on a small peer", ("==", 0)),
+            ("path_round_failures_on_small_peers", "path peers' rounds failed waiting for a small peer's declaration",
+             ("==", 0)),
+            ("path_round_failures_naming_small_peers", "path peers' failed rounds whose reason names a small peer"),
             ("activation_bytes_ratio", "activation bytes over fp32 (the default codec)", ("<=", 0.125)),
             ("replica_max_abs_diff", "largest difference between replicas", ("==", 0.0)))
     + _rows("stage_codec", "stage_codec",

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import time
 
+from models import strict_json
 from bench.coordinator_load import TOKEN, coordinator_process, event_loop, peer_id, process_cpu_s
 
 MEASURES = (
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.peers < 1 or args.storm < 0 or args.seconds <= 0:
         ap.error("--peers must be >= 1, --storm >= 0 and --seconds > 0")
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    print(json.dumps(coordinator_cpu_share(args.peers, args.storm, args.seconds), sort_keys=True))
+    print(strict_json.dumps(coordinator_cpu_share(args.peers, args.storm, args.seconds), sort_keys=True))
     return 0
 
 

@@ -32,8 +32,10 @@ Keys:
   its next, with small peers over without (target <= 1.2); with ``--shared-cpus`` it counts the CPU
   the small peers take from the path peers too. ``path_exchange_wait_seconds_median`` (what the path
   peers waited on their exchanges) and ``path_round_failures`` (failed rounds a window) isolate the
-  averaging; ``path_round_failures_on_small_peers`` counts the failed ones whose reason names a small
-  peer (a holder that did not declare in time, a leader that refused, one behind): target 0.
+  averaging; ``path_round_failures_on_small_peers`` counts the failed ones that waited for a small
+  peer's declaration past the gather deadline (target 0), ``path_round_failures_naming_small_peers``
+  those whose reason names a small peer at all (also a small peer behind, waited for until it re-syncs
+  as any holder behind is).
 - ``activation_bytes_ratio``: bytes of activations and gradients the trainers sent and received over
   their fp32 size (4 tensors per level per token), in this run's codec; the codec's effect on bits
   per byte at equal tokens (``stage_bpb_gap_vs_fp32``) is ``bench.stage_codec``'s, measured in one
@@ -144,10 +146,10 @@ def _rounds(net: Any, names: list[str], since: float, until: float) -> tuple[lis
     return seconds, done, failed, waits, reasons
 
 
-def _blaming(reasons: list[str], peer_ids: list[str]) -> int:
+def _blaming(reasons: list[str], peer_ids: list[str], only: str = "") -> int:
     """How many of ``reasons`` name one of ``peer_ids`` (whole, or its last 8 characters as the averager
-    writes a peer that did not catch up)."""
-    return sum(1 for r in reasons if any(p and (p in r or p[-8:] in r) for p in peer_ids))
+    writes a peer that did not catch up); ``only``: of those holding this text."""
+    return sum(1 for r in reasons if only in r and any(p and (p in r or p[-8:] in r) for p in peer_ids))
 
 
 def _bottleneck(status: dict) -> float:
@@ -267,7 +269,9 @@ def run(work: Path, control_s: float, stage_s: float, kill_s: float, seed: int,
                                                   if control[0] and with_small[0] and _median(control[0]) > 0 else None),
             "path_round_failures": {"control": {"done": control[1], "failed": control[2]},
                                     "with_small_peers": {"done": with_small[1], "failed": with_small[2]}},
-            "path_round_failures_on_small_peers": _blaming(with_small[4], [_peer_id(net, n) for n in small]),
+            "path_round_failures_on_small_peers": _blaming(with_small[4], [_peer_id(net, n) for n in small],
+                                                           "did not declare in time"),
+            "path_round_failures_naming_small_peers": _blaming(with_small[4], [_peer_id(net, n) for n in small]),
             "path_round_failure_reasons": sorted(set(with_small[4]))[:20],
         })
         # activation bytes on the wire: 4 tensors (forward out and back, gradient out and back) a level a token
