@@ -139,3 +139,27 @@ def test_a_withdrawal_says_the_round_its_writer_left_at(keys):
     assert withdrawn_rounds(Found(), "12" * 8, "") == {}, "a holder of another config is no holder of ours"
     assert withdrawn_rounds(Found(), CONFIG, "ab" * 8) == {}, "nor one of another dataset"
     assert withdrawn_rounds(None, CONFIG, "") == {}
+
+
+def test_every_value_a_reader_takes_for_a_declaration_needs_a_credential(keys):
+    """Readers read a declaration with fields they do not know (the version field, a later minor's):
+    the validator recognises a declaration by its required fields alone, so no extra field lets an
+    uncredentialed one be stored, while other writers' records under unlisted keys stay unjudged."""
+    from peer.network.records import parse_record
+
+    issuer, _ = keys
+    v = AdmissionValidator(RUN_ID, issuer.public_key, ["L0M0"])
+    good = issuer.issue(A, time.time()).encode()
+    group = group_key(RUN_ID, "L0M0", 7)
+    written = to_value(GroupDeclaration(CONFIG, "", 1.0, digest="ab" * 8, wire="int8"))
+    assert written["v"] and written["wire"] == "int8", "the writer states its version and wire key"
+    unknown = {**written, "v": "1.9", "from_a_later_minor": [1, 2]}
+    unversioned = {k: x for k, x in written.items() if k not in ("v", "wire")}
+    for value in (written, unknown, unversioned):
+        assert parse_record(GroupDeclaration, A, value) is not None, "a reader takes it for a declaration"
+        assert not v.validate(record(group, A, value)), value
+        assert v.validate(record(group, A, {**value, "credential": good})), value
+    assert not v.validate(record(group, A, {**written, "v": "2.0"})), "another major without a credential"
+    stage = {"module_id": "L0M0", "config_hash": CONFIG, "throughput": 1.0, "queue_length": 0, "v": "1.1"}
+    assert v.validate(record(f"{RUN_ID}_L0M0_stages", B, stage)), "stage-server records carry no credential"
+    assert v.validate(record("data_" + "ab" * 8 + "_seeders", B, {"files": 3, "have": b"\x07", "v": "1.1"}))

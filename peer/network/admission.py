@@ -11,9 +11,11 @@ their shape):
 
 - under a module's holders or archive key (:func:`peer.network.records.holders_key`,
   :func:`peer.network.records.archive_key`, every module of the lattice): every record;
-- under any key: a record whose value has the fields of a
+- under any key: a record whose value has the required fields of a
   :class:`peer.network.records.GroupDeclaration` (group keys carry round numbers, so they are not listed),
-  or of a :func:`peer.network.records.withdrawal` (which replaces a peer's record: only that peer may).
+  whatever other fields it carries: readers read a declaration with fields they do not know (the
+  version field, a later minor's), so every value a reader would take for a declaration is checked;
+  or a :func:`peer.network.records.withdrawal` (which replaces a peer's record: only that peer may).
 
 Such a record is stored only if its subkey is a peer id and its value carries a credential
 (:mod:`protos.credential`) that the coordinator signed for that peer id, for this run, unexpired.
@@ -34,7 +36,6 @@ __all__ = ["AdmissionValidator"]
 
 log = logging.getLogger(__name__)
 
-_DECLARATION_FIELDS = frozenset(f.name for f in dataclasses.fields(GroupDeclaration))
 _DECLARATION_REQUIRED = frozenset(f.name for f in dataclasses.fields(GroupDeclaration)
                                   if f.default is dataclasses.MISSING)
 
@@ -72,7 +73,8 @@ class AdmissionValidator(RecordValidatorBase):
             value = MSGPackSerializer.loads(record.value)
         except Exception:
             return not listed
-        declaration = isinstance(value, dict) and _DECLARATION_REQUIRED <= set(value) <= _DECLARATION_FIELDS
+        # No upper bound on the fields: a value with one unknown field more is still read as a declaration.
+        declaration = isinstance(value, dict) and _DECLARATION_REQUIRED <= set(value)
         if not listed and not declaration and not is_withdrawal(value):
             return True  # not one of the run's credentialed records
         try:
