@@ -23,6 +23,10 @@ __all__ = ["LOG_FORMATS", "JsonFormatter", "TEXT_FORMAT", "setup_logging", "even
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _RESERVED = ("time", "event", "level", "logger", "message", "exc")
+_LEVELS = {logging.CRITICAL: "CRITICAL", logging.ERROR: "ERROR", logging.WARNING: "WARNING", logging.INFO: "INFO",
+           logging.DEBUG: "DEBUG"}
+"""A JSON line's ``level`` for the standard levels, whatever names a library gave them (hivemind, once
+imported, names WARNING ``WARN`` for every logger of the process)."""
 
 
 def event_extra(event: str, **fields: Any) -> dict[str, Any]:
@@ -50,7 +54,7 @@ class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         fields = dict(getattr(record, "fields", None) or {})
         line: dict[str, Any] = {"time": round(record.created, 3), "event": str(fields.pop("event", "log")),
-                                "level": record.levelname, "logger": record.name, "message": record.getMessage()}
+                                "level": _LEVELS.get(record.levelno, record.levelname), "logger": record.name, "message": record.getMessage()}
         if record.exc_info:
             line["exc"] = "".join(traceback.format_exception(*record.exc_info)).rstrip()
         for key, value in fields.items():

@@ -5,6 +5,7 @@ table prints a progress line at an interval and one line per event of a peer."""
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import logging
@@ -32,6 +33,13 @@ def test_a_json_line_has_the_fields_of_the_events():
     assert set(line) == {"time", "event", "level", "logger", "message"}
     assert line["event"] == "log" and line["level"] == "WARNING" and line["logger"] == "peer.x"
     assert line["message"] == "disk /data full" and isinstance(line["time"], float)
+
+
+def test_a_json_line_names_the_standard_level_after_hivemind_renamed_it():
+    importlib.import_module("hivemind.utils.logging")  # renames WARNING to WARN for the whole process
+    assert logging.getLevelName(logging.WARNING) == "WARN"
+    line = json.loads(JsonFormatter().format(_record("disk %s full", "/data")))
+    assert line["level"] == "WARNING"
 
 
 def test_an_event_record_carries_its_fields_and_a_traceback_its_text():
