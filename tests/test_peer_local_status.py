@@ -178,7 +178,8 @@ def test_on_a_taken_default_port_the_next_free_one_is_used_and_named(caplog):
         try:
             assert server is not None and port < server.port <= port + 16
             assert get(f"{server.url}/healthz")[0] in (200, 503)
-            assert f"port {port} is taken" in caplog.text and f"--status-port {server.port}" in caplog.text
+            # the command that reads it, as 'hivepath peer status' takes it
+            assert f"port {port} is taken" in caplog.text and f"'hivepath peer status --port {server.port}'" in caplog.text
         finally:
             server.stop()
 
