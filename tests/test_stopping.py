@@ -13,9 +13,11 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -40,6 +42,13 @@ def _tree(pid: int) -> list[psutil.Process]:
 
 def _daemons(pid: int) -> int:
     return sum(1 for p in _tree(pid) if _name(p) == "p2pd")
+
+
+def _daemon_sockets(pid: int) -> int:
+    """How many ``hivemind-p2pd-*`` sockets the tree under ``pid`` has bound: a p2p daemon binds its
+    socket a while after it is started, and the daemons of a tree start at about the same time."""
+    sockets = _bound_sockets([psutil.Process(pid), *_tree(pid)]) if psutil.pid_exists(pid) else set()
+    return sum(1 for s in sockets if os.path.basename(s).startswith("hivemind-p2pd-"))
 
 
 def _name(p: psutil.Process) -> str:
@@ -70,12 +79,25 @@ REGISTRY = re.compile(r"hivepath-\d+")
 
 
 def _bound_sockets(processes: Sequence[psutil.Process]) -> set[str]:
-    """The paths of the unix sockets ``processes`` have bound (psutil, as the test sees them)."""
+    """The paths of the unix sockets ``processes`` have bound: each one's socket inodes looked up in
+    the table of its own network namespace (``/proc/PID/net/unix``). psutil reads the caller's table
+    only, which misses every socket of a process in another namespace (bench.swarm's peers)."""
     paths = set()
     for p in processes:
         try:
-            paths |= {c.laddr for c in p.net_connections(kind="unix") if isinstance(c.laddr, str) and c.laddr}
-        except psutil.Error:
+            inodes = set()
+            for fd in os.listdir(f"/proc/{p.pid}/fd"):
+                with contextlib.suppress(OSError):
+                    link = os.readlink(f"/proc/{p.pid}/fd/{fd}")
+                    if link.startswith("socket:["):
+                        inodes.add(link[len("socket:["):-1])
+            with open(f"/proc/{p.pid}/net/unix") as table:
+                next(table, None)  # Num RefCount Protocol Flags Type St Inode Path
+                for row in table:
+                    fields = row.split(None, 7)
+                    if len(fields) == 8 and fields[6] in inodes and fields[7].startswith("/"):
+                        paths.add(fields[7].rstrip("\n"))
+        except OSError:
             continue
     return paths
 
@@ -122,8 +144,10 @@ def _stop_and_check(proc: subprocess.Popen, sig: int, daemons: int, start_timeou
     sockets are bound then). ``logs``: the command's log files, whose tails a failure shows."""
     try:
         try:
-            wait_for(lambda: proc.poll() is not None or (_daemons(proc.pid) >= daemons and (up is None or _rounds_in(up))),
-                     start_timeout, f"{daemons} p2p daemons under the command" + (f" and a round in {up.name}" if up else ""))
+            wait_for(lambda: proc.poll() is not None or (_daemons(proc.pid) >= daemons and _daemon_sockets(proc.pid) >= daemons
+                                                         and (up is None or _rounds_in(up))),
+                     start_timeout, f"{daemons} p2p daemons under the command, listening"
+                     + (f", and a round in {up.name}" if up else ""))
         except TimeoutError as e:
             tree = "; ".join(_describe(p) for p in _tree(proc.pid))
             raise AssertionError(f"{e}; its processes: {tree}\n{_tails(logs)}") from None
@@ -155,9 +179,21 @@ def _signals(*slow: signal.Signals) -> list:
     """Every stop signal, those in ``slow`` marked slow. SIGINT, SIGTERM and SIGHUP reach one handler in
     each command (``peer.node.startup.drain_signals`` in the demo, ``bench.common.run_main`` in a
     benchmark); SIGKILL runs none (the children's parent-death signal and watchdog). The default run
-    sends each command one handled signal of its own and SIGKILL; ``make test-all`` sends all four."""
+    sends each command one handled signal of its own (and the demo SIGKILL, which the killed-peer test
+    covers for a lone peer too); ``make test-all`` sends all four."""
     return [pytest.param(s, id=s.name, marks=[pytest.mark.slow] if s in slow else [])
             for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL)]
+
+
+@pytest.fixture
+def short_tmpdir() -> Path:
+    """A private TMPDIR for a command, short enough for the unix sockets made in it: torch's
+    shared-memory manager binds ``TMPDIR/torch-shm-dir-XXXXXX/manager.sock``, and a socket's path
+    holds at most 107 bytes, which pytest's ``tmp_path`` under xdist (``.../popen-gwN/test_..._0/``)
+    exceeds (the manager then fails with EINVAL and no peer starts its DHT)."""
+    path = Path(tempfile.mkdtemp(prefix="hp-stop-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -172,12 +208,11 @@ def tiny_data(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("sig", _signals(signal.SIGINT, signal.SIGTERM))
-def test_demo_stops_every_process(tmp_path, tiny_data, sig):
+def test_demo_stops_every_process(tmp_path, short_tmpdir, tiny_data, sig):
     # one peer and the archive: two p2p daemons
     cmd = hivepath_cmd("demo", "--peers", "1", "--minutes", "5", "--preset", "tiny", "--out", str(tmp_path / "demo"),
                        "--data", str(tiny_data), "--no-live", "--eval-docs", "2")
-    tmpdir = tmp_path / "tmp"  # the demo's own TMPDIR: hivemind's default shared-memory strategy, a manager each
-    tmpdir.mkdir()
+    tmpdir = short_tmpdir  # the demo's own TMPDIR: hivemind's default shared-memory strategy, a manager each
     env = {k: v for k, v in os.environ.items() if k != "HIVEMIND_MEMORY_SHARING_STRATEGY"}
     with open(tmp_path / "demo.log", "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
@@ -192,7 +227,7 @@ def test_demo_stops_every_process(tmp_path, tiny_data, sig):
         assert stopped.startswith(f"{sig.name} received after "), stopped
 
 
-@pytest.mark.parametrize("sig", _signals(signal.SIGINT, signal.SIGHUP))
+@pytest.mark.parametrize("sig", _signals(signal.SIGINT, signal.SIGHUP, signal.SIGKILL))
 def test_swarm_benchmark_stops_every_process(tmp_path, sig):
     # the trainer's own DHT plus four stage servers, each with its p2p daemon
     with open(tmp_path / "swarm.log", "wb") as log:
@@ -201,7 +236,7 @@ def test_swarm_benchmark_stops_every_process(tmp_path, sig):
     _stop_and_check(proc, sig, daemons=5, start_timeout=180, logs=[tmp_path / "swarm.log"])
 
 
-def test_killed_peer_takes_its_dht_process_and_p2p_daemon_with_it(procs, tmp_path):
+def test_killed_peer_takes_its_dht_process_and_p2p_daemon_with_it(procs, tmp_path, short_tmpdir):
     """``kill -9`` of a real ``hivepath peer join`` (no handler runs): its DHT process and p2p daemon,
     which hivemind starts without a parent-death signal, exit too (the peer's watchdog)."""
     from chaos.scenario import prepare_dataset
@@ -209,8 +244,7 @@ def test_killed_peer_takes_its_dht_process_and_p2p_daemon_with_it(procs, tmp_pat
 
     data = prepare_dataset(tmp_path / "data")
     net = Network(procs, tmp_path, data.dir, data.manifest_hash, inner_steps=4)
-    tmpdir = tmp_path / "tmp"
-    tmpdir.mkdir()
+    tmpdir = short_tmpdir
     try:
         net.start_coordinator()
         net.env = {**net.env, "TMPDIR": str(tmpdir)}

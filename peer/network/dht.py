@@ -18,7 +18,9 @@ averager, state transfer and stage serving (start-up of a p2p daemon costs about
 from __future__ import annotations
 
 import logging
+import os
 import re
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -35,6 +37,25 @@ class DHTStartError(HivepathError):
     """The DHT could not start or could not reach any initial peer."""
 
     exit_code = 3
+
+
+SOCKET_PATH_MAX = 107
+"""Bytes of a unix socket's path at most (``sun_path`` less its terminating NUL)."""
+
+
+def shm_manager_failure(error: str) -> str:
+    """The message for torch's shared-memory manager failing to start (hivemind shares tensors between
+    its processes through it): it binds ``TMPDIR/torch-shm-dir-XXXXXX/manager.sock`` and fails with
+    EINVAL when that path is too long for a unix socket."""
+    tmp = tempfile.gettempdir()
+    length = len(os.path.join(tmp, "torch-shm-dir-XXXXXX", "manager.sock").encode())
+    if length > SOCKET_PATH_MAX:
+        return (f"cannot start the DHT: TMPDIR {tmp} is too long for the socket torch's shared-memory manager "
+                f"makes in it ({length} bytes, a unix socket's path holds {SOCKET_PATH_MAX}); "
+                "set TMPDIR to a shorter directory, e.g. TMPDIR=/tmp")
+    first = error.strip().splitlines()[0] if error.strip() else "no message"
+    return (f"cannot start the DHT: torch's shared-memory manager failed ({first}); "
+            f"check that TMPDIR {tmp} is a writable directory")
 
 
 class ListenAddressInUse(DHTStartError):
@@ -251,6 +272,8 @@ def start_dht(options: DHTOptions = DHTOptions()) -> PeerDHT:
                 f"cannot listen on {busy.group(1)} port {busy.group(2)}: the port is in use (another peer on this "
                 f"machine?); pass another port in --host-maddrs, or tcp/0 to take a free one"
             ) from None
+        if "torch_shm_manager" in str(e):
+            raise DHTStartError(shm_manager_failure(str(e))) from None
         peers = ", ".join(options.initial_peers) or "none"
         raise DHTStartError(
             f"cannot start the DHT ({type(e).__name__}: {e}); initial peers: {peers}; "

@@ -1,0 +1,39 @@
+"""A DHT that cannot start says why in one line: a TMPDIR too long for the unix socket torch's
+shared-memory manager binds in it (hivemind shares tensors between its processes through that
+manager) names the length and the fix, from a real start in a process of its own."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+
+from helpers.procs import ROOT
+from peer.network.dht import SOCKET_PATH_MAX, shm_manager_failure
+
+START = """
+from peer.network.dht import DHTOptions, DHTStartError, start_dht
+try:
+    start_dht(DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"]))
+except DHTStartError as e:
+    print(e)
+"""
+
+
+def test_a_too_long_tmpdir_stops_the_dht_start_naming_the_fix(tmp_path):
+    long_dir = tmp_path / ("x" * max(1, SOCKET_PATH_MAX - len(str(tmp_path))))
+    long_dir.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "HIVEMIND_MEMORY_SHARING_STRATEGY"}  # hivemind's default
+    out = subprocess.run([sys.executable, "-c", START], cwd=ROOT, env={**env, "TMPDIR": str(long_dir)},
+                         capture_output=True, text=True, timeout=120)
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 1, (out.stdout, out.stderr[-2000:])
+    assert lines[0].startswith(f"cannot start the DHT: TMPDIR {long_dir} is too long") and "TMPDIR=/tmp" in lines[0]
+
+
+def test_a_short_tmpdir_names_the_managers_own_error(monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", "/tmp")
+    message = shm_manager_failure("torch_shm_manager at \"x\": Permission denied\nframe #0: ...")
+    assert message == ("cannot start the DHT: torch's shared-memory manager failed (torch_shm_manager at \"x\": "
+                       "Permission denied); check that TMPDIR /tmp is a writable directory")
