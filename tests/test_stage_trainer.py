@@ -137,3 +137,29 @@ def test_a_held_step_ends_no_round_while_nobody_waits():
         client.gate.set()  # a failed assertion must not leave the step held
         trainer.close()
     assert reports == [] and trainer.opt.module_round("embed") == 0 and trainer.opt._steps_in_round == 2
+
+
+def test_a_trainer_whose_modules_are_idle_ends_no_round_during_a_step():
+    """While the embedding and head are announced idle (other holders neither wait for them nor count
+    them), a waiting holder does not make the trainer end a round during a step: it could meet another
+    idle holder's round alone and make a second average of it."""
+    torch.set_num_threads(1)
+    hub = LocalAverager()
+    averager = _Waiting(hub.member("t", ["embed", "head"]))
+    trainer, client, batch = _trainer(averager)
+    polls: list[int] = []
+    try:
+        trainer.train_step(*batch())
+        trainer.holding = lambda: bool(polls.append(1))  # idle: False, counting the trainer's checks
+        averager.waiting.set()
+        client.gate.clear()
+        with ThreadPoolExecutor(1) as pool:
+            step = pool.submit(trainer.train_step, *batch())
+            wait_for(lambda: client.held >= 1 and len(polls) >= 5, WAIT, "the trainer to check its holds")
+            client.gate.set()
+            _, reports = step.result(timeout=WAIT)
+    finally:
+        client.gate.set()
+        trainer.close()
+    # the step itself, held again, ends the round at its inner step (another holder waits)
+    assert [r.inner_steps for r in reports] == [2] and averager.asked >= 1

@@ -134,6 +134,11 @@ class StageTrainer:
         our round."""
         self.on_round: Optional[Callable[[RoundReport], None]] = None
         """Called with each outer round's report as the round ends (in a step, or during one)."""
+        self.holding: Callable[[], bool] = lambda: True
+        """Whether the embedding and head are held in rounds now: a round ends during a step only then.
+        While they are announced idle the other holders neither wait for them nor count them, so a
+        round this trainer ended then could meet another idle holder's alone: a second average of
+        that round (the first step after a pause holds them again, before the optimizer steps)."""
 
     def _micro(self, x: torch.Tensor, y: torch.Tensor, scale: float) -> float:
         """Forward and backward of one micro-batch x, y (b, T) through the pipeline; returns its loss."""
@@ -176,7 +181,8 @@ class StageTrainer:
             in_flight = set(futures)
             while in_flight:
                 _, in_flight = wait(in_flight, timeout=self.pace_interval)
-                if in_flight and not any(f.done() and f.exception() is not None for f in futures):
+                if in_flight and self.holding() and not any(f.done() and f.exception() is not None
+                                                            for f in futures):
                     self._ended(self.opt.end_round_if_others_wait(sparse=True), reports)
             losses = [f.result() for f in futures]
         except StageUnavailable:
@@ -325,6 +331,7 @@ def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, devic
             save_states(cfg, trainer.opt, trainer.modules, checkpoints, extra)
 
     trainer.on_round = on_round
+    trainer.holding = lambda: not holds.paused  # as a stage server's pace loop: no round ends while idle
     status.mode, status.assignment, status.state = "trainer", format_path(trainer.path), "waiting"
     served, loss_ema, waiting = ServedRate(), None, ""
     try:
