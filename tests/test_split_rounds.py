@@ -242,6 +242,7 @@ def test_a_lattice_trained_through_diloco_with_a_group_cap_splits_its_shared_mod
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # 60-100 s of real processes: make test-all (CI's time budget)
 def test_a_holder_killed_in_a_split_round_never_makes_two_averages_of_one_round(procs, tmp_path):
     """Six holders capped at 2 (4 buckets); one is killed as it has its bucket's mean in round 1 (a
     delegate before the top group, or a member before its tree, maybe with children). In
@@ -304,6 +305,7 @@ def _identities_filling_buckets(tmp_path, names: list[str], module_id: str, roun
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # 60-100 s of real processes: make test-all (CI's time budget)
 def test_a_group_that_misses_the_top_group_applies_the_rounds_average_and_carries_its_delta(procs, tmp_path):
     """Eight holders capped at 2 (4 buckets; the peers' identities are drawn so that round 1 fills at
     least 3: with 2, the stalled bucket's would be needed for a majority); in round 1 the first delegate
