@@ -285,7 +285,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
         if args.byzantine_steps > 0:
             result.update(byzantine(args.byzantine_steps, work, args.aggregator))
         if not args.skip_drain:
-            from bench.chaos_drain import drain_run  # survivor_round_ratio_after_drain (issue 19)
+            from bench.chaos_drain import drain_run  # survivor_round_ratio_after_drain: survivors' rounds after a peer drains
 
             result.update(drain_run(work))
         if not args.skip_faults:
