@@ -258,3 +258,55 @@ def test_a_holder_that_still_reaches_the_coordinator_steps_alone_when_its_partne
         assert match.group is None and "out of touch with the coordinator" in match.reason, match.reason
     finally:
         mm0.in_touch_since = lambda: None
+
+
+class _MissingFromReads:
+    """A DHT whose reads of ``key`` miss ``peer``'s subkey, as a get that reached only the nodes a
+    store did not reach returns a partial dictionary: everything else is the real DHT's."""
+
+    def __init__(self, dht, key: str, peer: str):
+        self._dht, self._key, self._peer = dht, key, peer
+
+    def __getattr__(self, name):
+        return getattr(self._dht, name)
+
+    def get(self, key, *args, **kwargs):
+        from hivemind.utils import ValueWithExpiration
+
+        async def read():
+            found = await self._dht.get(key, *args, **kwargs)
+            if key != self._key or found is None or not isinstance(found.value, dict):
+                return found
+            return ValueWithExpiration({k: v for k, v in found.value.items() if k != self._peer}, found.expiration_time)
+        return read()
+
+
+def test_a_holder_does_not_step_alone_when_a_read_misses_a_partner_whose_record_is_valid(swarm):
+    """A read of the holders key that misses a holder whose record is still on the DHT (unexpired, not
+    withdrawn) is the read's fault, not a departure: even in touch with the coordinator, a holder does
+    not step alone then (the partner may be at its round: a second state at one round number), and
+    steps on with it once the reads see it again."""
+    from hivemind.utils import get_dht_time
+
+    nodes, loop, states = swarm
+    (d0, _, mm0), (d1, _, mm1) = nodes[0], nodes[1]
+    key = holders_key(RUN_ID, "L5M2")
+    assert d1.dht.store(key, to_value(HolderRecord(CONFIG, "", 5, 1.0, 1e6)), get_dht_time() + 120, subkey=d1.peer_id)
+    first = run(loop, mm0.form_group("L5M2", 5, 2.0, states[0].digest))
+    assert first.group is None and "did not declare in time" in first.reason, first.reason
+    real = mm0.dht
+    try:
+        mm0.dht = _MissingFromReads(real, key, d1.peer_id)
+        mm0.in_touch_since = lambda: 0.0  # the coordinator answered us throughout
+        match = run(loop, mm0.form_group("L5M2", 5, 2.0, states[0].digest))
+        assert match.group is None and "missing from our read" in match.reason, match.reason
+    finally:
+        mm0.dht = real
+        mm0.in_touch_since = lambda: None
+    # read whole again: the two holders average together
+    async def together():
+        return await asyncio.gather(mm0.form_group("L5M2", 5, 8.0, states[0].digest),
+                                    mm1.form_group("L5M2", 5, 8.0, states[1].digest))
+
+    both = run(loop, together())
+    assert all(m.group is not None and m.group.group_id != LONE and len(m.group.members) == 2 for m in both), both

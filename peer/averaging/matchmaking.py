@@ -9,7 +9,9 @@ leader/follower matchmaking over the DHT, Ryabinin et al. 2021, made consistent)
 2. The leader is the smallest peer id among the declared members that accept connections; the
    followers join it and it begins the group (:mod:`peer.averaging.group_join`, the protocol).
 
-A member applies its delta alone only when it is the module's only live holder. A holder at its
+A member applies its delta alone only when it is the module's only live holder, and never while a
+holder whose record it read before, still valid and not withdrawn, is missing from its last read (a
+DHT get that reached only some nodes returns part of the holders; that holder may be at our round). A holder at its
 round that did not declare makes it fail the round; holders behind it make it wait (fail the round)
 until they re-sync to it, for at most two round budgets per round they announce (an idle or stuck
 holder does not hold it back for good; overlap members, whose round number moves on whatever the
@@ -149,6 +151,11 @@ class Matchmaker(GroupJoin):
         vanished without a withdrawal may be cut off from us, not gone (see :meth:`_vanished`)."""
         self._live: dict[str, frozenset[str]] = {}
         """module -> the other live holders our last gather of it read (whom :meth:`_push` tells)."""
+        self._read: dict[str, frozenset[str]] = {}
+        """module -> every other holder whose record our last gather of it read, idle ones too."""
+        self._valid_until: dict[tuple[str, str], float] = {}
+        """(module, other holder) -> the DHT expiration of its holder record as we last read it: until
+        then a record missing from a read was missed by the read (see :meth:`_missed`)."""
         self.pushed: dict[str, dict[str, tuple[GroupDeclaration, float]]] = {}
         """Group key -> sender -> (its declaration, DHT expiration), as live holders pushed them to us
         (:meth:`_handle_declare`), in arrival order of the keys, at most :data:`PUSHED_KEYS` keys."""
@@ -345,6 +352,11 @@ class Matchmaker(GroupJoin):
                 if waiting:  # they re-sync to us at their next round; stepping alone would keep us out of reach
                     return Match(None, "waiting for holders behind us to catch up ("
                                        + ", ".join(f"{p[-8:]} at round {r}" for p, r in sorted(waiting.items())) + ")")
+                missed = self._missed(module_id, vanished, gone)
+                if missed:  # its record is still on the DHT: our read missed it, the holder did not leave
+                    return Match(None, f"holders {', '.join(p[-8:] for p in sorted(missed))} are missing from our read of "
+                                       f"the DHT while their records are valid for up to {max(missed.values()):.0f}s more: "
+                                       "not stepping alone")
                 since = self.in_touch_since()
                 if vanished and (since is None or since > min(vanished.values())):  # we may be the one cut off
                     return Match(None, f"holders {', '.join(p[-8:] for p in sorted(vanished))} vanished without leaving "
@@ -464,6 +476,31 @@ class Matchmaker(GroupJoin):
             else:
                 out[peer] = seen
         return out
+
+    def _note_read(self, module_id: str, found: Any, records: Mapping[str, HolderRecord]) -> None:
+        """Remember which holders of ``module_id`` a read of its holders key (``found``) returned, and
+        until when each one's record is valid (its DHT expiration)."""
+        self._read[module_id] = frozenset(records)
+        entries = getattr(found, "value", None)
+        for peer in records:
+            expiration = getattr(entries.get(peer), "expiration_time", None) if isinstance(entries, dict) else None
+            if isinstance(expiration, (int, float)):
+                self._valid_until[(module_id, peer)] = float(expiration)
+
+    def _missed(self, module_id: str, vanished: Mapping[str, float], gone: Mapping[str, int]) -> dict[str, float]:
+        """Of the ``vanished`` holders (:meth:`_vanished`), those whose record, as we last read it, is
+        still valid and was not withdrawn: the DHT still holds it, so our read missed it (a get that
+        reached only some of the nodes, on a loaded host, merges a partial dictionary), and the holder
+        may be at our round. Peer -> seconds its record stays valid. Stepping alone now would fork us
+        from it; once its record expires unrefreshed, it is gone (a killed peer's record is read until
+        then, so this never delays stepping on without a dead holder)."""
+        from hivemind.utils import get_dht_time
+
+        now, read = get_dht_time(), self._read.get(module_id, frozenset())
+        for key in [k for k, until in self._valid_until.items() if k[0] == module_id and (until <= now or k[1] in gone)]:
+            del self._valid_until[key]
+        return {p: self._valid_until[(module_id, p)] - now for p in vanished
+                if p not in read and (module_id, p) in self._valid_until}
 
     async def _archived_round(self, module_id: str) -> int:
         """The most advanced round an archive of our config keeps of ``module_id`` (-1: none)."""
@@ -621,9 +658,12 @@ class Matchmaker(GroupJoin):
                     if peer not in on_dht and peer != self.peer_id:
                         declared[peer] = d
                 # an idle holder (a stage server nobody drives) declares no round: nobody waits for it
-                live = {p: h for p, h in records_from_value(holders, HolderRecord, self.verifier).items()
-                        if p != self.peer_id and not h.idle and not self._mismatch(p, h.config_hash, h.data_hash, h.wire)}
+                records = {p: h for p, h in records_from_value(holders, HolderRecord, self.verifier).items()
+                           if p != self.peer_id and not self._mismatch(p, h.config_hash, h.data_hash, h.wire)}
+                live = {p: h for p, h in records.items() if not h.idle}
                 self._live[module_id] = frozenset(live)
+                if reread:
+                    self._note_read(module_id, holders, records)
                 last_round_no, last_group = self._grouped.get(module_id, (-1, frozenset()))
                 expected = {p for p, h in live.items() if mine(p) and (h.round_no == round_no or (
                     h.round_no == round_no - 1 and last_round_no == round_no - 1 and p in last_group))}

@@ -396,7 +396,8 @@ class PeerNode:
                 self.status.assignment = assignment.module_id
                 self._trainer = None
                 reason = run_stage_server(cfg, assignment.module_id, dataset, device, dht, averager, checkpoints,
-                                          self._should_stop, status=self.status, outer=outer)
+                                          self._should_stop, status=self.status, outer=outer,
+                                          after_round=self._after_round)
             elif assignment.mode == "trainer":
                 # SWARM's trainer: the path's embedding, head and data here, its levels on stage servers
                 self.status.assignment = ",".join(map(str, assignment.path))
@@ -405,7 +406,7 @@ class PeerNode:
                 reason = run_stage_trainer(cfg, assignment.path, dataset, device, dht, averager, checkpoints,
                                            self._should_stop, status=self.status, outer=outer,
                                            view=self.view, call_timeout=TRAINER_WAIT_SECONDS,
-                                           micro_batches=TRAINER_MICRO_BATCHES)
+                                           micro_batches=TRAINER_MICRO_BATCHES, after_round=self._after_round)
             else:
                 self.status.assignment = ",".join(map(str, assignment.path))
                 self.data.ensure_path(assignment.path, dht, self._fetch_should_stop)  # returns once train is verified

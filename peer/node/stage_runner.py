@@ -226,12 +226,14 @@ def _fetcher(averager: Any, timeout: float) -> Optional[FetchState]:
 def run_stage_server(cfg: RunConfig, module_id: str, dataset: Any, device: torch.device, dht: Any, averager: Any,
                      checkpoints: Optional[CheckpointDir], should_stop: Callable[[], Optional[str]],
                      status: Optional[PeerStatus] = None, outer: Optional[OuterConfig] = None,
-                     options: StageServerOptions = StageServerOptions(), event_hook: Any = None) -> str:
+                     options: StageServerOptions = StageServerOptions(), event_hook: Any = None,
+                     after_round: Optional[Callable[[RoundReport], None]] = None) -> str:
     """Serve ``module_id`` as a pipeline stage until ``should_stop()`` returns a reason; return it.
 
     ``dataset``: the run's dataset (its manifest hash goes into checkpoints; None is fine);
     ``averager``: the process's NetAverager (or any ModuleAverager); ``outer``: the assignment's
-    outer config (H, codec) if it overrides the run's.
+    outer config (H, codec) if it overrides the run's; ``after_round``: called with each round's
+    report once it is applied and checkpointed (the peer's round events).
     """
     status = status if status is not None else PeerStatus()
     extra = {"peer_id": getattr(averager, "peer_id", ""), "stage": module_id}
@@ -250,6 +252,8 @@ def run_stage_server(cfg: RunConfig, module_id: str, dataset: Any, device: torch
             status.bytes_received += m.bytes_received
         if checkpoints is not None:
             save_states(cfg, server.opt, {module_id: server.module}, checkpoints, extra)
+        if after_round is not None:
+            after_round(report)
 
     server = StageServer(cfg, module_id, dht, averager, device, options, outer, event_hook, on_round)
     adopt_states(cfg, server.opt, {module_id: server.module}, checkpoints, fetch)
@@ -297,7 +301,8 @@ def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, devic
                       micro_batches: int = 1, request_timeout: float = 10.0,
                       on_step: Optional[Callable[["StageTrainer", float], None]] = None,
                       view: Optional[ProgressView] = None, idle_timeout: float = 10.0,
-                      call_timeout: Optional[float] = None) -> str:
+                      call_timeout: Optional[float] = None,
+                      after_round: Optional[Callable[[RoundReport], None]] = None) -> str:
     """Train ``path`` through stage servers (holding its embed and head) until ``should_stop()``
     returns a reason; return it. ``codec``: activations' and gradients' codec; ``micro_batches``:
     chunks of each batch in flight at once; ``on_step(trainer, loss)`` is called after every step;
@@ -305,7 +310,8 @@ def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, devic
     server (they are logged either way). ``idle_timeout``: seconds without a step through the whole
     pipeline after which the embedding and head are announced idle (held in rounds again at the next step);
     ``call_timeout``: seconds a forward or backward may wait for a server of its level (default
-    ``max(60, 3 * request_timeout)``); when none answers, the step is dropped and the trainer waits."""
+    ``max(60, 3 * request_timeout)``); when none answers, the step is dropped and the trainer waits.
+    ``after_round``: called with each round's report once it is applied and checkpointed."""
     status = status if status is not None else PeerStatus()
     peer_id = getattr(averager, "peer_id", "") or "trainer"
     seed = int.from_bytes(hashlib.sha256(f"{peer_id}/{format_path(tuple(path))}".encode()).digest()[:4], "little")
@@ -329,6 +335,8 @@ def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, devic
         status.round_no = max(trainer.opt.module_round(m) for m in trainer.modules)
         if checkpoints is not None:
             save_states(cfg, trainer.opt, trainer.modules, checkpoints, extra)
+        if after_round is not None:
+            after_round(report)
 
     trainer.on_round = on_round
     trainer.holding = lambda: not holds.paused  # as a stage server's pace loop: no round ends while idle
