@@ -303,7 +303,29 @@ def test_a_holder_does_not_step_alone_when_a_read_misses_a_partner_whose_record_
     finally:
         mm0.dht = real
         mm0.in_touch_since = lambda: None
+    # nor do two holders average without a third that both reads missed (it may be averaging this
+    # round with others: two means of one round)
+    d2 = nodes[2][0]
+    key3 = holders_key(RUN_ID, "L5M3")
+    for d in (d0, d1, d2):
+        assert d.dht.store(key3, to_value(HolderRecord(CONFIG, "", 5, 1.0, 1e6)), get_dht_time() + 120, subkey=d.peer_id)
+    seen = run(loop, mm0.form_group("L5M3", 5, 2.0, states[0].digest))  # reads all three
+    assert seen.group is None and "did not declare in time" in seen.reason, seen.reason
+    real1 = mm1.dht
+    try:
+        mm0.dht, mm1.dht = _MissingFromReads(real, key3, d2.peer_id), _MissingFromReads(real1, key3, d2.peer_id)
+
+        async def pair():
+            return await asyncio.gather(mm0.form_group("L5M3", 5, 8.0, states[0].digest),
+                                        mm1.form_group("L5M3", 5, 8.0, states[1].digest))
+
+        m0, m1 = run(loop, pair())
+        assert m0.group is None and "missing from our read" in m0.reason, m0.reason
+        assert m1.group is None, m1.reason  # its leader gave up (or it never saw the third: first read)
+    finally:
+        mm0.dht, mm1.dht = real, real1
     # read whole again: the two holders average together
+    assert d0.dht.store(key, to_value(HolderRecord(CONFIG, "", 5, 1.0, 1e6)), get_dht_time() + 120, subkey=d0.peer_id)
     async def together():
         return await asyncio.gather(mm0.form_group("L5M2", 5, 8.0, states[0].digest),
                                     mm1.form_group("L5M2", 5, 8.0, states[1].digest))

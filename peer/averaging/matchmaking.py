@@ -11,7 +11,8 @@ leader/follower matchmaking over the DHT, Ryabinin et al. 2021, made consistent)
 
 A member applies its delta alone only when it is the module's only live holder, and never while a
 holder whose record it read before, still valid and not withdrawn, is missing from its last read (a
-DHT get that reached only some nodes returns part of the holders; that holder may be at our round). A holder at its
+DHT get that reached only some nodes returns part of the holders; that holder may be at our round):
+nor does a group form then. A holder at its
 round that did not declare makes it fail the round; holders behind it make it wait (fail the round)
 until they re-sync to it, for at most two round budgets per round they announce (an idle or stuck
 holder does not hold it back for good; overlap members, whose round number moves on whatever the
@@ -340,6 +341,12 @@ class Matchmaker(GroupJoin):
             if fork is not None:
                 looking.decided.set()
                 return fork
+            missed = self._missed(module_id, vanished, gone) if bucket is None else {}
+            if missed:  # its record is still on the DHT: our read missed it, the holder did not leave
+                looking.decided.set()
+                return Match(None, f"holders {', '.join(p[-8:] for p in sorted(missed))} are missing from our read of the "
+                                   f"DHT while their records are valid for up to {max(missed.values()):.0f}s more: not "
+                                   "averaging without them (they may be at this round)")
             candidates = {p for p, d in declared.items() if d.bandwidth > 0} | ({self.peer_id} if self.bandwidth > 0 else set())
             if not declared:
                 looking.decided.set()
@@ -352,11 +359,6 @@ class Matchmaker(GroupJoin):
                 if waiting:  # they re-sync to us at their next round; stepping alone would keep us out of reach
                     return Match(None, "waiting for holders behind us to catch up ("
                                        + ", ".join(f"{p[-8:]} at round {r}" for p, r in sorted(waiting.items())) + ")")
-                missed = self._missed(module_id, vanished, gone)
-                if missed:  # its record is still on the DHT: our read missed it, the holder did not leave
-                    return Match(None, f"holders {', '.join(p[-8:] for p in sorted(missed))} are missing from our read of "
-                                       f"the DHT while their records are valid for up to {max(missed.values()):.0f}s more: "
-                                       "not stepping alone")
                 since = self.in_touch_since()
                 if vanished and (since is None or since > min(vanished.values())):  # we may be the one cut off
                     return Match(None, f"holders {', '.join(p[-8:] for p in sorted(vanished))} vanished without leaving "
@@ -480,8 +482,9 @@ class Matchmaker(GroupJoin):
     def _note_read(self, module_id: str, found: Any, records: Mapping[str, HolderRecord]) -> None:
         """Remember which holders of ``module_id`` a read of its holders key (``found``) returned, and
         until when each one's record is valid (its DHT expiration)."""
-        self._read[module_id] = frozenset(records)
         entries = getattr(found, "value", None)
+        # every subkey read, a record of another config and a withdrawal too: none of them was missed
+        self._read[module_id] = frozenset(entries) if isinstance(entries, dict) else frozenset()
         for peer in records:
             expiration = getattr(entries.get(peer), "expiration_time", None) if isinstance(entries, dict) else None
             if isinstance(expiration, (int, float)):
