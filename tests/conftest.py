@@ -66,12 +66,19 @@ images. One worker for both also keeps these two heaviest groups (a dozen proces
 at once on a two-core machine."""
 
 
-HEAVY_FIRST = ("tests/test_peer_network.py", "serial", "tests/test_stage_pipeline.py", "tests/test_stopping.py",
-               "tests/test_peer_drain.py", "tests/test_bootstrap.py", "tests/test_net_averaging.py",
-               "tests/test_peer_data_network.py", "tests/test_generate.py", "tests/test_train_local.py")
+HEAVY_FIRST = ("serial", "tests/test_peer_network.py", "tests/test_stopping.py", "tests/test_stage_network.py",
+               "tests/test_split_rounds.py", "tests/test_stage_pipeline.py", "tests/test_peer_drain.py",
+               "tests/test_bootstrap.py", "tests/test_net_averaging.py", "tests/test_peer_data_network.py",
+               "tests/test_generate.py", "tests/test_train_local.py")
 """Units of work handed out first, longest first (measured: each takes one to ten minutes of a worker on
 a two-core machine), so that no long file starts last and keeps one worker busy while the other idles.
 The other files follow in collection order. A file missing here costs balance, never correctness."""
+
+
+EACH_TEST_A_UNIT = ("tests/test_peer_network.py", "tests/test_stopping.py")
+"""Files whose tests are units of work of their own (several minutes each file, and their module
+fixtures only prepare a small dataset): one worker running a whole file would finish minutes after
+the other."""
 
 
 SAME_UNIT = {"tests/test_export.py": "tests/test_generate.py"}
@@ -80,16 +87,19 @@ SAME_UNIT = {"tests/test_export.py": "tests/test_generate.py"}
 
 
 def work_unit(nodeid: str) -> str:
-    """The unit of work of a test under xdist: ``serial`` for the :data:`SERIAL_FOLDERS`, else its file
-    (or the file it shares fixtures with: :data:`SAME_UNIT`)."""
+    """The unit of work of a test under xdist: ``serial`` for the :data:`SERIAL_FOLDERS`, the test itself
+    for :data:`EACH_TEST_A_UNIT`, else its file (or the file it shares fixtures with: :data:`SAME_UNIT`)."""
     path = nodeid.split("::", 1)[0]
     if any(folder in path.split("/")[:-1] for folder in SERIAL_FOLDERS):
         return "serial"
+    if path in EACH_TEST_A_UNIT:
+        return nodeid
     return SAME_UNIT.get(path, path)
 
 
 def _rank(item) -> int:
     unit = work_unit(item.nodeid)
+    unit = unit.split("::", 1)[0]  # a test that is a unit of its own ranks as its file
     return HEAVY_FIRST.index(unit) if unit in HEAVY_FIRST else len(HEAVY_FIRST)
 
 
