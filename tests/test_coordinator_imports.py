@@ -74,7 +74,10 @@ def test_what_the_coordinator_image_copies_runs_serve_without_the_peer(tmp_path)
         "assert main(['coordinator', 'status', '--token', 't']) == 2\n"
         "main(['coordinator', 'serve', '--help'])\n"
     )
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # a checkout on it would bring the peer back
     out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=tmp_path)
+                         cwd=tmp_path, env=env)
     assert out.returncode == 0 and "--run-config" in out.stdout, out.stderr
     assert "'hivepath coordinator status' is a client and needs the peer package" in out.stderr
