@@ -228,6 +228,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         capacity = request.capacity_tokens_per_s
         if capacity:
             check_number("capacity_tokens_per_s", capacity, 0.0, MAX_RATE)
+        link_bps = (request.measured_upload_bps, request.measured_download_bps)
+        check_number("measured_upload_bps", link_bps[0], 0.0, MAX_RATE)
+        check_number("measured_download_bps", link_bps[1], 0.0, MAX_RATE)
         if request.bytes_sent > MAX_COUNT or request.bytes_received > MAX_COUNT:
             raise InvalidArgument("bytes_sent", f"byte counts beyond {MAX_COUNT}")
         coord = self.coord
@@ -242,12 +245,12 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             result = await self._blocking(
                 coord.heartbeat, lease_id, peer_id, progress, request.assignment_version, tokens_per_s,
                 request.bytes_sent + request.bytes_received, True, seeded, evaluations,
-                request.tokens_per_s_measured, capacity,
+                request.tokens_per_s_measured, capacity, link_bps,
             )
         else:
             result = coord.heartbeat(lease_id, peer_id, progress, request.assignment_version, tokens_per_s,
                                      request.bytes_sent + request.bytes_received, False, seeded, evaluations,
-                                     request.tokens_per_s_measured, capacity)
+                                     request.tokens_per_s_measured, capacity, link_bps)
         reply.lease_remaining_s = result.lease_remaining
         least = coord.settings.min_peer_version
         upgrade = upgrade_reason(coord.peer_versions.get(peer_id), least)

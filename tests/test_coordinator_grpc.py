@@ -351,3 +351,24 @@ def test_run_spec_before_joining(server):
         joined.leave()
         joined.close()
         fresh.close()
+
+
+def test_measured_link_rates_travel_in_heartbeats_and_an_older_peer_sends_none(server):
+    from protos import versions
+
+    client = CoordinatorClient(f"127.0.0.1:{server.port}", TOKEN, peer_info(31, upload_bps=9e6, download_bps=9e6))
+    try:
+        client.join()
+        peer_id = client.peer.peer_id
+        versions.set_override("coordinator=1.1")  # a peer of the previous minor leaves the rates out
+        try:
+            client.heartbeat(link_bps=(2e6, 3e6))
+        finally:
+            versions.set_override(None)
+        assert server.coordinator.peer(peer_id).capabilities.upload_bps == 9e6
+        client.heartbeat(link_bps=(2e6, 3e6))
+        peer = server.coordinator.peer(peer_id)
+        assert (peer.capabilities.upload_bps, peer.capabilities.download_bps) == (2e6, 3e6)
+        assert peer.link_measured_at > 0
+    finally:
+        client.close()

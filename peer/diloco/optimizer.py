@@ -316,7 +316,7 @@ class DiLoCoOptimizer:
             logger.info("module %s round %d not applied: %s", st.module_id, round_no, res.reason)
         return ModuleReport(
             st.module_id, round_no, res.ok, res.reason, res.group_size, list(res.peers), res.bytes_sent,
-            res.bytes_received, tokens, wait, adopt=res.adopt,
+            res.bytes_received, tokens, wait, transfer_seconds=res.transfer_seconds, adopt=res.adopt,
         )
 
     def _launch(self, st: HeldModule, tokens: float, keep_anchor: bool) -> None:

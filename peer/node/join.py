@@ -228,7 +228,8 @@ class PeerNode:
             return {"progress": progress, "tokens_per_s": self.status.tokens_per_s, "measured": True,
                     "capacity": self.status.capacity_tokens_per_s, "bytes_sent": self.status.bytes_sent,
                     "bytes_received": self.status.bytes_received, "preempting": self._preempting,
-                    "seeded_paths": self.data.seeded_paths() if self.data is not None else None}
+                    "seeded_paths": self.data.seeded_paths() if self.data is not None else None,
+                    "link_bps": (self.status.link.upload_bps, self.status.link.download_bps)}
         # a throughput measured over the first seconds of new work (state loading, first rounds) is
         # noise the coordinator would rebalance on: report 0 ("unchanged", it keeps the join figure)
         settled = time.monotonic() - self._work_started >= THROUGHPUT_SETTLE_SECONDS
@@ -239,6 +240,7 @@ class PeerNode:
             "bytes_received": self.status.bytes_received,
             "preempting": self._preempting,
             "seeded_paths": self.data.seeded_paths() if self.data is not None else None,
+            "link_bps": (self.status.link.upload_bps, self.status.link.download_bps),
         }
 
     # -- the life cycle -----------------------------------------------------------------------

@@ -27,6 +27,7 @@ from rich.table import Table
 
 from models import strict_json
 from peer import settings
+from peer.diloco.link_rates import LinkRates
 
 __all__ = ["PeerStatus", "ProgressView", "JsonLinesView", "RichView", "make_view", "WAITING_STATES", "FetchView",
            "make_fetch_view", "EVENTS"]
@@ -90,6 +91,8 @@ class PeerStatus:
     bytes_received: int = 0
     group_sizes: dict[str, int] = field(default_factory=dict)
     """Module id -> members in its last averaging round."""
+    link: LinkRates = field(default_factory=LinkRates)
+    """Upload and download rates measured from this peer's averaging rounds (sent in heartbeats)."""
     coordinator: str = "connected"
     reachability: str = ""
     """Whether others can dial this peer, as the coordinator found at join (``reachable at ...``,
@@ -136,6 +139,7 @@ class PeerStatus:
         """The fields as a JSON-safe dict, safe to call from another thread while the peer writes."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["group_sizes"] = dict(self.group_sizes)
+        out["link"] = asdict(self.link)
         return out
 
 
