@@ -1,11 +1,11 @@
-"""The coordinator's state machine: admission, assignment, drain, expiry and rebalancing.
+"""The coordinator's state machine: admission, assignment, drain, expiry, rebalancing and exchange plans.
 
 :class:`Coordinator` is synchronous and transport-free; the gRPC servicer translates protos into its
 calls. Time comes from an injected clock (wall-clock seconds, because leases outlive restarts), so
 tests drive expiry and rebalancing without sleeping. Decisions are delegated to the pure functions
 of :mod:`coordinator.scheduler`. Its other parts share its state under one lock: leases and
 heartbeats (:mod:`coordinator.leases`), reads (:mod:`coordinator.reading`), reports and bans
-(:mod:`coordinator.moderation`).
+(:mod:`coordinator.moderation`), each module's exchange plan (:mod:`coordinator.planning`).
 
 Durability: joins, leaves, drains, expiries and assignment changes are handed to ``durable`` (which
 returns once they are committed) before the call returns; heartbeat renewals and progress are
@@ -31,6 +31,7 @@ from coordinator.history import History
 from coordinator.errors import Banned, Incompatible, InvalidArgument, LeaseNotFound, NoFit, Overloaded, PeerNotFound
 from coordinator.leases import Leases
 from coordinator.moderation import Moderation
+from coordinator.planning import Planning
 from coordinator.reachability import RELAYS_PER_PEER, UNREACHABLE, Reachability, dialable, relay_load
 from coordinator.reading import Reading
 from coordinator.records import MODE_ARCHIVE, Assignment, Capabilities, Lease, ModuleProgress, PeerRecord
@@ -76,7 +77,7 @@ def key_fingerprint(public_key: bytes) -> str:
     return hashlib.sha256(public_key).hexdigest()[:32] if public_key else ""
 
 
-class Coordinator(Leases, Reading, Moderation, Story):
+class Coordinator(Leases, Reading, Moderation, Story, Planning):
     """Admission, leases and work for one run (DiPaCo lattice, DiLoCo rounds); heartbeats come from
     :class:`coordinator.leases.Leases`, reads from :class:`coordinator.reading.Reading`, reports and
     bans from :class:`coordinator.moderation.Moderation`, totals and history from
@@ -125,6 +126,7 @@ class Coordinator(Leases, Reading, Moderation, Story):
         self._story_batch = WriteBatch()
         """History points from reports (evaluations), committed with the next group commit."""
         self.bans = BanBook(state.meta.get(BANS_META_KEY))
+        self._init_plans(state.meta)
         self._leases: dict[str, Lease] = state.leases
         self._lease_of: dict[str, str] = {}
         self._progress: dict[tuple[str, str], ModuleProgress] = state.progress
@@ -277,6 +279,7 @@ class Coordinator(Leases, Reading, Moderation, Story):
                     batch.peers[peer.peer_id] = copy.copy(peer)
                     self.counters["moves"] += 1
                     events.append(f"{peer.peer_id}: {move.reason}")
+            events.extend(self._plan_pass(now, batch))
         self._durable(batch)
         for e in events:
             log.info("%s", e)

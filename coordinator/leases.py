@@ -96,7 +96,8 @@ class Leases:
             draining = peer.state == "draining"
             renew = self.issuer.needs_renewal(self._credential_expiry.get(peer_id, 0.0), now)
             result = HeartbeatResult(lease.expires_at - now, None if draining else assignment, draining,
-                                     peer.drain_reason, self._issue(peer_id, now) if renew else b"")
+                                     peer.drain_reason, self._issue(peer_id, now) if renew else b"",
+                                     () if draining else self.plans_for(peer.assignment))
         if batch is not None:
             self._durable(batch)
         return result

@@ -266,6 +266,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             reply.credential = result.credential
         if result.assignment is not None:
             reply.assignment.CopyFrom(assignment_to_proto(result.assignment))
+        for plan in result.plans:
+            reply.plans.add(module_id=plan.module_id, inner_steps=plan.inner_steps, codec=plan.codec,
+                            from_round=plan.from_round, reason=plan.reason)
 
     @_rpc
     async def ProbeUpload(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> pb.ProbeUploadResponse:

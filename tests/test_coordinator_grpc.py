@@ -372,3 +372,24 @@ def test_measured_link_rates_travel_in_heartbeats_and_an_older_peer_sends_none(s
         assert peer.link_measured_at > 0
     finally:
         client.close()
+
+
+def test_heartbeat_replies_carry_the_plans_of_the_peers_modules(server):
+    from coordinator.planner import ModulePlan
+
+    client = CoordinatorClient(f"127.0.0.1:{server.port}", TOKEN, peer_info(32))
+    try:
+        info = client.join()
+        mine = info.assignment.module_ids[0]
+        others = sorted(set(RUN.lattice.module_ids()) - set(info.assignment.module_ids))
+        with server.coordinator._lock:  # as a planning pass would leave them
+            server.coordinator.plans[mine] = [ModulePlan(mine, 20, "int4", 12, "slow holder")]
+            if others:
+                server.coordinator.plans[others[0]] = [ModulePlan(others[0], 40, "int4", 3, "not ours")]
+        reply = client.heartbeat()
+        assert [(p.module_id, p.inner_steps, p.codec, p.from_round, p.reason) for p in reply.plans] == [
+            (mine, 20, "int4", 12, "slow holder")]
+    finally:
+        with server.coordinator._lock:
+            server.coordinator.plans.clear()
+        client.close()

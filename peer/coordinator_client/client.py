@@ -27,7 +27,7 @@ import grpc
 from models.config import RunConfig
 from models.errors import HivepathError
 from models.settings import COORDINATOR_PORT
-from peer.coordinator_client.messages import (CoordinatorUnavailable, Evaluation, HeartbeatReply, IncompatibleRun,
+from peer.coordinator_client.messages import (CoordinatorUnavailable, Evaluation, ExchangePlan, HeartbeatReply, IncompatibleRun,
                                                JoinInfo, NotACoordinator, PeerInfo, Progress, RunSpec, WorkAssignment, check_address,
                                                VersionMismatch, check_coordinator, refusal)
 from peer.coordinator_client.transport import (HTTP1, HTTP2, KEEPALIVE_OPTIONS, NOTHING, PROBE_BYTES, TLS, Answer,
@@ -216,7 +216,8 @@ class CoordinatorClient:
             if reply.credential:
                 self._credential = bytes(reply.credential)
         return HeartbeatReply(reply.lease_remaining_s, assignment, reply.drain, reply.drain_reason,
-                              credential=bytes(reply.credential), required_version=reply.required_version)
+                              credential=bytes(reply.credential), required_version=reply.required_version,
+                              plans=tuple(ExchangePlan.from_proto(p) for p in reply.plans))
 
     def _rejoin(self) -> HeartbeatReply:
         """A heartbeat's re-join, unless :meth:`leave` has been called (then :class:`_Closed`)."""

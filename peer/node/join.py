@@ -42,7 +42,7 @@ from models.config import RunConfig
 from models.errors import HivepathError
 from peer.node.checkpoint import CheckpointDir
 from peer.coordinator_client import HeartbeatReply, PeerInfo, Progress, VersionMismatch, WorkAssignment
-from peer.diloco import RoundReport
+from peer.diloco import PlanBook, RoundReport
 from peer.node.progress import PeerStatus, ProgressView, make_view
 from peer.node.machine_share import MachineShare
 from peer.node.resources import describe_device, measure_tokens_per_s, resolve_device, usable_memory_bytes
@@ -143,6 +143,9 @@ class PeerNode:
         the peer exits with :class:`VersionMismatch`'s code instead of 0."""
         self.view: Optional[ProgressView] = None
         self.data: Optional[RunData] = None
+        self.plans = PlanBook()
+        """The coordinator's exchange plans for our modules, from heartbeat replies; every optimizer this
+        peer builds follows them (:class:`peer.diloco.PlanBook`)."""
 
     # -- control from other threads (signals, heartbeats, spot notices) --------------------------
 
@@ -179,6 +182,8 @@ class PeerNode:
     def _on_heartbeat(self, reply: HeartbeatReply) -> None:
         self.status.coordinator = "connected"
         self.status.mark_heartbeat()
+        for change in self.plans.update(reply.plans):
+            log.info("exchange plan: %s", change)
         if reply.drain and (reply.required_version or reply.refused):
             self._upgrade = reply.drain_reason or f"the run now requires hivepath {reply.required_version} or newer"
             self.request_stop(f"drained by the coordinator: {self._upgrade}")
@@ -398,7 +403,7 @@ class PeerNode:
                 self.status.assignment = assignment.module_id
                 self._trainer = None
                 reason = run_stage_server(cfg, assignment.module_id, dataset, device, dht, averager, checkpoints,
-                                          self._should_stop, status=self.status, outer=outer)
+                                          self._should_stop, status=self.status, outer=outer, plans=self.plans)
             elif assignment.mode == "trainer":
                 # SWARM's trainer: the path's embedding, head and data here, its levels on stage servers
                 self.status.assignment = ",".join(map(str, assignment.path))
@@ -407,7 +412,7 @@ class PeerNode:
                 reason = run_stage_trainer(cfg, assignment.path, dataset, device, dht, averager, checkpoints,
                                            self._should_stop, status=self.status, outer=outer,
                                            view=self.view, call_timeout=TRAINER_WAIT_SECONDS,
-                                           micro_batches=TRAINER_MICRO_BATCHES)
+                                           micro_batches=TRAINER_MICRO_BATCHES, plans=self.plans)
             else:
                 self.status.assignment = ",".join(map(str, assignment.path))
                 self.data.ensure_path(assignment.path, dht, self._fetch_should_stop)  # returns once train is verified
@@ -415,6 +420,7 @@ class PeerNode:
                 self._trainer = PathTrainer(cfg, assignment.path, dataset, device, averager, checkpoints,
                                             peer_id, self.status, fetch_state=fetch, outer=outer,
                                             cpu_limit=CpuLimit(self.opts.cpu_limit, wake=self._stop))
+                self._trainer.opt.plans = self.plans
                 reason = self._trainer.run(self._should_stop, self._after_round)
                 self.status.state = "draining"
                 self._trainer.finish()

@@ -33,7 +33,7 @@ from models.training import autocast
 from peer.node.checkpoint import CheckpointDir, CheckpointError, saved_state, state_groups
 from peer.diloco import DiLoCoOptimizer, RoundReport
 from peer.node.progress import PeerStatus, ProgressView
-from peer.diloco import install_resync, resync_after_round
+from peer.diloco import PlanBook, install_resync, resync_after_round
 from peer.stage import DEFAULT_ACTIVATION_CODEC, StageClient, StageUnavailable
 from peer.stage import StageServer, StageServerOptions
 from peer.stage.activity import IdleHolds, ServedRate
@@ -226,12 +226,14 @@ def _fetcher(averager: Any, timeout: float) -> Optional[FetchState]:
 def run_stage_server(cfg: RunConfig, module_id: str, dataset: Any, device: torch.device, dht: Any, averager: Any,
                      checkpoints: Optional[CheckpointDir], should_stop: Callable[[], Optional[str]],
                      status: Optional[PeerStatus] = None, outer: Optional[OuterConfig] = None,
-                     options: StageServerOptions = StageServerOptions(), event_hook: Any = None) -> str:
+                     options: StageServerOptions = StageServerOptions(), event_hook: Any = None,
+                     plans: Optional[PlanBook] = None) -> str:
     """Serve ``module_id`` as a pipeline stage until ``should_stop()`` returns a reason; return it.
 
     ``dataset``: the run's dataset (its manifest hash goes into checkpoints; None is fine);
     ``averager``: the process's NetAverager (or any ModuleAverager); ``outer``: the assignment's
-    outer config (H, codec) if it overrides the run's.
+    outer config (H, codec) if it overrides the run's; ``plans``: the coordinator's exchange plans
+    (:class:`peer.diloco.PlanBook`) the module's rounds follow.
     """
     status = status if status is not None else PeerStatus()
     extra = {"peer_id": getattr(averager, "peer_id", ""), "stage": module_id}
@@ -253,6 +255,7 @@ def run_stage_server(cfg: RunConfig, module_id: str, dataset: Any, device: torch
             save_states(cfg, server.opt, {module_id: server.module}, checkpoints, extra)
 
     server = StageServer(cfg, module_id, dht, averager, device, options, outer, event_hook, on_round)
+    server.opt.plans = plans
     adopt_states(cfg, server.opt, {module_id: server.module}, checkpoints, fetch)
     install_resync(server.opt, fetch, wait=0.0)  # never a poll in the request that completed a step
     if hasattr(averager, "serve_states"):
@@ -298,7 +301,7 @@ def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, devic
                       micro_batches: int = 1, request_timeout: float = 10.0,
                       on_step: Optional[Callable[["StageTrainer", float], None]] = None,
                       view: Optional[ProgressView] = None, idle_timeout: float = 10.0,
-                      call_timeout: Optional[float] = None) -> str:
+                      call_timeout: Optional[float] = None, plans: Optional[PlanBook] = None) -> str:
     """Train ``path`` through stage servers (holding its embed and head) until ``should_stop()``
     returns a reason; return it. ``codec``: activations' and gradients' codec; ``micro_batches``:
     chunks of each batch in flight at once; ``on_step(trainer, loss)`` is called after every step;
@@ -306,7 +309,8 @@ def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, devic
     server (they are logged either way). ``idle_timeout``: seconds without a step through the whole
     pipeline after which the embedding and head are announced idle (held in rounds again at the next step);
     ``call_timeout``: seconds a forward or backward may wait for a server of its level (default
-    ``max(60, 3 * request_timeout)``); when none answers, the step is dropped and the trainer waits."""
+    ``max(60, 3 * request_timeout)``); when none answers, the step is dropped and the trainer waits.
+    ``plans``: the coordinator's exchange plans the embedding's and head's rounds follow."""
     status = status if status is not None else PeerStatus()
     peer_id = getattr(averager, "peer_id", "") or "trainer"
     seed = int.from_bytes(hashlib.sha256(f"{peer_id}/{format_path(tuple(path))}".encode()).digest()[:4], "little")
@@ -314,6 +318,7 @@ def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, devic
                          call_timeout=call_timeout or max(60.0, 3 * request_timeout),
                          on_failover=failover_events(view) if view is not None else None)
     trainer = StageTrainer(cfg, path, client, device, averager, dataset, micro_batches, seed, outer)
+    trainer.opt.plans = plans
     extra = {"peer_id": peer_id, "paths": [format_path(trainer.path)]}
     fetch = _fetcher(averager, (outer or cfg.outer).round_timeout)
     adopt_states(cfg, trainer.opt, trainer.modules, checkpoints, fetch)

@@ -1,0 +1,160 @@
+"""Each module's exchange plan: the H and codec every holder of the module uses from an agreed round
+on, chosen from the links its holders measured so that the exchange stays within the run's
+communication budget. Pure functions of (now, holders, current plan, settings) returning
+``(plan, reason)``.
+
+A round of module m costs each holder h its compute, ``H * batch * seq_len / tokens_per_s(h)``
+seconds, and its exchange, ``k(h) * size(m, codec) / upload(h) + k(h) * size(m, codec) / download(h)``
+seconds, where ``size`` is the module's exact encoded size (:mod:`models.codec_spec`) and ``k(h)`` the
+modules h exchanges at once over the same link (a path peer's whole path): m's round waits for its
+slowest holder, so m's share is the largest exchange / compute ratio over its holders. An exchange
+under :data:`coordinator.links.MIN_SLOW_EXCHANGE_SECONDS` never counts, nor does a direction whose
+rate is not known (0).
+
+Candidates, in order of preference: H from the run's ``inner_steps`` doubling up to
+``max_inner_steps_factor`` times it, and for each H the run's codec, then each allowed smaller codec
+(``planner_codecs``) from largest to smallest: a lighter codec is tried before a longer round. The
+plan is the first candidate within ``comm_budget`` (the last one when none is). Hysteresis: the
+current plan is kept while its share stays within ``comm_budget * (1 + plan_hysteresis)`` and no
+preferred candidate fits within ``comm_budget * (1 - plan_hysteresis)``, so measurement noise around
+the budget changes nothing. A new plan applies from the module's highest reported round plus
+``plan_lead_rounds`` (every holder hears of it before it reaches that round), and no plan changes
+before the previous one took effect, so a holder needs at most two plans per module to know every
+round's H and codec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Optional, Sequence
+
+from coordinator.links import MIN_SLOW_EXCHANGE_SECONDS
+from coordinator.settings import CoordinatorSettings
+from models.codec_spec import codec_spec
+from models.config import RunConfig
+
+__all__ = ["ModulePlan", "HolderLink", "candidates", "plan_module", "allowed_codecs"]
+
+
+@dataclass(frozen=True)
+class ModulePlan:
+    """What every holder of ``module_id`` uses in its rounds from ``from_round`` on."""
+
+    module_id: str
+    inner_steps: int
+    codec: str
+    from_round: int
+    reason: str = ""
+    decided_at: float = 0.0
+    """Wall-clock time of the decision."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModulePlan":
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class HolderLink:
+    """One holder of a module as the planner sees it."""
+
+    peer_id: str
+    upload_bps: float
+    """Bytes/s (0: unknown): measured from its rounds, or the join probe's until then."""
+    download_bps: float
+    tokens_per_s: float
+    modules: int = 1
+    """Modules it exchanges at once over its link each round."""
+
+
+def allowed_codecs(run: RunConfig, settings: CoordinatorSettings) -> list[str]:
+    """The run's codec, then the ``planner_codecs`` smaller than it, from largest to smallest."""
+    base = run.outer.codec
+    bits = codec_spec(base).encoded_size(1 << 20)
+    extra = {c for c in settings.planner_codec_list() if codec_spec(c).encoded_size(1 << 20) < bits}
+    return [base] + sorted(extra, key=lambda c: (-codec_spec(c).encoded_size(1 << 20), c))
+
+
+def candidates(run: RunConfig, settings: CoordinatorSettings) -> list[tuple[int, str]]:
+    """(H, codec) in order of preference (see the module docstring)."""
+    codecs = allowed_codecs(run, settings)
+    h0 = run.outer.inner_steps
+    out, h = [], h0
+    while h <= h0 * settings.max_inner_steps_factor:
+        out.extend((h, c) for c in codecs)
+        h *= 2
+    return out
+
+
+def _share(numel: int, h: int, codec: str, holders: Sequence[HolderLink], run: RunConfig,
+           settings: CoordinatorSettings) -> tuple[float, Optional[HolderLink], float]:
+    """(largest exchange / compute ratio over the holders, that holder, its exchange seconds)."""
+    size = codec_spec(codec).encoded_size(numel)
+    tokens = h * (settings.batch_size or run.inner.batch_size) * run.lattice.seq_len
+    worst: tuple[float, Optional[HolderLink], float] = (0.0, None, 0.0)
+    for link in holders:
+        payload = size * max(1, link.modules)
+        seconds = ((payload / link.upload_bps if link.upload_bps > 0 else 0.0)
+                   + (payload / link.download_bps if link.download_bps > 0 else 0.0))
+        if seconds < MIN_SLOW_EXCHANGE_SECONDS:
+            continue
+        ratio = seconds / (tokens / max(link.tokens_per_s, 1e-9))
+        if ratio > worst[0]:
+            worst = (ratio, link, seconds)
+    return worst
+
+
+def _describe(h: int, codec: str, share: float, link: Optional[HolderLink], seconds: float) -> str:
+    if link is None:
+        return f"H={h}, {codec}: every holder's exchange under {MIN_SLOW_EXCHANGE_SECONDS:g}s or of unknown rate"
+    what = f"H={h}, {codec}: exchange {share:.0%} of a round"
+    return (f"{what} ({seconds:.1f}s at slowest holder {link.peer_id[-8:]}, {link.upload_bps * 8e-6:.1f} Mbit/s up, "
+            f"{link.download_bps * 8e-6:.1f} down)")
+
+
+def plan_module(
+    now: float,
+    module_id: str,
+    numel: int,
+    holders: Sequence[HolderLink],
+    current: Optional[ModulePlan],
+    module_round: int,
+    run: RunConfig,
+    settings: CoordinatorSettings,
+) -> tuple[Optional[ModulePlan], str]:
+    """(a new plan, reason) when the module's plan should change, else (None, reason).
+
+    ``numel``: the module's parameter count; ``holders``: its live holders; ``current``: its plan
+    (None: the run's H and codec, never planned); ``module_round``: the highest round its holders reported."""
+    budget, slack = settings.comm_budget, settings.plan_hysteresis
+    options = candidates(run, settings)
+    now_h, now_codec = (current.inner_steps, current.codec) if current else (run.outer.inner_steps, run.outer.codec)
+    if current is not None and module_round < current.from_round:
+        return None, f"{_label(now_h, now_codec)} from round {current.from_round} (module at round {module_round})"
+    if not holders:
+        return None, f"{_label(now_h, now_codec)}: no holder"
+    shares = [_share(numel, h, c, holders, run, settings) for h, c in options]
+    best = next((i for i, s in enumerate(shares) if s[0] <= budget), len(options) - 1)
+    here = options.index((now_h, now_codec)) if (now_h, now_codec) in options else None
+    if here is None:
+        why = f"the allowed H and codecs changed; {_describe(*options[best], *shares[best])}"
+    elif shares[here][0] > budget * (1 + slack):
+        why = (f"{_describe(now_h, now_codec, *shares[here])} passes the budget {budget:.0%}; "
+               f"{_describe(*options[best], *shares[best])}")
+        if shares[best][0] > budget:
+            why += " (the least the allowed H and codecs reach)"
+    elif best < here and shares[best][0] <= budget * (1 - slack):
+        why = f"links allow a shorter or finer exchange: {_describe(*options[best], *shares[best])}"
+    else:
+        return None, f"keeps {_describe(now_h, now_codec, *shares[here])} (budget {budget:.0%})"
+    h, codec = options[best]
+    if (h, codec) == (now_h, now_codec):
+        return None, f"keeps {_describe(now_h, now_codec, *shares[best])} (budget {budget:.0%})"
+    plan = ModulePlan(module_id, h, codec, module_round + settings.plan_lead_rounds, why, now)
+    return plan, why
+
+
+def _label(h: int, codec: str) -> str:
+    return f"H={h}, {codec}"

@@ -1,0 +1,139 @@
+"""The exchange planner (coordinator.planner): per module, H and codec within the communication budget,
+with hysteresis, and the coordinator's planning passes handing plans to every holder."""
+
+from __future__ import annotations
+
+import pytest
+
+from coordinator.core import Coordinator
+from coordinator.planner import HolderLink, ModulePlan, candidates, plan_module
+from coordinator.records import Capabilities
+from coordinator.settings import CoordinatorSettings
+from coordinator.sqlite_store import SQLiteStore
+from coordinator.status import snapshot
+from models.codec_spec import codec_spec
+from models.errors import ConfigError
+from models.presets import tiny_cpu
+
+RUN = tiny_cpu().replace(data={"manifest_hash": "ab" * 8})  # H=10, int8, batch 8 x 32 tokens
+SETTINGS = CoordinatorSettings(planner_codecs="int4", comm_budget=0.1, plan_hysteresis=0.25, plan_lead_rounds=4)
+NUMEL = RUN.lattice.module_param_count("L0M0")
+TOKENS_PER_S = 10 * 8 * 32 / 100.0  # a round of the run's H computes 100 s
+
+
+def rate_for(share: float, codec: str = "int8", h: int = 10, modules: int = 1) -> float:
+    """Bytes/s each way that make the module's exchange ``share`` of a round of H."""
+    compute = h * 8 * 32 / TOKENS_PER_S
+    return 2 * modules * codec_spec(codec).encoded_size(NUMEL) / (share * compute)
+
+
+def holders(*shares: float) -> list[HolderLink]:
+    return [HolderLink(f"12D3KooWpeer{i:08d}", rate_for(s), rate_for(s), TOKENS_PER_S) for i, s in enumerate(shares)]
+
+
+def test_candidates_try_a_lighter_codec_before_a_longer_round():
+    assert candidates(RUN, SETTINGS)[:4] == [(10, "int8"), (10, "int4"), (20, "int8"), (20, "int4")]
+    assert candidates(RUN, SETTINGS)[-1] == (80, "int4")
+    # a codec larger than the run's is never a candidate, and without planner_codecs only H changes
+    assert {c for _, c in candidates(RUN, SETTINGS.replace(planner_codecs="fp16"))} == {"int8"}
+
+
+def test_fast_links_keep_the_runs_h_and_codec():
+    plan, why = plan_module(0.0, "L0M0", NUMEL, holders(0.05, 0.02), None, 7, RUN, SETTINGS)
+    assert plan is None and why.startswith("keeps H=10, int8")
+
+
+def test_a_slow_holder_gets_the_module_a_lighter_codec_from_an_agreed_round():
+    # 0.15 of a round in int8 is 0.08 in int4 (half the bytes, plus per-block scales): int4 fits
+    plan, why = plan_module(50.0, "L0M0", NUMEL, holders(0.05, 0.15), None, 7, RUN, SETTINGS)
+    assert (plan.inner_steps, plan.codec, plan.from_round) == (10, "int4", 7 + 4)
+    assert plan.decided_at == 50.0 and "passes the budget 10%" in why and "slowest holder" in why
+    assert "slowest holder 00000001" in why
+
+
+def test_a_much_slower_holder_gets_a_longer_round_too():
+    plan, why = plan_module(0.0, "L0M0", NUMEL, holders(0.5), None, 0, RUN, SETTINGS)
+    # int4 at H=10 is ~0.27, at H=20 ~0.13, at H=40 ~0.07: the first within budget
+    assert (plan.inner_steps, plan.codec) == (40, "int4")
+
+
+def test_an_unreachable_budget_takes_the_last_candidate_and_says_so():
+    plan, why = plan_module(0.0, "L0M0", NUMEL, holders(50.0), None, 0, RUN, SETTINGS)
+    assert (plan.inner_steps, plan.codec) == (80, "int4") and "the least the allowed H and codecs reach" in why
+
+
+def test_hysteresis_keeps_a_plan_near_the_budget_and_relaxes_only_well_below_it():
+    current = ModulePlan("L0M0", 10, "int4", 11, "slow")
+    # int4's share just above the budget (within 25 %): kept
+    int4 = rate_for(0.11, "int4")
+    near = [HolderLink("p", int4, int4, TOKENS_PER_S)]
+    plan, why = plan_module(0.0, "L0M0", NUMEL, near, current, 20, RUN, SETTINGS)
+    assert plan is None and why.startswith("keeps H=10, int4")
+    # int8 would fit at 0.09 of a round, but not within (1 - 0.25) of the budget: kept
+    plan, _ = plan_module(0.0, "L0M0", NUMEL, holders(0.09), current, 20, RUN, SETTINGS)
+    assert plan is None
+    # well below: back to the run's codec
+    plan, why = plan_module(0.0, "L0M0", NUMEL, holders(0.05), current, 20, RUN, SETTINGS)
+    assert (plan.inner_steps, plan.codec, plan.from_round) == (10, "int8", 24) and why.startswith("links allow")
+
+
+def test_a_plan_not_yet_in_effect_is_never_changed():
+    current = ModulePlan("L0M0", 10, "int4", 11, "slow")
+    plan, why = plan_module(0.0, "L0M0", NUMEL, holders(5.0), current, 10, RUN, SETTINGS)
+    assert plan is None and "from round 11 (module at round 10)" in why
+
+
+def test_a_holder_exchanging_several_modules_counts_its_whole_payload():
+    one = HolderLink("p", rate_for(0.06), rate_for(0.06), TOKENS_PER_S, modules=1)
+    assert plan_module(0.0, "L0M0", NUMEL, [one], None, 0, RUN, SETTINGS)[0] is None
+    four = HolderLink("p", rate_for(0.06), rate_for(0.06), TOKENS_PER_S, modules=4)  # 0.24 of a round
+    assert plan_module(0.0, "L0M0", NUMEL, [four], None, 0, RUN, SETTINGS)[0] is not None
+
+
+def test_planner_settings_are_checked():
+    with pytest.raises(ConfigError, match="planner_codecs"):
+        CoordinatorSettings(planner_codecs="int3")
+    with pytest.raises(ConfigError, match="plan_hysteresis"):
+        CoordinatorSettings(plan_hysteresis=1.0)
+    with pytest.raises(ConfigError, match="plan_lead_rounds"):
+        CoordinatorSettings(plan_lead_rounds=0)
+
+
+def _caps(up: float) -> Capabilities:
+    return Capabilities("cpu", 8 << 30, TOKENS_PER_S, up, up, ("/ip4/127.0.0.1/tcp/4000",))
+
+
+def test_planning_passes_hand_every_holder_the_plan_and_survive_a_restart(tmp_path):
+    now = [1_000_000.0]
+    settings = SETTINGS.replace(plan_interval=10.0, min_move_interval=1e9)
+    coord = Coordinator(RUN, settings, SQLiteStore(tmp_path / "state.db"), clock=lambda: now[0])
+    joined = [coord.join(f"12D3KooWpeer{i:08d}", b"k%d" % i, _caps(1e9)) for i in range(4)]  # the 4 paths
+    from coordinator.results import ProgressReport
+
+    coord.heartbeat(joined[0].lease.lease_id, "12D3KooWpeer00000000", [ProgressReport("L0M0", 6, 100, 1.0)])
+    coord.tick()
+    assert coord.plans == {}  # fast links everywhere: nothing planned
+    slow = rate_for(0.15, modules=4)  # a path peer exchanges its 4 modules at once
+    coord.heartbeat(joined[0].lease.lease_id, "12D3KooWpeer00000000", link_bps=(slow, slow))
+    now[0] += 5
+    coord.tick()
+    assert coord.plans == {}  # within plan_interval of the last pass
+    now[0] += 6
+    events = coord.tick()
+    path = joined[0].assignment.module_ids
+    # the path's blocks pass the budget; the embedding (smaller) stays within the hysteresis, the
+    # head's exchange is under a second
+    assert set(coord.plans) == {"L0M0", "L1M0"} == {m for m in path if m.startswith("L")}
+    assert any("int4" in e for e in events)
+    assert coord.plans["L0M0"][-1].from_round == 6 + 4
+    # every holder of a planned module hears of it, and only of its own modules' plans
+    for i, j in enumerate(joined):
+        reply = coord.heartbeat(j.lease.lease_id, f"12D3KooWpeer{i:08d}")
+        assert {p.module_id for p in reply.plans} == set(coord.plans) & set(j.assignment.module_ids)
+    snap = snapshot(coord)
+    row = next(m for m in snap["modules"] if m["module_id"] == "L0M0")
+    assert row["plan"]["codec"] == "int8" and row["plan"]["next"]["codec"] == "int4"
+    assert row["plan"]["next"]["from_round"] == 10 and "passes the budget" in row["plan_reason"]
+    coord.store.apply(coord.take_dirty())
+    again = Coordinator(RUN, settings, SQLiteStore(tmp_path / "state.db"), clock=lambda: now[0])
+    assert again.plans == coord.plans
