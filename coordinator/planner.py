@@ -18,13 +18,14 @@ plan is the first candidate within ``comm_budget`` (the last one when none is). 
 current plan is kept while its share stays within ``comm_budget * (1 + plan_hysteresis)`` and no
 preferred candidate fits within ``comm_budget * (1 - plan_hysteresis)``, so measurement noise around
 the budget changes nothing. A new plan applies from the module's highest reported round plus
-``plan_lead_rounds`` (every holder hears of it before it reaches that round), and no plan changes
+:func:`lead_rounds` (every holder hears of it before it reaches that round), and no plan changes
 before the previous one took effect, so a holder needs at most two plans per module to know every
 round's H and codec.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any, Optional, Sequence
 
@@ -33,7 +34,7 @@ from coordinator.settings import CoordinatorSettings
 from models.codec_spec import codec_spec
 from models.config import RunConfig
 
-__all__ = ["ModulePlan", "HolderLink", "candidates", "plan_module", "allowed_codecs"]
+__all__ = ["ModulePlan", "HolderLink", "candidates", "plan_module", "allowed_codecs", "lead_rounds"]
 
 
 @dataclass(frozen=True)
@@ -152,8 +153,22 @@ def plan_module(
     h, codec = options[best]
     if (h, codec) == (now_h, now_codec):
         return None, f"keeps {_describe(now_h, now_codec, *shares[best])} (budget {budget:.0%})"
-    plan = ModulePlan(module_id, h, codec, module_round + settings.plan_lead_rounds, why, now)
+    plan = ModulePlan(module_id, h, codec, module_round + lead_rounds(now_h, holders, run, settings), why, now)
     return plan, why
+
+
+def lead_rounds(h: int, holders: Sequence[HolderLink], run: RunConfig, settings: CoordinatorSettings) -> int:
+    """Rounds between the module's highest reported round and a new plan's first: ``plan_lead_rounds``,
+    or more where its fastest holder's rounds (of ``h`` steps) are so short that three heartbeat
+    intervals (its round reported, the plan sent back, a margin) would span more of them. A holder
+    that learns of a plan after its first round encodes that round in the old codec and the group
+    drops its parts."""
+    tokens = h * (settings.batch_size or run.inner.batch_size) * run.lattice.seq_len
+    fastest = max((link.tokens_per_s for link in holders), default=0.0)
+    if fastest <= 0:
+        return settings.plan_lead_rounds
+    round_seconds = tokens / fastest
+    return max(settings.plan_lead_rounds, math.ceil(3 * settings.heartbeat_interval / round_seconds))
 
 
 def _label(h: int, codec: str) -> str:

@@ -90,6 +90,16 @@ def test_a_holder_exchanging_several_modules_counts_its_whole_payload():
     assert plan_module(0.0, "L0M0", NUMEL, [four], None, 0, RUN, SETTINGS)[0] is not None
 
 
+def test_short_rounds_put_the_switch_further_ahead():
+    from coordinator.planner import lead_rounds
+
+    # rounds of 100 s: plan_lead_rounds; rounds of 1 s: three heartbeat intervals (15 s) of them
+    assert lead_rounds(10, holders(0.5), RUN, SETTINGS) == 4
+    fast = [HolderLink("p", 1e3, 1e3, TOKENS_PER_S * 100)]
+    assert lead_rounds(10, fast, RUN, SETTINGS) == 15
+    assert lead_rounds(10, [], RUN, SETTINGS) == 4
+
+
 def test_planner_settings_are_checked():
     with pytest.raises(ConfigError, match="planner_codecs"):
         CoordinatorSettings(planner_codecs="int3")
