@@ -105,6 +105,7 @@ def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, A
                 "memory_bytes": p.capabilities.memory_bytes,
                 "upload_bps": p.capabilities.upload_bps,
                 "download_bps": p.capabilities.download_bps,
+                "link_measured": p.link_measured_at > 0,
                 "assignment": a.to_dict() if a else None,
                 "work": a.label() if a else "",
                 "last_seen_age_s": max(0.0, now - p.last_seen),

@@ -144,6 +144,11 @@ def test_planning_passes_hand_every_holder_the_plan_and_survive_a_restart(tmp_pa
     row = next(m for m in snap["modules"] if m["module_id"] == "L0M0")
     assert row["plan"]["codec"] == "int8" and row["plan"]["next"]["codec"] == "int4"
     assert row["plan"]["next"]["from_round"] == 10 and "passes the budget" in row["plan_reason"]
+    assert [p["link_measured"] for p in snap["peers"]] == [True, False, False, False]
+    from coordinator.web import render_page
+
+    page = render_page(snap, {}, 5.0)
+    assert "<h2>Exchange plans</h2>" in page and "H=10, int4 from round 10" in page and "passes the budget" in page
     coord.store.apply(coord.take_dirty())
     again = Coordinator(RUN, settings, SQLiteStore(tmp_path / "state.db"), clock=lambda: now[0])
     assert again.plans == coord.plans
