@@ -89,21 +89,38 @@ def candidates(run: RunConfig, settings: CoordinatorSettings) -> list[tuple[int,
     return out
 
 
-def _share(numel: int, h: int, codec: str, holders: Sequence[HolderLink], run: RunConfig,
+def _frontier(holders: Sequence[HolderLink]) -> list[tuple[float, float, HolderLink]]:
+    """The holders that can be a candidate's slowest, as (a, b, holder): ``a`` seconds of exchange per
+    byte of the module (``k / upload + k / download``), ``b = a * tokens_per_s`` (so a candidate of
+    ``size`` bytes and ``tokens`` per round costs the holder ``size * b / tokens`` of its round). Sorted
+    by ``a`` falling, keeping only holders whose ``b`` beats every one with a larger ``a``: whichever
+    holders pass a candidate's minimum exchange time (a prefix in ``a``), the last of them in this
+    list has the largest share. One pass over the holders per module, whatever the candidates."""
+    items = []
+    for link in holders:
+        a = max(1, link.modules) * ((1.0 / link.upload_bps if link.upload_bps > 0 else 0.0)
+                                    + (1.0 / link.download_bps if link.download_bps > 0 else 0.0))
+        if a > 0:
+            items.append((a, a * max(link.tokens_per_s, 1e-9), link))
+    items.sort(key=lambda t: (-t[0], t[2].peer_id))
+    frontier: list[tuple[float, float, HolderLink]] = []
+    for item in items:
+        if not frontier or item[1] > frontier[-1][1]:
+            frontier.append(item)
+    return frontier
+
+
+def _share(numel: int, h: int, codec: str, frontier: Sequence[tuple[float, float, HolderLink]], run: RunConfig,
            settings: CoordinatorSettings) -> tuple[float, Optional[HolderLink], float]:
-    """(largest exchange / compute ratio over the holders, that holder, its exchange seconds)."""
+    """(largest exchange / compute ratio over the holders, that holder, its exchange seconds); an
+    exchange under :data:`MIN_SLOW_EXCHANGE_SECONDS` does not count."""
     size = codec_spec(codec).encoded_size(numel)
     tokens = h * (settings.batch_size or run.inner.batch_size) * run.lattice.seq_len
     worst: tuple[float, Optional[HolderLink], float] = (0.0, None, 0.0)
-    for link in holders:
-        payload = size * max(1, link.modules)
-        seconds = ((payload / link.upload_bps if link.upload_bps > 0 else 0.0)
-                   + (payload / link.download_bps if link.download_bps > 0 else 0.0))
-        if seconds < MIN_SLOW_EXCHANGE_SECONDS:
-            continue
-        ratio = seconds / (tokens / max(link.tokens_per_s, 1e-9))
-        if ratio > worst[0]:
-            worst = (ratio, link, seconds)
+    for a, b, link in frontier:
+        if size * a < MIN_SLOW_EXCHANGE_SECONDS:
+            break
+        worst = (size * b / tokens, link, size * a)
     return worst
 
 
@@ -136,7 +153,8 @@ def plan_module(
         return None, f"{_label(now_h, now_codec)} from round {current.from_round} (module at round {module_round})"
     if not holders:
         return None, f"{_label(now_h, now_codec)}: no holder"
-    shares = [_share(numel, h, c, holders, run, settings) for h, c in options]
+    frontier = _frontier(holders)
+    shares = [_share(numel, h, c, frontier, run, settings) for h, c in options]
     best = next((i for i, s in enumerate(shares) if s[0] <= budget), len(options) - 1)
     here = options.index((now_h, now_codec)) if (now_h, now_codec) in options else None
     if here is None:

@@ -152,3 +152,28 @@ def test_planning_passes_hand_every_holder_the_plan_and_survive_a_restart(tmp_pa
     coord.store.apply(coord.take_dirty())
     again = Coordinator(RUN, settings, SQLiteStore(tmp_path / "state.db"), clock=lambda: now[0])
     assert again.plans == coord.plans
+
+
+from hypothesis import given, settings as hsettings, strategies as st  # noqa: E402
+
+_rates = st.one_of(st.just(0.0), st.floats(1e2, 1e9))
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(_rates, _rates, st.floats(1.0, 1e5), st.integers(1, 6)), max_size=12),
+       st.sampled_from([(10, "int8"), (10, "int4"), (40, "int4")]))
+def test_the_slowest_holder_found_by_the_frontier_is_the_one_a_full_scan_finds(links, candidate):
+    from coordinator.links import MIN_SLOW_EXCHANGE_SECONDS
+    from coordinator.planner import _frontier, _share
+
+    hs = [HolderLink(f"p{i}", up, down, tps, k) for i, (up, down, tps, k) in enumerate(links)]
+    h, codec = candidate
+    size = codec_spec(codec).encoded_size(NUMEL)
+    compute_tokens = h * 8 * 32
+    full = 0.0
+    for link in hs:
+        seconds = link.modules * size * ((1 / link.upload_bps if link.upload_bps else 0)
+                                         + (1 / link.download_bps if link.download_bps else 0))
+        if seconds >= MIN_SLOW_EXCHANGE_SECONDS:
+            full = max(full, seconds / (compute_tokens / link.tokens_per_s))
+    assert _share(NUMEL, h, codec, _frontier(hs), RUN, SETTINGS)[0] == pytest.approx(full, rel=1e-9)
