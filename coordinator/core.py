@@ -34,7 +34,7 @@ from coordinator.moderation import Moderation
 from coordinator.planning import Planning
 from coordinator.reachability import RELAYS_PER_PEER, UNREACHABLE, Reachability, dialable, relay_load
 from coordinator.reading import Reading
-from coordinator.records import MODE_ARCHIVE, Assignment, Capabilities, Lease, ModuleProgress, PeerRecord
+from coordinator.records import MODE_ARCHIVE, Assignment, Capabilities, Lease, ModuleProgress, Move, PeerRecord
 from coordinator.results import HeartbeatResult, JoinResult, ProgressReport, ReportResult, StatusView
 from coordinator.pipelines import rebalance_pipelines
 from coordinator.scheduler import assign_peer, rebalance
@@ -270,20 +270,24 @@ class Coordinator(Leases, Reading, Moderation, Story, Planning):
                     if move is None:
                         break
                     moves += 1
-                    peer = self._peers[move.peer_id]
-                    self.view.remove(peer.peer_id)
-                    peer.assignment = move.assignment
-                    peer.served_tokens_per_s = peer.capacity_tokens_per_s = 0.0  # measured anew in the new role
-                    self.view.add(peer.peer_id, move.assignment, peer.counted_tokens_per_s())
-                    peer.last_moved = now
-                    batch.peers[peer.peer_id] = copy.copy(peer)
-                    self.counters["moves"] += 1
-                    events.append(f"{peer.peer_id}: {move.reason}")
-            events.extend(self._plan_pass(now, batch))
+                    events.append(self._apply_move(move, now, batch))
+            events.extend(self._plan_pass(now, batch, moves < self.settings.max_moves_per_tick))
         self._durable(batch)
         for e in events:
             log.info("%s", e)
         return events
+
+    def _apply_move(self, move: Move, now: float, batch: WriteBatch) -> str:
+        """Give a moved peer its new work (under the lock); returns the event, in words."""
+        peer = self._peers[move.peer_id]
+        self.view.remove(peer.peer_id)
+        peer.assignment = move.assignment
+        peer.served_tokens_per_s = peer.capacity_tokens_per_s = 0.0  # measured anew in the new role
+        self.view.add(peer.peer_id, move.assignment, peer.counted_tokens_per_s())
+        peer.last_moved = now
+        batch.peers[peer.peer_id] = copy.copy(peer)
+        self.counters["moves"] += 1
+        return f"{peer.peer_id}: {move.reason}"
 
     def count(self, name: str, n: int = 1) -> None:
         """Add ``n`` to the counter ``name`` (transport events the servicer sees: streams, probes)."""

@@ -34,7 +34,7 @@ from coordinator.settings import CoordinatorSettings
 from models.codec_spec import codec_spec
 from models.config import RunConfig
 
-__all__ = ["ModulePlan", "HolderLink", "candidates", "plan_module", "allowed_codecs", "lead_rounds"]
+__all__ = ["ModulePlan", "HolderLink", "candidates", "plan_module", "allowed_codecs", "lead_rounds", "held_back_by"]
 
 
 @dataclass(frozen=True)
@@ -191,3 +191,18 @@ def lead_rounds(h: int, holders: Sequence[HolderLink], run: RunConfig, settings:
 
 def _label(h: int, codec: str) -> str:
     return f"H={h}, {codec}"
+
+
+def held_back_by(numel: int, holders: Sequence[HolderLink], run: RunConfig,
+                 settings: CoordinatorSettings) -> Optional[HolderLink]:
+    """The one holder whose link alone puts the module's exchange past ``comm_budget`` at the run's H
+    and codec (without it the rest fit): the peer to move elsewhere. None when the module fits, or
+    when it would not fit without that holder either (several slow links: the plan is the remedy)."""
+    h, codec = run.outer.inner_steps, run.outer.codec
+    share, worst, _ = _share(numel, h, codec, _frontier(holders), run, settings)
+    if worst is None or share <= settings.comm_budget:
+        return None
+    rest = [link for link in holders if link.peer_id != worst.peer_id]
+    if _share(numel, h, codec, _frontier(rest), run, settings)[0] <= settings.comm_budget:
+        return worst
+    return None

@@ -53,6 +53,7 @@ class Reading:
                             if name.startswith(BPB_PREFIX)},
                 plans={m: list(p) for m, p in self.plans.items()},
                 plan_reasons=dict(self.plan_reasons),
+                link_reason=self.link_reason,
             )
 
     def history_series(self) -> dict[str, list[tuple[float, float]]]:

@@ -67,6 +67,8 @@ class StatusView:
     """module id -> its exchange plans, oldest first."""
     plan_reasons: dict[str, str] = field(default_factory=dict)
     """module id -> what the latest planning pass said about it."""
+    link_reason: str = ""
+    """What the latest planning pass found about a link that alone holds a module back, and did."""
 
 
 @dataclass(frozen=True)

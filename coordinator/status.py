@@ -170,6 +170,7 @@ def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, A
         "pipelines": pipelines(coord.run, view),
         "stages": stages(view),
         "rebalance": reason,
+        "slow_links": v.link_reason,
         "counters": counters,
         "data": {
             "manifest_hash": coord.run.data.manifest_hash,

@@ -247,7 +247,7 @@ figure.plot svg{{width:100%;height:auto;font-size:11px}}figcaption{{font-weight:
 <h2>Contributions</h2>{_contributions(snap)}
 <h2>Lattice</h2><table>{''.join(grid)}</table><ul>{shared}</ul>
 <h2>Paths</h2>{data_line}<table><tr><th>path</th><th>peers</th><th>tokens/s</th><th>loss</th><th>validation bpb</th>{'<th>seeders</th>' if pinned else ''}</tr>{paths}</table>
-<h2>Exchange plans</h2>{_plans(snap)}
+<h2>Exchange plans</h2>{_plans(snap)}<p>slow links: {e(snap['slow_links'])}</p>
 <h2>Pipelines</h2>{_pipelines(snap)}
 <h2>Peers</h2><table id='peers'><tr><th>peer</th><th>device</th><th>state</th><th>role</th><th>work</th><th>tokens/s</th>
 <th>memory</th><th>tokens</th><th>exchanged</th><th>last seen</th><th>reachability</th><th>why this role</th><th>version</th></tr>{''.join(rows)}</table>

@@ -177,3 +177,43 @@ def test_the_slowest_holder_found_by_the_frontier_is_the_one_a_full_scan_finds(l
         if seconds >= MIN_SLOW_EXCHANGE_SECONDS:
             full = max(full, seconds / (compute_tokens / link.tokens_per_s))
     assert _share(NUMEL, h, codec, _frontier(hs), RUN, SETTINGS)[0] == pytest.approx(full, rel=1e-9)
+
+
+def test_a_module_is_held_back_by_one_holder_only_when_the_rest_would_fit():
+    from coordinator.planner import held_back_by
+
+    run_share = lambda s: rate_for(s)  # noqa: E731
+    fast, slow = run_share(0.02), run_share(0.5)
+    links = [HolderLink("a", fast, fast, TOKENS_PER_S), HolderLink("b", slow, slow, TOKENS_PER_S)]
+    assert held_back_by(NUMEL, links, RUN, SETTINGS).peer_id == "b"
+    assert held_back_by(NUMEL, links[:1], RUN, SETTINGS) is None  # fits
+    two_slow = links + [HolderLink("c", slow, slow, TOKENS_PER_S)]
+    assert held_back_by(NUMEL, two_slow, RUN, SETTINGS) is None  # the plan's job, not a move's
+
+
+def test_a_path_peer_whose_link_alone_holds_its_modules_back_moves_to_where_it_holds_back_fewest(tmp_path):
+    from coordinator.store import MemoryStore
+
+    now = [1_000_000.0]
+    settings = SETTINGS.replace(plan_interval=1.0, min_move_interval=300.0)
+    coord = Coordinator(RUN, settings, MemoryStore(), clock=lambda: now[0])
+    fast = 1e9
+    tps = [100.0, 200.0, 200.0, 200.0, 10.0, 10.0]  # the last two join the path of least throughput, (0, 0)
+    joined = [coord.join(f"12D3KooWpeer{i:08d}", b"k%d" % i, Capabilities("cpu", 8 << 30, t, fast, fast))
+              for i, t in enumerate(tps)]
+    assert [j.assignment.path for j in joined] == [(0, 0), (0, 1), (1, 0), (1, 1), (0, 0), (0, 0)]
+    slow = rate_for(2.0, modules=4) * 10.0 / TOKENS_PER_S  # at 10 tok/s its exchange is twice a round
+    coord.heartbeat(joined[4].lease.lease_id, "12D3KooWpeer00000004", link_bps=(slow, slow))
+    now[0] += 2
+    events = coord.tick()
+    moved = coord.peer("12D3KooWpeer00000004")
+    # on (1, 1) its modules have 14 other members, against 16 on (0, 0) and 15 on (0, 1) and (1, 0)
+    assert moved.assignment.path == (1, 1) and moved.last_moved == now[0], events
+    assert "its link alone held back a module's rounds" in moved.assignment.reason
+    assert moved.assignment.version == joined[4].assignment.version + 1
+    reply = coord.heartbeat(joined[4].lease.lease_id, "12D3KooWpeer00000004", assignment_version=1)
+    assert reply.assignment is not None and reply.assignment.path == (1, 1)
+    now[0] += 2
+    coord.tick()  # still the slowest, but moved less than min_move_interval ago
+    assert coord.peer("12D3KooWpeer00000004").assignment.path == (1, 1)
+    assert "moved less than 300s ago" in snapshot(coord)["slow_links"]
