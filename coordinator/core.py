@@ -152,7 +152,8 @@ class Coordinator(Leases, Reading, Moderation, Story, Planning):
     # -- peers' calls -------------------------------------------------------------------------
 
     def join(self, peer_id: str, public_key: bytes, caps: Capabilities, manifest_hash: str = "",
-             archive: bool = False, reachability: Reachability = Reachability(), role: str = "") -> JoinResult:
+             archive: bool = False, reachability: Reachability = Reachability(), role: str = "",
+             follows_plans: bool = True) -> JoinResult:
         """Admit ``peer_id`` (token already checked) and give it a lease and work; durable on return.
         ``reachability``: the dial-back verdict (:mod:`coordinator.reachability`); an unreachable or
         relayed peer's addresses are never handed out as bootstrap peers, and an unreachable one is
@@ -161,7 +162,8 @@ class Coordinator(Leases, Reading, Moderation, Story, Planning):
         An ``archive`` peer gets a lease but no work; its addresses are handed out first as DHT
         bootstrap peers, since it is the longest-lived peer of a run. ``role``: the role the peer asks
         for (:data:`coordinator.pipelines.ROLES`; '' lets the scheduler decide); refused when it does
-        not fit, never moved by rebalancing."""
+        not fit, never moved by rebalancing. ``follows_plans``: the peer reads exchange plans (it
+        states coordinator protocol 1.2 or later), so the planner may change its modules' codec."""
         want = self.run.data.manifest_hash
         if want and manifest_hash and manifest_hash != want:
             self.counters["rejected_incompatible"] += 1
@@ -207,6 +209,7 @@ class Coordinator(Leases, Reading, Moderation, Story, Planning):
                 refusal = None
                 lease, assignment, initial, rejoined = self._admit(peer_id, peer, fingerprint, caps, assignment,
                                                                    previous, now, batch, reachability, role)
+                self._peers[peer_id].follows_plans = follows_plans
                 credential = self._issue(peer_id, now)
                 relays = self._relays_for(peer_id) if reachability.state == UNREACHABLE else []
         self._durable(batch)

@@ -17,7 +17,8 @@ Candidates, in order of preference: H from the run's ``inner_steps`` doubling up
 plan is the first candidate within ``comm_budget`` (the last one when none is). Hysteresis: the
 current plan is kept while its share stays within ``comm_budget * (1 + plan_hysteresis)`` and no
 preferred candidate fits within ``comm_budget * (1 - plan_hysteresis)``, so measurement noise around
-the budget changes nothing. A new plan applies from the module's highest reported round plus
+the budget changes nothing. While a holder of the module ignores plans (an older release), only the
+run's codec is a candidate. A new plan applies from the module's highest reported round plus
 :func:`lead_rounds` (every holder hears of it before it reaches that round), and no plan changes
 before the previous one took effect, so a holder needs at most two plans per module to know every
 round's H and codec.
@@ -68,6 +69,9 @@ class HolderLink:
     tokens_per_s: float
     modules: int = 1
     """Modules it exchanges at once over its link each round."""
+    follows_plans: bool = True
+    """False for a peer of an older coordinator protocol, which ignores plans: its modules keep the
+    run's codec (only H may change; such a peer keeps its assignment's H, and rounds pace it)."""
 
 
 def allowed_codecs(run: RunConfig, settings: CoordinatorSettings) -> list[str]:
@@ -153,11 +157,17 @@ def plan_module(
         return None, f"{_label(now_h, now_codec)} from round {current.from_round} (module at round {module_round})"
     if not holders:
         return None, f"{_label(now_h, now_codec)}: no holder"
+    stale = sum(1 for link in holders if not link.follows_plans)
+    if stale:  # a holder that ignores plans encodes with the run's codec whatever a plan says
+        options = [(h, c) for h, c in options if c == run.outer.codec]
     frontier = _frontier(holders)
     shares = [_share(numel, h, c, frontier, run, settings) for h, c in options]
     best = next((i for i, s in enumerate(shares) if s[0] <= budget), len(options) - 1)
     here = options.index((now_h, now_codec)) if (now_h, now_codec) in options else None
-    if here is None:
+    if here is None and stale:
+        why = (f"{stale} holder(s) of an older release ignore plans, so the codec is the run's; "
+               f"{_describe(*options[best], *shares[best])}")
+    elif here is None:
         why = f"the allowed H and codecs changed; {_describe(*options[best], *shares[best])}"
     elif shares[here][0] > budget * (1 + slack):
         why = (f"{_describe(now_h, now_codec, *shares[here])} passes the budget {budget:.0%}; "

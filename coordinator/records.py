@@ -145,6 +145,9 @@ class PeerRecord:
     its heartbeats measure it; 0 from each new such assignment until measured."""
     capacity_tokens_per_s: float = 0.0
     """Stage servers: tokens/s they could serve at full load, as measured (0: unknown)."""
+    follows_plans: bool = True
+    """The peer states coordinator protocol 1.2 or later at its latest join, so it follows exchange
+    plans; the planner never changes the codec of a module an older peer holds."""
     link_measured_at: float = 0.0
     """When a heartbeat last reported link rates measured from the peer's rounds (0: never; its
     capabilities' rates are then the join probe's)."""

@@ -37,7 +37,7 @@ from coordinator.reachability import dial_back, observed_host
 from coordinator.results import PathEvaluation
 from coordinator.records import MODE_ARCHIVE, MODE_PATH, MODE_STAGE, MODE_TRAINER, Assignment
 from coordinator.status import snapshot
-from coordinator.versions import MAX_PROTOCOLS, join_refusal, upgrade_reason
+from coordinator.versions import MAX_PROTOCOLS, follows_plans, join_refusal, upgrade_reason
 from coordinator.validation import (
     MAX_PROGRESS,
     MAX_PUBLIC_KEY,
@@ -139,7 +139,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             raise InvalidArgument("role", f"{request.role} is not a role a training peer may ask for (path, stage, "
                                           "trainer)")
         result = await self._blocking(self.coord.join, peer_id, bytes(request.public_key), caps, manifest,
-                                      request.archive, reach, role)
+                                      request.archive, reach, role, follows_plans(request.protocols))
         self.coord.peer_versions.note(peer_id, peer_version)
         s = self.coord.settings
         return pb.JoinResponse(

@@ -393,3 +393,21 @@ def test_heartbeat_replies_carry_the_plans_of_the_peers_modules(server):
         with server.coordinator._lock:
             server.coordinator.plans.clear()
         client.close()
+
+
+def test_a_peer_of_the_previous_coordinator_minor_is_known_not_to_follow_plans(server):
+    from protos import versions
+
+    old, new = (CoordinatorClient(f"127.0.0.1:{server.port}", TOKEN, peer_info(i)) for i in (33, 34))
+    try:
+        versions.set_override("coordinator=1.1")
+        try:
+            old.join()
+        finally:
+            versions.set_override(None)
+        new.join()
+        assert not server.coordinator.peer(old.peer.peer_id).follows_plans
+        assert server.coordinator.peer(new.peer.peer_id).follows_plans
+    finally:
+        old.close()
+        new.close()

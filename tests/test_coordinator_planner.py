@@ -217,3 +217,20 @@ def test_a_path_peer_whose_link_alone_holds_its_modules_back_moves_to_where_it_h
     coord.tick()  # still the slowest, but moved less than min_move_interval ago
     assert coord.peer("12D3KooWpeer00000004").assignment.path == (1, 1)
     assert "moved less than 300s ago" in snapshot(coord)["slow_links"]
+
+
+def test_a_holder_that_ignores_plans_keeps_the_modules_codec_the_runs():
+    old = [*holders(0.05), HolderLink("12D3KooWold", rate_for(0.15), rate_for(0.15), TOKENS_PER_S,
+                                      follows_plans=False)]
+    plan, why = plan_module(0.0, "L0M0", NUMEL, old, None, 7, RUN, SETTINGS)
+    assert (plan.inner_steps, plan.codec) == (20, "int8")  # int4 would do at H=10, but not for that peer
+    current = ModulePlan("L0M0", 10, "int4", 3, "slow")  # planned before the old peer joined: back to int8
+    plan, why = plan_module(0.0, "L0M0", NUMEL, old, current, 7, RUN, SETTINGS)
+    assert plan.codec == "int8" and "ignore plans, so the codec is the run's" in why
+
+
+def test_whether_a_peer_follows_plans_comes_from_the_protocol_it_states():
+    from coordinator.versions import follows_plans
+
+    assert follows_plans({"coordinator": "1.2"}) and follows_plans({"coordinator": "1.7"})
+    assert not follows_plans({"coordinator": "1.1"}) and not follows_plans({}) and not follows_plans({"coordinator": "x"})
