@@ -254,7 +254,8 @@ class PeerNode:
         for m in report.modules.values():
             self._event("round", module=m.module_id, round=m.round_no, status="done" if m.applied else "failed",
                         peers=list(m.peers), group_size=m.group_size, bytes_sent=m.bytes_sent,
-                        bytes_received=m.bytes_received, seconds=round(m.wait_seconds, 3), reason=m.reason)
+                        bytes_received=m.bytes_received, seconds=round(m.wait_seconds, 3),
+                        transfer_seconds=round(m.transfer_seconds, 3), reason=m.reason)
         self._checkpoint_event()
         if self._share is not None:
             self._share.update()  # peers that started or stopped since: take our new share of the cores
