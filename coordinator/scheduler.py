@@ -230,7 +230,8 @@ def relieve_link(
     if peer_id in view.pinned:
         return None, f"{peer_id[-8:]} holds back a module ({why}) but asked for its role"
     if now - last_moved.get(peer_id, -math.inf) < settings.min_move_interval:
-        return None, f"{peer_id[-8:]} holds back a module ({why}) but moved less than {settings.min_move_interval:.0f}s ago"
+        return None, (f"{peer_id[-8:]} holds back a module ({why}) but moved less than "
+                      f"{settings.min_move_interval:.0f}s ago")
     mine = set(a.module_ids)
 
     def others(path: Path_) -> int:  # members of the path's modules but this peer

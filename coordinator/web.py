@@ -267,8 +267,9 @@ def _plans(snap: dict[str, Any]) -> str:
     for m in planned[:PAGE_PLANS]:
         p, nxt = m["plan"], m["plan"]["next"]
         then = f"H={nxt['inner_steps']}, {e(nxt['codec'])} from round {nxt['from_round']}" if nxt else ""
+        why = e(m["plan_reason"] or p["reason"])
         rows.append(f"<tr><td>{e(m['module_id'])}</td><td>{p['inner_steps']}</td><td>{e(p['codec'])}</td>"
-                    f"<td>{p['from_round']}</td><td>{then}</td><td class='why'>{e(m['plan_reason'] or p['reason'])}</td></tr>")
+                    f"<td>{p['from_round']}</td><td>{then}</td><td class='why'>{why}</td></tr>")
     rest = len(snap["modules"]) - len(planned)
     line = f"<p>{rest} module(s) on the run's H and codec" + (
         f" (planner: {e(snap['modules'][0]['plan_reason'])})" if rest and snap["modules"] and not planned

@@ -233,4 +233,5 @@ def test_whether_a_peer_follows_plans_comes_from_the_protocol_it_states():
     from coordinator.versions import follows_plans
 
     assert follows_plans({"coordinator": "1.2"}) and follows_plans({"coordinator": "1.7"})
-    assert not follows_plans({"coordinator": "1.1"}) and not follows_plans({}) and not follows_plans({"coordinator": "x"})
+    assert not follows_plans({"coordinator": "1.1"}) and not follows_plans({})
+    assert not follows_plans({"coordinator": "x"})

@@ -52,8 +52,8 @@ def test_two_peers_switch_codec_at_the_planned_round_and_stay_identical(procs, t
     assert (row["plan"]["next"] or row["plan"])["codec"] == "int4"
 
     def rounds_done(name: str) -> dict[int, dict]:
-        return {e["round"]: e for e in net.progress_lines(name)
-                if e.get("event") == "round" and e["module"] == "L0M0" and e["status"] == "done" and e["group_size"] == 2}
+        return {e["round"]: e for e in net.progress_lines(name) if e.get("event") == "round"
+                and e["module"] == "L0M0" and e["status"] == "done" and e["group_size"] == 2}
 
     wait_for(lambda: all(sum(r >= start + 1 for r in rounds_done(n)) >= 2 for n in ("a", "b")), 300,
              f"both peers to average two rounds of L0M0 together after round {start}")

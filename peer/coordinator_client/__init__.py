@@ -29,7 +29,8 @@ from peer.coordinator_client.messages import (
 )
 
 __all__ = [
-    "CoordinatorClient", "CoordinatorRefused", "CoordinatorUnavailable", "Evaluation", "ExchangePlan", "HeartbeatReply", "IncompatibleRun",
+    "CoordinatorClient", "CoordinatorRefused", "CoordinatorUnavailable", "Evaluation", "ExchangePlan", "HeartbeatReply",
+    "IncompatibleRun",
     "JoinInfo", "NoAssignmentFits", "NotACoordinator", "PeerBanned", "PeerInfo", "Progress", "RunSpec", "VersionMismatch",
     "WorkAssignment", "check_address",
 ]

@@ -27,8 +27,8 @@ import grpc
 from models.config import RunConfig
 from models.errors import HivepathError
 from models.settings import COORDINATOR_PORT
-from peer.coordinator_client.messages import (CoordinatorUnavailable, Evaluation, ExchangePlan, HeartbeatReply, IncompatibleRun,
-                                               JoinInfo, NotACoordinator, PeerInfo, Progress, RunSpec, WorkAssignment, check_address,
+from peer.coordinator_client.messages import (CoordinatorUnavailable, Evaluation, ExchangePlan, HeartbeatReply,
+                                               IncompatibleRun, JoinInfo, NotACoordinator, PeerInfo, Progress, RunSpec, WorkAssignment, check_address,
                                                VersionMismatch, check_coordinator, refusal)
 from peer.coordinator_client.transport import (HTTP1, HTTP2, KEEPALIVE_OPTIONS, NOTHING, PROBE_BYTES, TLS, Answer,
                                                HeartbeatStream, ProbeFailed, StreamStalled, probe_download, probe_upload,

@@ -20,5 +20,7 @@ from peer.diloco.plans import PlanBook
 from peer.diloco.reports import ModuleReport, RoundReport
 from peer.diloco.resync import FetchState, install_resync, resync_after_round, resync_module
 
-__all__ = ["DiLoCoOptimizer", "LinkRates", "PlanBook", "ModuleReport", "RoundReport", "FetchState", "install_resync", "resync_after_round",
-           "resync_module"]
+__all__ = [
+    "DiLoCoOptimizer", "LinkRates", "PlanBook", "ModuleReport", "RoundReport", "FetchState",
+    "install_resync", "resync_after_round", "resync_module",
+]

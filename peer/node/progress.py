@@ -48,8 +48,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
 admitted; ``assignment`` for its first work and ``reroute`` when the coordinator moves it (``previous``:
 the work it leaves); ``round`` per module and outer round (``status`` ``done`` or ``failed``, ``peers``
 the group's members, ``seconds`` the exchange's wait, ``transfer_seconds`` its all-reduce's time);
-``checkpoint`` after each snapshot (``error`` when it failed); ``drain`` when a drain begins; ``leave`` as the process ends (``drain_seconds``: how
-long the drain took, None without one); ``error`` for a problem that stops it; ``failover`` when a
+``checkpoint`` after each snapshot (``error`` when it failed); ``drain`` when a drain begins; ``leave``
+as the process ends (``drain_seconds``: how long the drain took, None without one); ``error`` for a problem that stops it; ``failover`` when a
 stage-mode trainer's request leaves a stage server of ``module`` that failed (``reason``) for
 ``to_server``, or for none (None: no server of the module answered in time, the step is abandoned)."""
 
