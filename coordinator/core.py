@@ -1,11 +1,11 @@
-"""The coordinator's state machine: admission, assignment, drain, expiry and rebalancing.
+"""The coordinator's state machine: admission, assignment, drain, expiry, rebalancing and exchange plans.
 
 :class:`Coordinator` is synchronous and transport-free; the gRPC servicer translates protos into its
 calls. Time comes from an injected clock (wall-clock seconds, because leases outlive restarts), so
 tests drive expiry and rebalancing without sleeping. Decisions are delegated to the pure functions
 of :mod:`coordinator.scheduler`. Its other parts share its state under one lock: leases and
 heartbeats (:mod:`coordinator.leases`), reads (:mod:`coordinator.reading`), reports and bans
-(:mod:`coordinator.moderation`).
+(:mod:`coordinator.moderation`), each module's exchange plan (:mod:`coordinator.planning`).
 
 Durability: joins, leaves, drains, expiries and assignment changes are handed to ``durable`` (which
 returns once they are committed) before the call returns; heartbeat renewals and progress are
@@ -31,9 +31,10 @@ from coordinator.history import History
 from coordinator.errors import Banned, Incompatible, InvalidArgument, LeaseNotFound, NoFit, Overloaded, PeerNotFound
 from coordinator.leases import Leases
 from coordinator.moderation import Moderation
+from coordinator.planning import Planning
 from coordinator.reachability import RELAYS_PER_PEER, UNREACHABLE, Reachability, dialable, relay_load
 from coordinator.reading import Reading
-from coordinator.records import MODE_ARCHIVE, Assignment, Capabilities, Lease, ModuleProgress, PeerRecord
+from coordinator.records import MODE_ARCHIVE, Assignment, Capabilities, Lease, ModuleProgress, Move, PeerRecord
 from coordinator.results import HeartbeatResult, JoinResult, ProgressReport, ReportResult, StatusView
 from coordinator.pipelines import rebalance_pipelines
 from coordinator.scheduler import assign_peer, rebalance
@@ -76,7 +77,7 @@ def key_fingerprint(public_key: bytes) -> str:
     return hashlib.sha256(public_key).hexdigest()[:32] if public_key else ""
 
 
-class Coordinator(Leases, Reading, Moderation, Story):
+class Coordinator(Leases, Reading, Moderation, Story, Planning):
     """Admission, leases and work for one run (DiPaCo lattice, DiLoCo rounds); heartbeats come from
     :class:`coordinator.leases.Leases`, reads from :class:`coordinator.reading.Reading`, reports and
     bans from :class:`coordinator.moderation.Moderation`, totals and history from
@@ -125,6 +126,7 @@ class Coordinator(Leases, Reading, Moderation, Story):
         self._story_batch = WriteBatch()
         """History points from reports (evaluations), committed with the next group commit."""
         self.bans = BanBook(state.meta.get(BANS_META_KEY))
+        self._init_plans(state.meta)
         self._leases: dict[str, Lease] = state.leases
         self._lease_of: dict[str, str] = {}
         self._progress: dict[tuple[str, str], ModuleProgress] = state.progress
@@ -150,7 +152,8 @@ class Coordinator(Leases, Reading, Moderation, Story):
     # -- peers' calls -------------------------------------------------------------------------
 
     def join(self, peer_id: str, public_key: bytes, caps: Capabilities, manifest_hash: str = "",
-             archive: bool = False, reachability: Reachability = Reachability(), role: str = "") -> JoinResult:
+             archive: bool = False, reachability: Reachability = Reachability(), role: str = "",
+             follows_plans: bool = True) -> JoinResult:
         """Admit ``peer_id`` (token already checked) and give it a lease and work; durable on return.
         ``reachability``: the dial-back verdict (:mod:`coordinator.reachability`); an unreachable or
         relayed peer's addresses are never handed out as bootstrap peers, and an unreachable one is
@@ -159,7 +162,8 @@ class Coordinator(Leases, Reading, Moderation, Story):
         An ``archive`` peer gets a lease but no work; its addresses are handed out first as DHT
         bootstrap peers, since it is the longest-lived peer of a run. ``role``: the role the peer asks
         for (:data:`coordinator.pipelines.ROLES`; '' lets the scheduler decide); refused when it does
-        not fit, never moved by rebalancing."""
+        not fit, never moved by rebalancing. ``follows_plans``: the peer reads exchange plans (it
+        states coordinator protocol 1.2 or later), so the planner may change its modules' codec."""
         want = self.run.data.manifest_hash
         if want and manifest_hash and manifest_hash != want:
             self.counters["rejected_incompatible"] += 1
@@ -205,6 +209,7 @@ class Coordinator(Leases, Reading, Moderation, Story):
                 refusal = None
                 lease, assignment, initial, rejoined = self._admit(peer_id, peer, fingerprint, caps, assignment,
                                                                    previous, now, batch, reachability, role)
+                self._peers[peer_id].follows_plans = follows_plans
                 credential = self._issue(peer_id, now)
                 relays = self._relays_for(peer_id) if reachability.state == UNREACHABLE else []
         self._durable(batch)
@@ -268,19 +273,24 @@ class Coordinator(Leases, Reading, Moderation, Story):
                     if move is None:
                         break
                     moves += 1
-                    peer = self._peers[move.peer_id]
-                    self.view.remove(peer.peer_id)
-                    peer.assignment = move.assignment
-                    peer.served_tokens_per_s = peer.capacity_tokens_per_s = 0.0  # measured anew in the new role
-                    self.view.add(peer.peer_id, move.assignment, peer.counted_tokens_per_s())
-                    peer.last_moved = now
-                    batch.peers[peer.peer_id] = copy.copy(peer)
-                    self.counters["moves"] += 1
-                    events.append(f"{peer.peer_id}: {move.reason}")
+                    events.append(self._apply_move(move, now, batch))
+            events.extend(self._plan_pass(now, batch, moves < self.settings.max_moves_per_tick))
         self._durable(batch)
         for e in events:
             log.info("%s", e)
         return events
+
+    def _apply_move(self, move: Move, now: float, batch: WriteBatch) -> str:
+        """Give a moved peer its new work (under the lock); returns the event, in words."""
+        peer = self._peers[move.peer_id]
+        self.view.remove(peer.peer_id)
+        peer.assignment = move.assignment
+        peer.served_tokens_per_s = peer.capacity_tokens_per_s = 0.0  # measured anew in the new role
+        self.view.add(peer.peer_id, move.assignment, peer.counted_tokens_per_s())
+        peer.last_moved = now
+        batch.peers[peer.peer_id] = copy.copy(peer)
+        self.counters["moves"] += 1
+        return f"{peer.peer_id}: {move.reason}"
 
     def count(self, name: str, n: int = 1) -> None:
         """Add ``n`` to the counter ``name`` (transport events the servicer sees: streams, probes)."""

@@ -17,6 +17,7 @@ Kept apart from admission and assignment, whose state it shares under the coordi
 from __future__ import annotations
 
 import copy
+import dataclasses
 import heapq
 from typing import Optional, Sequence
 
@@ -49,6 +50,7 @@ class Leases:
         evaluations: Sequence[PathEvaluation] = (),
         measured: bool = False,
         capacity: float = 0.0,
+        link_bps: tuple[float, float] = (0.0, 0.0),
     ) -> HeartbeatResult:
         """Renew the lease and record progress; renewals are durable at the next flush, not on return.
         ``seeded_paths`` (checked by :meth:`check_seeded_paths`; None: unchanged): the paths whose
@@ -56,7 +58,8 @@ class Leases:
         by :meth:`check_evaluations`): validation bits per byte per path, from an archive peer only.
         ``measured``: ``tokens_per_s`` is a measurement, 0 included (what a stage server or trainer
         served); otherwise 0 means unchanged. ``capacity``: a stage server's tokens/s at full load (0:
-        unknown)."""
+        unknown). ``link_bps``: upload and download bytes/s the peer measured from its averaging
+        rounds; each replaces the capabilities' figure (the join probe's) when > 0."""
         with self._lock:
             lease = self._leases.get(lease_id)
             now = self.clock()
@@ -81,6 +84,8 @@ class Leases:
             if measured and peer.assignment is not None and peer.assignment.mode in PIPELINE_MODES:
                 self._record_served(peer, tokens_per_s, capacity)
                 tokens_per_s = 0.0  # a pipeline role's figure is what it served, not its device's
+            if link_bps[0] > 0 or link_bps[1] > 0:
+                self._record_link(peer, link_bps, now)
             if progress or bytes_exchanged or (tokens_per_s and tokens_per_s != peer.capabilities.tokens_per_s):
                 self._record_progress(peer, progress, tokens_per_s, bytes_exchanged, now)
             batch = None
@@ -91,7 +96,8 @@ class Leases:
             draining = peer.state == "draining"
             renew = self.issuer.needs_renewal(self._credential_expiry.get(peer_id, 0.0), now)
             result = HeartbeatResult(lease.expires_at - now, None if draining else assignment, draining,
-                                     peer.drain_reason, self._issue(peer_id, now) if renew else b"")
+                                     peer.drain_reason, self._issue(peer_id, now) if renew else b"",
+                                     () if draining else self.plans_for(peer.assignment))
         if batch is not None:
             self._durable(batch)
         return result
@@ -188,6 +194,17 @@ class Leases:
         if peer.state == "active":
             self.view.set_tokens_per_s(peer.peer_id, tokens_per_s, capacity)
         self._dirty_peers.add(peer.peer_id)
+
+    def _record_link(self, peer: PeerRecord, link_bps: tuple[float, float], now: float) -> None:
+        """Rates measured from the peer's rounds replace the probe's (a direction not measured keeps its
+        figure); under the lock."""
+        caps = peer.capabilities
+        up = link_bps[0] if link_bps[0] > 0 else caps.upload_bps
+        down = link_bps[1] if link_bps[1] > 0 else caps.download_bps
+        if (up, down) != (caps.upload_bps, caps.download_bps):
+            peer.capabilities = dataclasses.replace(caps, upload_bps=up, download_bps=down)
+            self._dirty_peers.add(peer.peer_id)
+        peer.link_measured_at = now
 
     def _record_progress(
         self, peer: PeerRecord, progress: Sequence[ProgressReport], tokens_per_s: float, bytes_exchanged: int,

@@ -23,6 +23,7 @@ _COUNTERS = {
     "expirations": "Leases that expired without a heartbeat",
     "drains": "Peers told to drain (preemption or operator)",
     "moves": "Rebalancing moves",
+    "plan_changes": "Exchange plans changed by the planner (one per module and change)",
     "heartbeats": "Heartbeats accepted",
     "heartbeats_unknown_lease": "Heartbeats refused for an unknown or expired lease",
     "heartbeat_streams": "HeartbeatStream calls opened by peers",

@@ -51,6 +51,9 @@ class Reading:
                 module_rounds=dict(self.module_rounds),
                 latest_bpb={name[len(BPB_PREFIX):]: self.history.last(name) for name in self.history.names()
                             if name.startswith(BPB_PREFIX)},
+                plans={m: list(p) for m, p in self.plans.items()},
+                plan_reasons=dict(self.plan_reasons),
+                link_reason=self.link_reason,
             )
 
     def history_series(self) -> dict[str, list[tuple[float, float]]]:

@@ -55,9 +55,10 @@ class Capabilities:
     tokens_per_s: float
     """Measured training throughput on the run's model."""
     upload_bps: float = 0.0
-    """Upload bandwidth in bytes/s (0: not measured, treated as a fast link)."""
+    """Upload bandwidth in bytes/s (0: not measured, treated as a fast link): the join probe's figure
+    at first, then what the peer's heartbeats report from its averaging rounds."""
     download_bps: float = 0.0
-    """Download bandwidth in bytes/s (0: not measured)."""
+    """Download bandwidth in bytes/s (0: not measured), as ``upload_bps``."""
     multiaddrs: tuple[str, ...] = ()
     """libp2p multiaddrs other peers can dial (empty for client-mode peers)."""
 
@@ -144,6 +145,12 @@ class PeerRecord:
     its heartbeats measure it; 0 from each new such assignment until measured."""
     capacity_tokens_per_s: float = 0.0
     """Stage servers: tokens/s they could serve at full load, as measured (0: unknown)."""
+    follows_plans: bool = True
+    """The peer states coordinator protocol 1.2 or later at its latest join, so it follows exchange
+    plans; the planner never changes the codec of a module an older peer holds."""
+    link_measured_at: float = 0.0
+    """When a heartbeat last reported link rates measured from the peer's rounds (0: never; its
+    capabilities' rates are then the join probe's)."""
     requested_role: str = ""
     """The role the peer asked for at its latest join (``peer join --role``; '' lets the coordinator
     decide): rebalancing never moves it to another."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from coordinator.planner import ModulePlan
 from coordinator.records import Assignment, Lease, ModuleProgress, PeerRecord
 
 __all__ = ["ProgressReport", "PathEvaluation", "JoinResult", "StatusView", "HeartbeatResult", "ReportResult"]
@@ -62,6 +63,12 @@ class StatusView:
     """module id -> highest outer round any peer reported (kept across restarts)."""
     latest_bpb: dict[str, tuple[float, float]] = field(default_factory=dict)
     """path name (``0,1``) -> (time, validation bits per byte) of the latest evaluation."""
+    plans: dict[str, list[ModulePlan]] = field(default_factory=dict)
+    """module id -> its exchange plans, oldest first."""
+    plan_reasons: dict[str, str] = field(default_factory=dict)
+    """module id -> what the latest planning pass said about it."""
+    link_reason: str = ""
+    """What the latest planning pass found about a link that alone holds a module back, and did."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,8 @@ class HeartbeatResult:
     drain_reason: str
     credential: bytes = b""
     """A renewed credential, when the current one is past half its life (else empty)."""
+    plans: tuple[ModulePlan, ...] = ()
+    """The exchange plans of the modules the peer trains (:meth:`coordinator.planning.Planning.plans_for`)."""
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ from coordinator.settings import CoordinatorSettings
 from coordinator.view import ClusterView
 from models.config import RunConfig, format_path
 
-__all__ = ["Move", "assign_peer", "rebalance", "link_overrides", "path_assignment", "fits_path", "exchange_bytes"]
+__all__ = ["Move", "assign_peer", "rebalance", "relieve_link", "link_overrides", "path_assignment", "fits_path",
+           "exchange_bytes"]
 
 Path_ = tuple[int, ...]
 
@@ -206,3 +207,45 @@ def rebalance(
     if waiting:
         return None, f"{trigger}, but the peers that could move were moved less than {settings.min_move_interval:.0f}s ago"
     return None, f"{trigger}, but no single move lowers the spread"
+
+
+def relieve_link(
+    now: float,
+    peer_id: str,
+    why: str,
+    last_moved: Mapping[str, float],
+    caps: Mapping[str, Capabilities],
+    view: ClusterView,
+    run: RunConfig,
+    settings: CoordinatorSettings,
+) -> tuple[Optional[Move], str]:
+    """Move a path peer whose link alone holds its modules' rounds back (``why``, the planner's
+    finding: :func:`coordinator.planner.held_back_by`) to the path where its exchange holds back
+    fewest others: the one whose modules have the fewest other members (an uncovered path first),
+    only when that is strictly fewer than where it is, and not within ``min_move_interval`` of its
+    last move. (move, reason) or (None, reason)."""
+    a = view.assignments.get(peer_id)
+    if a is None or a.mode != MODE_PATH:
+        return None, f"{peer_id[-8:]} holds back a module ({why}) but trains no path"
+    if peer_id in view.pinned:
+        return None, f"{peer_id[-8:]} holds back a module ({why}) but asked for its role"
+    if now - last_moved.get(peer_id, -math.inf) < settings.min_move_interval:
+        return None, (f"{peer_id[-8:]} holds back a module ({why}) but moved less than "
+                      f"{settings.min_move_interval:.0f}s ago")
+    mine = set(a.module_ids)
+
+    def others(path: Path_) -> int:  # members of the path's modules but this peer
+        modules = run.lattice.path_modules(path)
+        return _members(run, view, path) - sum(1 for m in modules if m in mine)
+
+    here = others(a.path)
+    candidates = itertools.chain(itertools.islice(_uncovered(run, view), 64), view.path_tps)
+    best = min(((others(p), p) for p in candidates if p != a.path), default=None)
+    if best is None or best[0] >= here:
+        return None, (f"{peer_id[-8:]} holds back a module ({why}); no path has fewer other members than its "
+                      f"{format_path(a.path)} ({here})")
+    target = best[1]
+    reason = (f"moved from path {format_path(a.path)} ({here} other module members) to {format_path(target)} "
+              f"({best[0]}): its link alone held back a module's rounds ({why})")
+    moved = path_assignment(target, caps[peer_id], run, settings, reason, a.version + 1)
+    return Move(peer_id, moved, moved.reason), moved.reason

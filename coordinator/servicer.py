@@ -37,7 +37,7 @@ from coordinator.reachability import dial_back, observed_host
 from coordinator.results import PathEvaluation
 from coordinator.records import MODE_ARCHIVE, MODE_PATH, MODE_STAGE, MODE_TRAINER, Assignment
 from coordinator.status import snapshot
-from coordinator.versions import MAX_PROTOCOLS, join_refusal, upgrade_reason
+from coordinator.versions import MAX_PROTOCOLS, follows_plans, join_refusal, upgrade_reason
 from coordinator.validation import (
     MAX_PROGRESS,
     MAX_PUBLIC_KEY,
@@ -139,7 +139,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             raise InvalidArgument("role", f"{request.role} is not a role a training peer may ask for (path, stage, "
                                           "trainer)")
         result = await self._blocking(self.coord.join, peer_id, bytes(request.public_key), caps, manifest,
-                                      request.archive, reach, role)
+                                      request.archive, reach, role, follows_plans(request.protocols))
         self.coord.peer_versions.note(peer_id, peer_version)
         s = self.coord.settings
         return pb.JoinResponse(
@@ -228,6 +228,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         capacity = request.capacity_tokens_per_s
         if capacity:
             check_number("capacity_tokens_per_s", capacity, 0.0, MAX_RATE)
+        link_bps = (request.measured_upload_bps, request.measured_download_bps)
+        check_number("measured_upload_bps", link_bps[0], 0.0, MAX_RATE)
+        check_number("measured_download_bps", link_bps[1], 0.0, MAX_RATE)
         if request.bytes_sent > MAX_COUNT or request.bytes_received > MAX_COUNT:
             raise InvalidArgument("bytes_sent", f"byte counts beyond {MAX_COUNT}")
         coord = self.coord
@@ -242,12 +245,12 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             result = await self._blocking(
                 coord.heartbeat, lease_id, peer_id, progress, request.assignment_version, tokens_per_s,
                 request.bytes_sent + request.bytes_received, True, seeded, evaluations,
-                request.tokens_per_s_measured, capacity,
+                request.tokens_per_s_measured, capacity, link_bps,
             )
         else:
             result = coord.heartbeat(lease_id, peer_id, progress, request.assignment_version, tokens_per_s,
                                      request.bytes_sent + request.bytes_received, False, seeded, evaluations,
-                                     request.tokens_per_s_measured, capacity)
+                                     request.tokens_per_s_measured, capacity, link_bps)
         reply.lease_remaining_s = result.lease_remaining
         least = coord.settings.min_peer_version
         upgrade = upgrade_reason(coord.peer_versions.get(peer_id), least)
@@ -263,6 +266,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             reply.credential = result.credential
         if result.assignment is not None:
             reply.assignment.CopyFrom(assignment_to_proto(result.assignment))
+        for plan in result.plans:
+            reply.plans.add(module_id=plan.module_id, inner_steps=plan.inner_steps, codec=plan.codec,
+                            from_round=plan.from_round, reason=plan.reason)
 
     @_rpc
     async def ProbeUpload(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> pb.ProbeUploadResponse:

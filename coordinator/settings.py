@@ -64,7 +64,22 @@ class CoordinatorSettings:
     """A driven pipeline's stage whose servers are busier than this share of what they can serve is
     its bottleneck: a small peer joins it as a server; below it on every level, as another trainer."""
     max_inner_steps_factor: int = 8
-    """Largest multiple of the run's H given to a slow-linked peer."""
+    """Largest multiple of the run's H given to a slow-linked peer, and the largest H the planner
+    chooses for a module (the run's H times this)."""
+    planner: bool = True
+    """Plan each module's H and codec from its holders' measured links (:mod:`coordinator.planner`);
+    false keeps the fixed policy: the run's codec, and H doubled per peer at assignment."""
+    planner_codecs: str = ""
+    """Codecs the planner may give a module's exchange besides the run's, comma-separated (e.g.
+    "int4"; only those smaller than the run's codec count); '' lets it change only H."""
+    plan_hysteresis: float = 0.25
+    """A module's plan changes only when its exchange passes comm_budget by this share, or when a
+    preferred plan fits within this share below it."""
+    plan_lead_rounds: int = 4
+    """A new plan applies from the module's highest reported round plus this many rounds, so every
+    holder hears of it (in a heartbeat reply) before it reaches that round."""
+    plan_interval: float = 10.0
+    """Seconds between planning passes."""
     initial_peers: int = 8
     """Multiaddrs of live peers handed to a joining peer as DHT bootstrap addresses."""
     max_peers: int = 200000
@@ -127,7 +142,13 @@ class CoordinatorSettings:
             raise ConfigError("coordinator.memory_headroom", f"must be in (0, 1], got {self.memory_headroom}")
         if self.sqlite_synchronous.upper() not in ("FULL", "NORMAL", "EXTRA"):
             raise ConfigError("coordinator.sqlite_synchronous", f"'{self.sqlite_synchronous}' is not FULL, NORMAL or EXTRA")
-        for name in ("max_moves_per_tick", "max_inner_steps_factor", "max_peers", "ban_reporters", "ban_reports"):
+        if not 0 <= self.plan_hysteresis < 1:
+            raise ConfigError("coordinator.plan_hysteresis", f"must be in [0, 1), got {self.plan_hysteresis}")
+        if self.plan_interval <= 0:
+            raise ConfigError("coordinator.plan_interval", f"must be > 0, got {self.plan_interval}")
+        self.planner_codec_list()
+        for name in ("max_moves_per_tick", "max_inner_steps_factor", "max_peers", "ban_reporters", "ban_reports",
+                     "plan_lead_rounds"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"coordinator.{name}", f"must be >= 1, got {getattr(self, name)}")
         if self.history_points < 16:
@@ -138,6 +159,17 @@ class CoordinatorSettings:
             raise ConfigError("coordinator.min_peer_version", f"{e}; write it as \"0.2.0\", or \"\" to admit every release")
         if self.initial_peers < 0:
             raise ConfigError("coordinator.initial_peers", f"must be >= 0, got {self.initial_peers}")
+
+    def planner_codec_list(self) -> list[str]:
+        """``planner_codecs`` as names (ConfigError for one that names no codec)."""
+        from models.codec_spec import CODECS, is_codec
+
+        names = [c.strip() for c in self.planner_codecs.split(",") if c.strip()]
+        for name in names:
+            if not is_codec(name):
+                raise ConfigError("coordinator.planner_codecs", f"'{name}' is not a codec; use names among "
+                                  f"{', '.join(CODECS)} or a sparse topk{{K}}b{{B}}, comma-separated")
+        return names
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "CoordinatorSettings":

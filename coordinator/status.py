@@ -105,6 +105,7 @@ def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, A
                 "memory_bytes": p.capabilities.memory_bytes,
                 "upload_bps": p.capabilities.upload_bps,
                 "download_bps": p.capabilities.download_bps,
+                "link_measured": p.link_measured_at > 0,
                 "assignment": a.to_dict() if a else None,
                 "work": a.label() if a else "",
                 "last_seen_age_s": max(0.0, now - p.last_seen),
@@ -137,7 +138,8 @@ def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, A
             "val_bpb": bpb[1] if bpb else None, "val_bpb_age_s": max(0.0, now - bpb[0]) if bpb else None,
         })
     modules = [
-        {"module_id": m, "holders": holders[m], "round": module_round[m], "tokens_per_s": module_tps[m]}
+        {"module_id": m, "holders": holders[m], "round": module_round[m], "tokens_per_s": module_tps[m],
+         "plan": _plan_row(v.plans.get(m, []), module_round[m], coord), "plan_reason": v.plan_reasons.get(m, "")}
         for m in lattice.module_ids()
     ]
     grid = [
@@ -168,6 +170,7 @@ def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, A
         "pipelines": pipelines(coord.run, view),
         "stages": stages(view),
         "rebalance": reason,
+        "slow_links": v.link_reason,
         "counters": counters,
         "data": {
             "manifest_hash": coord.run.data.manifest_hash,
@@ -186,6 +189,21 @@ def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, A
             "unknown_fields": versions.UNKNOWN_FIELDS.snapshot(),
         },
     }
+
+
+def _plan_row(plans: list, module_round: int, coord: Any) -> dict[str, Any]:
+    """A module's exchange plan as the status shows it: what applies at its current round, and the
+    plan decided for a later round (None until one is)."""
+    run = coord.run.outer
+    now = {"inner_steps": run.inner_steps, "codec": run.codec, "from_round": 0, "reason": "the run's H and codec"}
+    upcoming = None
+    for p in plans:
+        row = {"inner_steps": p.inner_steps, "codec": p.codec, "from_round": p.from_round, "reason": p.reason}
+        if p.from_round <= module_round:
+            now = row
+        else:
+            upcoming = row
+    return {**now, "next": upcoming}
 
 
 def contributions(peers: list[PeerRecord], total_tokens: int, now: float,

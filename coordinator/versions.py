@@ -17,7 +17,7 @@ from typing import Mapping
 
 from protos import versions
 
-__all__ = ["join_refusal", "upgrade_reason", "PeerVersions", "MAX_PROTOCOLS"]
+__all__ = ["join_refusal", "upgrade_reason", "follows_plans", "PeerVersions", "MAX_PROTOCOLS"]
 
 MAX_PROTOCOLS = 32
 """Most contracts a join may state (the coordinator knows fewer; more is a malformed request)."""
@@ -39,6 +39,15 @@ def join_refusal(peer_version: str, protocols: Mapping[str, str], min_peer_versi
                 f"requires {min_peer_version} or newer ([coordinator] min_peer_version); {_install(min_peer_version)} "
                 "and join again")
     return ""
+
+
+def follows_plans(protocols: Mapping[str, str]) -> bool:
+    """Whether a peer stating ``protocols`` at join reads exchange plans (``HeartbeatResponse.plans``,
+    coordinator protocol 1.2): a peer of 1.1 or of a release that states none ignores them."""
+    try:
+        return versions.parse_version(protocols.get("coordinator", "")) >= (1, 2)
+    except ValueError:
+        return False
 
 
 def upgrade_reason(peer_version: str, min_peer_version: str) -> str:

@@ -247,10 +247,38 @@ figure.plot svg{{width:100%;height:auto;font-size:11px}}figcaption{{font-weight:
 <h2>Contributions</h2>{_contributions(snap)}
 <h2>Lattice</h2><table>{''.join(grid)}</table><ul>{shared}</ul>
 <h2>Paths</h2>{data_line}<table><tr><th>path</th><th>peers</th><th>tokens/s</th><th>loss</th><th>validation bpb</th>{'<th>seeders</th>' if pinned else ''}</tr>{paths}</table>
+<h2>Exchange plans</h2>{_plans(snap)}<p>slow links: {e(snap['slow_links'])}</p>
 <h2>Pipelines</h2>{_pipelines(snap)}
 <h2>Peers</h2><table id='peers'><tr><th>peer</th><th>device</th><th>state</th><th>role</th><th>work</th><th>tokens/s</th>
 <th>memory</th><th>tokens</th><th>exchanged</th><th>last seen</th><th>reachability</th><th>why this role</th><th>version</th></tr>{''.join(rows)}</table>
 </body></html>"""
+
+
+PAGE_PLANS = 64
+"""Modules with a plan of their own listed on the page (every one is in /status.json)."""
+
+
+def _plans(snap: dict[str, Any]) -> str:
+    """Each planned module's H and codec now and from which round, the next plan, and the planner's
+    latest word on it; a line for the modules on the run's H and codec."""
+    e = html.escape
+    planned = [m for m in snap["modules"] if m["plan"]["from_round"] or m["plan"]["next"]]
+    rows = []
+    for m in planned[:PAGE_PLANS]:
+        p, nxt = m["plan"], m["plan"]["next"]
+        then = f"H={nxt['inner_steps']}, {e(nxt['codec'])} from round {nxt['from_round']}" if nxt else ""
+        why = e(m["plan_reason"] or p["reason"])
+        rows.append(f"<tr><td>{e(m['module_id'])}</td><td>{p['inner_steps']}</td><td>{e(p['codec'])}</td>"
+                    f"<td>{p['from_round']}</td><td>{then}</td><td class='why'>{why}</td></tr>")
+    rest = len(snap["modules"]) - len(planned)
+    line = f"<p>{rest} module(s) on the run's H and codec" + (
+        f" (planner: {e(snap['modules'][0]['plan_reason'])})" if rest and snap["modules"] and not planned
+        and snap["modules"][0]["plan_reason"] else "") + "</p>"
+    if not rows:
+        return line
+    more = f"<p>... {len(planned) - PAGE_PLANS} more in /status.json</p>" if len(planned) > PAGE_PLANS else ""
+    return (f"<table id='plans'><tr><th>module</th><th>H</th><th>codec</th><th>since round</th><th>next</th>"
+            f"<th>why</th></tr>{''.join(rows)}</table>{more}{line}")
 
 
 class StatusServer:

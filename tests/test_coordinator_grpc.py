@@ -351,3 +351,63 @@ def test_run_spec_before_joining(server):
         joined.leave()
         joined.close()
         fresh.close()
+
+
+def test_measured_link_rates_travel_in_heartbeats_and_an_older_peer_sends_none(server):
+    from protos import versions
+
+    client = CoordinatorClient(f"127.0.0.1:{server.port}", TOKEN, peer_info(31, upload_bps=9e6, download_bps=9e6))
+    try:
+        client.join()
+        peer_id = client.peer.peer_id
+        versions.set_override("coordinator=1.1")  # a peer of the previous minor leaves the rates out
+        try:
+            client.heartbeat(link_bps=(2e6, 3e6))
+        finally:
+            versions.set_override(None)
+        assert server.coordinator.peer(peer_id).capabilities.upload_bps == 9e6
+        client.heartbeat(link_bps=(2e6, 3e6))
+        peer = server.coordinator.peer(peer_id)
+        assert (peer.capabilities.upload_bps, peer.capabilities.download_bps) == (2e6, 3e6)
+        assert peer.link_measured_at > 0
+    finally:
+        client.close()
+
+
+def test_heartbeat_replies_carry_the_plans_of_the_peers_modules(server):
+    from coordinator.planner import ModulePlan
+
+    client = CoordinatorClient(f"127.0.0.1:{server.port}", TOKEN, peer_info(32))
+    try:
+        info = client.join()
+        mine = info.assignment.module_ids[0]
+        others = sorted(set(RUN.lattice.module_ids()) - set(info.assignment.module_ids))
+        with server.coordinator._lock:  # as a planning pass would leave them
+            server.coordinator.plans[mine] = [ModulePlan(mine, 20, "int4", 12, "slow holder")]
+            if others:
+                server.coordinator.plans[others[0]] = [ModulePlan(others[0], 40, "int4", 3, "not ours")]
+        reply = client.heartbeat()
+        assert [(p.module_id, p.inner_steps, p.codec, p.from_round, p.reason) for p in reply.plans] == [
+            (mine, 20, "int4", 12, "slow holder")]
+    finally:
+        with server.coordinator._lock:
+            server.coordinator.plans.clear()
+        client.close()
+
+
+def test_a_peer_of_the_previous_coordinator_minor_is_known_not_to_follow_plans(server):
+    from protos import versions
+
+    old, new = (CoordinatorClient(f"127.0.0.1:{server.port}", TOKEN, peer_info(i)) for i in (33, 34))
+    try:
+        versions.set_override("coordinator=1.1")
+        try:
+            old.join()
+        finally:
+            versions.set_override(None)
+        new.join()
+        assert not server.coordinator.peer(old.peer.peer_id).follows_plans
+        assert server.coordinator.peer(new.peer.peer_id).follows_plans
+    finally:
+        old.close()
+        new.close()

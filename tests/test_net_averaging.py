@@ -67,7 +67,7 @@ class Recorder:
             averaged=None if res.averaged is None else flatten(res.averaged), peers=list(res.peers),
             own=None if res.own_decoded is None else flatten(res.own_decoded),
             group_size=res.group_size, reason=res.reason, seconds=time.monotonic() - t0,
-            bytes_sent=res.bytes_sent, bytes_received=res.bytes_received,
+            bytes_sent=res.bytes_sent, bytes_received=res.bytes_received, transfer_seconds=res.transfer_seconds,
         ))
         log.info("round %d of %s: group %d %s", round_no, module_id, res.group_size, res.reason)
         return res
@@ -366,6 +366,12 @@ def test_three_peers_on_a_2x2_lattice_stay_bit_identical_with_int8(procs, tmp_pa
             for x, y in zip(s.global_params + s.momentum, states[0].global_params + states[0].momentum):
                 assert torch.equal(x, y), f"replicas of {mid} differ"
     assert sorted(len(v) for v in holders.values()) == [1, 1, 2, 2, 3, 3]
+    for out in outs.values():  # the link measurement: the all-reduce's seconds, within the exchange's
+        for rec in out["records"]:
+            if len(holders[rec["module"]]) == 1:
+                assert rec["transfer_seconds"] == 0.0 and rec["bytes_sent"] == 0, rec["module"]
+            else:
+                assert 0.0 < rec["transfer_seconds"] <= rec["seconds"], (rec["module"], rec["round"])
     for out in outs.values():  # training still works: the loss on fixed held-out windows falls on every path
         before, after = out["held_out_loss"]
         assert after < before - 0.1, (out["held_out_loss"], out["losses"])

@@ -41,6 +41,10 @@ class AverageResult:
     adopt: str = ""
     """Set when the round failed because other holders at this round hold a different state (a fork)
     and theirs is the one kept: the :func:`peer.outer.state_digest` to re-sync to."""
+    transfer_seconds: float = 0.0
+    """Seconds from the group's forming to the end of its all-reduce (every level of a split round):
+    the time ``bytes_sent`` and ``bytes_received`` took, the peer's link measurement
+    (:class:`peer.diloco.LinkRates`); 0 where nothing crossed a network."""
     buffers: tuple = field(default=(), repr=False, compare=False)
     """The round-sized vectors ``averaged`` and ``own_decoded`` are views of, which the averager reuses
     in a later round once the caller hands them back (``give_back(result)``, where the averager has

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import math
 import threading
@@ -565,16 +566,19 @@ class NetAverager:
                                  reason=reason or LONE_HOLDER, buffers=(own_buf,))
         self._server.event("group_formed")
         buffers = (own_buf, self._out_buffers.take(flat.numel()))
+        formed = time.monotonic()
         out = await self._server.run(group, flat, weight, codec, out=buffers, prepared=prepared)
+        transfer = time.monotonic() - formed
         suspicious = "; ".join(f"{p}: {why}" for p, why in sorted(out.suspects.items()))
         notes = "; ".join(r for r in (reason, out.reason, suspicious) if r)
         own = unflatten(out.own_decoded, like)
         if out.averaged is None:
             log.warning("module %s round %d failed: %s", module_id, round_no, notes)
             return AverageResult(None, own, 0, [], out.bytes_sent, out.bytes_received, reason=notes,
-                                 suspects=out.suspects)
+                                 suspects=out.suspects, transfer_seconds=transfer)
         return AverageResult(unflatten(out.averaged, like), own, len(out.contributors), out.contributors,
-                             out.bytes_sent, out.bytes_received, reason=notes, suspects=out.suspects, buffers=buffers)
+                             out.bytes_sent, out.bytes_received, reason=notes, suspects=out.suspects,
+                             transfer_seconds=transfer, buffers=buffers)
 
     async def _live_holders(self, module_id: str) -> dict[str, HolderRecord]:
         """The module's other live holders of our config and dataset that train it now (one DHT read;
@@ -624,8 +628,10 @@ class NetAverager:
         # our place in the bucket's tree, before the all-reduce: children may ask as soon as theirs ends
         served = self._relay.expect(group, t0 + SPLIT_END * timeout) if group.group_id != LONE else None
         try:
-            return await self._split_levels(module_id, round_no, flat, like, weight, codec, timeout, digest, t0,
-                                            bucket, buckets, held, group, reason, served)
+            formed = time.monotonic()
+            result = await self._split_levels(module_id, round_no, flat, like, weight, codec, timeout, digest, t0,
+                                              bucket, buckets, held, group, reason, served)
+            return dataclasses.replace(result, transfer_seconds=time.monotonic() - formed)
         finally:
             if served is not None and not served.complete:
                 self._relay.fail(group.group_id, "the round failed here")

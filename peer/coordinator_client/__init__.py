@@ -13,6 +13,7 @@ from peer.coordinator_client.messages import (
     CoordinatorRefused,
     CoordinatorUnavailable,
     Evaluation,
+    ExchangePlan,
     HeartbeatReply,
     IncompatibleRun,
     JoinInfo,
@@ -28,7 +29,8 @@ from peer.coordinator_client.messages import (
 )
 
 __all__ = [
-    "CoordinatorClient", "CoordinatorRefused", "CoordinatorUnavailable", "Evaluation", "HeartbeatReply", "IncompatibleRun",
+    "CoordinatorClient", "CoordinatorRefused", "CoordinatorUnavailable", "Evaluation", "ExchangePlan", "HeartbeatReply",
+    "IncompatibleRun",
     "JoinInfo", "NoAssignmentFits", "NotACoordinator", "PeerBanned", "PeerInfo", "Progress", "RunSpec", "VersionMismatch",
     "WorkAssignment", "check_address",
 ]

@@ -27,8 +27,8 @@ import grpc
 from models.config import RunConfig
 from models.errors import HivepathError
 from models.settings import COORDINATOR_PORT
-from peer.coordinator_client.messages import (CoordinatorUnavailable, Evaluation, HeartbeatReply, IncompatibleRun,
-                                               JoinInfo, NotACoordinator, PeerInfo, Progress, RunSpec, WorkAssignment, check_address,
+from peer.coordinator_client.messages import (CoordinatorUnavailable, Evaluation, ExchangePlan, HeartbeatReply,
+                                               IncompatibleRun, JoinInfo, NotACoordinator, PeerInfo, Progress, RunSpec, WorkAssignment, check_address,
                                                VersionMismatch, check_coordinator, refusal)
 from peer.coordinator_client.transport import (HTTP1, HTTP2, KEEPALIVE_OPTIONS, NOTHING, PROBE_BYTES, TLS, Answer,
                                                HeartbeatStream, ProbeFailed, StreamStalled, probe_download, probe_upload,
@@ -173,12 +173,14 @@ class CoordinatorClient:
         evaluations: Sequence[Evaluation] = (),
         measured: bool = False,
         capacity: float = 0.0,
+        link_bps: tuple[float, float] = (0.0, 0.0),
     ) -> HeartbeatReply:
         """Renew the lease; re-joins transparently when the coordinator answers NOT_FOUND.
         ``seeded_paths``: the paths whose shards this peer seeds (None: it does not say).
         ``evaluations``: validation bits per byte per path (an archive peer's; others are refused).
         ``measured``: ``tokens_per_s`` is a measurement, 0 included (a stage server's or trainer's
-        served tokens/s); ``capacity``: a stage server's tokens/s at full load (0: unknown)."""
+        served tokens/s); ``capacity``: a stage server's tokens/s at full load (0: unknown).
+        ``link_bps``: upload and download bytes/s measured from our averaging rounds (0: not yet)."""
         if self.joined is None:
             return self._rejoin()
         request = pb.HeartbeatRequest(
@@ -192,6 +194,8 @@ class CoordinatorClient:
         )
         if versions.writes("coordinator", "HeartbeatRequest.peer_version"):
             request.peer_version = versions.RELEASE
+        if versions.writes("coordinator", "HeartbeatRequest.measured_upload_bps"):
+            request.measured_upload_bps, request.measured_download_bps = link_bps
         if seeded_paths is not None:
             request.seeds_data = True
             request.seeded_paths.extend(seeded_paths)
@@ -212,7 +216,8 @@ class CoordinatorClient:
             if reply.credential:
                 self._credential = bytes(reply.credential)
         return HeartbeatReply(reply.lease_remaining_s, assignment, reply.drain, reply.drain_reason,
-                              credential=bytes(reply.credential), required_version=reply.required_version)
+                              credential=bytes(reply.credential), required_version=reply.required_version,
+                              plans=tuple(ExchangePlan.from_proto(p) for p in reply.plans))
 
     def _rejoin(self) -> HeartbeatReply:
         """A heartbeat's re-join, unless :meth:`leave` has been called (then :class:`_Closed`)."""

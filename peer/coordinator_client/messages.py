@@ -19,7 +19,8 @@ from protos import versions
 from protos.hivepath.coordinator.v1 import coordinator_pb2 as pb
 
 __all__ = [
-    "PeerInfo", "WorkAssignment", "JoinInfo", "RunSpec", "Progress", "Evaluation", "HeartbeatReply", "CoordinatorUnavailable",
+    "PeerInfo", "WorkAssignment", "JoinInfo", "RunSpec", "Progress", "Evaluation", "HeartbeatReply", "ExchangePlan",
+    "CoordinatorUnavailable",
     "CoordinatorRefused", "NotACoordinator", "PeerBanned", "NoAssignmentFits", "IncompatibleRun", "VersionMismatch",
     "refusal", "check_coordinator",
     "check_address",
@@ -189,6 +190,22 @@ class Evaluation:
 
 
 @dataclass(frozen=True)
+class ExchangePlan:
+    """One module's exchange plan from the coordinator: every holder uses ``inner_steps`` and ``codec``
+    in the module's rounds from ``from_round`` on (until a plan with a later ``from_round``)."""
+
+    module_id: str
+    inner_steps: int
+    codec: str
+    from_round: int
+    reason: str = ""
+
+    @classmethod
+    def from_proto(cls, m: pb.ModulePlan) -> "ExchangePlan":
+        return cls(m.module_id, m.inner_steps, m.codec, m.from_round, m.reason)
+
+
+@dataclass(frozen=True)
 class HeartbeatReply:
     lease_remaining: float
     assignment: Optional[WorkAssignment]
@@ -205,6 +222,8 @@ class HeartbeatReply:
     refused: bool = False
     """Set with ``drain``: a re-join (our lease was gone) was refused by version (:class:`VersionMismatch`,
     whose message is ``drain_reason``): the run no longer takes this peer as it is."""
+    plans: tuple[ExchangePlan, ...] = ()
+    """The exchange plans of the modules this peer trains (empty: none, or nothing said)."""
 
 
 def check_coordinator(reply: pb.JoinResponse) -> None:

@@ -16,6 +16,7 @@ averaged delta by the square root of their number. Streaming DiLoCo (Douillard e
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -29,6 +30,7 @@ from models.config import InnerConfig, LatticeConfig, OuterConfig
 from models.errors import ConfigError
 from peer.averaging import Aggregation, AverageResult, Codec, LocalAverager, ModuleAverager, get_codec, unflatten
 from peer.diloco.held_module import HeldModule, PendingExchange
+from peer.diloco.plans import PlanBook
 from peer.diloco.reports import ModuleReport, RoundReport
 from peer.outer import ModuleState
 
@@ -92,7 +94,13 @@ class DiLoCoOptimizer:
         self.outer_cfg = outer
         self.lattice = lattice
         self.codec: Codec = get_codec(outer.wire_codec())
-        """The wire codec every module's exchange uses (the group refuses parts in any other)."""
+        """The wire codec every module's exchange uses where no plan says otherwise (the group refuses
+        parts in any other)."""
+        self.plans: Optional[PlanBook] = None
+        """The coordinator's exchange plans (:class:`peer.diloco.PlanBook`): where one applies to a
+        module's round, its codec is that round's and the round lasts its H (the largest H among the
+        modules' plans: every module of this peer ends its round at once). None: the config's H and codec."""
+        self._codecs: dict[str, Codec] = {self.codec.name: self.codec}
         if averager is None:
             averager = LocalAverager().member("local")
         self.averager = averager
@@ -211,9 +219,29 @@ class DiLoCoOptimizer:
 
     def _budget_spent(self, steps: int, elapsed: float, times: int = 1) -> bool:
         """Whether ``steps`` inner steps or ``elapsed`` seconds are ``times`` a round's budget
-        (``outer.inner_steps``, ``outer.round_seconds`` when > 0)."""
+        (:meth:`round_steps`, ``outer.round_seconds`` when > 0)."""
         cfg = self.outer_cfg
-        return steps >= times * cfg.inner_steps or (cfg.round_seconds > 0 and elapsed >= times * cfg.round_seconds)
+        return steps >= times * self.round_steps() or (cfg.round_seconds > 0 and elapsed >= times * cfg.round_seconds)
+
+    def round_steps(self) -> int:
+        """Inner steps of the round going on: the largest H the plans give our modules' current rounds
+        (``outer.inner_steps`` for a module without one)."""
+        if self.plans is None:
+            return self.outer_cfg.inner_steps
+        hs = [planned[0] if planned else self.outer_cfg.inner_steps
+              for planned in (self.plans.at(mid, st.round_no) for mid, st in self._modules.items())]
+        return max(hs)
+
+    def codec_for(self, module_id: str, round_no: int) -> Codec:
+        """The wire codec of ``module_id``'s round ``round_no``: its plan's, else :attr:`codec`."""
+        planned = self.plans.at(module_id, round_no) if self.plans is not None else None
+        if planned is None:
+            return self.codec
+        name = dataclasses.replace(self.outer_cfg, codec=planned[1]).wire_codec()
+        codec = self._codecs.get(name)
+        if codec is None:
+            codec = self._codecs[name] = get_codec(name)
+        return codec
 
     def _exchange_still_running(self, elapsed: float) -> bool:
         """Overlap mode with ``train_through_waits``: the last round's exchange of some module is still
@@ -304,7 +332,7 @@ class DiLoCoOptimizer:
         try:
             return self.averager.average(
                 st.module_id, round_no, unflatten(sent, st.outer.global_params), max(tokens, EMPTY_ROUND_WEIGHT),
-                self.codec,
+                self.codec_for(st.module_id, round_no),
                 self.outer_cfg.round_timeout, digest=digest,
             )
         except Exception as e:  # an exchange failure must not take the training loop or other modules down
@@ -316,7 +344,7 @@ class DiLoCoOptimizer:
             logger.info("module %s round %d not applied: %s", st.module_id, round_no, res.reason)
         return ModuleReport(
             st.module_id, round_no, res.ok, res.reason, res.group_size, list(res.peers), res.bytes_sent,
-            res.bytes_received, tokens, wait, adopt=res.adopt,
+            res.bytes_received, tokens, wait, transfer_seconds=res.transfer_seconds, adopt=res.adopt,
         )
 
     def _launch(self, st: HeldModule, tokens: float, keep_anchor: bool) -> None:

@@ -26,6 +26,8 @@ class ModuleReport:
     """Our weight in the average: tokens processed in the round."""
     wait_seconds: float = 0.0
     """Seconds the training loop was blocked waiting on this exchange."""
+    transfer_seconds: float = 0.0
+    """Seconds the exchange's all-reduce took once its group formed (0: nothing crossed a network)."""
     adopt: str = ""
     """Not applied because the other holders at this round hold another state (a fork): the digest
     (:func:`peer.outer.state_digest`) of the state to re-sync to."""

@@ -42,7 +42,7 @@ from models.config import RunConfig
 from models.errors import HivepathError
 from peer.node.checkpoint import CheckpointDir
 from peer.coordinator_client import HeartbeatReply, PeerInfo, Progress, VersionMismatch, WorkAssignment
-from peer.diloco import RoundReport
+from peer.diloco import PlanBook, RoundReport
 from peer.node.progress import PeerStatus, ProgressView, make_view
 from peer.node.machine_share import MachineShare
 from peer.node.resources import describe_device, measure_tokens_per_s, resolve_device, usable_memory_bytes
@@ -143,6 +143,9 @@ class PeerNode:
         the peer exits with :class:`VersionMismatch`'s code instead of 0."""
         self.view: Optional[ProgressView] = None
         self.data: Optional[RunData] = None
+        self.plans = PlanBook()
+        """The coordinator's exchange plans for our modules, from heartbeat replies; every optimizer this
+        peer builds follows them (:class:`peer.diloco.PlanBook`)."""
 
     # -- control from other threads (signals, heartbeats, spot notices) --------------------------
 
@@ -179,6 +182,8 @@ class PeerNode:
     def _on_heartbeat(self, reply: HeartbeatReply) -> None:
         self.status.coordinator = "connected"
         self.status.mark_heartbeat()
+        for change in self.plans.update(reply.plans):
+            log.info("exchange plan: %s", change)
         if reply.drain and (reply.required_version or reply.refused):
             self._upgrade = reply.drain_reason or f"the run now requires hivepath {reply.required_version} or newer"
             self.request_stop(f"drained by the coordinator: {self._upgrade}")
@@ -228,7 +233,8 @@ class PeerNode:
             return {"progress": progress, "tokens_per_s": self.status.tokens_per_s, "measured": True,
                     "capacity": self.status.capacity_tokens_per_s, "bytes_sent": self.status.bytes_sent,
                     "bytes_received": self.status.bytes_received, "preempting": self._preempting,
-                    "seeded_paths": self.data.seeded_paths() if self.data is not None else None}
+                    "seeded_paths": self.data.seeded_paths() if self.data is not None else None,
+                    "link_bps": (self.status.link.upload_bps, self.status.link.download_bps)}
         # a throughput measured over the first seconds of new work (state loading, first rounds) is
         # noise the coordinator would rebalance on: report 0 ("unchanged", it keeps the join figure)
         settled = time.monotonic() - self._work_started >= THROUGHPUT_SETTLE_SECONDS
@@ -239,6 +245,7 @@ class PeerNode:
             "bytes_received": self.status.bytes_received,
             "preempting": self._preempting,
             "seeded_paths": self.data.seeded_paths() if self.data is not None else None,
+            "link_bps": (self.status.link.upload_bps, self.status.link.download_bps),
         }
 
     # -- the life cycle -----------------------------------------------------------------------
@@ -247,7 +254,8 @@ class PeerNode:
         for m in report.modules.values():
             self._event("round", module=m.module_id, round=m.round_no, status="done" if m.applied else "failed",
                         peers=list(m.peers), group_size=m.group_size, bytes_sent=m.bytes_sent,
-                        bytes_received=m.bytes_received, seconds=round(m.wait_seconds, 3), reason=m.reason)
+                        bytes_received=m.bytes_received, seconds=round(m.wait_seconds, 3),
+                        transfer_seconds=round(m.transfer_seconds, 3), reason=m.reason)
         self._checkpoint_event()
         if self._share is not None:
             self._share.update()  # peers that started or stopped since: take our new share of the cores
@@ -397,7 +405,7 @@ class PeerNode:
                 self._trainer = None
                 reason = run_stage_server(cfg, assignment.module_id, dataset, device, dht, averager, checkpoints,
                                           self._should_stop, status=self.status, outer=outer,
-                                          after_round=self._after_round)
+                                          after_round=self._after_round, plans=self.plans)
             elif assignment.mode == "trainer":
                 # SWARM's trainer: the path's embedding, head and data here, its levels on stage servers
                 self.status.assignment = ",".join(map(str, assignment.path))
@@ -406,7 +414,8 @@ class PeerNode:
                 reason = run_stage_trainer(cfg, assignment.path, dataset, device, dht, averager, checkpoints,
                                            self._should_stop, status=self.status, outer=outer,
                                            view=self.view, call_timeout=TRAINER_WAIT_SECONDS,
-                                           micro_batches=TRAINER_MICRO_BATCHES, after_round=self._after_round)
+                                           micro_batches=TRAINER_MICRO_BATCHES, after_round=self._after_round,
+                                           plans=self.plans)
             else:
                 self.status.assignment = ",".join(map(str, assignment.path))
                 self.data.ensure_path(assignment.path, dht, self._fetch_should_stop)  # returns once train is verified
@@ -414,6 +423,7 @@ class PeerNode:
                 self._trainer = PathTrainer(cfg, assignment.path, dataset, device, averager, checkpoints,
                                             peer_id, self.status, fetch_state=fetch, outer=outer,
                                             cpu_limit=CpuLimit(self.opts.cpu_limit, wake=self._stop))
+                self._trainer.opt.plans = self.plans
                 reason = self._trainer.run(self._should_stop, self._after_round)
                 self.status.state = "draining"
                 self._trainer.finish()

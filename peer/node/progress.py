@@ -27,6 +27,7 @@ from rich.table import Table
 
 from models import strict_json
 from peer import settings
+from peer.diloco.link_rates import LinkRates
 
 __all__ = ["PeerStatus", "ProgressView", "JsonLinesView", "RichView", "make_view", "WAITING_STATES", "FetchView",
            "make_fetch_view", "EVENTS"]
@@ -36,7 +37,7 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "assignment": ("mode", "work", "reason"),
     "reroute": ("mode", "work", "previous", "reason"),
     "round": ("module", "round", "status", "peers", "group_size", "bytes_sent", "bytes_received", "seconds",
-              "reason"),
+              "transfer_seconds", "reason"),
     "checkpoint": ("path", "round", "error"),
     "drain": ("reason", "preempting", "drain_timeout"),
     "leave": ("reason", "drain_seconds"),
@@ -46,9 +47,9 @@ EVENTS: dict[str, tuple[str, ...]] = {
 """The events a peer emits and the fields each carries (besides ``time`` and ``event``): ``join`` once
 admitted; ``assignment`` for its first work and ``reroute`` when the coordinator moves it (``previous``:
 the work it leaves); ``round`` per module and outer round (``status`` ``done`` or ``failed``, ``peers``
-the group's members, ``seconds`` the exchange's wait); ``checkpoint`` after each snapshot (``error``
-when it failed); ``drain`` when a drain begins; ``leave`` as the process ends (``drain_seconds``: how
-long the drain took, None without one); ``error`` for a problem that stops it; ``failover`` when a
+the group's members, ``seconds`` the exchange's wait, ``transfer_seconds`` its all-reduce's time);
+``checkpoint`` after each snapshot (``error`` when it failed); ``drain`` when a drain begins; ``leave``
+as the process ends (``drain_seconds``: how long the drain took, None without one); ``error`` for a problem that stops it; ``failover`` when a
 stage-mode trainer's request leaves a stage server of ``module`` that failed (``reason``) for
 ``to_server``, or for none (None: no server of the module answered in time, the step is abandoned)."""
 
@@ -90,6 +91,8 @@ class PeerStatus:
     bytes_received: int = 0
     group_sizes: dict[str, int] = field(default_factory=dict)
     """Module id -> members in its last averaging round."""
+    link: LinkRates = field(default_factory=LinkRates)
+    """Upload and download rates measured from this peer's averaging rounds (sent in heartbeats)."""
     coordinator: str = "connected"
     reachability: str = ""
     """Whether others can dial this peer, as the coordinator found at join (``reachable at ...``,
@@ -136,6 +139,7 @@ class PeerStatus:
         """The fields as a JSON-safe dict, safe to call from another thread while the peer writes."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["group_sizes"] = dict(self.group_sizes)
+        out["link"] = asdict(self.link)
         return out
 
 

@@ -33,7 +33,7 @@ from models.training import autocast
 from peer.node.checkpoint import CheckpointDir, CheckpointError, saved_state, state_groups
 from peer.diloco import DiLoCoOptimizer, RoundReport
 from peer.node.progress import PeerStatus, ProgressView
-from peer.diloco import install_resync, resync_after_round
+from peer.diloco import PlanBook, install_resync, resync_after_round
 from peer.stage import DEFAULT_ACTIVATION_CODEC, StageClient, StageUnavailable
 from peer.stage import StageServer, StageServerOptions
 from peer.stage.activity import IdleHolds, ServedRate
@@ -227,13 +227,15 @@ def run_stage_server(cfg: RunConfig, module_id: str, dataset: Any, device: torch
                      checkpoints: Optional[CheckpointDir], should_stop: Callable[[], Optional[str]],
                      status: Optional[PeerStatus] = None, outer: Optional[OuterConfig] = None,
                      options: StageServerOptions = StageServerOptions(), event_hook: Any = None,
-                     after_round: Optional[Callable[[RoundReport], None]] = None) -> str:
+                     after_round: Optional[Callable[[RoundReport], None]] = None,
+                     plans: Optional[PlanBook] = None) -> str:
     """Serve ``module_id`` as a pipeline stage until ``should_stop()`` returns a reason; return it.
 
     ``dataset``: the run's dataset (its manifest hash goes into checkpoints; None is fine);
     ``averager``: the process's NetAverager (or any ModuleAverager); ``outer``: the assignment's
     outer config (H, codec) if it overrides the run's; ``after_round``: called with each round's
-    report once it is applied and checkpointed (the peer's round events).
+    report once it is applied and checkpointed (the peer's round events); ``plans``: the
+    coordinator's exchange plans (:class:`peer.diloco.PlanBook`) the module's rounds follow.
     """
     status = status if status is not None else PeerStatus()
     extra = {"peer_id": getattr(averager, "peer_id", ""), "stage": module_id}
@@ -250,12 +252,14 @@ def run_stage_server(cfg: RunConfig, module_id: str, dataset: Any, device: torch
             status.group_sizes[mid] = m.group_size
             status.bytes_sent += m.bytes_sent
             status.bytes_received += m.bytes_received
+        status.link.observe(report.modules.values())
         if checkpoints is not None:
             save_states(cfg, server.opt, {module_id: server.module}, checkpoints, extra)
         if after_round is not None:
             after_round(report)
 
     server = StageServer(cfg, module_id, dht, averager, device, options, outer, event_hook, on_round)
+    server.opt.plans = plans
     adopt_states(cfg, server.opt, {module_id: server.module}, checkpoints, fetch)
     install_resync(server.opt, fetch, wait=0.0)  # never a poll in the request that completed a step
     if hasattr(averager, "serve_states"):
@@ -302,7 +306,8 @@ def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, devic
                       on_step: Optional[Callable[["StageTrainer", float], None]] = None,
                       view: Optional[ProgressView] = None, idle_timeout: float = 10.0,
                       call_timeout: Optional[float] = None,
-                      after_round: Optional[Callable[[RoundReport], None]] = None) -> str:
+                      after_round: Optional[Callable[[RoundReport], None]] = None,
+                      plans: Optional[PlanBook] = None) -> str:
     """Train ``path`` through stage servers (holding its embed and head) until ``should_stop()``
     returns a reason; return it. ``codec``: activations' and gradients' codec; ``micro_batches``:
     chunks of each batch in flight at once; ``on_step(trainer, loss)`` is called after every step;
@@ -311,7 +316,8 @@ def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, devic
     pipeline after which the embedding and head are announced idle (held in rounds again at the next step);
     ``call_timeout``: seconds a forward or backward may wait for a server of its level (default
     ``max(60, 3 * request_timeout)``); when none answers, the step is dropped and the trainer waits.
-    ``after_round``: called with each round's report once it is applied and checkpointed."""
+    ``after_round``: called with each round's report once it is applied and checkpointed.
+    ``plans``: the coordinator's exchange plans the embedding's and head's rounds follow."""
     status = status if status is not None else PeerStatus()
     peer_id = getattr(averager, "peer_id", "") or "trainer"
     seed = int.from_bytes(hashlib.sha256(f"{peer_id}/{format_path(tuple(path))}".encode()).digest()[:4], "little")
@@ -319,6 +325,7 @@ def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, devic
                          call_timeout=call_timeout or max(60.0, 3 * request_timeout),
                          on_failover=failover_events(view) if view is not None else None)
     trainer = StageTrainer(cfg, path, client, device, averager, dataset, micro_batches, seed, outer)
+    trainer.opt.plans = plans
     extra = {"peer_id": peer_id, "paths": [format_path(trainer.path)]}
     fetch = _fetcher(averager, (outer or cfg.outer).round_timeout)
     adopt_states(cfg, trainer.opt, trainer.modules, checkpoints, fetch)
@@ -333,6 +340,7 @@ def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, devic
     def on_round(report: RoundReport) -> None:
         resync_after_round(trainer.opt, report, averager, fetch)
         status.round_no = max(trainer.opt.module_round(m) for m in trainer.modules)
+        status.link.observe(report.modules.values())
         if checkpoints is not None:
             save_states(cfg, trainer.opt, trainer.modules, checkpoints, extra)
         if after_round is not None:

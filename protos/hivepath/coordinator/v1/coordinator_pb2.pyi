@@ -157,7 +157,7 @@ class ModuleProgress(_message.Message):
     def __init__(self, module_id: _Optional[str] = ..., round: _Optional[int] = ..., tokens: _Optional[int] = ..., loss: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("lease_id", "peer_id", "progress", "assignment_version", "tokens_per_s", "bytes_sent", "bytes_received", "preempting", "seeds_data", "seeded_paths", "evaluations", "tokens_per_s_measured", "capacity_tokens_per_s", "peer_version")
+    __slots__ = ("lease_id", "peer_id", "progress", "assignment_version", "tokens_per_s", "bytes_sent", "bytes_received", "preempting", "seeds_data", "seeded_paths", "evaluations", "tokens_per_s_measured", "capacity_tokens_per_s", "peer_version", "measured_upload_bps", "measured_download_bps")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +172,8 @@ class HeartbeatRequest(_message.Message):
     TOKENS_PER_S_MEASURED_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     PEER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_UPLOAD_BPS_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_DOWNLOAD_BPS_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     peer_id: str
     progress: _containers.RepeatedCompositeFieldContainer[ModuleProgress]
@@ -186,7 +188,9 @@ class HeartbeatRequest(_message.Message):
     tokens_per_s_measured: bool
     capacity_tokens_per_s: float
     peer_version: str
-    def __init__(self, lease_id: _Optional[str] = ..., peer_id: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[ModuleProgress, _Mapping]]] = ..., assignment_version: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., preempting: _Optional[bool] = ..., seeds_data: _Optional[bool] = ..., seeded_paths: _Optional[_Iterable[str]] = ..., evaluations: _Optional[_Iterable[_Union[PathEvaluation, _Mapping]]] = ..., tokens_per_s_measured: _Optional[bool] = ..., capacity_tokens_per_s: _Optional[float] = ..., peer_version: _Optional[str] = ...) -> None: ...
+    measured_upload_bps: float
+    measured_download_bps: float
+    def __init__(self, lease_id: _Optional[str] = ..., peer_id: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[ModuleProgress, _Mapping]]] = ..., assignment_version: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., preempting: _Optional[bool] = ..., seeds_data: _Optional[bool] = ..., seeded_paths: _Optional[_Iterable[str]] = ..., evaluations: _Optional[_Iterable[_Union[PathEvaluation, _Mapping]]] = ..., tokens_per_s_measured: _Optional[bool] = ..., capacity_tokens_per_s: _Optional[float] = ..., peer_version: _Optional[str] = ..., measured_upload_bps: _Optional[float] = ..., measured_download_bps: _Optional[float] = ...) -> None: ...
 
 class PathEvaluation(_message.Message):
     __slots__ = ("path", "bpb", "round")
@@ -199,20 +203,36 @@ class PathEvaluation(_message.Message):
     def __init__(self, path: _Optional[_Iterable[int]] = ..., bpb: _Optional[float] = ..., round: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("lease_remaining_s", "assignment", "drain", "drain_reason", "credential", "required_version")
+    __slots__ = ("lease_remaining_s", "assignment", "drain", "drain_reason", "credential", "required_version", "plans")
     LEASE_REMAINING_S_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
     DRAIN_REASON_FIELD_NUMBER: _ClassVar[int]
     CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     REQUIRED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PLANS_FIELD_NUMBER: _ClassVar[int]
     lease_remaining_s: float
     assignment: Assignment
     drain: bool
     drain_reason: str
     credential: bytes
     required_version: str
-    def __init__(self, lease_remaining_s: _Optional[float] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., drain: _Optional[bool] = ..., drain_reason: _Optional[str] = ..., credential: _Optional[bytes] = ..., required_version: _Optional[str] = ...) -> None: ...
+    plans: _containers.RepeatedCompositeFieldContainer[ModulePlan]
+    def __init__(self, lease_remaining_s: _Optional[float] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., drain: _Optional[bool] = ..., drain_reason: _Optional[str] = ..., credential: _Optional[bytes] = ..., required_version: _Optional[str] = ..., plans: _Optional[_Iterable[_Union[ModulePlan, _Mapping]]] = ...) -> None: ...
+
+class ModulePlan(_message.Message):
+    __slots__ = ("module_id", "inner_steps", "codec", "from_round", "reason")
+    MODULE_ID_FIELD_NUMBER: _ClassVar[int]
+    INNER_STEPS_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    FROM_ROUND_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    module_id: str
+    inner_steps: int
+    codec: str
+    from_round: int
+    reason: str
+    def __init__(self, module_id: _Optional[str] = ..., inner_steps: _Optional[int] = ..., codec: _Optional[str] = ..., from_round: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
     __slots__ = ("lease_id", "peer_id", "reason")

@@ -1,0 +1,218 @@
+"""Each module's exchange plan: the H and codec every holder of the module uses from an agreed round
+on, chosen from the links its holders measured so that the exchange stays within the run's
+communication budget. Pure functions of (now, holders, current plan, settings) returning
+``(plan, reason)``.
+
+A round of module m costs each holder h its compute, ``H * batch * seq_len / tokens_per_s(h)``
+seconds, and its exchange, ``k(h) * size(m, codec) / upload(h) + k(h) * size(m, codec) / download(h)``
+seconds, where ``size`` is the module's exact encoded size (:mod:`models.codec_spec`) and ``k(h)`` the
+modules h exchanges at once over the same link (a path peer's whole path): m's round waits for its
+slowest holder, so m's share is the largest exchange / compute ratio over its holders. An exchange
+under :data:`coordinator.links.MIN_SLOW_EXCHANGE_SECONDS` never counts, nor does a direction whose
+rate is not known (0).
+
+Candidates, in order of preference: H from the run's ``inner_steps`` doubling up to
+``max_inner_steps_factor`` times it, and for each H the run's codec, then each allowed smaller codec
+(``planner_codecs``) from largest to smallest: a lighter codec is tried before a longer round. The
+plan is the first candidate within ``comm_budget`` (the last one when none is). Hysteresis: the
+current plan is kept while its share stays within ``comm_budget * (1 + plan_hysteresis)`` and no
+preferred candidate fits within ``comm_budget * (1 - plan_hysteresis)``, so measurement noise around
+the budget changes nothing. While a holder of the module ignores plans (an older release), only the
+run's codec is a candidate. A new plan applies from the module's highest reported round plus
+:func:`lead_rounds` (every holder hears of it before it reaches that round), and no plan changes
+before the previous one took effect, so a holder needs at most two plans per module to know every
+round's H and codec.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Optional, Sequence
+
+from coordinator.links import MIN_SLOW_EXCHANGE_SECONDS
+from coordinator.settings import CoordinatorSettings
+from models.codec_spec import codec_spec
+from models.config import RunConfig
+
+__all__ = ["ModulePlan", "HolderLink", "candidates", "plan_module", "allowed_codecs", "lead_rounds", "held_back_by"]
+
+
+@dataclass(frozen=True)
+class ModulePlan:
+    """What every holder of ``module_id`` uses in its rounds from ``from_round`` on."""
+
+    module_id: str
+    inner_steps: int
+    codec: str
+    from_round: int
+    reason: str = ""
+    decided_at: float = 0.0
+    """Wall-clock time of the decision."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModulePlan":
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class HolderLink:
+    """One holder of a module as the planner sees it."""
+
+    peer_id: str
+    upload_bps: float
+    """Bytes/s (0: unknown): measured from its rounds, or the join probe's until then."""
+    download_bps: float
+    tokens_per_s: float
+    modules: int = 1
+    """Modules it exchanges at once over its link each round."""
+    follows_plans: bool = True
+    """False for a peer of an older coordinator protocol, which ignores plans: its modules keep the
+    run's codec (only H may change; such a peer keeps its assignment's H, and rounds pace it)."""
+
+
+def allowed_codecs(run: RunConfig, settings: CoordinatorSettings) -> list[str]:
+    """The run's codec, then the ``planner_codecs`` smaller than it, from largest to smallest."""
+    base = run.outer.codec
+    bits = codec_spec(base).encoded_size(1 << 20)
+    extra = {c for c in settings.planner_codec_list() if codec_spec(c).encoded_size(1 << 20) < bits}
+    return [base] + sorted(extra, key=lambda c: (-codec_spec(c).encoded_size(1 << 20), c))
+
+
+def candidates(run: RunConfig, settings: CoordinatorSettings) -> list[tuple[int, str]]:
+    """(H, codec) in order of preference (see the module docstring)."""
+    codecs = allowed_codecs(run, settings)
+    h0 = run.outer.inner_steps
+    out, h = [], h0
+    while h <= h0 * settings.max_inner_steps_factor:
+        out.extend((h, c) for c in codecs)
+        h *= 2
+    return out
+
+
+def _frontier(holders: Sequence[HolderLink]) -> list[tuple[float, float, HolderLink]]:
+    """The holders that can be a candidate's slowest, as (a, b, holder): ``a`` seconds of exchange per
+    byte of the module (``k / upload + k / download``), ``b = a * tokens_per_s`` (so a candidate of
+    ``size`` bytes and ``tokens`` per round costs the holder ``size * b / tokens`` of its round). Sorted
+    by ``a`` falling, keeping only holders whose ``b`` beats every one with a larger ``a``: whichever
+    holders pass a candidate's minimum exchange time (a prefix in ``a``), the last of them in this
+    list has the largest share. One pass over the holders per module, whatever the candidates."""
+    items = []
+    for link in holders:
+        a = max(1, link.modules) * ((1.0 / link.upload_bps if link.upload_bps > 0 else 0.0)
+                                    + (1.0 / link.download_bps if link.download_bps > 0 else 0.0))
+        if a > 0:
+            items.append((a, a * max(link.tokens_per_s, 1e-9), link))
+    items.sort(key=lambda t: (-t[0], t[2].peer_id))
+    frontier: list[tuple[float, float, HolderLink]] = []
+    for item in items:
+        if not frontier or item[1] > frontier[-1][1]:
+            frontier.append(item)
+    return frontier
+
+
+def _share(numel: int, h: int, codec: str, frontier: Sequence[tuple[float, float, HolderLink]], run: RunConfig,
+           settings: CoordinatorSettings) -> tuple[float, Optional[HolderLink], float]:
+    """(largest exchange / compute ratio over the holders, that holder, its exchange seconds); an
+    exchange under :data:`MIN_SLOW_EXCHANGE_SECONDS` does not count."""
+    size = codec_spec(codec).encoded_size(numel)
+    tokens = h * (settings.batch_size or run.inner.batch_size) * run.lattice.seq_len
+    worst: tuple[float, Optional[HolderLink], float] = (0.0, None, 0.0)
+    for a, b, link in frontier:
+        if size * a < MIN_SLOW_EXCHANGE_SECONDS:
+            break
+        worst = (size * b / tokens, link, size * a)
+    return worst
+
+
+def _describe(h: int, codec: str, share: float, link: Optional[HolderLink], seconds: float) -> str:
+    if link is None:
+        return f"H={h}, {codec}: every holder's exchange under {MIN_SLOW_EXCHANGE_SECONDS:g}s or of unknown rate"
+    what = f"H={h}, {codec}: exchange {share:.0%} of a round"
+    return (f"{what} ({seconds:.1f}s at slowest holder {link.peer_id[-8:]}, {link.upload_bps * 8e-6:.1f} Mbit/s up, "
+            f"{link.download_bps * 8e-6:.1f} down)")
+
+
+def plan_module(
+    now: float,
+    module_id: str,
+    numel: int,
+    holders: Sequence[HolderLink],
+    current: Optional[ModulePlan],
+    module_round: int,
+    run: RunConfig,
+    settings: CoordinatorSettings,
+) -> tuple[Optional[ModulePlan], str]:
+    """(a new plan, reason) when the module's plan should change, else (None, reason).
+
+    ``numel``: the module's parameter count; ``holders``: its live holders; ``current``: its plan
+    (None: the run's H and codec, never planned); ``module_round``: the highest round its holders reported."""
+    budget, slack = settings.comm_budget, settings.plan_hysteresis
+    options = candidates(run, settings)
+    now_h, now_codec = (current.inner_steps, current.codec) if current else (run.outer.inner_steps, run.outer.codec)
+    if current is not None and module_round < current.from_round:
+        return None, f"{_label(now_h, now_codec)} from round {current.from_round} (module at round {module_round})"
+    if not holders:
+        return None, f"{_label(now_h, now_codec)}: no holder"
+    stale = sum(1 for link in holders if not link.follows_plans)
+    if stale:  # a holder that ignores plans encodes with the run's codec whatever a plan says
+        options = [(h, c) for h, c in options if c == run.outer.codec]
+    frontier = _frontier(holders)
+    shares = [_share(numel, h, c, frontier, run, settings) for h, c in options]
+    best = next((i for i, s in enumerate(shares) if s[0] <= budget), len(options) - 1)
+    here = options.index((now_h, now_codec)) if (now_h, now_codec) in options else None
+    if here is None and stale:
+        why = (f"{stale} holder(s) of an older release ignore plans, so the codec is the run's; "
+               f"{_describe(*options[best], *shares[best])}")
+    elif here is None:
+        why = f"the allowed H and codecs changed; {_describe(*options[best], *shares[best])}"
+    elif shares[here][0] > budget * (1 + slack):
+        why = (f"{_describe(now_h, now_codec, *shares[here])} passes the budget {budget:.0%}; "
+               f"{_describe(*options[best], *shares[best])}")
+        if shares[best][0] > budget:
+            why += " (the least the allowed H and codecs reach)"
+    elif best < here and shares[best][0] <= budget * (1 - slack):
+        why = f"links allow a shorter or finer exchange: {_describe(*options[best], *shares[best])}"
+    else:
+        return None, f"keeps {_describe(now_h, now_codec, *shares[here])} (budget {budget:.0%})"
+    h, codec = options[best]
+    if (h, codec) == (now_h, now_codec):
+        return None, f"keeps {_describe(now_h, now_codec, *shares[best])} (budget {budget:.0%})"
+    plan = ModulePlan(module_id, h, codec, module_round + lead_rounds(now_h, holders, run, settings), why, now)
+    return plan, why
+
+
+def lead_rounds(h: int, holders: Sequence[HolderLink], run: RunConfig, settings: CoordinatorSettings) -> int:
+    """Rounds between the module's highest reported round and a new plan's first: ``plan_lead_rounds``,
+    or more where its fastest holder's rounds (of ``h`` steps) are so short that three heartbeat
+    intervals (its round reported, the plan sent back, a margin) would span more of them. A holder
+    that learns of a plan after its first round encodes that round in the old codec and the group
+    drops its parts."""
+    tokens = h * (settings.batch_size or run.inner.batch_size) * run.lattice.seq_len
+    fastest = max((link.tokens_per_s for link in holders), default=0.0)
+    if fastest <= 0:
+        return settings.plan_lead_rounds
+    round_seconds = tokens / fastest
+    return max(settings.plan_lead_rounds, math.ceil(3 * settings.heartbeat_interval / round_seconds))
+
+
+def _label(h: int, codec: str) -> str:
+    return f"H={h}, {codec}"
+
+
+def held_back_by(numel: int, holders: Sequence[HolderLink], run: RunConfig,
+                 settings: CoordinatorSettings) -> Optional[HolderLink]:
+    """The one holder whose link alone puts the module's exchange past ``comm_budget`` at the run's H
+    and codec (without it the rest fit): the peer to move elsewhere. None when the module fits, or
+    when it would not fit without that holder either (several slow links: the plan is the remedy)."""
+    h, codec = run.outer.inner_steps, run.outer.codec
+    share, worst, _ = _share(numel, h, codec, _frontier(holders), run, settings)
+    if worst is None or share <= settings.comm_budget:
+        return None
+    rest = [link for link in holders if link.peer_id != worst.peer_id]
+    if _share(numel, h, codec, _frontier(rest), run, settings)[0] <= settings.comm_budget:
+        return worst
+    return None
