@@ -16,7 +16,7 @@ from pathlib import Path
 from hivepath.numbers import Number, count, natural, positive, seed
 from hivepath.paths import dataset, text_file, write_dir
 from hivepath.progress import prepare_with_progress
-from hivepath.settings import env_default
+from hivepath.settings import add_flag
 from models.errors import ConfigError
 
 __all__ = ["register", "run", "resolve_config", "default_data_dir"]
@@ -56,8 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a prepared dataset (default: the built-in corpus, cached)")
     p.add_argument("--out", type=write_dir(), metavar="DIR", help="output directory (default runs/TIMESTAMP)")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
-    p.add_argument("--threads", type=count(), default=env_default("HIVEPATH_THREADS"), metavar="N",
-                   help="CPU threads for torch (env HIVEPATH_THREADS; default: torch's choice)")
+    add_flag(p, "HIVEPATH_THREADS", help="CPU threads for torch (default: torch's choice)")
     p.add_argument("--eval-docs", type=natural(), default=64, metavar="N",
                    help="validation documents per path for the final bits per byte (0: all; default 64)")
     p.set_defaults(func=run)

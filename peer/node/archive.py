@@ -33,6 +33,7 @@ from peer.outer import ModuleState
 from peer.node.progress import PeerStatus
 from peer.node.run_data import DataOptions, RunData
 from peer.node.startup import NetworkOptions, PeerStartup
+from peer.settings import default
 
 __all__ = ["ArchiveOptions", "ArchivePeer"]
 
@@ -69,18 +70,18 @@ class ArchiveOptions:
     """The run's prepared dataset: recorded in snapshots for eval, and seeded to peers."""
     seed: bool = True
     """Seed ``data_dir`` (``--no-seed``: do not)."""
-    keep: int = 3
+    keep: int = default("HIVEPATH_ARCHIVE_KEEP")
     """Snapshots kept on disk (the last K)."""
     poll_interval: float = 1.0
     """Seconds between looks at the holders' rounds."""
-    eval_documents: int = 4
+    eval_documents: int = default("HIVEPATH_ARCHIVE_EVAL_DOCS")
     """Validation documents per path scored on a new snapshot, whose bits per byte go to the
     coordinator's status page (0: no scoring; without ``data_dir`` there is nothing to score on). The
     same documents each time, so the history shows the trend; ``hivepath eval`` scores them all.
     Measured on the tiny preset's 2x2 lattice with the built-in corpus: about 5 CPU seconds per path
     on an idle core, 20-35 s of wall time for the 4 paths beside three training peers on 2 cores
     (``--eval-docs``)."""
-    eval_interval: float = 120.0
+    eval_interval: float = default("HIVEPATH_ARCHIVE_EVAL_INTERVAL")
     """Seconds between two scorings at least (the archive often shares a machine with trainers;
     ``--eval-interval``)."""
     extra: dict = field(default_factory=dict)
