@@ -102,17 +102,18 @@ def default_data_dir(tokenizer: str, levels: int, modules: int) -> Path:
 
 
 def _dataset(args, cfg):
-    from models.data import Dataset
+    from models.data import Dataset, prepared
 
     L = cfg.lattice
     if args.data:
         return Dataset(args.data)
     shape = (2, 2) if (L.levels, L.modules_per_level) == (1, 1) else (L.levels, L.modules_per_level)
     path = default_data_dir(cfg.data.tokenizer, *shape)
-    if not (path / "manifest.json").exists():
-        log.info("preparing the built-in corpus into %s (once)", path)
-        prepare_with_progress([], "default", str(path), shape[0], shape[1], cfg.data.tokenizer)
-    return Dataset(path)
+    def make(out: Path) -> None:
+        log.info("preparing the built-in corpus into %s (once)", out)
+        prepare_with_progress([], "default", str(out), shape[0], shape[1], cfg.data.tokenizer)
+
+    return prepared(path, make=make)
 
 
 def run(args: argparse.Namespace) -> int:
