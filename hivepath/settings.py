@@ -1,14 +1,16 @@
-"""Every ``HIVEPATH_*`` environment variable of the command line, in one table, and the table of all.
+"""The command line's ``HIVEPATH_*`` settings (logging, the coordinator's address, the run token), the
+images' variables, and the table of all of them.
 
-A flag of ``hivepath`` that a variable can set is built from the variable's declaration
-(:func:`add_flag`: its default, type and range, choices, value name and help, to which the help adds
-the variable and the default); its ``--help`` names the variable. Precedence, highest first: the flag on the command line, the
-variable, the default below. The run token is the one exception to "flag default": ``--token`` and
-``--token-file`` have none, and :func:`hivepath.options.read_token` reads ``--token``, then
-``--token-file``, then ``HIVEPATH_TOKEN``, then ``HIVEPATH_TOKEN_FILE``.
+A flag of ``hivepath`` that a variable can set is built from the setting's one declaration
+(:func:`add_flag`: its default, range as the type, choices, value name and help, to which the help adds
+the variable and the default); its ``--help`` names the variable. Precedence, highest first: the flag
+on the command line, the variable, the declared default. The run token is the one exception to "flag
+default": ``--token`` and ``--token-file`` have none, and :func:`hivepath.options.read_token` reads
+``--token``, then ``--token-file``, then ``HIVEPATH_TOKEN``, then ``HIVEPATH_TOKEN_FILE``.
 
-:data:`ALL_SETTINGS` joins these to the peer's own (:data:`peer.settings.PEER_SETTINGS`) and to the
-variables only the container images read (:data:`IMAGE_SETTINGS`); ``docs/cli.md`` holds it as a
+:data:`ALL_SETTINGS` joins these to the peer processes' declarations
+(:data:`peer.settings.PROCESS_SETTINGS`: network, ``peer join``, ``archive`` and the peer's own) and to
+the variables only the container images read (:data:`IMAGE_SETTINGS`); ``docs/cli.md`` holds it as a
 Markdown table (``python -m hivepath.settings --update docs/cli.md`` rewrites it; a test checks it is
 current). The coordinator package reads no variable (see ``coordinator.settings``).
 
