@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from models.checkpoint.summary import SnapshotSummary
 from models.config import RunConfig, format_path
 from models.errors import HivepathError
 from peer.node.archive_eval import SnapshotEvaluator
@@ -152,13 +153,11 @@ class ArchivePeer:
             states = dict(self.states)
         groups, metadata = state_groups(states, self.names, lat.content_hash())
         complete = [p for p in lat.paths() if all(m in states for m in lat.path_modules(p))]
-        meta = {
-            "config": cfg.to_dict(), "config_hash": cfg.content_hash(), "modules": sorted(states),
-            "paths": [format_path(p) for p in complete], "dense": lat.num_paths == 1,
-            "data": {"dir": str(self.opts.data_dir.resolve()) if self.opts.data_dir else "",
-                     "manifest_hash": manifest_hash},
-            "rounds": {m: s.round_no for m, s in states.items()}, "unix_time": round(time.time(), 3),
-        }
+        meta = SnapshotSummary.of(
+            cfg, sorted(states), paths=[format_path(p) for p in complete],
+            data_dir=str(self.opts.data_dir.resolve()) if self.opts.data_dir else "", manifest_hash=manifest_hash,
+            rounds={m: s.round_no for m, s in states.items()}, unix_time=round(time.time(), 3),
+        ).to_dict()
         self.version += 1
         written = save_snapshot(self.snapshots, self.version, groups, meta, metadata, self.status)
         if written is not None and self.evaluator is not None:
