@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Optional
 
 from bench.common import emit, run_main
+from models.durable import atomic_write
 
 MEASURES = (
     "bench/byzantine.py",
@@ -107,8 +108,7 @@ def pretrain(ds, cfg, steps: int, cache: Path) -> tuple[dict, dict]:
     info = {"pretrain_steps": steps, "bpb_pretrained": bpb, "bpb_twice_as_long": longer,
             "pretrain_seconds": round(time.perf_counter() - t0, 1)}
     cache.mkdir(parents=True, exist_ok=True)
-    torch.save({"state": state, "info": info}, path.with_suffix(".tmp"))
-    os.replace(path.with_suffix(".tmp"), path)
+    atomic_write(path, lambda tmp: torch.save({"state": state, "info": info}, tmp), temp_name=path.with_suffix(".tmp").name)
     return state, info
 
 
@@ -240,14 +240,11 @@ class Attacked:
 def run_bench(args: argparse.Namespace) -> dict:
     import torch
 
-    from models.corpus import default_corpus
-    from models.data import Dataset, prepare
+    from models.data import prepared
 
     torch.set_num_threads(1)
     data = Path(args.work_dir) / "data-dense"
-    if not (data / "manifest.json").exists():
-        prepare(default_corpus(), data, levels=1, modules=1, tokenizer="bytes")
-    ds = Dataset(data)
+    ds = prepared(data, 1, 1, "bytes")
     cfg = _config(ds, args.aggregator, args.norm_bound, args.inner_steps, args.batch)
     t0 = time.perf_counter()
     state, info = pretrain(ds, _config(ds, "mean", 0.0, args.inner_steps, args.batch), args.pretrain_steps, Path(args.cache))

@@ -91,6 +91,7 @@ from bench.netns import link_idle, read_samples, tx_bytes
 from models import strict_json
 from models.codec_spec import ENTROPY_STAGES, codec_spec, wire_name
 from models.config import OuterConfig
+from models.durable import atomic_write_text
 
 MEASURES = (
     "bench/comm.py",
@@ -204,8 +205,7 @@ def run_peer(args: argparse.Namespace) -> None:
     out = Path(args.out)
     dht = start_dht(DHTOptions(host_maddrs=[f"/ip4/{args.host}/tcp/0"], initial_peers=args.initial or []))
     if args.peer == 0:
-        (out / "maddrs.tmp").write_text(strict_json.dumps(dht.maddrs()))
-        os.replace(out / "maddrs.tmp", out / "maddrs")
+        atomic_write_text(out / "maddrs", strict_json.dumps(dht.maddrs()), temp_name="maddrs.tmp")
     marks: dict[str, float] = {}
     formed: dict[str, dict] = {}
 
@@ -272,8 +272,7 @@ def run_peer(args: argparse.Namespace) -> None:
                          results[codec][-1]["seconds_allreduce"], res.bytes_sent)
                 del flat
                 avg.give_back(res)  # as a training peer does once it applied the round (its vectors are reused)
-        (out / f"peer{args.peer}.tmp").write_text(strict_json.dumps(results))
-        os.replace(out / f"peer{args.peer}.tmp", out / f"peer{args.peer}.json")
+        atomic_write_text(out / f"peer{args.peer}.json", strict_json.dumps(results), temp_name=f"peer{args.peer}.tmp")
     finally:
         avg.shutdown()
         dht.shutdown()

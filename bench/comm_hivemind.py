@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import statistics
 import time
 import warnings
@@ -48,6 +47,7 @@ from typing import Optional
 from bench.comm import _cpu_seconds, median_index, namespaced_peers
 from bench.common import ISSUE_RATE_MBIT, emit, rate_result_name, run_main
 from models import strict_json
+from models.durable import atomic_write_text
 
 MEASURES = (
     "bench/comm_hivemind.py",
@@ -119,8 +119,8 @@ def run_peer(args: argparse.Namespace) -> None:
     out, n = Path(args.out), args.peers
     dht = DHT(host_maddrs=[f"/ip4/{args.host}/tcp/0"], initial_peers=args.initial or [], start=True)
     if args.peer == 0:
-        (out / "maddrs.tmp").write_text(strict_json.dumps([str(m) for m in dht.get_visible_maddrs()]))
-        os.replace(out / "maddrs.tmp", out / "maddrs")
+        atomic_write_text(out / "maddrs", strict_json.dumps([str(m) for m in dht.get_visible_maddrs()]),
+                          temp_name="maddrs.tmp")
     rate = args.rate_mbit * 1e6 / 8
     numel = args.mb * 2**20 // 4
 
@@ -181,8 +181,7 @@ def run_peer(args: argparse.Namespace) -> None:
                                   child_cpu_seconds={k: round(v - children0.get(k, 0.0), 3) for k, v in children1.items()},
                                   sha256=[hashlib.sha256(r[1].numpy().tobytes()).hexdigest() for r in timed])
             log.info("%s: all-reduce %s s", codec, ", ".join(f"{r[0]:.2f}" for r in timed))
-        (out / f"peer{args.peer}.tmp").write_text(strict_json.dumps(results))
-        os.replace(out / f"peer{args.peer}.tmp", out / f"peer{args.peer}.json")
+        atomic_write_text(out / f"peer{args.peer}.json", strict_json.dumps(results), temp_name=f"peer{args.peer}.tmp")
     finally:
         dht.shutdown()
 

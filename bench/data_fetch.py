@@ -92,16 +92,16 @@ def _corpus(path: Path, text_bytes: int, seed: int = 0) -> Path:
 def dataset(cache: Path, shard_mb: int):
     """The 1x1 dataset whose training shard holds at least ``shard_mb`` MB (prepared once, cached)."""
     from models.corpus import corpus_from_paths
-    from models.data import Dataset, prepare
+    from models.data import prepare, prepared
 
-    out = cache / f"ds-{shard_mb}mb"
-    if not (out / "manifest.json").exists():
+    def make(out: Path) -> None:
         # bytes tokenizer: 2 bytes of shard per byte of text; 90% of documents train
         src = _corpus(cache / f"corpus-{shard_mb}mb" / "docs.jsonl", int(shard_mb * 1e6 / 2 / 0.88))
         started = time.monotonic()
         prepare(corpus_from_paths([str(src.parent)]), out, levels=1, modules=1, tokenizer="bytes")
         log.info("prepared %s in %.0fs", out, time.monotonic() - started)
-    return Dataset(out)
+
+    return prepared(cache / f"ds-{shard_mb}mb", make=make)
 
 
 def _maddr(procs: Any, name: str, timeout: float = 120.0) -> str:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import socket
 import threading
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Optional
 
 from models import strict_json
+from models.durable import atomic_write_text
 
 __all__ = ["DelayRelay", "RelayStats"]
 
@@ -209,9 +209,8 @@ async def _run(maps: list[str], delay: float, stats_path: Optional[Path]) -> Non
     def dump() -> None:
         if stats_path is None:
             return
-        tmp = stats_path.with_suffix(".tmp")
-        tmp.write_text(strict_json.dumps({f"{r.listen[0]}:{r.port}": vars(r.stats) for r in relays}))
-        os.replace(tmp, stats_path)
+        atomic_write_text(stats_path, strict_json.dumps({f"{r.listen[0]}:{r.port}": vars(r.stats) for r in relays}),
+                          temp_name=stats_path.with_suffix(".tmp").name)
 
     dump()  # its existence tells the caller that every port is bound
     while not stop.is_set():

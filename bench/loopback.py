@@ -37,12 +37,9 @@ def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: 
 
 def prepared_corpus(out: Path, levels: int = 2, modules: int = 2):
     """The built-in corpus prepared for a ``levels x modules`` lattice (byte tokenizer), kept in ``out``."""
-    from models.corpus import default_corpus
-    from models.data import Dataset, prepare
+    from models.data import prepared
 
-    if not (out / "manifest.json").exists():
-        prepare(default_corpus(), out, levels=levels, modules=modules, tokenizer="bytes")
-    return Dataset(out)
+    return prepared(out, levels, modules, "bytes")
 
 
 class LoopbackNetwork:

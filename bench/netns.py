@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from models.durable import atomic_write_text
+
 __all__ = ["NetnsBridge", "link_idle", "netns_available", "read_samples", "sample_tx", "tx_bytes"]
 
 log = logging.getLogger(__name__)
@@ -193,10 +195,7 @@ def sample_tx(path: str, interface: str = "eth0", interval: float = SAMPLE_INTER
         readings.append((time.monotonic(), int(os.pread(fd, 32, 0))))
     finally:
         os.close(fd)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.writelines(f"{t:.6f} {b}\n" for t, b in readings)
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(f"{t:.6f} {b}\n" for t, b in readings), temp_name=f"{Path(path).name}.tmp")
 
 
 def read_samples(path: str) -> list[tuple[float, int]]:

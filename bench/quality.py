@@ -64,15 +64,17 @@ TOKENIZERS = {"bytes": "bytes", "bpe": "bpe:4096"}
 def prepare_data(tokenizers: Sequence[str], root: Path = DATA) -> dict[str, str]:
     """``{name: directory}`` of the built-in corpus prepared for a 2x2 lattice, preparing it once."""
     from models.corpus import default_corpus
-    from models.data import prepare
+    from models.data import prepared
 
     dirs = {}
     for name in tokenizers:
         spec = TOKENIZERS[name]
         d = root / f"quality-{spec.replace(':', '')}"
-        if not (d / "manifest.json").exists():
+        def corpus(spec=spec, d=d):
             log.info("preparing the built-in corpus (%s) into %s", spec, d)
-            prepare(default_corpus(), d, levels=2, modules=2, tokenizer=spec)
+            return default_corpus()
+
+        prepared(d, 2, 2, spec, corpus=corpus)
         dirs[name] = str(d)
     return dirs
 

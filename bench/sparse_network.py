@@ -62,13 +62,10 @@ def sparse_network(work: Path, peers: int = 3, rounds: int = 6, codec: str = "to
     import torch
     from helpers.network import Network
     from helpers.procs import ProcessGroup, wait_for
-    from models.corpus import default_corpus
-    from models.data import Dataset, prepare
+    from models.data import prepared
 
     data = work / "data"
-    if not (data / "manifest.json").exists():
-        prepare(default_corpus(), data, levels=2, modules=2, tokenizer="bytes")
-    ds = Dataset(data)
+    ds = prepared(data, 2, 2, "bytes")
     procs = ProcessGroup(work / "logs")
     net = Network(procs, work / "net", ds.dir, ds.manifest_hash, inner_steps=inner_steps, share_cores=False)
     toml = net.run_toml.read_text()

@@ -62,6 +62,7 @@ from typing import Optional
 from bench.common import emit, run_main
 from bench.netns import tx_bytes
 from models import strict_json
+from models.durable import atomic_write_text
 
 MEASURES = (
     "bench/utilization.py",
@@ -263,14 +264,12 @@ def run_peer(args: argparse.Namespace) -> None:
     dht = start_dht(DHTOptions(host_maddrs=[f"/ip4/127.0.0.1/tcp/{P2P_PORT}"], announce_maddrs=[announce],
                                initial_peers=args.initial or []))
     if args.peer == 0:
-        (out / "maddr.tmp").write_text(f"{announce}/p2p/{dht.peer_id}")
-        os.replace(out / "maddr.tmp", out / "maddr")
+        atomic_write_text(out / "maddr", f"{announce}/p2p/{dht.peer_id}", temp_name="maddr.tmp")
     results: dict = {}
     try:
         for name in args.variants.split(","):
             results[name] = run_variant(name, args, dht, dataset, cfg)
-            (out / f"peer{args.peer}.tmp").write_text(strict_json.dumps(results))
-            os.replace(out / f"peer{args.peer}.tmp", out / f"peer{args.peer}.json")
+            atomic_write_text(out / f"peer{args.peer}.json", strict_json.dumps(results), temp_name=f"peer{args.peer}.tmp")
     finally:
         dht.shutdown()
 

@@ -33,14 +33,15 @@ from models.config import RunConfig
 from models.errors import HivepathError
 from protos.hivepath.coordinator.v1 import coordinator_pb2 as pb
 from protos.hivepath.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
+from protos import transport
 
 __all__ = ["ServeOptions", "serve", "run_server", "BackgroundServer", "SERVICE_NAME"]
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Coordinator"].full_name
-MAX_MESSAGE_BYTES = 1 << 20
-KEEPALIVE_MIN_INTERVAL_MS = 5_000
+MAX_MESSAGE_BYTES = transport.MAX_REQUEST_BYTES
+KEEPALIVE_MIN_INTERVAL_MS = transport.MIN_PING_INTERVAL_MS
 """Peers may ping this often (they ping every 10 s to notice dead links); pings more frequent than
 this are answered with GOAWAY, as gRPC does by default for anything under 5 minutes."""
 
@@ -145,7 +146,7 @@ async def serve(run: RunConfig, settings: CoordinatorSettings, opts: ServeOption
             # and split the peers between the two; refuse to bind instead
             ("grpc.so_reuseport", 0),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", 64 * MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", transport.MAX_REPLY_BYTES),
             # peers ping every 10 s (peer.coordinator_client.transport.KEEPALIVE_OPTIONS) to notice a dead link
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_MIN_INTERVAL_MS),

@@ -29,9 +29,9 @@ from hivepath import (
     cmd_train_local,
 )
 from hivepath.numbers import check_defaults
-from hivepath.settings import env_default, pass_on
+from hivepath.settings import add_flag, pass_on
 from models.errors import HivepathError
-from models.log_format import LOG_FORMATS, event_extra, setup_logging
+from models.log_format import event_extra, setup_logging
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
@@ -74,20 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_ShowVersion, nargs=0,
                         help="show the release, the commit when run from a checkout, and each contract's "
                              "protocol version, then exit")
-    parser.add_argument(
-        "--log-level",
-        default=env_default("HIVEPATH_LOG_LEVEL"),
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="logging verbosity (env HIVEPATH_LOG_LEVEL; default INFO)",
-    )
-    parser.add_argument(
-        "--log-format",
-        default=env_default("HIVEPATH_LOG_FORMAT"),
-        choices=list(LOG_FORMATS),
-        help="log lines as text, or json: one JSON object per line with the fields of the events "
-        "(time, event, level, logger, message); the processes a command starts log the same way "
-        "(env HIVEPATH_LOG_FORMAT; default text)",
-    )
+    add_flag(parser, "HIVEPATH_LOG_LEVEL", help="logging verbosity")
+    add_flag(parser, "HIVEPATH_LOG_FORMAT")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
         command.register(sub)

@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hivepath.numbers import count, natural, seconds
+from hivepath.numbers import seconds
 from hivepath.options import add_network_flags, network_options
 from hivepath.paths import dataset, write_dir
-from hivepath.settings import env_default
+from hivepath.settings import add_flag
 from models.errors import HivepathError
 
 __all__ = ["register", "run"]
@@ -29,24 +29,16 @@ def register(sub: argparse._SubParsersAction) -> None:
             "to newcomers, so the run survives the loss of every trainer of a module."
         ),
     )
-    p.add_argument("--dir", type=write_dir(), default=env_default("HIVEPATH_ARCHIVE_DIR"), metavar="DIR",
-                   help="where snapshots go (env HIVEPATH_ARCHIVE_DIR; required)")
+    add_flag(p, "HIVEPATH_ARCHIVE_DIR", type=write_dir())
     add_network_flags(p)
-    p.add_argument("--data", type=dataset(), default=env_default("HIVEPATH_DATA"), metavar="DIR",
-                   help="the run's prepared dataset, recorded in snapshots for eval and seeded to peers, who then need "
-                   "no data of their own (env HIVEPATH_DATA)")
-    p.add_argument("--no-seed", action="store_true", default=env_default("HIVEPATH_NO_SEED"),
-                   help="do not seed --data to peers (env HIVEPATH_NO_SEED=1)")
-    p.add_argument("--keep", type=count(), default=env_default("HIVEPATH_ARCHIVE_KEEP"), metavar="K",
-                   help="snapshots to keep (env HIVEPATH_ARCHIVE_KEEP; default 3)")
+    add_flag(p, "HIVEPATH_DATA", type=dataset(), help="the run's prepared dataset, recorded in snapshots for eval and "
+             "seeded to peers, who then need no data of their own")
+    add_flag(p, "HIVEPATH_NO_SEED", help="do not seed --data to peers")
+    add_flag(p, "HIVEPATH_ARCHIVE_KEEP")
     p.add_argument("--poll-interval", type=seconds(), default=1.0, metavar="S",
                    help="seconds between looks at the modules' rounds (default 1)")
-    p.add_argument("--eval-docs", type=natural(), default=env_default("HIVEPATH_ARCHIVE_EVAL_DOCS"), metavar="N",
-                   help="validation documents per path scored on a new snapshot, shown on the coordinator's status "
-                   "page; 0 scores nothing (env HIVEPATH_ARCHIVE_EVAL_DOCS; default 4; needs --data)")
-    p.add_argument("--eval-interval", type=seconds(), default=env_default("HIVEPATH_ARCHIVE_EVAL_INTERVAL"),
-                   metavar="S", help="seconds between two scorings at least (env HIVEPATH_ARCHIVE_EVAL_INTERVAL; "
-                   "default 120)")
+    add_flag(p, "HIVEPATH_ARCHIVE_EVAL_DOCS")
+    add_flag(p, "HIVEPATH_ARCHIVE_EVAL_INTERVAL")
     p.add_argument("--progress", default="json", choices=["json"], help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 

@@ -15,7 +15,7 @@ from hivepath.numbers import count, seconds, seed
 from hivepath.options import add_token_flags, read_token
 from hivepath.paths import certificate, dataset, key_file, source, write_dir
 from hivepath.progress import fetch_with_progress, prepare_with_progress
-from hivepath.settings import env_default
+from hivepath.settings import add_flag
 from models import strict_json
 from models.errors import DataError
 
@@ -123,14 +123,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _add_swarm_flags(p: argparse.ArgumentParser) -> None:
     """How a data command reaches the swarm: bootstrap peers and/or the coordinator, and where it listens."""
-    p.add_argument("--initial-peers", nargs="*", default=env_default("HIVEPATH_INITIAL_PEERS"), metavar="MADDR",
-                   help="DHT bootstrap multiaddrs, e.g. those 'hivepath data serve' prints (env HIVEPATH_INITIAL_PEERS)")
-    p.add_argument("--coordinator", default=env_default("HIVEPATH_COORDINATOR"), metavar="HOST:PORT",
-                   help="also bootstrap from the run's coordinator, which names the run's dataset "
-                   "(env HIVEPATH_COORDINATOR; needs the run token)")
+    add_flag(p, "HIVEPATH_INITIAL_PEERS", help="DHT bootstrap multiaddrs, e.g. those 'hivepath data serve' prints")
+    add_flag(p, "HIVEPATH_COORDINATOR", metavar="HOST:PORT", help="also bootstrap from the run's coordinator, which "
+             "names the run's dataset (needs the run token)")
     add_token_flags(p)
-    p.add_argument("--tls-ca", type=certificate(), default=env_default("HIVEPATH_TLS_CA"), metavar="FILE",
-                   help="CA certificate to verify a TLS coordinator (env HIVEPATH_TLS_CA)")
+    add_flag(p, "HIVEPATH_TLS_CA", type=certificate())
     p.add_argument("--host-maddrs", nargs="*", default=["/ip4/0.0.0.0/tcp/0"], metavar="MADDR",
                    help="multiaddrs to listen on (default /ip4/0.0.0.0/tcp/0)")
     p.add_argument("--announce-maddrs", nargs="*", default=[], metavar="MADDR",

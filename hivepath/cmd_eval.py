@@ -6,9 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from hivepath.numbers import count, natural
+from hivepath.numbers import natural
 from hivepath.paths import dataset, read_dir
-from hivepath.settings import env_default
+from hivepath.settings import add_flag
 from models import strict_json
 
 __all__ = ["register", "run", "load_run"]
@@ -30,8 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="dataset directory (default: the one recorded in run.json)")
     p.add_argument("--max-docs", type=natural(), default=0, metavar="N", help="validation documents per path (0: all)")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
-    p.add_argument("--threads", type=count(), default=env_default("HIVEPATH_THREADS"), metavar="N",
-                   help="CPU threads for torch (env HIVEPATH_THREADS)")
+    add_flag(p, "HIVEPATH_THREADS", help="CPU threads for torch")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=run)
 

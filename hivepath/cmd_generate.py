@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hivepath.numbers import count, natural, positive, seed
 from hivepath.paths import dataset, read_dir
-from hivepath.settings import env_default
+from hivepath.settings import add_flag
 from models import strict_json
 from models.errors import DataError
 
@@ -46,8 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", type=dataset(), metavar="DIR",
                    help="the run's dataset (default: the one recorded in run.json)")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
-    p.add_argument("--threads", type=count(), default=env_default("HIVEPATH_THREADS"), metavar="N",
-                   help="CPU threads for torch (env HIVEPATH_THREADS)")
+    add_flag(p, "HIVEPATH_THREADS", help="CPU threads for torch")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=run)
 

@@ -13,10 +13,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from hivepath.numbers import count, natural, non_negative, port, positive, seconds, share
+from hivepath.numbers import port, seconds
 from hivepath.options import add_network_flags, network_options
 from hivepath.paths import dataset, write_dir
-from hivepath.settings import env_default, setting
+from hivepath.settings import add_flag
 from models import strict_json
 
 __all__ = ["register", "run", "run_status"]
@@ -42,56 +42,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         "4 incompatible data or config, 5 no work fits this machine, 6 identity in use.",
     )
     add_network_flags(j)
-    j.add_argument("--device", default=env_default("HIVEPATH_DEVICE"),
-                   help="auto (a GPU no other peer of this machine uses, or the CPU without one), cpu, cuda or cuda:N "
-                        "(env HIVEPATH_DEVICE; default auto)")
-    j.add_argument("--max-memory", type=positive(), default=env_default("HIVEPATH_MAX_MEMORY"), metavar="GB",
-                   help="use at most this much device memory (env HIVEPATH_MAX_MEMORY; default: the device's free "
-                        "memory divided among the peers of this machine on it)")
-    j.add_argument("--role", choices=("path", "stage", "trainer"), default=env_default("HIVEPATH_PEER_ROLE"),
-                   help="ask the coordinator for this role instead of letting it choose from memory, compute and "
-                   "link: train a whole path, serve one module as a pipeline stage, or drive a pipeline through "
-                   "stage servers (env HIVEPATH_PEER_ROLE; default: the coordinator decides)")
-    j.add_argument("--work-dir", type=write_dir(), default=env_default("HIVEPATH_WORK_DIR"), metavar="DIR",
-                   help="checkpoints, identity and data (env HIVEPATH_WORK_DIR; default ~/.hivepath)")
-    j.add_argument("--data", type=dataset(prepare=True), default=env_default("HIVEPATH_DATA"), metavar="DIR",
-                   help="a prepared dataset (env HIVEPATH_DATA; default: prepared under WORK_DIR when the run's corpus "
-                   "is on this machine, else the assigned path's shards are fetched from the network, verified)")
-    j.add_argument("--no-seed", action="store_true", default=env_default("HIVEPATH_NO_SEED"),
-                   help="do not seed the dataset files this peer holds to other peers (env HIVEPATH_NO_SEED=1)")
-    j.add_argument("--max-data-gb", type=positive(), default=env_default("HIVEPATH_MAX_DATA_GB"), metavar="GB",
-                   help="disk budget for fetched shards of paths trained before, least recently used out first; "
-                   "the path being trained is never removed (env HIVEPATH_MAX_DATA_GB; default: keep all)")
-    j.add_argument("--client-mode", action="store_true", default=env_default("HIVEPATH_CLIENT_MODE"),
-                   help="accept no incoming connections, e.g. behind NAT (env HIVEPATH_CLIENT_MODE=1)")
-    j.add_argument("--upload-mbps", type=positive(), default=env_default("HIVEPATH_UPLOAD_MBPS"),
-                   metavar="MBIT", help="upload bandwidth in Mbit/s (env HIVEPATH_UPLOAD_MBPS; default: measured "
-                   "against the coordinator at start-up, 2 MiB each way; 100 if that fails)")
-    j.add_argument("--progress", default=env_default("HIVEPATH_PROGRESS"), choices=["auto", "rich", "json"],
-                   help="live panel (rich), JSON lines on stdout (json), or rich on a terminal unless --log-format json "
-                   "(auto; env HIVEPATH_PROGRESS)")
-    j.add_argument("--drain-timeout", type=non_negative(), default=env_default("HIVEPATH_DRAIN_TIMEOUT"),
-                   metavar="S", help="seconds from the start of a drain allowed to finish the round in flight; then it is abandoned (not "
-                   "applied: the last global state is checkpointed) and the peer leaves (env HIVEPATH_DRAIN_TIMEOUT)")
-    j.add_argument("--max-steps", type=natural(), default=env_default("HIVEPATH_MAX_STEPS"), metavar="N",
-                   help="leave after N inner steps (0: run until stopped; env HIVEPATH_MAX_STEPS)")
-    j.add_argument("--threads", type=count(), default=env_default("HIVEPATH_THREADS"), metavar="N",
-                   help="CPU threads for torch (env HIVEPATH_THREADS; default: this machine's cores divided "
-                        "among the peers running on it, which register in HIVEPATH_PEERS_DIR)")
-    j.add_argument("--cpu-limit", type=share(), default=env_default("HIVEPATH_CPU_LIMIT"), metavar="SHARE",
-                   help="train at most this share of the time, resting between inner steps (env HIVEPATH_CPU_LIMIT; "
-                        "default 1). E.g. 0.5 on a machine you also use; 1 never rests. The tokens/s reported to "
-                        "the coordinator are the rested ones, so the work assigned fits")
-    j.add_argument("--measure-seconds", type=seconds(), default=env_default("HIVEPATH_MEASURE_SECONDS"),
-                   metavar="S", help="seconds spent measuring tokens/s at start-up (env HIVEPATH_MEASURE_SECONDS; default 2)")
-    j.add_argument("--spot", default=env_default("HIVEPATH_SPOT"), choices=["none", "aws", "gcp", "auto"],
-                   help="watch the cloud's spot/preemption notice and drain on one (env HIVEPATH_SPOT; default none)")
-    j.add_argument("--spot-url", default=env_default("HIVEPATH_SPOT_URL"), metavar="URL",
-                   help="metadata server base URL (env HIVEPATH_SPOT_URL; default: the provider's own)")
-    j.add_argument("--spot-poll-interval", type=seconds(), default=env_default("HIVEPATH_SPOT_POLL_INTERVAL"),
-                   metavar="S", help="seconds between notice checks (env HIVEPATH_SPOT_POLL_INTERVAL; default 5)")
-    j.add_argument("--keep-checkpoints", type=count(), default=env_default("HIVEPATH_KEEP_CHECKPOINTS"), metavar="K",
-                   help="checkpoint snapshots kept in WORK_DIR/checkpoints (env HIVEPATH_KEEP_CHECKPOINTS; default 2)")
+    for name in ("HIVEPATH_DEVICE", "HIVEPATH_MAX_MEMORY", "HIVEPATH_PEER_ROLE"):
+        add_flag(j, name)
+    add_flag(j, "HIVEPATH_WORK_DIR", type=write_dir())
+    add_flag(j, "HIVEPATH_DATA", type=dataset(prepare=True),
+             help="a prepared dataset (default: prepared under WORK_DIR when the run's corpus is on this machine, else "
+             "the assigned path's shards are fetched from the network, verified)")
+    add_flag(j, "HIVEPATH_NO_SEED", help="do not seed the dataset files this peer holds to other peers")
+    for name in ("HIVEPATH_MAX_DATA_GB", "HIVEPATH_CLIENT_MODE", "HIVEPATH_UPLOAD_MBPS", "HIVEPATH_PROGRESS",
+                 "HIVEPATH_DRAIN_TIMEOUT", "HIVEPATH_MAX_STEPS", "HIVEPATH_THREADS", "HIVEPATH_CPU_LIMIT",
+                 "HIVEPATH_MEASURE_SECONDS", "HIVEPATH_SPOT", "HIVEPATH_SPOT_URL", "HIVEPATH_SPOT_POLL_INTERVAL",
+                 "HIVEPATH_KEEP_CHECKPOINTS"):
+        add_flag(j, name)
     j.set_defaults(func=run)
     st = peer_sub.add_parser(
         "status",
@@ -100,9 +62,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(http://127.0.0.1:PORT/status) and print it as one line, or as JSON with --json.",
         epilog="Exit codes: 0 healthy, 1 unhealthy or nothing answers.",
     )
-    st.add_argument("--port", type=port(allow_zero=False), default=env_default("HIVEPATH_STATUS_PORT"),
-                    help=f"the peer's --status-port (env HIVEPATH_STATUS_PORT; default "
-                    f"{setting('HIVEPATH_STATUS_PORT').default})")
+    add_flag(st, "HIVEPATH_STATUS_PORT", flag="--port", type=port(allow_zero=False), metavar="PORT",
+             help="the peer's --status-port")
     st.add_argument("--json", action="store_true", help="print the whole status document as JSON")
     st.add_argument("--timeout", type=seconds(), default=5.0, metavar="S", help="seconds to wait for an answer (default 5)")
     st.set_defaults(func=run_status)

@@ -16,7 +16,7 @@ from pathlib import Path
 from hivepath.numbers import Number, count, natural, positive, seed
 from hivepath.paths import dataset, text_file, write_dir
 from hivepath.progress import prepare_with_progress
-from hivepath.settings import env_default
+from hivepath.settings import add_flag
 from models.errors import ConfigError
 
 __all__ = ["register", "run", "resolve_config", "default_data_dir"]
@@ -56,8 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a prepared dataset (default: the built-in corpus, cached)")
     p.add_argument("--out", type=write_dir(), metavar="DIR", help="output directory (default runs/TIMESTAMP)")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
-    p.add_argument("--threads", type=count(), default=env_default("HIVEPATH_THREADS"), metavar="N",
-                   help="CPU threads for torch (env HIVEPATH_THREADS; default: torch's choice)")
+    add_flag(p, "HIVEPATH_THREADS", help="CPU threads for torch (default: torch's choice)")
     p.add_argument("--eval-docs", type=natural(), default=64, metavar="N",
                    help="validation documents per path for the final bits per byte (0: all; default 64)")
     p.set_defaults(func=run)
@@ -103,17 +102,18 @@ def default_data_dir(tokenizer: str, levels: int, modules: int) -> Path:
 
 
 def _dataset(args, cfg):
-    from models.data import Dataset
+    from models.data import Dataset, prepared
 
     L = cfg.lattice
     if args.data:
         return Dataset(args.data)
     shape = (2, 2) if (L.levels, L.modules_per_level) == (1, 1) else (L.levels, L.modules_per_level)
     path = default_data_dir(cfg.data.tokenizer, *shape)
-    if not (path / "manifest.json").exists():
-        log.info("preparing the built-in corpus into %s (once)", path)
-        prepare_with_progress([], "default", str(path), shape[0], shape[1], cfg.data.tokenizer)
-    return Dataset(path)
+    def make(out: Path) -> None:
+        log.info("preparing the built-in corpus into %s (once)", out)
+        prepare_with_progress([], "default", str(out), shape[0], shape[1], cfg.data.tokenizer)
+
+    return prepared(path, make=make)
 
 
 def run(args: argparse.Namespace) -> int:

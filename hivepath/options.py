@@ -18,9 +18,8 @@ import argparse
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from hivepath.numbers import non_negative, port, seconds
 from hivepath.paths import certificate, key_file, text_file
-from hivepath.settings import env_default, setting
+from hivepath.settings import add_flag, is_set, setting
 from models.errors import HivepathError
 from models.settings import COORDINATOR_PORT, check_address
 
@@ -71,38 +70,19 @@ def read_token(token: Optional[str], token_file: Optional[str], environ: Optiona
 def add_network_flags(p: argparse.ArgumentParser) -> None:
     """The flags every long-running peer process shares (``peer join``, ``archive``): how it reaches
     the coordinator and the DHT, and its local status page. Each reads its ``HIVEPATH_*`` variable."""
-    status_port = setting("HIVEPATH_STATUS_PORT").default
-    p.add_argument("--coordinator", default=env_default("HIVEPATH_COORDINATOR"), metavar="HOST[:PORT]",
-                   help=f"the coordinator's gRPC address, PORT {COORDINATOR_PORT} if left out "
-                        "(env HIVEPATH_COORDINATOR; required)")
+    add_flag(p, "HIVEPATH_COORDINATOR", help=f"the coordinator's gRPC address, PORT {COORDINATOR_PORT} if left out; "
+             "required")
     add_token_flags(p)
-    p.add_argument("--initial-peers", nargs="*", default=env_default("HIVEPATH_INITIAL_PEERS"), metavar="MADDR",
-                   help="extra DHT bootstrap multiaddrs (env HIVEPATH_INITIAL_PEERS, space-separated)")
-    p.add_argument("--identity", type=key_file(lock=True, parent_exists=False),
-                   default=env_default("HIVEPATH_IDENTITY"), metavar="FILE",
-                   help="identity key file for a stable peer id (env HIVEPATH_IDENTITY; default identity.key in "
-                   "the work or archive directory)")
-    p.add_argument("--host-maddrs", nargs="*", default=env_default("HIVEPATH_HOST_MADDRS"), metavar="MADDR",
-                   help="multiaddrs to listen on (env HIVEPATH_HOST_MADDRS)")
-    p.add_argument("--announce-maddrs", nargs="*", default=env_default("HIVEPATH_ANNOUNCE_MADDRS"), metavar="MADDR",
-                   help="multiaddrs other peers should dial (env HIVEPATH_ANNOUNCE_MADDRS)")
-    p.add_argument("--lane-port", type=port(), default=env_default("HIVEPATH_LANE_PORT"), metavar="PORT",
-                   help="TCP port of the direct lane that carries averaging parts outside the p2p daemon, on the "
-                   "--host-maddrs hosts, offered at the announced addresses; 0 picks an ephemeral port; forward it "
-                   "beside the p2p port behind a router (env HIVEPATH_LANE_PORT; default 0)")
-    p.add_argument("--tls-ca", type=certificate(), default=env_default("HIVEPATH_TLS_CA"), metavar="FILE",
-                   help="CA certificate to verify a TLS coordinator (env HIVEPATH_TLS_CA)")
-    p.add_argument("--status-port", type=port(), default=env_default("HIVEPATH_STATUS_PORT"), metavar="PORT",
-                   help="serve /status and /healthz on 127.0.0.1:PORT for health checks (env HIVEPATH_STATUS_PORT; "
-                   f"default {status_port}; 0 turns it off)")
-    p.add_argument("--stall-timeout", type=seconds(), default=env_default("HIVEPATH_STALL_TIMEOUT"), metavar="S",
-                   help="report unhealthy after S seconds without progress outside a waiting state "
-                   "(env HIVEPATH_STALL_TIMEOUT; default 300)")
-    p.add_argument("--coordinator-timeout", type=non_negative(), default=env_default("HIVEPATH_COORDINATOR_TIMEOUT"),
-                   action=_WaitAsked, metavar="S",
-                   help="seconds to retry an unreachable coordinator at start-up (env HIVEPATH_COORDINATOR_TIMEOUT; "
-                        "default 60); without it, an address where nothing answers yet is given up after 10 s")
-    p.set_defaults(coordinator_wait=setting("HIVEPATH_COORDINATOR_TIMEOUT").is_set())
+    add_flag(p, "HIVEPATH_INITIAL_PEERS")
+    add_flag(p, "HIVEPATH_IDENTITY", type=key_file(lock=True, parent_exists=False))
+    add_flag(p, "HIVEPATH_HOST_MADDRS")
+    add_flag(p, "HIVEPATH_ANNOUNCE_MADDRS")
+    add_flag(p, "HIVEPATH_LANE_PORT")
+    add_flag(p, "HIVEPATH_TLS_CA", type=certificate())
+    add_flag(p, "HIVEPATH_STATUS_PORT")
+    add_flag(p, "HIVEPATH_STALL_TIMEOUT")
+    add_flag(p, "HIVEPATH_COORDINATOR_TIMEOUT", action=_WaitAsked)
+    p.set_defaults(coordinator_wait=is_set("HIVEPATH_COORDINATOR_TIMEOUT"))
 
 
 class _WaitAsked(argparse.Action):

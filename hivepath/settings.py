@@ -1,13 +1,16 @@
-"""Every ``HIVEPATH_*`` environment variable of the command line, in one table, and the table of all.
+"""The command line's ``HIVEPATH_*`` settings (logging, the coordinator's address, the run token), the
+images' variables, and the table of all of them.
 
-A flag of ``hivepath`` that a variable can set takes its default from here (:func:`env_default`);
-its ``--help`` names the variable. Precedence, highest first: the flag on the command line, the
-variable, the default below. The run token is the one exception to "flag default": ``--token`` and
-``--token-file`` have none, and :func:`hivepath.options.read_token` reads ``--token``, then
-``--token-file``, then ``HIVEPATH_TOKEN``, then ``HIVEPATH_TOKEN_FILE``.
+A flag of ``hivepath`` that a variable can set is built from the setting's one declaration
+(:func:`add_flag`: its default, range as the type, choices, value name and help, to which the help adds
+the variable and the default); its ``--help`` names the variable. Precedence, highest first: the flag
+on the command line, the variable, the declared default. The run token is the one exception to "flag
+default": ``--token`` and ``--token-file`` have none, and :func:`hivepath.options.read_token` reads
+``--token``, then ``--token-file``, then ``HIVEPATH_TOKEN``, then ``HIVEPATH_TOKEN_FILE``.
 
-:data:`ALL_SETTINGS` joins these to the peer's own (:data:`peer.settings.PEER_SETTINGS`) and to the
-variables only the container images read (:data:`IMAGE_SETTINGS`); ``docs/cli.md`` holds it as a
+:data:`ALL_SETTINGS` joins these to the peer processes' declarations
+(:data:`peer.settings.PROCESS_SETTINGS`: network, ``peer join``, ``archive`` and the peer's own) and to
+the variables only the container images read (:data:`IMAGE_SETTINGS`); ``docs/cli.md`` holds it as a
 Markdown table (``python -m hivepath.settings --update docs/cli.md`` rewrites it; a test checks it is
 current). The coordinator package reads no variable (see ``coordinator.settings``).
 
@@ -23,109 +26,39 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from hivepath.paths import FromVariable
+from models.log_format import LOG_FORMATS
 from models.settings import COORDINATOR_HTTP_PORT, COORDINATOR_PORT, Setting
 
 try:
-    from peer.settings import PEER_SETTINGS
+    from peer.settings import PROCESS_SETTINGS
 except ImportError:  # the coordinator's image holds no peer package; its commands refuse there anyway
-    PEER_SETTINGS = ()
+    PROCESS_SETTINGS = ()
 
-__all__ = ["CLI_SETTINGS", "IMAGE_SETTINGS", "ALL_SETTINGS", "setting", "env_default", "markdown_table",
-           "update_markdown", "pass_on", "BEGIN_MARKER", "END_MARKER", "main"]
+__all__ = ["CLI_SETTINGS", "IMAGE_SETTINGS", "ALL_SETTINGS", "setting", "env_default", "add_flag", "is_set", "shown_default",
+           "markdown_table", "update_markdown", "pass_on", "BEGIN_MARKER", "END_MARKER", "main"]
 
 _NET = "peer join, archive"
+_TOKEN_READERS = f"{_NET}, coordinator serve/status/drain/ban/unban"
 
 CLI_SETTINGS: tuple[Setting, ...] = (
     Setting("HIVEPATH_LOG_LEVEL", "text", "INFO", "logging verbosity: DEBUG, INFO, WARNING or ERROR",
-            flag="--log-level", read_by="every command"),
+            flag="--log-level", read_by="every command", choices=("DEBUG", "INFO", "WARNING", "ERROR")),
     Setting("HIVEPATH_LOG_FORMAT", "text", "text",
-            "log lines: text, or json (one JSON object per line: time, event, level, logger, message)",
-            flag="--log-format", read_by="every command"),
+            "log lines as text, or json: one JSON object per line with the fields of the events (time, event, "
+            "level, logger, message); the processes a command starts log the same way",
+            flag="--log-format", read_by="every command", choices=LOG_FORMATS),
     Setting("HIVEPATH_COORDINATOR", "text", None,
             f"the coordinator's gRPC HOST[:PORT], PORT {COORDINATOR_PORT} if left out (required by peer join and "
             f"archive; the operator commands coordinator status/drain/ban/unban default to 127.0.0.1:{COORDINATOR_PORT})",
-            flag="--coordinator", read_by=f"{_NET}, coordinator status/drain/ban/unban"),
+            flag="--coordinator", read_by=f"{_NET}, coordinator status/drain/ban/unban", metavar="HOST[:PORT]"),
     Setting("HIVEPATH_TOKEN", "text", None,
             "the run token, read after --token and --token-file (a flag shows in ps; prefer this or a file)",
-            read_by=f"{_NET}, coordinator serve/status/drain/ban/unban"),
+            read_by=_TOKEN_READERS),
     Setting("HIVEPATH_TOKEN_FILE", "path", None, "a file holding the run token, read after HIVEPATH_TOKEN",
-            read_by=f"{_NET}, coordinator serve/status/drain/ban/unban"),
-    Setting("HIVEPATH_INITIAL_PEERS", "list", [], "extra DHT bootstrap multiaddrs besides the coordinator's",
-            flag="--initial-peers", read_by=_NET),
-    Setting("HIVEPATH_IDENTITY", "path", None,
-            "identity key file for a stable peer id (default identity.key in the work or archive directory)",
-            flag="--identity", read_by=f"{_NET}, deploy/healthcheck.py"),
-    Setting("HIVEPATH_HOST_MADDRS", "list", ["/ip4/0.0.0.0/tcp/0"], "multiaddrs the DHT node listens on",
-            flag="--host-maddrs", read_by=f"{_NET}, deploy/entrypoint.sh"),
-    Setting("HIVEPATH_ANNOUNCE_MADDRS", "list", [],
-            "multiaddrs other peers should dial (the images' entrypoint turns 'auto' into the container's "
-            "addresses)", flag="--announce-maddrs", read_by=f"{_NET}, deploy/entrypoint.sh"),
-    Setting("HIVEPATH_LANE_PORT", "integer", 0,
-            "TCP port of the direct lane that carries averaging parts outside the p2p daemon (0: an ephemeral "
-            "port)", flag="--lane-port", read_by=_NET),
-    Setting("HIVEPATH_TLS_CA", "path", None, "CA certificate to verify a TLS coordinator", flag="--tls-ca",
-            read_by=_NET),
-    Setting("HIVEPATH_STATUS_PORT", "integer", 7702,
-            "serve /status and /healthz on 127.0.0.1 at this port (0 turns it off)",
-            flag="--status-port", read_by=f"{_NET}, peer status, deploy/healthcheck.py"),
-    Setting("HIVEPATH_STALL_TIMEOUT", "number", 300.0,
-            "report unhealthy after this many seconds without progress outside a waiting state",
-            flag="--stall-timeout", read_by=_NET),
-    Setting("HIVEPATH_DEVICE", "text", "auto", "auto (a GPU no other peer of this machine uses, the CPU without "
-            "one), cpu, cuda or cuda:N", flag="--device", read_by="peer join"),
-    Setting("HIVEPATH_MAX_MEMORY", "number", None, "use at most this many GB of device memory (default: the "
-            "device's free memory divided among the peers of this machine on it)",
-            flag="--max-memory", read_by="peer join"),
-    Setting("HIVEPATH_PEER_ROLE", "text", None,
-            "ask the coordinator for a role: path, stage or trainer (default: it decides from memory, compute and "
-            "link)", flag="--role", read_by="peer join"),
-    Setting("HIVEPATH_WORK_DIR", "path", "~/.hivepath", "checkpoints, identity and data of a peer",
-            flag="--work-dir", read_by="peer join, deploy/healthcheck.py"),
-    Setting("HIVEPATH_DATA", "path", None,
-            "a prepared dataset (peer join: prepared under the work directory when the corpus is here, else the "
-            "assigned path's shards are fetched from seeders; archive: seeded to peers)",
-            flag="--data", read_by=_NET),
-    Setting("HIVEPATH_NO_SEED", "boolean", False, "do not seed the dataset files held to other peers",
-            flag="--no-seed", read_by=_NET),
-    Setting("HIVEPATH_MAX_DATA_GB", "number", None,
-            "disk budget in GB for fetched shards of paths trained before (least recently used out first; "
-            "default: keep all)", flag="--max-data-gb", read_by="peer join"),
-    Setting("HIVEPATH_CLIENT_MODE", "boolean", False, "accept no incoming connections, e.g. behind NAT",
-            flag="--client-mode", read_by="peer join"),
-    Setting("HIVEPATH_UPLOAD_MBPS", "number", None,
-            "upload bandwidth in Mbit/s (default: measured against the coordinator at start-up)",
-            flag="--upload-mbps", read_by="peer join"),
-    Setting("HIVEPATH_PROGRESS", "text", "auto", "progress display: auto, rich or json", flag="--progress",
-            read_by="peer join"),
-    Setting("HIVEPATH_DRAIN_TIMEOUT", "number", 60.0, "seconds from the start of a drain allowed to finish the round in flight; then it is abandoned (not applied) and the peer leaves",
-            flag="--drain-timeout", read_by="peer join"),
-    Setting("HIVEPATH_MAX_STEPS", "integer", 0, "leave after this many inner steps (0: run until stopped)",
-            flag="--max-steps", read_by="peer join"),
-    Setting("HIVEPATH_THREADS", "integer", None, "CPU threads for torch (peer join: the machine's cores divided among its running peers; otherwise torch's choice)",
-            flag="--threads", read_by="peer join, train-local, eval, generate"),
-    Setting("HIVEPATH_MEASURE_SECONDS", "number", 2.0, "seconds spent measuring tokens/s at start-up",
-            flag="--measure-seconds", read_by="peer join"),
-    Setting("HIVEPATH_CPU_LIMIT", "number", 1.0,
-            "share of the time the peer trains, from 0 (exclusive) to 1: it rests between inner steps so "
-            "that computing is at most this share (a machine its owner also uses); 1: no rest",
-            flag="--cpu-limit", read_by="peer join"),
-    Setting("HIVEPATH_COORDINATOR_TIMEOUT", "number", 60.0,
-            "seconds to retry an unreachable coordinator at start-up (set: also where nothing answers yet, "
-            "which is otherwise given up after 10 s)", flag="--coordinator-timeout",
-            read_by="peer join, archive"),
-    Setting("HIVEPATH_KEEP_CHECKPOINTS", "integer", 2, "checkpoint snapshots kept in WORK_DIR/checkpoints",
-            flag="--keep-checkpoints", read_by="peer join"),
-    Setting("HIVEPATH_ARCHIVE_DIR", "path", None, "where the archive writes its snapshots (required)",
-            flag="--dir", read_by="archive, deploy/healthcheck.py (default /data/archive there)"),
-    Setting("HIVEPATH_ARCHIVE_KEEP", "integer", 3, "archive snapshots kept", flag="--keep", read_by="archive"),
-    Setting("HIVEPATH_ARCHIVE_EVAL_DOCS", "integer", 4,
-            "validation documents per path the archive scores on a new snapshot for the status page (0: no scoring)",
-            flag="--eval-docs", read_by="archive"),
-    Setting("HIVEPATH_ARCHIVE_EVAL_INTERVAL", "number", 120.0,
-            "seconds between two of the archive's scorings at least (it often shares a machine with trainers)",
-            flag="--eval-interval", read_by="archive"),
+            read_by=_TOKEN_READERS),
 )
-"""The command line's variables, each the default of the flag it names."""
+"""The variables every command line reads, whatever the installation: logging, the coordinator's
+address, the run token. The peer's processes declare theirs in ``peer.settings``."""
 
 _IMAGE = "deploy/entrypoint.sh"
 _HEALTH = "deploy/healthcheck.py"
@@ -153,15 +86,15 @@ IMAGE_SETTINGS: tuple[Setting, ...] = (
             read_by="deploy/compose.yaml"),
     Setting("HIVEPATH_RUN_TOML", "path", "./run.example.toml", "the run config Compose mounts into the coordinator",
             read_by="deploy/compose.yaml"),
-    Setting("HIVEPATH_GRPC_PUBLISH", "integer", 7700, "host port Compose publishes the coordinator's gRPC on",
+    Setting("HIVEPATH_GRPC_PUBLISH", "integer", COORDINATOR_PORT, "host port Compose publishes the coordinator's gRPC on",
             read_by="deploy/compose.yaml"),
-    Setting("HIVEPATH_HTTP_PUBLISH", "integer", 7701, "host port Compose publishes the status page on",
+    Setting("HIVEPATH_HTTP_PUBLISH", "integer", COORDINATOR_HTTP_PORT, "host port Compose publishes the status page on",
             read_by="deploy/compose.yaml"),
 )
 """Variables no Python package reads: the images' entrypoint (which turns the coordinator's into
 ``coordinator serve`` flags), their health check and the Compose file. Listed so the table is whole."""
 
-ALL_SETTINGS: tuple[Setting, ...] = CLI_SETTINGS + PEER_SETTINGS + IMAGE_SETTINGS
+ALL_SETTINGS: tuple[Setting, ...] = CLI_SETTINGS + PROCESS_SETTINGS + IMAGE_SETTINGS
 """Every variable there is, each once."""
 
 _BY_NAME = {s.name: s for s in ALL_SETTINGS}
@@ -187,13 +120,68 @@ def env_default(name: str) -> Any:
 
     A path the variable sets is a :class:`hivepath.paths.FromVariable`: argparse passes a flag's text
     default through the flag's type, and the path kinds name the variable when they refuse it."""
-    if name not in _BY_NAME and not PEER_SETTINGS:
+    if name not in _BY_NAME and not PROCESS_SETTINGS:
         return None
     s = _BY_NAME[name]
     value = s.read()
     if s.kind == "path" and s.is_set():
         return FromVariable(value, name)
     return value
+
+
+def shown_default(s: Setting) -> str:
+    """The declared default as a flag's help and the docs write it ('' for none)."""
+    value = s.default
+    if value is None or value == []:
+        return ""
+    if isinstance(value, list):
+        return " ".join(value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def add_flag(p: argparse.ArgumentParser, name: str, *, help: Optional[str] = None, flag: Optional[str] = None,
+             **overrides: Any) -> None:
+    """Add the flag of setting ``name`` to ``p``, built from its declaration: the flag, the default
+    (the variable's value when set, :func:`env_default`), the range as the type, the choices, the
+    value's name, and the help, which ends with ``(env NAME; default D)``. ``help`` replaces the
+    declaration's sentence where a command says more about it (the variable and the default are
+    still added); ``flag`` names the flag where a command reads the setting under another name
+    (``peer status --port``); ``overrides`` are argparse's own (a path kind as ``type``, ``action``).
+
+    Without the peer package (the coordinator's image) a peer process's setting is not declared and
+    its flag is left out: the commands that would read it cannot run there."""
+    s = _BY_NAME.get(name)
+    if s is None:
+        if PROCESS_SETTINGS:
+            raise KeyError(name)
+        return
+    kwargs: dict[str, Any] = {"default": env_default(name)}
+    if s.kind == "boolean":
+        kwargs["action"] = "store_true"
+    elif s.kind == "list":
+        kwargs["nargs"] = "*"
+    if s.range is not None:
+        kwargs["type"] = s.range
+    if s.choices:
+        kwargs["choices"] = list(s.choices)
+    if s.metavar:
+        kwargs["metavar"] = s.metavar
+    kwargs.update(overrides)
+    shown = shown_default(s)
+    if s.kind == "boolean":
+        where = f"env {name}=1"
+    else:
+        where = f"env {name}; default {shown}" if shown else f"env {name}"
+    text = help if help is not None else s.doc
+    p.add_argument(flag or s.flag, help=f"{text} ({where})", **kwargs)
+
+
+def is_set(name: str) -> bool:
+    """Whether the environment sets variable ``name`` (False for one not declared in this installation)."""
+    s = _BY_NAME.get(name)
+    return s is not None and s.is_set()
 
 
 def _cell(value: Any) -> str:
@@ -205,11 +193,14 @@ def _cell(value: Any) -> str:
 
 
 def markdown_table(settings: Sequence[Setting] = ALL_SETTINGS) -> str:
-    """The variables as a Markdown table: variable, flag, kind, default, who reads it, what it does."""
-    lines = ["| variable | flag | kind | default | read by | what it does |", "| --- | --- | --- | --- | --- | --- |"]
+    """The variables as a Markdown table: variable, flag, kind, default, range or choices, who reads
+    it, what it does."""
+    lines = ["| variable | flag | kind | default | range | read by | what it does |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for s in settings:
         doc = s.doc.replace("|", "\\|")
-        lines.append(f"| `{s.name}` | {_cell(s.flag or None)} | {s.kind} | {_cell(s.default)} | {s.read_by} | {doc} |")
+        lines.append(f"| `{s.name}` | {_cell(s.flag or None)} | {s.kind} | {_cell(s.default)} | {s.range_text()} | "
+                     f"{s.read_by} | {doc} |")
     return "\n".join(lines) + "\n"
 
 

@@ -23,6 +23,7 @@ A directory may hold only some paths' shards (a peer fetched its own path's, ``p
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -37,6 +38,7 @@ import numpy as np
 from models import strict_json
 from models.config import Path_, format_path
 from models.corpus import Corpus
+from models.durable import fsync_dir
 from models.errors import DataError
 from models.manifest import (CHUNK_SIZE, FORMAT, MANIFEST_FILE, MAX_CHUNK_SIZE, READABLE_FORMATS, SPLITS, chunk_table,
                              manifest_hash)
@@ -45,7 +47,7 @@ from models.manifest import sha256_file as _sha256
 from models.routing import Router, fit_router, prefix_features
 from models.tokenizer import load_tokenizer, parse_tokenizer_spec, train_tokenizer
 
-__all__ = ["prepare", "Dataset", "DatasetMismatch", "ValidationDocument", "MANIFEST_FILE", "split_of", "manifest_hash",
+__all__ = ["prepare", "prepared", "Dataset", "DatasetMismatch", "ValidationDocument", "MANIFEST_FILE", "split_of", "manifest_hash",
            "CHUNK_SIZE"]
 
 log = logging.getLogger(__name__)
@@ -102,6 +104,7 @@ def prepare(
             shutil.rmtree(out)
         try:
             os.replace(tmp, out)
+            fsync_dir(out.parent)
         except OSError:
             if not _same_dataset(out, tmp):
                 raise DataError(f"{out} was written by another process while preparing; run prepare again") from None
@@ -110,6 +113,32 @@ def prepare(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return manifest
+
+
+def prepared(out: Union[str, Path], levels: int = 1, modules: int = 1, tokenizer: str = "bytes",
+             corpus: Optional[Callable[[], Corpus]] = None,
+             make: Optional[Callable[[Path], object]] = None) -> "Dataset":
+    """The dataset at ``out``, prepared first unless its manifest is there already: the one "prepare
+    unless prepared" of the peers, the commands, the benchmarks and the tests.
+
+    Preparing is ``make(out)`` when given (a progress bar, a generated corpus), else :func:`prepare` of
+    ``corpus()`` (default: the built-in corpus) for a ``levels x modules`` lattice with ``tokenizer``.
+    Processes that start together on one directory prepare it once: the check and the preparing run
+    under a lock file beside it (``.NAME.lock``), and whoever comes second finds the manifest.
+    """
+    out = Path(out)
+    if not (out / MANIFEST_FILE).exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(out.parent / f".{out.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (out / MANIFEST_FILE).exists():
+                if make is not None:
+                    make(out)
+                else:
+                    from models.corpus import default_corpus
+
+                    prepare((corpus or default_corpus)(), out, levels=levels, modules=modules, tokenizer=tokenizer)
+    return Dataset(out)
 
 
 def _same_dataset(out: Path, tmp: Path) -> bool:

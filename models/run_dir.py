@@ -22,15 +22,13 @@ from pathlib import Path
 from typing import Any, Union
 
 from models.checkpoint import RUN_FILE, CheckpointError, load_module, module_file, read_summary, resolve_snapshot
+from models.checkpoint.summary import SnapshotSummary, SummaryError
 from models.config import Path_, RunConfig, format_path, parse_path
 from models.errors import ConfigError, DataError
 
 __all__ = ["RunDir", "load_run_dir", "no_snapshot_yet"]
 
 log = logging.getLogger(__name__)
-
-_REQUIRED_KEYS = ("config", "modules", "paths", "dense", "data")
-
 
 @dataclass
 class RunDir:
@@ -114,17 +112,10 @@ def _read_summary(run_dir: Path) -> dict[str, Any]:
         if not path.exists():
             raise DataError(no_snapshot_yet(run_dir) or f"{e}; pass a directory written by 'hivepath train-local'") from None
         raise DataError(f"{e}; restore it or re-run training") from None
-    if not isinstance(summary, dict):
-        raise DataError(f"{path} is not a JSON object; restore it or re-run training")
-    missing = [k for k in _REQUIRED_KEYS if k not in summary]
-    if missing:
-        raise DataError(f"{path} lacks {', '.join(missing)}; it was not written by 'hivepath train-local' (re-run it)")
-    data = summary["data"]
-    if not isinstance(data, dict) or "dir" not in data or "manifest_hash" not in data:
-        raise DataError(f"{path}: 'data' must hold 'dir' and 'manifest_hash'; re-run training to rewrite it")
-    if not isinstance(summary["modules"], list) or not summary["modules"]:
-        raise DataError(f"{path} lists no modules; re-run training")
-    return summary
+    try:
+        return SnapshotSummary.from_dict(summary).to_dict()
+    except SummaryError as e:
+        raise DataError(f"{path} {e}; restore it or re-run training") from None
 
 
 def _load_config(summary: dict[str, Any], path: Path) -> RunConfig:

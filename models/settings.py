@@ -1,19 +1,25 @@
-"""The :class:`Setting` that describes one ``HIVEPATH_*`` environment variable: its name, kind,
-default, what it does and who reads it. Each package keeps its own table of them (``peer.settings``,
-``hivepath.settings``); this type is shared, torch-free and stdlib-only, so that the command line's
-table loads where the peer package is absent (the coordinator's image). The coordinator's ports and
-:func:`check_address`, the check of a ``--coordinator`` address, live here for the same reason.
+"""The :class:`Setting` that declares one setting once: its ``HIVEPATH_*`` environment variable, kind,
+default, range or choices, help and flag, and who reads it. Each package keeps its own table of them
+(``peer.settings``, ``hivepath.settings``); the command line builds each flag from its declaration
+(:func:`hivepath.settings.add_flag`), the options the peer's processes take read their defaults from
+it, and ``docs/cli.md``'s table is generated from it. This type is shared, torch-free and stdlib-only,
+so that the command line's table loads where the peer package is absent (the coordinator's image).
+The coordinator's ports and :func:`check_address`, the check of a ``--coordinator`` address, live here
+for the same reason, and so do the ranges (:class:`Number`) a declaration names.
 """
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Union
 
 from models.errors import ConfigError, HivepathError
 
-__all__ = ["Setting", "KINDS", "COORDINATOR_PORT", "COORDINATOR_HTTP_PORT", "check_address"]
+__all__ = ["Setting", "KINDS", "COORDINATOR_PORT", "COORDINATOR_HTTP_PORT", "check_address", "Number", "count",
+           "natural", "seconds", "positive", "non_negative", "share", "port", "seed"]
 
 COORDINATOR_PORT = 7700
 """The coordinator's gRPC port unless ``coordinator serve --port`` says otherwise; a ``--coordinator``
@@ -47,6 +53,84 @@ def check_address(address: str) -> str:
     return text
 
 
+class Number:
+    """A range of numbers, and the argparse type that checks it: an int or a finite float within
+    ``[low, high]`` (``low_open``: ``> low``)."""
+
+    def __init__(self, kind: type, low: Optional[float] = None, high: Optional[float] = None,
+                 low_open: bool = False, what: str = ""):
+        self.kind, self.low, self.high, self.low_open = kind, low, high, low_open
+        self.__name__ = what or self.describe()  # argparse names the type in its message
+
+    def describe(self) -> str:
+        noun = "an integer" if self.kind is int else "a number"
+        if self.low is not None and self.high is not None:
+            return f"{noun} from {self.low:g}{' (exclusive)' if self.low_open else ''} to {self.high:g}"
+        if self.low is not None:
+            return f"{noun} {'>' if self.low_open else '>='} {self.low:g}"
+        return noun
+
+    def __call__(self, text: Union[str, int, float]) -> Union[int, float]:
+        try:
+            value = self.kind(text)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"must be {self.describe()}, got {text!r}") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be {self.describe()}, got {text!r}")
+        below = self.low is not None and (value <= self.low if self.low_open else value < self.low)
+        if below or (self.high is not None and value > self.high):
+            raise argparse.ArgumentTypeError(f"must be {self.describe()}, got {text!r}")
+        return value
+
+    def holds(self, value: Any) -> bool:
+        """Whether ``value`` is within the range."""
+        try:
+            self(value)
+        except argparse.ArgumentTypeError:
+            return False
+        return True
+
+
+def count(low: int = 1) -> Number:
+    """A whole number of things, at least ``low`` (peers, steps, threads, snapshots kept)."""
+    return Number(int, low)
+
+
+def natural() -> Number:
+    """A whole number >= 0, where 0 has a meaning the flag's help gives (all, off, unlimited)."""
+    return Number(int, 0)
+
+
+def seconds() -> Number:
+    """A duration or an interval: a finite number of seconds > 0."""
+    return positive()
+
+
+def positive() -> Number:
+    """A finite number > 0 (a rate, a size, a temperature, a learning rate)."""
+    return Number(float, 0.0, low_open=True)
+
+
+def non_negative() -> Number:
+    """A finite number >= 0."""
+    return Number(float, 0.0)
+
+
+def share() -> Number:
+    """A fraction of a whole: a number > 0 and <= 1."""
+    return Number(float, 0.0, 1.0, low_open=True)
+
+
+def port(allow_zero: bool = True) -> Number:
+    """A TCP port; 0 where the flag's help gives it a meaning (off, or any free port)."""
+    return Number(int, 0 if allow_zero else 1, 65535)
+
+
+def seed() -> Number:
+    """A random seed: a whole number from 0 to 2**32 - 1."""
+    return Number(int, 0, 2**32 - 1)
+
+
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -73,7 +157,8 @@ reader expands ``~``)."""
 
 @dataclass(frozen=True)
 class Setting:
-    """One ``HIVEPATH_*`` variable: its name, kind, default, what it does and who reads it."""
+    """One setting, declared once: its ``HIVEPATH_*`` variable, kind, default, help, the flag it is
+    the default of, its range or choices, and who reads it."""
 
     name: str
     kind: str
@@ -81,15 +166,32 @@ class Setting:
     default: Any
     """The value when the variable is unset or empty (``None``: nothing, the reader decides)."""
     doc: str
-    """What it does, one sentence for the table."""
+    """What it does: the table's sentence and the flag's help (which adds the variable and the default)."""
     flag: str = ""
     """The command-line flag it is the default of (``--spot``), if any: the flag wins over it."""
     read_by: str = ""
     """Who reads it: commands (``peer join``) or a script of the images (``deploy/healthcheck.py``)."""
+    range: Optional[Number] = None
+    """The values a number may take; the flag's type checks them (and a variable's value, see
+    :func:`hivepath.numbers.check_defaults`)."""
+    choices: tuple = ()
+    """The values a text may take (none: any)."""
+    metavar: str = ""
+    """How the flag's help names its value (``S``, ``DIR``)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"{self.name}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
+        if self.range is not None and self.default is not None and not self.range.holds(self.default):
+            raise ValueError(f"{self.name}: default {self.default!r} is not {self.range.describe()}")
+        if self.choices and self.default is not None and self.default not in self.choices:
+            raise ValueError(f"{self.name}: default {self.default!r} is not one of {', '.join(self.choices)}")
+
+    def range_text(self) -> str:
+        """The range or the choices in words ('' for neither), for the docs' table."""
+        if self.range is not None:
+            return self.range.describe()
+        return ", ".join(self.choices)
 
     def parse(self, raw: str) -> Any:
         """``raw`` as this setting's kind; a bad value is a :class:`ConfigError` naming the variable

@@ -4,7 +4,7 @@ Lowest first; a package imports only packages above it in this list (``tests/tes
 checks it), and all of them may import ``models`` and ``protos``, never ``coordinator``:
 
 ==========================  ==========================================================================
-``peer.settings``           the ``HIVEPATH_*`` variables the peer reads itself, and ``Setting``
+``peer.settings``           every setting of the peer's processes, each declared once (``Setting``)
 ``peer.outer``              DiLoCo's outer step: ``OuterOptimizer``, ``ModuleState``, ``state_digest``
 ``peer.network``            identity file, DHT start-up, DHT record schemas, admission credentials
 ``peer.coordinator_client`` the coordinator's gRPC client, its replies and errors (no torch)
@@ -35,7 +35,8 @@ Where a decision lives:
 - the snapshot layout on disk: ``models.checkpoint`` (``peer.node.checkpoint`` maps module states
   onto it);
 - the wire messages between peers: ``protos/hivepath/peer/v1/`` (``net.proto``, ``stage.proto``, ``data.proto``);
-- an environment variable: ``peer.settings`` (the peer's), ``hivepath.settings`` (the command line's);
+- a setting (its variable, default, range, help, flag): ``peer.settings`` (the peer's processes),
+  ``hivepath.settings`` (the command line's and the images');
 - the start-up and teardown of a long-running process (identity, coordinator, DHT, status page,
   signals): ``peer.node.startup``;
 - that no process outlives the one that started it: ``peer.node.lifetime``.

@@ -121,3 +121,54 @@ def test_a_snapshot_is_written_in_the_pinned_layout(tmp_path):
     assert meta == {"module_id": "L1M0", "lattice_hash": "h"} and torch.equal(tensors["w"], params[1])
     summary = json.loads((written / "run.json").read_text())
     assert summary == {"rounds": {"L1M0": 3}, "round": 3, "groups": ["modules/L1M0", "outer/L1M0"]}
+
+
+# -- run.json: SnapshotSummary --------------------------------------------------------------------
+
+
+def test_the_summary_round_trips_and_keeps_a_writers_own_keys():
+    from models.checkpoint import SUMMARY_VERSION, SnapshotSummary
+    from models.presets import tiny_cpu
+
+    cfg = tiny_cpu()
+    written = SnapshotSummary.of(cfg, ["embed", "L0M0"], paths=["0,0"], data_dir="/d", manifest_hash="m",
+                                 rounds={"embed": 3}, peer_id="p").to_dict()
+    assert written["summary_version"] == SUMMARY_VERSION and written["config_hash"] == cfg.content_hash()
+    assert written["data"] == {"dir": "/d", "manifest_hash": "m"} and written["paths"] == ["0,0"]
+    back = SnapshotSummary.from_dict(json.loads(json.dumps(written)))
+    assert back.to_dict() == written and back.extra == {"rounds": {"embed": 3}, "peer_id": "p"}
+
+
+def test_the_summary_reader_takes_a_stage_servers_snapshot_and_refuses_a_newer_version():
+    """A stage server's snapshots (written before every writer built the summary) name no path and no
+    dataset; a file of a newer summary version is refused by name; a file of no version is version 1."""
+    from models.checkpoint import SnapshotSummary, SummaryError
+    from models.presets import tiny_cpu
+
+    cfg = tiny_cpu()
+    stage = {"config": cfg.to_dict(), "config_hash": cfg.content_hash(), "modules": ["L1M0"], "rounds": {"L1M0": 4},
+             "dense": False, "unix_time": 1.0, "peer_id": "p", "round": 4, "groups": ["modules/L1M0", "outer/L1M0"]}
+    read = SnapshotSummary.from_dict(stage)
+    assert (read.version, read.paths, read.data_dir, read.manifest_hash) == (1, (), "", "")
+    assert read.modules == ("L1M0",) and read.extra["round"] == 4
+    with pytest.raises(SummaryError, match="summary version 99, written by a newer hivepath"):
+        SnapshotSummary.from_dict({**stage, "summary_version": 99})
+    with pytest.raises(SummaryError, match="lacks config, dense"):
+        SnapshotSummary.from_dict({"modules": ["L1M0"]})
+    with pytest.raises(SummaryError, match="'data' must hold 'dir' and 'manifest_hash'"):
+        SnapshotSummary.from_dict({**stage, "data": {"dir": "/d"}})
+
+
+def test_a_stage_servers_snapshot_loads_as_a_run_directory(tmp_path):
+    """``load_run_dir`` (eval, generate, export) reads a stage server's snapshot: its modules, no path."""
+    from models.checkpoint import save_module
+    from models.presets import tiny_cpu
+    from models.run_dir import load_run_dir
+
+    cfg = tiny_cpu()
+    model = ModularLM(cfg.lattice, seed=0, module_ids=["L0M1"])
+    save_module(tmp_path, "L0M1", model.module_state("L0M1"), cfg.lattice.content_hash())
+    (tmp_path / "run.json").write_text(json.dumps({"config": cfg.to_dict(), "config_hash": cfg.content_hash(),
+                                                   "modules": ["L0M1"], "dense": False, "rounds": {"L0M1": 2}}))
+    rd = load_run_dir(tmp_path, with_data=False)
+    assert rd.trained_paths == [] and rd.manifest_hash == "" and list(rd.summary["modules"]) == ["L0M1"]

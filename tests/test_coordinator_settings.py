@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from coordinator.settings import CoordinatorSettings, load_run_and_settings, load_settings
@@ -54,3 +56,17 @@ def test_example_run_config_loads():
     run, settings = load_run_and_settings(example)
     assert run.run_id == "demo" and run.lattice.num_paths == 4
     assert settings.lease_timeout == 30.0 and settings.rebalance_threshold == 0.25
+
+
+def test_the_docs_table_of_the_settings_is_the_generated_one():
+    """docs/coordinator.md's table of the ``[coordinator]`` fields comes from ``CoordinatorSettings``
+    (type, default, docstring): a field added, or a default changed, without regenerating it fails here."""
+    from pathlib import Path
+
+    from coordinator.settings import CoordinatorSettings, field_docs, markdown_table, update_markdown
+
+    docs = field_docs()
+    assert set(docs) == {f.name for f in dataclasses.fields(CoordinatorSettings)}, "every field has a docstring"
+    assert "| `lease_timeout` | float | `30.0` |" in markdown_table()
+    text = (Path(__file__).resolve().parents[1] / "docs" / "coordinator.md").read_text()
+    assert update_markdown(text) == text, "regenerate it: python -m coordinator.settings --update docs/coordinator.md"

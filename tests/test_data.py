@@ -271,3 +271,23 @@ def test_a_peer_needs_only_its_own_shard(corpus_dir, tmp_path):
         ds.check(ds.manifest_hash)
     with pytest.raises(DataError, match="missing"):
         next(ds.path_batches((0, 0), "train", 2, 8, seed=0))
+
+
+def test_prepared_prepares_once_and_then_reads(tmp_path):
+    """``models.data.prepared``: the first call prepares (here through ``make``), later ones find the
+    manifest and only read it; both give the same dataset."""
+    from models.data import prepared
+
+    src = write_corpus(tmp_path / "src", per_domain=2)
+    calls = []
+
+    def make(out: Path) -> None:
+        calls.append(out)
+        prepare(corpus_from_paths([str(src)]), out, levels=1, modules=1)
+
+    first = prepared(tmp_path / "data", make=make)
+    again = prepared(tmp_path / "data", make=make)
+    assert calls == [tmp_path / "data"]
+    assert first.manifest_hash == again.manifest_hash and again.dir == tmp_path / "data"
+    by_corpus = prepared(tmp_path / "other", corpus=lambda: corpus_from_paths([str(src)]))
+    assert by_corpus.manifest_hash == first.manifest_hash, "make and corpus prepare the same bytes"

@@ -30,6 +30,8 @@ Modules:
   newest snapshot, installing a directory whole, exports.
 - ``rounds``: :class:`CheckpointDir`, round-numbered snapshots with ``LATEST``, pruning, and one
   clear error for a full disk.
+- ``summary``: :class:`SnapshotSummary`, what ``run.json`` holds (versioned), built by every writer and
+  read by every reader.
 
 A module's state travels between peers as a :func:`pack_tensors` blob: a message of ``net.proto``
 (keys ``p.{i}``, ``m.{i}``, defined by ``peer.averaging.state_transfer``), not a directory.
@@ -46,6 +48,7 @@ from models.checkpoint.layout import (
     write_summary,
 )
 from models.checkpoint.rounds import CheckpointDir, Snapshot, snapshot_name
+from models.checkpoint.summary import SUMMARY_VERSION, SnapshotSummary, SummaryError
 
 __all__ = [
     "CheckpointError", "atomic_write_bytes", "fsync_dir", "fsync_path", "load_tensors", "pack_tensors", "read_json",
@@ -54,5 +57,5 @@ __all__ = [
     "install_directory", "is_run_dir", "load_module", "module_file", "module_group", "module_groups",
     "module_tensors", "outer_group", "read_export", "read_export_config", "read_latest", "read_summary",
     "resolve_snapshot", "save_module", "stage_directory", "write_export", "write_summary",
-    "CheckpointDir", "Snapshot", "snapshot_name",
+    "CheckpointDir", "Snapshot", "snapshot_name", "SUMMARY_VERSION", "SnapshotSummary", "SummaryError",
 ]

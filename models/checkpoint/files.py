@@ -1,17 +1,16 @@
 """Durable files: safetensors and JSON written atomically, read back with one error type.
 
-Spot machines vanish mid-write: a file is written to a temporary name in its own directory, fsync'd,
-renamed onto its name and the directory fsync'd, so a crash or a full disk leaves the old file or the
-complete new one, never a torn mix. Anything that cannot be read raises :class:`CheckpointError`.
+Spot machines vanish mid-write: every file is written through :func:`models.durable.atomic_write`
+(a temporary name in its own directory, fsync'd, renamed onto its name and the directory fsync'd), so
+a crash or a full disk leaves the old file or the complete new one, never a torn mix. Anything that
+cannot be read raises :class:`CheckpointError`.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Mapping, Optional
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -20,15 +19,13 @@ from safetensors.torch import save as st_save
 from safetensors.torch import save_file
 
 from models import strict_json
+from models.durable import PathLike, atomic_write, atomic_write_bytes, fsync_dir, fsync_path
 from models.errors import HivepathError
 
 __all__ = [
     "CheckpointError", "fsync_path", "fsync_dir", "atomic_write_bytes", "write_json", "read_json",
     "write_tensors", "save_tensors", "load_tensors", "pack_tensors", "unpack_tensors",
 ]
-
-PathLike = Union[str, "os.PathLike[str]"]
-
 
 class CheckpointError(HivepathError):
     """A checkpoint is missing, truncated or foreign, or could not be written (disk full, permissions).
@@ -40,55 +37,6 @@ class CheckpointError(HivepathError):
     def __init__(self, message: str, errno: Optional[int] = None):
         super().__init__(message)
         self.errno = errno
-
-
-def fsync_path(path: PathLike) -> None:
-    """Flush a file (or a directory's entries) to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(path: PathLike) -> None:
-    """Flush a directory's entries where the filesystem allows it (some refuse fsync on directories)."""
-    try:
-        fsync_path(path)
-    except OSError:
-        pass
-
-
-def _atomic_write(path: PathLike, write: Callable[[str], None], temp_name: Optional[str] = None) -> None:
-    """Call ``write(tmp)`` on a temporary file beside ``path`` (a fresh name, or ``temp_name``), fsync
-    it and rename it onto ``path``; on failure the temporary file is removed and ``path`` untouched."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if temp_name is None:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(fd)
-    else:
-        tmp = str(path.parent / temp_name)
-    try:
-        write(tmp)
-        fsync_path(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:  # never written, or not a file: the original error is the one to report
-            pass
-        raise
-    fsync_dir(path.parent)
-
-
-def atomic_write_bytes(path: PathLike, data: bytes, temp_name: Optional[str] = None) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same directory, fsync'd, then renamed."""
-    def write(tmp: str) -> None:
-        with open(tmp, "wb") as f:
-            f.write(data)
-
-    _atomic_write(path, write, temp_name)
 
 
 def write_json(path: PathLike, obj: Any) -> None:
@@ -116,7 +64,7 @@ def write_tensors(path: PathLike, tensors: Mapping[str, torch.Tensor], metadata:
     safetensors' ``SafetensorError`` (whose message carries the OS error number).
     """
     cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
-    _atomic_write(path, lambda tmp: save_file(cpu, tmp, metadata=metadata))
+    atomic_write(path, lambda tmp: save_file(cpu, tmp, metadata=metadata))
 
 
 def save_tensors(path: PathLike, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> None:

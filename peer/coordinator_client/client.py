@@ -35,6 +35,7 @@ from peer.coordinator_client.transport import (HTTP1, HTTP2, KEEPALIVE_OPTIONS, 
                                                what_answers)
 from protos.hivepath.coordinator.v1 import coordinator_pb2 as pb
 from protos.hivepath.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
+from protos import transport as transport_limits
 from protos import versions
 
 __all__ = ["CoordinatorClient"]
@@ -44,8 +45,8 @@ log = logging.getLogger(__name__)
 ROLE_MODES = {"": pb.MODE_UNSPECIFIED, "path": pb.MODE_PATH, "stage": pb.MODE_STAGE, "trainer": pb.MODE_TRAINER}
 """``peer join --role`` values and the mode each asks the coordinator for."""
 
-MAX_REPLY_BYTES = 64 << 20
-"""Status replies list every live peer; 64 MiB holds a few hundred thousand."""
+MAX_REPLY_BYTES = transport_limits.MAX_REPLY_BYTES
+"""Status replies list every live peer; the coordinator sends no larger reply (:mod:`protos.transport`)."""
 
 
 FIRST_CONTACT_TIMEOUT = 10.0

@@ -18,17 +18,18 @@ import grpc
 
 from protos.hivepath.coordinator.v1 import coordinator_pb2 as pb
 from protos.hivepath.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
+from protos.transport import PING_INTERVAL_MS, PING_TIMEOUT_MS
 
 __all__ = ["KEEPALIVE_OPTIONS", "PROBE_BYTES", "PROBE_CHUNK", "HeartbeatStream", "StreamStalled", "ProbeFailed",
            "probe_upload", "probe_download", "Answer", "what_answers", "NOTHING", "TLS", "HTTP1", "HTTP2", "OTHER"]
 
 KEEPALIVE_OPTIONS = [
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_time_ms", PING_INTERVAL_MS),
+    ("grpc.keepalive_timeout_ms", PING_TIMEOUT_MS),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 ]
-"""HTTP/2 pings every 10 s, answered within 5 s: a link that silently drops packets (a partition, a
+"""HTTP/2 pings (:mod:`protos.transport`: every 10 s, answered within 5 s): a link that silently drops packets (a partition, a
 moved container) is noticed and the channel reconnects, instead of every call riding a dead TCP
 connection until the kernel gives up on it (many minutes). The coordinator permits pings this often."""
 

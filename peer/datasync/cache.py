@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from models import strict_json
+from models.durable import atomic_write_text
 from models.manifest import path_name, shard_files
 
 __all__ = ["ShardCache", "USED_FILE"]
@@ -73,9 +73,7 @@ class ShardCache:
         """Record that ``path`` is being trained now."""
         used = self._used()
         used[path_name(path)] = self.clock()
-        tmp = self.dir / f"{USED_FILE}.tmp"
-        tmp.write_text(strict_json.dumps(used, sort_keys=True))
-        os.replace(tmp, self.dir / USED_FILE)
+        atomic_write_text(self.dir / USED_FILE, strict_json.dumps(used, sort_keys=True), temp_name=f"{USED_FILE}.tmp")
 
     def make_room(self, path: Sequence[int]) -> list[str]:
         """Remove other paths' shards, least recently used first, until they and ``path``'s fit the

@@ -30,7 +30,6 @@ import contextlib
 import errno
 import fcntl
 import logging
-import os
 import shutil
 import time
 from collections import Counter, deque
@@ -38,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
+from models.durable import atomic_write_bytes
 from models.errors import DataError
 from models.manifest import MANIFEST_FILE, SPLITS, FileLayout, layouts, parse_manifest, path_files
 from models.manifest import manifest_hash as hash_of
@@ -345,12 +345,9 @@ def _publish(out: Path, blob: bytes) -> None:
 
 
 def _write_atomically(path: Path, data: bytes, out: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        atomic_write_bytes(path, data, temp_name=path.name + ".tmp")
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         _raise_no_room(e, out, path.name, 0)
         raise
 

@@ -19,6 +19,7 @@ import hashlib
 import os
 from pathlib import Path
 
+from models.durable import atomic_write_bytes, fsync_dir
 from models.manifest import FileLayout
 
 __all__ = ["PartialFile", "STATE_DIR"]
@@ -66,9 +67,8 @@ class PartialFile:
         return self.layout.check(index, os.pread(self._fd, length, offset))
 
     def _rewrite_log(self) -> None:
-        tmp = self.log.with_name(self.log.name + ".tmp")
-        tmp.write_bytes(b"".join(i.to_bytes(_INDEX_BYTES, "little") for i in sorted(self.verified)))
-        os.replace(tmp, self.log)
+        atomic_write_bytes(self.log, b"".join(i.to_bytes(_INDEX_BYTES, "little") for i in sorted(self.verified)),
+                           temp_name=self.log.name + ".tmp")
 
     @property
     def missing(self) -> list[int]:
@@ -99,7 +99,8 @@ class PartialFile:
             raise ValueError(f"{self.layout.name}: every chunk matches the manifest but the whole file does not")
         self.close()
         self.dest.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(self.part, self.dest)
+        os.replace(self.part, self.dest)  # the file itself is synced above
+        fsync_dir(self.dest.parent)
         self.log.unlink(missing_ok=True)
 
     def close(self) -> None:

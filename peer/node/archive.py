@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from models.checkpoint.summary import SnapshotSummary
 from models.config import RunConfig, format_path
 from models.errors import HivepathError
 from peer.node.archive_eval import SnapshotEvaluator
@@ -33,6 +34,7 @@ from peer.outer import ModuleState
 from peer.node.progress import PeerStatus
 from peer.node.run_data import DataOptions, RunData
 from peer.node.startup import NetworkOptions, PeerStartup
+from peer.settings import default
 
 __all__ = ["ArchiveOptions", "ArchivePeer"]
 
@@ -69,18 +71,18 @@ class ArchiveOptions:
     """The run's prepared dataset: recorded in snapshots for eval, and seeded to peers."""
     seed: bool = True
     """Seed ``data_dir`` (``--no-seed``: do not)."""
-    keep: int = 3
+    keep: int = default("HIVEPATH_ARCHIVE_KEEP")
     """Snapshots kept on disk (the last K)."""
     poll_interval: float = 1.0
     """Seconds between looks at the holders' rounds."""
-    eval_documents: int = 4
+    eval_documents: int = default("HIVEPATH_ARCHIVE_EVAL_DOCS")
     """Validation documents per path scored on a new snapshot, whose bits per byte go to the
     coordinator's status page (0: no scoring; without ``data_dir`` there is nothing to score on). The
     same documents each time, so the history shows the trend; ``hivepath eval`` scores them all.
     Measured on the tiny preset's 2x2 lattice with the built-in corpus: about 5 CPU seconds per path
     on an idle core, 20-35 s of wall time for the 4 paths beside three training peers on 2 cores
     (``--eval-docs``)."""
-    eval_interval: float = 120.0
+    eval_interval: float = default("HIVEPATH_ARCHIVE_EVAL_INTERVAL")
     """Seconds between two scorings at least (the archive often shares a machine with trainers;
     ``--eval-interval``)."""
     extra: dict = field(default_factory=dict)
@@ -151,13 +153,11 @@ class ArchivePeer:
             states = dict(self.states)
         groups, metadata = state_groups(states, self.names, lat.content_hash())
         complete = [p for p in lat.paths() if all(m in states for m in lat.path_modules(p))]
-        meta = {
-            "config": cfg.to_dict(), "config_hash": cfg.content_hash(), "modules": sorted(states),
-            "paths": [format_path(p) for p in complete], "dense": lat.num_paths == 1,
-            "data": {"dir": str(self.opts.data_dir.resolve()) if self.opts.data_dir else "",
-                     "manifest_hash": manifest_hash},
-            "rounds": {m: s.round_no for m, s in states.items()}, "unix_time": round(time.time(), 3),
-        }
+        meta = SnapshotSummary.of(
+            cfg, sorted(states), paths=[format_path(p) for p in complete],
+            data_dir=str(self.opts.data_dir.resolve()) if self.opts.data_dir else "", manifest_hash=manifest_hash,
+            rounds={m: s.round_no for m, s in states.items()}, unix_time=round(time.time(), 3),
+        ).to_dict()
         self.version += 1
         written = save_snapshot(self.snapshots, self.version, groups, meta, metadata, self.status)
         if written is not None and self.evaluator is not None:

@@ -48,6 +48,7 @@ from peer.node.machine_share import MachineShare
 from peer.node.resources import describe_device, measure_tokens_per_s, resolve_device, usable_memory_bytes
 from peer.node.run_data import DataOptions, RunData, Stopped, ensure_dataset
 from peer.node.startup import NetworkOptions, PeerStartup
+from peer.settings import default
 
 __all__ = ["PeerOptions", "PeerNode", "ensure_dataset", "UnsupportedAssignment"]
 
@@ -76,9 +77,9 @@ class PeerOptions:
 
     network: NetworkOptions
     """The coordinator, the DHT and the status page (shared with the archive: :mod:`peer.node.startup`)."""
-    device: str = "auto"
+    device: str = default("HIVEPATH_DEVICE")
     max_memory_gb: Optional[float] = None
-    work_dir: Path = field(default_factory=lambda: Path("~/.hivepath").expanduser())
+    work_dir: Path = field(default_factory=lambda: Path(default("HIVEPATH_WORK_DIR")).expanduser())
     """Checkpoints, identity (unless ``network.identity`` names one) and (by default) data live here."""
     data_dir: Optional[Path] = None
     """Prepared dataset (default: WORK_DIR/data-<corpus>-<tokenizer>-<L>x<M>, prepared if the corpus is on
@@ -87,18 +88,18 @@ class PeerOptions:
     """Seed the dataset files this peer holds to other peers (``--no-seed``: do not)."""
     max_data_gb: Optional[float] = None
     """Disk budget for fetched shards of paths trained before (least recently used out first)."""
-    progress: str = "auto"
+    progress: str = default("HIVEPATH_PROGRESS")
     upload_mbps: Optional[float] = None
     """Measured upload bandwidth in Mbit/s (sizes our share of each reduction); None: 100."""
-    drain_timeout: float = 60.0
-    measure_seconds: float = 2.0
-    max_steps: int = 0
+    drain_timeout: float = default("HIVEPATH_DRAIN_TIMEOUT")
+    measure_seconds: float = default("HIVEPATH_MEASURE_SECONDS")
+    max_steps: int = default("HIVEPATH_MAX_STEPS")
     """Stop after this many inner steps (0: run until stopped)."""
     threads: Optional[int] = None
-    cpu_limit: float = 1.0
+    cpu_limit: float = default("HIVEPATH_CPU_LIMIT")
     """Share of the time spent training (``--cpu-limit``): the trainer rests between inner steps for
     the rest (:class:`peer.node.trainer.CpuLimit`), and the tokens/s this peer reports are scaled by it."""
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = default("HIVEPATH_KEEP_CHECKPOINTS")
     """Snapshots kept under WORK_DIR/checkpoints."""
     role: str = ""
     """``--role``: ask the coordinator for ``path``, ``stage`` or ``trainer`` ('' lets it decide)."""

@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional
 from models import strict_json
 from models.errors import HivepathError
 from peer.node.progress import WAITING_STATES, PeerStatus
+from peer.settings import default
 from protos import versions
 
 __all__ = ["LocalStatusServer", "StatusPortUnavailable", "evaluate_health", "status_document", "start_optional",
@@ -35,8 +36,8 @@ __all__ = ["LocalStatusServer", "StatusPortUnavailable", "evaluate_health", "sta
 
 log = logging.getLogger(__name__)
 
-DEFAULT_STATUS_PORT = 7702
-DEFAULT_STALL_TIMEOUT = 300.0
+DEFAULT_STATUS_PORT: int = default("HIVEPATH_STATUS_PORT")
+DEFAULT_STALL_TIMEOUT: float = default("HIVEPATH_STALL_TIMEOUT")
 """Generous on purpose: one outer round (inner steps plus the exchange) can take minutes."""
 
 

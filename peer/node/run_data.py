@@ -31,7 +31,6 @@ at once, and the verified chunks are kept for the next start.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import re
 import threading
@@ -138,19 +137,17 @@ def ensure_dataset(cfg: RunConfig, data_dir: Optional[Path], work_dir: Path, man
 
 
 def _prepare_once(cfg: RunConfig, data_dir: Path) -> Path:
-    """Prepare the run's corpus into ``data_dir`` unless there already (once, under a lock)."""
+    """Prepare the run's corpus into ``data_dir`` unless there already (once, under a lock:
+    :func:`models.data.prepared`)."""
     from models.corpus import corpus_from_paths, default_corpus
-    from models.data import MANIFEST_FILE, prepare
+    from models.data import prepared
+
+    def corpus():
+        log.info("preparing the run's dataset (%s, %s) in %s", cfg.data.corpus, cfg.data.tokenizer, data_dir)
+        return default_corpus() if cfg.data.corpus == "default" else corpus_from_paths([cfg.data.corpus])
 
     lat = cfg.lattice
-    if not (data_dir / MANIFEST_FILE).exists():
-        data_dir.parent.mkdir(parents=True, exist_ok=True)
-        with open(data_dir.parent / f".{data_dir.name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not (data_dir / MANIFEST_FILE).exists():
-                log.info("preparing the run's dataset (%s, %s) in %s", cfg.data.corpus, cfg.data.tokenizer, data_dir)
-                corpus = default_corpus() if cfg.data.corpus == "default" else corpus_from_paths([cfg.data.corpus])
-                prepare(corpus, data_dir, lat.levels, lat.modules_per_level, cfg.data.tokenizer)
+    prepared(data_dir, lat.levels, lat.modules_per_level, cfg.data.tokenizer, corpus=corpus)
     return data_dir
 
 

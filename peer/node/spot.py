@@ -58,7 +58,7 @@ GCP_NOTICE_SECONDS = 30.0
 """GCP documents a 30 s preemption notice; its endpoint carries no deadline of its own."""
 ENV_VARS = ("HIVEPATH_SPOT", "HIVEPATH_SPOT_URL", "HIVEPATH_SPOT_POLL_INTERVAL")
 """The environment variables :meth:`SpotOptions.from_env` reads."""
-PROVIDERS = ("none", "aws", "gcp", "auto")
+PROVIDERS: tuple[str, ...] = settings.setting("HIVEPATH_SPOT").choices
 
 
 @dataclass(frozen=True)
@@ -221,11 +221,11 @@ class GcpPreemptionNotice:
 class SpotOptions:
     """Which notices to watch: ``HIVEPATH_SPOT``, ``HIVEPATH_SPOT_URL``, ``HIVEPATH_SPOT_POLL_INTERVAL``."""
 
-    provider: str = "none"
+    provider: str = settings.default("HIVEPATH_SPOT")
     """``none`` (off), ``aws``, ``gcp`` or ``auto`` (both; only the cloud we are on will answer)."""
     base_url: Optional[str] = None
     """Metadata server base URL (default: the provider's own); a fake server in tests."""
-    poll_interval: float = 5.0
+    poll_interval: float = settings.default("HIVEPATH_SPOT_POLL_INTERVAL")
     """Seconds between checks; keep it well under the notice time (30 s on GCP)."""
     request_timeout: float = 1.0
     """Seconds one metadata request may take before it counts as no answer."""

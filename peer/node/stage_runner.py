@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.checkpoint.summary import SnapshotSummary
 from models.config import OuterConfig, RunConfig, format_path
 from models.lattice import ModularLM
 from models.training import autocast
@@ -86,8 +87,9 @@ def save_states(cfg: RunConfig, opt: DiLoCoOptimizer, modules: dict[str, nn.Modu
     names = {mid: [n for n, _ in mod.named_parameters()] for mid, mod in modules.items()}
     groups, metadata = state_groups(states, names, cfg.lattice.content_hash())
     rounds = {mid: state.round_no for mid, state in states.items()}
-    meta = {"config": cfg.to_dict(), "config_hash": cfg.content_hash(), "modules": list(modules), "rounds": rounds,
-            "dense": cfg.lattice.num_paths == 1, "unix_time": round(time.time(), 3), **extra}
+    extra = dict(extra)
+    meta = SnapshotSummary.of(cfg, list(modules), paths=extra.pop("paths", ()), rounds=rounds,
+                              unix_time=round(time.time(), 3), **extra).to_dict()
     try:
         checkpoints.save(max(rounds.values()), groups, meta, metadata)
     except CheckpointError as e:

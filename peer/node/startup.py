@@ -41,6 +41,7 @@ from models.errors import HivepathError
 from peer.node.lifetime import STOP_SIGNALS
 from peer.node.local_status import DEFAULT_STATUS_PORT, start_optional
 from peer.node.progress import PeerStatus
+from peer.settings import default
 
 if TYPE_CHECKING:
     from peer.coordinator_client import CoordinatorClient, HeartbeatReply, JoinInfo, PeerInfo, RunSpec
@@ -73,19 +74,19 @@ class NetworkOptions:
     """Extra DHT bootstrap multiaddrs besides those the coordinator hands out."""
     identity: Optional[Path] = None
     """Identity key file (default: ``identity.key`` in the process's home directory)."""
-    host_maddrs: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/0",)
+    host_maddrs: tuple[str, ...] = tuple(default("HIVEPATH_HOST_MADDRS"))
     """Multiaddrs the DHT node listens on."""
     announce_maddrs: tuple[str, ...] = ()
     """Multiaddrs other peers should dial (default: what the DHT node finds)."""
     client_mode: bool = False
     """Accept no incoming connections (behind NAT)."""
-    lane_port: int = 0
+    lane_port: int = default("HIVEPATH_LANE_PORT")
     """TCP port of the direct lane that carries the all-reduce's parts outside the p2p daemon
     (:mod:`peer.network.lanes`), on the hosts of ``host_maddrs``, offered at the announced (or found)
     addresses; 0: an ephemeral one, which a firewall may drop (the parts then go through the daemon)."""
     tls_ca: Optional[str] = None
     """CA certificate to verify a TLS coordinator."""
-    coordinator_timeout: float = 60.0
+    coordinator_timeout: float = default("HIVEPATH_COORDINATOR_TIMEOUT")
     """Seconds to keep retrying the coordinator at start-up before giving up (exit 3)."""
     coordinator_wait: bool = False
     """Retry for ``coordinator_timeout`` even where nothing answers yet (``--coordinator-timeout``
@@ -96,7 +97,7 @@ class NetworkOptions:
     (re-merges the swarm after a partition; see ``PeerDHT.keep_connected``)."""
     status_port: int = 0
     """Serve the local status (``/status``, ``/healthz``) on 127.0.0.1 at this port (0: do not)."""
-    stall_timeout: float = 300.0
+    stall_timeout: float = default("HIVEPATH_STALL_TIMEOUT")
     """Seconds without progress after which the local status reports the process unhealthy."""
 
     def __post_init__(self) -> None:

@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from models.checkpoint.summary import SnapshotSummary
 from models.config import OuterConfig, RunConfig, format_path
 from models.lattice import ModularLM
 from models.training import autocast
@@ -170,18 +171,11 @@ class PathTrainer:
     def checkpoint(self) -> None:
         """Write the current global state; a failure is logged and training goes on."""
         groups, metadata, rounds = self.snapshot_groups()
-        meta = {
-            "config": self.cfg.to_dict(),
-            "config_hash": self.cfg.content_hash(),
-            "modules": self.module_ids,
-            "paths": [format_path(self.path)],
-            "dense": self.cfg.lattice.num_paths == 1,
-            "data": {"dir": str(self.dataset.dir.resolve()), "manifest_hash": self.dataset.manifest_hash},
-            "rounds": rounds,
-            "peer_id": self.peer_id,
-            "tokens": self.tokens,
-            "unix_time": round(time.time(), 3),
-        }
+        meta = SnapshotSummary.of(
+            self.cfg, self.module_ids, paths=[format_path(self.path)], data_dir=str(self.dataset.dir.resolve()),
+            manifest_hash=self.dataset.manifest_hash, rounds=rounds, peer_id=self.peer_id, tokens=self.tokens,
+            unix_time=round(time.time(), 3),
+        ).to_dict()
         save_snapshot(self.checkpoints, max(rounds.values()), groups, meta, metadata, self.status)
 
     # -- training -----------------------------------------------------------------------------

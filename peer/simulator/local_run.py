@@ -14,6 +14,7 @@ from typing import Callable, Optional
 
 import torch
 
+from models.checkpoint.summary import SnapshotSummary
 from models.config import RunConfig, format_path, parse_path
 from models.errors import ConfigError, DataError
 from models.evaluate import EvalResult
@@ -125,23 +126,19 @@ def train_local(cfg: RunConfig, dataset, run: LocalRun, on_start: Callable[[str]
     for mid in sim.module_ids:
         save_module(run.out, mid, model.module_state(mid), L.content_hash(), run_hash=cfg.content_hash(),
                     steps=str(run.steps))
-    summary = {
-        "config": cfg.to_dict(),
-        "config_hash": cfg.content_hash(),
-        "lattice_hash": L.content_hash(),
-        "dense": dense,
-        "paths": [format_path(p) for p in paths],
-        "modules": sim.module_ids,
-        "workers": workers,
-        "outer_steps": outer_steps,
-        "steps": run.steps,
-        "data": {"dir": str(Path(dataset.dir).resolve()), "manifest_hash": dataset.manifest_hash},
-        "seconds": round(elapsed, 2),
-        "tokens_per_s": round(tokens_seen / max(1e-9, elapsed), 1),
-        "first_loss": history[0]["loss"] if history else None,
-        "final_loss": history[-1]["loss"] if history else None,
-        "loss_history": history[:: max(1, len(history) // 100)],
-        "eval": result.to_dict(),
-    }
+    summary = SnapshotSummary.of(
+        cfg, sim.module_ids, paths=[format_path(p) for p in paths], dense=dense,
+        data_dir=str(Path(dataset.dir).resolve()), manifest_hash=dataset.manifest_hash,
+        lattice_hash=L.content_hash(),
+        workers=workers,
+        outer_steps=outer_steps,
+        steps=run.steps,
+        seconds=round(elapsed, 2),
+        tokens_per_s=round(tokens_seen / max(1e-9, elapsed), 1),
+        first_loss=history[0]["loss"] if history else None,
+        final_loss=history[-1]["loss"] if history else None,
+        loss_history=history[:: max(1, len(history) // 100)],
+        eval=result.to_dict(),
+    ).to_dict()
     write_summary(run.out, summary)  # last: a directory without run.json is not a finished run
     return LocalRunResult(summary, result, run.out)

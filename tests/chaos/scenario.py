@@ -21,12 +21,9 @@ log = logging.getLogger(__name__)
 
 def prepare_dataset(out: Path, levels: int = 2, modules: int = 2):
     """The built-in corpus prepared for a ``levels x modules`` lattice (byte tokenizer)."""
-    from models.corpus import default_corpus
-    from models.data import Dataset, prepare
+    from models.data import prepared
 
-    if not (out / "manifest.json").exists():
-        prepare(default_corpus(), out, levels=levels, modules=modules, tokenizer="bytes")
-    return Dataset(out)
+    return prepared(out, levels, modules, "bytes")
 
 
 def round_since(net, name: str, since: float) -> int:

@@ -10,11 +10,9 @@ def one_path_dataset(root: Path):
     """A small corpus under ``root`` prepared for a 1x1 lattice: a :class:`models.data.Dataset`."""
     from helpers import write_corpus
     from models.corpus import corpus_from_paths
-    from models.data import Dataset, prepare
+    from models.data import prepared
 
-    src = write_corpus(root / "src", per_domain=4)
-    prepare(corpus_from_paths([str(src)]), root / "data", levels=1, modules=1)
-    return Dataset(root / "data")
+    return prepared(root / "data", corpus=lambda: corpus_from_paths([str(write_corpus(root / "src", per_domain=4))]))
 
 
 class SoloAverager:
