@@ -15,7 +15,8 @@ from collections import Counter
 import pytest
 import torch
 
-from peer.averaging.hierarchy import RoundResult, bucket_weight, delegate, tree, tree_depth, tree_parent
+from peer.averaging.hierarchy import (RoundResult, bucket_weight, delegate, part_digest, result_digest, tree, tree_depth,
+                                      tree_parent)
 from peer.averaging.partition import Group
 from peer.averaging import get_codec
 from peer.network import group_bucket, group_buckets
@@ -197,7 +198,7 @@ def test_the_average_goes_down_a_tree_of_real_p2p_daemons_and_only_to_the_groups
             group3 = Group("g3", tuple(sorted(ids[:3])), (1.0, 1.0, 1.0), 10.0)
             root_place, child_place, leaf_place = (r.expect(group3, deadline) for r in relays[:3])
             child_place.head = (codec.name, tuple(x for a, b, _ in parts for x in (a, b)),
-                                tuple(len(d) for *_, d in parts), (root,), False)
+                                tuple(len(d) for *_, d in parts), (root,), False, sent.part_digests)
             child_place.payloads.append(parts[0][2])
             child_place.bump()
             leaf = asyncio.ensure_future(relays[2].fetch(child, "g3", numel, codec, deadline, leaf_place))
@@ -208,6 +209,80 @@ def test_the_average_goes_down_a_tree_of_real_p2p_daemons_and_only_to_the_groups
             relays[0].publish("g3", sent)
             assert await relays[2].fetch(root, "g3", numel, codec, deadline, leaf_place) == sent
             assert leaf_place.payloads == [d for *_, d in parts]
+        finally:
+            for p in p2ps:
+                await p.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_round_results_digest_covers_its_codec_bounds_and_every_part():
+    codec = get_codec("int8")
+    whole = torch.linspace(-1, 1, 2048)
+    a, b = codec.encode(whole[:1024]), codec.encode(whole[1024:])
+    result = RoundResult(codec.name, ((0, 1024, a), (1024, 2048, b)), ("x",))
+    assert result.digest == RoundResult(codec.name, result.parts, ("y", "z"), late=True).digest  # not per bucket
+    flipped = bytes([a[0] ^ 1]) + a[1:]
+    assert RoundResult(codec.name, ((0, 1024, flipped), (1024, 2048, b)), ("x",)).digest != result.digest
+    assert RoundResult(codec.name, ((0, 1000, a), (1000, 2048, b)), ("x",)).digest != result.digest
+    assert RoundResult("int4", result.parts, ("x",)).digest != result.digest
+    assert result.digest == result_digest(codec.name, (0, 1024, 1024, 2048), (len(a), len(b)),
+                                          (part_digest(a), part_digest(b)))
+
+
+def test_an_inner_node_passing_other_bytes_down_the_tree_is_caught_before_any_byte_is_passed_on():
+    """Root, a hostile inner node and its child, each a real p2p daemon with a :class:`ResultRelay`. The
+    inner node serves other bytes under the honest part digests, then other digests too: its child
+    refuses both (:class:`LyingPeer` naming the inner node) before it passes a byte on to its own place,
+    and gets the top group's average from the delegate instead, checked against the agreed digest."""
+    import asyncio
+    import time
+
+    from hivemind.p2p import P2P
+
+    from peer.averaging.hierarchy import LyingPeer, ResultRelay
+
+    codec = get_codec("int8")
+    numel = 3000
+    values = torch.linspace(-2, 2, numel)
+    parts = tuple((a, min(a + 1024, numel), codec.encode(values[a:min(a + 1024, numel)])) for a in range(0, numel, 1024))
+    sent = RoundResult(codec.name, parts, ())
+
+    async def agreed() -> str:
+        return sent.digest
+
+    async def scenario() -> None:
+        root_p2p = await P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+        maddrs = [str(m) for m in await root_p2p.get_visible_maddrs()]
+        others = [await P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=maddrs) for _ in range(2)]
+        p2ps = [root_p2p, *others]
+        try:
+            ids = [p.peer_id.to_base58() for p in p2ps]
+            relays = [ResultRelay(p, i, "hivepath_lietest") for p, i in zip(p2ps, ids)]
+            for r in relays:
+                await r.start()
+            root, inner, leaf = ids
+            deadline = time.monotonic() + 20
+            bounds = tuple(x for a, b, _ in parts for x in (a, b))
+            lengths = tuple(len(d) for *_, d in parts)
+            forged = [bytes([d[0] ^ 0x40]) + d[1:] for *_, d in parts]
+            for gid, digests in (("g1", sent.part_digests), ("g2", tuple(part_digest(d) for d in forged))):
+                group = Group(gid, tuple(sorted(ids)), (1.0, 1.0, 1.0), 10.0)
+                relays[0].expect(group, deadline)
+                hostile, mine = relays[1].expect(group, deadline), relays[2].expect(group, deadline)
+                hostile.head = (codec.name, bounds, lengths, (root,), False, digests)
+                hostile.payloads.extend(forged)
+                hostile.complete = True
+                hostile.bump()
+                with pytest.raises(LyingPeer) as caught:
+                    await relays[2].fetch(inner, gid, numel, codec, deadline, mine, agreed=agreed)
+                assert caught.value.peer == inner
+                assert ("part 0" in caught.value.why) == (gid == "g1")  # g2: the head's digest already
+                assert mine.payloads == []  # not a byte of it passed on
+                assert mine.head is None if gid == "g2" else mine.head[5] == sent.part_digests  # g1: the true head
+                relays[0].publish(gid, sent)
+                got = await relays[2].fetch(root, gid, numel, codec, deadline, mine, agreed=agreed)
+                assert got.parts == parts and mine.complete and mine.payloads == [d for *_, d in parts]
         finally:
             for p in p2ps:
                 await p.shutdown()

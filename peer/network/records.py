@@ -241,6 +241,11 @@ class GroupDeclaration:
     """The declaring peer's averaging bytes key (:func:`peer.averaging.wire_key`): matchmaking groups only
     declarations of equal keys, whose members compute the same bytes ('' for the averaging protocol's
     first bytes, those of 1.0)."""
+    result: str = ""
+    """Under a split round's :func:`top_group_key` only: the :func:`peer.averaging.hierarchy.result_digest`
+    of the round's average, stated by a member of the top group once its all-reduce ended ('' before).
+    A bucket member takes a digest that more than half of the round's buckets' delegates state as the
+    top group's, and checks the average its parent in the bucket's tree sends against it."""
 
 
 @dataclass(frozen=True)
@@ -403,7 +408,7 @@ def to_value(record: Any) -> dict[str, Any]:
     """The dict stored in the DHT for a record (an empty credential, digest, list or wire key, or a false
     ``paced`` or ``idle``, is left out; so is a field a later minor than the one we state added), with
     our DHT protocol version (:data:`VERSION_FIELD`)."""
-    return stamped(record, dataclasses.asdict(record), ("credential", "digest", "expecting", "paced", "idle", "wire"))
+    return stamped(record, dataclasses.asdict(record), ("credential", "digest", "expecting", "paced", "idle", "wire", "result"))
 
 
 def stamped(record: Any, value: dict[str, Any], optional: tuple[str, ...] = ()) -> dict[str, Any]:
