@@ -131,6 +131,39 @@ def run_lattice(opts: dict, dht, out: dict) -> None:
     avg.shutdown()
 
 
+class _Forged:
+    """A place of :class:`peer.averaging.hierarchy.ResultRelay` as a hostile inner node serves it: the
+    head it got, every part with its first byte changed."""
+
+    def __init__(self, place):
+        self.place = place
+
+    @property
+    def payloads(self) -> list[bytes]:
+        return [bytes([d[0] ^ 0x40]) + d[1:] for d in self.place.payloads]
+
+    @property
+    def error(self) -> str:
+        return self.place.error
+
+    def until(self, ready, deadline):
+        return self.place.until(ready, deadline)
+
+
+def _lie_down_the_tree() -> None:
+    """This process passes other bytes than it got down every split round's tree it serves in."""
+    from peer.averaging.hierarchy import ResultRelay
+
+    answer = ResultRelay._answer
+
+    async def forged(self, sender, request):
+        reply, place = await answer(self, sender, request)
+        if place is not None:
+            print(f"LIE to {sender}", flush=True)
+        return reply, None if place is None else _Forged(place)
+    ResultRelay._answer = forged
+
+
 def run_direct(opts: dict, dht, out: dict) -> None:
     mid, numel, run_id = opts["module"], opts["numel"], "nettest"
     config_hash = opts.get("config_hash", "aaaa0000aaaa0000")
@@ -158,7 +191,11 @@ def run_direct(opts: dict, dht, out: dict) -> None:
             print(f"STALL {point} round {current['round']}", flush=True)
             time.sleep(opts["stall_s"])  # holds the averager's loop: everything of ours waits
 
-    avg = NetAverager(dht, run_id, config_hash, state_provider=provider, event_hook=hook)
+    reports = out["reports"] = []
+    if opts.get("lie_down_tree"):
+        _lie_down_the_tree()
+    avg = NetAverager(dht, run_id, config_hash, state_provider=provider, event_hook=hook,
+                      bandwidth=opts.get("bandwidth"), on_suspect=lambda *report: reports.append(report))
     avg.use_group_cap(opts.get("max_group_size", 0))
     rec = Recorder(avg)
     if opts.get("join_late"):

@@ -415,3 +415,56 @@ def test_a_group_that_misses_the_top_group_applies_the_rounds_average_and_carrie
         assert float(round1[p]["own"].abs().max()) == 0.0
     for p in on_time:
         assert float(round1[p]["own"].abs().max()) > 0.0
+
+
+def _identities_with_a_deep_bucket(tmp_path, names: list[str], hostile: str, module_id: str, buckets: int,
+                                   size: int) -> dict[str, str]:
+    """Identity files for ``names`` that put ``hostile`` in a bucket of at least ``size`` holders in
+    round 0 of ``module_id`` (of ``buckets``, the others not empty), not as its smallest peer id (the
+    delegate); drawn again until they fit."""
+    from hivemind.p2p import P2P
+
+    for attempt in range(200):
+        paths = {n: tmp_path / f"{n}.{attempt}.key" for n in names}
+        for path in paths.values():
+            P2P.generate_identity(str(path))
+        ids = {n: peer_id_of(p) for n, p in paths.items()}
+        drawn = {n: group_bucket(module_id, 0, i, buckets) for n, i in ids.items()}
+        mates = [ids[n] for n in names if drawn[n] == drawn[hostile]]
+        if len(mates) >= size and len(set(drawn.values())) == buckets and min(mates) != ids[hostile]:
+            return {n: str(p) for n, p in paths.items()}
+    raise AssertionError(f"no identities put {hostile} in a bucket of {size} in 200 draws")
+
+
+@pytest.mark.integration
+@pytest.mark.slow  # 50-60 s of six processes on a loaded 2-core machine: make test-all (CI's time budget)
+def test_a_hostile_inner_node_of_a_buckets_tree_is_reported_and_nobody_applies_its_bytes(procs, tmp_path):
+    """Six holders capped at 4 (2 buckets), one of them hostile: it passes other bytes down its bucket's
+    tree than it got (every part's first byte changed). Its identity puts it in a bucket of 5 in
+    round 0 and its upload is the fastest, so it is an inner node with children. Every holder applies
+    the same average, the top group's, and the hostile node's children report it, and nobody else."""
+    # two rounds: the delegate serves round 0's average while it averages round 1 (a peer that ended
+    # its last round exits, and its children could not fall back to it)
+    common = dict(mode="direct", module="L0M0", numel=NUMEL, peers=6, rounds=2, round_timeout=40.0,
+                  max_group_size=4)
+    names = [f"p{i}" for i in range(6)]
+    assert group_buckets(6, 4) == 2
+    identities = _identities_with_a_deep_bucket(tmp_path, names, "p0", "L0M0", buckets=2, size=5)
+    specs = [dict(common, name=n, seed=i, identity=identities[n]) for i, n in enumerate(names)]
+    specs[0].update(lie_down_tree=True, bandwidth=1e9)
+    _swarm(procs, tmp_path, specs)
+    outs = {n: _result(procs, tmp_path, n) for n in names}
+    hostile = outs["p0"]["peer_id"]
+    assert "LIE to" in procs.log("p0"), "the hostile node served nobody"
+    recs = {n: out["records"][0] for n, out in outs.items()}
+    first = recs["p0"]["averaged"]  # the hostile node applies the true average itself
+    assert first is not None, recs["p0"]["reason"]
+    for n, rec in recs.items():
+        assert rec["averaged"] is not None and torch.equal(rec["averaged"], first), (n, rec["reason"])
+    reports = {n: [r for r in out["reports"] if r[2] == 0] for n, out in outs.items()}  # (peer, module, round, why)
+    reporters = {n for n, r in reports.items() if r}
+    assert reporters, "nobody reported the hostile node"
+    for n in reporters:
+        assert {r[0] for r in reports[n]} == {hostile}, reports[n]
+        assert all("tree" in r[3] for r in reports[n]), reports[n]
+        assert group_bucket("L0M0", 0, outs[n]["peer_id"], 2) == group_bucket("L0M0", 0, hostile, 2)
