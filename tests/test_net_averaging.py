@@ -210,7 +210,8 @@ def run_direct(opts: dict, dht, out: dict) -> None:
         out["fetched_round"] = state.round_no
         log.info("joined at round %d", state.round_no)
     avg.hold(mid, current["round"])
-    wait_holders(dht, run_id, mid, config_hash, opts.get("start_peers", opts["peers"]), min_round=current["round"])
+    wait_holders(dht, run_id, mid, config_hash, opts.get("start_peers", opts["peers"]), min_round=current["round"],
+                 timeout=opts.get("start_timeout", 60.0))
     if opts.get("wait_any"):  # also wait for peers of other config hashes (so that rounds overlap)
         wait_holders(dht, run_id, mid, None, opts["wait_any"])
     while current["round"] < opts["rounds"]:
@@ -278,10 +279,10 @@ def _swarm(procs, tmp_path: Path, specs: list[dict]) -> list[str]:
     return maddrs
 
 
-def _result(procs, tmp_path: Path, name: str) -> dict:
+def _result(procs, tmp_path: Path, name: str, timeout: float = PEER_TIMEOUT) -> dict:
     proc = procs.procs[name]
     try:
-        proc.wait(timeout=PEER_TIMEOUT)
+        proc.wait(timeout=timeout)
     except Exception:
         pytest.fail(f"peer {name} did not finish:\n{procs.log(name)[-3000:]}")
     assert proc.returncode == 0, f"peer {name} exited {proc.returncode}:\n{procs.log(name)[-3000:]}"

@@ -10,7 +10,7 @@ import pytest
 from bench.scale_sim import SimConfig, simulate
 from bench.scale_sim.swarm import Swarm
 from coordinator.records import MODE_PATH
-from peer.network.records import group_bucket, group_buckets, group_key
+from peer.network.records import group_bucket, group_buckets, group_key, split_levels
 
 CFG = SimConfig(peers=10, duration=1800.0, ramp=60.0, leave_per_hour=4.0, seed=3)
 """Heavy churn (four departures per peer-hour) on few peers per path, so paths lose their last peer."""
@@ -124,3 +124,14 @@ def test_bounded_groups_at_500_peers():
     assert split["group_size_mean"] <= 40 and split["group_size_max"] <= 2 * 2 * 32
     assert split["dht_bytes_per_peer_round"] < one["dht_bytes_per_peer_round"] / 4
     assert split["round_s_median"] <= one["round_s_median"] + 5.0
+
+
+def test_split_rounds_gain_levels_in_the_simulator_and_no_group_of_delegates_exceeds_the_cap():
+    """500 peers on 2x2 capped at 8 (the real ``split_levels``: 64 buckets of the shared modules' 500
+    holders, 8 groups of 8 delegates, a top group of 8): three levels, every group of delegates and
+    every top group within the cap, and rounds go through."""
+    assert split_levels(500, 8) == (64, 8)
+    split = simulate(SimConfig(peers=500, duration=300.0, ramp=60.0, seed=1, max_group_size=8)).figures
+    assert split["split_levels_max"] == 3
+    assert 0 < split["upper_group_size_max"] <= 8
+    assert split["top_groups"] > 0 and split["top_groups_failed"] < split["top_groups"]

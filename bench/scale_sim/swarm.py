@@ -41,7 +41,12 @@ it closed fetches its average from a top member and applies it, its members' del
 next round, or fails if the top group failed); each bucket's members
 get the average down the real :func:`peer.averaging.hierarchy.tree` (the fastest uploads inner), passed
 on part by part as it arrives: the encoded average times its children over its upload, for the
-slowest inner node, plus a part's time at that pace and a round trip a hop.
+slowest inner node, plus a part's time at that pace and a round trip a hop. Above the cap, the real
+:func:`peer.network.records.split_levels` adds levels of groups of delegates between the buckets and the
+top group (each modelled as a declaration and a read of its key, an all-reduce of its delegates' means,
+and a part and a round trip on the way down), so no group of delegates and no top group exceeds
+``max_group_size`` (``upper_group_size_max``); every member reads the top group's key once for the
+digest of the average it checks (``NetAverager._agreement``).
 """
 
 from __future__ import annotations
@@ -71,7 +76,7 @@ from peer.averaging.matchmaking import SPLIT_HOLDERS_POLL
 from peer.averaging.net_averager import SPLIT_BUCKET, SPLIT_TOP_GATHER
 from peer.averaging.partition import MAX_SEGMENTS, Group, part_bounds
 from peer.network.records import (GroupDeclaration, HolderRecord, group_bucket, group_buckets, group_key, holders_key,
-                                  records_from_value, to_value, top_group_key)
+                                  level_group_key, records_from_value, split_levels, to_value, top_group_key)
 
 __all__ = ["SimConfig", "SimResult", "simulate", "run_config"]
 
@@ -251,6 +256,8 @@ class Swarm:
         self.c: Counter[str] = Counter()  # counts and sums measured in the window
         self.round_times: list[float] = []
         self.group_sizes: list[int] = []
+        self.upper_sizes: list[int] = []  # the groups of delegates and the top groups of split rounds
+        self.levels_seen = 1  # the most levels of groups a round had, its top group included
         self.join_cpu: list[float] = []
         self.refusals: list[str] = []
         self.uncovered_since: dict[tuple, float] = {}
@@ -726,9 +733,10 @@ class Swarm:
             self._add("dht_ops", polls)
             self._add("dht_bytes", self.dht.get_size(t_key, polls) * polls)
         self.loop.after(self.cfg.round_timeout, self.dht.drop_key, t_key)
-        held = len(top.expected or ())
+        counts = split_levels(self.dht.count(holders_key(self.run.run_id, m)), self.cfg.max_group_size)
+        held = len({b % counts[-1] for b in top.expected or ()})  # the top group's slots with holders
         ready = [g for g in top.ready if any(p.alive for p in g.members)]
-        if len(ready) < held // 2 + 1:  # nobody applies the round: every member averages it again, a
+        if len({g.bucket % counts[-1] for g in ready}) < held // 2 + 1:  # nobody applies the round: a
             self._add("top_minority")    # fresh attempt (new groups, a new top group) at its next round
             for key in [k for k in self.groups if k[0] == m and k[1] == top.round_no]:
                 del self.groups[key]
@@ -741,10 +749,21 @@ class Swarm:
                 self._module_done(p, m, attempt, ok=False, at=now, retry=True)
             return
         self.next_round[m] = max(self.next_round[m], top.round_no + 1)
+        exchange, carriers = self._levels(m, top.round_no, counts, ready, now)
+        self.levels_seen = max(self.levels_seen, len(counts) + 1)
         self._add("top_groups")
-        self._add("top_group_members", len(ready))
-        exchange = self._exchange_seconds(m, [self._delegate(g) for g in ready]) if len(ready) > 1 else 0.0
+        self._add("top_group_members", len(carriers))
+        self.upper_sizes.append(len(carriers))
+        exchange += self._exchange_seconds(m, carriers) if len(carriers) > 1 else 0.0
         top.done_at = now + exchange
+        # every member reads the top group's declarations once for the digest of the average the top
+        # group agreed on (NetAverager._agreement), and every top member states it there
+        for d in carriers:
+            self._add("dht_bytes", self.dht.store(t_key, d.spec.peer_id, self._records(d)[1],
+                                                  now + self.cfg.round_timeout))
+        members = sum(len(g.members) for g in ready) - len(ready)
+        self._add("dht_ops", members + len(carriers))
+        self._add("dht_bytes", self.dht.get_size(t_key) * members)
         for p in top.late:
             self._late_member(p, m, self._group(m, top.round_no, p.buckets.get(m)))
         part = self.wire[m] / (MAX_SEGMENTS * len(ready))  # the top group's parts, passed on one by one
@@ -752,6 +771,38 @@ class Swarm:
             spread = self._tree_seconds(g, part)
             for p in g.members:
                 self._module_done(p, m, g, ok=True, at=now + exchange + spread)
+
+    def _levels(self, m: str, r: int, counts: tuple[int, ...], ready: list[_Group],
+                now: float) -> tuple[float, list[_Peer]]:
+        """The groups of delegates between the buckets and the top group (``split_levels``, real rule):
+        at each level the carriers of the level below whose index agrees modulo the level's count meet
+        (each declares under ``level_group_key`` and reads it once), all-reduce their means (the slowest
+        group sets the level's time) and their smallest member carries the mean on (``hierarchy.delegate``);
+        the average comes back down through each of them, a part and a round trip a level. Returns
+        the seconds up and down and the carriers that form the top group."""
+        carriers = {g.bucket: self._delegate(g) for g in ready}
+        seconds = 0.0
+        for level in range(2, len(counts) + 1):
+            meet: dict[int, list[tuple[int, _Peer]]] = {}
+            for slot, d in carriers.items():
+                meet.setdefault(slot % counts[level - 1], []).append((slot, d))
+            slowest = 0.0
+            for index, group in meet.items():
+                key = level_group_key(self.run.run_id, m, r, level, index)
+                for _, d in group:
+                    self._add("dht_bytes", self.dht.store(key, d.spec.peer_id, self._records(d)[1],
+                                                          now + self.cfg.round_timeout))
+                    self._add("dht_bytes", self.dht.get_size(key))
+                    self._add("dht_ops", 2)
+                self.loop.after(self.cfg.round_timeout, self.dht.drop_key, key)
+                self.upper_sizes.append(len(group))
+                peers = [d for _, d in group]
+                if len(peers) > 1:
+                    slowest = max(slowest, self._exchange_seconds(m, peers))
+            seconds += POLL + slowest + LATENCY + self.wire[m] / (MAX_SEGMENTS * max(1, len(meet)))
+            carriers = {index: min((d for _, d in group), key=lambda p: p.spec.peer_id)
+                        for index, group in meet.items()}
+        return seconds, list(carriers.values())
 
     def _tree_seconds(self, g: _Group, part: float) -> float:
         """Seconds for the round's average to reach the last member of bucket ``g`` down the real tree:
@@ -846,6 +897,9 @@ class Swarm:
             "peer_rounds": peer_rounds,
             "group_size_mean": c["group_members"] / groups,
             "group_size_max": max(self.group_sizes, default=0),
+            "max_group_members": max(self.group_sizes + self.upper_sizes, default=0),
+            "upper_group_size_max": max(self.upper_sizes, default=0),
+            "split_levels_max": self.levels_seen,
             "top_groups": c["top_groups"],
             "top_group_size_mean": c["top_group_members"] / max(1.0, c["top_groups"]),
             "top_groups_failed": c["top_minority"],

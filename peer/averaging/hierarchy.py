@@ -1,5 +1,5 @@
-"""Split rounds: a module held by more peers than ``outer.max_group_size`` averages in two levels, and
-every holder still applies the same bytes.
+"""Split rounds: a module held by more peers than ``outer.max_group_size`` averages in levels of groups,
+none larger than the cap, and every holder still applies the same bytes.
 
 A group of thousands would cut the vector into thousands of parts, each member dialling every other
 and every matchmaking read carrying every declaration (``bench.scale``: 82 MB of DHT reads per peer and
@@ -11,14 +11,21 @@ round at 1,000 peers). With ``max_group_size`` > 0 a round of a module with more
    would (:mod:`peer.averaging.matchmaking`, :mod:`peer.averaging.allreduce`); every member of the bucket
    then holds the bucket's mean, identical bits, and the tokens behind it (the members' join weights).
    A holder alone in its bucket carries its own encoded delta.
-2. **Top group.** The bucket's delegate (:func:`delegate`: its smallest contributing peer id that accepts
-   connections) matchmakes the top group of the round with the other buckets' delegates
-   (:meth:`peer.averaging.matchmaking.Matchmaker.form_top_group`) and all-reduces the bucket means
-   weighted by their tokens. The top group needs more than half of the buckets that hold a live
-   holder, counted from the holder records every holder counted the buckets from (whatever round each
-   announces), so two top groups of one round cannot both apply.
+2. **Levels and the top group.** The bucket's delegate (:func:`delegate`: its smallest contributing peer
+   id that accepts connections) carries the bucket's mean up. :func:`peer.network.records.split_levels`
+   says how many groups each level has (:class:`SplitPlan`): while the buckets outnumber the cap, the
+   delegates of the buckets whose index agrees modulo the next level's count meet in a group of that
+   level (at most the cap of them; :func:`peer.network.records.level_group_key`), all-reduce their
+   means weighted by their tokens, and their own delegate carries that mean on up; a delegate alone
+   in its group carries its mean up as it is. The delegates of the last level form the top group
+   (:meth:`peer.averaging.matchmaking.Matchmaker.form_top_group`), which all-reduces their means. The
+   top group needs more than half of the last level's groups that hold a live holder, counted from
+   the holder records every holder counted the buckets from (whatever round each announces), so two
+   top groups of one round cannot both apply. Each level has an equal slice of the round's time
+   between the buckets' all-reduce and the top group's end
+   (:func:`peer.averaging.net_averager.level_shares`).
 3. **Down the tree.** The top group's average is a list of encoded parts, the same bytes at every
-   delegate. Each bucket passes them down a binary tree rooted at its delegate (:func:`tree`):
+   delegate. Each group, at every level, passes them down a binary tree rooted at its delegate (:func:`tree`):
    a member asks its parent (:class:`ResultRelay`, the ``Result`` rpc), passes each part on to its own
    children as it arrives, and decodes them. The fastest uploads are the tree's inner nodes.
    Every holder of the module decodes the same bytes: replicas stay identical.
@@ -32,11 +39,13 @@ up), and checks what it is sent against it before it passes a byte on or applies
 first, then each part against its part digest as it arrives. A parent caught sending other bytes
 (:class:`LyingPeer`) is reported as a suspect (``NetAverager(on_suspect=...)``, as a peer whose
 contribution a reducer dropped) and the member asks the bucket's delegate instead; an honest inner node
-never passes bad bytes on, so its children never report it. In a round of one bucket (no top group)
-every member checks the average against the bucket mean its own all-reduce computed.
+never passes bad bytes on, so its children never report it. In a two-level round where one bucket
+alone holds holders (no top group), every member checks the average against the bucket mean its own
+all-reduce computed; in a deeper one whose last level has one group with holders, the delegate that
+carried the only mean states its digest (a majority of one).
 
-**Late, not lost.** A bucket whose delegate comes after the top group formed, or a member that missed
-its bucket's group, asks a top group member for the round's average (each serves it, under
+**Late, not lost.** A bucket whose delegate comes after the group above it formed (at any level), or a
+member that missed its bucket's group, asks a top group member for the round's average (each serves it, under
 :func:`round_key`, to any admitted peer; a late member asks only those that declared the state it
 holds) and applies it with nothing of
 its own in it: its ``own_decoded`` is zero, so error feedback carries its whole delta into its next
@@ -50,7 +59,8 @@ progress, as after any failed round.
 
 Costs, per round: a member sends its vector once up and once down its bucket (the all-reduce) and
 receives the encoded average once; an inner node of the tree uploads it to at most two children (the
-faster half of the bucket; the rest upload nothing more); a delegate also runs the top group's
+faster half of the bucket; the rest upload nothing more); a delegate also runs the all-reduce of each level it
+carries a mean through, up to the top group's
 all-reduce. The bucket mean is encoded again for the top group with the run's codec; what that
 second encoding drops is not fed back (error feedback covers each member's own delta in its bucket).
 """
@@ -76,7 +86,7 @@ from protos.versions import writes
 RESULT = NET.services_by_name["Averaging"].methods_by_name["Result"]
 """The ``Result`` rpc of ``net.proto``: a bucket member asks its parent for the round's average."""
 
-__all__ = ["RoundResult", "ResultRelay", "LyingPeer", "delegate", "tree", "tree_parent", "tree_depth", "bucket_weight",
+__all__ = ["RoundResult", "ResultRelay", "LyingPeer", "SplitPlan", "delegate", "tree", "tree_parent", "tree_depth", "bucket_weight",
            "round_key", "part_digest", "result_digest", "RESULT"]
 
 log = logging.getLogger(__name__)
@@ -155,6 +165,40 @@ class RoundResult:
         """:func:`result_digest` of these parts."""
         return result_digest(self.codec, [x for a, b, _ in self.parts for x in (a, b)],
                              [len(d) for *_, d in self.parts], self.part_digests)
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """How one round of a module splits (:func:`peer.network.records.split_levels`): ``counts[j - 1]``
+    groups at level j (1: the buckets), the top group above the last; built by every holder from the
+    same holder records, so the delegates of a round agree on every group and every majority."""
+
+    counts: tuple[int, ...]
+    buckets: tuple[int, ...]
+    """The bucket (:func:`peer.network.records.group_bucket` of ``counts[0]``) of each live holder."""
+
+    @classmethod
+    def of(cls, module_id: str, round_no: int, holders: Sequence[str], max_group_size: int) -> "SplitPlan":
+        from peer.network.records import group_bucket, split_levels
+
+        counts = split_levels(len(holders), max_group_size)
+        return cls(counts, tuple(group_bucket(module_id, round_no, p, counts[0]) for p in holders))
+
+    @property
+    def levels(self) -> int:
+        """Levels of groups below the top group."""
+        return len(self.counts)
+
+    def slot(self, bucket: int, level: int) -> int:
+        """The group at ``level`` (1 .. :attr:`levels`) that bucket ``bucket``'s mean goes through."""
+        return bucket % self.counts[level - 1]
+
+    def held(self, level: int, within: Optional[int] = None) -> int:
+        """How many groups of ``level`` hold a live holder (of those in group ``within`` of the level
+        above, if given). The top group needs more than half of ``held(levels)``."""
+        slots = {b % self.counts[level - 1] for b in self.buckets
+                 if within is None or b % self.counts[level] == within}
+        return len(slots)
 
 
 def delegate(group: Group, contributors: Sequence[str]) -> str:

@@ -403,19 +403,25 @@ class Matchmaker(GroupJoin):
                             "announcing a full round")
 
     async def form_top_group(self, module_id: str, round_no: int, digest: str, buckets: int, weight: float,
-                             gather_deadline: float, end: float) -> Match:
+                             gather_deadline: float, end: float, key: Optional[str] = None,
+                             need: Optional[int] = None) -> Match:
         """As the delegate of our bucket's group (:mod:`peer.averaging.hierarchy`), matchmake the top group
         of ``module_id``'s round ``round_no``: one delegate for each of the ``buckets`` groups that hold
         members this round, whose state has ``digest``, each contributing its group's mean with
         ``weight`` (the tokens behind it). Declarations are read until every bucket's delegate declared or
         ``gather_deadline`` (``time.monotonic()``); the group is led by the smallest declared peer id that
         accepts connections and must hold more than half the ``buckets``: two top groups of one round,
-        each applying another mean, would fork the replicas, and only one can hold a majority."""
+        each applying another mean, would fork the replicas, and only one can hold a majority.
+
+        A group of a level between the buckets and the top (:func:`peer.network.records.split_levels`)
+        forms the same way under its own ``key`` (:func:`peer.network.records.level_group_key`) with
+        ``need`` = 1: whoever of its ``buckets`` delegates came; a delegate alone there gets a ``LONE``
+        group (it carries its mean up alone)."""
         from hivemind.utils import get_dht_time
 
-        key = top_group_key(self.run_id, module_id, round_no)
+        key = key or top_group_key(self.run_id, module_id, round_no)
         looking = self._looking[key] = Looking(key, digest, weight=weight)
-        need = buckets // 2 + 1
+        need = buckets // 2 + 1 if need is None else need
         try:
             looking.expires = get_dht_time() + max(1.0, end - time.monotonic())
             self._top_declared[key] = looking.expires
@@ -433,6 +439,8 @@ class Matchmaker(GroupJoin):
             if len(declared) + 1 < need:
                 return Match(None, f"top group: {len(declared) + 1} of {buckets} groups' delegates declared "
                                    f"(a mean of fewer than {need} could fork the replicas)")
+            if not declared and need <= 1:
+                return Match(Group(LONE, (self.peer_id,), (self.bandwidth,), 0.0), "alone at this level")
             candidates = {p for p, d in declared.items() if d.bandwidth > 0} | ({self.peer_id} if self.bandwidth > 0 else set())
             if not candidates:
                 return Match(None, "top group: no delegate accepts connections (all in client mode)")

@@ -36,8 +36,8 @@ from peer.averaging.memory import FlatBuffers, keep_freed_memory
 from peer.averaging.vectors import flatten, unflatten
 from peer.outer import ModuleState
 from peer.network import unwrap_dht
-from peer.averaging.hierarchy import (LyingPeer, ResultRelay, RoundResult, bucket_weight, delegate, round_key,
-                                      tree_parent)
+from peer.averaging.hierarchy import (LyingPeer, ResultRelay, RoundResult, SplitPlan, bucket_weight, delegate,
+                                      round_key, tree_parent)
 from peer.averaging.matchmaking import LONE, Matchmaker
 from peer.averaging.partition import Group
 from peer.network import (
@@ -46,9 +46,9 @@ from peer.network import (
     HolderRecord,
     archive_key,
     group_bucket,
-    group_buckets,
     group_key,
     holders_key,
+    level_group_key,
     records_from_value,
     top_group_key,
     to_value,
@@ -121,6 +121,17 @@ class _Agreement:
         if self._task is not None:
             self._task.cancel()
             self._task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+
+def level_shares(levels: int, level: int) -> tuple[float, float]:
+    """The shares of a round's timeout (from its start) by which the delegates meeting at ``level``
+    above the buckets (1 .. ``levels``; ``levels``: the top group) of a split round of ``levels``
+    levels of groups below the top have declared, and by which that level's all-reduce ends: the span
+    from ``SPLIT_BUCKET`` to ``SPLIT_TOP`` in equal slices, each gathering for the same share of its
+    slice as a two-level round's top group (``SPLIT_TOP_GATHER``)."""
+    step = (SPLIT_TOP - SPLIT_BUCKET) / levels
+    start = SPLIT_BUCKET + (level - 1) * step
+    return start + step * (SPLIT_TOP_GATHER - SPLIT_BUCKET) / (SPLIT_TOP - SPLIT_BUCKET), start + step
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -196,7 +207,7 @@ class NetAverager:
         """Whether a member otherwise alone waits for holders behind it (:meth:`use_round_policy`)."""
         self.max_group_size = 0
         """Split a round of a module with more live holders into groups of about this size, averaged in
-        two levels (:mod:`peer.averaging.hierarchy`; 0: one group a module). :meth:`use_group_cap`."""
+        levels of groups none larger than it (:mod:`peer.averaging.hierarchy`; 0: one group a module). :meth:`use_group_cap`."""
         self.peer_id: str = self.dht.peer_id.to_base58()
         self.prefix = f"hivepath_{run_id}"
         self._event_hook = event_hook
@@ -511,7 +522,7 @@ class NetAverager:
     def use_group_cap(self, max_group_size: int) -> None:
         """Called by :class:`peer.diloco.DiLoCoOptimizer` with ``outer.max_group_size`` (the config hash
         keeps every holder on the same cap): a round of a module with more live holders than this splits
-        into groups averaged in two levels (:mod:`peer.averaging.hierarchy`); 0 keeps one group."""
+        into groups averaged in levels (:mod:`peer.averaging.hierarchy`); 0 keeps one group."""
         if not (isinstance(max_group_size, int) and max_group_size >= 0):
             raise ValueError(f"max_group_size must be an int >= 0, got {max_group_size!r}")
         self.max_group_size = max_group_size
@@ -566,10 +577,10 @@ class NetAverager:
                        codec: Codec, timeout: float, digest: str) -> AverageResult:
         paced = self._paced.get(module_id) == round_no
         if self.max_group_size > 0:
-            buckets, held = await self._buckets(module_id, round_no)
-            if buckets > 1:
+            plan = await self._plan(module_id, round_no)
+            if plan.counts[0] > 1:
                 return await self._average_split(module_id, round_no, flat, like, weight, codec, timeout, digest,
-                                                 paced, buckets, held)
+                                                 paced, plan)
         # our vector is encoded while the group forms (the codec pool's thread), so the exchange starts
         # on bytes that are ready and its CPU is spent while we wait on the network, not after
         prepared = codec.prepare(flat.numel())
@@ -621,22 +632,23 @@ class NetAverager:
                 if p != self.peer_id and h.config_hash == self.config_hash and h.data_hash == self.data_hash
                 and not h.idle and h.wire == wire_key()}
 
-    async def _buckets(self, module_id: str, round_no: int) -> tuple[int, int]:
-        """How many groups this round of ``module_id`` splits into (:func:`peer.network.records.group_buckets`
-        of its live holders, us included), and how many of them hold a live holder: the top group needs
-        more than half of those. Every holder counts both from the same holder records, whatever round
-        each announces, so all delegates of a round agree on the majority (counting only the holders at
-        this round would let an early set of buckets and a late one each see a majority of its own)."""
+    async def _plan(self, module_id: str, round_no: int) -> SplitPlan:
+        """How this round of ``module_id`` splits (:class:`peer.averaging.hierarchy.SplitPlan` of its live
+        holders, us included): the groups of each level, and which hold a live holder (the top group
+        needs more than half of those of the last level). Every holder counts them from the same holder
+        records, whatever round each announces, so all delegates of a round agree on the majority
+        (counting only the holders at this round would let an early set of buckets and a late one each
+        see a majority of its own)."""
         live = [*await self._live_holders(module_id), self.peer_id]
-        buckets = group_buckets(len(live), self.max_group_size)
-        return buckets, len({group_bucket(module_id, round_no, p, buckets) for p in live})
+        return SplitPlan.of(module_id, round_no, live, self.max_group_size)
 
     async def _average_split(self, module_id: str, round_no: int, flat: Tensor, like: Sequence[Tensor], weight: float,
-                             codec: Codec, timeout: float, digest: str, paced: bool, buckets: int,
-                             held: int) -> AverageResult:
-        """A round averaged in two levels (:mod:`peer.averaging.hierarchy`): our bucket's group, then its
-        delegate in the top group, then the top group's average down the bucket's tree."""
+                             codec: Codec, timeout: float, digest: str, paced: bool, plan: SplitPlan) -> AverageResult:
+        """A round averaged in levels (:mod:`peer.averaging.hierarchy`): our bucket's group, then its
+        delegate up the groups of delegates to the top group, then the top group's average down each
+        group's tree."""
         t0 = time.monotonic()
+        buckets, held = plan.counts[0], plan.held(plan.levels)
         bucket = group_bucket(module_id, round_no, self.peer_id, buckets)
         if not paced:  # every holder's others_waiting reads the module's key, whatever its bucket
             self._matchmaker.announce_full_round(module_id, round_no, digest, timeout)
@@ -669,14 +681,15 @@ class NetAverager:
         served = self._relay.expect(group, t0 + SPLIT_END * timeout) if group.group_id != LONE else None
         try:
             return await self._split_levels(module_id, round_no, flat, like, weight, codec, timeout, digest, t0,
-                                            bucket, buckets, held, group, reason, served)
+                                            bucket, plan, group, reason, served)
         finally:
             if served is not None and not served.complete:
                 self._relay.fail(group.group_id, "the round failed here")
 
     async def _split_levels(self, module_id: str, round_no: int, flat: Tensor, like: Sequence[Tensor], weight: float,
-                            codec: Codec, timeout: float, digest: str, t0: float, bucket: int, buckets: int,
-                            held: int, group: Group, reason: str, served: Optional[Any]) -> AverageResult:
+                            codec: Codec, timeout: float, digest: str, t0: float, bucket: int, plan: SplitPlan,
+                            group: Group, reason: str, served: Optional[Any]) -> AverageResult:
+        buckets, held = plan.counts[0], plan.held(plan.levels)
         sent = received = 0
         suspects: dict[str, str] = {}
         deadline = t0 + SPLIT_END * timeout
@@ -700,7 +713,8 @@ class NetAverager:
         root = delegate(group, contributors) if group.group_id != LONE else self.peer_id
         self._server.event("bucket_done")
         suspects = dict(suspects)
-        if held <= 1 and bucket_parts is not None:  # no top group: the round's average is our bucket's mean
+        if plan.levels == 1 and held <= 1 and bucket_parts is not None:
+            # no top group: the round's average is our bucket's mean
             mine = RoundResult(codec.name, tuple(bucket_parts), ()).digest
 
             async def own_mean() -> str:
@@ -710,9 +724,9 @@ class NetAverager:
             agreed = self._agreement(module_id, round_no, digest, held, deadline)
         try:
             if root == self.peer_id:
-                result, top_sent, top_received = await self._top_round(
-                    module_id, round_no, mean, mean_weight, codec, digest, t0, timeout, bucket_parts, held,
-                    contributors, agreed, suspects)
+                result, top_sent, top_received = await self._climb(
+                    module_id, round_no, plan, 2, bucket, mean, mean_weight, bucket_parts, contributors, codec,
+                    digest, t0, timeout, agreed, suspects)
                 sent, received = sent + top_sent, received + top_received
             else:
                 result = await self._fetch_result(group, root, flat.numel(), codec, deadline, served, agreed,
@@ -735,7 +749,7 @@ class NetAverager:
         if result.late:  # nothing of ours is in it: error feedback carries our whole delta into the next round
             own = torch.zeros_like(flat)
             reason = "; ".join(r for r in (reason, "late: our group missed the top group, our delta carries over") if r)
-        notes = "; ".join(r for r in (reason, f"group {bucket} of {buckets}") if r)
+        notes = "; ".join(r for r in (reason, f"group {bucket} of {buckets}, {plan.levels + 1} levels") if r)
         # suspects: of the parts we reduced in our bucket (a top group's member is a bucket's mean, not a peer)
         return AverageResult(unflatten(averaged, like), unflatten(own, like), len(result.contributors),
                              list(result.contributors), sent, received, reason=notes, suspects=suspects)
@@ -752,10 +766,62 @@ class NetAverager:
                     and d.data_hash == self.data_hash]
         return _Agreement(read, held // 2 + 1, deadline)
 
+    async def _climb(self, module_id: str, round_no: int, plan: SplitPlan, level: int, slot: int, mean: Tensor,
+                     weight: float, parts: Optional[list[tuple[int, int, bytes]]], contributors: Sequence[str],
+                     codec: Codec, digest: str, t0: float, timeout: float, agreed: Any,
+                     suspects: dict[str, str]) -> tuple[RoundResult, int, int]:
+        """As the delegate of our group of level ``level`` - 1 (group ``slot`` there), carrying its
+        ``mean`` (the ``parts`` its members decoded; None: our own delta, alone in our bucket) with the
+        tokens behind it (``weight``): the round's average, from the group of level ``level`` we meet
+        the other delegates in (:func:`peer.network.records.level_group_key`), or from the top group
+        above the last level. Returns it with the bytes sent and received here and above."""
+        if level > plan.levels:
+            return await self._top_round(module_id, round_no, mean, weight, codec, digest, t0, timeout, parts,
+                                         plan.held(plan.levels), contributors, agreed, suspects, plan.levels)
+        index = plan.slot(slot, level)
+        gather_share, end_share = level_shares(plan.levels, level - 1)
+        self._server.event("top_gather")
+        key = level_group_key(self.run_id, module_id, round_no, level, index)
+        group, reason, _ = await self._matchmaker.form_top_group(
+            module_id, round_no, digest, plan.held(level - 1, index), weight, t0 + gather_share * timeout,
+            t0 + end_share * timeout, key=key, need=1)
+        if group is None:  # it formed without us: the round's average from the top group, nothing of ours in it
+            late = await self._late_result(module_id, round_no, mean.numel(), codec, t0 + SPLIT_END * timeout, digest,
+                                           agreed, suspects)
+            if late is None:
+                raise RuntimeError(f"level {level}: {reason}")
+            log.info("module %s round %d: our group missed level %d (%s); applying the round's average", module_id,
+                     round_no, level, reason)
+            return late, 0, sum(len(d) for *_, d in late.parts)
+        if group.group_id == LONE:
+            return await self._climb(module_id, round_no, plan, level + 1, index, mean, weight, parts, contributors,
+                                     codec, digest, t0, timeout, agreed, suspects)
+        served = self._relay.expect(group, t0 + SPLIT_END * timeout)
+        try:
+            out = await self._server.run(group, mean, weight, codec)
+            if out.averaged is None:
+                raise RuntimeError(f"level {level}'s all-reduce failed: {out.reason}")
+            suspects.update(out.suspects)
+            sent, received = out.bytes_sent, out.bytes_received
+            root = delegate(group, out.contributors)
+            if root == self.peer_id:
+                result, up_sent, up_received = await self._climb(
+                    module_id, round_no, plan, level + 1, index, out.averaged,
+                    bucket_weight(group, out.contributors, weight), out.parts,
+                    sorted(set(contributors) | set(out.contributors)), codec, digest, t0, timeout, agreed, suspects)
+                self._relay.publish(group.group_id, result)
+                return result, sent + up_sent, received + up_received
+            result = await self._fetch_result(group, root, mean.numel(), codec, t0 + SPLIT_END * timeout, served,
+                                              agreed, suspects)
+            return result, sent, received + sum(len(d) for *_, d in result.parts)
+        finally:
+            if not served.complete:
+                self._relay.fail(group.group_id, f"the round failed at level {level}")
+
     async def _top_round(self, module_id: str, round_no: int, mean: Tensor, weight: float, codec: Codec, digest: str,
                          t0: float, timeout: float, bucket_parts: Optional[list[tuple[int, int, bytes]]],
                          held: int, contributors: Sequence[str], agreed: Any,
-                         suspects: dict[str, str]) -> tuple[RoundResult, int, int]:
+                         suspects: dict[str, str], levels: int = 1) -> tuple[RoundResult, int, int]:
         """As our bucket's delegate: the top group's all-reduce of the bucket means (``held``: how many
         buckets hold a live holder; the top group needs more than half of them). Returns the round's
         average as the parts every holder decodes, and the bytes sent and received.
@@ -769,11 +835,15 @@ class NetAverager:
         if held <= 1:
             if bucket_parts is None:
                 raise RuntimeError("no other holder at this round (not stepping alone while others live)")
-            return RoundResult(codec.name, tuple(bucket_parts), tuple(contributors)), 0, 0
-        end = t0 + SPLIT_TOP * timeout
+            result = RoundResult(codec.name, tuple(bucket_parts), tuple(contributors))
+            # the members of groups below ours that did not compute these parts check them against this
+            self._matchmaker.announce_result(module_id, round_no, digest, result.digest, (SPLIT_END + 0.1) * timeout)
+            return result, 0, 0
+        gather_share, end_share = level_shares(levels, levels)
+        end = t0 + end_share * timeout
         self._server.event("top_gather")
         top, reason, _ = await self._matchmaker.form_top_group(module_id, round_no, digest, held, weight,
-                                                               t0 + SPLIT_TOP_GATHER * timeout, end)
+                                                               t0 + gather_share * timeout, end)
         if top is None:
             late = await self._late_result(module_id, round_no, mean.numel(), codec, t0 + SPLIT_END * timeout, digest,
                                            agreed, suspects)

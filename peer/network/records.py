@@ -60,6 +60,8 @@ __all__ = [
     "archive_key",
     "group_key",
     "group_buckets",
+    "split_levels",
+    "level_group_key",
     "group_bucket",
     "top_group_key",
     "parse_record",
@@ -157,6 +159,32 @@ def top_group_key(run_id: str, module_id: str, round_no: int) -> str:
     if not 0 <= round_no < _MAX_ROUND:
         raise ValueError(f"round number {round_no} out of range")
     return f"{run_id}_{module_id}_r{round_no}_top_group"
+
+
+def level_group_key(run_id: str, module_id: str, round_no: int, level: int, index: int) -> str:
+    """DHT key where the delegates of a split round's groups at level ``level`` - 1 that meet in group
+    ``index`` of level ``level`` (2 .. the level below the top, :func:`split_levels`) declare themselves:
+    ``{run_id}_{module_id}_r{round}_l{level}_g{index}_group``."""
+    _check_key_parts(run_id, module_id)
+    if not 0 <= round_no < _MAX_ROUND:
+        raise ValueError(f"round number {round_no} out of range")
+    for name, v, least in (("level", level, 2), ("group index", index, 0)):
+        if not isinstance(v, int) or isinstance(v, bool) or not least <= v < _MAX_ROUND:
+            raise ValueError(f"{name} {v!r} out of range")
+    return f"{run_id}_{module_id}_r{round_no}_l{level}_g{index}_group"
+
+
+def split_levels(holders: int, max_group_size: int) -> tuple[int, ...]:
+    """How many groups each level of a split round of ``holders`` live holders has, from the buckets
+    (:func:`group_buckets`) up: ``(B1, ..., Bk)``, each a power of two, ``Bk`` <= ``max_group_size``.
+    The delegates of the ``Bk`` groups of the last level form the top group; a group of level j + 1
+    gathers the delegates of the groups of level j whose index is its own modulo ``B(j+1)``: at most
+    ``B(j) / B(j+1)`` <= ``max_group_size`` of them. ``(1,)``: one group, no split; ``(B1,)`` with
+    1 < ``B1`` <= the cap: buckets and a top group (two levels)."""
+    counts = [group_buckets(holders, max_group_size)]
+    while max_group_size > 0 and counts[-1] > max_group_size:
+        counts.append(group_buckets(counts[-1], max_group_size))
+    return tuple(counts)
 
 
 def group_buckets(holders: int, max_group_size: int) -> int:
