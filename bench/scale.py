@@ -120,6 +120,11 @@ def headline(rows: list[dict]) -> dict:
         "coordinator_cpu_share_at_10000": after[top]["coordinator_cpu_share"] if top >= 10_000 else None,
         "churn_compute_loss_10pct_per_hour": mid["churn_compute_loss"],
         "max_group_size": MAX_GROUP,
+        # every group of a split round (hashed buckets, groups of delegates, top groups) at the largest
+        # size, and the groups of delegates and top groups alone (split_levels bounds those by the cap)
+        f"max_group_members_at_{top}": after[top].get("max_group_members"),
+        f"upper_group_members_max_at_{top}": after[top].get("upper_group_size_max"),
+        f"split_levels_at_{top}": after[top].get("split_levels_max"),
     }
     for n in sorted(after):
         for tag, by in (("before", before), ("after", after)):
