@@ -135,3 +135,5 @@ def test_split_rounds_gain_levels_in_the_simulator_and_no_group_of_delegates_exc
     assert split["split_levels_max"] == 3
     assert 0 < split["upper_group_size_max"] <= 8
     assert split["top_groups"] > 0 and split["top_groups_failed"] < split["top_groups"]
+    assert split["peer_rounds"] > 500  # about two rounds a peer in the window, as with two levels
+
