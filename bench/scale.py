@@ -20,7 +20,12 @@ twice: ``before`` (one averaging group per module and round) and ``after`` (``[o
 = 64: a widely held module's holders average in groups drawn by
 :func:`peer.network.records.group_bucket`, whose means a top group of one delegate each averages and
 passes down each group's tree, as :mod:`peer.averaging.hierarchy` does). The 10,000-peer runs measure 240 simulated seconds after
-their ramp (wall time on 2 cores), the others 900 (lattice shapes 300).
+their ramp (wall time on 2 cores), the others 900 (lattice shapes 300). A third run at each size,
+``census``, models the design of :mod:`bench.scale_sim.census` (control reads bounded by the cap, not
+by the holders; the peers' code does not do it yet): ``control_bytes_per_peer_round_{n}`` and
+``control_bytes_growth_10_to_10000`` (the issue asks <= 3) are its DHT bytes per peer and round, and
+``max_group_members_at_{n}`` / ``upper_group_members_max_at_{n}`` the largest group of the ``after``
+run (hashed buckets, groups of delegates and top groups) and of its groups of delegates and top groups.
 """
 
 from __future__ import annotations
@@ -68,9 +73,10 @@ def runs(quick: bool, seed: int) -> list[tuple[str, SimConfig]]:
         return [(tag, SimConfig(peers=n, duration=600.0, ramp=60.0, seed=seed, max_group_size=g))
                 for tag, g in (("before", 0), ("after", MAX_GROUP)) for n in (10, 100)]
     out = []
-    for tag, g in (("before", 0), ("after", MAX_GROUP)):
+    for tag, g in (("before", 0), ("after", MAX_GROUP), ("census", MAX_GROUP)):
         for n in SIZES:  # the 10,000-peer runs measure 240 simulated s (wall time), the others 900 s
-            out.append((tag, SimConfig(peers=n, duration=900.0 if n < 10_000 else 240.0, seed=seed, max_group_size=g)))
+            out.append((tag, SimConfig(peers=n, duration=900.0 if n < 10_000 else 240.0, seed=seed, max_group_size=g,
+                                       census=tag == "census")))
     out += [("ratio", SimConfig(peers=n, duration=600.0, seed=seed, max_group_size=RATIO_GROUP)) for n in (10, 1000)]
     out += [("lattice", SimConfig(peers=1000, levels=l, modules_per_level=m, duration=300.0, seed=seed,
                                   max_group_size=MAX_GROUP)) for l, m in ((4, 4), (2, 16))]
@@ -98,6 +104,7 @@ def headline(rows: list[dict]) -> dict:
     after = {r["peers"]: r for r in rows if r["run"] == "after"}
     before = {r["peers"]: r for r in rows if r["run"] == "before"}
     ratio = {r["peers"]: r for r in rows if r["run"] == "ratio"}
+    census = {r["peers"]: r for r in rows if r["run"] == "census"}
     top = max(after)
     mid = after.get(1000, after[top])
     biggest = max(rows, key=lambda r: r["peers_ever"])
@@ -120,7 +127,17 @@ def headline(rows: list[dict]) -> dict:
         "coordinator_cpu_share_at_10000": after[top]["coordinator_cpu_share"] if top >= 10_000 else None,
         "churn_compute_loss_10pct_per_hour": mid["churn_compute_loss"],
         "max_group_size": MAX_GROUP,
+        # every group of a split round (hashed buckets, groups of delegates, top groups) at the largest
+        # size, and the groups of delegates and top groups alone (split_levels bounds those by the cap)
+        f"max_group_members_at_{top}": after[top].get("max_group_members"),
+        f"upper_group_members_max_at_{top}": after[top].get("upper_group_size_max"),
+        f"split_levels_at_{top}": after[top].get("split_levels_max"),
     }
+    for n in sorted(census):
+        out[f"control_bytes_per_peer_round_{n}"] = census[n]["dht_bytes_per_peer_round"]
+    if 10 in census and 10_000 in census:
+        out["control_bytes_growth_10_to_10000"] = (census[10_000]["dht_bytes_per_peer_round"]
+                                                   / census[10]["dht_bytes_per_peer_round"])
     for n in sorted(after):
         for tag, by in (("before", before), ("after", after)):
             if n in by:

@@ -313,8 +313,9 @@ class OuterConfig:
     scaled down to it before aggregation (0 disables)."""
     max_group_size: int = 0
     """When > 0, a round of a module with more live holders than this splits into groups of about this
-    size, whose means a top group of one delegate each averages; every holder applies the same bytes
-    (:mod:`peer.averaging.hierarchy`). 0: one group a module, whatever its size."""
+    size, whose delegates meet in groups of delegates (as many levels as it takes for none to exceed
+    this) and then a top group; every holder applies the same bytes (:mod:`peer.averaging.hierarchy`).
+    0: one group a module, whatever its size."""
 
     def __post_init__(self) -> None:
         check_types(self)

@@ -76,14 +76,16 @@ CONTRACTS: dict[str, Contract] = {c.name: c for c in (
         2: ("HeartbeatRequest.measured_upload_bps", "HeartbeatRequest.measured_download_bps",
             "HeartbeatResponse.plans"),
     }),
-    Contract("dht", (1, 1), "the records peers write to the DHT (peer.network.records, peer.stage.records, "
+    Contract("dht", (1, 2), "the records peers write to the DHT (peer.network.records, peer.stage.records, "
              "peer.datasync.records)", {
         1: ("GroupDeclaration.wire", "HolderRecord.wire", "GroupDeclaration.v", "HolderRecord.v", "ArchiveRecord.v",
             "StageServerRecord.v", "SeederRecord.v"),
+        2: ("GroupDeclaration.result",),
     }),
-    Contract("averaging", (1, 1), "matchmaking, all-reduce parts, results and state transfer between peers "
+    Contract("averaging", (1, 2), "matchmaking, all-reduce parts, results and state transfer between peers "
              "(protos/hivepath/peer/v1/net.proto)", {
         1: ("JoinRequest.protocol", "JoinRequest.wire", "DeclareNotice.wire"),
+        2: ("ResultReply.part_digests",),
     }),
     Contract("stage", (1, 2), "stage mode's activations and gradients (protos/hivepath/peer/v1/stage.proto)", {
         1: ("StageRequest.protocol",),
@@ -252,8 +254,8 @@ UNKNOWN_FIELDS = UnknownFields()
 
 def unknown_proto_fields(message: Any) -> int:
     """Count, in :data:`UNKNOWN_FIELDS`, the fields of a parsed protobuf ``message`` (top level) that its
-    schema here does not know (by field number); returns how many."""
+    schema here does not know (by field number; a repeated field once); returns how many."""
     from google.protobuf import unknown_fields
 
-    numbers = [f.field_number for f in unknown_fields.UnknownFieldSet(message)]
+    numbers = sorted({f.field_number for f in unknown_fields.UnknownFieldSet(message)})
     return UNKNOWN_FIELDS.count(type(message).DESCRIPTOR.name, numbers)

@@ -131,6 +131,39 @@ def run_lattice(opts: dict, dht, out: dict) -> None:
     avg.shutdown()
 
 
+class _Forged:
+    """A place of :class:`peer.averaging.hierarchy.ResultRelay` as a hostile inner node serves it: the
+    head it got, every part with its first byte changed."""
+
+    def __init__(self, place):
+        self.place = place
+
+    @property
+    def payloads(self) -> list[bytes]:
+        return [bytes([d[0] ^ 0x40]) + d[1:] for d in self.place.payloads]
+
+    @property
+    def error(self) -> str:
+        return self.place.error
+
+    def until(self, ready, deadline):
+        return self.place.until(ready, deadline)
+
+
+def _lie_down_the_tree() -> None:
+    """This process passes other bytes than it got down every split round's tree it serves in."""
+    from peer.averaging.hierarchy import ResultRelay
+
+    answer = ResultRelay._answer
+
+    async def forged(self, sender, request):
+        reply, place = await answer(self, sender, request)
+        if place is not None:
+            print(f"LIE to {sender}", flush=True)
+        return reply, None if place is None else _Forged(place)
+    ResultRelay._answer = forged
+
+
 def run_direct(opts: dict, dht, out: dict) -> None:
     mid, numel, run_id = opts["module"], opts["numel"], "nettest"
     config_hash = opts.get("config_hash", "aaaa0000aaaa0000")
@@ -158,7 +191,11 @@ def run_direct(opts: dict, dht, out: dict) -> None:
             print(f"STALL {point} round {current['round']}", flush=True)
             time.sleep(opts["stall_s"])  # holds the averager's loop: everything of ours waits
 
-    avg = NetAverager(dht, run_id, config_hash, state_provider=provider, event_hook=hook)
+    reports = out["reports"] = []
+    if opts.get("lie_down_tree"):
+        _lie_down_the_tree()
+    avg = NetAverager(dht, run_id, config_hash, state_provider=provider, event_hook=hook,
+                      bandwidth=opts.get("bandwidth"), on_suspect=lambda *report: reports.append(report))
     avg.use_group_cap(opts.get("max_group_size", 0))
     rec = Recorder(avg)
     if opts.get("join_late"):
@@ -173,7 +210,8 @@ def run_direct(opts: dict, dht, out: dict) -> None:
         out["fetched_round"] = state.round_no
         log.info("joined at round %d", state.round_no)
     avg.hold(mid, current["round"])
-    wait_holders(dht, run_id, mid, config_hash, opts.get("start_peers", opts["peers"]), min_round=current["round"])
+    wait_holders(dht, run_id, mid, config_hash, opts.get("start_peers", opts["peers"]), min_round=current["round"],
+                 timeout=opts.get("start_timeout", 60.0))
     if opts.get("wait_any"):  # also wait for peers of other config hashes (so that rounds overlap)
         wait_holders(dht, run_id, mid, None, opts["wait_any"])
     while current["round"] < opts["rounds"]:
@@ -241,10 +279,10 @@ def _swarm(procs, tmp_path: Path, specs: list[dict]) -> list[str]:
     return maddrs
 
 
-def _result(procs, tmp_path: Path, name: str) -> dict:
+def _result(procs, tmp_path: Path, name: str, timeout: float = PEER_TIMEOUT) -> dict:
     proc = procs.procs[name]
     try:
-        proc.wait(timeout=PEER_TIMEOUT)
+        proc.wait(timeout=timeout)
     except Exception:
         pytest.fail(f"peer {name} did not finish:\n{procs.log(name)[-3000:]}")
     assert proc.returncode == 0, f"peer {name} exited {proc.returncode}:\n{procs.log(name)[-3000:]}"

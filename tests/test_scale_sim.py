@@ -10,7 +10,7 @@ import pytest
 from bench.scale_sim import SimConfig, simulate
 from bench.scale_sim.swarm import Swarm
 from coordinator.records import MODE_PATH
-from peer.network.records import group_bucket, group_buckets, group_key
+from peer.network.records import group_bucket, group_buckets, group_key, split_levels
 
 CFG = SimConfig(peers=10, duration=1800.0, ramp=60.0, leave_per_hour=4.0, seed=3)
 """Heavy churn (four departures per peer-hour) on few peers per path, so paths lose their last peer."""
@@ -124,3 +124,36 @@ def test_bounded_groups_at_500_peers():
     assert split["group_size_mean"] <= 40 and split["group_size_max"] <= 2 * 2 * 32
     assert split["dht_bytes_per_peer_round"] < one["dht_bytes_per_peer_round"] / 4
     assert split["round_s_median"] <= one["round_s_median"] + 5.0
+
+
+def test_split_rounds_gain_levels_in_the_simulator_and_no_group_of_delegates_exceeds_the_cap():
+    """500 peers on 2x2 capped at 8 (the real ``split_levels``: 64 buckets of the shared modules' 500
+    holders, 8 groups of 8 delegates, a top group of 8): three levels, every group of delegates and
+    every top group within the cap, and rounds go through."""
+    assert split_levels(500, 8) == (64, 8)
+    split = simulate(SimConfig(peers=500, duration=300.0, ramp=60.0, seed=1, max_group_size=8)).figures
+    assert split["split_levels_max"] == 3
+    assert 0 < split["upper_group_size_max"] <= 8
+    assert split["top_groups"] > 0 and split["top_groups_failed"] < split["top_groups"]
+    assert split["peer_rounds"] > 500  # about two rounds a peer in the window, as with two levels
+
+
+
+@pytest.mark.slow  # two 1,000-peer runs: make test-all
+def test_the_census_design_counts_about_as_many_holders_from_a_bounded_read():
+    """``SimConfig.census`` (:mod:`bench.scale_sim.census`): a census level of at most the bound stands
+    for about as many holders as there are, every reader settles on the same level from any start, and
+    at 1,000 peers capped at 64 a peer reads fewer DHT bytes a round than with the whole holders key."""
+    from bench.scale_sim.census import census_depth, census_estimate, census_level
+
+    depths = [census_depth("embed", f"12D3KooWtest{i:012d}") for i in range(4096)]
+    count = lambda s: sum(d >= s for d in depths)  # noqa: E731
+    level = census_level(count, 128)
+    assert count(level) <= 128 < count(level - 1)
+    assert census_level(count, 128, start=0) == census_level(count, 128, start=30) == level
+    assert 4096 * 0.75 <= census_estimate(count(level), level) <= 4096 * 1.25
+    base = dict(peers=1000, duration=300.0, seed=0, max_group_size=64)
+    today = simulate(SimConfig(**base)).figures
+    census = simulate(SimConfig(**base, census=True)).figures
+    assert census["dht_bytes_per_peer_round"] < today["dht_bytes_per_peer_round"]
+    assert census["peer_rounds"] > today["peer_rounds"] / 2 and census["top_groups"] > 0

@@ -156,7 +156,8 @@ def test_coordinator_refuses_old_releases_and_other_majors_at_join(tmp_path):
             pb_grpc.CoordinatorStub(channel).Join(request, timeout=30)
         channel.close()
         assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert e.value.details().startswith("version: dht protocol: this peer speaks 2.0 and the coordinator 1.1")
+        assert e.value.details().startswith("version: dht protocol: this peer speaks 2.0 and the coordinator "
+                                            f"{versions.CONTRACTS['dht'].text}")
         assert srv.coordinator.counters["rejected_version"] == 1
 
 

@@ -41,7 +41,12 @@ it closed fetches its average from a top member and applies it, its members' del
 next round, or fails if the top group failed); each bucket's members
 get the average down the real :func:`peer.averaging.hierarchy.tree` (the fastest uploads inner), passed
 on part by part as it arrives: the encoded average times its children over its upload, for the
-slowest inner node, plus a part's time at that pace and a round trip a hop.
+slowest inner node, plus a part's time at that pace and a round trip a hop. Above the cap, the real
+:func:`peer.network.records.split_levels` adds levels of groups of delegates between the buckets and the
+top group (each modelled as a declaration and a read of its key, an all-reduce of its delegates' means,
+and a part and a round trip on the way down), so no group of delegates and no top group exceeds
+``max_group_size`` (``upper_group_size_max``); every member reads the top group's key once for the
+digest of the average it checks (``NetAverager._agreement``).
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from bench.scale_sim.census import (PACERS, bucket_holders_key, census_bound, census_depth, census_estimate,
+                                    census_key, census_level)
 from bench.scale_sim.dht import SimDHT
 from bench.scale_sim.events import EventLoop
 from bench.scale_sim.population import PREEMPT_NOTICE, PeerSpec, draw_peer, draw_peers
@@ -71,7 +78,7 @@ from peer.averaging.matchmaking import SPLIT_HOLDERS_POLL
 from peer.averaging.net_averager import SPLIT_BUCKET, SPLIT_TOP_GATHER
 from peer.averaging.partition import MAX_SEGMENTS, Group, part_bounds
 from peer.network.records import (GroupDeclaration, HolderRecord, group_bucket, group_buckets, group_key, holders_key,
-                                  records_from_value, to_value, top_group_key)
+                                  level_group_key, records_from_value, split_levels, to_value, top_group_key)
 
 __all__ = ["SimConfig", "SimResult", "simulate", "run_config"]
 
@@ -111,6 +118,9 @@ class SimConfig:
     round_timeout: float = 60.0
     max_group_size: int = 0
     """Split a module's holders into groups of about this size each round (0: one group a module)."""
+    census: bool = False
+    """Model the design of :mod:`bench.scale_sim.census` (control reads of a split round bounded by the
+    cap, not by the holders) instead of the peers' code, which reads whole holders keys."""
     replace_departures: bool = True
     """Each departed peer is replaced by a new volunteer (the population stays at ``peers``)."""
     base_run: Optional[RunConfig] = None
@@ -251,6 +261,9 @@ class Swarm:
         self.c: Counter[str] = Counter()  # counts and sums measured in the window
         self.round_times: list[float] = []
         self.group_sizes: list[int] = []
+        self.upper_sizes: list[int] = []  # the groups of delegates and the top groups of split rounds
+        self.levels_seen = 1  # the most levels of groups a round had, its top group included
+        self.census_at: dict[str, int] = {}  # module -> the census level read last (SimConfig.census)
         self.join_cpu: list[float] = []
         self.refusals: list[str] = []
         self.uncovered_since: dict[tuple, float] = {}
@@ -434,9 +447,22 @@ class Swarm:
             h_key = holders_key(self.run.run_id, m)
             value = {**self._records(p)[0], "round_no": r}
             expires = now + 3 * self.cfg.round_seconds
-            self._add("dht_bytes", self.dht.store(h_key, p.spec.peer_id, value, expires, expire=True))
-            self._add("dht_ops")
+            stored = self.dht.store(h_key, p.spec.peer_id, value, expires, expire=True)
+            if self.cfg.census and self.cfg.max_group_size > 0:  # the census levels instead (the simulator
+                # keeps the whole key for its own bookkeeping; no peer reads it in this design)
+                for level in range(max(0, self.census_at.get(m, 0) - 2), census_depth(m, p.spec.peer_id) + 1):
+                    self._add("dht_bytes", self.dht.store(census_key(self.run.run_id, m, level), p.spec.peer_id,
+                                                          value, expires, expire=True))
+                    self._add("dht_ops")
+            else:
+                self._add("dht_bytes", stored)
+                self._add("dht_ops")
             b = p.buckets[m] = self._bucket(p, m, r)
+            if self.cfg.census and b is not None:
+                self._add("dht_bytes", self.dht.store(bucket_holders_key(self.run.run_id, m, r, b), p.spec.peer_id,
+                                                      value, now + self.cfg.round_timeout + self.cfg.round_seconds,
+                                                      expire=True))
+                self._add("dht_ops")
             g = self._group(m, r, b)
             self._expect(g, p)
             # (a split round's pacer declared under the module's key, where its declaration lives for
@@ -477,10 +503,33 @@ class Swarm:
             return None
         h_key = holders_key(self.run.run_id, m)
         if count:
-            self._add("dht_bytes", self.dht.get_size(h_key))
-            self._add("dht_ops")
-        k = group_buckets(self.dht.count(h_key), self.cfg.max_group_size)
+            if self.cfg.census:
+                self._census_read(m)
+            else:
+                self._add("dht_bytes", self.dht.get_size(h_key))
+                self._add("dht_ops")
+        k = group_buckets(self._holders(m), self.cfg.max_group_size)
         return None if k == 1 else group_bucket(m, r, p.spec.peer_id, k)
+
+    def _holders(self, m: str) -> int:
+        """The holders of ``m`` the split rules count: the whole holders key's (the peers' code), or the
+        census's estimate (``SimConfig.census``)."""
+        h_key = holders_key(self.run.run_id, m)
+        if not self.cfg.census:
+            return self.dht.count(h_key)
+        level = census_level(lambda s: self.dht.count(census_key(self.run.run_id, m, s)),
+                             census_bound(self.cfg.max_group_size), self.census_at.get(m, 0))
+        self.census_at[m] = level
+        return census_estimate(self.dht.count(census_key(self.run.run_id, m, level)), level) or self.dht.count(h_key)
+
+    def _census_read(self, m: str) -> None:
+        """One peer's count of ``m``'s holders in the census design: the level it settles on and the
+        one below (``census_level``)."""
+        self._holders(m)
+        level = self.census_at.get(m, 0)
+        for s in range(max(0, level - 1), level + 1):
+            self._add("dht_bytes", self.dht.get_size(census_key(self.run.run_id, m, s)))
+            self._add("dht_ops")
 
     def _group(self, m: str, r: int, b: Optional[int]) -> _Group:
         g = self.groups.get((m, r, b))
@@ -532,9 +581,11 @@ class Swarm:
                 g.first = now
                 g.close_at = now + GATHER * timeout
                 self.loop.at(g.close_at, self._close, g)
-            if not paced and g.bucket is not None:  # a split round's pacer also declares under the module's key
-                self._add("dht_bytes", self.dht.store(group_key(self.run.run_id, m, g.round_no), p.spec.peer_id,
-                                                      self._records(p)[1], now + timeout))
+            pacer_key = group_key(self.run.run_id, m, g.round_no)
+            if not paced and g.bucket is not None and (not self.cfg.census or self.dht.count(pacer_key) < PACERS):
+                # a split round's pacer also declares under the module's key (the census design: only
+                # while fewer than PACERS did; its pacing polls read the key first)
+                self._add("dht_bytes", self.dht.store(pacer_key, p.spec.peer_id, self._records(p)[1], now + timeout))
                 self._add("dht_ops")
                 top = self._top(m, g.round_no)
                 if top.first_full == math.inf:
@@ -569,6 +620,8 @@ class Swarm:
         # each member polled its group key from its declaration until the group closed (or its own
         # deadline), and the module's holders key as often, or once a SPLIT_HOLDERS_POLL in a split round
         h_key = holders_key(self.run.run_id, g.module)
+        if self.cfg.census and g.bucket is not None:  # the bucket's own holders key
+            h_key = bucket_holders_key(self.run.run_id, g.module, g.round_no, g.bucket)
         gather = GATHER * self.cfg.round_timeout
         for pid in members:
             gathered = max(0.0, min(now, g.declared[pid] + gather) - g.declared[pid])
@@ -673,7 +726,10 @@ class Swarm:
         h_key = holders_key(self.run.run_id, g.module)
         t_key = top_group_key(self.run.run_id, g.module, g.round_no)
         d = self._delegate(g)
-        self._add("dht_bytes", self.dht.get_size(h_key))
+        if self.cfg.census:
+            self._census_read(g.module)
+        else:
+            self._add("dht_bytes", self.dht.get_size(h_key))
         self._add("dht_bytes", self.dht.store(t_key, d.spec.peer_id, self._records(d)[1], now + self.cfg.round_timeout))
         self._add("dht_ops", 2)
         top.ready.append(g)
@@ -687,7 +743,7 @@ class Swarm:
     def _held_buckets(self, m: str, r: int) -> set[int]:
         """The buckets of round ``r`` of ``m`` that hold a live holder, whatever round it announces, of as
         many buckets as the holders key counts (``NetAverager._buckets``)."""
-        k = group_buckets(self.dht.count(holders_key(self.run.run_id, m)), self.cfg.max_group_size)
+        k = group_buckets(self._holders(m), self.cfg.max_group_size)
         return {group_bucket(m, r, p.spec.peer_id, k) for p in self.peers.values()
                 if p.alive and p.assignment is not None and m in p.assignment.module_ids}
 
@@ -726,9 +782,10 @@ class Swarm:
             self._add("dht_ops", polls)
             self._add("dht_bytes", self.dht.get_size(t_key, polls) * polls)
         self.loop.after(self.cfg.round_timeout, self.dht.drop_key, t_key)
-        held = len(top.expected or ())
+        counts = split_levels(self._holders(m), self.cfg.max_group_size)
+        held = len({b % counts[-1] for b in top.expected or ()})  # the top group's slots with holders
         ready = [g for g in top.ready if any(p.alive for p in g.members)]
-        if len(ready) < held // 2 + 1:  # nobody applies the round: every member averages it again, a
+        if len({g.bucket % counts[-1] for g in ready}) < held // 2 + 1:  # nobody applies the round: a
             self._add("top_minority")    # fresh attempt (new groups, a new top group) at its next round
             for key in [k for k in self.groups if k[0] == m and k[1] == top.round_no]:
                 del self.groups[key]
@@ -741,10 +798,21 @@ class Swarm:
                 self._module_done(p, m, attempt, ok=False, at=now, retry=True)
             return
         self.next_round[m] = max(self.next_round[m], top.round_no + 1)
+        exchange, carriers = self._levels(m, top.round_no, counts, ready, now)
+        self.levels_seen = max(self.levels_seen, len(counts) + 1)
         self._add("top_groups")
-        self._add("top_group_members", len(ready))
-        exchange = self._exchange_seconds(m, [self._delegate(g) for g in ready]) if len(ready) > 1 else 0.0
+        self._add("top_group_members", len(carriers))
+        self.upper_sizes.append(len(carriers))
+        exchange += self._exchange_seconds(m, carriers) if len(carriers) > 1 else 0.0
         top.done_at = now + exchange
+        # every member reads the top group's declarations once for the digest of the average the top
+        # group agreed on (NetAverager._agreement), and every top member states it there
+        for d in carriers:
+            self._add("dht_bytes", self.dht.store(t_key, d.spec.peer_id, self._records(d)[1],
+                                                  now + self.cfg.round_timeout))
+        members = sum(len(g.members) for g in ready) - len(ready)
+        self._add("dht_ops", members + len(carriers))
+        self._add("dht_bytes", self.dht.get_size(t_key) * members)
         for p in top.late:
             self._late_member(p, m, self._group(m, top.round_no, p.buckets.get(m)))
         part = self.wire[m] / (MAX_SEGMENTS * len(ready))  # the top group's parts, passed on one by one
@@ -752,6 +820,41 @@ class Swarm:
             spread = self._tree_seconds(g, part)
             for p in g.members:
                 self._module_done(p, m, g, ok=True, at=now + exchange + spread)
+
+    def _levels(self, m: str, r: int, counts: tuple[int, ...], ready: list[_Group],
+                now: float) -> tuple[float, list[_Peer]]:
+        """The groups of delegates between the buckets and the top group (``split_levels``, real rule):
+        at each level the carriers of the level below whose index agrees modulo the level's count meet
+        (each declares under ``level_group_key`` and reads it once), all-reduce their means (the slowest
+        group sets the level's time) and their smallest member carries the mean on (``hierarchy.delegate``);
+        the average comes back down through each of them, a part and a round trip a level. Returns
+        the seconds up and down and the carriers that form the top group."""
+        carriers = {g.bucket: self._delegate(g) for g in ready}
+        seconds = 0.0
+        for level in range(2, len(counts) + 1):
+            meet: dict[int, list[tuple[int, _Peer]]] = {}
+            for slot, d in carriers.items():
+                meet.setdefault(slot % counts[level - 1], []).append((slot, d))
+            slowest = 0.0
+            for index, group in meet.items():
+                key = level_group_key(self.run.run_id, m, r, level, index)
+                for _, d in group:
+                    self._add("dht_bytes", self.dht.store(key, d.spec.peer_id, self._records(d)[1],
+                                                          now + self.cfg.round_timeout))
+                    self._add("dht_bytes", self.dht.get_size(key))
+                    self._add("dht_ops", 2)
+                self.loop.after(self.cfg.round_timeout, self.dht.drop_key, key)
+                self.upper_sizes.append(len(group))
+                peers = [d for _, d in group]
+                if len(peers) > 1:
+                    slowest = max(slowest, self._exchange_seconds(m, peers))
+            # on the way down, a part of the average (the top group's parts, passed on one by one) per
+            # hop, at the slowest carrier's upload, to its two children
+            part = self.wire[m] / (MAX_SEGMENTS * max(1, len(meet)))
+            seconds += POLL + slowest + LATENCY + 2 * part / min(d.spec.upload_bps for d in carriers.values())
+            carriers = {index: min((d for _, d in group), key=lambda p: p.spec.peer_id)
+                        for index, group in meet.items()}
+        return seconds, list(carriers.values())
 
     def _tree_seconds(self, g: _Group, part: float) -> float:
         """Seconds for the round's average to reach the last member of bucket ``g`` down the real tree:
@@ -846,6 +949,9 @@ class Swarm:
             "peer_rounds": peer_rounds,
             "group_size_mean": c["group_members"] / groups,
             "group_size_max": max(self.group_sizes, default=0),
+            "max_group_members": max(self.group_sizes + self.upper_sizes, default=0),
+            "upper_group_size_max": max(self.upper_sizes, default=0),
+            "split_levels_max": self.levels_seen,
             "top_groups": c["top_groups"],
             "top_group_size_mean": c["top_group_members"] / max(1.0, c["top_groups"]),
             "top_groups_failed": c["top_minority"],

@@ -1,5 +1,5 @@
-"""Split rounds: a module held by more peers than ``outer.max_group_size`` averages in two levels, and
-every holder still applies the same bytes.
+"""Split rounds: a module held by more peers than ``outer.max_group_size`` averages in levels of groups,
+none larger than the cap, and every holder still applies the same bytes.
 
 A group of thousands would cut the vector into thousands of parts, each member dialling every other
 and every matchmaking read carrying every declaration (``bench.scale``: 82 MB of DHT reads per peer and
@@ -11,20 +11,41 @@ round at 1,000 peers). With ``max_group_size`` > 0 a round of a module with more
    would (:mod:`peer.averaging.matchmaking`, :mod:`peer.averaging.allreduce`); every member of the bucket
    then holds the bucket's mean, identical bits, and the tokens behind it (the members' join weights).
    A holder alone in its bucket carries its own encoded delta.
-2. **Top group.** The bucket's delegate (:func:`delegate`: its smallest contributing peer id that accepts
-   connections) matchmakes the top group of the round with the other buckets' delegates
-   (:meth:`peer.averaging.matchmaking.Matchmaker.form_top_group`) and all-reduces the bucket means
-   weighted by their tokens. The top group needs more than half of the buckets that hold a live
-   holder, counted from the holder records every holder counted the buckets from (whatever round each
-   announces), so two top groups of one round cannot both apply.
+2. **Levels and the top group.** The bucket's delegate (:func:`delegate`: its smallest contributing peer
+   id that accepts connections) carries the bucket's mean up. :func:`peer.network.records.split_levels`
+   says how many groups each level has (:class:`SplitPlan`): while the buckets outnumber the cap, the
+   delegates of the buckets whose index agrees modulo the next level's count meet in a group of that
+   level (at most the cap of them; :func:`peer.network.records.level_group_key`), all-reduce their
+   means weighted by their tokens, and their own delegate carries that mean on up; a delegate alone
+   in its group carries its mean up as it is. The delegates of the last level form the top group
+   (:meth:`peer.averaging.matchmaking.Matchmaker.form_top_group`), which all-reduces their means. The
+   top group needs more than half of the last level's groups that hold a live holder, counted from
+   the holder records every holder counted the buckets from (whatever round each announces), so two
+   top groups of one round cannot both apply. Each level has an equal slice of the round's time
+   between the buckets' all-reduce and the top group's end
+   (:func:`peer.averaging.net_averager.level_shares`).
 3. **Down the tree.** The top group's average is a list of encoded parts, the same bytes at every
-   delegate. Each bucket passes them down a binary tree rooted at its delegate (:func:`tree`):
+   delegate. Each group, at every level, passes them down a binary tree rooted at its delegate (:func:`tree`):
    a member asks its parent (:class:`ResultRelay`, the ``Result`` rpc), passes each part on to its own
    children as it arrives, and decodes them. The fastest uploads are the tree's inner nodes.
    Every holder of the module decodes the same bytes: replicas stay identical.
 
-**Late, not lost.** A bucket whose delegate comes after the top group formed, or a member that missed
-its bucket's group, asks a top group member for the round's average (each serves it, under
+**A tree that cannot lie.** Each top group member states the digest of the round's average
+(:func:`result_digest`: the codec, the parts' bounds and lengths and each part's :func:`part_digest`)
+on the DHT once its all-reduce ended (:meth:`peer.averaging.matchmaking.Matchmaker.announce_result`).
+Every member that gets the average from another peer takes as agreed only a digest that more than half
+of the round's buckets' delegates state (the top group's own majority, so no fewer peers can make one
+up), and checks what it is sent against it before it passes a byte on or applies one: the head's digest
+first, then each part against its part digest as it arrives. A parent caught sending other bytes
+(:class:`LyingPeer`) is reported as a suspect (``NetAverager(on_suspect=...)``, as a peer whose
+contribution a reducer dropped) and the member asks the bucket's delegate instead; an honest inner node
+never passes bad bytes on, so its children never report it. In a two-level round where one bucket
+alone holds holders (no top group), every member checks the average against the bucket mean its own
+all-reduce computed; in a deeper one whose last level has one group with holders, the delegate that
+carried the only mean states its digest (a majority of one).
+
+**Late, not lost.** A bucket whose delegate comes after the group above it formed (at any level), or a
+member that missed its bucket's group, asks a top group member for the round's average (each serves it, under
 :func:`round_key`, to any admitted peer; a late member asks only those that declared the state it
 holds) and applies it with nothing of
 its own in it: its ``own_decoded`` is zero, so error feedback carries its whole delta into its next
@@ -38,7 +59,8 @@ progress, as after any failed round.
 
 Costs, per round: a member sends its vector once up and once down its bucket (the all-reduce) and
 receives the encoded average once; an inner node of the tree uploads it to at most two children (the
-faster half of the bucket; the rest upload nothing more); a delegate also runs the top group's
+faster half of the bucket; the rest upload nothing more); a delegate also runs the all-reduce of each level it
+carries a mean through, up to the top group's
 all-reduce. The bucket mean is encoded again for the top group with the run's codec; what that
 second encoding drops is not fed back (error feedback covers each member's own delta in its bucket).
 """
@@ -47,10 +69,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Awaitable, Callable, Optional, Sequence
 
 from torch import Tensor
 
@@ -58,12 +81,13 @@ from peer.averaging.partition import Group
 from peer.averaging.quantizers import Codec
 from peer.network.frames import MESSAGE_LIMIT, handler_name, linger, read_message, read_payload, serve
 from protos.hivepath.peer.v1.net_pb2 import DESCRIPTOR as NET, ResultReply, ResultRequest
+from protos.versions import writes
 
 RESULT = NET.services_by_name["Averaging"].methods_by_name["Result"]
 """The ``Result`` rpc of ``net.proto``: a bucket member asks its parent for the round's average."""
 
-__all__ = ["RoundResult", "ResultRelay", "delegate", "tree", "tree_parent", "tree_depth", "bucket_weight", "round_key",
-           "RESULT"]
+__all__ = ["RoundResult", "ResultRelay", "LyingPeer", "SplitPlan", "delegate", "tree", "tree_parent", "tree_depth", "bucket_weight",
+           "round_key", "part_digest", "result_digest", "RESULT"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +96,40 @@ UNKNOWN_WAIT = 5.0
 the same BEGIN, but a child may ask before its parent registered it)."""
 KEEP = 30.0
 """Seconds a served result stays after its round's deadline (a slow child still gets it)."""
+PART_DIGEST_BYTES = 16
+"""Bytes of a part's :func:`part_digest` (blake2b)."""
+
+
+def part_digest(data: bytes) -> bytes:
+    """The digest of one encoded part of a round's average (blake2b, :data:`PART_DIGEST_BYTES`)."""
+    return hashlib.blake2b(data, digest_size=PART_DIGEST_BYTES).digest()
+
+
+def result_digest(codec_name: str, bounds: Sequence[int], lengths: Sequence[int], part_digests: Sequence[bytes]) -> str:
+    """The hex digest of a round's average: its codec, the parts' flattened (start, end) ``bounds``, their
+    blob ``lengths`` and their :func:`part_digest` s. What the top group states on the DHT and every
+    member checks a received average against (the contributors and the ``late`` mark are not in it:
+    they differ from bucket to bucket)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(codec_name.encode() + b"\0")
+    for x in (*bounds, *lengths):
+        h.update(int(x).to_bytes(8, "big"))
+    for d in part_digests:
+        h.update(bytes(d))
+    return h.hexdigest()
+
+
+class LyingPeer(RuntimeError):
+    """A peer sent a round's average other than the one the top group agreed on (``peer``: who)."""
+
+    def __init__(self, peer: str, why: str):
+        super().__init__(f"{peer[-8:]} sent other bytes than the top group's average: {why}")
+        self.peer = peer
+        self.why = why
+
+
+Agreed = Callable[[], Awaitable[str]]
+"""Returns the :func:`result_digest` the top group agreed on (raises when none is by the deadline)."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +155,50 @@ class RoundResult:
         for a, b, data in self.parts:
             codec.decode_average_into(data, out[a:b])
         return out
+
+    @property
+    def part_digests(self) -> tuple[bytes, ...]:
+        return tuple(part_digest(d) for *_, d in self.parts)
+
+    @property
+    def digest(self) -> str:
+        """:func:`result_digest` of these parts."""
+        return result_digest(self.codec, [x for a, b, _ in self.parts for x in (a, b)],
+                             [len(d) for *_, d in self.parts], self.part_digests)
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """How one round of a module splits (:func:`peer.network.records.split_levels`): ``counts[j - 1]``
+    groups at level j (1: the buckets), the top group above the last; built by every holder from the
+    same holder records, so the delegates of a round agree on every group and every majority."""
+
+    counts: tuple[int, ...]
+    buckets: tuple[int, ...]
+    """The bucket (:func:`peer.network.records.group_bucket` of ``counts[0]``) of each live holder."""
+
+    @classmethod
+    def of(cls, module_id: str, round_no: int, holders: Sequence[str], max_group_size: int) -> "SplitPlan":
+        from peer.network.records import group_bucket, split_levels
+
+        counts = split_levels(len(holders), max_group_size)
+        return cls(counts, tuple(group_bucket(module_id, round_no, p, counts[0]) for p in holders))
+
+    @property
+    def levels(self) -> int:
+        """Levels of groups below the top group."""
+        return len(self.counts)
+
+    def slot(self, bucket: int, level: int) -> int:
+        """The group at ``level`` (1 .. :attr:`levels`) that bucket ``bucket``'s mean goes through."""
+        return bucket % self.counts[level - 1]
+
+    def held(self, level: int, within: Optional[int] = None) -> int:
+        """How many groups of ``level`` hold a live holder (of those in group ``within`` of the level
+        above, if given). The top group needs more than half of ``held(levels)``."""
+        slots = {b % self.counts[level - 1] for b in self.buckets
+                 if within is None or b % self.counts[level] == within}
+        return len(slots)
 
 
 def delegate(group: Group, contributors: Sequence[str]) -> str:
@@ -164,7 +266,8 @@ class _Place:
 
     members: Optional[frozenset[str]]
     """Who may ask (None: any admitted peer; the round's average a top group member serves to late groups)."""
-    head: Optional[tuple[str, tuple[int, ...], tuple[int, ...], tuple[str, ...], bool]] = None
+    head: Optional[tuple[str, tuple[int, ...], tuple[int, ...], tuple[str, ...], bool, tuple[bytes, ...]]] = None
+    """(codec, bounds, lengths, contributors, late, part digests)."""
     payloads: list[bytes] = field(default_factory=list)
     error: str = ""
     complete: bool = False
@@ -254,7 +357,8 @@ class ResultRelay:
         if place is None or place.complete or place.error:
             return
         place.head = (result.codec, tuple(x for a, b, _ in result.parts for x in (a, b)),
-                      tuple(len(d) for *_, d in result.parts), result.contributors, result.late)
+                      tuple(len(d) for *_, d in result.parts), result.contributors, result.late,
+                      result.part_digests)
         place.payloads = [d for *_, d in result.parts]
         place.complete = True
         place.bump()
@@ -310,22 +414,28 @@ class ResultRelay:
             return ResultReply(ok=False, error="no average of that group here for you", credential=mine), None
         if not await place.until(lambda: place.head is not None, time.monotonic() + KEEP):
             return ResultReply(ok=False, error=place.error or "no average in time", credential=mine), None
-        codec, bounds, lengths, contributors, late = place.head
-        return ResultReply(ok=True, codec=codec, bounds=bounds, payload_lens=lengths, contributors=contributors,
-                           late=late, credential=mine), place
+        codec, bounds, lengths, contributors, late, digests = place.head
+        reply = ResultReply(ok=True, codec=codec, bounds=bounds, payload_lens=lengths, contributors=contributors,
+                            late=late, credential=mine)
+        if writes("averaging", "ResultReply.part_digests"):
+            reply.part_digests.extend(digests)
+        return reply, place
 
     async def fetch(self, peer: str, group_id: str, numel: int, codec: Codec, deadline: float,
-                    place: Optional[_Place] = None, late: bool = False) -> RoundResult:
+                    place: Optional[_Place] = None, late: bool = False, agreed: Optional[Agreed] = None) -> RoundResult:
         """The average of ``group_id``'s round from ``peer`` (our parent or the delegate), checked to be
         ``numel`` values in ``codec``; raises if ``peer`` has none by ``deadline`` or sends a bad one.
+        With ``agreed`` (the digest the top group states, :data:`Agreed`), the head is checked against it
+        before anything is passed on and each part against its digest as it arrives: :class:`LyingPeer`
+        when ``peer`` sent other bytes.
         With our ``place`` (:meth:`expect`), each part is passed on to our children as it arrives; a
         second fetch (from the delegate, after our parent failed) adds only the parts after those.
         ``late``: the round's average fetched by a group that missed the top group (passed on so)."""
-        return await asyncio.wait_for(self._fetch(peer, group_id, numel, codec, place, late),
+        return await asyncio.wait_for(self._fetch(peer, group_id, numel, codec, place, late, agreed),
                                       max(0.01, deadline - time.monotonic()))
 
     async def _fetch(self, peer: str, group_id: str, numel: int, codec: Codec, place: Optional[_Place],
-                     late: bool) -> RoundResult:
+                     late: bool, agreed: Optional[Agreed]) -> RoundResult:
         from hivemind.p2p import P2P, PeerID
 
         _, reader, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer), self.handler_name)
@@ -343,13 +453,25 @@ class ResultRelay:
             problem = check_head(reply.codec, reply.bounds, reply.payload_lens, numel, codec)
             if problem:
                 raise RuntimeError(f"{peer[-8:]} sent a bad average: {problem}")
+            digests = tuple(bytes(d) for d in reply.part_digests)
+            if digests and (len(digests) != len(reply.payload_lens)
+                            or any(len(d) != PART_DIGEST_BYTES for d in digests)):
+                raise LyingPeer(peer, f"{len(digests)} part digests for {len(reply.payload_lens)} parts")
+            if agreed is not None and digests:
+                want = await agreed()
+                got = result_digest(reply.codec, reply.bounds, reply.payload_lens, digests)
+                if got != want:
+                    raise LyingPeer(peer, f"its average's digest {got[:12]} is not the top group's {want[:12]}")
             head = (reply.codec, tuple(reply.bounds), tuple(reply.payload_lens), tuple(sorted(reply.contributors)),
-                    bool(reply.late) or late)
-            if place is not None:
+                    bool(reply.late) or late, digests)
+            # a parent of an older minor sends no part digests: the parts are checked once all are here,
+            # and only then passed on
+            streamed = bool(digests) or agreed is None
+            if place is not None and streamed:
                 if place.head is None:
                     place.head = head
                     place.bump()
-                elif place.head != head:
+                elif place.head[:3] + place.head[5:] != head[:3] + head[5:]:
                     raise RuntimeError(f"{peer[-8:]} sent another average than the one we began to pass on")
             parts = []
             for i, length in enumerate(reply.payload_lens):
@@ -357,7 +479,9 @@ class ResultRelay:
                 data = bytes(await read_payload(reader, length))
                 if len(data) != length:
                     raise RuntimeError(f"{peer[-8:]} announced {length} bytes and sent {len(data)}")
-                if place is not None:
+                if digests and part_digest(data) != digests[i]:
+                    raise LyingPeer(peer, f"part {i} ({a}, {b}) does not match its digest")
+                if place is not None and streamed:
                     if len(place.payloads) == i:
                         place.payloads.append(data)
                         place.bump()
@@ -366,7 +490,17 @@ class ResultRelay:
                 parts.append((a, b, data))
         finally:
             writer.close()
+        result = RoundResult(reply.codec, tuple(parts), head[3], head[4])
+        if not streamed:
+            want = await agreed()
+            if result.digest != want:
+                raise LyingPeer(peer, f"its average's digest {result.digest[:12]} is not the top group's {want[:12]}")
+            if place is not None:
+                if place.head is not None and place.head[:3] + place.head[5:] != head[:3] + (result.part_digests,):
+                    raise RuntimeError(f"{peer[-8:]} sent another average than the one we began to pass on")
+                place.head = place.head or head[:5] + (result.part_digests,)
+                place.payloads[len(place.payloads):] = [d for *_, d in parts][len(place.payloads):]
         if place is not None:
             place.complete = True
             place.bump()
-        return RoundResult(reply.codec, tuple(parts), head[3], head[4])
+        return result

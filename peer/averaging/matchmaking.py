@@ -144,6 +144,9 @@ class Matchmaker(GroupJoin):
         whether we logged giving up on it)."""
         self._declared: dict[str, tuple[str, float]] = {}
         """module -> (the group key of our last declaration, its DHT expiration)."""
+        self._top_declared: dict[str, float] = {}
+        """Top group key -> the DHT expiration of our declaration there (:meth:`announce_result` outlives it),
+        the last few rounds only."""
         self._background: set["asyncio.Future[Any]"] = set()
         """Pushes, our declarations' DHT stores and other background stores (kept so that they are not
         collected)."""
@@ -414,21 +417,30 @@ class Matchmaker(GroupJoin):
                             "announcing a full round")
 
     async def form_top_group(self, module_id: str, round_no: int, digest: str, buckets: int, weight: float,
-                             gather_deadline: float, end: float) -> Match:
+                             gather_deadline: float, end: float, key: Optional[str] = None,
+                             need: Optional[int] = None) -> Match:
         """As the delegate of our bucket's group (:mod:`peer.averaging.hierarchy`), matchmake the top group
         of ``module_id``'s round ``round_no``: one delegate for each of the ``buckets`` groups that hold
         members this round, whose state has ``digest``, each contributing its group's mean with
         ``weight`` (the tokens behind it). Declarations are read until every bucket's delegate declared or
         ``gather_deadline`` (``time.monotonic()``); the group is led by the smallest declared peer id that
         accepts connections and must hold more than half the ``buckets``: two top groups of one round,
-        each applying another mean, would fork the replicas, and only one can hold a majority."""
+        each applying another mean, would fork the replicas, and only one can hold a majority.
+
+        A group of a level between the buckets and the top (:func:`peer.network.records.split_levels`)
+        forms the same way under its own ``key`` (:func:`peer.network.records.level_group_key`) with
+        ``need`` = 1: whoever of its ``buckets`` delegates came; a delegate alone there gets a ``LONE``
+        group (it carries its mean up alone)."""
         from hivemind.utils import get_dht_time
 
-        key = top_group_key(self.run_id, module_id, round_no)
+        key = key or top_group_key(self.run_id, module_id, round_no)
         looking = self._looking[key] = Looking(key, digest, weight=weight)
-        need = buckets // 2 + 1
+        need = buckets // 2 + 1 if need is None else need
         try:
             looking.expires = get_dht_time() + max(1.0, end - time.monotonic())
+            self._top_declared[key] = looking.expires
+            while len(self._top_declared) > 16:  # of rounds whose top group failed: nothing to state
+                del self._top_declared[next(iter(self._top_declared))]
             await self._declare(looking, frozenset())
             while True:
                 found = await self.dht.get(key, latest=True, return_future=True)
@@ -441,6 +453,8 @@ class Matchmaker(GroupJoin):
             if len(declared) + 1 < need:
                 return Match(None, f"top group: {len(declared) + 1} of {buckets} groups' delegates declared "
                                    f"(a mean of fewer than {need} could fork the replicas)")
+            if not declared and need <= 1:
+                return Match(Group(LONE, (self.peer_id,), (self.bandwidth,), 0.0), "alone at this level")
             candidates = {p for p, d in declared.items() if d.bandwidth > 0} | ({self.peer_id} if self.bandwidth > 0 else set())
             if not candidates:
                 return Match(None, "top group: no delegate accepts connections (all in client mode)")
@@ -455,6 +469,22 @@ class Matchmaker(GroupJoin):
                                              digest, "", weight))
         finally:
             self._stop_looking(looking)
+
+    def announce_result(self, module_id: str, round_no: int, digest: str, result: str, keep: float) -> None:
+        """As a member of ``module_id``'s round ``round_no`` top group, once its all-reduce ended: state the
+        :func:`peer.averaging.hierarchy.result_digest` of the round's average (``result``) in our
+        declaration under the round's :func:`top_group_key`, kept ``keep`` seconds, which every bucket
+        member checks the average it is sent against (:attr:`GroupDeclaration.result`). In the
+        background: the delegate passes the average down its tree meanwhile."""
+        from hivemind.utils import get_dht_time
+
+        key = top_group_key(self.run_id, module_id, round_no)
+        # the DHT keeps a subkey's value of the later expiration: ours must outlive the declaration's
+        expires = max(get_dht_time() + keep, self._top_declared.pop(key, 0.0) + 1.0)
+        decl = GroupDeclaration(self.config_hash, self.data_hash, self.bandwidth, self._own_credential(), digest,
+                                wire=self.wire, result=result)
+        self._in_background(self.dht.store(key, to_value(decl), expires, subkey=self.peer_id, return_future=True),
+                            "stating the round's average digest", logging.WARNING)
 
     def _vanished(self, module_id: str, live: set[str], gone: dict[str, int], patience: float) -> dict[str, float]:
         """Holders of ``module_id`` whose record we read less than ``patience`` seconds ago and no

@@ -211,7 +211,8 @@ to the daemon or lane / its reducer acknowledged it),
 :meth:`GroupState.hold_average`), ``"part_replied"`` (one member received, and closed the stream
 of, the average of a part we reduce),
 ``"bucket_done"`` (a split round's bucket mean is ours, before the top group or the tree,
-:mod:`peer.averaging.hierarchy`), ``"top_gather"`` (a delegate about to matchmake the top group)."""
+:mod:`peer.averaging.hierarchy`), ``"top_gather"`` (a delegate about to matchmake the level above its group: a group of delegates, or
+the top group)."""
 
 
 class PartReducer:

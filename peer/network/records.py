@@ -60,6 +60,8 @@ __all__ = [
     "archive_key",
     "group_key",
     "group_buckets",
+    "split_levels",
+    "level_group_key",
     "group_bucket",
     "top_group_key",
     "parse_record",
@@ -159,6 +161,32 @@ def top_group_key(run_id: str, module_id: str, round_no: int) -> str:
     return f"{run_id}_{module_id}_r{round_no}_top_group"
 
 
+def level_group_key(run_id: str, module_id: str, round_no: int, level: int, index: int) -> str:
+    """DHT key where the delegates of a split round's groups at level ``level`` - 1 that meet in group
+    ``index`` of level ``level`` (2 .. the level below the top, :func:`split_levels`) declare themselves:
+    ``{run_id}_{module_id}_r{round}_l{level}_g{index}_group``."""
+    _check_key_parts(run_id, module_id)
+    if not 0 <= round_no < _MAX_ROUND:
+        raise ValueError(f"round number {round_no} out of range")
+    for name, v, least in (("level", level, 2), ("group index", index, 0)):
+        if not isinstance(v, int) or isinstance(v, bool) or not least <= v < _MAX_ROUND:
+            raise ValueError(f"{name} {v!r} out of range")
+    return f"{run_id}_{module_id}_r{round_no}_l{level}_g{index}_group"
+
+
+def split_levels(holders: int, max_group_size: int) -> tuple[int, ...]:
+    """How many groups each level of a split round of ``holders`` live holders has, from the buckets
+    (:func:`group_buckets`) up: ``(B1, ..., Bk)``, each a power of two, ``Bk`` <= ``max_group_size``.
+    The delegates of the ``Bk`` groups of the last level form the top group; a group of level j + 1
+    gathers the delegates of the groups of level j whose index is its own modulo ``B(j+1)``: at most
+    ``B(j) / B(j+1)`` <= ``max_group_size`` of them. ``(1,)``: one group, no split; ``(B1,)`` with
+    1 < ``B1`` <= the cap: buckets and a top group (two levels)."""
+    counts = [group_buckets(holders, max_group_size)]
+    while max_group_size > 0 and counts[-1] > max_group_size:
+        counts.append(group_buckets(counts[-1], max_group_size))
+    return tuple(counts)
+
+
 def group_buckets(holders: int, max_group_size: int) -> int:
     """How many groups a module of ``holders`` live holders splits into each round so that none
     exceeds about ``max_group_size`` members: the smallest power of two >= ceil(holders / max_group_size)
@@ -241,6 +269,11 @@ class GroupDeclaration:
     """The declaring peer's averaging bytes key (:func:`peer.averaging.wire_key`): matchmaking groups only
     declarations of equal keys, whose members compute the same bytes ('' for the averaging protocol's
     first bytes, those of 1.0)."""
+    result: str = ""
+    """Under a split round's :func:`top_group_key` only: the :func:`peer.averaging.hierarchy.result_digest`
+    of the round's average, stated by a member of the top group once its all-reduce ended ('' before).
+    A bucket member takes a digest that more than half of the round's buckets' delegates state as the
+    top group's, and checks the average its parent in the bucket's tree sends against it."""
 
 
 @dataclass(frozen=True)
@@ -403,7 +436,7 @@ def to_value(record: Any) -> dict[str, Any]:
     """The dict stored in the DHT for a record (an empty credential, digest, list or wire key, or a false
     ``paced`` or ``idle``, is left out; so is a field a later minor than the one we state added), with
     our DHT protocol version (:data:`VERSION_FIELD`)."""
-    return stamped(record, dataclasses.asdict(record), ("credential", "digest", "expecting", "paced", "idle", "wire"))
+    return stamped(record, dataclasses.asdict(record), ("credential", "digest", "expecting", "paced", "idle", "wire", "result"))
 
 
 def stamped(record: Any, value: dict[str, Any], optional: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -144,7 +144,7 @@ class ResultRequest(_message.Message):
     def __init__(self, group_id: _Optional[str] = ..., credential: _Optional[bytes] = ...) -> None: ...
 
 class ResultReply(_message.Message):
-    __slots__ = ("ok", "error", "codec", "bounds", "payload_lens", "contributors", "credential", "late")
+    __slots__ = ("ok", "error", "codec", "bounds", "payload_lens", "contributors", "credential", "late", "part_digests")
     OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +153,7 @@ class ResultReply(_message.Message):
     CONTRIBUTORS_FIELD_NUMBER: _ClassVar[int]
     CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     LATE_FIELD_NUMBER: _ClassVar[int]
+    PART_DIGESTS_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     error: str
     codec: str
@@ -161,7 +162,8 @@ class ResultReply(_message.Message):
     contributors: _containers.RepeatedScalarFieldContainer[str]
     credential: bytes
     late: bool
-    def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., codec: _Optional[str] = ..., bounds: _Optional[_Iterable[int]] = ..., payload_lens: _Optional[_Iterable[int]] = ..., contributors: _Optional[_Iterable[str]] = ..., credential: _Optional[bytes] = ..., late: _Optional[bool] = ...) -> None: ...
+    part_digests: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., codec: _Optional[str] = ..., bounds: _Optional[_Iterable[int]] = ..., payload_lens: _Optional[_Iterable[int]] = ..., contributors: _Optional[_Iterable[str]] = ..., credential: _Optional[bytes] = ..., late: _Optional[bool] = ..., part_digests: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class DeclareNotice(_message.Message):
     __slots__ = ("group_key", "config_hash", "data_hash", "bandwidth", "credential", "digest", "expecting", "paced", "expiration", "wire")
