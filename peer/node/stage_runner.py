@@ -31,7 +31,7 @@ from models.config import OuterConfig, RunConfig, format_path
 from models.lattice import ModularLM
 from models.training import autocast
 from peer.node.checkpoint import CheckpointDir, CheckpointError, saved_state, state_groups
-from peer.diloco import DiLoCoOptimizer, RoundReport
+from peer.diloco import JOIN_RAMP_ROUNDS, DiLoCoOptimizer, RoundReport
 from peer.node.progress import PeerStatus, ProgressView
 from peer.diloco import install_resync, resync_after_round
 from peer.stage import DEFAULT_ACTIVATION_CODEC, StageClient, StageUnavailable
@@ -117,7 +117,7 @@ class StageTrainer:
         self.embed, self.head = lm.mods[self.embed_id], lm.mods[self.head_id]
         self.modules = {self.embed_id: self.embed, self.head_id: self.head}
         self.opt = DiLoCoOptimizer(self.modules, inner=cfg.inner, outer=outer or cfg.outer, lattice=cfg.lattice,
-                                   averager=averager)
+                                   averager=averager, join_ramp_rounds=JOIN_RAMP_ROUNDS)
         self.client = client
         self.scheme = client.scheme
         """Which codec each level's requests name (``run_stage_trainer``'s ``codec``, resolved by the client)."""

@@ -24,7 +24,7 @@ from models.lattice import ModularLM
 from models.training import autocast
 from peer.averaging.contract import LONE_HOLDER
 from peer.node.checkpoint import CheckpointDir, CheckpointError, save_snapshot, saved_state, state_groups
-from peer.diloco import DiLoCoOptimizer, RoundReport
+from peer.diloco import JOIN_RAMP_ROUNDS, DiLoCoOptimizer, RoundReport
 from peer.node.progress import PeerStatus
 from peer.diloco import install_resync, resync_after_round
 
@@ -111,6 +111,7 @@ class PathTrainer:
             outer=outer or cfg.outer,
             lattice=cfg.lattice,
             averager=averager,
+            join_ramp_rounds=JOIN_RAMP_ROUNDS,
         )
         self._fetch_state = fetch_state
         install_resync(self.opt, fetch_state)
