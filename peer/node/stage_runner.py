@@ -31,6 +31,7 @@ from models.config import OuterConfig, RunConfig, format_path
 from models.lattice import ModularLM
 from models.training import autocast
 from peer.node.checkpoint import CheckpointDir, CheckpointError, saved_state, state_groups
+from peer.node.fresh_start import start_fresh_module
 from peer.diloco import JOIN_RAMP_ROUNDS, DiLoCoOptimizer, RoundReport
 from peer.node.progress import PeerStatus, ProgressView
 from peer.diloco import install_resync, resync_after_round
@@ -51,7 +52,7 @@ FetchState = Callable[[str, list[torch.Tensor]], Any]
 def adopt_states(cfg: RunConfig, opt: DiLoCoOptimizer, modules: dict[str, nn.Module],
                  checkpoints: Optional[CheckpointDir], fetch_state: Optional[FetchState]) -> dict[str, str]:
     """Per module, load the newest of: a live holder's state, our checkpoint (same run), the seed's
-    init. Returns ``module_id -> "peer@R" | "checkpoint@R" | "init"``."""
+    init. Returns ``module_id -> "peer@R" | "checkpoint@R" | "init" | "sibling:ID@R"``."""
     snap = None
     if checkpoints is not None:
         try:
@@ -73,8 +74,8 @@ def adopt_states(cfg: RunConfig, opt: DiLoCoOptimizer, modules: dict[str, nn.Mod
         elif local is not None:
             opt.load_module_state(mid, local.global_params, local.momentum, local.round_no)
             origins[mid] = f"checkpoint@{local_round}"
-        else:
-            origins[mid] = "init"
+        else:  # nobody holds it: the seed's init, or a held sibling's state (peer.node.fresh_start)
+            origins[mid] = start_fresh_module(opt, cfg.lattice, mid, like, fetch_state)
         log.info("module %s: starting from %s", mid, origins[mid])
     return origins
 
