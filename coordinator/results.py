@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from coordinator.health import BpbRise, LossDivergence
 from coordinator.records import Assignment, Lease, ModuleProgress, PeerRecord
 
 __all__ = ["ProgressReport", "PathEvaluation", "JoinResult", "StatusView", "HeartbeatResult", "ReportResult"]
@@ -62,6 +63,10 @@ class StatusView:
     """module id -> highest outer round any peer reported (kept across restarts)."""
     latest_bpb: dict[str, tuple[float, float]] = field(default_factory=dict)
     """path name (``0,1``) -> (time, validation bits per byte) of the latest evaluation."""
+    bpb_rises: list[BpbRise] = field(default_factory=list)
+    """Paths whose validation bits per byte rise (:func:`coordinator.health.bpb_rise`), by path."""
+    loss_divergences: list[LossDivergence] = field(default_factory=list)
+    """Active peers whose training loss diverges (:class:`coordinator.health.LossWatch`), by peer id."""
 
 
 @dataclass(frozen=True)
