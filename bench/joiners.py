@@ -22,11 +22,11 @@ global copies.
 
 Keys (each the worst over seeds):
 
-- ``sharer_bpb_rise_max``: the largest rise of any other path's validation bits per byte within the
-  window after an event, relative to its value just before (target <= 0.01; negative: every other
-  path kept improving).
+- ``sharer_bpb_rise_max``: the largest rise of the validation bits per byte of any other path a peer
+  trains, within the window after an event, relative to its value just before (target <= 0.01;
+  negative: every other path kept improving).
 - ``joiner_rounds_to_network_bpb``: per event, rounds until the newcomer's path is within 5% of the
-  mean of the other held paths (None: not within the window).
+  mean of the other paths peers train (None: not within the window).
 - ``replica_max_abs_diff``: over every round and module, the largest difference between two holders'
   global copies (target 0).
 
@@ -161,6 +161,10 @@ class Network:
                 for a, b in zip(states[0], other):
                     self.replica_diff = max(self.replica_diff, float((a - b).abs().max()))
 
+    def trained_paths(self) -> set[tuple[int, ...]]:
+        """Paths some peer trains (a held path may be only a combination of others' modules)."""
+        return {p.path for p in self.peers.values()}
+
     def held_paths(self) -> list[tuple[int, ...]]:
         return [p for p in self.cfg.lattice.paths() if all(self.holders(m) for m in self.cfg.lattice.path_modules(p))]
 
@@ -198,22 +202,22 @@ def run_seed(dataset: Dataset, cfg: RunConfig, seed: int, warm_rounds: int, wind
     means = []
     for _ in range(warm_rounds):  # until the network's bits per byte flatten
         scores = step("warm")
-        means.append(statistics.fmean(scores.values()))
+        means.append(statistics.fmean(scores[p] for p in net.trained_paths()))
         if len(means) > 3 and means[-4] - means[-1] < 0.01 * means[-4]:
             break
     events = {}
     for event, name, path, replaces in EVENTS:
-        before = net.score()
+        trained = net.trained_paths()
+        before = {p: b for p, b in net.score().items() if p in trained}
         if replaces is not None:
             net.remove(replaces)
         net.add(name, path)
-        others = [p for p in before if p != path and p in net.held_paths()]
+        others = sorted(p for p in before if p != path and p in net.trained_paths())
         rises, reached = [], None
         for r in range(1, window + 1):
             scores = step(event)
-            rises += [(scores[p] - before[p]) / before[p] for p in others if p in scores]
-            rest = [scores[p] for p in scores if p != path]
-            if reached is None and path in scores and rest and scores[path] <= 1.05 * statistics.fmean(rest):
+            rises += [(scores[p] - before[p]) / before[p] for p in others]
+            if reached is None and scores[path] <= 1.05 * statistics.fmean(scores[p] for p in others):
                 reached = r
         events[event] = {"sharer_bpb_rise_max": max(rises) if rises else None,
                          "joiner_rounds_to_network_bpb": reached, "origins": net.origins[name],
@@ -246,10 +250,12 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--ramp", type=int, default=JOIN_RAMP_ROUNDS, help="newcomer ramp rounds (0: none)")
     ap.add_argument("--fresh", choices=FRESH_STARTS, default=FRESH_START, help="how a module nobody holds starts")
     ap.add_argument("--compare", action="store_true", help="also run with --fresh seed --ramp 0 (no guard)")
-    ap.add_argument("--quick", action="store_true", help="one seed, 10 warm rounds at most, windows of 4, H=10")
+    ap.add_argument("--quick", action="store_true",
+                    help="one seed, 10 warm rounds at most, windows of 4, H=10, 16 documents a path")
     args = ap.parse_args(argv)
     if args.quick:
         args.seeds, args.warm_rounds, args.window, args.inner_steps = "0", 10, 4, args.inner_steps or 10
+        args.eval_docs = min(args.eval_docs, 16)
     torch.set_num_threads(1)
     seeds = [int(s) for s in args.seeds.split(",")]
     cfg = demo()
