@@ -146,7 +146,8 @@ class Network:
 
     def round(self) -> None:
         steps = self.cfg.outer.inner_steps
-        threads = [threading.Thread(target=p.round, args=(steps,), name=p.name) for p in self.peers.values()]
+        # daemons: a stop signal ends the process without waiting for a round in flight
+        threads = [threading.Thread(target=p.round, args=(steps,), name=p.name, daemon=True) for p in self.peers.values()]
         for t in threads:
             t.start()
         for t in threads:
