@@ -51,6 +51,8 @@ def test_a_fresh_module_takes_the_first_held_siblings_global_copy_with_zero_mome
 def test_no_held_sibling_or_the_seed_rule_keeps_the_seed_init():
     opt, like = _opt("L0M1")
     assert start_fresh_module(opt, LATTICE, "L0M1", like, lambda mid, like_: None) == "init"
+    untrained = ModuleState([t + 1.0 for t in like], [torch.zeros_like(t) for t in like], 0)
+    assert start_fresh_module(opt, LATTICE, "L0M1", like, lambda mid, like_: untrained) == "init"  # round 0
     assert start_fresh_module(opt, LATTICE, "L0M1", like, None) == "init"
     called = []
     assert start_fresh_module(opt, LATTICE, "L0M1", like, lambda mid, l: called.append(mid), how="seed") == "init"

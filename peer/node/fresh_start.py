@@ -7,7 +7,9 @@ same level (same shapes: every module of a level is the same stack of blocks) th
 a trained function of the same inputs into the same next level; starting from its global copy, with
 a zeroed outer momentum and round 0, puts the new path near the network from its first step. The
 sibling is picked by a fixed rule (the nearest index first, then the lower), the first with a live
-holder; embeddings and heads private to a path have sibling embeddings and heads in the same way.
+holder whose state has had at least one round (at a run's start, when peers come one at a time, an
+untrained sibling is only another seed's init: each module keeps its own); embeddings and heads
+private to a path have sibling embeddings and heads in the same way.
 
 ``FRESH_START`` is the rule peers of this release apply (``bench.joiners`` measures both).
 """
@@ -60,7 +62,7 @@ def start_fresh_module(opt: Any, lattice: LatticeConfig, module_id: str, like: l
         return "init"
     for sibling in sibling_ids(lattice, module_id):
         state = fetch_state(sibling, like)
-        if state is None:
+        if state is None or state.round_no < 1:
             continue
         if [tuple(g.shape) for g in state.global_params] != [tuple(t.shape) for t in like]:
             log.warning("module %s: sibling %s has other shapes; not used", module_id, sibling)
