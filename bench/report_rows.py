@@ -143,4 +143,11 @@ ROWS: tuple[Row, ...] = tuple(
             ("byzantine_bpb_gap", "bits-per-byte gap under the worst attack, defended", ("<=", 0.05)),
             ("byzantine_worst_attack", "the worst attack"),
             ("rounds_to_ban", "rounds until the attacker is banned"))
+    + _rows("joiners", "joiners_quick",
+            ("sharer_bpb_rise_max", "quick run (1 seed, H=10, 4 rounds an event): largest rise of another trained "
+             "path's validation bpb after a join or a move", ("<=", 0.01)),
+            ("variants.unguarded.sharer_bpb_rise_max", "the same without the guards (seed init, no ramp)"),
+            ("joiner_rounds_to_network_bpb.move.0", "rounds until a moved peer's path is within 5% of the "
+             "network's"),
+            ("replica_max_abs_diff", "largest difference between replicas", ("==", 0.0)))
 )

@@ -15,6 +15,7 @@ It imports neither torch nor hivemind, and never touches weights or gradients.
 - :mod:`coordinator.web`, :mod:`coordinator.metrics`, :mod:`coordinator.status`: status page, JSON, /metrics
 - :mod:`coordinator.history`, :mod:`coordinator.story`, :mod:`coordinator.plots`: the run's sampled history
   (bounded, stored), totals that survive restarts, archive peers' validation reports, and the page's SVG plots
+- :mod:`coordinator.health`: long-run health signals (a path's validation bpb rising, a peer's loss diverging)
 - :mod:`coordinator.settings`: the ``[coordinator]`` section of run.toml
 - :mod:`coordinator.validation`, :mod:`coordinator.errors`: request checks and refusals
 - :mod:`coordinator.credentials`: the signing key and admission credentials (format: :mod:`protos.credential`)

@@ -27,6 +27,7 @@ from typing import Callable, Iterator, Mapping, Optional
 
 from coordinator.bans import BANS_META_KEY, BanBook
 from coordinator.credentials import CredentialIssuer
+from coordinator.health import HealthRules, LossWatch
 from coordinator.history import History
 from coordinator.errors import Banned, Incompatible, InvalidArgument, LeaseNotFound, NoFit, Overloaded, PeerNotFound
 from coordinator.leases import Leases
@@ -125,6 +126,8 @@ class Coordinator(Leases, Reading, Moderation, Story, Planning):
         self.history = History(state.history, settings.history_points)
         self._story_batch = WriteBatch()
         """History points from reports (evaluations), committed with the next group commit."""
+        self.loss_watch = LossWatch(HealthRules())
+        """Each peer's reported loss per module, for the divergence signal (:mod:`coordinator.health`)."""
         self.bans = BanBook(state.meta.get(BANS_META_KEY))
         self._init_plans(state.meta)
         self._leases: dict[str, Lease] = state.leases

@@ -219,6 +219,8 @@ class Leases:
             self._progress[key] = row
             mine[p.module_id] = row
             self._dirty_progress.add(key)
+            self.loss_watch.report(peer.peer_id, p.module_id, p.round, p.loss,
+                                   peer.assignment.version if peer.assignment is not None else 0, now)
         if progress:
             peer.tokens = base_tokens + max(r.tokens for r in mine.values())
         if bytes_exchanged:

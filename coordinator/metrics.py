@@ -137,6 +137,20 @@ class SnapshotCollector(Collector):
         yield stage_servers
         yield stage_tps
         yield stage_busy
+        rising = GaugeMetricFamily("hivepath_coordinator_path_bpb_rise",
+                                   "Relative rise of a path's validation bits per byte over its last archive "
+                                   "scorings, while they rise (coordinator.health); module and round: where it began",
+                                   labels=["path", "module", "since_round"])
+        for r in s["health"]["paths"]:
+            rising.add_metric([r["path"], r["module"], str(r["since_round"])], r["rise"])
+        yield rising
+        diverging = GaugeMetricFamily("hivepath_coordinator_peer_loss_divergence",
+                                      "Relative rise of an active peer's training loss over its best, while it "
+                                      "diverges (coordinator.health); module and round: where it began",
+                                      labels=["peer", "module", "since_round"])
+        for d in s["health"]["peers"]:
+            diverging.add_metric([d["peer_id"], d["module"], str(d["since_round"])], d["rise"])
+        yield diverging
         for name, doc in _COUNTERS.items():
             yield CounterMetricFamily(f"hivepath_coordinator_{name}", doc, value=s["counters"].get(name, 0))
 

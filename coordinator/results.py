@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from coordinator.planner import ModulePlan
+from coordinator.health import BpbRise, LossDivergence
 from coordinator.records import Assignment, Lease, ModuleProgress, PeerRecord
 
 __all__ = ["ProgressReport", "PathEvaluation", "JoinResult", "StatusView", "HeartbeatResult", "ReportResult"]
@@ -69,6 +70,10 @@ class StatusView:
     """module id -> what the latest planning pass said about it."""
     link_reason: str = ""
     """What the latest planning pass found about a link that alone holds a module back, and did."""
+    bpb_rises: list[BpbRise] = field(default_factory=list)
+    """Paths whose validation bits per byte rise (:func:`coordinator.health.bpb_rise`), by path."""
+    loss_divergences: list[LossDivergence] = field(default_factory=list)
+    """Active peers whose training loss diverges (:class:`coordinator.health.LossWatch`), by peer id."""
 
 
 @dataclass(frozen=True)

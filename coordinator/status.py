@@ -10,12 +10,13 @@ from typing import Any, Optional
 from coordinator.core import Coordinator
 from coordinator.pipelines import busy_share, pipelines
 from coordinator.reachability import RELAYED, relay_of
+from coordinator.results import StatusView
 from coordinator.records import MODE_ARCHIVE, MODE_PATH, MODE_STAGE, MODE_TRAINER, PeerRecord
 from coordinator.view import ClusterView
 from models.config import format_path
 from protos import versions
 
-__all__ = ["snapshot", "contributions", "stages", "ROLES"]
+__all__ = ["snapshot", "contributions", "stages", "health", "ROLES"]
 
 ROLES = (MODE_PATH, MODE_STAGE, MODE_TRAINER, MODE_ARCHIVE)
 """A peer row's ``role``: its assignment's mode (:mod:`coordinator.records`)."""
@@ -39,6 +40,20 @@ def stages(view: ClusterView) -> list[dict[str, Any]]:
     return out
 
 
+def health(v: StatusView) -> dict[str, Any]:
+    """The long-run health signals (:mod:`coordinator.health`): ``paths`` whose validation bits per
+    byte rise over several archive scorings, ``peers`` (active ones) whose training loss diverges;
+    each with the module and round where it began, its best and latest value and the relative rise."""
+    return {
+        "paths": [{"path": r.path, "module": r.module, "since_round": r.since_round, "since_time": r.since_time,
+                   "best_bpb": r.best, "latest_bpb": r.latest, "rise": r.rise, "scorings_rising": r.rises}
+                  for r in v.bpb_rises],
+        "peers": [{"peer_id": d.peer_id, "module": d.module, "since_round": d.since_round,
+                   "since_time": d.since_time, "best_loss": d.best, "latest_loss": d.latest, "rise": d.rise,
+                   "reports_above": d.reports} for d in v.loss_divergences],
+    }
+
+
 def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, Any]:
     """The run now: live peers (the first ``max_peers`` by id; None: all) with their role and why, the
     lattice grid with each module's holders, paths with their throughput, loss and number of seeders
@@ -46,7 +61,7 @@ def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, A
     looks at the data or the DHT; ``hivepath data info --manifest-hash`` lists every seeder on the
     DHT), the pipelines (:func:`coordinator.pipelines.pipelines`) and stage modules (:func:`stages`),
     totals and counters (tokens, module rounds and event counters survive restarts), each path's
-    latest validation bits per byte, and every peer's contribution (``contributions``: the first
+    latest validation bits per byte, the long-run health signals (:func:`health`), and every peer's contribution (``contributions``: the first
     ``max_peers`` by tokens).
 
     Throughput is what the scheduler counts (:meth:`PeerRecord.counted_tokens_per_s`): a stage server
@@ -171,6 +186,7 @@ def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, A
         "stages": stages(view),
         "rebalance": reason,
         "slow_links": v.link_reason,
+        "health": health(v),
         "counters": counters,
         "data": {
             "manifest_hash": coord.run.data.manifest_hash,

@@ -16,6 +16,7 @@ from collections import Counter
 from typing import Optional, Sequence
 
 from coordinator.errors import InvalidArgument
+from coordinator.health import bpb_round_series
 from coordinator.history import bpb_series
 from coordinator.records import MODE_ARCHIVE, PeerRecord
 from coordinator.results import PathEvaluation
@@ -105,6 +106,7 @@ class Story:
         self.check_evaluations(evaluations)  # the servicer checked them already; direct callers too
         for e in evaluations:
             self.history.add(bpb_series(format_path(e.path)), now, e.bpb, batch)
+            self.history.add(bpb_round_series(format_path(e.path)), now, float(e.round), batch)
         self.counters["evaluations"] += len(evaluations)
 
     def _count_rounds(self, peer: PeerRecord, previous: dict[str, int], reported: dict[str, int]) -> None:

@@ -165,6 +165,21 @@ def _peer_tps(p: dict[str, Any]) -> str:
     return f"{p['tokens_per_s']:.0f}" + (f" of {cap:.0f}" if cap else "")
 
 
+def _health(snap: dict[str, Any]) -> str:
+    """The long-run health signals (:mod:`coordinator.health`): one line per rising path or diverging peer."""
+    e = html.escape
+    h = snap["health"]
+    lines = [f"<li class='bpb-rise'>path <b>{e(r['path'])}</b>: validation bpb rose {100 * r['rise']:.1f}% over "
+             f"{r['scorings_rising']} archive scorings ({r['best_bpb']:.4f} to {r['latest_bpb']:.4f}), since round "
+             f"{r['since_round']}; suspect module <b>{e(r['module'])}</b></li>" for r in h["paths"]]
+    lines += [f"<li class='loss-divergence'>peer <code>{e(d['peer_id'])}</code>: loss on <b>{e(d['module'])}</b> "
+              f"{100 * d['rise']:.1f}% above its best ({d['best_loss']:.3f} to {d['latest_loss']:.3f}) for "
+              f"{d['reports_above']} rounds, since round {d['since_round']}</li>" for d in h["peers"]]
+    if not lines:
+        return "<p id='health'>no path's validation bpb rising, no peer's loss diverging</p>"
+    return f"<ul id='health'>{''.join(lines)}</ul>"
+
+
 def render_page(snap: dict[str, Any], history: Optional[History] = None, refresh: float = REFRESH) -> str:
     """The human status page (``history``: the series of :mod:`coordinator.history` to plot)."""
     e = html.escape
@@ -243,6 +258,7 @@ figure.plot svg{{width:100%;height:auto;font-size:11px}}figcaption{{font-weight:
 <p id="versions">coordinator hivepath {e(snap['versions']['release'])}{' (' + e(snap['versions']['commit']) + ')' if snap['versions']['commit'] else ''}
  · protocols {e(snap['versions']['protocols'])} · peers must run {e(snap['versions']['min_peer_version'] or 'any release')}{' or newer' if snap['versions']['min_peer_version'] else ''}</p>
 <p id="totals">since the run began: <b>{totals['tokens']}</b> tokens · {totals['peers_ever']} peers · module rounds: {rounds}</p>
+<h2>Health</h2>{_health(snap)}
 <h2>History</h2><div class="plots">{render_history(history or {})}</div>
 <h2>Contributions</h2>{_contributions(snap)}
 <h2>Lattice</h2><table>{''.join(grid)}</table><ul>{shared}</ul>

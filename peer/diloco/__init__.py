@@ -1,7 +1,8 @@
 """DiLoCo per module as an optimizer-like wrapper, so training loops stay plain PyTorch.
 
 - ``optimizer``: :class:`DiLoCoOptimizer` (H inner steps, then one outer round per module, optionally
-  overlapped with the next round's compute); it resolves the run's codec once and passes it down.
+  overlapped with the next round's compute); it resolves the run's codec once and passes it down,
+  and ramps a newcomer's weight in its groups up over its first rounds (:func:`ramp_factor`).
 - ``held_module``: one held module's state and the arithmetic of its outer round (delta, error
   feedback, outer step, adopting another peer's state).
 - ``reports``: :class:`RoundReport` and :class:`ModuleReport`, what a round returns.
@@ -15,12 +16,12 @@ Imports ``peer.averaging`` and ``peer.outer``.
 """
 
 from peer.diloco.link_rates import LinkRates
-from peer.diloco.optimizer import DiLoCoOptimizer
+from peer.diloco.optimizer import JOIN_RAMP_ROUNDS, DiLoCoOptimizer, ramp_factor
 from peer.diloco.plans import PlanBook
 from peer.diloco.reports import ModuleReport, RoundReport
 from peer.diloco.resync import FetchState, install_resync, resync_after_round, resync_module
 
 __all__ = [
-    "DiLoCoOptimizer", "LinkRates", "PlanBook", "ModuleReport", "RoundReport", "FetchState",
-    "install_resync", "resync_after_round", "resync_module",
+    "DiLoCoOptimizer", "JOIN_RAMP_ROUNDS", "ramp_factor", "LinkRates", "PlanBook", "ModuleReport", "RoundReport",
+    "FetchState", "install_resync", "resync_after_round", "resync_module",
 ]

@@ -34,13 +34,33 @@ from peer.diloco.plans import PlanBook
 from peer.diloco.reports import ModuleReport, RoundReport
 from peer.outer import ModuleState
 
-__all__ = ["DiLoCoOptimizer"]
+__all__ = ["DiLoCoOptimizer", "JOIN_RAMP_ROUNDS", "ramp_factor"]
 
 logger = logging.getLogger(__name__)
 
 EMPTY_ROUND_WEIGHT = 1.0
 """The weight (in tokens) of a round that ended with no inner step (:meth:`DiLoCoOptimizer.end_round_if_others_wait`):
 averaging needs a positive weight, and this one is far below any step's tokens."""
+
+JOIN_RAMP_ROUNDS = 4
+"""Rounds over which a newcomer's weight in its groups ramps up to its tokens (:func:`ramp_factor`):
+the value every trainer, stage server and pipeline trainer of this release passes as
+``DiLoCoOptimizer(join_ramp_rounds=...)``."""
+
+
+def ramp_factor(rounds_here: int, ramp_rounds: int) -> float:
+    """The share of its tokens a member weighs with in its ``rounds_here``-th round since it began
+    training its current assignment (0 for its first): ``min(1, (rounds_here + 1) / (ramp_rounds + 1))``.
+
+    A newcomer (a joiner, a peer moved to another path, a stage server on a new module) trains its
+    first rounds from freshly loaded or freshly initialised state and a fresh inner optimizer, so its
+    pseudo-gradients of the modules it shares are the furthest from the network's; they enter the
+    shared modules' averages with 1/(R+1), 2/(R+1), ... of their tokens' weight, so one newcomer
+    cannot pull trained modules back. Members that began together ramp alike, which leaves their
+    average as it was. ``ramp_rounds`` 0: no ramp."""
+    if ramp_rounds <= 0:
+        return 1.0
+    return min(1.0, (max(0, rounds_here) + 1) / (ramp_rounds + 1))
 
 
 class DiLoCoOptimizer:
@@ -56,6 +76,12 @@ class DiLoCoOptimizer:
     step on the global copy; ``local <- global``. A failed exchange keeps local progress, so the delta
     carries into the next round; it does not block the other modules. Without an ``averager`` the
     peer is a lone holder of every module and applies the codec round trip of its own delta.
+
+    ``join_ramp_rounds``: a module's weight in its group is its round's tokens times
+    :func:`ramp_factor` of the rounds this optimizer has ended (not restored from a checkpoint: a
+    restarted peer re-syncs and ramps again). The weight is what this member declares when joining
+    its group (``JoinRequest.weight``, :attr:`peer.averaging.partition.Group.weights`) and sends with
+    every part, so every member's mean uses the same weights; reports keep the round's real tokens.
 
     The codec is decided once, here: ``outer.codec`` (the run's, as the coordinator's assignment
     carries it) under ``outer.entropy``, resolved to :attr:`codec` and passed to every exchange.
@@ -80,6 +106,7 @@ class DiLoCoOptimizer:
         averager: Optional[ModuleAverager] = None,
         clock: Callable[[], float] = time.monotonic,
         train_through_waits: bool = True,
+        join_ramp_rounds: int = 0,
     ):
         if not modules:
             raise ConfigError("modules", "the optimizer needs at least one module to train")
@@ -115,6 +142,11 @@ class DiLoCoOptimizer:
             rounds(wait_for_behind=not outer.overlap)
         self.clock = clock
         self.train_through_waits = train_through_waits
+        if not (isinstance(join_ramp_rounds, int) and join_ramp_rounds >= 0):
+            raise ConfigError("join_ramp_rounds", f"must be an integer >= 0, got {join_ramp_rounds!r}")
+        self.join_ramp_rounds = join_ramp_rounds
+        self.rounds_here = 0
+        """Rounds this optimizer has ended since it was built (the newcomer ramp's count)."""
         self._modules: dict[str, HeldModule] = {}
         seen: set[int] = set()
         for mid in self._ordered(modules):
@@ -303,8 +335,14 @@ class DiLoCoOptimizer:
         rank = {m: i for i, m in enumerate(self.lattice.module_ids())} if self.lattice is not None else {}
         return sorted(ids, key=lambda m: (rank.get(m, len(rank)), m))
 
+    def round_weight(self, tokens: float) -> float:
+        """The weight this member declares for a round of ``tokens``: at least
+        :data:`EMPTY_ROUND_WEIGHT`, times :func:`ramp_factor` of :attr:`rounds_here`."""
+        return max(tokens, EMPTY_ROUND_WEIGHT) * ramp_factor(self.rounds_here, self.join_ramp_rounds)
+
     def _end_round(self, elapsed: float) -> Optional[RoundReport]:
         tokens, steps = self._tokens_in_round, self._steps_in_round
+        weight = self.round_weight(tokens)
         reports = {}
         if self.outer_cfg.overlap:
             for mid, st in self._modules.items():
@@ -315,23 +353,24 @@ class DiLoCoOptimizer:
                             self.before_launch(mid, reports[mid])
                         except Exception as e:  # a failed re-sync is retried after the next failed round
                             logger.warning("module %s: re-sync before the next exchange failed: %r", mid, e)
-                self._launch(st, tokens, keep_anchor=True)
+                self._launch(st, tokens, weight, keep_anchor=True)
             report = RoundReport(self.round - 1, steps, tokens, elapsed, reports) if reports else None
         else:
             for st in self._modules.values():  # all modules exchange at once: one slow group blocks no other
-                self._launch(st, tokens, keep_anchor=False)
+                self._launch(st, tokens, weight, keep_anchor=False)
             reports = {mid: self._complete(st) for mid, st in self._modules.items()}
             report = RoundReport(self.round, steps, tokens, elapsed, reports)
         self.round += 1
+        self.rounds_here += 1
         self._steps_in_round = 0
         self._tokens_in_round = 0.0
         self._round_start = self.clock()
         return report
 
-    def _exchange(self, st: HeldModule, round_no: int, sent: Tensor, tokens: float, digest: str) -> AverageResult:
+    def _exchange(self, st: HeldModule, round_no: int, sent: Tensor, weight: float, digest: str) -> AverageResult:
         try:
             return self.averager.average(
-                st.module_id, round_no, unflatten(sent, st.outer.global_params), max(tokens, EMPTY_ROUND_WEIGHT),
+                st.module_id, round_no, unflatten(sent, st.outer.global_params), weight,
                 self.codec_for(st.module_id, round_no),
                 self.outer_cfg.round_timeout, digest=digest,
             )
@@ -347,7 +386,7 @@ class DiLoCoOptimizer:
             res.bytes_received, tokens, wait, transfer_seconds=res.transfer_seconds, adopt=res.adopt,
         )
 
-    def _launch(self, st: HeldModule, tokens: float, keep_anchor: bool) -> None:
+    def _launch(self, st: HeldModule, tokens: float, weight: float, keep_anchor: bool) -> None:
         """Take the module's delta and start its exchange on the exchange threads.
 
         The round number moves on and the exchange becomes pending under ``_state_lock`` in one go,
@@ -366,7 +405,7 @@ class DiLoCoOptimizer:
             anchor = [p.detach().to(device="cpu", dtype=torch.float32, copy=True) for p in st.params]
         with self._state_lock:
             digest = st.outer.digest()  # the state the group's mean will be applied to
-            future = self._executor.submit(self._exchange, st, round_no, sent, tokens, digest)
+            future = self._executor.submit(self._exchange, st, round_no, sent, weight, digest)
             st.pending = PendingExchange(round_no, tokens, sent, anchor, future)
             st.round_no = round_no + 1
 

@@ -32,7 +32,8 @@ from models.config import OuterConfig, RunConfig, format_path
 from models.lattice import ModularLM
 from models.training import autocast
 from peer.node.checkpoint import CheckpointDir, CheckpointError, saved_state, state_groups
-from peer.diloco import DiLoCoOptimizer, RoundReport
+from peer.node.fresh_start import start_fresh_module
+from peer.diloco import JOIN_RAMP_ROUNDS, DiLoCoOptimizer, RoundReport
 from peer.node.progress import PeerStatus, ProgressView
 from peer.diloco import PlanBook, install_resync, resync_after_round
 from peer.stage import DEFAULT_ACTIVATION_CODEC, StageClient, StageUnavailable
@@ -52,7 +53,7 @@ FetchState = Callable[[str, list[torch.Tensor]], Any]
 def adopt_states(cfg: RunConfig, opt: DiLoCoOptimizer, modules: dict[str, nn.Module],
                  checkpoints: Optional[CheckpointDir], fetch_state: Optional[FetchState]) -> dict[str, str]:
     """Per module, load the newest of: a live holder's state, our checkpoint (same run), the seed's
-    init. Returns ``module_id -> "peer@R" | "checkpoint@R" | "init"``."""
+    init. Returns ``module_id -> "peer@R" | "checkpoint@R" | "init" | "sibling:ID@R"``."""
     snap = None
     if checkpoints is not None:
         try:
@@ -74,8 +75,8 @@ def adopt_states(cfg: RunConfig, opt: DiLoCoOptimizer, modules: dict[str, nn.Mod
         elif local is not None:
             opt.load_module_state(mid, local.global_params, local.momentum, local.round_no)
             origins[mid] = f"checkpoint@{local_round}"
-        else:
-            origins[mid] = "init"
+        else:  # nobody holds it: the seed's init, or a held sibling's state (peer.node.fresh_start)
+            origins[mid] = start_fresh_module(opt, cfg.lattice, mid, like, fetch_state)
         log.info("module %s: starting from %s", mid, origins[mid])
     return origins
 
@@ -119,7 +120,7 @@ class StageTrainer:
         self.embed, self.head = lm.mods[self.embed_id], lm.mods[self.head_id]
         self.modules = {self.embed_id: self.embed, self.head_id: self.head}
         self.opt = DiLoCoOptimizer(self.modules, inner=cfg.inner, outer=outer or cfg.outer, lattice=cfg.lattice,
-                                   averager=averager)
+                                   averager=averager, join_ramp_rounds=JOIN_RAMP_ROUNDS)
         self.client = client
         self.scheme = client.scheme
         """Which codec each level's requests name (``run_stage_trainer``'s ``codec``, resolved by the client)."""

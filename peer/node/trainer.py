@@ -24,8 +24,9 @@ from models.config import OuterConfig, RunConfig, format_path
 from models.lattice import ModularLM
 from models.training import autocast
 from peer.averaging.contract import LONE_HOLDER
+from peer.node.fresh_start import start_fresh_module
 from peer.node.checkpoint import CheckpointDir, CheckpointError, save_snapshot, saved_state, state_groups
-from peer.diloco import DiLoCoOptimizer, RoundReport
+from peer.diloco import JOIN_RAMP_ROUNDS, DiLoCoOptimizer, RoundReport
 from peer.node.progress import PeerStatus
 from peer.diloco import install_resync, resync_after_round
 
@@ -40,7 +41,7 @@ class StateSource:
 
     module_id: str
     origin: str
-    """``checkpoint``, ``peer`` or ``init``."""
+    """``checkpoint``, ``peer``, ``init`` or ``sibling:<module>@<round>`` (:mod:`peer.node.fresh_start`)."""
     round_no: int
 
 
@@ -112,6 +113,7 @@ class PathTrainer:
             outer=outer or cfg.outer,
             lattice=cfg.lattice,
             averager=averager,
+            join_ramp_rounds=JOIN_RAMP_ROUNDS,
         )
         self._fetch_state = fetch_state
         install_resync(self.opt, fetch_state)
@@ -149,8 +151,9 @@ class PathTrainer:
             elif local is not None:
                 self.opt.load_module_state(mid, local.global_params, local.momentum, local_round)
                 sources.append(StateSource(mid, "checkpoint", local_round))
-            else:
-                sources.append(StateSource(mid, "init", 0))
+            else:  # nobody holds it: the seed's init, or a held sibling's state (peer.node.fresh_start)
+                like = [p.detach().cpu() for p in mod.parameters()]
+                sources.append(StateSource(mid, start_fresh_module(self.opt, self.cfg.lattice, mid, like, fetch_state), 0))
         for s in sources:
             log.info("module %s: starting from %s (round %d)", s.module_id, s.origin, s.round_no)
         return sources

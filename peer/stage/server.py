@@ -41,7 +41,7 @@ from models.errors import ConfigError
 from models.lattice import ModularLM
 from models.training import autocast
 from peer.averaging import ModuleAverager
-from peer.diloco import DiLoCoOptimizer, RoundReport
+from peer.diloco import JOIN_RAMP_ROUNDS, DiLoCoOptimizer, RoundReport
 from peer.network import refresh_until, unwrap_dht
 from peer.network.frames import log_limited
 from protos import versions
@@ -120,7 +120,7 @@ class StageServer:
         self.module = ModularLM(cfg.lattice, seed=cfg.seed, module_ids=[module_id]).mods[module_id].to(self.device)
         outer_cfg = dataclasses.replace(outer or cfg.outer, overlap=options.overlap)
         self.opt = DiLoCoOptimizer({module_id: self.module}, inner=cfg.inner, outer=outer_cfg, lattice=cfg.lattice,
-                                   averager=averager)
+                                   averager=averager, join_ramp_rounds=JOIN_RAMP_ROUNDS)
         self.tokens_per_step = options.tokens_per_step or cfg.inner.batch_size * cfg.lattice.seq_len
         self._kept: OrderedDict[tuple[str, str], tuple[torch.Tensor, float]] = OrderedDict()
         self._counts = {"forward": 0, "backward": 0, "step": 0, "rejected": 0}
