@@ -15,7 +15,6 @@ coordinator.settings --update docs/coordinator.md`` rewrites it, a test checks i
 
 from __future__ import annotations
 
-import argparse
 import ast
 import dataclasses
 import inspect
@@ -28,6 +27,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 from models.config import RunConfig
 from models.presets import load_run_config, read_toml
 from models.errors import ConfigError, DataError
+from models.settings import fill_between, table_main
 from protos import versions
 
 __all__ = ["CoordinatorSettings", "load_settings", "load_run_and_settings", "pin_dataset", "MAX_PATHS", "field_docs",
@@ -281,25 +281,13 @@ def markdown_table() -> str:
 
 def update_markdown(text: str) -> str:
     """``text`` with the part between :data:`BEGIN_MARKER` and :data:`END_MARKER` replaced by the table."""
-    start, end = text.find(BEGIN_MARKER), text.find(END_MARKER)
-    if start < 0 or end < start:
-        raise ValueError(f"no '{BEGIN_MARKER}' ... '{END_MARKER}' block to fill")
-    return text[: start + len(BEGIN_MARKER)] + "\n\n" + markdown_table() + "\n" + text[end:]
+    return fill_between(text, BEGIN_MARKER, END_MARKER, markdown_table())
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m coordinator.settings --markdown`` prints the table; ``--update FILE`` rewrites it in FILE."""
-    parser = argparse.ArgumentParser(prog="python -m coordinator.settings", description=main.__doc__)
-    group = parser.add_mutually_exclusive_group(required=True)
-    group.add_argument("--markdown", action="store_true", help="print the table of the [coordinator] fields")
-    group.add_argument("--update", metavar="FILE", help="rewrite the table between the markers in FILE")
-    args = parser.parse_args(argv)
-    if args.markdown:
-        sys.stdout.write(markdown_table())
-        return 0
-    path = Path(args.update)
-    path.write_text(update_markdown(path.read_text()))
-    return 0
+    return table_main(list(argv) if argv is not None else None, "coordinator.settings", "the [coordinator] fields",
+                      markdown_table, update_markdown)
 
 
 if __name__ == "__main__":

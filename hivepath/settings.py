@@ -22,12 +22,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from hivepath.paths import FromVariable
 from models.log_format import LOG_FORMATS
-from models.settings import COORDINATOR_HTTP_PORT, COORDINATOR_PORT, Setting
+from models.settings import COORDINATOR_HTTP_PORT, COORDINATOR_PORT, Setting, fill_between, table_main
 
 try:
     from peer.settings import PROCESS_SETTINGS
@@ -206,26 +205,13 @@ def markdown_table(settings: Sequence[Setting] = ALL_SETTINGS) -> str:
 
 def update_markdown(text: str, table: Optional[str] = None) -> str:
     """``text`` with the part between :data:`BEGIN_MARKER` and :data:`END_MARKER` replaced by the table."""
-    start, end = text.find(BEGIN_MARKER), text.find(END_MARKER)
-    if start < 0 or end < start:
-        raise ValueError(f"no '{BEGIN_MARKER}' ... '{END_MARKER}' block to fill")
-    head = text[: start + len(BEGIN_MARKER)]
-    return head + "\n\n" + (table if table is not None else markdown_table()) + "\n" + text[end:]
+    return fill_between(text, BEGIN_MARKER, END_MARKER, table if table is not None else markdown_table())
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m hivepath.settings --markdown`` prints the table; ``--update FILE`` rewrites it in FILE."""
-    parser = argparse.ArgumentParser(prog="python -m hivepath.settings", description=main.__doc__)
-    group = parser.add_mutually_exclusive_group(required=True)
-    group.add_argument("--markdown", action="store_true", help="print the table of every HIVEPATH_* variable")
-    group.add_argument("--update", metavar="FILE", help="rewrite the table between the markers in FILE")
-    args = parser.parse_args(argv)
-    if args.markdown:
-        sys.stdout.write(markdown_table())
-        return 0
-    path = Path(args.update)
-    path.write_text(update_markdown(path.read_text()))
-    return 0
+    return table_main(list(argv) if argv is not None else None, "hivepath.settings", "every HIVEPATH_* variable",
+                      markdown_table, update_markdown)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from typing import Any, Mapping, Optional, Union
 from models.errors import ConfigError, HivepathError
 
 __all__ = ["Setting", "KINDS", "COORDINATOR_PORT", "COORDINATOR_HTTP_PORT", "check_address", "Number", "count",
-           "natural", "seconds", "positive", "non_negative", "share", "port", "seed"]
+           "natural", "seconds", "positive", "non_negative", "share", "port", "seed", "fill_between", "table_main"]
 
 COORDINATOR_PORT = 7700
 """The coordinator's gRPC port unless ``coordinator serve --port`` says otherwise; a ``--coordinator``
@@ -213,3 +213,32 @@ class Setting:
         if raw:
             return self.parse(raw)
         return list(self.default) if isinstance(self.default, list) else self.default  # never share the table's
+
+
+def fill_between(text: str, begin: str, end: str, table: str) -> str:
+    """``text`` with the part between the ``begin`` and ``end`` markers replaced by ``table`` (a generated
+    table in a doc); ValueError when ``text`` has no such block."""
+    start, stop = text.find(begin), text.find(end)
+    if start < 0 or stop < start:
+        raise ValueError(f"no '{begin}' ... '{end}' block to fill")
+    return text[: start + len(begin)] + "\n\n" + table + "\n" + text[stop:]
+
+
+def table_main(argv: Optional[list[str]], prog: str, what: str, table: Any, update: Any) -> int:
+    """The ``python -m PROG --markdown | --update FILE`` command of a generated settings table: prints
+    ``table()`` (the table of ``what``), or rewrites FILE's text through ``update(text)``."""
+    import sys
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(prog=f"python -m {prog}",
+                                     description=f"print the table of {what}, or rewrite it in a doc")
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--markdown", action="store_true", help=f"print the table of {what}")
+    group.add_argument("--update", metavar="FILE", help="rewrite the table between the markers in FILE")
+    args = parser.parse_args(argv)
+    if args.markdown:
+        sys.stdout.write(table())
+        return 0
+    path = Path(args.update)
+    path.write_text(update(path.read_text()))
+    return 0
