@@ -28,6 +28,7 @@ from coordinator.planner import HolderLink, ModulePlan, held_back_by, plan_modul
 from coordinator.records import MODE_ARCHIVE, Assignment
 from coordinator.scheduler import relieve_link
 from coordinator.store import WriteBatch
+from models import strict_json
 
 __all__ = ["Planning", "PLANS_META_KEY", "load_plans"]
 
@@ -106,7 +107,7 @@ class Planning:
                 events.append(self._apply_move(move, now, batch))
                 break
         if any(e.startswith("module ") for e in events):
-            batch.meta[PLANS_META_KEY] = json.dumps(
+            batch.meta[PLANS_META_KEY] = strict_json.dumps(
                 {m: [p.to_dict() for p in plans] for m, plans in sorted(self.plans.items())}, sort_keys=True)
         return events
 

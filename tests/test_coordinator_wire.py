@@ -101,9 +101,11 @@ class Coordinator:
 
     def state(self) -> dict:
         """``/status.json`` less what moves by itself (clock-derived ages, the ticker's last rebalancing
-        reason) or counts calls (counters)."""
+        reason, the planning pass's last findings) or counts calls (counters)."""
         s = json.loads(self.http("/status.json"))
-        s.pop("uptime_s"), s.pop("counters"), s.pop("rebalance")
+        s.pop("uptime_s"), s.pop("counters"), s.pop("rebalance"), s.pop("slow_links")
+        for m in s["modules"]:
+            m.pop("plan_reason")
         for p in s["peers"]:
             p.pop("last_seen_age_s"), p.pop("lease_remaining_s")
         for c in s["contributions"]:
