@@ -20,7 +20,7 @@ from helpers.replicas import assert_identical_at_equal_rounds
 from peer.node import CheckpointDir
 from protos import versions
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.integration
 
 DENSE = "min_peer_version = \"\"\n[lattice]\nlevels = 1\nmodules_per_level = 1\n"
 """Admits every release; every peer holds every module, so each round is one group of all of them."""
