@@ -13,7 +13,8 @@ import zstandard
 from models.lattice import ModularLM
 from models.presets import demo
 from peer.stage import DEFAULT_ACTIVATION_CODEC, WireError, activation_codec, decode_tensor, encode_tensor
-from peer.stage.activation_codec import TOKEN_INT4, TOKEN_INT4_SR, TOKEN_INT5, TokenInt4Codec, TokenIntCodec
+from peer.stage.activation_codec import (TOKEN_INT4, TOKEN_INT4_SR, TOKEN_INT5, TokenInt4Codec, TokenIntCodec,
+                                         stochastic_round)
 from peer.stage.wire import CodecScheme, codec_scheme
 from protos.hivepath.peer.v1.stage_pb2 import EncodedTensor
 
@@ -121,6 +122,17 @@ def test_stochastic_rounding_is_unbiased_within_a_step_and_relays_losslessly():
     assert torch.equal(CODEC.decode(data, x.shape), sr.decode(data, x.shape))
     relayed = sr.decode(data, x.shape)
     assert sr.encode(relayed) == CODEC.encode(relayed)
+
+
+def test_stochastic_rounding_keeps_grid_values_whatever_the_draw():
+    """An integer code stays put even for a draw just below 1 (k + u would round to k + 1 in fp32: a
+    relayed tensor re-encoded to other bytes), and a fraction goes up exactly when the draw is below it."""
+    q = torch.tensor([3.0, 5.0, -2.0, 0.0, 7.0, 2.25, -1.5])
+    top = torch.full_like(q, 1 - 2 ** -24)  # the largest float32 below 1
+    assert torch.equal(stochastic_round(q.clone(), top), torch.tensor([3.0, 5.0, -2.0, 0.0, 7.0, 2.0, -2.0]))
+    assert torch.equal(stochastic_round(q.clone(), torch.zeros_like(q)), torch.tensor([3.0, 5.0, -2.0, 0.0, 7.0, 3.0, -1.0]))
+    # fractions 0.25 and 0.5: a draw of 0.3 keeps the first down and takes the second up
+    assert torch.equal(stochastic_round(q.clone(), torch.full_like(q, 0.3)), torch.tensor([3.0, 5.0, -2.0, 0.0, 7.0, 2.0, -1.0]))
 
 
 def _raw_layout(rows: int, width: int, scale_bits: int = 0x3F80, nibble: int = 8) -> bytes:

@@ -143,7 +143,7 @@ class TokenIntCodec:
         s = scale.to(torch.float32)
         q = torch.div(x, torch.where(s > 0, s, torch.ones_like(s)))  # (R, C)
         if self.stochastic:  # up with probability the fraction: unbiased; a value on the grid stays put
-            q = q.add_(torch.rand(q.shape, generator=self._generator())).floor_()
+            q = stochastic_round(q, torch.rand(q.shape, generator=self._generator()))
         else:
             q = q.round_()
         # bf16 rounding moves a scale by at most 2^-8 of it, so |codes| < qmax + 0.5 round into range;
@@ -227,6 +227,14 @@ class TokenInt4Codec(TokenIntCodec):
 
     def __repr__(self) -> str:
         return "TokenInt4Codec()"
+
+
+def stochastic_round(q: Tensor, u: Tensor) -> Tensor:
+    """``q`` rounded down, plus one where ``u`` (uniform in [0, 1), same shape) is below its fraction:
+    up with probability the fraction, so unbiased, and an integer stays put whatever ``u`` is. (Adding
+    ``u`` and flooring would not: in fp32, k + u for u just below 1 rounds to k + 1.)"""
+    low = q.floor()
+    return low.add_(u.lt(q - low).to(low.dtype))
 
 
 def _max_scale(qmax: int) -> Tensor:
