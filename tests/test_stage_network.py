@@ -7,6 +7,7 @@ coordinator refills the level."""
 
 from __future__ import annotations
 
+import math
 import signal
 import time
 
@@ -56,6 +57,31 @@ def _path_rounds(net: Network, since: float, until: float) -> dict:
     return counts
 
 
+def _sharing(net: Network, small: set[str]) -> set[str]:
+    """Of the ``small`` peer ids, those holding a module that a path peer holds too (from /status.json:
+    every module's holders); empty until the status page lists the small peers' modules."""
+    status = net.status_json() or {}
+    modes = {p["peer_id"]: (p.get("assignment") or {}).get("mode") for p in status.get("peers", [])}
+    out = set()
+    for m in status.get("modules", []):
+        holders = set(m.get("holders", []))
+        if holders & small and any(modes.get(h) == "path" for h in holders):
+            out |= holders & small
+    return out
+
+
+def _first_joint_round(net: Network, sharing: set[str], since: float) -> float:
+    """The time by which every peer of ``sharing`` had averaged a round with a path peer since ``since``
+    (0.0 until each has)."""
+    first: dict[str, float] = {}
+    for name in ("path0", "path1"):
+        for e in net.progress_lines(name):
+            if e.get("event") == "round" and e.get("status") == "done" and e.get("time", 0.0) >= since:
+                for p in sharing & set(e.get("peers", [])):
+                    first[p] = min(first.get(p, math.inf), e["time"])
+    return max(first.values()) if sharing and set(first) == sharing else 0.0
+
+
 def test_small_volunteers_train_through_a_pipeline_beside_path_peers(procs, tmp_path, dataset):
     net = Network(procs, tmp_path, dataset.dir, dataset.manifest_hash, lease_timeout=8.0)
     try:
@@ -76,18 +102,25 @@ def test_small_volunteers_train_through_a_pipeline_beside_path_peers(procs, tmp_
         # the trainer drives tokens through both servers, and each server trains its module on them
         wait_for(lambda: _last(net, trainer, "tokens") > 0 and all(_last(net, s, "tokens") > 0 for s in servers), 240,
                  "tokens through the pipeline")
-        start = dict(net.module_rounds())
         served = {s: rows[ids[s]]["assignment"]["module_id"] for s in servers}
-        # the modules the servers share with the path peers keep averaging, several rounds on
+        # the small peers that share a module with the path peers (the trainer's embedding and head, a
+        # server's block) come into step: each averages a round with them
         driven = time.time()
+        sharing = wait_for(lambda: _sharing(net, {ids[n] for n in small}), 60, "the modules' holders on the status page")
+        in_step = wait_for(lambda: _first_joint_round(net, sharing, driven), 240,
+                           "each small peer sharing a module to average a round with the path peers")
+        # the modules the servers share with the path peers keep averaging, several rounds on
+        start = dict(net.module_rounds())
         wait_for(lambda: all(net.module_rounds().get(m, 0) >= start.get(m, 0) + 3 for m in served.values()), 240,
                  "the shared modules to go on averaging")
         # no round of the path peers fails waiting for a small peer's declaration while the pipeline
-        # runs: a server's or the trainer's steps are far apart, so they end their rounds between steps
-        # (empty ones too) for any holder that waits. (A small peer whose own round failed is behind
-        # until it re-syncs, and the path peers wait for it as for any holder behind: the rule that
-        # keeps replicas from forking, not a stall of stage mode's own.)
-        beside = _path_rounds(net, driven, time.time())
+        # runs with them in step: a server's or the trainer's steps are far apart, so they end their
+        # rounds between steps (empty ones too) for any holder that waits. (A small peer driven again
+        # after being idle first catches up, re-syncing to the holders' round, twice when the state it
+        # fetched was the round in flight; a small peer whose own round failed is behind until it
+        # re-syncs. The path peers wait for it meanwhile as for any holder behind: the rule that keeps
+        # replicas from forking, not a stall of stage mode's own.)
+        beside = _path_rounds(net, in_step, time.time())
         blamed = [r for r in beside["reasons"] if "did not declare in time" in r
                   and any(ids[n] in r for n in small)]
         assert beside["done"] >= 4 and not blamed, (beside, ids)
