@@ -281,3 +281,32 @@ def test_the_shard_cache_evicts_least_recently_trained_paths_never_the_current_o
     cache.max_bytes = 1  # smaller than the path being trained: it stays
     assert cache.make_room((2,)) == cache.files((0,)) and cache.holds((2,))
     assert (out / "router.json").is_file() and (out / "manifest.json").is_file()
+
+
+class _StoresNeverAnswer:
+    """A real DHT node whose stores never complete (its DHT process stuck on a dead connection)."""
+
+    def __init__(self, dht):
+        self._dht = dht
+
+    def store(self, *args, return_future=False, **kwargs):
+        from concurrent.futures import Future
+
+        future = Future()  # never resolved
+        return future if return_future else future.result()  # hivemind's store waits on it unless told not to
+
+    def __getattr__(self, name):
+        return getattr(self._dht, name)
+
+
+def test_a_store_that_never_answers_does_not_hang_the_seeder(source, swarm):
+    """A DHT store with no answer is given up after ``store_timeout`` and retried by the refresh loop:
+    ``start`` returns and serving goes on, where a blocking store would hang the peer's start (a CI run
+    saw a seeder's start wait five minutes on one)."""
+    stuck = _StoresNeverAnswer(swarm().dht)  # hivemind's DHT, as a peer's seeder gets it
+    seeder = Seeder(stuck, source, SeederOptions(store_timeout=0.5)).start()
+    try:
+        assert not seeder.announce()
+        assert seeder.held  # it serves its files all the same
+    finally:
+        seeder.close()

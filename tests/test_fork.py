@@ -70,7 +70,7 @@ def test_majority_state_is_kept_and_the_fork_re_syncs_to_it(swarm):
     async def all_three():
         return await asyncio.gather(*(mm.form_group("L0M1", 5, 8.0, dg) for (_, _, mm), dg in zip(nodes, digests)))
 
-    (g0, why0, adopt0), (g1, why1, adopt1), (g2, why2, adopt2) = run(loop, all_three())
+    (g0, why0, adopt0, *_), (g1, why1, adopt1, *_), (g2, why2, adopt2, *_) = run(loop, all_three())
     pair = tuple(sorted([nodes[0][0].peer_id, nodes[1][0].peer_id]))
     assert g0 is not None and g1 is not None and g0.members == g1.members == pair, (why0, why1)
     assert adopt0 == adopt1 == ""
@@ -88,7 +88,7 @@ def test_a_tie_is_broken_the_same_way_on_both_sides(swarm):
 
     results = run(loop, both())
     kept = max(digests)
-    for (group, why, adopt), digest in zip(results, digests):
+    for (group, why, adopt, *_), digest in zip(results, digests):
         if digest == kept:
             assert group is not None and group.group_id == LONE and adopt == "", why
         else:
@@ -116,11 +116,11 @@ def test_a_holder_ahead_of_the_others_waits_for_them_instead_of_stepping_alone(s
     nodes, loop, states = swarm
     (d0, _, mm0), behind = nodes[0], nodes[1]
     _hold([behind], "L2M0", 6)
-    group, why, adopt = run(loop, mm0.form_group("L2M0", 7, 4.0, states[0].digest))
+    group, why, adopt, *_ = run(loop, mm0.form_group("L2M0", 7, 4.0, states[0].digest))
     assert group is None and adopt == "", why
     assert "waiting for holders behind us" in why and f"{behind[0].peer_id[-8:]} at round 6" in why, why
     # alone for real (no other live holder of the module): the member steps alone
-    group, why, _ = run(loop, mm0.form_group("L2M1", 7, 4.0, states[0].digest))
+    group, why, *_ = run(loop, mm0.form_group("L2M1", 7, 4.0, states[0].digest))
     assert group is not None and group.group_id == LONE, why
 
 

@@ -114,7 +114,7 @@ def test_a_lone_holder_waits_for_the_newcomers_it_sent_its_state_to(swarm, leade
                                     _late(b, holder, module_id, ROUND, digest) if leader == "holder" else slow_joiner())
 
     everyone = tuple(sorted(n[0].peer_id for n in nodes))
-    for group, why, adopt in run(loop, all_three()):
+    for group, why, adopt, *_ in run(loop, all_three()):
         assert group is not None and group.group_id != LONE, why
         assert group.members == everyone and adopt == "", (group, why)
         assert group.group_id.startswith(f"{key}-{min(everyone)[-8:]}"), group
@@ -129,7 +129,7 @@ def test_a_lone_holder_steps_alone_after_an_archive_fetch_but_not_after_a_joiner
     module_id = "L0M1" if joining else "L1M1"
     _hold(holder, module_id, ROUND)
     run(loop, _fetch(other, holder, module_id, joining=joining))
-    group, why, adopt = run(loop, holder[2].form_group(module_id, ROUND, TIMEOUT, state.digest))
+    group, why, adopt, *_ = run(loop, holder[2].form_group(module_id, ROUND, TIMEOUT, state.digest))
     if joining:
         assert group is None and adopt == "" and other[0].peer_id in why and "did not declare" in why, why
     else:
@@ -149,7 +149,7 @@ def test_overlap_member_waits_for_a_holder_whose_record_shows_the_last_round(swa
             _late(lagging, first, "L1M0", ROUND + 1, digest, wait_for_behind=False))
 
     pair = tuple(sorted([first[0].peer_id, lagging[0].peer_id]))
-    for group, why, _ in run(loop, both()):
+    for group, why, *_ in run(loop, both()):
         assert group is not None and group.members == pair, why
 
 
@@ -178,6 +178,6 @@ def test_newcomers_do_not_average_a_round_their_source_has_left(swarm):
         return await asyncio.gather(leader[2].form_group("L2M2", ROUND, TIMEOUT, digest),
                                     _late(follower, leader, "L2M2", ROUND, digest))
 
-    (g_leader, why_leader, _), (g_follower, why_follower, _) = run(loop, both())
+    (g_leader, why_leader, *_), (g_follower, why_follower, *_) = run(loop, both())
     assert g_leader is None and "fetched this round's state" in why_leader, why_leader
     assert g_follower is None and "gave up" in why_follower, why_follower

@@ -77,7 +77,7 @@ def test_admitted_peers_group_without_the_outsider(swarm, caplog):
         async def all_three():
             return await asyncio.gather(*(n.mm.form_group("L0M1", 1, 6.0) for n in nodes))
 
-        (ga, why_a, _), (gb, why_b, _), (gm, why_m, _) = run(loop, all_three())
+        (ga, why_a, *_), (gb, why_b, *_), (gm, why_m, *_) = run(loop, all_three())
     assert ga is not None and gb is not None and ga.members == gb.members == tuple(sorted([a.peer_id, b.peer_id]))
     assert gm is None or m.peer_id not in ga.members and set(gm.members) == {m.peer_id}
     assert f"from {m.peer_id}: credential signature is not the coordinator's" in caplog.text

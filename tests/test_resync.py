@@ -131,3 +131,68 @@ def test_after_a_round_each_module_is_announced_in_the_background_with_its_diges
     resync_after_round(opt, report, averager, None)
     assert averager.held == [("L0M0", opt.module_round("L0M0"), False, opt.module_digest("L0M0"))]
     assert opt.module_digest("L0M0")
+
+
+class Behind:
+    """Every round fails behind holders at round 7 (``left``: holders that left; else live ones)."""
+
+    def __init__(self, left: bool):
+        self.left = left
+        self.calls: list[int] = []
+
+    def average(self, module_id, round_no, tensors, weight, codec, timeout, digest=""):
+        self.calls.append(round_no)
+        if round_no >= 8:  # past the holders that left: alone, our own delta is the mean
+            return AverageResult([t.clone() for t in tensors], [t.clone() for t in tensors], 1, ["me"], 0, 0)
+        return AverageResult(None, None, 0, [], 0, 0, reason="behind: holders at round 7", ahead=7,
+                             ahead_left=self.left)
+
+
+def test_an_overlap_member_behind_the_group_keeps_its_round_number_until_it_re_syncs():
+    """Overlap mode counts on through a round the whole group failed, but a round failed because others
+    applied rounds we missed leaves our state at that round: its number must stay, or our un-averaged
+    state would be labelled (snapshots, holder records, state served) with rounds the group applied."""
+    averager = Behind(left=False)
+    model, opt = _opt(averager)
+    install_resync(opt, lambda mid, like, accept=None, min_round=-1: None)  # nobody sends a state (yet)
+    _steps(model, opt, 8)  # four rounds ended: each behind, each re-launched at round 0
+    assert averager.calls[:3] == [0, 0, 0], averager.calls
+    assert opt.module_state("L0M0").round_no == 0
+    opt.flush()
+    assert opt.module_state("L0M0").round_no == 0
+
+
+def test_holders_that_left_ahead_of_us_with_no_state_to_send_leave_us_numbered_after_them():
+    """The holders at round 7 left and no live holder or archive sends their state: our state goes on
+    as the module's from round 8 (never under a round number they applied), unchanged, local progress
+    kept, instead of stalling until their withdrawals expire."""
+    averager = Behind(left=True)
+    model, opt = _opt(averager)
+    install_resync(opt, lambda mid, like, accept=None, min_round=-1: None)
+    _steps(model, opt, 2)  # round 0 launched
+    global_before = [g.clone() for g in opt.module_state("L0M0").global_params]
+    _steps(model, opt, 2)  # round 0 failed behind the holders that left: renumbered, round 8 launched
+    assert averager.calls == [0, 8], averager.calls
+    state = opt.module_state("L0M0")
+    assert state.round_no == 8 and all(torch.equal(a, b) for a, b in zip(state.global_params, global_before))
+    opt.flush()
+    assert opt.module_state("L0M0").round_no == 9  # round 8 applied alone
+
+
+def test_without_overlap_holders_that_left_ahead_renumber_after_the_failed_round():
+    from peer.diloco import resync_after_round
+
+    averager = Behind(left=True)
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    outer = OuterConfig(inner_steps=2, overlap=False, codec="none", round_timeout=5.0)
+    opt = DiLoCoOptimizer({"L0M0": model}, InnerConfig(lr=1e-2, warmup_steps=0), outer, averager=averager)
+    report = None
+    for _ in range(2):
+        model(torch.randn(4, 3)).pow(2).sum().backward()
+        report = opt.step(tokens=4) or report
+        opt.zero_grad()
+    assert report is not None and report.modules["L0M0"].ahead == 7 and report.modules["L0M0"].ahead_left
+    assert opt.module_round("L0M0") == 0  # not applied: still ready for round 0
+    resync_after_round(opt, report, averager, lambda mid, like, accept=None, min_round=-1: None)
+    assert opt.module_round("L0M0") == 8

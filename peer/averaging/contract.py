@@ -41,6 +41,11 @@ class AverageResult:
     adopt: str = ""
     """Set when the round failed because other holders at this round hold a different state (a fork)
     and theirs is the one kept: the :func:`peer.outer.state_digest` to re-sync to."""
+    ahead: int = -1
+    """Set when the round failed because other holders applied rounds this member missed: the round
+    they are at (:attr:`peer.averaging.matchmaking.Match.ahead`); -1 otherwise."""
+    ahead_left: bool = False
+    """With ``ahead``: those holders left, so no live holder can send their state."""
     transfer_seconds: float = 0.0
     """Seconds from the group's forming to the end of its all-reduce (every level of a split round):
     the time ``bytes_sent`` and ``bytes_received`` took, the peer's link measurement

@@ -104,6 +104,11 @@ class Match(NamedTuple):
     """Why there is no group, or who was dropped ('' when all went well)."""
     adopt: str = ""
     """Set when other holders at this round hold another state and theirs is kept: its digest."""
+    ahead: int = -1
+    """Set when there is no group because other holders applied rounds we missed: the round they are
+    at (a live holder, one that left, or the archive); -1 otherwise."""
+    ahead_left: bool = False
+    """With ``ahead``: the holders that were there left (withdrawn): no live holder has that state."""
 
 
 
@@ -332,12 +337,13 @@ class Matchmaker(GroupJoin):
             vanished = self._vanished(module_id, live, gone, patience)
             if ahead > round_no:
                 # the group applied rounds we missed: averaging now would fork the replicas
-                return Match(None, f"behind: other holders are at round {ahead}; re-sync from them first")
+                return Match(None, f"behind: other holders are at round {ahead}; re-sync from them first", ahead=ahead)
             if left > round_no:
                 # holders that left (a drain, a restart, a reassignment) had applied rounds we missed:
                 # stepping now, alone or with others as far behind, would make a second state at those
                 # round numbers. Their withdrawals expire within the holder records' lifetime.
-                return Match(None, f"behind: holders that left were at round {left}; re-sync to it first")
+                return Match(None, f"behind: holders that left were at round {left}; re-sync to it first", ahead=left,
+                             ahead_left=True)
             looking.fetched_from = self._fresh_source(module_id, round_no, live, patience)
             declared = {p: d for p, d in everyone.items() if d.digest == digest}
             fork = self._resolve_fork(key, digest, everyone)
@@ -369,7 +375,7 @@ class Matchmaker(GroupJoin):
                                        f"{patience:.0f}s after they were last seen")
                 archived = await self._archived_round(module_id)
                 if archived > round_no:  # the archive kept a round we missed (its holders left since)
-                    return Match(None, f"behind: the archive keeps round {archived}; re-sync from it first")
+                    return Match(None, f"behind: the archive keeps round {archived}; re-sync from it first", ahead=archived)
                 gave_up = sorted(p for p in behind if p != self.peer_id)
                 return Match(Group(LONE, (self.peer_id,), (self.bandwidth,), 0.0),
                              f"holders behind us did not catch up ({', '.join(p[-8:] for p in gave_up)})" if gave_up else "")

@@ -589,11 +589,13 @@ class NetAverager:
         if prepared is not None:
             filling = asyncio.get_running_loop().run_in_executor(None, prepared.fill, flat, own_buf)
             filling.add_done_callback(lambda f: f.cancelled() or f.exception())  # raised where awaited
-        group, reason, adopt = await self._matchmaker.form_group(module_id, round_no, timeout, digest,
-                                                                 wait_for_behind=self.wait_for_behind, paced=paced)
+        match = await self._matchmaker.form_group(module_id, round_no, timeout, digest,
+                                                  wait_for_behind=self.wait_for_behind, paced=paced)
+        group, reason, adopt = match.group, match.reason, match.adopt
         # announce our next round now, in the background, so it is visible long before anyone's next round
-        self.hold(module_id, round_no + 1, wait=False)
-        if (group is None and not adopt and not reason.startswith("behind")) or (group is not None
+        # (behind the group, our state stays at this round until we re-sync)
+        self.hold(module_id, round_no if match.ahead > round_no else round_no + 1, wait=False)
+        if (group is None and not adopt and match.ahead < 0) or (group is not None
                                                                                 and group.group_id == LONE):
             self._isolated()
         if group is None:
@@ -601,7 +603,8 @@ class NetAverager:
             if prepared is not None:  # the encoding is not needed: its vector is reused once it ended
                 await asyncio.wait([filling])
             self._out_buffers.give(own_buf)
-            return AverageResult(None, None, 0, [], 0, 0, reason=reason, adopt=adopt)
+            return AverageResult(None, None, 0, [], 0, 0, reason=reason, adopt=adopt, ahead=match.ahead,
+                                 ahead_left=match.ahead_left)
         if group.group_id == LONE:
             # alone because nobody else holds the module, or because the holders behind us did not catch
             # up: what the group would have received from us is what we apply
@@ -656,11 +659,12 @@ class NetAverager:
         bucket = group_bucket(module_id, round_no, self.peer_id, buckets)
         if not paced:  # every holder's others_waiting reads the module's key, whatever its bucket
             self._matchmaker.announce_full_round(module_id, round_no, digest, timeout)
-        group, reason, adopt = await self._matchmaker.form_group(
+        match = await self._matchmaker.form_group(
             module_id, round_no, timeout, digest, wait_for_behind=self.wait_for_behind, paced=paced,
             bucket=(bucket, buckets), weight=weight, end_share=SPLIT_BUCKET)
-        self.hold(module_id, round_no + 1, wait=False)
-        if group is None and not adopt and not reason.startswith("behind"):
+        group, reason, adopt = match.group, match.reason, match.adopt
+        self.hold(module_id, round_no if match.ahead > round_no else round_no + 1, wait=False)
+        if group is None and not adopt and match.ahead < 0:
             # our bucket formed without us (or not at all): the round's average, if its top group gets
             # through, applied with nothing of ours in it (our delta carries into the next round)
             agreed = self._agreement(module_id, round_no, digest, held, t0 + SPLIT_END * timeout)
@@ -680,7 +684,8 @@ class NetAverager:
                                      reason=f"late: missed group {bucket} of {buckets} ({reason}), our delta carries over")
         if group is None:
             log.info("module %s round %d: no group %d of %d (%s)", module_id, round_no, bucket, buckets, reason)
-            return AverageResult(None, None, 0, [], 0, 0, reason=reason, adopt=adopt)
+            return AverageResult(None, None, 0, [], 0, 0, reason=reason, adopt=adopt, ahead=match.ahead,
+                                 ahead_left=match.ahead_left)
         # our place in the bucket's tree, before the all-reduce: children may ask as soon as theirs ends
         served = self._relay.expect(group, t0 + SPLIT_END * timeout) if group.group_id != LONE else None
         try:

@@ -32,7 +32,8 @@ from models.manifest import MANIFEST_FILE, FileLayout, layouts, manifest_hash, s
 from peer.datasync.errors import SeedError
 from peer.datasync.protocol import own_p2p, CHUNK, MANIFEST_CHUNK, MAX_REQUEST_BYTES, ChunkReply, ChunkRequest, data_prefix, linger
 from peer.datasync.records import RECORD_TTL, SeederRecord, seeder_value, seeders_key
-from peer.network import refresh_until, unwrap_dht
+from peer.network import refresh_until, store_within, unwrap_dht
+from peer.network.records import STORE_TIMEOUT
 from peer.network.frames import read_message, serve
 from protos import versions
 
@@ -55,6 +56,8 @@ class SeederOptions:
     """Seconds the DHT record lives unless refreshed (it is refreshed every third of this)."""
     startup_timeout: float = 30.0
     """Seconds to register the handler on the p2p daemon."""
+    store_timeout: float = STORE_TIMEOUT
+    """Seconds one store of our record may take before that announcement is given up (and retried)."""
 
 
 def read_local_manifest(directory: Path) -> tuple[bytes, dict]:
@@ -185,12 +188,19 @@ class Seeder:
     def record(self) -> SeederRecord:
         return SeederRecord.of(self.names, set(self.held))
 
-    def announce(self) -> None:
-        """Store (or refresh) our record on the DHT."""
+    def announce(self) -> bool:
+        """Store (or refresh) our record on the DHT; False, logged, when the store failed or took too long
+        (the refresh loop tries again within a third of the record's lifetime)."""
         from hivemind.utils.timed_storage import get_dht_time
 
-        self.dht.store(seeders_key(self.manifest_hash), seeder_value(self.record()),
-                       get_dht_time() + self.options.record_ttl, subkey=self.peer_id)
+        try:
+            return bool(store_within(self.dht, seeders_key(self.manifest_hash), seeder_value(self.record()),
+                                     get_dht_time() + self.options.record_ttl, self.peer_id,
+                                     self.options.store_timeout))
+        except Exception as e:
+            log.warning("could not announce dataset %s on the DHT (%r); trying again in %.0f s", self.manifest_hash,
+                        e, self.options.record_ttl / 3)
+            return False
 
     def _announce_loop(self) -> None:
         refresh_until(self._stopping, self.options.record_ttl / 3, self.announce)

@@ -39,6 +39,10 @@ log = logging.getLogger(__name__)
 START_LIMIT_S = 300.0
 """How long the demo waits for the first trained tokens before it gives up (torch loading, joining)."""
 
+ARCHIVE_WAIT_S = 300.0
+"""How long past ``--minutes`` the demo keeps training while the archive holds no whole path yet (a
+loaded machine: every module of a path must finish a round before there is a trained model to score)."""
+
 
 @dataclass
 class DemoOptions:
@@ -153,8 +157,16 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
             # that a slow start (torch loading on a busy machine) does not eat the run
             started = time.monotonic()
             deadline: Optional[float] = None
+            waiting_archive = False
             with monitor:
-                while (deadline is None or time.monotonic() < deadline) and stopped_by is None:
+                while stopped_by is None:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        if time.monotonic() >= deadline + ARCHIVE_WAIT_S or _archived_path(out / "archive", cfg):
+                            break
+                        if not waiting_archive:
+                            log.info("%g minutes trained; training on until the archive holds every module of one "
+                                     "path (at most %.0f s more)", opts.minutes, ARCHIVE_WAIT_S)
+                            waiting_archive = True
                     if monitor.bpb_before is None and before.done():
                         monitor.bpb_before = before.result()
                     monitor.poll(client, procs.procs, http_port)
@@ -190,6 +202,19 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
         summary["report"] = str(out / "report.md")
         write_report(out, summary, monitor)
     return summary
+
+
+def _archived_path(archive: Path, cfg: RunConfig) -> bool:
+    """True once the archive's newest snapshot holds every module of some path (a model to score)."""
+    from models.checkpoint import CheckpointError
+    from models.checkpoint.layout import read_summary, resolve_snapshot
+
+    try:
+        held = set(map(str, read_summary(resolve_snapshot(archive)).get("modules", ())))
+    except (CheckpointError, AttributeError, TypeError):  # no snapshot yet, or not one we can read
+        return False
+    lattice = cfg.lattice
+    return any(all(str(m) in held for m in lattice.path_modules(p)) for p in lattice.paths())
 
 
 def _on_one_thread(fn: Any, *args: Any) -> Any:

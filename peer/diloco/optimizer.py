@@ -384,6 +384,7 @@ class DiLoCoOptimizer:
         return ModuleReport(
             st.module_id, round_no, res.ok, res.reason, res.group_size, list(res.peers), res.bytes_sent,
             res.bytes_received, tokens, wait, transfer_seconds=res.transfer_seconds, adopt=res.adopt,
+            ahead=res.ahead, ahead_left=res.ahead_left,
         )
 
     def _launch(self, st: HeldModule, tokens: float, weight: float, keep_anchor: bool) -> None:
@@ -427,7 +428,7 @@ class DiLoCoOptimizer:
             if res.ok:
                 st.apply(pending.sent, res)
             else:
-                st.roll_back(pending)
+                st.roll_back(pending, behind=res.ahead > pending.round_no)
         if res.ok:
             give_back = getattr(self.averager, "give_back", None)
             if give_back is not None:  # applied: nothing reads the round's vectors any more, reuse them
@@ -468,6 +469,15 @@ class DiLoCoOptimizer:
             raise RuntimeError(f"module {module_id} has an exchange in flight; flush() before rebasing")
         with self._state_lock:
             st.rebase(global_params, momentum, round_no)
+
+    def renumber_module(self, module_id: str, round_no: int) -> None:
+        """Number a module's state (unchanged) as ready for ``round_no``: the rounds before it were lost
+        with the holders that applied them (:func:`peer.diloco.resync.skip_lost_rounds`)."""
+        st = self._module(module_id)
+        if st.pending is not None and st.pending.future is not None:
+            raise RuntimeError(f"module {module_id} has an exchange in flight; flush() before renumbering")
+        with self._state_lock:
+            st.round_no = int(round_no)
 
     def load_module_state(
         self, module_id: str, global_params: Sequence[Tensor], momentum: Sequence[Tensor], round_no: int

@@ -31,6 +31,10 @@ class ModuleReport:
     adopt: str = ""
     """Not applied because the other holders at this round hold another state (a fork): the digest
     (:func:`peer.outer.state_digest`) of the state to re-sync to."""
+    ahead: int = -1
+    """Not applied because other holders applied rounds we missed: the round they are at; -1 otherwise."""
+    ahead_left: bool = False
+    """With ``ahead``: those holders left, so no live holder can send their state."""
 
 
 @dataclass

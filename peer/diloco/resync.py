@@ -20,7 +20,7 @@ from peer.diloco.optimizer import DiLoCoOptimizer
 from peer.diloco.reports import RoundReport
 from peer.outer import ModuleState
 
-__all__ = ["FetchState", "resync_module", "resync_after_round", "install_resync"]
+__all__ = ["FetchState", "resync_module", "resync_after_round", "install_resync", "skip_lost_rounds"]
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +30,13 @@ FetchState = Callable[..., Optional[ModuleState]]
 
 
 def resync_module(opt: DiLoCoOptimizer, module_id: str, fetch_state: Optional[FetchState], adopt: str = "",
-                  wait: float = 0.0) -> bool:
+                  wait: float = 0.0, left_at: int = -1) -> bool:
     """Adopt the group's state of ``module_id`` if a live holder is ahead of us or holds the kept side
     of a fork (``adopt``: its digest). Returns True when our state changed.
+
+    ``left_at``: the round our round failed behind, the holders at it having left (a drain, a
+    preemption). When no live holder or archive sends a state that far, those rounds are lost with
+    them: our state goes on as the module's, numbered from the round after theirs (:func:`skip_lost_rounds`).
 
     In overlap mode this runs from :attr:`DiLoCoOptimizer.before_launch`, between our completed
     exchange and the next launch. The group's members report the state of the exchange they have in
@@ -53,7 +57,7 @@ def resync_module(opt: DiLoCoOptimizer, module_id: str, fetch_state: Optional[Fe
                 break
             time.sleep(0.5)  # a poll of the group's progress, bounded by ``wait``
         if remote is None:
-            return False
+            return skip_lost_rounds(opt, module_id, left_at)
         opt.rebase_module_state(module_id, remote.global_params, remote.momentum, remote.round_no)
         log.info("module %s: re-synced to the group's state at round %d before our next exchange", module_id,
                  remote.round_no)
@@ -68,13 +72,33 @@ def resync_module(opt: DiLoCoOptimizer, module_id: str, fetch_state: Optional[Fe
     else:  # only a holder that announces a later round can have moved on without us
         remote = fetch_state(module_id, like, min_round=mine.round_no + 1)
     if remote is None or remote.round_no < mine.round_no:
-        return False  # nobody is ahead: the round failed for the whole group, which stays identical
+        # nobody live is ahead: the round failed for the whole group, which stays identical, or the
+        # holders ahead left and took their rounds with them
+        return skip_lost_rounds(opt, module_id, left_at)
     if remote.round_no == mine.round_no and all(
             torch.equal(a, b) for a, b in zip(remote.global_params, mine.global_params)):
         return False
     opt.rebase_module_state(module_id, remote.global_params, remote.momentum, remote.round_no)
     log.info("module %s: re-synced to the group's state at round %d%s (local progress kept)", module_id,
              remote.round_no, f", the kept side of a fork ({adopt})" if adopt else "")
+    return True
+
+
+def skip_lost_rounds(opt: DiLoCoOptimizer, module_id: str, left_at: int) -> bool:
+    """Holders that left were at round ``left_at``, past ours, and nobody can send their state: number
+    our state from ``left_at + 1`` on, keeping it (and our local progress). Stepping on from our own
+    round would label our un-averaged state with rounds they applied (two states under one round
+    number: snapshots, an archive, a state transfer could not tell them apart), and waiting for their
+    withdrawals to expire would stall the module meanwhile. A holder that comes back from a checkpoint
+    of those rounds is then behind and re-syncs to the module's state as it goes on. Returns True when
+    our round number moved."""
+    mine = opt.module_round(module_id)
+    if left_at < mine:
+        return False
+    opt.renumber_module(module_id, left_at + 1)
+    log.warning("module %s: holders that left were at round %d and no live holder or archive has their state: "
+                "their rounds %d-%d are lost; going on from ours as round %d", module_id, left_at, mine, left_at,
+                left_at + 1)
     return True
 
 
@@ -89,7 +113,8 @@ def install_resync(opt: DiLoCoOptimizer, fetch_state: Optional[FetchState], wait
 
         def before_launch(mid: str, report: Any) -> None:
             if "NaN" not in report.reason:
-                resync_module(opt, mid, fetch_state, report.adopt, wait=wait)
+                resync_module(opt, mid, fetch_state, report.adopt, wait=wait,
+                              left_at=report.ahead if report.ahead_left else -1)
 
         opt.before_launch = before_launch
 
@@ -101,7 +126,7 @@ def resync_after_round(opt: DiLoCoOptimizer, report: RoundReport, averager: Any,
     for mid, m in report.modules.items():
         if not m.applied and "NaN" not in m.reason and not opt.outer_cfg.overlap:
             try:
-                resync_module(opt, mid, fetch_state, m.adopt)
+                resync_module(opt, mid, fetch_state, m.adopt, left_at=m.ahead if m.ahead_left else -1)
             except Exception as e:  # a failed re-sync is retried after the next failed round
                 log.warning("module %s: re-sync failed: %r", mid, e)
         if hasattr(averager, "hold"):

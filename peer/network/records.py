@@ -451,6 +451,17 @@ def stamped(record: Any, value: dict[str, Any], optional: tuple[str, ...] = ()) 
     return value
 
 
+STORE_TIMEOUT = 15.0
+"""How long one store of a refreshed record may take before the caller gives up on it: a DHT process that
+stopped answering (killed, or stuck on a dead connection) must not hang the thread that announces."""
+
+
+def store_within(dht: Any, key: Any, value: Any, expiration_time: float, subkey: Any,
+                 timeout: float = STORE_TIMEOUT) -> bool:
+    """``dht.store`` of one subkey, waiting at most ``timeout`` seconds (:class:`TimeoutError` past it)."""
+    return dht.store(key, value, expiration_time, subkey=subkey, return_future=True).result(timeout)
+
+
 def refresh_until(stopping: Any, interval: float, announce: Callable[[], None]) -> None:
     """Call ``announce()`` every ``interval`` seconds until ``stopping`` (a :class:`threading.Event`)
     is set: the loop that keeps one of our records alive on the DHT. A failed store (the DHT shutting
