@@ -17,10 +17,7 @@ from helpers import wait_for
 from helpers.network import Network
 from helpers.replicas import forked_rounds, replica_diff
 
-# slow (make test-all) while a known defect makes it fail about one run in three: a stage server whose
-# rounds fail as "behind" while its holders stop still moves its round number on and checkpoints its
-# un-averaged state under rounds the path peers averaged alone, which the replica check counts
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.integration
 
 SMALL = ("--max-memory", "0.002")
 """2 MB: the tiny preset's stage module (1.07 MB) and trainer (1.05 MB) fit 80% of it, a path (3.2 MB) does not."""
