@@ -96,9 +96,9 @@ def test_a_resync_without_a_wait_tries_once_where_the_default_polls_the_group():
             return None  # no holder has the group's state (the group is gone)
 
         install_resync(opt, fetch, wait=wait)
-        _steps(model, opt, 4)  # round 0 launched, then completed (failed) and round 1 launched
+        _steps(model, opt, 4)  # round 0 launched, then completed (failed) and launched again
         opt.flush()
-        assert [r for r, _ in averager.calls] == [0, 1]  # the next round launched either way
+        assert [r for r, _ in averager.calls] == [0, 0]  # nobody went past it: round 0 again, either way
     assert asked[0.0] == ["L0M0"]
     assert len(asked[None]) >= 2, asked  # polled every 0.5 s for about 1 s
 
@@ -149,16 +149,15 @@ class Behind:
 
 
 def test_an_overlap_member_behind_the_group_keeps_its_round_number_until_it_re_syncs():
-    """Overlap mode counts on through a round the whole group failed, but a round failed because others
-    applied rounds we missed leaves our state at that round: its number must stay, or our un-averaged
-    state would be labelled (snapshots, holder records, state served) with rounds the group applied."""
+    """A failed round leaves our state at that round in overlap mode too: its number stays, or our
+    un-averaged state would be labelled (snapshots, state served) with rounds the group applied."""
     averager = Behind(left=False)
     model, opt = _opt(averager)
     install_resync(opt, lambda mid, like, accept=None, min_round=-1: None)  # nobody sends a state (yet)
     _steps(model, opt, 8)  # four rounds ended: each behind, each re-launched at round 0
-    assert averager.calls[:3] == [0, 0, 0], averager.calls
     assert opt.module_state("L0M0").round_no == 0
     opt.flush()
+    assert averager.calls == [0, 0, 0, 0], averager.calls
     assert opt.module_state("L0M0").round_no == 0
 
 
@@ -172,10 +171,10 @@ def test_holders_that_left_ahead_of_us_with_no_state_to_send_leave_us_numbered_a
     _steps(model, opt, 2)  # round 0 launched
     global_before = [g.clone() for g in opt.module_state("L0M0").global_params]
     _steps(model, opt, 2)  # round 0 failed behind the holders that left: renumbered, round 8 launched
-    assert averager.calls == [0, 8], averager.calls
-    state = opt.module_state("L0M0")
+    state = opt.module_state("L0M0")  # round 8 in flight: the state it averages
     assert state.round_no == 8 and all(torch.equal(a, b) for a, b in zip(state.global_params, global_before))
     opt.flush()
+    assert averager.calls == [0, 8], averager.calls
     assert opt.module_state("L0M0").round_no == 9  # round 8 applied alone
 
 
@@ -196,3 +195,23 @@ def test_without_overlap_holders_that_left_ahead_renumber_after_the_failed_round
     assert opt.module_round("L0M0") == 0  # not applied: still ready for round 0
     resync_after_round(opt, report, averager, lambda mid, like, accept=None, min_round=-1: None)
     assert opt.module_round("L0M0") == 8
+
+
+def test_an_overlap_round_the_whole_group_failed_is_launched_again_without_waiting():
+    """Every member failed round 0 (its number went back on each): a holder at round 0 with our state
+    ends the re-sync's poll at once, and round 0 is launched again, by all alike."""
+    averager = Scripted()
+    model, opt = _opt(averager)
+    asked = []
+
+    def fetch(mid, like, accept=None, min_round=-1):
+        asked.append(mid)
+        same = opt.module_state(mid)  # another member's copy: identical, at our round
+        assert accept is not None and accept(same)  # not taken (nothing to take), but seen
+        return None
+
+    install_resync(opt, fetch, wait=60.0)
+    _steps(model, opt, 4)
+    opt.flush()
+    assert asked == ["L0M0"]  # one ask, not a minute of polling
+    assert [r for r, _ in averager.calls] == [0, 0]

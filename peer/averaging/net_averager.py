@@ -515,8 +515,8 @@ class NetAverager:
 
     def use_round_policy(self, wait_for_behind: bool) -> None:
         """Called by :class:`peer.diloco.DiLoCoOptimizer`. A member that fails a round keeps its round
-        number, so holders behind it can catch up while it waits for them; in overlap mode the next
-        round is launched whatever the last one did, and waiting would only fail rounds: such a member
+        number, so holders behind it can catch up while it waits for them; in overlap mode a round's
+        exchange runs behind the next round's compute, and waiting would only fail rounds: such a member
         averages alone whenever nobody is at its round (:meth:`peer.averaging.matchmaking.Matchmaker.form_group`)."""
         self.wait_for_behind = bool(wait_for_behind)
 
@@ -793,7 +793,7 @@ class NetAverager:
         gather_share, end_share = level_shares(plan.levels, level - 1)
         self._server.event("top_gather")
         key = level_group_key(self.run_id, module_id, round_no, level, index)
-        group, reason, _ = await self._matchmaker.form_top_group(
+        group, reason, *_ = await self._matchmaker.form_top_group(
             module_id, round_no, digest, plan.held(level - 1, index), weight, t0 + gather_share * timeout,
             t0 + end_share * timeout, key=key, need=1)
         if group is None:  # it formed without us: the round's average from the top group, nothing of ours in it
@@ -853,7 +853,7 @@ class NetAverager:
         gather_share, end_share = level_shares(levels, levels)
         end = t0 + end_share * timeout
         self._server.event("top_gather")
-        top, reason, _ = await self._matchmaker.form_top_group(module_id, round_no, digest, held, weight,
+        top, reason, *_ = await self._matchmaker.form_top_group(module_id, round_no, digest, held, weight,
                                                                t0 + gather_share * timeout, end)
         if top is None:
             late = await self._late_result(module_id, round_no, mean.numel(), codec, t0 + SPLIT_END * timeout, digest,

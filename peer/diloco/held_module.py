@@ -65,15 +65,14 @@ class HeldModule:
             averaged = [a * self.sharing_factor for a in averaged]
         self.outer.step(averaged)
 
-    def roll_back(self, pending: PendingExchange, behind: bool = False) -> None:
+    def roll_back(self, pending: PendingExchange) -> None:
         """A round this peer did not apply leaves its global copy at that round: its number goes back
         too, so the state is never labelled with a round it missed (the group that applied it is then
-        ahead, and matchmaking tells this peer to re-sync). In overlap mode a round the whole group
-        failed keeps counting (every copy skips it alike); one that failed because others applied rounds
-        we missed (``behind``) goes back as well, or our un-averaged state would carry the labels of
-        rounds the group applied (a fork under equal round numbers) until a re-sync."""
-        if not self.cfg.overlap or behind:
-            self.round_no = pending.round_no
+        ahead, and this peer re-syncs to it). In overlap mode too: a member cannot tell a round the
+        whole group failed (every copy then goes back alike) from one the group applied without it
+        (its group formed without it, or it fell behind), and counting on would label its un-averaged
+        state, in snapshots and in the state it serves, with rounds the group applied."""
+        self.round_no = pending.round_no
 
     @torch.no_grad()
     def adopt_local(self, anchor: Optional[list[Tensor]]) -> None:

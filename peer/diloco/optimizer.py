@@ -138,7 +138,7 @@ class DiLoCoOptimizer:
         if cap is not None:  # a widely held module's round splits into groups of about this size
             cap(outer.max_group_size)
         rounds = getattr(averager, "use_round_policy", None)
-        if rounds is not None:  # a failed round keeps our round number only without overlap
+        if rounds is not None:  # overlap members do not wait for holders behind them
             rounds(wait_for_behind=not outer.overlap)
         self.clock = clock
         self.train_through_waits = train_through_waits
@@ -428,7 +428,7 @@ class DiLoCoOptimizer:
             if res.ok:
                 st.apply(pending.sent, res)
             else:
-                st.roll_back(pending, behind=res.ahead > pending.round_no)
+                st.roll_back(pending)
         if res.ok:
             give_back = getattr(self.averager, "give_back", None)
             if give_back is not None:  # applied: nothing reads the round's vectors any more, reuse them

@@ -40,20 +40,30 @@ def resync_module(opt: DiLoCoOptimizer, module_id: str, fetch_state: Optional[Fe
 
     In overlap mode this runs from :attr:`DiLoCoOptimizer.before_launch`, between our completed
     exchange and the next launch. The group's members report the state of the exchange they have in
-    flight; we are about to launch round ``r``, so only a state of round ``r`` or later lets us join
-    the group's next exchange: for up to ``wait`` seconds we poll for the group to reach it (members
-    end rounds at about the same time), else we keep our state and try again after the next round."""
+    flight; our failed round ``r`` left our number at ``r``, so a state past ``r`` (the group applied
+    it) or the kept side of a fork at ``r`` is what lets us join the group's next exchange: for up to
+    ``wait`` seconds we poll for it (members end rounds at about the same time). A holder at ``r``
+    with our very state (the round failed for it too) ends the poll: nobody went on without us."""
     if fetch_state is None:
         return False
     mine = opt.module_state(module_id)
     like = list(mine.global_params)
     if opt.outer_cfg.overlap:
         deadline = time.monotonic() + wait
+        in_step = False
+
+        def past_ours(state: ModuleState) -> str:
+            nonlocal in_step
+            if state.round_no > mine.round_no or (adopt and state.round_no == mine.round_no and state.digest == adopt):
+                return ""
+            if state.round_no == mine.round_no and state.digest == mine.digest:
+                in_step = True
+            return f"round {state.round_no} is not past our round {mine.round_no}"
+
         while True:
             # every holder is asked: an overlap member's record can lag the state it serves
-            remote = fetch_state(module_id, like, lambda s: "" if s.round_no >= mine.round_no
-                                 else f"round {s.round_no} is behind our next round {mine.round_no}")
-            if remote is not None or time.monotonic() >= deadline:
+            remote = fetch_state(module_id, like, past_ours)
+            if remote is not None or in_step or time.monotonic() >= deadline:
                 break
             time.sleep(0.5)  # a poll of the group's progress, bounded by ``wait``
         if remote is None:
