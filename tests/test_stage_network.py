@@ -44,12 +44,14 @@ def _last(net: Network, name: str, key: str, default=0):
 
 
 def _path_rounds(net: Network, since: float, until: float) -> dict:
-    """The path peers' module rounds between ``since`` and ``until`` (unix times): done, failed, and why
-    each failed."""
+    """The path peers' module rounds reported after ``since`` and before ``until`` (unix times): done,
+    failed, and why each failed. A peer reports all its modules' rounds of one outer round at one time,
+    so a report stamped ``since`` (the one that holds the round that started the window) is left out
+    with the rounds in it that ran before."""
     counts: dict = {"done": 0, "failed": 0, "reasons": []}
     for name in ("path0", "path1"):
         for e in net.progress_lines(name):
-            if e.get("event") == "round" and since <= e.get("time", 0.0) < until:
+            if e.get("event") == "round" and since < e.get("time", 0.0) < until:
                 ok = e.get("status") == "done"
                 counts["done" if ok else "failed"] += 1
                 if not ok:
