@@ -36,6 +36,11 @@ Keys:
   peer's declaration past the gather deadline (target 0), ``path_round_failures_naming_small_peers``
   those whose reason names a small peer at all (also a small peer behind, waited for until it re-syncs
   as any holder behind is).
+- ``path_tokens_per_s_ratio_with_small_peers``: the path peers' trained tokens/s with small peers over
+  without. The exchange planner (on by default) may give a module shared with a small peer behind a
+  slow link a longer H in the stage window (``path_planned_h``, each window's largest H a path peer
+  logged), which lengthens the path peers' rounds without slowing their training: this ratio tells
+  the two apart.
 - ``activation_bytes_ratio``: bytes of activations and gradients the trainers sent and received over
   their fp32 size (4 tensors per level per token), in this run's codec; the codec's effect on bits
   per byte at equal tokens (``stage_bpb_gap_vs_fp32``) is ``bench.stage_codec``'s, measured in one
@@ -52,6 +57,7 @@ import argparse
 import logging
 import os
 import random
+import re
 import signal
 import statistics
 import sys
@@ -123,6 +129,37 @@ def _tokens(net: Any, name: str, since: float, until: float) -> int:
     """Tokens ``name`` reported processing between ``since`` and ``until`` (its progress lines)."""
     seen = [p["tokens"] for p in _lines(net, name, since, until, "progress") if "tokens" in p]
     return max(seen) - min(seen) if len(seen) >= 2 else 0
+
+
+PLAN = re.compile(r"exchange plan: module (\w+): H=(\d+)")
+
+
+def _planned_h(net: Any, names: list[str], since: float, until: float) -> Optional[int]:
+    """The largest H an exchange plan gave a module of ``names`` that applied in the window (the plans
+    logged up to ``until``, the last one of each module before ``since`` included); None: no plan."""
+    largest: Optional[int] = None
+    for n in names:
+        for module_plans in _plans(net, n, until).values():
+            in_force = [h for t, h in module_plans if since <= t] + [h for t, h in module_plans if t < since][-1:]
+            largest = max([largest or 0, *in_force]) if in_force else largest
+    return largest
+
+
+def _plans(net: Any, name: str, until: float) -> dict[str, list[tuple[float, int]]]:
+    """Each module's exchange plans ``name`` logged before ``until``: (unix time, H), in order."""
+    out: dict[str, list[tuple[float, int]]] = {}
+    day = time.strftime("%Y-%m-%d", time.localtime(until))
+    for line in net.procs.log(name).splitlines():
+        m = PLAN.search(line)
+        if not m:
+            continue
+        try:
+            at = time.mktime(time.strptime(f"{day} {line[:8]}", "%Y-%m-%d %H:%M:%S"))
+        except ValueError:
+            continue
+        if at < until:
+            out.setdefault(m.group(1), []).append((at, int(m.group(2))))
+    return out
 
 
 def _rounds(net: Any, names: list[str], since: float, until: float) -> tuple[list[float], int, int, list[float], list[str]]:
@@ -252,6 +289,8 @@ def run(work: Path, control_s: float, stage_s: float, kill_s: float, seed: int,
         tokens = {n: _tokens(net, n, t1, t2) for n in [*path_names, *small]}
         late = {n: _tokens(net, n, (t1 + t2) / 2, t2) for n in small}
         bottleneck = statistics.median(bottlenecks) if bottlenecks else 0.0
+        path_tps = (sum(_tokens(net, n, t0, t1) for n in path_names) / max(1e-9, t1 - t0),
+                    sum(tokens[n] for n in path_names) / max(1e-9, t2 - t1))
         trainer_tps = sum(tokens[n] for n in trainers) / (t2 - t1)
         out.update({
             "roles": {n: _mode(net, n) for n in small},
@@ -267,6 +306,10 @@ def run(work: Path, control_s: float, stage_s: float, kill_s: float, seed: int,
                                                   "with_small_peers": _median(with_small[3])},
             "path_round_ratio_with_small_peers": (_median(with_small[0]) / _median(control[0])
                                                   if control[0] and with_small[0] and _median(control[0]) > 0 else None),
+            "path_tokens_per_s": {"control": round(path_tps[0], 1), "with_small_peers": round(path_tps[1], 1)},
+            "path_tokens_per_s_ratio_with_small_peers": path_tps[1] / path_tps[0] if path_tps[0] > 0 else None,
+            "path_planned_h": {"control": _planned_h(net, path_names, t0, t1),
+                               "with_small_peers": _planned_h(net, path_names, t1, t2)},
             "path_round_failures": {"control": {"done": control[1], "failed": control[2]},
                                     "with_small_peers": {"done": with_small[1], "failed": with_small[2]}},
             "path_round_failures_on_small_peers": _blaming(with_small[4], [_peer_id(net, n) for n in small],
