@@ -310,3 +310,33 @@ def test_a_store_that_never_answers_does_not_hang_the_seeder(source, swarm):
         assert seeder.held  # it serves its files all the same
     finally:
         seeder.close()
+
+
+def test_peers_sharing_a_data_directory_record_their_paths_at_once(tmp_path):
+    """Peers on one machine share the data directory, and each records the path it trains in the same
+    ``.used.json``: writers at once must not take each other's temporary file (a ``bench.swarm`` path
+    peer died of it: FileNotFoundError renaming ``.used.json.tmp``)."""
+    import json
+
+    from peer.datasync.cache import USED_FILE, ShardCache
+
+    caches = [ShardCache(tmp_path, {}) for _ in range(2)]
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(caches))
+
+    def write(cache: ShardCache, path: tuple[int, ...]) -> None:
+        start.wait()
+        try:
+            for _ in range(200):
+                cache.touch(path)
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=write, args=(c, (i,))) for i, c in enumerate(caches)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert set(json.loads((tmp_path / USED_FILE).read_text())) <= {"0", "1"}
+    assert not list(tmp_path.glob("*.tmp"))

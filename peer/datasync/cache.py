@@ -73,7 +73,9 @@ class ShardCache:
         """Record that ``path`` is being trained now."""
         used = self._used()
         used[path_name(path)] = self.clock()
-        atomic_write_text(self.dir / USED_FILE, strict_json.dumps(used, sort_keys=True), temp_name=f"{USED_FILE}.tmp")
+        # a fresh temporary name each write: peers on one machine share the data directory, and two
+        # writing one fixed name at once would rename each other's file away
+        atomic_write_text(self.dir / USED_FILE, strict_json.dumps(used, sort_keys=True))
 
     def make_room(self, path: Sequence[int]) -> list[str]:
         """Remove other paths' shards, least recently used first, until they and ``path``'s fit the

@@ -346,7 +346,7 @@ def _publish(out: Path, blob: bytes) -> None:
 
 def _write_atomically(path: Path, data: bytes, out: Path) -> None:
     try:
-        atomic_write_bytes(path, data, temp_name=path.name + ".tmp")
+        atomic_write_bytes(path, data)  # a fresh temporary name: the directory may be another peer's too
     except OSError as e:
         _raise_no_room(e, out, path.name, 0)
         raise
