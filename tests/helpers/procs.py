@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -39,7 +40,23 @@ def wait_for(condition: Callable[[], T], timeout: float, what: str = "condition"
 
 
 def free_port() -> int:
-    """An ephemeral TCP port on loopback that was free a moment ago."""
+    """A TCP port on loopback that was free a moment ago, drawn below the kernel's ephemeral range: a
+    port from that range (``bind`` to 0) can be handed, before the process meant to listen on it
+    starts, to any outgoing connection on the machine as its source port (a coordinator under test
+    once found its ``--http-port`` taken so). Falls back to an ephemeral one."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    rng = random.SystemRandom()  # not the tests' seeded generators: xdist workers must not draw alike
+    for _ in range(50 if low > 20000 else 0):
+        port = rng.randrange(10000, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # in use
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
