@@ -17,7 +17,8 @@ from helpers import wait_for
 from helpers.network import Network
 from helpers.replicas import forked_rounds, replica_diff
 
-pytestmark = pytest.mark.integration
+# 3-5 minutes on a loaded two-core machine (8 processes): past pytest's default hang guard of 300 s
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 SMALL = ("--max-memory", "0.002")
 """2 MB: the tiny preset's stage module (1.07 MB) and trainer (1.05 MB) fit 80% of it, a path (3.2 MB) does not."""
