@@ -32,7 +32,8 @@ from models.manifest import MANIFEST_FILE, FileLayout, layouts, manifest_hash, s
 from peer.datasync.errors import SeedError
 from peer.datasync.protocol import own_p2p, CHUNK, MANIFEST_CHUNK, MAX_REQUEST_BYTES, ChunkReply, ChunkRequest, data_prefix, linger
 from peer.datasync.records import RECORD_TTL, SeederRecord, seeder_value, seeders_key
-from peer.network import refresh_until, store_within, unwrap_dht
+from peer.network import refresh_until, unwrap_dht
+from peer.network.records import announce_within
 from peer.network.records import STORE_TIMEOUT
 from peer.network.frames import read_message, serve
 from protos import versions
@@ -189,18 +190,10 @@ class Seeder:
         return SeederRecord.of(self.names, set(self.held))
 
     def announce(self) -> bool:
-        """Store (or refresh) our record on the DHT; False, logged, when the store failed or took too long
-        (the refresh loop tries again within a third of the record's lifetime)."""
-        from hivemind.utils.timed_storage import get_dht_time
-
-        try:
-            return bool(store_within(self.dht, seeders_key(self.manifest_hash), seeder_value(self.record()),
-                                     get_dht_time() + self.options.record_ttl, self.peer_id,
-                                     self.options.store_timeout))
-        except Exception as e:
-            log.warning("could not announce dataset %s on the DHT (%r); trying again in %.0f s", self.manifest_hash,
-                        e, self.options.record_ttl / 3)
-            return False
+        """Store (or refresh) our record on the DHT; False, logged, when the store failed or took too long."""
+        return announce_within(self.dht, seeders_key(self.manifest_hash), seeder_value(self.record()),
+                               self.options.record_ttl, self.peer_id, f"dataset {self.manifest_hash}",
+                               self.options.store_timeout)
 
     def _announce_loop(self) -> None:
         refresh_until(self._stopping, self.options.record_ttl / 3, self.announce)

@@ -462,6 +462,20 @@ def store_within(dht: Any, key: Any, value: Any, expiration_time: float, subkey:
     return dht.store(key, value, expiration_time, subkey=subkey, return_future=True).result(timeout)
 
 
+def announce_within(dht: Any, key: Any, value: Any, ttl: float, subkey: Any, what: str,
+                    timeout: float = STORE_TIMEOUT) -> bool:
+    """Store (or refresh) one of our records for ``ttl`` seconds through :func:`store_within`; False,
+    logged at warning with ``what``, when the store failed or took too long (a refresh loop that calls
+    this every third of ``ttl`` tries again)."""
+    from hivemind.utils.timed_storage import get_dht_time
+
+    try:
+        return bool(store_within(dht, key, value, get_dht_time() + ttl, subkey, timeout))
+    except Exception as e:
+        log.warning("could not announce %s on the DHT (%r); trying again in %.0f s", what, e, ttl / 3)
+        return False
+
+
 def refresh_until(stopping: Any, interval: float, announce: Callable[[], None]) -> None:
     """Call ``announce()`` every ``interval`` seconds until ``stopping`` (a :class:`threading.Event`)
     is set: the loop that keeps one of our records alive on the DHT. A failed store (the DHT shutting

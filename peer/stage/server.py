@@ -42,7 +42,8 @@ from models.lattice import ModularLM
 from models.training import autocast
 from peer.averaging import ModuleAverager
 from peer.diloco import JOIN_RAMP_ROUNDS, DiLoCoOptimizer, RoundReport
-from peer.network import refresh_until, store_within, unwrap_dht
+from peer.network import refresh_until, unwrap_dht
+from peer.network.records import announce_within
 from peer.network.frames import log_limited
 from protos import versions
 from protos.hivepath.peer.v1.stage_pb2 import StageReply, StageRequest
@@ -178,18 +179,10 @@ class StageServer:
         return StageServerRecord(self.module_id, self.config_hash, float(self.throughput), int(self.queue_length))
 
     def announce(self) -> bool:
-        """Store (or refresh) our record on the DHT; False, logged, when the store failed or took too long
-        (the refresh loop tries again within a third of the record's lifetime)."""
-        from hivemind.utils import get_dht_time
-
-        try:
-            return bool(store_within(self.dht, stage_servers_key(self.cfg.run_id, self.module_id),
-                                     stage_record_value(self.record()), get_dht_time() + self.options.record_ttl,
-                                     self.peer_id))
-        except Exception as e:
-            log.warning("could not announce stage %s on the DHT (%r); trying again in %.0f s", self.module_id, e,
-                        self.options.record_ttl / 3)
-            return False
+        """Store (or refresh) our record on the DHT; False, logged, when the store failed or took too long."""
+        return announce_within(self.dht, stage_servers_key(self.cfg.run_id, self.module_id),
+                               stage_record_value(self.record()), self.options.record_ttl, self.peer_id,
+                               f"stage {self.module_id}")
 
     def _announce_loop(self) -> None:
         refresh_until(self._stopping, self.options.record_ttl / 3, self.announce)
