@@ -76,11 +76,12 @@ CONTRACTS: dict[str, Contract] = {c.name: c for c in (
         2: ("HeartbeatRequest.measured_upload_bps", "HeartbeatRequest.measured_download_bps",
             "HeartbeatResponse.plans"),
     }),
-    Contract("dht", (1, 2), "the records peers write to the DHT (peer.network.records, peer.stage.records, "
+    Contract("dht", (1, 3), "the records peers write to the DHT (peer.network.records, peer.stage.records, "
              "peer.datasync.records)", {
         1: ("GroupDeclaration.wire", "HolderRecord.wire", "GroupDeclaration.v", "HolderRecord.v", "ArchiveRecord.v",
             "StageServerRecord.v", "SeederRecord.v"),
         2: ("GroupDeclaration.result",),
+        3: ("GroupDeclaration.formed",),
     }),
     Contract("averaging", (1, 2), "matchmaking, all-reduce parts, results and state transfer between peers "
              "(protos/hivepath/peer/v1/net.proto)", {

@@ -295,3 +295,35 @@ def test_a_leader_stops_waiting_for_a_declared_member_that_pushed_a_later_round(
 
     group, why = asyncio.run(scenario())
     assert group is None and "no declared member (gone, late) joined us" in why, why
+
+
+class _HolderStoresNeverAnswer:
+    """A DHT whose stores of holder records never complete (a DHT process that stopped answering)."""
+
+    def __init__(self, dht):
+        self._dht = dht
+
+    def __getattr__(self, name):
+        return getattr(self._dht, name)
+
+    def store(self, key, *args, **kwargs):
+        if not key.endswith("_holders"):
+            return self._dht.store(key, *args, **kwargs)
+        return Future()
+
+
+@pytest.mark.integration
+def test_an_announcement_the_dht_never_stores_does_not_hang_the_training_thread(monkeypatch, caplog):
+    """The announcement at a round's end waits for the DHT's store, but only ``STORE_TIMEOUT``: a test
+    saw a DHT process stop answering under load and a round's end wait on it for good."""
+    import logging
+
+    import peer.averaging.net_averager as net_averager
+
+    monkeypatch.setattr(net_averager, "STORE_TIMEOUT", 0.5)
+    with loopback_holders(1, "stuck", "L0M0", 4, CONFIG) as (a,):
+        a.dht = _HolderStoresNeverAnswer(a.dht)
+        with caplog.at_level(logging.WARNING, logger=net_averager.__name__):
+            a.hold("L0M0", 5)
+        assert a._held["L0M0"][0] == 5
+        assert any("did not store it within" in r.getMessage() for r in caplog.records), caplog.text

@@ -27,7 +27,7 @@ import math
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, NamedTuple, Optional, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, NamedTuple, Optional, Union
 
 from peer.averaging.compat import wire_key
 from peer.averaging.partition import Group
@@ -221,12 +221,15 @@ class GroupJoin:
                          credential=credential, relayed=list(group.relayed), weights=list(group.weights))
 
     async def _lead(self, looking: Looking, others: set[str], close_deadline: float, end: float,
-                    min_members: int = 2, check_sources: bool = True) -> tuple[Optional[Group], str]:
+                    min_members: int = 2, check_sources: bool = True,
+                    before_begin: Optional[Callable[[set[str]], Awaitable[str]]] = None
+                    ) -> tuple[Optional[Group], str]:
         """Wait for the declared ``others`` to join until ``close_deadline``, then begin the group (its
         all-reduce may run until ``end``) if it has ``min_members`` members (us included), else give
         up; with ``check_sources``, also when every member fetched this round's state from holders none
         of which joined (see the module). A declared member known to have gone on to a later round
-        (:meth:`_gone_on`) is not waited for."""
+        (:meth:`_gone_on`) is not waited for. When a declared member did not join, ``before_begin(members)``
+        may still give a reason not to begin (the group's members are told we gave up)."""
         declared = sorted(others)
         while True:
             others = others - self._gone_on(looking.key, others)
@@ -247,6 +250,13 @@ class GroupJoin:
                     f.future.set_result(None)
             return None, f"only {len(followers) + 1} members joined, {min_members} needed"
         members = tuple(sorted([self.peer_id, *followers]))
+        if before_begin is not None and set(declared) - set(followers):
+            refused = await before_begin(set(members))
+            if refused:
+                for f in followers.values():
+                    if not f.future.done():
+                        f.future.set_result(None)
+                return None, refused
         sources = {looking.fetched_from, *(f.fetched_from for f in followers.values())}
         if check_sources and "" not in sources and not sources & set(members):
             # every member just fetched this round's state from holders that are not here: they may have

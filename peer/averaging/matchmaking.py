@@ -8,6 +8,10 @@ leader/follower matchmaking over the DHT, Ryabinin et al. 2021, made consistent)
    once every live holder at this round has declared.
 2. The leader is the smallest peer id among the declared members that accept connections; the
    followers join it and it begins the group (:mod:`peer.averaging.group_join`, the protocol).
+3. One group per round: the leader states that its group began (:attr:`GroupDeclaration.formed`). A
+   holder that declares the round after that, or a leader whose declared members did not all join and
+   that reads the statement before it begins, forms no second group of the round: it fails the round
+   as behind the group and re-syncs to the round the group applies.
 
 A member applies its delta alone only when it is the module's only live holder, and never while a
 holder whose record it read before, still valid and not withdrawn, is missing from its last read (a
@@ -356,6 +360,13 @@ class Matchmaker(GroupJoin):
                 return Match(None, f"holders {', '.join(p[-8:] for p in sorted(missed))} are missing from our read of the "
                                    f"DHT while their records are valid for up to {max(missed.values()):.0f}s more: not "
                                    "averaging without them (they may be at this round)")
+            formed = sorted(p[-8:] for p, d in declared.items() if d.formed) if bucket is None else []
+            if formed:
+                # a group of this round began without us: a group of the rest would apply a second average
+                # under this round's number; behind it, we re-sync to the round it applies
+                looking.decided.set()
+                return Match(None, f"behind: {', '.join(formed)} began this round's group without us; re-sync to "
+                                   "the round it applies", ahead=round_no + 1)
             candidates = {p for p, d in declared.items() if d.bandwidth > 0} | ({self.peer_id} if self.bandwidth > 0 else set())
             if not declared:
                 looking.decided.set()
@@ -387,8 +398,19 @@ class Matchmaker(GroupJoin):
                 looking.decided.set()
                 # a split round's bucket is often all newcomers whose sources are in other buckets; the
                 # top group, which needs most buckets at this state, keeps them from a second lineage
+                gave_way: list[str] = []
+
+                async def formed_elsewhere(members: set[str]) -> str:
+                    reason = await self._formed_without_us(key, digest, members)
+                    gave_way.extend([reason] if reason else [])
+                    return reason
                 match = Match(*await self._lead(looking, set(declared), close_deadline, end,
-                                                check_sources=bucket is None))
+                                                check_sources=bucket is None,
+                                                before_begin=formed_elsewhere if bucket is None else None))
+                if gave_way:
+                    match = Match(None, f"behind: {gave_way[0]}; re-sync to the round it applies", ahead=round_no + 1)
+                elif match.group is not None and bucket is None:
+                    self._state_formed(module_id, looking)
             else:
                 looking.leader = leader
                 looking.decided.set()
@@ -554,15 +576,37 @@ class Matchmaker(GroupJoin):
         return frozenset(p for p, r in self.joiners(module_id, patience).items()
                          if r == round_no and p != self.peer_id and in_bucket(module_id, round_no, p, bucket))
 
-    async def _declare(self, looking: Looking, expecting: frozenset[str], module_id: str = "") -> None:
+    async def _declare(self, looking: Looking, expecting: frozenset[str], module_id: str = "",
+                       formed: bool = False) -> None:
         """Store (or re-store, when more peers fetched our state meanwhile) our declaration of this round;
-        with ``module_id``, also push it to the module's live holders (:meth:`_push`)."""
+        with ``module_id``, also push it to the module's live holders (:meth:`_push`). ``formed``: the
+        group we lead began (:attr:`GroupDeclaration.formed`); stored a second later than the
+        declaration expires, since the DHT keeps a subkey's value of the later expiration."""
         looking.expecting = expecting
         decl = GroupDeclaration(self.config_hash, self.data_hash, self.bandwidth, self._own_credential(),
-                                looking.digest, tuple(sorted(expecting))[:MAX_EXPECTING], looking.paced, self.wire)
+                                looking.digest, tuple(sorted(expecting))[:MAX_EXPECTING], looking.paced, self.wire,
+                                formed=formed)
         if module_id:
             self._push(module_id, looking, decl)
-        await self.dht.store(looking.key, to_value(decl), looking.expires, subkey=self.peer_id, return_future=True)
+        await self.dht.store(looking.key, to_value(decl), looking.expires + (1.0 if formed else 0.0),
+                             subkey=self.peer_id, return_future=True)
+
+    def _state_formed(self, module_id: str, looking: Looking) -> None:
+        """The group we lead for ``looking``'s round began: say so under the round's key (in the
+        background), so that holders that declare the round late do not form a second group of it."""
+        if self._declared.get(module_id, ("", 0.0))[0] == looking.key:
+            self._declared[module_id] = (looking.key, looking.expires + 1.0)  # a withdrawal must outlive it
+        self._in_background(self._declare(looking, looking.expecting, formed=True),
+                            "stating that our group formed", logging.WARNING)
+
+    async def _formed_without_us(self, key: str, digest: str, members: set[str]) -> str:
+        """Why we, about to begin a group of ``members`` under ``key``, must not (another member declared
+        at our state led a group of this round that began, :attr:`GroupDeclaration.formed`), or ''."""
+        found = await self.dht.get(key, latest=True, return_future=True)
+        leaders = sorted(p[-8:] for p, d in records_from_value(found, GroupDeclaration, self.verifier).items()
+                         if d.formed and d.digest == digest and p not in members
+                         and not self._mismatch(p, d.config_hash, d.data_hash, d.wire))
+        return f"{', '.join(leaders)} began this round's group without us" if leaders else ""
 
     async def withdraw(self, module_id: str) -> None:
         """Replace our last declaration for ``module_id`` with a withdrawal (a drain or a release):

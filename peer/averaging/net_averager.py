@@ -42,6 +42,7 @@ from peer.averaging.hierarchy import (LyingPeer, ResultRelay, RoundResult, Split
 from peer.averaging.matchmaking import LONE, Matchmaker
 from peer.averaging.partition import Group
 from peer.network import (
+    STORE_TIMEOUT,
     ArchiveRecord,
     GroupDeclaration,
     HolderRecord,
@@ -321,7 +322,9 @@ class NetAverager:
 
     def hold(self, module_id: str, round_no: int, wait: bool = True, digest: str = "") -> None:
         """Announce that we hold ``module_id`` and will average its round ``round_no`` next, with the
-        state of ``digest`` when known (``wait``: until the DHT stored it). Re-announcing the same
+        state of ``digest`` when known (``wait``: until the DHT stored it, at most
+        :data:`peer.network.records.STORE_TIMEOUT` seconds: a DHT process that stopped answering must not
+        hang the training thread; the refresh loop stores the record again). Re-announcing the same
         round costs nothing; a digest is kept until the round changes."""
         with self._held_lock:
             held = self._held.get(module_id)
@@ -330,7 +333,11 @@ class NetAverager:
             self._held[module_id] = (int(round_no), digest)
         future = self._publish(module_id, int(round_no), digest)
         if wait:
-            future.result()
+            try:
+                future.result(STORE_TIMEOUT)
+            except TimeoutError:
+                log.warning("announcing module %s round %d: the DHT did not store it within %.0fs (retried by "
+                            "the refresh loop)", module_id, round_no, STORE_TIMEOUT)
 
     def pause(self, module_id: str) -> None:
         """Announce ``module_id`` as held but idle until :meth:`resume`: other holders neither wait for us

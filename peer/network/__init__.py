@@ -42,6 +42,7 @@ from peer.network.records import (
     records_from_value,
     refresh_until,
     store_within,
+    STORE_TIMEOUT,
     stamped,
     to_value,
     version_problem,
@@ -54,7 +55,7 @@ __all__ = [
     "start_dht", "unwrap_dht", "Identity", "IdentityError", "IdentityInUseError", "load_or_create_identity",
     "peer_id_of", "MAX_EXPECTING", "ArchiveRecord", "GroupDeclaration", "HolderRecord", "archive_key", "group_bucket",
     "group_buckets", "group_key", "top_group_key", "level_group_key", "split_levels",
-    "holders_key", "is_peer_id", "parse_record", "read_records", "records_from_value", "refresh_until", "store_within", "to_value", "withdrawal",
+    "holders_key", "is_peer_id", "parse_record", "read_records", "records_from_value", "refresh_until", "store_within", "STORE_TIMEOUT", "to_value", "withdrawal",
     "withdrawn_rounds", "stamped", "version_problem",
     "circuit_addrs",
 ]

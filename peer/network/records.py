@@ -274,6 +274,12 @@ class GroupDeclaration:
     of the round's average, stated by a member of the top group once its all-reduce ended ('' before).
     A bucket member takes a digest that more than half of the round's buckets' delegates state as the
     top group's, and checks the average its parent in the bucket's tree sends against it."""
+    formed: bool = False
+    """Stated by the leader of a (whole, not split) round's group once it began the group: the round's
+    group has formed. A holder of that state that declares the round later, or that leads a group of
+    the declared members that did not join it, is not in that group and forms no second one: it is
+    behind the group and re-syncs to the round it applies (two groups of one round would apply two
+    averages under one round number, a fork that no digest shows until the lineages meet)."""
 
 
 @dataclass(frozen=True)
@@ -436,7 +442,8 @@ def to_value(record: Any) -> dict[str, Any]:
     """The dict stored in the DHT for a record (an empty credential, digest, list or wire key, or a false
     ``paced`` or ``idle``, is left out; so is a field a later minor than the one we state added), with
     our DHT protocol version (:data:`VERSION_FIELD`)."""
-    return stamped(record, dataclasses.asdict(record), ("credential", "digest", "expecting", "paced", "idle", "wire", "result"))
+    return stamped(record, dataclasses.asdict(record), ("credential", "digest", "expecting", "paced", "idle", "wire", "result",
+                                                         "formed"))
 
 
 def stamped(record: Any, value: dict[str, Any], optional: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -51,7 +51,7 @@ def dht_records() -> dict[str, tuple[type, Callable[[Any], dict], Any]]:
     return {
         "HolderRecord": (HolderRecord, to_value, HolderRecord("ab12", "cd34", 3, 100.5, 1.25e7, b"cred", "ef56", True, "1.0")),
         "GroupDeclaration": (GroupDeclaration, to_value, GroupDeclaration(
-            "ab12", "cd34", 2.5e6, b"cred", "ef56", (PEER,), True, "1.0", "0a1b")),
+            "ab12", "cd34", 2.5e6, b"cred", "ef56", (PEER,), True, "1.0", "0a1b", True)),
         "ArchiveRecord": (ArchiveRecord, to_value, ArchiveRecord("ab12", "cd34", 7, b"cred")),
         "StageServerRecord": (StageServerRecord, stage_record_value, StageServerRecord("L0M1", "ab12", 321.5, 4)),
         "SeederRecord": (SeederRecord, seeder_value, SeederRecord(10, b"\xff\x03")),

@@ -11,7 +11,8 @@ import torch
 
 from peer.node import CheckpointDir
 
-__all__ = ["snapshots_by_round", "forked_rounds", "replica_diff", "assert_identical_at_equal_rounds", "FORK"]
+__all__ = ["snapshots_by_round", "forked_rounds", "replica_diff", "assert_identical_at_equal_rounds", "FORK",
+           "FORK_OTHER"]
 
 
 def snapshots_by_round(root: Path) -> dict[str, dict[int, dict[str, torch.Tensor]]]:
@@ -27,6 +28,9 @@ def snapshots_by_round(root: Path) -> dict[str, dict[int, dict[str, torch.Tensor
 
 
 FORK = re.compile(r"_(\w+?)_r(\d+)_group: holders .* hold another state at this round \(a fork\)")
+"""The kept side's line of a fork (``peer.averaging.matchmaking``)."""
+FORK_OTHER = re.compile(r"module (\w+) round (\d+): no group \(forked: ")
+"""The other side's line (``peer.averaging.net_averager``): a kept side that declared first need not see it."""
 
 
 def forked_rounds(logs: list[str]) -> dict[str, int]:
@@ -36,7 +40,7 @@ def forked_rounds(logs: list[str]) -> dict[str, int]:
     differ by design, and every later round must not."""
     last: dict[str, int] = {}
     for text in logs:
-        for mid, r in FORK.findall(text):
+        for mid, r in FORK.findall(text) + FORK_OTHER.findall(text):
             last[mid] = max(last.get(mid, 0), int(r))
     return last
 

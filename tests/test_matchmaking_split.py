@@ -1,0 +1,105 @@
+"""One group per round: holders that declare a round after its group began form no second group of it.
+
+A member's gather ends at its deadline with whoever declared by then, and its group begins. Holders
+that declare the round later (a slow step, a pipeline batch that ended late) used to read the early
+group's declarations, elect the smallest id among everyone declared and, when that was one of their
+own, form a second group of the round: two averages applied under one round number, replicas that
+no digest told apart until the lineages met (``bench.swarm``, a split of 2 and 3 of 5 holders). The
+leader of a group states that it began (:attr:`peer.network.records.GroupDeclaration.formed`); a late
+holder that reads it, or a late leader that reads it before it begins, fails the round as behind the
+group and re-syncs to the round it applies. Real hivemind DHTs and p2p daemons on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from peer.averaging.matchmaking import Matchmaker
+from peer.network import GroupDeclaration, HolderRecord, group_key, holders_key, records_from_value, to_value
+from peer.outer import ModuleState
+from helpers import wait_for
+from helpers.swarm import loopback_swarm, run
+
+pytestmark = pytest.mark.integration
+
+RUN_ID = "split"
+CONFIG = "ef" * 8
+PREFIX = "split_test"
+
+
+@pytest.fixture(scope="module")
+def swarm():
+    torch.manual_seed(0)
+    digest = ModuleState([torch.randn(4, 3)], [torch.zeros(4, 3)], 5).digest
+
+    async def setup(i: int, d, p2p) -> tuple:
+        mm = Matchmaker(d.dht, p2p, d.peer_id, RUN_ID, CONFIG, "", 1e6, PREFIX)
+        await mm.start()
+        return d, mm
+
+    with loopback_swarm(4, setup) as (_, nodes, loop):
+        yield sorted(nodes, key=lambda n: n[0].peer_id), loop, digest  # by peer id: nodes[0] would lead
+
+
+def _hold(nodes, module_id: str, round_no: int) -> None:
+    from hivemind.utils import get_dht_time
+
+    for d, _ in nodes:
+        assert d.dht.store(holders_key(RUN_ID, module_id), to_value(HolderRecord(CONFIG, "", round_no, 1.0, 1e6)),
+                           get_dht_time() + 60, subkey=d.peer_id)
+
+
+def _declarations(node, key: str) -> dict:
+    return records_from_value(node[0].dht.get(key, latest=True), GroupDeclaration)
+
+
+def test_holders_that_declare_after_the_rounds_group_began_form_no_second_group(swarm):
+    nodes, loop, digest = swarm
+    _hold(nodes, "L1M0", 7)  # every holder at round 7: the early pair waits for the late pair until its deadline
+    early, late = nodes[2:], nodes[:2]  # the late pair has the smallest ids: it would lead everyone declared
+
+    async def both(pair):
+        return await asyncio.gather(*(mm.form_group("L1M0", 7, 10.0, digest) for _, mm in pair))
+
+    formed = run(loop, both(early))
+    assert all(m.group is not None and set(m.group.members) == {d.peer_id for d, _ in early} for m in formed), formed
+    key = group_key(RUN_ID, "L1M0", 7)
+    leader = min(d.peer_id for d, _ in early)
+    wait_for(lambda: _declarations(nodes[0], key).get(leader, GroupDeclaration("", "", 0)).formed, 60,
+             "the early group's leader to state that it began")
+
+    late_matches = run(loop, both(late))
+    for m in late_matches:
+        assert m.group is None and m.ahead == 8, m  # behind the early group: re-sync to the round it applies
+        assert "began this round's group without us" in m.reason, m.reason
+
+
+def test_a_late_leader_that_reads_the_round_began_before_its_group_begins_gives_way(swarm):
+    from hivemind.utils import get_dht_time
+
+    nodes, loop, digest = swarm
+    _hold(nodes, "L1M1", 3)
+    key = group_key(RUN_ID, "L1M1", 3)
+    # the other two declared the round (and will not join us): the late leader waits for them until its close
+    # deadline, and one of them begins a group of the round meanwhile
+    for d, _ in nodes[2:]:
+        assert d.dht.store(key, to_value(GroupDeclaration(CONFIG, "", 1e6, digest=digest)), get_dht_time() + 30,
+                           subkey=d.peer_id)
+    late = nodes[:2]
+    futures = [asyncio.run_coroutine_threadsafe(mm.form_group("L1M1", 3, 30.0, digest), loop) for _, mm in late]
+    lead = late[0][1]
+
+    def following():
+        looking = lead._looking.get(key)
+        return looking is not None and looking.decided.is_set() and late[1][0].peer_id in looking.followers
+    wait_for(following, 60, "the late pair to decide on a leader and its follower to join")
+    other = nodes[2][0]
+    assert other.dht.store(key, to_value(GroupDeclaration(CONFIG, "", 1e6, digest=digest, formed=True)),
+                           get_dht_time() + 31, subkey=other.peer_id)
+    leading, following_ = (f.result(60) for f in futures)
+    assert leading.group is None and leading.ahead == 4, leading
+    assert "began this round's group without us" in leading.reason, leading.reason
+    assert following_.group is None, following_  # told the leader gave up: no second group of round 3
+    assert lead._declared["L1M1"][0] == key and not _declarations(nodes[0], key)[late[0][0].peer_id].formed
