@@ -24,7 +24,7 @@ shrinks it. Its size varies with the data, bounded by :func:`encoded_size` of it
 size plus the tag). Sizes are :meth:`CodecSpec.encoded_size` (a codec alone) and :func:`encoded_size`
 (a wire name).
 
-The sparse codecs ``topk{K}b{B}`` (top-K of every 1024 values at B bits, issue 26) are specified in
+The sparse codecs ``topk{K}b{B}`` (top-K of every 1024 values at B bits) are specified in
 :mod:`models.sparse_spec`; :func:`codec_spec` and :func:`wire_name` accept their names too (no
 entropy stage applies to them).
 """
