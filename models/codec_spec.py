@@ -109,7 +109,7 @@ CODECS: tuple[str, ...] = tuple(SPECS)
 
 ENTROPY_STAGES = ("none", "zstd")
 """Lossless stages applied to a codec's bytes on the wire: none, or zstd (level 1; a part that does not
-shrink is sent raw). Quantised codes are far from uniform, so zstd's Huffman stage saves 5-50%."""
+shrink is sent raw). Quantised codes are far from uniform, so zstd's Huffman stage shrinks them."""
 
 
 def is_codec(name: object) -> bool:
