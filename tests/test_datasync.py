@@ -1,4 +1,4 @@
-"""Seeding and fetching a dataset over real hivemind DHTs and p2p daemons on loopback (issue 18):
+"""Seeding and fetching a dataset over real hivemind DHTs and p2p daemons on loopback:
 a fetcher with an empty directory gets one path's shards from two seeders, byte for byte, and nothing
 of the other paths; ``Dataset`` trains from them. A seeder whose file rots after it started (bad
 bytes in one chunk) is dropped and reported, and the chunk comes from an honest seeder, with no
