@@ -123,7 +123,7 @@ def test_a_resume_for_a_state_no_longer_kept_starts_again_from_the_current_one(r
 
 def test_two_relayed_peers_average_a_module_larger_than_the_relay_limit_bit_identically(relayed_pair, caplog):
     """A 300k-parameter module, int8: each round moves about 300 KB each way between the two, more than
-    two relayed connections carry. Before pieces and one-at-a-time resends, no round completed."""
+    two relayed connections carry. Without pieces and one-at-a-time resends, no round would complete."""
     import threading
 
     from peer.averaging import get_codec
