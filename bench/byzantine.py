@@ -1,4 +1,4 @@
-"""bench.byzantine: hostile peers against a model near its plateau, each attack with and without the defence (issue 23).
+"""bench.byzantine: hostile peers against a model near its plateau, each attack with and without the defence.
 
 A dense (1x1) ``demo``-sized model (d_model 96, byte tokenizer, seq_len 96, ``--batch`` 8) is first trained
 by one worker for ``--pretrain-steps`` inner steps (cached under ``--cache``: the same settings reuse
@@ -59,7 +59,7 @@ log = logging.getLogger("bench.byzantine")
 
 ATTACKS = ("scaled", "sign_flip", "noise", "nan", "alie", "replay", "collude")
 HARMFUL = 0.05
-"""A control gap below this is "not harmful at this scale" (the issue's threshold)."""
+"""A control gap below this is "not harmful at this scale" (the benchmark's threshold)."""
 EVAL_DOCUMENTS = 48
 ROUND_SECONDS = 10.0
 """Coordinator clock advanced per round (inside the default 30 s lease and 600 s ban window)."""

@@ -1,4 +1,4 @@
-"""Benchmark ``bench.chaos`` (issue 9): the long fault run and the hostile-peer measurement.
+"""Benchmark ``bench.chaos``: the long fault run and the hostile-peer measurement.
 
 **Fault run.** A coordinator, an archive and ``--peers`` peers (default 4, a 2x2 lattice) as real
 ``hivepath`` processes, each in its own network namespace behind one bridge (``bench.netns``; on

@@ -1,4 +1,4 @@
-"""The drain part of ``bench.chaos`` (issue 19, item 3): survivors' rounds around a drain.
+"""The drain part of ``bench.chaos``: survivors' rounds around a drain.
 
 A coordinator and ``peers`` peers (default 3) on a dense 1x1 lattice as real ``hivepath`` processes on
 loopback, every peer holding every module, so each round is one group of all of them. Once the peers
@@ -9,7 +9,7 @@ json`` ``round`` events (the time between two rounds of one module).
 Key: ``survivor_round_ratio_after_drain``, the median survivor round time in the ``window`` seconds
 after the drain over that in the ``window`` before (target <= 1.2). A drained peer that left its
 holder and matchmaking records behind made every survivor round wait for it until the gather
-deadline while the records lived (30 s): rounds went from about 1.5 s to 4-6 s.
+deadline while the records lived, several times a round's usual length: this key catches that.
 """
 
 from __future__ import annotations

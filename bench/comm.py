@@ -1,4 +1,4 @@
-"""bench.comm: average one 64 MB module among 4 peers on rate-limited links (issue 3).
+"""bench.comm: average one 64 MB module among 4 peers on rate-limited links.
 
 Four peers, each in its own network namespace behind one bridge (:mod:`bench.netns`), each with
 egress shaped to 100 Mbit/s by ``tbf``, run real DHTs and p2p daemons and average one module of
@@ -21,7 +21,7 @@ Keys (``bench/results/comm.json``):
   (target >= 400); ``bytes_ratio_vs_ddp_wire`` uses the bytes the peer's interface really sent
   (TCP, TLS, DHT traffic included).
 - ``replica_max_abs_diff``: largest difference between the peers' averages (target 0.0).
-- ``cpu_s_per_mb`` (issue 24): per codec, CPU seconds of a peer's process and its children (the p2p
+- ``cpu_s_per_mb``: per codec, CPU seconds of a peer's process and its children (the p2p
   daemon, the DHT process) from the group forming to the average decoded, plus the encoding done
   before it (the vector is encoded while the group forms: ``encoded_ahead`` in the breakdown), per MB
   of module averaged (mean over peers); ``hivemind_8bit`` the same for hivemind's averager (:mod:`bench.comm_hivemind`,
@@ -52,20 +52,19 @@ Each codec's timed rounds follow a full-size untimed round in that codec (``--no
 it), its vectors handed back as a training peer does once it applied a round, so the timings are
 those of a running network's rounds, where one codec serves every round: the p2p connections are
 open and the codec's module-sized vectors and buffers are reused (the first round of a fresh swarm
-also pays the connection handshakes, about 0.5 s here, and faults in its vectors; before session 29
-a single int4 round warmed every codec up, and int8's first timed round cost about 0.1 s of CPU
-more than its later ones). ``bench.comm_hivemind`` likewise times hivemind's full-size rounds after
+also pays the connection handshakes and faults in its vectors; a warm-up in another codec would
+leave the timed codec's first round paying its own first touches). ``bench.comm_hivemind`` likewise times hivemind's full-size rounds after
 a first one in the same codec and averager.
 Each codec runs ``--rounds`` (default 3) timed rounds: its entry is the round of median link
 efficiency, with ``cpu_s_per_mb`` and ``cpu_breakdown_seconds`` the medians over the rounds and
 ``link_efficiency_by_round``, ``cpu_s_per_mb_by_round`` every round's (a single round on these two
-shared cores varies by about 10%, as much as the changes it is meant to show).
+shared cores varies as much as the changes it is meant to show).
 
 Run as root: ``python -m bench.comm`` (``--mb``, ``--rate-mbit``, ``--peers``, ``--codecs``,
 ``--report-rates``, ``--report-codecs``, ``--no-hivemind``; a reduced run for iteration:
 ``--mb 16 --codecs int8 --report-rates '' --no-hivemind``). Without
-root (or iproute2) it prints a ``{"skipped": ...}`` line and exits 0. A rate other than the issue's
-100 Mbit/s writes ``bench/results/comm_RATEmbit.json`` instead (``--rate-mbit 25``: each peer then has
+root (or iproute2) it prints a ``{"skipped": ...}`` line and exits 0. A rate other than the reference
+100 Mbit/s (:data:`bench.common.ISSUE_RATE_MBIT`) writes ``bench/results/comm_RATEmbit.json`` instead (``--rate-mbit 25``: each peer then has
 the CPU per byte of link that a peer with two cores of its own has at 100 Mbit/s).
 """
 
@@ -120,7 +119,7 @@ _CHILDREN: list = []
 def _cpu_seconds(rescan: bool = True) -> tuple[float, float, dict[str, float]]:
     """This process's CPU seconds (user + system, system) and its descendants' by command name (p2pd, the DHT).
     ``rescan=False`` reuses the descendants the last call found: finding them reads every process's
-    ``/proc`` entry (milliseconds to tens of them on a busy host), too slow for the event loop's
+    ``/proc`` entry, too slow for the event loop's
     snapshot at the round's start, which would hold the round's first sends back."""
     import psutil
 
@@ -413,7 +412,7 @@ def median_index(values: list[float]) -> int:
 def _median_round(rounds: list[dict]) -> dict:
     """A codec's result over its rounds: the round of median link efficiency in full, with the median
     over the rounds of ``cpu_s_per_mb`` and of each phase of ``cpu_breakdown_seconds`` (one round on
-    these 2 shared cores varies by about 10%), each round's ``link_efficiency`` and ``cpu_s_per_mb``
+    shared cores varies), each round's ``link_efficiency`` and ``cpu_s_per_mb``
     (``*_by_round``), and ``identical_on_all_peers`` only if it held in every round."""
     out = dict(rounds[median_index([r["link_efficiency"] for r in rounds])])
     out.update(
@@ -433,8 +432,8 @@ def _median_round(rounds: list[dict]) -> dict:
 
 
 HIVEMIND_ATTEMPTS = 2
-"""Runs of hivemind's baseline before ``bench.comm`` gives up: its averager now and then fails a round
-here (``MatchmakingException: Unable to run All-Reduce``, seen once in about 10 whole runs), which
+"""Runs of hivemind's baseline before ``bench.comm`` gives up: its averager at times fails a round
+(``MatchmakingException: Unable to run All-Reduce``), which
 would otherwise throw away the whole run's measurements of ours. A retry runs in fresh namespaces;
 ``hivemind_8bit.attempts`` says how many it took."""
 

@@ -1,9 +1,8 @@
-"""bench.comm_hivemind: the set-up of :mod:`bench.comm`, averaged by hivemind's own averager (issue 3's baseline).
+"""bench.comm_hivemind: the set-up of :mod:`bench.comm`, averaged by hivemind's own averager (the baseline).
 
-Issue 3 quotes hivemind 1.1.12's ``DecentralizedAverager`` on "the same set-up" (4 peers, 100 Mbit/s
-tbf egress, one 64 MB module): 0.88 of the bandwidth-optimal time uncompressed, 0.78 fp16, 0.80 8-bit.
-Those figures come from another machine; this benchmark measures them on this one, in the same
-namespaces, so ``bench.comm``'s ``link_efficiency`` can be read against hivemind's on equal hardware
+hivemind 1.1.12's ``DecentralizedAverager`` on the same set-up (4 peers, 100 Mbit/s tbf egress, one
+64 MB module) is the baseline hivepath's exchange is held against. Figures quoted for it come from
+other machines; this benchmark measures them on this one, in the same namespaces, so ``bench.comm``'s ``link_efficiency`` can be read against hivemind's on equal hardware
 (four peers sharing two cores here).
 
 Each peer runs a real hivemind DHT and one ``DecentralizedAverager`` per codec (``NoCompression``,
@@ -15,11 +14,11 @@ connections are open, and each codec's averager runs a full-size round before th
 ``bench.comm`` times hivepath's rounds after a full-size warm-up: a running network's rounds, not a
 fresh process's first, whose buffers are all first touches). ``--rounds`` (default 3) timed rounds
 per codec: the round of median link efficiency is reported, ``cpu_s_per_mb`` is the median over the
-rounds, and ``*_by_round`` lists every round's (one round on these shared cores varies by about 10%).
+rounds, and ``*_by_round`` lists every round's (one round on these shared cores varies).
 
 hivemind's 8-bit decoder fails under numpy 2.x (``int()`` of a one-element array), and its averager
-swallows the error and returns with nothing averaged; this benchmark fixes that one line (the issue
-measured it "after patching its decoder" too) and checks each average against the exact weighted
+swallows the error and returns with nothing averaged; this benchmark fixes that one line (as any
+measurement of it must) and checks each average against the exact weighted
 mean, so a round that averaged nothing cannot pass for a fast one.
 
 Keys (``bench/results/comm_hivemind.json``): per codec ``link_efficiency`` (``2 (n - 1) / n *

@@ -31,11 +31,12 @@ __all__ = ["code_hash", "emit", "machine", "provenance", "rate_result_name", "ru
            "ISSUE_RATE_MBIT"]
 
 ISSUE_RATE_MBIT = 100
-"""The per-peer link rate of issue 3's averaging benchmarks (``bench.comm``, ``bench.comm_hivemind``)."""
+"""The per-peer link rate of the averaging benchmarks' headline results (``bench.comm``,
+``bench.comm_hivemind``)."""
 
 
 def rate_result_name(name: str, rate_mbit: int) -> str:
-    """``NAME`` at the issue's rate, ``NAME_RATEmbit`` at any other: a run at another rate (where the
+    """``NAME`` at :data:`ISSUE_RATE_MBIT`, ``NAME_RATEmbit`` at any other: a run at another rate (where the
     link, not this machine's CPU, is the limit) keeps the headline result file as it is."""
     return name if rate_mbit == ISSUE_RATE_MBIT else f"{name}_{rate_mbit}mbit"
 

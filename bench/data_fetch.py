@@ -1,4 +1,4 @@
-"""Benchmark ``bench.data_fetch`` (issue 18): volunteers fetch their path's shards from seeders.
+"""Benchmark ``bench.data_fetch``: volunteers fetch their path's shards from seeders.
 
 Real processes in network namespaces (``bench.netns``, prefix ``hpd``, subnet ``10.83.0``): seeder A
 in namespace 0, seeder B in 1, fetchers in 2-4; every namespace's egress is shaped to ``--rate``

@@ -8,7 +8,7 @@ in alternating blocks so background load hits both alike. Throughput is tokens p
 this process on CPU (so other jobs on a shared machine cost neither side) and per wall-clock second
 on CUDA. Each side's tokens/s is the median over blocks; ``overhead`` is one minus the median ratio
 of adjacent hivepath/bare blocks, and ``overhead_of_medians`` one minus the ratio of the medians.
-Target (issue 2): overhead <= 0.03.
+Target: overhead <= 0.03.
 
 Run: ``python -m bench.inner_loop [--device cpu|cuda] [--threads N] [--blocks N] [--steps N]``.
 """

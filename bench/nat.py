@@ -1,4 +1,4 @@
-"""Benchmark ``bench.nat`` (issue 17): volunteers behind real NAT average through relays.
+"""Benchmark ``bench.nat``: volunteers behind real NAT average through relays.
 
 Real processes in network namespaces (``bench.netns``): the coordinator in namespace 0, one public
 peer in 1, and three peers each behind a home router of its own that masquerades (iptables) in 2-4;

@@ -1,4 +1,4 @@
-"""Training quality on real text (issue 6): DiLoCo vs synchronous, DiPaCo vs dense, heterogeneity,
+"""Training quality on real text: DiLoCo vs synchronous, DiPaCo vs dense, heterogeneity,
 outer hyperparameters, on the built-in corpus.
 
 Run: ``python -m bench.quality [--quick] [--only diloco,dipaco,hetero,outer] [--jobs N]``.

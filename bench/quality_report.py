@@ -1,6 +1,6 @@
 """Turn the quality sweep's point records into headline figures, Markdown tables and PNG plots.
 
-:func:`summarize` computes the keys issue 6 asks ``quality.json`` for (``diloco_best_bytes_ratio``,
+:func:`summarize` computes the headline keys of ``quality.json`` (``diloco_best_bytes_ratio``,
 ``diloco_bpb_gap_at_best``, ``dipaco_bpb``, ``dense_p_bpb``, ``dense_2p_bpb``,
 ``dense_p_equal_compute_bpb``, ``hetero_speedup``) plus what the report needs; a figure whose points
 did not run (or failed) is ``None``, never guessed. :func:`tables` renders Markdown, :func:`plot`
@@ -23,7 +23,7 @@ __all__ = ["summarize", "tables", "plot", "GAP_LIMIT"]
 log = logging.getLogger(__name__)
 
 GAP_LIMIT = 0.02
-"""Issue 6: a DiLoCo setting counts if its bits per byte is within 2% of synchronous training."""
+"""A DiLoCo setting counts if its bits per byte is within 2% of synchronous training."""
 
 IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -136,7 +136,7 @@ def summarize(records: Sequence[dict]) -> dict[str, Any]:
     for r in _outer_rows(ok):
         outer.setdefault(f"H{r['H']}", []).append(r)
     out["outer_best"] = {h: min(v, key=lambda r: r["bpb"]) for h, v in sorted(outer.items())}
-    # 5. Sparse pseudo-gradients (issue 26); a sparse point that meets the goal is DiLoCo's best too.
+    # 5. Sparse pseudo-gradients; a sparse point that meets the goal is DiLoCo's best too.
     from bench.quality_sparse import sparse_summary
 
     replicas = RESULTS / "sparse_network.json"

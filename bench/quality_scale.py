@@ -1,7 +1,7 @@
 """How big the quality sweeps are: model width, steps and evaluation budget, as named presets.
 
 ``tiny`` exercises every code path in seconds (the harness test), ``quick`` is a reduced grid that
-runs on a shared 2-core CPU, ``full`` is the grid of issue 6 sized for one GPU (or many CPU cores):
+runs on a shared 2-core CPU, ``full`` is the whole grid sized for one GPU (or many CPU cores):
 a ~0.45M-parameter byte-level model, thousands of inner steps per worker.
 """
 
@@ -70,7 +70,7 @@ class Scale:
     dipaco_outer_grid: tuple[tuple[float, float], ...] = ((0.7, 0.5),)
     """Experiment 4: (outer lr, momentum) pairs the DiPaCo lattice is also trained with."""
     sparse_grid: tuple[tuple[int, str, float, float], ...] = ()
-    """Issue 26's sparse points (``--only sparse``): (H, sparse codec ``topk{K}b{B}``, outer lr, outer
+    """The sparse points (``--only sparse``): (H, sparse codec ``topk{K}b{B}``, outer lr, outer
     momentum), bytes counted on the wire (:mod:`bench.quality_sparse`)."""
     equivalence: tuple[int, int] = (10, 3)
     """(H, rounds) of the point trained both by the simulator and by the peers' DiLoCoOptimizer."""
@@ -85,13 +85,13 @@ class Scale:
 
 
 def full() -> Scale:
-    """Issue 6's grid at a GPU-friendly size."""
+    """The whole grid at a GPU-friendly size."""
     return Scale(name="full")
 
 
 def quick() -> Scale:
-    """A reduced grid (~0.12M parameters, 1000 steps per worker) for a shared 2-core CPU: about an hour
-    with two jobs on two free cores, in priority order."""
+    """A reduced grid (~0.12M parameters, 1000 steps per worker) for a shared 2-core CPU, run in priority
+    order."""
     return Scale(name="quick", d_model=64, n_heads=4, seq_len=64, batch_size=8, steps=1000, dipaco_steps=500,
                  hetero_rounds=16, hetero_h=25, evals=5, eval_docs=8, eval_tokens=1024, warmup_steps=30,
                  diloco_grid=((10, "none"), (50, "none"), (100, "int4"), (250, "none"), (250, "int8"), (250, "int4")),
@@ -121,10 +121,10 @@ def long() -> Scale:
 def horizon() -> Scale:
     """The quick model trained 12x longer (12,000 steps per worker, about a hundred outer rounds) on the
     settings that send >= 1000x fewer bytes than synchronous training: H=128 with the 4-bit codec
-    (1,016x) and H=256 with int8 (1,020x). Run with ``--only diloco``. Issue 26's sparse points
+    and H=256 with int8. Run with ``--only diloco``. The sparse points
     (top-14 to top-32 of every 1024 values at 2 or 4 bits, short horizons, SparseLoCo's outer step:
     lr 1, no momentum) run with ``--only sparse``: H=16 top-14 and H=18 top-16 are the nearest
-    settings above 1000x to H=16 top-16 (911x)."""
+    settings above 1000x to H=16 top-16 (just below it)."""
     return quick().replace(name="horizon", steps=12000, evals=6,
                            sparse_grid=((32, "topk16b2", 1.0, 0.0), (16, "topk16b2", 1.0, 0.0),
                                         (16, "topk14b2", 1.0, 0.0), (18, "topk16b2", 1.0, 0.0),
@@ -139,9 +139,9 @@ def horizon() -> Scale:
 
 def horizon_cosine() -> Scale:
     """``horizon``'s synchronous baseline and H=128 int4 points with the inner learning rate decayed
-    (cosine, to a tenth) over the 12,000 steps instead of constant: does the gap that stays at ~5%
-    with a constant rate close when both runs anneal? Outer momentum 0.8, 0.7 and 0.5 besides 0.9, and
-    H=32 int8 (127x): the gap at 4x more rounds."""
+    (cosine, to a tenth) over the 12,000 steps instead of constant: does the gap that stays with a
+    constant rate close when both runs anneal? Outer momentum 0.8, 0.7 and 0.5 besides 0.9, and
+    H=32 int8: the gap at 4x more rounds."""
     return horizon().replace(name="horizon-cosine", lr_decay=True,
                              diloco_tuned=((128, "int4", 0.7, 0.8), (128, "int4", 0.7, 0.7), (128, "int4", 0.7, 0.5)),
                              diloco_grid=((128, "int4"), (32, "int8")),
@@ -151,9 +151,9 @@ def horizon_cosine() -> Scale:
 
 
 def wide() -> Scale:
-    """The issue's reference model size on the quick grid's context and batch: d_model 128 (434,816
-    parameters, 3.7x the quick model), 4,000 steps per worker (the issue's reference horizon), on the
-    >= 1000x settings (H=128 int4, H=256 int8) and the issue's reference point (H=100, uncompressed).
+    """The reference model size on the quick grid's context and batch: d_model 128 (434,816
+    parameters, 3.7x the quick model), 4,000 steps per worker (the reference horizon), on the
+    >= 1000x settings (H=128 int4, H=256 int8) and the reference point (H=100, uncompressed).
     Does the gap to synchronous training shrink with model size? Run with ``--only diloco``."""
     return quick().replace(name="wide", d_model=128, steps=4000, evals=5,
                            diloco_grid=((128, "int4"), (100, "none"), (256, "int8")), bpe_grid=(),
@@ -165,7 +165,7 @@ def wide() -> Scale:
 def wide_horizon() -> Scale:
     """``wide``'s model on ``horizon-cosine``'s schedule (12,000 steps, inner lr cosine-decayed to a
     tenth), synchronous against H=128 int4 (outer momentum 0.9 and 0.8): at the same horizon and the same number of outer
-    rounds, is the gap of a 3.7x larger model smaller? Run with ``--only diloco``. Issue 26's best sparse
+    rounds, is the gap of a 3.7x larger model smaller? Run with ``--only diloco``. The best sparse
     setting at the quick model's horizon scale (H=16, top-16 of 1024 at 2 bits) on this model: ``--only sparse``."""
     return wide().replace(name="wide-horizon", steps=12000, evals=6, lr_decay=True,
                           diloco_grid=((128, "int4"),), diloco_tuned=((128, "int4", 0.7, 0.8),),

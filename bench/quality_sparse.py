@@ -1,4 +1,4 @@
-"""The sparse points of the quality sweeps (issue 26): top-k pseudo-gradients at short horizons.
+"""The sparse points of the quality sweeps: top-k pseudo-gradients at short horizons.
 
 :func:`run_sparse` trains DiLoCo on the dense model with a sparse codec (``topk{K}b{B}``,
 :mod:`peer.averaging.sparse`: per-chunk top-k, 2 or 4 bits, error feedback decayed by 0.95) and,
@@ -115,7 +115,7 @@ def run_sparse(ctx: RunContext, tokenizer: str = "bytes", workers: int = 4, inne
 # -- report -----------------------------------------------------------------------------------------
 
 GOAL_RATIO = 1000.0
-"""Issue 26: at least this many times fewer bytes than synchronous training ..."""
+"""The goal: at least this many times fewer bytes than synchronous training ..."""
 GOAL_GAP = 0.02
 """... within this relative gap in bits per byte (at equal inner steps)."""
 
@@ -183,7 +183,7 @@ def partial_rows(ok: dict[str, dict], partial: list[dict]) -> list[dict]:
 
 def sparse_summary(ok: dict[str, dict], dense_rows: list[dict], replicas: Optional[dict],
                    partial: Optional[list[dict]] = None) -> dict[str, Any]:
-    """Issue 26's keys: the best sparse point within the goal's gap, today's int4 codec at the nearest
+    """The sparse keys: the best sparse point within the goal's gap, the int4 codec at the nearest
     byte budget, the replicas' largest difference over the peer-path run (``bench.sparse_network``)."""
     rows = [r for r in sparse_rows(ok) if "gap" in r]
     out: dict[str, Any] = {"sparse_points": rows}

@@ -1,4 +1,4 @@
-"""The grid of issue 6 as named points, and the harness that runs them and records every outcome.
+"""The quality grid as named points, and the harness that runs them and records every outcome.
 
 A :class:`Point` names one training run (its experiment, its runner and the runner's arguments).
 :func:`grid` lists the points of the four experiments at a :class:`~bench.quality_scale.Scale`;
@@ -24,7 +24,7 @@ __all__ = ["EXPERIMENTS", "Point", "grid", "run_point", "run_points", "load_cont
 log = logging.getLogger(__name__)
 
 EXPERIMENTS = ("diloco", "dipaco", "hetero", "outer", "sparse")
-"""The four experiments of issue 6, in order, then issue 26's sparse codecs."""
+"""The four dense experiments, in order, then the sparse codecs."""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Robust aggregation rules against one hostile member (issue 9): how far each rule's aggregate lands
+"""Robust aggregation rules against one hostile member: how far each rule's aggregate lands
 from the honest members' weighted mean, and what a reduction costs.
 
 5 members with token weights 1..5 over ``--numel`` coordinates: 4 honest deltas (a shared signal

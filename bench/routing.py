@@ -2,7 +2,7 @@
 
 Prepares ``default`` routed to 4 paths (a 2x2 lattice, and a flat 1x4 one for comparison) and
 reports the token-weighted purity of the training shards: the share of each shard's tokens that
-come from its majority domain. Target (issue 2): purity >= 0.9.
+come from its majority domain. Target: purity >= 0.9.
 
 Run: ``python -m bench.routing``.
 """

@@ -1,4 +1,4 @@
-"""Scale past one machine (issue 25): 10 to 10,000 simulated volunteers against the real coordinator.
+"""Scale past one machine: 10 to 10,000 simulated volunteers against the real coordinator.
 
 Runs :mod:`bench.scale_sim` (the real :class:`coordinator.Coordinator` on SQLite, the real DHT
 records, a simulated clock and network) over a sweep of swarm sizes on a 2x2 lattice, and of
@@ -23,7 +23,7 @@ passes down each group's tree, as :mod:`peer.averaging.hierarchy` does). The 10,
 their ramp (wall time on 2 cores), the others 900 (lattice shapes 300). A third run at each size,
 ``census``, models the design of :mod:`bench.scale_sim.census` (control reads bounded by the cap, not
 by the holders; the peers' code does not do it yet): ``control_bytes_per_peer_round_{n}`` and
-``control_bytes_growth_10_to_10000`` (the issue asks <= 3) are its DHT bytes per peer and round, and
+``control_bytes_growth_10_to_10000`` (target <= 3) are its DHT bytes per peer and round, and
 ``max_group_members_at_{n}`` / ``upper_group_members_max_at_{n}`` the largest group of the ``after``
 run (hashed buckets, groups of delegates and top groups) and of its groups of delegates and top groups.
 """
@@ -60,7 +60,7 @@ DOCS_PLOT = Path(__file__).resolve().parent.parent / "docs" / "img" / "scale.png
 
 
 MAX_GROUP = 64
-"""``max_group_size`` of the runs after the fix (groups of about 64: today's 4-8 peer networks keep one group)."""
+"""``max_group_size`` of the ``after`` runs (groups of about 64: a network of a few peers keeps one group)."""
 RATIO_GROUP = 8
 """``max_group_size`` of the pair behind ``round_time_ratio_1000_vs_10`` (groups of 5-8 at both sizes)."""
 SIZES = (10, 100, 1000, 10_000)
@@ -100,7 +100,7 @@ def _beyond_compute(row: dict) -> float:
 
 
 def headline(rows: list[dict]) -> dict:
-    """The issue's keys, read from the ``after`` runs (bounded groups), the ratio pair and the ``before`` runs."""
+    """The headline keys, read from the ``after`` runs (bounded groups), the ratio pair and the ``before`` runs."""
     after = {r["peers"]: r for r in rows if r["run"] == "after"}
     before = {r["peers"]: r for r in rows if r["run"] == "before"}
     ratio = {r["peers"]: r for r in rows if r["run"] == "ratio"}

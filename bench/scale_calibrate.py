@@ -1,4 +1,4 @@
-"""Calibrate the scale simulator against real processes (issue 25): the same figures from a real
+"""Calibrate the scale simulator against real processes: the same figures from a real
 network on this machine and from :mod:`bench.scale_sim` describing the same run.
 
 Real: a ``hivepath coordinator serve`` and N ``hivepath peer join`` processes on loopback (one torch

@@ -1,4 +1,4 @@
-"""The sparse codec through the real peer path (issue 26): replicas stay bit-identical.
+"""The sparse codec through the real peer path: replicas stay bit-identical.
 
 Run: ``python -m bench.sparse_network [--peers 3] [--rounds 6] [--codec topk16b2]``.
 

@@ -13,12 +13,12 @@ Four schedules, ways one might carry the traffic:
 
 - ``per_pair``: one connection per ordered pair of peers, segments back to back, averages returned on it;
 - ``per_segment``: one connection per segment and part, the next segment sent once the last one is
-  handed to the kernel (what the averager did over its lanes until session 28);
+  handed to the kernel (a pipeline with no bound on what is in flight);
 - ``paced``: as ``per_segment``, but the next segment also waits until the reducer acknowledged the
-  one before the last (a byte it sends back as soon as it holds the segment): what the averager did
-  in session 28 (``peer.averaging.allreduce.IN_FLIGHT``);
+  one before the last (a byte it sends back as soon as it holds the segment): the averager's bound on
+  segments in flight (``peer.averaging.allreduce.IN_FLIGHT``) alone;
 - ``ahead``: as ``paced``, but a peer returns a segment's averages only once its own segments through
-  the next one are handed to the kernel: what the averager does since session 29
+  the next one are handed to the kernel: what the averager does
   (``peer.averaging.reducer.CONTRIBUTIONS_AHEAD``).
 
 ``measure`` runs ``rounds`` of each and reports each schedule's median link efficiency, and the

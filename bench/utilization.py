@@ -1,4 +1,4 @@
-"""bench.utilization: share of wall time in inner compute on slow, far-apart links (issues 5 and 23).
+"""bench.utilization: share of wall time in inner compute on slow, far-apart links.
 
 Four peers, each in its own network namespace behind one bridge (:mod:`bench.netns`, namespaces
 ``hpu-p0..3`` on 10.85.0.0/24), egress shaped to 50 Mbit/s by ``tbf``, about 40 ms round trip added by
@@ -25,8 +25,8 @@ whose round it missed and announces each module's round and state digest,
   idle, so these variants take more inner steps in the same rounds (``inner_steps_per_peer``).
 
 By default only the headline pair :data:`HEADLINE` runs (``--variants`` picks others): H = 18 on the
-demo preset is the longest horizon where one exchange without overlap still costs over 30% of a round
-here (0.32; 0.36 at H = 15, 0.43 at H = 10).
+demo preset is the longest horizon where one exchange without overlap still costs a large share of a
+round (``comm_share_without_overlap``; ``--variants`` runs the shorter horizons to compare).
 
 Keys (``bench/results/utilization.json``), per variant under ``variants``: ``utilization`` (wall time
 not spent blocked on the network, over wall time: ``1 - wait / wall``, wait from
@@ -84,8 +84,8 @@ VARIANTS = {"ddp": (1, False), "h10": (10, False), "h10_overlap": (10, True), "h
             "h20_overlap": (20, True), "h100": (100, False), "h100_overlap": (100, True)}
 """name -> (H, overlap); ddp averages gradients every step instead of DiLoCo pseudo-gradients."""
 HEADLINE = ("h18", "h18_overlap")
-"""The pair the issue's keys come from: without / with overlap, at an H where an exchange costs
-over 30% of a round on the demo preset (``comm_share_without_overlap``)."""
+"""The pair the headline keys come from: without / with overlap, at an H where an exchange costs
+a large share of a round on the demo preset (``comm_share_without_overlap`` measures it)."""
 SUBNET, PREFIX = "10.85.0", "hpu"
 """This bench's namespaces (chaos uses hpc/10.78.0, bench.nat hpn/10.81.0, bench.data_fetch hpd/10.83.0)."""
 PATH = (0, 0)

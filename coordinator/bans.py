@@ -1,7 +1,7 @@
 """Reports of misbehaving peers and the decision to ban one.
 
 Members of an averaging group catch a peer sending NaN, huge or random pseudo-gradients (robust
-aggregation, issue 9) and report it with ``ReportPeer``. One report is not enough to ban: a hostile
+aggregation) and report it with ``ReportPeer``. One report is not enough to ban: a hostile
 peer could report honest ones. :func:`ban_decision` bans a suspect reported by at least
 ``ban_reporters`` distinct peers, or ``ban_reports`` times in all, within ``ban_window`` seconds; it is
 pure, takes the clock as an argument and returns ``(ban, reason)``.

@@ -24,7 +24,7 @@ shrinks it. Its size varies with the data, bounded by :func:`encoded_size` of it
 size plus the tag). Sizes are :meth:`CodecSpec.encoded_size` (a codec alone) and :func:`encoded_size`
 (a wire name).
 
-The sparse codecs ``topk{K}b{B}`` (top-K of every 1024 values at B bits, issue 26) are specified in
+The sparse codecs ``topk{K}b{B}`` (top-K of every 1024 values at B bits) are specified in
 :mod:`models.sparse_spec`; :func:`codec_spec` and :func:`wire_name` accept their names too (no
 entropy stage applies to them).
 """
@@ -109,7 +109,7 @@ CODECS: tuple[str, ...] = tuple(SPECS)
 
 ENTROPY_STAGES = ("none", "zstd")
 """Lossless stages applied to a codec's bytes on the wire: none, or zstd (level 1; a part that does not
-shrink is sent raw). Quantised codes are far from uniform, so zstd's Huffman stage saves 5-50%."""
+shrink is sent raw). Quantised codes are far from uniform, so zstd's Huffman stage shrinks them."""
 
 
 def is_codec(name: object) -> bool:

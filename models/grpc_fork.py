@@ -3,7 +3,7 @@
 From grpcio 1.80 on (grpc/grpc#43055), while a channel is in use, a child started by ``fork`` (a
 ``subprocess.Popen`` with ``preexec_fn`` forces it) can die between fork and exec: gRPC's fork
 handler restarts its poller thread in the child, ``close_fds`` closes the poller's epoll descriptor,
-and the child aborts on ``EBADF`` (about 5% of children with a busy channel here). The parent sees a
+and the child aborts on ``EBADF`` (at times, while a channel is busy). The parent sees a
 child that started and exited at once: a peer of the demo, a peer restarted by a test. No hivepath
 process uses gRPC in a forked child, so its fork handlers have nothing to do: every entry point (the
 ``hivepath`` command, the benchmarks, the tests) calls :func:`grpc_fork_safe` first, and

@@ -1,4 +1,4 @@
-"""The sparse pseudo-gradient codecs' names, layouts and sizes, torch-free (issue 26).
+"""The sparse pseudo-gradient codecs' names, layouts and sizes, torch-free.
 
 A sparse codec is named ``topk{K}b{B}``: in every chunk of :data:`CHUNK` values (the last chunk may
 be shorter) the K values of largest magnitude are kept, quantised to B bits, and sent with their

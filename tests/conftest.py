@@ -83,7 +83,7 @@ the other."""
 
 SAME_UNIT = {"tests/test_export.py": "tests/test_generate.py"}
 """Files that run in the unit of another because they share its session fixture: ``test_export`` uses
-``test_generate``'s two trained runs (about 50 s of training), built once per worker."""
+``test_generate``'s two trained runs (tens of seconds of training), built once per worker."""
 
 
 def work_unit(nodeid: str) -> str:

@@ -1,4 +1,4 @@
-"""The archive is a run directory (issue 19, item 1): a run on the built-in corpus that pins no
+"""The archive is a run directory: a run on the built-in corpus that pins no
 manifest hash (as deploy/run.example.toml), an archive given the dataset, and ``eval``, ``generate``
 and ``export`` reading the archive's directory as it is, with no ``--data``."""
 

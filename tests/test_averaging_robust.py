@@ -1,4 +1,4 @@
-"""Robust aggregation (issue 9): a member sending NaN, huge or random pseudo-gradients cannot ruin a module.
+"""Robust aggregation: a member sending NaN, huge or random pseudo-gradients cannot ruin a module.
 
 Five members, four honest (a shared signal plus their own noise) and one hostile. The honest
 weighted mean is the target; "spread" is the largest distance of an honest delta from it. The

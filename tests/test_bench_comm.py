@@ -1,4 +1,4 @@
-"""bench.comm's CPU breakdown of a round (issue 24): the phases, the loop thread and the rest add up."""
+"""bench.comm's CPU breakdown of a round: the phases, the loop thread and the rest add up."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Bootstrap from anything (issue 17, part 5): a stock hivemind DHT node (``hivemind-dht``, hivemind's
+"""Bootstrap from anything: a stock hivemind DHT node (``hivemind-dht``, hivemind's
 own command, none of our code) is the only initial peer, and two real peers find each other through
 it and average together. The coordinator hands out no initial peers here (``initial_peers = 0``), so
 the stock node is the only way they can meet.
@@ -47,7 +47,7 @@ def test_two_peers_meet_through_a_stock_hivemind_dht_node(procs, tmp_path, datas
 
 
 def test_a_listen_port_in_use_is_one_line_naming_it(procs, tmp_path, dataset):
-    """Several peers on one machine (issue 17, part 6): a second peer given a daemon port that another
+    """Several peers on one machine: a second peer given a daemon port that another
     process holds exits 2 with one line naming the port and the fix, before it trains."""
     net = Network(procs, tmp_path, dataset.dir, dataset.manifest_hash)
     with socket.socket() as held:

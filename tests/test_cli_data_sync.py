@@ -1,4 +1,4 @@
-"""``hivepath data serve|fetch|info`` as real processes on loopback (issue 18): a seeder process prints
+"""``hivepath data serve|fetch|info`` as real processes on loopback: a seeder process prints
 the multiaddrs to fetch from; ``info --manifest-hash`` names it and what it holds; ``fetch`` into an
 empty directory gets one path's shards byte for byte with JSON progress; a fetch killed (SIGKILL)
 while it waits for a chunk only a rotten seeder had resumes asking only for the chunks it had not verified; a full

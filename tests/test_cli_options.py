@@ -1,4 +1,4 @@
-"""The thin command line (issue 21): building the parser imports nothing heavy, every command reads
+"""The thin command line: building the parser imports nothing heavy, every command reads
 the run token with one precedence (``--token``, ``--token-file``, ``HIVEPATH_TOKEN``,
 ``HIVEPATH_TOKEN_FILE``), and every flag that names a variable takes its default from it."""
 

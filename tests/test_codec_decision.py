@@ -1,4 +1,4 @@
-"""The codec is decided in one place and passed, never re-derived (issue 21).
+"""The codec is decided in one place and passed, never re-derived.
 
 Its specification (names, block size, exact sizes) lives in the torch-free ``models.codec_spec``, which
 the implementation in ``peer.averaging`` must match byte for byte; the coordinator's assignment carries

@@ -1,4 +1,4 @@
-"""The coordinator's side of issue 18 (a volunteer needs no data): seeders per shard on the status page
+"""The coordinator's side of a volunteer needing no data of its own: seeders per shard on the status page
 from peers' heartbeats, and bad seeders reported by peers and banned by two distinct reporters; then
 the same fields over real gRPC."""
 

@@ -135,7 +135,7 @@ def test_a_peer_that_left_never_joins_again_from_a_heartbeat(server):
         client.leave("spot notice")
         assert server.coordinator.peer(pid).state == "left"
         with pytest.raises(CoordinatorUnavailable, match="has left the run"):
-            client.heartbeat()  # no lease any more: it used to join again here
+            client.heartbeat()  # no lease any more: it must not join again here
         client.joined = old  # a heartbeat that read the lease before the leave: NOT_FOUND
         with pytest.raises(CoordinatorUnavailable, match="has left the run"):
             client.heartbeat()

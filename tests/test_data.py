@@ -1,10 +1,9 @@
 """Data preparation: deterministic shards and manifest, tokenizers, batches, the manifest check, the
-built-in corpus, and every kind of bad input named in issue 2."""
+built-in corpus, and every kind of bad input a user can give them."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 import shutil
 import subprocess

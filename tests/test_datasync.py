@@ -1,4 +1,4 @@
-"""Seeding and fetching a dataset over real hivemind DHTs and p2p daemons on loopback (issue 18):
+"""Seeding and fetching a dataset over real hivemind DHTs and p2p daemons on loopback:
 a fetcher with an empty directory gets one path's shards from two seeders, byte for byte, and nothing
 of the other paths; ``Dataset`` trains from them. A seeder whose file rots after it started (bad
 bytes in one chunk) is dropped and reported, and the chunk comes from an honest seeder, with no
@@ -301,8 +301,8 @@ class _StoresNeverAnswer:
 
 def test_a_store_that_never_answers_does_not_hang_the_seeder(source, swarm):
     """A DHT store with no answer is given up after ``store_timeout`` and retried by the refresh loop:
-    ``start`` returns and serving goes on, where a blocking store would hang the peer's start (a CI run
-    saw a seeder's start wait five minutes on one)."""
+    ``start`` returns and serving goes on, where a blocking store would hang the peer's start for as long
+    as the store goes unanswered."""
     stuck = _StoresNeverAnswer(swarm().dht)  # hivemind's DHT, as a peer's seeder gets it
     seeder = Seeder(stuck, source, SeederOptions(store_timeout=0.5)).start()
     try:

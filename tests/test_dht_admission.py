@@ -1,4 +1,4 @@
-"""The DHT refuses records of unadmitted peers (issue 9): the validator alone on hand-made records,
+"""The DHT refuses records of unadmitted peers: the validator alone on hand-made records,
 then on real hivemind DHT nodes: an outsider's store under a module's holders key is refused by an
 admitted node, whose reads never return it, while an admitted peer's record is stored and read."""
 
@@ -83,7 +83,7 @@ def test_an_admitted_node_refuses_an_outsiders_store(keys):
 
 
 def test_a_withdrawal_replaces_only_its_writers_record(keys):
-    """Issue 19 item 3: a drained peer withdraws its records at once; only its own credential may."""
+    """A drained peer withdraws its records at once; only its own credential may."""
     from peer.network import withdrawal
     from peer.network.records import records_from_value
 

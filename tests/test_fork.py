@@ -1,4 +1,4 @@
-"""Forks never average (issue 3, bit-identical replicas): holders that carry one round number but
+"""Forks never average (bit-identical replicas): holders that carry one round number but
 different states are told apart by their state digests, on real hivemind DHTs and p2p daemons.
 The state held by most holders is kept; the others fail the round with the digest to re-sync to,
 and a re-sync fetch takes only that state (or a later round of it)."""
@@ -114,7 +114,7 @@ def test_a_holder_ahead_of_the_others_waits_for_them_instead_of_stepping_alone(s
     """Stepping alone whenever nobody is at our exact round would race a cut-off peer ahead by one round
     per inner loop; the holders behind re-sync to us at their next round instead."""
     nodes, loop, states = swarm
-    (d0, _, mm0), behind = nodes[0], nodes[1]
+    (_, _, mm0), behind = nodes[0], nodes[1]
     _hold([behind], "L2M0", 6)
     group, why, adopt, *_ = run(loop, mm0.form_group("L2M0", 7, 4.0, states[0].digest))
     assert group is None and adopt == "", why

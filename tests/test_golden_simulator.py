@@ -1,5 +1,5 @@
 """With no codec and identical seeds, distributed outer steps match the ``train-local --workers``
-simulator within float tolerance (issue 3).
+simulator within float tolerance.
 
 The golden fixture ``tests/golden/sim_tiny.json`` holds, after every outer round, a summary of each
 module's global copy (fp64 sum, absolute sum, 16 values at fixed positions) as computed by

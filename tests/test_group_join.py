@@ -1,4 +1,4 @@
-"""The leader/follower join protocol when a relay's reset cuts a join stream (issue 17).
+"""The leader/follower join protocol when a relay's reset cuts a join stream.
 
 Between two peers behind NAT every join stream crosses a relay, which resets the relayed connection
 after 128 KiB: a follower can lose the leader's BEGIN after the leader counted it in. The follower then

@@ -5,8 +5,8 @@ the parent aborts before exec (a demo peer or a restarted test peer that never s
 in a fresh interpreter with a real gRPC server and a channel busy in a thread, and starts 200 children
 through :class:`peer.node.lifetime.ChildProcesses` (each child echoes, so one that died before exec
 shows): with the handlers turned off before grpc is imported (every entry point does that), and with
-grpc imported first (the children then start without a ``preexec_fn``). 200 children without the
-defence all run with a probability of about 0.0003.
+grpc imported first (the children then start without a ``preexec_fn``). 200 children are enough that,
+without the defence, some of them almost surely die.
 """
 
 from __future__ import annotations

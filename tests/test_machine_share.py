@@ -1,4 +1,4 @@
-"""Peers on one machine divide its cores (issue 17, "several peers on one machine"): each registers in
+"""Peers on one machine divide its cores: each registers in
 a shared directory under a lock the kernel drops when it dies, and uses ``cores // peers`` threads.
 
 Real processes: each member below is a fresh interpreter holding a :class:`MachineShare`; it recounts
@@ -85,7 +85,7 @@ def test_never_fewer_than_one_thread(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-# -- devices and memory (issue 45) ------------------------------------------------------------------
+# -- devices and memory ------------------------------------------------------------------------------
 
 CLAIMER = r"""
 import sys

@@ -1,4 +1,4 @@
-"""Manifest format 2 (issue 18): per-chunk sha256 of every file, deterministic, and what a fetcher
+"""Manifest format 2: per-chunk sha256 of every file, deterministic, and what a fetcher
 reads of it (layouts, the files of some paths, a fetched manifest's hash); format-1 datasets still
 open and train, and are refused for serving with a one-line message; a directory holding only some
 paths' shards opens and trains those paths."""

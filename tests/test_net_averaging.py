@@ -1,4 +1,4 @@
-"""Networked averaging over real DHTs and p2p daemons on loopback, one process per peer (issue 3).
+"""Networked averaging over real DHTs and p2p daemons on loopback, one process per peer.
 
 The file is also the peer process: ``python tests/test_net_averaging.py '<json options>'`` starts
 one peer with its own DHT and p2p daemon, averages with :class:`peer.averaging.net_averager.NetAverager` and

@@ -1,4 +1,4 @@
-"""The operator's commands against a real coordinator process (issue 19, item 7): ``drain``, ``ban``
+"""The operator's commands against a real coordinator process: ``drain``, ``ban``
 and ``unban`` take a peer id as ``coordinator status`` shows it (any unique start); an id that
 matches no peer, or several, exits 2 with one line; ``HIVEPATH_TOKEN_FILE`` is read by every command
 that needs the token; ``serve --help`` names every flag's variable. Also ``coordinator serve --data``

@@ -1,4 +1,4 @@
-"""The shared training maths against expected values derived without ``peer/`` (issue 23).
+"""The shared training maths against expected values derived without ``peer/``.
 
 ``tests/golden/sim_tiny.json`` comes from the simulator, which runs the same outer optimizer and
 aggregation as the peers, so it cannot catch a bug in either. Here every expected value is worked

@@ -1,7 +1,7 @@
 """The path trainer's inner optimizer follows the run's inner config as the simulator's and the stage
 runner's do: the learning rate warms up over ``inner.warmup_steps`` and gradients are clipped to
-``inner.grad_clip``. (It used to hand the outer optimizer a ready AdamW, which applied neither: a peer
-joining onto trained modules took full-size Adam steps on every weight from its first one.)"""
+``inner.grad_clip``. (A ready AdamW handed to the outer optimizer would apply neither: a peer
+joining onto trained modules would take full-size Adam steps on every weight from its first one.)"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Only admitted peers average (issue 9), on real hivemind DHTs and p2p daemons: two peers holding
+"""Only admitted peers average, on real hivemind DHTs and p2p daemons: two peers holding
 coordinator-signed credentials form a group and refuse an outsider whose credential is forged; state
 transfer is refused to the outsider; and the matchmaking and state-transfer handlers survive
 malformed, oversized and fuzzed requests without crashing and without any change of state."""

@@ -1,4 +1,4 @@
-"""A volunteer needs no data (issue 18), end to end with real processes: a coordinator, an archive that
+"""A volunteer needs no data, end to end with real processes: a coordinator, an archive that
 seeds the operator's prepared dataset, and peers that join with empty work directories on a run
 whose corpus is not on their machine. Each fetches only its own path's shards (byte for byte the
 operator's), trains, and seeds what it holds (the coordinator's status page counts the seeders of

@@ -1,4 +1,4 @@
-"""A drain, end to end (issue 19, items 3 and 4): real coordinator and peers as processes on loopback.
+"""A drain, end to end: real coordinator and peers as processes on loopback.
 
 - ``--drain-timeout`` counts from the drain's start and is enforced: a round still in flight when it
   runs out is abandoned (not applied), the peer checkpoints, leaves and exits 0.
@@ -99,7 +99,7 @@ def test_a_drained_peer_withdraws_its_records_at_once(procs, tmp_path, dataset):
              "three peers to average a round together")
     c_id = net.peer_id("c")
     assert net.stop("c", timeout=120) == 0, procs.log("c")[-3000:]
-    # --progress json: everything a headless operator needs, in order (issue 19, item 8)
+    # --progress json: everything a headless operator needs, in order
     events = [e for e in net.progress_lines("c") if e.get("event") != "progress"]
     kinds = [e["event"] for e in events]
     for kind in ("join", "assignment", "round", "checkpoint", "drain", "leave"):

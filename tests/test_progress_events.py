@@ -1,4 +1,4 @@
-"""The peer's progress views (issue 19, items 5 and 8): JSON events follow the documented schema, one
+"""The peer's progress views: JSON events follow the documented schema, one
 object per line; the rich panel takes log records through its own console (above the panel)."""
 
 from __future__ import annotations

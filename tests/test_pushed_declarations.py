@@ -2,7 +2,7 @@
 
 A member pushes its declaration of a round to the holders its last gather read as it stores it on the
 DHT: pacing (``NetAverager.others_waiting``) and the other members' gathers see it before the DHT
-record, which on a busy host lands 0.3-0.9 s later (``bench.utilization``). The DHT's copy stays the
+record, which on a busy host lands a good part of a second later (``bench.utilization``). The DHT's copy stays the
 authority: a push is only ever the same statement, earlier, from the authenticated sender.
 """
 
@@ -253,7 +253,7 @@ def test_a_declaration_is_pushed_only_over_an_open_connection():
 def test_a_leader_stops_waiting_for_a_declared_member_that_pushed_a_later_round():
     """A member that declared our round while it waited for us during a partition, then went on without
     us, still has that declaration on the DHT after the heal: the peer back from the cut, leading that
-    round, waited for it until the close deadline (about 4 s, bench.chaos). Its declaration of a later
+    round, waited for it until the close deadline (``bench.chaos`` measures the recovery). Its declaration of a later
     round, pushed to us, tells us it is done with ours."""
     from hivemind.utils import get_dht_time
 

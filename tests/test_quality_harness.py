@@ -82,7 +82,7 @@ def test_bytes_follow_the_allreduce_formula(records):
 
 
 def test_sparse_bytes_are_the_encoded_messages(records):
-    """Issue 26: a member sends its parts to the other reducers and the average of its own part to the
+    """Sparse codecs: a member sends its parts to the other reducers and the average of its own part to the
     other members; uplink sizes are exact, averages are the encoded replies of the real rounds."""
     from bench.quality_sparse import sparse_summary
     from peer.averaging.partition import part_bounds, segment_bounds

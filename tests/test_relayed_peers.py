@@ -1,17 +1,17 @@
-"""Two peers behind NAT exchange module states and average rounds through a circuit relay (issue 17),
+"""Two peers behind NAT exchange module states and average rounds through a circuit relay,
 on real hivemind DHTs and p2p daemons.
 
 Two peers that can be dialled only through a relay (each announces nothing but its circuit through a
 third peer, as a peer behind NAT does): between private addresses the relay resets each relayed
 connection after 128 KiB (go-libp2p's default limits, ``peer.network.relays``).
 
-- A state of several hundred kilobytes used to arrive cut short, and a newcomer could never fetch a
-  module held by NATed peers alone. The transfer now resumes from the byte it reached, for the same
-  state (its digest): the state arrives in pieces, bit-identical. A resumed request for a state the
+- A state of several hundred kilobytes arrives cut short by the resets, so a newcomer could never
+  fetch a module held by NATed peers alone in one piece. The transfer resumes from the byte it
+  reached, for the same state (its digest): the state arrives in pieces, bit-identical. A resumed request for a state the
   holder no longer keeps is refused, and the newcomer starts again from the holder's current state.
-- An averaging round of a module held by the two of them alone never completed (every part in
-  flight was cut by each reset, and all were sent again at once on the next connection). Their
-  groups now know both are relayed: parts go in pieces of at most ``RELAY_PIECE_BYTES``, one at a
+- An averaging round of a module held by the two of them alone would never complete if every part
+  in flight were cut by each reset and all were sent again at once on the next connection. Their
+  groups know both are relayed: parts go in pieces of at most ``RELAY_PIECE_BYTES``, one at a
   time to each member, and a piece cut by a reset is sent again.
 """
 
@@ -123,7 +123,7 @@ def test_a_resume_for_a_state_no_longer_kept_starts_again_from_the_current_one(r
 
 def test_two_relayed_peers_average_a_module_larger_than_the_relay_limit_bit_identically(relayed_pair, caplog):
     """A 300k-parameter module, int8: each round moves about 300 KB each way between the two, more than
-    two relayed connections carry. Before pieces and one-at-a-time resends, no round completed."""
+    two relayed connections carry. Without pieces and one-at-a-time resends, no round would complete."""
     import threading
 
     from peer.averaging import get_codec

@@ -105,8 +105,8 @@ def test_a_resync_without_a_wait_tries_once_where_the_default_polls_the_group():
 
 def test_after_a_round_each_module_is_announced_in_the_background_with_its_digest():
     """``resync_after_round`` announces each module's next round and state digest without making the
-    training loop wait on a DHT store (one per module and round: 0.3-0.9 s each on a busy host cost
-    a third of the compute in bench.utilization)."""
+    training loop wait on a DHT store (one per module and round, each slow on a busy host: a large share
+    of the compute, as ``bench.utilization`` measures)."""
     from peer.diloco import resync_after_round
 
     class Announcing(Scripted):

@@ -1,9 +1,8 @@
-"""A round's module-sized vectors are reused, not allocated afresh (issue 24: page faults).
+"""A round's module-sized vectors are reused, not allocated afresh (each fresh page is a page fault).
 
 The average and our decoded contribution of a round are handed back to the averager once applied
 (``AverageResult.buffers``, ``NetAverager.give_back``), error feedback reads the decoded contribution
-in place and updates its residual in place: a 64 MB module no longer faults in four fresh 64 MB
-vectors a round.
+in place and updates its residual in place: a 64 MB module faults in no fresh 64 MB vectors a round.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""bench.scale_calibrate's quick mode (issue 25): a real coordinator and 4 real peers on loopback, and
+"""bench.scale_calibrate's quick mode: a real coordinator and 4 real peers on loopback, and
 the simulator describing the same run, give comparable figures. The target on the error lives in the
 benchmark, not here."""
 

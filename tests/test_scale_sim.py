@@ -1,4 +1,4 @@
-"""bench.scale's simulator (issue 25) in its quick mode: fixed seed, seconds, behaviour that could fail."""
+"""bench.scale's simulator in its quick mode: fixed seed, seconds, behaviour that could fail."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One place per package for ``HIVEPATH_*`` variables (issue 21): the table in ``docs/cli.md`` is the
+"""One place per package for ``HIVEPATH_*`` variables: the table in ``docs/cli.md`` is the
 one the code generates, every variable any source names is in it, and only the settings modules read
 variables from the environment."""
 

@@ -1,4 +1,4 @@
-"""The sparse codec ``topk{K}b{B}`` (issue 26): layout, exact sizes, top-k, error feedback and averages
+"""The sparse codec ``topk{K}b{B}``: layout, exact sizes, top-k, error feedback and averages
 that decode to the same bits whichever format the reducer sends."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The sparse codec through the real peer path (issue 26): coordinator, assignment, matchmaking,
+"""The sparse codec through the real peer path: coordinator, assignment, matchmaking,
 all-reduce and the outer step on loopback; replicas of every module stay bit-identical."""
 
 from __future__ import annotations

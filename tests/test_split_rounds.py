@@ -481,7 +481,7 @@ def _identities_with_a_deep_bucket(tmp_path, names: list[str], hostile: str, mod
 
 
 @pytest.mark.integration
-@pytest.mark.slow  # 50-60 s of six processes on a loaded 2-core machine: make test-all (CI's time budget)
+@pytest.mark.slow  # most of a minute of six processes on a loaded 2-core machine: make test-all (CI's time budget)
 def test_a_hostile_inner_node_of_a_buckets_tree_is_reported_and_nobody_applies_its_bytes(procs, tmp_path):
     """Six holders capped at 4 (2 buckets), one of them hostile: it passes other bytes down its bucket's
     tree than it got (every part's first byte changed). Its identity puts it in a bucket of 5 in

@@ -1,6 +1,6 @@
 """Spot-notice watcher against a real local HTTP server playing AWS IMDSv2 and GCP metadata.
 
-The bad-input half of issue 8 lives here too: an endpoint that times out, refuses the connection,
+Bad input is checked here too: an endpoint that times out, refuses the connection,
 answers 404 or answers nonsense is never taken for a preemption.
 """
 

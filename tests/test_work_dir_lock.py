@@ -1,4 +1,4 @@
-"""One live process per work dir (issue 19, item 2): a second ``peer join`` or ``archive`` on the same
+"""One live process per work dir: a second ``peer join`` or ``archive`` on the same
 directory stops at start-up with one line naming the holder's pid (exit 6), whatever ``--identity`` it
 is given; the lock goes with the holder."""
 
@@ -33,7 +33,7 @@ def _holder_pid(work):
 @pytest.mark.parametrize("command", ["peer", "archive"])
 def test_second_process_on_one_work_dir_exits_6_naming_the_first(procs, tmp_path, command):
     """The first process waits on a coordinator that never answers (it holds the directory meanwhile);
-    the second, given its own identity file (the advice exit 6 used to give), is refused at once."""
+    the second, even with an identity file of its own, is refused at once: the directory is what is held."""
     work = tmp_path / "work"
     token = tmp_path / "token"
     token.write_text("test-token-0123456789")

@@ -1,4 +1,4 @@
-"""The scale simulator behind ``python -m bench.scale`` (issue 25): thousands of volunteers against
+"""The scale simulator behind ``python -m bench.scale``: thousands of volunteers against
 the real coordinator and the real DHT record code, on a simulated clock and network.
 
 - :mod:`bench.scale_sim.events`: the discrete-event loop and its clock (the only clock the

@@ -1,7 +1,7 @@
 """A design for control traffic per peer that does not grow with the swarm, modelled in the simulator
 only (``SimConfig.census``): the peers' code still reads a module's whole holders key.
 
-Three reads of a split round grow with the module's holders N today: the count of the holders (one
+Three reads of a split round in the peers' code grow with the module's holders N: the count of the holders (one
 read of the holders key, for :func:`peer.network.records.split_levels`), the matchmaking polls of the
 holders key (who of the bucket is at this round), and the pacing polls of the module's group key,
 where every member that computed its whole round declares. The design replaces each:
@@ -12,7 +12,7 @@ where every member that computed its whole round declares. The design replaces e
    level s. Every reader takes the smallest level of at most :func:`census_bound` entries
    (:func:`census_level`: it reads that level and the one below) and estimates N as its entries times
    2^s (:func:`census_estimate`). Everyone reads the same keys, so every holder's count is the same
-   (as the whole key's count is today, up to the DHT's staleness); a reader reads at most about three
+   (as the whole key's count is in the peers' code, up to the DHT's staleness); a reader reads at most about three
    times the bound. A writer writes only the levels from two below the one it last read, about two
    records a round.
 2. **Bucket holder keys.** A holder writes its record for round r under its bucket's holders key of

@@ -1,6 +1,6 @@
 """Who volunteers: devices, memory, links, NAT and how long each peer stays, drawn from one seed.
 
-These are models (inputs), not measurements: the shares and ranges below are the issue's (uplinks
+These are models (inputs), not measurements: the shares and ranges below are the benchmark's targets (uplinks
 10-100 Mbit/s, a share behind NAT, GPUs and CPUs of different speeds, 10% of peers leaving per hour)
 and round numbers for the rest, stated in ``docs/BENCHMARKS.md``."""
 

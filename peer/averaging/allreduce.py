@@ -366,8 +366,8 @@ class ReductionServer(PartReducer):
 
         Parts asked again of one member go one at a time: a relayed connection's 128 KiB is shared by
         every stream on it, and all the parts in flight restarted together on each new connection would
-        use it up before any of them got through (measured: no round of a 300k-parameter module between
-        two relayed peers completed), while one part at a time gets two or three through per connection."""
+        use it up before any of them got through (a round between two relayed peers could then never
+        complete), while one part at a time gets whole parts through on each connection."""
         peer = state.group.members[j]
         for attempt in range(RESUMES):
             log.info("part %d.%d of group %s: %r; asking %s again", s, j, state.group.group_id, error, peer[-8:])

@@ -1,6 +1,6 @@
 """The lossless entropy stage on a codec's bytes (``OuterConfig.entropy``, wire codecs ``NAME+zstd``).
 
-Quantised codes are far from uniform, so zstd (level 1) shrinks them by 5-50%. The wire codec
+Quantised codes are far from uniform, so zstd (level 1) shrinks them. The wire codec
 ``int8+zstd`` is ``int8`` whose bytes are zstd-compressed behind a one-byte tag, or sent raw behind
 the other tag when zstd does not shrink them (:mod:`models.codec_spec`). Its decoded values are
 exactly those of ``int8``; its size varies with the data, bounded by ``encoded_size`` (the raw size
@@ -50,11 +50,11 @@ class EntropyCoded(Codec):
     MIN_SAVING = 0.03
     """The least share of the sample zstd must save for the whole to be compressed: below it the
     bytes go raw. The rule: zstd pays where the link time it saves exceeds the CPU it costs. In a round
-    a peer compresses each byte it sends once per 1.5 bytes sent and decompresses 1.5 times as many,
-    about 2.1 ms of CPU per MB sent (zstd level 1: 1.5 ms/MB to compress, 1.1 to decompress, one
-    thread), against 80 ms of link per MB at 100 Mbit/s: a saving above about 2.7% pays, so 3%. int8 and
-    int4 codes of Gaussian deltas save 8.5% and 21% (kept), fp32 values about 7%, random bytes nothing
-    (sent raw after a 16 KiB sample)."""
+    a peer compresses each byte it sends once per 1.5 bytes sent and decompresses 1.5 times as many;
+    at zstd level 1's speed on one thread, against the time a MB takes on a 100 Mbit/s link, a saving
+    just under this share breaks even (``bench.comm`` measures the CPU per MB of each codec). int8 and
+    int4 codes of Gaussian deltas save more and are kept; random bytes save nothing and go raw after
+    a :attr:`SAMPLE`."""
 
     def __init__(self, inner: Codec):
         self.inner = inner

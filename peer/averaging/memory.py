@@ -2,7 +2,7 @@
 
 A round of a 64 MB module touches a few hundred MB of fresh memory (the flattened delta, the
 decoded parts, the average, per-part temporaries); each fresh 4 KiB page costs a page fault and the
-kernel's zeroing, which issue 24 measured at about a quarter of a peer's kernel time. Two remedies
+kernel's zeroing, a large share of a peer's kernel time (``bench.comm``'s ``cpu_s_per_mb``). Two remedies
 live here: :class:`FlatBuffers` keeps the flattened delta's vector from round to round (and, in
 ``NetAverager``, the average and our decoded contribution once the caller hands them back:
 ``NetAverager.give_back``), and :func:`keep_freed_memory` pins glibc's thresholds so that part-sized

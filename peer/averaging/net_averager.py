@@ -251,9 +251,8 @@ class NetAverager:
         self._stopping = threading.Event()
         self._loop = _new_loop()
         # the codec's work (encode, zstd, decode, reduce) runs in this pool, not in asyncio's default
-        # one of up to cores + 4 threads: more threads than CODEC_THREADS only fought over the GIL and
-        # the caches (bench.comm, five alternating pairs: 8% less CPU per MB for int8, 15% for int4,
-        # link efficiency up 0.04 and 0.07 with 2 threads)
+        # one of up to cores + 4 threads: more threads than CODEC_THREADS only fight over the GIL and
+        # the caches, for more CPU per MB and a lower link efficiency (measured by ``bench.comm``)
         self._codec_pool = concurrent.futures.ThreadPoolExecutor(CODEC_THREADS, thread_name_prefix="net-averager-codec")
         self._loop.set_default_executor(self._codec_pool)
         self._thread = threading.Thread(target=self._loop.run_forever, name="net-averager", daemon=True)

@@ -47,9 +47,9 @@ SEGMENT_BLOCKS = 256
 """Smallest segment, in blocks; a vector is cut into at most :data:`MAX_SEGMENTS` of at least this size."""
 MAX_SEGMENTS = 4
 """Most segments of a vector. Each segment opens one stream per pair of members through the p2p
-daemons, whose fixed CPU cost per stream showed in a round's profile (issue 24): with the all-reduce's
-segment-after-segment sending, 8 and 16 gave no better link efficiency than 4 at 100 or 25 Mbit/s
-(``bench.comm``), and cost the event-loop thread about twice the CPU at 16."""
+daemons, which costs a fixed amount of CPU per stream: with the all-reduce's segment-after-segment
+sending, more segments than 4 gave no better link efficiency and cost the event-loop thread more CPU
+(measured by ``bench.comm``'s ``cpu_s_per_mb``)."""
 
 
 def segment_bounds(numel: int, max_segments: int = MAX_SEGMENTS,

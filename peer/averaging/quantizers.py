@@ -270,7 +270,7 @@ class _BlockwiseCodec(_SpecCodec):
         # The extremes (two reductions), then the codes are computed in place in ``values`` (or one
         # temporary): the exchange is CPU-bound on small machines and this is its largest single cost;
         # no fresh round-sized buffer is touched (page faults), and the bytes are unchanged.
-        # amax and amin, not aminmax: torch's aminmax along a dimension is about 6x slower on the CPU
+        # amax and amin, not aminmax: torch's aminmax along a dimension is several times slower on the CPU
         hi, lo = torch.amax(blocks, dim=1, keepdim=True), torch.amin(blocks, dim=1, keepdim=True)  # (nb, 1) each
         # (nb, 1) == blocks.abs().amax(dim=1); + 0.0 makes the -0.0 that maximum(+0.0, -0.0) may give
         # +0.0 (which of the two it returns differs between torch's vector and scalar paths): an
@@ -307,8 +307,8 @@ class _BlockwiseCodec(_SpecCodec):
         """Encode ``flat``: its bytes into ``out`` (uint8, the encoded size) and its decoded values into
         ``values``, each if given; ``advance(n)`` is called as the first ``n`` values are done. Full
         blocks go :data:`_CHUNK_BLOCKS` at a time: each pass over a chunk finds it in the core's cache,
-        where passes over the whole vector each went to memory (on one thread here, 16 Mi values: 16%
-        less CPU with the round trip, half for a plain encode)."""
+        where passes over the whole vector each go to memory (less CPU for the round trip, much less for
+        a plain encode)."""
         flat = _check_flat(flat, finite=False)  # checked per block in _encode_blocks
         numel = flat.numel()
         full, tail = divmod(numel, BLOCK)

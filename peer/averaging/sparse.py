@@ -1,4 +1,4 @@
-"""The sparse pseudo-gradient codec: per-chunk top-k at 2 or 4 bits, with exact averages (issue 26).
+"""The sparse pseudo-gradient codec: per-chunk top-k at 2 or 4 bits, with exact averages.
 
 SparseLoCo (Sarfi et al. 2025) and DeMo (Peng et al. 2024) send, per chunk of the pseudo-gradient,
 only its largest values, coarsely quantised, and keep the rest in a decayed error-feedback buffer

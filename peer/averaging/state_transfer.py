@@ -8,14 +8,14 @@ Newcomer side: :func:`fetch_module_state` tries the module's holders and archive
 DHT records, same config hash, most advanced round first) until one answers, and checks what it
 received.
 
-Through a relay (issue 17): a relay between private addresses resets each relayed connection after
+Through a relay: a relay between private addresses resets each relayed connection after
 128 KiB (``peer.network.relays``), less than a module's state. A transfer cut short resumes: the
 newcomer keeps the bytes it has and asks again from that offset, for the same state (its digest); the
 next dial opens a new relayed connection. The holder keeps the last state it packed of each module
 (:data:`KEPT_SECONDS`) so that every piece comes from one state, and the whole is checked against the
 digest of the first reply.
 
-Admission (issue 9): with a ``verifier`` the holder refuses a requester whose credential is not
+Admission: with a ``verifier`` the holder refuses a requester whose credential is not
 bound to its libp2p peer id, and the newcomer only asks sources whose DHT records carry a valid
 credential. Requests larger than :data:`MAX_REQUEST_BYTES` are refused unread.
 """

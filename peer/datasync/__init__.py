@@ -1,4 +1,4 @@
-"""A volunteer needs no data (issue 18): peers seed the dataset files they hold and fetch their
+"""A volunteer needs no data of its own: peers seed the dataset files they hold and fetch their
 path's shards from each other over hivemind's p2p streams, every chunk verified against the manifest.
 
 - ``seeder``: :class:`Seeder` serves one prepared dataset directory's files chunk by chunk and

@@ -233,7 +233,7 @@ class DiLoCoOptimizer:
         own declaration is paced, so it starts none), and a round with no step ends too, taking the
         round's average with weight :data:`EMPTY_ROUND_WEIGHT` and a delta of zero (its parameters are
         the global copy the last round left), which moves the average by that weight's share of the
-        round's tokens (about 1e-4 in the demo), instead of failing the waiting holder's round."""
+        round's tokens (a tiny share), instead of failing the waiting holder's round."""
         if (self._steps_in_round == 0 and not sparse) or not self._others_waiting(paced_too=sparse):
             return None
         elapsed = self.clock() - self._round_start

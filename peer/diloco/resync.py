@@ -141,6 +141,7 @@ def resync_after_round(opt: DiLoCoOptimizer, report: RoundReport, averager: Any,
                 log.warning("module %s: re-sync failed: %r", mid, e)
         if hasattr(averager, "hold"):
             # the digest of what a newcomer or the archive would fetch from us, stored in the background:
-            # the training loop does not wait on a DHT store per module and round (0.3-0.9 s each on a
-            # busy host, bench.utilization)
+            # the training loop does not wait on a DHT store per module and round (a store can take a
+            # large share of a round on a busy host; ``bench.utilization`` measures the share of wall time
+            # left to training)
             averager.hold(mid, opt.module_round(mid), wait=False, digest=opt.module_digest(mid))

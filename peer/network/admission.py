@@ -1,4 +1,4 @@
-"""The DHT itself refuses records of unadmitted peers (issue 9, admission).
+"""The DHT itself refuses records of unadmitted peers (admission).
 
 Readers already drop records without a valid credential (:func:`peer.network.records.records_from_value`);
 this validator makes every DHT node refuse to *store* them, so an outsider cannot fill the run's

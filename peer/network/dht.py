@@ -142,7 +142,8 @@ class PeerDHT:
         """Whether we seem cut off from the peers at ``maddrs``: at least half of them did not answer the
         last check's probes. The next checks then probe the peers in our routing table too: a peer that
         stays in it through a cut (we sent it no RPC meanwhile) keeps a connection that died in the cut,
-        and the first DHT lookup after the heal waited 3 s on it (hivemind's RPC timeout, ``bench.chaos``).
+        and the first DHT lookup after the heal would wait on it for hivemind's whole RPC timeout
+        (``bench.chaos`` measures the recovery).
         One that does not answer is dropped from the table, as hivemind drops a peer that missed an RPC,
         and closed and dialled afresh once it answers again."""
         listed = self._others(maddrs)
@@ -287,8 +288,8 @@ def start_dht(options: DHTOptions = DHTOptions()) -> PeerDHT:
 READY_GRACE = 60.0
 """Seconds past ``startup_timeout`` that :func:`start_dht` waits for the DHT process to be ready (its
 p2p daemon and bootstrap included) before it gives that process up and starts another, once.
-hivemind's own wait has no bound: a DHT process that never got ready (seen in CI: two test DHT
-nodes of a busy worker never answered, for 300 s) held its caller forever."""
+hivemind's own wait has no bound: a DHT process that never gets ready (a busy machine can leave one
+unanswering) would hold its caller forever."""
 
 
 def _start_process(kwargs: dict[str, Any], timeout: float, attempts: int = 2) -> Any:

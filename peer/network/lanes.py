@@ -1,12 +1,11 @@
 """Direct lanes: the all-reduce's bytes between two reachable peers over a TLS connection of their own.
 
 Every byte hivemind's P2P carries crosses two p2p daemons (our stream to the local daemon over a unix
-socket, the daemon's noise encryption and yamux framing, the same at the other end). On the 2-core
-benchmark machine a daemon spends about 4 ms of CPU per MB it carries, and our side about 2 ms per MB
-on the unix socket: a third of an outer step's exchange CPU (``bench.comm``), taken from training on a
-volunteer's machine. A TLS 1.3 connection between the two processes carries the same bytes,
-encrypted and authenticated, for about 0.9 ms of CPU per MB at each end (the wire and its
-streams: :mod:`peer.network.lane_wire`).
+socket, the daemon's noise encryption and yamux framing, the same at the other end): a large share
+of an outer step's exchange CPU, taken from training on a volunteer's machine (``bench.comm``'s
+``cpu_s_per_mb`` measures it). A TLS 1.3 connection between the two processes carries the same
+bytes, encrypted and authenticated, for less CPU per MB at each end (the wire and its streams:
+:mod:`peer.network.lane_wire`).
 
 A lane is opened over the p2p connection, which authenticates both peers:
 

@@ -1,4 +1,4 @@
-"""A small fault injector for the chaos suite (issue 9): real processes, faults at chosen moments.
+"""A small fault injector for the chaos suite: real processes, faults at chosen moments.
 
 Every fault fires when a *condition* holds (a peer reached a round, a log line appeared), never after
 a sleep, and is recorded as a :class:`FaultEvent` with wall-clock timestamps, so a scenario's report

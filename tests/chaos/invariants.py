@@ -1,4 +1,4 @@
-"""Invariants every chaos scenario checks at its end (issue 9).
+"""Invariants every chaos scenario checks at its end.
 
 - **Replicas identical**: any two snapshots of one module at one round -- across every peer's
   checkpoint directory and the archive's -- are bit-identical (weights and outer momentum).

@@ -1,4 +1,4 @@
-"""Fault suite (issue 9): the coordinator killed with ``kill -9`` mid-run and restarted on the same
+"""Fault suite: the coordinator killed with ``kill -9`` mid-run and restarted on the same
 ``--db``, in a network of a coordinator, an archive and three peers on loopback.
 
 While it is down the peers keep training and averaging (every peer completes two more rounds with the

@@ -1,4 +1,4 @@
-"""Fault suite (issue 9): the disk fills up while a checkpoint is written.
+"""Fault suite: the disk fills up while a checkpoint is written.
 
 A small tmpfs is mounted as the checkpoint directory and filled for real, so ``ENOSPC`` comes from
 the kernel, in the middle of a safetensors write. Invariants: the partial snapshot is gone, ``LATEST``

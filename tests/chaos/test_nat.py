@@ -1,4 +1,4 @@
-"""Volunteers behind a real NAT (issue 17): peers in home namespaces, each behind a router of its own
+"""Volunteers behind a real NAT: peers in home namespaces, each behind a router of its own
 that masquerades (iptables, the kernel's own NAT: the public side cannot dial them back).
 
 Reachability at join: the coordinator dials each joining peer's announced addresses back: the public

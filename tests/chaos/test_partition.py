@@ -1,4 +1,4 @@
-"""Fault suite (issue 9): a network partition. Coordinator and three peers each in a network
+"""Fault suite: a network partition. Coordinator and three peers each in a network
 namespace behind one bridge; a dense (1x1) lattice so every peer holds every module.
 
 Peer2's link goes down until the other two complete two more rounds, then comes back up. Both sides

@@ -1,4 +1,4 @@
-"""Fault suite (issue 9): a peer killed with ``kill -9`` and restarted, twice, in a network of a
+"""Fault suite: a peer killed with ``kill -9`` and restarted, twice, in a network of a
 coordinator, an archive and three peers on loopback.
 
 Faults fire on conditions (rounds reached), never on sleeps. Invariants at the end: replicas at equal

@@ -1,4 +1,4 @@
-"""Fault suite (issue 9): one peer's link drops to 1 Mbit/s. Coordinator and three peers each in a
+"""Fault suite: one peer's link drops to 1 Mbit/s. Coordinator and three peers each in a
 network namespace behind one bridge; a dense (1x1) lattice so every round involves every peer.
 
 While peer2's egress is shaped to 1 Mbit/s (``tbf``), the others' rounds go on without waiting for it:

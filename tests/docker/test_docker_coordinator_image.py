@@ -1,4 +1,4 @@
-"""What the coordinator image holds (issue 21): ``coordinator/``, ``protos/``, the command line and the
+"""What the coordinator image holds: ``coordinator/``, ``protos/``, the command line and the
 torch-free ``models.config`` and ``models.errors``; not the peer, not torch, not the rest of ``models``.
 
 Builds only the coordinator image (no peer image, no torch), so it is the quick container test.

@@ -1,4 +1,4 @@
-"""The images build and are what issue 8 asks: small torch-free coordinator, CPU torch peer, non-root,
+"""The images build and are what a deployment needs: small torch-free coordinator, CPU torch peer, non-root,
 ``hivepath`` behind the entrypoint, one-line errors for missing variables, CUDA image up to torch."""
 
 from __future__ import annotations

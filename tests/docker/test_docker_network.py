@@ -148,7 +148,7 @@ def test_docker_stop_drains_checkpoints_and_exits_0_within_the_grace_period(net)
     print(f"drained and exited in {took:.1f}s")  # exit 0, not docker's SIGKILL (137) at the grace period's end
     # the coordinator knows at once: the peer left (no wait for the lease to expire)
     # the lease is given back before the exit, and never taken again on the way out (a heartbeat racing
-    # the leave used to re-join: a ghost lease holding the path until it expired)
+    # the leave must not re-join: a ghost lease would hold the path until it expired)
     assert peer_id not in net.live(), net.docker.logs(victim)[-3000:]
     assert net.counter("leaves") == leaves + 1
     logs = net.docker.logs(victim)
