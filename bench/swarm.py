@@ -48,7 +48,7 @@ Keys:
 - ``replica_max_abs_diff``: over every pair of snapshots of one module at one round, across all the
   peers' checkpoints (stage servers against path peers included): target 0.
 
-Run: ``python -m bench.swarm`` (about 12 minutes; ``--quick`` for a short smoke run).
+Run: ``python -m bench.swarm`` (``--quick`` for a short smoke run).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Stage mode with real processes on loopback (issue 7): stage servers, a trainer and a path-mode
+"""Stage mode with real processes on loopback: stage servers, a trainer and a path-mode
 peer, each with its own DHT and p2p daemon, averaging over :class:`peer.averaging.net_averager.NetAverager`.
 
 The file is also the peer process: ``python tests/test_stage_pipeline.py '<json options>'`` runs one

@@ -1,6 +1,6 @@
 """One stage server and one client over real hivemind DHTs and p2p daemons (in this process):
 forward/backward match local autograd, and every kind of bad input is refused with a clear error
-while the server keeps serving (issue 7)."""
+while the server keeps serving."""
 
 from __future__ import annotations
 

@@ -22,8 +22,8 @@ until they re-sync to it, for at most two round budgets per round they announce 
 holder does not hold it back for good; overlap members, whose round number moves on whatever the
 last round did, do not wait); holders ahead make it re-sync to them. A peer that just fetched this round's state from us to average
 it counts as a holder at this round before its record is visible, and so does every other member of
-the group we formed last round (its record of this round lands 0.3-0.9 s after that group formed on
-a busy host). A holder serves a round's state
+the group we formed last round (its record of this round lands after that group formed, late on a busy
+host: ``bench.utilization``). A holder serves a round's state
 even while that round's exchange runs, so newcomers can hold a round its holders have left: a leader
 refuses a group whose members all fetched this round's state from holders none of which is in it
 (they would average the old state between them, a second lineage at the same round numbers).
@@ -45,7 +45,7 @@ holders :func:`peer.network.records.group_bucket` puts in it (a member alone in 
 ``LONE`` group and carries its own delta up); the buckets' delegates then matchmake the top group
 (:meth:`Matchmaker.form_top_group`), which needs more than half of the buckets that hold members.
 
-Admission (issue 9): with a ``verifier`` (:class:`peer.network.credentials.CredentialVerifier`) only
+Admission: with a ``verifier`` (:class:`peer.network.credentials.CredentialVerifier`) only
 admitted peers are grouped. Declarations and holder records without a valid credential for their
 writer are ignored, and so are join requests and leader replies without one
 (:mod:`peer.averaging.group_join`). Every refusal is logged once per (peer, reason).
@@ -218,7 +218,7 @@ class Matchmaker(GroupJoin):
         module: each is done with ``key``'s round (a member declares a round only once its last one's
         matchmaking ended; a failed round is declared again, not skipped). A member that declared
         our round during a partition, while it waited for us, then went on without us, is not waited
-        for until the close deadline (about 4 s of the first round after a heal, ``bench.chaos``)."""
+        for until the close deadline (``bench.chaos`` measures the first round after a heal)."""
         head, sep, _ = key.rpartition("_r")
         prefix = head + sep
         round_no = _round_in(key, prefix)
@@ -244,8 +244,8 @@ class Matchmaker(GroupJoin):
         """Send our declaration under ``looking.key`` to the module's other live holders (at most
         :data:`PUSH_MAX`, from our last gather), in the background. It reaches them before the DHT
         record: a slower holder ends its round at its next step (pacing), instead of after its next
-        DHT check, about a second here; a gather counts it without waiting for the store, 0.3-0.5 s on
-        a busy host with 40 ms round trips (``bench.utilization``).
+        DHT check; a gather counts it without waiting for the store, slow on a busy host with far-apart
+        peers (``bench.utilization``).
 
         Only holders we hold a connection to are told: a push never dials. A cut-off peer's holder
         records outlive the cut, and its pushes to them failed every round; each failed dial backs
@@ -329,7 +329,7 @@ class Matchmaker(GroupJoin):
             patience = BEHIND_PATIENCE_ROUNDS * timeout
             looking.expires = get_dht_time() + timeout
             self._declared[module_id] = (key, looking.expires)
-            # pushed to the live holders at once; the DHT store, 0.3-0.5 s on a busy host, runs behind our gather
+            # pushed to the live holders at once; the DHT store, slow on a busy host, runs behind our gather
             # a failed store is a warning: the holders it was pushed to have it; the others do not see us
             # this round, as when a store comes too late
             looking.storing = self._in_background(
@@ -683,7 +683,7 @@ class Matchmaker(GroupJoin):
 
         The other members of the group we formed last round are at this round too: each moved on when
         that group formed, and announces so in the background. Their records may still say the last
-        round (a store takes 0.3-0.9 s on a busy host, and a pushed declaration ends a gather sooner
+        round (a store is slow on a busy host, and a pushed declaration ends a gather sooner
         than that): they are waited for as holders at this round, not left behind as holders a round
         behind (which, once the others declared, would split the group and fork the replicas).
 

@@ -190,7 +190,7 @@ def split_levels(holders: int, max_group_size: int) -> tuple[int, ...]:
 def group_buckets(holders: int, max_group_size: int) -> int:
     """How many groups a module of ``holders`` live holders splits into each round so that none
     exceeds about ``max_group_size`` members: the smallest power of two >= ceil(holders / max_group_size)
-    (1 when ``max_group_size`` <= 0: one group, today's behaviour). A power of two keeps holders that
+    (1 when ``max_group_size`` <= 0: one group of every holder). A power of two keeps holders that
     counted slightly different numbers in agreement except near a doubling, and a holder that counted
     half as many buckets computes the union of two of the other's groups (``bucket % k``)."""
     if max_group_size <= 0 or holders <= max_group_size:
@@ -263,8 +263,8 @@ class GroupDeclaration:
     :meth:`peer.averaging.net_averager.NetAverager.others_waiting`). Such a declaration paces nobody
     in turn: every early end traces back to a member that computed its whole round budget. Without
     this rule, two sets of holders whose module round numbers are offset by one (a newcomer that
-    re-synced one module to a newer round) ended each other's rounds, each as soon as it began:
-    rounds of 2.8 s instead of 10, every group complete (seen once with 8 peers, issue 25)."""
+    re-synced one module to a newer round) would end each other's rounds, each as soon as it began:
+    every group complete, but rounds a fraction of their budget."""
     wire: str = ""
     """The declaring peer's averaging bytes key (:func:`peer.averaging.wire_key`): matchmaking groups only
     declarations of equal keys, whose members compute the same bytes ('' for the averaging protocol's

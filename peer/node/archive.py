@@ -79,9 +79,8 @@ class ArchiveOptions:
     """Validation documents per path scored on a new snapshot, whose bits per byte go to the
     coordinator's status page (0: no scoring; without ``data_dir`` there is nothing to score on). The
     same documents each time, so the history shows the trend; ``hivepath eval`` scores them all.
-    Measured on the tiny preset's 2x2 lattice with the built-in corpus: about 5 CPU seconds per path
-    on an idle core, 20-35 s of wall time for the 4 paths beside three training peers on 2 cores
-    (``--eval-docs``)."""
+    Scoring costs CPU seconds per path, more beside training peers on the same cores (``--eval-docs``
+    bounds it)."""
     eval_interval: float = default("HIVEPATH_ARCHIVE_EVAL_INTERVAL")
     """Seconds between two scorings at least (the archive often shares a machine with trainers;
     ``--eval-interval``)."""

@@ -1,7 +1,7 @@
 """The run's dataset in a long-running peer process: found, prepared or fetched; seeded; kept in budget.
 
 The one place where ``hivepath peer join`` (path and stage mode) and ``hivepath archive`` get their
-data (issue 18: a volunteer needs no data):
+data (a volunteer needs no data of its own):
 
 1. **Local** (:func:`local_dataset`, before the DHT starts): ``--data`` if given (prepared there
    first when it holds no dataset yet and the corpus is here); else the dataset under the work

@@ -73,7 +73,7 @@ class FlatCodec:
 
 
 class TokenIntCodec:
-    """Per-token absmax ``bits``-bit codes, zstd-compressed: about 0.1 of fp32 at 4 bits, 0.14 at 5.
+    """Per-token absmax ``bits``-bit codes, zstd-compressed: a small fraction of fp32's bytes (``bench.stage_codec``).
 
     A tensor is read as rows of its last dimension (a token's C values). Each row gets a scale
     ``absmax / qmax`` (``qmax = 2**(bits - 1) - 1``) rounded to bfloat16 (fp32's range: gradients of a
@@ -90,8 +90,7 @@ class TokenIntCodec:
 
     then one tag byte: :data:`ZSTD` and one zstd frame declaring its content size, or :data:`RAW` and
     the layout as it is where zstd would not shrink it. The codes of real activations are far from
-    uniform: zstd's Huffman stage takes the 4.17 bits a value of the 4-bit layout (C = 96) to 3.2-3.6,
-    and the 8 of the 5-bit one to about 4.5.
+    uniform: zstd's Huffman stage shrinks both layouts well below their raw bits (``bench.stage_codec``).
 
     Re-encoding what this codec decoded gives the same bytes (each row's absmax is ``qmax * scale``
     exactly, and a value on the grid rounds to itself either way), so a tensor relayed by the trainer
@@ -100,8 +99,8 @@ class TokenIntCodec:
 
     RAW, ZSTD = 0, 1
     LEVEL = 3
-    """zstd level: level 3 saves about 2% more than level 1 on these codes at the same speed (about a
-    millisecond to encode a (16, 96, 96) tensor); level 6 another 3% at twice the time."""
+    """zstd level: level 3 saves more than level 1 on these codes at about the same speed; higher levels
+    cost more time than they save."""
 
     def __init__(self, bits: int = 4, stochastic: bool = False) -> None:
         if not 4 <= bits <= 8:
