@@ -45,7 +45,7 @@ from peer.coordinator_client import HeartbeatReply, PeerInfo, Progress, VersionM
 from peer.diloco import PlanBook, RoundReport
 from peer.node.progress import PeerStatus, ProgressView, make_view
 from peer.node.machine_share import MachineShare
-from peer.node.resources import describe_device, measure_tokens_per_s, resolve_device, usable_memory_bytes
+from peer.node.resources import describe_device, measured_tokens_per_s, resolve_device, usable_memory_bytes
 from peer.node.run_data import DataOptions, RunData, Stopped, ensure_dataset
 from peer.node.startup import NetworkOptions, PeerStartup
 from peer.settings import default
@@ -308,7 +308,8 @@ class PeerNode:
                 if device.type == "cuda":  # what torch puts on "cuda" without an index goes to this GPU too
                     torch.cuda.set_device(device)
                 memory = usable_memory_bytes(device, opts.max_memory_gb, self._share.peers_on(str(device)))
-                tokens_per_s = measure_tokens_per_s(cfg.lattice, cfg.inner, device, seconds=opts.measure_seconds)
+                tokens_per_s = measured_tokens_per_s(opts.work_dir, cfg.lattice, cfg.inner, device,
+                                                     seconds=opts.measure_seconds)
                 if opts.cpu_limit < 1.0:  # the coordinator sizes work by what we will do, resting included
                     log.info("--cpu-limit %g: training %.0f%% of the time, %.0f of %.0f tokens/s", opts.cpu_limit,
                              100 * opts.cpu_limit, tokens_per_s * opts.cpu_limit, tokens_per_s)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import psutil
@@ -18,7 +19,13 @@ import torch
 from models.config import LatticeConfig, InnerConfig
 from models.errors import HivepathError
 
-__all__ = ["Capabilities", "resolve_device", "usable_memory_bytes", "measure_tokens_per_s"]
+__all__ = ["Capabilities", "resolve_device", "usable_memory_bytes", "measure_tokens_per_s", "measured_tokens_per_s",
+           "MEASURED_FILE", "REUSE_SECONDS"]
+
+MEASURED_FILE = "measured.json"
+"""The work dir's record of the last throughput measurement (:func:`measured_tokens_per_s`)."""
+REUSE_SECONDS = 3600.0
+"""How old a measurement a restarted peer reuses instead of measuring again."""
 
 log = logging.getLogger(__name__)
 
@@ -104,4 +111,48 @@ def measure_tokens_per_s(
                 break
     rate = tokens / max(elapsed, 1e-9)
     log.info("measured %.0f tokens/s on %s (%d steps)", rate, describe_device(device), step)
+    return rate
+
+
+def _measure_key(lattice: LatticeConfig, inner: InnerConfig, device: torch.device) -> str:
+    """What a throughput measurement depends on: the model and batch, the device, torch's threads and
+    version, this release."""
+    import dataclasses
+    import hashlib
+    import json
+
+    from protos.versions import RELEASE
+
+    what = {"lattice": dataclasses.asdict(lattice), "inner": dataclasses.asdict(inner),
+            "device": describe_device(device), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "release": RELEASE}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def measured_tokens_per_s(work_dir: Path, lattice: LatticeConfig, inner: InnerConfig, device: torch.device,
+                          seconds: float = 2.0, reuse_seconds: float = REUSE_SECONDS) -> float:
+    """:func:`measure_tokens_per_s`, or the figure the same work dir measured less than ``reuse_seconds``
+    ago for the same model, batch, device, threads and release: a peer restarted after a crash or a
+    kill (a preempted stage server) is back in seconds, not after another measurement. The figure only
+    seeds the coordinator's choice of work; what the peer then trains or serves replaces it."""
+    import json
+
+    from models.durable import atomic_write_text
+
+    path = Path(work_dir) / MEASURED_FILE
+    key = _measure_key(lattice, inner, device)
+    try:
+        last = json.loads(path.read_text())
+        age = time.time() - float(last["measured_at"])
+        if last["key"] == key and 0 <= age < reuse_seconds and float(last["tokens_per_s"]) > 0:
+            log.info("reusing the %.0f tokens/s this work dir measured %.0fs ago (same model, device and threads)",
+                     float(last["tokens_per_s"]), age)
+            return float(last["tokens_per_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # none yet, or unreadable: measure
+    rate = measure_tokens_per_s(lattice, inner, device, seconds=seconds)
+    try:
+        atomic_write_text(path, json.dumps({"key": key, "tokens_per_s": rate, "measured_at": time.time()}))
+    except OSError as e:  # a read-only or full disk: the next start measures again
+        log.warning("could not record the measured throughput in %s: %s", path, e)
     return rate
