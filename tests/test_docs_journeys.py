@@ -31,8 +31,8 @@ Long-running commands (``coordinator serve``, ``peer join``, ``archive``, ``hive
 background and are waited for by their readiness (a port, a progress event, a printed address), then
 stopped with SIGTERM (a drain).
 
-``test_operator_journey`` (about half a minute) and the deploy journey outside containers (its blocks at
-once, about forty seconds) run in the default test run; the volunteer's and the generate journeys are
+``test_operator_journey`` (seconds) and the deploy journey outside containers (its blocks at once, about
+forty seconds on a busy two-core machine) run in the default test run; the volunteer's and the generate journeys are
 ``slow``. Container and cloud commands (``docker``, ``sky``, ``kubectl``) are not run here: the Docker
 tests (tests/docker) run the images and Compose, tests/test_deploy_static.py checks the templates.
 """
@@ -275,7 +275,8 @@ def test_deploy_journey_without_containers(procs, tmp_path):
     reader.env["HIVEPATH_DATA"] = "data"
     box = doc_commands("docs/deploy.md", "On a GPU box", 0)
     assert len(box) == 2 and all(c.endswith("&") and "--work-dir" in c for c in box), box
-    with reader.exported(HIVEPATH_PEERS_DIR=str(tmp_path / "peers")):
+    # the box's peers log for a log collector, as deploy.md's HIVEPATH_LOG_FORMAT says: every line JSON
+    with reader.exported(HIVEPATH_PEERS_DIR=str(tmp_path / "peers"), HIVEPATH_LOG_FORMAT="json"):
         reader.run(box)
     gpu_box = reader.started[-2:]
     # the page's two blocks are two ways to start a peer behind NAT: one peer each, in a work dir of its own
@@ -324,6 +325,9 @@ def test_deploy_journey_without_containers(procs, tmp_path):
     assert plain.stdout.startswith(f"peer {joined['peer_id'][:16]} ") and "| healthy: " in plain.stdout
     procs.signal(peer, 15)
     stopped(peer, *gpu_box, *(name for name, _ in nat))
+    for name in gpu_box:
+        lines = procs.log(name).splitlines()
+        assert all(isinstance(json.loads(line), dict) for line in lines), lines  # raises at a line that is not
 
 
 def _accepts(port: int) -> bool:
