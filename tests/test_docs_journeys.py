@@ -247,6 +247,7 @@ def test_deploy_journey_without_containers(procs, tmp_path):
 
     reader = Reader(procs, tmp_path)
     reader.env["HIVEPATH_MEASURE_SECONDS"] = "0.1"
+    reader.env["HIVEPATH_PEERS_DIR"] = str(tmp_path / "machine")  # not counted by other tests' peers, nor they here
     stock, join = doc_commands("docs/deploy.md", "Bootstrap peers")
     assert BOOTSTRAP_EXAMPLE.search(join), "the page's bootstrap address is not the form hivemind-dht prints"
     reader.run([f"{stock} --refresh_period 1"])  # its routing table reported every second, not every 30
