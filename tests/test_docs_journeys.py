@@ -17,25 +17,30 @@ skipped. What must differ from the page, and only that, is substituted (:class:`
   port ``31338`` of ``--lane-port`` become free ports, the public example addresses ``198.51.100.7``
   (a forwarded port) become ``127.0.0.1``, and the bootstrap node's example address
   ``/ip4/203.0.113.7/tcp/31337/p2p/Qm...`` becomes the address the stock ``hivemind-dht`` node of the
-  run printed (:attr:`Reader.bootstrap`);
+  run printed (:attr:`Reader.bootstrap`), and that node reports its routing table every second
+  (``--refresh_period 1``), not every 30 s;
 - ``hivepath peer status`` asks the default status port ``7702``; the peers run with
   ``HIVEPATH_STATUS_PORT`` set to a free port instead (both read it), or with it off (``0``) where no
   doc command asks them.
 
-What a page assumes the reader has is made first: docs/deploy.md's volunteer has the operator's token
-file as ``token`` and a prepared dataset in ``data/`` (``hivepath data prepare --corpus default``).
+What a page assumes the reader has is made for it: docs/deploy.md's volunteer has the operator's token
+file as ``token`` (copied first) and a prepared dataset in ``data/`` (the first of its peers to start
+prepares it there, once).
 
 Long-running commands (``coordinator serve``, ``peer join``, ``archive``, ``hivemind-dht``) start in the
 background and are waited for by their readiness (a port, a progress event, a printed address), then
 stopped with SIGTERM (a drain).
 
-``test_operator_journey`` runs in the default test run (about half a minute); the volunteer's, the
-generate and the deploy journeys (the last about a minute and a half) are ``slow``. Container commands
-(``docker ...``) are the Docker tests' (tests/docker), not these.
+``test_operator_journey`` (seconds) and the deploy journey outside containers (its blocks at once, about
+forty seconds on a busy two-core machine) run in the default test run; the volunteer's and the generate journeys are
+``slow``. Container and cloud commands (``docker``, ``sky``, ``kubectl``) are not run here: the Docker
+tests (tests/docker) run the images and Compose, tests/test_deploy_static.py checks the templates.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import shutil
@@ -43,7 +48,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import pytest
 
@@ -142,6 +147,17 @@ class Reader:
             done.append(out)
         return done
 
+    @contextlib.contextmanager
+    def exported(self, **variables: str) -> Iterator[None]:
+        """``variables`` set for the commands run within, as a reader's ``export`` for one stretch of a
+        page (a command started in the background keeps them)."""
+        before = dict(self.env)
+        self.env.update(variables)
+        try:
+            yield
+        finally:
+            self.env = before
+
     def coordinator_answers(self) -> bool:
         out = subprocess.run(["bash", "-c", "hivepath coordinator status --json"], cwd=self.home, env=self.env,
                              capture_output=True, text=True, timeout=60)
@@ -169,8 +185,6 @@ def test_operator_journey(procs, tmp_path):
     wait_for(reader.coordinator_answers, 120, "the coordinator of the docs to answer")
     plain, as_json = reader.run(status)
     assert "run demo" in plain.stdout
-    import json
-
     assert json.loads(as_json.stdout)["run_id"] == "demo"
     client = _join_a_peer(reader, token, "QmTkFbVDjvRJ6CU9cgWrNHeXRWoHzhtwsmS5CaxLyGqvJ1")
     try:
@@ -216,35 +230,29 @@ def test_generate_journey(procs, tmp_path):
     assert (tmp_path / "exports" / "r1-0-1").is_dir()
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(900)
 def test_deploy_journey_without_containers(procs, tmp_path):
-    """docs/deploy.md outside containers: a stock hivemind DHT node and a peer bootstrapped from the
-    address it printed ("Bootstrap peers"), the peer's health checks ("Health checks"), a peer
-    announcing a forwarded port that the coordinator's dial-back reaches ("Behind NAT or a firewall"),
-    then one peer per GPU as "On a GPU box" starts them (on the CPU here: they share its memory)."""
-    import json
+    """docs/deploy.md outside containers, in the default run: one peer per GPU as "On a GPU box" starts
+    them (on the CPU here: they share its memory); a peer announcing a forwarded port that the
+    coordinator's dial-back reaches, and one forwarding its lane port too ("Behind NAT or a
+    firewall"); a peer bootstrapped from the address a stock hivemind DHT node printed ("Bootstrap
+    peers") and its health checks ("Health checks").
 
+    One coordinator and one stock node serve every block, and the blocks run at once as their readers,
+    on machines of their own, would: the peers start together, those behind NAT each with a work
+    directory of its own (``HIVEPATH_WORK_DIR``). Peers measure their speed for a tenth of a second
+    (``HIVEPATH_MEASURE_SECONDS``): what the blocks show does not depend on it."""
     reader = Reader(procs, tmp_path)
-    reader.env["HIVEPATH_STATUS_PORT"] = str(free_port())
-    reader.run(doc_commands("docs/coordinator.md", "Running it", 0))
-    reader.env["HIVEPATH_TOKEN_FILE"] = "run.token"
-    wait_for(reader.coordinator_answers, 120, "the coordinator to answer")
-    del reader.env["HIVEPATH_TOKEN_FILE"]  # the peers pass --token-file as the page says
-    # what the page assumes the volunteer has: the token file and a prepared dataset
-    shutil.copy(tmp_path / "run.token", tmp_path / "token")
-    reader.run(["hivepath data prepare --corpus default --out data"])
-
+    reader.env["HIVEPATH_MEASURE_SECONDS"] = "0.1"
+    reader.env["HIVEPATH_PEERS_DIR"] = str(tmp_path / "machine")  # not counted by other tests' peers, nor they here
     stock, join = doc_commands("docs/deploy.md", "Bootstrap peers")
     assert BOOTSTRAP_EXAMPLE.search(join), "the page's bootstrap address is not the form hivemind-dht prints"
-    reader.run([stock])
-    node = reader.started[-1]
-    printed = wait_for(lambda: re.search(r"--initial_peers (\S+)", procs.log(node)), 60,
-                       "the stock node to print its address")
-    reader.bootstrap = printed.group(1)
-    assert re.fullmatch(rf"/ip4/[\d.]+/tcp/{reader.p2p_port}/p2p/Qm\w{{44}}", reader.bootstrap), reader.bootstrap
-    reader.run([join])
-    peer = reader.started[-1]
+    reader.run([f"{stock} --refresh_period 1"])  # its routing table reported every second, not every 30
+    node, stock_port = reader.started[-1], reader.p2p_port
+    reader.run(doc_commands("docs/coordinator.md", "Running it", 0))
+    shutil.copy(tmp_path / "run.token", tmp_path / "token")  # the volunteer has the operator's token file
+    with reader.exported(HIVEPATH_TOKEN_FILE="run.token"):
+        wait_for(reader.coordinator_answers, 120, "the coordinator to answer")
 
     def events(name, kind):
         return [e for e in procs.json_lines(name) if e.get("event") == kind]
@@ -255,50 +263,77 @@ def test_deploy_journey_without_containers(procs, tmp_path):
         assert procs.procs[name].poll() is None, procs.log(name)[-3000:]
         return events(name, "join")[0]
 
+    def stopped(*names):
+        """Each of ``names`` (sent SIGTERM) drained and exited 0."""
+        for name in names:
+            assert procs.procs[name].wait(timeout=300) == 0, procs.log(name)[-3000:]
+
+    # the page assumes the volunteers have a prepared copy of the data in data/ (the bootstrap block's
+    # --data data/; HIVEPATH_DATA for the blocks that name none): the first peer to start prepares it, once
+    reader.env["HIVEPATH_DATA"] = "data"
+    box = doc_commands("docs/deploy.md", "On a GPU box", 0)
+    assert len(box) == 2 and all(c.endswith("&") and "--work-dir" in c for c in box), box
+    # the box's peers log for a log collector, as deploy.md's HIVEPATH_LOG_FORMAT says: every line JSON
+    with reader.exported(HIVEPATH_PEERS_DIR=str(tmp_path / "peers"), HIVEPATH_LOG_FORMAT="json"):
+        reader.run(box)
+    gpu_box = reader.started[-2:]
+    # the page's two blocks are two ways to start a peer behind NAT: one peer each, in a work dir of its own
+    behind_nat = [doc_commands("docs/deploy.md", "Behind NAT or a firewall", i) for i in range(2)]
+    assert "--lane-port" not in behind_nat[0][0] and "--lane-port 31338" in behind_nat[1][0]
+    nat = []
+    for i, block in enumerate(behind_nat):
+        reader.p2p_port = free_port()  # the stock node keeps its own
+        with reader.exported(HIVEPATH_WORK_DIR=str(tmp_path / f"behind-nat-{i}")):
+            reader.run(block)
+        nat.append((reader.started[-1], reader.p2p_port))
+    printed = wait_for(lambda: re.search(r"--initial_peers (\S+)", procs.log(node)), 120,
+                       "the stock node to print its address")
+    reader.bootstrap = printed.group(1)
+    assert re.fullmatch(rf"/ip4/[\d.]+/tcp/{stock_port}/p2p/Qm\w{{44}}", reader.bootstrap), reader.bootstrap
+    status_port = str(free_port())
+    with reader.exported(HIVEPATH_STATUS_PORT=status_port):
+        reader.run([join])
+    peer = reader.started[-1]
+
+    # on a GPU box without a GPU both peers take the CPU, register in one directory and the later of the
+    # two offers half the machine's free memory
+    for name in gpu_box:
+        joined_or_exited(name)
+    shared = re.compile(r"sharing the machine's [\d.]+ GB free with 1 other peer: offering [\d.]+ GB")
+    assert any(shared.search(procs.log(name)) for name in gpu_box), [procs.log(n)[-2000:] for n in gpu_box]
+    procs.signal(gpu_box, 15)
+
+    for i, (name, p2p_port) in enumerate(nat):
+        joined = joined_or_exited(name)
+        assert joined["reachability"].startswith(f"reachable at /ip4/127.0.0.1/tcp/{p2p_port}/"), joined
+        if i == 1:  # the lane listens at the port the page forwards
+            wait_for(lambda: _accepts(reader.lane_port), 60, f"the direct lane to listen on {reader.lane_port}")
+    procs.signal([name for name, _ in nat], 15)
+
     joined = joined_or_exited(peer)
     assert "bootstrap failed" not in procs.log(peer)
-    # the stock node reports its routing table every 30 s: the peer is in it
+    # nothing but this peer was given the stock node's address: the node's routing table counts it
     wait_for(lambda: re.search(r"\b([2-9]|\d\d+) DHT nodes \(including this one\)", procs.log(node)), 120,
-             "the stock node to know the peer")
-
+             "the stock node to know the bootstrapped peer")
     health = [c for c in doc_commands("docs/deploy.md", "Health checks") if not c.startswith("docker ")]
-    plain, as_json = reader.run(health)
+    with reader.exported(HIVEPATH_STATUS_PORT=status_port):
+        plain, as_json = reader.run(health)
     document = json.loads(as_json.stdout)
     assert document["peer_id"] == joined["peer_id"] and document["healthy"] is True
     assert plain.stdout.startswith(f"peer {joined['peer_id'][:16]} ") and "| healthy: " in plain.stdout
     procs.signal(peer, 15)
-    assert procs.procs[peer].wait(timeout=300) == 0, procs.log(peer)[-3000:]
+    stopped(peer, *gpu_box, *(name for name, _ in nat))
+    for name in gpu_box:
+        lines = procs.log(name).splitlines()
+        assert lines and not [line for line in lines if not _json_object(line)], lines
 
-    reader.env["HIVEPATH_STATUS_PORT"] = "0"
-    # the page's two blocks are two ways to start one peer (on one work dir): each runs alone, in turn
-    forwarded, with_lane = (doc_commands("docs/deploy.md", "Behind NAT or a firewall", i) for i in range(2))
-    assert "--lane-port" not in forwarded[0] and "--lane-port 31338" in with_lane[0]
-    for block in (forwarded, with_lane):
-        reader.p2p_port = free_port()  # the stock node keeps the first one
-        reader.run(block)
-        behind = reader.started[-1]
-        joined = joined_or_exited(behind)
-        assert joined["reachability"].startswith(f"reachable at /ip4/127.0.0.1/tcp/{reader.p2p_port}/"), joined
-        if block is with_lane:  # the lane listens at the port the page forwards
-            wait_for(lambda: _accepts(reader.lane_port), 60, f"the direct lane to listen on {reader.lane_port}")
-        procs.signal(behind, 15)
-        assert procs.procs[behind].wait(timeout=300) == 0, procs.log(behind)[-3000:]
 
-    # "On a GPU box": one peer per GPU, as the page starts them; on this machine without one both take the
-    # CPU, register in one directory and the later of the two offers half the machine's free memory
-    reader.env["HIVEPATH_PEERS_DIR"] = str(tmp_path / "peers")
-    box = doc_commands("docs/deploy.md", "On a GPU box", 0)
-    assert len(box) == 2 and all(c.endswith("&") and "--work-dir" in c for c in box), box
-    reader.run(box)
-    peers = reader.started[-2:]
-    for name in peers:
-        joined_or_exited(name)
-    shared = re.compile(r"sharing the machine's [\d.]+ GB free with 1 other peer: offering [\d.]+ GB")
-    assert any(shared.search(procs.log(name)) for name in peers), [procs.log(n)[-2000:] for n in peers]
-    for name in peers:
-        procs.signal(name, 15)
-    for name in peers:
-        assert procs.procs[name].wait(timeout=300) == 0, procs.log(name)[-3000:]
+def _json_object(line: str) -> bool:
+    """Whether ``line`` is one JSON object."""
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
 
 
 def _accepts(port: int) -> bool:

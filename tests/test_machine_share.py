@@ -155,6 +155,10 @@ def test_choose_device_alone_and_by_name():
     assert choose_device("auto", {"7@h": "cuda:0"}, gpus=1) == "cuda:0", "one GPU: shared, not refused"
     assert choose_device("auto", {"7@h": "cuda:0", "8@h": "cpu"}, gpus=3) == "cuda:1"
     assert choose_device("CUDA", {}, gpus=2) == "cuda:0" and choose_device("cuda:1", {"7@h": "cuda:1"}, gpus=2) == "cuda:1"
+    with pytest.raises(HivepathError) as refused:  # every GPU taken: each named with the peers on it
+        choose_device("auto", {"9@h": "cuda:1", "7@h": "cuda:0", "10@h": "cpu", "8@g": "cuda:1"}, gpus=2)
+    assert str(refused.value) == ("--device auto: every GPU of this machine has a peer already (cuda:0 by peer 7@h; "
+                                  "cuda:1 by peer 8@g, 9@h); pass --device cuda:N to share one of them, or --device cpu")
     for choice, gpus, problem in (("cuda", 0, "no usable CUDA GPU"), ("cuda:2", 2, "cuda:0 to cuda:1"),
                                   ("tpu", 1, "not one of auto, cpu, cuda, cuda:N")):
         with pytest.raises(HivepathError, match=problem):
