@@ -1,4 +1,4 @@
-"""Docs that run (issue 19): the command blocks of the operator's and the volunteer's journeys, taken
+"""Docs that run: the command blocks of the operator's and the volunteer's journeys, taken
 from the docs and run in the order a reader would, against real processes in a temp directory. A doc
 block that no longer works fails its test.
 
