@@ -126,7 +126,7 @@ def _measure_key(lattice: LatticeConfig, inner: InnerConfig, device: torch.devic
     what = {"lattice": dataclasses.asdict(lattice), "inner": dataclasses.asdict(inner),
             "device": describe_device(device), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "release": RELEASE}
-    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:32]
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str, allow_nan=False).encode()).hexdigest()[:32]
 
 
 def measured_tokens_per_s(work_dir: Path, lattice: LatticeConfig, inner: InnerConfig, device: torch.device,
@@ -137,6 +137,7 @@ def measured_tokens_per_s(work_dir: Path, lattice: LatticeConfig, inner: InnerCo
     seeds the coordinator's choice of work; what the peer then trains or serves replaces it."""
     import json
 
+    from models import strict_json
     from models.durable import atomic_write_text
 
     path = Path(work_dir) / MEASURED_FILE
@@ -152,7 +153,7 @@ def measured_tokens_per_s(work_dir: Path, lattice: LatticeConfig, inner: InnerCo
         pass  # none yet, or unreadable: measure
     rate = measure_tokens_per_s(lattice, inner, device, seconds=seconds)
     try:
-        atomic_write_text(path, json.dumps({"key": key, "tokens_per_s": rate, "measured_at": time.time()}))
+        atomic_write_text(path, strict_json.dumps({"key": key, "tokens_per_s": rate, "measured_at": time.time()}))
     except OSError as e:  # a read-only or full disk: the next start measures again
         log.warning("could not record the measured throughput in %s: %s", path, e)
     return rate
