@@ -39,27 +39,46 @@ def wait_for(condition: Callable[[], T], timeout: float, what: str = "condition"
         time.sleep(interval)
 
 
+_HANDED: set[int] = set()
+"""Ports :func:`free_port` handed out in this process: none is handed out twice (a coordinator under
+test once got the same port for its gRPC and its HTTP server, two draws a moment apart)."""
+
+
 def free_port() -> int:
-    """A TCP port on loopback that was free a moment ago, drawn below the kernel's ephemeral range: a
-    port from that range (``bind`` to 0) can be handed, before the process meant to listen on it
-    starts, to any outgoing connection on the machine as its source port (a coordinator under test
-    once found its ``--http-port`` taken so). Falls back to an ephemeral one."""
+    """A TCP port on loopback that was free a moment ago and that this process was not handed before,
+    drawn below the kernel's ephemeral range: a port from that range (``bind`` to 0) can be handed,
+    before the process meant to listen on it starts, to any outgoing connection on the machine as its
+    source port (a coordinator under test once found its ``--http-port`` taken so). Each pytest-xdist
+    worker draws from its own slice of that range, so two workers never hand out the same port. Falls
+    back to an ephemeral one."""
     try:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         low = 0
-    rng = random.SystemRandom()  # not the tests' seeded generators: xdist workers must not draw alike
-    for _ in range(50 if low > 20000 else 0):
-        port = rng.randrange(10000, low)
+    start, stop = 10000, low
+    worker, workers = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker[2:].isdigit() and workers.isdigit() and int(workers) > 0 and stop > start:
+        width = (stop - start) // int(workers)
+        start, stop = start + int(worker[2:]) * width, start + (int(worker[2:]) + 1) * width
+    rng = random.SystemRandom()  # not the tests' seeded generators: processes must not draw alike
+    for _ in range(50 if stop - start > 1000 else 0):
+        port = rng.randrange(start, stop)
+        if port in _HANDED:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:  # in use
                 continue
+        _HANDED.add(port)
+        return port
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED:
+            _HANDED.add(port)
             return port
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def hivepath_cmd(*args: str) -> list[str]:
