@@ -125,6 +125,13 @@ def _round_in(key: str, prefix: str) -> int:
     return int(round_no) if round_no.isdigit() and (not split or bucket.isdigit()) else -1
 
 
+def _behind_a_formed_group(leaders: list[str], round_no: int) -> Match:
+    """The failed :class:`Match` of a member that finds round ``round_no``'s group begun without it (led
+    by ``leaders``): behind it, it re-syncs to the round that group applies."""
+    return Match(None, f"behind: {', '.join(p[-8:] for p in leaders)} began this round's group without us; "
+                       "re-sync to the round it applies", ahead=round_no + 1)
+
+
 class Matchmaker(GroupJoin):
     """Runs this peer's side of matchmaking for every module it averages (one asyncio loop): gathers
     the declared members of a round, decides (alone, lead, follow, fail), and joins or leads the
@@ -360,13 +367,12 @@ class Matchmaker(GroupJoin):
                 return Match(None, f"holders {', '.join(p[-8:] for p in sorted(missed))} are missing from our read of the "
                                    f"DHT while their records are valid for up to {max(missed.values()):.0f}s more: not "
                                    "averaging without them (they may be at this round)")
-            formed = sorted(p[-8:] for p, d in declared.items() if d.formed) if bucket is None else []
+            formed = sorted(p for p, d in declared.items() if d.formed) if bucket is None else []
             if formed:
                 # a group of this round began without us: a group of the rest would apply a second average
                 # under this round's number; behind it, we re-sync to the round it applies
                 looking.decided.set()
-                return Match(None, f"behind: {', '.join(formed)} began this round's group without us; re-sync to "
-                                   "the round it applies", ahead=round_no + 1)
+                return _behind_a_formed_group(formed, round_no)
             candidates = {p for p, d in declared.items() if d.bandwidth > 0} | ({self.peer_id} if self.bandwidth > 0 else set())
             if not declared:
                 looking.decided.set()
@@ -398,17 +404,16 @@ class Matchmaker(GroupJoin):
                 looking.decided.set()
                 # a split round's bucket is often all newcomers whose sources are in other buckets; the
                 # top group, which needs most buckets at this state, keeps them from a second lineage
-                gave_way: list[str] = []
+                leaders: list[str] = []  # of a group of this round that began without us, read before we begin
 
                 async def formed_elsewhere(members: set[str]) -> str:
-                    reason = await self._formed_without_us(key, digest, members)
-                    gave_way.extend([reason] if reason else [])
-                    return reason
+                    leaders.extend(await self._formed_without_us(key, digest, members))
+                    return _behind_a_formed_group(leaders, round_no).reason if leaders else ""
                 match = Match(*await self._lead(looking, set(declared), close_deadline, end,
                                                 check_sources=bucket is None,
                                                 before_begin=formed_elsewhere if bucket is None else None))
-                if gave_way:
-                    match = Match(None, f"behind: {gave_way[0]}; re-sync to the round it applies", ahead=round_no + 1)
+                if leaders:
+                    match = _behind_a_formed_group(leaders, round_no)
                 elif match.group is not None and bucket is None:
                     self._state_formed(module_id, looking)
             else:
@@ -599,14 +604,13 @@ class Matchmaker(GroupJoin):
         self._in_background(self._declare(looking, looking.expecting, formed=True),
                             "stating that our group formed", logging.WARNING)
 
-    async def _formed_without_us(self, key: str, digest: str, members: set[str]) -> str:
-        """Why we, about to begin a group of ``members`` under ``key``, must not (another member declared
-        at our state led a group of this round that began, :attr:`GroupDeclaration.formed`), or ''."""
+    async def _formed_without_us(self, key: str, digest: str, members: set[str]) -> list[str]:
+        """The holders at our state, not among ``members``, that state under ``key`` that a group they
+        lead began (:attr:`GroupDeclaration.formed`): we, about to begin a group of ``members``, must not."""
         found = await self.dht.get(key, latest=True, return_future=True)
-        leaders = sorted(p[-8:] for p, d in records_from_value(found, GroupDeclaration, self.verifier).items()
-                         if d.formed and d.digest == digest and p not in members
-                         and not self._mismatch(p, d.config_hash, d.data_hash, d.wire))
-        return f"{', '.join(leaders)} began this round's group without us" if leaders else ""
+        return sorted(p for p, d in records_from_value(found, GroupDeclaration, self.verifier).items()
+                      if d.formed and d.digest == digest and p not in members
+                      and not self._mismatch(p, d.config_hash, d.data_hash, d.wire))
 
     async def withdraw(self, module_id: str) -> None:
         """Replace our last declaration for ``module_id`` with a withdrawal (a drain or a release):

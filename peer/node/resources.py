@@ -118,15 +118,13 @@ def _measure_key(lattice: LatticeConfig, inner: InnerConfig, device: torch.devic
     """What a throughput measurement depends on: the model and batch, the device, torch's threads and
     version, this release."""
     import dataclasses
-    import hashlib
-    import json
 
+    from models.config_fields import stable_hash
     from protos.versions import RELEASE
 
-    what = {"lattice": dataclasses.asdict(lattice), "inner": dataclasses.asdict(inner),
-            "device": describe_device(device), "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "release": RELEASE}
-    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str, allow_nan=False).encode()).hexdigest()[:32]
+    return stable_hash({"lattice": dataclasses.asdict(lattice), "inner": dataclasses.asdict(inner),
+                        "device": describe_device(device), "threads": torch.get_num_threads(),
+                        "torch": torch.__version__, "release": RELEASE})
 
 
 def measured_tokens_per_s(work_dir: Path, lattice: LatticeConfig, inner: InnerConfig, device: torch.device,
