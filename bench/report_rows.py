@@ -92,6 +92,12 @@ ROWS: tuple[Row, ...] = tuple(
              ("==", 0)),
             ("path_round_failures_naming_small_peers", "path peers' failed rounds whose reason names a small peer"),
             ("activation_bytes_ratio", "activation bytes over fp32 (the default codec)", ("<=", 0.125)),
+            ("kill_retention", "tokens/s with kills over without"),
+            ("replica_max_abs_diff", "largest difference between replicas", ("==", 0.0)))
+    + _rows("swarm_standby", "swarm_standby",
+            ("throughput_fraction", "with a standby server a level: trainers' tokens/s over the least level capacity"),
+            ("throughput_fraction_with_kills", "the same with a server killed every 30 s"),
+            ("kill_retention", "tokens/s with kills over without (bench.swarm's: its own row)"),
             ("replica_max_abs_diff", "largest difference between replicas", ("==", 0.0)))
     + _rows("stage_codec", "stage_codec",
             ("activation_bytes_ratio", "activation bytes over fp32 (the candidate: peers' default)", ("<=", 0.125)),

@@ -77,13 +77,21 @@ async def _run(port: int, pid: int, peers: int, storm: int, seconds: float) -> d
                         await asyncio.gather(*(join(i) for i in range(start, min(peers, start + 64))))):
             beats.append(pb.HeartbeatStreamRequest(heartbeat=pb.HeartbeatRequest(
                 lease_id=r.lease.lease_id, peer_id=peer_id(i), assignment_version=r.assignment.version)))
-    streams = [stub.HeartbeatStream() for _ in beats]
+    # each stream opens with its peer's first heartbeat, as a peer's does: opened all at once and written
+    # later, gRPC cancels the ones that wait past about a thousand
+    streams: list = [None] * len(beats)
     latencies: list[float] = []
 
     async def beat(i: int) -> None:
         s = time.perf_counter()
-        await streams[i].write(beats[i])
-        await streams[i].read()
+        if streams[i] is None:
+            streams[i] = stub.HeartbeatStream()
+        try:
+            await streams[i].write(beats[i])
+            await streams[i].read()
+        except asyncio.InvalidStateError:  # the server ended the stream: say why
+            raise RuntimeError(f"heartbeat stream {i} ended by the coordinator: {await streams[i].code()} "
+                               f"{await streams[i].details()}") from None
         latencies.append(time.perf_counter() - s)
 
     for start in range(0, len(beats), 64):  # each stream opened with the peer's first heartbeat on it

@@ -41,6 +41,9 @@ Keys:
   slow link a longer H in the stage window (``path_planned_h``, each window's largest H a path peer
   logged), which lengthens the path peers' rounds without slowing their training: this ratio tells
   the two apart.
+- ``kill_retention``: the trainers' tokens/s in the kill window over the stage window's (report).
+  ``--servers-per-level 2`` (``python -m bench.swarm_standby``, result ``swarm_standby``) runs the same
+  with a standby server on each driven level: fewer trainers, and kills cost a retry, not a pause.
 - ``activation_bytes_ratio``: bytes of activations and gradients the trainers sent and received over
   their fp32 size (4 tensors per level per token), in this run's codec; the codec's effect on bits
   per byte at equal tokens (``stage_bpb_gap_vs_fp32``) is ``bench.stage_codec``'s, measured in one
@@ -217,7 +220,7 @@ def _pinned(cpus: Optional[set[int]]) -> None:
 
 
 def run(work: Path, control_s: float, stage_s: float, kill_s: float, seed: int,
-        isolate: bool = True) -> dict[str, Any]:
+        isolate: bool = True, servers_per_level: Optional[int] = None) -> dict[str, Any]:
     from chaos.nsnet import NsNetwork
     from chaos.scenario import prepare_dataset
     from helpers.network import Network
@@ -252,7 +255,9 @@ def run(work: Path, control_s: float, stage_s: float, kill_s: float, seed: int,
             log.warning("no network namespaces (%s): loopback, no link limit", why)
             net = Network(procs, work / "net", data.dir, data.manifest_hash)
             start = lambda name, *extra: net.start_peer(name, *extra)  # noqa: E731
-        net.run_toml.write_text(RUN_TOML.format(manifest_hash=data.manifest_hash))
+        net.run_toml.write_text(RUN_TOML.format(manifest_hash=data.manifest_hash) + (
+            f"servers_per_level = {servers_per_level}\n" if servers_per_level is not None else ""))
+        out["servers_per_level"] = servers_per_level
         # /status.json: from inside namespace 0 (NsNetwork.status), or over loopback
         status = net.status if bridge is not None else net.status_json
         _pinned(halves[1] if halves else None)
@@ -336,7 +341,8 @@ def run(work: Path, control_s: float, stage_s: float, kill_s: float, seed: int,
         t4 = time.time()
         killed_tps = sum(_tokens(net, n, t3, t4) for n in trainers) / max(1e-9, t4 - t3)
         out.update({"kills": kills, "pipeline_tokens_per_s_with_kills": round(killed_tps, 1),
-                    "throughput_fraction_with_kills": killed_tps / bottleneck if bottleneck > 0 else None})
+                    "throughput_fraction_with_kills": killed_tps / bottleneck if bottleneck > 0 else None,
+                    "kill_retention": killed_tps / trainer_tps if trainer_tps > 0 else None})
         codes = {}
         for n in list(works):
             procs.signal(n, signal.SIGTERM)
@@ -395,17 +401,24 @@ def main(argv: Optional[list[str]] = None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="a short smoke run (not a measurement)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, checkpoints) and say where")
+    ap.add_argument("--servers-per-level", type=int, default=None, metavar="N",
+                    help="the coordinator's servers_per_level (default: its default, 1); 2 puts a standby "
+                         "server on each driven level")
     ap.add_argument("--shared-cpus", action="store_true",
                     help="every process on every CPU (default: the path peers on one half of the CPUs, the "
                          "coordinator and the small peers on the other, as on machines of their own)")
     args = ap.parse_args(argv)
+    if args.servers_per_level is not None and args.servers_per_level < 1:
+        ap.error(f"--servers-per-level must be >= 1, got {args.servers_per_level}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.quick:
         args.control, args.stage, args.kills = 20.0, 40.0, 35.0
     with work_directory("hivepath-swarm-", keep=args.keep) as work:
-        result = run(work, args.control, args.stage, args.kills, args.seed, isolate=not args.shared_cpus)
+        result = run(work, args.control, args.stage, args.kills, args.seed, isolate=not args.shared_cpus,
+                     servers_per_level=args.servers_per_level)
         result["quick"] = args.quick
-    return emit("swarm_quick" if args.quick else "swarm", result)
+    return emit(("swarm_standby" if args.servers_per_level == 2 else "swarm") + ("_quick" if args.quick else ""),
+                result)
 
 
 if __name__ == "__main__":

@@ -13,16 +13,19 @@ A small peer's role at join, in this order:
 1. **trainer** of a complete pipeline that nobody drives;
 2. **server** of the busiest module of a driven pipeline once its servers are busier than
    ``server_busy_share`` of what they can serve (the pipeline's bottleneck);
-3. **trainer**, a second one, of a driven pipeline whose servers are all measured and less busy;
-4. **server** of the next missing level of the pipeline closest to complete (the most levels served;
+3. **server**, a second one (up to ``servers_per_level``), of a driven pipeline's level that has
+   fewer: a server that stops then costs its trainers a retry on the other, not a pause;
+4. **trainer**, a second one, of a driven pipeline whose servers are all measured and less busy;
+5. **server** of the next missing level of the pipeline closest to complete (the most levels served;
    among equals, the path with the least path-mode throughput): it waits, idle, until the pipeline
    is whole and driven.
 
 Rebalancing (one move a tick, a peer at most once per ``min_move_interval``, peers that asked for a
 role never): a driven pipeline's empty level is refilled from an idle server (one on no driven
 trainer's path) or a module with two or more servers; a trainer whose pipeline lost a level moves to a
-complete pipeline nobody drives; an idle server moves to a driven pipeline's bottleneck, or, when every
-level of a driven pipeline has room, drives it as another trainer.
+complete pipeline nobody drives; an idle server moves to a driven pipeline's bottleneck, else to a
+driven level with fewer than ``servers_per_level`` servers, or, when every level of a driven pipeline
+has room, drives it as another trainer.
 """
 
 from __future__ import annotations
@@ -97,6 +100,25 @@ def _bottleneck(run: RunConfig, view: ClusterView, share: float) -> Optional[tup
             if busy is not None and busy >= share and (best is None or (-busy, m) < (-best[0], best[1])):
                 best = (busy, m, path)
     return None if best is None else (best[1], best[0], best[2])
+
+
+def _thin(run: RunConfig, view: ClusterView, wanted: int) -> Optional[tuple[str, int, Path_]]:
+    """The module of a driven pipeline's served level with the fewest servers, when fewer than
+    ``wanted``: (module, its servers, the pipeline); None when every driven level has enough. (A level
+    with no server is a missing one, refilled by the rules for those.)"""
+    best: Optional[tuple[int, str, Path_]] = None
+    for path in _driven(run, view):
+        for m in _blocks(run, path):
+            n = len(view.stage_peers.get(m, {}))
+            if 0 < n < wanted and (best is None or (n, m) < best[:2]):
+                best = (n, m, path)
+    return None if best is None else (best[1], best[0], best[2])
+
+
+def _standby_reason(thin: tuple[str, int, Path_]) -> str:
+    module, n, path = thin
+    return (f"{module} has {n} server{'s' if n != 1 else ''} on driven pipeline {format_path(path)}: one more lets its "
+            f"trainers retry on it when a server stops, instead of pausing")
 
 
 def _closest(run: RunConfig, view: ClusterView) -> Path_:
@@ -179,6 +201,11 @@ def assign_small(caps: Capabilities, view: ClusterView, run: RunConfig, settings
             a = stage_assignment(neck[0], caps, run, settings,
                                  f"{small}: the servers of {neck[0]} are {neck[1]:.0%} busy, the bottleneck of "
                                  f"pipeline {format_path(neck[2])}", version)
+            return a, a.reason
+    if can_serve:
+        thin = _thin(run, view, settings.servers_per_level)
+        if thin is not None and thin[0] in fitting:
+            a = stage_assignment(thin[0], caps, run, settings, f"{small}: {_standby_reason(thin)}", version)
             return a, a.reason
     if can_train:
         calm = _calm(run, view, settings.server_busy_share)
@@ -265,6 +292,14 @@ def rebalance_pipelines(now: float, last_moved: Mapping[str, float], caps: Mappi
                 why = (f"moved from stage {old.module_id}, which no trainer drives, to {neck[0]}: its servers are "
                        f"{neck[1]:.0%} busy, the bottleneck of pipeline {format_path(neck[2])}")
                 return moved(peer_id, stage_assignment(neck[0], caps[peer_id], run, settings, why, old.version + 1))
+    # an idle server to a driven level with too few servers to fail over
+    thin = _thin(run, view, settings.servers_per_level)
+    if thin is not None:
+        for peer_id in idle:
+            if movable(peer_id) and fits(peer_id, thin[0]):
+                old = view.assignments[peer_id]
+                why = f"moved from stage {old.module_id}, which no trainer drives, to {thin[0]}: {_standby_reason(thin)}"
+                return moved(peer_id, stage_assignment(thin[0], caps[peer_id], run, settings, why, old.version + 1))
     # an idle server beside driven pipelines whose servers all have room: it drives one as a trainer
     calm = _calm(run, view, settings.server_busy_share)
     if calm is not None:

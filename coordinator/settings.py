@@ -72,6 +72,12 @@ class CoordinatorSettings:
     server_busy_share: float = 0.8
     """A driven pipeline's stage whose servers are busier than this share of what they can serve is
     its bottleneck: a small peer joins it as a server; below it on every level, as another trainer."""
+    servers_per_level: int = 1
+    """Servers each level of a driven pipeline gets (when small peers fit its module) before a small
+    peer drives it harder or starts another pipeline. 2 suits pools that lose peers often (spot
+    instances): a server that stops then costs its trainers a retry on the other (SWARM's redundancy),
+    not a pause until it is back or the level is refilled, at the price of the trainers the standby
+    servers could have been."""
     max_inner_steps_factor: int = 8
     """Largest multiple of the run's H given to a slow-linked peer, and the largest H the planner
     chooses for a module (the run's H times this)."""
@@ -145,6 +151,8 @@ class CoordinatorSettings:
                 f"{self.credential_timeout} must exceed twice heartbeat_interval={self.heartbeat_interval} "
                 "(credentials are renewed in heartbeat replies)",
             )
+        if self.servers_per_level < 1:
+            raise ConfigError("coordinator.servers_per_level", f"must be >= 1, got {self.servers_per_level}")
         if not 0 < self.server_busy_share <= 1:
             raise ConfigError("coordinator.server_busy_share", f"must be in (0, 1], got {self.server_busy_share}")
         if not 0 < self.memory_headroom <= 1:

@@ -17,13 +17,17 @@ from models.presets import tiny_cpu
 
 RUN = tiny_cpu()
 SETTINGS = CoordinatorSettings(min_move_interval=60.0)
+"""The default: one server a level."""
+STANDBY = SETTINGS.replace(servers_per_level=2)
+"""Two servers a driven level before more trainers or another pipeline."""
 _, PATH_NEED = fits_path(Capabilities("cpu", 8 << 30, 1000.0), RUN, SETTINGS)
 SMALL = Capabilities("cpu", int(PATH_NEED * 0.6), 5000.0)
 BIG = Capabilities("cpu", 8 << 30, 1000.0)
 
 
-def _join(view: ClusterView, pid: str, caps: Capabilities = SMALL, role: str = "", tps: float = 0.0):
-    a, reason = assign_peer(0.0, caps, view, RUN, SETTINGS, role=role)
+def _join(view: ClusterView, pid: str, caps: Capabilities = SMALL, role: str = "", tps: float = 0.0,
+          settings: CoordinatorSettings = SETTINGS):
+    a, reason = assign_peer(0.0, caps, view, RUN, settings, role=role)
     assert a is not None, reason
     view.add(pid, a, tps if a.mode != MODE_PATH else caps.tokens_per_s)
     return a
@@ -55,6 +59,55 @@ def test_six_small_peers_form_two_pipelines():
     running = [r for r in pipelines(RUN, view) if r["state"] == "running"]
     assert len(running) == 2 and running[0]["path"] != running[1]["path"]
     assert all(lv["servers"] for r in running for lv in r["levels"])
+
+
+def test_six_small_peers_give_each_level_a_standby_before_another_pipeline():
+    view = ClusterView()
+    got = [_join(view, f"s{i}", settings=STANDBY) for i in range(6)]
+    assert [a.mode for a in got] == [MODE_STAGE, MODE_STAGE, MODE_TRAINER, MODE_STAGE, MODE_STAGE, MODE_STAGE]
+    [running] = [r for r in pipelines(RUN, view) if r["state"] == "running"]
+    assert [len(lv["servers"]) for lv in running["levels"]] == [2, 2]
+    for a in got[3:5]:
+        assert a.module_id in {lv["module"] for lv in running["levels"]}
+        assert "1 server on driven pipeline" in a.reason and "retry on it when a server stops" in a.reason
+    # the sixth serves toward a second pipeline, off the running one's path
+    assert got[5].module_id not in {lv["module"] for lv in running["levels"]}
+
+
+def test_an_idle_server_becomes_a_standby_before_it_drives():
+    view = ClusterView()
+    for i in range(4):  # one server a level: a running pipeline, and one server toward the next (idle)
+        _join(view, f"s{i}")
+    [running] = [r for r in pipelines(RUN, view) if r["state"] == "running"]
+    used = {lv["module"] for lv in running["levels"]}
+    [idle] = [p for p, a in view.assignments.items() if a.mode == MODE_STAGE and a.module_id not in used]
+    for pid, a in list(view.assignments.items()):
+        if a.mode == MODE_STAGE and a.module_id in used:
+            view.set_tokens_per_s(pid, 300.0, 1000.0)
+    caps = {p: SMALL for p in view.assignments}
+    move, reason = rebalance_pipelines(0.0, {}, caps, view, RUN, STANDBY)
+    assert move is not None and move.peer_id == idle and move.assignment.mode == MODE_STAGE
+    assert move.assignment.module_id == min(used) and "instead of pausing" in reason
+    _apply(view, move)
+    # the other level has one server still; with none idle, no move takes a driven server away
+    move, reason = rebalance_pipelines(0.0, {}, caps, view, RUN, STANDBY)
+    assert move is None, reason
+
+
+def test_a_level_with_a_standby_keeps_running_when_a_server_leaves():
+    view = ClusterView()
+    for i in range(5):
+        _join(view, f"s{i}", settings=STANDBY)
+    [running] = [r for r in pipelines(RUN, view) if r["state"] == "running"]
+    level0 = running["levels"][0]
+    view.remove(level0["servers"][0]["peer_id"])
+    [after] = pipelines(RUN, view)
+    assert after["state"] == "running" and len(after["levels"][0]["servers"]) == 1
+    caps = {p: SMALL for p in view.assignments}
+    move, reason = rebalance_pipelines(0.0, {}, caps, view, RUN, STANDBY)
+    assert move is None, "no idle server: the level runs on its standby until a peer joins"
+    a = _join(view, "s9", settings=STANDBY)
+    assert a.mode == MODE_STAGE and a.module_id == level0["module"]
 
 
 def _driven(busy: dict[int, float]) -> ClusterView:

@@ -152,3 +152,52 @@ def test_small_volunteers_train_through_a_pipeline_beside_path_peers(procs, tmp_
         assert diff == 0.0 and stage_pairs >= 1, (stage_pairs, first)
     finally:
         net.close()
+
+
+def _failovers(net: Network, name: str) -> list[dict]:
+    return [e for e in net.progress_lines(name) if e.get("event") == "failover"]
+
+
+@pytest.mark.slow
+def test_a_standby_server_takes_a_killed_servers_requests(procs, tmp_path, dataset):
+    """``servers_per_level = 2``: five small volunteers make one pipeline with two servers a level.
+    A server killed with SIGKILL costs the trainer a retry on the other server of its level (a
+    ``failover`` event naming the server it went to), and the pipeline trains on with no newcomer
+    and before the killed one is back."""
+    net = Network(procs, tmp_path, dataset.dir, dataset.manifest_hash, lease_timeout=8.0,
+                  extra_toml="servers_per_level = 2\n")
+    try:
+        net.start_coordinator()
+        names = [f"small{i}" for i in range(5)]
+        for n in names:
+            net.start_peer(n, *SMALL)
+        wait_for(lambda: all(_last(net, n, "peer_id", "") for n in names), 180, "the small peers to join")
+        ids = {n: net.peer_id(n) for n in names}
+        rows = wait_for(lambda: (r := _roles(net)) and all(ids[n] in r for n in names) and r, 60, "their roles")
+        modes = {n: rows[ids[n]]["assignment"]["mode"] for n in names}
+        assert sorted(modes.values()) == ["stage"] * 4 + ["trainer"], rows
+        trainer = next(n for n in names if modes[n] == "trainer")
+        module = {n: rows[ids[n]]["assignment"]["module_id"] for n in names if modes[n] == "stage"}
+        assert sorted(module.values()).count(sorted(module.values())[0]) == 2 and len(set(module.values())) == 2
+        wait_for(lambda: all(_last(net, s, "tokens") > 0 for s in module), 240, "every server to serve tokens")
+        victim = next(iter(module))
+        twin = next(s for s in module if s != victim and module[s] == module[victim])
+        served = _last(net, twin, "tokens")
+        killed = time.time()
+        procs.signal(victim, signal.SIGKILL)
+        procs.procs[victim].wait(timeout=30)
+        before = _last(net, trainer, "tokens")
+        wait_for(lambda: _last(net, trainer, "tokens") > before + 2000, 240, "the pipeline training on its standby")
+        assert _last(net, twin, "tokens") > served, "the standby took the killed server's requests"
+        assert all(n == victim or procs.procs[n].poll() is None for n in names)
+        # the trainer never found the level empty (it waits then, its step dropped), and its requests
+        # to the killed server went on to the twin
+        assert not [e for e in net.progress_lines(trainer) if e.get("event") == "progress"
+                    and e.get("time", 0.0) > killed and e.get("state") == "waiting"]
+        moved = [e for e in _failovers(net, trainer) if e.get("from_server") == ids[victim]]
+        assert moved and all(e.get("to_server") in (ids[twin], None) for e in moved), moved
+        assert any(e.get("to_server") == ids[twin] for e in moved), moved
+        codes = [net.stop(n) for n in names if n != victim]
+        assert codes == [0] * 4, codes
+    finally:
+        net.close()
