@@ -46,13 +46,22 @@ def _git(*args: str) -> subprocess.CompletedProcess:
 
 @lru_cache(maxsize=None)
 def measures(bench: str) -> tuple[str, ...]:
-    """The ``MEASURES`` tuple of ``bench/BENCH.py``, read from its source (nothing is imported)."""
+    """The ``MEASURES`` tuple of ``bench/BENCH.py``, read from its source (nothing is imported). An
+    entry ``*other.MEASURES`` takes in what ``bench/other.py`` measures (a variant of that benchmark)."""
     path = ROOT / "bench" / f"{bench}.py"
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "MEASURES" for t in node.targets):
-            value = ast.literal_eval(node.value)
-            if isinstance(value, tuple) and value and all(isinstance(p, str) for p in value):
-                return value
+            if not isinstance(node.value, ast.Tuple):
+                break
+            value: list[str] = []
+            for elt in node.value.elts:
+                if (isinstance(elt, ast.Starred) and isinstance(elt.value, ast.Attribute)
+                        and elt.value.attr == "MEASURES" and isinstance(elt.value.value, ast.Name)):
+                    value.extend(measures(elt.value.value.id))
+                else:
+                    value.append(ast.literal_eval(elt))
+            if value and all(isinstance(p, str) for p in value):
+                return tuple(value)
     raise ValueError(f"bench/{bench}.py declares no MEASURES tuple of paths")
 
 

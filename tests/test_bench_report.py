@@ -75,6 +75,14 @@ def test_every_benchmark_declares_the_code_it_measures():
         assert not missing, f"bench.{name}'s MEASURES names paths that do not exist: {missing}"
 
 
+def test_a_variant_measures_what_the_benchmark_it_runs_measures():
+    """``bench.swarm_standby`` runs ``bench.swarm`` with a flag: its MEASURES take in swarm's
+    (``*swarm.MEASURES``) and add its own module, so a change to either makes its result stale."""
+    assert set(report.measures("swarm")) < set(report.measures("swarm_standby"))
+    assert "bench/swarm_standby.py" in report.measures("swarm_standby")
+    assert report.freshness("", False, report.measures("swarm_standby")).stale
+
+
 def test_every_row_reads_a_key_its_result_holds():
     for row in ROWS:
         result = json.loads((report.RESULTS / f"{row.result}.json").read_text())
