@@ -417,8 +417,8 @@ def main(argv: Optional[list[str]] = None) -> dict:
         result = run(work, args.control, args.stage, args.kills, args.seed, isolate=not args.shared_cpus,
                      servers_per_level=args.servers_per_level)
         result["quick"] = args.quick
-    return emit(("swarm_standby" if args.servers_per_level == 2 else "swarm") + ("_quick" if args.quick else ""),
-                result)
+    standby = (args.servers_per_level or 1) > 1  # never written over the default run's result
+    return emit(("swarm_standby" if standby else "swarm") + ("_quick" if args.quick else ""), result)
 
 
 if __name__ == "__main__":

@@ -91,14 +91,16 @@ def _driven(run: RunConfig, view: ClusterView) -> list[Path_]:
     return sorted(p for p in view.trainer_peers if view.complete(_blocks(run, p)))
 
 
+def _driven_levels(run: RunConfig, view: ClusterView) -> list[tuple[str, Path_]]:
+    """(module, path) for each level of each driven pipeline, paths in order."""
+    return [(m, path) for path in _driven(run, view) for m in _blocks(run, path)]
+
+
 def _bottleneck(run: RunConfig, view: ClusterView, share: float) -> Optional[tuple[str, float, Path_]]:
     """The busiest module of a driven pipeline whose servers are busier than ``share``."""
-    best: Optional[tuple[float, str, Path_]] = None
-    for path in _driven(run, view):
-        for m in _blocks(run, path):
-            busy = busy_share(view, m)
-            if busy is not None and busy >= share and (best is None or (-busy, m) < (-best[0], best[1])):
-                best = (busy, m, path)
+    busy = [(b, m, path) for m, path in _driven_levels(run, view)
+            if (b := busy_share(view, m)) is not None and b >= share]
+    best = min(busy, key=lambda x: (-x[0], x[1]), default=None)
     return None if best is None else (best[1], best[0], best[2])
 
 
@@ -106,13 +108,9 @@ def _thin(run: RunConfig, view: ClusterView, wanted: int) -> Optional[tuple[str,
     """The module of a driven pipeline's served level with the fewest servers, when fewer than
     ``wanted``: (module, its servers, the pipeline); None when every driven level has enough. (A level
     with no server is a missing one, refilled by the rules for those.)"""
-    best: Optional[tuple[int, str, Path_]] = None
-    for path in _driven(run, view):
-        for m in _blocks(run, path):
-            n = len(view.stage_peers.get(m, {}))
-            if 0 < n < wanted and (best is None or (n, m) < best[:2]):
-                best = (n, m, path)
-    return None if best is None else (best[1], best[0], best[2])
+    few = [(m, n, path) for m, path in _driven_levels(run, view)
+           if 0 < (n := len(view.stage_peers.get(m, {}))) < wanted]
+    return min(few, key=lambda x: (x[1], x[0]), default=None)
 
 
 def _standby_reason(thin: tuple[str, int, Path_]) -> str:
@@ -283,23 +281,23 @@ def rebalance_pipelines(now: float, last_moved: Mapping[str, float], caps: Mappi
                            f"{format_path(target)}, complete and not driven")
                     return moved(peer_id, trainer_assignment(target, caps[peer_id], run, settings, why,
                                                              old.version + 1))
-    # an idle server to a driven pipeline's bottleneck
+    def idle_to(module: str, because: str) -> Optional[tuple[Move, str]]:
+        """The first movable idle server that fits ``module``, moved to serve it."""
+        for peer_id in idle:
+            if movable(peer_id) and fits(peer_id, module):
+                old = view.assignments[peer_id]
+                why = f"moved from stage {old.module_id}, which no trainer drives, to {module}: {because}"
+                return moved(peer_id, stage_assignment(module, caps[peer_id], run, settings, why, old.version + 1))
+        return None
+
+    # an idle server to a driven pipeline's bottleneck, else to a driven level with too few servers
     neck = _bottleneck(run, view, settings.server_busy_share)
-    if neck is not None:
-        for peer_id in idle:
-            if movable(peer_id) and fits(peer_id, neck[0]):
-                old = view.assignments[peer_id]
-                why = (f"moved from stage {old.module_id}, which no trainer drives, to {neck[0]}: its servers are "
-                       f"{neck[1]:.0%} busy, the bottleneck of pipeline {format_path(neck[2])}")
-                return moved(peer_id, stage_assignment(neck[0], caps[peer_id], run, settings, why, old.version + 1))
-    # an idle server to a driven level with too few servers to fail over
+    if neck is not None and (move := idle_to(neck[0], f"its servers are {neck[1]:.0%} busy, the bottleneck of "
+                                                      f"pipeline {format_path(neck[2])}")) is not None:
+        return move
     thin = _thin(run, view, settings.servers_per_level)
-    if thin is not None:
-        for peer_id in idle:
-            if movable(peer_id) and fits(peer_id, thin[0]):
-                old = view.assignments[peer_id]
-                why = f"moved from stage {old.module_id}, which no trainer drives, to {thin[0]}: {_standby_reason(thin)}"
-                return moved(peer_id, stage_assignment(thin[0], caps[peer_id], run, settings, why, old.version + 1))
+    if thin is not None and (move := idle_to(thin[0], _standby_reason(thin))) is not None:
+        return move
     # an idle server beside driven pipelines whose servers all have room: it drives one as a trainer
     calm = _calm(run, view, settings.server_busy_share)
     if calm is not None:
