@@ -14,7 +14,9 @@ participant runs and listens; :meth:`NetnsBridge.address` is its address on the 
 participant's public one, its router's).
 
 Each peer's egress is shaped with ``tc qdisc add dev eth0 root tbf rate RATE burst 64kb limit 4mb``
-(a queue of a few MB: small queues drop packets at low rates). The bridge lives in its own
+(a queue of a few MB: small queues drop packets at low rates): one ``rate`` for all, or one per
+participant (``rates``), changed during a run with :meth:`NetnsBridge.set_rate`. Only the upload is
+shaped: a participant's download is limited by its senders' egress (and the sum of what they send). The bridge lives in its own
 namespace, so nothing is added to the host's network; traffic only goes between the addresses of
 the namespaces created here (a private range, never 198.18.0.0/15 where libp2p does not route).
 Everything is removed on :meth:`NetnsBridge.close` (also on failure: use it as a context manager).
@@ -59,13 +61,21 @@ def _sh(*args: str) -> None:
 
 
 class NetnsBridge:
-    """``n`` namespaces ``{prefix}-p{i}`` with address ``{subnet}.{i + 1}`` behind one bridge."""
+    """``n`` namespaces ``{prefix}-p{i}`` with address ``{subnet}.{i + 1}`` behind one bridge.
+
+    ``rate``: every participant's egress (tc rate, e.g. ``100mbit``); ``rates``: one per participant
+    instead (``n`` of them)."""
 
     def __init__(self, n: int, rate: str = "100mbit", subnet: str = "10.77.0", prefix: str = "hpb",
-                 burst: str = "64kb", limit: str = "4mb", nat: Sequence[int] = ()):
+                 burst: str = "64kb", limit: str = "4mb", nat: Sequence[int] = (),
+                 rates: Optional[Sequence[str]] = None):
         if not subnet.startswith(("10.", "192.168.")) and not subnet.startswith("172."):
             raise ValueError(f"use a private subnet, not {subnet}")
+        if rates is not None and len(rates) != n:
+            raise ValueError(f"rates must name one rate per participant ({n}), got {len(rates)}")
         self.n, self.rate, self.subnet, self.prefix = n, rate, subnet, prefix
+        self.rates = list(rates) if rates is not None else [rate] * n
+        """Each participant's egress rate now (:meth:`set_rate` changes one)."""
         self.burst, self.limit = burst, limit
         self.switch = f"{prefix}-sw"
         self.names = [f"{prefix}-p{i}" for i in range(n)]
@@ -116,14 +126,22 @@ class NetnsBridge:
             _sh(*inside, "ip", "addr", "add", f"{self.address(i)}/24", "dev", "eth0")
             _sh(*inside, "ip", "link", "set", "eth0", "up")
             _sh(*inside, "ip", "link", "set", "lo", "up")
-            _sh(*inside, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", self.rate,
+            _sh(*inside, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", self.rates[i],
                 "burst", self.burst, "limit", self.limit)
             _sh(*sw, "ip", "link", "set", f"{self.prefix}s{i}", "master", "br0")
             _sh(*sw, "ip", "link", "set", f"{self.prefix}s{i}", "up")
             if i in self.nat:
                 self._home(i)
-        log.info("namespaces %s up behind a bridge, egress %s each%s", ", ".join(self.names), self.rate,
+        log.info("namespaces %s up behind a bridge, egress %s%s", ", ".join(self.names),
+                 f"{self.rate} each" if len(set(self.rates)) == 1 else ", ".join(self.rates),
                  f"; {', '.join(self.homes.values())} behind NAT" if self.nat else "")
+
+    def set_rate(self, i: int, rate: str) -> None:
+        """Change participant ``i``'s egress to ``rate`` now (``tc qdisc change``; packets queued stay)."""
+        _sh("ip", "netns", "exec", self.names[i], "tc", "qdisc", "change", "dev", "eth0", "root", "tbf",
+            "rate", rate, "burst", self.burst, "limit", self.limit)
+        self.rates[i] = rate
+        log.info("%s: egress now %s", self.names[i], rate)
 
     def _home(self, i: int) -> None:
         """Participant ``i``'s home namespace behind ``{prefix}-p{i}``, which masquerades for it."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from helpers.network import Network
 from helpers.procs import hivepath_cmd, wait_for
@@ -46,17 +46,21 @@ class NsNetwork(Network):
             "--token-file", str(self.root / "token"))), env=self.env)
         wait_for(lambda: self.status() is not None, 60, "the coordinator to answer")
 
-    def common_in(self, index: int) -> list[str]:
+    def common_in(self, index: int, listen: Sequence[str] = (), announce: Sequence[str] = ()) -> list[str]:
+        """Flags every process in namespace ``index`` gets: it listens on its namespace address, or on
+        ``listen`` (multiaddrs) and announces ``announce`` when given (e.g. a relay in front of it)."""
         return ["--coordinator", self.address, "--token-file", str(self.root / "token"), "--data", str(self.data_dir),
-                "--host-maddrs", f"/ip4/{self.bridge.local_address(index)}/tcp/0", "--status-port", "0"]
+                "--host-maddrs", *(listen or [f"/ip4/{self.bridge.local_address(index)}/tcp/0"]),
+                *(["--announce-maddrs", *announce] if announce else []), "--status-port", "0"]
 
-    def start_peer_in(self, name: str, index: int, *extra: str) -> Path:
-        """Start peer ``name`` in namespace ``index`` (>= 1)."""
+    def start_peer_in(self, name: str, index: int, *extra: str, listen: Sequence[str] = (),
+                      announce: Sequence[str] = ()) -> Path:
+        """Start peer ``name`` in namespace ``index`` (>= 1); ``listen``, ``announce``: :meth:`common_in`."""
         work = self.root / name
         self.where[name] = index
         self.procs.start(name, self._in(index, hivepath_cmd(
             "peer", "join", "--work-dir", str(work), "--progress", "json", "--keep-checkpoints", "50",
-            "--measure-seconds", "0.3", *self.common_in(index), *extra)), env=self.env)
+            "--measure-seconds", "0.3", *self.common_in(index, listen, announce), *extra)), env=self.env)
         return work
 
     def start_archive_in(self, index: int, name: str = "archive") -> Path:
