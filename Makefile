@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # one of them, one at a time (tests/conftest.py). TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS))
-BENCHES := inner_loop routing codecs coordinator_load comm comm_hivemind utilization stage_codec swarm swarm_standby chaos byzantine robust nat scale scale_calibrate data_fetch
+BENCHES := inner_loop routing codecs coordinator_load comm comm_hivemind utilization stage_codec swarm swarm_standby chaos byzantine robust nat planner scale scale_calibrate data_fetch
 
 .PHONY: setup demo test test-all bench protos clean
 

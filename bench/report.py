@@ -30,7 +30,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from bench.report_rows import ROWS, Row
+from bench.report_rows import NOT_RUN_YET, ROWS, Row
 
 __all__ = ["Freshness", "freshness", "measures", "render", "main"]
 
@@ -144,7 +144,7 @@ def _met(row: Row, value: Any) -> str:
     if value is None or isinstance(value, (str, dict, list)):
         return "unknown"
     op, want = row.target
-    ok = {"<=": value <= want, ">=": value >= want, "==": value == want}[op]
+    ok = {"<=": value <= want, ">=": value >= want, "==": value == want, "<": value < want}[op]
     return "met" if ok else "**missed**"
 
 
@@ -165,6 +165,10 @@ def render_summary() -> str:
     lines = ["| benchmark | result | key | what | measured | target | | commit |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in ROWS:
+        if row.result in NOT_RUN_YET and not (RESULTS / f"{row.result}.json").exists():
+            lines.append(f"| `bench.{row.bench}` | `{row.result}.json` | `{row.key}` | {row.what} | not run yet | "
+                         f"{_target(row)} | | - |")
+            continue
         value = _value(_load(row.result), row.key)
         lines.append(f"| `bench.{row.bench}` | `{row.result}.json` | `{row.key}` | {row.what} | {_fmt(value)} | "
                      f"{_target(row)} | {_met(row, value)} | {_commit_cell(_fresh(row.result, row.bench))} |")

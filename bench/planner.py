@@ -1,0 +1,477 @@
+"""Benchmark ``bench.planner``: the coordinator's exchange planner against the fixed policy, on uneven links.
+
+Setup: the demo lattice (2x2, byte tokenizer, the built-in corpus; the run's codec is the preset's,
+int8), ``--inner-steps`` (default 10) so that rounds come every few seconds, a coordinator and 6 path
+peers (``--role path``), every process the installed ``hivepath`` command in its own network namespace
+behind one bridge (``bench.netns``). The peers' egress is shaped to 10, 10, 25, 25, 100 and 100 Mbit/s
+(a peer's download is limited by what its senders' egress lets out); halfway through the measured
+window the first 100 Mbit/s peer's link drops to 10 Mbit/s. Each peer's p2p daemon and direct lane
+listen on 127.0.0.1 of its namespace only, behind a user-space delay relay (``bench.delay_relay``,
+20 ms each way: 40 ms round trip) on the namespace's address, which is what the peer announces: every
+byte between two peers crosses a relay (checked every 5 s: ``unrelayed_connections``, the peers'
+established TCP connections between namespaces that neither cross a relay port nor go to the
+coordinator, must stay empty; ``relay_share_of_peer_link_bytes`` compares the relays' application
+bytes with what the links sent, TCP/IP headers, acknowledgements and the coordinator's traffic
+included). The coordinator
+in namespace 0 is dialled directly. Two variants, each on fresh namespaces and processes, measured
+over the same wall time (``--minutes``, from the moment every peer finished 2 rounds):
+
+- **planner**: ``[coordinator] planner = true``, ``planner_codecs = "int4"``: each module's H and codec
+  follow its holders' measured links (``coordinator/planner.py``).
+- **fixed**: ``planner = false``: the run's codec, and H doubled per peer at assignment for a slow link.
+
+Keys:
+
+- ``utilization_planner``, ``utilization_fixed``: per peer, 1 - (seconds its training loop was blocked
+  on exchanges) / (the window's seconds), the mean over the 6 peers. The blocked seconds are the sum of
+  the ``seconds`` of the peer's ``round`` progress lines written in the window: all modules' exchanges
+  of a round start together and the loop waits for them one after the other, so each line's
+  ``seconds`` is the wait that module added. Time outside rounds (a re-sync download after a fork,
+  waiting for holders at start-up) is not counted. Target: planner >= 0.9; fixed: report.
+- ``bpb_planner_vs_fixed``: validation bits per byte of each variant's model at the end of its window,
+  planner minus fixed (target < 0). Each module is taken at the highest round any peer snapshotted by
+  the window's end; each of the 4 paths is scored on the first 32 validation documents of its own
+  shard (``models.evaluate.bits_per_byte``); the key compares the means over paths (``bpb`` per
+  variant has each path's figure).
+- ``rounds_slowed_by_slowest``: per variant, module rounds of a group of 2 or more members (done
+  rounds, one per module and round number, members named by the rounds' ``peers``) whose slowest
+  member's link was under half the group's median: ``count``, of ``rounds``, and ``share``. The link
+  is the member's shaped egress at the round's end (the set-up's truth: the planner cannot change it,
+  only how often such a round comes and how long it lasts); ``measured`` counts the same with the
+  upload rate the coordinator had for each member then (``/status.json``, measured from rounds: a lower
+  bound that includes waiting for the group's slowest). Report.
+- ``replica_max_abs_diff``: over every pair of snapshots of one module at one round, both variants'
+  peers (``tests/helpers/replicas.py``, start-up forks left out as ``bench.swarm`` does): target 0.
+- ``plan_changes``: the planner run's plans, from ``/status.json`` polled every 5 s: ``count``
+  (``_plan_changes_total`` at the end) and each distinct plan seen (module, inner_steps, codec,
+  from_round, reason). Report.
+
+Also per variant: each peer's link rates as the coordinator had them (Mbit/s, ``upload``/``download``)
+just before the drop and at the end, rounds done and tokens trained per peer in the window, and the
+exit codes.
+
+Run: ``python -m bench.planner`` (root; without it prints a ``skipped`` line and exits 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+for _p in (ROOT, ROOT / "tests"):  # the namespace network and process group live with the tests' harness
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+from bench.common import emit, run_main, work_directory  # noqa: E402
+
+MEASURES = (
+    "bench/planner.py",
+    "bench/netns.py",
+    "bench/delay_relay.py",
+    "models",
+    "peer",
+    "coordinator",
+    "hivepath",
+    "protos",
+    "tests/chaos/nsnet.py",
+    "tests/chaos/scenario.py",
+    "tests/helpers",
+)
+"""The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
+when any of it changed after the commit a result records."""
+
+log = logging.getLogger("bench.planner")
+
+PREFIX, SUBNET = "hpq", "10.87.0"
+"""Namespace names and addresses of this benchmark (apart from the others' and the chaos tests')."""
+RATES = ("10mbit", "10mbit", "25mbit", "25mbit", "100mbit", "100mbit")
+"""Each peer's egress, peer ``p{i + 1}`` in namespace ``i + 1``."""
+COORDINATOR_RATE = "1gbit"
+DROPPED, DROP_RATE = 4, "10mbit"
+"""The peer (index into :data:`RATES`) whose 100 Mbit/s link drops halfway, and its rate after."""
+P2P_PORT, RELAY_PORT, LANE_PORT = 40000, 40001, 40002
+"""In every peer namespace: its p2p daemon and direct lane on 127.0.0.1, the relay on the namespace
+address at RELAY_PORT (in front of the daemon) and at LANE_PORT (in front of the lane)."""
+BPB_DOCUMENTS = 32
+POLL_INTERVAL = 5.0
+WARMUP_ROUNDS = 2
+VARIANTS = {"planner": 'planner = true\nplanner_codecs = "int4"\n', "fixed": "planner = false\n"}
+
+RUN_TOML = """preset = "demo"
+run_id = "planner-bench"
+[outer]
+inner_steps = {inner_steps}
+[data]
+manifest_hash = "{manifest_hash}"
+[coordinator]
+lease_timeout = 8.0
+heartbeat_interval = 1.0
+restart_grace = 5.0
+{extra}"""
+
+
+# -- the keys, from what the peers and the coordinator wrote ------------------------------------------
+
+
+def mbit(rate: str) -> float:
+    """Mbit/s of a tc rate (``10mbit``, ``1gbit``, ``500kbit``)."""
+    m = re.fullmatch(r"([\d.]+)([kmg]?)bit", rate.strip().lower())
+    if not m:
+        raise ValueError(f"not a tc rate in bit/s: {rate!r}")
+    return float(m.group(1)) * {"k": 1e-3, "": 1e-6, "m": 1.0, "g": 1e3}[m.group(2)]
+
+
+def utilization(rounds: Iterable[dict], since: float, until: float) -> float:
+    """1 - (the ``seconds`` of the ``round`` lines written in [since, until]) / (until - since), in [0, 1]."""
+    span = until - since
+    if span <= 0:
+        raise ValueError(f"empty window [{since}, {until}]")
+    blocked = sum(float(e.get("seconds") or 0.0) for e in rounds
+                  if e.get("event") == "round" and since <= e.get("time", 0) <= until)
+    return min(1.0, max(0.0, 1.0 - blocked / span))
+
+
+def peer_rounds(lines: Iterable[dict], since: float = 0.0, until: float = float("inf")) -> int:
+    """Outer rounds a peer ended in [since, until]: its ``round`` lines of the module it logged most
+    (every round writes one line per module of its path)."""
+    per_module = Counter(e.get("module") for e in lines if e.get("event") == "round" and since <= e.get("time", 0) <= until)
+    return max(per_module.values(), default=0)
+
+
+def group_rounds(lines_by_peer: dict[str, list[dict]], names_by_id: dict[str, str], since: float,
+                 until: float) -> list[tuple[float, list[str]]]:
+    """Each done module round in [since, until] with 2 or more members we know: (the time its first
+    line was written, its members' names), one per (module, round number)."""
+    seen: dict[tuple[str, int], tuple[float, list[str]]] = {}
+    for name, lines in lines_by_peer.items():
+        for e in lines:
+            if e.get("event") != "round" or e.get("status") != "done" or not since <= e.get("time", 0) <= until:
+                continue
+            members = sorted({names_by_id[p] for p in e.get("peers") or [] if p in names_by_id} | {name})
+            key = (str(e.get("module")), int(e.get("round", -1)))
+            if len(members) >= 2 and (key not in seen or e["time"] < seen[key][0]):
+                seen[key] = (float(e["time"]), members)
+    return sorted(seen.values())
+
+
+def slowed_by_slowest(groups: Sequence[tuple[float, list[str]]],
+                      rate_at: Callable[[str, float], Optional[float]]) -> dict[str, Any]:
+    """Of ``groups`` (:func:`group_rounds`), those whose slowest member's rate (``rate_at(name, time)``;
+    None: unknown, the round is left out) was under half the members' median rate."""
+    count = total = 0
+    for t, members in groups:
+        rates = [rate_at(n, t) for n in members]
+        if any(r is None or r <= 0 for r in rates):
+            continue
+        total += 1
+        if min(rates) < 0.5 * statistics.median(rates):
+            count += 1
+    return {"count": count, "rounds": total, "share": round(count / total, 4) if total else None}
+
+
+def shaped_rate(base: dict[str, float], dropped: str, drop_rate: float, drop_at: float) -> Callable[[str, float], float]:
+    """The egress (Mbit/s) of a peer at a time: ``base``, and ``drop_rate`` for ``dropped`` from ``drop_at``."""
+    return lambda name, t: drop_rate if name == dropped and t >= drop_at else base[name]
+
+
+def sampled_rate(samples: Sequence[tuple[float, dict[str, float]]]) -> Callable[[str, float], Optional[float]]:
+    """A peer's rate at a time from ``samples`` (time, name -> rate) in time order: the latest sample at
+    or before it (None before the first)."""
+    def at(name: str, t: float) -> Optional[float]:
+        found = None
+        for when, rates in samples:
+            if when > t:
+                break
+            found = rates.get(name, found)
+        return found
+    return at
+
+
+def unrelayed(ss_lines: Iterable[str], coordinator: str) -> list[str]:
+    """Of a namespace's established TCP connections (``ss -Htn state established`` lines), those
+    between two namespace addresses that neither go to the coordinator's host nor cross a relay port:
+    ``local -> remote``. Loopback connections (a relay to its peer) are inside one namespace."""
+    relay_ports = {str(RELAY_PORT), str(LANE_PORT)}
+    out = []
+    for line in ss_lines:
+        parts = line.split()
+        if len(parts) < 4:
+            continue
+        local, remote = parts[-2], parts[-1]
+        (lhost, _, lport), (rhost, _, rport) = local.rpartition(":"), remote.rpartition(":")
+        lhost, rhost = (h.strip("[]").removeprefix("::ffff:") for h in (lhost, rhost))  # IPv4-mapped IPv6
+        if lhost.startswith("127.") or rhost == coordinator or lport in relay_ports or rport in relay_ports:
+            continue
+        out.append(f"{local} -> {remote}")
+    return out
+
+
+def plans_seen(statuses: Iterable[dict]) -> list[dict[str, Any]]:
+    """Every distinct plan ``/status.json`` showed (a module's plan now and its next), in order seen."""
+    out: list[dict[str, Any]] = []
+    for status in statuses:
+        for m in status.get("modules", []):
+            plan = m.get("plan") or {}
+            for row in (plan, plan.get("next") or {}):
+                if not row or not row.get("from_round"):  # from_round 0: the run's H and codec, never planned
+                    continue
+                item = {"module": m.get("module_id"), "inner_steps": row.get("inner_steps"), "codec": row.get("codec"),
+                        "from_round": row.get("from_round"), "reason": row.get("reason", "")}
+                if item not in out:
+                    out.append(item)
+    return out
+
+
+# -- one variant ------------------------------------------------------------------------------------
+
+
+def _tx(bridge: Any, i: int) -> int:
+    """Bytes sent so far on participant ``i``'s link."""
+    got = subprocess.run(["ip", "netns", "exec", bridge.names[i], "cat", "/sys/class/net/eth0/statistics/tx_bytes"],
+                         capture_output=True, text=True)
+    return int(got.stdout.strip() or 0)
+
+
+def _relayed(files: Sequence[Path]) -> int:
+    """Bytes the relays forwarded so far, both directions, every relay."""
+    total = 0
+    for f in files:
+        try:
+            stats = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        total += sum(int(s["bytes_to_target"]) + int(s["bytes_to_client"]) for s in stats.values())
+    return total
+
+
+def _metric(net: Any, name: str) -> Optional[float]:
+    """A counter of the coordinator's ``/metrics`` (fetched from inside namespace 0)."""
+    url = f"http://{net.bridge.address(0)}:{net.http_port}/metrics"
+    out = subprocess.run(net._in(0, ["curl", "-sf", "-m", "3", url]), capture_output=True, text=True, timeout=10)
+    m = re.search(rf"^\S*{name}\S*\s+([\d.eE+-]+)$", out.stdout, re.M)
+    return float(m.group(1)) if m else None
+
+
+def _link_rates(status: dict, names_by_id: dict[str, str]) -> dict[str, dict[str, float]]:
+    return {names_by_id[p["peer_id"]]: {"upload": round(p["upload_bps"] * 8e-6, 2),
+                                        "download": round(p["download_bps"] * 8e-6, 2),
+                                        "measured": bool(p.get("link_measured"))}
+            for p in status.get("peers", []) if p.get("peer_id") in names_by_id}
+
+
+def one_variant(name: str, work: Path, data: Any, minutes: float, inner_steps: int, rtt_ms: float) -> dict[str, Any]:
+    from chaos.nsnet import NsNetwork
+    from helpers.procs import ProcessGroup, wait_for
+    from helpers.replicas import forked_rounds, replica_diff
+
+    from bench.netns import NetnsBridge
+
+    names = [f"p{i + 1}" for i in range(len(RATES))]
+    base = {n: mbit(r) for n, r in zip(names, RATES)}
+    procs = ProcessGroup(work / "logs")
+    bridge = NetnsBridge(1 + len(names), subnet=SUBNET, prefix=PREFIX, rates=[COORDINATOR_RATE, *RATES])
+    net = None
+    out: dict[str, Any] = {"links_mbit": base}
+    try:
+        bridge.open()
+        relay_files = [work / f"relay-{n}.json" for n in names]
+        for i, n in enumerate(names, start=1):
+            ns = bridge.address(i)
+            procs.start(f"relay-{n}", ["ip", "netns", "exec", bridge.where(i), sys.executable, "-m", "bench.delay_relay",
+                                       "--delay-ms", str(rtt_ms / 2), "--stats", str(relay_files[i - 1]),
+                                       "--map", f"{ns}:{RELAY_PORT}=127.0.0.1:{P2P_PORT}",
+                                       "--map", f"{ns}:{LANE_PORT}=127.0.0.1:{LANE_PORT}"])
+        wait_for(lambda: all(f.exists() for f in relay_files), 60, "the relays to listen")
+        net = NsNetwork(procs, work / "net", data.dir, data.manifest_hash, bridge)
+        net.run_toml.write_text(RUN_TOML.format(inner_steps=inner_steps, manifest_hash=data.manifest_hash,
+                                                extra=VARIANTS[name]))
+        net.start_coordinator()
+        works = {}
+        for i, n in enumerate(names, start=1):
+            works[n] = net.start_peer_in(n, i, "--role", "path", "--lane-port", str(LANE_PORT),
+                                         listen=[f"/ip4/127.0.0.1/tcp/{P2P_PORT}"],
+                                         announce=[f"/ip4/{bridge.address(i)}/tcp/{RELAY_PORT}"])
+
+        wait_for(lambda: all(peer_rounds(net.progress_lines(n)) >= WARMUP_ROUNDS for n in names), 900,
+                 f"{WARMUP_ROUNDS} rounds on every peer", interval=1.0)
+        t0 = time.time()
+        tx0, relayed0 = sum(_tx(bridge, i) for i in range(1, bridge.n)), _relayed(relay_files)
+        coordinator_tx0 = _tx(bridge, 0)
+        t_drop, t_end = t0 + minutes * 30, t0 + minutes * 60
+        statuses: list[tuple[float, dict]] = []
+        dropped = False
+        direct: set[str] = set()
+        while time.time() < t_end:
+            if not dropped and time.time() >= t_drop:
+                t_drop = time.time()
+                bridge.set_rate(DROPPED + 1, DROP_RATE)
+                dropped = True
+            for i in range(1, bridge.n):
+                seen = subprocess.run(["ip", "netns", "exec", bridge.where(i), "ss", "-Htn", "state", "established"],
+                                      capture_output=True, text=True).stdout.splitlines()
+                direct.update(unrelayed(seen, bridge.address(0)))
+            s = net.status()
+            if s is not None:
+                statuses.append((time.time(), s))
+            time.sleep(max(0.0, min(POLL_INTERVAL, (t_end if dropped else t_drop) - time.time())))
+        t1 = time.time()
+        tx = sum(_tx(bridge, i) for i in range(1, bridge.n)) - tx0
+        relayed = _relayed(relay_files) - relayed0
+        out["plan_changes_total"] = _metric(net, "plan_changes_total")
+        lines = {n: net.progress_lines(n) for n in names}
+        names_by_id = {e["peer_id"]: n for n, ls in lines.items() for e in ls if e.get("peer_id")}
+        before = [s for t, s in statuses if t < t_drop]
+        out.update({
+            "window_s": round(t1 - t0, 1), "drop_at_s": round(t_drop - t0, 1), "dropped_peer": names[DROPPED],
+            "utilization_by_peer": {n: round(utilization(lines[n], t0, t1), 4) for n in names},
+            "rounds_by_peer": {n: peer_rounds(lines[n], t0, t1) for n in names},
+            "failed_module_rounds_by_peer": {n: sum(1 for e in lines[n] if e.get("event") == "round"
+                                                    and t0 <= e.get("time", 0) <= t1 and e.get("status") != "done")
+                                             for n in names},
+            "tokens_by_peer": {n: _tokens(lines[n], t0, t1) for n in names},
+            "link_rates_mbit": {"before_drop": _link_rates(before[-1], names_by_id) if before else {},
+                                "end": _link_rates(statuses[-1][1], names_by_id) if statuses else {}},
+            "plans": plans_seen(s for _, s in statuses),
+            "relayed_bytes": relayed, "peer_link_bytes": tx, "coordinator_link_bytes": _tx(bridge, 0) - coordinator_tx0,
+            "relay_share_of_peer_link_bytes": round(relayed / tx, 4) if tx > 0 else None,
+            "unrelayed_connections": sorted(direct),
+        })
+        out["utilization"] = round(statistics.mean(out["utilization_by_peer"].values()), 4)
+        groups = group_rounds(lines, names_by_id, t0, t1)
+        measured = [(t, {names_by_id[p["peer_id"]]: p["upload_bps"] * 8e-6 for p in s.get("peers", [])
+                         if p.get("peer_id") in names_by_id and p.get("link_measured")}) for t, s in statuses]
+        out["rounds_slowed_by_slowest"] = {
+            **slowed_by_slowest(groups, shaped_rate(base, names[DROPPED], mbit(DROP_RATE), t_drop)),
+            "measured": slowed_by_slowest(groups, sampled_rate(measured))}
+        for n in names:
+            procs.signal(n, signal.SIGTERM)
+        out["exit_codes"] = {n: _wait(procs, n) for n in names}
+        logs = [procs.log(n) for n in names]
+        pairs, diff, first = replica_diff([w / "checkpoints" for w in works.values()], forked_rounds(logs))
+        out.update({"replica_pairs": pairs, "replica_max_abs_diff": diff, "replica_first_difference": first})
+        out["bpb"] = final_bpb([w / "checkpoints" for w in works.values()], data, t1)
+        return out
+    finally:  # each step whatever the one before did: no process and no namespace outlives the variant
+        try:
+            if net is not None:
+                net.close()
+        finally:
+            try:
+                procs.close()
+            finally:
+                bridge.close()
+
+
+def _wait(procs: Any, name: str) -> Optional[int]:
+    try:
+        return procs.procs[name].wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _tokens(lines: list[dict], since: float, until: float) -> int:
+    seen = [e["tokens"] for e in lines if e.get("event") == "progress" and "tokens" in e
+            and since <= e.get("time", 0) <= until]
+    return max(seen) - min(seen) if len(seen) >= 2 else 0
+
+
+def final_bpb(roots: Sequence[Path], data: Any, until: float) -> dict[str, Any]:
+    """Bits per byte of each path with every module at the highest round a peer snapshotted by
+    ``until`` (a snapshot's ``run.json`` time), on the first :data:`BPB_DOCUMENTS` validation documents
+    of the path's shard, and their ``mean``."""
+    import torch
+
+    from models.evaluate import bits_per_byte
+    from models.lattice import ModularLM
+    from models.presets import demo
+    from peer.node import CheckpointDir
+
+    cfg = demo()
+    model = ModularLM(cfg.lattice)
+    best: dict[str, tuple[int, Path]] = {}
+    for root in roots:
+        ckpt = CheckpointDir(root)
+        for path in ckpt.snapshots():
+            summary = path / "run.json"
+            if summary.stat().st_mtime > until:
+                continue
+            rounds = json.loads(summary.read_text()).get("rounds", {})
+            for mid, r in rounds.items():
+                if int(r) > best.get(mid, (-1, path))[0]:
+                    best[mid] = (int(r), path)
+    for mid, (_, path) in best.items():
+        names = [n for n, _ in model.mods[mid].named_parameters()]
+        params, _ = CheckpointDir(path.parent).load(path).module_state(mid, names)
+        with torch.no_grad():
+            for p, v in zip(model.mods[mid].parameters(), params):
+                p.copy_(v)
+    out: dict[str, Any] = {"module_rounds": {m: r for m, (r, _) in sorted(best.items())}}
+    scores = []
+    for path in cfg.lattice.paths():
+        if any(m not in best for m in cfg.lattice.path_modules(path)):
+            continue
+        bpb = bits_per_byte(model.path_model(path), data.validation_documents(path), cfg.lattice.seq_len, "cpu",
+                            max_documents=BPB_DOCUMENTS).bpb
+        out["-".join(map(str, path))] = round(bpb, 4)
+        scores.append(bpb)
+    out["mean"] = round(statistics.mean(scores), 4) if scores else None
+    return out
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.planner", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes", type=float, default=5.0, help="measured minutes per variant (default 5)")
+    ap.add_argument("--inner-steps", type=int, default=10, help="the run's inner steps H (default 10)")
+    ap.add_argument("--rtt-ms", type=float, default=40.0, help="round trip the delay relays add (default 40)")
+    ap.add_argument("--variants", default="planner,fixed", help="which to run (default planner,fixed)")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, checkpoints) and say where")
+    args = ap.parse_args(argv)
+    variants = [v for v in args.variants.split(",") if v]
+    if not variants or any(v not in VARIANTS for v in variants):
+        ap.error(f"--variants: names among {', '.join(VARIANTS)}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from bench.netns import netns_available
+
+    why = netns_available()
+    if why:
+        emit("planner", {"skipped": why})
+        return 0
+    from chaos.scenario import prepare_dataset
+
+    runs: dict[str, dict[str, Any]] = {}
+    with work_directory("hivepath-planner-", keep=args.keep) as work:
+        data = prepare_dataset(work / "data")
+        for v in variants:
+            runs[v] = one_variant(v, work / v, data, args.minutes, args.inner_steps, args.rtt_ms)
+    result: dict[str, Any] = {
+        "seeds": [0],  # every peer's run config keeps the preset's seed; the benchmark draws nothing
+        "setup": {"preset": "demo", "inner_steps": args.inner_steps, "minutes": args.minutes, "rtt_ms": args.rtt_ms,
+                  "links": list(RATES), "drop": f"p{DROPPED + 1} to {DROP_RATE} at half the window"},
+        "runs": runs,
+    }
+    for v, r in runs.items():
+        result[f"utilization_{v}"] = r["utilization"]
+    if "planner" in runs and "fixed" in runs:
+        a, b = runs["planner"]["bpb"]["mean"], runs["fixed"]["bpb"]["mean"]
+        result["bpb_planner_vs_fixed"] = round(a - b, 4) if a is not None and b is not None else None
+    result["rounds_slowed_by_slowest"] = {v: r["rounds_slowed_by_slowest"] for v, r in runs.items()}
+    result["replica_max_abs_diff"] = max(r["replica_max_abs_diff"] for r in runs.values())
+    if "planner" in runs:
+        result["plan_changes"] = {"count": runs["planner"]["plan_changes_total"], "plans": runs["planner"]["plans"]}
+    emit("planner", result)
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)
