@@ -3,15 +3,22 @@ coordinator keeping them in place of the join probe's figures."""
 
 from __future__ import annotations
 
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
+import torch
 
 from coordinator.core import Coordinator
 from coordinator.records import Capabilities
 from coordinator.settings import CoordinatorSettings
 from coordinator.sqlite_store import SQLiteStore
 from models.presets import tiny_cpu
+from peer.averaging.contract import LinkTimes
 from peer.diloco import LinkRates, ModuleReport
-from peer.diloco.link_rates import MIN_MEASURED_BYTES, SMOOTHING
+from peer.diloco.link_rates import MIN_MEASURED_BYTES, MIN_MEASURED_SECONDS, SMOOTHING, best_rate
 
 MB = 1 << 20
 
@@ -48,6 +55,125 @@ def test_tiny_rounds_and_unmeasured_exchanges_are_left_out():
     assert (rates.upload_bps, rates.download_bps) == (0.0, 0.0)
     assert rates.observe_exchange(8 * MB, 0, 2.0)  # only the upload counted
     assert rates.upload_bps == pytest.approx(4 * MB) and rates.download_bps == 0.0
+
+
+def shared_link(capacity: float, sizes: list[int], caps: list[float], step: float = 0.001) -> list[tuple[float, int]]:
+    """When each transfer of ``sizes`` bytes ends, all starting at 0 over one link of ``capacity``
+    bytes/s shared max-min fairly, transfer i going no faster than ``caps[i]`` (its other end's
+    link): a fluid model of one member's parts to fast and slow members."""
+    left, done, t = list(map(float, sizes)), [], 0.0
+    while len(done) < len(sizes):
+        active = [i for i in range(len(sizes)) if left[i] > 0]
+        rate, share = {}, capacity
+        for i in sorted(active, key=lambda i: caps[i]):  # water-filling: slow ends first take their cap
+            rate[i] = min(caps[i], share / (len(active) - len(rate)))
+            share -= rate[i]
+        t += step
+        for i in active:
+            left[i] -= rate[i] * step
+            if left[i] <= 0:
+                done.append((t, sizes[i]))
+    return done
+
+
+def test_a_slow_member_does_not_drag_down_a_fast_members_figure():
+    mb = 1e6
+    capacity = 10 * mb  # our link
+    # our parts to four members: three with links as fast as ours, one twenty times slower
+    through = shared_link(capacity, [MB] * 4, [capacity, capacity, capacity, capacity / 20])
+    end = max(t for t, _ in through)
+    totals = 4 * MB / end  # what the totals over the whole exchange say
+    assert totals < 0.5 * capacity
+    measured = best_rate(0.0, through)
+    assert 0.9 * capacity <= measured <= capacity
+    # as reports: a figure from the parts, not from the totals
+    rates = LinkRates()
+    assert rates.observe([ModuleReport("L0M0", 0, True, bytes_sent=4 * MB, transfer_seconds=end,
+                                       link_times=LinkTimes(0.0, 0.0, up=through))])
+    assert rates.upload_bps == pytest.approx(measured) and rates.download_bps == 0.0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_figure_is_never_above_the_link_and_never_below_the_totals(seed):
+    rng = random.Random(seed)
+    capacity = rng.uniform(1e5, 1e8)
+    n = rng.randint(1, 8)
+    sizes = [rng.randint(MIN_MEASURED_BYTES // 2, 4 * MB) for _ in range(n)]
+    caps = [capacity * rng.choice([0.01, 0.1, 0.5, 1.0, 2.0]) for _ in range(n)]
+    through = shared_link(capacity, sizes, caps, step=max(sum(sizes) / capacity / 2000, 1e-4))
+    end = max(t for t, _ in through)
+    measured = best_rate(0.0, through)
+    if sum(sizes) < MIN_MEASURED_BYTES or end < MIN_MEASURED_SECONDS:
+        return
+    assert measured is not None
+    assert sum(sizes) / end * 0.999 <= measured <= capacity * 1.01  # the model's time steps: 1 part in 2000
+
+
+def test_modules_of_a_round_are_one_measurement_from_the_earliest_start():
+    early = LinkTimes(10.0, 10.0, up=[(11.0, MB)], down=[(12.0, MB)])
+    late = LinkTimes(11.0, 10.5, up=[(12.0, MB)], down=[(12.0, MB)])
+    rates = LinkRates()
+    assert rates.observe([ModuleReport("L0M0", 0, True, link_times=early),
+                          ModuleReport("L1M0", 0, True, link_times=late),
+                          ModuleReport("L1M1", 0, True, bytes_sent=50 * MB, transfer_seconds=1.0)])  # totals only
+    assert rates.upload_bps == pytest.approx(2 * MB / 2.0)  # both modules' parts, from 10.0
+    assert rates.download_bps == pytest.approx(2 * MB / 2.0)
+    merged = early.merge(late)
+    assert (merged.up_from, merged.down_from, len(merged.up), len(merged.down)) == (10.0, 10.0, 2, 2)
+
+
+def test_parts_too_small_or_too_soon_are_not_a_measurement():
+    assert best_rate(0.0, [(MIN_MEASURED_SECONDS / 2, 4 * MB)]) is None
+    assert best_rate(0.0, [(1.0, MIN_MEASURED_BYTES - 1)]) is None
+    assert best_rate(0.0, [(0.01, MB), (1.0, MB)]) == pytest.approx(2 * MB)
+    rates = LinkRates()
+    assert not rates.observe([ModuleReport("L0M0", 0, True, link_times=LinkTimes(0.0, 0.0, up=[(1.0, 1000)]))])
+    assert rates.upload_rounds == 0
+
+
+STALL_S = 8.0
+"""How long one member of the group holds its loop at the first part it accepts: far longer than the
+other two need to pass each other their parts of this vector if nothing held them."""
+
+
+def test_a_stalled_member_does_not_set_the_others_figures():
+    """Three holders average one round over real DHTs and p2p daemons on loopback; holder 2 stalls its
+    loop at the first part it accepts (a busy, slow peer; every member has formed the group by then).
+    Holders 0 and 1 pass each other their parts before the stall ends, while their exchange as a whole
+    waits for holder 2: their figures come from those parts, not from the stall."""
+    from helpers.averagers import loopback_holders
+    from peer.averaging import get_codec
+
+    stall_ended: list[float] = []
+
+    def staller(point: str) -> None:
+        if point == "part_accepted" and not stall_ended:
+            time.sleep(STALL_S)
+            stall_ended.append(time.monotonic())
+
+    numel = 3 << 20  # int8: about 1 MiB a member's part
+    deltas = [torch.randn(numel, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    options = [{}, {}, dict(event_hook=staller)]
+    with loopback_holders(3, "linkrates", "L0M0", 0, "dddd0000dddd0000", options) as avgs:
+        with ThreadPoolExecutor(3) as pool:
+            results = list(pool.map(lambda i: avgs[i].average("L0M0", 0, [deltas[i]], 1.0, get_codec("int8"), 90.0),
+                                    range(3)))
+    for res in results:
+        assert res.group_size == 3, res.reason
+    assert torch.equal(results[0].averaged[0], results[2].averaged[0])
+    for res in results[:2]:
+        times = res.link_times
+        assert res.transfer_seconds >= STALL_S / 2  # the exchange as a whole waited for the stalled member
+        before = [e for e in times.up if e[0] < stall_ended[0]]
+        assert sum(n for _, n in before) >= MIN_MEASURED_BYTES, "no part went up before the stall ended"
+        assert sum(n for _, n in times.up) == res.bytes_sent and sum(n for _, n in times.down) == res.bytes_received
+        report = ModuleReport("L0M0", 0, True, bytes_sent=res.bytes_sent, bytes_received=res.bytes_received,
+                              transfer_seconds=res.transfer_seconds, link_times=times)
+        from_parts, from_totals = LinkRates(), LinkRates()
+        from_parts.observe([report])
+        from_totals.observe_exchange(res.bytes_sent, res.bytes_received, res.transfer_seconds)
+        assert from_parts.upload_bps >= 2 * from_totals.upload_bps
+        assert from_parts.upload_bps >= best_rate(times.up_from, before)
 
 
 RUN = tiny_cpu().replace(data={"manifest_hash": "ab" * 8})

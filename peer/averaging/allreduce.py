@@ -67,6 +67,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
+from peer.averaging.contract import LinkTimes
 from peer.averaging.phases import phase
 from peer.averaging.partition import (Group, fallback_reducer, part_bounds, relayed_segment_bounds,
                                       segment_bounds)
@@ -111,6 +112,8 @@ class AllReduceOutcome:
     """(start, end, encoded average) of every part, in vector order: the bytes ``averaged`` was decoded
     from, the same on every member (a split round's top group passes them on to the other holders,
     :mod:`peer.averaging.hierarchy`); empty when a part failed."""
+    link: Optional[LinkTimes] = None
+    """When ``bytes_sent`` and ``bytes_received`` crossed our link, part by part."""
 
 
 
@@ -142,7 +145,7 @@ class ReductionServer(PartReducer):
         segments = (relayed_segment_bounds(flat.numel(), group, codec.encoded_size) if group.relayed_pairs()
                     else segment_bounds(flat.numel()))
         bounds = [[(s0 + a, s0 + b) for a, b in part_bounds(s1 - s0, group.bandwidths)] for s0, s1 in segments]
-        state = GroupState(group, bounds, codec)
+        state = GroupState(group, bounds, codec, link=LinkTimes.starting(t0))
         loop = asyncio.get_running_loop()
         members = set(group.members)
         encoded: dict[tuple[int, int], bytes] = {}
@@ -320,7 +323,7 @@ class ReductionServer(PartReducer):
             if errors:
                 reason = "; ".join(f"part {s}.{j} failed ({why})" for (s, j), why in sorted(errors.items()))
                 return AllReduceOutcome(None, own_decoded, [], state.bytes_sent, state.bytes_received, reason,
-                                        dict(state.suspects))
+                                        dict(state.suspects), link=state.link)
             contributors = set(group.members)
             for data_and_peers in results.values():
                 contributors &= set(data_and_peers[1])
@@ -331,7 +334,7 @@ class ReductionServer(PartReducer):
                 await wait_event(state.served, final_deadline)
             parts = sorted((*bounds[s][j], data) for (s, j), (data, _) in results.items())
             return AllReduceOutcome(averaged, own_decoded, sorted(contributors), state.bytes_sent,
-                                    state.bytes_received, reason, dict(state.suspects), parts)
+                                    state.bytes_received, reason, dict(state.suspects), parts, state.link)
         finally:
             state.release_averages()
             for task in [*reducers.values(), *tasks, *encodes.values()]:
@@ -462,7 +465,9 @@ class ReductionServer(PartReducer):
             if sent is not None:
                 sent.set()
             reply, err = await P2P.receive_protobuf(PartReply, reader)
-            if reply is not None and reply.ok and reply.received:
+            acknowledged = reply is not None and reply.ok and reply.received
+            if acknowledged:
+                state.link.went_up(len(payload))  # through our link: the reducer has read it
                 self.event("part_acknowledged")
                 if acked is not None:
                     acked.set()
@@ -481,4 +486,7 @@ class ReductionServer(PartReducer):
             raise RuntimeError(f"average is {len(data)} bytes (announced {reply.payload_len}), which cannot encode "
                                f"{b - a} values with {state.codec.name}")
         state.bytes_received += len(data)
+        if not acknowledged:  # answered without an acknowledgement first: read by now at the latest
+            state.link.went_up(len(payload))
+        state.link.came_down(len(data))
         return bytes(data), list(reply.contributors)

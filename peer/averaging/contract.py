@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Protocol
 
@@ -14,10 +16,47 @@ from torch import Tensor
 
 from peer.averaging.quantizers import Codec
 
-__all__ = ["AverageResult", "ModuleAverager", "SuspectHook", "require_codec", "LONE_HOLDER"]
+__all__ = ["AverageResult", "LinkTimes", "ModuleAverager", "SuspectHook", "require_codec", "LONE_HOLDER"]
 
 LONE_HOLDER = "lone holder"
 """``AverageResult.reason`` of a round applied alone because we were the module's only live holder."""
+
+
+@dataclass
+class LinkTimes:
+    """When the bytes of an exchange crossed this member's link, part by part: what
+    :class:`peer.diloco.LinkRates` reads the link's own rates from, without the time spent waiting on
+    other members (a slow member's parts end late, a fast member's early, and both are here).
+
+    Each entry is ``(time.monotonic() when the bytes were through, bytes)``. Up: a contribution once
+    its reducer acknowledged it (or, unacknowledged, answered), an average we reduced once its
+    receiver hung up after reading it. Down: a contribution to a part we reduce once read, an
+    average once read. Nothing of ours can go up before ``up_from`` (the all-reduce's start), nor
+    come down before ``down_from`` (that start, or the header of a contribution that came earlier):
+    bytes through by time t over ``t - *_from`` is a lower bound of the link's rate in that direction,
+    up to how late this process reads what arrived."""
+
+    up_from: float = math.inf
+    down_from: float = math.inf
+    up: list[tuple[float, int]] = field(default_factory=list)
+    down: list[tuple[float, int]] = field(default_factory=list)
+
+    @classmethod
+    def starting(cls, at: float) -> "LinkTimes":
+        return cls(up_from=at, down_from=at)
+
+    def went_up(self, n: int, at: Optional[float] = None) -> None:
+        if n > 0:
+            self.up.append((time.monotonic() if at is None else at, n))
+
+    def came_down(self, n: int, at: Optional[float] = None) -> None:
+        if n > 0:
+            self.down.append((time.monotonic() if at is None else at, n))
+
+    def merge(self, other: "LinkTimes") -> "LinkTimes":
+        """Both exchanges' parts, as one measurement of the link they shared (a new object)."""
+        return LinkTimes(min(self.up_from, other.up_from), min(self.down_from, other.down_from),
+                         [*self.up, *other.up], [*self.down, *other.down])
 
 
 @dataclass
@@ -49,7 +88,11 @@ class AverageResult:
     transfer_seconds: float = 0.0
     """Seconds from the group's forming to the end of its all-reduce (every level of a split round):
     the time ``bytes_sent`` and ``bytes_received`` took, the peer's link measurement
-    (:class:`peer.diloco.LinkRates`); 0 where nothing crossed a network."""
+    (:class:`peer.diloco.LinkRates` uses it where ``link_times`` is None); 0 where nothing crossed a
+    network."""
+    link_times: Optional[LinkTimes] = None
+    """When the bytes crossed our link, part by part (None where nothing crossed a network, or where
+    only the totals are known)."""
     buffers: tuple = field(default=(), repr=False, compare=False)
     """The round-sized vectors ``averaged`` and ``own_decoded`` are views of, which the averager reuses
     in a later round once the caller hands them back (``give_back(result)``, where the averager has

@@ -632,10 +632,10 @@ class NetAverager:
         if out.averaged is None:
             log.warning("module %s round %d failed: %s", module_id, round_no, notes)
             return AverageResult(None, own, 0, [], out.bytes_sent, out.bytes_received, reason=notes,
-                                 suspects=out.suspects, transfer_seconds=transfer)
+                                 suspects=out.suspects, transfer_seconds=transfer, link_times=out.link)
         return AverageResult(unflatten(out.averaged, like), own, len(out.contributors), out.contributors,
                              out.bytes_sent, out.bytes_received, reason=notes, suspects=out.suspects,
-                             transfer_seconds=transfer, buffers=buffers)
+                             transfer_seconds=transfer, buffers=buffers, link_times=out.link)
 
     async def _live_holders(self, module_id: str) -> dict[str, HolderRecord]:
         """The module's other live holders of our config and dataset that train it now (one DHT read;
@@ -708,6 +708,7 @@ class NetAverager:
                             group: Group, reason: str, served: Optional[Any]) -> AverageResult:
         buckets, held = plan.counts[0], plan.held(plan.levels)
         sent = received = 0
+        link = None  # our bucket's all-reduce, part by part (the levels above give totals only)
         suspects: dict[str, str] = {}
         deadline = t0 + SPLIT_END * timeout
         if group.group_id == LONE:  # alone in our bucket: our own delta goes to the top group
@@ -718,13 +719,13 @@ class NetAverager:
         else:
             self._server.event("group_formed")
             out = await self._server.run(group, flat, weight, codec)
-            sent, received, suspects = out.bytes_sent, out.bytes_received, out.suspects
+            sent, received, suspects, link = out.bytes_sent, out.bytes_received, out.suspects, out.link
             own = out.own_decoded
             if out.averaged is None:
                 log.warning("module %s round %d failed in group %d of %d: %s", module_id, round_no, bucket, buckets,
                             out.reason)
                 return AverageResult(None, unflatten(own, like), 0, [], sent, received, reason=out.reason,
-                                     suspects=out.suspects)
+                                     suspects=out.suspects, link_times=link)
             mean, contributors, bucket_parts = out.averaged, out.contributors, out.parts
             mean_weight = bucket_weight(group, contributors, float(weight))
         root = delegate(group, contributors) if group.group_id != LONE else self.peer_id
@@ -756,7 +757,8 @@ class NetAverager:
             log.warning("module %s round %d failed: %s", module_id, round_no, why)
             if served is not None:  # our children fail at once (or ask the delegate)
                 self._relay.fail(group.group_id, why)
-            return AverageResult(None, unflatten(own, like), 0, [], sent, received, reason=why, suspects=suspects)
+            return AverageResult(None, unflatten(own, like), 0, [], sent, received, reason=why, suspects=suspects,
+                                 link_times=link)
         finally:
             if isinstance(agreed, _Agreement):
                 agreed.close()
@@ -769,7 +771,8 @@ class NetAverager:
         notes = "; ".join(r for r in (reason, f"group {bucket} of {buckets}, {plan.levels + 1} levels") if r)
         # suspects: of the parts we reduced in our bucket (a top group's member is a bucket's mean, not a peer)
         return AverageResult(unflatten(averaged, like), unflatten(own, like), len(result.contributors),
-                             list(result.contributors), sent, received, reason=notes, suspects=suspects)
+                             list(result.contributors), sent, received, reason=notes, suspects=suspects,
+                             link_times=link)
 
     def _agreement(self, module_id: str, round_no: int, digest: str, held: int, deadline: float) -> _Agreement:
         """The digest of ``module_id``'s round ``round_no`` average that more than half of the ``held``

@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional
 from torch import Tensor
 
 from peer.averaging.aggregation import MEAN, Aggregation, aggregate, encode_aggregate
+from peer.averaging.contract import LinkTimes
 from peer.averaging.partition import Group
 from peer.averaging.phases import phase
 from peer.averaging.quantizers import Codec
@@ -130,6 +131,8 @@ class GroupState:
     phase1_done: asyncio.Event = field(default_factory=asyncio.Event)
     bytes_sent: int = 0
     bytes_received: int = 0
+    link: LinkTimes = field(default_factory=LinkTimes)
+    """When our bytes of this group's all-reduce crossed our link, part by part."""
     sends_left: int = 0
     acked: set[tuple[int, int]] = field(default_factory=set)
     serving: int = 0
@@ -253,20 +256,24 @@ class PartReducer:
         header = await read_message(reader, PartHeader)
         if header is None:
             return
-        state = await self._wait_group(header.group_id, time.monotonic() + self.wait_timeout)
+        arrived = time.monotonic()  # its payload comes down behind the header, maybe before the group is known here
+        state = await self._wait_group(header.group_id, arrived + self.wait_timeout)
         if state is None:
             await P2P.send_protobuf(PartReply(ok=False, error="unknown group"), writer)
             await P2P.send_raw_data(b"", writer)
             return
         payload = await read_payload(reader, state.max_part_bytes())
         state.bytes_received += len(payload)
+        state.link.down_from = min(state.link.down_from, arrived)
+        state.link.came_down(len(payload))
         state.serving += 1
         try:
             reply, data = await self._serve(sender, header, payload, writer)
             await P2P.send_protobuf(reply, writer)
             await P2P.send_raw_data(data, writer)
             state.bytes_sent += len(data)
-            await linger(reader, self.wait_timeout)
+            if await linger(reader, self.wait_timeout):  # the sender hung up once it read the average
+                state.link.went_up(len(data))
             if reply.ok and header.attempt == 0:
                 self.event("part_replied")
         finally:

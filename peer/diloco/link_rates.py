@@ -1,28 +1,36 @@
 """A peer's link rates measured from its own averaging rounds, which the coordinator's planner sizes
 exchanges by (the bandwidth probe at join only gives the first figures).
 
-Every module of a round exchanges at once over the same link, so one round gives one measurement:
-the bytes all its modules sent (received) over the longest of their all-reduce times
-(:attr:`peer.diloco.ModuleReport.transfer_seconds`, from the group's forming to the end of its
-all-reduce, through direct lanes, the p2p daemon or relays alike). That time includes waiting for
-the group's slowest member, so the figure is a lower bound of the peer's own link, and the rate at
-which this peer's exchanges actually go: what the planner needs. Rounds that moved under
-:data:`MIN_MEASURED_BYTES` in a direction, or took under :data:`MIN_MEASURED_SECONDS`, are left out
-(latency, not bandwidth, sets their time). The estimate is an exponentially weighted mean, so a link
-that changes shows in a few rounds while one slow round does not swing it.
+Every module of a round exchanges at once over the same link, so one round gives one measurement per
+direction, from when each part of every module's all-reduce crossed the link
+(:class:`peer.averaging.contract.LinkTimes`, through direct lanes, the p2p daemon or relays alike):
+the rate is the largest ``bytes through by t / (t - start)`` over the moments t a part got through,
+``start`` the earliest moment anything of the round could cross. Bytes through by t cannot exceed
+what the link carries in ``t - start``, so every such figure is a lower bound of the link, and the
+largest is the tightest: the parts to and from fast members, through early, set it, while a slow
+member's parts, through late, do not drag it down. A peer grouped with a slow one then still reads
+as fast, and the planner charges the slow one's modules alone for its link, not every module of
+the fast one's path. An exchange known only by its totals (``LinkTimes`` absent) counts as its bytes
+over its all-reduce's time (:attr:`peer.diloco.ModuleReport.transfer_seconds`, from the group's
+forming to its end), a bound that includes waiting for the slowest member.
+
+A figure counts only from moments when at least :data:`MIN_MEASURED_BYTES` were through and
+:data:`MIN_MEASURED_SECONDS` had passed (before that, latency, not bandwidth, sets the time). The
+estimate is an exponentially weighted mean, so a link that changes shows in a few rounds while one
+slow round does not swing it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Optional, Sequence
 
-__all__ = ["LinkRates", "MIN_MEASURED_BYTES", "MIN_MEASURED_SECONDS", "SMOOTHING"]
+__all__ = ["LinkRates", "MIN_MEASURED_BYTES", "MIN_MEASURED_SECONDS", "SMOOTHING", "best_rate"]
 
 MIN_MEASURED_BYTES = 256 * 1024
 """A direction of a round that moved fewer bytes is not a measurement of bandwidth."""
 MIN_MEASURED_SECONDS = 0.05
-"""A round whose all-reduces took less time is not a measurement of bandwidth."""
+"""A moment this soon after the round's start is not a measurement of bandwidth."""
 SMOOTHING = 0.3
 """Weight of the newest round in the estimate (the rest is the estimate before it)."""
 
@@ -41,7 +49,15 @@ class LinkRates:
 
     def observe(self, modules: Iterable) -> bool:
         """Take one round's module reports (:class:`peer.diloco.ModuleReport`, all exchanged at once);
-        returns True when it counted in either direction."""
+        returns True when it counted in either direction. Reports with part-by-part times
+        (``link_times``) give the measurement; where none has them, the totals over the longest
+        all-reduce do."""
+        modules = list(modules)
+        timed = [m.link_times for m in modules if getattr(m, "link_times", None) is not None]
+        if any(t.up or t.down for t in timed):
+            up = best_rate(min(t.up_from for t in timed), [e for t in timed for e in t.up])
+            down = best_rate(min(t.down_from for t in timed), [e for t in timed for e in t.down])
+            return self.observe_rates(up, down)
         sent = received = 0
         seconds = 0.0
         for m in modules:
@@ -54,16 +70,35 @@ class LinkRates:
         """One round's bytes each way and the seconds they took; True when it counted."""
         if not seconds >= MIN_MEASURED_SECONDS:
             return False
-        counted = False
-        if sent >= MIN_MEASURED_BYTES:
-            self.upload_bps = _smoothed(self.upload_bps, sent / seconds, self.upload_rounds)
+        return self.observe_rates(sent / seconds if sent >= MIN_MEASURED_BYTES else None,
+                                  received / seconds if received >= MIN_MEASURED_BYTES else None)
+
+    def observe_rates(self, up: Optional[float], down: Optional[float]) -> bool:
+        """One round's measured rates in bytes/s (None: that direction was not measured); True when
+        either counted."""
+        if up is not None:
+            self.upload_bps = _smoothed(self.upload_bps, up, self.upload_rounds)
             self.upload_rounds += 1
-            counted = True
-        if received >= MIN_MEASURED_BYTES:
-            self.download_bps = _smoothed(self.download_bps, received / seconds, self.download_rounds)
+        if down is not None:
+            self.download_bps = _smoothed(self.download_bps, down, self.download_rounds)
             self.download_rounds += 1
-            counted = True
-        return counted
+        return up is not None or down is not None
+
+
+def best_rate(start: float, through: Sequence[tuple[float, int]]) -> Optional[float]:
+    """The largest ``bytes through by t / (t - start)`` over the moments ``t`` of ``through``
+    (``(t, bytes)`` as each part got through), counting only moments with at least
+    :data:`MIN_MEASURED_BYTES` through and :data:`MIN_MEASURED_SECONDS` after ``start``; None when
+    no moment counts."""
+    best = None
+    total = 0
+    for t, n in sorted(through):
+        total += n
+        elapsed = t - start
+        if total >= MIN_MEASURED_BYTES and elapsed >= MIN_MEASURED_SECONDS:
+            rate = total / elapsed
+            best = rate if best is None or rate > best else best
+    return best
 
 
 def _smoothed(old: float, new: float, seen: int) -> float:

@@ -384,7 +384,7 @@ class DiLoCoOptimizer:
         return ModuleReport(
             st.module_id, round_no, res.ok, res.reason, res.group_size, list(res.peers), res.bytes_sent,
             res.bytes_received, tokens, wait, transfer_seconds=res.transfer_seconds, adopt=res.adopt,
-            ahead=res.ahead, ahead_left=res.ahead_left,
+            ahead=res.ahead, ahead_left=res.ahead_left, link_times=res.link_times,
         )
 
     def _launch(self, st: HeldModule, tokens: float, weight: float, keep_anchor: bool) -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
+
+from peer.averaging.contract import LinkTimes
 
 __all__ = ["ModuleReport", "RoundReport"]
 
@@ -35,6 +38,8 @@ class ModuleReport:
     """Not applied because other holders applied rounds we missed: the round they are at; -1 otherwise."""
     ahead_left: bool = False
     """With ``ahead``: those holders left, so no live holder can send their state."""
+    link_times: Optional[LinkTimes] = field(default=None, repr=False, compare=False)
+    """When the exchange's bytes crossed our link, part by part (None: only the totals are known)."""
 
 
 @dataclass

@@ -155,12 +155,15 @@ async def send_error(writer: asyncio.StreamWriter, text: str) -> None:
     await writer.drain()
 
 
-async def linger(reader: asyncio.StreamReader, timeout: float) -> None:
+async def linger(reader: asyncio.StreamReader, timeout: float) -> bool:
     """Wait (at most ``timeout`` s) until the other side closes the stream, before we close ours:
     closing right after a write can cut the stream before the daemon forwarded all of it (a caller
-    then reads the end of the stream where our last frame should be)."""
+    then reads the end of the stream where our last frame should be). True when the other side
+    closed it in time (it read what we wrote)."""
     with contextlib.suppress(asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError):
         await asyncio.wait_for(reader.read(), timeout)
+        return True
+    return False
 
 
 def log_limited(logger: logging.Logger, key: str, message: str, *args: Any) -> None:
