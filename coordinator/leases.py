@@ -51,6 +51,7 @@ class Leases:
         measured: bool = False,
         capacity: float = 0.0,
         link_bps: tuple[float, float] = (0.0, 0.0),
+        exchange_overhead_s: float = 0.0,
     ) -> HeartbeatResult:
         """Renew the lease and record progress; renewals are durable at the next flush, not on return.
         ``seeded_paths`` (checked by :meth:`check_seeded_paths`; None: unchanged): the paths whose
@@ -59,7 +60,9 @@ class Leases:
         ``measured``: ``tokens_per_s`` is a measurement, 0 included (what a stage server or trainer
         served); otherwise 0 means unchanged. ``capacity``: a stage server's tokens/s at full load (0:
         unknown). ``link_bps``: upload and download bytes/s the peer measured from its averaging
-        rounds; each replaces the capabilities' figure (the join probe's) when > 0."""
+        rounds; each replaces the capabilities' figure (the join probe's) when > 0.
+        ``exchange_overhead_s``: what its rounds' exchanges block it beyond their bytes at those rates
+        (kept when > 0)."""
         with self._lock:
             lease = self._leases.get(lease_id)
             now = self.clock()
@@ -86,6 +89,9 @@ class Leases:
                 tokens_per_s = 0.0  # a pipeline role's figure is what it served, not its device's
             if link_bps[0] > 0 or link_bps[1] > 0:
                 self._record_link(peer, link_bps, now)
+            if exchange_overhead_s > 0 and exchange_overhead_s != peer.exchange_overhead_s:
+                peer.exchange_overhead_s = exchange_overhead_s
+                self._dirty_peers.add(peer.peer_id)
             if progress or bytes_exchanged or (tokens_per_s and tokens_per_s != peer.capabilities.tokens_per_s):
                 self._record_progress(peer, progress, tokens_per_s, bytes_exchanged, now)
             batch = None

@@ -4,12 +4,14 @@ communication budget. Pure functions of (now, holders, current plan, settings) r
 ``(plan, reason)``.
 
 A round of module m costs each holder h its compute, ``H * batch * seq_len / tokens_per_s(h)``
-seconds, and its exchange, ``k(h) * size(m, codec) / upload(h) + k(h) * size(m, codec) / download(h)``
-seconds, where ``size`` is the module's exact encoded size (:mod:`models.codec_spec`) and ``k(h)`` the
-modules h exchanges at once over the same link (a path peer's whole path): m's round waits for its
-slowest holder, so m's share is the largest exchange / compute ratio over its holders. An exchange
-under :data:`coordinator.links.MIN_SLOW_EXCHANGE_SECONDS` never counts, nor does a direction whose
-rate is not known (0).
+seconds, and its exchange, ``o(h) + k(h) * size(m, codec) / upload(h) + k(h) * size(m, codec) /
+download(h)`` seconds, where ``size`` is the module's exact encoded size (:mod:`models.codec_spec`),
+``k(h)`` the modules h exchanges at once over the same link (a path peer's whole path) and ``o(h)``
+what h's exchanges block it beyond their bytes (matchmaking, round trips, waiting for the group: its
+measured overhead, :class:`peer.diloco.LinkRates`; a longer round amortises it, a smaller codec does
+not): m's round waits for its slowest holder, so m's share is the largest exchange / compute ratio
+over its holders. An exchange under :data:`coordinator.links.MIN_SLOW_EXCHANGE_SECONDS` never counts,
+nor does a direction whose rate is not known (0).
 
 Candidates, in order of preference: H from the run's ``inner_steps`` doubling up to
 ``max_inner_steps_factor`` times it, and for each H the run's codec, then each allowed smaller codec
@@ -72,6 +74,9 @@ class HolderLink:
     follows_plans: bool = True
     """False for a peer of an older coordinator protocol, which ignores plans: its modules keep the
     run's codec (only H may change; such a peer keeps its assignment's H, and rounds pace it)."""
+    overhead_s: float = 0.0
+    """Seconds its rounds' exchanges block it beyond their bytes at its rates (matchmaking, round
+    trips, waiting for its groups), as it measured them (0: unknown or none)."""
 
 
 def allowed_codecs(run: RunConfig, settings: CoordinatorSettings) -> list[str]:
@@ -93,38 +98,43 @@ def candidates(run: RunConfig, settings: CoordinatorSettings) -> list[tuple[int,
     return out
 
 
-def _frontier(holders: Sequence[HolderLink]) -> list[tuple[float, float, HolderLink]]:
-    """The holders that can be a candidate's slowest, as (a, b, holder): ``a`` seconds of exchange per
-    byte of the module (``k / upload + k / download``), ``b = a * tokens_per_s`` (so a candidate of
-    ``size`` bytes and ``tokens`` per round costs the holder ``size * b / tokens`` of its round). Sorted
-    by ``a`` falling, keeping only holders whose ``b`` beats every one with a larger ``a``: whichever
-    holders pass a candidate's minimum exchange time (a prefix in ``a``), the last of them in this
-    list has the largest share. One pass over the holders per module, whatever the candidates."""
+def _costs(holders: Sequence[HolderLink]) -> list[tuple[float, float, float, HolderLink]]:
+    """The holders that can be a candidate's slowest, as (o, a, tokens_per_s, holder): ``o`` its
+    exchange overhead in seconds, ``a`` its seconds of exchange per byte of the module (``k / upload +
+    k / download``), so a candidate of ``size`` bytes takes it ``o + size * a`` seconds and costs
+    ``(o + size * a) * tokens_per_s / tokens`` of a round of ``tokens``. A holder another one matches
+    or beats in all three is left out (whatever the candidate, its exchange and share are no larger),
+    as are holders with neither an overhead nor a known rate. One pass per module, whatever the
+    candidates; the few left are what each candidate looks at."""
     items = []
     for link in holders:
         a = max(1, link.modules) * ((1.0 / link.upload_bps if link.upload_bps > 0 else 0.0)
                                     + (1.0 / link.download_bps if link.download_bps > 0 else 0.0))
-        if a > 0:
-            items.append((a, a * max(link.tokens_per_s, 1e-9), link))
-    items.sort(key=lambda t: (-t[0], t[2].peer_id))
-    frontier: list[tuple[float, float, HolderLink]] = []
-    for item in items:
-        if not frontier or item[1] > frontier[-1][1]:
-            frontier.append(item)
-    return frontier
+        o = max(0.0, link.overhead_s)
+        if a > 0 or o > 0:
+            items.append((o, a, max(link.tokens_per_s, 1e-9), link))
+    items.sort(key=lambda t: (-t[1], -t[0], -t[2], t[3].peer_id))
+    kept: list[tuple[float, float, float, HolderLink]] = []
+    for item in items:  # every kept one has an ``a`` at least as large
+        if not any(k[0] >= item[0] and k[2] >= item[2] for k in kept):
+            kept.append(item)
+    return kept
 
 
-def _share(numel: int, h: int, codec: str, frontier: Sequence[tuple[float, float, HolderLink]], run: RunConfig,
+def _share(numel: int, h: int, codec: str, costs: Sequence[tuple[float, float, float, HolderLink]], run: RunConfig,
            settings: CoordinatorSettings) -> tuple[float, Optional[HolderLink], float]:
     """(largest exchange / compute ratio over the holders, that holder, its exchange seconds); an
     exchange under :data:`MIN_SLOW_EXCHANGE_SECONDS` does not count."""
     size = codec_spec(codec).encoded_size(numel)
     tokens = h * (settings.batch_size or run.inner.batch_size) * run.lattice.seq_len
     worst: tuple[float, Optional[HolderLink], float] = (0.0, None, 0.0)
-    for a, b, link in frontier:
-        if size * a < MIN_SLOW_EXCHANGE_SECONDS:
-            break
-        worst = (size * b / tokens, link, size * a)
+    for o, a, tokens_per_s, link in costs:
+        seconds = o + size * a
+        if seconds < MIN_SLOW_EXCHANGE_SECONDS:
+            continue
+        share = seconds * tokens_per_s / tokens
+        if share > worst[0]:
+            worst = (share, link, seconds)
     return worst
 
 
@@ -132,8 +142,9 @@ def _describe(h: int, codec: str, share: float, link: Optional[HolderLink], seco
     if link is None:
         return f"H={h}, {codec}: every holder's exchange under {MIN_SLOW_EXCHANGE_SECONDS:g}s or of unknown rate"
     what = f"H={h}, {codec}: exchange {share:.0%} of a round"
-    return (f"{what} ({seconds:.1f}s at slowest holder {link.peer_id[-8:]}, {link.upload_bps * 8e-6:.1f} Mbit/s up, "
-            f"{link.download_bps * 8e-6:.1f} down)")
+    overhead = f"{link.overhead_s:.1f}s overhead + bytes, " if link.overhead_s > 0 else ""
+    return (f"{what} ({seconds:.1f}s at slowest holder {link.peer_id[-8:]}: {overhead}"
+            f"{link.upload_bps * 8e-6:.1f} Mbit/s up, {link.download_bps * 8e-6:.1f} down)")
 
 
 def plan_module(
@@ -160,8 +171,8 @@ def plan_module(
     stale = sum(1 for link in holders if not link.follows_plans)
     if stale:  # a holder that ignores plans encodes with the run's codec whatever a plan says
         options = [(h, c) for h, c in options if c == run.outer.codec]
-    frontier = _frontier(holders)
-    shares = [_share(numel, h, c, frontier, run, settings) for h, c in options]
+    costs = _costs(holders)
+    shares = [_share(numel, h, c, costs, run, settings) for h, c in options]
     best = next((i for i, s in enumerate(shares) if s[0] <= budget), len(options) - 1)
     here = options.index((now_h, now_codec)) if (now_h, now_codec) in options else None
     if here is None and stale:
@@ -209,10 +220,10 @@ def held_back_by(numel: int, holders: Sequence[HolderLink], run: RunConfig,
     and codec (without it the rest fit): the peer to move elsewhere. None when the module fits, or
     when it would not fit without that holder either (several slow links: the plan is the remedy)."""
     h, codec = run.outer.inner_steps, run.outer.codec
-    share, worst, _ = _share(numel, h, codec, _frontier(holders), run, settings)
+    share, worst, _ = _share(numel, h, codec, _costs(holders), run, settings)
     if worst is None or share <= settings.comm_budget:
         return None
     rest = [link for link in holders if link.peer_id != worst.peer_id]
-    if _share(numel, h, codec, _frontier(rest), run, settings)[0] <= settings.comm_budget:
+    if _share(numel, h, codec, _costs(rest), run, settings)[0] <= settings.comm_budget:
         return worst
     return None

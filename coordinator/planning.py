@@ -68,7 +68,8 @@ class Planning:
             peer = self._peers[peer_id]
             caps = peer.capabilities
             link = HolderLink(peer_id, caps.upload_bps, caps.download_bps,
-                              peer.counted_tokens_per_s() or caps.tokens_per_s, len(a.module_ids), peer.follows_plans)
+                              peer.counted_tokens_per_s() or caps.tokens_per_s, len(a.module_ids), peer.follows_plans,
+                              peer.exchange_overhead_s)
             for m in a.module_ids:
                 out.setdefault(m, []).append(link)
         return out

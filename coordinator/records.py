@@ -151,6 +151,9 @@ class PeerRecord:
     link_measured_at: float = 0.0
     """When a heartbeat last reported link rates measured from the peer's rounds (0: never; its
     capabilities' rates are then the join probe's)."""
+    exchange_overhead_s: float = 0.0
+    """Seconds a round's exchanges block the peer beyond their bytes at its link rates (matchmaking,
+    round trips, waiting for its groups), as its heartbeats measure it (0: not measured)."""
     requested_role: str = ""
     """The role the peer asked for at its latest join (``peer join --role``; '' lets the coordinator
     decide): rebalancing never moves it to another."""

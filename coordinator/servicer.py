@@ -39,6 +39,7 @@ from coordinator.records import MODE_ARCHIVE, MODE_PATH, MODE_STAGE, MODE_TRAINE
 from coordinator.status import snapshot
 from coordinator.versions import MAX_PROTOCOLS, follows_plans, join_refusal, upgrade_reason
 from coordinator.validation import (
+    MAX_OVERHEAD_S,
     MAX_PROGRESS,
     MAX_PUBLIC_KEY,
     MAX_RATE,
@@ -231,6 +232,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         link_bps = (request.measured_upload_bps, request.measured_download_bps)
         check_number("measured_upload_bps", link_bps[0], 0.0, MAX_RATE)
         check_number("measured_download_bps", link_bps[1], 0.0, MAX_RATE)
+        overhead = request.measured_exchange_overhead_s
+        check_number("measured_exchange_overhead_s", overhead, 0.0, MAX_OVERHEAD_S)
         if request.bytes_sent > MAX_COUNT or request.bytes_received > MAX_COUNT:
             raise InvalidArgument("bytes_sent", f"byte counts beyond {MAX_COUNT}")
         coord = self.coord
@@ -245,12 +248,12 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             result = await self._blocking(
                 coord.heartbeat, lease_id, peer_id, progress, request.assignment_version, tokens_per_s,
                 request.bytes_sent + request.bytes_received, True, seeded, evaluations,
-                request.tokens_per_s_measured, capacity, link_bps,
+                request.tokens_per_s_measured, capacity, link_bps, overhead,
             )
         else:
             result = coord.heartbeat(lease_id, peer_id, progress, request.assignment_version, tokens_per_s,
                                      request.bytes_sent + request.bytes_received, False, seeded, evaluations,
-                                     request.tokens_per_s_measured, capacity, link_bps)
+                                     request.tokens_per_s_measured, capacity, link_bps, overhead)
         reply.lease_remaining_s = result.lease_remaining
         least = coord.settings.min_peer_version
         upgrade = upgrade_reason(coord.peer_versions.get(peer_id), least)

@@ -121,6 +121,7 @@ def snapshot(coord: Coordinator, max_peers: Optional[int] = None) -> dict[str, A
                 "upload_bps": p.capabilities.upload_bps,
                 "download_bps": p.capabilities.download_bps,
                 "link_measured": p.link_measured_at > 0,
+                "exchange_overhead_s": p.exchange_overhead_s,
                 "assignment": a.to_dict() if a else None,
                 "work": a.label() if a else "",
                 "last_seen_age_s": max(0.0, now - p.last_seen),

@@ -29,6 +29,7 @@ __all__ = [
     "check_multiaddr",
     "check_capabilities",
     "check_number",
+    "MAX_OVERHEAD_S",
 ]
 
 MAX_STRING = 256
@@ -39,6 +40,8 @@ MAX_MEMORY = 1 << 50
 """1 PiB: larger memory is a bug in the peer's measurement."""
 MAX_RATE = 1e12
 """Tokens/s and bytes/s above this are not credible."""
+MAX_OVERHEAD_S = 86400.0
+"""A day: a round's exchange overhead above this is not credible."""
 
 _PEER_ID_RE = re.compile(r"^[1-9A-HJ-NP-Za-km-z]{16,128}$")
 _LEASE_RE = re.compile(r"^[0-9a-f]{32}$")

@@ -360,16 +360,25 @@ def test_measured_link_rates_travel_in_heartbeats_and_an_older_peer_sends_none(s
     try:
         client.join()
         peer_id = client.peer.peer_id
-        versions.set_override("coordinator=1.1")  # a peer of the previous minor leaves the rates out
+        versions.set_override("coordinator=1.1")  # a peer of an older minor leaves the rates out
         try:
-            client.heartbeat(link_bps=(2e6, 3e6))
+            client.heartbeat(link_bps=(2e6, 3e6), exchange_overhead_s=1.5)
         finally:
             versions.set_override(None)
         assert server.coordinator.peer(peer_id).capabilities.upload_bps == 9e6
-        client.heartbeat(link_bps=(2e6, 3e6))
+        assert server.coordinator.peer(peer_id).exchange_overhead_s == 0.0
+        versions.set_override("coordinator=1.2")  # the rates, not the overhead
+        try:
+            client.heartbeat(link_bps=(2e6, 3e6), exchange_overhead_s=1.5)
+        finally:
+            versions.set_override(None)
         peer = server.coordinator.peer(peer_id)
         assert (peer.capabilities.upload_bps, peer.capabilities.download_bps) == (2e6, 3e6)
-        assert peer.link_measured_at > 0
+        assert peer.link_measured_at > 0 and peer.exchange_overhead_s == 0.0
+        client.heartbeat(link_bps=(2e6, 3e6), exchange_overhead_s=1.5)
+        assert server.coordinator.peer(peer_id).exchange_overhead_s == 1.5
+        with pytest.raises(CoordinatorRefused, match="measured_exchange_overhead_s"):
+            client.heartbeat(exchange_overhead_s=float("nan"))
     finally:
         client.close()
 

@@ -159,24 +159,41 @@ from hypothesis import given, settings as hsettings, strategies as st  # noqa: E
 _rates = st.one_of(st.just(0.0), st.floats(1e2, 1e9))
 
 
-@hsettings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(_rates, _rates, st.floats(1.0, 1e5), st.integers(1, 6)), max_size=12),
+@hsettings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_rates, _rates, st.floats(1.0, 1e5), st.integers(1, 6),
+                          st.one_of(st.just(0.0), st.floats(0.01, 30.0))), max_size=12),
        st.sampled_from([(10, "int8"), (10, "int4"), (40, "int4")]))
-def test_the_slowest_holder_found_by_the_frontier_is_the_one_a_full_scan_finds(links, candidate):
+def test_the_slowest_holder_found_among_the_undominated_is_the_one_a_full_scan_finds(links, candidate):
     from coordinator.links import MIN_SLOW_EXCHANGE_SECONDS
-    from coordinator.planner import _frontier, _share
+    from coordinator.planner import _costs, _share
 
-    hs = [HolderLink(f"p{i}", up, down, tps, k) for i, (up, down, tps, k) in enumerate(links)]
+    hs = [HolderLink(f"p{i}", up, down, tps, k, overhead_s=o) for i, (up, down, tps, k, o) in enumerate(links)]
     h, codec = candidate
     size = codec_spec(codec).encoded_size(NUMEL)
     compute_tokens = h * 8 * 32
     full = 0.0
     for link in hs:
-        seconds = link.modules * size * ((1 / link.upload_bps if link.upload_bps else 0)
-                                         + (1 / link.download_bps if link.download_bps else 0))
+        seconds = link.overhead_s + link.modules * size * ((1 / link.upload_bps if link.upload_bps else 0)
+                                                           + (1 / link.download_bps if link.download_bps else 0))
         if seconds >= MIN_SLOW_EXCHANGE_SECONDS:
             full = max(full, seconds / (compute_tokens / link.tokens_per_s))
-    assert _share(NUMEL, h, codec, _frontier(hs), RUN, SETTINGS)[0] == pytest.approx(full, rel=1e-9)
+    assert _share(NUMEL, h, codec, _costs(hs), RUN, SETTINGS)[0] == pytest.approx(full, rel=1e-9)
+
+
+def test_an_exchange_overhead_is_amortised_by_a_longer_round_not_by_a_smaller_codec():
+    """Fast links, but each round's exchange blocks one holder 0.3 of a round at the run's H for what
+    no codec shrinks (round trips, matchmaking): the plan quadruples H (0.075 of a round, within the
+    0.1 budget; a smaller codec at H or 2H stays over it) and keeps the run's codec."""
+    compute = 10 * 8 * 32 / TOKENS_PER_S  # seconds of a round at the run's H
+    fast = rate_for(0.001)
+    slow_round = [HolderLink("a", fast, fast, TOKENS_PER_S, overhead_s=0.3 * compute),
+                  HolderLink("b", fast, fast, TOKENS_PER_S)]
+    plan, why = plan_module(0.0, "L0M0", NUMEL, slow_round, None, 3, RUN, SETTINGS)
+    assert plan is not None and (plan.inner_steps, plan.codec) == (40, RUN.outer.codec), why
+    assert "overhead" in why
+    # without the overhead the same links need nothing
+    plan, why = plan_module(0.0, "L0M0", NUMEL, [HolderLink("a", fast, fast, TOKENS_PER_S)], None, 3, RUN, SETTINGS)
+    assert plan is None, why
 
 
 def test_a_module_is_held_back_by_one_holder_only_when_the_rest_would_fit():

@@ -175,13 +175,16 @@ class CoordinatorClient:
         measured: bool = False,
         capacity: float = 0.0,
         link_bps: tuple[float, float] = (0.0, 0.0),
+        exchange_overhead_s: float = 0.0,
     ) -> HeartbeatReply:
         """Renew the lease; re-joins transparently when the coordinator answers NOT_FOUND.
         ``seeded_paths``: the paths whose shards this peer seeds (None: it does not say).
         ``evaluations``: validation bits per byte per path (an archive peer's; others are refused).
         ``measured``: ``tokens_per_s`` is a measurement, 0 included (a stage server's or trainer's
         served tokens/s); ``capacity``: a stage server's tokens/s at full load (0: unknown).
-        ``link_bps``: upload and download bytes/s measured from our averaging rounds (0: not yet)."""
+        ``link_bps``: upload and download bytes/s measured from our averaging rounds (0: not yet);
+        ``exchange_overhead_s``: what a round's exchanges block us beyond their bytes at those rates
+        (0: not yet)."""
         if self.joined is None:
             return self._rejoin()
         request = pb.HeartbeatRequest(
@@ -197,6 +200,8 @@ class CoordinatorClient:
             request.peer_version = versions.RELEASE
         if versions.writes("coordinator", "HeartbeatRequest.measured_upload_bps"):
             request.measured_upload_bps, request.measured_download_bps = link_bps
+        if versions.writes("coordinator", "HeartbeatRequest.measured_exchange_overhead_s"):
+            request.measured_exchange_overhead_s = exchange_overhead_s
         if seeded_paths is not None:
             request.seeds_data = True
             request.seeded_paths.extend(seeded_paths)

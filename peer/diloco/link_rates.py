@@ -18,6 +18,15 @@ A figure counts only from moments when at least :data:`MIN_MEASURED_BYTES` were 
 :data:`MIN_MEASURED_SECONDS` had passed (before that, latency, not bandwidth, sets the time). The
 estimate is an exponentially weighted mean, so a link that changes shows in a few rounds while one
 slow round does not swing it.
+
+Bytes are not all a round's exchanges cost: matchmaking, round trips between parts and waiting for
+the group's other members block training too, whatever the codec, and on short rounds or long round
+trips they are most of it. :attr:`LinkRates.overhead_s` is that part: the seconds a round's
+exchanges blocked training (:attr:`peer.diloco.RoundReport.wait_seconds`) beyond its bytes at the
+rates above, from rounds whose every module was applied, after the first
+:data:`OVERHEAD_WARMUP_ROUNDS` (a start-up round waits for the others to arrive). The planner adds it
+to each candidate's byte time (:mod:`coordinator.planner`): a longer round amortises it, a smaller
+codec does not.
 """
 
 from __future__ import annotations
@@ -25,7 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
-__all__ = ["LinkRates", "MIN_MEASURED_BYTES", "MIN_MEASURED_SECONDS", "SMOOTHING", "best_rate"]
+__all__ = ["LinkRates", "MIN_MEASURED_BYTES", "MIN_MEASURED_SECONDS", "OVERHEAD_WARMUP_ROUNDS", "SMOOTHING",
+           "best_rate"]
 
 MIN_MEASURED_BYTES = 256 * 1024
 """A direction of a round that moved fewer bytes is not a measurement of bandwidth."""
@@ -33,6 +43,8 @@ MIN_MEASURED_SECONDS = 0.05
 """A moment this soon after the round's start is not a measurement of bandwidth."""
 SMOOTHING = 0.3
 """Weight of the newest round in the estimate (the rest is the estimate before it)."""
+OVERHEAD_WARMUP_ROUNDS = 2
+"""Applied rounds not counted towards the overhead at the start (they wait for the others to join)."""
 
 
 @dataclass
@@ -46,6 +58,32 @@ class LinkRates:
     upload_rounds: int = 0
     """Rounds that counted towards ``upload_bps``."""
     download_rounds: int = 0
+    overhead_s: float = 0.0
+    """Seconds a round's exchanges block training beyond their bytes at the rates above (0: not yet)."""
+    overhead_rounds: int = 0
+    """Applied rounds seen for the overhead, the warm-up ones included."""
+
+    def observe_round(self, report) -> bool:
+        """Take one outer round (:class:`peer.diloco.RoundReport`): its rates, and, when every module
+        was applied, its overhead. True when the rates counted."""
+        counted = self.observe(report.modules.values())
+        if report.applied:
+            self.observe_overhead(report.modules.values(), report.wait_seconds)
+        return counted
+
+    def observe_overhead(self, modules: Iterable, blocked_seconds: float) -> None:
+        """One applied round's modules and the seconds its exchanges blocked training: the part of
+        them its bytes at the current rates do not explain."""
+        self.overhead_rounds += 1
+        if self.overhead_rounds <= OVERHEAD_WARMUP_ROUNDS:
+            return
+        modules = list(modules)
+        sent = sum(m.bytes_sent for m in modules)
+        received = sum(m.bytes_received for m in modules)
+        bytes_s = ((sent / self.upload_bps if self.upload_bps > 0 else 0.0)
+                   + (received / self.download_bps if self.download_bps > 0 else 0.0))
+        seen = self.overhead_rounds - OVERHEAD_WARMUP_ROUNDS - 1
+        self.overhead_s = _smoothed(self.overhead_s, max(0.0, blocked_seconds - bytes_s), seen)
 
     def observe(self, modules: Iterable) -> bool:
         """Take one round's module reports (:class:`peer.diloco.ModuleReport`, all exchanged at once);

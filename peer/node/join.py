@@ -235,7 +235,8 @@ class PeerNode:
                     "capacity": self.status.capacity_tokens_per_s, "bytes_sent": self.status.bytes_sent,
                     "bytes_received": self.status.bytes_received, "preempting": self._preempting,
                     "seeded_paths": self.data.seeded_paths() if self.data is not None else None,
-                    "link_bps": (self.status.link.upload_bps, self.status.link.download_bps)}
+                    "link_bps": (self.status.link.upload_bps, self.status.link.download_bps),
+                    "exchange_overhead_s": self.status.link.overhead_s}
         # a throughput measured over the first seconds of new work (state loading, first rounds) is
         # noise the coordinator would rebalance on: report 0 ("unchanged", it keeps the join figure)
         settled = time.monotonic() - self._work_started >= THROUGHPUT_SETTLE_SECONDS
@@ -247,6 +248,7 @@ class PeerNode:
             "preempting": self._preempting,
             "seeded_paths": self.data.seeded_paths() if self.data is not None else None,
             "link_bps": (self.status.link.upload_bps, self.status.link.download_bps),
+            "exchange_overhead_s": self.status.link.overhead_s,
         }
 
     # -- the life cycle -----------------------------------------------------------------------

@@ -255,7 +255,7 @@ def run_stage_server(cfg: RunConfig, module_id: str, dataset: Any, device: torch
             status.group_sizes[mid] = m.group_size
             status.bytes_sent += m.bytes_sent
             status.bytes_received += m.bytes_received
-        status.link.observe(report.modules.values())
+        status.link.observe_round(report)
         if checkpoints is not None:
             save_states(cfg, server.opt, {module_id: server.module}, checkpoints, extra)
         if after_round is not None:
@@ -343,7 +343,7 @@ def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, devic
     def on_round(report: RoundReport) -> None:
         resync_after_round(trainer.opt, report, averager, fetch)
         status.round_no = max(trainer.opt.module_round(m) for m in trainer.modules)
-        status.link.observe(report.modules.values())
+        status.link.observe_round(report)
         if checkpoints is not None:
             save_states(cfg, trainer.opt, trainer.modules, checkpoints, extra)
         if after_round is not None:

@@ -234,7 +234,7 @@ class PathTrainer:
             self.status.bytes_sent += m.bytes_sent
             self.status.bytes_received += m.bytes_received
             self.status.group_sizes[mid] = m.group_size
-        self.status.link.observe(report.modules.values())
+        self.status.link.observe_round(report)
         resync_after_round(self.opt, report, self.averager, self._fetch_state)
         self.status.round_no = max(self.opt.module_round(m) for m in self.module_ids)
         self.checkpoint()

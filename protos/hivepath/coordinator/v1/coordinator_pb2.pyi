@@ -157,7 +157,7 @@ class ModuleProgress(_message.Message):
     def __init__(self, module_id: _Optional[str] = ..., round: _Optional[int] = ..., tokens: _Optional[int] = ..., loss: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("lease_id", "peer_id", "progress", "assignment_version", "tokens_per_s", "bytes_sent", "bytes_received", "preempting", "seeds_data", "seeded_paths", "evaluations", "tokens_per_s_measured", "capacity_tokens_per_s", "peer_version", "measured_upload_bps", "measured_download_bps")
+    __slots__ = ("lease_id", "peer_id", "progress", "assignment_version", "tokens_per_s", "bytes_sent", "bytes_received", "preempting", "seeds_data", "seeded_paths", "evaluations", "tokens_per_s_measured", "capacity_tokens_per_s", "peer_version", "measured_upload_bps", "measured_download_bps", "measured_exchange_overhead_s")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
@@ -174,6 +174,7 @@ class HeartbeatRequest(_message.Message):
     PEER_VERSION_FIELD_NUMBER: _ClassVar[int]
     MEASURED_UPLOAD_BPS_FIELD_NUMBER: _ClassVar[int]
     MEASURED_DOWNLOAD_BPS_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_EXCHANGE_OVERHEAD_S_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     peer_id: str
     progress: _containers.RepeatedCompositeFieldContainer[ModuleProgress]
@@ -190,7 +191,8 @@ class HeartbeatRequest(_message.Message):
     peer_version: str
     measured_upload_bps: float
     measured_download_bps: float
-    def __init__(self, lease_id: _Optional[str] = ..., peer_id: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[ModuleProgress, _Mapping]]] = ..., assignment_version: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., preempting: _Optional[bool] = ..., seeds_data: _Optional[bool] = ..., seeded_paths: _Optional[_Iterable[str]] = ..., evaluations: _Optional[_Iterable[_Union[PathEvaluation, _Mapping]]] = ..., tokens_per_s_measured: _Optional[bool] = ..., capacity_tokens_per_s: _Optional[float] = ..., peer_version: _Optional[str] = ..., measured_upload_bps: _Optional[float] = ..., measured_download_bps: _Optional[float] = ...) -> None: ...
+    measured_exchange_overhead_s: float
+    def __init__(self, lease_id: _Optional[str] = ..., peer_id: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[ModuleProgress, _Mapping]]] = ..., assignment_version: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., preempting: _Optional[bool] = ..., seeds_data: _Optional[bool] = ..., seeded_paths: _Optional[_Iterable[str]] = ..., evaluations: _Optional[_Iterable[_Union[PathEvaluation, _Mapping]]] = ..., tokens_per_s_measured: _Optional[bool] = ..., capacity_tokens_per_s: _Optional[float] = ..., peer_version: _Optional[str] = ..., measured_upload_bps: _Optional[float] = ..., measured_download_bps: _Optional[float] = ..., measured_exchange_overhead_s: _Optional[float] = ...) -> None: ...
 
 class PathEvaluation(_message.Message):
     __slots__ = ("path", "bpb", "round")
