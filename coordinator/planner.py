@@ -16,7 +16,10 @@ nor does a direction whose rate is not known (0).
 Candidates, in order of preference: H from the run's ``inner_steps`` doubling up to
 ``max_inner_steps_factor`` times it, and for each H the run's codec, then each allowed smaller codec
 (``planner_codecs``) from largest to smallest: a lighter codec is tried before a longer round. The
-plan is the first candidate within ``comm_budget`` (the last one when none is). Hysteresis: the
+plan is the first candidate within ``comm_budget`` (the last one when none is). H is one for the
+lattice (:func:`lattice_h`): each module is planned alone first, then every module again with the
+largest H of those as the least it may have, so a module whose own links would allow a shorter
+round gets the lattice's H and the codec that fits it. Hysteresis: the
 current plan is kept while its share stays within ``comm_budget * (1 + plan_hysteresis)`` and no
 preferred candidate fits within ``comm_budget * (1 - plan_hysteresis)``, so measurement noise around
 the budget changes nothing. While a holder of the module ignores plans (an older release), only the
@@ -37,7 +40,8 @@ from coordinator.settings import CoordinatorSettings
 from models.codec_spec import codec_spec
 from models.config import RunConfig
 
-__all__ = ["ModulePlan", "HolderLink", "candidates", "plan_module", "allowed_codecs", "lead_rounds", "held_back_by"]
+__all__ = ["ModulePlan", "HolderLink", "candidates", "plan_module", "allowed_codecs", "lattice_h", "lead_rounds",
+           "held_back_by"]
 
 
 @dataclass(frozen=True)
@@ -156,13 +160,18 @@ def plan_module(
     module_round: int,
     run: RunConfig,
     settings: CoordinatorSettings,
+    h_floor: int = 0,
 ) -> tuple[Optional[ModulePlan], str]:
     """(a new plan, reason) when the module's plan should change, else (None, reason).
 
     ``numel``: the module's parameter count; ``holders``: its live holders; ``current``: its plan
-    (None: the run's H and codec, never planned); ``module_round``: the highest round its holders reported."""
+    (None: the run's H and codec, never planned); ``module_round``: the highest round its holders
+    reported; ``h_floor``: the least H a candidate may have (the H other modules need: see
+    :func:`lattice_h`)."""
     budget, slack = settings.comm_budget, settings.plan_hysteresis
     options = candidates(run, settings)
+    if h_floor:
+        options = [o for o in options if o[0] >= h_floor] or [o for o in options if o[0] == options[-1][0]]
     now_h, now_codec = (current.inner_steps, current.codec) if current else (run.outer.inner_steps, run.outer.codec)
     if current is not None and module_round < current.from_round:
         return None, f"{_label(now_h, now_codec)} from round {current.from_round} (module at round {module_round})"
@@ -177,6 +186,9 @@ def plan_module(
     here = options.index((now_h, now_codec)) if (now_h, now_codec) in options else None
     if here is None and stale:
         why = (f"{stale} holder(s) of an older release ignore plans, so the codec is the run's; "
+               f"{_describe(*options[best], *shares[best])}")
+    elif here is None and h_floor > now_h:
+        why = (f"the lattice's modules need H={options[0][0]} (a peer's modules end a round together); "
                f"{_describe(*options[best], *shares[best])}")
     elif here is None:
         why = f"the allowed H and codecs changed; {_describe(*options[best], *shares[best])}"
@@ -194,6 +206,15 @@ def plan_module(
         return None, f"keeps {_describe(now_h, now_codec, *shares[best])} (budget {budget:.0%})"
     plan = ModulePlan(module_id, h, codec, module_round + lead_rounds(now_h, holders, run, settings), why, now)
     return plan, why
+
+
+def lattice_h(wanted: dict[str, int]) -> int:
+    """The one H for every module, from the H each module's own plan would have (``wanted``): the
+    largest. A peer's modules end a round together (its round lasts the largest H among them), and a
+    path peer's modules span the lattice, so a module planned shorter than another would have
+    holders whose rounds last the other's H: they would declare its rounds late, and its groups would
+    form without them."""
+    return max(wanted.values(), default=0)
 
 
 def lead_rounds(h: int, holders: Sequence[HolderLink], run: RunConfig, settings: CoordinatorSettings) -> int:

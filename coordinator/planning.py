@@ -24,7 +24,7 @@ import json
 import logging
 from typing import Optional
 
-from coordinator.planner import HolderLink, ModulePlan, held_back_by, plan_module
+from coordinator.planner import HolderLink, ModulePlan, held_back_by, lattice_h, plan_module
 from coordinator.records import MODE_ARCHIVE, Assignment
 from coordinator.scheduler import relieve_link
 from coordinator.store import WriteBatch
@@ -86,6 +86,14 @@ class Planning:
         links = self._holder_links()
         events = []
         laggards: dict[str, str] = {}
+        wanted = {}  # module -> the H its own plan would have
+        for m in lattice.module_ids():
+            history = self.plans.get(m, [])
+            current = history[-1] if history else None
+            plan, _ = plan_module(now, m, lattice.module_param_count(m), links.get(m, []), current,
+                                  self.module_rounds.get(m, 0), self.run, self.settings)
+            wanted[m] = (plan or current).inner_steps if (plan or current) else self.run.outer.inner_steps
+        h_floor = lattice_h(wanted)
         for m in lattice.module_ids():
             slow = held_back_by(lattice.module_param_count(m), links.get(m, []), self.run, self.settings)
             if slow is not None:
@@ -93,7 +101,7 @@ class Planning:
             history = self.plans.get(m, [])
             plan, why = plan_module(now, m, lattice.module_param_count(m), links.get(m, []),
                                     history[-1] if history else None, self.module_rounds.get(m, 0), self.run,
-                                    self.settings)
+                                    self.settings, h_floor=h_floor)
             self.plan_reasons[m] = why
             if plan is not None:
                 self.plans[m] = [*history[-1:], plan]

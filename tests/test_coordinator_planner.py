@@ -154,6 +154,28 @@ def test_planning_passes_hand_every_holder_the_plan_and_survive_a_restart(tmp_pa
     assert again.plans == coord.plans
 
 
+def test_a_module_that_needs_a_longer_round_gives_every_module_its_h(tmp_path):
+    """One path peer's exchange overhead needs H=40 for its modules; the other modules' links would
+    keep the run's H=10, but a peer's modules end a round together: every module gets H=40, the
+    others with the run's codec."""
+    from coordinator.store import MemoryStore
+
+    now = [1_000_000.0]
+    settings = SETTINGS.replace(plan_interval=1.0, min_move_interval=1e9)
+    coord = Coordinator(RUN, settings, MemoryStore(), clock=lambda: now[0])
+    joined = [coord.join(f"12D3KooWpeer{i:08d}", b"k%d" % i, _caps(1e9)) for i in range(4)]
+    compute = 10 * 8 * 32 / TOKENS_PER_S
+    coord.heartbeat(joined[0].lease.lease_id, "12D3KooWpeer00000000", link_bps=(1e9, 1e9),
+                    exchange_overhead_s=0.3 * compute)
+    now[0] += 2
+    events = coord.tick()
+    assert {m: (p[-1].inner_steps, p[-1].codec) for m, p in coord.plans.items()} == {
+        m: (40, RUN.outer.codec) for m in RUN.lattice.module_ids()}, events
+    slow_path = set(joined[0].assignment.module_ids)
+    other = next(m for m in RUN.lattice.module_ids() if m not in slow_path)
+    assert "need H=40" in coord.plans[other][-1].reason and "overhead" in coord.plans[next(iter(slow_path))][-1].reason
+
+
 from hypothesis import given, settings as hsettings, strategies as st  # noqa: E402
 
 _rates = st.one_of(st.just(0.0), st.floats(1e2, 1e9))

@@ -131,9 +131,9 @@ def test_parts_too_small_or_too_soon_are_not_a_measurement():
     assert rates.upload_rounds == 0
 
 
-def test_the_overhead_is_what_blocked_beyond_the_bytes_after_the_warm_up():
+def test_rounds_after_the_warm_up_give_the_rates_and_the_overhead_beyond_the_bytes():
     from peer.diloco import RoundReport
-    from peer.diloco.link_rates import OVERHEAD_WARMUP_ROUNDS
+    from peer.diloco.link_rates import WARMUP_ROUNDS
 
     rates = LinkRates()
 
@@ -142,10 +142,10 @@ def test_the_overhead_is_what_blocked_beyond_the_bytes_after_the_warm_up():
                          wait_seconds=blocked, link_times=LinkTimes(0.0, 0.0, up=[(1.0, 2 * MB)], down=[(1.0, MB)]))
         return RoundReport(0, 10, 1000.0, 5.0, {"L0M0": m})
 
-    for _ in range(OVERHEAD_WARMUP_ROUNDS):
-        rates.observe_round(round_(60.0))  # start-up: waiting for the others
-    assert rates.overhead_s == 0.0 and rates.upload_bps == pytest.approx(2 * MB)
-    rates.observe_round(round_(4.0))  # 2 MiB up at 2 MiB/s, 1 MiB down at 1 MiB/s: 2 s of bytes
+    for _ in range(WARMUP_ROUNDS):  # start-up: waiting for the others
+        assert not rates.observe_round(round_(60.0))
+    assert (rates.overhead_s, rates.upload_bps) == (0.0, 0.0)
+    assert rates.observe_round(round_(4.0))  # 2 MiB up at 2 MiB/s, 1 MiB down at 1 MiB/s: 2 s of bytes
     assert rates.overhead_s == pytest.approx(2.0)
     rates.observe_round(round_(1.0))  # less than the bytes take: no overhead this round
     assert rates.overhead_s == pytest.approx(2.0 + SMOOTHING * (0.0 - 2.0))

@@ -23,10 +23,12 @@ Bytes are not all a round's exchanges cost: matchmaking, round trips between par
 the group's other members block training too, whatever the codec, and on short rounds or long round
 trips they are most of it. :attr:`LinkRates.overhead_s` is that part: the seconds a round's
 exchanges blocked training (:attr:`peer.diloco.RoundReport.wait_seconds`) beyond its bytes at the
-rates above, from rounds whose every module was applied, after the first
-:data:`OVERHEAD_WARMUP_ROUNDS` (a start-up round waits for the others to arrive). The planner adds it
-to each candidate's byte time (:mod:`coordinator.planner`): a longer round amortises it, a smaller
-codec does not.
+rates above, from rounds whose every module was applied. The planner adds it to each candidate's
+byte time (:mod:`coordinator.planner`): a longer round amortises it, a smaller codec does not.
+
+A peer's first :data:`WARMUP_ROUNDS` rounds count for neither: they wait for the others to arrive,
+dial the group's members for the first time and open lanes, and a plan made from them would be a
+plan for the start-up.
 """
 
 from __future__ import annotations
@@ -34,8 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
-__all__ = ["LinkRates", "MIN_MEASURED_BYTES", "MIN_MEASURED_SECONDS", "OVERHEAD_WARMUP_ROUNDS", "SMOOTHING",
-           "best_rate"]
+__all__ = ["LinkRates", "MIN_MEASURED_BYTES", "MIN_MEASURED_SECONDS", "SMOOTHING", "WARMUP_ROUNDS", "best_rate"]
 
 MIN_MEASURED_BYTES = 256 * 1024
 """A direction of a round that moved fewer bytes is not a measurement of bandwidth."""
@@ -43,8 +44,8 @@ MIN_MEASURED_SECONDS = 0.05
 """A moment this soon after the round's start is not a measurement of bandwidth."""
 SMOOTHING = 0.3
 """Weight of the newest round in the estimate (the rest is the estimate before it)."""
-OVERHEAD_WARMUP_ROUNDS = 2
-"""Applied rounds not counted towards the overhead at the start (they wait for the others to join)."""
+WARMUP_ROUNDS = 2
+"""A peer's first rounds, which count towards nothing (:meth:`LinkRates.observe_round`)."""
 
 
 @dataclass
@@ -61,11 +62,17 @@ class LinkRates:
     overhead_s: float = 0.0
     """Seconds a round's exchanges block training beyond their bytes at the rates above (0: not yet)."""
     overhead_rounds: int = 0
-    """Applied rounds seen for the overhead, the warm-up ones included."""
+    """Rounds that counted towards ``overhead_s``."""
+    rounds_seen: int = 0
+    """Rounds given to :meth:`observe_round`, the warm-up ones included."""
 
     def observe_round(self, report) -> bool:
-        """Take one outer round (:class:`peer.diloco.RoundReport`): its rates, and, when every module
-        was applied, its overhead. True when the rates counted."""
+        """Take one outer round (:class:`peer.diloco.RoundReport`) after the first
+        :data:`WARMUP_ROUNDS`: its rates, and, when every module was applied, its overhead. True when
+        the rates counted."""
+        self.rounds_seen += 1
+        if self.rounds_seen <= WARMUP_ROUNDS:
+            return False
         counted = self.observe(report.modules.values())
         if report.applied:
             self.observe_overhead(report.modules.values(), report.wait_seconds)
@@ -74,16 +81,13 @@ class LinkRates:
     def observe_overhead(self, modules: Iterable, blocked_seconds: float) -> None:
         """One applied round's modules and the seconds its exchanges blocked training: the part of
         them its bytes at the current rates do not explain."""
-        self.overhead_rounds += 1
-        if self.overhead_rounds <= OVERHEAD_WARMUP_ROUNDS:
-            return
         modules = list(modules)
         sent = sum(m.bytes_sent for m in modules)
         received = sum(m.bytes_received for m in modules)
         bytes_s = ((sent / self.upload_bps if self.upload_bps > 0 else 0.0)
                    + (received / self.download_bps if self.download_bps > 0 else 0.0))
-        seen = self.overhead_rounds - OVERHEAD_WARMUP_ROUNDS - 1
-        self.overhead_s = _smoothed(self.overhead_s, max(0.0, blocked_seconds - bytes_s), seen)
+        self.overhead_s = _smoothed(self.overhead_s, max(0.0, blocked_seconds - bytes_s), self.overhead_rounds)
+        self.overhead_rounds += 1
 
     def observe(self, modules: Iterable) -> bool:
         """Take one round's module reports (:class:`peer.diloco.ModuleReport`, all exchanged at once);
