@@ -29,10 +29,11 @@ Keys:
   ``seconds`` is the wait that module added. Time outside rounds (a re-sync download after a fork,
   waiting for holders at start-up) is not counted. Target: planner >= 0.9; fixed: report.
 - ``bpb_planner_vs_fixed``: validation bits per byte of each variant's model at the end of its window,
-  planner minus fixed (target < 0). Each module is taken at the highest round any peer snapshotted by
-  the window's end; each of the 4 paths is scored on the first 32 validation documents of its own
-  shard (``models.evaluate.bits_per_byte``); the key compares the means over paths (``bpb`` per
-  variant has each path's figure).
+  planner minus fixed (target < 0). Each of the 4 paths is taken from the latest snapshot written by
+  the window's end of a peer that held the whole path (its modules as that peer trained them
+  together) and scored on the first 32 validation documents of its own shard
+  (``models.evaluate.bits_per_byte``); the key compares the means over paths (``bpb`` per variant has
+  each path's figure and its modules' rounds).
 - ``rounds_slowed_by_slowest``: per variant, module rounds of a group of 2 or more members (done
   rounds, one per module and round number, members named by the rounds' ``peers``) whose slowest
   member's link was under half the group's median: ``count``, of ``rounds``, and ``share``. The link
@@ -387,9 +388,12 @@ def _tokens(lines: list[dict], since: float, until: float) -> int:
 
 
 def final_bpb(roots: Sequence[Path], data: Any, until: float) -> dict[str, Any]:
-    """Bits per byte of each path with every module at the highest round a peer snapshotted by
-    ``until`` (a snapshot's ``run.json`` time), on the first :data:`BPB_DOCUMENTS` validation documents
-    of the path's shard, and their ``mean``."""
+    """Bits per byte of each path as a peer held it at ``until``: the latest snapshot written by then
+    (its ``run.json`` time) of any peer whose snapshot holds every module of the path, on the first
+    :data:`BPB_DOCUMENTS` validation documents of the path's shard, and their ``mean``. A path's
+    modules are taken from one snapshot, as its trainer trained them together: modules of other
+    peers' snapshots at other rounds would pair blocks with an embedding they were never trained
+    with (coarse rounds, a long H, would then score worse for that alone)."""
     import torch
 
     from models.evaluate import bits_per_byte
@@ -398,32 +402,33 @@ def final_bpb(roots: Sequence[Path], data: Any, until: float) -> dict[str, Any]:
     from peer.node import CheckpointDir
 
     cfg = demo()
-    model = ModularLM(cfg.lattice)
-    best: dict[str, tuple[int, Path]] = {}
+    latest: dict[tuple[int, ...], tuple[float, Path]] = {}
     for root in roots:
-        ckpt = CheckpointDir(root)
-        for path in ckpt.snapshots():
-            summary = path / "run.json"
-            if summary.stat().st_mtime > until:
+        for path in CheckpointDir(root).snapshots():
+            written = (path / "run.json").stat().st_mtime
+            if written > until:
                 continue
-            rounds = json.loads(summary.read_text()).get("rounds", {})
-            for mid, r in rounds.items():
-                if int(r) > best.get(mid, (-1, path))[0]:
-                    best[mid] = (int(r), path)
-    for mid, (_, path) in best.items():
-        names = [n for n, _ in model.mods[mid].named_parameters()]
-        params, _ = CheckpointDir(path.parent).load(path).module_state(mid, names)
-        with torch.no_grad():
-            for p, v in zip(model.mods[mid].parameters(), params):
-                p.copy_(v)
-    out: dict[str, Any] = {"module_rounds": {m: r for m, (r, _) in sorted(best.items())}}
+            held = set(json.loads((path / "run.json").read_text()).get("rounds", {}))
+            for lattice_path in cfg.lattice.paths():
+                if set(cfg.lattice.path_modules(lattice_path)) <= held and written > latest.get(lattice_path, (-1.0,))[0]:
+                    latest[lattice_path] = (written, path)
+    out: dict[str, Any] = {}
     scores = []
-    for path in cfg.lattice.paths():
-        if any(m not in best for m in cfg.lattice.path_modules(path)):
-            continue
-        bpb = bits_per_byte(model.path_model(path), data.validation_documents(path), cfg.lattice.seq_len, "cpu",
-                            max_documents=BPB_DOCUMENTS).bpb
-        out["-".join(map(str, path))] = round(bpb, 4)
+    for lattice_path, (_, path) in sorted(latest.items()):
+        snapshot = CheckpointDir(path.parent).load(path)
+        model = ModularLM(cfg.lattice)
+        for mid in cfg.lattice.path_modules(lattice_path):
+            names = [n for n, _ in model.mods[mid].named_parameters()]
+            params, _ = snapshot.module_state(mid, names)
+            with torch.no_grad():
+                for p, v in zip(model.mods[mid].parameters(), params):
+                    p.copy_(v)
+        bpb = bits_per_byte(model.path_model(lattice_path), data.validation_documents(lattice_path),
+                            cfg.lattice.seq_len, "cpu", max_documents=BPB_DOCUMENTS).bpb
+        name = "-".join(map(str, lattice_path))
+        out[name] = round(bpb, 4)
+        out.setdefault("module_rounds", {})[name] = {m: snapshot.module_round(m)
+                                                     for m in cfg.lattice.path_modules(lattice_path)}
         scores.append(bpb)
     out["mean"] = round(statistics.mean(scores), 4) if scores else None
     return out
