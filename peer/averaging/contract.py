@@ -30,11 +30,13 @@ class LinkTimes:
 
     Each entry is ``(time.monotonic() when the bytes were through, bytes)``. Up: a contribution once
     its reducer acknowledged it (or, unacknowledged, answered), an average we reduced once its
-    receiver hung up after reading it. Down: a contribution to a part we reduce once read, an
-    average once read. Nothing of ours can go up before ``up_from`` (the all-reduce's start), nor
-    come down before ``down_from`` (that start, or the header of a contribution that came earlier):
-    bytes through by time t over ``t - *_from`` is a lower bound of the link's rate in that direction,
-    up to how late this process reads what arrived."""
+    receiver hung up after reading it. Down: an average once read. Nothing of ours goes up before
+    ``up_from``, nor does an average we asked for come down before ``down_from`` (both the
+    all-reduce's start), so bytes through by time t over ``t - *_from`` is a lower bound of the
+    link's rate in that direction. The contributions to parts we reduce are left out: their senders
+    may start before the group is known here, and a daemon or a socket holds what they sent until
+    this process reads it, so when it read them says nothing of when they crossed the link (counting
+    them read download rates above what every sender's link together could carry)."""
 
     up_from: float = math.inf
     down_from: float = math.inf

@@ -256,16 +256,13 @@ class PartReducer:
         header = await read_message(reader, PartHeader)
         if header is None:
             return
-        arrived = time.monotonic()  # its payload comes down behind the header, maybe before the group is known here
-        state = await self._wait_group(header.group_id, arrived + self.wait_timeout)
+        state = await self._wait_group(header.group_id, time.monotonic() + self.wait_timeout)
         if state is None:
             await P2P.send_protobuf(PartReply(ok=False, error="unknown group"), writer)
             await P2P.send_raw_data(b"", writer)
             return
         payload = await read_payload(reader, state.max_part_bytes())
-        state.bytes_received += len(payload)
-        state.link.down_from = min(state.link.down_from, arrived)
-        state.link.came_down(len(payload))
+        state.bytes_received += len(payload)  # not a moment of LinkTimes: see its docstring
         state.serving += 1
         try:
             reply, data = await self._serve(sender, header, payload, writer)
