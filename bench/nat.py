@@ -151,14 +151,7 @@ def one_run(natted: bool, work: Path, rate: str, inner_steps: int, warmup: int, 
 
 def _sent(bridge) -> int:
     """Bytes sent so far on every participant's outside link (a NATed one's router's)."""
-    import subprocess
-
-    total = 0
-    for i in range(1, bridge.n):
-        got = subprocess.run(["ip", "netns", "exec", bridge.names[i], "cat", "/sys/class/net/eth0/statistics/tx_bytes"],
-                             capture_output=True, text=True)
-        total += int(got.stdout.strip() or 0)
-    return total
+    return sum(bridge.tx_bytes(i) for i in range(1, bridge.n))
 
 
 def _first_group_round(log_text: str) -> float:

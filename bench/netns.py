@@ -143,6 +143,13 @@ class NetnsBridge:
         self.rates[i] = rate
         log.info("%s: egress now %s", self.names[i], rate)
 
+    def tx_bytes(self, i: int) -> int:
+        """Bytes sent so far on participant ``i``'s link (its ``eth0``; a NATed one's router's), read
+        from its namespace (the caller may be in another)."""
+        got = subprocess.run(["ip", "netns", "exec", self.names[i], "cat", "/sys/class/net/eth0/statistics/tx_bytes"],
+                             capture_output=True, text=True)
+        return int(got.stdout.strip() or 0)
+
     def _home(self, i: int) -> None:
         """Participant ``i``'s home namespace behind ``{prefix}-p{i}``, which masquerades for it."""
         home, router = self.homes[i], self.names[i]

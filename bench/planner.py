@@ -237,13 +237,6 @@ def plans_seen(statuses: Iterable[dict]) -> list[dict[str, Any]]:
 # -- one variant ------------------------------------------------------------------------------------
 
 
-def _tx(bridge: Any, i: int) -> int:
-    """Bytes sent so far on participant ``i``'s link."""
-    got = subprocess.run(["ip", "netns", "exec", bridge.names[i], "cat", "/sys/class/net/eth0/statistics/tx_bytes"],
-                         capture_output=True, text=True)
-    return int(got.stdout.strip() or 0)
-
-
 def _relayed(files: Sequence[Path]) -> int:
     """Bytes the relays forwarded so far, both directions, every relay."""
     total = 0
@@ -307,8 +300,8 @@ def one_variant(name: str, work: Path, data: Any, minutes: float, inner_steps: i
         wait_for(lambda: all(peer_rounds(net.progress_lines(n)) >= WARMUP_ROUNDS for n in names), 900,
                  f"{WARMUP_ROUNDS} rounds on every peer", interval=1.0)
         t0 = time.time()
-        tx0, relayed0 = sum(_tx(bridge, i) for i in range(1, bridge.n)), _relayed(relay_files)
-        coordinator_tx0 = _tx(bridge, 0)
+        tx0, relayed0 = sum(bridge.tx_bytes(i) for i in range(1, bridge.n)), _relayed(relay_files)
+        coordinator_tx0 = bridge.tx_bytes(0)
         t_drop, t_end = t0 + minutes * 30, t0 + minutes * 60
         statuses: list[tuple[float, dict]] = []
         dropped = False
@@ -327,7 +320,7 @@ def one_variant(name: str, work: Path, data: Any, minutes: float, inner_steps: i
                 statuses.append((time.time(), s))
             time.sleep(max(0.0, min(POLL_INTERVAL, (t_end if dropped else t_drop) - time.time())))
         t1 = time.time()
-        tx = sum(_tx(bridge, i) for i in range(1, bridge.n)) - tx0
+        tx = sum(bridge.tx_bytes(i) for i in range(1, bridge.n)) - tx0
         relayed = _relayed(relay_files) - relayed0
         out["plan_changes_total"] = _metric(net, "plan_changes_total")
         lines = {n: net.progress_lines(n) for n in names}
@@ -344,7 +337,7 @@ def one_variant(name: str, work: Path, data: Any, minutes: float, inner_steps: i
             "link_rates_mbit": {"before_drop": _link_rates(before[-1], names_by_id) if before else {},
                                 "end": _link_rates(statuses[-1][1], names_by_id) if statuses else {}},
             "plans": plans_seen(s for _, s in statuses),
-            "relayed_bytes": relayed, "peer_link_bytes": tx, "coordinator_link_bytes": _tx(bridge, 0) - coordinator_tx0,
+            "relayed_bytes": relayed, "peer_link_bytes": tx, "coordinator_link_bytes": bridge.tx_bytes(0) - coordinator_tx0,
             "relay_share_of_peer_link_bytes": round(relayed / tx, 4) if tx > 0 else None,
             "unrelayed_connections": sorted(direct),
         })

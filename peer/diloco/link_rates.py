@@ -33,8 +33,11 @@ plan for the start-up.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
+
+from peer.averaging.contract import LinkTimes
 
 __all__ = ["LinkRates", "MIN_MEASURED_BYTES", "MIN_MEASURED_SECONDS", "SMOOTHING", "WARMUP_ROUNDS", "best_rate"]
 
@@ -95,11 +98,10 @@ class LinkRates:
         (``link_times``) give the measurement; where none has them, the totals over the longest
         all-reduce do."""
         modules = list(modules)
-        timed = [m.link_times for m in modules if getattr(m, "link_times", None) is not None]
+        timed = [m.link_times for m in modules if m.link_times is not None]
         if any(t.up or t.down for t in timed):
-            up = best_rate(min(t.up_from for t in timed), [e for t in timed for e in t.up])
-            down = best_rate(min(t.down_from for t in timed), [e for t in timed for e in t.down])
-            return self.observe_rates(up, down)
+            times = functools.reduce(LinkTimes.merge, timed)
+            return self.observe_rates(best_rate(times.up_from, times.up), best_rate(times.down_from, times.down))
         sent = received = 0
         seconds = 0.0
         for m in modules:
