@@ -1,7 +1,7 @@
 """Benchmark ``bench.chaos``: the long fault run and the hostile-peer measurement.
 
 **Fault run.** A coordinator, an archive and ``--peers`` peers (default 4, a 2x2 lattice) as real
-``hivepath`` processes, each in its own network namespace behind one bridge (``bench.netns``; on
+``hivepath`` processes, each in its own network namespace behind one bridge (``peer.localnet.netns``; on
 loopback without the partition when namespaces cannot be made). For ``--minutes`` (default 10):
 every ``--kill-every`` seconds one peer (round robin) is killed with ``kill -9`` and restarted with
 the same work dir and identity once the others finished a round without it; once, the coordinator is
@@ -28,32 +28,20 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
 
-ROOT = Path(__file__).resolve().parents[1]
-for _p in (ROOT, ROOT / "tests"):  # the fault injector and invariants live with the chaos tests
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
-
-from bench.common import emit, run_main, work_directory  # noqa: E402
+from bench.common import emit, run_main, work_directory
 
 MEASURES = (
     "bench/chaos.py",
     "bench/chaos_drain.py",
-    "bench/netns.py",
     "models",
     "peer",
     "coordinator",
     "hivepath",
     "protos",
-    "tests/chaos/fault.py",
-    "tests/chaos/invariants.py",
-    "tests/chaos/nsnet.py",
-    "tests/chaos/scenario.py",
-    "tests/helpers",
 )
 """The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
 when any of it changed after the commit a result records."""
@@ -61,40 +49,39 @@ when any of it changed after the commit a result records."""
 log = logging.getLogger("bench.chaos")
 
 ROUND_TIMEOUT = 12.0
-"""The tiny run's round deadline (``tests/helpers/network.py`` ``TINY_RUN``)."""
+"""The run's round deadline (the chaos tests' too)."""
+PREFIX, SUBNET = "hpk", "10.80.0"
+"""Namespaces of this benchmark: apart from the chaos tests' and the other benchmarks', so they can run at once."""
 # -- the fault run ------------------------------------------------------------------------------
 
 
 def fault_run(minutes: float, peers: int, kill_every: float, work: Path, inner_steps: int,
               partition_s: float = 30.0, partitions: int = 3) -> dict:
-    from chaos.fault import FaultInjector, rounds_done
-    from chaos.invariants import (acknowledged_rounds, first_identical_round, held_rounds, loss_thirds,
-                                  replica_check, round_gaps, round_waits, rounds_lost,
-                                  stop_all, first_merged_rounds)
-    from chaos.nsnet import CHAOS_PREFIX, CHAOS_SUBNET, NsNetwork
-    from chaos.scenario import prepare_dataset, settled
-    from helpers.network import Network
-    from helpers.procs import ProcessGroup
+    from models.data import prepared
+    from peer.localnet import NetnsBridge, ProcessGroup, netns_available, preset_network
+    from peer.localnet.checks import (acknowledged_rounds, first_identical_round, first_merged_rounds, held_rounds,
+                                      loss_thirds, replica_check, round_gaps, round_waits, rounds_lost, settled,
+                                      stop_all)
+    from peer.localnet.faults import FaultInjector, rounds_done
 
-    from bench.netns import NetnsBridge, netns_available
-
-    data = prepare_dataset(work / "data")
+    data = prepared(work / "data", 2, 2, "bytes")
     procs = ProcessGroup(work / "logs")
     why = netns_available()
-    bridge = NetnsBridge(peers + 2, rate="100mbit", subnet=CHAOS_SUBNET, prefix=CHAOS_PREFIX) if not why else None
+    bridge = NetnsBridge(peers + 2, rate="100mbit", subnet=SUBNET, prefix=PREFIX) if not why else None
     names = [f"peer{i}" for i in range(peers)]
     out: dict = {"netns": not why, "netns_unavailable": why}
     try:
         if bridge is not None:
             bridge.open()
-            net = NsNetwork(procs, work / "net", data.dir, data.manifest_hash, bridge, inner_steps=inner_steps,
-                            lease_timeout=8.0)
+            net = preset_network(procs, work / "net", data.dir, data.manifest_hash, run_id="chaos",
+                                 inner_steps=inner_steps, round_timeout=ROUND_TIMEOUT, lease_timeout=8.0, bridge=bridge)
             net.start_coordinator()
             archive = net.start_archive_in(1)
             works = [net.start_peer_in(n, i + 2) for i, n in enumerate(names)]
         else:
             log.warning("no network namespaces (%s): loopback, no partition", why)
-            net = Network(procs, work / "net", data.dir, data.manifest_hash, inner_steps=inner_steps, lease_timeout=8.0)
+            net = preset_network(procs, work / "net", data.dir, data.manifest_hash, run_id="chaos",
+                                 inner_steps=inner_steps, round_timeout=ROUND_TIMEOUT, lease_timeout=8.0)
             net.start_coordinator()
             archive = net.start_archive()
             works = [net.start_peer(n) for n in names]
@@ -217,13 +204,13 @@ def byzantine(steps: int, work: Path, aggregator: str = "trimmed_mean") -> dict:
     """Validation bits per byte of 5 simulated workers, clean vs one sending -10x its pseudo-gradient."""
     import torch
 
-    from chaos.scenario import prepare_dataset
+    from models.data import prepared
     from models.presets import tiny_cpu
     from models.evaluate import bits_per_byte
     from peer.simulator import DiLoCoSimulator
 
     torch.set_num_threads(1)
-    ds = prepare_dataset(work / "data-dense", levels=1, modules=1)
+    ds = prepared(work / "data-dense", 1, 1, "bytes")
     cfg = tiny_cpu().replace(lattice={"levels": 1, "modules_per_level": 1, "vocab_size": ds.manifest["vocab_size"]},
                              outer={"aggregator": aggregator},
                              data={"manifest_hash": ds.manifest_hash, "tokenizer": ds.manifest["tokenizer"]})

@@ -27,11 +27,6 @@ MEASURES = (
     "coordinator",
     "hivepath",
     "protos",
-    "tests/chaos/fault.py",
-    "tests/chaos/invariants.py",
-    "tests/chaos/nsnet.py",
-    "tests/chaos/scenario.py",
-    "tests/helpers",
 )
 """The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
 when any of it changed after the commit a result records."""
@@ -51,16 +46,16 @@ def _durations(ends: list[float], start: float, stop: float) -> list[float]:
 
 
 def drain_run(work: Path, peers: int = 3, window: float = 30.0, inner_steps: int = 10) -> dict:
-    from chaos.scenario import prepare_dataset
-    from helpers.network import Network
-    from helpers.procs import ProcessGroup, wait_for
+    from models.data import prepared
+    from peer.localnet import ProcessGroup, preset_network, wait_for
 
-    data = prepare_dataset(work / "data-dense", levels=1, modules=1)
+    data = prepared(work / "data-dense", 1, 1, "bytes")
     procs = ProcessGroup(work / "drain-logs")
     names = [f"peer{i}" for i in range(peers)]
     try:
-        net = Network(procs, work / "drain-net", data.dir, data.manifest_hash, inner_steps=inner_steps,
-                      lease_timeout=600.0, extra_toml="[lattice]\nlevels = 1\nmodules_per_level = 1\n")
+        net = preset_network(procs, work / "drain-net", data.dir, data.manifest_hash, run_id="drain",
+                             inner_steps=inner_steps, round_timeout=12.0, lease_timeout=600.0,
+                             lattice={"levels": 1, "modules_per_level": 1})
         net.start_coordinator()
         for n in names:
             net.start_peer(n)
@@ -93,12 +88,7 @@ def drain_run(work: Path, peers: int = 3, window: float = 30.0, inner_steps: int
 
 if __name__ == "__main__":
     import argparse
-    import sys
 
-    ROOT = Path(__file__).resolve().parents[1]
-    for _p in (ROOT, ROOT / "tests"):
-        if str(_p) not in sys.path:
-            sys.path.insert(0, str(_p))
     ap = argparse.ArgumentParser(prog="python -m bench.chaos_drain", description=__doc__.split("\n\n")[0])
     ap.add_argument("--peers", type=int, default=3)
     ap.add_argument("--window", type=float, default=30.0)

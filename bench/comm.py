@@ -1,6 +1,6 @@
 """bench.comm: average one 64 MB module among 4 peers on rate-limited links.
 
-Four peers, each in its own network namespace behind one bridge (:mod:`bench.netns`), each with
+Four peers, each in its own network namespace behind one bridge (:mod:`peer.localnet.netns`), each with
 egress shaped to 100 Mbit/s by ``tbf``, run real DHTs and p2p daemons and average one module of
 16 Mi fp32 values (64 MB) with :class:`peer.averaging.net_averager.NetAverager`, once per codec.
 
@@ -35,7 +35,7 @@ Keys (``bench/results/comm.json``):
 - ``group_formed_spread_s``: per codec, how far apart the members learned that their group formed
   (the first member's all-reduce starts that much before the last one's can; in its link efficiency).
 - ``link_idle_seconds`` (per codec): where the peers' links idled in the round, from a sampler of each
-  peer's link counter beside it (:func:`bench.netns.sample_tx`, every 10 ms; its CPU is not the
+  peer's link counter beside it (:func:`peer.localnet.netns.sample_tx`, every 10 ms; its CPU is not the
   peer's): from the first member's group forming to the last member's average (``span_s``), the time
   a link carried nothing (``idle_s``, the mean over the peers), split into ``start_s`` (before the
   link first ran at half its rate or more in a 20 ms slice), ``tail_s`` (after it last did) and
@@ -86,7 +86,7 @@ from typing import Iterator, Optional
 
 from bench import tcp_ceiling
 from bench.common import ISSUE_RATE_MBIT, emit, rate_result_name, run_main
-from bench.netns import link_idle, read_samples, tx_bytes
+from peer.localnet.netns import link_idle, read_samples, tx_bytes
 from models import strict_json
 from models.codec_spec import ENTROPY_STAGES, codec_spec, wire_name
 from models.config import OuterConfig
@@ -94,7 +94,7 @@ from models.durable import atomic_write_text
 
 MEASURES = (
     "bench/comm.py",
-    "bench/netns.py",
+    "peer/localnet",
     "bench/tcp_ceiling.py",
     "models",
     "peer/averaging",
@@ -291,19 +291,19 @@ def _wait(path: Path, procs: list, timeout: float) -> None:
 def namespaced_peers(module: str, n: int, rate_mbit: int, args: list[str], wait_s: float,
                      prefix: str = "hpb", sample_links: bool = False) -> Iterator[Path]:
     """Run ``python -m MODULE ARGS --out DIR --peer i --host ADDR`` in each of ``n`` rate-limited
-    namespaces (:class:`bench.netns.NetnsBridge`), peer 0 first: it writes its DHT multiaddrs to
+    namespaces (:class:`peer.localnet.netns.NetnsBridge`), peer 0 first: it writes its DHT multiaddrs to
     ``DIR/maddrs`` (JSON), which the others get as ``--initial``. Yields ``DIR`` once every peer exited
     0 within ``wait_s`` (else raises with the failed peer's log tail); everything is torn down after.
-    ``sample_links``: beside each peer, a sampler of its link's counter (:func:`bench.netns.sample_tx`)
+    ``sample_links``: beside each peer, a sampler of its link's counter (:func:`peer.localnet.netns.sample_tx`)
     writes ``DIR/tx{i}.txt`` once the peers exited."""
-    from bench.netns import NetnsBridge
+    from peer.localnet.netns import NetnsBridge
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     with tempfile.TemporaryDirectory(prefix=f"hivepath-{prefix}-") as tmp, \
             NetnsBridge(n, rate=f"{rate_mbit}mbit", prefix=prefix) as net:
         out = Path(tmp)
         procs, logs = [], [open(out / f"peer{i}.log", "wb") for i in range(n)]
-        samplers = [net.popen(i, [sys.executable, "-m", "bench.netns", "--sample-tx", str(out / f"tx{i}.txt")],
+        samplers = [net.popen(i, [sys.executable, "-m", "peer.localnet.netns", "--sample-tx", str(out / f"tx{i}.txt")],
                               env=env, stdout=subprocess.PIPE, stderr=logs[i], text=True)
                     for i in range(n)] if sample_links else []
         try:
@@ -365,7 +365,7 @@ def _round_at(args: argparse.Namespace, rate_mbit: int, codecs: list[str]) -> tu
 def _round_summary(args: argparse.Namespace, codec: str, peers: list[dict], rate: float, numel: int,
                    links: Optional[list] = None) -> dict:
     """One round of ``codec``: its times, bytes and CPU from every peer's record of it; with ``links``
-    (each peer's :func:`bench.netns.read_samples`), where their links idled in it."""
+    (each peer's :func:`peer.localnet.netns.read_samples`), where their links idled in it."""
     n = len(peers)
     sent = sum(p["bytes_sent"] for p in peers) / n
     size = sent / (2 * (n - 1) / n)  # what the codec (and entropy stage) actually sends per copy of the module
@@ -394,7 +394,7 @@ def _round_summary(args: argparse.Namespace, codec: str, peers: list[dict], rate
 
 
 def _link_idle(peers: list[dict], links: list, rate: float) -> dict:
-    """Where the peers' links idled in one round (:func:`bench.netns.link_idle`, the mean over the
+    """Where the peers' links idled in one round (:func:`peer.localnet.netns.link_idle`, the mean over the
     peers): from the first peer's group forming to the last one's average, its length ``span_s``,
     the time no bytes went ``idle_s``, and that split into ``start_s``, ``middle_s`` and ``tail_s``."""
     start = min(p["formed_at"] for p in peers)
@@ -453,7 +453,7 @@ def _hivemind(args: argparse.Namespace) -> dict:
 
 
 def run_bench(args: argparse.Namespace) -> dict:
-    from bench.netns import netns_available
+    from peer.localnet.netns import netns_available
 
     why = netns_available()
     if why:

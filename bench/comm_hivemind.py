@@ -51,7 +51,7 @@ from models.durable import atomic_write_text
 MEASURES = (
     "bench/comm_hivemind.py",
     "bench/comm.py",
-    "bench/netns.py",
+    "peer/localnet",
     "models",
 )
 """The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
@@ -188,7 +188,7 @@ def run_peer(args: argparse.Namespace) -> None:
 def run_bench(args: argparse.Namespace) -> dict:
     import torch
 
-    from bench.netns import netns_available
+    from peer.localnet.netns import netns_available
 
     why = netns_available()
     if why:

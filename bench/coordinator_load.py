@@ -45,15 +45,9 @@ __all__ = ["main", "coordinator_process", "event_loop", "peer_id", "process_cpu_
 log = logging.getLogger("bench.coordinator_load")
 
 TOKEN = "bench-token"
-RUN_TOML = """
-preset = "tiny"
-[coordinator]
-lease_timeout = 600.0
-heartbeat_interval = 5.0
-flush_interval = 1.0
-sqlite_synchronous = "FULL"
-max_peers = 200000
-"""
+COORDINATOR = {"lease_timeout": 600.0, "heartbeat_interval": 5.0, "flush_interval": 1.0, "sqlite_synchronous": "FULL",
+               "max_peers": 200000}
+"""The ``[coordinator]`` table of the measured coordinator (its run: the tiny preset)."""
 
 
 def peer_id(i: int) -> str:
@@ -64,14 +58,6 @@ def peer_id(i: int) -> str:
         i, r = divmod(i, 58)
         s += alphabet[r]
     return "12D3KooWbench" + s
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def assign_ms(peers: int, levels: int, modules_per_level: int, repeats: int = 30) -> float:
@@ -241,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         "assign_ms_100k_2x2": round(assign_ms(args.assign_peers, 2, 2), 3),
     }
     log.info("assign: %s", result)
-    with coordinator_process(RUN_TOML) as (port, pid), event_loop() as runner:
+    with coordinator_process(COORDINATOR) as (port, pid), event_loop() as runner:
         result.update(runner.run(_load(port, args.peers, args.seconds, args.concurrency, pid, args.unary_seconds)))
     result.update(concurrency=args.concurrency, seconds=args.seconds, cpus=os.cpu_count(),
                   targets={"heartbeats_per_s": ">= 3000", "p99_ms": "<= 20", "assign_ms_100k": "<= 50"})
@@ -250,12 +236,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 @contextlib.contextmanager
-def coordinator_process(run_toml: str) -> Iterator[tuple[int, int]]:
-    """A ``hivepath coordinator serve`` process of the run config ``run_toml`` on a fresh database:
-    ``(grpc port, pid)`` once it serves; stopped on exit."""
+def coordinator_process(coordinator: dict) -> Iterator[tuple[int, int]]:
+    """A ``hivepath coordinator serve`` process of the tiny preset's run with the ``[coordinator]`` table
+    ``coordinator``, on a fresh database: ``(grpc port, pid)`` once it serves; stopped on exit."""
+    from models.presets import tiny_cpu
+    from peer.localnet import free_port
+
     with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "run.toml").write_text(run_toml)
-        port, http_port = _free_port(), _free_port()
+        (Path(tmp) / "run.toml").write_text(tiny_cpu().to_toml(coordinator=coordinator))
+        port, http_port = free_port(), free_port()
         server = subprocess.Popen(
             [sys.executable, "-m", "hivepath.cli", "--log-level", "WARNING", "coordinator", "serve", "--run-config",
              str(Path(tmp) / "run.toml"), "--db", str(Path(tmp) / "state.db"), "--host", "127.0.0.1", "--port",

@@ -1,6 +1,6 @@
 """Benchmark ``bench.data_fetch``: volunteers fetch their path's shards from seeders.
 
-Real processes in network namespaces (``bench.netns``, prefix ``hpd``, subnet ``10.83.0``): seeder A
+Real processes in network namespaces (``peer.localnet.netns``, prefix ``hpd``, subnet ``10.83.0``): seeder A
 in namespace 0, seeder B in 1, fetchers in 2-4; every namespace's egress is shaped to ``--rate``
 (default 50 Mbit/s). The dataset is a 1x1 lattice (one path) prepared from a generated corpus big
 enough that the path's training shard is at least ``--shard-mb`` (default 100) MB; it is prepared
@@ -31,29 +31,21 @@ import json
 import logging
 import random
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Optional
 
-ROOT = Path(__file__).resolve().parents[1]
-for _p in (ROOT, ROOT / "tests"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
-
-from models import strict_json  # noqa: E402
-from bench.common import emit, run_main, work_directory  # noqa: E402
+from models import strict_json
+from bench.common import emit, run_main, work_directory
 
 MEASURES = (
     "bench/data_fetch.py",
-    "bench/netns.py",
     "models",
     "peer",
     "coordinator",
     "hivepath",
     "protos",
-    "tests/helpers",
 )
 """The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
 when any of it changed after the commit a result records."""
@@ -105,7 +97,7 @@ def dataset(cache: Path, shard_mb: int):
 
 
 def _maddr(procs: Any, name: str, timeout: float = 120.0) -> str:
-    from helpers.procs import wait_for
+    from peer.localnet import wait_for
 
     line = wait_for(lambda: next((l for l in procs.log(name).splitlines() if l.startswith("/ip4/10.")), None),
                     timeout, f"{name} to print its multiaddr")
@@ -122,7 +114,7 @@ def _rate(events: list[dict]) -> tuple[float, float, float, int]:
 
 
 def _fetch_cmd(manifest_hash: str, out: Path, host: str, peers: list[str]) -> list[str]:
-    from helpers.procs import hivepath_cmd
+    from peer.localnet import hivepath_cmd
 
     return hivepath_cmd("data", "fetch", "--manifest-hash", manifest_hash, "--path", "0", "--out", str(out),
                         "--progress", "json", "--timeout", "120", "--host-maddrs", f"/ip4/{host}/tcp/0",
@@ -132,7 +124,7 @@ def _fetch_cmd(manifest_hash: str, out: Path, host: str, peers: list[str]) -> li
 def _run_fetches(bridge: Any, procs: Any, names: dict[str, int], manifest_hash: str, work: Path,
                  peers: list[str], timeout: float) -> dict[str, dict]:
     """Start one fetch per ``name -> participant`` at once; wait for all; their rates."""
-    from helpers.procs import wait_for
+    from peer.localnet import wait_for
 
     started = {}
     for name, i in names.items():
@@ -179,9 +171,8 @@ def _first_step(procs: Any, name: str) -> Optional[float]:
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    from helpers.procs import ProcessGroup, free_port, hivepath_cmd, wait_for
-
-    from bench.netns import NetnsBridge
+    from models.presets import tiny_cpu
+    from peer.localnet import LocalNetwork, NetnsBridge, ProcessGroup, hivepath_cmd, wait_for
 
     ds = dataset(Path(args.cache), args.shard_mb)
     manifest = ds.manifest
@@ -229,28 +220,19 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         verified_dirs += [work / "one", work / "two"]
 
         # 3. join to first step: a peer with no data on a run whose corpus it does not have
-        port = free_port()
-        run_toml = work / "run.toml"
-        run_toml.write_text(f'preset = "tiny"\nrun_id = "datafetch"\n[lattice]\nlevels = 1\nmodules_per_level = 1\n'
-                            f'[data]\nmanifest_hash = "{ds.manifest_hash}"\ncorpus = "{work / "not-here"}"\n')
-        (work / "token").write_text(TOKEN)
-        procs.start("coordinator", ["ip", "netns", "exec", bridge.where(0), *hivepath_cmd(
-            "coordinator", "serve", "--run-config", str(run_toml), "--db", str(work / "state.db"), "--host",
-            bridge.address(0), "--port", str(port), "--http-port", "0", "--token-file", str(work / "token"))])
-        wait_for(lambda: "serving gRPC" in procs.log("coordinator"), 60, "the coordinator to serve")
+        cfg = tiny_cpu().replace(run_id="datafetch", lattice={"levels": 1, "modules_per_level": 1},
+                                 data={"manifest_hash": ds.manifest_hash, "corpus": str(work / "not-here")})
+        net = LocalNetwork(procs, work / "net", ds.dir, cfg, env={"HIVEPATH_PROGRESS_INTERVAL": "0.5"},
+                           peer_flags=["--measure-seconds", "0.5", "--upload-mbps", str(args.rate_mbit)], bridge=bridge)
+        net.start_coordinator()
         started = time.time()
-        procs.start("peer", ["ip", "netns", "exec", bridge.where(3), *hivepath_cmd(
-            "peer", "join", "--coordinator", f"{bridge.address(0)}:{port}", "--token-file", str(work / "token"),
-            "--work-dir", str(work / "peer"), "--progress", "json", "--measure-seconds", "0.5", "--upload-mbps",
-            str(args.rate_mbit), "--threads", "1", "--status-port", "0", "--host-maddrs",
-            f"/ip4/{bridge.address(3)}/tcp/0", "--initial-peers", a, b)],
-            env={"HIVEPATH_PROGRESS_INTERVAL": "0.5"})
+        net.start_peer("peer", "--initial-peers", a, b, data=False, index=3)
         first = wait_for(lambda: _first_step(procs, "peer"), args.timeout, "the peer's first step", 0.2)
         out["time_to_first_step_s"] = round(first - started, 1)
         fetch_lines = [e for e in procs.json_lines("peer") if e.get("event") == "fetch"]
         if fetch_lines:
             out["peer_fetch_seconds"] = round(fetch_lines[-1]["time"] - started, 1)
-        peer_dir = work / "peer" / f"data-{ds.manifest_hash}"
+        peer_dir = work / "net" / "peer" / f"data-{ds.manifest_hash}"
         wait_for(lambda: (peer_dir / "shards" / "0.validation.tokens").is_file(), 120, "the peer's validation shard")
         verified_dirs.append(peer_dir)
 
@@ -269,7 +251,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 def _seeders_seen(bridge: Any, manifest_hash: str, via: str) -> int:
     """How many seeders ``hivepath data info`` finds, asked from participant 4."""
-    from helpers.procs import hivepath_cmd
+    from peer.localnet import hivepath_cmd
 
     r = subprocess.run(["ip", "netns", "exec", bridge.where(4), *hivepath_cmd(
         "data", "info", "--manifest-hash", manifest_hash, "--json", "--initial-peers", via, "--host-maddrs",
@@ -281,7 +263,7 @@ def _seeders_seen(bridge: Any, manifest_hash: str, via: str) -> int:
 
 
 def main() -> int:
-    from bench.netns import netns_available
+    from peer.localnet.netns import netns_available
 
     p = argparse.ArgumentParser(prog="python -m bench.data_fetch", description=__doc__.split("\n\n")[0])
     p.add_argument("--rate-mbit", type=int, default=50, help="every link's rate in Mbit/s (default 50)")

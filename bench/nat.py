@@ -1,6 +1,6 @@
 """Benchmark ``bench.nat``: volunteers behind real NAT average through relays.
 
-Real processes in network namespaces (``bench.netns``): the coordinator in namespace 0, one public
+Real processes in network namespaces (``peer.localnet.netns``): the coordinator in namespace 0, one public
 peer in 1, and three peers each behind a home router of its own that masquerades (iptables) in 2-4;
 every outside link is shaped to ``--rate`` (default 50 Mbit/s). The run config is the demo preset
 (2x2 byte-level lattice) with ``--inner-steps`` (default 10) so that rounds come often. The public
@@ -35,32 +35,20 @@ import logging
 import re
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-for _p in (ROOT, ROOT / "tests"):  # the namespaced network and the invariants live with the chaos tests
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
-
-from bench.common import emit, run_main  # noqa: E402
+from bench.common import emit, run_main
 
 MEASURES = (
     "bench/nat.py",
-    "bench/netns.py",
     "models",
     "peer",
     "coordinator",
     "hivepath",
     "protos",
-    "tests/chaos/fault.py",
-    "tests/chaos/invariants.py",
-    "tests/chaos/nsnet.py",
-    "tests/chaos/scenario.py",
-    "tests/helpers",
 )
 """The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
 when any of it changed after the commit a result records."""
@@ -75,23 +63,19 @@ _RELAYED = re.compile(r"relay/relay\.go:\d+\] relayed (\d+) bytes from")
 
 
 def one_run(natted: bool, work: Path, rate: str, inner_steps: int, warmup: int, rounds: int) -> dict[str, Any]:
-    from chaos.fault import rounds_done
-    from chaos.invariants import acknowledged_rounds, module_results, replica_check, round_gaps, stop_all
-    from chaos.nsnet import NsNetwork
-    from chaos.scenario import prepare_dataset
-    from helpers.procs import ProcessGroup, wait_for
+    from models.data import prepared
+    from peer.localnet import NetnsBridge, ProcessGroup, preset_network, wait_for
+    from peer.localnet.checks import acknowledged_rounds, module_results, replica_check, round_gaps, stop_all
+    from peer.localnet.faults import rounds_done
 
-    from bench.netns import NetnsBridge
-
-    data = prepare_dataset(work / "data")
+    data = prepared(work / "data", 2, 2, "bytes")
     procs = ProcessGroup(work / "logs")
     bridge = NetnsBridge(5, rate=rate, subnet=SUBNET, prefix=PREFIX, nat=[2, 3, 4] if natted else [])
     out: dict[str, Any] = {}
     try:
         bridge.open()
-        net = NsNetwork(procs, work / "net", data.dir, data.manifest_hash, bridge, inner_steps=inner_steps)
-        net.run_toml.write_text(net.run_toml.read_text().replace('preset = "tiny"', 'preset = "demo"')
-                                .replace("round_timeout = 12.0", "round_timeout = 30.0"))
+        net = preset_network(procs, work / "net", data.dir, data.manifest_hash, preset="demo", run_id="nat",
+                             inner_steps=inner_steps, round_timeout=30.0, bridge=bridge)
         net.start_coordinator()
         # the relay's count of relayed bytes comes from its daemon's debug log (the public peer's only)
         net.env.update({"GOLOG_LOG_LEVEL": "warn,relay=debug", "HIVEMIND_LOGLEVEL": "DEBUG"})
@@ -108,7 +92,7 @@ def one_run(natted: bool, work: Path, rate: str, inner_steps: int, warmup: int, 
         works[NEWCOMER] = net.start_peer_in(NEWCOMER, 4)
         first = wait_for(lambda: _first_group_round(net.procs.log(NEWCOMER)), 300, "the newcomer's first group round")
         out["newcomer_first_round_s"] = round(first - started, 1) if first else None
-        # a joiner may fork from the others at start-up until the majority's state wins (chaos.scenario.settled):
+        # a joiner may fork from the others at start-up until the majority's state wins (peer.localnet.checks.settled):
         # replicas are compared from the newcomer's first group round on; the earlier rounds are reported apart
         floor = acknowledged_rounds([w / "checkpoints" for w in works.values()])
         wait_for(lambda: rounds_done(net, NEWCOMER) >= rounds, 1200, f"{rounds} rounds of the newcomer")
@@ -171,7 +155,7 @@ def main() -> int:
                    help="keep every process's logs and checkpoints in this directory (default: a temporary one, removed)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from bench.netns import netns_available
+    from peer.localnet.netns import netns_available
 
     why = netns_available()
     if not why and shutil.which("iptables") is None:

@@ -3,7 +3,7 @@
 Setup: the demo lattice (2x2, byte tokenizer, the built-in corpus; the run's codec is the preset's,
 int8), ``--inner-steps`` (default 10) so that rounds come every few seconds, a coordinator and 6 path
 peers (``--role path``), every process the installed ``hivepath`` command in its own network namespace
-behind one bridge (``bench.netns``). The peers' egress is shaped to 10, 10, 25, 25, 100 and 100 Mbit/s
+behind one bridge (``peer.localnet.netns``). The peers' egress is shaped to 10, 10, 25, 25, 100 and 100 Mbit/s
 (a peer's download is limited by what its senders' egress lets out); halfway through the measured
 window the first 100 Mbit/s peer's link drops to 10 Mbit/s. Each peer's p2p daemon and direct lane
 listen on 127.0.0.1 of its namespace only, behind a user-space delay relay (``bench.delay_relay``,
@@ -42,7 +42,7 @@ Keys:
   upload rate the coordinator had for each member then (``/status.json``, measured from rounds: a lower
   bound that includes waiting for the group's slowest). Report.
 - ``replica_max_abs_diff``: over every pair of snapshots of one module at one round, both variants'
-  peers (``tests/helpers/replicas.py``, start-up forks left out as ``bench.swarm`` does): target 0.
+  peers (``peer.localnet.checks.replica_diff``, start-up forks left out as ``bench.swarm`` does): target 0.
 - ``plan_changes``: the planner run's plans, from ``/status.json`` polled every 5 s: ``count``
   (``_plan_changes_total`` at the end) and each distinct plan seen (module, inner_steps, codec,
   from_round, reason). Report.
@@ -69,25 +69,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-ROOT = Path(__file__).resolve().parents[1]
-for _p in (ROOT, ROOT / "tests"):  # the namespace network and process group live with the tests' harness
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
-
-from bench.common import emit, run_main, work_directory  # noqa: E402
+from bench.common import emit, run_main, work_directory
 
 MEASURES = (
     "bench/planner.py",
-    "bench/netns.py",
     "bench/delay_relay.py",
     "models",
     "peer",
     "coordinator",
     "hivepath",
     "protos",
-    "tests/chaos/nsnet.py",
-    "tests/chaos/scenario.py",
-    "tests/helpers",
 )
 """The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
 when any of it changed after the commit a result records."""
@@ -107,19 +98,8 @@ address at RELAY_PORT (in front of the daemon) and at LANE_PORT (in front of the
 BPB_DOCUMENTS = 32
 POLL_INTERVAL = 5.0
 WARMUP_ROUNDS = 2
-VARIANTS = {"planner": 'planner = true\nplanner_codecs = "int4"\n', "fixed": "planner = false\n"}
-
-RUN_TOML = """preset = "demo"
-run_id = "planner-bench"
-[outer]
-inner_steps = {inner_steps}
-[data]
-manifest_hash = "{manifest_hash}"
-[coordinator]
-lease_timeout = 8.0
-heartbeat_interval = 1.0
-restart_grace = 5.0
-{extra}"""
+VARIANTS = {"planner": {"planner": True, "planner_codecs": "int4"}, "fixed": {"planner": False}}
+"""The ``[coordinator]`` settings of each variant (the run is the demo preset's, lease 8 s)."""
 
 
 # -- the keys, from what the peers and the coordinator wrote ------------------------------------------
@@ -265,11 +245,8 @@ def _link_rates(status: dict, names_by_id: dict[str, str]) -> dict[str, dict[str
 
 
 def one_variant(name: str, work: Path, data: Any, minutes: float, inner_steps: int, rtt_ms: float) -> dict[str, Any]:
-    from chaos.nsnet import NsNetwork
-    from helpers.procs import ProcessGroup, wait_for
-    from helpers.replicas import forked_rounds, replica_diff
-
-    from bench.netns import NetnsBridge
+    from peer.localnet import NetnsBridge, ProcessGroup, preset_network, wait_for
+    from peer.localnet.checks import forked_rounds, replica_diff
 
     names = [f"p{i + 1}" for i in range(len(RATES))]
     base = {n: mbit(r) for n, r in zip(names, RATES)}
@@ -287,9 +264,8 @@ def one_variant(name: str, work: Path, data: Any, minutes: float, inner_steps: i
                                        "--map", f"{ns}:{RELAY_PORT}=127.0.0.1:{P2P_PORT}",
                                        "--map", f"{ns}:{LANE_PORT}=127.0.0.1:{LANE_PORT}"])
         wait_for(lambda: all(f.exists() for f in relay_files), 60, "the relays to listen")
-        net = NsNetwork(procs, work / "net", data.dir, data.manifest_hash, bridge)
-        net.run_toml.write_text(RUN_TOML.format(inner_steps=inner_steps, manifest_hash=data.manifest_hash,
-                                                extra=VARIANTS[name]))
+        net = preset_network(procs, work / "net", data.dir, data.manifest_hash, preset="demo", run_id="planner-bench",
+                             inner_steps=inner_steps, coordinator=VARIANTS[name], bridge=bridge)
         net.start_coordinator()
         works = {}
         for i, n in enumerate(names, start=1):
@@ -439,17 +415,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not variants or any(v not in VARIANTS for v in variants):
         ap.error(f"--variants: names among {', '.join(VARIANTS)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from bench.netns import netns_available
+    from peer.localnet.netns import netns_available
 
     why = netns_available()
     if why:
         emit("planner", {"skipped": why})
         return 0
-    from chaos.scenario import prepare_dataset
+    from models.data import prepared
 
     runs: dict[str, dict[str, Any]] = {}
     with work_directory("hivepath-planner-", keep=args.keep) as work:
-        data = prepare_dataset(work / "data")
+        data = prepared(work / "data", 2, 2, "bytes")
         for v in variants:
             runs[v] = one_variant(v, work / v, data, args.minutes, args.inner_steps, args.rtt_ms)
     result: dict[str, Any] = {

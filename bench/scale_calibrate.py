@@ -48,12 +48,11 @@ from pathlib import Path
 from typing import Optional
 
 from bench.common import emit, run_main
-from bench.loopback import LoopbackNetwork, prepared_corpus, wait_until
+from peer.localnet import LocalNetwork, ProcessGroup, wait_for
 
 MEASURES = (
     "bench/scale_calibrate.py",
     "bench/scale_sim",
-    "bench/loopback.py",
     "models",
     "peer",
     "coordinator",
@@ -67,21 +66,10 @@ __all__ = ["Plan", "calibrate", "main", "real_figures"]
 
 log = logging.getLogger("bench.scale_calibrate")
 
-RUN_TOML = """preset = "tiny"
-run_id = "calib"
-[outer]
-inner_steps = {inner_steps}
-round_seconds = {round_seconds}
-round_timeout = {round_timeout}
-max_group_size = {max_group_size}
-[data]
-manifest_hash = "{manifest_hash}"
-corpus = "default"
-[coordinator]
-lease_timeout = 60.0
-"""
-"""The real run: the tiny preset, time-bounded rounds; the coordinator's other settings its defaults
-(as the simulator's :class:`coordinator.CoordinatorSettings`), a lease long enough for a loaded machine."""
+COORDINATOR = {"lease_timeout": 60.0}
+"""The real run's ``[coordinator]`` table: the tiny preset with time-bounded rounds (:func:`calibrate`), the
+coordinator's other settings its defaults (as the simulator's :class:`coordinator.CoordinatorSettings`),
+a lease long enough for a loaded machine."""
 
 INNER_STEPS = 100_000
 """H: more steps than a tiny peer takes in a round, so every round ends at ``round_seconds``."""
@@ -122,11 +110,11 @@ class Plan:
 QUICK = Plan(sizes=(4,), round_seconds=5.0, round_timeout=10.0, window=25.0)
 
 
-def _round_events(net: LoopbackNetwork, name: str) -> list[dict]:
-    return sorted((e for e in net.events(name, "round") if e.get("module") == MODULE), key=lambda e: e["time"])
+def _round_events(net: LocalNetwork, name: str) -> list[dict]:
+    return sorted((e for e in net.progress_lines(name, "round") if e.get("module") == MODULE), key=lambda e: e["time"])
 
 
-def _settled(net: LoopbackNetwork, n: int, rounds: int, since: float, split: bool = False) -> bool:
+def _settled(net: LocalNetwork, n: int, rounds: int, since: float, split: bool = False) -> bool:
     """Every peer's last ``rounds`` rounds of ``embed``, all after ``since``, averaged in a group of all
     ``n`` (``split``: averaged, in a split round: a peer's group then counts its bucket and the delegates)."""
     for name in net.peers:
@@ -136,7 +124,7 @@ def _settled(net: LoopbackNetwork, n: int, rounds: int, since: float, split: boo
     return True
 
 
-def real_figures(net: LoopbackNetwork, start: float, stop: float) -> dict:
+def real_figures(net: LocalNetwork, start: float, stop: float) -> dict:
     """Round times, group sizes and failed rounds of the rounds that ended in ``(start, stop]``."""
     durations: list[float] = []
     groups: dict[tuple, int] = {}
@@ -145,7 +133,7 @@ def real_figures(net: LoopbackNetwork, start: float, stop: float) -> dict:
     for name in net.peers:
         ends = [e["time"] for e in _round_events(net, name)]
         durations += [b - a for a, b in zip(ends, ends[1:]) if start < b <= stop]
-        for e in net.events(name, "round"):
+        for e in net.progress_lines(name, "round"):
             if start < e["time"] <= stop:
                 if e["status"] == "done":  # a failed round names no group
                     groups[(e["module"], e["round"], tuple(sorted(e.get("peers") or ())))] = e["group_size"]
@@ -163,14 +151,14 @@ def real_figures(net: LoopbackNetwork, start: float, stop: float) -> dict:
     }
 
 
-def _measured_peers(net: LoopbackNetwork, t0: float) -> list[dict]:
+def _measured_peers(net: LocalNetwork, t0: float) -> list[dict]:
     """What the simulator needs of each real peer: when it joined (seconds after the coordinator
     started) and the tokens/s, memory and links it reported to the coordinator (tokens/s as its
     heartbeats last reported it: measured while training)."""
-    reported = {p["peer_id"]: p for p in (net.status() or {}).get("peers", [])}
+    reported = {p["peer_id"]: p for p in (net.status_json() or {}).get("peers", [])}
     out = []
     for name in net.peers:
-        join = net.events(name, "join")[0]
+        join = net.progress_lines(name, "join")[0]
         p = reported[join["peer_id"]]
         up = p["upload_bps"] or 100e6 / 8
         out.append({"arrival": round(max(0.0, join["time"] - t0), 3), "tokens_per_s": p["tokens_per_s"],
@@ -207,9 +195,10 @@ def simulated(plan: Plan, base_run, measured: dict) -> dict:
 def _dataset():
     """The built-in corpus prepared for the 2x2 lattice (kept in the temp dir), and the run config the
     simulator is given: the tiny preset on it."""
+    from models.data import prepared
     from models.presets import tiny_cpu
 
-    data = prepared_corpus(Path(tempfile.gettempdir()) / "hivepath-calib-data-2x2")
+    data = prepared(Path(tempfile.gettempdir()) / "hivepath-calib-data-2x2", 2, 2, "bytes")
     return data, tiny_cpu().replace(lattice={"vocab_size": data.manifest["vocab_size"]},
                                     data={"manifest_hash": data.manifest_hash})
 
@@ -217,13 +206,18 @@ def _dataset():
 def calibrate(plan: Plan, work: Path) -> dict:
     """Grow a real network through ``plan.sizes``, measure each stage, simulate it; the rows."""
     data, base_run = _dataset()
-    net = LoopbackNetwork(work, RUN_TOML.format(inner_steps=INNER_STEPS, round_seconds=plan.round_seconds,
-                                                round_timeout=plan.round_timeout, max_group_size=plan.max_group_size,
-                                                manifest_hash=data.manifest_hash), data.dir)
+    from models.presets import tiny_cpu
+
+    run = tiny_cpu().replace(run_id="calib", outer={"inner_steps": INNER_STEPS, "round_seconds": plan.round_seconds,
+                                                    "round_timeout": plan.round_timeout,
+                                                    "max_group_size": plan.max_group_size},
+                             data={"manifest_hash": data.manifest_hash, "corpus": "default"})
+    net = LocalNetwork(ProcessGroup(work / "logs"), work, data.dir, run, COORDINATOR,
+                       env={"HIVEMIND_MEMORY_SHARING_STRATEGY": "file_descriptor"}, peer_flags=["--measure-seconds", "0.3"])
     rows = []
     try:
         t0 = time.time()
-        net.start_coordinator()
+        net.start_coordinator(timeout=120.0)
         limit = plan.cpu_limit()
         peer_flags = ["--cpu-limit", f"{limit:.4f}"] if limit is not None else []
         for n in plan.sizes:
@@ -232,19 +226,19 @@ def calibrate(plan: Plan, work: Path) -> dict:
                 net.start_peer(name, *peer_flags)
             log.info("%d peers: started %d; waiting until all average together", n, len(new))
             try:
-                wait_until(lambda: _alive(net) and all(net.events(m, "join") for m in new), 120 + 10 * len(new),
-                           f"{len(new)} new peers to join")
-                joined = max(net.events(m, "join")[0]["time"] for m in new)
-                wait_until(lambda: _alive(net) and _settled(net, n, plan.settle_rounds, joined, plan.max_group_size > 0),
+                wait_for(lambda: _alive(net) and all(net.progress_lines(m, "join") for m in new), 120 + 10 * len(new),
+                           f"{len(new)} new peers to join", interval=0.5, retry_on=())
+                joined = max(net.progress_lines(m, "join")[0]["time"] for m in new)
+                wait_for(lambda: _alive(net) and _settled(net, n, plan.settle_rounds, joined, plan.max_group_size > 0),
                            120 + 4 * plan.settle_rounds * (plan.round_seconds + plan.round_timeout),
-                           f"all {n} peers to average together")
+                           f"all {n} peers to average together", interval=0.5, retry_on=())
             except (TimeoutError, RuntimeError) as e:  # this machine's limit: report the sizes that ran
                 log.warning("%d peers: not measured: %s", n, e)
                 rows.append({"peers": n, "not_measured": str(e)[:500], "load_average": os.getloadavg()[0]})
                 break
             start, load = time.time(), os.getloadavg()[0]
-            wait_until(lambda: _alive(net) and time.time() >= start + plan.window, plan.window + 30,
-                       "the measured window", interval=1.0)
+            wait_for(lambda: _alive(net) and time.time() >= start + plan.window, plan.window + 30,
+                       "the measured window", interval=1.0, retry_on=())
             stop = time.time()
             measured = {"start": round(start - t0, 3), "stop": round(stop - t0, 3), "peers": _measured_peers(net, t0)}
             row = compare(plan, base_run, {"peers": n, "window_s": round(stop - start, 1),
@@ -253,7 +247,7 @@ def calibrate(plan: Plan, work: Path) -> dict:
             log.info("%d peers: %s", n, {k: v for k, v in row.items() if k != "measured"})
             rows.append(row)
     finally:
-        net.close()
+        net.shutdown()
     return {"rows": rows, "work": str(work)}
 
 
@@ -267,10 +261,10 @@ def compare(plan: Plan, base_run, row: dict) -> dict:
             "noncompute_error": _error(sim["overhead_s_median"], real["overhead_s_median"])}
 
 
-def _alive(net: LoopbackNetwork) -> bool:
-    dead = net.exited()
+def _alive(net: LocalNetwork) -> bool:
+    dead = net.procs.exited()
     if dead:
-        tails = {n: net.log(n)[-1500:] for n in dead}
+        tails = {n: net.procs.log(n)[-1500:] for n in dead}
         raise RuntimeError(f"exited early: {dead}: {tails}")
     return True
 

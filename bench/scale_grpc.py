@@ -44,15 +44,9 @@ HEARTBEAT_INTERVAL = 5.0
 """Seconds between a peer's heartbeats: ``CoordinatorSettings.heartbeat_interval``'s default, which
 the simulator uses."""
 
-RUN_TOML = f"""
-preset = "tiny"
-[coordinator]
-heartbeat_interval = {HEARTBEAT_INTERVAL}
-lease_timeout = 600.0
-sqlite_synchronous = "NORMAL"
-max_peers = 200000
-"""
-"""The simulator's coordinator settings; leases long enough that none expires while the peers join
+COORDINATOR = {"heartbeat_interval": HEARTBEAT_INTERVAL, "lease_timeout": 600.0, "sqlite_synchronous": "NORMAL",
+               "max_peers": 200000}
+"""The ``[coordinator]`` table (the run: the tiny preset): the simulator's coordinator settings; leases long enough that none expires while the peers join
 (the joins before the window are not what is measured)."""
 
 
@@ -164,7 +158,7 @@ async def _run(port: int, pid: int, peers: int, storm: int, seconds: float) -> d
 
 def coordinator_cpu_share(peers: int, storm: int, seconds: float) -> dict:
     """Start the coordinator, bring ``peers`` peers to it, and measure (module docstring)."""
-    with coordinator_process(RUN_TOML) as (port, pid), event_loop() as runner:
+    with coordinator_process(COORDINATOR) as (port, pid), event_loop() as runner:
         return runner.run(_run(port, pid, peers, storm, seconds))
 
 

@@ -3,7 +3,7 @@
 Run: ``python -m bench.sparse_network [--peers 3] [--rounds 6] [--codec topk16b2]``.
 
 Starts a coordinator, an archive peer and ``--peers`` path-mode peers (``hivepath`` processes on
-loopback, the tiny run of ``tests/helpers/network.py``) whose run config names the sparse codec:
+loopback, the tiny preset) whose run config names the sparse codec:
 the coordinator hands it to every peer in its assignment, peers matchmake, all-reduce their sparse
 pseudo-gradients (token-weighted) and apply the outer step. When every held module has done
 ``--rounds`` rounds the peers are drained, and every pair of checkpoints of the same module at the
@@ -16,28 +16,20 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-ROOT = Path(__file__).resolve().parents[1]
-for _p in (ROOT, ROOT / "tests"):  # the network helpers live with the integration tests
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
-
-from bench.common import emit, run_main  # noqa: E402
+from bench.common import emit, run_main
 
 MEASURES = (
     "bench/sparse_network.py",
-    "bench/loopback.py",
     "models",
     "peer",
     "coordinator",
     "hivepath",
     "protos",
-    "tests/helpers",
 )
 """The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
 when any of it changed after the commit a result records."""
@@ -60,16 +52,14 @@ def sparse_network(work: Path, peers: int = 3, rounds: int = 6, codec: str = "to
                    timeout: float = 600.0) -> dict:
     """Run the network in ``work`` and compare its replicas; returns the figures."""
     import torch
-    from helpers.network import Network
-    from helpers.procs import ProcessGroup, wait_for
     from models.data import prepared
+    from peer.localnet import ProcessGroup, preset_network, wait_for
 
     data = work / "data"
     ds = prepared(data, 2, 2, "bytes")
     procs = ProcessGroup(work / "logs")
-    net = Network(procs, work / "net", ds.dir, ds.manifest_hash, inner_steps=inner_steps, share_cores=False)
-    toml = net.run_toml.read_text()
-    net.run_toml.write_text(toml.replace("[outer]\n", f'[outer]\ncodec = "{codec}"\nlr = 1.0\nmomentum = 0.0\n', 1))
+    net = preset_network(procs, work / "net", ds.dir, ds.manifest_hash, run_id="sparse", inner_steps=inner_steps,
+                         round_timeout=12.0, outer={"codec": codec, "lr": 1.0, "momentum": 0.0})
     names = [f"peer{i}" for i in range(peers)]
     t0 = time.monotonic()
     try:
@@ -94,7 +84,7 @@ def sparse_network(work: Path, peers: int = 3, rounds: int = 6, codec: str = "to
     finally:
         net.close()
         procs.close()
-    from helpers.replicas import forked_rounds, replica_diff
+    from peer.localnet.checks import forked_rounds, replica_diff
 
     forked = forked_rounds(logs)
     pairs, diff, _ = replica_diff([w / "checkpoints" for w in works], forked)

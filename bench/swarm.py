@@ -4,7 +4,7 @@ Setup: the demo lattice (2x2, byte tokenizer, the built-in corpus), a coordinato
 small peers, each small one started with nothing but a ``--max-memory`` that fits a stage module and
 a pipeline trainer but not a path (computed from the lattice, as the coordinator judges it). Every
 process is the installed ``hivepath`` command, in 4 network namespaces behind one bridge with
-50 Mbit/s links (``bench.netns``; on loopback, said in the result, where namespaces cannot be made).
+50 Mbit/s links (``peer.localnet.netns``; on loopback, said in the result, where namespaces cannot be made).
 One torch thread per process. The path peers run on one half of this machine's CPUs, the coordinator
 and the small peers on the other (``--shared-cpus``: all on all): as on machines of their own, the
 small peers do not take the path peers' CPU, so what changes the path peers' rounds between the
@@ -63,31 +63,19 @@ import random
 import re
 import signal
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
 
-ROOT = Path(__file__).resolve().parents[1]
-for _p in (ROOT, ROOT / "tests"):  # the namespace network and process group live with the tests' harness
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
-
-from bench.common import emit, run_main, work_directory  # noqa: E402
+from bench.common import emit, run_main, work_directory
 
 MEASURES = (
     "bench/swarm.py",
-    "bench/netns.py",
     "models",
     "peer",
     "coordinator",
     "hivepath",
     "protos",
-    "tests/chaos/fault.py",
-    "tests/chaos/invariants.py",
-    "tests/chaos/nsnet.py",
-    "tests/chaos/scenario.py",
-    "tests/helpers",
 )
 """The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
 when any of it changed after the commit a result records."""
@@ -100,18 +88,9 @@ RATE = "50mbit"
 NAMESPACES = 4
 KILL_EVERY = 30.0
 
-RUN_TOML = """preset = "demo"
-run_id = "swarm"
-[outer]
-round_timeout = 20.0
-[data]
-manifest_hash = "{manifest_hash}"
-[coordinator]
-lease_timeout = 8.0
-heartbeat_interval = 1.0
-restart_grace = 5.0
-min_move_interval = 20.0
-"""
+COORDINATOR = {"min_move_interval": 20.0}
+"""The ``[coordinator]`` settings beyond a short local network's (lease 8 s): the run is the demo preset's,
+its round deadline 20 s."""
 
 
 def small_memory_gb() -> float:
@@ -221,17 +200,13 @@ def _pinned(cpus: Optional[set[int]]) -> None:
 
 def run(work: Path, control_s: float, stage_s: float, kill_s: float, seed: int,
         isolate: bool = True, servers_per_level: Optional[int] = None) -> dict[str, Any]:
-    from chaos.nsnet import NsNetwork
-    from chaos.scenario import prepare_dataset
-    from helpers.network import Network
-    from helpers.procs import ProcessGroup, wait_for
-    from helpers.replicas import forked_rounds, replica_diff
+    from models.data import prepared
     from models.presets import demo
-
-    from bench.netns import NetnsBridge, netns_available
+    from peer.localnet import NetnsBridge, ProcessGroup, netns_available, preset_network, wait_for
+    from peer.localnet.checks import forked_rounds, replica_diff
 
     rng = random.Random(seed)
-    data = prepare_dataset(work / "data")
+    data = prepared(work / "data", 2, 2, "bytes")
     procs = ProcessGroup(work / "logs")
     why = netns_available()
     bridge = NetnsBridge(NAMESPACES, rate=RATE, subnet=SUBNET, prefix=PREFIX) if not why else None
@@ -249,17 +224,14 @@ def run(work: Path, control_s: float, stage_s: float, kill_s: float, seed: int,
     try:
         if bridge is not None:
             bridge.open()
-            net = NsNetwork(procs, work / "net", data.dir, data.manifest_hash, bridge)
-            start = lambda name, *extra: net.start_peer_in(name, where[name], *extra)  # noqa: E731
         else:
             log.warning("no network namespaces (%s): loopback, no link limit", why)
-            net = Network(procs, work / "net", data.dir, data.manifest_hash)
-            start = lambda name, *extra: net.start_peer(name, *extra)  # noqa: E731
-        net.run_toml.write_text(RUN_TOML.format(manifest_hash=data.manifest_hash) + (
-            f"servers_per_level = {servers_per_level}\n" if servers_per_level is not None else ""))
+        coordinator = {**COORDINATOR, **({"servers_per_level": servers_per_level} if servers_per_level is not None else {})}
+        net = preset_network(procs, work / "net", data.dir, data.manifest_hash, preset="demo", run_id="swarm",
+                             round_timeout=20.0, coordinator=coordinator, bridge=bridge)
+        start = lambda name, *extra: net.start_peer(name, *extra, index=where[name] if bridge else None)  # noqa: E731
         out["servers_per_level"] = servers_per_level
-        # /status.json: from inside namespace 0 (NsNetwork.status), or over loopback
-        status = net.status if bridge is not None else net.status_json
+        status = net.status_json  # from inside namespace 0 with a bridge, else over loopback
         _pinned(halves[1] if halves else None)
         net.start_coordinator()
         _pinned(halves[0] if halves else None)

@@ -2,7 +2,7 @@
 
 ``bench.comm`` asks how close hivepath's exchange comes to the link. This measures what the link and
 the kernel's TCP allow for that traffic when no CPU work is done at all: in fresh namespaces at the
-same rate (:class:`bench.netns.NetnsBridge`), ``n`` small processes each send part ``j`` of a
+same rate (:class:`peer.localnet.netns.NetnsBridge`), ``n`` small processes each send part ``j`` of a
 ``size``-byte vector (zeros: no encoding, no TLS, no copies worth counting) to peer ``j``, cut into
 the same segments as the averager's pipeline; a peer returns a segment's "average" of its part to
 every sender as soon as it holds that segment from all of them. Each peer's time runs from a shared
@@ -221,7 +221,7 @@ def _round(net, n: int, size: int, segments: int, schedule: str) -> float:
 def measure(n: int, rate_mbit: int, size: int, segments: int, rounds: int = 5, prefix: str = "hpl") -> dict:
     """Bare TCP's link efficiency for an all-reduce of ``size`` bytes per peer among ``n`` peers at
     ``rate_mbit`` (see the module docstring): per schedule its rounds and median, and ``ceiling``."""
-    from bench.netns import NetnsBridge
+    from peer.localnet.netns import NetnsBridge
 
     rate = rate_mbit * 1e6 / 8
     optimal = 2 * (n - 1) / n * size / rate

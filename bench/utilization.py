@@ -1,6 +1,6 @@
 """bench.utilization: share of wall time in inner compute on slow, far-apart links.
 
-Four peers, each in its own network namespace behind one bridge (:mod:`bench.netns`, namespaces
+Four peers, each in its own network namespace behind one bridge (:mod:`peer.localnet.netns`, namespaces
 ``hpu-p0..3`` on 10.85.0.0/24), egress shaped to 50 Mbit/s by ``tbf``, about 40 ms round trip added by
 :mod:`bench.delay_relay` (each peer's p2p daemon listens on 127.0.0.1 inside its namespace; a relay in
 the same namespace is the announced, and only, way in, holding every byte 20 ms in each direction).
@@ -60,13 +60,12 @@ from pathlib import Path
 from typing import Optional
 
 from bench.common import emit, run_main
-from bench.netns import tx_bytes
+from peer.localnet.netns import tx_bytes
 from models import strict_json
 from models.durable import atomic_write_text
 
 MEASURES = (
     "bench/utilization.py",
-    "bench/netns.py",
     "bench/delay_relay.py",
     "models",
     "peer",
@@ -351,7 +350,7 @@ def _run_variant_swarm(net, name: str, out: Path, args: argparse.Namespace, data
 
 
 def run_bench(args: argparse.Namespace) -> dict:
-    from bench.netns import NetnsBridge, netns_available
+    from peer.localnet.netns import NetnsBridge, netns_available
 
     why = netns_available()
     if why:

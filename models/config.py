@@ -389,6 +389,17 @@ class RunConfig:
     def to_json(self) -> str:
         return strict_json.dumps(self.to_dict(), sort_keys=True)
 
+    def to_toml(self, **tables: Mapping[str, Any]) -> str:
+        """This run as a run-config file (every field written out, no preset), with ``tables`` after it:
+        ``cfg.to_toml(coordinator={"lease_timeout": 15.0})`` adds the coordinator's ``[coordinator]``
+        table. :func:`models.presets.load_run_config` reads it back to an equal config."""
+        import tomli_w
+
+        clash = set(tables) & set(self.to_dict())
+        if clash:
+            raise ConfigError(", ".join(sorted(clash)), "is a section of the run itself, not an extra table")
+        return tomli_w.dumps({**self.to_dict(), **{k: dict(v) for k, v in tables.items()}})
+
     @classmethod
     def from_json(cls, text: str) -> "RunConfig":
         return cls.from_dict(json.loads(text))

@@ -20,6 +20,10 @@ checks it), and all of them may import ``models`` and ``protos``, never ``coordi
 ``peer.node``               the long-running processes: ``hivepath peer join`` (``PeerNode``), the
                             path trainer, the stage runner, the archive, checkpoints, resources,
                             progress, the local status page, spot notices
+``peer.localnet``           a local network of real ``hivepath`` processes (coordinator, archives,
+                            peers; on loopback or in network namespaces with shaped links and NAT),
+                            its fault injector and the checks of what its processes wrote: the one
+                            harness of the demo, the benchmarks and the tests
 ``peer.demo``               ``hivepath demo``: a whole network on one machine, and its report
 ``peer.simulator``          ``hivepath train-local``: K DiLoCo workers in one process
 ==========================  ==========================================================================

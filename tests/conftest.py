@@ -10,7 +10,8 @@ import random  # noqa: E402
 
 import pytest  # noqa: E402
 
-from helpers import ProcessGroup  # noqa: E402
+from helpers.procs import ROOT, TEARDOWN_GRACE  # noqa: E402
+from peer.localnet import ProcessGroup  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -45,11 +46,11 @@ def pytest_runtest_makereport(item, call):
 def procs(request, tmp_path):
     """Start real child processes; every one is terminated and reaped when the test ends. When the test
     fails, the tail of every child's log is printed (it shows in the failure report)."""
-    group = ProcessGroup(tmp_path / "logs")
+    group = ProcessGroup(tmp_path / "logs", cwd=ROOT)
     try:
         yield group
     finally:
-        group.close()
+        group.stop(timeout=TEARDOWN_GRACE)
         report = getattr(request.node, "_report_call", None)
         if report is not None and report.failed:
             for name in group.procs:
@@ -61,7 +62,7 @@ def procs(request, tmp_path):
 SERIAL_FOLDERS = ("chaos", "docker")
 """Test folders whose tests use machine-wide resources, run one at a time, one folder after the other,
 in one worker when the suite runs in pytest-xdist workers (``make test``): the chaos suite's network
-namespaces (one prefix and subnet, ``chaos.nsnet``) and the Docker engine's containers, networks and
+namespaces (one prefix and subnet, ``chaos.scenario``) and the Docker engine's containers, networks and
 images. One worker for both also keeps these two heaviest groups (a dozen processes each) from running
 at once on a two-core machine."""
 

@@ -11,7 +11,8 @@ import subprocess
 
 import pytest
 
-from helpers import hivepath_cmd, wait_for, write_corpus
+from helpers import write_corpus
+from peer.localnet import hivepath_cmd, wait_for
 from models.corpus import corpus_from_paths
 from models.data import Dataset, prepare
 from peer.node.archive_eval import SnapshotEvaluator, evaluate_snapshot

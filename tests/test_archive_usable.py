@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from helpers import hivepath_cmd, wait_for
-from helpers.network import Network
+from peer.localnet import hivepath_cmd, wait_for
+from helpers.network import tiny_network
 
 def test_an_archive_without_a_snapshot_yet_says_so(tmp_path):
     from models.errors import DataError
@@ -34,7 +34,7 @@ def test_eval_generate_export_read_the_archive(procs, tmp_path):
     data = tmp_path / "data"
     prepare(default_corpus(), data, levels=2, modules=2, tokenizer="bytes")
     ds = Dataset(data)
-    net = Network(procs, tmp_path / "net", ds.dir, "", inner_steps=5)  # no manifest hash pinned
+    net = tiny_network(procs, tmp_path / "net", ds.dir, "", inner_steps=5)  # no manifest hash pinned
     net.start_coordinator()
     archive = net.start_archive()
     net.start_peer("peer0")

@@ -193,7 +193,7 @@ def test_five_networked_peers_with_a_hostile_member_stay_identical_and_near_the_
     from peer.network import DHTOptions, start_dht
     from peer.averaging import NetAverager
     from peer.network import HolderRecord, holders_key, read_records
-    from helpers import wait_for
+    from peer.localnet import wait_for
 
     n = 5 * BLOCK
     plan = [(Aggregation("trimmed_mean"), "huge"), (Aggregation("centered_clip"), "random"),

@@ -15,7 +15,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from coordinator.probe import MAX_CONCURRENT_PROBES, MAX_PROBE_BYTES, MAX_PROBE_CHUNK
-from helpers import ProcessGroup, free_port, hivepath_cmd, wait_for
+from peer.localnet import ProcessGroup, free_port, hivepath_cmd, wait_for
 from peer.coordinator_client import CoordinatorClient, PeerInfo
 from protos import coordinator_pb2 as pb
 from protos import coordinator_pb2_grpc as pb_grpc

@@ -91,7 +91,7 @@ def test_a_bare_tcp_peer_whose_partner_never_comes_fails(monkeypatch):
 def test_link_idle_splits_a_round_s_idle_time_into_its_start_middle_and_tail():
     """A link at 1000 B/s sampled every 10 ms: idle 0.2 s, busy 0.5 s, idle 0.3 s, busy 0.6 s, idle
     0.4 s within a 2.0 s window."""
-    from bench.netns import link_idle
+    from peer.localnet.netns import link_idle
 
     rate, samples, count = 1000.0, [], 0.0
     for k in range(201):
@@ -113,19 +113,19 @@ def test_link_idle_splits_a_round_s_idle_time_into_its_start_middle_and_tail():
 
 
 def test_the_link_sampler_writes_the_counter_it_read_until_told_to_stop(tmp_path):
-    """``python -m bench.netns --sample-tx`` on loopback (here, outside any namespace): its readings
+    """``python -m peer.localnet.netns --sample-tx`` on loopback (here, outside any namespace): its readings
     grow by at least what we sent while it ran, on the shared monotonic clock, and it exits 0 on SIGTERM."""
     import socket
     import subprocess
     import sys
     import time
 
-    from helpers import wait_for
+    from peer.localnet import wait_for
 
-    from bench.netns import read_samples
+    from peer.localnet.netns import read_samples
 
     path = tmp_path / "tx.txt"
-    proc = subprocess.Popen([sys.executable, "-m", "bench.netns", "--sample-tx", str(path), "--interface", "lo",
+    proc = subprocess.Popen([sys.executable, "-m", "peer.localnet.netns", "--sample-tx", str(path), "--interface", "lo",
                              "--interval", "0.005"], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "sampling"  # it read the counter once: we may go on
@@ -162,11 +162,11 @@ def test_the_link_sampler_reads_once_more_after_a_signal_that_comes_at_once(tmp_
     import sys
     import time
 
-    from bench.netns import read_samples
+    from peer.localnet.netns import read_samples
 
     for k in range(5):  # the race is narrow: try it a few times
         path = tmp_path / f"tx{k}.txt"
-        proc = subprocess.Popen([sys.executable, "-m", "bench.netns", "--sample-tx", str(path), "--interface", "lo",
+        proc = subprocess.Popen([sys.executable, "-m", "peer.localnet.netns", "--sample-tx", str(path), "--interface", "lo",
                                  "--interval", "0.5"], stdout=subprocess.PIPE, text=True)
         try:
             assert proc.stdout.readline().strip() == "sampling"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import hivepath_cmd, wait_for
-from helpers.network import Network
+from peer.localnet import hivepath_cmd, wait_for
+from helpers.network import tiny_network
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +32,7 @@ def test_two_peers_meet_through_a_stock_hivemind_dht_node(procs, tmp_path, datas
     procs.start("stock", [stock, "--host_maddrs", "/ip4/127.0.0.1/tcp/0", "--identity_path", str(tmp_path / "stock.key")])
     maddr = wait_for(lambda: re.search(r"/ip4/127\.0\.0\.1/tcp/\d+/p2p/\w+", procs.log("stock")), 60,
                      "the stock DHT node's address").group(0)
-    net = Network(procs, tmp_path, dataset.dir, dataset.manifest_hash, inner_steps=4, extra_toml="initial_peers = 0\n")
+    net = tiny_network(procs, tmp_path, dataset.dir, dataset.manifest_hash, inner_steps=4, coordinator={"initial_peers": 0})
     try:
         net.start_coordinator()
         for name in ("peer0", "peer1"):
@@ -49,7 +49,7 @@ def test_two_peers_meet_through_a_stock_hivemind_dht_node(procs, tmp_path, datas
 def test_a_listen_port_in_use_is_one_line_naming_it(procs, tmp_path, dataset):
     """Several peers on one machine: a second peer given a daemon port that another
     process holds exits 2 with one line naming the port and the fix, before it trains."""
-    net = Network(procs, tmp_path, dataset.dir, dataset.manifest_hash)
+    net = tiny_network(procs, tmp_path, dataset.dir, dataset.manifest_hash)
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import hivepath_cmd, wait_for, write_corpus
+from helpers import write_corpus
+from peer.localnet import hivepath_cmd, wait_for
 from models.corpus import corpus_from_paths
 from models.data import Dataset, prepare
 

@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from helpers.procs import ROOT, hivepath_cmd
+from helpers.procs import ROOT
+from peer.localnet import hivepath_cmd
 from hivepath.cli import build_parser
 from hivepath.options import read_token
 from hivepath.settings import ALL_SETTINGS, setting

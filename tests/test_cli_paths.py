@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import hivepath_cmd
+from peer.localnet import hivepath_cmd
 from helpers.cli import run_cli
 from hivepath.cli import build_parser
 from hivepath.paths import (

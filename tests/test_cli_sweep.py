@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from helpers import hivepath_cmd
+from peer.localnet import hivepath_cmd
 from helpers.cli import run_cli
 from hivepath.cli import build_parser
 from hivepath.numbers import Number

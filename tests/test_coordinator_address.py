@@ -15,7 +15,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2_grpc
 
-from helpers import ProcessGroup, free_port, hivepath_cmd, wait_for
+from peer.localnet import ProcessGroup, free_port, hivepath_cmd, wait_for
 from helpers.tls import ca_and_server_cert
 from models.settings import COORDINATOR_PORT
 from peer.coordinator_client import (CoordinatorClient, CoordinatorUnavailable, NotACoordinator, PeerInfo,

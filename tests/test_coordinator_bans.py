@@ -205,7 +205,7 @@ def test_report_ban_and_unban_over_grpc(server):
 
 
 def test_background_reports_ban_without_blocking_the_caller(server):
-    from helpers import wait_for
+    from peer.localnet import wait_for
 
     peers = [client(server, i) for i in (13, 14, 15)]
     try:

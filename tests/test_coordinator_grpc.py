@@ -210,7 +210,7 @@ def test_drain_by_operator_reaches_the_peer(server):
 
 
 def test_unreachable_coordinator_raises_after_retry_timeout():
-    from helpers import free_port
+    from peer.localnet import free_port
 
     client = CoordinatorClient(f"127.0.0.1:{free_port()}", TOKEN, peer_info(9), retry_timeout=1.0, rpc_timeout=0.5,
                                backoff_base=0.05, seed=0)

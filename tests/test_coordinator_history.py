@@ -17,7 +17,7 @@ from coordinator.results import PathEvaluation, ProgressReport
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import MemoryStore, WriteBatch
 from helpers.network import HISTORY_RUN_TOML
-from helpers import free_port, hivepath_cmd, wait_for
+from peer.localnet import free_port, hivepath_cmd, wait_for
 from models.presets import tiny_cpu
 from peer.coordinator_client import CoordinatorClient, Evaluation, PeerInfo, Progress
 

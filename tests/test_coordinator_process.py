@@ -14,7 +14,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from helpers import free_port, hivepath_cmd, wait_for
+from peer.localnet import free_port, hivepath_cmd, wait_for
 from peer.coordinator_client import CoordinatorClient, PeerInfo, Progress
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ from coordinator.server import BackgroundServer, ServeOptions
 from coordinator.servicer import CoordinatorServicer
 from coordinator.settings import CoordinatorSettings
 from coordinator.sqlite_store import open_store
-from helpers import free_port
+from peer.localnet import free_port
 from models.presets import tiny_cpu
 from peer.coordinator_client import CoordinatorClient, CoordinatorUnavailable, PeerInfo, Progress
 from protos import coordinator_pb2 as pb

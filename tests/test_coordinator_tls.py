@@ -13,7 +13,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from helpers import free_port, hivepath_cmd, wait_for
+from peer.localnet import free_port, hivepath_cmd, wait_for
 from helpers.tls import ca_and_server_cert
 from peer.coordinator_client import (CoordinatorClient, CoordinatorUnavailable, NotACoordinator, PeerBanned, PeerInfo,
                                      Progress)

@@ -35,7 +35,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from coordinator.wire import MALFORMED
 from models.log_limit import LogLimiter
-from helpers import ProcessGroup, free_port, hivepath_cmd, wait_for
+from peer.localnet import ProcessGroup, free_port, hivepath_cmd, wait_for
 from helpers.protowire import canonical, frames, parses
 from peer.coordinator_client import CoordinatorClient, PeerInfo
 from protos import coordinator_pb2 as pb

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import hivepath_cmd, write_corpus
+from helpers import write_corpus
+from peer.localnet import hivepath_cmd
 from helpers.corpus import _IDENTS, _NAMES, _WORDS
 from models.corpus import corpus_from_paths, default_corpus
 from models.data import Dataset, DatasetMismatch, prepare

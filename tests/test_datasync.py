@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import wait_for, write_corpus
+from helpers import write_corpus
+from peer.localnet import wait_for
 from models.corpus import corpus_from_paths
 from models.data import Dataset, prepare
 from models.errors import DataError

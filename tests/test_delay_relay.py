@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from helpers import free_port, wait_for
+from peer.localnet import free_port, wait_for
 
 from bench.delay_relay import DelayRelay
 

@@ -14,7 +14,7 @@ from coordinator.records import MODE_STAGE, MODE_TRAINER, Capabilities
 from coordinator.scheduler import assign_peer, fits_path
 from coordinator.settings import CoordinatorSettings
 from coordinator.view import ClusterView
-from helpers import hivepath_cmd
+from peer.localnet import hivepath_cmd
 from helpers.cli import run_cli
 from hivepath.cli import build_parser
 from models.presets import PRESETS, tiny_cpu

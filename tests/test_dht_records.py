@@ -119,7 +119,7 @@ def test_a_peer_cut_off_from_the_coordinator_re_connects_from_the_last_peer_list
     Without that the two halves stayed apart until the client's backoff ran out (18 s in bench.chaos)."""
     import threading
 
-    from helpers import wait_for
+    from peer.localnet import wait_for
     from peer.network import DHTOptions, start_dht
 
     opts = DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
@@ -232,7 +232,7 @@ def test_a_peer_that_misses_a_listed_peer_checks_again_without_being_poked_and_d
     import socket
 
     from bench.delay_relay import DelayRelay
-    from helpers import wait_for
+    from peer.localnet import wait_for
     from hivemind.utils.multiaddr import Multiaddr
     from peer.network import DHTOptions, start_dht
 

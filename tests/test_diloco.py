@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import wait_for
+from peer.localnet import wait_for
 from models.config import InnerConfig, LatticeConfig, OuterConfig
 from models.errors import ConfigError
 from peer.averaging import LocalAverager, get_codec
@@ -622,7 +622,7 @@ def test_module_state_from_another_thread_is_never_torn_or_mislabelled():
     reading.start()
     stepping.start()
     try:
-        from helpers import wait_for
+        from peer.localnet import wait_for
 
         wait_for(lambda: w.opt.module_round(mid) == 1, 60, "round 0's exchange to start")
         n_in_flight = len(samples)

@@ -52,7 +52,7 @@ from typing import Iterator, Optional
 
 import pytest
 
-from helpers import free_port, wait_for
+from peer.localnet import free_port, wait_for
 from helpers.procs import ROOT
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,7 @@ from peer.averaging.matchmaking import LONE, Matchmaker
 from peer.outer import state_digest
 from peer.network import HolderRecord, holders_key, to_value
 from peer.averaging.state_transfer import StateServer, StateTransferError, fetch_module_state
-from helpers import wait_for
+from peer.localnet import wait_for
 from helpers.swarm import loopback_swarm, run
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""The tests' port picker (``helpers.procs.free_port``): a port it hands out is free, below the kernel's
+"""The tests' port picker (``peer.localnet.free_port``): a port it hands out is free, below the kernel's
 ephemeral range where it can be, never handed out twice by one process, and each pytest-xdist worker
 draws from its own slice."""
 
@@ -8,8 +8,8 @@ import socket
 
 import pytest
 
-from helpers import procs
-from helpers.procs import free_port
+from peer.localnet import procs
+from peer.localnet import free_port
 
 
 def test_no_port_is_handed_out_twice_and_each_one_is_free():

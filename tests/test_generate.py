@@ -17,7 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import hivepath_cmd, write_corpus
+from helpers import write_corpus
+from peer.localnet import hivepath_cmd
 from hivepath.cmd_eval import load_run
 from models.checkpoint import CheckpointError, module_file
 from models.config import format_path

@@ -122,7 +122,7 @@ def _close(got: dict, want: dict, where: str) -> float:
 
 @pytest.mark.integration
 def test_distributed_outer_steps_match_the_simulator_golden(procs, tmp_path):
-    from helpers import wait_for
+    from peer.localnet import wait_for
 
     golden = json.loads(FIXTURE.read_text())
     assert golden["config_hash"] == spec.config().content_hash(), \

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from helpers import wait_for
+from peer.localnet import wait_for
 from peer.network import IdentityError, IdentityInUseError, load_or_create_identity, peer_id_of
 
 HOLD = """

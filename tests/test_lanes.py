@@ -217,7 +217,7 @@ def test_a_round_among_averagers_with_and_without_lanes_is_bit_identical_and_lan
     """Two averagers with lanes and one without (``direct_lanes=False``: a peer of an earlier version
     serves no ``Lane`` rpc): the two reach each other over their lanes, everyone reaches the third
     over P2P, and the three end with the same bytes, the codec's mean of their deltas."""
-    from helpers import wait_for
+    from peer.localnet import wait_for
 
     from peer.averaging import BLOCK, get_codec
     from peer.averaging.net_averager import NetAverager

@@ -22,6 +22,7 @@ PEER_LAYERS = (
     ("diloco",),
     ("stage",),
     ("node",),
+    ("localnet",),
     ("demo", "simulator"),
 )
 """The packages of ``peer``, lowest first: a package imports only packages of earlier layers."""
@@ -122,3 +123,22 @@ def test_command_modules_do_not_import_each_other(graph):
     assert len(cmds) >= 5
     wrong = [f"{a} imports {b}" for a in cmds for b in graph[a] if b in cmds]
     assert not wrong, "; ".join(sorted(wrong))
+
+
+def test_benchmarks_do_not_borrow_the_tests_harness():
+    """``bench/`` starts its networks with ``peer.localnet``: it imports nothing of ``tests/`` and puts
+    nothing on ``sys.path`` to reach it."""
+    borrowing = []
+    for path in sorted((ROOT / "bench").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            borrowing += [f"{path.relative_to(ROOT)} imports {n}" for n in names
+                          if n.split(".")[0] in ("tests", "helpers", "chaos", "conftest")]
+        if "sys.path" in path.read_text():
+            borrowing.append(f"{path.relative_to(ROOT)} changes sys.path")
+    assert not borrowing, borrowing

@@ -4,7 +4,6 @@ coordinator keeping them in place of the join probe's figures."""
 from __future__ import annotations
 
 import random
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 

@@ -15,7 +15,8 @@ import sys
 import pytest
 
 from helpers.cli import run_cli
-from helpers.procs import ROOT, hivepath_cmd
+from helpers.procs import ROOT
+from peer.localnet import hivepath_cmd
 from models.log_format import JsonFormatter, event_extra
 from models.presets import tiny_cpu
 from peer.demo import DemoMonitor, PeerLines

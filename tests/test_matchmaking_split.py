@@ -19,7 +19,7 @@ import torch
 from peer.averaging.matchmaking import Matchmaker
 from peer.network import GroupDeclaration, HolderRecord, group_key, holders_key, records_from_value, to_value
 from peer.outer import ModuleState
-from helpers import wait_for
+from peer.localnet import wait_for
 from helpers.swarm import loopback_swarm, run
 
 pytestmark = pytest.mark.integration

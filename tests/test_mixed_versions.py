@@ -14,15 +14,15 @@ import signal
 
 import pytest
 
-from helpers import wait_for
-from helpers.network import Network
+from peer.localnet import wait_for
+from helpers.network import tiny_network
 from helpers.replicas import assert_identical_at_equal_rounds
 from peer.node import CheckpointDir
 from protos import versions
 
 pytestmark = pytest.mark.integration
 
-DENSE = "min_peer_version = \"\"\n[lattice]\nlevels = 1\nmodules_per_level = 1\n"
+DENSE = {"levels": 1, "modules_per_level": 1}
 """Admits every release; every peer holds every module, so each round is one group of all of them."""
 
 
@@ -37,7 +37,8 @@ def dataset(tmp_path_factory):
 
 
 def test_mixed_versions_average_or_are_refused_by_name(procs, tmp_path, dataset):
-    net = Network(procs, tmp_path / "net", dataset.dir, dataset.manifest_hash, inner_steps=5, extra_toml=DENSE)
+    net = tiny_network(procs, tmp_path / "net", dataset.dir, dataset.manifest_hash, inner_steps=5, lattice=DENSE,
+                       coordinator={"min_peer_version": ""})
     try:
         net.start_coordinator()
         current = net.start_peer("current")

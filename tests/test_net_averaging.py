@@ -40,7 +40,7 @@ from peer.outer import OuterOptimizer  # noqa: E402
 from peer.network import HolderRecord, holders_key, read_records  # noqa: E402
 
 try:
-    from helpers import wait_for
+    from peer.localnet import wait_for
 except ImportError:  # run as a peer process, outside pytest
     wait_for = None
 

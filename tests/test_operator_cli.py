@@ -14,7 +14,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from helpers import free_port, hivepath_cmd, wait_for
+from peer.localnet import free_port, hivepath_cmd, wait_for
 from hivepath.cmd_coordinator import SHORT_ID, resolve_peer_id
 from models.errors import HivepathError
 from peer.coordinator_client import CoordinatorClient, PeerInfo

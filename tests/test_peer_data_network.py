@@ -17,13 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from helpers import hivepath_cmd, wait_for, write_corpus
-from helpers.network import Network
+from helpers import write_corpus
+from peer.localnet import LocalNetwork, hivepath_cmd, wait_for
+from helpers.network import tiny_network
 from models.data import Dataset
 
 pytestmark = pytest.mark.integration
 
-LATTICE = "[lattice]\nlevels = 1\nmodules_per_level = 2\n"
+LATTICE = {"levels": 1, "modules_per_level": 2}
 
 
 @pytest.fixture(scope="module")
@@ -38,20 +39,20 @@ def operator_data(tmp_path_factory) -> Dataset:
     return Dataset(out)
 
 
-def _network(procs, tmp_path: Path, data: Dataset) -> Network:
+def _network(procs, tmp_path: Path, data: Dataset) -> LocalNetwork:
     # a corpus directory the peers do not have: they must fetch the dataset
-    return Network(procs, tmp_path, data.dir, data.manifest_hash, inner_steps=4, extra_toml=LATTICE,
+    return tiny_network(procs, tmp_path, data.dir, data.manifest_hash, inner_steps=4, lattice=LATTICE,
                    corpus=str(tmp_path / "operator-only-corpus"))
 
 
-def _start_archive_seeding(net: Network) -> None:
+def _start_archive_seeding(net: LocalNetwork) -> None:
     net.start_coordinator()
     net.start_archive()
     wait_for(lambda: all(p["seeders"] >= 1 for p in (net.status_json() or {}).get("paths", [{"seeders": 0}])),
              90, "the archive to seed every path")
 
 
-def _trained(net: Network, name: str, steps: int = 1) -> bool:
+def _trained(net: LocalNetwork, name: str, steps: int = 1) -> bool:
     return any(p.get("event") == "progress" and p.get("step", 0) >= steps for p in net.progress_lines(name))
 
 
@@ -63,7 +64,7 @@ def _shards(directory: Path) -> set[str]:
     return {p.name for p in (directory / "shards").iterdir()} if (directory / "shards").is_dir() else set()
 
 
-def _assert_own_path_only(net: Network, name: str, work: Path, data: Dataset) -> str:
+def _assert_own_path_only(net: LocalNetwork, name: str, work: Path, data: Dataset) -> str:
     """The peer's fetched directory holds its path's four shard files, equal to the operator's, and
     no other path's; returns the path's name."""
     peer = net.peer_assignment(net.peer_id(name))

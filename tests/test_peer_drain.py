@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from helpers import free_port, wait_for
-from helpers.network import Network
+from peer.localnet import LocalNetwork, free_port, wait_for
+from helpers.network import tiny_network
 
 pytestmark = pytest.mark.integration
 
@@ -31,11 +31,11 @@ def dataset(tmp_path_factory):
     return Dataset(out)
 
 
-DENSE = "[lattice]\nlevels = 1\nmodules_per_level = 1\n"
+DENSE = {"levels": 1, "modules_per_level": 1}
 """Every peer holds every module: each round is one group of all of them."""
 
 
-def _round(net: Network, name: str) -> int:
+def _round(net: LocalNetwork, name: str) -> int:
     return max((p.get("round_no", 0) for p in net.progress_lines(name)), default=0)
 
 
@@ -51,8 +51,8 @@ def test_drain_timeout_abandons_the_round_in_flight(procs, tmp_path, dataset):
     """With the other holder frozen (SIGSTOP: its holder record stays), a's next round waits for it
     until the gather deadline (0.2 x 60 s); a drain then, with ``--drain-timeout 1``, must not wait
     that out: the round is abandoned after 1 s and the peer leaves."""
-    net = Network(procs, tmp_path / "net", dataset.dir, dataset.manifest_hash, inner_steps=5, lease_timeout=600.0,
-                  round_timeout=60.0, extra_toml=DENSE)
+    net = tiny_network(procs, tmp_path / "net", dataset.dir, dataset.manifest_hash, inner_steps=5, lease_timeout=600.0,
+                  round_timeout=60.0, lattice=DENSE)
     net.start_coordinator()
     status_port = free_port()
     net.start_peer("a", "--drain-timeout", "1", "--status-port", str(status_port))
@@ -90,8 +90,8 @@ def test_drain_timeout_abandons_the_round_in_flight(procs, tmp_path, dataset):
 
 
 def test_a_drained_peer_withdraws_its_records_at_once(procs, tmp_path, dataset):
-    net = Network(procs, tmp_path / "net", dataset.dir, dataset.manifest_hash, inner_steps=5, lease_timeout=600.0,
-                  extra_toml=DENSE)
+    net = tiny_network(procs, tmp_path / "net", dataset.dir, dataset.manifest_hash, inner_steps=5, lease_timeout=600.0,
+                  lattice=DENSE)
     net.start_coordinator()
     for name in ("a", "b", "c"):
         net.start_peer(name)

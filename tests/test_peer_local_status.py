@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import free_port, hivepath_cmd, wait_for
+from peer.localnet import free_port, hivepath_cmd, wait_for
 from hivepath.settings import setting
 from peer.node.local_status import (DEFAULT_STATUS_PORT, LocalStatusServer, StatusPortUnavailable, evaluate_health,
                                start_optional)
@@ -251,9 +251,9 @@ def dataset(tmp_path_factory):
 
 @pytest.mark.integration
 def test_a_real_peer_and_archive_serve_their_status(procs, tmp_path, dataset):
-    from helpers.network import Network
+    from helpers.network import tiny_network
 
-    net = Network(procs, tmp_path, dataset.dir, dataset.manifest_hash)
+    net = tiny_network(procs, tmp_path, dataset.dir, dataset.manifest_hash)
     try:
         net.start_coordinator()
         peer_port, archive_port = free_port(), free_port()

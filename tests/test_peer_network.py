@@ -11,9 +11,11 @@ import re
 
 import pytest
 
-from helpers import wait_for
-from helpers.network import Network, first_loss, loss_thirds
-from helpers.replicas import assert_identical_at_equal_rounds, forked_rounds, snapshots_by_round
+from peer.localnet import LocalNetwork, wait_for
+from helpers.network import tiny_network
+from peer.localnet.checks import first_loss, loss_thirds
+from helpers.replicas import assert_identical_at_equal_rounds
+from peer.localnet.checks import forked_rounds, snapshots_by_round
 from peer.node import CheckpointDir
 from peer.node.machine_share import usable_cores
 
@@ -31,7 +33,7 @@ def dataset(tmp_path_factory):
     return Dataset(out)
 
 
-def all_training(net: Network, names: list[str], rounds: int) -> list[str] | None:
+def all_training(net: LocalNetwork, names: list[str], rounds: int) -> list[str] | None:
     """The peers' ids once every one of them holds modules and every held module has done ``rounds``."""
     try:
         ids = [net.peer_id(name) for name in names]
@@ -45,7 +47,7 @@ def all_training(net: Network, names: list[str], rounds: int) -> list[str] | Non
 
 
 def test_network_trains_drains_and_replicas_stay_identical(procs, tmp_path, dataset):
-    net = Network(procs, tmp_path, dataset.dir, dataset.manifest_hash, share_cores=True)
+    net = tiny_network(procs, tmp_path, dataset.dir, dataset.manifest_hash, share_cores=True)
     try:
         net.start_coordinator()
         archive = net.start_archive(eval_docs=1)  # its scores reach the status page (checked below)
@@ -104,7 +106,7 @@ def test_network_trains_drains_and_replicas_stay_identical(procs, tmp_path, data
 
 
 def test_kill9_peer_comes_back_bit_identical_and_archive_restores(procs, tmp_path, dataset):
-    net = Network(procs, tmp_path, dataset.dir, dataset.manifest_hash, lease_timeout=6.0)
+    net = tiny_network(procs, tmp_path, dataset.dir, dataset.manifest_hash, lease_timeout=6.0)
     try:
         net.start_coordinator()
         archive = net.start_archive()
@@ -147,7 +149,7 @@ def test_kill9_peer_comes_back_bit_identical_and_archive_restores(procs, tmp_pat
         assert "starting from peer" in log and "starting from init" not in log, log[-3000:]
         assert net.stop("peer2") == 0
         assert_identical_at_equal_rounds([archive, fresh / "checkpoints"])
-        # started with --eval-docs 0 (the Network's default): the archive scored no snapshot
+        # started with --eval-docs 0 (the tests' network's default): the archive scored no snapshot
         archive_log = net.procs.log("archive")
         assert "not scoring snapshots" in archive_log and "validation of" not in archive_log, archive_log[-2000:]
     finally:
@@ -166,8 +168,8 @@ def test_kill9_frees_the_path_and_another_peer_takes_it_within_the_lease(procs, 
     prepare(default_corpus(), tmp_path / "data-1x2", levels=1, modules=2, tokenizer="bytes")
     data = Dataset(tmp_path / "data-1x2")
     lease = 6.0
-    net = Network(procs, tmp_path, data.dir, data.manifest_hash, lease_timeout=lease,
-                  extra_toml="[lattice]\nlevels = 1\nmodules_per_level = 2\n")
+    net = tiny_network(procs, tmp_path, data.dir, data.manifest_hash, lease_timeout=lease,
+                  lattice={"levels": 1, "modules_per_level": 2})
     try:
         net.start_coordinator()
         for name in ("peer0", "peer1", "peer2"):
@@ -203,7 +205,7 @@ def test_kill9_frees_the_path_and_another_peer_takes_it_within_the_lease(procs, 
         # a machine too small for any work: one line, exit 5, and the run goes on
         import subprocess
 
-        from helpers import hivepath_cmd
+        from peer.localnet import hivepath_cmd
 
         r = subprocess.run(hivepath_cmd("peer", "join", "--work-dir", str(tmp_path / "tiny"), "--max-memory", "0.000001",
                                         "--measure-seconds", "0.3", *net.common()),
@@ -220,7 +222,7 @@ def test_kill9_frees_the_path_and_another_peer_takes_it_within_the_lease(procs, 
 def test_cli_errors_are_one_line_with_exit_codes(tmp_path, dataset):
     import subprocess
 
-    from helpers import free_port, hivepath_cmd
+    from peer.localnet import free_port, hivepath_cmd
 
     def run(*args, env=None):
         import os
@@ -247,10 +249,10 @@ def test_cli_errors_are_one_line_with_exit_codes(tmp_path, dataset):
 def test_wrong_token_incompatible_data_and_identity_in_use(procs, tmp_path, dataset):
     import subprocess
 
-    from helpers import hivepath_cmd
+    from peer.localnet import hivepath_cmd
     from peer.network import load_or_create_identity
 
-    net = Network(procs, tmp_path, dataset.dir, "ab" * 8)  # the run pins another dataset
+    net = tiny_network(procs, tmp_path, dataset.dir, "ab" * 8)  # the run pins another dataset
     try:
         net.start_coordinator()
         base = ["peer", "join", "--coordinator", net.address, "--work-dir", str(tmp_path / "w"),
@@ -275,7 +277,7 @@ def test_wrong_token_incompatible_data_and_identity_in_use(procs, tmp_path, data
 def test_demo_short_run_writes_report(tmp_path):
     import subprocess
 
-    from helpers import hivepath_cmd
+    from peer.localnet import hivepath_cmd
 
     out = tmp_path / "demo"
     r = subprocess.run(hivepath_cmd("demo", "--peers", "2", "--minutes", "0.5", "--preset", "tiny", "--out", str(out),

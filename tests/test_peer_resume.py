@@ -10,8 +10,8 @@ import re
 import pytest
 
 from chaos.scenario import prepare_dataset
-from helpers.network import Network
-from helpers.procs import wait_for
+from helpers.network import tiny_network
+from peer.localnet import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +26,7 @@ def _embed_rounds(text: str) -> list[int]:
 
 def test_restarted_peer_resumes_from_its_own_checkpoint(procs, tmp_path):
     data = prepare_dataset(tmp_path / "data")
-    net = Network(procs, tmp_path, data.dir, data.manifest_hash, inner_steps=4)
+    net = tiny_network(procs, tmp_path, data.dir, data.manifest_hash, inner_steps=4)
     try:
         net.start_coordinator()
         net.start_peer("peer0")

@@ -9,21 +9,15 @@ import re
 
 import pytest
 
-from helpers import wait_for
-from helpers.network import Network
+from peer.localnet import wait_for
+from helpers.network import tiny_network
 from helpers.replicas import assert_identical_at_equal_rounds
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-PLANNED = """planner_codecs = "int4"
-plan_interval = 1.0
-plan_lead_rounds = 2
-max_inner_steps_factor = 1
-[lattice]
-levels = 1
-modules_per_level = 1
-"""
-"""A dense run (both peers hold every module) whose planner may only change the codec (H stays 5)."""
+PLANNED = {"planner_codecs": "int4", "plan_interval": 1.0, "plan_lead_rounds": 2, "max_inner_steps_factor": 1}
+"""The ``[coordinator]`` table of a dense run (both peers hold every module) whose planner may only change the
+codec (H stays 5)."""
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +31,8 @@ def dataset(tmp_path_factory):
 
 
 def test_two_peers_switch_codec_at_the_planned_round_and_stay_identical(procs, tmp_path, dataset):
-    net = Network(procs, tmp_path / "net", dataset.dir, dataset.manifest_hash, inner_steps=5, extra_toml=PLANNED,
-                  outer_extra='entropy = "none"')
+    net = tiny_network(procs, tmp_path / "net", dataset.dir, dataset.manifest_hash, inner_steps=5, coordinator=PLANNED,
+                  lattice={"levels": 1, "modules_per_level": 1}, outer={"entropy": "none"})
     net.start_coordinator()
     # 0.05 Mbit/s: a round's exchange of the dense run's modules takes far more than its compute
     roots = [net.start_peer(name, "--upload-mbps", "0.05") for name in ("a", "b")]

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from helpers import wait_for
+from peer.localnet import wait_for
 from helpers.averagers import loopback_holders
 from peer.averaging import BLOCK, get_codec
 from peer.averaging.matchmaking import PUSHED_KEYS, Matchmaker

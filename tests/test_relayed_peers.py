@@ -22,7 +22,7 @@ import logging
 import pytest
 import torch
 
-from helpers import wait_for
+from peer.localnet import wait_for
 from peer.network import HolderRecord, holders_key, read_records
 from peer.outer import ModuleState
 

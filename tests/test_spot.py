@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import free_port, wait_for
+from peer.localnet import free_port, wait_for
 from models.errors import ConfigError
 from peer.node.spot import (
     AwsSpotNotice,
@@ -263,10 +263,10 @@ def test_real_peer_drains_on_an_aws_notice_and_leaves(meta, procs, tmp_path):
     endpoint in-process; the notice makes it finish its round, checkpoint, tell the coordinator and exit
     0 well within the notice's 2 minutes, and the coordinator no longer counts it as active."""
     from chaos.scenario import prepare_dataset
-    from helpers.network import Network
+    from helpers.network import tiny_network
 
     data = prepare_dataset(tmp_path / "data")
-    net = Network(procs, tmp_path, data.dir, data.manifest_hash, inner_steps=4)
+    net = tiny_network(procs, tmp_path, data.dir, data.manifest_hash, inner_steps=4)
     try:
         net.start_coordinator()
         work = net.start_peer("peer0", "--spot", "aws", "--spot-url", meta.url, "--spot-poll-interval", "0.2")

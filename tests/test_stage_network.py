@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from helpers import wait_for
-from helpers.network import Network
-from helpers.replicas import forked_rounds, replica_diff
+from peer.localnet import LocalNetwork, wait_for
+from helpers.network import tiny_network
+from peer.localnet.checks import forked_rounds, replica_diff
 
 # 3-5 minutes on a loaded two-core machine (8 processes): past pytest's default hang guard of 300 s
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -34,17 +34,17 @@ def dataset(tmp_path_factory):
     return Dataset(out)
 
 
-def _roles(net: Network) -> dict[str, dict]:
+def _roles(net: LocalNetwork) -> dict[str, dict]:
     """peer id -> its row of /status.json."""
     return {p["peer_id"]: p for p in (net.status_json() or {}).get("peers", [])}
 
 
-def _last(net: Network, name: str, key: str, default=0):
+def _last(net: LocalNetwork, name: str, key: str, default=0):
     values = [p[key] for p in net.progress_lines(name) if key in p]
     return values[-1] if values else default
 
 
-def _path_rounds(net: Network, since: float, until: float) -> dict:
+def _path_rounds(net: LocalNetwork, since: float, until: float) -> dict:
     """The path peers' module rounds reported after ``since`` and before ``until`` (unix times): done,
     failed, and why each failed. A peer reports all its modules' rounds of one outer round at one time,
     so a report stamped ``since`` (the one that holds the round that started the window) is left out
@@ -60,7 +60,7 @@ def _path_rounds(net: Network, since: float, until: float) -> dict:
     return counts
 
 
-def _sharing(net: Network, small: set[str]) -> set[str]:
+def _sharing(net: LocalNetwork, small: set[str]) -> set[str]:
     """Of the ``small`` peer ids, those holding a module that a path peer holds too (from /status.json:
     every module's holders); empty until the status page lists the small peers' modules."""
     status = net.status_json() or {}
@@ -73,7 +73,7 @@ def _sharing(net: Network, small: set[str]) -> set[str]:
     return out
 
 
-def _first_joint_round(net: Network, sharing: set[str], since: float) -> float:
+def _first_joint_round(net: LocalNetwork, sharing: set[str], since: float) -> float:
     """The time by which every peer of ``sharing`` had averaged a round with a path peer since ``since``
     (0.0 until each has)."""
     first: dict[str, float] = {}
@@ -86,7 +86,7 @@ def _first_joint_round(net: Network, sharing: set[str], since: float) -> float:
 
 
 def test_small_volunteers_train_through_a_pipeline_beside_path_peers(procs, tmp_path, dataset):
-    net = Network(procs, tmp_path, dataset.dir, dataset.manifest_hash, lease_timeout=8.0)
+    net = tiny_network(procs, tmp_path, dataset.dir, dataset.manifest_hash, lease_timeout=8.0)
     try:
         net.start_coordinator()
         works = {name: net.start_peer(name) for name in ("path0", "path1")}
@@ -154,7 +154,7 @@ def test_small_volunteers_train_through_a_pipeline_beside_path_peers(procs, tmp_
         net.close()
 
 
-def _failovers(net: Network, name: str) -> list[dict]:
+def _failovers(net: LocalNetwork, name: str) -> list[dict]:
     return [e for e in net.progress_lines(name) if e.get("event") == "failover"]
 
 
@@ -164,8 +164,8 @@ def test_a_standby_server_takes_a_killed_servers_requests(procs, tmp_path, datas
     A server killed with SIGKILL costs the trainer a retry on the other server of its level (a
     ``failover`` event naming the server it went to), and the pipeline trains on with no newcomer
     and before the killed one is back."""
-    net = Network(procs, tmp_path, dataset.dir, dataset.manifest_hash, lease_timeout=8.0,
-                  extra_toml="servers_per_level = 2\n")
+    net = tiny_network(procs, tmp_path, dataset.dir, dataset.manifest_hash, lease_timeout=8.0,
+                  coordinator={"servers_per_level": 2})
     try:
         net.start_coordinator()
         names = [f"small{i}" for i in range(5)]

@@ -25,7 +25,8 @@ if str(ROOT) not in sys.path:
 import pytest  # noqa: E402
 
 try:
-    from helpers import wait_for, write_corpus
+    from helpers import write_corpus
+    from peer.localnet import wait_for
 except ImportError:  # run as a peer process, outside pytest
     wait_for = write_corpus = None
 

@@ -16,7 +16,7 @@ from protos.hivepath.peer.v1.stage_pb2 import EncodedTensor, StageReply, StageRe
 from peer.stage import StageServer, StageServerOptions
 from peer.stage import activation_codec, encode_tensor
 
-from helpers import wait_for
+from peer.localnet import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from helpers import wait_for
+from peer.localnet import wait_for
 from models.lattice import ModularLM
 from models.presets import tiny_cpu
 from peer.averaging import LocalAverager

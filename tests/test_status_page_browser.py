@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 
 from helpers.network import HISTORY_RUN_TOML
-from helpers import free_port, hivepath_cmd, wait_for
+from peer.localnet import free_port, hivepath_cmd, wait_for
 from peer.coordinator_client import CoordinatorClient, Evaluation, PeerInfo, Progress
 
 pytestmark = pytest.mark.integration

@@ -24,8 +24,9 @@ from typing import Optional, Sequence
 import psutil
 import pytest
 
-from helpers import hivepath_cmd
-from helpers.procs import ROOT, wait_for
+from peer.localnet import hivepath_cmd
+from helpers.procs import ROOT
+from peer.localnet import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -240,10 +241,10 @@ def test_killed_peer_takes_its_dht_process_and_p2p_daemon_with_it(procs, tmp_pat
     """``kill -9`` of a real ``hivepath peer join`` (no handler runs): its DHT process and p2p daemon,
     which hivemind starts without a parent-death signal, exit too (the peer's watchdog)."""
     from chaos.scenario import prepare_dataset
-    from helpers.network import Network
+    from helpers.network import tiny_network
 
     data = prepare_dataset(tmp_path / "data")
-    net = Network(procs, tmp_path, data.dir, data.manifest_hash, inner_steps=4)
+    net = tiny_network(procs, tmp_path, data.dir, data.manifest_hash, inner_steps=4)
     tmpdir = short_tmpdir
     try:
         net.start_coordinator()

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import hivepath_cmd, write_corpus
+from helpers import write_corpus
+from peer.localnet import hivepath_cmd
 from models.config import LatticeConfig, RunConfig
 from models.presets import tiny_cpu
 from models.corpus import corpus_from_paths

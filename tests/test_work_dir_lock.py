@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from helpers import wait_for
-from helpers.procs import free_port, hivepath_cmd
+from peer.localnet import wait_for
+from peer.localnet import free_port, hivepath_cmd
 from peer.node.workdir import LOCK_FILE, WorkDirInUseError, lock_work_dir
 
 

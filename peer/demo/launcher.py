@@ -15,17 +15,12 @@ starts, watches and stops them. Ctrl-C stops every process cleanly (a second Ctr
 from __future__ import annotations
 
 import logging
-import os
-import secrets
-import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from models import strict_json
 from models.config import RunConfig
 from models.errors import HivepathError
 from models.presets import PRESETS
@@ -38,6 +33,11 @@ log = logging.getLogger(__name__)
 
 START_LIMIT_S = 300.0
 """How long the demo waits for the first trained tokens before it gives up (torch loading, joining)."""
+
+COORDINATOR = {"heartbeat_interval": 2.0, "lease_timeout": 15.0, "memory_headroom": MEMORY_HEADROOM}
+"""The demo's ``[coordinator]`` table: leases of a network on one machine (a stopped peer's work goes to
+another within seconds), and the share of a peer's memory the role rules count on
+(:data:`peer.demo.roles.MEMORY_HEADROOM`)."""
 
 ARCHIVE_WAIT_S = 300.0
 """How long past ``--minutes`` the demo keeps training while the archive holds no whole path yet (a
@@ -62,18 +62,6 @@ class DemoOptions:
     extra_peer_args: list[str] = field(default_factory=list)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _hivepath() -> list[str]:
-    exe = Path(sys.executable).with_name("hivepath")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "hivepath.cli"]
-
-
-
 def run_demo(opts: DemoOptions) -> dict[str, Any]:
     """Run the demo network; returns the summary (also written to ``OUT/summary.json``)."""
     from models.checkpoint.layout import is_run_dir, resolve_snapshot
@@ -84,8 +72,8 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
         evaluate_run_dir,
         write_report,
     )
+    from peer.localnet import LocalNetwork, ProcessGroup
     from peer.node import ensure_dataset
-    from peer.node.lifetime import ChildProcesses
     from peer.node.startup import drain_signals
 
     if opts.peers < 1:
@@ -104,15 +92,10 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     dataset = ensure_dataset(cfg, data_dir, out, "")
     cfg = cfg.replace(lattice={"vocab_size": dataset.manifest["vocab_size"]}, data={"manifest_hash": dataset.manifest_hash})
     small = small_peer_memory(cfg) if opts.small_peers else None
-    token = secrets.token_hex(16)
-    (out / "token").write_text(token)
-    (out / "token").chmod(0o600)
-    run_toml = out / "run.toml"
-    run_toml.write_text(_to_toml(cfg, heartbeat_interval=2.0, lease_timeout=15.0, memory_headroom=MEMORY_HEADROOM))
-    port, http_port = _free_port(), _free_port()
-    address = f"127.0.0.1:{port}"
-    env = {"HIVEPATH_TOKEN": token, "HIVEPATH_THREADS": str(opts.threads_per_peer), "HIVEPATH_LOG_LEVEL": "INFO"}
-    procs = ChildProcesses(out / "logs")
+    procs = ProcessGroup(out / "logs")
+    # the network's run.toml, token file, state database and each peer's work directory live in OUT
+    net = LocalNetwork(procs, out, data_dir, cfg, COORDINATOR, threads=opts.threads_per_peer,
+                       env={"HIVEPATH_LOG_LEVEL": "INFO"})
     names: list[str] = []
     begun = time.monotonic()
     stopped_by: Optional[str] = None  # what ended the run early: "SIGTERM received after 12.3 s"
@@ -131,23 +114,18 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
         lines = PeerLines()
         monitor = DemoMonitor(cfg, live=opts.live, lines=lines, interval=settings.read("HIVEPATH_PROGRESS_INTERVAL"))
         try:
-            procs.start("coordinator", [*_hivepath(), "coordinator", "serve", "--run-config", str(run_toml), "--db",
-                                        str(out / "coordinator.db"), "--host", "127.0.0.1", "--port", str(port),
-                                        "--http-port", str(http_port)], {**os.environ, **env})
-            client = CoordinatorClient(address, token, retry_timeout=30.0, expect_starting=True)
+            net.start_coordinator(timeout=START_LIMIT_S)
+            client = CoordinatorClient(net.address, net.token, retry_timeout=30.0, expect_starting=True)
             client.status()
-            common = ["--coordinator", address, "--data", str(data_dir), "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
-                      "--progress", "json", "--status-port", "0"]  # many peers on one host: no local status pages
-            procs.start("archive", [*_hivepath(), "archive", "--dir", str(out / "archive"), "--identity",
-                                    str(out / "archive.key"), *common], {**os.environ, **env})
+            net.start_archive("archive", eval_docs=None,
+                              extra=["--identity", str(out / "archive.key"), "--progress", "json"])
             names.append("archive")
             small_args = [] if small is None else ["--max-memory", f"{small.max_memory_gb:g}"]
             peers = [(f"peer{i}", []) for i in range(opts.peers)]
             peers += [(f"small{i}", small_args) for i in range(opts.small_peers)]
             for name, extra in peers:
                 lines.watch(name, out / "logs" / f"{name}.log")
-                procs.start(name, [*_hivepath(), "peer", "join", "--work-dir", str(out / name), *common, *extra,
-                                   *opts.extra_peer_args], {**os.environ, **env})
+                net.start_peer(name, *extra, *opts.extra_peer_args)
                 names.append(name)
             if small is not None:
                 log.info("small peers: --max-memory %g GB (%.0f%% usable) fits a stage (%d bytes) and a trainer "
@@ -169,7 +147,7 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
                             waiting_archive = True
                     if monitor.bpb_before is None and before.done():
                         monitor.bpb_before = before.result()
-                    monitor.poll(client, procs.procs, http_port)
+                    monitor.poll(client, procs.procs, net.http_port)
                     if deadline is None and monitor.history and monitor.history[-1]["tokens"] > 0:
                         deadline = time.monotonic() + opts.minutes * 60
                     if deadline is None and time.monotonic() - started > START_LIMIT_S:
@@ -181,7 +159,7 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
                     time.sleep(1.0)
             peer_names = [n for n in names if n != "archive"]
             codes = procs.stop(peer_names, timeout=60)
-            monitor.poll(client, procs.procs, http_port)
+            monitor.poll(client, procs.procs, net.http_port)
             codes.update(procs.stop(["archive"], timeout=30))
             client.close()
         finally:
@@ -254,15 +232,3 @@ class _Background:
         if "error" in self._out:
             raise self._out["error"]
         return self._out["value"]
-
-
-def _to_toml(cfg: RunConfig, **coordinator: float) -> str:
-    lines = [f'run_id = "{cfg.run_id}"', f"seed = {cfg.seed}"]
-    for section, values in cfg.to_dict().items():
-        if isinstance(values, dict):
-            lines.append(f"\n[{section}]")
-            for k, v in values.items():
-                lines.append(f"{k} = {strict_json.dumps(v)}")
-    lines.append("\n[coordinator]")
-    lines += [f"{k} = {v}" for k, v in coordinator.items()]
-    return "\n".join(lines) + "\n"

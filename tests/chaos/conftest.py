@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from chaos.nsnet import CHAOS_PREFIX, CHAOS_SUBNET
+from chaos.scenario import CHAOS_PREFIX, CHAOS_SUBNET
 
 
 @pytest.fixture
 def bridge():
     """Four namespaces ``hpc-p0..3`` (coordinator in 0, peers in 1-3), 100 Mbit/s links."""
-    from bench.netns import NetnsBridge, netns_available
+    from peer.localnet.netns import NetnsBridge, netns_available
 
     why = netns_available()
     if why:

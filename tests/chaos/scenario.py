@@ -1,20 +1,23 @@
-"""What the chaos scenarios share: the datasets, waiting on a peer's rounds, and the end-of-run
-invariants asserted together (see :mod:`chaos.invariants`)."""
+"""What the chaos scenarios share: the datasets and the end-of-run invariants asserted together (see
+:mod:`peer.localnet.checks`)."""
 
 from __future__ import annotations
 
 import logging
 import math
-import re
 from pathlib import Path
 from typing import Iterable, Optional
 
-from chaos.fault import peer_round
-from helpers import wait_for
-from chaos.invariants import (acknowledged_rounds, held_rounds, loss_thirds, replica_check, round_gaps, rounds_lost,
-                              stop_all)
+from peer.localnet import wait_for
+from peer.localnet.checks import (acknowledged_rounds, held_rounds, loss_thirds, replica_check, round_gaps, round_story,
+                                  rounds_lost, stop_all)
+from peer.localnet.faults import peer_round
 
-__all__ = ["prepare_dataset", "round_since", "settled", "finish_and_check"]
+__all__ = ["CHAOS_PREFIX", "CHAOS_SUBNET", "prepare_dataset", "finish_and_check"]
+
+CHAOS_PREFIX = "hpc"
+"""Namespace names ``hpc-p0``...: distinct from the benchmarks' so both can run at once."""
+CHAOS_SUBNET = "10.78.0"
 
 log = logging.getLogger(__name__)
 
@@ -26,47 +29,10 @@ def prepare_dataset(out: Path, levels: int = 2, modules: int = 2):
     return prepared(out, levels, modules, "bytes")
 
 
-def round_since(net, name: str, since: float) -> int:
-    """The highest round ``name`` reported in progress lines written after unix time ``since``."""
-    return max((p.get("round_no") or 0 for p in net.progress_lines(name) if p.get("time", 0) > since), default=0)
-
-
-def settled(net, names: Iterable[str], rounds: int = 3) -> bool:
-    """The network has formed: every peer finished ``rounds`` rounds and its last two rounds averaged
-    ``embed`` (held by every path) with all the peers, with no fork left. Peers join seconds apart, so
-    the first ones train in smaller groups and the later ones fork from them at the same round numbers
-    until the majority's state wins (``peer.averaging.matchmaking``); those start-up rounds are history, and a
-    scenario's faults and identity checks start after them."""
-    names = list(names)
-    everyone = re.compile(rf"embed r\d+ averaged by {len(names)}\b")
-    for name in names:
-        lines = [l for l in net.procs.log(name).splitlines() if "peer.node.trainer: round " in l]
-        if len(lines) < rounds or not all(everyone.search(l) and "forked" not in l for l in lines[-2:]):
-            return False
-    return True
-
-
 MIN_LOSS_READINGS = 9
 """Loss readings a peer must have printed before "its loss fell" is judged: the first and last thirds
 are then means of at least three readings each, not single noisy ones (a peer killed and restarted
 twice can reach the end of a scenario having printed only three)."""
-
-
-def round_story(net, names: Iterable[str], mismatches: list[str], limit: int = 60) -> str:
-    """What each process logged about the (module, round)s of ``mismatches`` (``head round 11: ...``)
-    and the rounds next to them, and when it was told to stop: how a fork came about, in a CI log."""
-    import re
-
-    wanted = {(m, int(r)) for m, r in re.findall(r"^(\w+) round (\d+):", "\n".join(mismatches), re.M)}
-    marks = [f" {m} r{r}" for mid, rr in wanted for m, r in ((mid, rr - 1), (mid, rr), (mid, rr + 1))]
-    marks += [f"_{m}_r{r}_" for m, r in wanted] + [f"module {m} round {r}" for m, r in wanted]
-    marks += [f"fetched {m} at round" for m, _ in wanted] + [f"module {m}:" for m, _ in wanted] + ["stopping:"]
-    out = []
-    for name in names:
-        lines = [line[:400] for line in net.procs.log(name).splitlines() if any(k in line for k in marks)]
-        if lines:
-            out.append(f"----- {name}\n" + "\n".join(lines[-limit:]))
-    return ("\nwhat the processes logged about those rounds:\n" + "\n".join(out)) if out else ""
 
 
 def _first_loss_time(lines: list[dict]) -> float:

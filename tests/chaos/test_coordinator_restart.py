@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import pytest
 
-from chaos.fault import FaultInjector, rounds_done
-from chaos.invariants import acknowledged_rounds
-from chaos.scenario import finish_and_check, prepare_dataset, settled
-from helpers.network import Network
+from peer.localnet.faults import FaultInjector, rounds_done
+from peer.localnet.checks import acknowledged_rounds
+from chaos.scenario import finish_and_check, prepare_dataset
+from peer.localnet.checks import settled
+from helpers.network import tiny_network
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +26,7 @@ def live_peers(net) -> set[str]:
 
 def test_coordinator_kill9_and_restart_on_the_same_db(procs, tmp_path):
     data = prepare_dataset(tmp_path / "data")
-    net = Network(procs, tmp_path, data.dir, data.manifest_hash, inner_steps=8, lease_timeout=8.0)
+    net = tiny_network(procs, tmp_path, data.dir, data.manifest_hash, inner_steps=8, lease_timeout=8.0)
     inj = FaultInjector(net)
     names = ["peer0", "peer1", "peer2"]
     try:

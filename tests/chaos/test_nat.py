@@ -26,10 +26,12 @@ import sys
 
 import pytest
 
-from chaos.invariants import acknowledged_rounds, module_results, replica_check, stop_all
-from chaos.nsnet import CHAOS_PREFIX, CHAOS_SUBNET, NsNetwork
-from chaos.scenario import prepare_dataset, settled
-from helpers import wait_for
+from peer.localnet.checks import acknowledged_rounds, module_results, replica_check, stop_all
+from chaos.scenario import CHAOS_PREFIX, CHAOS_SUBNET
+from helpers.network import tiny_network
+from chaos.scenario import prepare_dataset
+from peer.localnet.checks import settled
+from peer.localnet import wait_for
 from helpers.procs import ROOT
 
 pytestmark = pytest.mark.integration
@@ -39,7 +41,7 @@ pytestmark = pytest.mark.integration
 def nat_bridge():
     """Namespaces ``hpc-p0..3``: the coordinator in 0, a public peer in 1, and in 2 and 3 a router
     with a peer behind it (``hpc-h2``, ``hpc-h3``)."""
-    from bench.netns import NetnsBridge, netns_available
+    from peer.localnet.netns import NetnsBridge, netns_available
 
     why = netns_available()
     if why:
@@ -50,7 +52,7 @@ def nat_bridge():
 
 def test_the_coordinator_finds_who_is_behind_nat_and_each_peer_says_so(procs, tmp_path, nat_bridge):
     data = prepare_dataset(tmp_path / "data")
-    net = NsNetwork(procs, tmp_path, data.dir, data.manifest_hash, nat_bridge, inner_steps=4)
+    net = tiny_network(procs, tmp_path, data.dir, data.manifest_hash, bridge=nat_bridge, inner_steps=4)
     net.start_coordinator()
     # the NATed peer first: no reachable peer is there yet to relay for it
     net.start_peer_in("natted", 2)
@@ -113,7 +115,7 @@ def _rows(net) -> dict[str, dict]:
 def nat_homes():
     """Namespaces ``hpc-p0..4``: the coordinator in 0, a public peer in 1, and in 2, 3 and 4 a router
     with a peer behind it."""
-    from bench.netns import NetnsBridge, netns_available
+    from peer.localnet.netns import NetnsBridge, netns_available
 
     why = netns_available()
     if why:
@@ -129,7 +131,7 @@ def test_natted_peers_average_through_a_relay_with_the_public_one_and_each_other
     """1 public + 3 NATed peers on the 2x2 lattice: the public peer takes the first path, the NATed ones
     the other three, so two level modules are held by NATed peers alone."""
     data = prepare_dataset(tmp_path / "data")
-    net = NsNetwork(procs, tmp_path, data.dir, data.manifest_hash, nat_homes, inner_steps=4)
+    net = tiny_network(procs, tmp_path, data.dir, data.manifest_hash, bridge=nat_homes, inner_steps=4)
     net.start_coordinator()
     works = {"public": net.start_peer_in("public", 1)}
     wait_for(lambda: (net.status() or {}).get("peers"), 120, "the public peer to join")
@@ -186,7 +188,7 @@ def _ids(net, names: list[str]) -> dict[str, str] | None:
 def two_relays():
     """Namespaces ``hpc-p0..4``: the coordinator in 0, public peers in 1 and 2, and in 3 and 4 a
     router with a peer behind it."""
-    from bench.netns import NetnsBridge, netns_available
+    from peer.localnet.netns import NetnsBridge, netns_available
 
     why = netns_available()
     if why:
@@ -201,7 +203,7 @@ def test_a_relay_killed_leaves_the_natted_peers_averaging_through_the_other(proc
     found through leaves both NATed peers averaging, with each other and with the surviving public
     peer, through the other relay; replicas stay identical."""
     data = prepare_dataset(tmp_path / "data")
-    net = NsNetwork(procs, tmp_path, data.dir, data.manifest_hash, two_relays, inner_steps=4)
+    net = tiny_network(procs, tmp_path, data.dir, data.manifest_hash, bridge=two_relays, inner_steps=4)
     net.start_coordinator()
     works = {"pubA": net.start_peer_in("pubA", 1), "pubB": net.start_peer_in("pubB", 2)}
     wait_for(lambda: len((net.status() or {}).get("peers", [])) == 2, 120, "the public peers to join")
@@ -236,7 +238,7 @@ def test_two_peers_behind_the_same_nat_both_take_part(procs, tmp_path, nat_bridg
     peer: the coordinator finds both behind NAT and relays both through the public peer; both train,
     average with the public peer and each other, their tokens are counted, and replicas stay identical."""
     data = prepare_dataset(tmp_path / "data")
-    net = NsNetwork(procs, tmp_path, data.dir, data.manifest_hash, nat_bridge, inner_steps=4)
+    net = tiny_network(procs, tmp_path, data.dir, data.manifest_hash, bridge=nat_bridge, inner_steps=4)
     net.start_coordinator()
     works = {"public": net.start_peer_in("public", 1)}
     wait_for(lambda: (net.status() or {}).get("peers"), 120, "the public peer to join")

@@ -14,20 +14,21 @@ import time
 
 import pytest
 
-from chaos.fault import FaultInjector, rounds_done
-from chaos.invariants import first_identical_round, held_rounds
-from chaos.nsnet import NsNetwork
-from chaos.scenario import finish_and_check, prepare_dataset, settled
+from peer.localnet.faults import FaultInjector, rounds_done
+from peer.localnet.checks import first_identical_round, held_rounds
+from helpers.network import tiny_network
+from chaos.scenario import finish_and_check, prepare_dataset
+from peer.localnet.checks import settled
 
 pytestmark = [pytest.mark.integration, pytest.mark.netns]
 
-DENSE = "[lattice]\nlevels = 1\nmodules_per_level = 1\n"
+DENSE = {"levels": 1, "modules_per_level": 1}
 
 
 def test_partition_heals_and_replicas_reconverge(procs, tmp_path, bridge):
     data = prepare_dataset(tmp_path / "data", levels=1, modules=1)
-    net = NsNetwork(procs, tmp_path, data.dir, data.manifest_hash, bridge, inner_steps=8, lease_timeout=8.0,
-                    extra_toml=DENSE)
+    net = tiny_network(procs, tmp_path, data.dir, data.manifest_hash, bridge=bridge, inner_steps=8, lease_timeout=8.0,
+                    lattice=DENSE)
     inj = FaultInjector(net, bridge)
     names = ["peer0", "peer1", "peer2"]
     try:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from chaos.fault import FaultInjector, rounds_done
-from chaos.invariants import acknowledged_rounds
-from chaos.scenario import finish_and_check, prepare_dataset, settled
-from helpers.network import Network
+from peer.localnet.faults import FaultInjector, rounds_done
+from peer.localnet.checks import acknowledged_rounds
+from chaos.scenario import finish_and_check, prepare_dataset
+from peer.localnet.checks import settled
+from helpers.network import tiny_network
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.integration
 @pytest.mark.slow  # the default run's kill -9 and bit-identical return: test_peer_network's kill9 test
 def test_peer_killed_and_restarted_twice(procs, tmp_path):
     data = prepare_dataset(tmp_path / "data")
-    net = Network(procs, tmp_path, data.dir, data.manifest_hash, inner_steps=8, lease_timeout=6.0)
+    net = tiny_network(procs, tmp_path, data.dir, data.manifest_hash, inner_steps=8, lease_timeout=6.0)
     inj = FaultInjector(net)
     names = ["peer0", "peer1", "peer2"]
     try:

@@ -15,16 +15,17 @@ import time
 
 import pytest
 
-from chaos.fault import FaultInjector, rounds_done
-from chaos.invariants import acknowledged_rounds
-from chaos.nsnet import NsNetwork
-from chaos.scenario import finish_and_check, prepare_dataset, settled
+from peer.localnet.faults import FaultInjector, rounds_done
+from peer.localnet.checks import acknowledged_rounds
+from helpers.network import tiny_network
+from chaos.scenario import finish_and_check, prepare_dataset
+from peer.localnet.checks import settled
 
 pytestmark = [pytest.mark.integration, pytest.mark.netns]
 
-DENSE = "[lattice]\nlevels = 1\nmodules_per_level = 1\n"
+DENSE = {"levels": 1, "modules_per_level": 1}
 ROUND_TIMEOUT = 12.0
-"""The tiny run's round deadline (``helpers.network.TINY_RUN``)."""
+"""The tiny run's round deadline (``helpers.network.tiny_network``'s)."""
 INNER_SLACK = 8.0
 """Seconds allowed for a round's 8 inner steps and its checkpoint on this busy 2-core machine."""
 
@@ -35,8 +36,8 @@ def round_lines(net, name: str) -> list[str]:
 
 def test_slow_link_nobody_waits_for_it(procs, tmp_path, bridge):
     data = prepare_dataset(tmp_path / "data", levels=1, modules=1)
-    net = NsNetwork(procs, tmp_path, data.dir, data.manifest_hash, bridge, inner_steps=8, lease_timeout=8.0,
-                    extra_toml=DENSE)
+    net = tiny_network(procs, tmp_path, data.dir, data.manifest_hash, bridge=bridge, inner_steps=8, lease_timeout=8.0,
+                    lattice=DENSE)
     inj = FaultInjector(net, bridge)
     names = ["peer0", "peer1", "peer2"]
     try:

@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from dockerctl import http_json
-from helpers import wait_for
+from peer.localnet import wait_for
 from peer.coordinator_client import CoordinatorClient, PeerInfo, Progress
 
 TOKEN = "docker-coordinator-token"

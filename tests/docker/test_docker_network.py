@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from dockerctl import ROOT, http_json
-from helpers import wait_for
+from peer.localnet import wait_for
 
 TOKEN = "docker-network-token"
 DRAIN_TIMEOUT = 15.0

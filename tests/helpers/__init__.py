@@ -1,7 +1,7 @@
-"""Shared helpers for multi-process tests: waiting on conditions with deadlines, ports, and
-child processes that are always reaped (see ``tests/conftest.py``'s ``procs`` fixture)."""
+"""Shared helpers for tests: a generated corpus, the tests' local network (``helpers.network``) and
+the repository's root (``helpers.procs``). Processes are started and reaped with :mod:`peer.localnet`
+(see ``tests/conftest.py``'s ``procs`` fixture)."""
 
 from helpers.corpus import write_corpus
-from helpers.procs import ProcessGroup, free_port, hivepath_cmd, wait_for
 
-__all__ = ["ProcessGroup", "free_port", "hivepath_cmd", "wait_for", "write_corpus"]
+__all__ = ["write_corpus"]

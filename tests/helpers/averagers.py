@@ -5,7 +5,7 @@ from __future__ import annotations
 from contextlib import ExitStack, contextmanager
 from typing import Iterator, Optional, Sequence
 
-from helpers.procs import wait_for
+from peer.localnet import wait_for
 
 HOST = ["/ip4/127.0.0.1/tcp/0"]
 

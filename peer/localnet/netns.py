@@ -1,4 +1,5 @@
-"""Network namespaces for benchmarks: N peers joined through a Linux bridge, egress rate-limited.
+"""Network namespaces for a local network with real links: N participants joined through a Linux
+bridge, egress rate-limited (the benchmarks and the tests across hosts use it).
 
 Layout (needs root and ``iproute2``)::
 
@@ -201,7 +202,7 @@ def sample_tx(path: str, interface: str = "eth0", interval: float = SAMPLE_INTER
     """Read ``interface``'s sent-bytes counter every ``interval`` seconds until SIGTERM or SIGINT,
     then write the readings to ``path``, one ``monotonic_seconds bytes`` line each. The clock is
     ``time.monotonic()``, one clock for every namespace of the host, as the benchmark peers' own
-    marks are. Run beside a peer in its namespace (``python -m bench.netns --sample-tx PATH``): its
+    marks are. Run beside a peer in its namespace (``python -m peer.localnet.netns --sample-tx PATH``): its
     CPU is not the peer's, and the counter is what the ``tbf`` let out, so the readings show when
     the peer's link carried bytes and when it idled. Prints ``sampling`` once it read the counter."""
     stop = []

@@ -1,9 +1,9 @@
-"""A small fault injector for the chaos suite: real processes, faults at chosen moments.
+"""A fault injector for a local network: real processes, faults at chosen moments.
 
 Every fault fires when a *condition* holds (a peer reached a round, a log line appeared), never after
 a sleep, and is recorded as a :class:`FaultEvent` with wall-clock timestamps, so a scenario's report
-says what fired and when. The injector drives a :class:`helpers.network.Network` (or the namespaced
-:class:`chaos.nsnet.NsNetwork`): ``kill -9`` and restart of a peer or of the coordinator, a network
+says what fired and when. The injector drives a :class:`peer.localnet.LocalNetwork` (on loopback or in
+namespaces): ``kill -9`` and restart of a peer or of the coordinator, a network
 partition of a namespace (its link down, then up) and a throttled link (``tbf`` rate changed).
 """
 
@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
-from helpers.procs import wait_for
+from peer.localnet.procs import wait_for
 
 __all__ = ["FaultEvent", "FaultInjector", "peer_round", "rounds_done", "round_reached", "log_seen"]
 
@@ -63,8 +63,8 @@ def log_seen(net, name: str, text: str, count: int = 1) -> Callable[[], bool]:
 class FaultInjector:
     """Inject faults into a running network and keep a timeline of them.
 
-    ``net`` is a :class:`helpers.network.Network`; faults on namespaces need ``bridge`` (a
-    :class:`bench.netns.NetnsBridge`). Process names follow the network's (``peer0``, ...); a
+    ``net`` is a :class:`peer.localnet.LocalNetwork`; faults on namespaces need ``bridge`` (a
+    :class:`peer.localnet.netns.NetnsBridge`). Process names follow the network's (``peer0``, ...); a
     restarted process keeps its name, its work directory and its identity, and its log goes on in the
     same file.
     """

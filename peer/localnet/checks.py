@@ -1,4 +1,6 @@
-"""Invariants every chaos scenario checks at its end.
+"""What a run of a local network is checked against, read from the files its processes wrote.
+
+The invariants every chaos scenario checks at its end:
 
 - **Replicas identical**: any two snapshots of one module at one round -- across every peer's
   checkpoint directory and the archive's -- are bit-identical (weights and outer momentum).
@@ -15,8 +17,9 @@ Everything reads what the real processes wrote: checkpoint directories and progr
 from __future__ import annotations
 
 import json
-import re
 import logging
+import math
+import re
 import signal
 import subprocess
 import time
@@ -26,12 +29,12 @@ from typing import Iterable, Optional
 
 import torch
 
-from helpers.network import loss_thirds  # noqa: F401 (re-exported: the scenarios and bench.chaos read it here)
 from peer.node import CheckpointDir
 
-__all__ = ["ReplicaCheck", "replica_check", "acknowledged_rounds", "held_rounds", "rounds_lost",
-           "first_identical_round", "stop_all", "loss_thirds", "round_gaps", "round_waits", "module_rounds_in",
-           "first_merged_rounds", "module_results"]
+__all__ = ["FORK", "FORK_OTHER", "ReplicaCheck", "acknowledged_rounds", "first_identical_round", "first_loss",
+           "first_merged_rounds", "forked_rounds", "held_rounds", "loss_thirds", "module_results", "module_rounds_in",
+           "replica_check", "replica_diff", "round_gaps", "round_since", "round_story", "round_waits", "rounds_lost",
+           "settled", "snapshots_by_round", "stop_all"]
 
 log = logging.getLogger(__name__)
 
@@ -272,3 +275,120 @@ def round_gaps(log_text: str) -> list[float]:
             gaps.append(float((t - last) % 86400))
         last = t
     return gaps
+
+
+# -- replicas compared ------------------------------------------------------------------------
+
+def snapshots_by_round(root: Path) -> dict[str, dict[int, dict[str, torch.Tensor]]]:
+    """module id -> round -> tensors (weights and momentum) over every snapshot under ``root``."""
+    out: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+    ckpt = CheckpointDir(root)
+    for path in ckpt.snapshots():
+        snap = ckpt.load(path)
+        for mid, round_no in snap.meta["rounds"].items():
+            tensors = {**snap.groups[f"modules/{mid}"], **{f"outer.{k}": v for k, v in snap.groups[f"outer/{mid}"].items()}}
+            out.setdefault(mid, {})[int(round_no)] = tensors
+    return out
+
+
+FORK = re.compile(r"_(\w+?)_r(\d+)_group: holders .* hold another state at this round \(a fork\)")
+"""The kept side's line of a fork (``peer.averaging.matchmaking``)."""
+FORK_OTHER = re.compile(r"module (\w+) round (\d+): no group \(forked: ")
+"""The other side's line (``peer.averaging.net_averager``): a kept side that declared first need not see it."""
+
+
+def forked_rounds(logs: list[str]) -> dict[str, int]:
+    """The last round of each module at which its holders held two states, from the peers' logs. Peers
+    that start seconds apart average in smaller groups first and meet as a fork; the majority's state
+    is kept and the others re-sync to it (``peer.averaging.matchmaking``), so snapshots at those rounds
+    differ by design, and every later round must not."""
+    last: dict[str, int] = {}
+    for text in logs:
+        for mid, r in FORK.findall(text) + FORK_OTHER.findall(text):
+            last[mid] = max(last.get(mid, 0), int(r))
+    return last
+
+
+def replica_diff(roots: list[Path], forked: Optional[dict[str, int]] = None) -> tuple[int, float, str]:
+    """Over every pair of snapshots of the same module at the same round under ``roots`` (except at
+    rounds up to a start-up fork of that module, ``forked``: :func:`forked_rounds`): the number of pairs
+    compared, the largest absolute difference, and the first differing pair named ('' if none)."""
+    forked = forked or {}
+    views = [snapshots_by_round(r) for r in roots]
+    pairs, diff, first = 0, 0.0, ""
+    for i in range(len(views)):
+        for j in range(i + 1, len(views)):
+            for mid in set(views[i]) & set(views[j]):
+                for r in sorted(set(views[i][mid]) & set(views[j][mid])):
+                    if r == 0 or r <= forked.get(mid, 0):
+                        continue
+                    a, b = views[i][mid][r], views[j][mid][r]
+                    if a.keys() != b.keys():
+                        raise AssertionError(f"{mid} round {r}: {roots[i]} and {roots[j]} hold different tensors")
+                    for k in a:
+                        if torch.equal(a[k], b[k]):
+                            continue
+                        d = float((a[k].float() - b[k].float()).abs().max()) if a[k].shape == b[k].shape else math.inf
+                        diff = max(diff, d if d > 0 else math.inf)  # NaN: a difference too
+                        first = first or f"{mid} round {r} differs in {k} between {roots[i]} and {roots[j]}"
+                    pairs += 1
+    return pairs, diff, first
+
+
+# -- progress read back ----------------------------------------------------------------------
+
+def _losses(lines: list[dict]) -> list[float]:
+    """The loss readings of progress lines, in time order."""
+    return [p["loss"] for p in sorted(lines, key=lambda p: p.get("time", 0)) if p.get("loss") is not None]
+
+
+def first_loss(lines: list[dict]) -> float:
+    """The first loss reading of progress lines (NaN without one)."""
+    losses = _losses(lines)
+    return losses[0] if losses else float("nan")
+
+
+def loss_thirds(lines: list[dict]) -> tuple[float, float, int]:
+    """``(mean loss of the first third, of the last third, number of readings)`` of progress lines."""
+    losses = _losses(lines)
+    if len(losses) < 3:
+        return float("nan"), float("nan"), len(losses)
+    k = len(losses) // 3
+    return sum(losses[:k]) / k, sum(losses[-k:]) / k, len(losses)
+
+
+def round_since(net, name: str, since: float) -> int:
+    """The highest round ``name`` reported in progress lines written after unix time ``since``."""
+    return max((p.get("round_no") or 0 for p in net.progress_lines(name) if p.get("time", 0) > since), default=0)
+
+
+def settled(net, names: Iterable[str], rounds: int = 3) -> bool:
+    """The network has formed: every peer finished ``rounds`` rounds and its last two rounds averaged
+    ``embed`` (held by every path) with all the peers, with no fork left. Peers join seconds apart, so
+    the first ones train in smaller groups and the later ones fork from them at the same round numbers
+    until the majority's state wins (``peer.averaging.matchmaking``); those start-up rounds are history, and a
+    scenario's faults and identity checks start after them."""
+    names = list(names)
+    everyone = re.compile(rf"embed r\d+ averaged by {len(names)}\b")
+    for name in names:
+        lines = [l for l in net.procs.log(name).splitlines() if "peer.node.trainer: round " in l]
+        if len(lines) < rounds or not all(everyone.search(l) and "forked" not in l for l in lines[-2:]):
+            return False
+    return True
+
+
+def round_story(net, names: Iterable[str], mismatches: list[str], limit: int = 60) -> str:
+    """What each process logged about the (module, round)s of ``mismatches`` (``head round 11: ...``)
+    and the rounds next to them, and when it was told to stop: how a fork came about, in a CI log."""
+    import re
+
+    wanted = {(m, int(r)) for m, r in re.findall(r"^(\w+) round (\d+):", "\n".join(mismatches), re.M)}
+    marks = [f" {m} r{r}" for mid, rr in wanted for m, r in ((mid, rr - 1), (mid, rr), (mid, rr + 1))]
+    marks += [f"_{m}_r{r}_" for m, r in wanted] + [f"module {m} round {r}" for m, r in wanted]
+    marks += [f"fetched {m} at round" for m, _ in wanted] + [f"module {m}:" for m, _ in wanted] + ["stopping:"]
+    out = []
+    for name in names:
+        lines = [line[:400] for line in net.procs.log(name).splitlines() if any(k in line for k in marks)]
+        if lines:
+            out.append(f"----- {name}\n" + "\n".join(lines[-limit:]))
+    return ("\nwhat the processes logged about those rounds:\n" + "\n".join(out)) if out else ""
