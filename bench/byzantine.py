@@ -47,6 +47,7 @@ MEASURES = (
     "bench/byzantine.py",
     "models",
     "peer/averaging",
+    "peer/compression",
     "peer/simulator",
     "peer/outer",
     "peer/diloco",

@@ -17,12 +17,14 @@ import torch
 from bench.common import emit, run_main
 from models.codec_spec import CODECS
 from models.presets import tiny_cpu
-from peer.averaging import ErrorFeedback, flatten, get_codec
+from peer.averaging import flatten
+from peer.compression import ErrorFeedback, get_codec
 
 MEASURES = (
     "bench/codecs.py",
     "models",
     "peer/averaging",
+    "peer/compression",
 )
 """The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
 when any of it changed after the commit a result records."""

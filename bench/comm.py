@@ -28,7 +28,7 @@ Keys (``bench/results/comm.json``):
   its averager process included) on the same set-up in the same run, trigger to result.
   ``cpu_ratio_vs_hivemind``: int8's and int4's over hivemind's (target <= 0.5).
 - ``cpu_breakdown_seconds``: per codec, that CPU by phase (mean over peers): ``encode``, ``entropy``,
-  ``decode``, ``reduce``, ``copy`` (:mod:`peer.averaging.phases`), ``io_loop`` (the averager's
+  ``decode``, ``reduce``, ``copy`` (:mod:`peer.compression.phases`), ``io_loop`` (the averager's
   event-loop thread: streams to the p2p daemon, framing, asyncio), ``other_python`` (the rest of the
   process), ``daemon`` (``p2pd``), ``dht_process``, with ``python_system`` (the kernel's share) and
   ``minor_page_faults``.
@@ -98,6 +98,7 @@ MEASURES = (
     "bench/tcp_ceiling.py",
     "models",
     "peer/averaging",
+    "peer/compression",
     "peer/network",
     "protos",
 )
@@ -150,11 +151,11 @@ def _thread_cpu_seconds(native_id: Optional[int]) -> float:
 
 def _snapshot(loop_thread: Optional[int], rescan: bool = True) -> dict:
     """Everything a round's CPU breakdown is computed from: this process (and its loop thread), its
-    children by name, the averager's phase counters (:mod:`peer.averaging.phases`), page faults.
+    children by name, the averager's phase counters (:mod:`peer.compression.phases`), page faults.
     ``rescan``: as :func:`_cpu_seconds`'s (False in the event loop)."""
     import resource
 
-    from peer.averaging.phases import snapshot
+    from peer.compression.phases import snapshot
 
     cpu, system, children = _cpu_seconds(rescan)
     return dict(cpu=cpu, system=system, children=children, phases=snapshot(), loop=_thread_cpu_seconds(loop_thread),
@@ -191,7 +192,8 @@ def run_peer(args: argparse.Namespace) -> None:
     """One peer inside its namespace: join, average once per codec, write timings and the averages."""
     import torch
 
-    from peer.averaging import NetAverager, get_codec
+    from peer.averaging import NetAverager
+    from peer.compression import get_codec
     from peer.network import (
         DHTOptions,
         HolderRecord,

@@ -66,6 +66,7 @@ MEASURES = (
     "models",
     "peer/diloco",
     "peer/averaging",
+    "peer/compression",
     "peer/outer",
     "peer/node/fresh_start.py",
 )

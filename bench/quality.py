@@ -42,6 +42,7 @@ MEASURES = (
     "bench/quality_sweeps.py",
     "models",
     "peer/averaging",
+    "peer/compression",
     "peer/diloco",
     "peer/outer",
     "peer/simulator",

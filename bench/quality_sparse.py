@@ -1,7 +1,7 @@
 """The sparse points of the quality sweeps: top-k pseudo-gradients at short horizons.
 
 :func:`run_sparse` trains DiLoCo on the dense model with a sparse codec (``topk{K}b{B}``,
-:mod:`peer.averaging.sparse`: per-chunk top-k, 2 or 4 bits, error feedback decayed by 0.95) and,
+:mod:`peer.compression.sparse`: per-chunk top-k, 2 or 4 bits, error feedback decayed by 0.95) and,
 as in SparseLoCo (Sarfi et al. 2025), no outer momentum by default: the decayed residual plays its part.
 
 Bytes are counted on the wire, never estimated: every round, each module is cut into segments and

@@ -27,6 +27,7 @@ from bench.common import emit, run_main
 MEASURES = (
     "bench/robust.py",
     "peer/averaging",
+    "peer/compression",
 )
 """The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
 when any of it changed after the commit a result records."""
@@ -42,7 +43,7 @@ def _group(kind: str, n: int):
     """``({peer: (delta, weight)}, honest weighted mean, spread)`` of one 5-member group."""
     import torch
 
-    from peer.averaging import weighted_mean
+    from peer.compression import weighted_mean
 
     g = torch.Generator().manual_seed(SEED)
     signal = torch.randn(n, generator=g) * 0.01  # (n,)

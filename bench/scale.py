@@ -47,6 +47,7 @@ MEASURES = (
     "models",
     "protos",
     "peer/averaging",
+    "peer/compression",
     "peer/network/records.py",
 )
 """The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale

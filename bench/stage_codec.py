@@ -54,6 +54,7 @@ MEASURES = (
     "bench/stage_codec.py",
     "models",
     "peer/stage",
+    "peer/compression",
 )
 """The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
 when any of it changed after the commit a result records."""

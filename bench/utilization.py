@@ -112,7 +112,8 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
 
     from models.config import OuterConfig
     from models.lattice import ModularLM
-    from peer.averaging import NetAverager, get_codec
+    from peer.averaging import NetAverager
+    from peer.compression import get_codec
     from peer.diloco import DiLoCoOptimizer, install_resync, resync_after_round
 
     h, overlap = VARIANTS[name]

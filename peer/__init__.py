@@ -5,10 +5,13 @@ checks it), and all of them may import ``models`` and ``protos``, never ``coordi
 
 ==========================  ==========================================================================
 ``peer.settings``           every setting of the peer's processes, each declared once (``Setting``)
+``peer.compression``        codecs (``Codec``): quantisers, the entropy stage, sparse top-k, error
+                            feedback, activation codecs; ``resolve_codec``, the one rule that turns a
+                            run's outer config into its codec
 ``peer.outer``              DiLoCo's outer step: ``OuterOptimizer``, ``ModuleState``, ``state_digest``
 ``peer.network``            identity file, DHT start-up, DHT record schemas, admission credentials
 ``peer.coordinator_client`` the coordinator's gRPC client, its replies and errors (no torch)
-``peer.averaging``          averaging one module among its holders: codecs, the reduction rule,
+``peer.averaging``          averaging one module among its holders: the reduction rule,
                             matchmaking, partition, all-reduce, state transfer, ``NetAverager``
 ``peer.datasync``           a dataset's files between peers: ``Seeder`` (serve and announce what it
                             holds), ``fetch`` (a path's shards from seeders, every chunk verified,
@@ -32,8 +35,9 @@ Where a decision lives:
 
 - the codec of a module: the run config names it (names, block layout and sizes: ``models.codec_spec``,
   which the coordinator's byte estimate reads too), the coordinator's assignment carries it
-  (``WorkAssignment.outer_config``), ``DiLoCoOptimizer`` resolves it once (``peer.averaging.get_codec``)
-  and passes the ``Codec`` down to the averager; ``peer.averaging.quantizers`` and ``entropy`` implement it;
+  (``WorkAssignment.outer_config``), ``peer.compression.resolve_codec`` turns it into a ``Codec`` (entropy
+  stage included) for ``DiLoCoOptimizer``, which resolves it once and passes it down to the averager, and
+  for the simulator alike; ``peer.compression`` implements it (``quantizers``, ``entropy``, ``sparse``);
 - a dataset file's chunks and their hashes: ``models.manifest`` (format 2); the wire message that
   carries them: ``protos/hivepath/peer/v1/data.proto``; who seeds them: ``peer.datasync.records``;
 - the snapshot layout on disk: ``models.checkpoint`` (``peer.node.checkpoint`` maps module states
@@ -49,6 +53,6 @@ Importing ``peer`` alone pulls in neither torch nor hivemind.
 """
 
 __all__ = [
-    "settings", "outer", "network", "coordinator_client", "averaging", "datasync", "diloco", "stage", "node", "demo",
-    "simulator",
+    "settings", "compression", "outer", "network", "coordinator_client", "averaging", "datasync", "diloco", "stage",
+    "node", "localnet", "demo", "simulator",
 ]

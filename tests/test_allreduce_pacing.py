@@ -55,7 +55,8 @@ def _a_round_with_a_stall(name: str, config_hash: str, points: tuple[str, ...], 
 
 
 def test_a_member_hands_a_reducer_no_more_than_two_unacknowledged_segments():
-    from peer.averaging import BLOCK, get_codec
+    from peer.averaging import BLOCK
+    from peer.compression import get_codec
     from peer.averaging.allreduce import IN_FLIGHT
     from peer.averaging.partition import MAX_SEGMENTS, SEGMENT_BLOCKS, segment_bounds
 
@@ -82,7 +83,8 @@ def test_a_reducer_returns_an_average_only_after_its_own_contributions_a_segment
     segment s + CONTRIBUTIONS_AHEAD are handed over. The other member stalls its first acknowledgement,
     so the reducer cannot hand its third segment (pacing) while it already holds the first two
     segments' contributions: without the rule, the second average would go out during the stall."""
-    from peer.averaging import BLOCK, get_codec
+    from peer.averaging import BLOCK
+    from peer.compression import get_codec
     from peer.averaging.allreduce import IN_FLIGHT
     from peer.averaging.partition import MAX_SEGMENTS, SEGMENT_BLOCKS
     from peer.averaging.reducer import CONTRIBUTIONS_AHEAD, HOLD_SEGMENTS
@@ -113,7 +115,7 @@ def test_a_held_average_goes_once_our_contributions_a_segment_ahead_went_or_its_
     of our first phase, and by ``hold_for`` when they never come (a dial that hangs)."""
     import asyncio
 
-    from peer.averaging import get_codec
+    from peer.compression import get_codec
     from peer.averaging.partition import Group
     from peer.averaging.reducer import GroupState
 

@@ -9,7 +9,8 @@ import asyncio
 import pytest
 import torch
 
-from peer.averaging import BLOCK, get_codec
+from peer.averaging import BLOCK
+from peer.compression import get_codec
 from peer.averaging.reducer import PartReducer, PartSlot
 from protos.hivepath.peer.v1.net_pb2 import PartHeader
 

@@ -17,10 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from peer.averaging import (
-    MEAN, Aggregation, LocalAverager, aggregate, reduce_part, weighted_mean,
-)
-from peer.averaging import BLOCK, get_codec
+from peer.averaging import BLOCK, MEAN, Aggregation, LocalAverager, aggregate, reduce_part
+from peer.compression import get_codec, weighted_mean
 
 WEIGHTS = [1.0, 2.0, 3.0, 4.0, 5.0]
 

@@ -1,9 +1,9 @@
 """The codec is decided in one place and passed, never re-derived.
 
 Its specification (names, block size, exact sizes) lives in the torch-free ``models.codec_spec``, which
-the implementation in ``peer.averaging`` must match byte for byte; the coordinator's assignment carries
+the implementation in ``peer.compression`` must match byte for byte; the coordinator's assignment carries
 the run's codec to the peer, whose ``DiLoCoOptimizer`` resolves it once and hands the same ``Codec`` to
-every exchange."""
+every exchange. Peers and the simulator resolve it by one rule (``peer.compression.resolve_codec``)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,14 @@ from torch import nn
 from models import codec_spec
 from models.codec_spec import BLOCK, CODECS, ENTROPY_STAGES, encoded_size, split_wire_name, wire_name
 from models.config import InnerConfig, OuterConfig
+from models.presets import tiny_cpu
 from models.errors import ConfigError
-from peer import averaging
-from peer.averaging import LocalAverager, get_codec
+from peer import averaging, compression
+from peer.averaging import LocalAverager
+from peer.compression import get_codec, resolve_codec
 from peer.coordinator_client import WorkAssignment
 from peer.diloco import DiLoCoOptimizer, optimizer as optimizer_module
+from peer.simulator import DiLoCoSimulator
 
 WIRE_NAMES = [wire_name(c, e) for c in CODECS for e in ENTROPY_STAGES]
 SIZES = [0, 1, 2, 7, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 5]
@@ -33,7 +36,7 @@ def test_the_implementation_encodes_to_the_specified_size(name):
 
 
 def test_the_block_size_is_the_specs_and_not_256():
-    assert averaging.BLOCK is codec_spec.BLOCK == 1024
+    assert averaging.BLOCK is compression.BLOCK is codec_spec.BLOCK == 1024
     # one scale per 1024 values: 2048 int8 values take two 4-byte scales, 4097 take five
     assert encoded_size("int8", 2 * BLOCK) == 2 * BLOCK + 2 * 4
     assert encoded_size("int4", 4 * BLOCK + 1) == 2 * BLOCK + 1 + 5 * 4
@@ -88,11 +91,11 @@ class _Spy:
 def test_the_optimizer_resolves_the_codec_once_and_passes_it_to_every_exchange(monkeypatch):
     calls: list[str] = []
 
-    def counting(name: str):
-        calls.append(name)
-        return get_codec(name)
+    def counting(outer: OuterConfig, codec=None):
+        calls.append(outer.wire_codec(codec))
+        return resolve_codec(outer, codec)
 
-    monkeypatch.setattr(optimizer_module, "get_codec", counting)
+    monkeypatch.setattr(optimizer_module, "resolve_codec", counting)
     mods = {"embed": nn.Linear(4, 4), "head": nn.Linear(4, 2)}
     spy = _Spy()
     outer = OuterConfig(codec="int4", entropy="zstd", inner_steps=1)
@@ -110,3 +113,25 @@ def test_an_averager_refuses_a_codec_name_before_anything_is_sent():
     member = LocalAverager().member("a")
     with pytest.raises(TypeError, match="get_codec"):
         member.average("embed", 0, [torch.ones(3)], 1.0, "int8", 1.0)
+
+
+@pytest.mark.parametrize("entropy", ENTROPY_STAGES)
+@pytest.mark.parametrize("name", [*CODECS, "topk16b2"])
+def test_peers_and_the_simulator_resolve_the_same_codec(name, entropy):
+    """The simulator is the peers' numerical reference: it exchanges with the codec a peer's optimizer
+    resolves from the same run config, entropy stage included, and so encodes the same bytes."""
+    cfg = tiny_cpu().replace(outer={"codec": name, "entropy": entropy})
+    peer_opt = DiLoCoOptimizer({"embed": nn.Linear(4, 4)}, cfg.inner, cfg.outer, averager=_Spy())
+    sim = DiLoCoSimulator(cfg, [(0,) * cfg.lattice.levels], 1, lambda k, path: iter(()))
+    assert peer_opt.codec is sim.codec is resolve_codec(cfg.outer)
+    assert sim.codec.name == wire_name(name, entropy) == cfg.outer.wire_codec()
+    x = torch.randn(3 * BLOCK + 5, generator=torch.Generator().manual_seed(11)) * 0.01
+    assert sim.codec.encode(x) == peer_opt.codec.encode(x) == get_codec(wire_name(name, entropy)).encode(x)
+
+
+def test_a_planned_codec_is_resolved_under_the_runs_entropy_stage():
+    outer = OuterConfig(codec="int8", entropy="zstd")
+    assert resolve_codec(outer, "int4") is get_codec("int4+zstd")
+    assert resolve_codec(outer, "topk16b2") is get_codec("topk16b2")
+    with pytest.raises(ConfigError, match="codec"):
+        resolve_codec(outer, "int2")

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models.codec_spec import CODECS
-from peer.averaging import BLOCK, ErrorFeedback, flatten, get_codec, unflatten
+from peer.averaging import BLOCK, flatten, unflatten
+from peer.compression import ErrorFeedback, get_codec
 from peer.averaging.memory import FlatBuffers, keep_freed_memory
 
 
@@ -118,7 +119,7 @@ def test_encoders_taking_a_long_vector_in_chunks_give_the_bytes_of_each_block_al
     boundaries, with a tail block, the bytes are those of every block encoded alone (an all-zero
     block's scale is +0.0 whichever way torch finds its extremes), and the round
     trip and the decoded values agree."""
-    from peer.averaging.quantizers import _CHUNK_BLOCKS
+    from peer.compression.quantizers import _CHUNK_BLOCKS
 
     codec = get_codec(name)
     numel = (2 * _CHUNK_BLOCKS + 3) * BLOCK + 77
@@ -158,7 +159,7 @@ def test_golden_bytes_pin_the_formats():
 def test_int4_whole_buffer_packing_equals_the_per_nibble_table():
     """Full blocks take the int16 pair path both ways; it must give the bytes and codes of the
     padded, table-driven path that odd tail blocks still use."""
-    from peer.averaging.quantizers import _NIBBLES
+    from peer.compression.quantizers import _NIBBLES
 
     codec = get_codec("int4")
     gen = torch.Generator().manual_seed(0)
@@ -221,7 +222,7 @@ def test_decode_into_writes_exactly_what_decode_returns(name, numel):
 
 def test_phases_count_nested_cpu_once():
     """An inner phase's CPU is taken from the outer one, so the phases add up to the time spent."""
-    from peer.averaging.phases import phase, snapshot
+    from peer.compression.phases import phase, snapshot
 
     def spin(seconds: float) -> None:
         end = time.thread_time() + seconds
@@ -248,7 +249,7 @@ def test_a_phase_that_ticks_is_counted_as_it_runs():
     by the snapshot taken when it formed), and the rest once it ends: each second once."""
     import time
 
-    from peer.averaging.phases import phase, snapshot, tick
+    from peer.compression.phases import phase, snapshot, tick
 
     def spin(seconds: float) -> None:
         end = time.thread_time() + seconds
@@ -502,7 +503,7 @@ def test_entropy_stage_sends_incompressible_bytes_raw():
 def test_entropy_stage_skips_zstd_where_a_sample_shows_it_would_not_pay():
     """A large encoding whose first bytes zstd cannot shrink goes raw (its CPU would buy no link
     time); one whose sample shrinks is compressed whole, and both decode to the inner codec's values."""
-    from peer.averaging.entropy import EntropyCoded
+    from peer.compression.entropy import EntropyCoded
 
     coder = get_codec("none+zstd")
     n = 3 * EntropyCoded.SAMPLE // 4  # fp32 values: 3 samples' worth of bytes

@@ -21,7 +21,8 @@ from torch import nn
 from peer.localnet import wait_for
 from models.config import InnerConfig, LatticeConfig, OuterConfig
 from models.errors import ConfigError
-from peer.averaging import LocalAverager, get_codec
+from peer.averaging import LocalAverager
+from peer.compression import get_codec
 from peer.diloco import DiLoCoOptimizer, RoundReport
 
 VOCAB, DIM, BATCH, SEQ = 16, 16, 8, 8

@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from models.config import OuterConfig  # noqa: E402
-from peer.averaging import get_codec  # noqa: E402
+from peer.compression import get_codec  # noqa: E402
 from peer.coordinator_client import ExchangePlan  # noqa: E402
 from peer.diloco import PlanBook  # noqa: E402
 from peer.averaging import LocalAverager  # noqa: E402

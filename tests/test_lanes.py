@@ -219,7 +219,8 @@ def test_a_round_among_averagers_with_and_without_lanes_is_bit_identical_and_lan
     over P2P, and the three end with the same bytes, the codec's mean of their deltas."""
     from peer.localnet import wait_for
 
-    from peer.averaging import BLOCK, get_codec
+    from peer.averaging import BLOCK
+    from peer.compression import get_codec
     from peer.averaging.net_averager import NetAverager
     from peer.network import DHTOptions, HolderRecord, holders_key, read_records, start_dht
 

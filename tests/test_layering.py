@@ -16,6 +16,7 @@ TOPS = ("peer", "coordinator", "models", "protos", "hivepath")
 
 PEER_LAYERS = (
     ("settings",),
+    ("compression",),
     ("outer",),
     ("network", "coordinator_client"),
     ("averaging", "datasync"),

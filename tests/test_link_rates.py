@@ -164,7 +164,7 @@ def test_a_stalled_member_does_not_set_the_others_figures():
     Holders 0 and 1 pass each other their parts before the stall ends, while their exchange as a whole
     waits for holder 2: their figures come from those parts, not from the stall."""
     from helpers.averagers import loopback_holders
-    from peer.averaging import get_codec
+    from peer.compression import get_codec
 
     stall_ended: list[float] = []
 

@@ -32,7 +32,8 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from peer.averaging.partition import fallback_reducer, part_bounds  # noqa: E402
 from peer.averaging import AverageResult  # noqa: E402
-from peer.averaging import BLOCK, flatten, get_codec  # noqa: E402
+from peer.averaging import BLOCK, flatten  # noqa: E402
+from peer.compression import get_codec  # noqa: E402
 from peer.network import DHTOptions, start_dht  # noqa: E402
 from peer.outer import ModuleState  # noqa: E402
 from peer.averaging.net_averager import DEFAULT_BANDWIDTH, NetAverager  # noqa: E402
@@ -350,7 +351,7 @@ def test_relayed_members_get_parts_a_relayed_connection_carries_and_others_keep_
     """Parts between members behind relays fit in ``RELAY_PIECE_BYTES`` (a relay resets a connection after
     128 KiB); a group with one relayed member (which reduces nothing next to reachable ones) or none keeps
     the usual segments, and the cut is the same function of the group on every member."""
-    from peer.averaging import get_codec
+    from peer.compression import get_codec
     from peer.averaging.partition import (MAX_SEGMENTS, RELAY_PIECE_BYTES, Group, relayed_segment_bounds,
                                           segment_bounds)
 

@@ -8,8 +8,10 @@ import time
 import pytest
 import torch
 
-from peer.averaging import LocalAverager, reduce_encoded, weighted_mean
-from peer.averaging import flatten, get_codec
+from peer.averaging import LocalAverager, reduce_encoded
+from peer.compression import weighted_mean
+from peer.averaging import flatten
+from peer.compression import get_codec
 from peer.outer import OuterOptimizer
 
 # -- OuterOptimizer ---------------------------------------------------------------------------------

@@ -33,7 +33,8 @@ import pytest
 import torch
 
 from models.codec_spec import BLOCK, SPECS
-from peer.averaging import MEAN, Aggregation, ErrorFeedback, aggregate, get_codec, reduce_part, weighted_mean
+from peer.averaging import MEAN, Aggregation, aggregate, reduce_part
+from peer.compression import ErrorFeedback, get_codec, weighted_mean
 from peer.outer import OuterOptimizer
 
 U = 2.0**-24

@@ -20,7 +20,8 @@ import torch
 
 from peer.localnet import wait_for
 from helpers.averagers import loopback_holders
-from peer.averaging import BLOCK, get_codec
+from peer.averaging import BLOCK
+from peer.compression import get_codec
 from peer.averaging.matchmaking import PUSHED_KEYS, Matchmaker
 from peer.network import HolderRecord, group_key, holders_key, read_records
 from protos.hivepath.peer.v1.net_pb2 import DeclareNotice

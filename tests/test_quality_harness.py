@@ -15,7 +15,7 @@ from bench.quality_scale import SCALES, tiny
 from bench.quality_sweeps import EXPERIMENTS, Point, grid, load_context, run_point, run_points
 from models.corpus import Corpus, default_corpus
 from models.data import prepare
-from peer.averaging import get_codec
+from peer.compression import get_codec
 
 REQUIRED = ("diloco_best_bytes_ratio", "diloco_bpb_gap_at_best", "dipaco_bpb", "dense_p_bpb", "dense_2p_bpb",
             "dense_p_equal_compute_bpb", "hetero_speedup")

@@ -126,7 +126,7 @@ def test_two_relayed_peers_average_a_module_larger_than_the_relay_limit_bit_iden
     two relayed connections carry. Without pieces and one-at-a-time resends, no round would complete."""
     import threading
 
-    from peer.averaging import get_codec
+    from peer.compression import get_codec
 
     a, b = relayed_pair[:2]
     for av in (a, b):

@@ -14,7 +14,8 @@ import torch
 
 from helpers.averagers import loopback_holders
 from models.config import OuterConfig
-from peer.averaging import BLOCK, ErrorFeedback, LocalAverager, flat_view, flatten, get_codec, unflatten
+from peer.averaging import BLOCK, LocalAverager, flat_view, flatten, unflatten
+from peer.compression import ErrorFeedback, get_codec
 from peer.diloco import DiLoCoOptimizer
 
 

@@ -10,9 +10,10 @@ import torch
 from models.codec_spec import codec_spec, encoded_size, split_wire_name, wire_name
 from models.config import ConfigError, OuterConfig
 from models.sparse_spec import CHUNK, FEEDBACK_DECAY, feedback_decay, sparse_spec
-from peer.averaging import ErrorFeedback, LocalAverager, aggregate, encode_aggregate, get_codec, reduce_part, weighted_mean
+from peer.averaging import LocalAverager, aggregate, encode_aggregate, reduce_part
+from peer.compression import ErrorFeedback, get_codec, weighted_mean
 from peer.averaging.aggregation import Aggregation
-from peer.averaging.sparse import EXACT, GATHER
+from peer.compression.sparse import EXACT, GATHER
 
 
 def _vec(n: int, seed: int) -> torch.Tensor:
@@ -54,7 +55,7 @@ def test_k16_at_2_bits_is_170x_smaller_than_fp32():
                                         (1000, 999), (33, 4)])
 def test_positions_are_elias_fano_coded_in_their_exact_size(count, kept):
     from models.sparse_spec import position_bits
-    from peer.averaging.sparse import _elias_fano, _elias_fano_positions
+    from peer.compression.sparse import _elias_fano, _elias_fano_positions
 
     g = torch.Generator().manual_seed(count * 7 + kept)
     idx = torch.stack([torch.randperm(count, generator=g)[:kept].sort().values for _ in range(20)]).numpy()

@@ -20,7 +20,7 @@ import torch
 from peer.averaging.hierarchy import (RoundResult, SplitPlan, bucket_weight, delegate, part_digest, result_digest, tree, tree_depth,
                                       tree_parent)
 from peer.averaging.partition import Group
-from peer.averaging import get_codec
+from peer.compression import get_codec
 from peer.network import group_bucket, group_buckets, split_levels
 from peer.network.identity import peer_id_of
 from test_net_averaging import _result, _swarm

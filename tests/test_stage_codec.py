@@ -13,7 +13,7 @@ import zstandard
 from models.lattice import ModularLM
 from models.presets import demo
 from peer.stage import DEFAULT_ACTIVATION_CODEC, WireError, activation_codec, decode_tensor, encode_tensor
-from peer.stage.activation_codec import (TOKEN_INT4, TOKEN_INT4_SR, TOKEN_INT5, TokenInt4Codec, TokenIntCodec,
+from peer.compression.activation import (TOKEN_INT4, TOKEN_INT4_SR, TOKEN_INT5, TokenInt4Codec, TokenIntCodec,
                                          stochastic_round)
 from peer.stage.wire import CodecScheme, codec_scheme
 from protos.hivepath.peer.v1.stage_pb2 import EncodedTensor

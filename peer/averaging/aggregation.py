@@ -35,38 +35,10 @@ import torch
 from torch import Tensor
 
 from models.config import AGGREGATORS
-from peer.averaging.quantizers import Codec
+from peer.compression import Codec, weighted_mean
 
 __all__ = ["AGGREGATORS", "Aggregation", "MEAN", "Reduced", "aggregate", "encode_aggregate", "reduce_part",
-           "weighted_mean", "reduce_encoded"]
-
-
-def weighted_mean(values: Sequence[Tensor], weights: Sequence[float]) -> Tensor:
-    """``sum_k w_k v_k / sum_k w_k`` in fp32, summed in the order given (callers sort by peer id).
-
-    Each product and sum is one IEEE rounding, so every machine computes the same bits.
-    """
-    if not values or len(values) != len(weights):
-        raise ValueError(f"need as many weights as values, got {len(values)} values and {len(weights)} weights")
-    total = math.fsum(float(w) for w in weights)
-    if not total > 0:
-        raise ValueError(f"total weight must be > 0, got {total}")
-    # the bits of ``0 + v_1 w_1 + ... + v_k w_k``, then one division, in one accumulator and one
-    # scratch vector: the first product lands in the accumulator (``0 + v w``, an addcmul: +0.0 where
-    # the product is -0.0, as the sum from zeros gives), each later one in the scratch and is added
-    acc = torch.empty_like(values[0], dtype=torch.float32)  # (n,)
-    scratch = torch.empty_like(acc) if len(values) > 1 else None  # (n,)
-    for k, (v, w) in enumerate(zip(values, weights)):
-        weight = torch.tensor(float(w), dtype=torch.float32)
-        if k == 0:
-            torch.addcmul(_ZERO, v.to(torch.float32), weight, out=acc)
-        else:
-            acc.add_(torch.mul(v.to(torch.float32), weight, out=scratch))  # fp32 product, then sum
-    return acc.div_(torch.tensor(total, dtype=torch.float32))
-
-
-_ZERO = torch.zeros(())
-"""+0.0, the start of :func:`weighted_mean`'s sum."""
+           "reduce_encoded"]
 
 
 @dataclass(frozen=True)
@@ -234,7 +206,7 @@ def encode_aggregate(codec: Codec, reduced: Reduced, contributions: Mapping[str,
                      rule: Aggregation = MEAN, out: Optional[Tensor] = None) -> bytes:
     """The bytes a reducer answers every member with: ``codec.encode_average`` of the aggregate,
     told whether it is the plain weighted mean of the contributions it used (the sparse codec may
-    then send those instead, :mod:`peer.averaging.sparse`); with ``out``, what every member decodes
+    then send those instead, :mod:`peer.compression.sparse`); with ``out``, what every member decodes
     from them is written there too (``codec.encode_average_into``)."""
     plain = rule.rule == "mean" and rule.norm_bound <= 0
     used = {pid: contributions[pid] for pid in reduced.used}

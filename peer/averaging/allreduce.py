@@ -5,7 +5,7 @@ A group's flat fp32 delta is cut into one part per member, at multiples of
 members, bandwidth 0, reduce nothing; see :mod:`peer.averaging.partition`). Member ``i`` reduces part ``i``:
 
 1. every member encodes each of its parts with the run's wire codec (e.g. ``int8+zstd``, the codec
-   and its lossless entropy stage), the :class:`~peer.averaging.quantizers.Codec` its optimizer
+   and its lossless entropy stage), the :class:`~peer.compression.Codec` its optimizer
    resolved once, and streams part ``i`` to member ``i`` (header
    :class:`protos.hivepath.peer.v1.net_pb2.PartHeader`, naming the codec, then the payload); the reducer
    acknowledges it at once;
@@ -28,7 +28,7 @@ the link is shared among them all and a reducer's early segments could come last
 the average of segment s once its own contributions through segment s+1 are handed over
 (:data:`~peer.averaging.reducer.CONTRIBUTIONS_AHEAD`): the other reducers wait on those, nobody
 waits on the averages.
-The vector is encoded while the group forms (:meth:`~peer.averaging.quantizers.Codec.prepare`: the
+The vector is encoded while the group forms (:meth:`~peer.compression.Codec.prepare`: the
 averager starts it in a thread before matchmaking, so the first part goes out as soon as the group
 is known and the encoding's CPU is spent while we wait on the network); a part's bytes are then cut
 from it and entropy-coded just before they go out (the next one of a reducer while the last one is
@@ -68,10 +68,10 @@ import torch
 from torch import Tensor
 
 from peer.averaging.contract import LinkTimes
-from peer.averaging.phases import phase
+from peer.compression.phases import phase
 from peer.averaging.partition import (Group, fallback_reducer, part_bounds, relayed_segment_bounds,
                                       segment_bounds)
-from peer.averaging.quantizers import Codec, Prepared
+from peer.compression import Codec, Prepared
 from peer.averaging.reducer import PROBE, GroupState, PartReducer, PartSlot, wait_event
 from peer.network.frames import STREAM_CUT
 from protos.hivepath.peer.v1.net_pb2 import PartHeader, PartReply
@@ -128,7 +128,7 @@ class ReductionServer(PartReducer):
         """This member's side of the group's all-reduce of ``flat`` (numel,) with ``weight``; ``out``:
         two vectors like ``flat`` to write what the group receives from us and the average into
         (fresh ones when None). ``prepared``: ``flat`` encoded by ``codec`` while the group formed
-        (:meth:`~peer.averaging.quantizers.Codec.prepare`), filled or being filled in a thread, its
+        (:meth:`~peer.compression.Codec.prepare`), filled or being filled in a thread, its
         decoded values going into ``out[0]``: parts are then cut from it rather than encoded here.
 
         The vector is cut into segments reduced as a pipeline (see the module's docstring), so

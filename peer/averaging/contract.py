@@ -14,7 +14,7 @@ from typing import Callable, Optional, Protocol
 
 from torch import Tensor
 
-from peer.averaging.quantizers import Codec
+from peer.compression import Codec
 
 __all__ = ["AverageResult", "LinkTimes", "ModuleAverager", "SuspectHook", "require_codec", "LONE_HOLDER"]
 
@@ -129,9 +129,9 @@ class ModuleAverager(Protocol):
 
 def require_codec(codec: Codec) -> Codec:
     """``codec``, or TypeError when a caller passed something else (e.g. a codec name: resolve it
-    once with :func:`peer.averaging.get_codec`), before anything is sent."""
+    once with :func:`peer.compression.get_codec`), before anything is sent."""
     if not isinstance(codec, Codec):
-        raise TypeError(f"expected a Codec (peer.averaging.get_codec(name)), got {type(codec).__name__} {codec!r}")
+        raise TypeError(f"expected a Codec (peer.compression.get_codec(name)), got {type(codec).__name__} {codec!r}")
     return codec
 
 

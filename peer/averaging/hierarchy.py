@@ -78,7 +78,7 @@ from typing import Any, Awaitable, Callable, Optional, Sequence
 from torch import Tensor
 
 from peer.averaging.partition import Group
-from peer.averaging.quantizers import Codec
+from peer.compression import Codec
 from peer.network.frames import MESSAGE_LIMIT, handler_name, linger, read_message, read_payload, serve
 from protos.hivepath.peer.v1.net_pb2 import DESCRIPTOR as NET, ResultReply, ResultRequest
 from protos.versions import writes

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from peer.averaging.aggregation import MEAN, Aggregation, reduce_part
 from peer.averaging.contract import AverageResult, SuspectHook, require_codec
-from peer.averaging.quantizers import Codec
+from peer.compression import Codec
 from peer.averaging.vectors import flatten, unflatten
 
 __all__ = ["LocalAverager", "LocalMember"]

@@ -31,7 +31,7 @@ from peer.network.lanes import DirectLanes, lane_hosts
 from peer.averaging.aggregation import MEAN, Aggregation
 from peer.averaging.compat import wire_key
 from peer.averaging.contract import LONE_HOLDER, AverageResult, SuspectHook, require_codec
-from peer.averaging.quantizers import Codec
+from peer.compression import Codec
 from peer.averaging.reducer import EventHook
 from peer.averaging.memory import FlatBuffers, keep_freed_memory
 from peer.averaging.vectors import flatten, unflatten
@@ -299,7 +299,7 @@ class NetAverager:
     @property
     def loop_thread_id(self) -> Optional[int]:
         """The native id of the thread running the averager's event loop (its CPU is the exchange's
-        stream I/O to the p2p daemon; :mod:`peer.averaging.phases` counts the rest)."""
+        stream I/O to the p2p daemon; :mod:`peer.compression.phases` counts the rest)."""
         return self._thread.native_id
 
     def _call(self, coro: Any, timeout: Optional[float]) -> Any:

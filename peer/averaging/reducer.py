@@ -24,8 +24,8 @@ from torch import Tensor
 from peer.averaging.aggregation import MEAN, Aggregation, aggregate, encode_aggregate
 from peer.averaging.contract import LinkTimes
 from peer.averaging.partition import Group
-from peer.averaging.phases import phase
-from peer.averaging.quantizers import Codec
+from peer.compression.phases import phase
+from peer.compression import Codec
 from peer.network.frames import handler_name, linger, read_message, read_payload, serve
 from protos.hivepath.peer.v1.net_pb2 import DESCRIPTOR as NET, PartHeader, PartReply
 
@@ -402,7 +402,7 @@ class PartReducer:
 
 
 def _timed(name: str, fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)``, its CPU seconds counted as phase ``name`` (:mod:`peer.averaging.phases`)."""
+    """``fn(*args)``, its CPU seconds counted as phase ``name`` (:mod:`peer.compression.phases`)."""
     with phase(name):
         return fn(*args)
 

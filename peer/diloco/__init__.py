@@ -12,7 +12,7 @@
 - ``resync``: bringing a module back in line with its group after a missed round or a lost fork
   (:func:`install_resync`, :func:`resync_after_round`).
 
-Imports ``peer.averaging`` and ``peer.outer``.
+Imports ``peer.averaging``, ``peer.compression`` and ``peer.outer``.
 """
 
 from peer.diloco.link_rates import LinkRates

@@ -21,7 +21,8 @@ from torch import Tensor
 
 from models.config import LatticeConfig, OuterConfig
 from models.sparse_spec import feedback_decay
-from peer.averaging import AverageResult, ErrorFeedback, flat_view, flatten
+from peer.averaging import AverageResult, flat_view, flatten
+from peer.compression import ErrorFeedback
 from peer.outer import ModuleState, OuterOptimizer
 
 __all__ = ["HeldModule", "PendingExchange"]

@@ -16,7 +16,6 @@ averaged delta by the square root of their number. Streaming DiLoCo (Douillard e
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -28,7 +27,8 @@ from torch import Tensor, nn
 
 from models.config import InnerConfig, LatticeConfig, OuterConfig
 from models.errors import ConfigError
-from peer.averaging import Aggregation, AverageResult, Codec, LocalAverager, ModuleAverager, get_codec, unflatten
+from peer.averaging import Aggregation, AverageResult, LocalAverager, ModuleAverager, unflatten
+from peer.compression import Codec, resolve_codec
 from peer.diloco.held_module import HeldModule, PendingExchange
 from peer.diloco.plans import PlanBook
 from peer.diloco.reports import ModuleReport, RoundReport
@@ -84,7 +84,8 @@ class DiLoCoOptimizer:
     every part, so every member's mean uses the same weights; reports keep the round's real tokens.
 
     The codec is decided once, here: ``outer.codec`` (the run's, as the coordinator's assignment
-    carries it) under ``outer.entropy``, resolved to :attr:`codec` and passed to every exchange.
+    carries it) under ``outer.entropy``, resolved to :attr:`codec` (:func:`peer.compression.resolve_codec`,
+    as the simulator resolves its own) and passed to every exchange.
 
     With ``outer.overlap`` the exchange of round t runs on a background thread during round t+1 and is
     applied at the end of round t+1, keeping the local progress made meanwhile on top of the new
@@ -120,14 +121,14 @@ class DiLoCoOptimizer:
                 )
         self.outer_cfg = outer
         self.lattice = lattice
-        self.codec: Codec = get_codec(outer.wire_codec())
+        self.codec: Codec = resolve_codec(outer)
         """The wire codec every module's exchange uses where no plan says otherwise (the group refuses
         parts in any other)."""
         self.plans: Optional[PlanBook] = None
         """The coordinator's exchange plans (:class:`peer.diloco.PlanBook`): where one applies to a
         module's round, its codec is that round's and the round lasts its H (the largest H among the
         modules' plans: every module of this peer ends its round at once). None: the config's H and codec."""
-        self._codecs: dict[str, Codec] = {self.codec.name: self.codec}
+        self._codecs: dict[str, Codec] = {outer.codec: self.codec}  # by the codec a plan names
         if averager is None:
             averager = LocalAverager().member("local")
         self.averager = averager
@@ -269,10 +270,9 @@ class DiLoCoOptimizer:
         planned = self.plans.at(module_id, round_no) if self.plans is not None else None
         if planned is None:
             return self.codec
-        name = dataclasses.replace(self.outer_cfg, codec=planned[1]).wire_codec()
-        codec = self._codecs.get(name)
+        codec = self._codecs.get(planned[1])
         if codec is None:
-            codec = self._codecs[name] = get_codec(name)
+            codec = self._codecs[planned[1]] = resolve_codec(self.outer_cfg, planned[1])
         return codec
 
     def _exchange_still_running(self, elapsed: float) -> bool:

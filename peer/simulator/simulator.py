@@ -5,8 +5,9 @@ each worker's pseudo-gradient ``delta = global - local`` is averaged across work
 the global copy with Nesterov SGD. DiPaCo (Douillard et al. 2024) does this per module of a lattice:
 a module is averaged among the workers whose paths contain it.
 
-This simulator runs exactly the arithmetic the networked peers run (``peer.averaging.codecs``,
-``peer.outer``, ``peer.averaging.aggregate``), so distributed runs can be checked against it.
+This simulator runs exactly the arithmetic the networked peers run (the codec a peer resolves,
+:func:`peer.compression.resolve_codec`, entropy stage included; ``peer.outer``; ``peer.averaging.aggregate``),
+so distributed runs can be checked against it.
 For each module ``m`` and each worker ``k`` holding it, in worker order::
 
     x_k = delta_k + beta residual_k                  (error feedback; beta 1, or 0.95 for sparse codecs)
@@ -30,7 +31,8 @@ from models.config import Path_, RunConfig, format_path
 from models.lattice import ModularLM
 from models.training import InnerLoop
 from peer.averaging import Aggregation, aggregate, encode_aggregate
-from peer.averaging import flatten, get_codec, unflatten
+from peer.averaging import flatten, unflatten
+from peer.compression import resolve_codec
 from peer.outer import OuterOptimizer
 
 __all__ = ["SimWorker", "RoundStats", "DiLoCoSimulator"]
@@ -85,7 +87,8 @@ class DiLoCoSimulator:
         self.paths = [cfg.lattice.check_path(p) for p in paths]
         self.device = torch.device(device)
         self.outer_steps = outer_steps
-        self.codec = get_codec(cfg.outer.codec)
+        self.codec = resolve_codec(cfg.outer)
+        """The run's wire codec, entropy stage included, resolved as a peer resolves it."""
         self.aggregation = Aggregation.from_config(cfg.outer)
         self.workers: list[SimWorker] = []
         for k in range(workers):

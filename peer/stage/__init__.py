@@ -2,16 +2,15 @@
 
 - ``records``: the DHT records by which stage servers announce themselves (load, throughput).
 - ``wire``: activations and gradients on the wire (:func:`activation_codec`, :func:`encode_tensor`,
-  :func:`decode_tensor`).
-- ``activation_codec``: their codecs by name: the value codecs on the flat vector (int8 by default) and
-  ``int4tok+zstd``, per-token 4-bit codes behind zstd.
+  :func:`decode_tensor`), in the codecs of :data:`peer.compression.ACTIVATION_CODECS` (the value codecs
+  on the flat vector, and ``int4tok+zstd``, per-token 4-bit codes behind zstd).
 - ``server``: :class:`StageServer`, forward/backward of one module for trainers, with DiLoCo rounds.
 - ``client``: :class:`StageClient`, a trainer's way through the stages, picking servers by throughput.
 - ``endpoint``: the stage protocol's one handler per p2p daemon, handing requests to the server now attached.
 - ``activity``: :class:`IdleHolds` (an idle server or trainer holds back no round) and :class:`ServedRate`.
 
 The long-running stage processes (a server's life, a stage trainer's loop) are in ``peer.node.stage_runner``.
-Imports ``peer.diloco``, ``peer.averaging`` and ``peer.network``.
+Imports ``peer.diloco``, ``peer.averaging``, ``peer.compression`` and ``peer.network``.
 """
 
 from peer.stage.client import Hop, StageClient, StageRequestError, StageUnavailable, choose_server

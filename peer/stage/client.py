@@ -31,7 +31,7 @@ from torch import Tensor
 from peer.network import unwrap_dht
 from protos import versions
 from protos.hivepath.peer.v1.stage_pb2 import EncodedTensor, StageReply, StageRequest
-from peer.stage.activation_codec import ActivationCodec
+from peer.compression import ActivationCodec
 from peer.stage.records import MAX_THROUGHPUT, StageServerEntry, stage_records_from_value, stage_servers_key
 from peer.stage.wire import (DEFAULT_ACTIVATION_CODEC, WireError, activation_codec, codec_scheme, decode_tensor,
                              encode_tensor, stage_handler_name)

@@ -1,7 +1,7 @@
 """Activations and gradients on the wire between a trainer and a stage server (stage mode).
 
 Tensors travel as :class:`protos.hivepath.peer.v1.stage_pb2.EncodedTensor`: a shape, a codec name and the bytes of the
-tensor encoded by one of :data:`peer.stage.activation_codec.ACTIVATION_CODECS`: the pseudo-gradient
+tensor encoded by one of :data:`peer.compression.ACTIVATION_CODECS`: the pseudo-gradient
 codecs on the flat vector (int8 blockwise absmax, fp16 and none; SWARM, Ryabinin et al. 2023,
 compresses activations the same way), or ``int4tok+zstd`` (per-token 4-bit codes behind zstd, about a
 tenth of fp32's bytes; 5 and 6 bits also, and 4 with stochastic rounding). A trainer resolves its codec
@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from peer.network.frames import handler_name
-from peer.stage.activation_codec import ACTIVATION_CODECS, ActivationCodec
+from peer.compression import ACTIVATION_CODECS, ActivationCodec
 from protos.hivepath.peer.v1.stage_pb2 import DESCRIPTOR as STAGE_PROTO, EncodedTensor
 
 __all__ = ["WireError", "activation_codec", "encode_tensor", "decode_tensor", "stage_handler_name", "stage_prefix",
@@ -99,7 +99,7 @@ def stage_handler_name(run_id: str) -> str:
 
 def activation_codec(name: str, what: str = "tensor") -> ActivationCodec:
     """The codec of activations and gradients called ``name``: one of
-    :data:`peer.stage.activation_codec.ACTIVATION_CODECS`; WireError naming ``what`` otherwise."""
+    :data:`peer.compression.ACTIVATION_CODECS`; WireError naming ``what`` otherwise."""
     codec = ACTIVATION_CODECS.get(name) if isinstance(name, str) else None
     if codec is None:
         raise WireError(f"{what} codec {name!r} is not one of {', '.join(ACTIVATION_CODECS)}")

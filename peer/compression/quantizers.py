@@ -19,149 +19,21 @@ from __future__ import annotations
 
 import abc
 import sys
-import threading
-from typing import Callable, Mapping, Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from models.codec_spec import BLOCK, SCALE_BYTES, SPECS, CodecSpec
-from peer.averaging.phases import phase, tick
+from peer.compression.base import Codec, check_flat, max_scale
+from peer.compression.prepared import Prepared
 
-__all__ = ["Codec", "NoneCodec", "Fp16Codec", "Int8Codec", "Int4Codec", "Prepared", "VALUE_CODECS"]
-
-
-def _max_scale(qmax: int) -> float:
-    """The largest fp32 scale whose code ``qmax`` decodes to a finite fp32 value."""
-    s = np.float32(np.finfo(np.float32).max) / np.float32(qmax)
-    with np.errstate(over="ignore"):
-        while not np.isfinite(s * np.float32(qmax)):
-            s = np.nextafter(s, np.float32(0))
-    return float(s)
+__all__ = ["NoneCodec", "Fp16Codec", "Int8Codec", "Int4Codec", "VALUE_CODECS"]
 
 
-_MAX_SCALE = {s.qmax: _max_scale(s.qmax) for s in SPECS.values() if s.blockwise}
+_MAX_SCALE = {s.qmax: max_scale(s.qmax) for s in SPECS.values() if s.blockwise}
 """Per qmax, the largest block scale: decoded values are always finite (larger scales are refused)."""
-
-
-def _check_flat(flat: Tensor, finite: bool = True) -> Tensor:
-    """Return ``flat`` as a contiguous CPU fp32 1-D tensor, or raise ValueError (also on NaN/Inf,
-    unless ``finite`` is False: the blockwise codecs check their block extremes instead, in the pass
-    they make anyway)."""
-    if not isinstance(flat, Tensor):
-        raise ValueError(f"expected a tensor, got {type(flat).__name__}")
-    if flat.dim() != 1:
-        raise ValueError(f"expected a flat 1-D tensor, got shape {tuple(flat.shape)}")
-    flat = flat.detach().to(device="cpu", dtype=torch.float32).contiguous()
-    if finite and not bool(torch.isfinite(flat).all()):
-        raise ValueError("cannot encode a vector holding NaN or Inf")
-    return flat
-
-
-class Codec(abc.ABC):
-    """Encodes a flat fp32 vector to bytes and back (formats: :mod:`models.codec_spec`).
-
-    Codecs hold no per-exchange state: one object per codec name serves every module and thread
-    (:func:`peer.averaging.get_codec`)."""
-
-    name: str = ""
-
-    @abc.abstractmethod
-    def encoded_size(self, numel: int) -> int:
-        """Number of bytes :meth:`encode` produces for ``numel`` values (an upper bound for a codec
-        with an entropy stage)."""
-
-    def size_ok(self, length: int, numel: int) -> bool:
-        """Whether ``length`` bytes can be an encoding of ``numel`` values (a fixed size unless the
-        codec has an entropy stage, whose sizes vary up to :meth:`encoded_size`)."""
-        return length == self.encoded_size(numel)
-
-    @abc.abstractmethod
-    def encode(self, flat: Tensor) -> bytes:
-        """Encode a finite fp32 1-D tensor; raises ValueError on NaN/Inf or a wrong shape."""
-
-    @abc.abstractmethod
-    def decode(self, data: bytes, numel: int) -> Tensor:
-        """Decode ``numel`` values to a CPU fp32 1-D tensor; raises ValueError on malformed bytes."""
-
-    def decode_into(self, data: bytes, out: Tensor) -> None:
-        """Decode ``out.numel()`` values into ``out`` (a contiguous CPU fp32 1-D tensor), bit for bit
-        what :meth:`decode` returns, without an intermediate tensor where the codec can; raises
-        ValueError on malformed bytes (``out`` may then hold part of them)."""
-        out.copy_(self.decode(data, out.numel()))
-
-    def roundtrip(self, flat: Tensor) -> Tensor:
-        """``decode(encode(flat))``: what a receiver of ``flat`` gets."""
-        return self.encode_roundtrip(flat)[1]
-
-    def encode_roundtrip(self, flat: Tensor) -> tuple[bytes, Tensor]:
-        """``(encode(flat), decode(encode(flat)))``, bit for bit, in one pass where the codec can: a
-        sender needs both (the bytes go out, the decoded values feed error feedback)."""
-        data = self.encode(flat)
-        return data, self.decode(data, flat.numel())
-
-    def encode_roundtrip_into(self, flat: Tensor, out: Tensor) -> bytes:
-        """:meth:`encode_roundtrip` whose decoded values are written into ``out`` (a contiguous CPU
-        fp32 1-D tensor of ``flat.numel()`` values), bit for bit, without a temporary where the codec
-        can: the all-reduce keeps what the group receives from it in one round-sized vector."""
-        data, values = self.encode_roundtrip(flat)
-        out.copy_(values)
-        return data
-
-    def roundtrip_into(self, flat: Tensor, out: Tensor) -> None:
-        """:meth:`roundtrip` written into ``out`` (as :meth:`encode_roundtrip_into`), without making
-        the bytes where the codec can: a reducer's own part is never sent."""
-        out.copy_(self.roundtrip(flat))
-
-    def prepare(self, numel: int) -> Optional["Prepared"]:
-        """A :class:`Prepared` encoding of a vector of ``numel`` values, to be filled in a thread
-        (:meth:`Prepared.fill`) before the group is known, or None where a part's bytes are not a slice
-        of the whole vector's (the sparse codec chooses its values per part)."""
-        return None
-
-    def _check_length(self, data: bytes, numel: int) -> None:
-        if numel < 0:
-            raise ValueError(f"numel must be >= 0, got {numel}")
-        expected = self.encoded_size(numel)
-        if len(data) != expected:
-            raise ValueError(f"{self.name}: {len(data)} bytes do not encode {numel} values (expected {expected})")
-
-    # The average a reducer sends back: the codec's own encoding unless it overrides these (the sparse
-    # codec sends the union of the contributions, :mod:`peer.averaging.sparse`).
-
-    feedback_decay: float = 1.0
-    """Error feedback keeps ``feedback_decay * residual`` from one round to the next."""
-
-    def encode_average(self, value: Tensor, contributions: Optional[Mapping[str, tuple[Tensor, float]]] = None,
-                       plain_mean: bool = False) -> bytes:
-        """The bytes a reducer answers with for the aggregate ``value`` of ``contributions``
-        (``plain_mean``: ``value`` is their weighted mean in sorted peer-id order)."""
-        return self.encode(value)
-
-    def decode_average(self, data: bytes, numel: int) -> Tensor:
-        """What every member applies from a reducer's answer."""
-        return self.decode(data, numel)
-
-    def decode_average_into(self, data: bytes, out: Tensor) -> None:
-        """:meth:`decode_average` into ``out`` (see :meth:`decode_into`); a codec whose answer is its
-        :meth:`decode` needs no intermediate tensor."""
-        self.decode_into(data, out)
-
-    def encode_average_into(self, value: Tensor, contributions: Optional[Mapping[str, tuple[Tensor, float]]],
-                            plain_mean: bool, out: Tensor) -> bytes:
-        """:meth:`encode_average`, with what :meth:`decode_average_into` makes of its bytes written into
-        ``out``: the reducer's own copy of the average. Here the answer is the codec's encoding, so
-        its round trip (:meth:`encode_roundtrip_into`), with no decode of what was just encoded; a
-        codec that answers otherwise overrides this with them."""
-        return self.encode_roundtrip_into(value, out)
-
-    def average_size_ok(self, length: int, numel: int) -> bool:
-        """Whether ``length`` bytes can be a reducer's answer for ``numel`` values."""
-        return self.size_ok(length, numel)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
 
 
 class _SpecCodec(Codec):
@@ -193,14 +65,14 @@ class NoneCodec(_SpecCodec):
     spec = SPECS["none"]
 
     def encode(self, flat: Tensor) -> bytes:
-        return _check_flat(flat).numpy().astype("<f4", copy=False).tobytes()
+        return check_flat(flat).numpy().astype("<f4", copy=False).tobytes()
 
     def encode_roundtrip(self, flat: Tensor) -> tuple[bytes, Tensor]:
-        flat = _check_flat(flat)
+        flat = check_flat(flat)
         return flat.numpy().astype("<f4", copy=False).tobytes(), flat.clone()
 
     def encode_roundtrip_into(self, flat: Tensor, out: Tensor) -> bytes:
-        flat = _check_flat(flat)
+        flat = check_flat(flat)
         out.copy_(flat)
         return flat.numpy().astype("<f4", copy=False).tobytes()
 
@@ -226,7 +98,7 @@ class Fp16Codec(_SpecCodec):
 
     @staticmethod
     def _half(flat: Tensor) -> Tensor:
-        half = _check_flat(flat).to(torch.float16)
+        half = check_flat(flat).to(torch.float16)
         if not bool(torch.isfinite(half).all()):
             raise ValueError("fp16: values beyond the half-precision range (65504) cannot be encoded")
         return half
@@ -309,7 +181,7 @@ class _BlockwiseCodec(_SpecCodec):
         blocks go :data:`_CHUNK_BLOCKS` at a time: each pass over a chunk finds it in the core's cache,
         where passes over the whole vector each go to memory (less CPU for the round trip, much less for
         a plain encode)."""
-        flat = _check_flat(flat, finite=False)  # checked per block in _encode_blocks
+        flat = check_flat(flat, finite=False)  # checked per block in _encode_blocks
         numel = flat.numel()
         full, tail = divmod(numel, BLOCK)
         stride = SCALE_BYTES + self.spec.code_bytes(BLOCK)
@@ -329,7 +201,7 @@ class _BlockwiseCodec(_SpecCodec):
 
     def _bytes(self, flat: Tensor, values: Optional[Tensor]) -> bytes:
         """:meth:`_encode` into a fresh buffer: the bytes."""
-        flat = _check_flat(flat, finite=False)
+        flat = check_flat(flat, finite=False)
         out = np.empty(self.encoded_size(flat.numel()), dtype=np.uint8)
         self._encode(flat, values, out)
         return out.tobytes()
@@ -457,67 +329,6 @@ class Int4Codec(_BlockwiseCodec):
         if count % 2 and bool((raw[:, -1] >> 4 != 8).any()):
             raise ValueError("int4: the padding nibble of an odd-sized block is not zero")
         return codes
-
-
-class Prepared:
-    """A vector's encoding made before its group is known (the all-reduce then only cuts it into parts
-    and, with an entropy stage, compresses each): :meth:`fill` encodes the whole vector in a thread,
-    chunk by chunk, while matchmaking runs; :meth:`part` gives the bytes of a block-aligned part as
-    soon as the encoding got past it. A part's bytes are those the codec makes of the part alone:
-    blocks start at element 0 and each lies whole in the bytes (:mod:`models.codec_spec`).
-
-    ``codec``: the value codec whose layout the bytes have (a :class:`_SpecCodec`); ``pack``: what a part's bytes go through
-    on their way out (the entropy stage, :class:`peer.averaging.entropy.EntropyCoded`), if anything."""
-
-    WAIT = 60.0
-    """Most seconds :meth:`part` waits for :meth:`fill` to get past its part."""
-
-    def __init__(self, codec: "_SpecCodec", numel: int, pack: Optional[Callable[[memoryview], bytes]] = None):
-        self.codec = codec
-        self.numel = numel
-        self.pack = pack
-        self.raw = np.empty(codec.encoded_size(numel), dtype=np.uint8)
-        self._done = 0
-        self._error: Optional[BaseException] = None
-        self._changed = threading.Condition()
-
-    def fill(self, flat: Tensor, out: Tensor) -> None:
-        """Encode ``flat`` (``numel`` values) and write what a receiver decodes into ``out``; raises
-        ValueError as :meth:`Codec.encode` does (then every :meth:`part` raises it too)."""
-        if flat.numel() != self.numel:
-            raise ValueError(f"{self.codec.name}: prepared for {self.numel} values, got {flat.numel()}")
-        try:
-            with phase("encode"):  # counted chunk by chunk (_advance): a snapshot sees it as it runs
-                self.codec._prepare_into(flat, out, self.raw, self._advance)
-        except BaseException as e:
-            with self._changed:
-                self._error = e
-                self._changed.notify_all()
-            raise
-
-    def _advance(self, done: int) -> None:
-        tick()
-        with self._changed:
-            self._done = done
-            self._changed.notify_all()
-
-    def wait(self, upto: int) -> None:
-        """Return once the first ``upto`` values are encoded (their bytes and decoded values written);
-        ValueError if the encoding failed, TimeoutError after :data:`WAIT` seconds."""
-        with self._changed:
-            if not self._changed.wait_for(lambda: self._done >= upto or self._error is not None, self.WAIT):
-                raise TimeoutError(f"{self.codec.name}: the vector's encoding did not reach {upto} in {self.WAIT:.0f}s")
-            if self._error is not None:
-                raise ValueError(f"{self.codec.name}: the vector could not be encoded: {self._error}")
-
-    def part(self, a: int, b: int) -> bytes:
-        """The encoded bytes of values ``[a, b)`` (``a`` and ``b`` multiples of ``BLOCK``, or ``b`` the
-        vector's end), through :attr:`pack`; waits for :meth:`fill` to get past ``b``."""
-        if not (0 <= a <= b <= self.numel and a % BLOCK == 0 and (b % BLOCK == 0 or b == self.numel)):
-            raise ValueError(f"[{a}, {b}) is not a block-aligned part of {self.numel} values")
-        self.wait(b)
-        view = memoryview(self.raw)[self.codec.encoded_size(a) : self.codec.encoded_size(b)]
-        return self.pack(view) if self.pack is not None else view.tobytes()
 
 
 _CHUNK_BLOCKS = 256

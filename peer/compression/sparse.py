@@ -11,7 +11,7 @@ part answers every member with the same bytes, and the average those bytes decod
 the same IEEE operations in the same order on every machine: either the reducer's aggregate itself
 (``EXACT``, fp32 values of the union of the contributions' positions) or the contributions
 themselves (``GATHER``, the members' uplink bytes and weights, decoded and averaged in sorted
-peer-id order by :func:`peer.averaging.aggregation.weighted_mean`). The reducer sends whichever is
+peer-id order by :func:`peer.compression.weighted_mean`). The reducer sends whichever is
 smaller; members never compute the mean from anything but those bytes.
 """
 
@@ -25,7 +25,8 @@ import torch
 from torch import Tensor
 
 from models.sparse_spec import CHUNK, INDEX_BITS, FEEDBACK_DECAY, SparseSpec, high_bits, low_bits
-from peer.averaging.quantizers import Codec, _check_flat, _max_scale
+from peer.compression.base import Codec, check_flat, max_scale
+from peer.compression.mean import weighted_mean
 
 __all__ = ["SparseCodec", "EXACT", "GATHER"]
 
@@ -92,7 +93,7 @@ class SparseCodec(Codec):
     def __init__(self, spec: SparseSpec):
         self.spec = spec
         self.name = spec.name
-        self._max_scale = _max_scale(spec.levels)
+        self._max_scale = max_scale(spec.levels)
 
     def encoded_size(self, numel: int) -> int:
         return self.spec.encoded_size(numel)
@@ -137,7 +138,7 @@ class SparseCodec(Codec):
         return runs
 
     def encode_roundtrip(self, flat: Tensor) -> tuple[bytes, Tensor]:
-        flat = _check_flat(flat, finite=False)  # checked per chunk
+        flat = check_flat(flat, finite=False)  # checked per chunk
         decoded = torch.zeros_like(flat)
         parts = []
         for start, nb, c in self._split(flat.numel()):
@@ -191,7 +192,7 @@ class SparseCodec(Codec):
         """The smaller of ``EXACT`` (``value``'s non-zeros) and, when ``value`` is the plain weighted
         mean of ``contributions`` (``plain_mean``), ``GATHER`` (the contributions, re-encoded: a
         decoded contribution encodes to bytes that decode to it exactly, which is checked)."""
-        exact = self._encode_exact(_check_flat(value))
+        exact = self._encode_exact(check_flat(value))
         if not plain_mean or not contributions or len(contributions) >= 1 << 16:
             return exact
         numel = value.numel()
@@ -219,8 +220,6 @@ class SparseCodec(Codec):
         return data
 
     def decode_average(self, data: bytes, numel: int) -> Tensor:
-        from peer.averaging.aggregation import weighted_mean
-
         if not self.average_size_ok(len(data), numel):
             raise ValueError(f"{self.name}: an average of {len(data)} bytes cannot hold {numel} values")
         if data[0] == EXACT:

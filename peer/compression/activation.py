@@ -33,8 +33,9 @@ import zstandard
 from torch import Tensor
 
 from models.codec_spec import CODECS
-from peer.averaging import Codec, get_codec
-from peer.averaging.entropy import ZstdContexts
+from peer.compression.base import Codec
+from peer.compression.codecs import get_codec
+from peer.compression.entropy import ZstdContexts
 
 __all__ = ["ActivationCodec", "FlatCodec", "TokenIntCodec", "TokenInt4Codec", "TOKEN_INT4", "TOKEN_INT4_SR",
            "TOKEN_INT5", "ACTIVATION_CODECS"]
@@ -56,7 +57,7 @@ class ActivationCodec(Protocol):
 
 
 class FlatCodec:
-    """A pseudo-gradient value codec (:mod:`peer.averaging.quantizers`) applied to the flat vector."""
+    """A pseudo-gradient value codec (:mod:`peer.compression.quantizers`) applied to the flat vector."""
 
     def __init__(self, codec: Codec):
         self.codec = codec

@@ -16,8 +16,9 @@ import zstandard
 from torch import Tensor
 
 from models.codec_spec import TAG_BYTES, wire_name
-from peer.averaging.phases import phase
-from peer.averaging.quantizers import Codec, Prepared
+from peer.compression.base import Codec
+from peer.compression.phases import phase
+from peer.compression.prepared import Prepared
 
 __all__ = ["EntropyCoded", "ENTROPY_CODERS", "ZstdContexts"]
 
