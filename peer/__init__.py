@@ -47,7 +47,10 @@ Where a decision lives:
   ``hivepath.settings`` (the command line's and the images');
 - the start-up and teardown of a long-running process (identity, coordinator, DHT, status page,
   signals): ``peer.node.startup``;
-- that no process outlives the one that started it: ``peer.node.lifetime``.
+- that no process outlives the one that started it: ``peer.node.lifetime``;
+- who forms a module's averaging group at a round (whom to wait for, which fork is kept, who leads,
+  when to step alone or re-sync): ``peer.averaging.group_decision``, pure functions of what the holders
+  declared, which ``peer.averaging.matchmaking.Matchmaker`` calls around its DHT and P2P I/O.
 
 Importing ``peer`` alone pulls in neither torch nor hivemind.
 """

@@ -13,7 +13,10 @@ The contract and the rule:
 - ``local``: :class:`LocalAverager`, the contract between threads of one process.
 
 Over the network (hivemind's P2P and DHT):
-- ``matchmaking``: groups per (module, round) from holder records and group declarations.
+- ``group_decision``: who forms a round's group, as pure functions of what the holders declared (whom
+  a gather waits for, forks kept by majority, who leads; the time passed in): ``Match``, ``LONE``.
+- ``matchmaking``: groups per (module, round) from holder records and group declarations: the DHT reads
+  and writes, pushes and waits around ``group_decision``.
 - ``compat``: :func:`wire_key`, the averaging bytes key: only holders of one key are grouped
   (releases whose exchanges give other bytes average apart).
 - ``group_join``: the leader/follower protocol that turns a round's declared members into one group.

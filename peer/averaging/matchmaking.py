@@ -28,6 +28,11 @@ even while that round's exchange runs, so newcomers can hold a round its holders
 refuses a group whose members all fetched this round's state from holders none of which is in it
 (they would average the old state between them, a second lineage at the same round numbers).
 
+The decision itself (whom a gather waits for, who leads, which fork is kept, when to wait, step
+alone or re-sync) is :mod:`peer.averaging.group_decision`'s, pure functions of what the members
+declared; this module reads and writes the records, pushes declarations, waits, logs, and leads or
+follows as decided.
+
 Peers whose config hash or dataset hash differ from ours are never grouped: their declarations
 are ignored and their join requests refused, with a log line naming both hashes.
 
@@ -57,23 +62,20 @@ import asyncio
 import logging
 import math
 import time
-from collections import Counter
-from typing import Any, AsyncIterator, Callable, Mapping, NamedTuple, Optional
+from typing import Any, AsyncIterator, Callable, Mapping, Optional
 
+from peer.averaging import group_decision
+from peer.averaging.group_decision import LONE, Gathered, Match, behind_a_formed_group, in_bucket
 from peer.averaging.group_join import GroupJoin, Looking
-from peer.averaging.partition import Group
 from peer.network.frames import handler_name, log_limited, serve_messages
 from peer.network import (MAX_EXPECTING, ArchiveRecord, CredentialProvider, CredentialVerifier, GroupDeclaration,
-                          HolderRecord, archive_key, group_bucket, group_key, holders_key, records_from_value, to_value,
+                          HolderRecord, archive_key, group_key, holders_key, records_from_value, to_value,
                           top_group_key, withdrawal, withdrawn_rounds)
 from protos.hivepath.peer.v1.net_pb2 import DESCRIPTOR as NET, DeclareAck, DeclareNotice
 
 __all__ = ["Matchmaker", "Match", "LONE", "BEHIND_PATIENCE_ROUNDS"]
 
 log = logging.getLogger(__name__)
-
-LONE = "lone"
-"""Marker group id of a member that is the only holder of its module this round."""
 
 BEHIND_PATIENCE_ROUNDS = 2.0
 """How long (in round budgets) a member otherwise alone waits for a holder behind it to catch up."""
@@ -93,29 +95,6 @@ SPLIT_HOLDERS_POLL = 1.0
 lists every holder of the module: read every poll, it would be most of a peer's DHT bytes)."""
 
 
-def in_bucket(module_id: str, round_no: int, peer_id: str, bucket: Optional[tuple[int, int]]) -> bool:
-    """Whether ``peer_id`` averages ``module_id``'s round ``round_no`` in ``bucket`` = (b, k) (always,
-    without a bucket: one group a module)."""
-    return bucket is None or group_bucket(module_id, round_no, peer_id, bucket[1]) == bucket[0]
-
-
-class Match(NamedTuple):
-    """The outcome of one member's matchmaking for one (module, round)."""
-
-    group: Optional[Group]
-    """The formed group (``group_id == LONE`` when we are the only holder), or None."""
-    reason: str
-    """Why there is no group, or who was dropped ('' when all went well)."""
-    adopt: str = ""
-    """Set when other holders at this round hold another state and theirs is kept: its digest."""
-    ahead: int = -1
-    """Set when there is no group because other holders applied rounds we missed: the round they are
-    at (a live holder, one that left, or the archive); -1 otherwise."""
-    ahead_left: bool = False
-    """With ``ahead``: the holders that were there left (withdrawn): no live holder has that state."""
-
-
-
 def _round_in(key: str, prefix: str) -> int:
     """The round of ``key`` when it is ``{prefix}{round}_group`` or ``{prefix}{round}_b{bucket}_group``
     (a module's group key of a round, :func:`peer.network.group_key`); else -1."""
@@ -123,13 +102,6 @@ def _round_in(key: str, prefix: str) -> int:
         return -1
     round_no, split, bucket = key[len(prefix):-len("_group")].partition("_b")
     return int(round_no) if round_no.isdigit() and (not split or bucket.isdigit()) else -1
-
-
-def _behind_a_formed_group(leaders: list[str], round_no: int) -> Match:
-    """The failed :class:`Match` of a member that finds round ``round_no``'s group begun without it (led
-    by ``leaders``): behind it, it re-syncs to the round that group applies."""
-    return Match(None, f"behind: {', '.join(p[-8:] for p in leaders)} began this round's group without us; "
-                       "re-sync to the round it applies", ahead=round_no + 1)
 
 
 class Matchmaker(GroupJoin):
@@ -155,9 +127,9 @@ class Matchmaker(GroupJoin):
         self.in_touch_since = in_touch_since or (lambda: None)
         self._sources: dict[str, tuple[str, int, float]] = {}
         """module -> (the peer we last fetched its state from, the round of that state, when)."""
-        self._behind_since: dict[tuple[str, str], tuple[int, float, bool]] = {}
-        """(module, holder behind us) -> (the round its record announces, when we began waiting for it,
-        whether we logged giving up on it)."""
+        self._behind_since: dict[str, dict[str, tuple[int, float, bool]]] = {}
+        """module -> holder behind us -> (the round its record announces, when we began waiting for it,
+        whether we logged giving up on it) (:func:`peer.averaging.group_decision.still_waiting`)."""
         self._declared: dict[str, tuple[str, float]] = {}
         """module -> (the group key of our last declaration, its DHT expiration)."""
         self._top_declared: dict[str, float] = {}
@@ -166,15 +138,15 @@ class Matchmaker(GroupJoin):
         self._background: set["asyncio.Future[Any]"] = set()
         """Pushes, our declarations' DHT stores and other background stores (kept so that they are not
         collected)."""
-        self._seen: dict[tuple[str, str], float] = {}
-        """(module, other holder) -> when its holder record was last read: a holder whose record
+        self._seen: dict[str, dict[str, float]] = {}
+        """module -> other holder -> when its holder record was last read: a holder whose record
         vanished without a withdrawal may be cut off from us, not gone (see :meth:`_vanished`)."""
         self._live: dict[str, frozenset[str]] = {}
         """module -> the other live holders our last gather of it read (whom :meth:`_push` tells)."""
         self._read: dict[str, frozenset[str]] = {}
         """module -> every other holder whose record our last gather of it read, idle ones too."""
-        self._valid_until: dict[tuple[str, str], float] = {}
-        """(module, other holder) -> the DHT expiration of its holder record as we last read it: until
+        self._valid_until: dict[str, dict[str, float]] = {}
+        """module -> other holder -> the DHT expiration of its holder record as we last read it: until
         then a record missing from a read was missed by the read (see :meth:`_missed`)."""
         self.pushed: dict[str, dict[str, tuple[GroupDeclaration, float]]] = {}
         """Group key -> sender -> (its declaration, DHT expiration), as live holders pushed them to us
@@ -342,64 +314,29 @@ class Matchmaker(GroupJoin):
             looking.storing = self._in_background(
                 self._declare(looking, self._own_joiners(module_id, round_no, patience, bucket), module_id),
                 "storing our declaration on the DHT", logging.WARNING)
-            everyone, ahead, same_round, behind, live, gone = await self._gather(
-                module_id, round_no, looking, gather_deadline, patience, wait_for_behind, bucket)
-            left = max(gone.values(), default=-1)
-            vanished = self._vanished(module_id, live, gone, patience)
-            if ahead > round_no:
-                # the group applied rounds we missed: averaging now would fork the replicas
-                return Match(None, f"behind: other holders are at round {ahead}; re-sync from them first", ahead=ahead)
-            if left > round_no:
-                # holders that left (a drain, a restart, a reassignment) had applied rounds we missed:
-                # stepping now, alone or with others as far behind, would make a second state at those
-                # round numbers. Their withdrawals expire within the holder records' lifetime.
-                return Match(None, f"behind: holders that left were at round {left}; re-sync to it first", ahead=left,
-                             ahead_left=True)
-            looking.fetched_from = self._fresh_source(module_id, round_no, live, patience)
-            declared = {p: d for p, d in everyone.items() if d.digest == digest}
-            fork = self._resolve_fork(key, digest, everyone)
-            if fork is not None:
+            read = await self._gather(module_id, round_no, looking, gather_deadline, patience, wait_for_behind, bucket)
+            vanished = self._vanished(module_id, read.live, read.gone, patience)
+            missed = self._missed(module_id, vanished, read.gone) if bucket is None else {}
+            now = time.monotonic()
+            looking.fetched_from = group_decision.fresh_source(self._sources.get(module_id), round_no, read.live, now,
+                                                               patience)
+            decision = group_decision.decide(
+                self.peer_id, self.bandwidth, round_no, digest, read, vanished=vanished, missed=missed, now=now,
+                patience=patience, wait_for_behind=wait_for_behind, waited=self._behind_since.get(module_id, {}),
+                in_touch_since=self.in_touch_since() if vanished else None, bucket=bucket)
+            if decision.fork is not None:
+                log.warning("%s: holders %s hold another state at this round (a fork); ours (%s, %d of %d) is kept "
+                            "and they re-sync to it", key, ", ".join(sorted(p[-8:] for p in decision.fork.others)),
+                            digest, decision.fork.holding, decision.fork.total)
+            if decision.waited is not None:
+                self._keep_waiting(module_id, decision.waited, patience)
+            if decision.match is not None:
                 looking.decided.set()
-                return fork
-            missed = self._missed(module_id, vanished, gone) if bucket is None else {}
-            if missed:  # its record is still on the DHT: our read missed it, the holder did not leave
-                looking.decided.set()
-                return Match(None, f"holders {', '.join(p[-8:] for p in sorted(missed))} are missing from our read of the "
-                                   f"DHT while their records are valid for up to {max(missed.values()):.0f}s more: not "
-                                   "averaging without them (they may be at this round)")
-            formed = sorted(p for p, d in declared.items() if d.formed) if bucket is None else []
-            if formed:
-                # a group of this round began without us: a group of the rest would apply a second average
-                # under this round's number; behind it, we re-sync to the round it applies
-                looking.decided.set()
-                return _behind_a_formed_group(formed, round_no)
-            candidates = {p for p, d in declared.items() if d.bandwidth > 0} | ({self.peer_id} if self.bandwidth > 0 else set())
-            if not declared:
-                looking.decided.set()
-                silent = same_round - set(everyone)
-                if silent:  # applying our delta alone would fork us from them
-                    return Match(None, f"holders {', '.join(sorted(silent))} at this round did not declare in time")
-                if bucket is not None:  # the top group decides whether the round goes ahead
-                    return Match(Group(LONE, (self.peer_id,), (self.bandwidth,), 0.0), f"alone in group {bucket[0]}")
-                waiting = self._still_waiting(module_id, behind, patience) if wait_for_behind else {}
-                if waiting:  # they re-sync to us at their next round; stepping alone would keep us out of reach
-                    return Match(None, "waiting for holders behind us to catch up ("
-                                       + ", ".join(f"{p[-8:]} at round {r}" for p, r in sorted(waiting.items())) + ")")
-                since = self.in_touch_since()
-                if vanished and (since is None or since > min(vanished.values())):  # we may be the one cut off
-                    return Match(None, f"holders {', '.join(p[-8:] for p in sorted(vanished))} vanished without leaving "
-                                       f"while we were out of touch with the coordinator (cut off?): not stepping alone for "
-                                       f"{patience:.0f}s after they were last seen")
-                archived = await self._archived_round(module_id)
-                if archived > round_no:  # the archive kept a round we missed (its holders left since)
-                    return Match(None, f"behind: the archive keeps round {archived}; re-sync from it first", ahead=archived)
-                gave_up = sorted(p for p in behind if p != self.peer_id)
-                return Match(Group(LONE, (self.peer_id,), (self.bandwidth,), 0.0),
-                             f"holders behind us did not catch up ({', '.join(p[-8:] for p in gave_up)})" if gave_up else "")
-            if not candidates:
-                looking.decided.set()
-                return Match(None, "no member of the group accepts connections (all in client mode)")
-            leader = min(candidates)
+                if decision.check_archive:  # the archive may keep a round we missed (its holders left since)
+                    return group_decision.past_the_archive(await self._archived_round(module_id),
+                                                           round_no) or decision.match
+                return decision.match
+            declared, leader = decision.members, decision.leader
             if leader == self.peer_id:
                 looking.decided.set()
                 # a split round's bucket is often all newcomers whose sources are in other buckets; the
@@ -408,12 +345,12 @@ class Matchmaker(GroupJoin):
 
                 async def formed_elsewhere(members: set[str]) -> str:
                     leaders.extend(await self._formed_without_us(key, digest, members))
-                    return _behind_a_formed_group(leaders, round_no).reason if leaders else ""
+                    return behind_a_formed_group(leaders, round_no).reason if leaders else ""
                 match = Match(*await self._lead(looking, set(declared), close_deadline, end,
                                                 check_sources=bucket is None,
                                                 before_begin=formed_elsewhere if bucket is None else None))
                 if leaders:
-                    match = _behind_a_formed_group(leaders, round_no)
+                    match = behind_a_formed_group(leaders, round_no)
                 elif match.group is not None and bucket is None:
                     self._state_formed(module_id, looking)
             else:
@@ -483,15 +420,10 @@ class Matchmaker(GroupJoin):
                 if len(declared) + 1 >= buckets or time.monotonic() >= gather_deadline:
                     break
                 await asyncio.sleep(_POLL)
-            if len(declared) + 1 < need:
-                return Match(None, f"top group: {len(declared) + 1} of {buckets} groups' delegates declared "
-                                   f"(a mean of fewer than {need} could fork the replicas)")
-            if not declared and need <= 1:
-                return Match(Group(LONE, (self.peer_id,), (self.bandwidth,), 0.0), "alone at this level")
-            candidates = {p for p, d in declared.items() if d.bandwidth > 0} | ({self.peer_id} if self.bandwidth > 0 else set())
-            if not candidates:
-                return Match(None, "top group: no delegate accepts connections (all in client mode)")
-            leader = min(candidates)
+            decision = group_decision.decide_top(self.peer_id, self.bandwidth, declared, buckets, need)
+            if decision.match is not None:
+                return decision.match
+            leader = decision.leader
             close_deadline = gather_deadline + (end - gather_deadline) * 0.25
             if leader == self.peer_id:
                 looking.decided.set()
@@ -529,17 +461,8 @@ class Matchmaker(GroupJoin):
         answered us without a break since before they vanished, they are the ones gone, and we step
         alone at once as the only live holder (a cut-off peer reaches the coordinator again a few
         seconds after the heal, before its DHT finds the others: contact alone does not say it)."""
-        now = time.monotonic()
-        for peer in live:
-            self._seen[(module_id, peer)] = now
-        out = {}
-        for (mid, peer), seen in list(self._seen.items()):
-            if mid != module_id or peer in live:
-                continue
-            if peer in gone or now - seen >= patience:
-                del self._seen[(mid, peer)]  # it left, or stayed silent long enough
-            else:
-                out[peer] = seen
+        out, self._seen[module_id] = group_decision.vanished(self._seen.get(module_id, {}), live, gone,
+                                                             time.monotonic(), patience)
         return out
 
     def _note_read(self, module_id: str, found: Any, records: Mapping[str, HolderRecord]) -> None:
@@ -551,7 +474,7 @@ class Matchmaker(GroupJoin):
         for peer in records:
             expiration = getattr(entries.get(peer), "expiration_time", None) if isinstance(entries, dict) else None
             if isinstance(expiration, (int, float)):
-                self._valid_until[(module_id, peer)] = float(expiration)
+                self._valid_until.setdefault(module_id, {})[peer] = float(expiration)
 
     def _missed(self, module_id: str, vanished: Mapping[str, float], gone: Mapping[str, int]) -> dict[str, float]:
         """Of the ``vanished`` holders (:meth:`_vanished`), those whose record, as we last read it, is
@@ -562,11 +485,9 @@ class Matchmaker(GroupJoin):
         then, so this never delays stepping on without a dead holder)."""
         from hivemind.utils import get_dht_time
 
-        now, read = get_dht_time(), self._read.get(module_id, frozenset())
-        for key in [k for k, until in self._valid_until.items() if k[0] == module_id and (until <= now or k[1] in gone)]:
-            del self._valid_until[key]
-        return {p: self._valid_until[(module_id, p)] - now for p in vanished
-                if p not in read and (module_id, p) in self._valid_until}
+        out, self._valid_until[module_id] = group_decision.missed(vanished, gone, self._read.get(module_id, frozenset()),
+                                                                  self._valid_until.get(module_id, {}), get_dht_time())
+        return out
 
     async def _archived_round(self, module_id: str) -> int:
         """The most advanced round an archive of our config keeps of ``module_id`` (-1: none)."""
@@ -623,57 +544,29 @@ class Matchmaker(GroupJoin):
             await self.dht.store(key, withdrawal(self._own_credential()), expires + 1.0, subkey=self.peer_id,
                                  return_future=True)
 
-    def _fresh_source(self, module_id: str, round_no: int, live: set[str], patience: float) -> str:
-        """The live holder we fetched this round's state from in the last ``patience`` seconds, or ''."""
-        source = self._sources.get(module_id)
-        if source is None or source[1] != round_no or source[0] not in live:
-            return ""
-        return source[0] if time.monotonic() - source[2] < patience else ""
-
     def _still_waiting(self, module_id: str, behind: dict[str, int], patience: float) -> dict[str, int]:
-        """The holders behind us worth waiting for: those whose record announced a new round less than
-        ``patience`` seconds ago. One that does not end its round in that time (idle, stuck, or gone
-        with its record not yet expired) stops holding us back until its record moves again."""
-        now = time.monotonic()
-        for key in [k for k in self._behind_since if k[0] == module_id and k[1] not in behind]:
-            del self._behind_since[key]
-        waiting, given_up = {}, []
-        for peer, round_no in behind.items():
-            key = (module_id, peer)
-            seen = self._behind_since.get(key)
-            if seen is None or seen[0] != round_no:
-                seen = self._behind_since[key] = (round_no, now, False)
-            if now - seen[1] < patience:
-                waiting[peer] = round_no
-            elif not seen[2]:
-                self._behind_since[key] = (round_no, seen[1], True)
-                given_up.append(peer)
-        if given_up:
-            log.info("%s: holders %s stayed behind us for %.0fs; no longer waiting for them", module_id,
-                     ", ".join(sorted(p[-8:] for p in given_up)), patience)
-        return waiting
+        """The holders behind us worth waiting for (:func:`peer.averaging.group_decision.still_waiting`):
+        those whose record announced a new round less than ``patience`` seconds ago. One that does not end
+        its round in that time (idle, stuck, or gone with its record not yet expired) stops holding us back
+        until its record moves again."""
+        asked = group_decision.still_waiting(behind, self._behind_since.get(module_id, {}), time.monotonic(), patience)
+        self._keep_waiting(module_id, asked, patience)
+        return asked.waiting
 
-    def _resolve_fork(self, key: str, digest: str, everyone: dict[str, GroupDeclaration]) -> Optional[Match]:
-        """None when every declared holder has our state, or ours is the one kept; else the failed
-        :class:`Match` telling us which state to re-sync to."""
-        counts = Counter(d.digest for d in everyone.values())
-        if set(counts) <= {digest}:
-            return None
-        counts[digest] += 1  # ourselves
-        kept = max(counts, key=lambda k: (counts[k], k))
-        theirs = sorted(p[-8:] for p, d in everyone.items() if d.digest != digest)
-        if kept == digest:
-            log.warning("%s: holders %s hold another state at this round (a fork); ours (%s, %d of %d) is kept "
-                        "and they re-sync to it", key, ", ".join(theirs), digest, counts[digest], sum(counts.values()))
-            return None
-        return Match(None, f"forked: {counts[kept]} of {sum(counts.values())} holders at this round hold state "
-                           f"{kept}, ours is {digest or '(none)'}; re-syncing to theirs", adopt=kept)
+    def _keep_waiting(self, module_id: str, asked: group_decision.Waiting, patience: float) -> None:
+        """Keep what :func:`peer.averaging.group_decision.still_waiting` answered for the next call, and
+        log the holders it gave up on."""
+        self._behind_since[module_id] = asked.since
+        if asked.given_up:
+            log.info("%s: holders %s stayed behind us for %.0fs; no longer waiting for them", module_id,
+                     ", ".join(sorted(p[-8:] for p in asked.given_up)), patience)
 
     async def _gather(self, module_id: str, round_no: int, looking: Looking, deadline: float, patience: float,
                       wait_for_behind: bool, bucket: Optional[tuple[int, int]] = None
-                      ) -> tuple[dict[str, GroupDeclaration], int, set[str], dict[str, int], set[str], dict[str, int]]:
-        """Other members' valid declarations, read until every live holder at this round declared or
-        ``deadline``; also the highest round any other live holder announces, the other holders at our
+                      ) -> Gathered:
+        """What the gather read (:class:`~peer.averaging.group_decision.Gathered`): other members' valid
+        declarations, read until every live holder at this round declared or ``deadline``
+        (:func:`~peer.averaging.group_decision.gathered`); also the highest round any other live holder announces, the other holders at our
         round, those behind it (peer -> round), every other live holder, and the holders that withdrew
         (peer -> the round they announced when they left). Holders that declared are not counted as ahead,
         unless their record is two or more rounds on (the declaration is an old one).
@@ -714,10 +607,9 @@ class Matchmaker(GroupJoin):
     async def _gather_until(self, module_id: str, round_no: int, looking: Looking, deadline: float,
                             patience: float, wait_for_behind: bool, bucket: Optional[tuple[int, int]],
                             waiter: asyncio.Event
-                            ) -> tuple[dict[str, GroupDeclaration], int, set[str], dict[str, int], set[str], dict[str, int]]:
+                            ) -> Gathered:
         """:meth:`_gather`'s loop; ``waiter`` is set when a declaration is pushed to us."""
         key = looking.key
-        mine = (lambda p: in_bucket(module_id, round_no, p, bucket))
         holders, holders_read = None, -math.inf
         while True:
             # a split round reads the module's holders (every holder of a widely held module) once a
@@ -752,40 +644,24 @@ class Matchmaker(GroupJoin):
                 if reread:
                     self._note_read(module_id, holders, records)
                 last_round_no, last_group = self._grouped.get(module_id, (-1, frozenset()))
-                expected = {p for p, h in live.items() if mine(p) and (h.round_no == round_no or (
-                    h.round_no == round_no - 1 and last_round_no == round_no - 1 and p in last_group))}
                 joiners = self._own_joiners(module_id, round_no, patience, bucket)
                 if not joiners <= looking.expecting:  # tell the others whom to wait for
                     if looking.storing is not None:  # after the first store: the DHT keeps the later one
                         await asyncio.wait([looking.storing])
                     await self._declare(looking, looking.expecting | joiners, module_id)
-                # joiners of this round, ours and those the other members declared they sent state to,
-                # unless their record already shows them past it
-                told = {p for d in declared.values() if d.digest == looking.digest for p in d.expecting}
-                expected |= {p for p in joiners | told
-                             if p != self.peer_id and not (p in live and live[p].round_no > round_no) and mine(p)}
-                # A holder that declared this round is at this round, whatever its record says (an overlap
-                # member announces its next round while this one's exchange runs), unless its record is
-                # two or more rounds on: that declaration is an old one, not yet expired (a holder that
-                # waited for us at this round while we were cut off, then went on). One a single round
-                # ahead that has not declared may be such a member about to declare: wait for it.
-                # In a split round the holders of other buckets announce the next round once their own
-                # group formed: one round ahead of us in another bucket is not ahead of the round.
-                ahead = max((h.round_no for p, h in live.items() if (p not in declared or h.round_no > round_no + 1)
-                             and (mine(p) or h.round_no != round_no + 1)), default=-1)
-                next_round = {p for p, h in live.items() if h.round_no == round_no + 1 and p not in declared and mine(p)}
-                behind = {p: h.round_no for p, h in live.items()
-                          if h.round_no < round_no and p not in declared and p not in expected}
-                last_round = set() if wait_for_behind else {
-                    p for p, r in self._still_waiting(module_id, behind, patience).items() if r == round_no - 1 and mine(p)}
-                if ((expected <= set(declared) and not next_round and not last_round) or time.monotonic() >= deadline
-                        or ahead > round_no + 1):
+                seen = group_decision.survey(module_id, round_no, looking.digest, self.peer_id, declared,
+                                             {p: h.round_no for p, h in live.items()}, joiners,
+                                             last_group if last_round_no == round_no - 1 else frozenset(), bucket)
+                expected, ahead, behind = seen.expected, seen.ahead, seen.behind
+                waiting = None if wait_for_behind else self._still_waiting(module_id, behind, patience)
+                if group_decision.gathered(module_id, round_no, seen, declared, waiting, time.monotonic(), deadline,
+                                           bucket):
                     missing = sorted(expected - set(declared))
                     if missing:
                         log.info("%s: holders %s did not declare by the gather deadline", key, ", ".join(missing))
                     gone = withdrawn_rounds(holders, self.config_hash, self.data_hash, self.verifier)
                     gone.pop(self.peer_id, None)
-                    return declared, ahead, expected, behind, set(live), gone
+                    return Gathered(declared, ahead, expected, behind, set(live), gone)
                 # a declaration pushed to us meanwhile is counted at once; else the DHT is read again
                 waiter.clear()
                 try:
