@@ -61,7 +61,6 @@ class LocalNetwork:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.data_dir = Path(data_dir)
-        self.config = config
         self.token = token or secrets.token_hex(16)
         self.token_file = self.root / "token"
         self.token_file.write_text(self.token)
