@@ -122,7 +122,7 @@ class Network:
     def holders(self, module_id: str) -> list[Peer]:
         return [p for p in self.peers.values() if module_id in p.opt.module_ids]
 
-    def fetch(self, module_id: str, like: Any) -> Any:
+    def fetch(self, module_id: str, like: Any, joining: bool = True) -> Any:
         held = self.holders(module_id)
         return held[0].opt.module_state(module_id) if held else None
 

@@ -35,12 +35,13 @@ def test_a_fresh_module_takes_the_first_held_siblings_global_copy_with_zero_mome
     trained = ModuleState([t + 1.0 for t in like], [torch.full_like(t, 5.0) for t in like], 37)
     asked = []
 
-    def fetch(mid, like_):
-        asked.append(mid)
+    def fetch(mid, like_, joining=True):
+        asked.append((mid, joining))
         return trained if mid == "L1M3" else None  # L1M1, the nearest, has no holder
 
     assert start_fresh_module(opt, LATTICE, "L1M2", like, fetch) == "sibling:L1M3@37"
-    assert asked == ["L1M1", "L1M3"]
+    # not as a joiner: the sibling's holders must not wait for us to declare its rounds
+    assert asked == [("L1M1", False), ("L1M3", False)]
     st = opt.module_state("L1M2")
     assert st.round_no == 0 and all(torch.equal(g, t) for g, t in zip(st.global_params, trained.global_params))
     assert all(not m.any() for m in st.momentum)
@@ -50,12 +51,12 @@ def test_a_fresh_module_takes_the_first_held_siblings_global_copy_with_zero_mome
 
 def test_no_held_sibling_or_the_seed_rule_keeps_the_seed_init():
     opt, like = _opt("L0M1")
-    assert start_fresh_module(opt, LATTICE, "L0M1", like, lambda mid, like_: None) == "init"
+    assert start_fresh_module(opt, LATTICE, "L0M1", like, lambda mid, like_, **kw: None) == "init"
     untrained = ModuleState([t + 1.0 for t in like], [torch.zeros_like(t) for t in like], 0)
-    assert start_fresh_module(opt, LATTICE, "L0M1", like, lambda mid, like_: untrained) == "init"  # round 0
+    assert start_fresh_module(opt, LATTICE, "L0M1", like, lambda mid, like_, **kw: untrained) == "init"  # round 0
     assert start_fresh_module(opt, LATTICE, "L0M1", like, None) == "init"
     called = []
-    assert start_fresh_module(opt, LATTICE, "L0M1", like, lambda mid, l: called.append(mid), how="seed") == "init"
+    assert start_fresh_module(opt, LATTICE, "L0M1", like, lambda mid, l, **kw: called.append(mid), how="seed") == "init"
     assert called == [] and all(torch.equal(g, t) for g, t in zip(opt.module_state("L0M1").global_params, like))
     with pytest.raises(ValueError, match="fresh start 'zero'"):
         start_fresh_module(opt, LATTICE, "L0M1", like, None, how="zero")

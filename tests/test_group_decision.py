@@ -184,6 +184,17 @@ def test_a_joiner_whose_record_is_past_our_round_is_not_waited_for():
     assert "peer-J" not in s.expected
 
 
+def test_a_joiner_that_announces_the_module_idle_is_not_waited_for():
+    """A stage server that fetched our state but is not driven yet declares no round: neither our own
+    joiner nor one another holder's declaration names is expected once its record says idle."""
+    declared = {"peer-X": decl(expecting=("peer-J2",))}
+    joiners = frozenset({"peer-J1"})
+    busy = survey("L0M0", ROUND, OURS, ME, declared, {}, joiners)
+    assert {"peer-J1", "peer-J2"} <= busy.expected
+    s = survey("L0M0", ROUND, OURS, ME, declared, {}, joiners, idle=frozenset({"peer-J1", "peer-J2"}))
+    assert not s.expected & {"peer-J1", "peer-J2"}
+
+
 def test_a_split_round_waits_only_for_its_bucket():
     peers = [f"peer-{i}" for i in range(16)]
     bucket = (0, 2)

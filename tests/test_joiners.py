@@ -136,6 +136,24 @@ def test_a_lone_holder_steps_alone_after_an_archive_fetch_but_not_after_a_joiner
         assert group is not None and group.group_id == LONE, why
 
 
+def test_a_joiner_that_announces_the_module_idle_does_not_hold_the_holder_back(swarm):
+    """A stage server fetches its module's state and then announces it idle until a trainer drives it:
+    it will not declare, so the holder steps alone (as after an archive's fetch) instead of failing
+    the round waiting for it."""
+    from hivemind.utils import get_dht_time
+
+    nodes, loop, state = swarm
+    holder, other, _ = nodes
+    module_id = "L2M1"
+    _hold(holder, module_id, ROUND)
+    run(loop, _fetch(other, holder, module_id, joining=True))
+    idle = HolderRecord(CONFIG, "", ROUND, 1.0, 1e6, idle=True)
+    assert other[0].dht.store(holders_key(RUN_ID, module_id), to_value(idle), get_dht_time() + 60,
+                              subkey=other[0].peer_id)
+    group, why, adopt, *_ = run(loop, holder[2].form_group(module_id, ROUND, TIMEOUT, state.digest))
+    assert group is not None and group.group_id == LONE, why
+
+
 def test_overlap_member_waits_for_a_holder_whose_record_shows_the_last_round(swarm):
     nodes, loop, state = swarm
     first, lagging, _ = nodes

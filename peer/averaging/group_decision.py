@@ -178,12 +178,14 @@ class Survey(NamedTuple):
 
 def survey(module_id: str, round_no: int, digest: str, me: str, declared: Mapping[str, GroupDeclaration],
            rounds: Mapping[str, int], joiners: frozenset[str] = frozenset(), last_group: frozenset[str] = frozenset(),
-           bucket: Optional[tuple[int, int]] = None) -> Survey:
+           bucket: Optional[tuple[int, int]] = None, idle: frozenset[str] = frozenset()) -> Survey:
     """What one read of the declarations (``declared``, ours not among them) and of the live holders'
     records (``rounds``: peer -> the round its record announces, ours not among them) says about round
     ``round_no``. ``joiners``: the peers that fetched this round's state from us to average it;
     ``last_group``: the other members of the group we formed at the round before this one (empty when
     we formed none). With a ``bucket`` only the holders of our group this round are waited for.
+    ``idle``: holders whose record announces the module idle (a stage server nobody drives): never
+    expected, even as a joiner ours or another's declaration names (it declares no round while idle).
 
     Expected: the holders at our round, the members of our last group (their records may still say
     that round) and the joiners, ours and those the declarations at our ``digest`` list, unless their
@@ -197,7 +199,8 @@ def survey(module_id: str, round_no: int, digest: str, me: str, declared: Mappin
     mine = (lambda p: in_bucket(module_id, round_no, p, bucket))
     expected = {p for p, r in rounds.items() if mine(p) and (r == round_no or (r == round_no - 1 and p in last_group))}
     told = {p for d in declared.values() if d.digest == digest for p in d.expecting}
-    expected |= {p for p in joiners | told if p != me and not (p in rounds and rounds[p] > round_no) and mine(p)}
+    expected |= {p for p in joiners | told if p != me and p not in idle and not (p in rounds and rounds[p] > round_no)
+                 and mine(p)}
     ahead = max((r for p, r in rounds.items() if (p not in declared or r > round_no + 1)
                  and (mine(p) or r != round_no + 1)), default=-1)
     next_round = {p for p, r in rounds.items() if r == round_no + 1 and p not in declared and mine(p)}

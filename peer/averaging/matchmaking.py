@@ -644,14 +644,18 @@ class Matchmaker(GroupJoin):
                 if reread:
                     self._note_read(module_id, holders, records)
                 last_round_no, last_group = self._grouped.get(module_id, (-1, frozenset()))
-                joiners = self._own_joiners(module_id, round_no, patience, bucket)
+                # a peer that fetched a state but announces the module idle since (a stage server or
+                # trainer nobody drives yet) will not declare: it is no joiner to wait for
+                idle = frozenset(p for p, h in records.items() if h.idle)
+                joiners = self._own_joiners(module_id, round_no, patience, bucket) - idle
                 if not joiners <= looking.expecting:  # tell the others whom to wait for
                     if looking.storing is not None:  # after the first store: the DHT keeps the later one
                         await asyncio.wait([looking.storing])
                     await self._declare(looking, looking.expecting | joiners, module_id)
                 seen = group_decision.survey(module_id, round_no, looking.digest, self.peer_id, declared,
                                              {p: h.round_no for p, h in live.items()}, joiners,
-                                             last_group if last_round_no == round_no - 1 else frozenset(), bucket)
+                                             last_group if last_round_no == round_no - 1 else frozenset(), bucket,
+                                             idle)
                 expected, ahead, behind = seen.expected, seen.ahead, seen.behind
                 waiting = None if wait_for_behind else self._still_waiting(module_id, behind, patience)
                 if group_decision.gathered(module_id, round_no, seen, declared, waiting, time.monotonic(), deadline,

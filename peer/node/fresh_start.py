@@ -61,7 +61,9 @@ def start_fresh_module(opt: Any, lattice: LatticeConfig, module_id: str, like: l
     if how == "seed" or fetch_state is None:
         return "init"
     for sibling in sibling_ids(lattice, module_id):
-        state = fetch_state(sibling, like)
+        # not joining: we copy the sibling's weights, we do not average it, so its holders must not wait
+        # for our declarations as they do for a newcomer they sent a state to
+        state = fetch_state(sibling, like, joining=False)
         if state is None or state.round_no < 1:
             continue
         if [tuple(g.shape) for g in state.global_params] != [tuple(t.shape) for t in like]:

@@ -376,14 +376,14 @@ class PeerNode:
         peer_id = dht.peer_id
         checkpoints = CheckpointDir(self.opts.work_dir / "checkpoints", keep=self.opts.keep_checkpoints)
 
-        def fetch(mid, like, accept=None, min_round=-1):
+        def fetch(mid, like, accept=None, min_round=-1, joining=True):
             from peer.averaging import StateTransferError
 
             if self._drain_overdue_at is not None:  # leaving past the drain's deadline: no re-sync
                 return None
             try:
                 return averager.fetch_state(mid, timeout=cfg.outer.round_timeout, like=like, accept=accept,
-                                            min_round=min_round)
+                                            min_round=min_round, joining=joining)
             except StateTransferError as e:
                 log.info("no live holder sent %s (%s)", mid, e)
                 return None

@@ -46,8 +46,9 @@ log = logging.getLogger(__name__)
 
 _POLL = 0.2  # seconds between should_stop() checks of an idle stage server (a control-loop poll)
 
-FetchState = Callable[[str, list[torch.Tensor]], Any]
-"""``(module_id, like) -> ModuleState | None`` from live holders (e.g. ``NetAverager.fetch_state``)."""
+FetchState = Callable[..., Any]
+"""``(module_id, like, accept=None, min_round=-1, joining=True) -> ModuleState | None`` from live holders
+(e.g. ``NetAverager.fetch_state``; ``joining=False`` when we only copy the state and will not average it)."""
 
 
 def adopt_states(cfg: RunConfig, opt: DiLoCoOptimizer, modules: dict[str, nn.Module],
@@ -68,7 +69,10 @@ def adopt_states(cfg: RunConfig, opt: DiLoCoOptimizer, modules: dict[str, nn.Mod
         local = saved_state(snap, mid, [n for n, _ in mod.named_parameters()]) if snap is not None else None
         local_round = local.round_no if local is not None else -1
         like = [p.detach().cpu() for p in mod.parameters()]
-        remote = fetch_state(mid, like) if fetch_state is not None else None
+        # not joining: a stage server or trainer holds its modules idle until it is driven
+        # (:class:`peer.stage.activity.IdleHolds`), so the holders we fetch from must not wait for our
+        # declarations meanwhile; once driven, it joins the rounds and re-syncs if it fell behind
+        remote = fetch_state(mid, like, joining=False) if fetch_state is not None else None
         if remote is not None and remote.round_no > local_round:
             opt.load_module_state(mid, remote.global_params, remote.momentum, remote.round_no)
             origins[mid] = f"peer@{remote.round_no}"
@@ -216,9 +220,10 @@ def _fetcher(averager: Any, timeout: float) -> Optional[FetchState]:
     if not hasattr(averager, "fetch_state"):
         return None
 
-    def fetch(mid: str, like: list[torch.Tensor], accept: Any = None, min_round: int = -1) -> Any:
+    def fetch(mid: str, like: list[torch.Tensor], accept: Any = None, min_round: int = -1, joining: bool = True) -> Any:
         try:
-            return averager.fetch_state(mid, timeout=timeout, like=like, accept=accept, min_round=min_round)
+            return averager.fetch_state(mid, timeout=timeout, like=like, accept=accept, min_round=min_round,
+                                        joining=joining)
         except Exception as e:  # no live holder yet: start from the checkpoint or the init
             log.info("no live holder sent %s (%s)", mid, e)
             return None
