@@ -174,6 +174,40 @@ def test_an_emptied_level_is_refilled_from_an_idle_server_and_pinned_peers_stay(
     assert [r["state"] for r in pipelines(RUN, view)].count("running") == 1
 
 
+def test_an_emptied_level_is_refilled_from_a_second_trainer_of_the_pipeline():
+    """A server killed, and a newcomer that joined before its lease ran out became a second trainer of
+    the pipeline: with no idle server left, that second trainer serves the empty level, and the
+    pipeline keeps its first trainer."""
+    view = ClusterView()
+    for i in range(3):
+        _join(view, f"s{i}")
+    [first] = [p for p, a in view.assignments.items() if a.mode == MODE_TRAINER]
+    path = view.assignments[first].path
+    view.trainer_peers[path][first] = 900.0  # tokens/s the first trainer drove
+    second = _join(view, "late", role="trainer")
+    view.pinned.discard("late")
+    assert second.mode == MODE_TRAINER and second.path == path
+    lost = next(p for p, a in view.assignments.items() if a.mode == MODE_STAGE and a.module_id.startswith("L1"))
+    lost_module = view.assignments[lost].module_id
+    view.remove(lost)
+    caps = {p: SMALL for p in view.assignments}
+    move, reason = rebalance_pipelines(0.0, {}, caps, view, RUN, SETTINGS)
+    assert move is not None and move.peer_id == "late", reason  # it drove less than the first
+    assert move.assignment.mode == MODE_STAGE and move.assignment.module_id == lost_module
+    assert f"moved from trainer of pipeline {','.join(map(str, path))} to {lost_module}" in reason
+    _apply(view, move)
+    [row] = [r for r in pipelines(RUN, view) if r["path"] == list(path) or r["path"] == path]
+    assert row["state"] == "running" and len(row["trainers"]) == 1
+    # a pipeline's only trainer is never taken for a server
+    view = ClusterView()
+    for i in range(3):
+        _join(view, f"s{i}")
+    lost = next(p for p, a in view.assignments.items() if a.mode == MODE_STAGE)
+    view.remove(lost)
+    move, reason = rebalance_pipelines(0.0, {}, {p: SMALL for p in view.assignments}, view, RUN, SETTINGS)
+    assert move is None, reason
+
+
 def test_a_trainer_of_a_broken_pipeline_moves_to_a_complete_one_nobody_drives():
     view = ClusterView()
     for i in range(3):
