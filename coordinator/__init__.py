@@ -3,10 +3,13 @@
 It imports neither torch nor hivemind, and never touches weights or gradients.
 
 - :mod:`coordinator.core`: :class:`Coordinator`, the state machine (injected clock, no transport):
-  admission, assignment, drain, expiry and rebalancing
-- :mod:`coordinator.leases`, :mod:`coordinator.reading`: its heartbeats and leases (renewal, expiry,
-  group commit, restart grace) and its consistent reads (peers, leases, status view)
+  admission, assignment, drain, expiry, rebalancing and consistent reads (peers, leases, status view);
+  it builds the collaborators below and delegates to them
+- :mod:`coordinator.leases`: its lease table (expiry schedule, restart grace) and heartbeats (renewal,
+  progress, group commit)
 - :mod:`coordinator.scheduler`: pure assignment functions returning ``(decision, reason)``
+- :mod:`coordinator.planner`, :mod:`coordinator.planning`: each module's exchange plan, the pure decision
+  and the coordinator's planning passes
 - :mod:`coordinator.view`: :class:`ClusterView`, the aggregates decisions read
 - :mod:`coordinator.store`, :mod:`coordinator.sqlite_store`: the store interface, memory and SQLite-WAL
 - :mod:`coordinator.committer`: group commit of write batches
@@ -18,7 +21,8 @@ It imports neither torch nor hivemind, and never touches weights or gradients.
 - :mod:`coordinator.health`: long-run health signals (a path's validation bpb rising, a peer's loss diverging)
 - :mod:`coordinator.settings`: the ``[coordinator]`` section of run.toml
 - :mod:`coordinator.validation`, :mod:`coordinator.errors`: request checks and refusals
-- :mod:`coordinator.credentials`: the signing key and admission credentials (format: :mod:`protos.credential`)
+- :mod:`coordinator.credentials`: the signing key and admission credentials, issued and renewed
+  (format: :mod:`protos.credential`)
 - :mod:`coordinator.bans`, :mod:`coordinator.moderation`: reports of misbehaving peers, the pure ban
   decision, and the coordinator's report/ban/unban calls
 """

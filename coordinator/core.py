@@ -3,9 +3,10 @@
 :class:`Coordinator` is synchronous and transport-free; the gRPC servicer translates protos into its
 calls. Time comes from an injected clock (wall-clock seconds, because leases outlive restarts), so
 tests drive expiry and rebalancing without sleeping. Decisions are delegated to the pure functions
-of :mod:`coordinator.scheduler`. Its other parts share its state under one lock: leases and
-heartbeats (:mod:`coordinator.leases`), reads (:mod:`coordinator.reading`), reports and bans
-(:mod:`coordinator.moderation`), each module's exchange plan (:mod:`coordinator.planning`).
+of :mod:`coordinator.scheduler`. It owns the peer table, the cluster view and admission, and builds
+the collaborators that answer the rest, each given what it needs of that state and one lock: the lease
+table and heartbeats (:mod:`coordinator.leases`), reports and bans (:mod:`coordinator.moderation`),
+totals and history (:mod:`coordinator.story`), each module's exchange plan (:mod:`coordinator.planning`).
 
 Durability: joins, leaves, drains, expiries and assignment changes are handed to ``durable`` (which
 returns once they are committed) before the call returns; heartbeat renewals and progress are
@@ -17,32 +18,32 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import heapq
 import logging
-import secrets
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable, Iterator, Mapping, Optional
+from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 from coordinator.bans import BANS_META_KEY, BanBook
-from coordinator.credentials import CredentialIssuer
+from coordinator.credentials import CredentialBook, CredentialIssuer
 from coordinator.health import HealthRules, LossWatch
 from coordinator.history import History
 from coordinator.errors import Banned, Incompatible, InvalidArgument, LeaseNotFound, NoFit, Overloaded, PeerNotFound
-from coordinator.leases import Leases
+from coordinator.leases import Heartbeats, LeaseTable
 from coordinator.moderation import Moderation
+from coordinator.planner import ModulePlan
 from coordinator.planning import Planning
 from coordinator.reachability import RELAYS_PER_PEER, UNREACHABLE, Reachability, dialable, relay_load
-from coordinator.reading import Reading
 from coordinator.records import MODE_ARCHIVE, Assignment, Capabilities, Lease, ModuleProgress, Move, PeerRecord
-from coordinator.results import HeartbeatResult, JoinResult, ProgressReport, ReportResult, StatusView
+from coordinator.results import (HeartbeatResult, JoinResult, PathEvaluation, ProgressReport, ReportResult,
+                                 StatusView)
 from coordinator.pipelines import rebalance_pipelines
 from coordinator.scheduler import assign_peer, rebalance
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import Store, WriteBatch
 from coordinator.versions import PeerVersions
 from coordinator.story import Story, load_totals
+from coordinator.view import ClusterView
 from models.config import RunConfig
 from models.errors import HivepathError
 
@@ -78,11 +79,12 @@ def key_fingerprint(public_key: bytes) -> str:
     return hashlib.sha256(public_key).hexdigest()[:32] if public_key else ""
 
 
-class Coordinator(Leases, Reading, Moderation, Story, Planning):
-    """Admission, leases and work for one run (DiPaCo lattice, DiLoCo rounds); heartbeats come from
-    :class:`coordinator.leases.Leases`, reads from :class:`coordinator.reading.Reading`, reports and
-    bans from :class:`coordinator.moderation.Moderation`, totals and history from
-    :class:`coordinator.story.Story`."""
+class Coordinator:
+    """Admission, leases and work for one run (DiPaCo lattice, DiLoCo rounds). Heartbeats are answered
+    by :class:`coordinator.leases.Heartbeats` over a :class:`coordinator.leases.LeaseTable`, reports
+    and bans by :class:`coordinator.moderation.Moderation`, totals and history are kept by
+    :class:`coordinator.story.Story`, exchange plans by :class:`coordinator.planning.Planning`; the
+    coordinator's methods of the same names delegate to them."""
 
     def __init__(
         self,
@@ -101,7 +103,6 @@ class Coordinator(Leases, Reading, Moderation, Story, Planning):
         self.run_json = run.to_json()
         self.run_hash = run.content_hash()
         self.lattice_hash = run.lattice.content_hash()
-        self._module_ids = frozenset(run.lattice.module_ids())
         self._lock = threading.RLock()
         self.last_rebalance_reason = "not run yet"
         self.started_at = clock()
@@ -110,7 +111,7 @@ class Coordinator(Leases, Reading, Moderation, Story, Planning):
 
             issuer = CredentialIssuer(load_or_create_key(None), run.run_id, settings.credential_timeout)
         self.issuer = issuer
-        self._credential_expiry: dict[str, float] = {}
+        self._credentials = CredentialBook(issuer)
         self.peer_versions = PeerVersions()
         """The release each peer stated (:mod:`coordinator.versions`), for the status page and drains."""
 
@@ -124,33 +125,49 @@ class Coordinator(Leases, Reading, Moderation, Story, Planning):
         self._peers: dict[str, PeerRecord] = state.peers
         self.counters, self.module_rounds = load_totals(state.meta)
         self.history = History(state.history, settings.history_points)
-        self._story_batch = WriteBatch()
-        """History points from reports (evaluations), committed with the next group commit."""
         self.loss_watch = LossWatch(HealthRules())
         """Each peer's reported loss per module, for the divergence signal (:mod:`coordinator.health`)."""
         self.bans = BanBook(state.meta.get(BANS_META_KEY))
-        self._init_plans(state.meta)
-        self._leases: dict[str, Lease] = state.leases
-        self._lease_of: dict[str, str] = {}
-        self._progress: dict[tuple[str, str], ModuleProgress] = state.progress
-        self._progress_by_peer: dict[str, dict[str, ModuleProgress]] = {}
-        for (peer_id, module_id), p in self._progress.items():
-            self._progress_by_peer.setdefault(peer_id, {})[module_id] = p
-        self._session_base: dict[str, tuple[int, int]] = {}
-        self._dirty_leases: set[str] = set()
-        self._dirty_peers: set[str] = set()
-        self._dirty_progress: set[tuple[str, str]] = set()
         self._live_addrs: OrderedDict[str, tuple[str, ...]] = OrderedDict()
-        self._seeding: dict[str, frozenset[str]] = {}
-        """peer id -> paths whose shards it seeds, from its heartbeats (memory only: status page)."""
+        self._leases = LeaseTable(state.leases, settings)
+        fixes = self._restore(clock())
+        self.view = ClusterView.from_peers(p for p in self._peers.values() if p.state == "active")
 
-        for p in self._progress.values():  # a database written before module rounds were kept
+        self._story = Story(lock=self._lock, clock=clock, lattice=run.lattice, peers=self._peers,
+                            leased=self._leases.holders, counters=self.counters, module_rounds=self.module_rounds,
+                            history=self.history, rules=self.loss_watch.rules)
+        self._planning = Planning(meta=state.meta, run=run, settings=settings, peers=self._peers, view=self.view,
+                                  module_rounds=self.module_rounds, counters=self.counters,
+                                  apply_move=self._apply_move)
+        self._heartbeats = Heartbeats(lock=self._lock, clock=clock, settings=settings, run=run, peers=self._peers,
+                                      leases=self._leases, progress=state.progress, view=self.view,
+                                      counters=self.counters, loss_watch=self.loss_watch, story=self._story,
+                                      credentials=self._credentials, plans_for=self._planning.plans_for,
+                                      start_drain=self._start_drain, durable=self._durable)
+        self._moderation = Moderation(lock=self._lock, clock=clock, settings=settings, run=run, peers=self._peers,
+                                      leases=self._leases, bans=self.bans, credentials=self._credentials,
+                                      counters=self.counters, release=self._release, durable=self._durable)
+
+        for p in state.progress.values():  # a database written before module rounds were kept
             self.module_rounds[p.module_id] = max(self.module_rounds.get(p.module_id, 0), p.round)
-        fixes = self._restore_leases(clock())
         self._durable(fixes)
         if self._leases:
             log.info("restored %d peers and %d leases (grace %.0fs)", len(self._peers), len(self._leases),
                      settings.restart_grace)
+
+    def _restore(self, now: float) -> WriteBatch:
+        """After a restart: restore the leases (:meth:`LeaseTable.restore`), expire live peers without
+        one, and gather the live peers' bootstrap addresses. Returns the fixes to commit (under
+        construction: no lock needed yet)."""
+        fixes = WriteBatch(meta={"run_config_hash": self.run_hash, "run_id": self.run.run_id},
+                           deleted_leases=self._leases.restore(self._peers, now))
+        for peer in self._peers.values():
+            if peer.state in ("active", "draining") and not self._leases.holds(peer.peer_id):
+                peer.state = "expired"
+                fixes.peers[peer.peer_id] = copy.copy(peer)
+            if peer.state == "active" and peer.capabilities.multiaddrs and dialable(peer.reachability):
+                self._live_addrs[peer.peer_id] = peer.capabilities.multiaddrs
+        return fixes
 
     # -- peers' calls -------------------------------------------------------------------------
 
@@ -188,7 +205,7 @@ class Coordinator(Leases, Reading, Moderation, Story, Planning):
                 self.counters["rejected_key"] += 1
                 raise InvalidArgument("peer_id", f"{peer_id} is registered with a different public key; "
                                                  "each peer needs its own identity")
-            if len(self._leases) >= self.settings.max_peers and peer_id not in self._lease_of:
+            if len(self._leases) >= self.settings.max_peers and not self._leases.holds(peer_id):
                 raise Overloaded(f"the coordinator holds {len(self._leases)} leases, its max_peers; try again later")
             previous = peer.assignment if peer is not None else None
             if peer is not None:
@@ -213,7 +230,7 @@ class Coordinator(Leases, Reading, Moderation, Story, Planning):
                 lease, assignment, initial, rejoined = self._admit(peer_id, peer, fingerprint, caps, assignment,
                                                                    previous, now, batch, reachability, role)
                 self._peers[peer_id].follows_plans = follows_plans
-                credential = self._issue(peer_id, now)
+                credential = self._credentials.issue(peer_id, now)
                 relays = self._relays_for(peer_id) if reachability.state == UNREACHABLE else []
         self._durable(batch)
         if refusal is not None:  # the old lease was released: that is recorded, then the join refused
@@ -236,6 +253,46 @@ class Coordinator(Leases, Reading, Moderation, Story, Planning):
         self._durable(batch)
         log.info("peer %s left%s", peer_id, f": {reason}" if reason else "")
 
+    def heartbeat(
+        self,
+        lease_id: str,
+        peer_id: str,
+        progress: Sequence[ProgressReport] = (),
+        assignment_version: int = 0,
+        tokens_per_s: float = 0.0,
+        bytes_exchanged: int = 0,
+        preempting: bool = False,
+        seeded_paths: Optional[frozenset[str]] = None,
+        evaluations: Sequence[PathEvaluation] = (),
+        measured: bool = False,
+        capacity: float = 0.0,
+        link_bps: tuple[float, float] = (0.0, 0.0),
+        exchange_overhead_s: float = 0.0,
+    ) -> HeartbeatResult:
+        """Renew the lease and record progress; renewals are durable at the next flush, not on return
+        (:meth:`Heartbeats.heartbeat`)."""
+        return self._heartbeats.heartbeat(lease_id, peer_id, progress, assignment_version, tokens_per_s,
+                                          bytes_exchanged, preempting, seeded_paths, evaluations, measured, capacity,
+                                          link_bps, exchange_overhead_s)
+
+    def report(self, lease_id: str, reporter: str, suspect: str, module_id: str, round_no: int,
+               reason: str) -> ReportResult:
+        """A peer reports ``suspect`` for one module's round (:meth:`Moderation.report`)."""
+        return self._moderation.report(lease_id, reporter, suspect, module_id, round_no, reason)
+
+    def report_seeder(self, lease_id: str, reporter: str, suspect: str, manifest_hash: str, file: str, chunk: int,
+                      reason: str) -> ReportResult:
+        """A peer reports a seeder's bad chunk (:meth:`Moderation.report_seeder`)."""
+        return self._moderation.report_seeder(lease_id, reporter, suspect, manifest_hash, file, chunk, reason)
+
+    def check_seeded_paths(self, names: list[str]) -> frozenset[str]:
+        """A heartbeat's ``seeded_paths``, checked (:meth:`Heartbeats.check_seeded_paths`)."""
+        return self._heartbeats.check_seeded_paths(names)
+
+    def check_evaluations(self, evaluations: Sequence[PathEvaluation]) -> None:
+        """A heartbeat's ``evaluations``, checked (:meth:`Story.check_evaluations`)."""
+        self._story.check_evaluations(evaluations)
+
     # -- operator -----------------------------------------------------------------------------
 
     def drain(self, peer_id: str, reason: str = "") -> str:
@@ -251,6 +308,14 @@ class Coordinator(Leases, Reading, Moderation, Story, Planning):
         self._durable(batch)
         return state
 
+    def ban(self, peer_id: str, reason: str = "") -> str:
+        """Ban ``peer_id`` (:meth:`Moderation.ban`)."""
+        return self._moderation.ban(peer_id, reason)
+
+    def unban(self, peer_id: str) -> str:
+        """Lift a ban (:meth:`Moderation.unban`)."""
+        return self._moderation.unban(peer_id)
+
     # -- time ---------------------------------------------------------------------------------
 
     def tick(self) -> list[str]:
@@ -259,7 +324,7 @@ class Coordinator(Leases, Reading, Moderation, Story, Planning):
         batch = WriteBatch()
         with self._lock:
             now = self.clock()
-            for lease in self._due_leases(now):
+            for lease in self._leases.due(now):
                 peer = self._peers[lease.peer_id]
                 self._release(peer, batch)
                 peer.state = "expired"
@@ -277,11 +342,26 @@ class Coordinator(Leases, Reading, Moderation, Story, Planning):
                         break
                     moves += 1
                     events.append(self._apply_move(move, now, batch))
-            events.extend(self._plan_pass(now, batch, moves < self.settings.max_moves_per_tick))
+            events.extend(self._planning.plan_pass(now, batch, moves < self.settings.max_moves_per_tick))
         self._durable(batch)
         for e in events:
             log.info("%s", e)
         return events
+
+    def take_dirty(self) -> WriteBatch:
+        """Renewals, progress, reported history points and changed totals since the last call, for a
+        group commit."""
+        with self._lock:
+            batch = self._heartbeats.take_dirty().merge(self._story.take_points())
+        return batch.merge(self._story.take_totals())
+
+    def sample_history(self) -> WriteBatch:
+        """One point of each run-wide series (:meth:`Story.sample_history`)."""
+        return self._story.sample_history()
+
+    def take_totals(self) -> WriteBatch:
+        """The counters and module rounds, when they changed (:meth:`Story.take_totals`)."""
+        return self._story.take_totals()
 
     def _apply_move(self, move: Move, now: float, batch: WriteBatch) -> str:
         """Give a moved peer its new work (under the lock); returns the event, in words."""
@@ -299,6 +379,74 @@ class Coordinator(Leases, Reading, Moderation, Story, Planning):
         """Add ``n`` to the counter ``name`` (transport events the servicer sees: streams, probes)."""
         with self._lock:
             self.counters[name] += n
+
+    # -- reads: copies taken under the lock, so a reader never sees a half-applied change -------
+
+    def peers(self) -> list[PeerRecord]:
+        with self._lock:
+            return [copy.copy(p) for p in self._peers.values()]
+
+    def peer(self, peer_id: str) -> Optional[PeerRecord]:
+        with self._lock:
+            p = self._peers.get(peer_id)
+            return copy.copy(p) if p is not None else None
+
+    def leases(self) -> list[Lease]:
+        with self._lock:
+            return [copy.copy(l) for l in self._leases.values()]
+
+    def progress_of(self, peer_id: str) -> dict[str, ModuleProgress]:
+        return self._heartbeats.progress_of(peer_id)
+
+    def status_view(self) -> StatusView:
+        """A consistent copy of what the status page shows, taken under the lock."""
+        with self._lock:
+            return StatusView(
+                now=self.clock(),
+                peers=[copy.copy(p) for p in self._peers.values()],
+                lease_expiry={l.peer_id: l.expires_at for l in self._leases.values()},
+                progress=self._heartbeats.progress_by_peer(),
+                counters=dict(self.counters),
+                rebalance_reason=self.last_rebalance_reason,
+                seeding=self._heartbeats.seeding(),
+                banned=sorted(self.bans.bans),
+                module_rounds=dict(self.module_rounds),
+                latest_bpb=self._story.latest_bpb(),
+                plans={m: list(p) for m, p in self._planning.plans.items()},
+                plan_reasons=dict(self._planning.plan_reasons),
+                link_reason=self._planning.link_reason,
+                bpb_rises=self._story.bpb_rises(),
+                loss_divergences=self.loss_watch.diverging({p.peer_id for p in self._peers.values()
+                                                            if p.state == "active"}),
+            )
+
+    def history_series(self) -> dict[str, list[tuple[float, float]]]:
+        """Every history series (:mod:`coordinator.history`), copied under the lock."""
+        return self._story.history_series()
+
+    def initial_peers(self) -> list[str]:
+        """DHT bootstrap multiaddrs of the most recently joined live peers."""
+        with self._lock:
+            return self._initial_peers("")
+
+    def plans_for(self, assignment: Optional[Assignment]) -> tuple[ModulePlan, ...]:
+        """The plans of the modules ``assignment`` trains (:meth:`Planning.plans_for`; under the lock)."""
+        return self._planning.plans_for(assignment)
+
+    @property
+    def plans(self) -> dict[str, list[ModulePlan]]:
+        """module id -> its latest plans, oldest first (:class:`coordinator.planning.Planning` owns them)."""
+        return self._planning.plans
+
+    @property
+    def plan_reasons(self) -> dict[str, str]:
+        """module id -> what the latest planning pass said about it."""
+        return self._planning.plan_reasons
+
+    @property
+    def link_reason(self) -> str:
+        """What the latest planning pass found about links that alone hold a module back."""
+        return self._planning.link_reason
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -323,12 +471,8 @@ class Coordinator(Leases, Reading, Moderation, Story, Planning):
         peer.joins += 1
         peer.drain_reason = ""
         peer.reachability, peer.reachable_addr, peer.observed_addr = reachability.state, reachability.addr, reachability.observed
-        lease = Lease(secrets.token_hex(16), peer_id, now + self.settings.lease_timeout)
-        self._leases[lease.lease_id] = lease
-        heapq.heappush(self._expiry_heap, (lease.expires_at, lease.lease_id))
-        self._lease_of[peer_id] = lease.lease_id
-        self._session_base[peer_id] = (peer.tokens, peer.bytes_exchanged)
-        self._progress_by_peer.pop(peer_id, None)
+        lease = self._leases.grant(peer_id, now, batch)
+        self._heartbeats.start_session(peer)
         self.view.add(peer_id, assignment, peer.counted_tokens_per_s())
         if role:
             self.view.pinned.add(peer_id)
@@ -338,8 +482,6 @@ class Coordinator(Leases, Reading, Moderation, Story, Planning):
             self._live_addrs[peer_id] = caps.multiaddrs
             self._live_addrs.move_to_end(peer_id)
         batch.peers[peer_id] = copy.copy(peer)
-        batch.leases[lease.lease_id] = copy.copy(lease)
-        self._dirty_leases.discard(lease.lease_id)
         self.counters["rejoins" if rejoined else "joins"] += 1
         return lease, assignment, initial, rejoined
 
@@ -366,10 +508,13 @@ class Coordinator(Leases, Reading, Moderation, Story, Planning):
         candidates.sort(key=lambda p: (load.get(p, 0), p not in archives))
         return [_with_peer_id(self._peers[p].reachable_addr, p) for p in candidates[:RELAYS_PER_PEER]]
 
-    def _issue(self, peer_id: str, now: float) -> bytes:
-        cred = self.issuer.issue(peer_id, now)
-        self._credential_expiry[peer_id] = cred.expires_at
-        return cred.encode()
+    def _release(self, peer: PeerRecord, batch: WriteBatch) -> None:
+        """Drop the peer's lease and stop counting its work (the assignment stays as a rejoin hint);
+        under the lock."""
+        self._leases.release(peer.peer_id, batch)
+        self.view.remove(peer.peer_id)
+        self._live_addrs.pop(peer.peer_id, None)
+        self._heartbeats.stop_seeding(peer.peer_id)
 
     def _start_drain(self, peer: PeerRecord, reason: str, batch: WriteBatch) -> None:
         self.view.remove(peer.peer_id)

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from models.errors import HivepathError
 from protos.credential import Credential, sign_credential
 
-__all__ = ["CredentialIssuer", "load_or_create_key", "default_key_path"]
+__all__ = ["CredentialIssuer", "CredentialBook", "load_or_create_key", "default_key_path"]
 
 log = logging.getLogger(__name__)
 
@@ -77,3 +77,26 @@ class CredentialIssuer:
 
     def __repr__(self) -> str:  # never show the key
         return f"CredentialIssuer(run_id={self.run_id!r}, fingerprint={self.fingerprint})"
+
+
+class CredentialBook:
+    """When each peer's latest credential expires, so that a heartbeat renews it in time. Not
+    thread-safe: the coordinator holds its lock around every call."""
+
+    def __init__(self, issuer: CredentialIssuer):
+        self._issuer = issuer
+        self._expiry: dict[str, float] = {}
+
+    def issue(self, peer_id: str, now: float) -> bytes:
+        """A new credential for ``peer_id``, encoded."""
+        cred = self._issuer.issue(peer_id, now)
+        self._expiry[peer_id] = cred.expires_at
+        return cred.encode()
+
+    def renewal(self, peer_id: str, now: float) -> bytes:
+        """A new credential when ``peer_id``'s is due for renewal (or it has none), else ``b""``."""
+        return self.issue(peer_id, now) if self._issuer.needs_renewal(self._expiry.get(peer_id, 0.0), now) else b""
+
+    def forget(self, peer_id: str) -> None:
+        """Forget ``peer_id``'s credential (a banned peer: it holds no lease to heartbeat with)."""
+        self._expiry.pop(peer_id, None)

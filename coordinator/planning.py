@@ -1,5 +1,5 @@
-"""Planning passes, the part of :class:`coordinator.core.Coordinator` that keeps each module's exchange
-plan (:mod:`coordinator.planner` decides; this gathers its inputs, keeps the plans and hands them out).
+"""Planning passes: how :class:`coordinator.core.Coordinator` keeps each module's exchange plan
+(:mod:`coordinator.planner` decides; this gathers its inputs, keeps the plans and hands them out).
 
 Every ``plan_interval`` seconds (from :meth:`Coordinator.tick`) each module's live holders are read
 from the cluster view with their links (their capabilities' rates: the join probe's, replaced by what
@@ -13,22 +13,23 @@ from nothing.
 A path peer whose link alone holds one of its modules back (:func:`coordinator.planner.held_back_by`)
 is moved, at most one a pass and within ``max_moves_per_tick``, to the path where it holds back fewest
 others (:func:`coordinator.scheduler.relieve_link`); the status page shows the latest finding.
-
-Shares the coordinator's state under its lock (``_lock``, ``_peers``, ``view``, ``run``, ``settings``,
-``module_rounds``, ``counters``, ``_apply_move``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import Optional
+from collections import Counter
+from typing import Callable, Optional
 
 from coordinator.planner import HolderLink, ModulePlan, held_back_by, lattice_h, plan_module
-from coordinator.records import MODE_ARCHIVE, Assignment
+from coordinator.records import MODE_ARCHIVE, Assignment, Move, PeerRecord
 from coordinator.scheduler import relieve_link
+from coordinator.settings import CoordinatorSettings
 from coordinator.store import WriteBatch
+from coordinator.view import ClusterView
 from models import strict_json
+from models.config import RunConfig
 
 __all__ = ["Planning", "PLANS_META_KEY", "load_plans"]
 
@@ -45,15 +46,35 @@ def load_plans(meta: dict[str, str]) -> dict[str, list[ModulePlan]]:
 
 
 class Planning:
-    """``plan_pass`` and ``plans_for`` for :class:`coordinator.core.Coordinator`."""
+    """``plan_pass`` and ``plans_for``; owns the plans, and what the latest pass said about them.
+    Not thread-safe: the coordinator holds its lock around every call.
 
-    plans: dict[str, list[ModulePlan]]
-    plan_reasons: dict[str, str]
-    _planned_at: float
+    Given the run and the coordinator's settings, its peer table and cluster view (read), each
+    module's highest round (read), the event counters, and ``apply_move``, which gives a moved peer
+    its new work and returns the event in words."""
 
-    def _init_plans(self, meta: dict[str, str]) -> None:
-        self.plans = load_plans(meta)
-        self.plan_reasons = {}
+    def __init__(
+        self,
+        *,
+        meta: dict[str, str],
+        run: RunConfig,
+        settings: CoordinatorSettings,
+        peers: dict[str, PeerRecord],
+        view: ClusterView,
+        module_rounds: dict[str, int],
+        counters: Counter[str],
+        apply_move: Callable[[Move, float, WriteBatch], str],
+    ):
+        """``meta``: the store's meta table, which holds the plans of a run that restarts."""
+        self._run = run
+        self._settings = settings
+        self._peers = peers
+        self._view = view
+        self._module_rounds = module_rounds
+        self._counters = counters
+        self._apply_move = apply_move
+        self.plans: dict[str, list[ModulePlan]] = load_plans(meta)
+        self.plan_reasons: dict[str, str] = {}
         """module id -> what the latest pass said about it (kept or changed, and why)."""
         self._planned_at = float("-inf")
         self.link_reason = "not run yet"
@@ -62,7 +83,7 @@ class Planning:
     def _holder_links(self) -> dict[str, list[HolderLink]]:
         """module id -> its live holders' links (under the lock)."""
         out: dict[str, list[HolderLink]] = {}
-        for peer_id, a in self.view.assignments.items():
+        for peer_id, a in self._view.assignments.items():
             if a.mode == MODE_ARCHIVE or not a.module_ids:
                 continue
             peer = self._peers[peer_id]
@@ -74,15 +95,15 @@ class Planning:
                 out.setdefault(m, []).append(link)
         return out
 
-    def _plan_pass(self, now: float, batch: WriteBatch, may_move: bool = True) -> list[str]:
+    def plan_pass(self, now: float, batch: WriteBatch, may_move: bool = True) -> list[str]:
         """One planning pass when ``plan_interval`` has passed since the last (under the lock);
         returns the changes, in words, and adds the plans to ``batch`` when any changed. With
         ``may_move``, one path peer whose link alone holds a module back may be moved
         (:func:`coordinator.scheduler.relieve_link`)."""
-        if not self.settings.planner or now - self._planned_at < self.settings.plan_interval:
+        if not self._settings.planner or now - self._planned_at < self._settings.plan_interval:
             return []
         self._planned_at = now
-        lattice = self.run.lattice
+        lattice = self._run.lattice
         links = self._holder_links()
         events = []
         laggards: dict[str, str] = {}
@@ -91,27 +112,27 @@ class Planning:
             history = self.plans.get(m, [])
             current = history[-1] if history else None
             plan, _ = plan_module(now, m, lattice.module_param_count(m), links.get(m, []), current,
-                                  self.module_rounds.get(m, 0), self.run, self.settings)
-            wanted[m] = (plan or current).inner_steps if (plan or current) else self.run.outer.inner_steps
+                                  self._module_rounds.get(m, 0), self._run, self._settings)
+            wanted[m] = (plan or current).inner_steps if (plan or current) else self._run.outer.inner_steps
         h_floor = lattice_h(wanted)
         for m in lattice.module_ids():
-            slow = held_back_by(lattice.module_param_count(m), links.get(m, []), self.run, self.settings)
+            slow = held_back_by(lattice.module_param_count(m), links.get(m, []), self._run, self._settings)
             if slow is not None:
                 laggards.setdefault(slow.peer_id, f"{m} at the run's H and codec")
             history = self.plans.get(m, [])
             plan, why = plan_module(now, m, lattice.module_param_count(m), links.get(m, []),
-                                    history[-1] if history else None, self.module_rounds.get(m, 0), self.run,
-                                    self.settings, h_floor=h_floor)
+                                    history[-1] if history else None, self._module_rounds.get(m, 0), self._run,
+                                    self._settings, h_floor=h_floor)
             self.plan_reasons[m] = why
             if plan is not None:
                 self.plans[m] = [*history[-1:], plan]
-                self.counters["plan_changes"] += 1
+                self._counters["plan_changes"] += 1
                 events.append(f"module {m}: H={plan.inner_steps}, {plan.codec} from round {plan.from_round}: {why}")
         self.link_reason = "no holder's link alone holds a module back"
         for peer_id in sorted(laggards) if may_move else ():
             peer = self._peers[peer_id]
             move, self.link_reason = relieve_link(now, peer_id, laggards[peer_id], {peer_id: peer.last_moved},
-                                                  {peer_id: peer.capabilities}, self.view, self.run, self.settings)
+                                                  {peer_id: peer.capabilities}, self._view, self._run, self._settings)
             if move is not None:
                 events.append(self._apply_move(move, now, batch))
                 break
@@ -122,6 +143,6 @@ class Planning:
 
     def plans_for(self, assignment: Optional[Assignment]) -> tuple[ModulePlan, ...]:
         """The plans of the modules ``assignment`` trains, oldest first per module (under the lock)."""
-        if assignment is None or not self.settings.planner:
+        if assignment is None or not self._settings.planner:
             return ()
         return tuple(p for m in assignment.module_ids for p in self.plans.get(m, ()))
