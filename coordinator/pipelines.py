@@ -22,8 +22,8 @@ A small peer's role at join, in this order:
 
 Rebalancing (one move a tick, a peer at most once per ``min_move_interval``, peers that asked for a
 role never): a driven pipeline's empty level is refilled from an idle server (one on no driven
-trainer's path), a module with two or more servers, or a pipeline with two or more trainers; a trainer whose pipeline lost a level moves to a
-complete pipeline nobody drives; an idle server moves to a driven pipeline's bottleneck, else to a
+trainer's path), a module with two or more servers, or a pipeline with two or more trainers; a
+trainer whose pipeline lost a level moves to a complete pipeline nobody drives; an idle server moves to a driven pipeline's bottleneck, else to a
 driven level with fewer than ``servers_per_level`` servers, or, when every level of a driven pipeline
 has room, drives it as another trainer.
 """
@@ -264,9 +264,10 @@ def rebalance_pipelines(now: float, last_moved: Mapping[str, float], caps: Mappi
             # then a second trainer of a pipeline (this one first, the one that drove least first): it
             # drives nothing while a level is empty, and the pipeline keeps a trainer (a newcomer that
             # joined as a trainer before the lost server's lease ran out is such a one)
-            extra = sorted((other != path, tps, p) for other, trainers in view.trainer_peers.items()
-                           if len(trainers) >= 2 for p, tps in trainers.items() if movable(p) and fits(p, module))
-            spare += [p for *_, p in extra[:1]]
+            extra = min(((other != path, tps, p) for other, trainers in view.trainer_peers.items()
+                         if len(trainers) >= 2 for p, tps in trainers.items() if movable(p) and fits(p, module)),
+                        default=None)
+            spare += [extra[-1]] if extra is not None else []
             if spare:
                 peer_id = spare[0]
                 old = view.assignments[peer_id]

@@ -122,7 +122,6 @@ class ReductionServer(PartReducer):
     peer's side of each group's all-reduce (:meth:`run`), falling back to another reducer for a part
     whose reducer failed."""
 
-
     async def run(self, group: Group, flat: Tensor, weight: float, codec: Codec,
                   out: Optional[tuple[Tensor, Tensor]] = None, prepared: Optional[Prepared] = None) -> AllReduceOutcome:
         """This member's side of the group's all-reduce of ``flat`` (numel,) with ``weight``; ``out``:

@@ -25,8 +25,10 @@ __all__ = ["FetchState", "resync_module", "resync_after_round", "install_resync"
 log = logging.getLogger(__name__)
 
 FetchState = Callable[..., Optional[ModuleState]]
-"""``fetch_state(module_id, like, accept=None, min_round=-1) -> ModuleState | None`` from live holders
-(``accept`` and ``min_round`` as in :func:`peer.averaging.state_transfer.fetch_module_state`)."""
+"""``fetch_state(module_id, like, accept=None, min_round=-1, joining=True) -> ModuleState | None`` from
+live holders (``accept``, ``min_round`` and ``joining`` as in
+:func:`peer.averaging.state_transfer.fetch_module_state`: ``joining=False`` when we only copy the state
+and will not average it from there)."""
 
 
 def resync_module(opt: DiLoCoOptimizer, module_id: str, fetch_state: Optional[FetchState], adopt: str = "",

@@ -35,7 +35,7 @@ from peer.node.checkpoint import CheckpointDir, CheckpointError, saved_state, st
 from peer.node.fresh_start import start_fresh_module
 from peer.diloco import JOIN_RAMP_ROUNDS, DiLoCoOptimizer, RoundReport
 from peer.node.progress import PeerStatus, ProgressView
-from peer.diloco import PlanBook, install_resync, resync_after_round
+from peer.diloco import FetchState, PlanBook, install_resync, resync_after_round
 from peer.stage import DEFAULT_ACTIVATION_CODEC, StageClient, StageUnavailable
 from peer.stage import StageServer, StageServerOptions
 from peer.stage.activity import IdleHolds, ServedRate
@@ -45,11 +45,6 @@ __all__ = ["StageTrainer", "run_stage_server", "run_stage_trainer", "adopt_state
 log = logging.getLogger(__name__)
 
 _POLL = 0.2  # seconds between should_stop() checks of an idle stage server (a control-loop poll)
-
-FetchState = Callable[..., Any]
-"""``(module_id, like, accept=None, min_round=-1, joining=True) -> ModuleState | None`` from live holders
-(e.g. ``NetAverager.fetch_state``; ``joining=False`` when we only copy the state and will not average it)."""
-
 
 def adopt_states(cfg: RunConfig, opt: DiLoCoOptimizer, modules: dict[str, nn.Module],
                  checkpoints: Optional[CheckpointDir], fetch_state: Optional[FetchState]) -> dict[str, str]:
