@@ -77,17 +77,19 @@ CONTRACTS: dict[str, Contract] = {c.name: c for c in (
             "HeartbeatResponse.plans"),
         3: ("HeartbeatRequest.measured_exchange_overhead_s",),
     }),
-    Contract("dht", (1, 3), "the records peers write to the DHT (peer.network.records, peer.stage.records, "
+    Contract("dht", (1, 4), "the records peers write to the DHT (peer.network.records, peer.stage.records, "
              "peer.datasync.records)", {
         1: ("GroupDeclaration.wire", "HolderRecord.wire", "GroupDeclaration.v", "HolderRecord.v", "ArchiveRecord.v",
             "StageServerRecord.v", "SeederRecord.v"),
         2: ("GroupDeclaration.result",),
         3: ("GroupDeclaration.formed",),
+        4: ("GroupDeclaration.sparse",),
     }),
-    Contract("averaging", (1, 2), "matchmaking, all-reduce parts, results and state transfer between peers "
+    Contract("averaging", (1, 3), "matchmaking, all-reduce parts, results and state transfer between peers "
              "(protos/hivepath/peer/v1/net.proto)", {
         1: ("JoinRequest.protocol", "JoinRequest.wire", "DeclareNotice.wire"),
         2: ("ResultReply.part_digests",),
+        3: ("DeclareNotice.sparse",),
     }),
     Contract("stage", (1, 2), "stage mode's activations and gradients (protos/hivepath/peer/v1/stage.proto)", {
         1: ("StageRequest.protocol",),

@@ -11,6 +11,7 @@ replicas are ``torch.equal``, and every average is the exact weighted mean withi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -561,7 +562,7 @@ def test_archive_peer_serves_state_but_is_never_waited_for(tmp_path):
             # pacing signal for DiLoCoOptimizer: a same-config peer waits in matchmaking for our round
             from hivemind.utils import get_dht_time
 
-            from peer.network import GroupDeclaration, group_key, to_value
+            from peer.network import GroupDeclaration, group_key, records_from_value, to_value
 
             exp = get_dht_time() + 60
             assert dht_c.dht.store(group_key("arch", "L1M0", 3), to_value(GroupDeclaration("bbbb1111bbbb1111", "", 1.0)),
@@ -586,6 +587,24 @@ def test_archive_peer_serves_state_but_is_never_waited_for(tmp_path):
             # ... except for a peer whose steps are far apart (a stage server): every round waits on it
             wait_for(lambda: newcomer.others_waiting({"L1M1": 5}, paced_too=True), 20,
                      "the paced declaration to be noticed by a sparse stepper")
+            # ... unless that paced declaration is another sparse stepper's: sparse steppers answering each
+            # other would end each other's rounds a step apart, and group without the holders computing
+            assert dht_a.dht.store(group_key("arch", "L1M1", 8),
+                                   to_value(GroupDeclaration("aaaa0000aaaa0000", "", 1.0, paced=True, sparse=True)),
+                                   exp, subkey=dht_a.peer_id)
+
+            def check(round_no: int) -> tuple:
+                return asyncio.run_coroutine_threadsafe(newcomer._check_waiting((("L1M1", round_no),)),
+                                                        newcomer._loop).result(30)
+
+            def declared(round_no: int) -> dict:
+                return records_from_value(dht_b.dht.get(group_key("arch", "L1M1", round_no), latest=True),
+                                          GroupDeclaration)
+
+            wait_for(lambda: dht_a.peer_id in declared(8), 20, "the sparse declaration to be readable")
+            assert declared(8)[dht_a.peer_id].paced and declared(8)[dht_a.peer_id].sparse
+            assert check(8)[1:] == (None, None)  # read, and yet nobody waits that a sparse stepper answers
+            assert check(5)[1:] == (None, ("L1M1", 5, dht_a.peer_id))  # a paced path peer is answered
             end = time.monotonic() + 2.5  # over 2 checks, the other config's declaration never counts
             while time.monotonic() < end:
                 assert not newcomer.others_waiting({"L1M0": 3})

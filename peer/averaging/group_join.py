@@ -87,6 +87,8 @@ class Looking:
     """DHT expiration time of our declaration."""
     paced: bool = False
     """We ended this round early because another holder waited (:attr:`GroupDeclaration.paced`)."""
+    sparse: bool = False
+    """Our steps are far apart, so we answered paced holders too (:attr:`GroupDeclaration.sparse`)."""
     weight: float = 0.0
     """The tokens behind our contribution, said in our join request (0: not said)."""
     storing: Optional["asyncio.Future[None]"] = None

@@ -72,6 +72,7 @@ from peer.network import (MAX_EXPECTING, ArchiveRecord, CredentialProvider, Cred
                           HolderRecord, archive_key, group_key, holders_key, records_from_value, to_value,
                           top_group_key, withdrawal, withdrawn_rounds)
 from protos.hivepath.peer.v1.net_pb2 import DESCRIPTOR as NET, DeclareAck, DeclareNotice
+from protos.versions import writes
 
 __all__ = ["Matchmaker", "Match", "LONE", "BEHIND_PATIENCE_ROUNDS"]
 
@@ -173,7 +174,7 @@ class Matchmaker(GroupJoin):
             problem = "not a live holder of that module, as far as we read"
         decl = GroupDeclaration(request.config_hash, request.data_hash, float(request.bandwidth),
                                 bytes(request.credential), request.digest, tuple(request.expecting)[:MAX_EXPECTING],
-                                bool(request.paced), request.wire)
+                                bool(request.paced), request.wire, sparse=bool(request.sparse))
         if not problem and self.verifier is not None and not self.verifier.admits(decl.credential, sender,
                                                                                   "pushed declaration"):
             problem = "its credential does not admit it"
@@ -235,7 +236,7 @@ class Matchmaker(GroupJoin):
         notice = DeclareNotice(group_key=looking.key, config_hash=decl.config_hash, data_hash=decl.data_hash,
                                bandwidth=decl.bandwidth, credential=decl.credential, digest=decl.digest,
                                expecting=list(decl.expecting), paced=decl.paced, expiration=looking.expires,
-                               wire=decl.wire)
+                               wire=decl.wire, sparse=decl.sparse and writes("averaging", "DeclareNotice.sparse"))
 
         async def tell(peer: str) -> None:
             async def call() -> None:
@@ -282,13 +283,15 @@ class Matchmaker(GroupJoin):
         self._sources[module_id] = (source, int(round_no), time.monotonic())
 
     async def form_group(self, module_id: str, round_no: int, timeout: float, digest: str = "",
-                         wait_for_behind: bool = True, paced: bool = False,
+                         wait_for_behind: bool = True, paced: bool = False, sparse: bool = False,
                          bucket: Optional[tuple[int, int]] = None, weight: float = 0.0, end_share: float = 0.95) -> Match:
         """Matchmake round ``round_no`` of ``module_id`` within ``timeout`` seconds (the whole round's
         budget: the leader hands the rest to the all-reduce) among the holders whose state has
         ``digest`` (:func:`peer.outer.state_digest`). Returns a :class:`Match`. Without
         ``wait_for_behind`` (overlap mode) a member with only holders behind it averages alone.
-        ``paced``: we ended this round early for a waiting holder (said in our declaration).
+        ``paced``: we ended this round early for a waiting holder (said in our declaration); ``sparse``:
+        our steps are far apart and we answered a paced holder too (said too: such a declaration paces
+        no peer whose steps are far apart, :attr:`GroupDeclaration.sparse`).
         ``weight``: the tokens behind our contribution, said to the leader (:attr:`Group.weights`).
         ``end_share``: the share of ``timeout`` by which the group's all-reduce ends (a split round's
         bucket leaves the rest to the top group and the tree).
@@ -303,7 +306,7 @@ class Matchmaker(GroupJoin):
         gather_deadline, close_deadline, join_deadline = t0 + 0.2 * timeout, t0 + 0.35 * timeout, t0 + 0.45 * timeout
         end = t0 + min(0.95, end_share) * timeout
         key = group_key(self.run_id, module_id, round_no, None if bucket is None else bucket[0])
-        looking = self._looking[key] = Looking(key, digest, paced=paced, weight=weight)
+        looking = self._looking[key] = Looking(key, digest, paced=paced, sparse=sparse, weight=weight)
         try:
             patience = BEHIND_PATIENCE_ROUNDS * timeout
             looking.expires = get_dht_time() + timeout
@@ -511,7 +514,7 @@ class Matchmaker(GroupJoin):
         looking.expecting = expecting
         decl = GroupDeclaration(self.config_hash, self.data_hash, self.bandwidth, self._own_credential(),
                                 looking.digest, tuple(sorted(expecting))[:MAX_EXPECTING], looking.paced, self.wire,
-                                formed=formed)
+                                formed=formed, sparse=looking.sparse)
         if module_id:
             self._push(module_id, looking, decl)
         await self.dht.store(looking.key, to_value(decl), looking.expires + (1.0 if formed else 0.0),

@@ -236,6 +236,9 @@ class NetAverager:
         self._paced: dict[str, int] = {}
         """module -> the round :meth:`others_waiting` last answered True for: our declaration of
         that round says it was paced (:attr:`peer.network.records.GroupDeclaration.paced`)."""
+        self._paced_sparse = False
+        """That answer was for a peer whose steps are far apart (``paced_too``): our paced declaration
+        says so too (:attr:`peer.network.records.GroupDeclaration.sparse`)."""
         self._archived: dict[str, int] = {}
         self._paused: set[str] = set()
         """Modules we announce as held but idle (:meth:`pause`)."""
@@ -460,7 +463,9 @@ class NetAverager:
         """True when another holder of our config already declared itself ready for the current round
         of one of these modules (``module_id -> round``) after computing its whole round (a declaration
         that was itself paced does not count, :attr:`peer.network.records.GroupDeclaration.paced`,
-        unless ``paced_too``: for a peer whose steps are far apart, the one every round waits on): it
+        unless ``paced_too``: for a peer whose steps are far apart, the one every round waits on, which
+        counts a paced declaration too unless it came from another such peer,
+        :attr:`peer.network.records.GroupDeclaration.sparse`): it
         waits in matchmaking, so ``DiLoCoOptimizer`` ends its round now with the tokens it has, and
         our declaration of it says so. Never blocks the training loop: it answers from the
         declarations holders pushed us (:meth:`peer.averaging.matchmaking.Matchmaker._push`), else from
@@ -470,10 +475,10 @@ class NetAverager:
         matchmaker = getattr(self, "_matchmaker", None)
         for module_id, round_no in key if matchmaker is not None else ():  # declarations pushed to us
             told = sorted(p for p, d in matchmaker.pushed_to(group_key(self.run_id, module_id, round_no)).items()
-                          if paced_too or not d.paced)
+                          if not d.paced or (paced_too and not d.sparse))
             if told:
                 self.last_waiting = (module_id, round_no, told[0])
-                self._paced = dict(key)
+                self._paced, self._paced_sparse = dict(key), paced_too
                 return True
         now = time.monotonic()
         pending = self._waiting_check
@@ -481,32 +486,33 @@ class NetAverager:
             self._waiting_checked = now
             self._waiting_check = asyncio.run_coroutine_threadsafe(self._check_waiting(key), self._loop)
         if pending is not None and pending.done() and pending.exception() is None:
-            checked_key, unpaced, any_waiting = pending.result()
-            waiting = any_waiting if paced_too else unpaced
+            checked_key, unpaced, dense = pending.result()
+            waiting = (unpaced or dense) if paced_too else unpaced
             if waiting is not None and checked_key == key:
                 self.last_waiting = waiting
-                self._paced = dict(key)
+                self._paced, self._paced_sparse = dict(key), paced_too
                 return True
         return False
 
     async def _check_waiting(self, key: tuple) -> tuple[tuple, Optional[tuple[str, int, str]],
                                                        Optional[tuple[str, int, str]]]:
         """``key`` and the first holder waiting on one of its rounds whose declaration was not paced, and
-        the first of any."""
+        the first whose declaration was paced but not by a peer whose steps are far apart."""
         # every module's key at once: one DHT round trip, not one per module, before a slower peer
         # notices that the group waits for it
         # (in a split round the members that computed their whole round declare here too, whatever
         # their bucket: Matchmaker.announce_full_round)
         found = await asyncio.gather(*(self.dht.get(group_key(self.run_id, module_id, round_no), latest=True,
                                                     return_future=True) for module_id, round_no in key))
-        any_waiting: Optional[tuple[str, int, str]] = None
+        dense: Optional[tuple[str, int, str]] = None
         for (module_id, round_no), value in zip(key, found):
             for peer, decl in records_from_value(value, GroupDeclaration).items():
                 if peer != self.peer_id and decl.config_hash == self.config_hash and decl.data_hash == self.data_hash:
-                    any_waiting = any_waiting or (module_id, round_no, peer)
                     if not decl.paced:
-                        return key, (module_id, round_no, peer), any_waiting
-        return key, None, any_waiting
+                        return key, (module_id, round_no, peer), dense
+                    if not decl.sparse:
+                        dense = dense or (module_id, round_no, peer)
+        return key, None, dense
 
     # -- averaging ----------------------------------------------------------------------------
 
@@ -583,11 +589,12 @@ class NetAverager:
     async def _average(self, module_id: str, round_no: int, flat: Tensor, like: Sequence[Tensor], weight: float,
                        codec: Codec, timeout: float, digest: str) -> AverageResult:
         paced = self._paced.get(module_id) == round_no
+        sparse = paced and self._paced_sparse
         if self.max_group_size > 0:
             plan = await self._plan(module_id, round_no)
             if plan.counts[0] > 1:
                 return await self._average_split(module_id, round_no, flat, like, weight, codec, timeout, digest,
-                                                 paced, plan)
+                                                 paced, plan, sparse)
         # our vector is encoded while the group forms (the codec pool's thread), so the exchange starts
         # on bytes that are ready and its CPU is spent while we wait on the network, not after
         prepared = codec.prepare(flat.numel())
@@ -596,7 +603,7 @@ class NetAverager:
             filling = asyncio.get_running_loop().run_in_executor(None, prepared.fill, flat, own_buf)
             filling.add_done_callback(lambda f: f.cancelled() or f.exception())  # raised where awaited
         match = await self._matchmaker.form_group(module_id, round_no, timeout, digest,
-                                                  wait_for_behind=self.wait_for_behind, paced=paced)
+                                                  wait_for_behind=self.wait_for_behind, paced=paced, sparse=sparse)
         group, reason, adopt = match.group, match.reason, match.adopt
         # announce our next round now, in the background, so it is visible long before anyone's next round
         # (behind the group, our state stays at this round until we re-sync)
@@ -656,7 +663,8 @@ class NetAverager:
         return SplitPlan.of(module_id, round_no, live, self.max_group_size)
 
     async def _average_split(self, module_id: str, round_no: int, flat: Tensor, like: Sequence[Tensor], weight: float,
-                             codec: Codec, timeout: float, digest: str, paced: bool, plan: SplitPlan) -> AverageResult:
+                             codec: Codec, timeout: float, digest: str, paced: bool, plan: SplitPlan,
+                             sparse: bool = False) -> AverageResult:
         """A round averaged in levels (:mod:`peer.averaging.hierarchy`): our bucket's group, then its
         delegate up the groups of delegates to the top group, then the top group's average down each
         group's tree."""
@@ -666,7 +674,7 @@ class NetAverager:
         if not paced:  # every holder's others_waiting reads the module's key, whatever its bucket
             self._matchmaker.announce_full_round(module_id, round_no, digest, timeout)
         match = await self._matchmaker.form_group(
-            module_id, round_no, timeout, digest, wait_for_behind=self.wait_for_behind, paced=paced,
+            module_id, round_no, timeout, digest, wait_for_behind=self.wait_for_behind, paced=paced, sparse=sparse,
             bucket=(bucket, buckets), weight=weight, end_share=SPLIT_BUCKET)
         group, reason, adopt = match.group, match.reason, match.adopt
         self.hold(module_id, round_no if match.ahead > round_no else round_no + 1, wait=False)

@@ -230,8 +230,10 @@ class DiLoCoOptimizer:
 
         ``sparse``: this peer's steps can be further apart than a holder waits for a declaration (a
         stage server, a pipeline trainer): it answers any waiting holder, one that ended its own round
-        early too (such a holder paces no ordinary peer, to stop a cascade of early rounds; this peer's
-        own declaration is paced, so it starts none), and a round with no step ends too, taking the
+        early too (such a holder paces no ordinary peer, to stop a cascade of early rounds), unless that
+        holder's steps are far apart too (its paced declaration says so: peers that answer each other's
+        paced declarations would end each other's rounds a step or two apart, and begin those rounds'
+        groups without the holders still computing theirs), and a round with no step ends too, taking the
         round's average with weight :data:`EMPTY_ROUND_WEIGHT` and a delta of zero (its parameters are
         the global copy the last round left), which moves the average by that weight's share of the
         round's tokens (a tiny share), instead of failing the waiting holder's round."""

@@ -274,6 +274,12 @@ class GroupDeclaration:
     of the round's average, stated by a member of the top group once its all-reduce ended ('' before).
     A bucket member takes a digest that more than half of the round's buckets' delegates state as the
     top group's, and checks the average its parent in the bucket's tree sends against it."""
+    sparse: bool = False
+    """The declaring peer's steps are far apart (a stage server, a pipeline trainer): it answers paced
+    declarations too (:meth:`peer.averaging.net_averager.NetAverager.others_waiting`'s ``paced_too``), so
+    a paced declaration of its own paces no such peer either. Without this rule, the trainers sharing
+    the embedding and head would end each other's rounds a step or two apart, and begin those rounds'
+    groups without the path peers, still computing theirs, which then failed them as behind."""
     formed: bool = False
     """Stated by the leader of a (whole, not split) round's group once it began the group: the round's
     group has formed. A holder of that state that declares the round later, or that leads a group of
@@ -440,10 +446,10 @@ def withdrawn_rounds(found: Any, config_hash: str, data_hash: str,
 
 def to_value(record: Any) -> dict[str, Any]:
     """The dict stored in the DHT for a record (an empty credential, digest, list or wire key, or a false
-    ``paced`` or ``idle``, is left out; so is a field a later minor than the one we state added), with
-    our DHT protocol version (:data:`VERSION_FIELD`)."""
+    ``paced``, ``idle``, ``formed`` or ``sparse``, is left out; so is a field a later minor than the one
+    we state added), with our DHT protocol version (:data:`VERSION_FIELD`)."""
     return stamped(record, dataclasses.asdict(record), ("credential", "digest", "expecting", "paced", "idle", "wire", "result",
-                                                         "formed"))
+                                                         "formed", "sparse"))
 
 
 def stamped(record: Any, value: dict[str, Any], optional: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -166,7 +166,7 @@ class ResultReply(_message.Message):
     def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., codec: _Optional[str] = ..., bounds: _Optional[_Iterable[int]] = ..., payload_lens: _Optional[_Iterable[int]] = ..., contributors: _Optional[_Iterable[str]] = ..., credential: _Optional[bytes] = ..., late: _Optional[bool] = ..., part_digests: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class DeclareNotice(_message.Message):
-    __slots__ = ("group_key", "config_hash", "data_hash", "bandwidth", "credential", "digest", "expecting", "paced", "expiration", "wire")
+    __slots__ = ("group_key", "config_hash", "data_hash", "bandwidth", "credential", "digest", "expecting", "paced", "expiration", "wire", "sparse")
     GROUP_KEY_FIELD_NUMBER: _ClassVar[int]
     CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
     DATA_HASH_FIELD_NUMBER: _ClassVar[int]
@@ -177,6 +177,7 @@ class DeclareNotice(_message.Message):
     PACED_FIELD_NUMBER: _ClassVar[int]
     EXPIRATION_FIELD_NUMBER: _ClassVar[int]
     WIRE_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_FIELD_NUMBER: _ClassVar[int]
     group_key: str
     config_hash: str
     data_hash: str
@@ -187,7 +188,8 @@ class DeclareNotice(_message.Message):
     paced: bool
     expiration: float
     wire: str
-    def __init__(self, group_key: _Optional[str] = ..., config_hash: _Optional[str] = ..., data_hash: _Optional[str] = ..., bandwidth: _Optional[float] = ..., credential: _Optional[bytes] = ..., digest: _Optional[str] = ..., expecting: _Optional[_Iterable[str]] = ..., paced: _Optional[bool] = ..., expiration: _Optional[float] = ..., wire: _Optional[str] = ...) -> None: ...
+    sparse: bool
+    def __init__(self, group_key: _Optional[str] = ..., config_hash: _Optional[str] = ..., data_hash: _Optional[str] = ..., bandwidth: _Optional[float] = ..., credential: _Optional[bytes] = ..., digest: _Optional[str] = ..., expecting: _Optional[_Iterable[str]] = ..., paced: _Optional[bool] = ..., expiration: _Optional[float] = ..., wire: _Optional[str] = ..., sparse: _Optional[bool] = ...) -> None: ...
 
 class DeclareAck(_message.Message):
     __slots__ = ("ok", "error")
