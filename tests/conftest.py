@@ -67,22 +67,24 @@ images. One worker for both also keeps these two heaviest groups (a dozen proces
 at once on a two-core machine."""
 
 
-HEAVY_FIRST = ("serial", "tests/test_peer_network.py", "tests/test_stopping.py", "tests/test_stage_network.py",
-               "tests/test_split_rounds.py", "tests/test_stage_pipeline.py", "tests/test_peer_drain.py",
-               "tests/test_bootstrap.py", "tests/test_net_averaging.py", "tests/test_peer_data_network.py",
-               "tests/test_generate.py", "tests/test_train_local.py")
+HEAVY_FIRST = ("serial", "tests/peer/test_peer_network.py", "tests/peer/test_stopping.py",
+               "tests/peer/stage/test_stage_network.py", "tests/peer/averaging/test_split_rounds.py",
+               "tests/peer/stage/test_stage_pipeline.py", "tests/peer/test_peer_drain.py",
+               "tests/peer/test_bootstrap.py", "tests/peer/averaging/test_net_averaging.py",
+               "tests/peer/test_peer_data_network.py", "tests/models/test_generate.py",
+               "tests/peer/simulator/test_train_local.py")
 """Units of work handed out first, longest first (measured: each takes one to ten minutes of a worker on
 a two-core machine), so that no long file starts last and keeps one worker busy while the other idles.
 The other files follow in collection order. A file missing here costs balance, never correctness."""
 
 
-EACH_TEST_A_UNIT = ("tests/test_peer_network.py", "tests/test_stopping.py")
+EACH_TEST_A_UNIT = ("tests/peer/test_peer_network.py", "tests/peer/test_stopping.py")
 """Files whose tests are units of work of their own (several minutes each file, and their module
 fixtures only prepare a small dataset): one worker running a whole file would finish minutes after
 the other."""
 
 
-SAME_UNIT = {"tests/test_export.py": "tests/test_generate.py"}
+SAME_UNIT = {"tests/models/test_export.py": "tests/models/test_generate.py"}
 """Files that run in the unit of another because they share its session fixture: ``test_export`` uses
 ``test_generate``'s two trained runs (tens of seconds of training), built once per worker."""
 

@@ -13,8 +13,8 @@ announce the circuit (``relayed``), and average with the public peer and with ea
 modules held by NATed peers alone); once the network has formed, replicas are identical round after
 round. Between private addresses each relayed connection carries at most 128 KiB before the relay
 resets it (``peer.network.relays``); parts and join streams cut by a reset are sent again (what
-``tests/test_relayed_peers.py`` checks with modules larger than the limit; the tiny preset's fit in
-one connection). Slow: a relay killed, and two peers behind the same NAT.
+``tests/peer/network/test_relayed_peers.py`` checks with modules larger than the limit; the tiny preset's fit
+in one connection). Slow: a relay killed, and two peers behind the same NAT.
 """
 
 from __future__ import annotations

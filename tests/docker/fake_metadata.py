@@ -1,6 +1,6 @@
 """A fake cloud metadata server playing AWS IMDSv2 and GCP's metadata server (stdlib only).
 
-Used two ways: in-process by ``tests/test_spot.py`` (``FakeMetadata`` on 127.0.0.1:0), and as a
+Used two ways: in-process by ``tests/peer/node/test_spot.py`` (``FakeMetadata`` on 127.0.0.1:0), and as a
 container on a test network by ``tests/docker`` (``python3 fake_metadata.py --port 80``), where the
 test posts a notice through ``POST /_control`` with a JSON body such as
 ``{"aws_action": "terminate", "aws_in": 30}`` or ``{"gcp_preempted": true}``.

@@ -2,7 +2,7 @@
 fingerprint of each contract's schema; and a reader of the previous minor's schema.
 
 Shared by ``regen_contracts.py`` (which writes ``contracts/fingerprints.json`` and
-``contracts/{contract}-{version}.json``) and ``tests/test_contract_versions.py`` (which checks them).
+``contracts/{contract}-{version}.json``) and ``tests/protos/test_contract_versions.py`` (which checks them).
 
 - Protobuf contracts (``coordinator``, ``averaging``, ``stage``, ``data``): every message type of the
   contract's ``.proto``, each field set to a value derived from its number (two elements for a

@@ -1,8 +1,8 @@
 """The schedule behind ``sim_tiny.json``: a tiny 2x2 lattice, 3 paths, fixed batches, codec none.
 
 Shared by ``regen.py`` (which runs it through the ``train-local --workers`` simulator,
-:class:`peer.simulator.DiLoCoSimulator`) and ``tests/test_golden_simulator.py`` (which runs it through
-real peers: ``DiLoCoOptimizer`` over ``NetAverager``). A module's state is summarised by its fp64
+:class:`peer.simulator.DiLoCoSimulator`) and ``tests/peer/simulator/test_golden_simulator.py`` (which runs it
+through real peers: ``DiLoCoOptimizer`` over ``NetAverager``). A module's state is summarised by its fp64
 sum, absolute sum and a few values at fixed positions of its flattened global copy.
 """
 

@@ -52,7 +52,7 @@ def test_huge_lattice_is_refused(tmp_path):
 def test_example_run_config_loads():
     from pathlib import Path
 
-    example = Path(__file__).resolve().parents[1] / "deploy" / "run.example.toml"
+    example = Path(__file__).resolve().parents[2] / "deploy" / "run.example.toml"
     run, settings = load_run_and_settings(example)
     assert run.run_id == "demo" and run.lattice.num_paths == 4
     assert settings.lease_timeout == 30.0 and settings.rebalance_threshold == 0.25
@@ -68,5 +68,5 @@ def test_the_docs_table_of_the_settings_is_the_generated_one():
     docs = field_docs()
     assert set(docs) == {f.name for f in dataclasses.fields(CoordinatorSettings)}, "every field has a docstring"
     assert "| `lease_timeout` | float | `30.0` |" in markdown_table()
-    text = (Path(__file__).resolve().parents[1] / "docs" / "coordinator.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "coordinator.md").read_text()
     assert update_markdown(text) == text, "regenerate it: python -m coordinator.settings --update docs/coordinator.md"

@@ -2,7 +2,7 @@
 its end, by an error or a stop signal too, unless asked to stay (and then it says where), and no
 benchmark makes one another way; the watchdog's removal of the unix sockets a stopped tree bound
 removes only dead ones, with torch's shared-memory directory. The demo and a killed peer, end to
-end: ``tests/test_stopping.py``."""
+end: ``tests/peer/test_stopping.py``."""
 
 from __future__ import annotations
 

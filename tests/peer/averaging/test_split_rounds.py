@@ -1,5 +1,5 @@
 """Split rounds (``outer.max_group_size``, :mod:`peer.averaging.hierarchy`) over real DHTs and p2p
-daemons on loopback, one process per peer (the peers of ``tests/test_net_averaging.py``).
+daemons on loopback, one process per peer (the peers of ``tests/peer/averaging/test_net_averaging.py``).
 
 Five holders of one module with groups capped at 2 split every round into 4 buckets, whose delegates
 meet in 2 groups of 2, whose delegates form the top group (three levels, none over the cap): each

@@ -16,7 +16,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool
 from google.protobuf import unknown_fields as proto_unknown
 from google.protobuf.message_factory import GetMessageClass
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "golden"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "golden"))
 
 import contract_spec as spec  # noqa: E402
 from protos import versions  # noqa: E402

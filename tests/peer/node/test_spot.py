@@ -23,7 +23,8 @@ from peer.node.spot import (
     build_sources,
 )
 
-_spec = importlib.util.spec_from_file_location("fake_metadata", Path(__file__).parent / "docker" / "fake_metadata.py")
+_spec = importlib.util.spec_from_file_location(
+    "fake_metadata", Path(__file__).resolve().parents[2] / "docker" / "fake_metadata.py")
 fake_metadata = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fake_metadata)
 

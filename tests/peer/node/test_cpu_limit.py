@@ -1,6 +1,6 @@
-"""``peer join --cpu-limit SHARE``: a volunteer on a machine they also use lets the peer train only a
-share of the time. The trainer rests between inner steps (:class:`peer.node.trainer.CpuLimit`); a
-drain wakes it from a rest. (The flag's range is swept with every other flag's: tests/test_cli_sweep.py.)"""
+"""``peer join --cpu-limit SHARE``: a volunteer on a machine they also use lets the peer train only a share of
+the time. The trainer rests between inner steps (:class:`peer.node.trainer.CpuLimit`); a drain wakes it from
+a rest. (The flag's range is swept with every other flag's: tests/hivepath/test_cli_sweep.py.)"""
 
 from __future__ import annotations
 

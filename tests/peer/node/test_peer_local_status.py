@@ -22,7 +22,7 @@ from peer.node.local_status import (DEFAULT_STATUS_PORT, LocalStatusServer, Stat
                                start_optional)
 from peer.node.progress import WAITING_STATES, PeerStatus
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 HEALTHCHECK = ROOT / "deploy" / "healthcheck.py"
 
 

@@ -29,7 +29,7 @@ import yaml
 from hivepath.cli import build_parser
 from peer.node import spot
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 DOCKERFILES = sorted(DEPLOY.glob("Dockerfile.*"))
 K8S = sorted((DEPLOY / "k8s").glob("*.yaml"))

@@ -11,10 +11,11 @@ purpose and review the diff::
     cd /work/main && .venv/bin/python tests/golden/regen.py
 
 The test runs the same schedule through three real peer processes (this file is also the peer:
-``python tests/test_golden_simulator.py '<json options>'``), each with its own DHT and p2p daemon,
-training one path with :class:`peer.diloco.DiLoCoOptimizer` over :class:`peer.averaging.net_averager.NetAverager`.
-Float tolerance covers only summation order (the reducer sums in peer-id order, the simulator in
-worker order; gradient clipping sums norms in another order): about 1e-7 relative per round.
+``python tests/peer/simulator/test_golden_simulator.py '<json options>'``), each with its own DHT and p2p
+daemon, training one path with :class:`peer.diloco.DiLoCoOptimizer` over
+:class:`peer.averaging.net_averager.NetAverager`. Float tolerance covers only summation order (the reducer
+sums in peer-id order, the simulator in worker order; gradient clipping sums norms in another order):
+about 1e-7 relative per round.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-GOLDEN = Path(__file__).resolve().parent / "golden"
+ROOT = Path(__file__).resolve().parents[3]
+GOLDEN = ROOT / "tests" / "golden"
 for p in (str(ROOT), str(GOLDEN)):
     if p not in sys.path:
         sys.path.insert(0, p)

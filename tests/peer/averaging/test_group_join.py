@@ -4,7 +4,7 @@ Between two peers behind NAT every join stream crosses a relay, which resets the
 after 128 KiB: a follower can lose the leader's BEGIN after the leader counted it in. The follower then
 joins again, and a leader that already began answers with the same group; a stream that ends without
 a decisive reply is taken as cut, never as a refusal. Units over the protocol's own handler and reader
-(the relayed rounds themselves run in ``tests/test_relayed_peers.py``)."""
+(the relayed rounds themselves run in ``tests/peer/network/test_relayed_peers.py``)."""
 
 from __future__ import annotations
 

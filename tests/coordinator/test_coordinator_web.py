@@ -61,7 +61,8 @@ def test_json_status(server):
     contrib = s["contributions"]
     assert [c["tokens"] for c in contrib] == [3000, 2000, 1000, 0]
     assert contrib[0]["share"] == 0.5 and contrib[-1]["state"] == "left"
-    # path peers: their join figure counts, no pipelines (tests/test_coordinator_status_pipelines.py has them)
+    # path peers: their join figure counts, no pipelines
+    # (tests/coordinator/test_coordinator_status_pipelines.py has them)
     assert {p["role"] for p in s["peers"]} == {"path"} and all(p["role_reason"] for p in s["peers"])
     assert all(p["capacity_tokens_per_s"] is None for p in s["peers"])
     assert s["pipelines"] == [] and s["stages"] == [] and s["peer_roles"]["path"] == 3

@@ -22,7 +22,7 @@ from bench.quality_scale import tiny
 from bench.quality_sweeps import grid
 from bench.report_rows import NOT_RUN_YET, ROWS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _git(*args: str) -> subprocess.CompletedProcess:

@@ -39,7 +39,7 @@ def _image_sources() -> list[str]:
     """The source paths deploy/Dockerfile.coordinator copies into its wheel (its build stage's COPYs)."""
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "deploy" / "Dockerfile.coordinator").read_text()
+    text = (Path(__file__).resolve().parents[2] / "deploy" / "Dockerfile.coordinator").read_text()
     build = text.split("AS build", 1)[1].split("\nFROM ", 1)[0]
     return [src for line in build.splitlines() if line.startswith("COPY ") for src in line.split()[1:-1]]
 
@@ -51,7 +51,7 @@ def test_what_the_coordinator_image_copies_runs_serve_without_the_peer(tmp_path)
     import shutil
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     sources = _image_sources()
     assert "peer" not in sources and "models" not in sources and "coordinator" in sources and "protos" in sources
     for src in sources:

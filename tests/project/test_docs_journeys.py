@@ -34,7 +34,7 @@ stopped with SIGTERM (a drain).
 ``test_operator_journey`` (seconds) and the deploy journey outside containers (its blocks at once, about
 forty seconds on a busy two-core machine) run in the default test run; the volunteer's and the generate journeys are
 ``slow``. Container and cloud commands (``docker``, ``sky``, ``kubectl``) are not run here: the Docker
-tests (tests/docker) run the images and Compose, tests/test_deploy_static.py checks the templates.
+tests (tests/docker) run the images and Compose, tests/deploy/test_deploy_static.py checks the templates.
 """
 
 from __future__ import annotations

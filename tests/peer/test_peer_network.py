@@ -301,7 +301,7 @@ def test_demo_short_run_writes_report(tmp_path):
                      r.stderr), r.stderr[-3000:]
     for event in ("peer0 join: ", "peer1 assignment: mode=path", "peer0 round: ", "peer1 leave: "):
         assert event in r.stderr, (event, r.stderr[-3000:])
-    # no --small-peers: every peer trains a whole path (small peers: tests/test_demo.py)
+    # no --small-peers: every peer trains a whole path (small peers: tests/peer/demo/test_demo.py)
     assert summary["small_peers"] == 0 and summary["small_peer_max_memory_gb"] is None
     assert {n: p["role"] for n, p in summary["peer_roles"].items()} == {"peer0": "path", "peer1": "path"}
     assert "| peer0 | path |" in (out / "report.md").read_text()

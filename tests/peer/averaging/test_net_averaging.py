@@ -1,12 +1,12 @@
 """Networked averaging over real DHTs and p2p daemons on loopback, one process per peer.
 
-The file is also the peer process: ``python tests/test_net_averaging.py '<json options>'`` starts
-one peer with its own DHT and p2p daemon, averages with :class:`peer.averaging.net_averager.NetAverager` and
-writes what it saw to ``<out>/<name>.pt`` (final module states, one record per (module, round)).
-Modes: ``lattice`` trains a path of a tiny 2x2 ``ModularLM`` with ``DiLoCoOptimizer`` (int8);
-``direct`` drives ``average()`` and an ``OuterOptimizer`` on one module with seeded deltas (fault
-injection, late joining, mismatched config hash). The tests check results, not return values:
-replicas are ``torch.equal``, and every average is the exact weighted mean within the codec's error.
+The file is also the peer process: ``python tests/peer/averaging/test_net_averaging.py '<json options>'``
+starts one peer with its own DHT and p2p daemon, averages with
+:class:`peer.averaging.net_averager.NetAverager` and writes what it saw to ``<out>/<name>.pt`` (final module
+states, one record per (module, round)). Modes: ``lattice`` trains a path of a tiny 2x2 ``ModularLM`` with
+``DiLoCoOptimizer`` (int8); ``direct`` drives ``average()`` and an ``OuterOptimizer`` on one module with
+seeded deltas (fault injection, late joining, mismatched config hash). The tests check results, not return
+values: replicas are ``torch.equal``, and every average is the exact weighted mean within the codec's error.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

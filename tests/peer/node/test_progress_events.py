@@ -56,7 +56,7 @@ def test_the_event_table_of_the_cli_docs_is_the_schema():
     import re
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text(encoding="utf-8")
+    text = (Path(__file__).resolve().parents[3] / "docs" / "cli.md").read_text(encoding="utf-8")
     table = text[text.index("| `event` | fields"):].split("\n\n")[0]
     rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \| (.*?) \|", table, re.M)}
     del rows["event"]  # the header

@@ -1,8 +1,8 @@
 """Stage mode with real processes on loopback: stage servers, a trainer and a path-mode
 peer, each with its own DHT and p2p daemon, averaging over :class:`peer.averaging.net_averager.NetAverager`.
 
-The file is also the peer process: ``python tests/test_stage_pipeline.py '<json options>'`` runs one
-role -- ``server`` (:func:`peer.node.stage_runner.run_stage_server`), ``trainer``
+The file is also the peer process: ``python tests/peer/stage/test_stage_pipeline.py '<json options>'`` runs
+one role -- ``server`` (:func:`peer.node.stage_runner.run_stage_server`), ``trainer``
 (:func:`peer.node.stage_runner.run_stage_trainer`) or ``path`` (:class:`peer.node.trainer.PathTrainer`) -- until
 a ``stop`` file appears in the output folder (or its own step/round budget is spent), then writes
 ``<name>.json``. Faults are injected by request count (a server SIGKILLs itself when its N-th
@@ -18,7 +18,7 @@ import signal
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -233,7 +233,7 @@ def test_stage_and_path_holders_of_a_module_stay_identical(procs, tmp_path, data
     through one stage server per level. Every module has one holder of each mode; after each of
     3 outer rounds their global copies and outer momentum are bit-identical. In the slow set: the
     default run compares stage servers' and path peers' snapshots with ``torch.equal`` in
-    ``tests/test_stage_network.py``, on peers started with ``peer join``."""
+    ``tests/peer/stage/test_stage_network.py``, on peers started with ``peer join``."""
     rounds, h = 3, 4
     barrier = {"embed": 2, "L0M0": 2, "L1M0": 2, "head": 2}
     swarm = Swarm(procs, tmp_path, dict(inner_steps=h, round_timeout=20.0, data=dataset_dir, barrier=barrier))

@@ -23,7 +23,7 @@ from peer.stage.records import (
 )
 from peer.stage import WireError, activation_codec, decode_tensor, encode_tensor
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 PEER = "12D3KooWQgGPyXufy9nuCHQ1h864dgAULs9sg4sTTuxWVeGR2LH9"
 OTHER = "12D3KooWPHiTMJc6RGXWMVX88j44z6kA9vhFozjTEFMnJRHTWzSh"
 GOOD = {"module_id": "L0M1", "config_hash": "33cebb9f1604bfb7", "throughput": 1500.0, "queue_length": 2}
