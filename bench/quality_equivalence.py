@@ -4,7 +4,7 @@ The sweeps train with ``peer.simulator.DiLoCoSimulator``. A networked peer train
 ``peer.diloco.DiLoCoOptimizer`` (the optimizer-like wrapper of DiLoCo, Douillard et al. 2023) and an
 averager. This runs ``K`` workers as threads, each with its own ``DiLoCoOptimizer`` joined to an
 in-process ``peer.averaging.LocalAverager`` (the reduction the network all-reduce reproduces bit for
-bit, see ``tests/test_net_averaging.py``), on the same seeds and batches as the simulator, and reports
+bit, see ``tests/peer/averaging/test_net_averaging.py``), on the same seeds and batches as the simulator, and reports
 how far the two final models are apart (max absolute weight difference, bits per byte of each).
 """
 

@@ -3,7 +3,7 @@
 Everything else in the file is the run itself, read by :func:`models.presets.load_run_config`.
 Precedence: command-line flags (the serve command's) over this section over the defaults here.
 
-The coordinator reads no environment variable (``tests/test_settings.py`` checks it): its process
+The coordinator reads no environment variable (``tests/project/test_settings.py`` checks it): its process
 is configured by the flags of ``hivepath coordinator serve`` and this section. The container image's
 ``HIVEPATH_*`` variables become those flags in ``deploy/entrypoint.sh``; they are listed with every
 other variable in ``hivepath.settings`` (and ``docs/cli.md``).

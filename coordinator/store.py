@@ -1,7 +1,7 @@
 """Where the coordinator's state is kept: one interface, an SQLite-WAL implementation for real runs
 (:mod:`coordinator.sqlite_store`, which also has :func:`~coordinator.sqlite_store.open_store`) and an
 in-memory one for tests. Both pass the same contract suite
-(``tests/test_coordinator_store.py``).
+(``tests/coordinator/test_coordinator_store.py``).
 
 Writes come as a :class:`WriteBatch` applied atomically. The coordinator commits joins, leaves,
 drains and assignment changes before it replies (acknowledged = durable); heartbeat renewals and

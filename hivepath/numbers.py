@@ -3,7 +3,7 @@ The ranges are :mod:`models.settings`'s (a setting's declaration names its range
 re-exports them for the flags that no ``HIVEPATH_*`` variable sets.
 
 ``type=int`` accepts ``--threads 0`` and ``--max-steps -1``, and ``type=float`` accepts ``nan``; a flag
-of ``hivepath`` takes one of these instead (``tests/test_cli_sweep.py`` fails on a plain ``int`` or
+of ``hivepath`` takes one of these instead (``tests/hivepath/test_cli_sweep.py`` fails on a plain ``int`` or
 ``float``). A value out of range is an argparse error (one line, exit 2) naming the flag, the range
 and the value. :func:`check_defaults` applies the same ranges to values that came from a
 ``HIVEPATH_*`` variable, which argparse does not convert.

@@ -3,7 +3,7 @@
 A plain ``str`` accepts a regular file where a directory is expected, a directory where a file is, a
 place nothing can be written (under a regular file, ``/proc``, a read-only mount) or a binary token
 file, and the command fails part-way with a traceback, sometimes after training. A flag of
-``hivepath`` that takes a path takes one of these kinds instead (``tests/test_cli_paths.py`` fails on
+``hivepath`` that takes a path takes one of these kinds instead (``tests/hivepath/test_cli_paths.py`` fails on
 a plain ``str`` and sends every one of them the wrong kinds of path):
 
 ======================  ====================================================================
@@ -70,7 +70,7 @@ class PathKind:
 
     ``expects`` is what the path must be or become (``file``, ``dir`` or ``either``), ``must_exist``
     whether it is only read, ``text`` whether it must be UTF-8, ``pem`` the kind of PEM block it must
-    hold (``certificate``, ``private key``): the sweep in ``tests/test_cli_paths.py`` picks the wrong
+    hold (``certificate``, ``private key``): the sweep in ``tests/hivepath/test_cli_paths.py`` picks the wrong
     paths to send each flag from these.
     """
 

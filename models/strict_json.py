@@ -3,7 +3,7 @@
 Python's ``json`` writes ``NaN`` and ``Infinity`` by default, which are not JSON: a strict parser (a
 browser, ``jq``, most other languages) refuses the whole document. A loss that has not been measured
 yet, or a rate over zero seconds, is a non-finite float; here it becomes ``null``. Every writer in
-the project goes through :func:`dumps` (``tests/test_strict_json.py`` checks that no other
+the project goes through :func:`dumps` (``tests/models/test_strict_json.py`` checks that no other
 ``json.dump``/``json.dumps`` call is left).
 
 Stdlib only: the coordinator's image and the command line use it.

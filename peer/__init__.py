@@ -1,6 +1,6 @@
 """The volunteer node, one package per subsystem. Each package's ``__init__`` is its API.
 
-Lowest first; a package imports only packages above it in this list (``tests/test_layering.py``
+Lowest first; a package imports only packages above it in this list (``tests/project/test_layering.py``
 checks it), and all of them may import ``models`` and ``protos``, never ``coordinator``:
 
 ==========================  ==========================================================================

@@ -11,7 +11,7 @@ other as ``protos.hivepath.*`` and never shadow the ``hivepath`` command package
   package ``hivepath.peer.v1`` and carried over hivemind's P2P streams: their services (``Averaging``,
   ``Stage``, ``Data``) describe the peers' stream handlers and get no gRPC stubs.
 
-``tests/test_protos_drift.py`` fails when the committed files differ from a fresh generation.
+``tests/protos/test_protos_drift.py`` fails when the committed files differ from a fresh generation.
 """
 
 from __future__ import annotations

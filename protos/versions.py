@@ -13,7 +13,7 @@ write to the DHT (``dht``), the averaging messages between peers (``averaging``:
 state transfer), stage mode's activations (``stage``) and a dataset's chunks between peers (``data``).
 Each lists the fields every minor added (:attr:`Contract.added`): a writer that states an older minor
 leaves them out (:func:`writes`), and the test of the committed golden messages reads the current
-messages with the previous minor's schema (``tests/test_contract_versions.py``, which also fails when a
+messages with the previous minor's schema (``tests/protos/test_contract_versions.py``, which also fails when a
 contract's schema changes while its version does not).
 
 Version 1.0 of every contract is what releases 0.1.x spoke; they stated no version at all, and their

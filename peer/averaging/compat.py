@@ -17,7 +17,7 @@ __all__ = ["BYTES_REVISION", "wire_key"]
 
 BYTES_REVISION = 0
 """Revision of the bytes a group computes within the averaging protocol's major: the codecs'
-encodings (pinned by ``tests/test_compression.py``'s golden bytes), the reduction rule and the order
+encodings (pinned by ``tests/peer/compression/test_compression.py``'s golden bytes), the reduction rule and the order
 of its sums. A change to any of them raises it (a minor version of the protocol whose messages are
 still read by the previous minor, but whose members no longer average with it)."""
 

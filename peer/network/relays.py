@@ -23,7 +23,7 @@ reached, for the same state (``peer.averaging.state_transfer``). A group of rela
 join request says whether it is relayed, and the leader's group lists them): their parts go in pieces
 of at most 32 KiB (``peer.averaging.partition.RELAY_PIECE_BYTES``), one at a time to each member, and
 a piece cut by a reset is sent again over the next connection (``ReductionServer._ask_again``;
-``tests/test_relayed_peers.py`` averages a 300k-parameter module through two relayed peers, round after round).
+``tests/peer/network/test_relayed_peers.py`` averages a 300k-parameter module through two relayed peers, round after round).
 
 hivemind's ``P2P.create`` has no argument for the daemon's ``-relayDiscovery``, and with discovery on
 the daemon's auto-relay waits for four relay candidates, or three minutes, before it reserves any
