@@ -289,3 +289,17 @@ def test_a_writer_of_the_previous_minor_leaves_out_what_the_current_one_added():
         versions.set_override(None)
     assert "wire" not in value and "v" not in value  # both came with 1.1
     assert parse_record(GroupDeclaration, PEER, value) == GroupDeclaration("ab", "cd", 1.0)
+
+
+def test_a_sparse_paced_declaration_round_trips_and_an_older_minor_leaves_the_flag_out():
+    decl = GroupDeclaration("ab12", "", 1.0, paced=True, sparse=True)
+    value = to_value(decl)
+    assert value["sparse"] is True and parse_record(GroupDeclaration, PEER, value) == decl
+    assert "sparse" not in to_value(GroupDeclaration("ab12", "", 1.0, paced=True))  # false: left out
+    versions.set_override("dht=1.3")  # a peer of the minor before the flag
+    try:
+        older = to_value(decl)
+    finally:
+        versions.set_override(None)
+    assert "sparse" not in older and older["paced"] is True
+    assert parse_record(GroupDeclaration, PEER, older) == GroupDeclaration("ab12", "", 1.0, paced=True)
