@@ -26,7 +26,12 @@ Over the network (hivemind's P2P and DHT):
   fallback reducers.
 - ``hierarchy``: split rounds (``outer.max_group_size``): a widely held module averaged in buckets, a top
   group of their delegates, and the top group's bytes passed down each bucket's tree.
+- ``split_round``: one holder's side of a split round: its bucket, the climb of the bucket's mean to the top
+  group, and the round's average back down the tree, against the round's deadlines.
 - ``state_transfer``: serving and fetching a module's :class:`~peer.outer.ModuleState` (newcomers, re-sync).
+- ``holder_records``: this peer's holder and archive records on the DHT, announced, refreshed and withdrawn.
+- ``pacing``: whether another holder already waits for a round we still compute (the training loop's
+  cue to end its round).
 - ``net_averager``: :class:`NetAverager`, the contract over all of the above.
 
 Imports ``peer.compression``, ``peer.outer`` and ``peer.network``.
