@@ -22,7 +22,8 @@ from peer.localnet import wait_for
 from helpers.averagers import loopback_holders
 from peer.averaging import BLOCK
 from peer.compression import get_codec
-from peer.averaging.matchmaking import PUSHED_KEYS, Matchmaker
+from peer.averaging.declaration_push import PUSHED_KEYS
+from peer.averaging.matchmaking import Matchmaker
 from peer.network import HolderRecord, group_key, holders_key, read_records
 from protos.hivepath.peer.v1.net_pb2 import DeclareNotice
 

@@ -17,6 +17,9 @@ Over the network (hivemind's P2P and DHT):
   a gather waits for, forks kept by majority, who leads; the time passed in): ``Match``, ``LONE``.
 - ``matchmaking``: groups per (module, round) from holder records and group declarations: the DHT reads
   and writes, pushes and waits around ``group_decision``.
+- ``declaration_push``: the ``Declare`` rpc: a member's declaration pushed to the module's live holders
+  before its DHT record lands, and the declarations pushed to us.
+- ``holder_memory``: what earlier reads said of each module's holders (missed, vanished, waited for).
 - ``compat``: :func:`wire_key`, the averaging bytes key: only holders of one key are grouped
   (releases whose exchanges give other bytes average apart).
 - ``group_join``: the leader/follower protocol that turns a round's declared members into one group.

@@ -151,7 +151,8 @@ class NetAverager:
         """Since when (monotonic) the run's coordinator has answered every heartbeat, None while it
         does not. Holders whose records vanished after that are the ones cut off (or dead), and we
         may step alone as their only live holder; otherwise we may be the one cut off, and do not
-        (see the matchmaker's ``_vanished``). ``peer.node`` sets it from the coordinator client."""
+        (see :meth:`peer.averaging.holder_memory.HolderMemory.vanished`). ``peer.node`` sets it from the
+        coordinator client."""
         self._flat_buffers = FlatBuffers()  # each round's flattened delta: no fresh round-sized vector
         # a round's decoded contribution and average, handed back by the caller (give_back)
         self._out_buffers = FlatBuffers(keep=2)

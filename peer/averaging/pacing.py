@@ -53,7 +53,7 @@ class WaitingCheck:
         unless ``paced_too``: for a peer whose steps are far apart, the one every round waits on): it
         waits in matchmaking, so ``DiLoCoOptimizer`` ends its round now with the tokens it has, and
         our declaration of it says so. Never blocks the training loop: it answers from the
-        declarations holders pushed us (:meth:`peer.averaging.matchmaking.Matchmaker._push`), else from
+        declarations holders pushed us (:meth:`peer.averaging.declaration_push.DeclarationPush._push`), else from
         a DHT check at most ``WAITING_POLL`` seconds old, refreshed in the background (False until a
         check for exactly these rounds has come back)."""
         key = tuple(sorted(rounds.items()))
