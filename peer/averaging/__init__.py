@@ -27,6 +27,8 @@ Over the network (hivemind's P2P and DHT):
 - ``reducer``: the reducer's half of the all-reduce: validating, reducing and answering the parts it reduces.
 - ``allreduce``: :class:`ReductionServer`, a member's half of the all-reduce of one group's parts, with
   fallback reducers.
+- ``group_round``: one member's round of a group's all-reduce as an object with a state: the cut, the
+  pipeline of segments (``IN_FLIGHT``), the outcome.
 - ``hierarchy``: split rounds (``outer.max_group_size``): a widely held module averaged in buckets, a top
   group of their delegates, and the top group's bytes passed down each bucket's tree.
 - ``split_round``: one holder's side of a split round: its bucket, the climb of the bucket's mean to the top
