@@ -16,7 +16,7 @@ Four schedules, ways one might carry the traffic:
   handed to the kernel (a pipeline with no bound on what is in flight);
 - ``paced``: as ``per_segment``, but the next segment also waits until the reducer acknowledged the
   one before the last (a byte it sends back as soon as it holds the segment): the averager's bound on
-  segments in flight (``peer.averaging.allreduce.IN_FLIGHT``) alone;
+  segments in flight (``peer.averaging.group_round.IN_FLIGHT``) alone;
 - ``ahead``: as ``paced``, but a peer returns a segment's averages only once its own segments through
   the next one are handed to the kernel: what the averager does
   (``peer.averaging.reducer.CONTRIBUTIONS_AHEAD``).
@@ -50,7 +50,7 @@ __all__ = ["measure", "SCHEDULES"]
 SCHEDULES = ("per_pair", "per_segment", "paced", "ahead")
 IN_FLIGHT = 2
 """``paced`` and ``ahead``: most segments of a sender at one reducer not yet acknowledged: the averager's
-``peer.averaging.allreduce.IN_FLIGHT``, not imported (it would bring torch into these small processes)."""
+``peer.averaging.group_round.IN_FLIGHT``, not imported (it would bring torch into these small processes)."""
 CONTRIBUTIONS_AHEAD = 1
 """``ahead``: the averager's ``peer.averaging.reducer.CONTRIBUTIONS_AHEAD`` (not imported, as above)."""
 _ACKED = ("paced", "ahead")

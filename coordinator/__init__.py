@@ -7,6 +7,7 @@ It imports neither torch nor hivemind, and never touches weights or gradients.
   it builds the collaborators below and delegates to them
 - :mod:`coordinator.leases`: its lease table (expiry schedule, restart grace) and heartbeats (renewal,
   progress, group commit)
+- :mod:`coordinator.bootstrap`: whom a joining peer dials first (live peers' DHT addresses, relays)
 - :mod:`coordinator.scheduler`: pure assignment functions returning ``(decision, reason)``
 - :mod:`coordinator.planner`, :mod:`coordinator.planning`: each module's exchange plan, the pure decision
   and the coordinator's planning passes

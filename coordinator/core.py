@@ -6,7 +6,8 @@ tests drive expiry and rebalancing without sleeping. Decisions are delegated to 
 of :mod:`coordinator.scheduler`. It owns the peer table, the cluster view and admission, and builds
 the collaborators that answer the rest, each given what it needs of that state and one lock: the lease
 table and heartbeats (:mod:`coordinator.leases`), reports and bans (:mod:`coordinator.moderation`),
-totals and history (:mod:`coordinator.story`), each module's exchange plan (:mod:`coordinator.planning`).
+totals and history (:mod:`coordinator.story`), each module's exchange plan (:mod:`coordinator.planning`),
+whom a joining peer dials first (:mod:`coordinator.bootstrap`).
 
 Durability: joins, leaves, drains, expiries and assignment changes are handed to ``durable`` (which
 returns once they are committed) before the call returns; heartbeat renewals and progress are
@@ -21,10 +22,10 @@ import hashlib
 import logging
 import threading
 import time
-from collections import OrderedDict
 from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 from coordinator.bans import BANS_META_KEY, BanBook
+from coordinator.bootstrap import Bootstrap
 from coordinator.credentials import CredentialBook, CredentialIssuer
 from coordinator.health import HealthRules, LossWatch
 from coordinator.history import History
@@ -33,7 +34,7 @@ from coordinator.leases import Heartbeats, LeaseTable
 from coordinator.moderation import Moderation
 from coordinator.planner import ModulePlan
 from coordinator.planning import Planning
-from coordinator.reachability import RELAYS_PER_PEER, UNREACHABLE, Reachability, dialable, relay_load
+from coordinator.reachability import UNREACHABLE, Reachability, dialable
 from coordinator.records import MODE_ARCHIVE, Assignment, Capabilities, Lease, ModuleProgress, Move, PeerRecord
 from coordinator.results import (HeartbeatResult, JoinResult, PathEvaluation, ProgressReport, ReportResult,
                                  StatusView)
@@ -128,7 +129,7 @@ class Coordinator:
         self.loss_watch = LossWatch(HealthRules())
         """Each peer's reported loss per module, for the divergence signal (:mod:`coordinator.health`)."""
         self.bans = BanBook(state.meta.get(BANS_META_KEY))
-        self._live_addrs: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+        self._bootstrap = Bootstrap(self._peers, settings)
         self._leases = LeaseTable(state.leases, settings)
         fixes = self._restore(clock())
         self.view = ClusterView.from_peers(p for p in self._peers.values() if p.state == "active")
@@ -166,7 +167,7 @@ class Coordinator:
                 peer.state = "expired"
                 fixes.peers[peer.peer_id] = copy.copy(peer)
             if peer.state == "active" and peer.capabilities.multiaddrs and dialable(peer.reachability):
-                self._live_addrs[peer.peer_id] = peer.capabilities.multiaddrs
+                self._bootstrap.add(peer.peer_id, peer.capabilities.multiaddrs)
         return fixes
 
     # -- peers' calls -------------------------------------------------------------------------
@@ -231,7 +232,8 @@ class Coordinator:
                                                                    previous, now, batch, reachability, role)
                 self._peers[peer_id].follows_plans = follows_plans
                 credential = self._credentials.issue(peer_id, now)
-                relays = self._relays_for(peer_id) if reachability.state == UNREACHABLE else []
+                relays = (self._bootstrap.relays_for(peer_id, self.view.assignments)
+                          if reachability.state == UNREACHABLE else [])
         self._durable(batch)
         if refusal is not None:  # the old lease was released: that is recorded, then the join refused
             raise refusal
@@ -427,7 +429,7 @@ class Coordinator:
     def initial_peers(self) -> list[str]:
         """DHT bootstrap multiaddrs of the most recently joined live peers."""
         with self._lock:
-            return self._initial_peers("")
+            return self._bootstrap.initial_peers("", self.view.assignments)
 
     def plans_for(self, assignment: Optional[Assignment]) -> tuple[ModulePlan, ...]:
         """The plans of the modules ``assignment`` trains (:meth:`Planning.plans_for`; under the lock)."""
@@ -476,56 +478,27 @@ class Coordinator:
         self.view.add(peer_id, assignment, peer.counted_tokens_per_s())
         if role:
             self.view.pinned.add(peer_id)
-        initial = self._initial_peers(peer_id)
-        self._live_addrs.pop(peer_id, None)
+        initial = self._bootstrap.initial_peers(peer_id, self.view.assignments)
+        self._bootstrap.drop(peer_id)
         if caps.multiaddrs and dialable(reachability.state):  # nobody could bootstrap from it otherwise
-            self._live_addrs[peer_id] = caps.multiaddrs
-            self._live_addrs.move_to_end(peer_id)
+            self._bootstrap.add(peer_id, caps.multiaddrs)
         batch.peers[peer_id] = copy.copy(peer)
         self.counters["rejoins" if rejoined else "joins"] += 1
         return lease, assignment, initial, rejoined
-
-    def _initial_peers(self, joining: str) -> list[str]:
-        out: list[str] = []
-        archives = [p for p in self._live_addrs if (a := self.view.assignments.get(p)) and a.mode == MODE_ARCHIVE]
-        for peer_id in archives + [p for p in reversed(self._live_addrs) if p not in archives]:
-            if len(out) >= self.settings.initial_peers:
-                break
-            if peer_id == joining:
-                continue
-            # every address: the first may be loopback inside a container, useless to anyone else
-            for addr in self._live_addrs[peer_id]:
-                out.append(_with_peer_id(addr, peer_id))
-        return out
-
-    def _relays_for(self, joining: str) -> list[str]:
-        """One multiaddr each of the :data:`RELAYS_PER_PEER` live reachable peers carrying the fewest
-        relayed peers (archives first among equals: they live longest); under the lock."""
-        load = relay_load([p.reachable_addr for p in self._peers.values()
-                           if p.state == "active" and p.peer_id != joining])
-        archives = {p for p in self._live_addrs if (a := self.view.assignments.get(p)) and a.mode == MODE_ARCHIVE}
-        candidates = [p for p in self._live_addrs if p != joining and self._peers[p].reachable_addr]
-        candidates.sort(key=lambda p: (load.get(p, 0), p not in archives))
-        return [_with_peer_id(self._peers[p].reachable_addr, p) for p in candidates[:RELAYS_PER_PEER]]
 
     def _release(self, peer: PeerRecord, batch: WriteBatch) -> None:
         """Drop the peer's lease and stop counting its work (the assignment stays as a rejoin hint);
         under the lock."""
         self._leases.release(peer.peer_id, batch)
         self.view.remove(peer.peer_id)
-        self._live_addrs.pop(peer.peer_id, None)
+        self._bootstrap.drop(peer.peer_id)
         self._heartbeats.stop_seeding(peer.peer_id)
 
     def _start_drain(self, peer: PeerRecord, reason: str, batch: WriteBatch) -> None:
         self.view.remove(peer.peer_id)
-        self._live_addrs.pop(peer.peer_id, None)
+        self._bootstrap.drop(peer.peer_id)
         peer.state = "draining"
         peer.drain_reason = reason
         batch.peers[peer.peer_id] = copy.copy(peer)
         self.counters["drains"] += 1
         log.info("draining %s: %s", peer.peer_id, reason)
-
-
-def _with_peer_id(addr: str, peer_id: str) -> str:
-    """``addr`` as others dial it: ending in ``/p2p/<peer id>``."""
-    return addr if "/p2p/" in addr else f"{addr}/p2p/{peer_id}"

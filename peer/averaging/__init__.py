@@ -17,6 +17,9 @@ Over the network (hivemind's P2P and DHT):
   a gather waits for, forks kept by majority, who leads; the time passed in): ``Match``, ``LONE``.
 - ``matchmaking``: groups per (module, round) from holder records and group declarations: the DHT reads
   and writes, pushes and waits around ``group_decision``.
+- ``declaration_push``: the ``Declare`` rpc: a member's declaration pushed to the module's live holders
+  before its DHT record lands, and the declarations pushed to us.
+- ``holder_memory``: what earlier reads said of each module's holders (missed, vanished, waited for).
 - ``compat``: :func:`wire_key`, the averaging bytes key: only holders of one key are grouped
   (releases whose exchanges give other bytes average apart).
 - ``group_join``: the leader/follower protocol that turns a round's declared members into one group.
@@ -24,9 +27,16 @@ Over the network (hivemind's P2P and DHT):
 - ``reducer``: the reducer's half of the all-reduce: validating, reducing and answering the parts it reduces.
 - ``allreduce``: :class:`ReductionServer`, a member's half of the all-reduce of one group's parts, with
   fallback reducers.
+- ``group_round``: one member's round of a group's all-reduce as an object with a state: the cut, the
+  pipeline of segments (``IN_FLIGHT``), the outcome.
 - ``hierarchy``: split rounds (``outer.max_group_size``): a widely held module averaged in buckets, a top
   group of their delegates, and the top group's bytes passed down each bucket's tree.
+- ``split_round``: one holder's side of a split round: its bucket, the climb of the bucket's mean to the top
+  group, and the round's average back down the tree, against the round's deadlines.
 - ``state_transfer``: serving and fetching a module's :class:`~peer.outer.ModuleState` (newcomers, re-sync).
+- ``holder_records``: this peer's holder and archive records on the DHT, announced, refreshed and withdrawn.
+- ``pacing``: whether another holder already waits for a round we still compute (the training loop's
+  cue to end its round).
 - ``net_averager``: :class:`NetAverager`, the contract over all of the above.
 
 Imports ``peer.compression``, ``peer.outer`` and ``peer.network``.

@@ -131,7 +131,7 @@ def vanished(seen: Mapping[str, float], live: set[str], gone: Mapping[str, int],
     (not in ``live``), with no withdrawal in its place (not in ``gone``): cut off from us by a partition,
     or dead; each with when we last read its record. ``seen``: holder -> when we last read its record,
     as the last call returned it; returned again with ``live`` read now and those that left or stayed
-    silent for ``patience`` forgotten. Why it matters: :meth:`peer.averaging.matchmaking.Matchmaker._vanished`."""
+    silent for ``patience`` forgotten. Why it matters: :meth:`peer.averaging.holder_memory.HolderMemory.vanished`."""
     kept = {**seen, **{p: now for p in live}}
     out = {}
     for peer, last in list(kept.items()):

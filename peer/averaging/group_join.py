@@ -208,7 +208,7 @@ class GroupJoin:
 
     def _gone_on(self, key: str, members: set[str]) -> set[str]:
         """Those of ``members`` known to have declared a later round of ``key``'s module (none here;
-        the matchmaker knows the declarations pushed to it)."""
+        :class:`peer.averaging.declaration_push.DeclarationPush` knows the declarations pushed to it)."""
         return set()
 
     def _begun_with(self, key: str, member: str) -> Optional[Group]:

@@ -23,7 +23,7 @@ round at 1,000 peers). With ``max_group_size`` > 0 a round of a module with more
    the holder records every holder counted the buckets from (whatever round each announces), so two
    top groups of one round cannot both apply. Each level has an equal slice of the round's time
    between the buckets' all-reduce and the top group's end
-   (:func:`peer.averaging.net_averager.level_shares`).
+   (:func:`peer.averaging.split_round.level_shares`).
 3. **Down the tree.** The top group's average is a list of encoded parts, the same bytes at every
    delegate. Each group, at every level, passes them down a binary tree rooted at its delegate (:func:`tree`):
    a member asks its parent (:class:`ResultRelay`, the ``Result`` rpc), passes each part on to its own

@@ -30,8 +30,9 @@ refuses a group whose members all fetched this round's state from holders none o
 
 The decision itself (whom a gather waits for, who leads, which fork is kept, when to wait, step
 alone or re-sync) is :mod:`peer.averaging.group_decision`'s, pure functions of what the members
-declared; this module reads and writes the records, pushes declarations, waits, logs, and leads or
-follows as decided.
+declared; this module reads and writes the records, pushes declarations
+(:mod:`peer.averaging.declaration_push`), waits, logs, and leads or follows as decided. What its earlier
+reads said of each module's holders is kept by :mod:`peer.averaging.holder_memory`.
 
 Peers whose config hash or dataset hash differ from ours are never grouped: their declarations
 are ignored and their join requests refused, with a log line naming both hashes.
@@ -62,17 +63,16 @@ import asyncio
 import logging
 import math
 import time
-from typing import Any, AsyncIterator, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from peer.averaging import group_decision
+from peer.averaging.declaration_push import DeclarationPush
 from peer.averaging.group_decision import LONE, Gathered, Match, behind_a_formed_group, in_bucket
-from peer.averaging.group_join import GroupJoin, Looking
-from peer.network.frames import handler_name, log_limited, serve_messages
+from peer.averaging.group_join import Looking
+from peer.averaging.holder_memory import HolderMemory
 from peer.network import (MAX_EXPECTING, ArchiveRecord, CredentialProvider, CredentialVerifier, GroupDeclaration,
                           HolderRecord, archive_key, group_key, holders_key, records_from_value, to_value,
                           top_group_key, withdrawal, withdrawn_rounds)
-from protos.hivepath.peer.v1.net_pb2 import DESCRIPTOR as NET, DeclareAck, DeclareNotice
-from protos.versions import writes
 
 __all__ = ["Matchmaker", "Match", "LONE", "BEHIND_PATIENCE_ROUNDS"]
 
@@ -82,33 +82,16 @@ BEHIND_PATIENCE_ROUNDS = 2.0
 """How long (in round budgets) a member otherwise alone waits for a holder behind it to catch up."""
 
 _POLL = 0.1  # seconds between DHT reads while gathering (a protocol poll, not a test wait)
-PUSH_MAX = 16
-"""Most holders a member pushes its declaration to (``Declare`` rpc, :meth:`Matchmaker._push`): the
-other holders of a widely held module read it from the DHT alone (a push to every holder would cost
-each declaration a message per holder)."""
-PUSH_TIMEOUT = 5.0
-"""Seconds a pushed declaration may take to deliver (the DHT record is the one that must arrive)."""
-PUSHED_KEYS = 256
-"""Most group keys whose pushed declarations are kept (the oldest key is forgotten first)."""
-DECLARE = NET.services_by_name["Averaging"].methods_by_name["Declare"]
 SPLIT_HOLDERS_POLL = 1.0
 """Seconds between reads of a module's holders key while gathering a split round's bucket (the key
 lists every holder of the module: read every poll, it would be most of a peer's DHT bytes)."""
 
 
-def _round_in(key: str, prefix: str) -> int:
-    """The round of ``key`` when it is ``{prefix}{round}_group`` or ``{prefix}{round}_b{bucket}_group``
-    (a module's group key of a round, :func:`peer.network.group_key`); else -1."""
-    if not (key.startswith(prefix) and key.endswith("_group")):
-        return -1
-    round_no, split, bucket = key[len(prefix):-len("_group")].partition("_b")
-    return int(round_no) if round_no.isdigit() and (not split or bucket.isdigit()) else -1
-
-
-class Matchmaker(GroupJoin):
+class Matchmaker(DeclarationPush):
     """Runs this peer's side of matchmaking for every module it averages (one asyncio loop): gathers
     the declared members of a round, decides (alone, lead, follow, fail), and joins or leads the
-    group (:class:`~peer.averaging.group_join.GroupJoin`)."""
+    group (:class:`~peer.averaging.group_join.GroupJoin`), pushing its declarations to the holders it
+    read (:class:`~peer.averaging.declaration_push.DeclarationPush`)."""
 
     def __init__(self, dht: Any, p2p: Any, peer_id: str, run_id: str, config_hash: str, data_hash: str,
                  bandwidth: float, prefix: str, credential: Optional[CredentialProvider] = None,
@@ -120,161 +103,24 @@ class Matchmaker(GroupJoin):
         that fetched the module's state from us in the last ``within`` seconds to average it, and the
         round we sent (:meth:`peer.averaging.state_transfer.StateServer.joiners`). ``in_touch_since()``:
         since when (monotonic) the run's coordinator has answered us without a break, None while it
-        does not (the default: never known); see :meth:`_vanished`."""
-        super().__init__(p2p, peer_id, config_hash, data_hash, bandwidth, prefix, credential, verifier, relayed)
+        does not (the default: never known); see :meth:`peer.averaging.holder_memory.HolderMemory.vanished`."""
+        super().__init__(p2p, peer_id, run_id, config_hash, data_hash, bandwidth, prefix, credential, verifier,
+                         relayed)
         self.dht = dht
-        self.run_id = run_id
         self.joiners = joiners or (lambda module_id, within: {})
         self.in_touch_since = in_touch_since or (lambda: None)
         self._sources: dict[str, tuple[str, int, float]] = {}
         """module -> (the peer we last fetched its state from, the round of that state, when)."""
-        self._behind_since: dict[str, dict[str, tuple[int, float, bool]]] = {}
-        """module -> holder behind us -> (the round its record announces, when we began waiting for it,
-        whether we logged giving up on it) (:func:`peer.averaging.group_decision.still_waiting`)."""
+        self._holders = HolderMemory()
+        """What our earlier reads of each module's holders said (whom they missed, who vanished, whom we wait for)."""
         self._declared: dict[str, tuple[str, float]] = {}
         """module -> (the group key of our last declaration, its DHT expiration)."""
         self._top_declared: dict[str, float] = {}
         """Top group key -> the DHT expiration of our declaration there (:meth:`announce_result` outlives it),
         the last few rounds only."""
-        self._background: set["asyncio.Future[Any]"] = set()
-        """Pushes, our declarations' DHT stores and other background stores (kept so that they are not
-        collected)."""
-        self._seen: dict[str, dict[str, float]] = {}
-        """module -> other holder -> when its holder record was last read: a holder whose record
-        vanished without a withdrawal may be cut off from us, not gone (see :meth:`_vanished`)."""
-        self._live: dict[str, frozenset[str]] = {}
-        """module -> the other live holders our last gather of it read (whom :meth:`_push` tells)."""
-        self._read: dict[str, frozenset[str]] = {}
-        """module -> every other holder whose record our last gather of it read, idle ones too."""
-        self._valid_until: dict[str, dict[str, float]] = {}
-        """module -> other holder -> the DHT expiration of its holder record as we last read it: until
-        then a record missing from a read was missed by the read (see :meth:`_missed`)."""
-        self.pushed: dict[str, dict[str, tuple[GroupDeclaration, float]]] = {}
-        """Group key -> sender -> (its declaration, DHT expiration), as live holders pushed them to us
-        (:meth:`_handle_declare`), in arrival order of the keys, at most :data:`PUSHED_KEYS` keys."""
-        self._push_waiters: set[asyncio.Event] = set()
-        """One event per gather in progress, set when a declaration is pushed to us."""
         self._grouped: dict[str, tuple[int, frozenset[str]]] = {}
         """module -> (the last round whose group we formed, its other members): at the next round each
         of them is at that round too, whatever its holder record still says (see :meth:`_gather`)."""
-        self.declare_handler = handler_name(prefix, DECLARE)
-
-    async def start(self) -> None:
-        await super().start()
-        await serve_messages(self.p2p, self.prefix, DECLARE, self._handle_declare)
-
-    async def _handle_declare(self, request: DeclareNotice, context: Any) -> AsyncIterator[DeclareAck]:
-        """A declaration pushed by another holder (:meth:`_push`), kept until it expires when the sender
-        is a live holder of the key's module in our last gather of it, of our config and dataset, and
-        its credential admits it: the same checks as a DHT record's, whose subkey is the sender."""
-        sender = context.remote_id.to_base58()
-        problem = self._mismatch(sender, request.config_hash, request.data_hash, request.wire)
-        if not problem and not any(sender in live and _round_in(request.group_key, f"{self.run_id}_{module_id}_r") >= 0
-                                   for module_id, live in self._live.items()):
-            problem = "not a live holder of that module, as far as we read"
-        decl = GroupDeclaration(request.config_hash, request.data_hash, float(request.bandwidth),
-                                bytes(request.credential), request.digest, tuple(request.expecting)[:MAX_EXPECTING],
-                                bool(request.paced), request.wire, sparse=bool(request.sparse))
-        if not problem and self.verifier is not None and not self.verifier.admits(decl.credential, sender,
-                                                                                  "pushed declaration"):
-            problem = "its credential does not admit it"
-        if problem:
-            log_limited(log, f"declare:{sender}", "ignoring a declaration %s pushed: %s", sender[-8:], problem)
-            yield DeclareAck(ok=False, error=problem)
-            return
-        # a new dict, never one changed in place: NetAverager.others_waiting reads these from the training thread
-        senders = {**self.pushed.pop(request.group_key, {}), sender: (decl, float(request.expiration))}
-        self.pushed[request.group_key] = senders
-        while len(self.pushed) > PUSHED_KEYS:
-            del self.pushed[next(iter(self.pushed))]
-        for waiter in self._push_waiters:
-            waiter.set()
-        for looking in self._looking.values():  # a group we lead re-checks whom it waits for (_gone_on)
-            looking.changed.set()
-        yield DeclareAck(ok=True)
-
-    def _gone_on(self, key: str, members: set[str]) -> set[str]:
-        """Those of ``members`` that pushed us an unexpired declaration of a later round of ``key``'s
-        module: each is done with ``key``'s round (a member declares a round only once its last one's
-        matchmaking ended; a failed round is declared again, not skipped). A member that declared
-        our round during a partition, while it waited for us, then went on without us, is not waited
-        for until the close deadline (``bench.chaos`` measures the first round after a heal)."""
-        head, sep, _ = key.rpartition("_r")
-        prefix = head + sep
-        round_no = _round_in(key, prefix)
-        if round_no < 0 or not members:
-            return set()
-        from hivemind.utils import get_dht_time
-
-        now = get_dht_time()
-        gone: set[str] = set()
-        for other, senders in self.pushed.items():
-            if _round_in(other, prefix) > round_no:
-                gone |= {p for p, (_, expires) in senders.items() if p in members and expires > now}
-        return gone
-
-    def pushed_to(self, key: str) -> dict[str, GroupDeclaration]:
-        """The unexpired declarations other holders pushed us under ``key``, by sender."""
-        from hivemind.utils import get_dht_time
-
-        now = get_dht_time()
-        return {p: d for p, (d, expires) in self.pushed.get(key, {}).items() if expires > now}
-
-    def _push(self, module_id: str, looking: Looking, decl: GroupDeclaration) -> None:
-        """Send our declaration under ``looking.key`` to the module's other live holders (at most
-        :data:`PUSH_MAX`, from our last gather), in the background. It reaches them before the DHT
-        record: a slower holder ends its round at its next step (pacing), instead of after its next
-        DHT check; a gather counts it without waiting for the store, slow on a busy host with far-apart
-        peers (``bench.utilization``).
-
-        Only holders we hold a connection to are told: a push never dials. A cut-off peer's holder
-        records outlive the cut, and its pushes to them failed every round; each failed dial backs
-        libp2p's later dials of that peer off (5 s, then 5 s + n² s), which kept a healed peer apart
-        for 5-20 s (``bench.chaos`` partitions). Holders not connected yet read our DHT record."""
-        from hivemind.p2p import PeerID
-
-        notice = DeclareNotice(group_key=looking.key, config_hash=decl.config_hash, data_hash=decl.data_hash,
-                               bandwidth=decl.bandwidth, credential=decl.credential, digest=decl.digest,
-                               expecting=list(decl.expecting), paced=decl.paced, expiration=looking.expires,
-                               wire=decl.wire, sparse=decl.sparse and writes("averaging", "DeclareNotice.sparse"))
-
-        async def tell(peer: str) -> None:
-            async def call() -> None:
-                stream = await self.p2p.iterate_protobuf_handler(PeerID.from_base58(peer), self.declare_handler,
-                                                                 notice, DeclareAck)
-                try:
-                    async for ack in stream:
-                        if not ack.ok:
-                            log.debug("%s refused our pushed declaration: %s", peer[-8:], ack.error)
-                finally:
-                    await stream.aclose()
-            try:
-                await asyncio.wait_for(call(), PUSH_TIMEOUT)
-            except Exception as e:  # the DHT record still reaches them
-                log.debug("pushing our declaration to %s failed: %r", peer[-8:], e)
-
-        async def tell_connected(holders: list[str]) -> None:
-            connected = {info.peer_id.to_base58() for info in await self.p2p.list_peers()}
-            for peer in holders:
-                if peer in connected:
-                    self._in_background(tell(peer), "pushing our declaration")
-
-        holders = sorted(self._live.get(module_id, ()))[:PUSH_MAX]
-        if holders:
-            self._in_background(tell_connected(holders), "pushing our declaration")
-
-    def _in_background(self, work: Any, what: str, level: int = logging.DEBUG) -> "asyncio.Future[Any]":
-        """Run ``work`` (a coroutine or future) without waiting for it (its task is returned); a failure
-        is logged at ``level``."""
-        task = asyncio.ensure_future(work)
-        self._background.add(task)
-
-        def done(task: "asyncio.Future[Any]") -> None:
-            self._background.discard(task)
-            if not task.cancelled() and task.exception() is not None:
-                log.log(level, "%s failed: %r", what, task.exception())
-        task.add_done_callback(done)
-        return task
 
     def fetched(self, module_id: str, source: str, round_no: int) -> None:
         """We took ``module_id``'s state at ``round_no`` from ``source`` to average it: at that round our
@@ -318,21 +164,21 @@ class Matchmaker(GroupJoin):
                 self._declare(looking, self._own_joiners(module_id, round_no, patience, bucket), module_id),
                 "storing our declaration on the DHT", logging.WARNING)
             read = await self._gather(module_id, round_no, looking, gather_deadline, patience, wait_for_behind, bucket)
-            vanished = self._vanished(module_id, read.live, read.gone, patience)
-            missed = self._missed(module_id, vanished, read.gone) if bucket is None else {}
+            vanished = self._holders.vanished(module_id, read.live, read.gone, patience)
+            missed = self._holders.missed(module_id, vanished, read.gone) if bucket is None else {}
             now = time.monotonic()
             looking.fetched_from = group_decision.fresh_source(self._sources.get(module_id), round_no, read.live, now,
                                                                patience)
             decision = group_decision.decide(
                 self.peer_id, self.bandwidth, round_no, digest, read, vanished=vanished, missed=missed, now=now,
-                patience=patience, wait_for_behind=wait_for_behind, waited=self._behind_since.get(module_id, {}),
+                patience=patience, wait_for_behind=wait_for_behind, waited=self._holders.waited(module_id),
                 in_touch_since=self.in_touch_since() if vanished else None, bucket=bucket)
             if decision.fork is not None:
                 log.warning("%s: holders %s hold another state at this round (a fork); ours (%s, %d of %d) is kept "
                             "and they re-sync to it", key, ", ".join(sorted(p[-8:] for p in decision.fork.others)),
                             digest, decision.fork.holding, decision.fork.total)
             if decision.waited is not None:
-                self._keep_waiting(module_id, decision.waited, patience)
+                self._holders.keep_waiting(module_id, decision.waited, patience)
             if decision.match is not None:
                 looking.decided.set()
                 if decision.check_archive:  # the archive may keep a round we missed (its holders left since)
@@ -454,44 +300,6 @@ class Matchmaker(GroupJoin):
         self._in_background(self.dht.store(key, to_value(decl), expires, subkey=self.peer_id, return_future=True),
                             "stating the round's average digest", logging.WARNING)
 
-    def _vanished(self, module_id: str, live: set[str], gone: dict[str, int], patience: float) -> dict[str, float]:
-        """Holders of ``module_id`` whose record we read less than ``patience`` seconds ago and no
-        longer read, with no withdrawal in its place: cut off from us by a partition, or dead
-        (``kill -9``, a lost machine); each with when we last read its record. If we are the one cut
-        off, stepping alone would race us ahead of them, one round per inner loop, and at the heal our
-        lone lineage, further ahead, would win over theirs; so we keep training on our own progress
-        and step alone only once they have been silent for ``patience``. Where the coordinator has
-        answered us without a break since before they vanished, they are the ones gone, and we step
-        alone at once as the only live holder (a cut-off peer reaches the coordinator again a few
-        seconds after the heal, before its DHT finds the others: contact alone does not say it)."""
-        out, self._seen[module_id] = group_decision.vanished(self._seen.get(module_id, {}), live, gone,
-                                                             time.monotonic(), patience)
-        return out
-
-    def _note_read(self, module_id: str, found: Any, records: Mapping[str, HolderRecord]) -> None:
-        """Remember which holders of ``module_id`` a read of its holders key (``found``) returned, and
-        until when each one's record is valid (its DHT expiration)."""
-        entries = getattr(found, "value", None)
-        # every subkey read, a record of another config and a withdrawal too: none of them was missed
-        self._read[module_id] = frozenset(entries) if isinstance(entries, dict) else frozenset()
-        for peer in records:
-            expiration = getattr(entries.get(peer), "expiration_time", None) if isinstance(entries, dict) else None
-            if isinstance(expiration, (int, float)):
-                self._valid_until.setdefault(module_id, {})[peer] = float(expiration)
-
-    def _missed(self, module_id: str, vanished: Mapping[str, float], gone: Mapping[str, int]) -> dict[str, float]:
-        """Of the ``vanished`` holders (:meth:`_vanished`), those whose record, as we last read it, is
-        still valid and was not withdrawn: the DHT still holds it, so our read missed it (a get that
-        reached only some of the nodes, on a loaded host, merges a partial dictionary), and the holder
-        may be at our round. Peer -> seconds its record stays valid. Stepping alone now would fork us
-        from it; once its record expires unrefreshed, it is gone (a killed peer's record is read until
-        then, so this never delays stepping on without a dead holder)."""
-        from hivemind.utils import get_dht_time
-
-        out, self._valid_until[module_id] = group_decision.missed(vanished, gone, self._read.get(module_id, frozenset()),
-                                                                  self._valid_until.get(module_id, {}), get_dht_time())
-        return out
-
     async def _archived_round(self, module_id: str) -> int:
         """The most advanced round an archive of our config keeps of ``module_id`` (-1: none)."""
         found = await self.dht.get(archive_key(self.run_id, module_id), latest=True, return_future=True)
@@ -546,23 +354,6 @@ class Matchmaker(GroupJoin):
         if key and expires > get_dht_time():
             await self.dht.store(key, withdrawal(self._own_credential()), expires + 1.0, subkey=self.peer_id,
                                  return_future=True)
-
-    def _still_waiting(self, module_id: str, behind: dict[str, int], patience: float) -> dict[str, int]:
-        """The holders behind us worth waiting for (:func:`peer.averaging.group_decision.still_waiting`):
-        those whose record announced a new round less than ``patience`` seconds ago. One that does not end
-        its round in that time (idle, stuck, or gone with its record not yet expired) stops holding us back
-        until its record moves again."""
-        asked = group_decision.still_waiting(behind, self._behind_since.get(module_id, {}), time.monotonic(), patience)
-        self._keep_waiting(module_id, asked, patience)
-        return asked.waiting
-
-    def _keep_waiting(self, module_id: str, asked: group_decision.Waiting, patience: float) -> None:
-        """Keep what :func:`peer.averaging.group_decision.still_waiting` answered for the next call, and
-        log the holders it gave up on."""
-        self._behind_since[module_id] = asked.since
-        if asked.given_up:
-            log.info("%s: holders %s stayed behind us for %.0fs; no longer waiting for them", module_id,
-                     ", ".join(sorted(p[-8:] for p in asked.given_up)), patience)
 
     async def _gather(self, module_id: str, round_no: int, looking: Looking, deadline: float, patience: float,
                       wait_for_behind: bool, bucket: Optional[tuple[int, int]] = None
@@ -645,7 +436,7 @@ class Matchmaker(GroupJoin):
                 live = {p: h for p, h in records.items() if not h.idle}
                 self._live[module_id] = frozenset(live)
                 if reread:
-                    self._note_read(module_id, holders, records)
+                    self._holders.note_read(module_id, holders, records)
                 last_round_no, last_group = self._grouped.get(module_id, (-1, frozenset()))
                 # a peer that fetched a state but announces the module idle since (a stage server or
                 # trainer nobody drives yet) will not declare: it is no joiner to wait for
@@ -660,7 +451,7 @@ class Matchmaker(GroupJoin):
                                              last_group if last_round_no == round_no - 1 else frozenset(), bucket,
                                              idle)
                 expected, ahead, behind = seen.expected, seen.ahead, seen.behind
-                waiting = None if wait_for_behind else self._still_waiting(module_id, behind, patience)
+                waiting = None if wait_for_behind else self._holders.still_waiting(module_id, behind, patience)
                 if group_decision.gathered(module_id, round_no, seen, declared, waiting, time.monotonic(), deadline,
                                            bucket):
                     missing = sorted(expected - set(declared))

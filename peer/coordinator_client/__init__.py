@@ -1,6 +1,8 @@
 """The peer's side of the coordinator API (gRPC): join, heartbeats, status, bandwidth probes.
 
 - ``client``: :class:`CoordinatorClient`, synchronous, retrying with backoff while the coordinator is away.
+- ``calls``: the channel to the coordinator and every call's retries, with a diagnosis of an address
+  where no coordinator answers.
 - ``messages``: the replies as dataclasses (:class:`WorkAssignment`, :class:`HeartbeatReply`, ...) and
   the errors a user can act on (:class:`CoordinatorRefused`, :class:`PeerBanned`, ...).
 - ``transport``: the heartbeat stream, keepalive options and bandwidth probes.

@@ -7,35 +7,30 @@ call (with retries) and the next one opens a fresh stream. :meth:`CoordinatorCli
 times a probe in each direction against the coordinator.
 
 The coordinator is never on the data path. While it is unreachable every call retries with
-exponential backoff and full jitter (up to ``retry_timeout``; :meth:`CoordinatorClient.start_heartbeats`
-retries forever in the background), so training and averaging go on. A heartbeat answered NOT_FOUND
-(the lease expired, or the coordinator lost it) re-joins transparently with the same peer id, which
-gets the peer its history back. Imports no torch.
+exponential backoff and full jitter (up to ``retry_timeout``, :mod:`peer.coordinator_client.calls`;
+:meth:`CoordinatorClient.start_heartbeats` retries forever in the background), so training and averaging
+go on. A heartbeat answered NOT_FOUND (the lease expired, or the coordinator lost it) re-joins
+transparently with the same peer id, which gets the peer its history back. Imports no torch.
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
-from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import grpc
 
 from models.config import RunConfig
 from models.errors import HivepathError
-from models.settings import COORDINATOR_PORT
+from peer.coordinator_client.calls import RETRIABLE, Closed, NotFound, RetryingChannel
 from peer.coordinator_client.messages import (CoordinatorUnavailable, Evaluation, ExchangePlan, HeartbeatReply,
-                                               IncompatibleRun, JoinInfo, NotACoordinator, PeerInfo, Progress, RunSpec, WorkAssignment, check_address,
-                                               VersionMismatch, check_coordinator, refusal)
-from peer.coordinator_client.transport import (HTTP1, HTTP2, KEEPALIVE_OPTIONS, NOTHING, PROBE_BYTES, TLS, Answer,
-                                               HeartbeatStream, ProbeFailed, StreamStalled, probe_download, probe_upload,
-                                               what_answers)
+                                               IncompatibleRun, JoinInfo, PeerInfo, Progress, RunSpec, WorkAssignment,
+                                               VersionMismatch, check_address, check_coordinator, refusal)
+from peer.coordinator_client.transport import (PROBE_BYTES, HeartbeatStream, ProbeFailed, StreamStalled, probe_download,
+                                               probe_upload)
 from protos.hivepath.coordinator.v1 import coordinator_pb2 as pb
-from protos.hivepath.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
-from protos import transport as transport_limits
 from protos import versions
 
 __all__ = ["CoordinatorClient"]
@@ -44,18 +39,6 @@ log = logging.getLogger(__name__)
 
 ROLE_MODES = {"": pb.MODE_UNSPECIFIED, "path": pb.MODE_PATH, "stage": pb.MODE_STAGE, "trainer": pb.MODE_TRAINER}
 """``peer join --role`` values and the mode each asks the coordinator for."""
-
-MAX_REPLY_BYTES = transport_limits.MAX_REPLY_BYTES
-"""Status replies list every live peer; the coordinator sends no larger reply (:mod:`protos.transport`)."""
-
-
-FIRST_CONTACT_TIMEOUT = 10.0
-"""Seconds a client retries an address where nothing answers (connection refused, no reply) before the
-coordinator ever answered it: a wrong host or port is named within this, not after ``retry_timeout``.
-A coordinator that answered once, or one the caller is starting (``expect_starting``), is retried
-for ``retry_timeout``."""
-_RETRIABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
-
 
 
 class CoordinatorClient:
@@ -78,29 +61,16 @@ class CoordinatorClient:
         self.address = check_address(address)
         self.peer = peer
         self._token = token
-        self.rpc_timeout = rpc_timeout
-        self.retry_timeout = retry_timeout
-        self.backoff_base = backoff_base
-        self.backoff_max = backoff_max
-        self._rng = random.Random(seed)
-        self._closed = threading.Event()
+        self._calls = RetryingChannel(self.address, tls_ca, rpc_timeout, retry_timeout, backoff_base, backoff_max,
+                                      seed, expect_starting)
+        self._stub = self._calls.stub
+        self._closed = self._calls.closed
         self._lock = threading.RLock()
         self._left = threading.Event()
         """Set by :meth:`leave`: from then on a heartbeat never joins again (a background heartbeat racing
         the leave would otherwise take a fresh lease on the way out: a ghost holding work until it expired)."""
         self._session_lock = threading.Lock()
         """Held by :meth:`leave` and by a heartbeat's re-join, so one finishes before the other starts."""
-        options = [("grpc.max_receive_message_length", MAX_REPLY_BYTES), *KEEPALIVE_OPTIONS]
-        if tls_ca:
-            try:
-                ca = Path(tls_ca).read_bytes()
-            except OSError as e:
-                raise HivepathError(f"--tls-ca {tls_ca}: cannot read ({e})") from None
-            creds = grpc.ssl_channel_credentials(root_certificates=ca)
-            self._channel = grpc.secure_channel(self.address, creds, options=options)
-        else:
-            self._channel = grpc.insecure_channel(self.address, options=options)
-        self._stub = pb_grpc.CoordinatorStub(self._channel)
         self.joined: Optional[JoinInfo] = None
         self.assignment_version = 0
         self.answered_at: Optional[float] = None
@@ -115,16 +85,30 @@ class CoordinatorClient:
         self._stream_lock = threading.Lock()
         self.heartbeats_sent = {"stream": 0, "unary": 0}
         """Heartbeats answered over the stream and as unary calls (for status lines and tests)."""
-        self._tls = bool(tls_ca)
-        self._expect_starting = expect_starting  # a coordinator we just started: nothing answering is no news
-        self._answered = False  # the coordinator answered a call once: no more address diagnosis
-        self._answer: Optional[Answer] = None  # what answered at the address when gRPC first could not
+
+    @property
+    def rpc_timeout(self) -> float:
+        """Seconds one attempt of a call may take."""
+        return self._calls.rpc_timeout
+
+    @rpc_timeout.setter
+    def rpc_timeout(self, value: float) -> None:
+        self._calls.rpc_timeout = value
+
+    @property
+    def retry_timeout(self) -> Optional[float]:
+        """Seconds a call is retried while the coordinator is away (None: forever)."""
+        return self._calls.retry_timeout
+
+    @retry_timeout.setter
+    def retry_timeout(self, value: Optional[float]) -> None:
+        self._calls.retry_timeout = value
 
     # -- calls --------------------------------------------------------------------------------
 
     def run_spec(self) -> RunSpec:
         """The run spec and DHT bootstrap peers, without joining (prepare data, measure, then join)."""
-        reply = self._call(self._stub.GetRunSpec, pb.GetRunSpecRequest(token=self._token))
+        reply = self._calls.call(self._stub.GetRunSpec, pb.GetRunSpecRequest(token=self._token))
         run = _checked_config(reply.run_spec)
         spec = reply.run_spec
         return RunSpec(run, spec.run_config_hash, spec.lattice_hash, spec.manifest_hash, tuple(reply.initial_peers),
@@ -145,7 +129,7 @@ class CoordinatorClient:
         if versions.writes("coordinator", "JoinRequest.peer_version"):
             request.peer_version = versions.RELEASE
             request.protocols.update(versions.stated_all())
-        reply = self._call(self._stub.Join, request)
+        reply = self._calls.call(self._stub.Join, request)
         versions.unknown_proto_fields(reply)
         check_coordinator(reply)
         spec = reply.run_spec
@@ -207,7 +191,7 @@ class CoordinatorClient:
             request.seeded_paths.extend(seeded_paths)
         try:
             reply = self._send_heartbeat(request)
-        except _NotFound:
+        except NotFound:
             log.info("the coordinator does not know our lease any more; joining again")
             self.in_contact_since = None  # our lease lapsed: we were out of touch
             return self._rejoin()
@@ -226,10 +210,11 @@ class CoordinatorClient:
                               plans=tuple(ExchangePlan.from_proto(p) for p in reply.plans))
 
     def _rejoin(self) -> HeartbeatReply:
-        """A heartbeat's re-join, unless :meth:`leave` has been called (then :class:`_Closed`)."""
+        """A heartbeat's re-join, unless :meth:`leave` has been called (then
+        :class:`~peer.coordinator_client.calls.Closed`)."""
         with self._session_lock:
             if self._left.is_set():
-                raise _Closed("this peer has left the run; it does not join again")
+                raise Closed("this peer has left the run; it does not join again")
             info = self.join()
         return HeartbeatReply(info.lease_duration, info.assignment, False, rejoined=True, join=info)
 
@@ -267,7 +252,7 @@ class CoordinatorClient:
         :meth:`report_peer_later`."""
         if self.joined is None or self.peer is None:
             raise HivepathError("report_peer needs a joined client")
-        reply = self._call(self._stub.ReportPeer, pb.ReportPeerRequest(
+        reply = self._calls.call(self._stub.ReportPeer, pb.ReportPeerRequest(
             lease_id=self.joined.lease_id, peer_id=self.peer.peer_id, suspect_peer_id=suspect_peer_id,
             module_id=module_id, round=round_no, reason=reason[:256]))
         return reply.banned, reply.reason
@@ -283,7 +268,7 @@ class CoordinatorClient:
         returns ``(banned, why)``. Blocks (with retries): fetchers want :meth:`report_seeder_later`."""
         if self.joined is None or self.peer is None:
             raise HivepathError("report_seeder needs a joined client")
-        reply = self._call(self._stub.ReportPeer, pb.ReportPeerRequest(
+        reply = self._calls.call(self._stub.ReportPeer, pb.ReportPeerRequest(
             lease_id=self.joined.lease_id, peer_id=self.peer.peer_id, suspect_peer_id=suspect_peer_id,
             manifest_hash=manifest_hash, file=file[:256], reason=reason[:256]))
         return reply.banned, reply.reason
@@ -315,11 +300,12 @@ class CoordinatorClient:
 
     def ban(self, peer_id: str, reason: str = "") -> str:
         """Operator: ban ``peer_id``; returns its state."""
-        return self._call(self._stub.Ban, pb.BanRequest(token=self._token, peer_id=peer_id, reason=reason[:256])).state
+        request = pb.BanRequest(token=self._token, peer_id=peer_id, reason=reason[:256])
+        return self._calls.call(self._stub.Ban, request).state
 
     def unban(self, peer_id: str) -> str:
         """Operator: lift the ban on ``peer_id``; returns its state."""
-        return self._call(self._stub.Unban, pb.UnbanRequest(token=self._token, peer_id=peer_id)).state
+        return self._calls.call(self._stub.Unban, pb.UnbanRequest(token=self._token, peer_id=peer_id)).state
 
     def leave(self, reason: str = "") -> None:
         """Give the lease back (best effort: a missing lease is already gone). Heartbeats stop joining
@@ -332,20 +318,21 @@ class CoordinatorClient:
         if self.joined is None:
             return
         try:
-            self._call(self._stub.Leave, pb.LeaveRequest(lease_id=self.joined.lease_id, peer_id=self.peer.peer_id,
+            self._calls.call(self._stub.Leave, pb.LeaveRequest(lease_id=self.joined.lease_id, peer_id=self.peer.peer_id,
                                                          reason=reason[:256]), retry_not_found=False)
-        except _NotFound:
+        except NotFound:
             pass
         self.joined = None
         self._drop_stream()
 
     def drain(self, peer_id: str, reason: str = "") -> str:
         """Operator: tell ``peer_id`` to drain; returns its state."""
-        return self._call(self._stub.Drain, pb.DrainRequest(token=self._token, peer_id=peer_id, reason=reason)).state
+        request = pb.DrainRequest(token=self._token, peer_id=peer_id, reason=reason)
+        return self._calls.call(self._stub.Drain, request).state
 
     def status(self) -> dict[str, Any]:
         """The coordinator's Status as plain data (peers, modules, paths, totals)."""
-        r = self._call(self._stub.Status, pb.StatusRequest(token=self._token))
+        r = self._calls.call(self._stub.Status, pb.StatusRequest(token=self._token))
         peers = []
         for p in r.peers:
             a = WorkAssignment.from_proto(p.assignment) if p.HasField("assignment") else None
@@ -381,7 +368,7 @@ class CoordinatorClient:
                 every = interval or self._heartbeat_every()
                 try:
                     on_reply(self.heartbeat(**report()))
-                except (CoordinatorUnavailable, _Closed):
+                except (CoordinatorUnavailable, Closed):
                     if self._left.is_set():
                         break
                     log.warning("coordinator %s unreachable; still training, retrying", self.address)
@@ -406,13 +393,13 @@ class CoordinatorClient:
         if self._reporter is not None:
             self._reporter.shutdown(wait=True, cancel_futures=True)
         self._drop_stream()
-        self._channel.close()
+        self._calls.close()
 
     # -- heartbeat transport --------------------------------------------------------------------
 
     def _send_heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
         """One heartbeat over the stream, or as a unary call (with retries) where the stream is
-        unsupported, broken or stalled; raises :class:`_NotFound` for an unknown lease."""
+        unsupported, broken or stalled; raises :class:`~peer.coordinator_client.calls.NotFound` for an unknown lease."""
         with self._stream_lock:
             if self._use_stream and not self._closed.is_set():
                 try:
@@ -425,12 +412,12 @@ class CoordinatorClient:
                     self._drop_stream()
                     code, detail = e.code(), e.details() or ""
                     if code == grpc.StatusCode.NOT_FOUND:
-                        raise _NotFound(detail) from None
+                        raise NotFound(detail) from None
                     if code == grpc.StatusCode.UNIMPLEMENTED:
                         log.warning("coordinator %s has no HeartbeatStream (an older version); heartbeating with "
                                     "unary calls", self.address)
                         self._use_stream = False
-                    elif code not in _RETRIABLE and code != grpc.StatusCode.CANCELLED:
+                    elif code not in RETRIABLE and code != grpc.StatusCode.CANCELLED:
                         raise refusal(code, detail, self.address) from None
                     else:
                         log.info("heartbeat stream to %s ended (%s); sending this heartbeat as a unary call",
@@ -438,7 +425,7 @@ class CoordinatorClient:
                 except StreamStalled as e:
                     self._drop_stream()
                     log.info("heartbeat stream to %s: %s; sending this heartbeat as a unary call", self.address, e)
-        reply = self._call(self._stub.Heartbeat, request, retry_not_found=False)
+        reply = self._calls.call(self._stub.Heartbeat, request, retry_not_found=False)
         self.heartbeats_sent["unary"] += 1
         return reply
 
@@ -469,9 +456,9 @@ class CoordinatorClient:
                 return up, down
             except grpc.RpcError as e:
                 code, detail = e.code(), e.details() or ""
-                delay = self._rng.uniform(0, min(self.backoff_max, self.backoff_base * 2**attempt))
+                delay = self._calls.rng.uniform(0, min(self._calls.backoff_max, self._calls.backoff_base * 2**attempt))
                 attempt += 1
-                if code in _RETRIABLE and code != grpc.StatusCode.DEADLINE_EXCEEDED and \
+                if code in RETRIABLE and code != grpc.StatusCode.DEADLINE_EXCEEDED and \
                         time.monotonic() + delay < deadline and not self._closed.wait(delay):
                     continue
                 why = ("it does not support bandwidth probes (an older version)"
@@ -482,85 +469,6 @@ class CoordinatorClient:
                         self.address, why)
             return None
 
-    # -- retries ------------------------------------------------------------------------------
-
-    def _call(self, method: Callable[..., Any], request: Any, retry_not_found: bool = True) -> Any:
-        started = time.monotonic()
-        deadline = None if self.retry_timeout is None else started + self.retry_timeout
-        attempt = 0
-        while True:
-            if self._closed.is_set():
-                raise _Closed("the client is closed")
-            try:
-                reply = method(request, timeout=self.rpc_timeout)
-                self._answered = True
-                return reply
-            except grpc.RpcError as e:
-                code, detail = e.code(), e.details() or ""
-                if code == grpc.StatusCode.NOT_FOUND and not retry_not_found:
-                    raise _NotFound(detail) from None
-                if code in _RETRIABLE:
-                    if code != grpc.StatusCode.RESOURCE_EXHAUSTED:
-                        self._diagnose()
-                    delay = self._rng.uniform(0, min(self.backoff_max, self.backoff_base * 2**attempt))
-                    attempt += 1
-                    now = time.monotonic()
-                    if self._nothing_at_address() and now + delay > started + FIRST_CONTACT_TIMEOUT and (
-                            deadline is None or deadline > started + FIRST_CONTACT_TIMEOUT):
-                        raise CoordinatorUnavailable(
-                            f"coordinator {self.address}: {self._answer.text} after {now - started:.0f}s; check the "
-                            f"address (the coordinator's gRPC port is {COORDINATOR_PORT} unless 'coordinator serve "
-                            "--port' says otherwise) and that 'hivepath coordinator serve' runs there") from None
-                    if deadline is not None and now + delay > deadline:
-                        what = f"; {self._answer.text}" if self._answer and self._answer.kind == NOTHING else ""
-                        raise CoordinatorUnavailable(
-                            f"coordinator {self.address} unreachable for {self.retry_timeout:.0f}s ({code.name}: "
-                            f"{detail}{what}); check the address and that 'hivepath coordinator serve' runs there"
-                        ) from None
-                    log.debug("coordinator %s: %s; retrying in %.2fs", self.address, code.name, delay)
-                    if self._closed.wait(delay):
-                        raise _Closed("the client is closed") from None
-                    continue
-                self._answered = True
-                raise refusal(code, detail, self.address) from None
-
-    def _nothing_at_address(self) -> bool:
-        """Nothing answered at the address when gRPC first failed, the coordinator never answered since,
-        and it is not one we are starting ourselves: a wrong address far more often than a slow start."""
-        return (self._answer is not None and self._answer.kind == NOTHING and not self._answered
-                and not self._expect_starting)
-
-    def _diagnose(self) -> None:
-        """The first time gRPC cannot reach a coordinator that never answered: find out what answers at
-        the address. Another protocol (TLS where we speak plain text, plain text where we speak TLS, an
-        HTTP/1 server such as the status page) is a wrong address or flag: :class:`NotACoordinator`
-        (exit 2) at once, instead of retrying for ``retry_timeout``. Nothing at all may be a coordinator
-        still starting: one warning line, and the retries go on."""
-        if self._answered or self._answer is not None:
-            return
-        answer = self._answer = what_answers(self.address)
-        port_hint = (f"the coordinator's gRPC port is {COORDINATOR_PORT} unless 'coordinator serve --port' "
-                     "says otherwise")
-        if answer.kind == NOTHING and self._expect_starting:
-            log.debug("coordinator %s: %s; waiting for it to start", self.address, answer.text)
-        elif answer.kind == NOTHING:
-            limit = FIRST_CONTACT_TIMEOUT if self.retry_timeout is None else min(FIRST_CONTACT_TIMEOUT,
-                                                                                  self.retry_timeout)
-            retry = f" for up to {limit:.0f}s"
-            log.warning("coordinator %s: %s; retrying%s (is 'hivepath coordinator serve' running there? %s)",
-                        self.address, answer.text, retry, port_hint)
-        elif answer.kind == TLS and not self._tls:
-            raise NotACoordinator(f"coordinator {self.address}: {answer.text}; pass --tls-ca with the CA that "
-                                  "signed its certificate")
-        elif answer.kind == HTTP2 and self._tls:
-            raise NotACoordinator(f"coordinator {self.address}: {answer.text}, but --tls-ca asks for TLS; drop "
-                                  "--tls-ca, or serve the coordinator with --tls-cert/--tls-key")
-        elif answer.kind == HTTP1:
-            raise NotACoordinator(f"coordinator {self.address}: {answer.text}, not gRPC (the coordinator's status "
-                                  f"page?); {port_hint}")
-        elif answer.kind not in (TLS, HTTP2):
-            raise NotACoordinator(f"coordinator {self.address}: {answer.text}; {port_hint}")
-
 
 def _checked_config(spec: pb.RunSpec) -> RunConfig:
     run = RunConfig.from_json(spec.run_config_json)
@@ -570,11 +478,3 @@ def _checked_config(spec: pb.RunSpec) -> RunConfig:
             "update hivepath to the coordinator's version"
         )
     return run
-
-
-class _NotFound(Exception):
-    pass
-
-
-class _Closed(CoordinatorUnavailable):
-    pass

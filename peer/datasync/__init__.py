@@ -5,7 +5,11 @@ path's shards from each other over hivemind's p2p streams, every chunk verified 
   announces on the DHT which files it holds (``hivepath data serve``; any peer may seed what it holds).
 - ``fetcher``: :func:`fetch` / :func:`fetch_async` get the manifest (checked against the expected
   manifest hash), then the router, tokenizer and the wanted paths' shards, from several seeders at
-  once, resumable, dropping and reporting a seeder that sends bad bytes; :func:`fetch_manifest` and
+  once, resumable, dropping and reporting a seeder that sends bad bytes; :func:`fetch_manifest` for
+  ``hivepath data info``.
+- ``fetch_job``: the chunks of one fetch and the requests in flight for them; :class:`FetchOptions`,
+  :class:`FetchProgress`, :class:`FetchResult`.
+- ``seeder_swarm``: the seeders of a dataset as one fetch knows them (rested, banned);
   :func:`find_seeders` for ``hivepath data info``.
 - ``cache``: :class:`ShardCache`, a peer's fetched shards under a disk budget (least recently
   trained path out first, never the path being trained).
@@ -26,11 +30,13 @@ package only when a data command that talks to the network runs.
 
 from peer.datasync.cache import USED_FILE, ShardCache
 from peer.datasync.errors import DiskFull, FetchError, ManifestMismatch, NoSeeder, SeedError
-from peer.datasync.fetcher import FetchOptions, FetchProgress, FetchResult, fetch, fetch_async, fetch_manifest, find_seeders
+from peer.datasync.fetch_job import FetchOptions, FetchProgress, FetchResult
+from peer.datasync.fetcher import fetch, fetch_async, fetch_manifest
 from peer.datasync.partial import STATE_DIR, PartialFile
 from peer.datasync.protocol import own_p2p
 from peer.datasync.records import RECORD_TTL, SeederRecord, seeders_key
 from peer.datasync.seeder import Seeder, SeederOptions, read_local_manifest
+from peer.datasync.seeder_swarm import find_seeders
 from peer.datasync.session import SwarmAccess, join_swarm
 
 __all__ = [

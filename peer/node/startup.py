@@ -91,7 +91,7 @@ class NetworkOptions:
     coordinator_wait: bool = False
     """Retry for ``coordinator_timeout`` even where nothing answers yet (``--coordinator-timeout``
     given: a coordinator started beside this peer); otherwise such an address is given up after
-    :data:`peer.coordinator_client.client.FIRST_CONTACT_TIMEOUT`."""
+    :data:`peer.coordinator_client.calls.FIRST_CONTACT_TIMEOUT`."""
     rebootstrap_interval: float = 20.0
     """Seconds between checks that the peers the coordinator lists are in our DHT routing table
     (re-merges the swarm after a partition; see ``PeerDHT.keep_connected``)."""

@@ -1,4 +1,4 @@
-"""The all-reduce's pacing of segments (``peer.averaging.allreduce.IN_FLIGHT``), over real DHTs and p2p
+"""The all-reduce's pacing of segments (``peer.averaging.group_round.IN_FLIGHT``), over real DHTs and p2p
 daemons on loopback: a member hands its next segment to a reducer only once that reducer acknowledged
 the one before the last. Handing over alone says little: a daemon or a socket's buffer takes whole
 segments at once, and every segment of a round then shares the link in the kernel.
@@ -57,7 +57,7 @@ def _a_round_with_a_stall(name: str, config_hash: str, points: tuple[str, ...], 
 def test_a_member_hands_a_reducer_no_more_than_two_unacknowledged_segments():
     from peer.averaging import BLOCK
     from peer.compression import get_codec
-    from peer.averaging.allreduce import IN_FLIGHT
+    from peer.averaging.group_round import IN_FLIGHT
     from peer.averaging.partition import MAX_SEGMENTS, SEGMENT_BLOCKS, segment_bounds
 
     numel = MAX_SEGMENTS * SEGMENT_BLOCKS * BLOCK  # (numel,): the smallest vector cut into every segment
@@ -85,7 +85,7 @@ def test_a_reducer_returns_an_average_only_after_its_own_contributions_a_segment
     segments' contributions: without the rule, the second average would go out during the stall."""
     from peer.averaging import BLOCK
     from peer.compression import get_codec
-    from peer.averaging.allreduce import IN_FLIGHT
+    from peer.averaging.group_round import IN_FLIGHT
     from peer.averaging.partition import MAX_SEGMENTS, SEGMENT_BLOCKS
     from peer.averaging.reducer import CONTRIBUTIONS_AHEAD, HOLD_SEGMENTS
 

@@ -594,7 +594,7 @@ def test_archive_peer_serves_state_but_is_never_waited_for(tmp_path):
                                    exp, subkey=dht_a.peer_id)
 
             def check(round_no: int) -> tuple:
-                return asyncio.run_coroutine_threadsafe(newcomer._check_waiting((("L1M1", round_no),)),
+                return asyncio.run_coroutine_threadsafe(newcomer._pacing._check_waiting((("L1M1", round_no),)),
                                                         newcomer._loop).result(30)
 
             def declared(round_no: int) -> dict:

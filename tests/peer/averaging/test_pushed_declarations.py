@@ -22,7 +22,8 @@ from peer.localnet import wait_for
 from helpers.averagers import loopback_holders
 from peer.averaging import BLOCK
 from peer.compression import get_codec
-from peer.averaging.matchmaking import PUSHED_KEYS, Matchmaker
+from peer.averaging.declaration_push import PUSHED_KEYS
+from peer.averaging.matchmaking import Matchmaker
 from peer.network import HolderRecord, group_key, holders_key, read_records
 from protos.hivepath.peer.v1.net_pb2 import DeclareNotice
 
@@ -110,7 +111,7 @@ def test_pushed_declarations_pace_and_group_holders_before_their_dht_records_lan
         assert all(r.group_size == 3 for r in first), [r.reason for r in first]
 
         a._matchmaker.dht = _SlowDeclarations(a._matchmaker.dht, 12.0)
-        b._waiting_checked = math.inf  # b's own DHT check of who waits never runs again
+        b._pacing._waiting_checked = math.inf  # b's own DHT check of who waits never runs again
         assert not b.others_waiting({"L0M0": 5})
         with ThreadPoolExecutor(3) as pool:
             futures = [pool.submit(a.average, "L0M0", 5, [deltas[0]], 1.0, int8, 20.0)]
@@ -161,7 +162,7 @@ def test_a_member_whose_holder_record_lags_is_still_waited_for_at_the_next_round
         a, b, c = avgs
         int8 = get_codec("int8")
         deltas = [torch.randn(3 * BLOCK, generator=torch.Generator().manual_seed(i)) for i in range(3)]
-        a.dht = _LateHolderRecords(a.dht, 12.0)  # from round 4's announcement of round 5 on
+        a._records.dht = _LateHolderRecords(a._records.dht, 12.0)  # from round 4's announcement of round 5 on
         try:
             with ThreadPoolExecutor(3) as pool:
                 first = list(pool.map(lambda i: avgs[i].average("L0M0", 4, [deltas[i]], 1.0, int8, 20.0), range(3)))
@@ -176,7 +177,7 @@ def test_a_member_whose_holder_record_lags_is_still_waited_for_at_the_next_round
                 second = [f.result(timeout=60) for f in futures]
             assert read_records(b.dht, holders_key("lagging", "L0M0"), HolderRecord)[a.peer_id].round_no == 4
         finally:
-            a.dht = a.dht._dht  # a leaves through the real DHT
+            a._records.dht = a._records.dht._dht  # a leaves through the real DHT
     assert all(r.group_size == 3 for r in second), [r.reason for r in second]
     assert all(torch.equal(r.averaged[0], second[0].averaged[0]) for r in second)
 
@@ -319,12 +320,12 @@ def test_an_announcement_the_dht_never_stores_does_not_hang_the_training_thread(
     saw a DHT process stop answering under load and a round's end wait on it for good."""
     import logging
 
-    import peer.averaging.net_averager as net_averager
+    import peer.averaging.holder_records as holder_records
 
-    monkeypatch.setattr(net_averager, "STORE_TIMEOUT", 0.5)
+    monkeypatch.setattr(holder_records, "STORE_TIMEOUT", 0.5)
     with loopback_holders(1, "stuck", "L0M0", 4, CONFIG) as (a,):
-        a.dht = _HolderStoresNeverAnswer(a.dht)
-        with caplog.at_level(logging.WARNING, logger=net_averager.__name__):
+        a._records.dht = _HolderStoresNeverAnswer(a._records.dht)
+        with caplog.at_level(logging.WARNING, logger=holder_records.__name__):
             a.hold("L0M0", 5)
-        assert a._held["L0M0"][0] == 5
+        assert a._records._held["L0M0"][0] == 5
         assert any("did not store it within" in r.getMessage() for r in caplog.records), caplog.text

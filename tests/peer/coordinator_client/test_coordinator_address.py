@@ -80,7 +80,7 @@ def _join_error(address: str, tls_ca: str | None = None, retry_timeout: float = 
     """The error ``join`` raises against ``address``, and how many times the client retried before it."""
     client = CoordinatorClient(address, TOKEN, PeerInfo("12D3KooWaddressxxxxxx", "cpu", 8 << 30, 1000.0, public_key=b"a"),
                                tls_ca=tls_ca, retry_timeout=retry_timeout, rpc_timeout=5.0, seed=0)
-    logger = logging.getLogger("peer.coordinator_client.client")
+    logger = logging.getLogger("peer.coordinator_client.calls")
     retries, level = _Retries(), logger.level
     logger.addHandler(retries)
     logger.setLevel(logging.DEBUG)
@@ -137,7 +137,7 @@ def test_plain_text_where_tls_is_asked_for_is_named(other_grpc_service, tls_coor
 
 def test_nothing_listening_warns_once_then_names_it_when_the_retries_end(caplog):
     address = f"127.0.0.1:{free_port()}"
-    with caplog.at_level(logging.WARNING, logger="peer.coordinator_client.client"):
+    with caplog.at_level(logging.WARNING, logger="peer.coordinator_client.calls"):
         error, _ = _join_error(address, retry_timeout=2.0)
     assert isinstance(error, CoordinatorUnavailable) and "nothing answers (connection refused)" in str(error), error
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

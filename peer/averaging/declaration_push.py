@@ -1,0 +1,185 @@
+"""``DeclarationPush``: the ``Declare`` rpc, by which a member pushes its group declaration of a round to
+the module's other live holders, and the declarations pushed to us.
+
+A pushed declaration reaches the holders before its DHT record does: a slower holder ends its round at
+its next step (pacing, :mod:`peer.averaging.pacing`), and a gather counts it without waiting for the
+store, slow on a busy host. A declaration pushed to us also says that its sender went on to a later
+round (:meth:`DeclarationPush._gone_on`): a group we lead stops waiting for it. This is the protocol layer
+between the join protocol (:class:`peer.averaging.group_join.GroupJoin`) and
+:class:`peer.averaging.matchmaking.Matchmaker`, whose gathers say whom to push to (``_live``) and read what
+was pushed (:meth:`DeclarationPush.pushed_to`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, AsyncIterator, Optional
+
+from peer.averaging.group_join import GroupJoin, Looking
+from peer.network import MAX_EXPECTING, CredentialProvider, CredentialVerifier, GroupDeclaration
+from peer.network.frames import handler_name, log_limited, serve_messages
+from protos.hivepath.peer.v1.net_pb2 import DESCRIPTOR as NET, DeclareAck, DeclareNotice
+from protos.versions import writes
+
+__all__ = ["DeclarationPush", "PUSH_MAX", "PUSH_TIMEOUT", "PUSHED_KEYS"]
+
+log = logging.getLogger(__name__)
+
+PUSH_MAX = 16
+"""Most holders a member pushes its declaration to (``Declare`` rpc, :meth:`DeclarationPush._push`): the
+other holders of a widely held module read it from the DHT alone (a push to every holder would cost
+each declaration a message per holder)."""
+PUSH_TIMEOUT = 5.0
+"""Seconds a pushed declaration may take to deliver (the DHT record is the one that must arrive)."""
+PUSHED_KEYS = 256
+"""Most group keys whose pushed declarations are kept (the oldest key is forgotten first)."""
+DECLARE = NET.services_by_name["Averaging"].methods_by_name["Declare"]
+
+
+def _round_in(key: str, prefix: str) -> int:
+    """The round of ``key`` when it is ``{prefix}{round}_group`` or ``{prefix}{round}_b{bucket}_group``
+    (a module's group key of a round, :func:`peer.network.group_key`); else -1."""
+    if not (key.startswith(prefix) and key.endswith("_group")):
+        return -1
+    round_no, split, bucket = key[len(prefix):-len("_group")].partition("_b")
+    return int(round_no) if round_no.isdigit() and (not split or bucket.isdigit()) else -1
+
+
+class DeclarationPush(GroupJoin):
+    """This peer's side of the ``Declare`` rpc, for every module it matchmakes (one asyncio loop):
+    :meth:`start` registers the ``{prefix}_declare`` handler besides the join protocol's."""
+
+    def __init__(self, p2p: Any, peer_id: str, run_id: str, config_hash: str, data_hash: str, bandwidth: float,
+                 prefix: str, credential: Optional[CredentialProvider] = None,
+                 verifier: Optional[CredentialVerifier] = None, relayed: bool = False):
+        super().__init__(p2p, peer_id, config_hash, data_hash, bandwidth, prefix, credential, verifier, relayed)
+        self.run_id = run_id
+        self._background: set["asyncio.Future[Any]"] = set()
+        """Pushes, our declarations' DHT stores and other background stores (kept so that they are not
+        collected)."""
+        self._live: dict[str, frozenset[str]] = {}
+        """module -> the other live holders our last gather of it read (whom :meth:`_push` tells)."""
+        self.pushed: dict[str, dict[str, tuple[GroupDeclaration, float]]] = {}
+        """Group key -> sender -> (its declaration, DHT expiration), as live holders pushed them to us
+        (:meth:`_handle_declare`), in arrival order of the keys, at most :data:`PUSHED_KEYS` keys."""
+        self._push_waiters: set[asyncio.Event] = set()
+        """One event per gather in progress, set when a declaration is pushed to us."""
+        self.declare_handler = handler_name(prefix, DECLARE)
+
+    async def start(self) -> None:
+        await super().start()
+        await serve_messages(self.p2p, self.prefix, DECLARE, self._handle_declare)
+
+    async def _handle_declare(self, request: DeclareNotice, context: Any) -> AsyncIterator[DeclareAck]:
+        """A declaration pushed by another holder (:meth:`_push`), kept until it expires when the sender
+        is a live holder of the key's module in our last gather of it, of our config and dataset, and
+        its credential admits it: the same checks as a DHT record's, whose subkey is the sender."""
+        sender = context.remote_id.to_base58()
+        problem = self._mismatch(sender, request.config_hash, request.data_hash, request.wire)
+        if not problem and not any(sender in live and _round_in(request.group_key, f"{self.run_id}_{module_id}_r") >= 0
+                                   for module_id, live in self._live.items()):
+            problem = "not a live holder of that module, as far as we read"
+        decl = GroupDeclaration(request.config_hash, request.data_hash, float(request.bandwidth),
+                                bytes(request.credential), request.digest, tuple(request.expecting)[:MAX_EXPECTING],
+                                bool(request.paced), request.wire, sparse=bool(request.sparse))
+        if not problem and self.verifier is not None and not self.verifier.admits(decl.credential, sender,
+                                                                                  "pushed declaration"):
+            problem = "its credential does not admit it"
+        if problem:
+            log_limited(log, f"declare:{sender}", "ignoring a declaration %s pushed: %s", sender[-8:], problem)
+            yield DeclareAck(ok=False, error=problem)
+            return
+        # a new dict, never one changed in place: NetAverager.others_waiting reads these from the training thread
+        senders = {**self.pushed.pop(request.group_key, {}), sender: (decl, float(request.expiration))}
+        self.pushed[request.group_key] = senders
+        while len(self.pushed) > PUSHED_KEYS:
+            del self.pushed[next(iter(self.pushed))]
+        for waiter in self._push_waiters:
+            waiter.set()
+        for looking in self._looking.values():  # a group we lead re-checks whom it waits for (_gone_on)
+            looking.changed.set()
+        yield DeclareAck(ok=True)
+
+    def _gone_on(self, key: str, members: set[str]) -> set[str]:
+        """Those of ``members`` that pushed us an unexpired declaration of a later round of ``key``'s
+        module: each is done with ``key``'s round (a member declares a round only once its last one's
+        matchmaking ended; a failed round is declared again, not skipped). A member that declared
+        our round during a partition, while it waited for us, then went on without us, is not waited
+        for until the close deadline (``bench.chaos`` measures the first round after a heal)."""
+        head, sep, _ = key.rpartition("_r")
+        prefix = head + sep
+        round_no = _round_in(key, prefix)
+        if round_no < 0 or not members:
+            return set()
+        from hivemind.utils import get_dht_time
+
+        now = get_dht_time()
+        gone: set[str] = set()
+        for other, senders in self.pushed.items():
+            if _round_in(other, prefix) > round_no:
+                gone |= {p for p, (_, expires) in senders.items() if p in members and expires > now}
+        return gone
+
+    def pushed_to(self, key: str) -> dict[str, GroupDeclaration]:
+        """The unexpired declarations other holders pushed us under ``key``, by sender."""
+        from hivemind.utils import get_dht_time
+
+        now = get_dht_time()
+        return {p: d for p, (d, expires) in self.pushed.get(key, {}).items() if expires > now}
+
+    def _push(self, module_id: str, looking: Looking, decl: GroupDeclaration) -> None:
+        """Send our declaration under ``looking.key`` to the module's other live holders (at most
+        :data:`PUSH_MAX`, from our last gather), in the background. It reaches them before the DHT
+        record: a slower holder ends its round at its next step (pacing), instead of after its next
+        DHT check; a gather counts it without waiting for the store, slow on a busy host with far-apart
+        peers (``bench.utilization``).
+
+        Only holders we hold a connection to are told: a push never dials. A cut-off peer's holder
+        records outlive the cut, and its pushes to them failed every round; each failed dial backs
+        libp2p's later dials of that peer off (5 s, then 5 s + n² s), which kept a healed peer apart
+        for 5-20 s (``bench.chaos`` partitions). Holders not connected yet read our DHT record."""
+        from hivemind.p2p import PeerID
+
+        notice = DeclareNotice(group_key=looking.key, config_hash=decl.config_hash, data_hash=decl.data_hash,
+                               bandwidth=decl.bandwidth, credential=decl.credential, digest=decl.digest,
+                               expecting=list(decl.expecting), paced=decl.paced, expiration=looking.expires,
+                               wire=decl.wire, sparse=decl.sparse and writes("averaging", "DeclareNotice.sparse"))
+
+        async def tell(peer: str) -> None:
+            async def call() -> None:
+                stream = await self.p2p.iterate_protobuf_handler(PeerID.from_base58(peer), self.declare_handler,
+                                                                 notice, DeclareAck)
+                try:
+                    async for ack in stream:
+                        if not ack.ok:
+                            log.debug("%s refused our pushed declaration: %s", peer[-8:], ack.error)
+                finally:
+                    await stream.aclose()
+            try:
+                await asyncio.wait_for(call(), PUSH_TIMEOUT)
+            except Exception as e:  # the DHT record still reaches them
+                log.debug("pushing our declaration to %s failed: %r", peer[-8:], e)
+
+        async def tell_connected(holders: list[str]) -> None:
+            connected = {info.peer_id.to_base58() for info in await self.p2p.list_peers()}
+            for peer in holders:
+                if peer in connected:
+                    self._in_background(tell(peer), "pushing our declaration")
+
+        holders = sorted(self._live.get(module_id, ()))[:PUSH_MAX]
+        if holders:
+            self._in_background(tell_connected(holders), "pushing our declaration")
+
+    def _in_background(self, work: Any, what: str, level: int = logging.DEBUG) -> "asyncio.Future[Any]":
+        """Run ``work`` (a coroutine or future) without waiting for it (its task is returned); a failure
+        is logged at ``level``."""
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+
+        def done(task: "asyncio.Future[Any]") -> None:
+            self._background.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                log.log(level, "%s failed: %r", what, task.exception())
+        task.add_done_callback(done)
+        return task
