@@ -202,7 +202,7 @@ def test_the_transport_limits_are_written_once():
     """The peer's keepalive and the coordinator's ping policy and message sizes come from
     ``protos.transport``; the coordinator accepts the peers' pings."""
     from coordinator import server
-    from peer.coordinator_client import client
+    from peer.coordinator_client import calls
     from peer.coordinator_client.transport import KEEPALIVE_OPTIONS
     from protos import transport
 
@@ -210,6 +210,6 @@ def test_the_transport_limits_are_written_once():
     options = dict(KEEPALIVE_OPTIONS)
     assert options["grpc.keepalive_time_ms"] == transport.PING_INTERVAL_MS
     assert options["grpc.keepalive_timeout_ms"] == transport.PING_TIMEOUT_MS
-    assert client.MAX_REPLY_BYTES == transport.MAX_REPLY_BYTES
+    assert calls.MAX_REPLY_BYTES == transport.MAX_REPLY_BYTES
     assert (server.MAX_MESSAGE_BYTES, server.KEEPALIVE_MIN_INTERVAL_MS) == (transport.MAX_REQUEST_BYTES,
                                                                            transport.MIN_PING_INTERVAL_MS)
