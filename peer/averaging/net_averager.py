@@ -30,12 +30,13 @@ from peer.averaging.aggregation import MEAN, Aggregation
 from peer.averaging.allreduce import ReductionServer
 from peer.averaging.compat import wire_key
 from peer.averaging.contract import LONE_HOLDER, AverageResult, SuspectHook, require_codec
-from peer.averaging.hierarchy import ResultRelay, SplitPlan
+from peer.averaging.hierarchy import SplitPlan
 from peer.averaging.holder_records import HolderRecords
 from peer.averaging.matchmaking import LONE, Matchmaker
 from peer.averaging.memory import FlatBuffers, keep_freed_memory
 from peer.averaging.pacing import WaitingCheck
 from peer.averaging.reducer import EventHook
+from peer.averaging.result_relay import ResultRelay
 from peer.averaging.split_round import SplitRounds
 from peer.averaging.split_round import SPLIT_BUCKET, SPLIT_TOP_GATHER  # noqa: F401 (bench.scale_sim reads them here)
 from peer.averaging.state_transfer import StateProvider, StateServer, fetch_module_state

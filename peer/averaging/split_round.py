@@ -23,10 +23,10 @@ from torch import Tensor
 
 from peer.averaging.allreduce import ReductionServer
 from peer.averaging.contract import AverageResult
-from peer.averaging.hierarchy import (LyingPeer, ResultRelay, RoundResult, SplitPlan, bucket_weight, delegate,
-                                      round_key, tree_parent)
+from peer.averaging.hierarchy import LyingPeer, RoundResult, SplitPlan, bucket_weight, delegate, tree_parent
 from peer.averaging.matchmaking import LONE, Matchmaker
 from peer.averaging.partition import Group
+from peer.averaging.result_relay import ResultRelay, round_key
 from peer.averaging.vectors import unflatten
 from peer.compression import Codec
 from peer.network import GroupDeclaration, group_bucket, level_group_key, records_from_value, top_group_key
