@@ -31,6 +31,8 @@ Over the network (hivemind's P2P and DHT):
   pipeline of segments (``IN_FLIGHT``), the outcome.
 - ``hierarchy``: split rounds (``outer.max_group_size``): a widely held module averaged in buckets, a top
   group of their delegates, and the top group's bytes passed down each bucket's tree.
+- ``result_relay``: the ``Result`` rpc that carries a split round's average down each group's tree,
+  checked part by part against the digest the top group agreed on.
 - ``split_round``: one holder's side of a split round: its bucket, the climb of the bucket's mean to the top
   group, and the round's average back down the tree, against the round's deadlines.
 - ``state_transfer``: serving and fetching a module's :class:`~peer.outer.ModuleState` (newcomers, re-sync).

@@ -28,20 +28,19 @@ from torch import Tensor
 
 from peer.averaging.aggregation import MEAN, Aggregation
 from peer.averaging.allreduce import ReductionServer
-from peer.averaging.compat import wire_key
 from peer.averaging.contract import LONE_HOLDER, AverageResult, SuspectHook, require_codec
-from peer.averaging.hierarchy import ResultRelay, SplitPlan
 from peer.averaging.holder_records import HolderRecords
 from peer.averaging.matchmaking import LONE, Matchmaker
 from peer.averaging.memory import FlatBuffers, keep_freed_memory
 from peer.averaging.pacing import WaitingCheck
 from peer.averaging.reducer import EventHook
+from peer.averaging.result_relay import ResultRelay
 from peer.averaging.split_round import SplitRounds
 from peer.averaging.split_round import SPLIT_BUCKET, SPLIT_TOP_GATHER  # noqa: F401 (bench.scale_sim reads them here)
 from peer.averaging.state_transfer import StateProvider, StateServer, fetch_module_state
 from peer.averaging.vectors import flatten, unflatten
 from peer.compression import Codec
-from peer.network import HolderRecord, holders_key, records_from_value, unwrap_dht
+from peer.network import unwrap_dht
 from peer.network.lanes import DirectLanes, lane_hosts
 from peer.outer import ModuleState
 
@@ -382,7 +381,7 @@ class NetAverager:
                        codec: Codec, timeout: float, digest: str) -> AverageResult:
         paced, sparse = self._pacing.paced(module_id, round_no), self._pacing.sparse(module_id, round_no)
         if self.max_group_size > 0:
-            plan = await self._plan(module_id, round_no)
+            plan = await self._split.plan(module_id, round_no, self.max_group_size)
             if plan.counts[0] > 1:
                 return await self._split.average(module_id, round_no, flat, like, weight, codec, timeout, digest,
                                                  paced, plan, self.wait_for_behind, sparse)
@@ -434,24 +433,6 @@ class NetAverager:
         return AverageResult(unflatten(out.averaged, like), own, len(out.contributors), out.contributors,
                              out.bytes_sent, out.bytes_received, reason=notes, suspects=out.suspects,
                              transfer_seconds=transfer, buffers=buffers, link_times=out.link)
-
-    async def _live_holders(self, module_id: str) -> dict[str, HolderRecord]:
-        """The module's other live holders of our config and dataset that train it now (one DHT read;
-        an idle holder declares no round: :attr:`peer.network.records.HolderRecord.idle`)."""
-        found = await self.dht.get(holders_key(self.run_id, module_id), latest=True, return_future=True)
-        return {p: h for p, h in records_from_value(found, HolderRecord, self._verifier).items()
-                if p != self.peer_id and h.config_hash == self.config_hash and h.data_hash == self.data_hash
-                and not h.idle and h.wire == wire_key()}
-
-    async def _plan(self, module_id: str, round_no: int) -> SplitPlan:
-        """How this round of ``module_id`` splits (:class:`peer.averaging.hierarchy.SplitPlan` of its live
-        holders, us included): the groups of each level, and which hold a live holder (the top group
-        needs more than half of those of the last level). Every holder counts them from the same holder
-        records, whatever round each announces, so all delegates of a round agree on the majority
-        (counting only the holders at this round would let an early set of buckets and a late one each
-        see a majority of its own)."""
-        live = [*await self._live_holders(module_id), self.peer_id]
-        return SplitPlan.of(module_id, round_no, live, self.max_group_size)
 
     def _isolated(self) -> None:
         if self.on_isolated is not None:

@@ -6,7 +6,7 @@ when ours came late).
 relay that serves the average, the digests that keep it honest); this module drives them through one
 round, against the deadlines below. It is separate from :mod:`peer.averaging.net_averager`, which runs a
 whole module's group itself and hands a round here only when the module's live holders outnumber
-``outer.max_group_size``.
+``outer.max_group_size`` (:meth:`SplitRounds.plan` counts them).
 """
 
 from __future__ import annotations
@@ -22,14 +22,16 @@ import torch
 from torch import Tensor
 
 from peer.averaging.allreduce import ReductionServer
+from peer.averaging.compat import wire_key
 from peer.averaging.contract import AverageResult
-from peer.averaging.hierarchy import (LyingPeer, ResultRelay, RoundResult, SplitPlan, bucket_weight, delegate,
-                                      round_key, tree_parent)
+from peer.averaging.hierarchy import LyingPeer, RoundResult, SplitPlan, bucket_weight, delegate, tree_parent
 from peer.averaging.matchmaking import LONE, Matchmaker
 from peer.averaging.partition import Group
+from peer.averaging.result_relay import ResultRelay, round_key
 from peer.averaging.vectors import unflatten
 from peer.compression import Codec
-from peer.network import GroupDeclaration, group_bucket, level_group_key, records_from_value, top_group_key
+from peer.network import (GroupDeclaration, HolderRecord, group_bucket, holders_key, level_group_key,
+                          records_from_value, top_group_key)
 
 __all__ = ["SplitRounds", "level_shares", "SPLIT_BUCKET", "SPLIT_TOP_GATHER", "SPLIT_TOP", "SPLIT_END"]
 
@@ -95,8 +97,9 @@ def level_shares(levels: int, level: int) -> tuple[float, float]:
 
 
 class SplitRounds:
-    """Runs this peer's split rounds (:mod:`peer.averaging.hierarchy`) with the averager's matchmaker,
-    reduction server and result relay; one per :class:`peer.averaging.net_averager.NetAverager`.
+    """Plans (:meth:`plan`) and runs (:meth:`average`) this peer's split rounds
+    (:mod:`peer.averaging.hierarchy`) with the averager's matchmaker, reduction server and result relay;
+    one per :class:`peer.averaging.net_averager.NetAverager`.
 
     ``hold(module_id, round_no, wait=False)`` announces the round we average next once our bucket's
     group formed (:meth:`peer.averaging.net_averager.NetAverager.hold`); ``report(module_id, round_no,
@@ -110,6 +113,24 @@ class SplitRounds:
         self.config_hash, self.data_hash = config_hash, data_hash
         self._matchmaker, self._server, self._relay, self._verifier = matchmaker, server, relay, verifier
         self._hold, self._report = hold, report
+
+    async def _live_holders(self, module_id: str) -> dict[str, HolderRecord]:
+        """The module's other live holders of our config and dataset that train it now (one DHT read;
+        an idle holder declares no round: :attr:`peer.network.records.HolderRecord.idle`)."""
+        found = await self.dht.get(holders_key(self.run_id, module_id), latest=True, return_future=True)
+        return {p: h for p, h in records_from_value(found, HolderRecord, self._verifier).items()
+                if p != self.peer_id and h.config_hash == self.config_hash and h.data_hash == self.data_hash
+                and not h.idle and h.wire == wire_key()}
+
+    async def plan(self, module_id: str, round_no: int, max_group_size: int) -> SplitPlan:
+        """How this round of ``module_id`` splits in groups of at most ``max_group_size``
+        (:class:`peer.averaging.hierarchy.SplitPlan` of its live holders, us included): the groups of each
+        level, and which hold a live holder (the top group needs more than half of those of the last
+        level). Every holder counts them from the same holder records, whatever round each announces, so
+        all delegates of a round agree on the majority (counting only the holders at this round would let
+        an early set of buckets and a late one each see a majority of its own)."""
+        live = [*await self._live_holders(module_id), self.peer_id]
+        return SplitPlan.of(module_id, round_no, live, max_group_size)
 
     async def average(self, module_id: str, round_no: int, flat: Tensor, like: Sequence[Tensor], weight: float,
                              codec: Codec, timeout: float, digest: str, paced: bool, plan: SplitPlan, wait_for_behind: bool,

@@ -134,7 +134,7 @@ def run_lattice(opts: dict, dht, out: dict) -> None:
 
 
 class _Forged:
-    """A place of :class:`peer.averaging.hierarchy.ResultRelay` as a hostile inner node serves it: the
+    """A place of :class:`peer.averaging.result_relay.ResultRelay` as a hostile inner node serves it: the
     head it got, every part with its first byte changed."""
 
     def __init__(self, place):
@@ -154,7 +154,7 @@ class _Forged:
 
 def _lie_down_the_tree() -> None:
     """This process passes other bytes than it got down every split round's tree it serves in."""
-    from peer.averaging.hierarchy import ResultRelay
+    from peer.averaging.result_relay import ResultRelay
 
     answer = ResultRelay._answer
 

@@ -196,7 +196,7 @@ def test_the_average_goes_down_a_tree_of_real_p2p_daemons_and_only_to_the_groups
 
     from hivemind.p2p import P2P
 
-    from peer.averaging.hierarchy import ResultRelay
+    from peer.averaging.result_relay import ResultRelay
 
     codec = get_codec("int8")
     numel = 3000
@@ -283,7 +283,8 @@ def test_an_inner_node_passing_other_bytes_down_the_tree_is_caught_before_any_by
 
     from hivemind.p2p import P2P
 
-    from peer.averaging.hierarchy import LyingPeer, ResultRelay
+    from peer.averaging.hierarchy import LyingPeer
+    from peer.averaging.result_relay import ResultRelay
 
     codec = get_codec("int8")
     numel = 3000
