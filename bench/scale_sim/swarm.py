@@ -46,7 +46,7 @@ slowest inner node, plus a part's time at that pace and a round trip a hop. Abov
 top group (each modelled as a declaration and a read of its key, an all-reduce of its delegates' means,
 and a part and a round trip on the way down), so no group of delegates and no top group exceeds
 ``max_group_size`` (``upper_group_size_max``); every member reads the top group's key once for the
-digest of the average it checks (``NetAverager._agreement``).
+digest of the average it checks (``SplitRounds._agreement``).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ from coordinator.scheduler import exchange_bytes
 from models.config import InnerConfig, LatticeConfig, OuterConfig, RunConfig
 from peer.averaging.hierarchy import tree, tree_depth
 from peer.averaging.matchmaking import SPLIT_HOLDERS_POLL
-from peer.averaging.net_averager import SPLIT_BUCKET, SPLIT_TOP_GATHER
+from peer.averaging.split_round import SPLIT_BUCKET, SPLIT_TOP_GATHER
 from peer.averaging.partition import MAX_SEGMENTS, Group, part_bounds
 from peer.network.records import (GroupDeclaration, HolderRecord, group_bucket, group_buckets, group_key, holders_key,
                                   level_group_key, records_from_value, split_levels, to_value, top_group_key)
@@ -91,7 +91,7 @@ POLL = 0.1
 LATENCY = 0.2
 """Seconds of round trips per exchange (join, begin, segment pipeline start): a model."""
 WAITING_POLL = 1.0
-"""Seconds between a computing member's checks for others waiting (``peer.averaging.net_averager.WAITING_POLL``)."""
+"""Seconds between a computing member's checks for others waiting (``peer.averaging.pacing.WAITING_POLL``)."""
 LOSS_OF = {"start": "startup_lost_s", "churn": "churn_lost_s", "move": "move_lost_s", "": "straggler_lost_s"}
 """Where a failed round's compute and a state download are counted, by why the peer is new to its
 modules: one of the first peers (the ramp, not measured as churn), a replacement for a departed peer
@@ -640,7 +640,7 @@ class Swarm:
             else:
                 self._expect(self._group(g.module, g.round_no + 1, self._bucket(q, g.module, g.round_no + 1,
                                                                                  count=False)), q)
-        # a split round's bucket all-reduces by SPLIT_BUCKET of the round's budget (NetAverager._average_split)
+        # a split round's bucket all-reduces by SPLIT_BUCKET of the round's budget (SplitRounds.average)
         g.deadline = g.first + self.cfg.round_timeout * (DEADLINE if g.bucket is None else SPLIT_BUCKET)
         if g.bucket is not None:
             top = self._top(g.module, g.round_no)
@@ -734,7 +734,7 @@ class Swarm:
         self._add("dht_ops", 2)
         top.ready.append(g)
         top.arrived[id(g)] = now
-        if top.expected is None:  # as NetAverager._top_round reads them: the buckets of the live holders at
+        if top.expected is None:  # as SplitRounds._top_round reads them: the buckets of the live holders at
             top.expected = self._held_buckets(g.module, g.round_no)  # this round or the next, ours included
             top.expected.add(g.bucket)
         if top.expected <= {x.bucket for x in top.ready}:
@@ -742,13 +742,13 @@ class Swarm:
 
     def _held_buckets(self, m: str, r: int) -> set[int]:
         """The buckets of round ``r`` of ``m`` that hold a live holder, whatever round it announces, of as
-        many buckets as the holders key counts (``NetAverager._buckets``)."""
+        many buckets as the holders key counts (``SplitRounds.plan``)."""
         k = group_buckets(self._holders(m), self.cfg.max_group_size)
         return {group_bucket(m, r, p.spec.peer_id, k) for p in self.peers.values()
                 if p.alive and p.assignment is not None and m in p.assignment.module_ids}
 
     def _late_member(self, p: _Peer, m: str, g: _Group) -> None:
-        """``p`` missed its bucket's group (``NetAverager._average_split``): once the round's top group is
+        """``p`` missed its bucket's group (``SplitRounds.average``): once the round's top group is
         through it fetches the average from a top member and applies it (its delta carried into its
         next round); if the top group failed, nobody applied the round and it averages it again."""
         top = self._top(m, g.round_no)
@@ -806,7 +806,7 @@ class Swarm:
         exchange += self._exchange_seconds(m, carriers) if len(carriers) > 1 else 0.0
         top.done_at = now + exchange
         # every member reads the top group's declarations once for the digest of the average the top
-        # group agreed on (NetAverager._agreement), and every top member states it there
+        # group agreed on (SplitRounds._agreement), and every top member states it there
         for d in carriers:
             self._add("dht_bytes", self.dht.store(t_key, d.spec.peer_id, self._records(d)[1],
                                                   now + self.cfg.round_timeout))

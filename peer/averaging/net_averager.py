@@ -36,7 +36,6 @@ from peer.averaging.pacing import WaitingCheck
 from peer.averaging.reducer import EventHook
 from peer.averaging.result_relay import ResultRelay
 from peer.averaging.split_round import SplitRounds
-from peer.averaging.split_round import SPLIT_BUCKET, SPLIT_TOP_GATHER  # noqa: F401 (bench.scale_sim reads them here)
 from peer.averaging.state_transfer import StateProvider, StateServer, fetch_module_state
 from peer.averaging.vectors import flatten, unflatten
 from peer.compression import Codec
