@@ -22,6 +22,7 @@ import os
 import re
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -292,23 +293,46 @@ hivemind's own wait has no bound: a DHT process that never gets ready (a busy ma
 unanswering) would hold its caller forever."""
 
 
+BOOTSTRAP_ATTEMPTS = 3
+"""Starts of the DHT process when its p2p daemon reached none of the initial peers: a peer that is
+restarting, a NAT mapping not up yet or a dial that timed out on a busy host answers seconds later."""
+BOOTSTRAP_RETRY_S = 2.0
+"""Seconds between those starts."""
+_NO_BOOTSTRAP = "failed to connect to bootstrap peers"
+
+
 def _start_process(kwargs: dict[str, Any], timeout: float, attempts: int = 2) -> Any:
     """hivemind's ``DHT`` started in its process and ready within ``timeout`` seconds; a process that
-    is not is killed and another started, up to ``attempts`` in all (then ``TimeoutError``). An error
-    the process reports (a port in use, no initial peer answering) is raised at once."""
+    is not is killed and another started, up to ``attempts`` in all (then ``TimeoutError``). A daemon
+    that reached none of the initial peers is started again :data:`BOOTSTRAP_RETRY_S` later, up to
+    :data:`BOOTSTRAP_ATTEMPTS` in all; any other error the process reports (a port in use) is raised
+    at once."""
     from hivemind.dht import DHT
 
-    for attempt in range(1, attempts + 1):
+    timeouts = unreached = 0
+    while True:
         dht = DHT(**{**kwargs, "start": False})
         try:
             dht.run_in_background(await_ready=True, timeout=timeout)
             return dht
         except TimeoutError:
+            timeouts += 1
             log.warning("the DHT process (pid %s) was not ready after %.0fs (attempt %d of %d); killing it",
-                        dht.pid, timeout, attempt, attempts)
+                        dht.pid, timeout, timeouts, attempts)
             dht.kill()
             dht.join(10)
-    raise TimeoutError(f"the DHT process was not ready after {timeout:.0f}s, {attempts} times")
+            if timeouts >= attempts:
+                raise TimeoutError(f"the DHT process was not ready after {timeout:.0f}s, {attempts} times") from None
+        except Exception as e:
+            unreached += 1
+            if _NO_BOOTSTRAP not in str(e) or unreached >= BOOTSTRAP_ATTEMPTS:
+                raise
+            log.warning("the p2p daemon reached none of the initial peers (attempt %d of %d); trying again in "
+                        "%.0fs", unreached, BOOTSTRAP_ATTEMPTS, BOOTSTRAP_RETRY_S)
+            if dht.is_alive():
+                dht.kill()
+            dht.join(10)
+            time.sleep(BOOTSTRAP_RETRY_S)
 
 
 _CONNECTED, _IN_TABLE, _UNANSWERED = "connected", "in the routing table", "its TCP port does not answer"

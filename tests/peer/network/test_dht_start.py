@@ -4,10 +4,13 @@ manager) names the length and the fix, from a real start in a process of its own
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
 import tempfile
+
+import pytest
 
 from helpers.procs import ROOT
 from peer.network.dht import SOCKET_PATH_MAX, shm_manager_failure
@@ -37,3 +40,16 @@ def test_a_short_tmpdir_names_the_managers_own_error(monkeypatch):
     message = shm_manager_failure("torch_shm_manager at \"x\": Permission denied\nframe #0: ...")
     assert message == ("cannot start the DHT: torch's shared-memory manager failed (torch_shm_manager at \"x\": "
                        "Permission denied); check that TMPDIR /tmp is a writable directory")
+
+
+def test_initial_peers_that_never_answer_are_tried_again_then_named(caplog):
+    """A daemon that reached none of the initial peers starts again (a peer restarting, a NAT mapping
+    not up yet), and after the last attempt the error names the peers and the fix."""
+    from peer.network.dht import BOOTSTRAP_ATTEMPTS, DHTOptions, DHTStartError, start_dht
+
+    dead = "/ip4/127.0.0.1/tcp/9/p2p/QmXpfUhCkgDJYUCJSfuqj1TMJF8CsjLLbCCtiQTZAmMfLs"  # discard: nothing listens
+    with caplog.at_level(logging.WARNING, logger="peer.network.dht"):
+        with pytest.raises(DHTStartError, match="initial peers: /ip4/127.0.0.1/tcp/9/.*check that they are live"):
+            start_dht(DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=[dead]))
+    retries = [r for r in caplog.records if "reached none of the initial peers" in r.getMessage()]
+    assert len(retries) == BOOTSTRAP_ATTEMPTS - 1
