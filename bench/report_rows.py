@@ -68,6 +68,12 @@ ROWS: tuple[Row, ...] = tuple(
             ("utilization_no_overlap", "compute utilization without overlap"),
             ("utilization_overlap", "compute utilization with overlap", (">=", 0.95)),
             ("utilization_overlap_bpb_delta", "bits per byte of overlap minus no overlap, same rounds"))
+    + _rows("wire", "wire",
+            ("payload_bytes_ratio_vs_ddp", "sparse (H=16, topk16b2) against every-step DDP: payload bytes, same steps"),
+            ("wire_bytes_ratio_vs_ddp", "the same counted on the peers' network interfaces"),
+            ("per_round_control_bytes", "bytes on the wire per member and round beyond the payload"),
+            ("upkeep_bytes_per_round", "of which the link sends with modules held and no round (DHT upkeep)"),
+            ("params_for_1000x_wire", "projected: parameters from which the wire ratio reaches 1000x"))
     + _rows("quality", "quality",
             ("sparse_smallest_gap_at_1000x", "quick grid (1,000 steps): smallest gap of a point at >= 1000x",
              ("<=", 0.02)),

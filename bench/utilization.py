@@ -80,8 +80,12 @@ P2P_PORT = 40000
 RELAY_PORT = 40001
 VARIANTS = {"ddp": (1, False), "h10": (10, False), "h10_overlap": (10, True), "h15": (15, False),
             "h15_overlap": (15, True), "h18": (18, False), "h18_overlap": (18, True), "h20": (20, False),
-            "h20_overlap": (20, True), "h100": (100, False), "h100_overlap": (100, True)}
+            "h20_overlap": (20, True), "h100": (100, False), "h100_overlap": (100, True), "sparse": (16, False)}
 """name -> (H, overlap); ddp averages gradients every step instead of DiLoCo pseudo-gradients."""
+VARIANT_CODECS = {"ddp": "none", "sparse": "topk16b2"}
+"""A variant's own codec where it is not ``--codec``: ``sparse`` is the point of ``bench.quality`` that
+met its bytes goal (H = 16, top-k of a sixteenth with 2-bit values, error feedback), which
+:mod:`bench.wire` measures on the wire."""
 HEADLINE = ("h18", "h18_overlap")
 """The pair the headline keys come from: without / with overlap, at an H where an exchange costs
 a large share of a round on the demo preset (``comm_share_without_overlap`` measures it)."""
@@ -117,6 +121,7 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
     from peer.diloco import DiLoCoOptimizer, install_resync, resync_after_round
 
     h, overlap = VARIANTS[name]
+    codec = VARIANT_CODECS.get(name, args.codec)
     run_id = f"util-{name.replace('_', '-')}"
     mids = cfg.lattice.path_modules(PATH)
     model = ModularLM(cfg.lattice, seed=0, module_ids=mids).path_model(PATH)
@@ -143,6 +148,11 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
             avg.hold(mid, 0)
         if not _wait_holders(dht, run_id, keys[0], args.peers, 180.0):
             raise TimeoutError(f"not every peer of {run_id} appeared within 180s")
+        idle_tx = idle_s = 0.0
+        if args.idle_seconds > 0:  # a measurement window: what holding the modules costs with no round running
+            i0, s0 = tx_bytes(), time.perf_counter()
+            time.sleep(args.idle_seconds)
+            idle_tx, idle_s = tx_bytes() - i0, time.perf_counter() - s0
         tx0, t0 = tx_bytes(), time.perf_counter()
         if name == "ddp":
             params = [p for p in model.parameters()]
@@ -177,7 +187,7 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
             steps_done = args.steps
             state = [p.detach().clone() for p in params]
         else:
-            outer = OuterConfig(inner_steps=h, codec=args.codec, overlap=overlap, round_timeout=args.round_timeout)
+            outer = OuterConfig(inner_steps=h, codec=codec, overlap=overlap, round_timeout=args.round_timeout)
             opt = trained["opt"] = DiLoCoOptimizer(model.modules_by_id(), inner=cfg.inner, outer=outer,
                                                    lattice=cfg.lattice, averager=avg)
             install_resync(opt, fetch)  # what a real peer does after a missed round (peer.node.trainer)
@@ -221,7 +231,7 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
     finally:
         avg.shutdown()
     out = dict(wall_seconds=wall, wait_seconds=wait, drain_seconds=drain, bytes_sent=sent, bytes_received=received,
-               wire_tx_bytes=wire, inner_steps_done=steps_done, rounds=rounds, failed_rounds=failed, failures=reasons[:5],
+               wire_tx_bytes=wire, idle_tx_bytes=idle_tx, idle_seconds=idle_s, inner_steps_done=steps_done, rounds=rounds, failed_rounds=failed, failures=reasons[:5],
                mean_group_size=sum(groups) / max(1, len(groups)),
                state_sum=float(sum(float(t.double().sum()) for t in state)))
     if args.peer == 0:
@@ -284,14 +294,14 @@ def _wait_file(path: Path, procs: list, wait_timeout: float) -> None:
         time.sleep(0.1)
 
 
-def _summarize(peers: list[dict], relays: list[dict], names: list[str]) -> dict:
+def _summarize(peers: list[dict], relays: list[dict], names: list[str], codec: str) -> dict:
     variants = {}
     for name in names:
         runs = [p[name] for p in peers]
         util = [1 - r["wait_seconds"] / r["wall_seconds"] for r in runs]
         with_drain = [1 - (r["wait_seconds"] + r["drain_seconds"]) / (r["wall_seconds"] + r["drain_seconds"]) for r in runs]
         variants[name] = dict(
-            inner_steps=VARIANTS[name][0], overlap=VARIANTS[name][1],
+            inner_steps=VARIANTS[name][0], overlap=VARIANTS[name][1], codec=VARIANT_CODECS.get(name, codec),
             utilization=round(sum(util) / len(util), 4), utilization_min=round(min(util), 4),
             utilization_with_drain=round(sum(with_drain) / len(with_drain), 4),
             wall_seconds=round(max(r["wall_seconds"] for r in runs), 2),
@@ -300,6 +310,8 @@ def _summarize(peers: list[dict], relays: list[dict], names: list[str]) -> dict:
             val_loss=round(runs[0]["val_loss"], 4), val_bpb=round(runs[0]["val_bpb"], 4),
             bytes_sent_per_peer=round(sum(r["bytes_sent"] for r in runs) / len(runs)),
             wire_tx_bytes_per_peer=round(sum(r["wire_tx_bytes"] for r in runs) / len(runs)),
+            idle_tx_bytes_per_peer_s=(round(sum(r["idle_tx_bytes"] / r["idle_seconds"] for r in runs) / len(runs), 1)
+                                      if all(r.get("idle_seconds") for r in runs) else None),
             rounds=runs[0]["rounds"], failed_rounds=max(r["failed_rounds"] for r in runs),
             replicas_identical=len({r["state_sum"] for r in runs}) == 1,
             mean_group_size=round(sum(r["mean_group_size"] for r in runs) / len(runs), 2),
@@ -329,7 +341,8 @@ def _run_variant_swarm(net, name: str, out: Path, args: argparse.Namespace, data
     logs = [open(out / f"peer{i}.log", "wb") for i in range(n)]
     base = [sys.executable, "-m", "bench.utilization", "--out", str(out), "--data", str(data), "--peers", str(n),
             "--preset", args.preset, "--steps", str(args.steps), "--batch", str(args.batch),
-            "--rate-mbit", str(args.rate_mbit), "--variants", name, "--codec", args.codec, "--round-timeout", str(args.round_timeout)]
+            "--rate-mbit", str(args.rate_mbit), "--variants", name, "--codec", args.codec, "--round-timeout", str(args.round_timeout),
+            "--idle-seconds", str(args.idle_seconds)]
     try:
         procs.append(net.popen(0, [*base, "--peer", "0", "--host", net.address(0)], env=env,
                                stdout=logs[0], stderr=subprocess.STDOUT))
@@ -391,7 +404,7 @@ def run_bench(args: argparse.Namespace) -> dict:
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy(f, dest)
         relay_stats = [json.loads((out / f"relay{i}.json").read_text()) for i in range(n)]
-    summary = _summarize(peers, relay_stats, names)
+    summary = _summarize(peers, relay_stats, names, args.codec)
     wire = sum(v["wire_tx_bytes_per_peer"] for v in summary["variants"].values()) * n
     result = dict(peers=n, preset=args.preset, codec=args.codec, steps=args.steps, batch=args.batch,
                   tokens_per_peer=args.steps * args.batch * cfg.lattice.seq_len, rate_mbit=args.rate_mbit,
@@ -409,27 +422,34 @@ def run_bench(args: argparse.Namespace) -> dict:
     return result
 
 
-def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.utilization", description=__doc__.split("\n")[0])
-    parser.add_argument("--peers", type=int, default=4)
-    parser.add_argument("--preset", default="demo", help="model size (models.presets.PRESETS)")
-    parser.add_argument("--codec", default="int8", help="pseudo-gradient codec of the DiLoCo variants")
-    parser.add_argument("--steps", type=int, default=252,
+def parser(prog: str = "python -m bench.utilization", description: str = __doc__.split("\n")[0]) -> argparse.ArgumentParser:
+    """The options of a run (:mod:`bench.wire` runs the same harness with its own defaults)."""
+    ap = argparse.ArgumentParser(prog=prog, description=description)
+    ap.add_argument("--peers", type=int, default=4)
+    ap.add_argument("--preset", default="demo", help="model size (models.presets.PRESETS)")
+    ap.add_argument("--codec", default="int8", help="pseudo-gradient codec of the DiLoCo variants")
+    ap.add_argument("--steps", type=int, default=252,
                         help="inner steps per peer (DiLoCo variants: steps // H rounds, paced by the fastest peer)")
-    parser.add_argument("--batch", type=int, default=8, help="sequences per inner step")
-    parser.add_argument("--rate-mbit", type=int, default=50, help="egress limit of every peer")
-    parser.add_argument("--rtt-ms", type=float, default=40.0, help="round trip added by the delay relays")
-    parser.add_argument("--variants", default=",".join(HEADLINE))
-    parser.add_argument("--round-timeout", type=float, default=30.0)
-    parser.add_argument("--peer-timeout", type=float, default=1200.0, help="seconds a peer may take for one variant")
-    parser.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "hivepath-bench-data"))
-    parser.add_argument("--logs", default=None, help="copy every peer's and relay's log into this folder")
-    parser.add_argument("--peer", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--host", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--initial", nargs="*", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--data", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    ap.add_argument("--batch", type=int, default=8, help="sequences per inner step")
+    ap.add_argument("--rate-mbit", type=int, default=50, help="egress limit of every peer")
+    ap.add_argument("--rtt-ms", type=float, default=40.0, help="round trip added by the delay relays")
+    ap.add_argument("--variants", default=",".join(HEADLINE))
+    ap.add_argument("--round-timeout", type=float, default=30.0)
+    ap.add_argument("--idle-seconds", type=float, default=0.0,
+                        help="before training, measure for this long what the link sends with the modules held and no round")
+    ap.add_argument("--peer-timeout", type=float, default=1200.0, help="seconds a peer may take for one variant")
+    ap.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "hivepath-bench-data"))
+    ap.add_argument("--logs", default=None, help="copy every peer's and relay's log into this folder")
+    ap.add_argument("--peer", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--host", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--initial", nargs="*", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--data", default=None, help=argparse.SUPPRESS)
+    return ap
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.peer is not None:
         run_peer(args)

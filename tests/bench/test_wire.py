@@ -1,0 +1,64 @@
+"""``bench.wire``'s arithmetic on the two runs' summaries, and its refusal of settings it cannot compare."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.wire import wire_keys
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(payload: float, wire: float, rounds: int = 16, wall: float = 32.0, idle: float = 1000.0) -> dict:
+    return dict(bytes_sent_per_peer=payload, wire_tx_bytes_per_peer=wire, rounds=rounds, wall_seconds=wall,
+                idle_tx_bytes_per_peer_s=idle)
+
+
+def test_ratios_control_bytes_and_upkeep():
+    ddp = _run(payload=256 * 1_000_000, wire=256 * 1_100_000)
+    sparse = _run(payload=16 * 10_000, wire=16 * 210_000)
+    got = wire_keys(ddp, sparse, steps=256, modules=4, params=250_000)
+    assert got["payload_bytes_ratio_vs_ddp"] == 1600.0
+    assert got["wire_bytes_ratio_vs_ddp"] == round(256 * 1.1e6 / (16 * 210_000), 1)
+    assert got["per_round_control_bytes"] == 200_000 and got["per_module_round_control_bytes"] == 50_000
+    assert got["payload_bytes_per_round"] == 10_000 and got["wire_bytes_per_round"] == 210_000
+    assert got["round_seconds_mean"] == 2.0 and got["upkeep_bytes_per_round"] == 2000
+    assert got["ddp_wire_over_payload"] == 1.1 and got["ddp_wire_bytes_per_step"] == 1_100_000
+
+
+def test_the_1000x_size_solves_the_linear_model():
+    ddp = _run(payload=256 * 1_000_000, wire=256 * 1_100_000)
+    sparse = _run(payload=16 * 10_000, wire=16 * 210_000)
+    got = wire_keys(ddp, sparse, steps=256, modules=4, params=250_000)
+    p = got["params_for_1000x_wire"]
+    # at that size: DDP's payload per 16 steps over the sparse round's framed payload plus its control bytes
+    ddp_bytes = 16 * (1_000_000 / 250_000) * p
+    sparse_bytes = (10_000 / 250_000) * 1.1 * p + 200_000
+    assert ddp_bytes / sparse_bytes == pytest.approx(1000.0, rel=1e-4)
+    assert got["payload_ratio_limit"] == 1600.0
+
+
+def test_no_size_reaches_1000x_when_the_payload_ratio_stays_under_it():
+    ddp = _run(payload=256 * 1_000_000, wire=256 * 1_100_000)
+    sparse = _run(payload=16 * 20_000, wire=16 * 220_000)  # 800x on the payload
+    got = wire_keys(ddp, sparse, steps=256, modules=4, params=250_000)
+    assert got["payload_ratio_limit"] == 800.0 and got["params_for_1000x_wire"] is None
+
+
+def test_no_idle_window_leaves_the_upkeep_unreported():
+    ddp = _run(payload=256e6, wire=280e6)
+    sparse = _run(payload=160_000, wire=3_000_000, idle=None)
+    got = wire_keys(ddp, sparse, steps=256, modules=4, params=250_000)
+    assert got["idle_bytes_per_s"] is None and got["upkeep_bytes_per_round"] is None
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--variants", "h18"], "bench.wire runs ddp,sparse"),
+    (["--steps", "250"], "a multiple of the sparse run's H = 16"),
+])
+def test_settings_it_cannot_compare_are_refused(argv, message):
+    out = subprocess.run([sys.executable, "-m", "bench.wire", *argv], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
