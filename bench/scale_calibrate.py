@@ -25,9 +25,12 @@ round at the largest real size (target <= 0.25), and ``sim_vs_real_noncompute_er
 overheads alone (median round minus ``round_seconds``: matchmaking, exchange and waits, the part the
 simulator models beyond compute; target <= 0.25), where fixed compute cannot hide a gap; the same at
 every size, both medians, both overheads and
-mean group sizes; the machine's load average over each window. A size at which the peers did not
-all average together within a deadline is reported under ``sizes_not_measured`` and ends the run
-(this machine's limit). ``--quick`` runs 4 peers with short rounds and window
+mean group sizes; the machine's load average over each window, and its CPU use over it (``cpu``,
+:mod:`bench.cpu_use`): the cores the machine was busy (``host_busy_cores_by_peers``), those the
+network's processes used by role (trainers, DHT processes, p2p daemons, coordinator, watchdogs), and
+those used outside it (``outside_cores_by_peers``: other work on the machine). A size at which the
+peers did not all average together within a deadline is reported under ``sizes_not_measured`` and
+ends the run (this machine's limit). ``--quick`` runs 4 peers with short rounds and window
 (``scale_calibrate_quick.json``); ``--resimulate RESULT.json`` runs only the simulator again on an
 earlier result's measured inputs (after a change to the model; the earlier figures are kept).
 ``--max-group-size N`` runs it with split rounds (``[outer] max_group_size``, ``embed`` and ``head``
@@ -48,6 +51,7 @@ from pathlib import Path
 from typing import Optional
 
 from bench.common import emit, run_main
+from bench.cpu_use import CpuWindow
 from peer.localnet import LocalNetwork, ProcessGroup, wait_for
 
 MEASURES = (
@@ -215,6 +219,7 @@ def calibrate(plan: Plan, work: Path) -> dict:
     net = LocalNetwork(ProcessGroup(work / "logs"), work, data.dir, run, COORDINATOR,
                        env={"HIVEMIND_MEMORY_SHARING_STRATEGY": "file_descriptor"}, peer_flags=["--measure-seconds", "0.3"])
     rows = []
+    cpu = CpuWindow(os.getpid())
     try:
         t0 = time.time()
         net.start_coordinator(timeout=120.0)
@@ -237,12 +242,14 @@ def calibrate(plan: Plan, work: Path) -> dict:
                 rows.append({"peers": n, "not_measured": str(e)[:500], "load_average": os.getloadavg()[0]})
                 break
             start, load = time.time(), os.getloadavg()[0]
+            cpu.start()
             wait_for(lambda: _alive(net) and time.time() >= start + plan.window, plan.window + 30,
                        "the measured window", interval=1.0, retry_on=())
             stop = time.time()
+            used = cpu.stop()
             measured = {"start": round(start - t0, 3), "stop": round(stop - t0, 3), "peers": _measured_peers(net, t0)}
             row = compare(plan, base_run, {"peers": n, "window_s": round(stop - start, 1),
-                                           "load_average": [load, os.getloadavg()[0]],
+                                           "load_average": [load, os.getloadavg()[0]], "cpu": used,
                                            "real": real_figures(net, start, stop), "measured": measured})
             log.info("%d peers: %s", n, {k: v for k, v in row.items() if k != "measured"})
             rows.append(row)
@@ -306,6 +313,8 @@ def headline(plan: Plan, rows: list[dict]) -> dict:
         "sim_group_size_mean_by_peers": {k: r["sim"]["group_size_mean"] for k, r in by.items()},
         "real_overhead_s_median_by_peers": {k: r["real"]["overhead_s_median"] for k, r in by.items()},
         "sim_overhead_s_median_by_peers": {k: r["sim"]["overhead_s_median"] for k, r in by.items()},
+        "host_busy_cores_by_peers": {k: r["cpu"]["host_busy_cores"] for k, r in by.items() if "cpu" in r},
+        "outside_cores_by_peers": {k: r["cpu"]["outside_cores"] for k, r in by.items() if "cpu" in r},
         "sizes": list(plan.sizes), "round_seconds": plan.round_seconds, "round_timeout": plan.round_timeout,
         "window_s": plan.window, "compute_cores": plan.compute_cores, "peer_cpu_limit": plan.cpu_limit(),
         "max_group_size": plan.max_group_size,
@@ -329,7 +338,7 @@ def resimulate(previous: dict) -> tuple[Plan, list[dict]]:
         if "real" not in r:
             rows.append(r)
             continue
-        row = compare(plan, base_run, {k: r[k] for k in ("peers", "window_s", "load_average", "real", "measured")
+        row = compare(plan, base_run, {k: r[k] for k in ("peers", "window_s", "load_average", "cpu", "real", "measured")
                                        if k in r})
         rows.append({**row, "sim_previous": r["sim"], "round_time_error_previous": r["round_time_error"],
                      "sim_model_previous": previous["sim_model"]})
