@@ -73,6 +73,8 @@ ROWS: tuple[Row, ...] = tuple(
             ("wire_bytes_ratio_vs_ddp", "the same counted on the peers' network interfaces"),
             ("per_round_control_bytes", "bytes on the wire per member and round beyond the payload"),
             ("upkeep_bytes_per_round", "of which the link sends with modules held and no round (DHT upkeep)"),
+            ("plain_dht_per_round_control_bytes", "the same with hivemind's DHT uncoalesced (the control run)"),
+            ("control_bytes_cut_vs_plain_dht", "control bytes per round, uncoalesced over coalesced DHT requests"),
             ("params_for_1000x_wire", "projected: parameters from which the wire ratio reaches 1000x"))
     + _rows("quality", "quality",
             ("sparse_smallest_gap_at_1000x", "quick grid (1,000 steps): smallest gap of a point at >= 1000x",

@@ -80,12 +80,16 @@ P2P_PORT = 40000
 RELAY_PORT = 40001
 VARIANTS = {"ddp": (1, False), "h10": (10, False), "h10_overlap": (10, True), "h15": (15, False),
             "h15_overlap": (15, True), "h18": (18, False), "h18_overlap": (18, True), "h20": (20, False),
-            "h20_overlap": (20, True), "h100": (100, False), "h100_overlap": (100, True), "sparse": (16, False)}
+            "h20_overlap": (20, True), "h100": (100, False), "h100_overlap": (100, True), "sparse": (16, False),
+            "sparse_plain_dht": (16, False)}
 """name -> (H, overlap); ddp averages gradients every step instead of DiLoCo pseudo-gradients."""
-VARIANT_CODECS = {"ddp": "none", "sparse": "topk16b2"}
+VARIANT_CODECS = {"ddp": "none", "sparse": "topk16b2", "sparse_plain_dht": "topk16b2"}
 """A variant's own codec where it is not ``--codec``: ``sparse`` is the point of ``bench.quality`` that
 met its bytes goal (H = 16, top-k of a sixteenth with 2-bit values, error feedback), which
 :mod:`bench.wire` measures on the wire."""
+PLAIN_DHT = frozenset({"sparse_plain_dht"})
+"""Variants whose peers run hivemind's DHT as it is, one search per key (``DHTOptions.coalesce``
+off): ``bench.wire``'s control run for the DHT's coalesced requests."""
 HEADLINE = ("h18", "h18_overlap")
 """The pair the headline keys come from: without / with overlap, at an H where an exchange costs
 a large share of a round on the demo preset (``comm_share_without_overlap`` measures it)."""
@@ -272,7 +276,8 @@ def run_peer(args: argparse.Namespace) -> None:
     dataset = Dataset(args.data)
     announce = f"/ip4/{args.host}/tcp/{RELAY_PORT}"
     dht = start_dht(DHTOptions(host_maddrs=[f"/ip4/127.0.0.1/tcp/{P2P_PORT}"], announce_maddrs=[announce],
-                               initial_peers=args.initial or []))
+                               initial_peers=args.initial or [],
+                               coalesce=not any(v in PLAIN_DHT for v in args.variants.split(","))))
     if args.peer == 0:
         atomic_write_text(out / "maddr", f"{announce}/p2p/{dht.peer_id}", temp_name="maddr.tmp")
     results: dict = {}
@@ -437,6 +442,7 @@ def parser(prog: str = "python -m bench.utilization", description: str = __doc__
     ap.add_argument("--round-timeout", type=float, default=30.0)
     ap.add_argument("--idle-seconds", type=float, default=0.0,
                         help="before training, measure for this long what the link sends with the modules held and no round")
+
     ap.add_argument("--peer-timeout", type=float, default=1200.0, help="seconds a peer may take for one variant")
     ap.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "hivepath-bench-data"))
     ap.add_argument("--logs", default=None, help="copy every peer's and relay's log into this folder")

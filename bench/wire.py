@@ -12,7 +12,9 @@ per variant:
 - ``ddp``: every-step averaging of the fp32 gradients (codec ``none``), ``--steps`` steps;
 - ``sparse``: DiLoCo with H = 16 and ``topk16b2``, the same ``--steps`` steps (``steps // 16``
   rounds of the 4 modules). Before it trains, each peer counts for ``--idle-seconds`` what its link
-  sends while it holds the modules and no round runs (DHT upkeep and holder records).
+  sends while it holds the modules and no round runs (DHT upkeep and holder records);
+- ``sparse_plain_dht``: the same with hivemind's DHT as it is (one search per key and operation,
+  ``DHTOptions.coalesce`` off): the control run for :mod:`peer.network.coalescing`.
 
 Keys (``bench/results/wire.json``; per member, means over the peers; "a round" is one outer round of
 the path, its 4 modules averaged):
@@ -24,6 +26,8 @@ the path, its 4 modules averaged):
   ``per_module_round_control_bytes`` the same over the path's modules (measured);
 - ``idle_bytes_per_s`` and ``upkeep_bytes_per_round`` (idle rate times the mean round's seconds):
   the part of the control bytes that holding modules costs with no round at all (measured);
+- ``plain_dht_per_round_control_bytes``, ``plain_dht_wire_bytes_ratio_vs_ddp``: the control run's;
+  ``control_bytes_cut_vs_plain_dht``: its control bytes per round over the ``sparse`` run's (measured);
 - ``payload_ratio_limit`` (projected): the payload ratio per parameter, which the wire ratio
   approaches as the model grows (the codec's own limit);
 - ``params_for_1000x_wire`` (projected): the model size from which the wire ratio reaches 1000x,
@@ -33,7 +37,7 @@ the path, its 4 modules averaged):
   grows with the payload) plus ``per_round_control_bytes`` held fixed. Both choices make the
   projection pessimistic for the sparse run. None when the payload ratio itself stays under 1000x.
 
-Run as root: ``python -m bench.wire`` (about 4 minutes on a quiet 2-core machine). Without root it
+Run as root: ``python -m bench.wire`` (about 5 minutes on a quiet 2-core machine). Without root it
 prints a ``{"skipped": ...}`` line and exits 0.
 """
 
@@ -58,6 +62,8 @@ when any of it changed after the commit a result records."""
 
 __all__ = ["main", "wire_keys"]
 
+VARIANTS_RUN = "ddp,sparse,sparse_plain_dht"
+"""The variants of :mod:`bench.utilization` this benchmark runs, in this order."""
 TARGET_RATIO = 1000.0
 """The bytes reduction against DDP the sparse codec is held to (``bench.quality``'s goal)."""
 
@@ -97,10 +103,10 @@ def wire_keys(ddp: dict, sparse: dict, *, steps: int, modules: int, params: int)
 
 def main(argv: Optional[list[str]] = None) -> None:
     ap = parser("python -m bench.wire", __doc__.split("\n")[0])
-    ap.set_defaults(variants="ddp,sparse", steps=256, idle_seconds=20.0)
+    ap.set_defaults(variants=VARIANTS_RUN, steps=256, idle_seconds=20.0)
     args = ap.parse_args(argv)
-    if args.variants != "ddp,sparse":
-        ap.error("--variants: bench.wire runs ddp,sparse (python -m bench.utilization runs the others)")
+    if args.variants != VARIANTS_RUN:
+        ap.error(f"--variants: bench.wire runs {VARIANTS_RUN} (python -m bench.utilization runs the others)")
     if args.steps % VARIANTS["sparse"][0]:
         ap.error(f"--steps {args.steps}: a multiple of the sparse run's H = {VARIANTS['sparse'][0]}, so both runs train the same steps")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -111,9 +117,14 @@ def main(argv: Optional[list[str]] = None) -> None:
     if "skipped" not in result:
         lattice = PRESETS[args.preset]().lattice
         v = result["variants"]
-        result.update(codec=VARIANT_CODECS["sparse"], sparse_inner_steps=VARIANTS["sparse"][0],
-                      **wire_keys(v["ddp"], v["sparse"], steps=args.steps, modules=len(lattice.path_modules(PATH)),
-                                  params=lattice.path_param_count(PATH)))
+        shape = dict(steps=args.steps, modules=len(lattice.path_modules(PATH)), params=lattice.path_param_count(PATH))
+        keys = wire_keys(v["ddp"], v["sparse"], **shape)
+        plain = wire_keys(v["ddp"], v["sparse_plain_dht"], **shape)
+        result.update(codec=VARIANT_CODECS["sparse"], sparse_inner_steps=VARIANTS["sparse"][0], **keys,
+                      plain_dht_per_round_control_bytes=plain["per_round_control_bytes"],
+                      plain_dht_wire_bytes_ratio_vs_ddp=plain["wire_bytes_ratio_vs_ddp"],
+                      control_bytes_cut_vs_plain_dht=round(plain["per_round_control_bytes"]
+                                                           / max(1, keys["per_round_control_bytes"]), 2))
     # the model from seed 0, peer k's batches from 1000 + k and its torch state from k, validation from 4242
     emit("wire", {**result, "seeds": sorted({0, 4242, *range(args.peers), *(1000 + k for k in range(args.peers))})})
 

@@ -23,9 +23,9 @@ A small peer's role at join, in this order:
 Rebalancing (one move a tick, a peer at most once per ``min_move_interval``, peers that asked for a
 role never): a driven pipeline's empty level is refilled from an idle server (one on no driven
 trainer's path), a module with two or more servers, or a pipeline with two or more trainers; a
-trainer whose pipeline lost a level moves to a complete pipeline nobody drives; an idle server moves to a driven pipeline's bottleneck, else to a
-driven level with fewer than ``servers_per_level`` servers, or, when every level of a driven pipeline
-has room, drives it as another trainer.
+trainer whose pipeline lost a level moves to a complete pipeline nobody drives; an idle server moves
+to a driven pipeline's bottleneck, else to a driven level with fewer than ``servers_per_level``
+servers, or, when every level of a driven pipeline has room, drives it as another trainer.
 """
 
 from __future__ import annotations

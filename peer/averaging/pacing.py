@@ -59,21 +59,19 @@ class WaitingCheck:
         that was itself paced does not count, :attr:`peer.network.records.GroupDeclaration.paced`,
         unless ``paced_too``: for a peer whose steps are far apart, the one every round waits on, which
         counts a paced declaration too unless it came from another such peer,
-        :attr:`peer.network.records.GroupDeclaration.sparse`): it
-        waits in matchmaking, so ``DiLoCoOptimizer`` ends its round now with the tokens it has, and
-        our declaration of it says so. Never blocks the training loop: it answers from the
-        declarations holders pushed us (:meth:`peer.averaging.declaration_push.DeclarationPush._push`), else from
-        a DHT check at most ``WAITING_POLL`` seconds old, refreshed in the background (False until a
-        check for exactly these rounds has come back)."""
+        :attr:`peer.network.records.GroupDeclaration.sparse`): it waits in matchmaking, so
+        ``DiLoCoOptimizer`` ends its round now with the tokens it has, and our declaration of it says
+        so. Never blocks the training loop: it answers from the declarations holders pushed us
+        (:meth:`peer.averaging.declaration_push.DeclarationPush._push`), else from a DHT check at most
+        ``WAITING_POLL`` seconds old, refreshed in the background (False until a check for exactly
+        these rounds has come back)."""
         key = tuple(sorted(rounds.items()))
         matchmaker = self.matchmaker
         for module_id, round_no in key if matchmaker is not None else ():  # declarations pushed to us
             told = sorted(p for p, d in matchmaker.pushed_to(group_key(self.run_id, module_id, round_no)).items()
                           if not d.paced or (paced_too and not d.sparse))
             if told:
-                self.last_waiting = (module_id, round_no, told[0])
-                self._paced, self._paced_sparse = dict(key), paced_too
-                return True
+                return self._answer((module_id, round_no, told[0]), key, paced_too)
         now = time.monotonic()
         pending = self._waiting_check
         if (pending is None or pending.done()) and now - self._waiting_checked >= WAITING_POLL:
@@ -83,10 +81,15 @@ class WaitingCheck:
             checked_key, unpaced, dense = pending.result()
             waiting = (unpaced or dense) if paced_too else unpaced
             if waiting is not None and checked_key == key:
-                self.last_waiting = waiting
-                self._paced, self._paced_sparse = dict(key), paced_too
-                return True
+                return self._answer(waiting, key, paced_too)
         return False
+
+    def _answer(self, waiting: tuple[str, int, str], key: tuple, paced_too: bool) -> bool:
+        """Remember that ``waiting`` (module, round, peer) waits on the rounds of ``key``: our declarations
+        of them say they were paced, and sparse when we answered as a sparse stepper (``paced_too``)."""
+        self.last_waiting = waiting
+        self._paced, self._paced_sparse = dict(key), paced_too
+        return True
 
     async def _check_waiting(self, key: tuple) -> tuple[tuple, Optional[tuple[str, int, str]],
                                                        Optional[tuple[str, int, str]]]:

@@ -133,8 +133,8 @@ class SplitRounds:
         return SplitPlan.of(module_id, round_no, live, max_group_size)
 
     async def average(self, module_id: str, round_no: int, flat: Tensor, like: Sequence[Tensor], weight: float,
-                             codec: Codec, timeout: float, digest: str, paced: bool, plan: SplitPlan, wait_for_behind: bool,
-                             sparse: bool = False) -> AverageResult:
+                      codec: Codec, timeout: float, digest: str, paced: bool, plan: SplitPlan, wait_for_behind: bool,
+                      sparse: bool = False) -> AverageResult:
         """A round averaged in levels (:mod:`peer.averaging.hierarchy`): our bucket's group, then its
         delegate up the groups of delegates to the top group, then the top group's average down each
         group's tree."""

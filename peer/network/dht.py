@@ -87,6 +87,10 @@ class DHTOptions:
     """Also ask the swarm whether our identity is already in use elsewhere (costs a second p2p daemon)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Further keyword arguments for ``hivemind.dht.DHT`` (e.g. ``num_workers``)."""
+    coalesce: bool = True
+    """Send stores and latest reads issued together as one request per node
+    (:class:`peer.network.coalescing.CoalescingDHT`); False runs hivemind's ``DHT`` as it is, one
+    search per key (``bench.wire --plain-dht``, the control run)."""
 
 
 class PeerDHT:
@@ -264,7 +268,7 @@ def start_dht(options: DHTOptions = DHTOptions()) -> PeerDHT:
         kwargs["identity_path"] = str(identity.path)
         kwargs["check_if_identity_free"] = options.check_identity_on_network
     try:
-        dht = _start_process(kwargs, options.startup_timeout + READY_GRACE)
+        dht = _start_process(kwargs, options.startup_timeout + READY_GRACE, coalesce=options.coalesce)
     except Exception as e:
         if identity is not None:
             identity.release()
@@ -301,17 +305,20 @@ BOOTSTRAP_RETRY_S = 2.0
 _NO_BOOTSTRAP = "failed to connect to bootstrap peers"
 
 
-def _start_process(kwargs: dict[str, Any], timeout: float, attempts: int = 2) -> Any:
-    """hivemind's ``DHT`` started in its process and ready within ``timeout`` seconds; a process that
+def _start_process(kwargs: dict[str, Any], timeout: float, attempts: int = 2, coalesce: bool = True) -> Any:
+    """A :class:`peer.network.coalescing.CoalescingDHT` (hivemind's ``DHT``, stores and reads issued
+    together sent together; hivemind's own without ``coalesce``) started in its process and ready within ``timeout`` seconds; a process that
     is not is killed and another started, up to ``attempts`` in all (then ``TimeoutError``). A daemon
     that reached none of the initial peers is started again :data:`BOOTSTRAP_RETRY_S` later, up to
     :data:`BOOTSTRAP_ATTEMPTS` in all; any other error the process reports (a port in use) is raised
     at once."""
     from hivemind.dht import DHT
 
+    from peer.network.coalescing import CoalescingDHT
+
     timeouts = unreached = 0
     while True:
-        dht = DHT(**{**kwargs, "start": False})
+        dht = (CoalescingDHT if coalesce else DHT)(**{**kwargs, "start": False})
         try:
             dht.run_in_background(await_ready=True, timeout=timeout)
             return dht

@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 _POLL = 0.2  # seconds between should_stop() checks of an idle stage server (a control-loop poll)
 
+
 def adopt_states(cfg: RunConfig, opt: DiLoCoOptimizer, modules: dict[str, nn.Module],
                  checkpoints: Optional[CheckpointDir], fetch_state: Optional[FetchState]) -> dict[str, str]:
     """Per module, load the newest of: a live holder's state, our checkpoint (same run), the seed's

@@ -55,7 +55,7 @@ def test_no_idle_window_leaves_the_upkeep_unreported():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--variants", "h18"], "bench.wire runs ddp,sparse"),
+    (["--variants", "h18"], "bench.wire runs ddp,sparse,sparse_plain_dht"),
     (["--steps", "250"], "a multiple of the sparse run's H = 16"),
 ])
 def test_settings_it_cannot_compare_are_refused(argv, message):
