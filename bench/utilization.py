@@ -87,6 +87,7 @@ VARIANT_CODECS = {"ddp": "none", "sparse": "topk16b2", "sparse_plain_dht": "topk
 """A variant's own codec where it is not ``--codec``: ``sparse`` is the point of ``bench.quality`` that
 met its bytes goal (H = 16, top-k of a sixteenth with 2-bit values, error feedback), which
 :mod:`bench.wire` measures on the wire."""
+
 PLAIN_DHT = frozenset({"sparse_plain_dht"})
 """Variants whose peers run hivemind's DHT as it is, one search per key (``DHTOptions.coalesce``
 off): ``bench.wire``'s control run for the DHT's coalesced requests."""
@@ -434,15 +435,14 @@ def parser(prog: str = "python -m bench.utilization", description: str = __doc__
     ap.add_argument("--preset", default="demo", help="model size (models.presets.PRESETS)")
     ap.add_argument("--codec", default="int8", help="pseudo-gradient codec of the DiLoCo variants")
     ap.add_argument("--steps", type=int, default=252,
-                        help="inner steps per peer (DiLoCo variants: steps // H rounds, paced by the fastest peer)")
+                    help="inner steps per peer (DiLoCo variants: steps // H rounds, paced by the fastest peer)")
     ap.add_argument("--batch", type=int, default=8, help="sequences per inner step")
     ap.add_argument("--rate-mbit", type=int, default=50, help="egress limit of every peer")
     ap.add_argument("--rtt-ms", type=float, default=40.0, help="round trip added by the delay relays")
     ap.add_argument("--variants", default=",".join(HEADLINE))
     ap.add_argument("--round-timeout", type=float, default=30.0)
     ap.add_argument("--idle-seconds", type=float, default=0.0,
-                        help="before training, measure for this long what the link sends with the modules held and no round")
-
+                    help="before training, measure for this long what the link sends with the modules held and no round")
     ap.add_argument("--peer-timeout", type=float, default=1200.0, help="seconds a peer may take for one variant")
     ap.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "hivepath-bench-data"))
     ap.add_argument("--logs", default=None, help="copy every peer's and relay's log into this folder")

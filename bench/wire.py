@@ -47,16 +47,10 @@ import logging
 from typing import Optional
 
 from bench.common import emit, run_main
+from bench import utilization
 from bench.utilization import VARIANT_CODECS, VARIANTS, parser, run_bench
 
-MEASURES = (
-    "bench/wire.py",
-    "bench/utilization.py",
-    "bench/delay_relay.py",
-    "models",
-    "peer",
-    "protos",
-)
+MEASURES = ("bench/wire.py", *utilization.MEASURES)
 """The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
 when any of it changed after the commit a result records."""
 
