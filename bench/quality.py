@@ -1,11 +1,12 @@
 """Training quality on real text: DiLoCo vs synchronous, DiPaCo vs dense, heterogeneity,
 outer hyperparameters, on the built-in corpus.
 
-Run: ``python -m bench.quality [--quick] [--only diloco,dipaco,hetero,outer] [--jobs N]``.
+Run: ``python -m bench.quality [--quick] [--only diloco,dipaco,hetero,outer,sparse,seeds] [--jobs N]``.
 
 Prepares the built-in corpus for a 2x2 lattice (byte-level, and BPE 4096 for the full grid) under
 ``data/quality-*`` once, runs every point of the chosen experiments (``bench.quality_sweeps``) with
-fixed seeds, appends each point's record to ``bench/results/quality_points.jsonl`` as it finishes
+fixed seeds (the goal's points at the scale's further seeds too, against a synchronous baseline
+tuned over inner learning rates: ``bench.quality_seeds``), appends each point's record to ``bench/results/quality_points.jsonl`` as it finishes
 with its reuse key (:func:`point_key`: the point, its scale and device, and a hash of the code a point
 runs), then writes ``bench/results/quality.json`` (every point of the grid recorded under its current
 key, plus the headline figures of ``bench.quality_report.summarize``) and the plots
@@ -38,6 +39,7 @@ MEASURES = (
     "bench/quality_report.py",
     "bench/quality_runs.py",
     "bench/quality_scale.py",
+    "bench/quality_seeds.py",
     "bench/quality_sparse.py",
     "bench/quality_sweeps.py",
     "models",
@@ -147,21 +149,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     run_points(todo, scale, data_dirs, device=device, jobs=args.jobs, on_result=on_result)
     ordered = [records[n] for n in sorted(records)]
-    summary = summarize(ordered)
+    summary = summarize(ordered, scale)
     # quick and full are the report's quality.json; other scales write quality_SCALE.json and their own plots.
     name = "quality" if scale.name in ("quick", "full") else f"quality_{scale.name}"
     for p in plot(ordered, prefix=name):
         log.info("wrote %s", p)
-    sys.stderr.write(tables(ordered))
+    sys.stderr.write(tables(ordered, scale))
     if name == "quality":  # the report: where the goal was met, this scale or another (named apart)
         from bench.quality_report import goal_across_scales
 
         summary.update(goal_across_scales({**summary, "scale_name": scale.name}))
-    emit(name, {**summary, "scale": asdict(scale), "device": device, "seeds": [scale.seed], "code_hash": code,
-                     "seconds_this_invocation": round(time.monotonic() - start, 1),
-                     "points_run_this_invocation": [p.name for p in todo],
-                     "points_not_run": sorted(p.name for p in grid(scale) if p.name not in records),
-                     "points": ordered})
+    emit(name, {**summary, "scale": asdict(scale), "device": device, "seeds": [scale.seed, *scale.seeds],
+                "code_hash": code, "seconds_this_invocation": round(time.monotonic() - start, 1),
+                "points_run_this_invocation": [p.name for p in todo],
+                "points_not_run": sorted(p.name for p in grid(scale) if p.name not in records),
+                "points": ordered})
     return 0 if all(r.get("status") == "ok" for r in ordered) else 1
 
 

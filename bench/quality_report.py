@@ -16,7 +16,10 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+if TYPE_CHECKING:
+    from bench.quality_scale import Scale
 
 __all__ = ["summarize", "tables", "plot", "GAP_LIMIT"]
 
@@ -71,8 +74,9 @@ def _time_to(curve: Sequence[dict], target: float) -> Optional[float]:
     return None
 
 
-def summarize(records: Sequence[dict]) -> dict[str, Any]:
-    """Headline figures from point records (see the module docstring)."""
+def summarize(records: Sequence[dict], scale: Optional["Scale"] = None) -> dict[str, Any]:
+    """Headline figures from point records (see the module docstring); with the ``scale`` they ran at,
+    the goal over its seeds too (:func:`bench.quality_seeds.seeds_summary`)."""
     ok = _ok(records)
     out: dict[str, Any] = {}
     # 1. DiLoCo against synchronous data-parallel.
@@ -151,6 +155,11 @@ def summarize(records: Sequence[dict]) -> dict[str, Any]:
         out["diloco_bpb_gap_at_best"] = out["sparse_bpb_gap_at_best"]
         out["diloco_best_point"] = out["sparse_best_point"]
         out["diloco_meets_goal"] = True
+    if scale is not None:
+        from bench.quality_seeds import seeds_summary
+        from bench.quality_sparse import GOAL_GAP, GOAL_RATIO
+
+        out.update(seeds_summary(ok, scale, GOAL_RATIO, GOAL_GAP))
     out["points_ok"] = sorted(ok)
     out["points_failed"] = {r["name"]: r.get("error") for r in records if r.get("status") != "ok"}
     return out
@@ -187,8 +196,8 @@ def _fmt(x: Any, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def tables(records: Sequence[dict]) -> str:
-    """Markdown tables of every experiment that has results."""
+def tables(records: Sequence[dict], scale: Optional["Scale"] = None) -> str:
+    """Markdown tables of every experiment that has results (the seeds' with the ``scale``)."""
     ok = _ok(records)
     lines: list[str] = []
     for tok in ("bytes", "bpe"):
@@ -254,6 +263,11 @@ def tables(records: Sequence[dict]) -> str:
     sparse = sparse_table(ok)
     if sparse:
         lines += ["\n**Sparse pseudo-gradients (top-k per 1024 values, error feedback decayed by 0.95)**\n", sparse]
+    if scale is not None:
+        from bench.quality_seeds import seeds_summary, seeds_table
+        from bench.quality_sparse import GOAL_GAP, GOAL_RATIO
+
+        lines.append(seeds_table(seeds_summary(ok, scale, GOAL_RATIO, GOAL_GAP), (scale.seed, *scale.seeds)))
     failed = [r for r in records if r.get("status") != "ok"]
     if failed:
         lines += ["\n**Failed points**\n"] + [f"- {r['name']}: {r.get('error')}" for r in failed]

@@ -54,18 +54,20 @@ class RunContext:
 
 def make_config(ctx: RunContext, tokenizer: str, *, levels: int = 1, modules: int = 1, blocks: Optional[int] = None,
                 inner_steps: int = 50, codec: str = "none", outer_lr: float = 0.7, outer_momentum: float = 0.9,
-                sqrt_sharing: bool = False, batch_size: Optional[int] = None, steps: int = 0) -> RunConfig:
+                sqrt_sharing: bool = False, batch_size: Optional[int] = None, steps: int = 0,
+                seed: Optional[int] = None, lr: Optional[float] = None) -> RunConfig:
     """The run config of one point at the sweep's scale (validated by ``RunConfig``); with the scale's
-    ``lr_decay``, the inner learning rate decays (cosine) over the point's ``steps`` inner steps."""
+    ``lr_decay``, the inner learning rate decays (cosine) over the point's ``steps`` inner steps.
+    ``seed`` and ``lr`` replace the scale's seed (weights and batches) and inner learning rate."""
     s = ctx.scale
     ds = ctx.dataset(tokenizer)
     return RunConfig(
         run_id="quality",
-        seed=s.seed,
+        seed=s.seed if seed is None else seed,
         lattice=LatticeConfig(vocab_size=int(ds.manifest["vocab_size"]), d_model=s.d_model, n_heads=s.n_heads,
                               blocks_per_module=blocks or s.blocks_per_module, levels=levels,
                               modules_per_level=modules, seq_len=s.seq_len),
-        inner=InnerConfig(lr=s.lr, warmup_steps=s.warmup_steps, batch_size=batch_size or s.batch_size,
+        inner=InnerConfig(lr=s.lr if lr is None else lr, warmup_steps=s.warmup_steps, batch_size=batch_size or s.batch_size,
                           decay_steps=steps if s.lr_decay and steps > s.warmup_steps else 0),
         outer=OuterConfig(inner_steps=inner_steps, codec=codec, lr=outer_lr, momentum=outer_momentum,
                           sqrt_sharing=sqrt_sharing),
@@ -103,11 +105,13 @@ def dense_bpb(ctx: RunContext, model: torch.nn.Module, tokenizer: str) -> float:
     return bits_per_byte(model.to(ctx.device), es.documents, ctx.scale.seq_len, ctx.device).bpb
 
 
-def run_sync(ctx: RunContext, tokenizer: str = "bytes", workers: int = 4) -> dict[str, Any]:
+def run_sync(ctx: RunContext, tokenizer: str = "bytes", workers: int = 4, lr: Optional[float] = None,
+             seed: Optional[int] = None) -> dict[str, Any]:
     """Synchronous data-parallel with ``workers`` workers of batch B: one model, batch K*B, gradient
-    all-reduced every step (identical arithmetic to averaging K workers' gradients)."""
+    all-reduced every step (identical arithmetic to averaging K workers' gradients); ``lr`` and
+    ``seed`` replace the scale's inner learning rate and seed."""
     s = ctx.scale
-    cfg = make_config(ctx, tokenizer, batch_size=s.batch_size * workers, steps=s.steps)
+    cfg = make_config(ctx, tokenizer, batch_size=s.batch_size * workers, steps=s.steps, seed=seed, lr=lr)
     ds = ctx.dataset(tokenizer)
     model = ModularLM(cfg.lattice, seed=cfg.seed).to(ctx.device)
     pm = model.path_model((0,))

@@ -72,6 +72,15 @@ class Scale:
     sparse_grid: tuple[tuple[int, str, float, float], ...] = ()
     """The sparse points (``--only sparse``): (H, sparse codec ``topk{K}b{B}``, outer lr, outer
     momentum), bytes counted on the wire (:mod:`bench.quality_sparse`)."""
+    seeds: tuple[int, ...] = ()
+    """Seeds besides ``seed`` at which the synchronous baseline (at each rate of ``sync_lrs`` too) and
+    the ``seeded`` points run again (the ``seeds`` experiment, :mod:`bench.quality_seeds`): the goal is
+    judged on the mean gap over all the seeds."""
+    sync_lrs: tuple[float, ...] = ()
+    """Inner learning rates the synchronous baseline also trains with besides ``lr`` (its batch is the
+    workers' together): the rate of the lowest mean bits per byte over the seeds is the baseline kept."""
+    seeded: tuple[str, ...] = ()
+    """Sparse points run at every seed of ``seeds`` (names; empty: every sparse point of the grid)."""
     equivalence: tuple[int, int] = (10, 3)
     """(H, rounds) of the point trained both by the simulator and by the peers' DiLoCoOptimizer."""
     reroute_windows: tuple[int, ...] = (64, 256)
@@ -91,7 +100,8 @@ def full() -> Scale:
 
 def quick() -> Scale:
     """A reduced grid (~0.12M parameters, 1000 steps per worker) for a shared 2-core CPU, run in priority
-    order."""
+    order; the synchronous baseline at three inner learning rates and the sparse points over three
+    seeds."""
     return Scale(name="quick", d_model=64, n_heads=4, seq_len=64, batch_size=8, steps=1000, dipaco_steps=500,
                  hetero_rounds=16, hetero_h=25, evals=5, eval_docs=8, eval_tokens=1024, warmup_steps=30,
                  diloco_grid=((10, "none"), (50, "none"), (100, "int4"), (250, "none"), (250, "int8"), (250, "int4")),
@@ -100,6 +110,7 @@ def quick() -> Scale:
                  reroute_windows=(64,),
                  sparse_grid=((32, "topk16b2", 1.0, 0.0), (16, "topk16b2", 1.0, 0.0), (64, "topk16b2", 1.0, 0.0),
                               (32, "topk32b2", 1.0, 0.0), (32, "topk16b4", 1.0, 0.0), (8, "topk16b2", 1.0, 0.0)),
+                 seeds=(1, 2), sync_lrs=(6e-3, 1.2e-2),
                  priority=("sync-bytes", "diloco-bytes-H250-int4", "diloco-bytes-H250-none", "diloco-bytes-H50-none",
                            "diloco-bytes-H10-none", "dipaco-2x2", "dense-p", "dense-2p", "dense-p-equal-compute",
                            "hetero-step", "hetero-time", "hetero-fast", "equivalence-bytes-H10-int8",
@@ -111,7 +122,7 @@ def long() -> Scale:
     """The quick model trained three times longer (3000 steps per worker) on the headline points only:
     does the gap to synchronous training shrink with the horizon, and does the best outer momentum change?"""
     return quick().replace(name="long", steps=3000, diloco_grid=((50, "none"), (250, "int8"), (250, "int4")),
-                           bpe_grid=(), diloco_tuned=((250, "int4", 0.7, 0.5),),
+                           seeds=(), sync_lrs=(), bpe_grid=(), diloco_tuned=((250, "int4", 0.7, 0.5),),
                            outer_grid=((0.7, 0.5),), outer_H=(50,), dipaco_outer_grid=(),
                            priority=("sync-bytes", "diloco-bytes-H250-int4", "diloco-bytes-H50-none",
                                      "outer-H50-lr0.7-m0.5", "diloco-bytes-H250-int8",
@@ -124,13 +135,15 @@ def horizon() -> Scale:
     and H=256 with int8. Run with ``--only diloco``. The sparse points
     (top-14 to top-32 of every 1024 values at 2 or 4 bits, short horizons, SparseLoCo's outer step:
     lr 1, no momentum) run with ``--only sparse``: H=16 top-14 and H=18 top-16 are the nearest
-    settings above 1000x to H=16 top-16 (just below it)."""
+    settings above 1000x to H=16 top-16 (just below it). ``--only seeds`` runs H=16 top-16 at two
+    more seeds, against the synchronous baseline at three inner learning rates."""
     return quick().replace(name="horizon", steps=12000, evals=6,
                            sparse_grid=((32, "topk16b2", 1.0, 0.0), (16, "topk16b2", 1.0, 0.0),
                                         (16, "topk14b2", 1.0, 0.0), (18, "topk16b2", 1.0, 0.0),
                                         (32, "topk32b2", 1.0, 0.0), (64, "topk16b2", 1.0, 0.0),
                                         (16, "topk32b2", 1.0, 0.0), (32, "topk16b4", 1.0, 0.0),
                                         (8, "topk16b2", 1.0, 0.0)),
+                           seeds=(1, 2), sync_lrs=(6e-3, 1.2e-2), seeded=("sparse-bytes-H16-topk16b2-lr1-m0",),
                            diloco_grid=((128, "int4"), (256, "int8")), bpe_grid=(),
                            diloco_tuned=((128, "int4", 0.7, 0.8),), outer_grid=(), outer_H=(), dipaco_outer_grid=(),
                            priority=("sync-bytes", "diloco-bytes-H128-int4", "diloco-bytes-H256-int8",
@@ -142,7 +155,7 @@ def horizon_cosine() -> Scale:
     (cosine, to a tenth) over the 12,000 steps instead of constant: does the gap that stays with a
     constant rate close when both runs anneal? Outer momentum 0.8, 0.7 and 0.5 besides 0.9, and
     H=32 int8: the gap at 4x more rounds."""
-    return horizon().replace(name="horizon-cosine", lr_decay=True,
+    return horizon().replace(name="horizon-cosine", lr_decay=True, seeds=(), sync_lrs=(), seeded=(),
                              diloco_tuned=((128, "int4", 0.7, 0.8), (128, "int4", 0.7, 0.7), (128, "int4", 0.7, 0.5)),
                              diloco_grid=((128, "int4"), (32, "int8")),
                              priority=("sync-bytes", "diloco-bytes-H128-int4", "diloco-bytes-H128-int4-lr0.7-m0.8",
@@ -155,7 +168,7 @@ def wide() -> Scale:
     parameters, 3.7x the quick model), 4,000 steps per worker (the reference horizon), on the
     >= 1000x settings (H=128 int4, H=256 int8) and the reference point (H=100, uncompressed).
     Does the gap to synchronous training shrink with model size? Run with ``--only diloco``."""
-    return quick().replace(name="wide", d_model=128, steps=4000, evals=5,
+    return quick().replace(name="wide", d_model=128, steps=4000, evals=5, seeds=(), sync_lrs=(),
                            diloco_grid=((128, "int4"), (100, "none"), (256, "int8")), bpe_grid=(),
                            diloco_tuned=(), outer_grid=(), outer_H=(), dipaco_outer_grid=(),
                            priority=("sync-bytes", "diloco-bytes-H128-int4", "diloco-bytes-H100-none",
@@ -179,7 +192,7 @@ def tiny() -> Scale:
                  dipaco_steps=4, hetero_rounds=4, hetero_h=4, evals=2, eval_docs=2, eval_tokens=64,
                  warmup_steps=1, diloco_grid=((3, "none"), (3, "int4")), bpe_grid=(), outer_grid=((0.4, 0.5),),
                  outer_H=(3,), reroute_windows=(8,), equivalence=(3, 2), dipaco_outer_grid=(),
-                 sparse_grid=((2, "topk16b2", 1.0, 0.0),))
+                 sparse_grid=((2, "topk16b2", 1.0, 0.0),), seeds=(1,), sync_lrs=(6e-3,))
 
 
 SCALES = {"tiny": tiny, "quick": quick, "long": long, "horizon": horizon, "horizon-cosine": horizon_cosine,

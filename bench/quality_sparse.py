@@ -63,26 +63,30 @@ short (a 2-core machine shared with other work) still leaves its curve, to compa
 curve at equal inner steps."""
 
 
-def _partial(ctx: RunContext, codec: str, inner_steps: int, lr: float, momentum: float, entry: dict) -> None:
+def _partial(ctx: RunContext, name: str, entry: dict) -> None:
     from models import strict_json
 
     if ctx.scale.name == "tiny":  # the harness test's scale: nothing of it goes into bench/results
         return
-    rec = {"scale": ctx.scale.name, "name": f"sparse-bytes-H{inner_steps}-{codec}-lr{lr:g}-m{momentum:g}", **entry}
+    rec = {"scale": ctx.scale.name, "name": name, **entry}
     with PARTIAL.open("a") as f:
         f.write(strict_json.dumps(rec, sort_keys=True) + "\n")
 
 
 def run_sparse(ctx: RunContext, tokenizer: str = "bytes", workers: int = 4, inner_steps: int = 16,
-               codec: str = "topk16b2", outer_lr: float = 1.0, outer_momentum: float = 0.0) -> dict[str, Any]:
+               codec: str = "topk16b2", outer_lr: float = 1.0, outer_momentum: float = 0.0,
+               seed: Optional[int] = None) -> dict[str, Any]:
     """DiLoCo with a sparse codec: ``workers`` simulated workers, outer step every ``inner_steps``,
-    bytes counted from the encoded messages of every round."""
+    bytes counted from the encoded messages of every round; ``seed`` replaces the scale's."""
     s = ctx.scale
     cfg = make_config(ctx, tokenizer, inner_steps=inner_steps, codec=codec, outer_lr=outer_lr,
-                      outer_momentum=outer_momentum, steps=s.steps)
+                      outer_momentum=outer_momentum, steps=s.steps, seed=seed)
     ds = ctx.dataset(tokenizer)
     sim = DiLoCoSimulator(cfg, [(0,)], workers, seed_batches(ds, cfg, dense=True), device=ctx.device)
     from bench.quality_runs import _checkpoints
+    from bench.quality_seeds import seeded
+
+    name = seeded(f"sparse-bytes-H{inner_steps}-{codec}-lr{outer_lr:g}-m{outer_momentum:g}", cfg.seed, s)
 
     marks = sorted(_checkpoints(s.steps, s.evals))
     curve: list[dict] = []
@@ -105,7 +109,7 @@ def run_sparse(ctx: RunContext, tokenizer: str = "bytes", workers: int = 4, inne
                 marks.pop(0)
             curve.append({"step": done, "tokens": tokens, "bytes": sent,
                           "bpb": dense_bpb(ctx, sim.global_model().path_model((0,)), tokenizer)})
-            _partial(ctx, codec, inner_steps, outer_lr, outer_momentum, curve[-1])
+            _partial(ctx, name, curve[-1])
     return {"bpb": curve[-1]["bpb"], "tokens": tokens, "bytes_per_worker": sent, "bytes_up": up, "bytes_down": down,
             "parts_gathered": gathered, "parts": parts, "params": cfg.lattice.total_param_count(),
             "module_numels": {m: cfg.lattice.module_param_count(m) for m in sim.module_ids},
@@ -160,8 +164,8 @@ def partial_rows(ok: dict[str, dict], partial: list[dict]) -> list[dict]:
     if sync is None:
         return []
     last: dict[str, dict] = {}
-    for entry in partial:
-        if entry["name"] not in ok and entry["step"] >= last.get(entry["name"], {"step": -1})["step"]:
+    for entry in partial:  # the scale's own seed only (a point at another seed is named seed{n}/...)
+        if entry["name"].startswith("sparse-bytes-") and entry["name"] not in ok and entry["step"] >= last.get(entry["name"], {"step": -1})["step"]:
             last[entry["name"]] = entry
     rows = []
     for name, e in sorted(last.items()):

@@ -1,7 +1,7 @@
 """The quality grid as named points, and the harness that runs them and records every outcome.
 
 A :class:`Point` names one training run (its experiment, its runner and the runner's arguments).
-:func:`grid` lists the points of the four experiments at a :class:`~bench.quality_scale.Scale`;
+:func:`grid` lists the points of the experiments at a :class:`~bench.quality_scale.Scale`;
 :func:`run_points` runs them, in this process or in a pool of worker processes, and returns one
 result per point in the given order. A point that raises is recorded with ``status: "failed"`` and
 its error; it is never dropped, so a report can say what did not run.
@@ -23,8 +23,9 @@ __all__ = ["EXPERIMENTS", "Point", "grid", "run_point", "run_points", "load_cont
 
 log = logging.getLogger(__name__)
 
-EXPERIMENTS = ("diloco", "dipaco", "hetero", "outer", "sparse")
-"""The four dense experiments, in order, then the sparse codecs."""
+EXPERIMENTS = ("diloco", "dipaco", "hetero", "outer", "sparse", "seeds")
+"""The four dense experiments, in order, then the sparse codecs, then the goal's points at more seeds
+against a tuned synchronous baseline (:mod:`bench.quality_seeds`; empty unless the scale has seeds)."""
 
 
 @dataclass(frozen=True)
@@ -101,14 +102,20 @@ def _sparse_points(s: Scale) -> list[Point]:
             for H, codec, lr, mom in s.sparse_grid]
 
 
+def _seed_points(s: Scale) -> list[Point]:
+    from bench.quality_seeds import seed_points
+
+    return seed_points(s, _sparse_points(s))
+
+
 _GRIDS: dict[str, Callable[[Scale], list[Point]]] = {
     "diloco": _diloco_points, "dipaco": _dipaco_points, "hetero": _hetero_points, "outer": _outer_points,
-    "sparse": _sparse_points,
+    "sparse": _sparse_points, "seeds": _seed_points,
 }
 
 
 def grid(scale: Scale, only: Optional[Sequence[str]] = None) -> list[Point]:
-    """Every point of the experiments in ``only`` (default: all four) at ``scale``."""
+    """Every point of the experiments in ``only`` (default: all of them) at ``scale``."""
     chosen = list(only) if only else list(EXPERIMENTS)
     unknown = [e for e in chosen if e not in _GRIDS]
     if unknown:

@@ -199,3 +199,53 @@ def test_the_report_names_the_scale_that_met_the_goal_without_taking_its_figures
     # a scale that met it itself keeps its own point
     assert goal_across_scales({"diloco_meets_goal": True, "scale_name": "quick"}, tmp_path) == {
         "diloco_best_scale": "quick"}
+
+
+def test_seeds_and_rates_change_the_run_and_the_summary_judges_the_mean(records):
+    """The ``seeds`` experiment trains other weights and batches at another seed and another run at
+    another rate (a seed or rate ignored would repeat ``sync-bytes`` bit for bit), and its summary
+    compares each seeded point with the kept baseline at the same seed."""
+    from bench.quality_seeds import seeds_summary
+
+    s = tiny()
+    by = {r["name"]: r["result"] for r in records}
+    assert {"sync-bytes-lr0.006", "seed1/sync-bytes", "seed1/sync-bytes-lr0.006",
+            "seed1/sparse-bytes-H2-topk16b2-lr1-m0"} <= set(by)
+    assert by["seed1/sync-bytes"]["bpb"] != by["sync-bytes"]["bpb"]
+    assert by["sync-bytes-lr0.006"]["bpb"] != by["sync-bytes"]["bpb"]
+    assert by["seed1/sparse-bytes-H2-topk16b2-lr1-m0"]["bpb"] != by["sparse-bytes-H2-topk16b2-lr1-m0"]["bpb"]
+    summary = seeds_summary(by, s, goal_ratio=1.0, goal_gap=10.0)
+    lr = summary["sync_lr_best"]
+    assert lr in (s.lr, 6e-3)
+    base = {0: by["sync-bytes" if lr == s.lr else "sync-bytes-lr0.006"],
+            1: by["seed1/sync-bytes" if lr == s.lr else "seed1/sync-bytes-lr0.006"]}
+    row = summary["seed_points"][0]
+    expected = {str(k): (by[n]["bpb"] - base[k]["bpb"]) / base[k]["bpb"]
+                for k, n in ((0, "sparse-bytes-H2-topk16b2-lr1-m0"), (1, "seed1/sparse-bytes-H2-topk16b2-lr1-m0"))}
+    assert row["gap_by_seed"] == pytest.approx(expected)
+    assert summary["sparse_bpb_gap_mean"] == pytest.approx(sum(expected.values()) / 2)
+    assert "Over seeds 0, 1" in tables(records, s)
+
+
+def test_the_kept_rate_is_the_best_mean_and_a_point_missing_a_seed_is_not_judged():
+    from bench.quality_scale import Scale
+    from bench.quality_seeds import seeds_summary
+
+    s = Scale(name="t", lr=1e-3, seed=0, seeds=(1, 2), sync_lrs=(2e-3,))
+    r = lambda bpb, sent=1000.0: {"bpb": bpb, "bytes_per_worker": sent}  # noqa: E731
+    ok = {"sync-bytes": r(2.0, 4e6), "seed1/sync-bytes": r(2.2, 4e6), "seed2/sync-bytes": r(1.6, 4e6),  # mean 1.933
+          "sync-bytes-lr0.002": r(1.9, 4e6), "seed1/sync-bytes-lr0.002": r(2.0, 4e6),
+          "seed2/sync-bytes-lr0.002": r(1.95, 4e6),  # mean 1.95: seed 2 alone would pick the other rate
+          "sparse-bytes-H16-topk16b2-lr1-m0": r(2.0), "seed1/sparse-bytes-H16-topk16b2-lr1-m0": r(2.2),
+          "seed2/sparse-bytes-H16-topk16b2-lr1-m0": r(1.6),
+          "sparse-bytes-H8-topk16b2-lr1-m0": r(1.5), "seed1/sparse-bytes-H8-topk16b2-lr1-m0": r(1.5)}
+    out = seeds_summary(ok, s, goal_ratio=1000.0, goal_gap=0.02)
+    assert out["sync_lr_best"] == 1e-3 and out["sync_lr_best_at_edge"]
+    assert [p["name"] for p in out["seed_points"]] == ["sparse-bytes-H16-topk16b2-lr1-m0"]  # H8 lacks seed 2
+    assert out["sparse_bpb_gap_mean"] == pytest.approx(0.0) and out["sparse_goal_met_on_mean"]
+    assert out["sparse_bytes_ratio_at_mean_point"] == pytest.approx(4000.0)
+    ok["seed2/sparse-bytes-H16-topk16b2-lr1-m0"] = r(1.7)  # +6.25% at one seed: mean 2.08%, over the goal
+    out = seeds_summary(ok, s, goal_ratio=1000.0, goal_gap=0.02)
+    assert out["sparse_bpb_gap_mean"] == pytest.approx(0.0625 / 3) and not out["sparse_goal_met_on_mean"]
+    assert out["sparse_bpb_gap_stdev"] > 0
+    assert seeds_summary(ok, Scale(name="t"), 1000.0, 0.02) == {}  # no seeds: no keys
