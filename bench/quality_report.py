@@ -144,10 +144,10 @@ def summarize(records: Sequence[dict], scale: Optional["Scale"] = None) -> dict[
     from bench.quality_sparse import sparse_summary
 
     replicas = RESULTS / "sparse_network.json"
-    scale = next((r.get("scale") for r in records if r.get("name") == "sync-bytes"), None)
+    scale_name = next((r.get("scale") for r in records if r.get("name") == "sync-bytes"), None)
     partial = RESULTS / "quality_sparse_partial.jsonl"
     partial_entries = [e for e in map(json.loads, partial.read_text().splitlines() if partial.exists() else [])
-                       if e.get("scale") == scale]
+                       if e.get("scale") == scale_name]
     out.update(sparse_summary(ok, rows, json.loads(replicas.read_text()) if replicas.exists() else None,
                               partial_entries))
     if out["sparse_meets_goal"] and out["sparse_best_bytes_ratio"] > (out["diloco_best_bytes_ratio"] or 0):

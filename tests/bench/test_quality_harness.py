@@ -225,6 +225,8 @@ def test_seeds_and_rates_change_the_run_and_the_summary_judges_the_mean(records)
     assert row["gap_by_seed"] == pytest.approx(expected)
     assert summary["sparse_bpb_gap_mean"] == pytest.approx(sum(expected.values()) / 2)
     assert "Over seeds 0, 1" in tables(records, s)
+    full = summarize(records, s)  # the report's summary carries the same keys (its goal: 1000x)
+    assert full["sync_lr_best"] == lr and full["seed_points"] == summary["seed_points"]
 
 
 def test_the_kept_rate_is_the_best_mean_and_a_point_missing_a_seed_is_not_judged():
