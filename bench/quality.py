@@ -82,11 +82,20 @@ def prepare_data(tokenizers: Sequence[str], root: Path = DATA) -> dict[str, str]
     return dirs
 
 
+GRID_FIELDS = ("diloco_grid", "diloco_tuned", "bpe_grid", "outer_grid", "outer_H", "outer_codec",
+               "dipaco_outer_grid", "sparse_grid", "seeds", "sync_lrs", "seeded", "equivalence", "priority")
+"""The fields of a :class:`~bench.quality_scale.Scale` that only say which points the grid holds (each
+point's own arguments carry what it takes from them): a point's key leaves them out, so that adding
+a point to a grid does not run the others again."""
+
+
 def point_key(point: Point, scale: Scale, device: str, code: str) -> str:
     """The key a point's record is stored and reused under: a hash of the point (runner and
-    arguments), its whole scale, the device and ``code`` (:func:`bench.common.code_hash` of
-    :data:`POINT_CODE`). Any change to one of them is another key: the point runs again."""
-    config = {"point": point.to_dict(), "scale": asdict(scale), "device": device, "code": code}
+    arguments), its scale (but the :data:`GRID_FIELDS`), the device and ``code``
+    (:func:`bench.common.code_hash` of :data:`POINT_CODE`). Any change to one of them is another key:
+    the point runs again."""
+    sizes = {k: v for k, v in asdict(scale).items() if k not in GRID_FIELDS}
+    config = {"point": point.to_dict(), "scale": sizes, "device": device, "code": code}
     return hashlib.sha256(strict_json.dumps(config, sort_keys=True).encode()).hexdigest()
 
 

@@ -100,7 +100,7 @@ def full() -> Scale:
 
 def quick() -> Scale:
     """A reduced grid (~0.12M parameters, 1000 steps per worker) for a shared 2-core CPU, run in priority
-    order; the synchronous baseline at three inner learning rates and the sparse points over three
+    order; the synchronous baseline at four inner learning rates and the sparse points over three
     seeds."""
     return Scale(name="quick", d_model=64, n_heads=4, seq_len=64, batch_size=8, steps=1000, dipaco_steps=500,
                  hetero_rounds=16, hetero_h=25, evals=5, eval_docs=8, eval_tokens=1024, warmup_steps=30,
@@ -110,7 +110,7 @@ def quick() -> Scale:
                  reroute_windows=(64,),
                  sparse_grid=((32, "topk16b2", 1.0, 0.0), (16, "topk16b2", 1.0, 0.0), (64, "topk16b2", 1.0, 0.0),
                               (32, "topk32b2", 1.0, 0.0), (32, "topk16b4", 1.0, 0.0), (8, "topk16b2", 1.0, 0.0)),
-                 seeds=(1, 2), sync_lrs=(6e-3, 1.2e-2),
+                 seeds=(1, 2), sync_lrs=(1.5e-3, 6e-3, 1.2e-2),
                  priority=("sync-bytes", "diloco-bytes-H250-int4", "diloco-bytes-H250-none", "diloco-bytes-H50-none",
                            "diloco-bytes-H10-none", "dipaco-2x2", "dense-p", "dense-2p", "dense-p-equal-compute",
                            "hetero-step", "hetero-time", "hetero-fast", "equivalence-bytes-H10-int8",
@@ -136,14 +136,15 @@ def horizon() -> Scale:
     (top-14 to top-32 of every 1024 values at 2 or 4 bits, short horizons, SparseLoCo's outer step:
     lr 1, no momentum) run with ``--only sparse``: H=16 top-14 and H=18 top-16 are the nearest
     settings above 1000x to H=16 top-16 (just below it). ``--only seeds`` runs H=16 top-16 at two
-    more seeds, against the synchronous baseline at three inner learning rates."""
+    more seeds, against the synchronous baseline at three inner learning rates (half, once and twice
+    the workers' rate)."""
     return quick().replace(name="horizon", steps=12000, evals=6,
                            sparse_grid=((32, "topk16b2", 1.0, 0.0), (16, "topk16b2", 1.0, 0.0),
                                         (16, "topk14b2", 1.0, 0.0), (18, "topk16b2", 1.0, 0.0),
                                         (32, "topk32b2", 1.0, 0.0), (64, "topk16b2", 1.0, 0.0),
                                         (16, "topk32b2", 1.0, 0.0), (32, "topk16b4", 1.0, 0.0),
                                         (8, "topk16b2", 1.0, 0.0)),
-                           seeds=(1, 2), sync_lrs=(6e-3, 1.2e-2), seeded=("sparse-bytes-H16-topk16b2-lr1-m0",),
+                           seeds=(1, 2), sync_lrs=(1.5e-3, 6e-3), seeded=("sparse-bytes-H16-topk16b2-lr1-m0",),
                            diloco_grid=((128, "int4"), (256, "int8")), bpe_grid=(),
                            diloco_tuned=((128, "int4", 0.7, 0.8),), outer_grid=(), outer_H=(), dipaco_outer_grid=(),
                            priority=("sync-bytes", "diloco-bytes-H128-int4", "diloco-bytes-H256-int8",

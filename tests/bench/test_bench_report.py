@@ -130,6 +130,10 @@ def test_quality_reuses_a_point_only_under_its_key(tmp_path):
     assert len(set(keys.values())) == len(points)
     assert point_key(first, scale, "cpu", "other code") != keys[first.name]
     assert point_key(first, scale, "cuda", code) != keys[first.name]
+    # a point added to the grid leaves the others' keys; a size every point trains at does not
+    assert point_key(first, scale.replace(sync_lrs=(1e-3, 6e-3), priority=()), "cpu", code) == keys[first.name]
+    assert point_key(first, scale.replace(steps=scale.steps + 1), "cpu", code) != keys[first.name]
+    assert point_key(first, scale.replace(seed=scale.seed + 1), "cpu", code) != keys[first.name]
     records = tmp_path / "points.jsonl"
     lines = [{"name": first.name, "key": "recorded by older code", "status": "ok"},
              {"name": points[1].name, "status": "ok"},  # recorded before keys existed
