@@ -40,7 +40,7 @@ test-all: setup
 # bench.report then regenerates docs/BENCHMARKS.md's tables from the new results.
 bench: setup
 	@for b in $(BENCHES); do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
-	$(PY) -m bench.quality --quick
+	$(PY) -m bench.quality --quick --jobs 2
 	$(PY) -m bench.report
 
 protos: setup
