@@ -27,7 +27,7 @@ ROOT = RESULTS.parent.parent
 _STARTED = time.time()
 """When this benchmark process started (its result's ``duration_s`` counts from here)."""
 
-__all__ = ["code_hash", "emit", "machine", "provenance", "rate_result_name", "run_main", "work_directory", "RESULTS",
+__all__ = ["code_hash", "dirty", "emit", "machine", "provenance", "rate_result_name", "run_main", "work_directory", "RESULTS",
            "ISSUE_RATE_MBIT"]
 
 ISSUE_RATE_MBIT = 100
@@ -71,23 +71,27 @@ def machine() -> dict[str, Any]:
     return out
 
 
-def _git(*args: str) -> str:
+def _git(*args: str, root: Path = ROOT) -> str:
     try:
-        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
+def dirty(root: Path = ROOT) -> bool:
+    """Whether a tracked file that can change a measurement differs from the commit: a benchmark's own
+    outputs (results, plots) and prose (``*.md``, edited while benchmarks run) do not count."""
+    return bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results",
+                     ":(exclude)docs/img", ":(exclude,glob)**/*.md", root=root))
+
+
 def provenance() -> dict[str, Any]:
     """What a result needs to be traced and rerun: the commit (and whether the tree had changes), the
     exact command, the machine (:func:`machine`), when it started and how long it ran."""
-    # a benchmark's own outputs (results, plots) do not make the measured code dirty
-    dirty = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results",
-                 ":(exclude)docs/img")
     return {
         "commit": _git("rev-parse", "HEAD") or "unknown",
-        "dirty": bool(dirty),
+        "dirty": dirty(),
         "command": " ".join(["python", "-m", f"bench.{Path(sys.argv[0]).stem}"] + sys.argv[1:])
         if sys.argv and sys.argv[0].endswith(".py") else " ".join(sys.argv),
         "machine": machine(),

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bench import report
-from bench.common import code_hash, emit, machine
+from bench.common import code_hash, dirty, emit, machine
 from bench.quality import load_records, point_key
 from bench.quality_scale import tiny
 from bench.quality_sweeps import grid
@@ -108,6 +108,26 @@ def test_freshness_rules():
     if not _git("status", "--porcelain", "--", path).stdout.strip():  # committed and unchanged in this checkout
         same = report.freshness(head, True, (path,))
         assert not same.stale and same.changed == () and same.dirty  # dirty elsewhere: still fresh
+
+
+def test_dirty_means_code_that_can_change_a_measurement(tmp_path):
+    """Prose and a benchmark's own outputs leave a tree clean; any other tracked edit makes it dirty."""
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    for name in ("peer/a.py", "docs/GUIDE.md", "README.md", "bench/results/x.json", "docs/img/p.png"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("one\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.email=t@example.org", "-c", "user.name=t", "commit", "-qm", "first")
+    assert not dirty(tmp_path)
+    for name in ("docs/GUIDE.md", "README.md", "bench/results/x.json", "docs/img/p.png"):
+        (tmp_path / name).write_text("two\n")
+    (tmp_path / "peer" / "new.py").write_text("untracked\n")
+    assert not dirty(tmp_path)
+    (tmp_path / "peer" / "a.py").write_text("two\n")
+    assert dirty(tmp_path)
 
 
 def test_a_result_without_seeds_is_refused():
