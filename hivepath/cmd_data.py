@@ -214,7 +214,8 @@ def _fetch(args: argparse.Namespace) -> int:
 def _seeders_info(args: argparse.Namespace) -> int:
     import asyncio
 
-    from peer.datasync import FetchOptions, fetch_manifest, find_seeders, join_swarm, own_p2p
+    from peer.datasync import FetchOptions, fetch_manifest, find_seeders, join_swarm
+    from peer.network.dht import own_p2p
 
     dht, _ = join_swarm(_access(args), need_peers=True)
     try:

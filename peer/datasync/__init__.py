@@ -18,7 +18,6 @@ path's shards from each other over hivemind's p2p streams, every chunk verified 
 - ``records``: the seeder record (:class:`SeederRecord`, a bitmap of files) under
   :func:`seeders_key`, derived from the manifest hash.
 - ``protocol``: the ``Data.Chunk`` rpc of ``protos/hivepath/peer/v1/data.proto`` and its limits, and
-  :func:`own_p2p` (a P2P handle of a seeder's or fetcher's own, never the process's shared one).
 - ``session``: :func:`join_swarm`, a data command's DHT node from ``--initial-peers`` and/or the
   coordinator's run spec (no lease, no heartbeats).
 - ``errors``: :class:`NoSeeder`, :class:`ManifestMismatch`, :class:`DiskFull` (one-line messages).
@@ -33,14 +32,13 @@ from peer.datasync.errors import DiskFull, FetchError, ManifestMismatch, NoSeede
 from peer.datasync.fetch_job import FetchOptions, FetchProgress, FetchResult
 from peer.datasync.fetcher import fetch, fetch_async, fetch_manifest
 from peer.datasync.partial import STATE_DIR, PartialFile
-from peer.datasync.protocol import own_p2p
 from peer.datasync.records import RECORD_TTL, SeederRecord, seeders_key
 from peer.datasync.seeder import Seeder, SeederOptions, read_local_manifest
 from peer.datasync.seeder_swarm import find_seeders
 from peer.datasync.session import SwarmAccess, join_swarm
 
 __all__ = [
-    "ShardCache", "USED_FILE", "own_p2p", "DiskFull", "FetchError", "ManifestMismatch", "NoSeeder", "SeedError", "FetchOptions", "FetchProgress",
+    "ShardCache", "USED_FILE", "DiskFull", "FetchError", "ManifestMismatch", "NoSeeder", "SeedError", "FetchOptions", "FetchProgress",
     "FetchResult", "fetch", "fetch_async", "fetch_manifest", "find_seeders", "STATE_DIR", "PartialFile", "RECORD_TTL",
     "SeederRecord", "seeders_key", "Seeder", "SeederOptions", "read_local_manifest", "SwarmAccess", "join_swarm",
 ]

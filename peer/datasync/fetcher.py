@@ -45,7 +45,8 @@ from peer.datasync.errors import ManifestMismatch, NoSeeder
 from peer.datasync.fetch_job import (FetchJob, FetchOptions, FetchResult, FileCallback, ProgressCallback,
                                      raise_no_room)
 from peer.datasync.partial import STATE_DIR
-from peer.datasync.protocol import own_p2p, MANIFEST_CHUNK, MAX_MANIFEST_BYTES, request_chunk
+from peer.network.dht import own_p2p
+from peer.datasync.protocol import MANIFEST_CHUNK, MAX_MANIFEST_BYTES, request_chunk
 from peer.datasync.seeder_swarm import BadSeederCallback, SeederSwarm
 
 __all__ = ["fetch", "fetch_async", "fetch_manifest"]
@@ -109,7 +110,7 @@ def fetch(dht: Any, manifest_hash: str, paths: Iterable[Sequence[int]], out: Uni
           on_bad_seeder: Optional[BadSeederCallback] = None, splits: Sequence[str] = SPLITS,
           on_file: Optional[FileCallback] = None, exclude: Iterable[str] = ()) -> FetchResult:
     """:func:`fetch_async` on a loop of its own, over a P2P handle of its own on ``dht``'s daemon
-    (:func:`peer.datasync.protocol.own_p2p`; blocks)."""
+    (:func:`peer.network.dht.own_p2p`; blocks)."""
 
     async def run() -> FetchResult:
         p2p = await own_p2p(dht)

@@ -16,7 +16,7 @@ from peer.network.frames import handler_name, linger, read_payload
 from protos import versions
 from protos.hivepath.peer.v1.data_pb2 import DESCRIPTOR as DATA, ChunkReply, ChunkRequest
 
-__all__ = ["own_p2p", "CHUNK", "ChunkReply", "ChunkRequest", "MANIFEST_CHUNK", "MAX_MANIFEST_BYTES", "MAX_REQUEST_BYTES",
+__all__ = ["CHUNK", "ChunkReply", "ChunkRequest", "MANIFEST_CHUNK", "MAX_MANIFEST_BYTES", "MAX_REQUEST_BYTES",
            "data_prefix", "request_chunk", "linger"]
 
 CHUNK = DATA.services_by_name["Data"].methods_by_name["Chunk"]
@@ -30,23 +30,6 @@ MANIFEST_CHUNK = 1 << 20
 
 MAX_MANIFEST_BYTES = 256 << 20
 """The largest manifest a fetcher accepts (per-chunk hashes of a 4 TB dataset at 1 MiB chunks)."""
-
-
-async def own_p2p(dht: Any) -> Any:
-    """A P2P handle on this process's daemon for the running event loop alone, to shut down when done.
-
-    hivemind's ``DHT.replicate_p2p`` hands every caller of a process the same cached handle, bound to
-    the loop of its first caller (the averager's, in a peer): a seeder or fetcher on its own loop
-    would mix its futures with the averager's, and shutting it down would cut the averager off."""
-    from hivemind.dht import DHT
-    from hivemind.p2p import P2P
-
-    from peer.network import unwrap_dht
-
-    inner = unwrap_dht(dht)
-    maddr = await asyncio.get_running_loop().run_in_executor(None, inner.run_coroutine,
-                                                             DHT._get_p2p_daemon_listen_maddr)
-    return await P2P.replicate(maddr)
 
 
 def data_prefix(manifest_hash: str) -> str:

@@ -30,7 +30,8 @@ from typing import Any, Optional, Union
 from models.errors import DataError
 from models.manifest import MANIFEST_FILE, FileLayout, layouts, manifest_hash, sha256_file, shard_files
 from peer.datasync.errors import SeedError
-from peer.datasync.protocol import own_p2p, CHUNK, MANIFEST_CHUNK, MAX_REQUEST_BYTES, ChunkReply, ChunkRequest, data_prefix, linger
+from peer.network.dht import own_p2p
+from peer.datasync.protocol import CHUNK, MANIFEST_CHUNK, MAX_REQUEST_BYTES, ChunkReply, ChunkRequest, data_prefix, linger
 from peer.datasync.records import RECORD_TTL, SeederRecord, seeder_value, seeders_key
 from peer.network import refresh_until, unwrap_dht
 from peer.network.records import announce_within

@@ -17,6 +17,7 @@ averager, state transfer and stage serving (start-up of a p2p daemon costs about
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
@@ -441,3 +442,21 @@ class _Asked:
 def unwrap_dht(dht: Any) -> Any:
     """The hivemind DHT behind a :class:`PeerDHT` (or ``dht`` itself)."""
     return dht.dht if isinstance(dht, PeerDHT) else dht
+
+
+async def own_p2p(dht: Any) -> Any:
+    """A P2P handle on this process's daemon for the running event loop alone, to shut down when done.
+
+    hivemind's ``DHT.replicate_p2p`` hands every caller of a process the same cached handle, bound to
+    the loop of its first caller (the averager's, in a peer). A component on its own loop (a seeder, a
+    fetcher, a stage client or endpoint) would mix its futures with the averager's, and shutting that
+    handle down stops the listener every door of the process's shared handle answers through: the
+    averager's, and any handler registered on it afterwards (the stage endpoint of a trainer moved to
+    a stage) would be routed to a closed socket."""
+    from hivemind.dht import DHT
+    from hivemind.p2p import P2P
+
+    inner = unwrap_dht(dht)
+    maddr = await asyncio.get_running_loop().run_in_executor(None, inner.run_coroutine,
+                                                             DHT._get_p2p_daemon_listen_maddr)
+    return await P2P.replicate(maddr)

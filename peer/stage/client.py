@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
-from peer.network import unwrap_dht
+from peer.network import own_p2p, unwrap_dht
 from protos import versions
 from protos.hivepath.peer.v1.stage_pb2 import EncodedTensor, StageReply, StageRequest
 from peer.compression import ActivationCodec
@@ -149,7 +149,8 @@ class StageClient:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="stage-client", daemon=True)
         self._thread.start()
-        self._p2p = asyncio.run_coroutine_threadsafe(self.dht.replicate_p2p(), self._loop).result(startup_timeout)
+        # a handle of our own: closing it must not stop the process's shared one (the averager's doors)
+        self._p2p = asyncio.run_coroutine_threadsafe(own_p2p(self.dht), self._loop).result(startup_timeout)
 
     # -- the API --------------------------------------------------------------------------------
 

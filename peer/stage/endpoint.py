@@ -16,6 +16,7 @@ import logging
 import threading
 from typing import Any, AsyncIterator
 
+from peer.network.dht import own_p2p
 from peer.network.frames import MESSAGE_LIMIT, serve_messages
 from peer.stage.wire import STAGE_RPC, stage_prefix
 from protos.hivepath.peer.v1.stage_pb2 import StageReply, StageRequest
@@ -37,7 +38,7 @@ class _Endpoint:
         asyncio.run_coroutine_threadsafe(self._register(dht, limit), self.loop).result(startup_timeout)
 
     async def _register(self, dht: Any, limit: int) -> None:
-        self.p2p = await dht.replicate_p2p()
+        self.p2p = await own_p2p(dht)  # not the shared handle: whoever shuts that down would cut us off
         # a stream handler: unary handlers on a second replica of the daemon hang in hivemind 1.1.12
         await serve_messages(self.p2p, stage_prefix(self.run_id), STAGE_RPC, self._handle, limit=limit)
 

@@ -4,13 +4,16 @@ while the server keeps serving."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import pytest
 import torch
 
 from models.presets import tiny_cpu
 from models.errors import ConfigError
 from models.lattice import ModularLM
-from peer.network import DHTOptions, start_dht
+from peer.network import DHTOptions, start_dht, unwrap_dht
 from peer.stage import StageClient, StageRequestError
 from protos.hivepath.peer.v1.stage_pb2 import EncodedTensor, StageReply, StageRequest
 from peer.stage import StageServer, StageServerOptions
@@ -270,5 +273,56 @@ def test_residual_replies_keep_the_codec_error_off_the_residual_stream():
         for client in clients.values():
             client.close()
         server.close()
+        b.shutdown()
+        a.shutdown()
+
+
+
+def test_a_trainer_moved_to_a_stage_serves_after_its_client_closed():
+    """A reassignment from trainer to stage server in one process. The averager's doors sit on the
+    process's shared p2p handle (``DHT.replicate_p2p``); closing the trainer's client must take down
+    neither them nor the handle the stage endpoint registers on afterwards."""
+    torch.set_num_threads(1)
+    a = start_dht(DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"]))
+    b = start_dht(DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=a.maddrs()))
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def door(_info, reader, writer):  # an averager's door, answering one byte
+        writer.write(await reader.readexactly(1))
+        await writer.drain()
+        writer.close()
+
+    async def open_door() -> None:
+        shared = await unwrap_dht(a).replicate_p2p()
+        await shared.add_binary_stream_handler("test_averager_door", door)
+
+    async def knock() -> bytes:
+        p2p = await unwrap_dht(b).replicate_p2p()
+        _, reader, writer = await p2p.call_binary_stream_handler(unwrap_dht(a).peer_id, "test_averager_door")
+        writer.write(b"k")
+        await writer.drain()
+        return await reader.readexactly(1)
+
+    def run(coro):
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(30)
+
+    client = StageClient(b, CFG.run_id, CFG.content_hash(), codec="none", request_timeout=10.0)
+    try:
+        run(open_door())
+        StageClient(a, CFG.run_id, CFG.content_hash(), codec="none", request_timeout=10.0).close()
+        server = StageServer(CFG, "L1M1", a, options=StageServerOptions(max_elements=4 * T * C)).start()
+        try:
+            x = torch.randn(1, T, C, generator=torch.Generator().manual_seed(6))  # (B, T, C)
+            y, _ = client.forward("L1M1", x)
+            assert y.shape == x.shape and server.counts["forward"] == 1
+            assert run(knock()) == b"k"
+        finally:
+            server.close()
+    finally:
+        client.close()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
         b.shutdown()
         a.shutdown()
