@@ -32,8 +32,8 @@ background and are waited for by their readiness (a port, a progress event, a pr
 stopped with SIGTERM (a drain).
 
 ``test_operator_journey`` (seconds) and the deploy journey outside containers (its blocks at once, about
-forty seconds on a busy two-core machine) run in the default test run; the volunteer's and the generate journeys are
-``slow``. Container and cloud commands (``docker``, ``sky``, ``kubectl``) are not run here: the Docker
+forty seconds on a busy two-core machine) run in the default test run; the volunteer's, the small volunteer's
+(docs/stage.md) and the generate journeys are ``slow``. Container and cloud commands (``docker``, ``sky``, ``kubectl``) are not run here: the Docker
 tests (tests/docker) run the images and Compose, tests/deploy/test_deploy_static.py checks the templates.
 """
 
@@ -218,6 +218,77 @@ def test_volunteer_journey(procs, tmp_path):
     reader.run(doc_commands("docs/coordinator.md", "Running it", 2)[:1])  # drain
     assert procs.procs[volunteer].wait(timeout=300) == 0, procs.log(volunteer)[-3000:]
     assert events("leave") and events("drain")[0]["reason"].startswith("drained by the coordinator")
+
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_small_volunteer_journey(procs, tmp_path):
+    """docs/stage.md "A small volunteer's journey": three volunteers too small for a path of the
+    operator's run (docs/coordinator.md) join with the page's command, one after another. What is small
+    depends on the run's lattice, so the page's ``--max-memory 0.5`` becomes one that fits a stage and a
+    trainer of it but not a path (:func:`peer.demo.small_peer_memory`), and each volunteer has a work
+    directory of its own. The first logs its role with the coordinator's reason and waits for a pipeline,
+    reporting no throughput; with the other two a pipeline forms, its trainer trains and each of its
+    servers serves tokens; all three drain on SIGTERM."""
+    from models.presets import load_run_config
+    from peer.demo import small_peer_memory
+
+    reader = Reader(procs, tmp_path)
+    reader.env["HIVEPATH_MEASURE_SECONDS"] = "0.1"
+    reader.env["HIVEPATH_PEERS_DIR"] = str(tmp_path / "machine")
+    reader.run(doc_commands("docs/coordinator.md", "Running it", 0))
+    shutil.copy(tmp_path / "run.token", tmp_path / "token")  # the volunteer has the operator's token file
+    with reader.exported(HIVEPATH_TOKEN_FILE="run.token"):
+        wait_for(reader.coordinator_answers, 120, "the coordinator to answer")
+    (join,) = doc_commands("docs/stage.md", "A small volunteer's journey")
+    assert "--max-memory 0.5" in join, join
+    small = small_peer_memory(load_run_config(ROOT / "deploy" / "run.example.toml", ignore_sections=("coordinator",)))
+    join = join.replace("--max-memory 0.5", f"--max-memory {small.max_memory_gb}")
+    reader.env["HIVEPATH_DATA"] = "data"  # prepared once, by the first volunteer (the built-in corpus)
+
+    def start(i: int) -> str:
+        with reader.exported(HIVEPATH_WORK_DIR=str(tmp_path / f"volunteer-{i}")):
+            reader.run([join])
+        return reader.started[-1]
+
+    def progress(name: str) -> list[dict]:
+        return procs.json_lines(name, "progress")
+
+    def alive(name: str) -> None:
+        assert procs.procs[name].poll() is None, procs.log(name)[-3000:]
+
+    first = start(0)
+    joined = wait_for(lambda: re.search(r"joined run demo as \S+: (stage L\dM\d) \((a path needs \d+ bytes, more than "
+                                        r"\d+ usable[^)]*)", procs.log(first)) or alive(first), 600,
+                      "the first volunteer to join")
+    assert joined.group(1).startswith("stage "), joined.group(0)
+    wait_for(lambda: "waiting for a trainer to drive it" in procs.log(first) or alive(first), 120,
+             "the first volunteer to wait for a pipeline")
+    waiting = wait_for(lambda: [p for p in progress(first) if p["state"] == "waiting"] or alive(first), 120,
+                       "a progress line of the waiting server")
+    assert waiting[-1]["mode"] == "stage" and waiting[-1]["tokens_per_s"] == 0, waiting[-1]
+    others = [start(1), start(2)]
+    volunteers = [first, *others]
+
+    def roles() -> dict[str, str]:
+        return {n: ([p["mode"] for p in progress(n)] or [""])[-1] for n in volunteers}
+
+    wait_for(lambda: sorted(roles().values()) == ["stage", "stage", "trainer"], 600,
+             "two stage servers and a pipeline trainer")
+    trainer = next(n for n, mode in roles().items() if mode == "trainer")
+
+    def trained() -> bool:
+        for n in volunteers:
+            alive(n)
+        return all((progress(n) or [{}])[-1].get("tokens", 0) > 0 for n in volunteers)
+
+    wait_for(trained, 600, "the trainer to train and each server to serve tokens")
+    assert (progress(trainer) or [{}])[-1].get("state") == "training" or any(
+        p["state"] == "training" for p in progress(trainer)), progress(trainer)[-3:]
+    procs.signal(volunteers, 15)
+    for name in volunteers:
+        assert procs.procs[name].wait(timeout=300) == 0, procs.log(name)[-3000:]
 
 
 @pytest.mark.slow
