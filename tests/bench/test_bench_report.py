@@ -21,6 +21,7 @@ from bench.quality import load_records, point_key
 from bench.quality_scale import tiny
 from bench.quality_sweeps import grid
 from bench.report_rows import NOT_RUN_YET, ROWS
+from helpers.pysource import parse_files
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,8 +59,7 @@ def test_check_mode_names_an_out_of_date_table(tmp_path):
 def _emitting_modules() -> list[str]:
     """Every benchmark module that writes a result (calls ``emit``)."""
     out = []
-    for path in sorted((ROOT / "bench").glob("*.py")):
-        tree = ast.parse(path.read_text())
+    for path, tree in parse_files(sorted((ROOT / "bench").glob("*.py"))).items():
         if any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "emit" for n in ast.walk(tree)):
             out.append(path.stem)
     return out

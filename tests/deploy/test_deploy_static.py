@@ -29,6 +29,8 @@ import yaml
 from hivepath.cli import build_parser
 from peer.node import spot
 
+from helpers.pysource import parse_files
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 DOCKERFILES = sorted(DEPLOY.glob("Dockerfile.*"))
@@ -438,8 +440,8 @@ def test_coordinator_requirements_cover_what_the_coordinator_imports():
     pinned = {l.split("==")[0].lower().replace("_", "-")
               for l in (DEPLOY / "requirements-coordinator.txt").read_text().splitlines() if "==" in l}
     missing = {}
-    for path in [*(ROOT / "coordinator").glob("*.py"), *(ROOT / "protos").rglob("*.py")]:
-        for node in ast.parse(path.read_text()).body:  # module level only: lazy imports are the CLI's business
+    for path, tree in parse_files([*(ROOT / "coordinator").glob("*.py"), *(ROOT / "protos").rglob("*.py")]).items():
+        for node in tree.body:  # module level only: lazy imports are the CLI's business
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
             for name in names:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from helpers.procs import ROOT
+from helpers.pysource import parse_files
 
 TOPS = ("peer", "coordinator", "models", "protos", "hivepath")
 
@@ -45,11 +46,12 @@ def _sources() -> dict[str, Path]:
     return out
 
 
-def _imports(path: Path, name: str, modules: set[str]) -> set[str]:
-    """Our modules that ``name`` imports: ``from a.b import c`` is ``a.b.c`` when that is a module, else ``a.b``."""
+def _imports(path: Path, tree: ast.Module, name: str, modules: set[str]) -> set[str]:
+    """Our modules that ``name`` (at ``path``, parsed as ``tree``) imports: ``from a.b import c`` is
+    ``a.b.c`` when that is a module, else ``a.b``."""
     is_pkg = path.name == "__init__.py"
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -69,7 +71,8 @@ def _imports(path: Path, name: str, modules: set[str]) -> set[str]:
 def graph() -> dict[str, set[str]]:
     sources = _sources()
     names = set(sources)
-    return {name: _imports(path, name, names) for name, path in sources.items()}
+    trees = parse_files(sources.values())
+    return {name: _imports(path, trees[path], name, names) for name, path in sources.items()}
 
 
 def test_no_import_cycles(graph):
@@ -130,8 +133,7 @@ def test_benchmarks_do_not_borrow_the_tests_harness():
     """``bench/`` starts its networks with ``peer.localnet``: it imports nothing of ``tests/`` and puts
     nothing on ``sys.path`` to reach it."""
     borrowing = []
-    for path in sorted((ROOT / "bench").rglob("*.py")):
-        tree = ast.parse(path.read_text())
+    for path, tree in parse_files(sorted((ROOT / "bench").rglob("*.py"))).items():
         for node in ast.walk(tree):
             names = []
             if isinstance(node, ast.Import):

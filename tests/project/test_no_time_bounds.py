@@ -21,6 +21,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from helpers.pysource import parse_files, parse_sources
+
 TESTS = Path(__file__).resolve().parents[1]
 
 CLOCK_FUNCTIONS = {"monotonic", "time", "perf_counter", "monotonic_ns", "perf_counter_ns", "time_ns"}
@@ -147,11 +149,16 @@ class _Scope(ast.NodeVisitor):
     visit_AsyncFunctionDef = visit_FunctionDef
 
 
-def time_bounds(source: str) -> list[tuple[int, str]]:
-    """(line, comparison) of every assert in ``source`` bounding a measured elapsed time from above."""
+def time_bounds(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, comparison) of every assert in ``tree`` (a parsed module) bounding a measured elapsed time
+    from above."""
     scope = _Scope()
-    scope.visit(ast.parse(source))
+    scope.visit(tree)
     return sorted(scope.findings)
+
+
+def _parsed(source: str) -> ast.Module:
+    return parse_sources([("<test>", source)])[0]
 
 
 def test_scan_finds_elapsed_upper_bounds():
@@ -177,7 +184,7 @@ def test_e():
     took = merged - healed_at
     assert 60 >= took
 """
-    assert [line for line, _ in time_bounds(flagged)] == [5, 9, 14, 16, 21]
+    assert [line for line, _ in time_bounds(_parsed(flagged))] == [5, 9, 14, 16, 21]
 
 
 def test_scan_allows_deadlines_lower_bounds_and_counts():
@@ -196,13 +203,13 @@ def test_c(attempts, notice):
     assert attempts <= 1
     assert notice.seconds_left() <= 91
 """
-    assert time_bounds(allowed) == []
+    assert time_bounds(_parsed(allowed)) == []
 
 
 def test_no_test_bounds_elapsed_time_from_above():
     found = []
-    for path in sorted(TESTS.rglob("*.py")):
-        for line, comparison in time_bounds(path.read_text()):
+    for path, tree in parse_files(sorted(TESTS.rglob("*.py"))).items():
+        for line, comparison in time_bounds(tree):
             found.append(f"{path.relative_to(TESTS.parent)}:{line}: assert {comparison}")
     assert not found, (
         "these asserts bound a measured elapsed time from above, which fails on a loaded machine; assert"
