@@ -284,8 +284,7 @@ def test_small_volunteer_journey(procs, tmp_path):
         return all((progress(n) or [{}])[-1].get("tokens", 0) > 0 for n in volunteers)
 
     wait_for(trained, 600, "the trainer to train and each server to serve tokens")
-    assert (progress(trainer) or [{}])[-1].get("state") == "training" or any(
-        p["state"] == "training" for p in progress(trainer)), progress(trainer)[-3:]
+    assert any(p["state"] == "training" for p in progress(trainer)), progress(trainer)[-3:]
     procs.signal(volunteers, 15)
     for name in volunteers:
         assert procs.procs[name].wait(timeout=300) == 0, procs.log(name)[-3000:]

@@ -4,9 +4,6 @@ while the server keeps serving."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
-
 import pytest
 import torch
 
@@ -20,6 +17,7 @@ from peer.stage import StageServer, StageServerOptions
 from peer.stage import activation_codec, encode_tensor
 
 from peer.localnet import wait_for
+from helpers.swarm import loopback_swarm, run
 
 pytestmark = pytest.mark.integration
 
@@ -283,46 +281,34 @@ def test_a_trainer_moved_to_a_stage_serves_after_its_client_closed():
     process's shared p2p handle (``DHT.replicate_p2p``); closing the trainer's client must take down
     neither them nor the handle the stage endpoint registers on afterwards."""
     torch.set_num_threads(1)
-    a = start_dht(DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"]))
-    b = start_dht(DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=a.maddrs()))
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
 
     async def door(_info, reader, writer):  # an averager's door, answering one byte
         writer.write(await reader.readexactly(1))
         await writer.drain()
         writer.close()
 
-    async def open_door() -> None:
-        shared = await unwrap_dht(a).replicate_p2p()
-        await shared.add_binary_stream_handler("test_averager_door", door)
+    async def setup(i: int, _node, shared):
+        if i == 0:
+            await shared.add_binary_stream_handler("test_averager_door", door)
+        return shared
 
-    async def knock() -> bytes:
-        p2p = await unwrap_dht(b).replicate_p2p()
-        _, reader, writer = await p2p.call_binary_stream_handler(unwrap_dht(a).peer_id, "test_averager_door")
-        writer.write(b"k")
-        await writer.drain()
-        return await reader.readexactly(1)
+    with loopback_swarm(2, setup) as ((a, b), (_, shared_b), loop):
+        async def knock() -> bytes:
+            _, reader, writer = await shared_b.call_binary_stream_handler(unwrap_dht(a).peer_id, "test_averager_door")
+            writer.write(b"k")
+            await writer.drain()
+            return await reader.readexactly(1)
 
-    def run(coro):
-        return asyncio.run_coroutine_threadsafe(coro, loop).result(30)
-
-    client = StageClient(b, CFG.run_id, CFG.content_hash(), codec="none", request_timeout=10.0)
-    try:
-        run(open_door())
-        StageClient(a, CFG.run_id, CFG.content_hash(), codec="none", request_timeout=10.0).close()
-        server = StageServer(CFG, "L1M1", a, options=StageServerOptions(max_elements=4 * T * C)).start()
+        client = StageClient(b, CFG.run_id, CFG.content_hash(), codec="none", request_timeout=10.0)
         try:
-            x = torch.randn(1, T, C, generator=torch.Generator().manual_seed(6))  # (B, T, C)
-            y, _ = client.forward("L1M1", x)
-            assert y.shape == x.shape and server.counts["forward"] == 1
-            assert run(knock()) == b"k"
+            StageClient(a, CFG.run_id, CFG.content_hash(), codec="none", request_timeout=10.0).close()
+            server = StageServer(CFG, "L1M1", a, options=StageServerOptions(max_elements=4 * T * C)).start()
+            try:
+                x = torch.randn(1, T, C, generator=torch.Generator().manual_seed(6))  # (B, T, C)
+                y, _ = client.forward("L1M1", x)
+                assert y.shape == x.shape and server.counts["forward"] == 1
+                assert run(loop, knock()) == b"k"
+            finally:
+                server.close()
         finally:
-            server.close()
-    finally:
-        client.close()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
-        b.shutdown()
-        a.shutdown()
+            client.close()
