@@ -10,8 +10,12 @@ download(h)`` seconds, where ``size`` is the module's exact encoded size (:mod:`
 what h's exchanges block it beyond their bytes (matchmaking, round trips, waiting for the group: its
 measured overhead, :class:`peer.diloco.LinkRates`; a longer round amortises it, a smaller codec does
 not): m's round waits for its slowest holder, so m's share is the largest exchange / compute ratio
-over its holders. An exchange under :data:`coordinator.links.MIN_SLOW_EXCHANGE_SECONDS` never counts,
-nor does a direction whose rate is not known (0).
+over its holders. A direction whose rate is not known (0) never counts. An exchange under
+:data:`coordinator.links.MIN_SLOW_EXCHANGE_SECONDS` does not count against the plan a module has (a
+tiny round is not lengthened for it), but it does count for the plan a module would move to: a
+shorter or finer plan is taken only when its whole exchange fits. Were the exemption to justify a move
+too, an exchange near the threshold would flip a module between a short plan (under it: no cost) and
+a long one (over it: most of a short round) as its measured seconds crossed it.
 
 Candidates, in order of preference: H from the run's ``inner_steps`` doubling up to
 ``max_inner_steps_factor`` times it, and for each H the run's codec, then each allowed smaller codec
@@ -126,15 +130,15 @@ def _costs(holders: Sequence[HolderLink]) -> list[tuple[float, float, float, Hol
 
 
 def _share(numel: int, h: int, codec: str, costs: Sequence[tuple[float, float, float, HolderLink]], run: RunConfig,
-           settings: CoordinatorSettings) -> tuple[float, Optional[HolderLink], float]:
-    """(largest exchange / compute ratio over the holders, that holder, its exchange seconds); an
-    exchange under :data:`MIN_SLOW_EXCHANGE_SECONDS` does not count."""
+           settings: CoordinatorSettings, exempt: bool = True) -> tuple[float, Optional[HolderLink], float]:
+    """(largest exchange / compute ratio over the holders, that holder, its exchange seconds); with
+    ``exempt``, an exchange under :data:`MIN_SLOW_EXCHANGE_SECONDS` does not count."""
     size = codec_spec(codec).encoded_size(numel)
     tokens = h * (settings.batch_size or run.inner.batch_size) * run.lattice.seq_len
     worst: tuple[float, Optional[HolderLink], float] = (0.0, None, 0.0)
     for o, a, tokens_per_s, link in costs:
         seconds = o + size * a
-        if seconds < MIN_SLOW_EXCHANGE_SECONDS:
+        if exempt and seconds < MIN_SLOW_EXCHANGE_SECONDS:
             continue
         share = seconds * tokens_per_s / tokens
         if share > worst[0]:
@@ -181,8 +185,11 @@ def plan_module(
     if stale:  # a holder that ignores plans encodes with the run's codec whatever a plan says
         options = [(h, c) for h, c in options if c == run.outer.codec]
     costs = _costs(holders)
-    shares = [_share(numel, h, c, costs, run, settings) for h, c in options]
-    best = next((i for i, s in enumerate(shares) if s[0] <= budget), len(options) - 1)
+    exempted = [_share(numel, h, c, costs, run, settings) for h, c in options]
+    shares = [_share(numel, h, c, costs, run, settings, exempt=False) for h, c in options]
+    # a new plan is the first candidate whose whole exchange fits; the exemption only keeps a plan
+    best = next((i for i, s in enumerate(shares) if s[0] <= budget),
+                next((i for i, s in enumerate(exempted) if s[0] <= budget), len(options) - 1))
     here = options.index((now_h, now_codec)) if (now_h, now_codec) in options else None
     if here is None and stale:
         why = (f"{stale} holder(s) of an older release ignore plans, so the codec is the run's; "
@@ -192,18 +199,19 @@ def plan_module(
                f"{_describe(*options[best], *shares[best])}")
     elif here is None:
         why = f"the allowed H and codecs changed; {_describe(*options[best], *shares[best])}"
-    elif shares[here][0] > budget * (1 + slack):
-        why = (f"{_describe(now_h, now_codec, *shares[here])} passes the budget {budget:.0%}; "
+    elif exempted[here][0] > budget * (1 + slack):
+        why = (f"{_describe(now_h, now_codec, *exempted[here])} passes the budget {budget:.0%}; "
                f"{_describe(*options[best], *shares[best])}")
         if shares[best][0] > budget:
             why += " (the least the allowed H and codecs reach)"
-    elif best < here and shares[best][0] <= budget * (1 - slack):
+    elif (shorter := next((i for i in range(here) if shares[i][0] <= budget * (1 - slack)), None)) is not None:
+        best = shorter
         why = f"links allow a shorter or finer exchange: {_describe(*options[best], *shares[best])}"
     else:
-        return None, f"keeps {_describe(now_h, now_codec, *shares[here])} (budget {budget:.0%})"
+        return None, f"keeps {_describe(now_h, now_codec, *exempted[here])} (budget {budget:.0%})"
     h, codec = options[best]
     if (h, codec) == (now_h, now_codec):
-        return None, f"keeps {_describe(now_h, now_codec, *shares[best])} (budget {budget:.0%})"
+        return None, f"keeps {_describe(now_h, now_codec, *exempted[best])} (budget {budget:.0%})"
     plan = ModulePlan(module_id, h, codec, module_round + lead_rounds(now_h, holders, run, settings), why, now)
     return plan, why
 

@@ -77,6 +77,30 @@ def test_hysteresis_keeps_a_plan_near_the_budget_and_relaxes_only_well_below_it(
     assert (plan.inner_steps, plan.codec, plan.from_round) == (10, "int8", 24) and why.startswith("links allow")
 
 
+def test_an_exchange_near_the_one_second_exemption_does_not_flip_the_plan():
+    """Rounds of 2.1 s at the run's H, and an exchange that blocks its holder about 1 s whatever the
+    codec (round trips, matchmaking), measured a little under and a little over
+    MIN_SLOW_EXCHANGE_SECONDS in turn. Over it, the run's H is half a round of exchange and the plan
+    lengthens H to fit; under it, the exchange is exempt, but the short plan would still spend half
+    of each round exchanging, so the long plan stays: one change, not one each pass."""
+    tokens_per_s = 10 * 8 * 32 / 2.1
+    fast = 1e12  # bytes/s: the exchange is its overhead
+    current, module_round, changes = None, 0, []
+    for overhead in [1.05, 0.95] * 6:
+        link = [HolderLink("a", fast, fast, tokens_per_s, overhead_s=overhead)]
+        plan, why = plan_module(0.0, "L0M0", NUMEL, link, current, module_round, RUN, SETTINGS)
+        if plan is not None:
+            changes.append((plan.inner_steps, plan.codec, why))
+            current = plan
+        module_round = (current.from_round if current else module_round) + 1
+    assert [(h, c) for h, c, _ in changes] == [(80, "int8")], changes
+    assert "passes the budget" in changes[0][2]
+    # a module whose exchange is truly small at the shorter H still moves back to it
+    quick = [HolderLink("a", fast, fast, tokens_per_s, overhead_s=0.05)]
+    plan, why = plan_module(0.0, "L0M0", NUMEL, quick, current, module_round, RUN, SETTINGS)
+    assert plan is not None and (plan.inner_steps, plan.codec) == (10, "int8") and why.startswith("links allow")
+
+
 def test_a_plan_not_yet_in_effect_is_never_changed():
     current = ModulePlan("L0M0", 10, "int4", 11, "slow")
     plan, why = plan_module(0.0, "L0M0", NUMEL, holders(5.0), current, 10, RUN, SETTINGS)
