@@ -31,7 +31,7 @@ With ``max_group_size`` > 0 a module's holders split each round into
 :func:`peer.network.records.group_buckets` groups by :func:`peer.network.records.group_bucket` (real
 code), each with its own group key; a member reads the module's whole holders key once a round to
 count the holders (the bucket count), then polls its group's key every ``POLL`` and the module's
-holders key every ``SPLIT_HOLDERS_POLL`` (as ``Matchmaker._gather`` does in a split round).
+holders key every ``HOLDERS_POLL`` (as ``Matchmaker._gather`` does).
 As :mod:`peer.averaging.hierarchy` does, each bucket's delegate (real rule: its smallest member that
 accepts connections) then reads the holders key once more, declares the top group under
 :func:`peer.network.records.top_group_key` and polls it until the top group closes (every bucket with
@@ -74,7 +74,7 @@ from coordinator.results import ProgressReport
 from coordinator.scheduler import exchange_bytes
 from models.config import InnerConfig, LatticeConfig, OuterConfig, RunConfig
 from peer.averaging.hierarchy import tree, tree_depth
-from peer.averaging.matchmaking import SPLIT_HOLDERS_POLL
+from peer.averaging.matchmaking import HOLDERS_POLL
 from peer.averaging.split_round import SPLIT_BUCKET, SPLIT_TOP_GATHER
 from peer.averaging.partition import MAX_SEGMENTS, Group, part_bounds
 from peer.network.records import (GroupDeclaration, HolderRecord, group_bucket, group_buckets, group_key, holders_key,
@@ -618,7 +618,10 @@ class Swarm:
         declared = records_from_value(found, GroupDeclaration)
         members = sorted(p for p in declared if self.peers[p].alive)
         # each member polled its group key from its declaration until the group closed (or its own
-        # deadline), and the module's holders key as often, or once a SPLIT_HOLDERS_POLL in a split round
+        # deadline), and the module's holders key as often, or once a HOLDERS_POLL in a split round (an
+        # upper bound for an unsplit round: the real gather reads the holders once a HOLDERS_POLL too, its
+        # group key less often while the holders it waits for push their declarations, and nothing at all
+        # when the last round's group pushes them)
         h_key = holders_key(self.run.run_id, g.module)
         if self.cfg.census and g.bucket is not None:  # the bucket's own holders key
             h_key = bucket_holders_key(self.run.run_id, g.module, g.round_no, g.bucket)
@@ -626,7 +629,7 @@ class Swarm:
         for pid in members:
             gathered = max(0.0, min(now, g.declared[pid] + gather) - g.declared[pid])
             polls = int(gathered / POLL) + 1
-            h_polls = polls if g.bucket is None else int(gathered / SPLIT_HOLDERS_POLL) + 1
+            h_polls = polls if g.bucket is None else int(gathered / HOLDERS_POLL) + 1
             nbytes = self.dht.get_size(key, polls) * polls + self.dht.get_size(h_key, h_polls) * h_polls
             self._add("dht_ops", polls + h_polls)
             self._add("dht_bytes", nbytes)

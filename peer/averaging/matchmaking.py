@@ -82,9 +82,12 @@ BEHIND_PATIENCE_ROUNDS = 2.0
 """How long (in round budgets) a member otherwise alone waits for a holder behind it to catch up."""
 
 _POLL = 0.1  # seconds between DHT reads while gathering (a protocol poll, not a test wait)
-SPLIT_HOLDERS_POLL = 1.0
-"""Seconds between reads of a module's holders key while gathering a split round's bucket (the key
-lists every holder of the module: read every poll, it would be most of a peer's DHT bytes)."""
+HOLDERS_POLL = 1.0
+"""Seconds between reads of a module's holders key while gathering. The key lists every holder of the
+module, the largest record a gather reads: read every poll, it was most of a peer's DHT bytes. A gather
+reads it at its start, then once a ``HOLDERS_POLL``; sooner when a declaration names a peer that read did
+not return or a holder pushes us a later round of the module (what it said is out of date); and again
+for the decision at the gather's deadline while an expected holder has not declared (it may have left)."""
 
 
 class Matchmaker(DeclarationPush):
@@ -405,10 +408,15 @@ class Matchmaker(DeclarationPush):
         """:meth:`_gather`'s loop; ``waiter`` is set when a declaration is pushed to us."""
         key = looking.key
         holders, holders_read = None, -math.inf
+        news: set[str] = set()  # peers our last read of the holders key does not account for
+        explained: set[str] = set()  # those of them seen before that read
+        missing = False  # an expected holder had not declared at the last evaluation
         while True:
-            # a split round reads the module's holders (every holder of a widely held module) once a
-            # SPLIT_HOLDERS_POLL, and its bucket's declarations every poll
-            reread = bucket is None or time.monotonic() - holders_read >= SPLIT_HOLDERS_POLL
+            now = time.monotonic()
+            reread = (now - holders_read >= HOLDERS_POLL or bool(news - explained)
+                      or (missing and now >= deadline))
+            if reread:
+                explained |= news
             found, fresh = await asyncio.gather(
                 self.dht.get(key, latest=True, return_future=True),
                 self.dht.get(holders_key(self.run_id, module_id), latest=True, return_future=True) if reread
@@ -451,12 +459,19 @@ class Matchmaker(DeclarationPush):
                                              last_group if last_round_no == round_no - 1 else frozenset(), bucket,
                                              idle)
                 expected, ahead, behind = seen.expected, seen.ahead, seen.behind
+                # a declaration of a peer the read did not return (a newcomer), or a holder that pushed us a
+                # later round (it went on): the holders key is read again at the next poll
+                news = (set(declared) - set(records)) | self._gone_on(key, set(records))
+                missing = not expected <= set(declared)
                 waiting = None if wait_for_behind else self._holders.still_waiting(module_id, behind, patience)
-                if group_decision.gathered(module_id, round_no, seen, declared, waiting, time.monotonic(), deadline,
-                                           bucket):
-                    missing = sorted(expected - set(declared))
-                    if missing:
-                        log.info("%s: holders %s did not declare by the gather deadline", key, ", ".join(missing))
+                done = group_decision.gathered(module_id, round_no, seen, declared, waiting, time.monotonic(),
+                                               deadline, bucket)
+                if done and missing and holders_read < deadline <= time.monotonic():
+                    break  # the decision without a silent holder is taken on a read of the holders after the deadline
+                if done:
+                    silent = sorted(expected - set(declared))
+                    if silent:
+                        log.info("%s: holders %s did not declare by the gather deadline", key, ", ".join(silent))
                     gone = withdrawn_rounds(holders, self.config_hash, self.data_hash, self.verifier)
                     gone.pop(self.peer_id, None)
                     return Gathered(declared, ahead, expected, behind, set(live), gone)

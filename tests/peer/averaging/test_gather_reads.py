@@ -1,0 +1,72 @@
+"""What a gather reads from the DHT (``Matchmaker._gather_until``), counted on real loopback DHTs.
+
+A path peer's round gathers each of its modules at once, and every DHT read is a libp2p stream to
+every node of a small swarm with its own framing: the control bytes of a sparse round were mostly
+these reads and their answers (``bench.wire``). The holders key lists every holder of the module, the
+largest record a gather reads; its declarations are pushed to it by the holders it knows.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from helpers.averagers import loopback_holders
+from peer.averaging import BLOCK
+from peer.averaging.matchmaking import HOLDERS_POLL
+from peer.compression import get_codec
+from peer.localnet import wait_for
+from peer.network import group_key, holders_key
+
+CONFIG = "aaaa0000aaaa0000"
+
+
+class _CountedReads:
+    """A DHT that notes when each key was read (the time each ``get`` was called)."""
+
+    def __init__(self, dht):
+        self._dht = dht
+        self.reads: list[tuple[str, float]] = []
+
+    def __getattr__(self, name):
+        return getattr(self._dht, name)
+
+    def get(self, key, *args, **kwargs):
+        self.reads.append((key, time.monotonic()))
+        return self._dht.get(key, *args, **kwargs)
+
+    def of(self, key: str) -> list[float]:
+        return [t for k, t in list(self.reads) if k == key]
+
+
+def _deltas(n: int) -> list[torch.Tensor]:
+    return [torch.randn(3 * BLOCK, generator=torch.Generator().manual_seed(i)) for i in range(n)]
+
+
+@pytest.mark.integration
+def test_a_long_gather_reads_the_holders_key_once_a_holders_poll():
+    """``a`` gathers round 4 alone while ``b`` and ``c`` have not begun it: it polls the round's group
+    key many times, and the module's holders key (whose holders its first read already returned) only
+    once a ``HOLDERS_POLL``. The three then form one group. Checked by hand: reading both keys every
+    poll, the holders key is read 0.1-0.3 s apart."""
+    with loopback_holders(3, "holders-poll", "L0M0", 4, CONFIG) as avgs:
+        a, b, c = avgs
+        reads = _CountedReads(a._matchmaker.dht)
+        a._matchmaker.dht = reads
+        int8, deltas = get_codec("int8"), _deltas(3)
+        group, holders = group_key("holders-poll", "L0M0", 4), holders_key("holders-poll", "L0M0")
+        with ThreadPoolExecutor(3) as pool:
+            futures = [pool.submit(a.average, "L0M0", 4, [deltas[0]], 1.0, int8, 60.0)]
+            wait_for(lambda: len(reads.of(group)) >= 15, 60, "a to poll round 4's group key 15 times")
+            futures += [pool.submit(avg.average, "L0M0", 4, [deltas[i]], 1.0, int8, 60.0)
+                        for i, avg in ((1, b), (2, c))]
+            results = [f.result(timeout=90) for f in futures]
+    assert all(r.group_size == 3 for r in results), [r.reason for r in results]
+    assert all(torch.equal(r.averaged[0], results[0].averaged[0]) for r in results)
+    times = reads.of(holders)
+    assert len(times) >= 2, times  # 15 polls at least 0.1 s apart span more than a HOLDERS_POLL
+    gaps = [later - earlier for earlier, later in zip(times, times[1:])]
+    assert min(gaps) >= HOLDERS_POLL, gaps
