@@ -121,6 +121,15 @@ class DeclarationPush(GroupJoin):
                 gone |= {p for p, (_, expires) in senders.items() if p in members and expires > now}
         return gone
 
+    def pushers(self, key: str) -> set[str]:
+        """The peers that pushed us a declaration of ``key``'s module, at any round we still keep (expired
+        ones too): each holds a connection to us and reads us as a live holder of the module, so it pushes
+        us its declaration of ``key``'s round too once it declares it (a push can still fail: the DHT
+        record is the one that must arrive)."""
+        head, sep, _ = key.rpartition("_r")
+        prefix = head + sep
+        return {p for other, senders in list(self.pushed.items()) if _round_in(other, prefix) >= 0 for p in senders}
+
     def pushed_to(self, key: str) -> dict[str, GroupDeclaration]:
         """The unexpired declarations other holders pushed us under ``key``, by sender."""
         from hivemind.utils import get_dht_time

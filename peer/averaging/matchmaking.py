@@ -82,6 +82,11 @@ BEHIND_PATIENCE_ROUNDS = 2.0
 """How long (in round budgets) a member otherwise alone waits for a holder behind it to catch up."""
 
 _POLL = 0.1  # seconds between DHT reads while gathering (a protocol poll, not a test wait)
+PUSHED_POLL = 1.0
+"""The most seconds between reads of a round's group key while every holder a gather waits for is one
+that pushes us its declarations (:meth:`~peer.averaging.declaration_push.DeclarationPush.pushers`): the
+poll interval doubles from ``_POLL`` up to it, since their pushes end the gather at once; the DHT read
+is for a push that failed."""
 HOLDERS_POLL = 1.0
 """Seconds between reads of a module's holders key while gathering. The key lists every holder of the
 module, the largest record a gather reads: read every poll, it was most of a peer's DHT bytes. A gather
@@ -411,6 +416,7 @@ class Matchmaker(DeclarationPush):
         news: set[str] = set()  # peers our last read of the holders key does not account for
         explained: set[str] = set()  # those of them seen before that read
         missing = False  # an expected holder had not declared at the last evaluation
+        poll, pushed_only = _POLL, False  # pushed_only: every holder we wait for pushes us its declaration
         while True:
             now = time.monotonic()
             reread = (now - holders_read >= HOLDERS_POLL or bool(news - explained)
@@ -475,9 +481,14 @@ class Matchmaker(DeclarationPush):
                     gone = withdrawn_rounds(holders, self.config_hash, self.data_hash, self.verifier)
                     gone.pop(self.peer_id, None)
                     return Gathered(declared, ahead, expected, behind, set(live), gone)
-                # a declaration pushed to us meanwhile is counted at once; else the DHT is read again
+                # a declaration pushed to us meanwhile is counted at once; else the DHT is read again, less
+                # and less often while the holders we wait for push us theirs
+                waited_for = (expected | seen.next_round | set(waiting or ())) - set(declared)
+                pushed_only = waited_for <= self.pushers(key)
                 waiter.clear()
                 try:
-                    await asyncio.wait_for(waiter.wait(), read_at + _POLL - time.monotonic())
+                    await asyncio.wait_for(waiter.wait(), min(read_at + (poll if pushed_only else _POLL), deadline)
+                                           - time.monotonic())
                 except asyncio.TimeoutError:
                     break
+            poll = min(2 * poll, PUSHED_POLL) if pushed_only else _POLL

@@ -16,7 +16,7 @@ import torch
 
 from helpers.averagers import loopback_holders
 from peer.averaging import BLOCK
-from peer.averaging.matchmaking import HOLDERS_POLL
+from peer.averaging.matchmaking import HOLDERS_POLL, PUSHED_POLL
 from peer.compression import get_codec
 from peer.localnet import wait_for
 from peer.network import group_key, holders_key
@@ -70,3 +70,35 @@ def test_a_long_gather_reads_the_holders_key_once_a_holders_poll():
     assert len(times) >= 2, times  # 15 polls at least 0.1 s apart span more than a HOLDERS_POLL
     gaps = [later - earlier for earlier, later in zip(times, times[1:])]
     assert min(gaps) >= HOLDERS_POLL, gaps
+
+
+@pytest.mark.integration
+def test_a_gather_waiting_only_for_holders_that_push_polls_the_group_key_less_and_less_often():
+    """Three holders average rounds 4 and 5 together, so each has pushed the others its declaration
+    of round 5. At round 6 ``a`` gathers alone first: everyone it waits for pushes its declarations,
+    so it reads the round's group key 0.1, 0.2, 0.4, 0.8 s apart, then once a ``PUSHED_POLL``; ``b``'s
+    and ``c``'s pushed declarations still end its gather, and the three form one group. Checked by
+    hand: polled every ``_POLL``, the reads are 0.1-0.3 s apart."""
+    with loopback_holders(3, "pushed-poll", "L0M0", 4, CONFIG) as avgs:
+        a, b, c = avgs
+        int8, deltas = get_codec("int8"), _deltas(3)
+        for round_no in (4, 5):
+            with ThreadPoolExecutor(3) as pool:
+                done = list(pool.map(lambda i: avgs[i].average("L0M0", round_no, [deltas[i]], 1.0, int8, 60.0),
+                                     range(3)))
+            assert all(r.group_size == 3 for r in done), [r.reason for r in done]
+        assert {b.peer_id, c.peer_id} <= a._matchmaker.pushers(group_key("pushed-poll", "L0M0", 6))
+        reads = _CountedReads(a._matchmaker.dht)
+        a._matchmaker.dht = reads
+        group = group_key("pushed-poll", "L0M0", 6)
+        with ThreadPoolExecutor(3) as pool:
+            futures = [pool.submit(a.average, "L0M0", 6, [deltas[0]], 1.0, int8, 60.0)]
+            wait_for(lambda: len(reads.of(group)) >= 7, 60, "a to poll round 6's group key 7 times")
+            futures += [pool.submit(avg.average, "L0M0", 6, [deltas[i]], 1.0, int8, 60.0)
+                        for i, avg in ((1, b), (2, c))]
+            results = [f.result(timeout=90) for f in futures]
+    assert all(r.group_size == 3 for r in results), [r.reason for r in results]
+    assert all(torch.equal(r.averaged[0], results[0].averaged[0]) for r in results)
+    times = reads.of(group)
+    gaps = [later - earlier for earlier, later in zip(times, times[1:])]
+    assert min(gaps[3:6]) >= 0.75 and gaps[4] >= 0.95 * PUSHED_POLL, gaps
