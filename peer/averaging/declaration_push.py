@@ -130,6 +130,13 @@ class DeclarationPush(GroupJoin):
         prefix = head + sep
         return {p for other, senders in list(self.pushed.items()) if _round_in(other, prefix) >= 0 for p in senders}
 
+    def all_push(self, module_id: str, key: str) -> bool:
+        """Whether every other live holder of ``module_id`` that our last gather of it read pushes us its
+        declarations (:meth:`pushers` of ``key``, one of the module's group keys); False when that gather
+        read none."""
+        live = self._live.get(module_id, frozenset())
+        return bool(live) and live <= self.pushers(key)
+
     def pushed_to(self, key: str) -> dict[str, GroupDeclaration]:
         """The unexpired declarations other holders pushed us under ``key``, by sender."""
         from hivemind.utils import get_dht_time

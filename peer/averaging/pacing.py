@@ -18,10 +18,14 @@ from typing import Any, Mapping, Optional
 from peer.averaging.matchmaking import Matchmaker
 from peer.network import GroupDeclaration, group_key, records_from_value
 
-__all__ = ["WaitingCheck", "WAITING_POLL"]
+__all__ = ["WaitingCheck", "WAITING_POLL", "PUSHED_WAITING_POLL"]
 
 WAITING_POLL = 1.0
 """Seconds between the DHT checks behind :meth:`WaitingCheck.others_waiting`."""
+PUSHED_WAITING_POLL = 10.0
+"""Seconds between those checks while every live holder of the modules asked about pushes us its
+declarations (:meth:`peer.averaging.declaration_push.DeclarationPush.all_push`): a push answers first,
+and a check is a DHT read of every module's group key; it stays for a push that failed."""
 
 
 class WaitingCheck:
@@ -63,8 +67,9 @@ class WaitingCheck:
         ``DiLoCoOptimizer`` ends its round now with the tokens it has, and our declaration of it says
         so. Never blocks the training loop: it answers from the declarations holders pushed us
         (:meth:`peer.averaging.declaration_push.DeclarationPush._push`), else from a DHT check at most
-        ``WAITING_POLL`` seconds old, refreshed in the background (False until a check for exactly
-        these rounds has come back)."""
+        ``WAITING_POLL`` seconds old (``PUSHED_WAITING_POLL`` while every live holder of these modules
+        pushes us its declarations), refreshed in the background (False until a check for exactly these
+        rounds has come back)."""
         key = tuple(sorted(rounds.items()))
         matchmaker = self.matchmaker
         for module_id, round_no in key if matchmaker is not None else ():  # declarations pushed to us
@@ -74,7 +79,10 @@ class WaitingCheck:
                 return self._answer((module_id, round_no, told[0]), key, paced_too)
         now = time.monotonic()
         pending = self._waiting_check
-        if (pending is None or pending.done()) and now - self._waiting_checked >= WAITING_POLL:
+        pushed = matchmaker is not None and all(matchmaker.all_push(module_id, group_key(self.run_id, module_id, r))
+                                                for module_id, r in key)
+        interval = PUSHED_WAITING_POLL if pushed else WAITING_POLL
+        if (pending is None or pending.done()) and now - self._waiting_checked >= interval:
             self._waiting_checked = now
             self._waiting_check = asyncio.run_coroutine_threadsafe(self._check_waiting(key), self._loop)
         if pending is not None and pending.done() and pending.exception() is None:

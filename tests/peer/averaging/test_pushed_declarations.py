@@ -329,3 +329,48 @@ def test_an_announcement_the_dht_never_stores_does_not_hang_the_training_thread(
             a.hold("L0M0", 5)
         assert a._records._held["L0M0"][0] == 5
         assert any("did not store it within" in r.getMessage() for r in caplog.records), caplog.text
+
+
+class _CountedGroupReads:
+    """A DHT that counts the reads of group keys."""
+
+    def __init__(self, dht):
+        self._dht, self.reads = dht, 0
+
+    def __getattr__(self, name):
+        return getattr(self._dht, name)
+
+    def get(self, key, *args, **kwargs):
+        self.reads += key.endswith("_group")
+        return self._dht.get(key, *args, **kwargs)
+
+
+@pytest.mark.integration
+def test_pacing_checks_the_dht_seldom_for_modules_whose_live_holders_all_push():
+    """Three holders average round 4 together and then push each other their declarations of round 5.
+    Asked at round 6 whether anyone waits, with its last DHT check two ``WAITING_POLL`` s old, ``b``
+    starts no DHT check: every live holder of the module pushes its declarations, which answer first
+    (one check every ``PUSHED_WAITING_POLL`` stays for a push that failed). For a module nobody pushes
+    about, it checks as before."""
+    from peer.averaging.pacing import PUSHED_WAITING_POLL, WAITING_POLL
+
+    with loopback_holders(3, "pushing", "L0M0", 4, CONFIG) as avgs:
+        a, b, c = avgs
+        int8 = get_codec("int8")
+        deltas = [torch.randn(3 * BLOCK, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+        for round_no in (4, 5):
+            with ThreadPoolExecutor(3) as pool:
+                done = list(pool.map(lambda i: avgs[i].average("L0M0", round_no, [deltas[i]], 1.0, int8, 20.0),
+                                     range(3)))
+            assert all(r.group_size == 3 for r in done), [r.reason for r in done]
+        reads = b._pacing.dht = _CountedGroupReads(b._pacing.dht)
+        wait_for(lambda: b._pacing._waiting_check is None or b._pacing._waiting_check.done(), 30,
+                 "b's last check to end")
+        last = b._pacing._waiting_check
+        b._pacing._waiting_checked = time.monotonic() - 2 * WAITING_POLL
+        assert not b.others_waiting({"L0M0": 6})
+        assert b._pacing._waiting_check is last and 2 * WAITING_POLL < PUSHED_WAITING_POLL
+        assert not b.others_waiting({"L0M1": 6})  # nobody pushed us anything of L0M1
+        assert b._pacing._waiting_check is not last
+        wait_for(lambda: b._pacing._waiting_check.done(), 30, "b's DHT check of L0M1's round 6")
+    assert reads.reads == 1
