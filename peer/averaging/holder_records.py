@@ -49,6 +49,9 @@ class HolderRecords:
         """module -> DHT expiration of the holder record we last stored."""
         self._stopping = threading.Event()
         self._refresher: Optional[threading.Thread] = None
+        self._digests = False
+        """Whether a hold gave a digest yet: from then on a bare announcement of a new round may wait
+        for that round's digest (:meth:`hold`'s ``digest_wait``)."""
 
     def start(self) -> None:
         """Store every record again every third of ``holder_ttl`` until :meth:`stop`."""
@@ -62,17 +65,31 @@ class HolderRecords:
     def stopped(self) -> bool:
         return self._stopping.is_set()
 
-    def hold(self, module_id: str, round_no: int, wait: bool = True, digest: str = "") -> None:
+    def hold(self, module_id: str, round_no: int, wait: bool = True, digest: str = "",
+             digest_wait: float = 0.0) -> None:
         """Announce that we hold ``module_id`` and will average its round ``round_no`` next, with the
         state of ``digest`` when known (``wait``: until the DHT stored it, at most
         :data:`peer.network.records.STORE_TIMEOUT` seconds: a DHT process that stopped answering must not
         hang the training thread; the refresh loop stores the record again). Re-announcing the same
-        round costs nothing; a digest is kept until the round changes."""
+        round costs nothing; a digest is kept until the round changes.
+
+        ``digest_wait``: a new round announced without a ``digest`` and without waiting, once our holds
+        give digests (the trainer announces each round's state with its digest once it applied it,
+        :func:`peer.diloco.resync_after_round`), is stored only if no hold of that round with its digest
+        (nor of another round) comes within ``digest_wait`` seconds: a round's record is then stored once,
+        round and digest together, not once as its group forms and again with the digest."""
         with self._lock:
             held = self._held.get(module_id)
             if held is not None and held[0] == int(round_no) and (not digest or held[1] == digest):
                 return
             self._held[module_id] = (int(round_no), digest)
+            later = digest_wait > 0 and not digest and not wait and self._digests
+            self._digests = self._digests or bool(digest)
+        if later:
+            timer = threading.Timer(digest_wait, self._publish_bare, (module_id, int(round_no)))
+            timer.daemon = True
+            timer.start()
+            return
         future = self._publish(module_id, int(round_no), digest)
         if wait:
             try:
@@ -165,6 +182,17 @@ class HolderRecords:
         self._expires[module_id] = expires
         return self.dht.store(holders_key(self.run_id, module_id), to_value(record),
                               expires, subkey=self.peer_id, return_future=True)
+
+    def _publish_bare(self, module_id: str, round_no: int) -> None:
+        """Store the record of a round announced without its digest (:meth:`hold`'s ``digest_wait``), unless
+        a later hold replaced it or we stopped."""
+        with self._lock:
+            if self._held.get(module_id) != (round_no, "") or self.stopped:
+                return
+        try:
+            self._publish(module_id, round_no)
+        except Exception as e:  # the DHT may be shutting down; the refresh loop stores it again
+            log.debug("announcing module %s round %d failed: %r", module_id, round_no, e)
 
     def _refresh_loop(self) -> None:
         while not self._stopping.wait(self.holder_ttl / 3):

@@ -394,9 +394,11 @@ class NetAverager:
         match = await self._matchmaker.form_group(module_id, round_no, timeout, digest,
                                                   wait_for_behind=self.wait_for_behind, paced=paced, sparse=sparse)
         group, reason, adopt = match.group, match.reason, match.adopt
-        # announce our next round now, in the background, so it is visible long before anyone's next round
-        # (behind the group, our state stays at this round until we re-sync)
-        self.hold(module_id, round_no if match.ahead > round_no else round_no + 1, wait=False)
+        # announce our next round in the background, visible long before anyone's next round (behind the
+        # group, our state stays at this round until we re-sync); a trainer announces that round's digest
+        # once it applied the round, within the round's budget: one store then carries both
+        self._records.hold(module_id, round_no if match.ahead > round_no else round_no + 1, wait=False,
+                           digest_wait=timeout)
         if (group is None and not adopt and match.ahead < 0) or (group is not None
                                                                                 and group.group_id == LONE):
             self._isolated()
