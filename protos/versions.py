@@ -85,11 +85,12 @@ CONTRACTS: dict[str, Contract] = {c.name: c for c in (
         3: ("GroupDeclaration.formed",),
         4: ("GroupDeclaration.sparse",),
     }),
-    Contract("averaging", (1, 3), "matchmaking, all-reduce parts, results and state transfer between peers "
+    Contract("averaging", (1, 4), "matchmaking, all-reduce parts, results and state transfer between peers "
              "(protos/hivepath/peer/v1/net.proto)", {
         1: ("JoinRequest.protocol", "JoinRequest.wire", "DeclareNotice.wire"),
         2: ("ResultReply.part_digests",),
         3: ("DeclareNotice.sparse",),
+        4: ("DeclareNotice.also", "DeclareAck.also_read"),
     }),
     Contract("stage", (1, 2), "stage mode's activations and gradients (protos/hivepath/peer/v1/stage.proto)", {
         1: ("StageRequest.protocol",),

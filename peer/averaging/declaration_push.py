@@ -22,7 +22,7 @@ from peer.network.frames import handler_name, log_limited, serve_messages
 from protos.hivepath.peer.v1.net_pb2 import DESCRIPTOR as NET, DeclareAck, DeclareNotice
 from protos.versions import writes
 
-__all__ = ["DeclarationPush", "PUSH_MAX", "PUSH_TIMEOUT", "PUSHED_KEYS"]
+__all__ = ["DeclarationPush", "PUSH_MAX", "PUSH_TIMEOUT", "PUSHED_KEYS", "PUSH_BATCH_S", "BATCH_MAX"]
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,12 @@ PUSH_TIMEOUT = 5.0
 """Seconds a pushed declaration may take to deliver (the DHT record is the one that must arrive)."""
 PUSHED_KEYS = 256
 """Most group keys whose pushed declarations are kept (the oldest key is forgotten first)."""
+PUSH_BATCH_S = 0.05
+"""Seconds a declaration waits before it is pushed, for the others we push meanwhile: a path peer
+declares a round of every module of its path within a few milliseconds, and one stream a peer carries
+them all (``DeclareNotice.also``), each stream costing its framing on the wire (``bench.wire``)."""
+BATCH_MAX = 64
+"""Most declarations one pushed notice carries (itself and its ``also``); more are pushed on another stream."""
 DECLARE = NET.services_by_name["Averaging"].methods_by_name["Declare"]
 
 
@@ -65,6 +71,11 @@ class DeclarationPush(GroupJoin):
         (:meth:`_handle_declare`), in arrival order of the keys, at most :data:`PUSHED_KEYS` keys."""
         self._push_waiters: set[asyncio.Event] = set()
         """One event per gather in progress, set when a declaration is pushed to us."""
+        self._outbox: dict[str, dict[str, DeclareNotice]] = {}
+        """Peer -> group key -> our declaration to push it at the end of the :data:`PUSH_BATCH_S` window
+        (the last one of each key)."""
+        self._flushing: Optional["asyncio.Future[Any]"] = None
+        """The push of the outbox due at the end of the window, until it took the outbox."""
         self.declare_handler = handler_name(prefix, DECLARE)
 
     async def start(self) -> None:
@@ -72,10 +83,25 @@ class DeclarationPush(GroupJoin):
         await serve_messages(self.p2p, self.prefix, DECLARE, self._handle_declare)
 
     async def _handle_declare(self, request: DeclareNotice, context: Any) -> AsyncIterator[DeclareAck]:
-        """A declaration pushed by another holder (:meth:`_push`), kept until it expires when the sender
-        is a live holder of the key's module in our last gather of it, of our config and dataset, and
-        its credential admits it: the same checks as a DHT record's, whose subkey is the sender."""
+        """Declarations pushed by another holder (:meth:`_push`): the notice's own and those in its
+        ``also`` (at most :data:`BATCH_MAX` in all; a reader that states averaging 1.3 takes the first
+        only, as one of that minor does), each taken as :meth:`_take_declaration` says. The ack answers
+        for the first."""
         sender = context.remote_id.to_base58()
+        batch = writes("averaging", "DeclareAck.also_read")
+        notices = [request, *request.also[:BATCH_MAX - 1]] if batch else [request]
+        problems = [self._take_declaration(sender, notice) for notice in notices]
+        if not all(problems):
+            for waiter in self._push_waiters:
+                waiter.set()
+            for looking in self._looking.values():  # a group we lead re-checks whom it waits for (_gone_on)
+                looking.changed.set()
+        yield DeclareAck(ok=not problems[0], error=problems[0], also_read=batch)
+
+    def _take_declaration(self, sender: str, request: DeclareNotice) -> str:
+        """Keep one declaration ``sender`` pushed us until it expires when the sender is a live holder of
+        the key's module in our last gather of it, of our config and dataset, and its credential admits
+        it: the same checks as a DHT record's, whose subkey is the sender. '' when kept, else why not."""
         problem = self._mismatch(sender, request.config_hash, request.data_hash, request.wire)
         if not problem and not any(sender in live and _round_in(request.group_key, f"{self.run_id}_{module_id}_r") >= 0
                                    for module_id, live in self._live.items()):
@@ -88,18 +114,13 @@ class DeclarationPush(GroupJoin):
             problem = "its credential does not admit it"
         if problem:
             log_limited(log, f"declare:{sender}", "ignoring a declaration %s pushed: %s", sender[-8:], problem)
-            yield DeclareAck(ok=False, error=problem)
-            return
+            return problem
         # a new dict, never one changed in place: NetAverager.others_waiting reads these from the training thread
         senders = {**self.pushed.pop(request.group_key, {}), sender: (decl, float(request.expiration))}
         self.pushed[request.group_key] = senders
         while len(self.pushed) > PUSHED_KEYS:
             del self.pushed[next(iter(self.pushed))]
-        for waiter in self._push_waiters:
-            waiter.set()
-        for looking in self._looking.values():  # a group we lead re-checks whom it waits for (_gone_on)
-            looking.changed.set()
-        yield DeclareAck(ok=True)
+        return ""
 
     def _gone_on(self, key: str, members: set[str]) -> set[str]:
         """Those of ``members`` that pushed us an unexpired declaration of a later round of ``key``'s
@@ -149,43 +170,70 @@ class DeclarationPush(GroupJoin):
         :data:`PUSH_MAX`, from our last gather), in the background. It reaches them before the DHT
         record: a slower holder ends its round at its next step (pacing), instead of after its next
         DHT check; a gather counts it without waiting for the store, slow on a busy host with far-apart
-        peers (``bench.utilization``).
+        peers (``bench.utilization``). The declarations pushed within :data:`PUSH_BATCH_S` of each
+        other travel on one stream a peer (:meth:`_flush_pushes`).
 
         Only holders we hold a connection to are told: a push never dials. A cut-off peer's holder
         records outlive the cut, and its pushes to them failed every round; each failed dial backs
         libp2p's later dials of that peer off (5 s, then 5 s + n² s), which kept a healed peer apart
         for 5-20 s (``bench.chaos`` partitions). Holders not connected yet read our DHT record."""
-        from hivemind.p2p import PeerID
-
         notice = DeclareNotice(group_key=looking.key, config_hash=decl.config_hash, data_hash=decl.data_hash,
                                bandwidth=decl.bandwidth, credential=decl.credential, digest=decl.digest,
                                expecting=list(decl.expecting), paced=decl.paced, expiration=looking.expires,
                                wire=decl.wire, sparse=decl.sparse and writes("averaging", "DeclareNotice.sparse"))
-
-        async def tell(peer: str) -> None:
-            async def call() -> None:
-                stream = await self.p2p.iterate_protobuf_handler(PeerID.from_base58(peer), self.declare_handler,
-                                                                 notice, DeclareAck)
-                try:
-                    async for ack in stream:
-                        if not ack.ok:
-                            log.debug("%s refused our pushed declaration: %s", peer[-8:], ack.error)
-                finally:
-                    await stream.aclose()
-            try:
-                await asyncio.wait_for(call(), PUSH_TIMEOUT)
-            except Exception as e:  # the DHT record still reaches them
-                log.debug("pushing our declaration to %s failed: %r", peer[-8:], e)
-
-        async def tell_connected(holders: list[str]) -> None:
-            connected = {info.peer_id.to_base58() for info in await self.p2p.list_peers()}
-            for peer in holders:
-                if peer in connected:
-                    self._in_background(tell(peer), "pushing our declaration")
-
         holders = sorted(self._live.get(module_id, ()))[:PUSH_MAX]
-        if holders:
-            self._in_background(tell_connected(holders), "pushing our declaration")
+        for peer in holders:
+            self._outbox.setdefault(peer, {})[looking.key] = notice
+        if holders and (self._flushing is None or self._flushing.done()):
+            self._flushing = self._in_background(self._flush_pushes(), "pushing our declarations")
+
+    async def _flush_pushes(self) -> None:
+        """After :data:`PUSH_BATCH_S`, push every declaration waiting in the outbox: one stream a connected
+        peer for all of those it is told, their first the notice and the rest its ``also`` (a peer that
+        did not read ``also``, of averaging 1.3, is then told each on its own stream)."""
+        await asyncio.sleep(PUSH_BATCH_S)  # a protocol delay: the round's other declarations travel along
+        outbox, self._outbox, self._flushing = self._outbox, {}, None
+        connected = {info.peer_id.to_base58() for info in await self.p2p.list_peers()}
+        for peer, notices in outbox.items():
+            if peer in connected:
+                batches = list(notices.values())
+                for start in range(0, len(batches), BATCH_MAX):
+                    self._in_background(self._tell(peer, batches[start:start + BATCH_MAX]),
+                                        "pushing our declarations")
+
+    async def _tell(self, peer: str, notices: list[DeclareNotice]) -> None:
+        """Push ``notices`` to ``peer``: on one stream where it reads a notice's ``also``, else one a notice."""
+        first, rest = notices[0], notices[1:]
+        if not rest or not writes("averaging", "DeclareNotice.also"):
+            await asyncio.gather(*(self._tell_one(peer, notice) for notice in notices))
+            return
+        batch = DeclareNotice()
+        batch.CopyFrom(first)
+        batch.also.extend(rest)
+        ack = await self._tell_one(peer, batch)
+        if ack is not None and not ack.also_read:
+            await asyncio.gather(*(self._tell_one(peer, notice) for notice in rest))
+
+    async def _tell_one(self, peer: str, notice: DeclareNotice) -> Optional[DeclareAck]:
+        """Push ``notice`` to ``peer`` on a stream of its own; its ack, None when none came."""
+        from hivemind.p2p import PeerID
+
+        async def call() -> Optional[DeclareAck]:
+            stream = await self.p2p.iterate_protobuf_handler(PeerID.from_base58(peer), self.declare_handler,
+                                                             notice, DeclareAck)
+            try:
+                async for ack in stream:
+                    if not ack.ok:
+                        log.debug("%s refused our pushed declaration: %s", peer[-8:], ack.error)
+                    return ack
+                return None
+            finally:
+                await stream.aclose()
+        try:
+            return await asyncio.wait_for(call(), PUSH_TIMEOUT)
+        except Exception as e:  # the DHT record still reaches them
+            log.debug("pushing our declaration to %s failed: %r", peer[-8:], e)
+            return None
 
     def _in_background(self, work: Any, what: str, level: int = logging.DEBUG) -> "asyncio.Future[Any]":
         """Run ``work`` (a coroutine or future) without waiting for it (its task is returned); a failure

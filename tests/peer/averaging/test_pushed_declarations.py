@@ -374,3 +374,137 @@ def test_pacing_checks_the_dht_seldom_for_modules_whose_live_holders_all_push():
         assert b._pacing._waiting_check is not last
         wait_for(lambda: b._pacing._waiting_check.done(), 30, "b's DHT check of L0M1's round 6")
     assert reads.reads == 1
+
+
+def test_a_notice_carries_the_senders_other_declarations_and_a_reader_of_averaging_1_3_takes_the_first_only():
+    """``DeclareNotice.also``: the declarations of one round of every module a path peer holds travel on
+    one stream, each checked as the notice's own (one of a module the sender is no live holder of is
+    refused alone). A reader stating averaging 1.3, as a peer of that minor, takes the first only and
+    says so (``also_read`` unset): the sender then pushes the others on streams of their own."""
+    from hivemind.utils import get_dht_time
+
+    from protos import versions
+
+    later = get_dht_time() + 60
+    keys = [group_key("run", m, 5) for m in ("L0M0", "L0M1", "L1M0")]
+    notice = _notice(keys[0], later)
+    notice.also.extend([_notice(keys[1], later), _notice(keys[2], later)])
+    mm = Matchmaker(None, None, "me", "run", CONFIG, "", 1e6, "hivepath_run")
+    mm._live.update({"L0M0": frozenset({"holder"}), "L0M1": frozenset({"holder"})})
+    ack = _handle(mm, "holder", notice)
+    assert ack.ok and ack.also_read
+    assert [("holder" in mm.pushed_to(k)) for k in keys] == [True, True, False]
+    versions.set_override("averaging=1.3")
+    try:
+        old = Matchmaker(None, None, "me", "run", CONFIG, "", 1e6, "hivepath_run")
+        old._live.update(mm._live)
+        ack = _handle(old, "holder", notice)
+    finally:
+        versions.set_override(None)
+    assert ack.ok and not ack.also_read
+    assert [("holder" in old.pushed_to(k)) for k in keys] == [True, False, False]
+
+
+class _CountedPushes:
+    """A P2P handle that notes every ``Declare`` stream opened through it: (peer, the group keys it carries)."""
+
+    def __init__(self, p2p, handler: str):
+        self._p2p, self._handler = p2p, handler
+        self.streams: list[tuple[str, list[str]]] = []
+
+    def __getattr__(self, name):
+        return getattr(self._p2p, name)
+
+    async def iterate_protobuf_handler(self, peer, name, request, reply_type):
+        if name == self._handler:
+            self.streams.append((peer.to_base58(), [request.group_key, *(n.group_key for n in request.also)]))
+        return await self._p2p.iterate_protobuf_handler(peer, name, request, reply_type)
+
+
+@pytest.mark.integration
+def test_a_round_of_two_modules_is_pushed_on_one_stream_a_peer():
+    """Three holders of two modules average round 4 of both (each gather learns the live holders). Then
+    ``a`` declares round 5 of both modules at once, as a path peer does: one ``Declare`` stream to each
+    of ``b`` and ``c`` carries both declarations, and each of them keeps both. Checked by hand: one
+    stream a declaration, four in all."""
+    from hivemind.utils import get_dht_time
+
+    from peer.averaging.group_join import Looking
+    from peer.network import GroupDeclaration
+
+    modules = ("L0M0", "L0M1")
+    with loopback_holders(3, "batched", "L0M0", 4, CONFIG) as avgs:
+        a, b, c = avgs
+        for avg in avgs:
+            avg.hold("L0M1", 4)
+        wait_for(lambda: len(read_records(a.dht, holders_key("batched", "L0M1"), HolderRecord)) == 3, 30,
+                 "3 holder records of L0M1")
+        int8 = get_codec("int8")
+        deltas = [torch.randn(3 * BLOCK, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+        with ThreadPoolExecutor(6) as pool:
+            first = list(pool.map(lambda job: avgs[job[0]].average(job[1], 4, [deltas[job[0]]], 1.0, int8, 20.0),
+                                  [(i, m) for i in range(3) for m in modules]))
+        assert all(r.group_size == 3 for r in first), [r.reason for r in first]
+        mm = a._matchmaker
+        pushes = mm.p2p = _CountedPushes(mm.p2p, mm.declare_handler)
+        keys = [group_key("batched", m, 5) for m in modules]
+
+        async def declare_both() -> None:
+            for module_id, key in zip(modules, keys):
+                decl = GroupDeclaration(CONFIG, a.data_hash, a.bandwidth, b"", "d" * 64, wire=mm.wire)
+                mm._push(module_id, Looking(key, digest="d" * 64, expires=get_dht_time() + 60), decl)
+
+        try:
+            asyncio.run_coroutine_threadsafe(declare_both(), a._loop).result(10)
+            wait_for(lambda: all(a.peer_id in avg._matchmaker.pushed_to(k) for avg in (b, c) for k in keys), 30,
+                     "b and c to keep a's pushed declarations of both modules")
+        finally:
+            mm.p2p = pushes._p2p
+    assert sorted(pushes.streams) == sorted((p, keys) for p in (b.peer_id, c.peer_id)), pushes.streams
+
+
+def test_declarations_a_reader_did_not_take_from_a_notice_are_pushed_again_each_on_its_own_stream():
+    """A reader of averaging 1.3 ignores ``DeclareNotice.also`` and leaves ``also_read`` unset in its ack:
+    the declarations it did not take are pushed again, each on a stream of its own. (hivemind's P2P
+    stands in here: the streams opened and the ack the reader sends.)"""
+    from hivemind.utils import get_dht_time
+
+    from peer.averaging.group_join import Looking
+    from peer.network import GroupDeclaration
+    from protos.hivepath.peer.v1.net_pb2 import DeclareAck
+
+    holder = "12D3KooWPbySgUijvGYy1St7ys38Ccfc1ce5RqA2rc5aoSFH4tkJ"
+
+    class Daemon:
+        def __init__(self, also_read: bool):
+            self.also_read, self.streams = also_read, []
+
+        async def list_peers(self):
+            return [SimpleNamespace(peer_id=SimpleNamespace(to_base58=lambda: holder))]
+
+        async def iterate_protobuf_handler(self, peer, name, notice, reply_type):
+            self.streams.append([notice.group_key, *(n.group_key for n in notice.also)])
+
+            async def acks():
+                yield DeclareAck(ok=True, also_read=self.also_read)
+            return acks()
+
+    keys = [group_key("run", m, 5) for m in ("L0M0", "L0M1")]
+
+    def streams(also_read: bool) -> list[list[str]]:
+        daemon = Daemon(also_read)
+        mm = Matchmaker(None, daemon, "me", "run", CONFIG, "", 1e6, "hivepath_run")
+        mm._live.update({"L0M0": frozenset({holder}), "L0M1": frozenset({holder})})
+        decl = GroupDeclaration(CONFIG, "", 1e6, b"", "d" * 64)
+
+        async def push() -> None:
+            for module_id, key in zip(("L0M0", "L0M1"), keys):
+                mm._push(module_id, Looking(key, digest="d" * 64, expires=get_dht_time() + 60), decl)
+            while mm._background:  # the pushes run in the background: until the last one is done
+                await asyncio.wait(set(mm._background))
+
+        asyncio.run(push())
+        return daemon.streams
+
+    assert streams(also_read=True) == [keys]
+    assert streams(also_read=False) == [keys, keys[1:]]

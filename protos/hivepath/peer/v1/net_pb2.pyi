@@ -2,7 +2,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -166,7 +166,7 @@ class ResultReply(_message.Message):
     def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., codec: _Optional[str] = ..., bounds: _Optional[_Iterable[int]] = ..., payload_lens: _Optional[_Iterable[int]] = ..., contributors: _Optional[_Iterable[str]] = ..., credential: _Optional[bytes] = ..., late: _Optional[bool] = ..., part_digests: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class DeclareNotice(_message.Message):
-    __slots__ = ("group_key", "config_hash", "data_hash", "bandwidth", "credential", "digest", "expecting", "paced", "expiration", "wire", "sparse")
+    __slots__ = ("group_key", "config_hash", "data_hash", "bandwidth", "credential", "digest", "expecting", "paced", "expiration", "wire", "sparse", "also")
     GROUP_KEY_FIELD_NUMBER: _ClassVar[int]
     CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
     DATA_HASH_FIELD_NUMBER: _ClassVar[int]
@@ -178,6 +178,7 @@ class DeclareNotice(_message.Message):
     EXPIRATION_FIELD_NUMBER: _ClassVar[int]
     WIRE_FIELD_NUMBER: _ClassVar[int]
     SPARSE_FIELD_NUMBER: _ClassVar[int]
+    ALSO_FIELD_NUMBER: _ClassVar[int]
     group_key: str
     config_hash: str
     data_hash: str
@@ -189,15 +190,18 @@ class DeclareNotice(_message.Message):
     expiration: float
     wire: str
     sparse: bool
-    def __init__(self, group_key: _Optional[str] = ..., config_hash: _Optional[str] = ..., data_hash: _Optional[str] = ..., bandwidth: _Optional[float] = ..., credential: _Optional[bytes] = ..., digest: _Optional[str] = ..., expecting: _Optional[_Iterable[str]] = ..., paced: _Optional[bool] = ..., expiration: _Optional[float] = ..., wire: _Optional[str] = ..., sparse: _Optional[bool] = ...) -> None: ...
+    also: _containers.RepeatedCompositeFieldContainer[DeclareNotice]
+    def __init__(self, group_key: _Optional[str] = ..., config_hash: _Optional[str] = ..., data_hash: _Optional[str] = ..., bandwidth: _Optional[float] = ..., credential: _Optional[bytes] = ..., digest: _Optional[str] = ..., expecting: _Optional[_Iterable[str]] = ..., paced: _Optional[bool] = ..., expiration: _Optional[float] = ..., wire: _Optional[str] = ..., sparse: _Optional[bool] = ..., also: _Optional[_Iterable[_Union[DeclareNotice, _Mapping]]] = ...) -> None: ...
 
 class DeclareAck(_message.Message):
-    __slots__ = ("ok", "error")
+    __slots__ = ("ok", "error", "also_read")
     OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    ALSO_READ_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     error: str
-    def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+    also_read: bool
+    def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., also_read: _Optional[bool] = ...) -> None: ...
 
 class LaneRequest(_message.Message):
     __slots__ = ()
