@@ -71,6 +71,9 @@ class DeclarationPush(GroupJoin):
         (:meth:`_handle_declare`), in arrival order of the keys, at most :data:`PUSHED_KEYS` keys."""
         self._push_waiters: set[asyncio.Event] = set()
         """One event per gather in progress, set when a declaration is pushed to us."""
+        self._strangers: dict[str, frozenset[str]] = {}
+        """Group key -> the senders of declarations under it we refused as no live holder of its module as
+        far as we read (newcomers, maybe: a gather reads the holders again), the last :data:`PUSHED_KEYS` keys."""
         self._outbox: dict[str, dict[str, DeclareNotice]] = {}
         """Peer -> group key -> our declaration to push it at the end of the :data:`PUSH_BATCH_S` window
         (the last one of each key)."""
@@ -106,6 +109,9 @@ class DeclarationPush(GroupJoin):
         if not problem and not any(sender in live and _round_in(request.group_key, f"{self.run_id}_{module_id}_r") >= 0
                                    for module_id, live in self._live.items()):
             problem = "not a live holder of that module, as far as we read"
+            self._strangers[request.group_key] = self._strangers.pop(request.group_key, frozenset()) | {sender}
+            while len(self._strangers) > PUSHED_KEYS:
+                del self._strangers[next(iter(self._strangers))]
         decl = GroupDeclaration(request.config_hash, request.data_hash, float(request.bandwidth),
                                 bytes(request.credential), request.digest, tuple(request.expecting)[:MAX_EXPECTING],
                                 bool(request.paced), request.wire, sparse=bool(request.sparse))
@@ -141,6 +147,11 @@ class DeclarationPush(GroupJoin):
             if _round_in(other, prefix) > round_no:
                 gone |= {p for p, (_, expires) in senders.items() if p in members and expires > now}
         return gone
+
+    def strangers(self, key: str) -> frozenset[str]:
+        """The peers that pushed us a declaration under ``key`` that we refused as no live holder of its
+        module, as far as our reads of its holders went."""
+        return self._strangers.get(key, frozenset())
 
     def pushers(self, key: str) -> set[str]:
         """The peers that pushed us a declaration of ``key``'s module, at any round we still keep (expired

@@ -6,7 +6,9 @@ read) and how long to wait. No DHT, no P2P, no asyncio, no logging: as torchft's
 decides a quorum from the members' requests, :class:`peer.averaging.matchmaking.Matchmaker` reads the
 records, calls these, logs what they report and acts (leads, follows, re-syncs).
 
-- :func:`survey` and :func:`gathered`: whom a gather waits for, and when it stops reading.
+- :func:`survey` and :func:`gathered`: whom a gather waits for, and when it stops reading;
+  :func:`sticky` and :func:`complete`: when a gather may go on from the last one's read of the holders
+  and end on the declarations pushed to it, with no DHT read at all (the sticky group).
 - :func:`decide`: after the gather, fail the round (a :class:`Match` saying why), step alone, lead or
   follow; a fork is kept by :func:`resolve_fork` (the state most holders declared).
 - :func:`still_waiting`, :func:`vanished`, :func:`missed`: the holders behind us worth waiting for, those
@@ -17,15 +19,16 @@ records, calls these, logs what they report and acts (leads, follows, re-syncs).
 
 from __future__ import annotations
 
+import math
 from collections import Counter
-from typing import Mapping, NamedTuple, Optional
+from typing import AbstractSet, Mapping, NamedTuple, Optional
 
 from peer.averaging.partition import Group
 from peer.network import GroupDeclaration, group_bucket
 
 __all__ = ["LONE", "Match", "Fork", "Waiting", "Survey", "Gathered", "Decision", "in_bucket", "behind_a_formed_group",
-           "resolve_fork", "still_waiting", "vanished", "missed", "fresh_source", "survey", "gathered", "decide",
-           "past_the_archive", "leader_of", "decide_top"]
+           "resolve_fork", "still_waiting", "vanished", "missed", "fresh_source", "survey", "gathered", "sticky",
+           "complete", "decide", "past_the_archive", "leader_of", "decide_top"]
 
 LONE = "lone"
 """Marker group id of a member that is the only holder of its module this round."""
@@ -219,6 +222,29 @@ def gathered(module_id: str, round_no: int, seen: Survey, declared: Mapping[str,
                   if r == round_no - 1 and in_bucket(module_id, round_no, p, bucket)}
     return ((seen.expected <= set(declared) and not seen.next_round and not last_round) or now >= deadline
             or seen.ahead > round_no + 1)
+
+
+def sticky(round_no: int, last_group: tuple[int, frozenset[str]], live: AbstractSet[str], pushers: AbstractSet[str],
+           read_age: float, max_age: float, bucket: Optional[tuple[int, int]] = None) -> bool:
+    """Whether a gather of round ``round_no`` may go on from the last gather's read of the module's
+    holders, ``read_age`` seconds old, instead of reading the DHT first: we formed the group of the
+    round before (``last_group``: its round and its other members), every other live holder that read
+    returned (``live``) was in that group, every member of it pushes us its declarations (``pushers``),
+    and the read is younger than ``max_age`` (how stale our view of who else holds the module may grow:
+    the other side of a healed partition shows only in a read). Never in a split round."""
+    last_round, members = last_group
+    return (bucket is None and last_round == round_no - 1 and bool(members) and live <= members
+            and members <= pushers and read_age < max_age)
+
+
+def complete(module_id: str, round_no: int, seen: Survey, declared: Mapping[str, GroupDeclaration],
+             waiting: Optional[Mapping[str, int]], digest: str, bucket: Optional[tuple[int, int]] = None) -> bool:
+    """Whether a :func:`sticky` gather, which read no DHT record, may stop on what was pushed to it: every
+    holder it waits for declared (:func:`gathered` but for its deadline), none is two rounds on, and
+    every declaration states our ``digest`` (another state is a fork, decided on every declaration
+    the DHT holds). Otherwise it reads the DHT as any gather."""
+    return (gathered(module_id, round_no, seen, declared, waiting, -math.inf, math.inf, bucket)
+            and seen.ahead <= round_no + 1 and all(d.digest == digest for d in declared.values()))
 
 
 class Gathered(NamedTuple):

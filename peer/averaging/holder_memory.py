@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from peer.averaging import group_decision
 from peer.network import HolderRecord
@@ -35,6 +35,8 @@ class HolderMemory:
         vanished without a withdrawal may be cut off from us, not gone (see :meth:`vanished`)."""
         self._read: dict[str, frozenset[str]] = {}
         """module -> every other holder whose record our last gather of it read, idle ones too."""
+        self._last: dict[str, tuple[Any, float]] = {}
+        """module -> our last read of its holders key (the value a DHT get returned) and when (monotonic)."""
         self._valid_until: dict[str, dict[str, float]] = {}
         """module -> other holder -> the DHT expiration of its holder record as we last read it: until
         then a record missing from a read was missed by the read (see :meth:`missed`)."""
@@ -60,6 +62,7 @@ class HolderMemory:
     def note_read(self, module_id: str, found: Any, records: Mapping[str, HolderRecord]) -> None:
         """Remember which holders of ``module_id`` a read of its holders key (``found``) returned, and
         until when each one's record is valid (its DHT expiration)."""
+        self._last[module_id] = (found, time.monotonic())
         entries = getattr(found, "value", None)
         # every subkey read, a record of another config and a withdrawal too: none of them was missed
         self._read[module_id] = frozenset(entries) if isinstance(entries, dict) else frozenset()
@@ -67,6 +70,10 @@ class HolderMemory:
             expiration = getattr(entries.get(peer), "expiration_time", None) if isinstance(entries, dict) else None
             if isinstance(expiration, (int, float)):
                 self._valid_until.setdefault(module_id, {})[peer] = float(expiration)
+
+    def last_read(self, module_id: str) -> Optional[tuple[Any, float]]:
+        """Our last read of ``module_id``'s holders key (:meth:`note_read`) and when (monotonic), or None."""
+        return self._last.get(module_id)
 
     def missed(self, module_id: str, vanished: Mapping[str, float], gone: Mapping[str, int]) -> dict[str, float]:
         """Of the ``vanished`` holders (:meth:`vanished`), those whose record, as we last read it, is

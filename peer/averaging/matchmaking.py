@@ -5,7 +5,11 @@ leader/follower matchmaking over the DHT, Ryabinin et al. 2021, made consistent)
 
 1. A member declares itself under :func:`peer.network.records.group_key` and, until a gather deadline,
    reads the declarations and the module's :class:`~peer.network.records.HolderRecord` s; it stops early
-   once every live holder at this round has declared.
+   once every live holder at this round has declared. Declarations the other holders push count at
+   once, so the holders are read once a :data:`HOLDERS_POLL` and the declarations less and less often
+   while every holder awaited pushes; when the other members of the group we formed last round are
+   every live holder we know and all push us this round's declarations at our state, no DHT record is
+   read at all (the sticky group, going on from a read less than :data:`HOLDERS_REUSE` old).
 2. The leader is the smallest peer id among the declared members that accept connections; the
    followers join it and it begins the group (:mod:`peer.averaging.group_join`, the protocol).
 3. One group per round: the leader states that its group began (:attr:`GroupDeclaration.formed`). A
@@ -87,6 +91,11 @@ PUSHED_POLL = 1.0
 that pushes us its declarations (:meth:`~peer.averaging.declaration_push.DeclarationPush.pushers`): the
 poll interval doubles from ``_POLL`` up to it, since their pushes end the gather at once; the DHT read
 is for a push that failed."""
+HOLDERS_REUSE = 10.0
+"""Seconds a gather may go on from the last gather's read of the module's holders key, with no DHT read
+at all when the members of the last round's group push it their declarations (the sticky group,
+:func:`peer.averaging.group_decision.sticky`): how stale our view of who else holds the module may grow,
+the other side of a healed partition included (it shows only in a read)."""
 HOLDERS_POLL = 1.0
 """Seconds between reads of a module's holders key while gathering. The key lists every holder of the
 module, the largest record a gather reads: read every poll, it was most of a peer's DHT bytes. A gather
@@ -410,27 +419,44 @@ class Matchmaker(DeclarationPush):
                             patience: float, wait_for_behind: bool, bucket: Optional[tuple[int, int]],
                             waiter: asyncio.Event
                             ) -> Gathered:
-        """:meth:`_gather`'s loop; ``waiter`` is set when a declaration is pushed to us."""
+        """:meth:`_gather`'s loop; ``waiter`` is set when a declaration is pushed to us.
+
+        The sticky group: when the other members of the group we formed last round are every live
+        holder our last gather read (less than :data:`HOLDERS_REUSE` ago) and each pushes us its
+        declarations (:func:`~peer.averaging.group_decision.sticky`), the gather goes on from that read
+        and reads nothing for a :data:`PUSHED_POLL`: their pushed declarations of this round, at our
+        state and naming no one else, end it with no DHT read at all
+        (:func:`~peer.averaging.group_decision.complete`). Anything else (a missing push, another state,
+        a peer that read did not return, a holder two rounds on, the deadline) and it reads the DHT as
+        any gather does."""
         key = looking.key
         holders, holders_read = None, -math.inf
         news: set[str] = set()  # peers our last read of the holders key does not account for
         explained: set[str] = set()  # those of them seen before that read
         missing = False  # an expected holder had not declared at the last evaluation
         poll, pushed_only = _POLL, False  # pushed_only: every holder we wait for pushes us its declaration
+        last = self._holders.last_read(module_id)
+        if last is not None and group_decision.sticky(
+                round_no, self._grouped.get(module_id, (-1, frozenset())), self._live.get(module_id, frozenset()),
+                self.pushers(key), time.monotonic() - last[1], HOLDERS_REUSE, bucket):
+            holders, holders_read = last
+        unread = holders_read > -math.inf  # no DHT read yet: going on from the last gather's read
+        found, reread, read_at = None, False, time.monotonic()
         while True:
-            now = time.monotonic()
-            reread = (now - holders_read >= HOLDERS_POLL or bool(news - explained)
-                      or (missing and now >= deadline))
-            if reread:
-                explained |= news
-            found, fresh = await asyncio.gather(
-                self.dht.get(key, latest=True, return_future=True),
-                self.dht.get(holders_key(self.run_id, module_id), latest=True, return_future=True) if reread
-                else asyncio.sleep(0, holders),
-            )
-            read_at = time.monotonic()
-            if reread:
-                holders, holders_read = fresh, read_at
+            if not unread:
+                now = time.monotonic()
+                reread = (now - holders_read >= HOLDERS_POLL or bool(news - explained)
+                          or (missing and now >= deadline))
+                if reread:
+                    explained |= news
+                found, fresh = await asyncio.gather(
+                    self.dht.get(key, latest=True, return_future=True),
+                    self.dht.get(holders_key(self.run_id, module_id), latest=True, return_future=True) if reread
+                    else asyncio.sleep(0, holders),
+                )
+                read_at = time.monotonic()
+                if reread:
+                    holders, holders_read = fresh, read_at
             while True:  # re-evaluated without a DHT read when a declaration is pushed to us
                 declared = {}
                 for peer, d in records_from_value(found, GroupDeclaration, self.verifier).items():
@@ -460,18 +486,27 @@ class Matchmaker(DeclarationPush):
                     if looking.storing is not None:  # after the first store: the DHT keeps the later one
                         await asyncio.wait([looking.storing])
                     await self._declare(looking, looking.expecting | joiners, module_id)
-                seen = group_decision.survey(module_id, round_no, looking.digest, self.peer_id, declared,
-                                             {p: h.round_no for p, h in live.items()}, joiners,
+                rounds = {p: h.round_no for p, h in live.items()}
+                if unread:  # the read may be rounds old: the last round's members went on with us since
+                    rounds.update({p: round_no for p in last_group if p in rounds})
+                seen = group_decision.survey(module_id, round_no, looking.digest, self.peer_id, declared, rounds, joiners,
                                              last_group if last_round_no == round_no - 1 else frozenset(), bucket,
                                              idle)
                 expected, ahead, behind = seen.expected, seen.ahead, seen.behind
                 # a declaration of a peer the read did not return (a newcomer), or a holder that pushed us a
                 # later round (it went on): the holders key is read again at the next poll
-                news = (set(declared) - set(records)) | self._gone_on(key, set(records))
+                news = (set(declared) - set(records)) | self._gone_on(key, set(records)) | self.strangers(key)
                 missing = not expected <= set(declared)
                 waiting = None if wait_for_behind else self._holders.still_waiting(module_id, behind, patience)
                 done = group_decision.gathered(module_id, round_no, seen, declared, waiting, time.monotonic(),
                                                deadline, bucket)
+                if unread:  # the members' pushed declarations end it, or the DHT is read (news, the deadline)
+                    if not news and group_decision.complete(module_id, round_no, seen, declared, waiting,
+                                                            looking.digest, bucket):
+                        done = True
+                    elif news or done:
+                        unread = False
+                        break
                 if done and missing and holders_read < deadline <= time.monotonic():
                     break  # the decision without a silent holder is taken on a read of the holders after the deadline
                 if done:
@@ -485,10 +520,11 @@ class Matchmaker(DeclarationPush):
                 # and less often while the holders we wait for push us theirs
                 waited_for = (expected | seen.next_round | set(waiting or ())) - set(declared)
                 pushed_only = waited_for <= self.pushers(key)
+                interval = PUSHED_POLL if unread else poll if pushed_only else _POLL
                 waiter.clear()
                 try:
-                    await asyncio.wait_for(waiter.wait(), min(read_at + (poll if pushed_only else _POLL), deadline)
-                                           - time.monotonic())
+                    await asyncio.wait_for(waiter.wait(), min(read_at + interval, deadline) - time.monotonic())
                 except asyncio.TimeoutError:
+                    unread = False
                     break
             poll = min(2 * poll, PUSHED_POLL) if pushed_only else _POLL

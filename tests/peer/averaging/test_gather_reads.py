@@ -102,3 +102,43 @@ def test_a_gather_waiting_only_for_holders_that_push_polls_the_group_key_less_an
     times = reads.of(group)
     gaps = [later - earlier for earlier, later in zip(times, times[1:])]
     assert min(gaps[3:6]) >= 0.75 and gaps[4] >= 0.95 * PUSHED_POLL, gaps
+
+
+@pytest.mark.integration
+def test_the_last_rounds_group_forms_again_from_its_pushed_declarations_with_no_dht_read():
+    """Three holders average rounds 4 and 5 together. At round 6 ``b`` and ``c`` declare first; once
+    their pushed declarations reached ``a``, ``a`` gathers round 6 without reading the DHT at all (the
+    sticky group), and the three form one group. At round 7 ``a``'s last read of the holders is made
+    older than ``HOLDERS_REUSE``: its gather reads the holders key again. Checked by hand: every gather
+    read both keys at its start."""
+    from peer.averaging.matchmaking import HOLDERS_REUSE
+
+    with loopback_holders(3, "sticky", "L0M0", 4, CONFIG) as avgs:
+        a, b, c = avgs
+        int8, deltas = get_codec("int8"), _deltas(3)
+        for round_no in (4, 5):
+            with ThreadPoolExecutor(3) as pool:
+                done = list(pool.map(lambda i: avgs[i].average("L0M0", round_no, [deltas[i]], 1.0, int8, 60.0),
+                                     range(3)))
+            assert all(r.group_size == 3 for r in done), [r.reason for r in done]
+        reads = _CountedReads(a._matchmaker.dht)
+        a._matchmaker.dht = reads
+        results = {}
+        for round_no in (6, 7):
+            if round_no == 7:
+                found, at = a._matchmaker._holders.last_read("L0M0")
+                a._matchmaker._holders._last["L0M0"] = (found, at - HOLDERS_REUSE)
+            key = group_key("sticky", "L0M0", round_no)
+            with ThreadPoolExecutor(3) as pool:
+                futures = [pool.submit(avg.average, "L0M0", round_no, [deltas[i]], 1.0, int8, 60.0)
+                           for i, avg in ((1, b), (2, c))]
+                wait_for(lambda: {b.peer_id, c.peer_id} <= set(a._matchmaker.pushed_to(key)), 60,
+                         f"b's and c's pushed declarations of round {round_no}")
+                futures.insert(0, pool.submit(a.average, "L0M0", round_no, [deltas[0]], 1.0, int8, 60.0))
+                results[round_no] = [f.result(timeout=90) for f in futures]
+            if round_no == 6:
+                assert reads.reads == [], reads.reads
+    for round_no, res in results.items():
+        assert all(r.group_size == 3 for r in res), (round_no, [r.reason for r in res])
+        assert all(torch.equal(r.averaged[0], res[0].averaged[0]) for r in res)
+    assert reads.of(holders_key("sticky", "L0M0")), reads.reads

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from hypothesis import given, settings as hsettings, strategies as st
 
-from peer.averaging.group_decision import (LONE, Decision, Gathered, Match, behind_a_formed_group, decide, decide_top,
-                                           fresh_source, gathered, in_bucket, leader_of, missed, past_the_archive,
-                                           resolve_fork, still_waiting, survey, vanished)
+from peer.averaging.group_decision import (LONE, Decision, Gathered, Match, behind_a_formed_group, complete, decide,
+                                           decide_top, fresh_source, gathered, in_bucket, leader_of, missed,
+                                           past_the_archive, resolve_fork, sticky, still_waiting, survey, vanished)
 from peer.averaging.matchmaking import LONE as MATCHMAKING_LONE, Match as MatchmakingMatch
 from peer.network import GroupDeclaration
 
@@ -324,3 +324,38 @@ def test_every_member_of_one_state_picks_the_same_leader(members):
         leaders.add(d.leader if d.match is None else None)
         assert leader_of(me, bw, others) == (d.leader if d.match is None else "")
     assert len(leaders) == 1
+
+
+def test_a_gather_goes_on_from_the_last_read_only_among_the_last_groups_pushing_members():
+    """The sticky group: the last round's group, every live holder the last read returned, each pushing
+    us its declarations, and a read younger than the bound; anything else reads the DHT first."""
+    group = (ROUND - 1, frozenset({"peer-A", "peer-B"}))
+    pushers = {"peer-A", "peer-B", "peer-C"}
+    assert sticky(ROUND, group, {"peer-A", "peer-B"}, pushers, 3.0, 10.0)
+    assert sticky(ROUND, group, {"peer-A"}, pushers, 3.0, 10.0)  # B's record missed: B is still expected
+    assert not sticky(ROUND, group, {"peer-A", "peer-B", "peer-C"}, pushers, 3.0, 10.0)  # another live holder
+    assert not sticky(ROUND, group, {"peer-A", "peer-B"}, {"peer-A"}, 3.0, 10.0)  # B does not push to us
+    assert not sticky(ROUND, group, {"peer-A", "peer-B"}, pushers, 10.0, 10.0)  # the read is too old
+    assert not sticky(ROUND, (ROUND - 2, group[1]), {"peer-A", "peer-B"}, pushers, 3.0, 10.0)  # an older group
+    assert not sticky(ROUND, (ROUND - 1, frozenset()), set(), pushers, 3.0, 10.0)  # we were alone
+    assert not sticky(ROUND, group, {"peer-A", "peer-B"}, pushers, 3.0, 10.0, bucket=(0, 2))  # a split round
+
+
+def test_a_sticky_gather_ends_on_pushes_only_when_every_member_declared_our_state():
+    rounds = {"peer-A": ROUND - 1, "peer-B": ROUND}
+    members = frozenset({"peer-A", "peer-B"})
+    everyone = {"peer-A": decl(), "peer-B": decl()}
+    seen = survey("L0M0", ROUND, OURS, ME, everyone, rounds, last_group=members)
+    assert complete("L0M0", ROUND, seen, everyone, None, OURS)
+    one = {"peer-A": decl()}
+    assert not complete("L0M0", ROUND, survey("L0M0", ROUND, OURS, ME, one, rounds, last_group=members), one, None,
+                        OURS)
+    forked = {"peer-A": decl(), "peer-B": decl("d-other")}
+    assert not complete("L0M0", ROUND, survey("L0M0", ROUND, OURS, ME, forked, rounds, last_group=members), forked,
+                        None, OURS)
+    told = {"peer-A": decl(expecting=("peer-N",)), "peer-B": decl()}  # a newcomer that fetched A's state
+    assert not complete("L0M0", ROUND, survey("L0M0", ROUND, OURS, ME, told, rounds, last_group=members), told, None,
+                        OURS)
+    far = {**rounds, "peer-B": ROUND + 2}  # B's declaration is an old one: it is two rounds on
+    assert not complete("L0M0", ROUND, survey("L0M0", ROUND, OURS, ME, everyone, far, last_group=members), everyone,
+                        None, OURS)
