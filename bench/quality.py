@@ -28,7 +28,7 @@ from typing import Optional, Sequence
 
 from bench.common import RESULTS, code_hash, emit, run_main
 from bench.quality_report import plot, summarize, tables
-from bench.quality_scale import SCALES, Scale
+from bench.quality_scale import SCALES, Scale, grid_fields, seeds_of
 from bench.quality_sweeps import EXPERIMENTS, Point, grid, run_points, scale_by_name
 from models import strict_json
 
@@ -82,11 +82,10 @@ def prepare_data(tokenizers: Sequence[str], root: Path = DATA) -> dict[str, str]
     return dirs
 
 
-GRID_FIELDS = ("diloco_grid", "diloco_tuned", "bpe_grid", "outer_grid", "outer_H", "outer_codec",
-               "dipaco_outer_grid", "sparse_grid", "seeds", "sync_lrs", "seeded", "equivalence", "priority")
-"""The fields of a :class:`~bench.quality_scale.Scale` that only say which points the grid holds (each
-point's own arguments carry what it takes from them): a point's key leaves them out, so that adding
-a point to a grid does not run the others again."""
+GRID_FIELDS = grid_fields()
+"""The fields of a :class:`~bench.quality_scale.Scale` that only say which points the grid holds
+(marked so where the field is declared): a point's key leaves them out, so that adding a point to a
+grid does not run the others again."""
 
 
 def point_key(point: Point, scale: Scale, device: str, code: str) -> str:
@@ -163,12 +162,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     name = "quality" if scale.name in ("quick", "full") else f"quality_{scale.name}"
     for p in plot(ordered, prefix=name):
         log.info("wrote %s", p)
-    sys.stderr.write(tables(ordered, scale))
+    sys.stderr.write(tables(ordered, scale, summary))
     if name == "quality":  # the report: where the goal was met, this scale or another (named apart)
         from bench.quality_report import goal_across_scales
 
         summary.update(goal_across_scales({**summary, "scale_name": scale.name}))
-    emit(name, {**summary, "scale": asdict(scale), "device": device, "seeds": [scale.seed, *scale.seeds],
+    emit(name, {**summary, "scale": asdict(scale), "device": device, "seeds": list(seeds_of(scale)),
                 "code_hash": code, "seconds_this_invocation": round(time.monotonic() - start, 1),
                 "points_run_this_invocation": [p.name for p in todo],
                 "points_not_run": sorted(p.name for p in grid(scale) if p.name not in records),

@@ -196,8 +196,9 @@ def _fmt(x: Any, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def tables(records: Sequence[dict], scale: Optional["Scale"] = None) -> str:
-    """Markdown tables of every experiment that has results (the seeds' with the ``scale``)."""
+def tables(records: Sequence[dict], scale: Optional["Scale"] = None, summary: Optional[dict] = None) -> str:
+    """Markdown tables of every experiment that has results (the seeds' with the ``scale``, from
+    ``summary``'s seeds keys when :func:`summarize` already computed them)."""
     ok = _ok(records)
     lines: list[str] = []
     for tok in ("bytes", "bpe"):
@@ -264,10 +265,12 @@ def tables(records: Sequence[dict], scale: Optional["Scale"] = None) -> str:
     if sparse:
         lines += ["\n**Sparse pseudo-gradients (top-k per 1024 values, error feedback decayed by 0.95)**\n", sparse]
     if scale is not None:
+        from bench.quality_scale import seeds_of
         from bench.quality_seeds import seeds_summary, seeds_table
         from bench.quality_sparse import GOAL_GAP, GOAL_RATIO
 
-        lines.append(seeds_table(seeds_summary(ok, scale, GOAL_RATIO, GOAL_GAP), (scale.seed, *scale.seeds)))
+        seeds = summary if summary is not None else seeds_summary(ok, scale, GOAL_RATIO, GOAL_GAP)
+        lines.append(seeds_table(seeds, seeds_of(scale)))
     failed = [r for r in records if r.get("status") != "ok"]
     if failed:
         lines += ["\n**Failed points**\n"] + [f"- {r['name']}: {r.get('error')}" for r in failed]

@@ -10,7 +10,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["Scale", "tiny", "quick", "long", "horizon", "horizon_cosine", "wide", "wide_horizon", "full", "SCALES"]
+__all__ = ["Scale", "grid_fields", "seeds_of", "tiny", "quick", "long", "horizon", "horizon_cosine", "wide",
+           "wide_horizon", "full", "SCALES"]
+
+
+def _grid(default):
+    """A :class:`Scale` field that only says which points the grid holds (each point's own arguments
+    carry what it takes from it): :func:`grid_fields`."""
+    return dataclasses.field(default=default, metadata={"grid": True})
 
 
 @dataclass(frozen=True)
@@ -53,44 +60,56 @@ class Scale:
     """Validation documents per shard in the fixed evaluation set."""
     eval_tokens: int = 4096
     """Tokens kept of each validation document (its bytes are counted for what is kept)."""
-    diloco_grid: tuple[tuple[int, str], ...] = tuple((H, c) for H in (10, 50, 100, 250)
-                                                     for c in ("none", "fp16", "int8", "int4"))
+    diloco_grid: tuple[tuple[int, str], ...] = _grid(tuple((H, c) for H in (10, 50, 100, 250)
+                                                           for c in ("none", "fp16", "int8", "int4")))
     """Experiment 1: (H inner steps between outer steps, pseudo-gradient codec) points."""
-    diloco_tuned: tuple[tuple[int, str, float, float], ...] = ()
+    diloco_tuned: tuple[tuple[int, str, float, float], ...] = _grid(())
     """Experiment 1 points with another outer optimizer: (H, codec, outer lr, outer momentum)."""
-    bpe_grid: tuple[tuple[int, str], ...] = ((50, "int8"), (100, "int8"), (250, "int4"))
+    bpe_grid: tuple[tuple[int, str], ...] = _grid(((50, "int8"), (100, "int8"), (250, "int4")))
     """Experiment 1 with the BPE tokenizer (besides its synchronous baseline); empty: no BPE run."""
-    outer_grid: tuple[tuple[float, float], ...] = ((0.4, 0.9), (1.0, 0.9), (0.4, 0.8), (0.7, 0.8), (1.0, 0.8),
-                                                   (0.7, 0.5), (1.0, 0.5))
+    outer_grid: tuple[tuple[float, float], ...] = _grid(((0.4, 0.9), (1.0, 0.9), (0.4, 0.8), (0.7, 0.8), (1.0, 0.8),
+                                                         (0.7, 0.5), (1.0, 0.5)))
     """Experiment 4: (outer lr, momentum) pairs besides the 0.7 / 0.9 default."""
-    outer_H: tuple[int, ...] = (10, 100)
+    outer_H: tuple[int, ...] = _grid((10, 100))
     """Experiment 4: H values the outer grid is swept at."""
-    outer_codec: str = "none"
+    outer_codec: str = _grid("none")
     """Experiment 4's codec (its lr 0.7 / momentum 0.9 point is experiment 1's point of that H and codec)."""
-    dipaco_outer_grid: tuple[tuple[float, float], ...] = ((0.7, 0.5),)
+    dipaco_outer_grid: tuple[tuple[float, float], ...] = _grid(((0.7, 0.5),))
     """Experiment 4: (outer lr, momentum) pairs the DiPaCo lattice is also trained with."""
-    sparse_grid: tuple[tuple[int, str, float, float], ...] = ()
+    sparse_grid: tuple[tuple[int, str, float, float], ...] = _grid(())
     """The sparse points (``--only sparse``): (H, sparse codec ``topk{K}b{B}``, outer lr, outer
     momentum), bytes counted on the wire (:mod:`bench.quality_sparse`)."""
-    seeds: tuple[int, ...] = ()
+    seeds: tuple[int, ...] = _grid(())
     """Seeds besides ``seed`` at which the synchronous baseline (at each rate of ``sync_lrs`` too) and
     the ``seeded`` points run again (the ``seeds`` experiment, :mod:`bench.quality_seeds`): the goal is
     judged on the mean gap over all the seeds."""
-    sync_lrs: tuple[float, ...] = ()
+    sync_lrs: tuple[float, ...] = _grid(())
     """Inner learning rates the synchronous baseline also trains with besides ``lr`` (its batch is the
     workers' together): the rate of the lowest mean bits per byte over the seeds is the baseline kept."""
-    seeded: tuple[str, ...] = ()
+    seeded: tuple[str, ...] = _grid(())
     """Sparse points run at every seed of ``seeds`` (names; empty: every sparse point of the grid)."""
-    equivalence: tuple[int, int] = (10, 3)
+    equivalence: tuple[int, int] = _grid((10, 3))
     """(H, rounds) of the point trained both by the simulator and by the peers' DiLoCoOptimizer."""
     reroute_windows: tuple[int, ...] = (64, 256)
     """Experiment 2: re-route every W tokens."""
-    priority: tuple[str, ...] = ()
+    priority: tuple[str, ...] = _grid(())
     """Point names run first, in this order (the rest follow in grid order): what matters most finishes
     first when compute is short."""
 
     def replace(self, **changes) -> "Scale":
         return dataclasses.replace(self, **changes)
+
+
+def grid_fields() -> tuple[str, ...]:
+    """The fields of :class:`Scale` that only say which points the grid holds: a point's key leaves
+    them out (:func:`bench.quality.point_key`), so that adding a point to a grid does not run the
+    others again."""
+    return tuple(f.name for f in dataclasses.fields(Scale) if f.metadata.get("grid"))
+
+
+def seeds_of(scale: Scale) -> tuple[int, ...]:
+    """Every seed of the ``seeds`` experiment: ``seed``, then ``seeds``."""
+    return (scale.seed, *scale.seeds)
 
 
 def full() -> Scale:

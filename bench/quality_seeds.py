@@ -19,7 +19,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Sequence
 
-from bench.quality_scale import Scale
+from bench.quality_scale import Scale, seeds_of
 from bench.quality_sweeps import Point
 
 __all__ = ["seeded", "sync_name", "seed_points", "seeds_summary", "seeds_table"]
@@ -33,10 +33,6 @@ def seeded(name: str, seed: int, scale: Scale) -> str:
 def sync_name(lr: float, scale: Scale) -> str:
     """The synchronous baseline's point name at inner learning rate ``lr``."""
     return "sync-bytes" if lr == scale.lr else f"sync-bytes-lr{lr:g}"
-
-
-def _seeds(scale: Scale) -> tuple[int, ...]:
-    return (scale.seed, *scale.seeds)
 
 
 def _lrs(scale: Scale) -> tuple[float, ...]:
@@ -70,7 +66,7 @@ def seeds_summary(ok: dict[str, dict], scale: Scale, goal_ratio: float, goal_gap
     is met on the mean when it is <= ``goal_gap``. Empty when the scale runs no seeds."""
     if not (scale.seeds or scale.sync_lrs):
         return {}
-    seeds = _seeds(scale)
+    seeds = seeds_of(scale)
     by_lr = {lr: [ok[seeded(sync_name(lr, scale), s, scale)] for s in seeds]
              for lr in _lrs(scale) if all(seeded(sync_name(lr, scale), s, scale) in ok for s in seeds)}
     out: dict[str, Any] = {"sync_lrs": list(_lrs(scale)),

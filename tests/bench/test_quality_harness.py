@@ -251,3 +251,18 @@ def test_the_kept_rate_is_the_best_mean_and_a_point_missing_a_seed_is_not_judged
     assert out["sparse_bpb_gap_mean"] == pytest.approx(0.0625 / 3) and not out["sparse_goal_met_on_mean"]
     assert out["sparse_bpb_gap_stdev"] > 0
     assert seeds_summary(ok, Scale(name="t"), 1000.0, 0.02) == {}  # no seeds: no keys
+
+
+def test_a_points_key_leaves_out_the_grid_fields_and_keeps_the_sizes():
+    """Adding a point to a grid (a field marked grid in :class:`bench.quality_scale.Scale`) keeps
+    every other point's key, so stored points are reused; a size every point trains at does not."""
+    from bench.quality import GRID_FIELDS, point_key
+
+    scale = tiny()
+    point = grid(scale)[0]
+    key = point_key(point, scale, "cpu", "code")
+    assert {"diloco_grid", "sparse_grid", "seeds", "priority"} <= set(GRID_FIELDS)
+    assert "d_model" not in GRID_FIELDS and "steps" not in GRID_FIELDS
+    assert point_key(point, scale.replace(seeds=(1, 2), priority=(point.name,)), "cpu", "code") == key
+    assert point_key(point, scale.replace(d_model=scale.d_model * 2), "cpu", "code") != key
+    assert point_key(point, scale, "cpu", "other code") != key
