@@ -46,6 +46,21 @@ def _deltas(n: int) -> list[torch.Tensor]:
     return [torch.randn(3 * BLOCK, generator=torch.Generator().manual_seed(i)) for i in range(n)]
 
 
+def _first_gathers_alone(avgs, round_no: int, reads: _CountedReads, key: str, polls: int) -> list:
+    """``avgs[0]`` begins ``round_no`` alone; once it read ``key`` ``polls`` times the others begin it
+    too. Returns the three results, after checking they formed one group with one average."""
+    int8, deltas = get_codec("int8"), _deltas(3)
+    with ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(avgs[0].average, "L0M0", round_no, [deltas[0]], 1.0, int8, 60.0)]
+        wait_for(lambda: len(reads.of(key)) >= polls, 60,
+                 f"the first to poll round {round_no}'s group key {polls} times")
+        futures += [pool.submit(avgs[i].average, "L0M0", round_no, [deltas[i]], 1.0, int8, 60.0) for i in (1, 2)]
+        results = [f.result(timeout=90) for f in futures]
+    assert all(r.group_size == 3 for r in results), [r.reason for r in results]
+    assert all(torch.equal(r.averaged[0], results[0].averaged[0]) for r in results)
+    return results
+
+
 @pytest.mark.integration
 def test_a_long_gather_reads_the_holders_key_once_a_holders_poll():
     """``a`` gathers round 4 alone while ``b`` and ``c`` have not begun it: it polls the round's group
@@ -53,20 +68,11 @@ def test_a_long_gather_reads_the_holders_key_once_a_holders_poll():
     once a ``HOLDERS_POLL``. The three then form one group. Checked by hand: reading both keys every
     poll, the holders key is read 0.1-0.3 s apart."""
     with loopback_holders(3, "holders-poll", "L0M0", 4, CONFIG) as avgs:
-        a, b, c = avgs
+        a = avgs[0]
         reads = _CountedReads(a._matchmaker.dht)
         a._matchmaker.dht = reads
-        int8, deltas = get_codec("int8"), _deltas(3)
-        group, holders = group_key("holders-poll", "L0M0", 4), holders_key("holders-poll", "L0M0")
-        with ThreadPoolExecutor(3) as pool:
-            futures = [pool.submit(a.average, "L0M0", 4, [deltas[0]], 1.0, int8, 60.0)]
-            wait_for(lambda: len(reads.of(group)) >= 15, 60, "a to poll round 4's group key 15 times")
-            futures += [pool.submit(avg.average, "L0M0", 4, [deltas[i]], 1.0, int8, 60.0)
-                        for i, avg in ((1, b), (2, c))]
-            results = [f.result(timeout=90) for f in futures]
-    assert all(r.group_size == 3 for r in results), [r.reason for r in results]
-    assert all(torch.equal(r.averaged[0], results[0].averaged[0]) for r in results)
-    times = reads.of(holders)
+        _first_gathers_alone(avgs, 4, reads, group_key("holders-poll", "L0M0", 4), polls=15)
+    times = reads.of(holders_key("holders-poll", "L0M0"))
     assert len(times) >= 2, times  # 15 polls at least 0.1 s apart span more than a HOLDERS_POLL
     gaps = [later - earlier for earlier, later in zip(times, times[1:])]
     assert min(gaps) >= HOLDERS_POLL, gaps
@@ -91,14 +97,7 @@ def test_a_gather_waiting_only_for_holders_that_push_polls_the_group_key_less_an
         reads = _CountedReads(a._matchmaker.dht)
         a._matchmaker.dht = reads
         group = group_key("pushed-poll", "L0M0", 6)
-        with ThreadPoolExecutor(3) as pool:
-            futures = [pool.submit(a.average, "L0M0", 6, [deltas[0]], 1.0, int8, 60.0)]
-            wait_for(lambda: len(reads.of(group)) >= 7, 60, "a to poll round 6's group key 7 times")
-            futures += [pool.submit(avg.average, "L0M0", 6, [deltas[i]], 1.0, int8, 60.0)
-                        for i, avg in ((1, b), (2, c))]
-            results = [f.result(timeout=90) for f in futures]
-    assert all(r.group_size == 3 for r in results), [r.reason for r in results]
-    assert all(torch.equal(r.averaged[0], results[0].averaged[0]) for r in results)
+        _first_gathers_alone(avgs, 6, reads, group, polls=7)
     times = reads.of(group)
     gaps = [later - earlier for earlier, later in zip(times, times[1:])]
     assert min(gaps[3:6]) >= 0.75 and gaps[4] >= 0.95 * PUSHED_POLL, gaps
