@@ -46,6 +46,16 @@ def _deltas(n: int) -> list[torch.Tensor]:
     return [torch.randn(3 * BLOCK, generator=torch.Generator().manual_seed(i)) for i in range(n)]
 
 
+def _average_together(avgs, rounds) -> None:
+    """The three average each of ``rounds`` together, so each has pushed the others its declarations."""
+    int8, deltas = get_codec("int8"), _deltas(3)
+    for round_no in rounds:
+        with ThreadPoolExecutor(3) as pool:
+            done = list(pool.map(lambda i: avgs[i].average("L0M0", round_no, [deltas[i]], 1.0, int8, 60.0),
+                                 range(3)))
+        assert all(r.group_size == 3 for r in done), [r.reason for r in done]
+
+
 def _first_gathers_alone(avgs, round_no: int, reads: _CountedReads, key: str, polls: int) -> list:
     """``avgs[0]`` begins ``round_no`` alone; once it read ``key`` ``polls`` times the others begin it
     too. Returns the three results, after checking they formed one group with one average."""
@@ -87,12 +97,7 @@ def test_a_gather_waiting_only_for_holders_that_push_polls_the_group_key_less_an
     hand: polled every ``_POLL``, the reads are 0.1-0.3 s apart."""
     with loopback_holders(3, "pushed-poll", "L0M0", 4, CONFIG) as avgs:
         a, b, c = avgs
-        int8, deltas = get_codec("int8"), _deltas(3)
-        for round_no in (4, 5):
-            with ThreadPoolExecutor(3) as pool:
-                done = list(pool.map(lambda i: avgs[i].average("L0M0", round_no, [deltas[i]], 1.0, int8, 60.0),
-                                     range(3)))
-            assert all(r.group_size == 3 for r in done), [r.reason for r in done]
+        _average_together(avgs, (4, 5))
         assert {b.peer_id, c.peer_id} <= a._matchmaker.pushers(group_key("pushed-poll", "L0M0", 6))
         reads = _CountedReads(a._matchmaker.dht)
         a._matchmaker.dht = reads
@@ -115,11 +120,7 @@ def test_the_last_rounds_group_forms_again_from_its_pushed_declarations_with_no_
     with loopback_holders(3, "sticky", "L0M0", 4, CONFIG) as avgs:
         a, b, c = avgs
         int8, deltas = get_codec("int8"), _deltas(3)
-        for round_no in (4, 5):
-            with ThreadPoolExecutor(3) as pool:
-                done = list(pool.map(lambda i: avgs[i].average("L0M0", round_no, [deltas[i]], 1.0, int8, 60.0),
-                                     range(3)))
-            assert all(r.group_size == 3 for r in done), [r.reason for r in done]
+        _average_together(avgs, (4, 5))
         reads = _CountedReads(a._matchmaker.dht)
         a._matchmaker.dht = reads
         results = {}
