@@ -3,13 +3,17 @@ bridge, egress rate-limited (the benchmarks and the tests across hosts use it).
 
 Layout (needs root and ``iproute2``)::
 
-    [hpb-p0: eth0 10.77.0.1/24, tbf] --veth--+
-    [hpb-p1: eth0 10.77.0.2/24, tbf] --veth--+-- hpbbr (bridge, in namespace hpb-sw)
-    ...                                      |
+    [hpb4242-p0: eth0 10.77.0.1/24, tbf] --veth--+
+    [hpb4242-p1: eth0 10.77.0.2/24, tbf] --veth--+-- br0 (bridge, in namespace hpb4242-sw)
+    ...                                          |
 
-A participant ``i`` listed in ``nat`` sits behind a home router: ``{prefix}-p{i}`` is then the router
+Namespace names are the ``prefix``, the creating process's id, then ``-p{i}``, ``-h{i}`` or ``-sw``
+(``{tag}`` below): two runs of one benchmark, or a benchmark and a test that runs it, never share
+one, and a run removes only the leftovers of runs whose process is gone.
+
+A participant ``i`` listed in ``nat`` sits behind a home router: ``{tag}-p{i}`` is then the router
 (its ``eth0`` on the bridge, masquerading with iptables) and the participant runs in
-``{prefix}-h{i}`` at ``192.168.{100 + i}.2`` behind it, with no route in: a real NAT, as a volunteer's
+``{tag}-h{i}`` at ``192.168.{100 + i}.2`` behind it, with no route in: a real NAT, as a volunteer's
 home router is. :meth:`NetnsBridge.where` and :meth:`NetnsBridge.local_address` say where a
 participant runs and listens; :meth:`NetnsBridge.address` is its address on the bridge (a NATed
 participant's public one, its router's).
@@ -61,8 +65,31 @@ def _sh(*args: str) -> None:
     subprocess.run(list(args), check=True, capture_output=True, text=True)
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _leftovers(prefix: str, existing: str) -> list[str]:
+    """The namespaces in ``existing`` (``ip netns list``'s output) that a :class:`NetnsBridge` of
+    ``prefix`` made in a process that is gone (one killed before its clean-up ran)."""
+    gone = []
+    for line in existing.splitlines():
+        name = line.split()[0] if line.strip() else ""
+        tag, dash, _ = name.partition("-")
+        pid = tag[len(prefix):]
+        if dash and tag.startswith(prefix) and pid.isdigit() and not _pid_alive(int(pid)):
+            gone.append(name)
+    return gone
+
+
 class NetnsBridge:
-    """``n`` namespaces ``{prefix}-p{i}`` with address ``{subnet}.{i + 1}`` behind one bridge.
+    """``n`` namespaces ``{prefix}{pid}-p{i}`` with address ``{subnet}.{i + 1}`` behind one bridge.
 
     ``rate``: every participant's egress (tc rate, e.g. ``100mbit``); ``rates``: one per participant
     instead (``n`` of them)."""
@@ -78,12 +105,14 @@ class NetnsBridge:
         self.rates = list(rates) if rates is not None else [rate] * n
         """Each participant's egress rate now (:meth:`set_rate` changes one)."""
         self.burst, self.limit = burst, limit
-        self.switch = f"{prefix}-sw"
-        self.names = [f"{prefix}-p{i}" for i in range(n)]
+        self.tag = f"{prefix}{os.getpid()}"
+        """The start of this bridge's namespace names: the prefix and this process's id."""
+        self.switch = f"{self.tag}-sw"
+        self.names = [f"{self.tag}-p{i}" for i in range(n)]
         self.nat = frozenset(nat)
         if not self.nat <= set(range(n)) or (self.nat and shutil.which("iptables") is None):
             raise ValueError(f"nat must name participants 0..{n - 1} and needs iptables, got {sorted(self.nat)}")
-        self.homes = {i: f"{prefix}-h{i}" for i in sorted(self.nat)}
+        self.homes = {i: f"{self.tag}-h{i}" for i in sorted(self.nat)}
         self._made: list[str] = []
 
     def address(self, i: int) -> str:
@@ -111,7 +140,10 @@ class NetnsBridge:
 
     def open(self) -> None:
         """Create the switch namespace with the bridge, and each peer namespace with its shaped link."""
-        self.close()  # leftovers of an interrupted run
+        existing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        for ns in _leftovers(self.prefix, existing):  # of a run killed before its clean-up
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        self.close()
         _sh("ip", "netns", "add", self.switch)
         self._made.append(self.switch)
         sw = ["ip", "netns", "exec", self.switch]
@@ -152,7 +184,7 @@ class NetnsBridge:
         return int(got.stdout.strip() or 0)
 
     def _home(self, i: int) -> None:
-        """Participant ``i``'s home namespace behind ``{prefix}-p{i}``, which masquerades for it."""
+        """Participant ``i``'s home namespace behind ``{tag}-p{i}``, which masquerades for it."""
         home, router = self.homes[i], self.names[i]
         inside, rtr = ["ip", "netns", "exec", home], ["ip", "netns", "exec", router]
         lan = f"192.168.{100 + i}"
