@@ -69,6 +69,13 @@ class DeclarationPush(GroupJoin):
         self.pushed: dict[str, dict[str, tuple[GroupDeclaration, float]]] = {}
         """Group key -> sender -> (its declaration, DHT expiration), as live holders pushed them to us
         (:meth:`_handle_declare`), in arrival order of the keys, at most :data:`PUSHED_KEYS` keys."""
+        self._pushed_version = 0
+        """Counts the changes to :attr:`pushed`: :meth:`pushers` answers from :attr:`_pushers_seen` while
+        it has not moved."""
+        self._pushers_seen: dict[str, tuple[int, frozenset[str]]] = {}
+        """A module's group-key prefix -> (:attr:`_pushed_version` when read, :meth:`pushers` of it then):
+        the training thread asks between every two inner steps (``WaitingCheck.others_waiting``), and a
+        scan of every kept key each time cost a path peer a few per cent of its training thread."""
         self._push_waiters: set[asyncio.Event] = set()
         """One event per gather in progress, set when a declaration is pushed to us."""
         self._strangers: dict[str, frozenset[str]] = {}
@@ -126,6 +133,7 @@ class DeclarationPush(GroupJoin):
         self.pushed[request.group_key] = senders
         while len(self.pushed) > PUSHED_KEYS:
             del self.pushed[next(iter(self.pushed))]
+        self._pushed_version += 1
         return ""
 
     def _gone_on(self, key: str, members: set[str]) -> set[str]:
@@ -153,14 +161,21 @@ class DeclarationPush(GroupJoin):
         module, as far as our reads of its holders went."""
         return self._strangers.get(key, frozenset())
 
-    def pushers(self, key: str) -> set[str]:
+    def pushers(self, key: str) -> frozenset[str]:
         """The peers that pushed us a declaration of ``key``'s module, at any round we still keep (expired
         ones too): each holds a connection to us and reads us as a live holder of the module, so it pushes
         us its declaration of ``key``'s round too once it declares it (a push can still fail: the DHT
         record is the one that must arrive)."""
         head, sep, _ = key.rpartition("_r")
         prefix = head + sep
-        return {p for other, senders in list(self.pushed.items()) if _round_in(other, prefix) >= 0 for p in senders}
+        version = self._pushed_version
+        seen = self._pushers_seen.get(prefix)
+        if seen is not None and seen[0] == version:
+            return seen[1]
+        found = frozenset(p for other, senders in list(self.pushed.items()) if _round_in(other, prefix) >= 0
+                          for p in senders)
+        self._pushers_seen[prefix] = (version, found)
+        return found
 
     def all_push(self, module_id: str, key: str) -> bool:
         """Whether every other live holder of ``module_id`` that our last gather of it read pushes us its

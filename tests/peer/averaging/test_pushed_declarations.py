@@ -76,6 +76,25 @@ def test_a_pushed_declaration_is_kept_only_from_a_live_holder_of_its_module_with
     assert "holder" in mm.pushed_to(group_key("run", "L0M0", 6 + PUSHED_KEYS))
 
 
+def test_whether_every_live_holder_pushes_follows_each_new_push_after_a_kept_answer():
+    """``all_push`` is asked between every two inner steps, and answers from a kept set of pushers until
+    a push changes them: a holder's first push, even of an older round, counts at once."""
+    from hivemind.utils import get_dht_time
+
+    mm = Matchmaker(None, None, "me", "run", CONFIG, "", 1e6, "hivepath_run")
+    mm._live["L0M0"] = frozenset({"a", "b"})
+    mm._live["L1M0"] = frozenset({"a"})
+    key, later = group_key("run", "L0M0", 5), get_dht_time() + 60
+    assert _handle(mm, "a", _notice(key, later)).ok
+    assert mm.pushers(key) == {"a"} and not mm.all_push("L0M0", key)
+    assert not mm.all_push("L0M0", key)  # the same answer, kept
+    assert not mm.all_push("L1M0", group_key("run", "L1M0", 5))  # another module's pushers are its own
+    assert _handle(mm, "b", _notice(group_key("run", "L0M0", 4), later)).ok
+    assert mm.pushers(key) == {"a", "b"} and mm.all_push("L0M0", key)
+    assert _handle(mm, "a", _notice(group_key("run", "L1M0", 5), later)).ok
+    assert mm.all_push("L1M0", group_key("run", "L1M0", 6))
+
+
 class _SlowDeclarations:
     """A DHT whose stores of group declarations land ``delay`` seconds late (a busy DHT process)."""
 
