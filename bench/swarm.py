@@ -31,7 +31,9 @@ Keys:
 - ``path_round_ratio_with_small_peers``: the path peers' median seconds from one round of a module to
   its next, with small peers over without (target <= 1.2); with ``--shared-cpus`` it counts the CPU
   the small peers take from the path peers too. ``path_exchange_wait_seconds_median`` (what the path
-  peers waited on their exchanges) and ``path_round_failures`` (failed rounds a window) isolate the
+  peers waited on one module's exchange: most modules' is none) and ``path_round_wait_seconds_mean``
+  (what a path peer's training loop waited on a round's exchanges, all its modules', the mean over
+  its rounds) and ``path_round_failures`` (failed rounds a window) isolate the
   averaging; ``path_round_failures_on_small_peers`` counts the failed ones that waited for a small
   peer's declaration past the gather deadline (target 0), ``path_round_failures_naming_small_peers``
   those whose reason names a small peer at all (also a small peer behind, waited for until it re-syncs
@@ -145,17 +147,22 @@ def _plans(net: Any, name: str, until: float) -> dict[str, list[tuple[float, int
     return out
 
 
-def _rounds(net: Any, names: list[str], since: float, until: float) -> tuple[list[float], int, int, list[float], list[str]]:
+def _rounds(net: Any, names: list[str], since: float, until: float
+            ) -> tuple[list[float], int, int, list[float], list[str], list[float]]:
     """The path peers' module rounds in the window: the seconds between one round of a module and the
-    next on the same peer, rounds done, rounds failed, the seconds each waited on its exchange, and
-    why each failed round failed."""
+    next on the same peer, rounds done, rounds failed, the seconds each waited on its exchange, why
+    each failed round failed, and each peer's rounds' waits (the sum over a round's modules: what its
+    training loop was blocked)."""
     seconds, done, failed, waits, reasons = [], 0, 0, [], []
+    per_round: dict[tuple[str, int], float] = {}
     for n in names:
         last: dict[str, float] = {}
         for e in _lines(net, n, since, until, "round"):
             if e.get("status") == "done":
                 done += 1
                 waits.append(float(e.get("seconds") or 0.0))
+                key = (n, int(e.get("round", -1)))
+                per_round[key] = per_round.get(key, 0.0) + waits[-1]
             else:
                 failed += 1
                 reasons.append(str(e.get("reason", "")))
@@ -163,7 +170,7 @@ def _rounds(net: Any, names: list[str], since: float, until: float) -> tuple[lis
             if module in last:
                 seconds.append(e["time"] - last[module])
             last[module] = e["time"]
-    return seconds, done, failed, waits, reasons
+    return seconds, done, failed, waits, reasons, list(per_round.values())
 
 
 def _blaming(reasons: list[str], peer_ids: list[str], only: str = "") -> int:
@@ -282,6 +289,7 @@ def run(work: Path, control_s: float, stage_s: float, kill_s: float, seed: int,
             "path_round_seconds_median": {"control": _median(control[0]), "with_small_peers": _median(with_small[0])},
             "path_exchange_wait_seconds_median": {"control": _median(control[3]),
                                                   "with_small_peers": _median(with_small[3])},
+            "path_round_wait_seconds_mean": {"control": _mean(control[5]), "with_small_peers": _mean(with_small[5])},
             "path_round_ratio_with_small_peers": (_median(with_small[0]) / _median(control[0])
                                                   if control[0] and with_small[0] and _median(control[0]) > 0 else None),
             "path_tokens_per_s": {"control": round(path_tps[0], 1), "with_small_peers": round(path_tps[1], 1)},
@@ -364,6 +372,10 @@ def _last(net: Any, name: str, key: str) -> int:
 
 def _median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
+
+
+def _mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else 0.0
 
 
 def main(argv: Optional[list[str]] = None) -> dict:
