@@ -84,7 +84,7 @@ when any of it changed after the commit a result records."""
 log = logging.getLogger("bench.swarm")
 
 SUBNET, PREFIX = "10.79.0", "hps"
-"""Namespaces ``hps-p0``..., apart from the other benchmarks' and the chaos tests'."""
+"""Namespaces ``hps<pid>-p0``..., apart from the other benchmarks' and the chaos tests'."""
 RATE = "50mbit"
 NAMESPACES = 4
 KILL_EVERY = 30.0

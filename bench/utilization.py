@@ -1,7 +1,7 @@
 """bench.utilization: share of wall time in inner compute on slow, far-apart links.
 
 Four peers, each in its own network namespace behind one bridge (:mod:`peer.localnet.netns`, namespaces
-``hpu-p0..3`` on 10.85.0.0/24), egress shaped to 50 Mbit/s by ``tbf``, about 40 ms round trip added by
+``hpu<pid>-p0..3`` on 10.85.0.0/24), egress shaped to 50 Mbit/s by ``tbf``, about 40 ms round trip added by
 :mod:`bench.delay_relay` (each peer's p2p daemon listens on 127.0.0.1 inside its namespace; a relay in
 the same namespace is the announced, and only, way in, holding every byte 20 ms in each direction).
 Every variant starts four fresh peer processes (a real DHT and p2p daemon each, bootstrapped from the

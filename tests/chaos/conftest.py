@@ -10,7 +10,7 @@ from chaos.scenario import CHAOS_PREFIX, CHAOS_SUBNET
 
 @pytest.fixture
 def bridge():
-    """Four namespaces ``hpc-p0..3`` (coordinator in 0, peers in 1-3), 100 Mbit/s links."""
+    """Four namespaces ``hpc<pid>-p0..3`` (coordinator in 0, peers in 1-3), 100 Mbit/s links."""
     from peer.localnet.netns import NetnsBridge, netns_available
 
     why = netns_available()

@@ -16,7 +16,7 @@ from peer.localnet.faults import peer_round
 __all__ = ["CHAOS_PREFIX", "CHAOS_SUBNET", "prepare_dataset", "finish_and_check"]
 
 CHAOS_PREFIX = "hpc"
-"""Namespace names ``hpc-p0``...: distinct from the benchmarks' so both can run at once."""
+"""Namespace names ``hpc<pid>-p0``...: distinct from the benchmarks' so both can run at once (``<pid>``: the process that made them, :class:`peer.localnet.netns.NetnsBridge`)."""
 CHAOS_SUBNET = "10.78.0"
 
 log = logging.getLogger(__name__)

@@ -39,7 +39,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def nat_bridge():
-    """Namespaces ``hpc-p0..3``: the coordinator in 0, a public peer in 1, and in 2 and 3 a router
+    """Namespaces ``hpc<pid>-p0..3``: the coordinator in 0, a public peer in 1, and in 2 and 3 a router
     with a peer behind it (``hpc-h2``, ``hpc-h3``)."""
     from peer.localnet.netns import NetnsBridge, netns_available
 
@@ -113,7 +113,7 @@ def _rows(net) -> dict[str, dict]:
 
 @pytest.fixture
 def nat_homes():
-    """Namespaces ``hpc-p0..4``: the coordinator in 0, a public peer in 1, and in 2, 3 and 4 a router
+    """Namespaces ``hpc<pid>-p0..4``: the coordinator in 0, a public peer in 1, and in 2, 3 and 4 a router
     with a peer behind it."""
     from peer.localnet.netns import NetnsBridge, netns_available
 
@@ -186,7 +186,7 @@ def _ids(net, names: list[str]) -> dict[str, str] | None:
 
 @pytest.fixture
 def two_relays():
-    """Namespaces ``hpc-p0..4``: the coordinator in 0, public peers in 1 and 2, and in 3 and 4 a
+    """Namespaces ``hpc<pid>-p0..4``: the coordinator in 0, public peers in 1 and 2, and in 3 and 4 a
     router with a peer behind it."""
     from peer.localnet.netns import NetnsBridge, netns_available
 
