@@ -42,6 +42,15 @@ EMPTY_ROUND_WEIGHT = 1.0
 """The weight (in tokens) of a round that ended with no inner step (:meth:`DiLoCoOptimizer.end_round_if_others_wait`):
 averaging needs a positive weight, and this one is far below any step's tokens."""
 
+PACED_MIN_SHARE = 0.5
+"""The share of its round's steps (or seconds) a peer trains before another holder's wait can end its
+round (:meth:`DiLoCoOptimizer._others_waiting`). A peer whose exchanges end later than another
+holder's (a slower link, or a group with one) begins each round when that holder has computed most
+of its own: paced at once, it would train a step a round for as long as that lasts, and the paths it
+trains would learn next to nothing (``bench.planner``'s fixed run, once pushed declarations made
+pacing answer within a step). A straggler slower at its steps holds the others at most this share of
+its round past theirs."""
+
 JOIN_RAMP_ROUNDS = 4
 """Rounds over which a newcomer's weight in its groups ramps up to its tokens (:func:`ramp_factor`):
 the value every trainer, stage server and pipeline trainer of this release passes as
@@ -296,9 +305,15 @@ class DiLoCoOptimizer:
         round. Only a holder that computed its whole round counts (the averager's rule: one that
         ended early itself paces nobody, :attr:`peer.network.records.GroupDeclaration.paced`).
         Averagers without this signal never end rounds early.
+
+        Not before :data:`PACED_MIN_SHARE` of the round, unless ``paced_too`` (a peer whose steps are
+        far apart answers at once, as it must to be averaged at all).
         """
         probe = getattr(self.averager, "others_waiting", None)
         if probe is None:
+            return False
+        if not paced_too and not self._budget_spent(self._steps_in_round, self.clock() - self._round_start,
+                                                    times=PACED_MIN_SHARE):
             return False
         rounds = {mid: st.round_no for mid, st in self._modules.items()}
         return bool(probe(rounds, paced_too=True) if paced_too else probe(rounds))

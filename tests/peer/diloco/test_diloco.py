@@ -24,6 +24,7 @@ from models.errors import ConfigError
 from peer.averaging import LocalAverager
 from peer.compression import get_codec
 from peer.diloco import DiLoCoOptimizer, RoundReport
+from peer.diloco.optimizer import PACED_MIN_SHARE
 
 VOCAB, DIM, BATCH, SEQ = 16, 16, 8, 8
 LATTICE = LatticeConfig(levels=2, modules_per_level=2)
@@ -338,19 +339,22 @@ def test_a_round_trained_through_a_wait_has_at_most_twice_its_steps(fill):
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
-def test_a_member_others_wait_for_ends_its_round_early_in_both_modes(overlap):
+@pytest.mark.parametrize("h", [5, 8])
+def test_a_member_others_wait_for_ends_its_round_early_in_both_modes_once_half_its_round_is_done(overlap, h):
     """The fastest member paces the round: a member told that another holder already declared its
-    current round ends it at the next step, with the tokens it has (a smaller weight). In overlap mode
-    too: the others' exchange of that round cannot begin before it declares."""
-    outer = OuterConfig(inner_steps=5, codec="int8", round_timeout=5.0, overlap=overlap)
+    current round ends it with the tokens it has (a smaller weight), once it has trained half its
+    round's steps (rounded up): a member whose exchanges end late would otherwise train a step a round.
+    In overlap mode too: the others' exchange of that round cannot begin before it declares."""
+    outer = OuterConfig(inner_steps=h, codec="int8", round_timeout=5.0, overlap=overlap)
     hub = LocalAverager()
     paced = _Paced(hub.member("a"), waiting_round=1)
     w = make_worker("a", (0,), DENSE, outer, paced, seed=1, train_through_waits=False)  # exact step counts
-    for _ in range(5 + 1 + 5):
+    half = math.ceil(h * PACED_MIN_SHARE)
+    for _ in range(h + half + h):
         w.train_step()
-    assert hub.round_weights("L0M0", 0) == {"a": 5.0 * BATCH * SEQ}
-    assert hub.round_weights("L0M0", 1) == {"a": 1.0 * BATCH * SEQ}  # ended at its first step
-    assert w.opt.module_round("L0M0") == 3  # 5 steps, 1 step, 5 steps
+    assert hub.round_weights("L0M0", 0) == {"a": h * BATCH * SEQ}
+    assert hub.round_weights("L0M0", 1) == {"a": half * BATCH * SEQ}
+    assert w.opt.module_round("L0M0") == 3  # h steps, half of them, h steps
     assert {"L0M0": 1, "embed": 1, "head": 1} in paced.asked
     w.opt.close()
 
