@@ -92,6 +92,10 @@ class DiLoCoOptimizer:
     its group (``JoinRequest.weight``, :attr:`peer.averaging.partition.Group.weights`) and sends with
     every part, so every member's mean uses the same weights; reports keep the round's real tokens.
 
+    ``paced_min_share``: the share of a round trained before another holder's wait can end it
+    (:data:`PACED_MIN_SHARE`); 0 for a peer whose steps are far apart (a stage server, a pipeline
+    trainer), which must answer a waiting holder at once to be averaged at all.
+
     The codec is decided once, here: ``outer.codec`` (the run's, as the coordinator's assignment
     carries it) under ``outer.entropy``, resolved to :attr:`codec` (:func:`peer.compression.resolve_codec`,
     as the simulator resolves its own) and passed to every exchange.
@@ -117,6 +121,7 @@ class DiLoCoOptimizer:
         clock: Callable[[], float] = time.monotonic,
         train_through_waits: bool = True,
         join_ramp_rounds: int = 0,
+        paced_min_share: float = PACED_MIN_SHARE,
     ):
         if not modules:
             raise ConfigError("modules", "the optimizer needs at least one module to train")
@@ -155,6 +160,7 @@ class DiLoCoOptimizer:
         if not (isinstance(join_ramp_rounds, int) and join_ramp_rounds >= 0):
             raise ConfigError("join_ramp_rounds", f"must be an integer >= 0, got {join_ramp_rounds!r}")
         self.join_ramp_rounds = join_ramp_rounds
+        self.paced_min_share = paced_min_share
         self.rounds_here = 0
         """Rounds this optimizer has ended since it was built (the newcomer ramp's count)."""
         self._modules: dict[str, HeldModule] = {}
@@ -306,14 +312,14 @@ class DiLoCoOptimizer:
         ended early itself paces nobody, :attr:`peer.network.records.GroupDeclaration.paced`).
         Averagers without this signal never end rounds early.
 
-        Not before :data:`PACED_MIN_SHARE` of the round, unless ``paced_too`` (a peer whose steps are
-        far apart answers at once, as it must to be averaged at all).
+        Not before ``paced_min_share`` of the round, unless ``paced_too`` (a peer whose steps are far
+        apart answers at once, as it must to be averaged at all).
         """
         probe = getattr(self.averager, "others_waiting", None)
         if probe is None:
             return False
-        if not paced_too and not self._budget_spent(self._steps_in_round, self.clock() - self._round_start,
-                                                    times=PACED_MIN_SHARE):
+        if not paced_too and self.paced_min_share > 0 and not self._budget_spent(
+                self._steps_in_round, self.clock() - self._round_start, times=self.paced_min_share):
             return False
         rounds = {mid: st.round_no for mid, st in self._modules.items()}
         return bool(probe(rounds, paced_too=True) if paced_too else probe(rounds))

@@ -120,7 +120,8 @@ class StageTrainer:
         self.embed, self.head = lm.mods[self.embed_id], lm.mods[self.head_id]
         self.modules = {self.embed_id: self.embed, self.head_id: self.head}
         self.opt = DiLoCoOptimizer(self.modules, inner=cfg.inner, outer=outer or cfg.outer, lattice=cfg.lattice,
-                                   averager=averager, join_ramp_rounds=JOIN_RAMP_ROUNDS)
+                                   averager=averager, join_ramp_rounds=JOIN_RAMP_ROUNDS,
+                                   paced_min_share=0.0)  # steps far apart: a waiting holder is answered at once
         self.client = client
         self.scheme = client.scheme
         """Which codec each level's requests name (``run_stage_trainer``'s ``codec``, resolved by the client)."""

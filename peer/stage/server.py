@@ -121,7 +121,8 @@ class StageServer:
         self.module = ModularLM(cfg.lattice, seed=cfg.seed, module_ids=[module_id]).mods[module_id].to(self.device)
         outer_cfg = dataclasses.replace(outer or cfg.outer, overlap=options.overlap)
         self.opt = DiLoCoOptimizer({module_id: self.module}, inner=cfg.inner, outer=outer_cfg, lattice=cfg.lattice,
-                                   averager=averager, join_ramp_rounds=JOIN_RAMP_ROUNDS)
+                                   averager=averager, join_ramp_rounds=JOIN_RAMP_ROUNDS,
+                                   paced_min_share=0.0)  # steps far apart: a waiting holder is answered at once
         self.tokens_per_step = options.tokens_per_step or cfg.inner.batch_size * cfg.lattice.seq_len
         self._kept: OrderedDict[tuple[str, str], tuple[torch.Tensor, float]] = OrderedDict()
         self._counts = {"forward": 0, "backward": 0, "step": 0, "rejected": 0}
