@@ -119,9 +119,10 @@ def main() -> None:
             from peer.node import PathTrainer
 
             path = tuple(opts["path"])
-            def fetch(mid, like, accept=None, min_round=-1):  # as peer.node does: re-sync after a missed round
-                try:
-                    return averager.fetch_state(mid, timeout=10.0, like=like, accept=accept, min_round=min_round)
+            def fetch(mid, like, accept=None, min_round=-1, joining=True):  # as peer.node does: re-sync after
+                try:                                                           # a missed round, fresh starts
+                    return averager.fetch_state(mid, timeout=10.0, like=like, accept=accept, min_round=min_round,
+                                                joining=joining)
                 except Exception:
                     return None
 
