@@ -25,7 +25,11 @@ Keys:
 - ``nat_vs_public_round_s``: the median time between a peer's outer rounds, NAT run over control run
   (target <= 1.5), with both medians;
 - ``newcomer_first_round_s``: from the newcomer's start to its first round averaged with another
-  holder (target <= 60).
+  holder (target <= 60);
+- ``nat_vs_public_tokens_per_s``: the tokens all peers trained a second from the newcomer's start to
+  the stop (their progress lines), NAT run over control run, with both rates (report): a round that
+  ends early for a waiting holder is shorter but carries fewer tokens, so rounds alone do not say
+  what NAT costs the training.
 """
 
 from __future__ import annotations
@@ -88,7 +92,7 @@ def one_run(natted: bool, work: Path, rate: str, inner_steps: int, warmup: int, 
             works[name] = net.start_peer_in(name, i)
         wait_for(lambda: all(rounds_done(net, n) >= warmup for n in works), 600, f"{warmup} rounds on every peer")
         sent0 = _sent(bridge)
-        started = time.monotonic()
+        started, started_unix = time.monotonic(), time.time()
         works[NEWCOMER] = net.start_peer_in(NEWCOMER, 4)
         first = wait_for(lambda: _first_group_round(net.procs.log(NEWCOMER)), 300, "the newcomer's first group round")
         out["newcomer_first_round_s"] = round(first - started, 1) if first else None
@@ -97,6 +101,9 @@ def one_run(natted: bool, work: Path, rate: str, inner_steps: int, warmup: int, 
         floor = acknowledged_rounds([w / "checkpoints" for w in works.values()])
         wait_for(lambda: rounds_done(net, NEWCOMER) >= rounds, 1200, f"{rounds} rounds of the newcomer")
         sent = _sent(bridge) - sent0
+        stopped_unix = time.time()
+        out["tokens_per_s"] = round(sum(_tokens(net, n, started_unix, stopped_unix) for n in works)
+                                    / (stopped_unix - started_unix), 1)
         held = {m["module_id"]: len(m["holders"]) for m in (net.status() or {}).get("modules", [])}
         codes = stop_all(net, [*works])
         out["exit_codes"] = codes
@@ -131,6 +138,13 @@ def one_run(natted: bool, work: Path, rate: str, inner_steps: int, warmup: int, 
     finally:
         procs.close()
         bridge.close()
+
+
+def _tokens(net: Any, name: str, since: float, until: float) -> int:
+    """Tokens ``name`` trained between the unix times ``since`` and ``until`` (its progress lines)."""
+    seen = [p["tokens"] for p in net.progress_lines(name, "progress")
+            if "tokens" in p and since <= p.get("time", 0.0) <= until]
+    return max(seen) - min(seen) if len(seen) >= 2 else 0
 
 
 def _sent(bridge) -> int:
@@ -175,6 +189,8 @@ def main() -> int:
         "nat_vs_public_round_s": (round(nat["median_round_s"] / public["median_round_s"], 3)
                                   if nat["median_round_s"] and public["median_round_s"] else None),
         "newcomer_first_round_s": nat["newcomer_first_round_s"],
+        "nat_vs_public_tokens_per_s": (round(nat["tokens_per_s"] / public["tokens_per_s"], 3)
+                                       if nat["tokens_per_s"] and public["tokens_per_s"] else None),
         "nat_run": nat,
         "public_run": public,
         "setup": {"rate": args.rate, "preset": "demo", "inner_steps": args.inner_steps, "peers": "1 public + 3 NATed",

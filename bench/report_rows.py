@@ -120,6 +120,7 @@ ROWS: tuple[Row, ...] = tuple(
             ("replica_max_abs_diff", "largest difference between replicas", ("==", 0.0)),
             ("relay_bytes_share", "share of bytes through relays"),
             ("nat_vs_public_round_s", "round time behind NAT over all-public", ("<=", 1.5)),
+            ("nat_vs_public_tokens_per_s", "tokens trained a second behind NAT over all-public"),
             ("newcomer_first_round_s", "a NATed newcomer's first round, s", ("<=", 60)))
     + _rows("planner", "planner",
             ("utilization_planner", "exchange planner: peers' time not blocked on exchanges, uneven links", (">=", 0.9)),

@@ -38,8 +38,8 @@ validation documents of the path), ``bytes_sent_per_peer`` (payload) and ``wire_
 (eth0). Headline keys from :data:`HEADLINE`: ``comm_share_without_overlap`` (``1 - utilization`` without
 overlap), ``utilization_no_overlap``, ``utilization_overlap`` (target >= 0.95) and
 ``utilization_overlap_bpb_delta`` (``val_bpb`` with overlap minus without, after the same rounds:
-the cost of applying each round's average one round late, net of the extra steps trained through
-waits). All measured; nothing projected.
+the cost of the steps taken on the old global copy while each exchange was in flight, net of the
+extra steps trained through waits). All measured; nothing projected.
 
 Run as root: ``python -m bench.utilization`` (``--steps``, ``--preset``, ``--codec``, ``--variants``).
 Without root it prints a ``{"skipped": ...}`` line and exits 0.

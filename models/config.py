@@ -303,9 +303,10 @@ class OuterConfig:
     sqrt_sharing: bool = False
     """DiPaCo: scale a module's averaged delta by sqrt(number of paths sharing it)."""
     overlap: bool = False
-    """Run round t's exchange behind round t+1's inner steps and apply it one round late. A peer whose
-    exchange is still in flight when round t+1's steps are done keeps stepping (at most
-    ``inner_steps`` more) instead of waiting idle (``DiLoCoOptimizer(train_through_waits=True)``)."""
+    """Run round t's exchange behind round t+1's inner steps and apply it at the first step after it
+    returned (the steps taken meanwhile kept on top). A peer whose exchange is still in flight when
+    round t+1's steps are done keeps stepping (at most ``inner_steps`` more) instead of waiting idle
+    (``DiLoCoOptimizer(train_through_waits=True)``)."""
     aggregator: str = "mean"
     """mean, trimmed_mean or centered_clip (see AGGREGATORS)."""
     norm_bound: float = 0.0

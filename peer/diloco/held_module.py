@@ -137,7 +137,8 @@ class HeldModule:
 
 @dataclass
 class PendingExchange:
-    """An exchange launched and not yet applied (overlap mode: applied at the end of the next round)."""
+    """An exchange launched and not yet applied (overlap mode: applied at the first inner step after it
+    returned, at the latest at the end of the next round)."""
 
     round_no: int
     tokens: float

@@ -4,7 +4,8 @@ DiLoCo (Douillard et al. 2023) runs H inner AdamW steps, then one outer step on 
 ``delta = global - local`` averaged across workers. DiPaCo (Douillard et al. 2024) does this per
 module of a lattice, each module averaged only among the paths that share it, optionally scaling the
 averaged delta by the square root of their number. Streaming DiLoCo (Douillard et al. 2025) and DeAR
-(Zhang et al. 2021) hide the exchange behind the next round's compute and apply it one round late::
+(Zhang et al. 2021) hide the exchange behind the next round's compute; here its average is applied at
+the first inner step after it returned, the steps taken meanwhile kept on top::
 
     opt = DiLoCoOptimizer(modules={"embed": m0, "L0M1": m1}, inner=InnerConfig(), outer=OuterConfig(),
                           lattice=LatticeConfig(), averager=averager)
@@ -101,8 +102,10 @@ class DiLoCoOptimizer:
     as the simulator resolves its own) and passed to every exchange.
 
     With ``outer.overlap`` the exchange of round t runs on a background thread during round t+1 and is
-    applied at the end of round t+1, keeping the local progress made meanwhile on top of the new
-    global copy. Global copies and outer momentum stay bit-identical across the group in both modes.
+    applied at the first inner step after it returned (at the latest at the end of round t+1), keeping
+    the local progress made meanwhile on top of the new global copy: the steps computed before the new
+    global copy are those the exchange took, not a whole round's. :meth:`step` returns round t's report
+    then. Global copies and outer momentum stay bit-identical across the group in both modes.
     Where round t's exchange is still in flight when round t+1 has had its steps (or seconds), the peer
     goes on stepping rather than waiting idle (``train_through_waits``): round t+1 ends at the first
     step after that exchange is done, after at most ``outer.inner_steps`` (or ``round_seconds``) more,
@@ -189,6 +192,11 @@ class DiLoCoOptimizer:
         self._tokens_in_round = 0.0
         self._round_start = clock()
         self._executor: Optional[ThreadPoolExecutor] = None
+        self._in_flight_round: Optional[tuple[int, int, float, float]] = None
+        """Overlap mode: (round, inner steps, tokens, seconds) of the round whose exchange is in flight."""
+        self._applied_early: dict[str, ModuleReport] = {}
+        """Overlap mode: that round's modules already applied, at the first step after their exchange
+        returned; its report comes once every module's is applied."""
         self._state_lock = threading.RLock()  # module_state() may be called from a state-serving thread
         self.before_launch: Optional[Callable[[str, ModuleReport], None]] = None
         """Overlap mode: called with a module's failed report after its exchange completed and before
@@ -225,16 +233,49 @@ class DiLoCoOptimizer:
         self._inner_step += 1
         self._steps_in_round += 1
         self._tokens_in_round += 1.0 if tokens is None else float(tokens)
+        applied = self._apply_returned()
         elapsed = self.clock() - self._round_start
         if self._budget_spent(self._steps_in_round, elapsed) and not self._exchange_still_running(elapsed):
-            return self._end_round(elapsed)
+            return self._end_round(elapsed) or applied
         if self._others_waiting():
             waiting = getattr(self.averager, "last_waiting", None)
             logger.info("round %d ends early, after %d steps in %.2fs: %s", self.round, self._steps_in_round, elapsed,
                         "another holder waits" if waiting is None else
                         f"{waiting[2][-8:]} waits to average {waiting[0]} round {waiting[1]}")
-            return self._end_round(elapsed)
-        return None
+            return self._end_round(elapsed) or applied
+        return applied
+
+    def _apply_returned(self) -> Optional[RoundReport]:
+        """Overlap mode: apply each module's exchange that has returned (the local progress made since
+        its delta was taken kept on top), so a round's average lands a step after it came back rather
+        than at the next round's end; the round's report once every module's is applied."""
+        if not self.outer_cfg.overlap or self._in_flight_round is None:
+            return None
+        for mid, st in self._modules.items():
+            if st.pending is not None and (st.pending.future is None or st.pending.future.done()):
+                self._applied_early[mid] = self._completed(mid, st)
+        if any(st.pending is not None for st in self._modules.values()):
+            return None
+        return self._in_flight_report()
+
+    def _completed(self, mid: str, st: HeldModule) -> ModuleReport:
+        """Overlap mode: apply ``mid``'s exchange (waiting for it where it is still in flight) and, when it
+        failed, re-sync before its next launch (:attr:`before_launch`)."""
+        report = self._complete(st)
+        if not report.applied and self.before_launch is not None:
+            try:
+                self.before_launch(mid, report)
+            except Exception as e:  # a failed re-sync is retried after the next failed round
+                logger.warning("module %s: re-sync before the next exchange failed: %r", mid, e)
+        return report
+
+    def _in_flight_report(self) -> Optional[RoundReport]:
+        """The report of the round whose exchange was in flight, all its modules applied (or not)."""
+        if self._in_flight_round is None:
+            return None
+        round_no, steps, tokens, seconds = self._in_flight_round
+        reports, self._applied_early, self._in_flight_round = self._applied_early, {}, None
+        return RoundReport(round_no, steps, tokens, seconds, reports)
 
     def end_round_if_others_wait(self, sparse: bool = False) -> Optional[RoundReport]:
         """End the round now, between inner steps, when another holder already waits to average it and
@@ -327,13 +368,10 @@ class DiLoCoOptimizer:
     def flush(self) -> Optional[RoundReport]:
         """Overlap mode: wait for the exchanges in flight and apply them (local progress kept).
         A no-op returning None otherwise."""
-        reports = {}
         for mid, st in self._modules.items():
             if st.pending is not None:
-                reports[mid] = self._complete(st)
-        if not reports:
-            return None
-        return RoundReport(self.round - 1, 0, 0.0, 0.0, reports)
+                self._applied_early[mid] = self._complete(st)
+        return self._in_flight_report()
 
     def close(self) -> None:
         """Flush and stop the exchange threads."""
@@ -370,14 +408,11 @@ class DiLoCoOptimizer:
         if self.outer_cfg.overlap:
             for mid, st in self._modules.items():
                 if st.pending is not None:
-                    reports[mid] = self._complete(st)
-                    if not reports[mid].applied and self.before_launch is not None:
-                        try:
-                            self.before_launch(mid, reports[mid])
-                        except Exception as e:  # a failed re-sync is retried after the next failed round
-                            logger.warning("module %s: re-sync before the next exchange failed: %r", mid, e)
+                    self._applied_early[mid] = self._completed(mid, st)
+            report = self._in_flight_report()
+            for st in self._modules.values():
                 self._launch(st, tokens, weight, keep_anchor=True)
-            report = RoundReport(self.round - 1, steps, tokens, elapsed, reports) if reports else None
+            self._in_flight_round = (self.round, steps, tokens, elapsed)
         else:
             for st in self._modules.values():  # all modules exchange at once: one slow group blocks no other
                 self._launch(st, tokens, weight, keep_anchor=False)

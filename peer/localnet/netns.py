@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+import psutil
+
 from models.durable import atomic_write_text
 
 __all__ = ["NetnsBridge", "link_idle", "netns_available", "read_samples", "sample_tx", "tx_bytes"]
@@ -65,16 +67,6 @@ def _sh(*args: str) -> None:
     subprocess.run(list(args), check=True, capture_output=True, text=True)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _leftovers(prefix: str, existing: str) -> list[str]:
     """The namespaces in ``existing`` (``ip netns list``'s output) that a :class:`NetnsBridge` of
     ``prefix`` made in a process that is gone (one killed before its clean-up ran)."""
@@ -83,7 +75,7 @@ def _leftovers(prefix: str, existing: str) -> list[str]:
         name = line.split()[0] if line.strip() else ""
         tag, dash, _ = name.partition("-")
         pid = tag[len(prefix):]
-        if dash and tag.startswith(prefix) and pid.isdigit() and not _pid_alive(int(pid)):
+        if dash and tag.startswith(prefix) and pid.isdigit() and not psutil.pid_exists(int(pid)):
             gone.append(name)
     return gone
 

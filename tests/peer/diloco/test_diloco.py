@@ -195,12 +195,14 @@ def test_overlap_mode_stays_bit_identical_and_loss_falls():
     rounds = 6
     # two steps past the last boundary: progress made while round 5's exchange is in flight
     run_threads([lambda w=w: [w.train_step() for _ in range(rounds * outer.inner_steps + 2)] for w in workers])
-    for w in workers:
-        # round 0's boundary only launches an exchange; later boundaries apply the previous round's
-        assert [r.round for r in w.reports] == list(range(rounds - 1))
-        assert all(m.applied for r in w.reports for m in r.modules.values())
     flushed = [w.opt.flush() for w in workers]
-    assert all(f is not None and f.round == rounds - 1 and f.applied for f in flushed)
+    for w, f in zip(workers, flushed):
+        # round 0's boundary only launches an exchange; each round's report comes once its exchange is
+        # applied (a step after it returned, or at the next boundary), the last one's maybe at the flush
+        reports = w.reports + ([f] if f is not None else [])
+        assert [r.round for r in reports] == list(range(rounds))
+        assert all(m.applied for r in reports for m in r.modules.values())
+        assert [r.inner_steps for r in reports] == [outer.inner_steps] * rounds
     assert_replicas_identical(workers, check_local=False)
     for w in workers:
         assert sum(w.losses[-5:]) < sum(w.losses[:5]) * 0.8
@@ -310,6 +312,33 @@ def test_overlap_trains_through_a_wait_for_the_last_exchange_and_ends_the_round_
     assert w.opt.round == 2
     w.opt.flush()
     assert hub.round_weights("L0M0", 1) == {"a": 5.0 * BATCH * SEQ}  # 3 steps + 2 while waiting
+    w.opt.close()
+
+
+def test_overlap_applies_a_round_at_the_first_step_after_its_exchange_returned():
+    """Round 0's exchange is held back past round 1's first step; once it returned, the next step
+    applies it (its report, of round 0's 5 steps, comes then, mid-round 1) and keeps the local
+    progress made meanwhile on top of the new global copy; round 1 goes on to its own end."""
+    outer = OuterConfig(inner_steps=5, codec="int8", round_timeout=60.0, overlap=True)
+    hub = LocalAverager()
+    gated = _Gated(hub.member("a"), round_no=0)
+    w = make_worker("a", (0,), DENSE, outer, gated, seed=1)
+    for _ in range(5 + 1):  # round 0, then round 1's first step with round 0 in flight
+        assert w.train_step() is None
+    assert w.opt.round == 1 and _in_flight(w)
+    gated.release.set()
+    wait_for(lambda: not _in_flight(w), 30, "round 0's exchange to return")
+    report = w.train_step()
+    assert report is not None and report.round == 0 and report.applied and report.inner_steps == 5
+    assert w.opt.round == 1 and w.opt._steps_in_round == 2 and w.opt.module_round("L0M0") == 1
+    state = w.opt.module_state("L0M0")
+    assert any(not torch.equal(p.detach(), g) for p, g in zip(w.mods["L0M0"].parameters(), state.global_params)), \
+        "the two steps of round 1 were not kept on top of the new global copy"
+    assert w.opt.flush() is None  # nothing left in flight
+    for _ in range(3):  # round 1's end launches its exchange, whose report comes later
+        assert w.train_step() is None
+    report = w.opt.flush()
+    assert report is not None and report.round == 1 and report.applied and report.inner_steps == 5
     w.opt.close()
 
 
