@@ -138,6 +138,9 @@ class Matchmaker(DeclarationPush):
         self._grouped: dict[str, tuple[int, frozenset[str]]] = {}
         """module -> (the last round whose group we formed, its other members): at the next round each
         of them is at that round too, whatever its holder record still says (see :meth:`_gather`)."""
+        self.sparse_seen: dict[str, int] = {}
+        """module -> the last round whose gather read a declaration of a peer whose steps are far apart
+        (:attr:`peer.network.records.GroupDeclaration.sparse`: a pipeline trainer or stage server)."""
 
     def fetched(self, module_id: str, source: str, round_no: int) -> None:
         """We took ``module_id``'s state at ``round_no`` from ``source`` to average it: at that round our
@@ -515,6 +518,8 @@ class Matchmaker(DeclarationPush):
                         log.info("%s: holders %s did not declare by the gather deadline", key, ", ".join(silent))
                     gone = withdrawn_rounds(holders, self.config_hash, self.data_hash, self.verifier)
                     gone.pop(self.peer_id, None)
+                    if any(d.sparse for d in declared.values()):
+                        self.sparse_seen[module_id] = max(round_no, self.sparse_seen.get(module_id, -1))
                     return Gathered(declared, ahead, expected, behind, set(live), gone)
                 # a declaration pushed to us meanwhile is counted at once; else the DHT is read again, less
                 # and less often while the holders we wait for push us theirs

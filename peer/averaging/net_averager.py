@@ -55,6 +55,10 @@ reachable member it reduces (next to) nothing, so no part crosses its relay; in 
 members alone they share the work as their links allow."""
 WITHDRAW_TIMEOUT = 5.0
 """Seconds a release waits for the DHT to store its withdrawals (a drain must not hang on it)."""
+SPARSE_ROUNDS = 3
+"""Rounds after which a module whose gathers read no declaration of a peer whose steps are far apart
+no longer counts as shared with one (:meth:`NetAverager.shares_with_sparse`): such a peer's round
+sometimes ends at its own step, and then its declaration does not say so."""
 
 
 CODEC_THREADS = 2
@@ -292,6 +296,15 @@ class NetAverager:
             self.release(module_id, timeout)
 
     # -- pacing -------------------------------------------------------------------------------
+
+    def shares_with_sparse(self, module_id: str, round_no: int, within: int = SPARSE_ROUNDS) -> bool:
+        """Whether a gather of ``module_id`` in the ``within`` rounds before ``round_no`` read the
+        declaration of a peer whose steps are far apart (a pipeline trainer or stage server): such a
+        member's group forms once it noticed the others waiting (``DiLoCoOptimizer(overlap_beside_sparse)``
+        reads it). Never blocks: a dict read."""
+        matchmaker = self._pacing.matchmaker  # None until the averager started
+        seen = matchmaker.sparse_seen.get(module_id) if matchmaker is not None else None
+        return seen is not None and round_no - seen <= within
 
     def others_waiting(self, rounds: Mapping[str, int], paced_too: bool = False) -> bool:
         """True when another holder of our config already waits in matchmaking for the current round of

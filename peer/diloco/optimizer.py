@@ -97,6 +97,12 @@ class DiLoCoOptimizer:
     (:data:`PACED_MIN_SHARE`); 0 for a peer whose steps are far apart (a stage server, a pipeline
     trainer), which must answer a waiting holder at once to be averaged at all.
 
+    ``overlap_beside_sparse`` (a path peer; ignored with ``outer.overlap``): the rounds run in overlap
+    mode (below) while the averager saw a peer whose steps are far apart in a recent group of one of
+    our modules (``shares_with_sparse``), and wait for their exchange again once it saw none for a few
+    rounds and nothing is in flight. Such a member ends its round only once it noticed us waiting, and
+    its group then forms on its machine's time: a good part of a round (:attr:`overlapping`).
+
     The codec is decided once, here: ``outer.codec`` (the run's, as the coordinator's assignment
     carries it) under ``outer.entropy``, resolved to :attr:`codec` (:func:`peer.compression.resolve_codec`,
     as the simulator resolves its own) and passed to every exchange.
@@ -125,6 +131,7 @@ class DiLoCoOptimizer:
         train_through_waits: bool = True,
         join_ramp_rounds: int = 0,
         paced_min_share: float = PACED_MIN_SHARE,
+        overlap_beside_sparse: bool = False,
     ):
         if not modules:
             raise ConfigError("modules", "the optimizer needs at least one module to train")
@@ -158,6 +165,11 @@ class DiLoCoOptimizer:
         rounds = getattr(averager, "use_round_policy", None)
         if rounds is not None:  # overlap members do not wait for holders behind them
             rounds(wait_for_behind=not outer.overlap)
+        self.overlapping = outer.overlap
+        """Whether the round being computed will exchange behind the next one (overlap mode): the
+        config's ``outer.overlap``, or, with ``overlap_beside_sparse``, while a module is shared with a
+        peer whose steps are far apart."""
+        self.overlap_beside_sparse = overlap_beside_sparse and not outer.overlap
         self.clock = clock
         self.train_through_waits = train_through_waits
         if not (isinstance(join_ramp_rounds, int) and join_ramp_rounds >= 0):
@@ -249,7 +261,7 @@ class DiLoCoOptimizer:
         """Overlap mode: apply each module's exchange that has returned (the local progress made since
         its delta was taken kept on top), so a round's average lands a step after it came back rather
         than at the next round's end; the round's report once every module's is applied."""
-        if not self.outer_cfg.overlap or self._in_flight_round is None:
+        if self._in_flight_round is None:
             return None
         for mid, st in self._modules.items():
             if st.pending is not None and (st.pending.future is None or st.pending.future.done()):
@@ -275,7 +287,27 @@ class DiLoCoOptimizer:
             return None
         round_no, steps, tokens, seconds = self._in_flight_round
         reports, self._applied_early, self._in_flight_round = self._applied_early, {}, None
-        return RoundReport(round_no, steps, tokens, seconds, reports)
+        return RoundReport(round_no, steps, tokens, seconds, reports, overlap=True)
+
+    def _choose_mode(self) -> None:
+        """With ``overlap_beside_sparse``: exchange behind the next round while the averager saw, in a
+        recent round of one of our modules, a member whose steps are far apart (a pipeline trainer or
+        stage server, ``NetAverager.shares_with_sparse``). Such a member declares once it noticed us
+        waiting and on a machine of its own pace, so its group forms a good part of a round after ours
+        would: waiting for it would hold every round of ours up. Back to waiting for the exchange only
+        once none is in flight (a step returns one round's report)."""
+        if not self.overlap_beside_sparse:
+            return
+        probe = getattr(self.averager, "shares_with_sparse", None)
+        want = probe is not None and any(probe(mid, st.round_no) for mid, st in self._modules.items())
+        if want == self.overlapping or (not want and self._in_flight_round is not None):
+            return
+        self.overlapping = want
+        logger.info("round %d on: %s", self.round, "a module is shared with a peer whose steps are far apart: "
+                    "exchanges run behind the next round" if want else "exchanges are waited for again")
+        rounds = getattr(self.averager, "use_round_policy", None)
+        if rounds is not None:
+            rounds(wait_for_behind=not want)
 
     def end_round_if_others_wait(self, sparse: bool = False) -> Optional[RoundReport]:
         """End the round now, between inner steps, when another holder already waits to average it and
@@ -336,7 +368,7 @@ class DiLoCoOptimizer:
     def _exchange_still_running(self, elapsed: float) -> bool:
         """Overlap mode with ``train_through_waits``: the last round's exchange of some module is still
         in flight, and this round has not yet had twice its steps (or seconds): keep stepping."""
-        if not (self.outer_cfg.overlap and self.train_through_waits) or self._budget_spent(self._steps_in_round,
+        if not (self.overlapping and self.train_through_waits) or self._budget_spent(self._steps_in_round,
                                                                                           elapsed, times=2):
             return False
         return any(st.pending is not None and st.pending.future is not None and not st.pending.future.done()
@@ -405,7 +437,8 @@ class DiLoCoOptimizer:
         tokens, steps = self._tokens_in_round, self._steps_in_round
         weight = self.round_weight(tokens)
         reports = {}
-        if self.outer_cfg.overlap:
+        self._choose_mode()
+        if self.overlapping:
             for mid, st in self._modules.items():
                 if st.pending is not None:
                     self._applied_early[mid] = self._completed(mid, st)

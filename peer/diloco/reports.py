@@ -53,6 +53,9 @@ class RoundReport:
     seconds: float
     """Clock seconds of inner work in the round that just ended."""
     modules: dict[str, ModuleReport]
+    overlap: bool = False
+    """The round's exchange ran behind the next round's steps (overlap mode): a module it did not apply
+    is re-synced before its next launch (:func:`peer.diloco.install_resync`), not after this report."""
 
     @property
     def applied(self) -> bool:

@@ -32,7 +32,7 @@ and will not average it from there)."""
 
 
 def resync_module(opt: DiLoCoOptimizer, module_id: str, fetch_state: Optional[FetchState], adopt: str = "",
-                  wait: float = 0.0, left_at: int = -1) -> bool:
+                  wait: float = 0.0, left_at: int = -1, overlap: Optional[bool] = None) -> bool:
     """Adopt the group's state of ``module_id`` if a live holder is ahead of us or holds the kept side
     of a fork (``adopt``: its digest). Returns True when our state changed.
 
@@ -50,7 +50,7 @@ def resync_module(opt: DiLoCoOptimizer, module_id: str, fetch_state: Optional[Fe
         return False
     mine = opt.module_state(module_id)
     like = list(mine.global_params)
-    if opt.outer_cfg.overlap:
+    if opt.overlapping if overlap is None else overlap:
         deadline = time.monotonic() + wait
         in_step = False
 
@@ -120,13 +120,13 @@ def install_resync(opt: DiLoCoOptimizer, fetch_state: Optional[FetchState], wait
     A stage server passes 0 (one try, a failed one retried after its next round): its step runs
     inside the request that completed it, so a poll there stalls its serving, and with rounds failing
     one after another (its group gone) a trainer's requests time out and its steps are abandoned."""
-    if opt.outer_cfg.overlap and fetch_state is not None:
+    if (opt.outer_cfg.overlap or opt.overlap_beside_sparse) and fetch_state is not None:
         wait = min(10.0, 0.2 * opt.outer_cfg.round_timeout) if wait is None else wait
 
         def before_launch(mid: str, report: Any) -> None:
             if "NaN" not in report.reason:
                 resync_module(opt, mid, fetch_state, report.adopt, wait=wait,
-                              left_at=report.ahead if report.ahead_left else -1)
+                              left_at=report.ahead if report.ahead_left else -1, overlap=True)
 
         opt.before_launch = before_launch
 
@@ -136,7 +136,7 @@ def resync_after_round(opt: DiLoCoOptimizer, report: RoundReport, averager: Any,
     ahead tells us at the next round; overlap mode re-syncs earlier, see :func:`install_resync`), then
     announce each module's current round to the DHT (in the background)."""
     for mid, m in report.modules.items():
-        if not m.applied and "NaN" not in m.reason and not opt.outer_cfg.overlap:
+        if not m.applied and "NaN" not in m.reason and not report.overlap:
             try:
                 resync_module(opt, mid, fetch_state, m.adopt, left_at=m.ahead if m.ahead_left else -1)
             except Exception as e:  # a failed re-sync is retried after the next failed round

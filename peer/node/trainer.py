@@ -114,6 +114,9 @@ class PathTrainer:
             lattice=cfg.lattice,
             averager=averager,
             join_ramp_rounds=JOIN_RAMP_ROUNDS,
+            # beside a pipeline trainer or stage server, whose group forms only once it noticed us
+            # waiting, exchanges run behind the next round instead of holding each round up
+            overlap_beside_sparse=True,
         )
         self._fetch_state = fetch_state
         install_resync(self.opt, fetch_state)

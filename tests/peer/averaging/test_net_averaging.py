@@ -689,6 +689,41 @@ def test_a_member_that_ended_its_round_for_a_waiting_one_declares_it_paced():
     assert decls[a.peer_id].paced is False and decls[b.peer_id].paced is True
 
 
+@pytest.mark.integration
+def test_a_holder_whose_group_had_a_sparse_stepper_counts_its_module_shared_with_one():
+    """``b`` answers ``a``'s wait as a peer whose steps are far apart does (``paced_too``): its
+    declaration says sparse, so ``a``'s gather of that round counts the module as shared with such a
+    peer for the next few rounds (``DiLoCoOptimizer(overlap_beside_sparse)`` reads it), and ``b``, which
+    read only ``a``'s whole-round declaration, does not."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from peer.averaging.net_averager import SPARSE_ROUNDS
+
+    host = ["/ip4/127.0.0.1/tcp/0"]
+    with start_dht(DHTOptions(host_maddrs=host)) as d0, \
+            start_dht(DHTOptions(host_maddrs=host, initial_peers=d0.maddrs())) as d1:
+        a, b = (NetAverager(d, "sparse", "aaaa0000aaaa0000") for d in (d0, d1))
+        try:
+            for avg in (a, b):
+                avg.hold("L0M0", 4)
+            wait_for(lambda: len(read_records(b.dht, holders_key("sparse", "L0M0"), HolderRecord)) == 2, 30,
+                     "both holder records")
+            assert not a.shares_with_sparse("L0M0", 4)
+            int8 = get_codec("int8")
+            with ThreadPoolExecutor(2) as pool:
+                first = pool.submit(a.average, "L0M0", 4, [torch.ones(2 * BLOCK)], 1.0, int8, 20.0)
+                wait_for(lambda: b.others_waiting({"L0M0": 4}, paced_too=True), 20, "a waiting for round 4")
+                second = pool.submit(b.average, "L0M0", 4, [torch.zeros(2 * BLOCK)], 1.0, int8, 20.0)
+                results = [first.result(timeout=60), second.result(timeout=60)]
+            shared = [a.shares_with_sparse("L0M0", 5), a.shares_with_sparse("L0M0", 4 + SPARSE_ROUNDS),
+                      a.shares_with_sparse("L0M0", 5 + SPARSE_ROUNDS), b.shares_with_sparse("L0M0", 5)]
+        finally:
+            a.shutdown()
+            b.shutdown()
+    assert all(r.group_size == 2 for r in results), [r.reason for r in results]
+    assert shared == [True, True, False, False]
+
+
 def _parts_sizes(numel: int, ids: list[str], avgs: list) -> list[int]:
     bw = {a.peer_id: a.bandwidth for a in avgs}
     return [b - a for a, b in part_bounds(numel, [bw[p] for p in ids])]

@@ -716,3 +716,46 @@ def test_rebase_keeps_local_progress_exactly():
         assert torch.allclose(d, -pr, atol=1e-6), "the pseudo-gradient lost the pre-rebase progress"
     report = w.train_step()  # the round's last step: the carried progress is exchanged as round 9
     assert report is not None and report.modules[mid].round_no == 9 and report.applied
+
+
+class _Sparse:
+    """A member averager that says whether a module is shared with a peer whose steps are far apart
+    (``NetAverager.shares_with_sparse``), as the test sets it, and records its round policies."""
+
+    def __init__(self, member) -> None:
+        self.member, self.sparse, self.policies = member, False, []
+
+    def average(self, *args, **kw):
+        return self.member.average(*args, **kw)
+
+    def shares_with_sparse(self, module_id, round_no) -> bool:
+        return self.sparse
+
+    def use_round_policy(self, wait_for_behind: bool) -> None:
+        self.policies.append(wait_for_behind)
+
+
+def test_a_path_peer_exchanges_behind_its_next_round_while_it_shares_a_module_with_a_sparse_stepper():
+    """With ``overlap_beside_sparse`` the rounds wait for their exchange while no sparse stepper is
+    seen, run it behind the next round once one is (that round's report comes once it is applied, and
+    holders behind are not waited for), and wait again once none is seen and nothing is in flight."""
+    outer = OuterConfig(inner_steps=2, codec="int8", round_timeout=60.0)
+    hub = LocalAverager()
+    averager = _Sparse(hub.member("a"))
+    w = make_worker("a", (0,), DENSE, outer, averager, seed=1)
+    w.opt.overlap_beside_sparse = True
+    w.train_step()
+    report = w.train_step()  # round 0: waited for
+    assert report is not None and report.round == 0 and not report.overlap and not w.opt.overlapping
+    averager.sparse = True
+    w.train_step()
+    assert w.train_step() is None  # round 1's end launches its exchange and returns
+    assert w.opt.overlapping and averager.policies[-1] is False
+    wait_for(lambda: not _in_flight(w), 30, "round 1's exchange to return")
+    report = w.train_step()  # applied at the next step
+    assert report is not None and report.round == 1 and report.overlap and report.applied
+    averager.sparse = False
+    report = w.train_step()  # round 2 ends with nothing in flight: it is waited for again
+    assert report is not None and report.round == 2 and not report.overlap and report.applied
+    assert not w.opt.overlapping and averager.policies[-1] is True
+    w.opt.close()
