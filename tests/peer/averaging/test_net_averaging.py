@@ -12,6 +12,7 @@ values: replicas are ``torch.equal``, and every average is the exact weighted me
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -657,34 +658,48 @@ def test_client_mode_peer_averages_without_reducing(tmp_path):
     assert results[2].bytes_sent == sum(2 * n for n in _parts_sizes(3 * BLOCK + 5, ids, avgs))
 
 
+@contextlib.contextmanager
+def _two_holders_at_round_4(run_id: str):
+    """Two averagers ``a``, ``b`` on loopback DHTs, both holding L0M0 at round 4 and seeing each other's
+    holder record; yields (``a``'s DHT, a, b) and shuts both down."""
+    host = ["/ip4/127.0.0.1/tcp/0"]
+    with start_dht(DHTOptions(host_maddrs=host)) as d0, \
+            start_dht(DHTOptions(host_maddrs=host, initial_peers=d0.maddrs())) as d1:
+        a, b = (NetAverager(d, run_id, "aaaa0000aaaa0000") for d in (d0, d1))
+        try:
+            for avg in (a, b):
+                avg.hold("L0M0", 4)
+            wait_for(lambda: len(read_records(b.dht, holders_key(run_id, "L0M0"), HolderRecord)) == 2, 30,
+                     "both holder records")
+            yield d0, a, b
+        finally:
+            a.shutdown()
+            b.shutdown()
+
+
+def _b_answers_a_waiting(a, b, paced_too: bool) -> list:
+    """``a`` begins round 4 of L0M0; once ``b`` sees it waiting (``paced_too``: as a peer whose steps are
+    far apart), ``b`` joins: both results."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    int8 = get_codec("int8")
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(a.average, "L0M0", 4, [torch.ones(2 * BLOCK)], 1.0, int8, 20.0)
+        wait_for(lambda: b.others_waiting({"L0M0": 4}, paced_too=paced_too), 20, "a waiting for round 4")
+        second = pool.submit(b.average, "L0M0", 4, [torch.zeros(2 * BLOCK)], 1.0, int8, 20.0)
+        return [first.result(timeout=60), second.result(timeout=60)]
+
+
 @pytest.mark.integration
 def test_a_member_that_ended_its_round_for_a_waiting_one_declares_it_paced():
     """Pacing: ``b`` sees ``a`` waiting in matchmaking for their round, ends its own (what
     ``DiLoCoOptimizer`` does on ``others_waiting``) and joins: its declaration says it was paced, ``a``'s
     (a whole round) does not, so ``b``'s declaration never ends a third holder's round."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from peer.network import GroupDeclaration, group_key, records_from_value
 
-    host = ["/ip4/127.0.0.1/tcp/0"]
-    with start_dht(DHTOptions(host_maddrs=host)) as d0, \
-            start_dht(DHTOptions(host_maddrs=host, initial_peers=d0.maddrs())) as d1:
-        a, b = (NetAverager(d, "paced", "aaaa0000aaaa0000") for d in (d0, d1))
-        try:
-            for avg in (a, b):
-                avg.hold("L0M0", 4)
-            wait_for(lambda: len(read_records(b.dht, holders_key("paced", "L0M0"), HolderRecord)) == 2, 30,
-                     "both holder records")
-            int8 = get_codec("int8")
-            with ThreadPoolExecutor(2) as pool:
-                first = pool.submit(a.average, "L0M0", 4, [torch.ones(2 * BLOCK)], 1.0, int8, 20.0)
-                wait_for(lambda: b.others_waiting({"L0M0": 4}), 20, "a waiting for round 4")
-                second = pool.submit(b.average, "L0M0", 4, [torch.zeros(2 * BLOCK)], 1.0, int8, 20.0)
-                results = [first.result(timeout=60), second.result(timeout=60)]
-            decls = records_from_value(d0.dht.get(group_key("paced", "L0M0", 4), latest=True), GroupDeclaration)
-        finally:
-            a.shutdown()
-            b.shutdown()
+    with _two_holders_at_round_4("paced") as (d0, a, b):
+        results = _b_answers_a_waiting(a, b, paced_too=False)
+        decls = records_from_value(d0.dht.get(group_key("paced", "L0M0", 4), latest=True), GroupDeclaration)
     assert all(r.group_size == 2 for r in results), [r.reason for r in results]
     assert decls[a.peer_id].paced is False and decls[b.peer_id].paced is True
 
@@ -695,31 +710,13 @@ def test_a_holder_whose_group_had_a_sparse_stepper_counts_its_module_shared_with
     declaration says sparse, so ``a``'s gather of that round counts the module as shared with such a
     peer for the next few rounds (``DiLoCoOptimizer(overlap_beside_sparse)`` reads it), and ``b``, which
     read only ``a``'s whole-round declaration, does not."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from peer.averaging.net_averager import SPARSE_ROUNDS
 
-    host = ["/ip4/127.0.0.1/tcp/0"]
-    with start_dht(DHTOptions(host_maddrs=host)) as d0, \
-            start_dht(DHTOptions(host_maddrs=host, initial_peers=d0.maddrs())) as d1:
-        a, b = (NetAverager(d, "sparse", "aaaa0000aaaa0000") for d in (d0, d1))
-        try:
-            for avg in (a, b):
-                avg.hold("L0M0", 4)
-            wait_for(lambda: len(read_records(b.dht, holders_key("sparse", "L0M0"), HolderRecord)) == 2, 30,
-                     "both holder records")
-            assert not a.shares_with_sparse("L0M0", 4)
-            int8 = get_codec("int8")
-            with ThreadPoolExecutor(2) as pool:
-                first = pool.submit(a.average, "L0M0", 4, [torch.ones(2 * BLOCK)], 1.0, int8, 20.0)
-                wait_for(lambda: b.others_waiting({"L0M0": 4}, paced_too=True), 20, "a waiting for round 4")
-                second = pool.submit(b.average, "L0M0", 4, [torch.zeros(2 * BLOCK)], 1.0, int8, 20.0)
-                results = [first.result(timeout=60), second.result(timeout=60)]
-            shared = [a.shares_with_sparse("L0M0", 5), a.shares_with_sparse("L0M0", 4 + SPARSE_ROUNDS),
-                      a.shares_with_sparse("L0M0", 5 + SPARSE_ROUNDS), b.shares_with_sparse("L0M0", 5)]
-        finally:
-            a.shutdown()
-            b.shutdown()
+    with _two_holders_at_round_4("sparse") as (_, a, b):
+        assert not a.shares_with_sparse("L0M0", 4)
+        results = _b_answers_a_waiting(a, b, paced_too=True)
+        shared = [a.shares_with_sparse("L0M0", 5), a.shares_with_sparse("L0M0", 4 + SPARSE_ROUNDS),
+                  a.shares_with_sparse("L0M0", 5 + SPARSE_ROUNDS), b.shares_with_sparse("L0M0", 5)]
     assert all(r.group_size == 2 for r in results), [r.reason for r in results]
     assert shared == [True, True, False, False]
 
