@@ -110,10 +110,14 @@ def _lines(net: Any, name: str, since: float, until: float, event: Optional[str]
             and (event is None or p.get("event") == event)]
 
 
-def _tokens(net: Any, name: str, since: float, until: float) -> int:
-    """Tokens ``name`` reported processing between ``since`` and ``until`` (its progress lines)."""
-    seen = [p["tokens"] for p in _lines(net, name, since, until, "progress") if "tokens" in p]
-    return max(seen) - min(seen) if len(seen) >= 2 else 0
+def _tokens(net: Any, name: str, since: float, until: float, mode: Optional[str] = None) -> int:
+    """Tokens ``name`` reported processing between ``since`` and ``until``: the sum of the increases
+    between its consecutive progress lines in one role (a restarted process counts from 0 again; a
+    peer moved from trainer to server counts what it trained and then what it served, never the jump
+    between the two counters). ``mode``: only the lines in that role."""
+    seen = [p for p in _lines(net, name, since, until, "progress") if "tokens" in p]
+    return sum(b["tokens"] - a["tokens"] for a, b in zip(seen, seen[1:])
+               if b["tokens"] >= a["tokens"] and a.get("mode") == b.get("mode") and mode in (None, a.get("mode")))
 
 
 PLAN = re.compile(r"exchange plan: module (\w+): H=(\d+)")
@@ -276,13 +280,14 @@ def run(work: Path, control_s: float, stage_s: float, kill_s: float, seed: int,
         bottleneck = statistics.median(bottlenecks) if bottlenecks else 0.0
         path_tps = (sum(_tokens(net, n, t0, t1) for n in path_names) / max(1e-9, t1 - t0),
                     sum(tokens[n] for n in path_names) / max(1e-9, t2 - t1))
-        trainer_tps = sum(tokens[n] for n in trainers) / (t2 - t1)
+        trained = {n: _tokens(net, n, t1, t2, "trainer") for n in small}  # through pipelines, whatever the roles did
+        trainer_tps = sum(trained.values()) / (t2 - t1)
         out.update({
             "roles": {n: _mode(net, n) for n in small},
             "small_peers_idle": sum(1 for n in small if late[n] == 0),
             "small_peer_tokens_last_half": late,
-            "small_peer_token_share": sum(tokens[n] for n in trainers) / max(1, sum(tokens[n] for n in trainers)
-                                                                              + sum(tokens[n] for n in path_names)),
+            "small_peer_token_share": sum(trained.values()) / max(1, sum(trained.values())
+                                                                   + sum(tokens[n] for n in path_names)),
             "pipeline_tokens_per_s": round(trainer_tps, 1),
             "bottleneck_capacity_tokens_per_s": round(bottleneck, 1),
             "throughput_fraction": trainer_tps / bottleneck if bottleneck > 0 else None,
@@ -320,7 +325,7 @@ def run(work: Path, control_s: float, stage_s: float, kill_s: float, seed: int,
             due = time.time() + KILL_EVERY
             wait_for(lambda: time.time() >= min(due, t3 + kill_s), KILL_EVERY + 60, "the next kill", interval=1.0)
         t4 = time.time()
-        killed_tps = sum(_tokens(net, n, t3, t4) for n in trainers) / max(1e-9, t4 - t3)
+        killed_tps = sum(_tokens(net, n, t3, t4, "trainer") for n in small) / max(1e-9, t4 - t3)
         out.update({"kills": kills, "pipeline_tokens_per_s_with_kills": round(killed_tps, 1),
                     "throughput_fraction_with_kills": killed_tps / bottleneck if bottleneck > 0 else None,
                     "kill_retention": killed_tps / trainer_tps if trainer_tps > 0 else None})

@@ -15,12 +15,13 @@ return that reason.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import math
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Callable, Optional
 
 import torch
@@ -106,11 +107,20 @@ class StageTrainer:
     gradient (outer rounds inside :class:`peer.diloco.DiLoCoOptimizer`). Each level's forward and
     backward name the codec the client's scheme gives that level (:class:`peer.stage.wire.CodecScheme`:
     e.g. a richer codec for the embedding's output into level 0); its server answers in it.
+
+    Drawing from the path's shard, a step launches the next step's micro-batches before it waits on
+    its own, so two steps' micro-batches are in flight and the servers never wait on this trainer's
+    optimizer step (as in SWARM, where trainers keep micro-batches flowing): the next step's may read
+    the embedding before this step updates it, one step stale, as the servers' modules are. Each
+    micro-batch returns its own gradients, summed per step, so no step's gradient mixes with
+    another's. ``overlap``: the embedding's and head's exchanges run behind the next round (a
+    trainer's steps are seconds apart, and a synchronous exchange would stop its micro-batches for
+    the whole exchange every round), as a stage server's do.
     """
 
     def __init__(self, cfg: RunConfig, path: tuple[int, ...], client: StageClient, device: torch.device,
                  averager: Any = None, dataset: Any = None, micro_batches: int = 1, seed: int = 0,
-                 outer: Optional[OuterConfig] = None):
+                 outer: Optional[OuterConfig] = None, overlap: bool = True):
         self.cfg = cfg
         self.path = cfg.lattice.check_path(path)
         ids = cfg.lattice.path_modules(self.path)
@@ -119,14 +129,23 @@ class StageTrainer:
         lm = ModularLM(cfg.lattice, seed=cfg.seed, module_ids=[self.embed_id, self.head_id]).to(self.device)
         self.embed, self.head = lm.mods[self.embed_id], lm.mods[self.head_id]
         self.modules = {self.embed_id: self.embed, self.head_id: self.head}
-        self.opt = DiLoCoOptimizer(self.modules, inner=cfg.inner, outer=outer or cfg.outer, lattice=cfg.lattice,
-                                   averager=averager, join_ramp_rounds=JOIN_RAMP_ROUNDS,
+        self.opt = DiLoCoOptimizer(self.modules, inner=cfg.inner,
+                                   outer=dataclasses.replace(outer or cfg.outer, overlap=overlap),
+                                   lattice=cfg.lattice, averager=averager, join_ramp_rounds=JOIN_RAMP_ROUNDS,
                                    paced_min_share=0.0)  # steps far apart: a waiting holder is answered at once
+        self._params = [p for m in self.modules.values() for p in m.parameters()]
+        self._embed_params = list(self.embed.parameters())
+        self._values = threading.Lock()
+        """Held while a micro-batch's graph reads the embedding's or head's values (the head's forward
+        and backward) and while the optimizer rewrites them: an inner step never lands inside one."""
+        self._ahead: Optional[_Launched] = None
+        """The next step's micro-batches, launched behind this step's."""
         self.client = client
         self.scheme = client.scheme
         """Which codec each level's requests name (``run_stage_trainer``'s ``codec``, resolved by the client)."""
         self.micro_batches = max(1, min(micro_batches, cfg.inner.batch_size))
-        self._pool = ThreadPoolExecutor(max_workers=self.micro_batches, thread_name_prefix="stage-micro")
+        self._pool = ThreadPoolExecutor(max_workers=2 * self.micro_batches,  # this step's and the next's
+                                        thread_name_prefix="stage-micro")
         self.batches = None
         if dataset is not None:
             self.batches = dataset.path_batches(self.path, "train", cfg.inner.batch_size, cfg.lattice.seq_len, seed)
@@ -144,24 +163,44 @@ class StageTrainer:
         round this trainer ended then could meet another idle holder's alone: a second average of
         that round (the first step after a pause holds them again, before the optimizer steps)."""
 
-    def _micro(self, x: torch.Tensor, y: torch.Tensor, scale: float) -> float:
-        """Forward and backward of one micro-batch x, y (b, T) through the pipeline; returns its loss."""
-        with autocast(self.device):
-            h0 = self.embed(x)  # (b, T, C)
+    def _micro(self, x: torch.Tensor, y: torch.Tensor, scale: float) -> tuple[float, list[Optional[torch.Tensor]]]:
+        """Forward and backward of one micro-batch x, y (b, T) through the pipeline; returns its loss
+        and its gradients (scaled by ``scale``), one per parameter of ``self._params`` (None: unused)."""
+        with self._values, autocast(self.device):
+            h0 = self.embed(x)  # (b, T, C); its backward reads the token ids, not the weights
         h, hops = h0.detach(), []
         for level, mid in enumerate(self.levels):
             h, hop = self.client.forward(mid, h, codec=self.scheme.forward(level))  # (b, T, C) CPU fp32
             hops.append(hop)
         top = h.to(self.device).requires_grad_(True)  # (b, T, C)
-        with autocast(self.device):
-            logits = self.head(top, self.embed.tok.weight)  # (b, T, V)
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
-        (loss * scale).backward()
-        grad = top.grad  # (b, T, C)
+        with self._values:
+            with autocast(self.device):
+                logits = self.head(top, self.embed.tok.weight)  # (b, T, V)
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+            grad, *grads = torch.autograd.grad(loss * scale, [top, *self._params], allow_unused=True)  # grad: (b, T, C)
         for level in reversed(range(len(hops))):
             grad = self.client.backward(hops[level], grad, codec=self.scheme.backward(level))  # (b, T, C)
-        h0.backward(grad.to(device=h0.device, dtype=h0.dtype))
-        return float(loss.detach())
+        embed_grads = torch.autograd.grad(h0, self._embed_params, grad.to(device=h0.device, dtype=h0.dtype),
+                                          allow_unused=True)
+        for i, g in enumerate(embed_grads):  # the embedding's parameters come first in self._params
+            if g is not None:
+                grads[i] = g if grads[i] is None else grads[i] + g
+        return float(loss.detach()), grads
+
+    def _launch(self, x: torch.Tensor, y: torch.Tensor) -> "_Launched":
+        """Send the micro-batches of x, y (B, T) into the pipeline (they queue behind those in flight)."""
+        x, y = x.to(self.device), y.to(self.device)
+        chunks = list(zip(x.chunk(self.micro_batches), y.chunk(self.micro_batches)))
+        futures = [self._pool.submit(self._micro, cx, cy, cx.shape[0] / x.shape[0]) for cx, cy in chunks]
+        return _Launched(x.numel(), [cx.shape[0] / x.shape[0] for cx, _ in chunks], futures)
+
+    def _drop_ahead(self) -> None:
+        """Forget the next step's micro-batches (a failed step's pipeline is not to be trusted)."""
+        if self._ahead is not None:
+            for f in self._ahead.futures:
+                f.cancel()
+            wait(self._ahead.futures)
+            self._ahead = None
 
     def train_step(self, x: Optional[torch.Tensor] = None, y: Optional[torch.Tensor] = None) -> tuple[float, list[RoundReport]]:
         """One inner step on ``x, y`` (B, T) (default: the next batch of the path's shard): mean loss
@@ -171,15 +210,18 @@ class StageTrainer:
         another holder of the embedding or head already waits to average the current round meanwhile,
         the round ends while the micro-batches are in flight
         (:meth:`peer.diloco.DiLoCoOptimizer.end_round_if_others_wait`) instead of holding that holder
-        past its gather deadline, where its round would fail. The outer step rewrites the parameters'
-        values (``.data``), which autograd does not track, so the micro-batches still in flight finish
-        on a mix of the two, and this step's gradient lands on the new values: one slightly stale inner
-        step, as in overlapped DiLoCo."""
+        past its gather deadline, where its round would fail. The outer step lands between micro-batches'
+        reads of the values, so those still in flight finish on a mix of the two, and this step's
+        gradient lands on the new values: one slightly stale inner step, as in overlapped DiLoCo.
+
+        Without ``x``, the next batch's micro-batches are launched behind this one's before it waits,
+        and the next call steps on them."""
         if x is None:
-            x, y = next(self.batches)
-        x, y = x.to(self.device), y.to(self.device)
-        chunks = list(zip(x.chunk(self.micro_batches), y.chunk(self.micro_batches)))
-        futures = [self._pool.submit(self._micro, cx, cy, cx.shape[0] / x.shape[0]) for cx, cy in chunks]
+            step = self._ahead if self._ahead is not None else self._launch(*next(self.batches))
+            self._ahead = self._launch(*next(self.batches))
+        else:
+            step = self._launch(x, y)
+        futures = step.futures
         reports: list[RoundReport] = []
         try:
             in_flight = set(futures)
@@ -187,18 +229,24 @@ class StageTrainer:
                 _, in_flight = wait(in_flight, timeout=self.pace_interval)
                 if in_flight and self.holding() and not any(f.done() and f.exception() is not None
                                                             for f in futures):
-                    self._ended(self.opt.end_round_if_others_wait(sparse=True), reports)
-            losses = [f.result() for f in futures]
+                    with self._values:
+                        ended = self.opt.end_round_if_others_wait(sparse=True)
+                    self._ended(ended, reports)
+            results = [f.result() for f in futures]
         except StageUnavailable:
-            wait(futures)  # no micro-batch may still add to the gradients we drop now
-            self.opt.zero_grad(set_to_none=True)
+            wait(futures)
+            self._drop_ahead()
             raise
-        loss = sum(l * cx.shape[0] for l, (cx, _) in zip(losses, chunks)) / x.shape[0]
+        loss = sum(l * share for (l, _), share in zip(results, step.shares))
         if self.before_step is not None:
             self.before_step()
-        self.tokens += x.numel()
-        report = self.opt.step(tokens=x.numel())
-        self.opt.zero_grad(set_to_none=True)
+        self.tokens += step.tokens
+        with self._values:
+            for p, gs in zip(self._params, zip(*(g for _, g in results))):
+                gs = [g for g in gs if g is not None]
+                p.grad = torch.stack(gs).sum(0) if gs else None
+            report = self.opt.step(tokens=step.tokens)
+            self.opt.zero_grad(set_to_none=True)
         self._ended(report, reports)
         return loss, reports
 
@@ -209,8 +257,19 @@ class StageTrainer:
                 self.on_round(report)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._ahead = None
         self.opt.close()
+
+
+@dataclasses.dataclass
+class _Launched:
+    """One step's micro-batches in the pipeline: its tokens, each chunk's share of the batch, and
+    their futures (each a loss and gradients, :meth:`StageTrainer._micro`)."""
+
+    tokens: int
+    shares: list[float]
+    futures: list[Future]
 
 
 def _fetcher(averager: Any, timeout: float) -> Optional[FetchState]:

@@ -1,9 +1,11 @@
-"""The pipeline trainer's rounds: a holder waiting on the embedding's or head's round is not kept
-waiting for a step still crossing the pipeline."""
+"""The pipeline trainer: a holder waiting on the embedding's or head's round is not kept waiting for a
+step still crossing the pipeline, and the next step's micro-batches follow this step's into the
+pipeline with each step's gradient its own."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -24,15 +26,16 @@ class _GatedClient:
     """A :class:`peer.stage.StageClient` stand-in: runs each level here, in int8, and holds every
     forward until ``gate`` is set (a pipeline whose servers are busy)."""
 
-    def __init__(self, modules: dict):
-        self.scheme = codec_scheme("int8")
+    def __init__(self, modules: dict, codec: str = "int8"):
+        self.scheme = codec_scheme(codec)
+        self.codec = codec
         self.modules = modules
         self.gate = threading.Event()
         self.gate.set()
         self.held = 0
 
     def _cross(self, t: torch.Tensor) -> torch.Tensor:
-        return decode_tensor(encode_tensor(t, activation_codec("int8")), "t", t.numel())
+        return decode_tensor(encode_tensor(t, activation_codec(self.codec)), "t", t.numel())
 
     def forward(self, module_id: str, x: torch.Tensor, codec=None):
         if not self.gate.is_set():
@@ -63,7 +66,9 @@ class _Waiting:
         return self.waiting.is_set()
 
 
-def _trainer(averager):
+def _trainer(averager, overlap: bool = False, codec: str = "int8"):
+    """A trainer of path 0,0 whose levels run in ``_GatedClient``; ``overlap=False``: its rounds'
+    exchanges are synchronous, so a round's report comes as it ends."""
     from peer.node.stage_runner import StageTrainer
 
     base = tiny_cpu()
@@ -71,8 +76,9 @@ def _trainer(averager):
     path = (0,) * cfg.lattice.levels
     ids = cfg.lattice.path_modules(path)
     lm = ModularLM(cfg.lattice, seed=cfg.seed, module_ids=ids[1:-1])
-    client = _GatedClient({m: lm.mods[m] for m in ids[1:-1]})
-    trainer = StageTrainer(cfg, path, client, torch.device("cpu"), averager=averager, micro_batches=2)
+    client = _GatedClient({m: lm.mods[m] for m in ids[1:-1]}, codec)
+    trainer = StageTrainer(cfg, path, client, torch.device("cpu"), averager=averager, micro_batches=2,
+                           overlap=overlap)
     trainer.pace_interval = 0.05
     gen = torch.Generator().manual_seed(0)
 
@@ -163,3 +169,106 @@ def test_a_trainer_whose_modules_are_idle_ends_no_round_during_a_step():
         trainer.close()
     # the step itself, held again, ends the round at its inner step (another holder waits)
     assert [r.inner_steps for r in reports] == [2] and averager.asked >= 1
+
+
+def test_an_overlapping_trainer_ends_a_waited_round_during_a_held_step_and_reports_it_once_applied():
+    """The trainer as ``peer join`` runs it (its exchanges behind the next round): a round another
+    holder waits on ends while the step is held in the pipeline, without waiting for the exchange,
+    and its report comes once its average is applied, at an inner step after the exchange returned."""
+    torch.set_num_threads(1)
+    hub = LocalAverager()
+    averager = _Waiting(hub.member("t", ["embed", "head"]))
+    trainer, client, batch = _trainer(averager, overlap=True)
+    ended = []
+    trainer.on_round = ended.append
+    try:
+        trainer.train_step(*batch())
+        client.gate.clear()
+        with ThreadPoolExecutor(1) as pool:
+            step = pool.submit(trainer.train_step, *batch())
+            wait_for(lambda: client.held >= 1, WAIT, "the step to reach the pipeline")
+            averager.waiting.set()
+            wait_for(lambda: trainer.opt.module_round("embed") >= 1, WAIT, "round 0 to end while the step is held")
+            averager.waiting.clear()
+            assert not step.done()
+            client.gate.set()
+            step.result(timeout=WAIT)
+        while not ended:  # the exchange returned (one member: at once); the next inner step applies it
+            trainer.train_step(*batch())
+    finally:
+        client.gate.set()  # a failed assertion must not leave the step held
+        trainer.close()
+    assert ended[0].round == 0 and ended[0].overlap and ended[0].applied and ended[0].inner_steps == 1, ended[0]
+
+
+def test_the_next_steps_micro_batches_enter_the_pipeline_before_this_step_is_taken():
+    """Drawing from its shard, a step launches the next batch's micro-batches beside its own: here
+    the pipeline answers no backward until the next step's micro-batches have reached it too (on a
+    trainer that waited for its step before sending the next, the first step would never end), so
+    the servers are not left idle while the trainer finishes and takes a step."""
+    torch.set_num_threads(1)
+    hub = LocalAverager()
+    trainer, client, batch = _trainer(hub.member("t", ["embed", "head"]), overlap=True)
+    trainer.batches = iter(batch, None)
+    one_step = trainer.micro_batches * len(trainer.levels)  # forwards of one step's micro-batches
+    forwards, seen = client.forward, threading.Condition()
+    counted = {"forward": 0}
+
+    def counting_forward(module_id, x, codec=None):
+        with seen:
+            counted["forward"] += 1
+            seen.notify_all()
+        return forwards(module_id, x, codec)
+
+    backwards = client.backward
+
+    def backward_once_the_next_step_came(hop, grad, codec=None):
+        with seen:
+            assert seen.wait_for(lambda: counted["forward"] > one_step, WAIT), \
+                "the next step's micro-batches did not enter the pipeline during this step"
+        return backwards(hop, grad, codec)
+
+    client.forward, client.backward = counting_forward, backward_once_the_next_step_came
+    try:
+        loss1, _ = trainer.train_step()
+        loss2, _ = trainer.train_step()
+    finally:
+        trainer.close()
+    assert math.isfinite(loss1) and math.isfinite(loss2) and trainer.opt._steps_in_round == 2
+
+
+def test_a_steps_gradient_is_the_whole_batchs_and_its_own():
+    """With the levels run exactly (activations uncompressed), the gradient a step applies to the embedding
+    and head is that of the path model on the whole batch: the micro-batches' gradients are summed
+    per step, the tied embedding's from both its uses, and the next step's micro-batches, already in
+    the pipeline, add nothing to it."""
+    torch.set_num_threads(1)
+    hub = LocalAverager()
+    trainer, client, batch = _trainer(hub.member("t", ["embed", "head"]), overlap=True, codec="none")
+    batches = [batch() for _ in range(3)]
+    trainer.batches = iter(batches)
+    cfg = trainer.cfg
+    ids = cfg.lattice.path_modules(trainer.path)
+    reference = ModularLM(cfg.lattice, seed=cfg.seed, module_ids=ids).path_model(trainer.path)
+    reference.load_state_dict({**{f"embed.{k}": v for k, v in trainer.embed.state_dict().items()},
+                               **{f"head.{k}": v for k, v in trainer.head.state_dict().items()},
+                               **{f"stack.{i}.{k}": v for i, m in enumerate(ids[1:-1])
+                                  for k, v in client.modules[m].state_dict().items()}})
+    _, loss = reference(*batches[0])
+    loss.backward()
+    expected = [p.grad.clone() for p in [*reference.embed.parameters(), *reference.head.parameters()]]
+    applied: list[list[torch.Tensor]] = []
+    step = trainer.opt.step
+
+    def recording_step(**kw):
+        applied.append([p.grad.clone() for p in trainer._params])
+        return step(**kw)
+
+    trainer.opt.step = recording_step
+    try:
+        trainer.train_step()
+    finally:
+        trainer.close()
+    assert len(applied) == 1 and len(applied[0]) == len(expected)
+    for got, want in zip(applied[0], expected):
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-6), (got - want).abs().max()
