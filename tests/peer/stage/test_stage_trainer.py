@@ -89,6 +89,16 @@ def _trainer(averager, overlap: bool = False, codec: str = "int8"):
     return trainer, client, batch
 
 
+def _hold_next_step(trainer, client, batch, pool):
+    """Take one step, close the pipeline, and start the next step on ``pool``; return its future once
+    its micro-batches wait in the pipeline."""
+    trainer.train_step(*batch())
+    client.gate.clear()
+    step = pool.submit(trainer.train_step, *batch())
+    wait_for(lambda: client.held >= 1, WAIT, "the step to reach the pipeline")
+    return step
+
+
 def test_a_round_another_holder_waits_on_ends_while_the_step_crosses_the_pipeline():
     """One step done, the next held in the pipeline: once another holder waits on round 0, the round
     ends during the held step (its report reaches ``on_round`` while the forwards still wait), and
@@ -130,11 +140,8 @@ def test_a_held_step_ends_no_round_while_nobody_waits():
     averager = _Waiting(hub.member("t", ["embed", "head"]))
     trainer, client, batch = _trainer(averager)
     try:
-        trainer.train_step(*batch())
-        client.gate.clear()
         with ThreadPoolExecutor(1) as pool:
-            step = pool.submit(trainer.train_step, *batch())
-            wait_for(lambda: client.held >= 1, WAIT, "the step to reach the pipeline")
+            step = _hold_next_step(trainer, client, batch, pool)
             asked = averager.asked
             wait_for(lambda: averager.asked >= asked + 5, WAIT, "the trainer to ask whether anyone waits")
             client.gate.set()
@@ -182,11 +189,8 @@ def test_an_overlapping_trainer_ends_a_waited_round_during_a_held_step_and_repor
     ended = []
     trainer.on_round = ended.append
     try:
-        trainer.train_step(*batch())
-        client.gate.clear()
         with ThreadPoolExecutor(1) as pool:
-            step = pool.submit(trainer.train_step, *batch())
-            wait_for(lambda: client.held >= 1, WAIT, "the step to reach the pipeline")
+            step = _hold_next_step(trainer, client, batch, pool)
             averager.waiting.set()
             wait_for(lambda: trainer.opt.module_round("embed") >= 1, WAIT, "round 0 to end while the step is held")
             averager.waiting.clear()
