@@ -8,7 +8,9 @@ live server; the servers of a module serve every pipeline through it. Throughput
 served (their heartbeats' measurements), never the figure measured at join: a server that nobody
 drives counts 0.
 
-A small peer's role at join, in this order:
+A small peer's role at join, in this order (a rejoining one first keeps its role: a trainer its
+pipeline, a server its module unless that has ``servers_per_level`` servers again, refilled while it
+was away):
 
 1. **trainer** of a complete pipeline that nobody drives;
 2. **server** of the busiest module of a driven pipeline once its servers are busier than
@@ -180,7 +182,10 @@ def assign_small(caps: Capabilities, view: ClusterView, run: RunConfig, settings
             a = trainer_assignment(previous.path, caps, run, settings,
                                    f"rejoined: keeps driving pipeline {format_path(previous.path)}", version)
             return a, a.reason
-        if previous.mode == MODE_STAGE and can_serve and previous.module_id in fitting:
+        # its module refilled meanwhile (a trainer moved there while its lease ran out): a server more than
+        # servers_per_level there is a trainer fewer, so it takes whatever role a newcomer would
+        if (previous.mode == MODE_STAGE and can_serve and previous.module_id in fitting
+                and len(view.stage_peers.get(previous.module_id, {})) < settings.servers_per_level):
             a = stage_assignment(previous.module_id, caps, run, settings,
                                  f"rejoined: keeps serving {previous.module_id}", version)
             return a, a.reason

@@ -63,6 +63,10 @@ TRAINER_MICRO_BATCHES = 4
 TRAINER_WAIT_SECONDS = 20.0
 """Seconds a pipeline trainer waits for a server of a level before it drops the step, says why and
 looks at its stop and reassignment orders again."""
+TRAINER_VACANT_SECONDS = 3.0
+"""Seconds a pipeline trainer waits while a level has no usable server at all (its only one died)
+before it drives another complete pipeline, a detour (:func:`peer.node.stage_runner.run_stage_trainer`),
+rather than pausing until the coordinator refills the level (a lease's timeout and more)."""
 
 
 class UnsupportedAssignment(HivepathError):
@@ -419,7 +423,8 @@ class PeerNode:
                                            self._should_stop, status=self.status, outer=outer,
                                            view=self.view, call_timeout=TRAINER_WAIT_SECONDS,
                                            micro_batches=TRAINER_MICRO_BATCHES, after_round=self._after_round,
-                                           plans=self.plans)
+                                           plans=self.plans, vacant_timeout=TRAINER_VACANT_SECONDS,
+                                           has_data=self.data.holds)
             else:
                 self.status.assignment = ",".join(map(str, assignment.path))
                 self.data.ensure_path(assignment.path, dht, self._fetch_should_stop)  # returns once train is verified

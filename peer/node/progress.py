@@ -43,6 +43,7 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "leave": ("reason", "drain_seconds"),
     "error": ("message", "exit_code"),
     "failover": ("module", "from_server", "to_server", "reason"),
+    "detour": ("from_path", "to_path", "reason"),
 }
 """The events a peer emits and the fields each carries (besides ``time`` and ``event``): ``join`` once
 admitted; ``assignment`` for its first work and ``reroute`` when the coordinator moves it (``previous``:
@@ -51,7 +52,9 @@ the group's members, ``seconds`` the exchange's wait, ``transfer_seconds`` its a
 ``checkpoint`` after each snapshot (``error`` when it failed); ``drain`` when a drain begins; ``leave``
 as the process ends (``drain_seconds``: how long the drain took, None without one); ``error`` for a problem that stops it; ``failover`` when a
 stage-mode trainer's request leaves a stage server of ``module`` that failed (``reason``) for
-``to_server``, or for none (None: no server of the module answered in time, the step is abandoned)."""
+``to_server``, or for none (None: no server of the module answered in time, the step is abandoned);
+``detour`` when such a trainer drives another pipeline (``to_path``) because a level of the one it
+drove (``from_path``) has no server, and when it goes back."""
 
 WAITING_STATES = ("starting", "fetching", "joining", "loading", "waiting", "draining", "stopped")
 """States in which a peer waits on something outside its main loop (the coordinator, the DHT, a

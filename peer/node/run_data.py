@@ -207,6 +207,11 @@ class RunData:
 
         self.cache = ShardCache(dataset.dir, dataset.manifest, self.opts.max_data_bytes)
 
+    def holds(self, path: Sequence[int]) -> bool:
+        """Whether ``path``'s shards are on disk, verified (no fetch: a pipeline trainer's detours go
+        only where its data already is)."""
+        return self.cache is not None and self.cache.holds(tuple(path))
+
     def ensure_path(self, path: Sequence[int], dht: Any, should_stop: Callable[[], bool] = lambda: False) -> None:
         """Make ``path``'s training shard present and verified (fetching it if needed; returns when it
         is), and its validation shard too, fetched in the background. Raises :class:`Stopped` when

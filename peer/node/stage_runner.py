@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import logging
 import math
 import threading
@@ -41,7 +42,8 @@ from peer.stage import DEFAULT_ACTIVATION_CODEC, StageClient, StageUnavailable
 from peer.stage import StageServer, StageServerOptions
 from peer.stage.activity import IdleHolds, ServedRate
 
-__all__ = ["StageTrainer", "run_stage_server", "run_stage_trainer", "adopt_states", "save_states", "failover_events"]
+__all__ = ["StageTrainer", "run_stage_server", "run_stage_trainer", "adopt_states", "save_states", "failover_events",
+           "detour", "whole_pipeline", "DETOUR_CHECK"]
 
 log = logging.getLogger(__name__)
 
@@ -139,16 +141,22 @@ class StageTrainer:
         """Held while a micro-batch's graph reads the embedding's or head's values (the head's forward
         and backward) and while the optimizer rewrites them: an inner step never lands inside one."""
         self._ahead: Optional[_Launched] = None
-        """The next step's micro-batches, launched behind this step's."""
+        """The next step's micro-batches, launched beside this step's."""
         self.client = client
         self.scheme = client.scheme
         """Which codec each level's requests name (``run_stage_trainer``'s ``codec``, resolved by the client)."""
         self.micro_batches = max(1, min(micro_batches, cfg.inner.batch_size))
         self._pool = ThreadPoolExecutor(max_workers=2 * self.micro_batches,  # this step's and the next's
                                         thread_name_prefix="stage-micro")
+        self._dataset, self._seed = dataset, seed
+        self.driving = self.path
+        """The path whose servers the next launched micro-batches cross: the assigned one, or a detour
+        (:meth:`drive`) while one of its levels has no server."""
+        self._shards: dict[tuple[int, ...], Any] = {}
+        """Each driven path's batch iterator but the current one's, so a path resumes where it left off."""
         self.batches = None
         if dataset is not None:
-            self.batches = dataset.path_batches(self.path, "train", cfg.inner.batch_size, cfg.lattice.seq_len, seed)
+            self.batches = self._path_batches(self.path)
         self.tokens = 0
         self.before_step: Optional[Callable[[], None]] = None
         """Called once a batch went through the whole pipeline, before the optimizer steps on it."""
@@ -163,13 +171,34 @@ class StageTrainer:
         round this trainer ended then could meet another idle holder's alone: a second average of
         that round (the first step after a pause holds them again, before the optimizer steps)."""
 
-    def _micro(self, x: torch.Tensor, y: torch.Tensor, scale: float) -> tuple[float, list[Optional[torch.Tensor]]]:
-        """Forward and backward of one micro-batch x, y (b, T) through the pipeline; returns its loss
-        and its gradients (scaled by ``scale``), one per parameter of ``self._params`` (None: unused)."""
+    def _path_batches(self, path: tuple[int, ...]) -> Any:
+        cfg = self.cfg
+        return self._dataset.path_batches(path, "train", cfg.inner.batch_size, cfg.lattice.seq_len, self._seed)
+
+    def drive(self, path: tuple[int, ...]) -> None:
+        """Send the micro-batches launched from now on through ``path``'s servers, on its shard's data
+        (those in flight finish on the path they were launched on). Only with a shared embedding and
+        head (``lattice.shared_embed``): they are every path's, so any path can be driven with them."""
+        path = self.cfg.lattice.check_path(path)
+        if path == self.driving:
+            return
+        if not self.cfg.lattice.shared_embed:
+            raise ValueError(f"path {format_path(path)} has its own embedding and head, which this trainer does not hold")
+        self._shards[self.driving] = self.batches
+        self.batches = self._shards.pop(path, None)
+        if self.batches is None and self._dataset is not None:
+            self.batches = self._path_batches(path)
+        self.driving, self.levels = path, self.cfg.lattice.path_modules(path)[1:-1]
+
+    def _micro(self, x: torch.Tensor, y: torch.Tensor, scale: float,
+               levels: list[str]) -> tuple[float, list[Optional[torch.Tensor]]]:
+        """Forward and backward of one micro-batch x, y (b, T) through the servers of ``levels`` (one
+        module per level); returns its loss and its gradients (scaled by ``scale``), one per parameter
+        of ``self._params`` (None: unused)."""
         with self._values, autocast(self.device):
             h0 = self.embed(x)  # (b, T, C); its backward reads the token ids, not the weights
         h, hops = h0.detach(), []
-        for level, mid in enumerate(self.levels):
+        for level, mid in enumerate(levels):
             h, hop = self.client.forward(mid, h, codec=self.scheme.forward(level))  # (b, T, C) CPU fp32
             hops.append(hop)
         top = h.to(self.device).requires_grad_(True)  # (b, T, C)
@@ -188,10 +217,12 @@ class StageTrainer:
         return float(loss.detach()), grads
 
     def _launch(self, x: torch.Tensor, y: torch.Tensor) -> "_Launched":
-        """Send the micro-batches of x, y (B, T) into the pipeline (they queue behind those in flight)."""
+        """Send the micro-batches of x, y (B, T) into the pipeline of the driven path (at each server they
+        queue after the requests already there)."""
         x, y = x.to(self.device), y.to(self.device)
         chunks = list(zip(x.chunk(self.micro_batches), y.chunk(self.micro_batches)))
-        futures = [self._pool.submit(self._micro, cx, cy, cx.shape[0] / x.shape[0]) for cx, cy in chunks]
+        levels = list(self.levels)  # a later drive() does not reroute these
+        futures = [self._pool.submit(self._micro, cx, cy, cx.shape[0] / x.shape[0], levels) for cx, cy in chunks]
         return _Launched(x.numel(), [cx.shape[0] / x.shape[0] for cx, _ in chunks], futures)
 
     def _drop_ahead(self) -> None:
@@ -214,7 +245,7 @@ class StageTrainer:
         reads of the values, so those still in flight finish on a mix of the two, and this step's
         gradient lands on the new values: one slightly stale inner step, as in overlapped DiLoCo.
 
-        Without ``x``, the next batch's micro-batches are launched behind this one's before it waits,
+        Without ``x``, the next batch's micro-batches are launched beside this one's before it waits,
         and the next call steps on them."""
         if x is None:
             step = self._ahead if self._ahead is not None else self._launch(*next(self.batches))
@@ -346,10 +377,44 @@ def run_stage_server(cfg: RunConfig, module_id: str, dataset: Any, device: torch
     finally:
         status.state = "draining"
         server.close()
+        status.step, status.tokens = server.counts["step"], server.tokens_trained  # the last poll's may lag
         if checkpoints is not None:
             save_states(cfg, server.opt, {module_id: server.module}, checkpoints, extra)
         if hasattr(averager, "release"):
             averager.release(module_id)
+
+
+DETOUR_CHECK = 5.0
+"""Seconds between a detoured trainer's looks at whether its own pipeline has a server on every level
+again (each look reads the DHT records of that path's modules)."""
+
+_DETOUR_CANDIDATES = 64
+"""Paths looked at per detour (bounds the cost on a large lattice)."""
+
+
+def whole_pipeline(client: StageClient, cfg: RunConfig, path: tuple[int, ...]) -> bool:
+    """Whether every level of ``path`` has a server ``client`` may send to now."""
+    return all(client.usable(m) for m in cfg.lattice.path_modules(path)[1:-1])
+
+
+def detour(client: StageClient, cfg: RunConfig, driving: tuple[int, ...], home: tuple[int, ...],
+           has_data: Callable[[tuple[int, ...]], bool]) -> Optional[tuple[int, ...]]:
+    """A path other than ``driving`` whose every level has a usable server and whose shard this peer
+    holds: ``home`` when it qualifies, else the one whose least-served level has the most servers
+    (ties: path order); None when there is none."""
+    lattice = cfg.lattice
+    served: list[list[tuple[int, int]]] = []  # per level, (module index, usable servers) of served modules
+    for level in range(lattice.levels):
+        row = [(i, len(client.usable(lattice.block_id(level, i)))) for i in range(lattice.modules_per_level)]
+        served.append([(i, n) for i, n in row if n > 0])
+    best: Optional[tuple[bool, int, tuple[int, ...]]] = None
+    for combo in itertools.islice(itertools.product(*served), _DETOUR_CANDIDATES):
+        path = tuple(i for i, _ in combo)
+        if path == tuple(driving) or not has_data(path):
+            continue
+        key = (path != tuple(home), -min(n for _, n in combo), path)
+        best = key if best is None or key < best else best
+    return None if best is None else best[2]
 
 
 def failover_events(view: ProgressView) -> Callable[[str, str, Optional[str], str], None]:
@@ -371,7 +436,8 @@ def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, devic
                       view: Optional[ProgressView] = None, idle_timeout: float = 10.0,
                       call_timeout: Optional[float] = None,
                       after_round: Optional[Callable[[RoundReport], None]] = None,
-                      plans: Optional[PlanBook] = None) -> str:
+                      plans: Optional[PlanBook] = None, vacant_timeout: Optional[float] = None,
+                      has_data: Optional[Callable[[tuple[int, ...]], bool]] = None) -> str:
     """Train ``path`` through stage servers (holding its embed and head) until ``should_stop()``
     returns a reason; return it. ``codec``: activations' and gradients' codec; ``micro_batches``:
     chunks of each batch in flight at once; ``on_step(trainer, loss)`` is called after every step;
@@ -381,12 +447,20 @@ def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, devic
     ``call_timeout``: seconds a forward or backward may wait for a server of its level (default
     ``max(60, 3 * request_timeout)``); when none answers, the step is dropped and the trainer waits.
     ``after_round``: called with each round's report once it is applied and checkpointed.
-    ``plans``: the coordinator's exchange plans the embedding's and head's rounds follow."""
+    ``plans``: the coordinator's exchange plans the embedding's and head's rounds follow.
+
+    **Detours.** With a shared embedding and head (``lattice.shared_embed``) they are every path's, so
+    when a level of ``path`` has no usable server for ``vacant_timeout`` seconds (default: the whole
+    ``call_timeout``) the trainer drives another path whose levels all have one, on that path's shard
+    (``has_data(path)``: whether this peer holds it; default, every path of ``dataset``), instead of
+    pausing until the coordinator refills the level. It looks again every :data:`DETOUR_CHECK` seconds
+    and goes back once ``path`` has a server on every level. Each switch is logged and shown as a
+    ``detour`` event on ``view``."""
     status = status if status is not None else PeerStatus()
     peer_id = getattr(averager, "peer_id", "") or "trainer"
     seed = int.from_bytes(hashlib.sha256(f"{peer_id}/{format_path(tuple(path))}".encode()).digest()[:4], "little")
     client = StageClient(dht, cfg.run_id, cfg.content_hash(), codec=codec, request_timeout=request_timeout, seed=seed,
-                         call_timeout=call_timeout or max(60.0, 3 * request_timeout),
+                         call_timeout=call_timeout or max(60.0, 3 * request_timeout), vacant_timeout=vacant_timeout,
                          on_failover=failover_events(view) if view is not None else None)
     trainer = StageTrainer(cfg, path, client, device, averager, dataset, micro_batches, seed, outer)
     trainer.opt.plans = plans
@@ -414,15 +488,36 @@ def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, devic
     trainer.holding = lambda: not holds.paused  # as a stage server's pace loop: no round ends while idle
     status.mode, status.assignment, status.state = "trainer", format_path(trainer.path), "waiting"
     served, loss_ema, waiting = ServedRate(), None, ""
+    home = trainer.path
+    holds_data = has_data or (lambda p: dataset is not None and tuple(p) in {tuple(q) for q in dataset.paths})
+    can_detour = cfg.lattice.shared_embed and trainer.batches is not None
+    look_home_at = 0.0
+
+    def switch(to: tuple[int, ...], reason: str) -> None:
+        was = trainer.driving
+        trainer.drive(to)
+        log.info("driving pipeline %s instead of %s: %s", format_path(to), format_path(was), reason)
+        if view is not None:
+            view.event("detour", from_path=format_path(was), to_path=format_path(to), reason=reason)
+
     try:
         while True:
             reason = should_stop()
             if reason:
                 return reason
+            if trainer.driving != home and time.monotonic() >= look_home_at:
+                look_home_at = time.monotonic() + DETOUR_CHECK
+                if whole_pipeline(client, cfg, home):
+                    switch(home, f"pipeline {format_path(home)} has a server on every level again")
             try:
                 loss, _ = trainer.train_step()
             except StageUnavailable as e:  # the coordinator refills the level (or new servers join): wait
-                why = f"pipeline {format_path(trainer.path)} paused: {e}"
+                other = detour(client, cfg, trainer.driving, home, holds_data) if can_detour else None
+                if other is not None:
+                    look_home_at = time.monotonic() + DETOUR_CHECK
+                    switch(other, f"pipeline {format_path(trainer.driving)} paused: {e}")
+                    continue
+                why = f"pipeline {format_path(trainer.driving)} paused: {e}"
                 if why != waiting:
                     log.warning("%s; its step is dropped, and the trainer waits for a server", why)
                 waiting, status.state = why, "waiting"
@@ -430,7 +525,7 @@ def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, devic
                 holds.pause("its pipeline lacks a server")
                 continue
             if waiting:
-                log.info("pipeline %s runs again", format_path(trainer.path))
+                log.info("pipeline %s runs again", format_path(trainer.driving))
             waiting, status.state = "", "training"
             if math.isfinite(loss):
                 loss_ema = loss if loss_ema is None else 0.95 * loss_ema + 0.05 * loss

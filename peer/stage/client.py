@@ -44,7 +44,11 @@ _RETRY_POLL = 0.2  # seconds between DHT reads while no server of a module is us
 
 
 class StageUnavailable(RuntimeError):
-    """No server of a module answered before the deadline."""
+    """No server of a module answered before the deadline (``module_id``: which)."""
+
+    def __init__(self, message: str, module_id: str = ""):
+        super().__init__(message)
+        self.module_id = module_id
 
 
 class StageRequestError(ValueError):
@@ -118,6 +122,9 @@ class StageClient:
             once here into :attr:`scheme`; a call that names no codec uses the scheme's base codec.
         request_timeout: seconds one server may take to answer before we try another.
         call_timeout: seconds a forward or backward may take over all retries.
+        vacant_timeout: seconds a call waits while its module has no usable server at all (none
+            announced, or every one failed) before it gives up (default: ``call_timeout``); a trainer
+            that can drive another pipeline meanwhile sets it short.
         max_failures: consecutive failures after which a server is skipped until its record expires.
         refresh_interval: seconds between DHT reads of a module's servers.
         seed: seeds the stochastic wiring.
@@ -130,6 +137,7 @@ class StageClient:
     def __init__(self, dht: Any, run_id: str, config_hash: str, codec: str = DEFAULT_ACTIVATION_CODEC,
                  request_timeout: float = 10.0, call_timeout: float = 60.0, max_failures: int = 2,
                  refresh_interval: float = 2.0, seed: int = 0, startup_timeout: float = 30.0,
+                 vacant_timeout: Optional[float] = None,
                  on_failover: Optional[Callable[[str, str, Optional[str], str], None]] = None):
         self.dht = unwrap_dht(dht)
         self.run_id = run_id
@@ -138,6 +146,7 @@ class StageClient:
         self.codec = activation_codec(self.scheme.base)
         self.request_timeout = request_timeout
         self.call_timeout = call_timeout
+        self.vacant_timeout = call_timeout if vacant_timeout is None else min(vacant_timeout, call_timeout)
         self.max_failures = max_failures
         self.refresh_interval = refresh_interval
         self.on_failover = on_failover
@@ -193,6 +202,11 @@ class StageClient:
     def servers(self, module_id: str) -> dict[str, StageServerEntry]:
         """The module's valid server records of our config hash (read from the DHT now)."""
         return self._call(self._refresh(module_id))
+
+    def usable(self, module_id: str) -> list[str]:
+        """Peer ids of the module's servers a request may go to now: announced (records at most
+        ``refresh_interval`` old), of our config hash, and not skipped after failures."""
+        return [e.peer_id for e in self._call(self._candidates(module_id, set(), False))]
 
     def send(self, peer_id: str, request: StageRequest, timeout: float) -> StageReply:
         """One raw request to one server, no retries (diagnostics and tests)."""
@@ -278,18 +292,23 @@ class StageClient:
         force = False
         attempt = 0
         failed: Optional[tuple[str, str]] = None  # the first server that failed this request, and why
+        vacant: Optional[float] = None  # since when the module has had no usable server at all
         while True:
             candidates = await self._candidates(module_id, tried, force)
             if not candidates:
-                if time.monotonic() >= deadline:
+                now = time.monotonic()
+                if not tried:
+                    vacant = now if vacant is None else vacant
+                if now >= deadline or (vacant is not None and now >= vacant + self.vacant_timeout):
                     self._report_failover(module_id, failed, None)
-                    raise StageUnavailable(f"no server of {module_id} answered within {self.call_timeout:.0f}s "
-                                           f"({len(tried)} tried)")
+                    why = (f"answered within {self.call_timeout:.0f}s ({len(tried)} tried)" if now >= deadline
+                           else f"usable for {self.vacant_timeout:.0f}s")
+                    raise StageUnavailable(f"no server of {module_id} {why}", module_id)
                 await asyncio.sleep(_RETRY_POLL)
                 tried.clear()
                 force = True
                 continue
-            force = False
+            force, vacant = False, None
             by_peer = {e.peer_id: e for e in candidates}
             entry = by_peer.get(prefer) if prefer is not None and attempt == 0 else None
             entry = entry or choose_server(candidates, self._per_server, self._rng)

@@ -47,3 +47,49 @@ def test_tick_refills_the_level_a_running_pipeline_lost():
     assert reply.assignment.module_id == used[0] and "has trainers but no server" in reply.assignment.reason
     clock.t += 1.0
     assert not [e for e in coord.tick() if "moved" in e], "the pipeline is whole again"
+
+
+def _pipeline(coord):
+    """Four small peers: a pipeline (two servers and a trainer) and a server toward the next; returns
+    their join results, the trainer's levels, the idle server and the server of the first level."""
+    _, need = fits_path(Capabilities("cpu", 8 << 30, 1000.0, 0.0, 0.0, ()), RUN, SETTINGS)
+    joins = {}
+    for i in range(4):
+        pid = f"12D3KooWstage{i:08d}"
+        joins[pid] = coord.join(pid, f"k{i}".encode(), Capabilities("cpu", int(need * 0.6), 1000.0, 0.0, 0.0,
+                                                                     (f"/ip4/127.0.0.1/tcp/{5000 + i}",)))
+    trainer = next(j.assignment for j in joins.values() if j.assignment.mode == MODE_TRAINER)
+    used = RUN.lattice.path_modules(trainer.path)[1:-1]
+    [idle] = [p for p, j in joins.items() if j.assignment.mode == MODE_STAGE and j.assignment.module_id not in used]
+    [first] = [p for p, j in joins.items() if j.assignment.mode == MODE_STAGE and j.assignment.module_id == used[0]]
+    return joins, used, idle, first
+
+
+def _rejoin(coord, joins, pid):
+    """``pid`` joins again (a restart on its work directory: same key, same memory)."""
+    _, need = fits_path(Capabilities("cpu", 8 << 30, 1000.0, 0.0, 0.0, ()), RUN, SETTINGS)
+    return coord.join(pid, f"k{list(joins).index(pid)}".encode(),
+                      Capabilities("cpu", int(need * 0.6), 1000.0, 0.0, 0.0, ("/ip4/127.0.0.1/tcp/6000",)))
+
+
+def test_a_server_that_rejoins_after_its_level_was_refilled_takes_a_new_role():
+    """A killed server's level is refilled while its lease runs out; when it comes back its module has
+    its one server already, so it is not made a second one (a trainer fewer): it gets a newcomer's role."""
+    clock = Clock()
+    coord = Coordinator(RUN, SETTINGS, MemoryStore(), clock=clock)
+    joins, used, idle, first = _pipeline(coord)
+    coord.leave(joins[first].lease.lease_id, first, "preempted")
+    coord.tick()  # the idle server refills used[0]
+    back = _rejoin(coord, joins, first)
+    assert not (back.assignment.mode == MODE_STAGE and back.assignment.module_id == used[0]), back.assignment
+    assert not back.assignment.reason.startswith("rejoined"), back.assignment.reason
+
+
+def test_a_server_that_rejoins_before_its_level_was_refilled_keeps_serving_it():
+    clock = Clock()
+    coord = Coordinator(RUN, SETTINGS, MemoryStore(), clock=clock)
+    joins, used, idle, first = _pipeline(coord)
+    coord.leave(joins[first].lease.lease_id, first, "preempted")
+    back = _rejoin(coord, joins, first)  # no tick in between: the level is still empty
+    assert back.assignment.mode == MODE_STAGE and back.assignment.module_id == used[0]
+    assert back.assignment.reason.startswith(f"rejoined: keeps serving {used[0]}"), back.assignment.reason

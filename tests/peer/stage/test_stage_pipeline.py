@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -113,7 +114,8 @@ def main() -> None:
 
             result["reason"] = run_stage_trainer(cfg, tuple(opts["path"]), dataset, torch.device("cpu"), dht,
                                                  averager, checkpoints, should_stop, status, codec=opts["codec"],
-                                                 request_timeout=5.0, on_step=on_step)
+                                                 request_timeout=5.0, on_step=on_step,
+                                                 vacant_timeout=opts.get("vacant_timeout"))
             result.update(losses=losses, stats=stats)
         else:
             from peer.node import PathTrainer
@@ -225,6 +227,37 @@ def test_pipeline_trains_survives_a_killed_server_and_takes_a_newcomer(procs, tm
     # the activations travelled as int8: about a quarter of their fp32 size
     ratio = (t["stats"]["bytes_sent"] + t["stats"]["bytes_received"]) / t["stats"]["fp32_bytes"]
     assert 0.2 < ratio < 0.3, ratio
+
+
+@pytest.mark.integration
+def test_a_trainer_whose_level_lost_its_only_server_detours_and_comes_back(procs, tmp_path, dataset_dir):
+    """One server each of L0M0, L0M1 and L1M0; a trainer of path (1,0). The only L0M1 server dies when
+    its 3rd backward arrives. The trainer drives path (0,0) meanwhile (the embedding and head are
+    every path's) and keeps stepping; once a new L0M1 server is up it drives (1,0) again, so the
+    newcomer serves it."""
+    swarm = Swarm(procs, tmp_path, dict(inner_steps=4, round_timeout=20.0, data=dataset_dir))
+    swarm.start("a", role="server", module="L0M0")
+    swarm.start("c", role="server", module="L0M1", die_at_backward=3)
+    swarm.start("b", role="server", module="L1M0")
+    swarm.start("t", role="trainer", path=[1, 0], codec="int8", vacant_timeout=2.0)
+
+    wait_for(lambda: procs.procs["c"].poll() is not None, PEER_TIMEOUT, "c to die at its 3rd backward")
+    assert procs.procs["c"].returncode == -signal.SIGKILL
+    at_death = swarm.steps("t")
+    wait_for(lambda: swarm.steps("t") >= at_death + 8, PEER_TIMEOUT, "8 trainer steps with no server of L0M1")
+    assert "driving pipeline 0,0 instead of 1,0" in procs.log("t")
+    swarm.start("c2", bootstrap="a", role="server", module="L0M1")
+    wait_for(lambda: (tmp_path / "c2.serving").exists(), PEER_TIMEOUT, "the trainer to drive 1,0 through c2")
+    back = swarm.steps("t")
+    wait_for(lambda: swarm.steps("t") >= back + 4, PEER_TIMEOUT, "4 trainer steps back on 1,0")
+    (tmp_path / "stop").write_text("")
+    t = swarm.result("t")
+    servers = {n: swarm.result(n) for n in ("a", "b", "c2")}
+    assert "driving pipeline 1,0 instead of 0,0: pipeline 1,0 has a server on every level again" in procs.log("t")
+    assert servers["a"]["steps"] > 0, "L0M0 never served the detour"
+    assert servers["c2"]["steps"] > 0, "the trainer never came back to 1,0"
+    assert "the trainer waits for a server" not in procs.log("t"), "the trainer paused instead of detouring"
+    assert all(math.isfinite(loss) for loss in t["losses"])
 
 
 @pytest.mark.integration

@@ -276,3 +276,57 @@ def test_a_steps_gradient_is_the_whole_batchs_and_its_own():
     assert len(applied) == 1 and len(applied[0]) == len(expected)
     for got, want in zip(applied[0], expected):
         assert torch.allclose(got, want, rtol=1e-4, atol=1e-6), (got - want).abs().max()
+
+
+class _Usable:
+    """A :class:`peer.stage.StageClient` stand-in for :func:`peer.node.stage_runner.detour`: the servers
+    each module has."""
+
+    def __init__(self, servers: dict[str, int]):
+        self.servers = servers
+
+    def usable(self, module_id: str) -> list[str]:
+        return [f"{module_id}-{i}" for i in range(self.servers.get(module_id, 0))]
+
+
+def test_a_detour_goes_home_first_else_to_the_best_served_path_whose_data_is_here():
+    from peer.node.stage_runner import detour, whole_pipeline
+
+    cfg = tiny_cpu()  # 2 levels x 2 modules
+    everywhere = lambda p: True  # noqa: E731
+    # home (1,0) lacks L0M1: the path whose least-served level has the most servers
+    client = _Usable({"L0M0": 2, "L1M0": 1, "L1M1": 3})
+    assert not whole_pipeline(client, cfg, (1, 0)) and whole_pipeline(client, cfg, (0, 1))
+    assert detour(client, cfg, (1, 0), (1, 0), everywhere) == (0, 1)
+    assert detour(client, cfg, (1, 0), (1, 0), lambda p: p != (0, 1)) == (0, 0)  # (0,1)'s shard is not here
+    # home is whole again: it comes first, however thinly served
+    client.servers["L0M1"] = 1
+    assert detour(client, cfg, (0, 1), (1, 0), everywhere) == (1, 0)
+    # no level-0 server at all: nowhere to go
+    assert detour(_Usable({"L1M0": 1, "L1M1": 1}), cfg, (1, 0), (1, 0), everywhere) is None
+
+
+def test_drive_sends_the_next_micro_batches_through_the_other_path_and_each_path_keeps_its_shard():
+    trainer, client, batch = _trainer(LocalAverager())
+    cfg = trainer.cfg
+    other = (1,) * cfg.lattice.levels
+    ids = cfg.lattice.path_modules(other)[1:-1]
+    client.modules.update({m: ModularLM(cfg.lattice, seed=cfg.seed, module_ids=ids).mods[m] for m in ids})
+    crossed = []
+    forward = client.forward
+    client.forward = lambda module_id, x, codec=None: (crossed.append(module_id), forward(module_id, x, codec))[1]
+    home_batches, other_batches = iter(lambda: batch(), None), iter(lambda: batch(), None)
+    trainer.batches = home_batches
+    trainer._shards[other] = other_batches
+    try:
+        trainer.train_step(*batch())
+        assert set(crossed) == set(trainer.levels) and trainer.driving == trainer.path
+        crossed.clear()
+        trainer.drive(other)
+        assert trainer.batches is other_batches and trainer.levels == ids
+        loss, _ = trainer.train_step(*batch())
+        assert set(crossed) == set(ids) and math.isfinite(loss)
+        trainer.drive(trainer.path)
+        assert trainer.batches is home_batches and trainer._shards[other] is other_batches
+    finally:
+        trainer.close()
