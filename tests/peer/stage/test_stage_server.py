@@ -156,6 +156,27 @@ def test_a_server_that_keeps_failing_is_skipped_until_its_record_expires(stage):
         lonely.close()
 
 
+def test_a_module_with_no_usable_server_gives_up_after_the_vacant_timeout_not_the_call_timeout(stage):
+    """No server of L1M0 is announced: the call gives up once the module has had none for
+    ``vacant_timeout`` seconds, naming the module, though its ``call_timeout`` is far longer (a
+    trainer then drives another pipeline); without one it waits the whole ``call_timeout``."""
+    from peer.stage import StageUnavailable
+
+    _, client = stage
+    quick = StageClient(client.dht, CFG.run_id, CFG.content_hash(), call_timeout=600.0, vacant_timeout=1.0)
+    patient = StageClient(client.dht, CFG.run_id, CFG.content_hash(), call_timeout=1.0)
+    try:
+        with pytest.raises(StageUnavailable, match="no server of L1M0 usable for 1s") as e:
+            quick.forward("L1M0", torch.ones(1, 4, C))
+        assert e.value.module_id == "L1M0" and quick.stats.requests == 0
+        assert quick.usable("L1M0") == [] and quick.usable("L0M0") == [stage[0].peer_id]
+        with pytest.raises(StageUnavailable, match=r"no server of L1M0 answered within 1s \(0 tried\)"):
+            patient.forward("L1M0", torch.ones(1, 4, C))
+    finally:
+        quick.close()
+        patient.close()
+
+
 def test_failovers_are_progress_events(stage):
     """A backward whose server fails goes to another server, and a request no server answers gives
     up: each is one ``failover`` line of ``--progress json`` (the real JSON-lines writer), naming the
