@@ -22,42 +22,21 @@ class Clock:
         return self.t
 
 
-def test_tick_refills_the_level_a_running_pipeline_lost():
-    clock = Clock()
-    coord = Coordinator(RUN, SETTINGS, MemoryStore(), clock=clock)
+def _small(port: int) -> Capabilities:
+    """A small peer's capabilities: 0.6 of a path's memory (a stage module or a trainer fits)."""
     _, need = fits_path(Capabilities("cpu", 8 << 30, 1000.0, 0.0, 0.0, ()), RUN, SETTINGS)
-    small = int(need * 0.6)
-    joins = {}
-    for i in range(4):  # two servers and a trainer make a pipeline; the fourth serves toward the next
-        pid = f"12D3KooWstage{i:08d}"
-        joins[pid] = coord.join(pid, f"k{i}".encode(), Capabilities("cpu", small, 1000.0, 0.0, 0.0,
-                                                                     (f"/ip4/127.0.0.1/tcp/{5000 + i}",)))
-    modes = [j.assignment.mode for j in joins.values()]
-    assert modes.count(MODE_TRAINER) == 1 and modes.count(MODE_STAGE) == 3
-    trainer = next(j.assignment for j in joins.values() if j.assignment.mode == MODE_TRAINER)
-    used = RUN.lattice.path_modules(trainer.path)[1:-1]
-    [idle] = [p for p, j in joins.items() if j.assignment.mode == MODE_STAGE and j.assignment.module_id not in used]
-    [leaver] = [p for p, j in joins.items() if j.assignment.mode == MODE_STAGE and j.assignment.module_id == used[0]]
-    assert not [e for e in coord.tick() if "moved" in e], "a running pipeline and an idle server: nothing to move"
-    coord.leave(joins[leaver].lease.lease_id, leaver, "preempted")
-    events = coord.tick()
-    assert len([e for e in events if "moved" in e]) == 1, events
-    reply = coord.heartbeat(joins[idle].lease.lease_id, idle, assignment_version=joins[idle].assignment.version)
-    assert reply.assignment is not None and reply.assignment.mode == MODE_STAGE
-    assert reply.assignment.module_id == used[0] and "has trainers but no server" in reply.assignment.reason
-    clock.t += 1.0
-    assert not [e for e in coord.tick() if "moved" in e], "the pipeline is whole again"
+    return Capabilities("cpu", int(need * 0.6), 1000.0, 0.0, 0.0, (f"/ip4/127.0.0.1/tcp/{port}",))
 
 
 def _pipeline(coord):
     """Four small peers: a pipeline (two servers and a trainer) and a server toward the next; returns
     their join results, the trainer's levels, the idle server and the server of the first level."""
-    _, need = fits_path(Capabilities("cpu", 8 << 30, 1000.0, 0.0, 0.0, ()), RUN, SETTINGS)
     joins = {}
     for i in range(4):
         pid = f"12D3KooWstage{i:08d}"
-        joins[pid] = coord.join(pid, f"k{i}".encode(), Capabilities("cpu", int(need * 0.6), 1000.0, 0.0, 0.0,
-                                                                     (f"/ip4/127.0.0.1/tcp/{5000 + i}",)))
+        joins[pid] = coord.join(pid, f"k{i}".encode(), _small(5000 + i))
+    modes = [j.assignment.mode for j in joins.values()]
+    assert modes.count(MODE_TRAINER) == 1 and modes.count(MODE_STAGE) == 3
     trainer = next(j.assignment for j in joins.values() if j.assignment.mode == MODE_TRAINER)
     used = RUN.lattice.path_modules(trainer.path)[1:-1]
     [idle] = [p for p, j in joins.items() if j.assignment.mode == MODE_STAGE and j.assignment.module_id not in used]
@@ -67,9 +46,22 @@ def _pipeline(coord):
 
 def _rejoin(coord, joins, pid):
     """``pid`` joins again (a restart on its work directory: same key, same memory)."""
-    _, need = fits_path(Capabilities("cpu", 8 << 30, 1000.0, 0.0, 0.0, ()), RUN, SETTINGS)
-    return coord.join(pid, f"k{list(joins).index(pid)}".encode(),
-                      Capabilities("cpu", int(need * 0.6), 1000.0, 0.0, 0.0, ("/ip4/127.0.0.1/tcp/6000",)))
+    return coord.join(pid, f"k{list(joins).index(pid)}".encode(), _small(6000))
+
+
+def test_tick_refills_the_level_a_running_pipeline_lost():
+    clock = Clock()
+    coord = Coordinator(RUN, SETTINGS, MemoryStore(), clock=clock)
+    joins, used, idle, leaver = _pipeline(coord)  # two servers and a trainer; the fourth serves toward the next
+    assert not [e for e in coord.tick() if "moved" in e], "a running pipeline and an idle server: nothing to move"
+    coord.leave(joins[leaver].lease.lease_id, leaver, "preempted")
+    events = coord.tick()
+    assert len([e for e in events if "moved" in e]) == 1, events
+    reply = coord.heartbeat(joins[idle].lease.lease_id, idle, assignment_version=joins[idle].assignment.version)
+    assert reply.assignment is not None and reply.assignment.mode == MODE_STAGE
+    assert reply.assignment.module_id == used[0] and "has trainers but no server" in reply.assignment.reason
+    clock.t += 1.0
+    assert not [e for e in coord.tick() if "moved" in e], "the pipeline is whole again"
 
 
 def test_a_server_that_rejoins_after_its_level_was_refilled_takes_a_new_role():
