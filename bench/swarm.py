@@ -16,7 +16,8 @@ Phases, each measured over its own window:
 1. **control**: the 2 path peers alone. Their module rounds: exchange seconds and failures.
 2. **stage**: the 6 small peers join; the coordinator makes them stage servers and trainers. Once a
    pipeline runs, the window measures every peer's tokens, the path peers' rounds again, and the
-   servers' capacity (tokens over busy seconds, as their heartbeats report it).
+   servers' capacity (the tokens each trained over its seconds spent serving, both counted over the
+   window from its progress lines).
 3. **kills**: a stage server (chosen with the seeded generator) is killed with SIGKILL every 30 s
    and started again on its work directory.
 
@@ -26,7 +27,8 @@ Keys:
 - ``small_peer_token_share``: tokens trained through pipelines (the trainers') / all tokens trained.
 - ``throughput_fraction``: the trainers' tokens/s over the pipelines' bottleneck, the least over
   levels of the summed capacity of that level's servers (every pipeline token crosses one server a
-  level), in the stage window (target >= 0.8); ``throughput_fraction_with_kills`` in the kill
+  level; a server's capacity: the tokens it trained over the seconds it spent serving, in the window),
+  in the stage window (target >= 0.8); ``throughput_fraction_with_kills`` in the kill
   window, against the same bottleneck (target >= 0.6).
 - ``path_round_ratio_with_small_peers``: the path peers' median seconds from one round of a module to
   its next, with small peers over without (target <= 1.2); with ``--shared-cpus`` it counts the CPU
@@ -183,14 +185,30 @@ def _blaming(reasons: list[str], peer_ids: list[str], only: str = "") -> int:
     return sum(1 for r in reasons if only in r and any(p and (p in r or p[-8:] in r) for p in peer_ids))
 
 
-def _bottleneck(status: dict) -> float:
-    """The least over levels of the summed capacity of that level's stage servers (0 when unmeasured)."""
+def _capacities(net: Any, names: list[str], since: float, until: float) -> dict[tuple[str, str], float]:
+    """Each stage server's capacity over the window, by (name, module served): the tokens it trained
+    over the seconds it spent serving, both summed over its consecutive progress lines serving that
+    module (a restarted or moved server counts from 0 again); a server that served nothing is left out."""
+    out: dict[tuple[str, str], float] = {}
+    for n in names:
+        seen = [p for p in _lines(net, n, since, until, "progress") if p.get("mode") == "stage" and "busy_seconds" in p]
+        sums: dict[str, list[float]] = {}
+        for a, b in zip(seen, seen[1:]):
+            if a.get("assignment") == b.get("assignment") and b["busy_seconds"] >= a["busy_seconds"] \
+                    and b["tokens"] >= a["tokens"]:
+                acc = sums.setdefault(str(b["assignment"]), [0.0, 0.0])
+                acc[0] += b["tokens"] - a["tokens"]
+                acc[1] += b["busy_seconds"] - a["busy_seconds"]
+        out.update({(n, m): tokens / busy for m, (tokens, busy) in sums.items() if tokens > 0 and busy > 0})
+    return out
+
+
+def _bottleneck(net: Any, names: list[str], since: float, until: float) -> float:
+    """The least over levels of the summed window capacity of that level's stage servers (0 when
+    fewer than two levels were measured)."""
     levels: dict[str, float] = {}
-    for p in status.get("peers", []):
-        a = p.get("assignment") or {}
-        if p.get("state") == "active" and a.get("mode") == "stage":
-            level = a["module_id"][:2]
-            levels[level] = levels.get(level, 0.0) + float(p.get("capacity_tokens_per_s") or 0.0)
+    for (_, module), capacity in _capacities(net, names, since, until).items():
+        levels[module[:2]] = levels.get(module[:2], 0.0) + capacity
     return min(levels.values()) if len(levels) >= 2 else 0.0
 
 
@@ -243,7 +261,6 @@ def run(work: Path, control_s: float, stage_s: float, kill_s: float, seed: int,
                              round_timeout=20.0, coordinator=coordinator, bridge=bridge)
         start = lambda name, *extra: net.start_peer(name, *extra, index=where[name] if bridge else None)  # noqa: E731
         out["servers_per_level"] = servers_per_level
-        status = net.status_json  # from inside namespace 0 with a bridge, else over loopback
         _pinned(halves[1] if halves else None)
         net.start_coordinator()
         _pinned(halves[0] if halves else None)
@@ -263,21 +280,13 @@ def run(work: Path, control_s: float, stage_s: float, kill_s: float, seed: int,
         wait_for(lambda: all(_tokens(net, n, 0, time.time()) > 0 for n in small if _is_trainer(net, n)) and
                  any(_is_trainer(net, n) for n in small), 600, "a pipeline running")
         t1 = time.time()
-        bottlenecks: list[float] = []
-
-        def sample() -> bool:
-            b = _bottleneck(status() or {})
-            if b > 0:
-                bottlenecks.append(b)
-            return time.time() >= t1 + stage_s
-
-        wait_for(sample, stage_s + 120, "the stage window", interval=5.0)
+        wait_for(lambda: time.time() >= t1 + stage_s, stage_s + 120, "the stage window", interval=5.0)
         t2 = time.time()
         with_small = _rounds(net, path_names, t1, t2)
         trainers = [n for n in small if _is_trainer(net, n)]
         tokens = {n: _tokens(net, n, t1, t2) for n in [*path_names, *small]}
         late = {n: _tokens(net, n, (t1 + t2) / 2, t2) for n in small}
-        bottleneck = statistics.median(bottlenecks) if bottlenecks else 0.0
+        bottleneck = _bottleneck(net, small, t1, t2)
         path_tps = (sum(_tokens(net, n, t0, t1) for n in path_names) / max(1e-9, t1 - t0),
                     sum(tokens[n] for n in path_names) / max(1e-9, t2 - t1))
         trained = {n: _tokens(net, n, t1, t2, "trainer") for n in small}  # through pipelines, whatever the roles did

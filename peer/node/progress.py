@@ -87,6 +87,9 @@ class PeerStatus:
     served over the last window (0 when idle)."""
     capacity_tokens_per_s: float = 0.0
     """A stage server's tokens/s at full load (served tokens over busy seconds; 0: not measured)."""
+    busy_seconds: float = 0.0
+    """A stage server's seconds spent serving, all told: its capacity over any window is the increase
+    of ``tokens`` over the increase of this."""
     failovers: int = 0
     """A pipeline trainer's requests that another server answered after the first one failed."""
     tokens: int = 0

@@ -372,12 +372,14 @@ def run_stage_server(cfg: RunConfig, module_id: str, dataset: Any, device: torch
             status.tokens = server.tokens_trained
             status.tokens_per_s = served.rate(server.tokens_trained)
             status.capacity_tokens_per_s = server.throughput if server.tokens_trained else 0.0
+            status.busy_seconds = round(server.busy_seconds, 3)
             status.state = "waiting" if server.holds is not None and server.holds.paused else "training"
             wake.wait(_POLL)
     finally:
         status.state = "draining"
         server.close()
         status.step, status.tokens = server.counts["step"], server.tokens_trained  # the last poll's may lag
+        status.busy_seconds = round(server.busy_seconds, 3)
         if checkpoints is not None:
             save_states(cfg, server.opt, {module_id: server.module}, checkpoints, extra)
         if hasattr(averager, "release"):
@@ -489,7 +491,8 @@ def run_stage_trainer(cfg: RunConfig, path: tuple[int, ...], dataset: Any, devic
     status.mode, status.assignment, status.state = "trainer", format_path(trainer.path), "waiting"
     served, loss_ema, waiting = ServedRate(), None, ""
     home = trainer.path
-    holds_data = has_data or (lambda p: dataset is not None and tuple(p) in {tuple(q) for q in dataset.paths})
+    held = {tuple(q) for q in dataset.paths} if dataset is not None else set()
+    holds_data = has_data or (lambda p: tuple(p) in held)
     can_detour = cfg.lattice.shared_embed and trainer.batches is not None
     look_home_at = 0.0
 

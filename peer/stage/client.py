@@ -44,11 +44,7 @@ _RETRY_POLL = 0.2  # seconds between DHT reads while no server of a module is us
 
 
 class StageUnavailable(RuntimeError):
-    """No server of a module answered before the deadline (``module_id``: which)."""
-
-    def __init__(self, message: str, module_id: str = ""):
-        super().__init__(message)
-        self.module_id = module_id
+    """No server of a module answered before the deadline (the message names the module)."""
 
 
 class StageRequestError(ValueError):
@@ -303,7 +299,7 @@ class StageClient:
                     self._report_failover(module_id, failed, None)
                     why = (f"answered within {self.call_timeout:.0f}s ({len(tried)} tried)" if now >= deadline
                            else f"usable for {self.vacant_timeout:.0f}s")
-                    raise StageUnavailable(f"no server of {module_id} {why}", module_id)
+                    raise StageUnavailable(f"no server of {module_id} {why}")
                 await asyncio.sleep(_RETRY_POLL)
                 tried.clear()
                 force = True
