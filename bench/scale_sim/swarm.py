@@ -29,9 +29,9 @@ that computed its whole round paces the others (``GroupDeclaration.paced``).
 
 With ``max_group_size`` > 0 a module's holders split each round into
 :func:`peer.network.records.group_buckets` groups by :func:`peer.network.records.group_bucket` (real
-code), each with its own group key; a member reads the module's whole holders key once a round to
-count the holders (the bucket count), then polls its group's key every ``POLL`` and the module's
-holders key every ``HOLDERS_POLL`` (as ``Matchmaker._gather`` does).
+code), each with its own group key; a member reads the module's whole holders key once a round, when
+it declares (``SplitRounds.plan``), to count the holders (the bucket count), then polls its group's key
+every ``POLL`` and the module's holders key every ``HOLDERS_POLL`` (as ``Matchmaker._gather`` does).
 As :mod:`peer.averaging.hierarchy` does, each bucket's delegate (real rule: its smallest member that
 accepts connections) then reads the holders key once more, declares the top group under
 :func:`peer.network.records.top_group_key` and polls it until the top group closes (every bucket with
@@ -457,12 +457,8 @@ class Swarm:
             else:
                 self._add("dht_bytes", stored)
                 self._add("dht_ops")
-            b = p.buckets[m] = self._bucket(p, m, r)
-            if self.cfg.census and b is not None:
-                self._add("dht_bytes", self.dht.store(bucket_holders_key(self.run.run_id, m, r, b), p.spec.peer_id,
-                                                      value, now + self.cfg.round_timeout + self.cfg.round_seconds,
-                                                      expire=True))
-                self._add("dht_ops")
+            b = p.buckets[m] = self._bucket(p, m, r, count=False)  # what its holder record tells the others
+            self._bucket_holder(p, m, r, b, now + self.cfg.round_timeout + self.cfg.round_seconds)
             g = self._group(m, r, b)
             self._expect(g, p)
             # (a split round's pacer declared under the module's key, where its declaration lives for
@@ -473,6 +469,28 @@ class Swarm:
         # the next check (and say so: a paced declaration paces nobody, GroupDeclaration.paced)
         self.loop.after(self.rng.uniform(0.0, WAITING_POLL) if others_waiting else full, self._declare, p, p.seq,
                         others_waiting)
+
+    def _rebucket(self, p: _Peer, m: str, b: Optional[int]) -> None:
+        """``p`` counted another number of buckets when it declared than its holder record gave the others
+        at its round's start: the group it declares in expects it, the one it left no longer does."""
+        pid, r = p.spec.peer_id, p.rounds[m]
+        left = self._group(m, r, p.buckets[m])
+        if not left.closed and pid in left.expected:
+            left.expected.discard(pid)
+            if pid not in left.declared:
+                left.waiting -= 1
+                if left.waiting <= 0 and math.isfinite(left.first):
+                    self.loop.after(POLL, self._close, left)
+        p.buckets[m] = b
+        self._bucket_holder(p, m, r, b, self.loop.now() + self.cfg.round_timeout)
+        self._expect(self._group(m, r, b), p)
+
+    def _bucket_holder(self, p: _Peer, m: str, r: int, b: Optional[int], expires: float) -> None:
+        """The census design: ``p`` holds ``m``'s round ``r`` in bucket ``b``, under the bucket's own holders key."""
+        if self.cfg.census and b is not None:
+            self._add("dht_bytes", self.dht.store(bucket_holders_key(self.run.run_id, m, r, b), p.spec.peer_id,
+                                                  {**self._records(p)[0], "round_no": r}, expires, expire=True))
+            self._add("dht_ops")
 
     def _expect(self, g: _Group, p: _Peer) -> None:
         """``g``'s members wait for ``p`` (its holder record announces ``g``'s round) until it declares."""
@@ -563,6 +581,10 @@ class Swarm:
             self._add("dht_bytes", polls * sum(self.dht.size(group_key(self.run.run_id, m, p.rounds[m]))
                                                for m in mods))
         for m in mods:
+            if self.cfg.max_group_size > 0:  # SplitRounds.plan: its bucket from the holders it reads now
+                b = self._bucket(p, m, p.rounds[m])
+                if b != p.buckets[m]:
+                    self._rebucket(p, m, b)
             g = self._group(m, p.rounds[m], p.buckets[m])
             if g.closed:  # the group formed without us
                 if g.bucket is not None:  # a split round: the round's average from a top member, if any

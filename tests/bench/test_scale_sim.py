@@ -117,11 +117,15 @@ def test_split_groups_rule():
 
 def test_bounded_groups_at_500_peers():
     """500 peers on 2x2: one group a module holds every holder; ``max_group_size`` bounds it and the
-    DHT bytes a peer reads per round."""
+    DHT bytes a peer reads per round. A holder draws its bucket from the holders it counts when it
+    declares (``SplitRounds.plan``), not when its round began: the first round after the ramp, begun
+    by peers that counted from a few holders to all of them, is split like the rounds after it
+    (drawn at each peer's round start, its largest group was 70). What remains above the cap is the
+    spread of hashed buckets, whose mean is at most the cap."""
     one = simulate(SimConfig(peers=500, duration=300.0, ramp=60.0, seed=1)).figures
     split = simulate(SimConfig(peers=500, duration=300.0, ramp=60.0, seed=1, max_group_size=32)).figures
     assert one["group_size_max"] > 300
-    assert split["group_size_mean"] <= 40 and split["group_size_max"] <= 2 * 2 * 32
+    assert split["group_size_mean"] <= 40 and split["group_size_max"] <= 2 * 32
     assert split["dht_bytes_per_peer_round"] < one["dht_bytes_per_peer_round"] / 4
     assert split["round_s_median"] <= one["round_s_median"] + 5.0
 
