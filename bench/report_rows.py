@@ -168,6 +168,13 @@ ROWS: tuple[Row, ...] = tuple(
             ("byzantine_bpb_gap", "bits-per-byte gap under the worst attack, defended", ("<=", 0.05)),
             ("byzantine_worst_attack", "the worst attack"),
             ("rounds_to_ban", "rounds until the attacker is banned"))
+    + _rows("joiners", "joiners",
+            ("sharer_bpb_rise_max", "3 seeds, H=30, 10 rounds an event: largest rise of another trained path's "
+             "validation bpb after a join or a move", ("<=", 0.01)),
+            ("variants.unguarded.sharer_bpb_rise_max", "the same without the guards (seed init, no ramp)"),
+            ("joiner_rounds_to_network_bpb.join_held.0", "rounds until a joiner on a held path is within 5% of the "
+             "network's (seed 0; the same at seeds 1 and 2)"),
+            ("replica_max_abs_diff", "largest difference between replicas", ("==", 0.0)))
     + _rows("joiners", "joiners_quick",
             ("sharer_bpb_rise_max", "quick run (1 seed, H=10, 4 rounds an event): largest rise of another trained "
              "path's validation bpb after a join or a move", ("<=", 0.01)),
