@@ -120,8 +120,8 @@ def test_bounded_groups_at_500_peers():
     DHT bytes a peer reads per round. A holder draws its bucket from the holders it counts when it
     declares (``SplitRounds.plan``), not when its round began: the first round after the ramp, begun
     by peers that counted from a few holders to all of them, is split like the rounds after it
-    (drawn at each peer's round start, its largest group was 70). What remains above the cap is the
-    spread of hashed buckets, whose mean is at most the cap."""
+    (a draw at each peer's round start gives a largest group of 70 here). What remains above the cap
+    is the spread of hashed buckets, whose mean is at most the cap."""
     one = simulate(SimConfig(peers=500, duration=300.0, ramp=60.0, seed=1)).figures
     split = simulate(SimConfig(peers=500, duration=300.0, ramp=60.0, seed=1, max_group_size=32)).figures
     assert one["group_size_max"] > 300
