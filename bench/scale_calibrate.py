@@ -18,7 +18,10 @@ the simulator (one machine per peer) does not model.
 Simulated: :func:`bench.scale_sim.simulate` with the same peers (each joining at the second the real
 one did, with the tokens/s and link bandwidths it measured and reported to the coordinator), the
 same lattice, ``round_seconds``, ``round_timeout``, ``inner_steps``, the tiny run config, no churn,
-and the same window.
+and the same window; this machine's loopback as the links' latency (``LOOPBACK_LATENCY``), and the
+peers' exchanges sharing the cores the training leaves (``Plan.exchange_cores``): on one machine each
+member's processing of the others' parts (``scale_sim.swarm.PART_CPU``) slows with the peers sharing
+it, which made the real exchange's wait grow with the group and the network at once.
 
 Keys: ``sim_vs_real_round_time_error``, |simulated median round - real median round| / real median
 round at the largest real size (target <= 0.25), and ``sim_vs_real_noncompute_error``, the same on the
@@ -78,6 +81,10 @@ a lease long enough for a loaded machine."""
 INNER_STEPS = 100_000
 """H: more steps than a tiny peer takes in a round, so every round ends at ``round_seconds``."""
 MODULE = "embed"
+LOOPBACK_LATENCY = 0.05
+"""The simulator's ``latency`` for this machine's loopback: seconds an exchange and a hop of a split
+round's tree take beside bytes and per-part processing (calls through the daemons and DHTs of a loaded
+machine): a model, chosen with ``scale_sim.swarm.PART_CPU`` on the stored run of commit 1e51584."""
 """The module whose rounds are timed: every path holds it, so every peer averages it every round."""
 
 
@@ -102,8 +109,14 @@ class Plan:
     """Cores the peers' training takes together at the largest size: each peer trains with
     ``--cpu-limit compute_cores / max(sizes)`` (0: no limit). Volunteers each have a machine of
     their own; here N peers share 2 cores, and training them flat out starves every exchange of CPU
-    (load averages of 10-27 on 2 cores in the first runs), an overhead no volunteer has and the
-    simulator does not model. The rest of the machine is left to the exchanges, daemons and DHTs."""
+    (load averages of 10-27 on 2 cores in the first runs), an overhead no volunteer has. The rest of
+    the machine is left to the exchanges, daemons and DHTs (the simulator's ``exchange_cores``)."""
+
+    def exchange_cores(self, host_cores: Optional[int] = None) -> float:
+        """Cores this machine leaves to the peers' exchanges: all but the training's ``compute_cores``
+        (at least one)."""
+        host = host_cores or len(os.sched_getaffinity(0))
+        return max(1.0, host - self.compute_cores)
 
     def cpu_limit(self) -> Optional[float]:
         if self.compute_cores <= 0:
@@ -191,7 +204,8 @@ def simulated(plan: Plan, base_run, measured: dict) -> dict:
     specs, start, stop = _peer_specs(measured["peers"]), measured["start"], measured["stop"]
     cfg = SimConfig(peers=len(specs), duration=stop - start, ramp=start, leave_per_hour=0.0, seed=plan.seed,
                     inner_steps=INNER_STEPS, round_seconds=plan.round_seconds, round_timeout=plan.round_timeout,
-                    replace_departures=False, base_run=base_run, peer_specs=specs, max_group_size=plan.max_group_size)
+                    replace_departures=False, base_run=base_run, peer_specs=specs, max_group_size=plan.max_group_size,
+                    latency=LOOPBACK_LATENCY, exchange_cores=plan.exchange_cores(measured.get("host_cores")))
     f = simulate(cfg).figures
     return {k: f[k] for k in ("round_s_median", "round_s_p90", "peer_rounds", "group_size_mean", "refused")}
 
@@ -247,7 +261,8 @@ def calibrate(plan: Plan, work: Path) -> dict:
                        "the measured window", interval=1.0, retry_on=())
             stop = time.time()
             used = cpu.stop()
-            measured = {"start": round(start - t0, 3), "stop": round(stop - t0, 3), "peers": _measured_peers(net, t0)}
+            measured = {"start": round(start - t0, 3), "stop": round(stop - t0, 3), "peers": _measured_peers(net, t0),
+                        "host_cores": len(os.sched_getaffinity(0))}
             row = compare(plan, base_run, {"peers": n, "window_s": round(stop - start, 1),
                                            "load_average": [load, os.getloadavg()[0]], "cpu": used,
                                            "real": real_figures(net, start, stop), "measured": measured})
@@ -319,8 +334,9 @@ def headline(plan: Plan, rows: list[dict]) -> dict:
         "window_s": plan.window, "compute_cores": plan.compute_cores, "peer_cpu_limit": plan.cpu_limit(),
         "max_group_size": plan.max_group_size,
         "inner_steps": INNER_STEPS, "lattice": "2x2", "preset": "tiny", "seed": plan.seed, "seeds": [plan.seed],
-        "sim_model": {"LATENCY": swarm.LATENCY, "GATHER": swarm.GATHER, "POLL": swarm.POLL,
-                      "WAITING_POLL": swarm.WAITING_POLL, "DEADLINE": swarm.DEADLINE},
+        "sim_model": {"LATENCY": LOOPBACK_LATENCY, "PART_CPU": swarm.PART_CPU, "GATHER": swarm.GATHER,
+                      "POLL": swarm.POLL, "WAITING_POLL": swarm.WAITING_POLL, "DEADLINE": swarm.DEADLINE,
+                      "exchange_cores": plan.exchange_cores()},
         "rows": rows,
     }
 

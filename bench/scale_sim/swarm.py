@@ -89,7 +89,13 @@ DEADLINE = 0.95
 POLL = 0.1
 """Seconds between matchmaking reads of the DHT (``peer.averaging.matchmaking._POLL``)."""
 LATENCY = 0.2
-"""Seconds of round trips per exchange (join, begin, segment pipeline start): a model."""
+"""Default ``SimConfig.latency``: seconds of round trips per exchange (join, begin, segment pipeline
+start) over the internet, and a round trip per hop of a split round's tree: a model."""
+PART_CPU = 0.0075
+"""CPU seconds a member spends on each other member's part of an exchange (the p2p messages, decoding,
+adding, encoding), on a core of its own: a model, chosen on the calibration run of
+``bench/results/scale_calibrate.json`` at commit 1e51584 (its 4, 8 and 12 peers; the tiny preset's
+parts), where the real exchange's wait grew with the group times the peers sharing the machine."""
 WAITING_POLL = 1.0
 """Seconds between a computing member's checks for others waiting (``peer.averaging.pacing.WAITING_POLL``)."""
 LOSS_OF = {"start": "startup_lost_s", "churn": "churn_lost_s", "move": "move_lost_s", "": "straggler_lost_s"}
@@ -118,6 +124,13 @@ class SimConfig:
     round_timeout: float = 60.0
     max_group_size: int = 0
     """Split a module's holders into groups of about this size each round (0: one group a module)."""
+    latency: float = LATENCY
+    """Seconds of round trips per exchange and per hop of a split round's tree (``LATENCY``; a
+    calibration on loopback: none beside the processing ``PART_CPU`` models)."""
+    exchange_cores: float = 0.0
+    """Cores the live peers' exchange processing shares (a calibration's peers on one machine): each
+    member's ``PART_CPU`` per part is that many times slower when more peers than cores are live; 0:
+    every peer processes its exchange on a core of its own."""
     census: bool = False
     """Model the design of :mod:`bench.scale_sim.census` (control reads of a split round bounded by the
     cap, not by the holders) instead of the peers' code, which reads whole holders keys."""
@@ -170,7 +183,7 @@ def run_config(cfg: SimConfig) -> RunConfig:
 class _Peer:
     __slots__ = ("spec", "lease_id", "assignment", "pending", "alive", "draining", "leaving", "credential",
                  "rounds", "round_start", "compute", "open", "failed", "cause", "progress", "tokens", "gone_at",
-                 "seq", "declared", "buckets", "values")
+                 "seq", "declared", "buckets", "expected_in", "values")
 
     def __init__(self, spec: PeerSpec):
         self.spec = spec
@@ -190,6 +203,7 @@ class _Peer:
         self.seq = 0  # rounds started: a scheduled declaration of an earlier round is void
         self.declared = False
         self.buckets: dict[str, Optional[int]] = {}
+        self.expected_in: dict[str, tuple[int, Optional[int]]] = {}  # module -> (round, bucket) its last group expects
         self.values: Optional[tuple[dict, dict]] = None
         self.progress: list[ProgressReport] = []
         self.tokens = 0
@@ -349,7 +363,7 @@ class Swarm:
     def _bootstrap(self, p: _Peer, module_ids, cause: str) -> None:
         """Fetch the modules' state (fp32) from their holders, then start a round."""
         p.cause = cause
-        seconds = sum(4 * self.numel[m] for m in module_ids) / p.spec.download_bps + LATENCY
+        seconds = sum(4 * self.numel[m] for m in module_ids) / p.spec.download_bps + self.cfg.latency
         self._add(LOSS_OF[cause], seconds)
         self._add("idle_s", seconds)
         for m in module_ids:
@@ -460,6 +474,9 @@ class Swarm:
             b = p.buckets[m] = self._bucket(p, m, r, count=False)  # what its holder record tells the others
             self._bucket_holder(p, m, r, b, now + self.cfg.round_timeout + self.cfg.round_seconds)
             g = self._group(m, r, b)
+            earlier = p.expected_in.pop(m, None)  # where its last group's close announced it, if elsewhere
+            if earlier is not None and earlier != (r, b) and (m, *earlier) in self.groups:
+                self._unexpect(self.groups[(m, *earlier)], p)
             self._expect(g, p)
             # (a split round's pacer declared under the module's key, where its declaration lives for
             # round_timeout: Matchmaker.announce_full_round)
@@ -473,14 +490,8 @@ class Swarm:
     def _rebucket(self, p: _Peer, m: str, b: Optional[int]) -> None:
         """``p`` counted another number of buckets when it declared than its holder record gave the others
         at its round's start: the group it declares in expects it, the one it left no longer does."""
-        pid, r = p.spec.peer_id, p.rounds[m]
-        left = self._group(m, r, p.buckets[m])
-        if not left.closed and pid in left.expected:
-            left.expected.discard(pid)
-            if pid not in left.declared:
-                left.waiting -= 1
-                if left.waiting <= 0 and math.isfinite(left.first):
-                    self.loop.after(POLL, self._close, left)
+        r = p.rounds[m]
+        self._unexpect(self._group(m, r, p.buckets[m]), p)
         p.buckets[m] = b
         self._bucket_holder(p, m, r, b, self.loop.now() + self.cfg.round_timeout)
         self._expect(self._group(m, r, b), p)
@@ -499,6 +510,17 @@ class Swarm:
             g.expected.add(pid)
             if pid not in g.declared:
                 g.waiting += 1
+
+    def _unexpect(self, g: _Group, p: _Peer) -> None:
+        """``g``'s members no longer wait for ``p`` (it counted itself into another bucket); ``g`` closes
+        once nobody else it waits for is missing."""
+        pid = p.spec.peer_id
+        if not g.closed and pid in g.expected:
+            g.expected.discard(pid)
+            if pid not in g.declared:
+                g.waiting -= 1
+                if g.waiting <= 0 and math.isfinite(g.first):
+                    self.loop.after(POLL / 2, self._close, g)
 
     def _step_seconds(self, p: _Peer) -> float:
         """Seconds of one inner step (a batch of ``batch_size`` sequences) at the peer's tokens/s."""
@@ -625,7 +647,7 @@ class Swarm:
                     if q.alive and not q.declared:
                         self.loop.after(self.rng.uniform(0.0, WAITING_POLL), self._declare, q, q.seq, True)
             if g.waiting <= 0:  # the members' next gather reads see it
-                self.loop.after(POLL, self._close, g)
+                self.loop.after(POLL / 2, self._close, g)
 
     def _close(self, g: _Group) -> None:
         if g.closed:
@@ -660,11 +682,9 @@ class Swarm:
         # its members announce their next round now (NetAverager holds round + 1 once the group formed):
         # the next round's groups wait for them from here on, as the real matchmaker reads their records
         for q in g.members:
-            if g.bucket is None:
-                self._expect(self._group(g.module, g.round_no + 1, None), q)
-            else:
-                self._expect(self._group(g.module, g.round_no + 1, self._bucket(q, g.module, g.round_no + 1,
-                                                                                 count=False)), q)
+            b = None if g.bucket is None else self._bucket(q, g.module, g.round_no + 1, count=False)
+            q.expected_in[g.module] = (g.round_no + 1, b)
+            self._expect(self._group(g.module, g.round_no + 1, b), q)
         # a split round's bucket all-reduces by SPLIT_BUCKET of the round's budget (SplitRounds.average)
         g.deadline = g.first + self.cfg.round_timeout * (DEADLINE if g.bucket is None else SPLIT_BUCKET)
         if g.bucket is not None:
@@ -703,7 +723,14 @@ class Swarm:
             up = rest + part * (n - 1)
             down = part * (n - 1) + rest
             worst = max(worst, up / p.spec.upload_bps, down / p.spec.download_bps)
-        return worst + LATENCY
+        return worst + self.cfg.latency + (n - 1) * PART_CPU * self._cpu_slowdown()
+
+    def _cpu_slowdown(self) -> float:
+        """How much slower than on a core of its own a member processes its exchange: the live peers'
+        exchanges share ``SimConfig.exchange_cores`` (peers on one machine), or 1."""
+        if self.cfg.exchange_cores <= 0:
+            return 1.0
+        return max(1.0, sum(p.alive for p in self.peers.values()) / self.cfg.exchange_cores)
 
     def _lose_member(self, g: _Group) -> None:
         """A member died mid-exchange: the others wait for it until the round's deadline."""
@@ -743,7 +770,7 @@ class Swarm:
             if math.isfinite(top.done_at):  # its delegate fetches the round's average from a top member
                 spread = self._tree_seconds(g, self.wire[g.module] / MAX_SEGMENTS)
                 for p in g.members:  # (their deltas carry into their next round: not lost)
-                    self._module_done(p, g.module, g, ok=True, at=max(now, top.done_at) + LATENCY + spread)
+                    self._module_done(p, g.module, g, ok=True, at=max(now, top.done_at) + self.cfg.latency + spread)
                 return
             for p in g.members:  # no average: nobody applied the round, the members average it again
                 self._module_done(p, g.module, g, ok=False, at=now, retry=True)
@@ -763,7 +790,7 @@ class Swarm:
             top.expected = self._held_buckets(g.module, g.round_no)  # this round or the next, ours included
             top.expected.add(g.bucket)
         if top.expected <= {x.bucket for x in top.ready}:
-            self.loop.after(POLL, self._top_close, top)
+            self.loop.after(POLL / 2, self._top_close, top)
 
     def _held_buckets(self, m: str, r: int) -> set[int]:
         """The buckets of round ``r`` of ``m`` that hold a live holder, whatever round it announces, of as
@@ -782,7 +809,7 @@ class Swarm:
             return
         now = self.loop.now()
         if math.isfinite(top.done_at):
-            self._module_done(p, m, g, ok=True, at=max(now, top.done_at) + LATENCY + self.wire[m] / p.spec.download_bps)
+            self._module_done(p, m, g, ok=True, at=max(now, top.done_at) + self.cfg.latency + self.wire[m] / p.spec.download_bps)
         else:
             self._module_done(p, m, g, ok=False, at=now, retry=True)
 
@@ -876,7 +903,7 @@ class Swarm:
             # on the way down, a part of the average (the top group's parts, passed on one by one) per
             # hop, at the slowest carrier's upload, to its two children
             part = self.wire[m] / (MAX_SEGMENTS * max(1, len(meet)))
-            seconds += POLL + slowest + LATENCY + 2 * part / min(d.spec.upload_bps for d in carriers.values())
+            seconds += POLL + slowest + self.cfg.latency + 2 * part / min(d.spec.upload_bps for d in carriers.values())
             carriers = {index: min((d for _, d in group), key=lambda p: p.spec.peer_id)
                         for index, group in meet.items()}
         return seconds, list(carriers.values())
@@ -894,7 +921,7 @@ class Swarm:
         wire = self.wire[g.module]
         upload = {p.spec.peer_id: p.spec.upload_bps for p in g.members}
         pace = max(n * wire / upload[q] for q, n in children.items())
-        return pace + tree_depth(group, root) * (LATENCY + pace * part / wire)
+        return pace + tree_depth(group, root) * (self.cfg.latency + pace * part / wire)
 
     def _module_done(self, p: _Peer, m: str, g: _Group, ok: bool, at: float, retry: bool = False) -> None:
         """``p`` is done with ``m``'s round of ``g`` at ``at``: applied (``ok``), failed and re-synced to the

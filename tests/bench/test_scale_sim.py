@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from bench.scale_sim import SimConfig, simulate
-from bench.scale_sim.swarm import Swarm
+from bench.scale_sim.population import draw_peers
+from bench.scale_sim.swarm import PART_CPU, Swarm, _Peer
 from coordinator.records import MODE_PATH
 from peer.network.records import group_bucket, group_buckets, group_key, split_levels
 
@@ -91,6 +92,34 @@ def test_same_seed_same_figures(result):
               "coordinator_join_cpu_ms_p99"}
     assert {k: v for k, v in again.items() if k not in timing} == {
         k: v for k, v in result.figures.items() if k not in timing}
+
+
+def test_an_exchange_costs_processing_per_part_and_slows_with_the_peers_sharing_a_machine():
+    """Each member handles every other member's part (``PART_CPU`` a part on a core of its own): the
+    exchange of a larger group takes longer by that much, and peers that share ``exchange_cores``
+    (a calibration's peers on one machine) take as many times longer as there are live peers a core."""
+    import random
+
+    specs = draw_peers(random.Random(0), 12, 0.0, 0.0)
+    times = {}
+    for cores in (0.0, 1.0, 3.0):
+        with tempfile.TemporaryDirectory() as d:
+            swarm = Swarm(SimConfig(peers=12, seed=0, exchange_cores=cores), Path(d))
+            for spec in specs:
+                swarm.peers[spec.peer_id] = _Peer(spec)
+            module = "embed"
+            members = list(swarm.peers.values())
+            times[cores] = [swarm._exchange_seconds(module, members[:n]) for n in (2, 12)]
+            times[cores, "bytes"] = [swarm._exchange_seconds(module, members[:n]) - (n - 1) * PART_CPU
+                                     * swarm._cpu_slowdown() for n in (2, 12)]
+    # the same bytes and latency in every case: only the processing differs
+    assert times[0.0, "bytes"] == pytest.approx(times[1.0, "bytes"])
+    assert times[0.0, "bytes"] == pytest.approx(times[3.0, "bytes"])
+    own, one, three = times[0.0], times[1.0], times[3.0]
+    assert own[1] - times[0.0, "bytes"][1] == pytest.approx(11 * PART_CPU)
+    assert one[1] - own[1] == pytest.approx(11 * PART_CPU * 11)  # 12 live peers on one core: 12x
+    assert three[1] - own[1] == pytest.approx(11 * PART_CPU * 3)  # on three cores: 4x
+    assert one[0] - own[0] == pytest.approx(PART_CPU * 11)
 
 
 def test_split_groups_rule():
