@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # one of them, one at a time (tests/conftest.py). TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS))
-BENCHES := inner_loop routing codecs coordinator_load comm comm_hivemind utilization wire stage_codec swarm swarm_standby chaos byzantine robust nat planner scale scale_calibrate data_fetch
+BENCHES := inner_loop routing codecs coordinator_load comm comm_hivemind utilization wire wire_split stage_codec swarm swarm_standby chaos byzantine robust nat planner scale scale_calibrate data_fetch
 
 .PHONY: setup demo test test-all bench protos clean
 
@@ -35,7 +35,7 @@ test: setup
 test-all: setup
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
-# bench.comm, bench.utilization and bench.wire need root (network namespaces); without it they print a skip line.
+# bench.comm, bench.utilization, bench.wire and bench.wire_split need root (network namespaces); without it they print a skip line.
 # bench.quality runs its reduced CPU grid here; `python -m bench.quality --scale full` is the whole grid.
 # bench.report then regenerates docs/BENCHMARKS.md's tables from the new results.
 bench: setup

@@ -76,6 +76,13 @@ ROWS: tuple[Row, ...] = tuple(
             ("plain_dht_per_round_control_bytes", "the same with hivemind's DHT uncoalesced (the control run)"),
             ("control_bytes_cut_vs_plain_dht", "control bytes per round, uncoalesced over coalesced DHT requests"),
             ("params_for_1000x_wire", "projected: parameters from which the wire ratio reaches 1000x"))
+    + _rows("wire_split", "wire_split",
+            ("replica_max_abs_diff", "split rounds, 17 holders capped at 4 (three levels): replicas' largest difference",
+             ("==", 0.0)),
+            ("failed_rounds", "the same run: rounds lost", ("==", 0)),
+            ("control_bytes_per_peer_round", "the same run: bytes on the wire per member and round beyond the payload"),
+            ("sim_control_bytes_per_peer_round", "the simulator's DHT bytes per member and round at the same size"),
+            ("sim_vs_real_control_bytes_error", "|simulated - real| / real control bytes"))
     + _rows("quality", "quality",
             ("sparse_smallest_gap_at_1000x", "quick grid (1,000 steps): smallest gap of a point at >= 1000x",
              ("<=", 0.02)),

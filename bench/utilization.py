@@ -192,7 +192,8 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
             steps_done = args.steps
             state = [p.detach().clone() for p in params]
         else:
-            outer = OuterConfig(inner_steps=h, codec=codec, overlap=overlap, round_timeout=args.round_timeout)
+            outer = OuterConfig(inner_steps=h, codec=codec, overlap=overlap, round_timeout=args.round_timeout,
+                                max_group_size=args.max_group_size)
             opt = trained["opt"] = DiLoCoOptimizer(model.modules_by_id(), inner=cfg.inner, outer=outer,
                                                    lattice=cfg.lattice, averager=avg)
             install_resync(opt, fetch)  # what a real peer does after a missed round (peer.node.trainer)
@@ -233,6 +234,8 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
                 for p, g in zip([p for mid in mids for p in model.modules_by_id()[mid].parameters()], state):
                     p.copy_(g)
         wire = tx_bytes() - tx0
+        if args.out:  # the final state, for the replicas' largest difference (_replica_max_abs_diff)
+            torch.save([t.detach().cpu() for t in state], Path(args.out) / f"state{args.peer}.pt")
     finally:
         avg.shutdown()
     out = dict(wall_seconds=wall, wait_seconds=wait, drain_seconds=drain, bytes_sent=sent, bytes_received=received,
@@ -320,6 +323,7 @@ def _summarize(peers: list[dict], relays: list[dict], names: list[str], codec: s
                                       if all(r.get("idle_seconds") for r in runs) else None),
             rounds=runs[0]["rounds"], failed_rounds=max(r["failed_rounds"] for r in runs),
             replicas_identical=len({r["state_sum"] for r in runs}) == 1,
+            replica_max_abs_diff=max(r.get("replica_max_abs_diff", 0.0) for r in runs),
             mean_group_size=round(sum(r["mean_group_size"] for r in runs) / len(runs), 2),
             failures=sorted({f for r in runs for f in r["failures"]})[:5],
         )
@@ -348,7 +352,7 @@ def _run_variant_swarm(net, name: str, out: Path, args: argparse.Namespace, data
     base = [sys.executable, "-m", "bench.utilization", "--out", str(out), "--data", str(data), "--peers", str(n),
             "--preset", args.preset, "--steps", str(args.steps), "--batch", str(args.batch),
             "--rate-mbit", str(args.rate_mbit), "--variants", name, "--codec", args.codec, "--round-timeout", str(args.round_timeout),
-            "--idle-seconds", str(args.idle_seconds)]
+            "--idle-seconds", str(args.idle_seconds), "--max-group-size", str(args.max_group_size)]
     try:
         procs.append(net.popen(0, [*base, "--peer", "0", "--host", net.address(0)], env=env,
                                stdout=logs[0], stderr=subprocess.STDOUT))
@@ -362,11 +366,24 @@ def _run_variant_swarm(net, name: str, out: Path, args: argparse.Namespace, data
             if p.returncode != 0:
                 raise RuntimeError(f"{name} peer {i} exited {p.returncode}:\n{(out / f'peer{i}.log').read_text()[-3000:]}")
         log.info("%s done", name)
-        return [json.loads((out / f"peer{i}.json").read_text())[name] for i in range(n)]
+        results = [json.loads((out / f"peer{i}.json").read_text())[name] for i in range(n)]
+        diff = _replica_max_abs_diff([out / f"state{i}.pt" for i in range(n)])
+        for r in results:
+            r["replica_max_abs_diff"] = diff
+        return results
     finally:
         _stop(procs)
         for f in logs:
             f.close()
+
+
+def _replica_max_abs_diff(files: list[Path]) -> float:
+    """The largest absolute difference of any value of the peers' final states from peer 0's."""
+    import torch
+
+    states = [torch.load(f) for f in files]
+    return max((float((a.double() - b.double()).abs().max()) for s in states[1:] for a, b in zip(states[0], s)
+                if a.numel()), default=0.0)
 
 
 def run_bench(args: argparse.Namespace) -> dict:
@@ -441,6 +458,8 @@ def parser(prog: str = "python -m bench.utilization", description: str = __doc__
     ap.add_argument("--rtt-ms", type=float, default=40.0, help="round trip added by the delay relays")
     ap.add_argument("--variants", default=",".join(HEADLINE))
     ap.add_argument("--round-timeout", type=float, default=30.0)
+    ap.add_argument("--max-group-size", type=int, default=0,
+                    help="the DiLoCo variants' [outer] max_group_size: split rounds of more holders (0: one group)")
     ap.add_argument("--idle-seconds", type=float, default=0.0,
                     help="before training, measure for this long what the link sends with the modules held and no round")
     ap.add_argument("--peer-timeout", type=float, default=1200.0, help="seconds a peer may take for one variant")

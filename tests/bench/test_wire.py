@@ -62,3 +62,40 @@ def test_settings_it_cannot_compare_are_refused(argv, message):
     out = subprocess.run([sys.executable, "-m", "bench.wire", *argv], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_split_wire_counts_the_tree_as_payload_and_the_rest_as_control():
+    """``bench.wire_split``: 17 holders capped at 4 are 8 buckets, so 9 of 17 members receive the
+    round's average down a tree (bytes the averager does not count): each member's mean share of
+    them is payload, and what the interface sent beyond is control."""
+    from bench.wire_split import real_keys
+
+    v = dict(rounds=4, failed_rounds=0, replica_max_abs_diff=0.0, replicas_identical=True, mean_group_size=2.5,
+             bytes_sent_per_peer=4 * 50_000, wire_tx_bytes_per_peer=4 * 400_000, wall_seconds=40.0,
+             wait_seconds_mean=8.0, idle_tx_bytes_per_peer_s=1000.0, failures=[])
+    got = real_keys(v, peers=17, cap=4, module_sizes=[10_000, 7_000, 7_000, 10_000])
+    tree = 34_000 * 9 / 17
+    assert got["split_levels"] == 3
+    assert got["tree_bytes_per_round_estimated"] == round(tree)
+    assert got["payload_bytes_per_round"] == round(50_000 + tree)
+    assert got["control_bytes_per_peer_round"] == round(400_000 - 50_000 - tree)
+    assert got["compute_seconds_per_round"] == 8.0 and got["upkeep_bytes_per_round"] == 10_000
+
+
+def test_split_wire_simulates_the_same_size_in_three_levels():
+    from bench.wire_split import simulated
+
+    sim = simulated(peers=17, cap=4, rate_mbit=50, round_seconds=8.0, round_timeout=60.0, rounds=4, preset="demo")
+    assert sim["sim_split_levels"] == 3 and sim["sim_peer_rounds"] >= 17
+    assert sim["sim_control_bytes_per_peer_round"] > 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--variants", "h18"], "bench.wire_split runs sparse"),
+    (["--peers", "4"], "more peers than the cap"),
+    (["--steps", "60"], "a multiple of H = 16"),
+])
+def test_split_wire_refuses_settings_it_cannot_run(argv, message):
+    out = subprocess.run([sys.executable, "-m", "bench.wire_split", *argv], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
