@@ -6,7 +6,9 @@ in network namespaces, egress shaped to ``--rate-mbit``, ``--rtt-ms`` added by d
 ``demo`` preset's path (0, 0) (embed, L0M0, L1M0, head) held by every peer, the ``sparse`` point
 (H = 16, ``topk16b2``) with ``[outer] max_group_size = --max-group-size`` (default 4). With 17 holders
 of each module and a cap of 4, every round splits in three levels (:func:`peer.network.records.split_levels`:
-8 buckets, groups of delegates, a top group). Before it trains, each peer counts for
+8 buckets, groups of delegates, a top group). One sequence a step (``--batch 1``): 17 trainers at 8
+sequences a step kept this machine's 2 cores at a load average of about 20, and most of their rounds
+failed on timeouts. Before it trains, each peer counts for
 ``--idle-seconds`` what its link sends while it holds the modules and no round runs.
 
 Real keys (per member, means over the peers; "a round" is one outer round of the path, its 4
@@ -109,7 +111,8 @@ def simulated(*, peers: int, cap: int, rate_mbit: float, round_seconds: float, r
 
 def main(argv: Optional[list[str]] = None) -> None:
     ap = parser("python -m bench.wire_split", __doc__.split("\n")[0])
-    ap.set_defaults(variants=VARIANT, peers=17, max_group_size=4, steps=128, idle_seconds=20.0, round_timeout=60.0)
+    ap.set_defaults(variants=VARIANT, peers=17, max_group_size=4, steps=128, batch=1, idle_seconds=20.0,
+                    round_timeout=60.0)
     args = ap.parse_args(argv)
     if args.variants != VARIANT:
         ap.error(f"--variants: bench.wire_split runs {VARIANT} (python -m bench.utilization runs the others)")

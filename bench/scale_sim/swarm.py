@@ -660,7 +660,9 @@ class Swarm:
         found = self.dht.get(key)  # the leader's last read, through the real parser
         self._add("dht_ops")
         declared = records_from_value(found, GroupDeclaration)
-        members = sorted(p for p in declared if self.peers[p].alive)
+        # (those that declared to this attempt: a round retried after its top group failed reuses the key,
+        # where the first attempt's declarations stay until they expire)
+        members = sorted(p for p in declared if p in g.declared and self.peers[p].alive)
         # each member polled its group key from its declaration until the group closed (or its own
         # deadline), and the module's holders key as often, or once a HOLDERS_POLL in a split round (an
         # upper bound for an unsplit round: the real gather reads the holders once a HOLDERS_POLL too, its
