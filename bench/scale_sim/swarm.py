@@ -9,9 +9,10 @@ of :mod:`peer.network.records`; the bandwidth-proportional partition of
 
 Modelled (``docs/BENCHMARKS.md`` lists them): compute time (H steps at the peer's tokens/s, cut at
 the first whole step past ``round_seconds``, as ``DiLoCoOptimizer.step`` checks the time budget after
-each inner step), link transfer times (bytes over a bandwidth, plus a fixed latency), the group
-decision of :class:`peer.averaging.matchmaking.Matchmaker` (a group closes a ``POLL`` after every
-expected holder has declared, when the members' next reads see it, or at the gather deadline; its
+each inner step), link transfer times (bytes over a bandwidth, plus a fixed latency), each member's
+processing of the others' parts (``PART_CPU`` a part, slower where peers share a machine), the group
+decision of :class:`peer.averaging.matchmaking.Matchmaker` (a group closes half a ``POLL`` after every
+expected holder has declared, the mean wait for the members' next reads, or at the gather deadline; its
 leader is the smallest declared peer id that accepts connections; late declarers fail the round and
 re-sync), and an exchange that loses a member ending at the round's deadline (the reducer waits for
 it, :mod:`peer.averaging.allreduce`).
