@@ -199,8 +199,9 @@ def run_points(points: Sequence[Point], scale: Scale, data_dirs: dict[str, str],
     else:
         mp = multiprocessing.get_context("spawn")
         order = list(points)  # submitted (and started) in the given order
-        with cf.ProcessPoolExecutor(jobs, mp_context=mp, initializer=_init_worker,
-                                    initargs=(asdict(scale), dict(data_dirs), device)) as pool:
+        pool = cf.ProcessPoolExecutor(jobs, mp_context=mp, initializer=_init_worker,
+                                      initargs=(asdict(scale), dict(data_dirs), device))
+        try:
             futures = {pool.submit(_run_in_worker, p.to_dict()): p for p in order}
             for fut in cf.as_completed(futures):
                 p = futures[fut]
@@ -209,6 +210,15 @@ def run_points(points: Sequence[Point], scale: Scale, data_dirs: dict[str, str],
                 except Exception as e:  # the worker process died (or could not start)
                     done({"point": p.to_dict(), "name": p.name, "experiment": p.experiment, "status": "failed",
                           "error": f"{type(e).__name__}: {e}", "seconds": None})
+        except BaseException:
+            # stopped (SIGINT, SIGTERM and SIGHUP arrive as KeyboardInterrupt, bench.common.run_main): the
+            # points not begun are dropped and the workers stopped now, where leaving the pool with a
+            # plain shutdown would first run every queued point to its end
+            pool.shutdown(wait=False, cancel_futures=True)
+            for worker in multiprocessing.active_children():
+                worker.terminate()
+            raise
+        pool.shutdown(wait=True)
     return [results[p.name] for p in points]
 
 

@@ -384,7 +384,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         plan, rows = resimulate(previous)
         emit(previous["bench"], {**headline(plan, rows), "quick": previous["quick"],
                                  "real_measured_unix_time": previous.get("real_measured_unix_time",
-                                                                         previous["unix_time"])})
+                                                                         previous["unix_time"]),
+                                 "real_measured_commit": previous.get("real_measured_commit", previous["commit"]),
+                                 "real_measured_command": previous.get("real_measured_command", previous["command"])})
         return 0
     plan = QUICK if args.quick else Plan()
     if args.sizes:

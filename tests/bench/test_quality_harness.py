@@ -5,8 +5,16 @@ analysis agrees with routed evaluation, and a broken variant is recorded as fail
 from __future__ import annotations
 
 import itertools
+import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
+import psutil
 import pytest
 
 from bench.quality_report import summarize, tables
@@ -16,6 +24,8 @@ from bench.quality_sweeps import EXPERIMENTS, Point, grid, load_context, run_poi
 from models.corpus import Corpus, default_corpus
 from models.data import prepare
 from peer.compression import get_codec
+
+ROOT = Path(__file__).resolve().parents[2]
 
 REQUIRED = ("diloco_best_bytes_ratio", "diloco_bpb_gap_at_best", "dipaco_bpb", "dense_p_bpb", "dense_2p_bpb",
             "dense_p_equal_compute_bpb", "hetero_speedup")
@@ -162,6 +172,81 @@ def test_worker_processes_record_failures_too(data_dirs):
     assert [r["name"] for r in recs] == ["hetero-fast", "bad-mode"]
     assert recs[0]["status"] == "ok" and recs[1]["status"] == "failed"
     assert "sideways" in recs[1]["error"]
+
+
+STOPPED_RUN = textwrap.dedent("""
+    import json, multiprocessing, os, sys, time
+    from pathlib import Path
+    from bench import quality_runs
+    from bench.common import run_main
+    from bench.quality_scale import tiny
+    from bench.quality_sweeps import Point, run_points
+
+    def run_marked(ctx, name):  # a point that says it began, then takes a second
+        with open(os.environ["MARKS"], "a") as f:
+            f.write(name + "\\n")
+        time.sleep(1.0)
+        return {"name": name}
+
+    quality_runs.run_marked = run_marked  # (the spawned workers import this file too)
+
+    if __name__ == "__main__":
+        out, data_dirs = Path(sys.argv[1]), json.loads(sys.argv[2])
+        points = [Point(f"mark-{i}", "hetero", "marked", {"name": f"mark-{i}"}) for i in range(40)]
+
+        def on_result(record):
+            workers = [p.pid for p in multiprocessing.active_children()]
+            with open(out / "done.jsonl", "a") as f:
+                f.write(json.dumps({"name": record["name"], "workers": workers}) + "\\n")
+
+        run_main(lambda: run_points(points, tiny(), data_dirs, device="cpu", jobs=2, on_result=on_result))
+""")
+
+
+def _wait(condition, seconds: float, what: str) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {seconds:.0f} s")
+        time.sleep(0.2)
+
+
+def test_a_stopped_run_drops_the_points_not_begun_and_stops_its_workers(data_dirs, tmp_path):
+    """SIGTERM to a run with worker processes (``--jobs``) stops it: the points not begun are not run
+    and its workers exit with it (a pool left through a plain shutdown runs every queued point first).
+    Each point writes its name when it begins and takes a second."""
+    script = tmp_path / "run.py"
+    script.write_text(STOPPED_RUN)
+    done, marks = tmp_path / "done.jsonl", tmp_path / "marks.txt"
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path), json.dumps(data_dirs)], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), "MARKS": str(marks)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait(lambda: proc.poll() is not None or (done.exists() and done.read_text().count("\n") >= 1), 300,
+              "first point's record")
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out[-3000:]
+    records = [json.loads(line) for line in done.read_text().splitlines()]
+    assert 1 <= len(records) < 40
+    workers = {pid for r in records for pid in r["workers"]}
+    assert workers
+
+    def gone(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+    _wait(lambda: all(gone(pid) for pid in workers), 120, "exit of the workers")
+    # no point began after the workers were stopped: at most those running and just handed out then
+    begun = marks.read_text().split()
+    assert len(begun) <= len(records) + 2 * 2, begun
 
 
 @pytest.mark.parametrize("name", sorted(SCALES))
