@@ -1,4 +1,5 @@
-"""``bench.wire``'s arithmetic on the two runs' summaries, and its refusal of settings it cannot compare."""
+"""``bench.wire``'s and ``bench.wire_split``'s arithmetic on their runs' summaries, and their refusal of
+settings they cannot compare."""
 
 import subprocess
 import sys
@@ -54,12 +55,15 @@ def test_no_idle_window_leaves_the_upkeep_unreported():
     assert got["idle_bytes_per_s"] is None and got["upkeep_bytes_per_round"] is None
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--variants", "h18"], "bench.wire runs ddp,sparse,sparse_plain_dht"),
-    (["--steps", "250"], "a multiple of the sparse run's H = 16"),
+@pytest.mark.parametrize("bench, argv, message", [
+    ("wire", ["--variants", "h18"], "bench.wire runs ddp,sparse,sparse_plain_dht"),
+    ("wire", ["--steps", "250"], "a multiple of the sparse run's H = 16"),
+    ("wire_split", ["--variants", "h18"], "bench.wire_split runs sparse"),
+    ("wire_split", ["--peers", "4"], "more peers than the cap"),
+    ("wire_split", ["--steps", "60"], "a multiple of H = 16"),
 ])
-def test_settings_it_cannot_compare_are_refused(argv, message):
-    out = subprocess.run([sys.executable, "-m", "bench.wire", *argv], cwd=ROOT, capture_output=True, text=True,
+def test_settings_it_cannot_compare_are_refused(bench, argv, message):
+    out = subprocess.run([sys.executable, "-m", f"bench.{bench}", *argv], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
 
@@ -88,14 +92,3 @@ def test_split_wire_simulates_the_same_size_in_three_levels():
     sim = simulated(peers=17, cap=4, rate_mbit=50, round_seconds=8.0, round_timeout=60.0, rounds=4, preset="demo")
     assert sim["sim_split_levels"] == 3 and sim["sim_peer_rounds"] >= 17
     assert sim["sim_control_bytes_per_peer_round"] > 0
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["--variants", "h18"], "bench.wire_split runs sparse"),
-    (["--peers", "4"], "more peers than the cap"),
-    (["--steps", "60"], "a multiple of H = 16"),
-])
-def test_split_wire_refuses_settings_it_cannot_run(argv, message):
-    out = subprocess.run([sys.executable, "-m", "bench.wire_split", *argv], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr

@@ -260,7 +260,11 @@ def test_a_trainer_whose_level_lost_its_only_server_detours_and_comes_back(procs
     assert "driving pipeline 1,0 instead of 0,0: pipeline 1,0 has a server on every level again" in procs.log("t")
     assert servers["a"]["steps"] > 0, "L0M0 never served the detour"
     assert servers["c2"]["steps"] > 0, "the trainer never came back to 1,0"
-    assert "the trainer waits for a server" not in procs.log("t"), "the trainer paused instead of detouring"
+    # until it came back to 1,0 it never paused (after that, a newcomer that has not served yet may fail it:
+    # another wait than the one this test is about)
+    log = procs.log("t")
+    before_back = log[:log.index("driving pipeline 1,0 instead of 0,0")]
+    assert "the trainer waits for a server" not in before_back, "the trainer paused instead of detouring"
     assert all(math.isfinite(loss) for loss in t["losses"])
 
 
