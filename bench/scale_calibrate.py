@@ -69,7 +69,7 @@ MEASURES = (
 """The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
 when any of it changed after the commit a result records."""
 
-__all__ = ["Plan", "calibrate", "main", "real_figures"]
+__all__ = ["Plan", "calibrate", "main", "peer_specs", "real_figures"]
 
 log = logging.getLogger("bench.scale_calibrate")
 
@@ -81,11 +81,11 @@ a lease long enough for a loaded machine."""
 INNER_STEPS = 100_000
 """H: more steps than a tiny peer takes in a round, so every round ends at ``round_seconds``."""
 MODULE = "embed"
+"""The module whose rounds are timed: every path holds it, so every peer averages it every round."""
 LOOPBACK_LATENCY = 0.05
 """The simulator's ``latency`` for this machine's loopback: seconds an exchange and a hop of a split
 round's tree take beside bytes and per-part processing (calls through the daemons and DHTs of a loaded
 machine): a model, chosen with ``scale_sim.swarm.PART_CPU`` on the stored run of commit 1e51584."""
-"""The module whose rounds are timed: every path holds it, so every peer averages it every round."""
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,7 @@ def _measured_peers(net: LocalNetwork, t0: float) -> list[dict]:
     return out
 
 
-def _peer_specs(peers: list[dict]) -> tuple:
+def peer_specs(peers: list[dict]) -> tuple:
     """Measured peers as the simulator's :class:`~bench.scale_sim.PeerSpec` (no NAT, no departure)."""
     import math
 
@@ -201,7 +201,7 @@ def simulated(plan: Plan, base_run, measured: dict) -> dict:
     and ``stop`` in seconds after the coordinator started)."""
     from bench.scale_sim import SimConfig, simulate
 
-    specs, start, stop = _peer_specs(measured["peers"]), measured["start"], measured["stop"]
+    specs, start, stop = peer_specs(measured["peers"]), measured["start"], measured["stop"]
     cfg = SimConfig(peers=len(specs), duration=stop - start, ramp=start, leave_per_hour=0.0, seed=plan.seed,
                     inner_steps=INNER_STEPS, round_seconds=plan.round_seconds, round_timeout=plan.round_timeout,
                     replace_departures=False, base_run=base_run, peer_specs=specs, max_group_size=plan.max_group_size,

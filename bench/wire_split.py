@@ -39,14 +39,13 @@ root it prints a ``{"skipped": ...}`` line and exits 0.
 from __future__ import annotations
 
 import logging
-import math
 from typing import Optional
 
 from bench import utilization
 from bench.common import emit, run_main
 from bench.utilization import PATH, VARIANT_CODECS, VARIANTS, parser, run_bench
 
-MEASURES = ("bench/wire_split.py", "bench/scale_sim", *utilization.MEASURES, "coordinator")
+MEASURES = ("bench/wire_split.py", "bench/scale_calibrate.py", "bench/scale_sim", *utilization.MEASURES, "coordinator")
 """The code this benchmark's figures depend on: ``python -m bench.report`` marks its results stale
 when any of it changed after the commit a result records."""
 
@@ -88,16 +87,15 @@ def simulated(*, peers: int, cap: int, rate_mbit: float, round_seconds: float, r
               rounds: int, preset: str, seed: int = 0) -> dict:
     """The simulator's figures for ``peers`` CPU peers on one 2x1 path, joined a second apart, over
     ``rounds`` rounds of ``round_seconds`` after they all joined."""
+    from bench.scale_calibrate import peer_specs
     from bench.scale_sim import SimConfig, simulate
-    from bench.scale_sim.population import PeerSpec, peer_id
     from models.presets import PRESETS
 
     run = PRESETS[preset]()
     bps = rate_mbit * 1e6 / 8
     tokens = run.inner.batch_size * run.lattice.seq_len * 10.0  # ten steps a second: rounds end on time
-    specs = tuple(PeerSpec(index=i, peer_id=peer_id(i), device="cpu", tokens_per_s=tokens,
-                           memory_bytes=8 << 30, upload_bps=bps, download_bps=bps, natted=False,
-                           arrival=float(i), lifetime=math.inf, leave_kind="leave") for i in range(peers))
+    specs = peer_specs([{"arrival": float(i), "tokens_per_s": tokens, "memory_bytes": 8 << 30, "upload_bps": bps,
+                          "download_bps": bps} for i in range(peers)])
     ramp = float(peers) + 5.0
     cfg = SimConfig(peers=peers, levels=2, modules_per_level=1, duration=rounds * (round_seconds + 1.0), ramp=ramp,
                     leave_per_hour=0.0, seed=seed, inner_steps=100_000, round_seconds=round_seconds,

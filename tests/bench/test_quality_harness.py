@@ -23,6 +23,7 @@ from bench.quality_scale import SCALES, tiny
 from bench.quality_sweeps import EXPERIMENTS, Point, grid, load_context, run_point, run_points
 from models.corpus import Corpus, default_corpus
 from models.data import prepare
+from peer.localnet import wait_for
 from peer.compression import get_codec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -203,16 +204,6 @@ STOPPED_RUN = textwrap.dedent("""
 """)
 
 
-def _wait(condition, seconds: float, what: str) -> None:
-    import time
-
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {seconds:.0f} s")
-        time.sleep(0.2)
-
-
 def test_a_stopped_run_drops_the_points_not_begun_and_stops_its_workers(data_dirs, tmp_path):
     """SIGTERM to a run with worker processes (``--jobs``) stops it: the points not begun are not run
     and its workers exit with it (a pool left through a plain shutdown runs every queued point first).
@@ -224,8 +215,8 @@ def test_a_stopped_run_drops_the_points_not_begun_and_stops_its_workers(data_dir
                             env={**os.environ, "PYTHONPATH": str(ROOT), "MARKS": str(marks)}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
-        _wait(lambda: proc.poll() is not None or (done.exists() and done.read_text().count("\n") >= 1), 300,
-              "first point's record")
+        wait_for(lambda: proc.poll() is not None or (done.exists() and done.read_text().count("\n") >= 1), 300,
+                 "the first point's record", interval=0.2)
         assert proc.poll() is None, proc.communicate()[0][-3000:]
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=600)
@@ -243,7 +234,7 @@ def test_a_stopped_run_drops_the_points_not_begun_and_stops_its_workers(data_dir
             return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
             return True
-    _wait(lambda: all(gone(pid) for pid in workers), 120, "exit of the workers")
+    wait_for(lambda: all(gone(pid) for pid in workers), 120, "the workers to exit", interval=0.2)
     # no point began after the workers were stopped: at most those running and just handed out then
     begun = marks.read_text().split()
     assert len(begun) <= len(records) + 2 * 2, begun
