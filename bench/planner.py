@@ -44,10 +44,18 @@ Keys:
 - ``replica_max_abs_diff``: over every pair of snapshots of one module at one round, both variants'
   peers (``peer.localnet.checks.replica_diff``, start-up forks left out as ``bench.swarm`` does): target 0.
 - ``plan_changes``: the planner run's plans, from ``/status.json`` polled every 5 s: ``count``
-  (``_plan_changes_total`` at the end) and each distinct plan seen (module, inner_steps, codec,
-  from_round, reason). Report.
+  (``_plan_changes_total`` at the end, summed over the seeds) and each distinct plan seen (module,
+  inner_steps, codec, from_round, reason, the seed's run). Report.
 
-Also per variant: each peer's link rates as the coordinator had them (Mbit/s, ``upload``/``download``)
+Seeds (``--seeds``, default 0, 1 and 2): the pair of runs is repeated with the run's ``seed`` set to
+each (both variants of a seed start from the same model). One pair's difference mixes the policies'
+with what timing alone changes between two runs (which rounds form with whom, where the window ends
+in a round), so each seed gives one paired difference and the keys are over the seeds: utilizations are the means of the
+runs', ``bpb_planner_vs_fixed`` the mean of each seed's difference (``bpb_planner_vs_fixed_by_seed``
+and ``bpb_planner_vs_fixed_stdev`` beside it), ``rounds_slowed_by_slowest`` counts the rounds of
+every run of a variant, ``replica_max_abs_diff`` is the largest of any run.
+
+Also per run (``runs``, by seed and variant): each peer's link rates as the coordinator had them (Mbit/s, ``upload``/``download``)
 just before the drop and at the end, rounds done and tokens trained per peer in the window, and the
 exit codes.
 
@@ -244,7 +252,53 @@ def _link_rates(status: dict, names_by_id: dict[str, str]) -> dict[str, dict[str
             for p in status.get("peers", []) if p.get("peer_id") in names_by_id}
 
 
-def one_variant(name: str, work: Path, data: Any, minutes: float, inner_steps: int, rtt_ms: float) -> dict[str, Any]:
+def reseed(run_toml: Path, seed: int) -> None:
+    """Rewrite a run-config file (``preset_network`` writes the preset's seed) with ``seed``, its
+    ``[coordinator]`` table kept."""
+    from models.config import RunConfig
+    from models.presets import read_toml
+
+    tables = read_toml(run_toml)
+    coordinator = tables.pop("coordinator", {})
+    run_toml.write_text(RunConfig.from_dict(tables).replace(seed=seed).to_toml(coordinator=coordinator))
+
+
+def summarize(runs: dict[int, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The keys over the seeds from ``runs`` (seed -> variant -> :func:`one_variant`'s result)."""
+    out: dict[str, Any] = {}
+    variants = sorted({v for by_variant in runs.values() for v in by_variant})
+    for v in variants:
+        util = [r[v]["utilization"] for r in runs.values() if v in r]
+        out[f"utilization_{v}"] = round(statistics.mean(util), 4)
+        out[f"utilization_{v}_by_seed"] = {str(s): r[v]["utilization"] for s, r in runs.items() if v in r}
+    diffs = {str(s): round(r["planner"]["bpb"]["mean"] - r["fixed"]["bpb"]["mean"], 4) for s, r in runs.items()
+             if "planner" in r and "fixed" in r and r["planner"]["bpb"].get("mean") is not None
+             and r["fixed"]["bpb"].get("mean") is not None}
+    if diffs:
+        out["bpb_planner_vs_fixed"] = round(statistics.mean(diffs.values()), 4)
+        out["bpb_planner_vs_fixed_by_seed"] = diffs
+        out["bpb_planner_vs_fixed_stdev"] = round(statistics.stdev(diffs.values()), 4) if len(diffs) > 1 else None
+    slowed: dict[str, Any] = {}
+    for v in variants:
+        parts = [r[v]["rounds_slowed_by_slowest"] for r in runs.values() if v in r]
+        slowed[v] = _counted(parts)
+        slowed[v]["measured"] = _counted([p["measured"] for p in parts])
+    out["rounds_slowed_by_slowest"] = slowed
+    out["replica_max_abs_diff"] = max(r[v]["replica_max_abs_diff"] for r in runs.values() for v in r)
+    planned = [(s, r["planner"]) for s, r in runs.items() if "planner" in r]
+    if planned:
+        out["plan_changes"] = {"count": sum(r["plan_changes_total"] or 0 for _, r in planned),
+                               "plans": [{**p, "seed": s} for s, r in planned for p in r["plans"]]}
+    return out
+
+
+def _counted(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    count, total = sum(p["count"] for p in parts), sum(p["rounds"] for p in parts)
+    return {"count": count, "rounds": total, "share": round(count / total, 4) if total else None}
+
+
+def one_variant(name: str, work: Path, data: Any, minutes: float, inner_steps: int, rtt_ms: float,
+                seed: int = 0) -> dict[str, Any]:
     from peer.localnet import NetnsBridge, ProcessGroup, preset_network, wait_for
     from peer.localnet.checks import forked_rounds, replica_diff
 
@@ -266,6 +320,7 @@ def one_variant(name: str, work: Path, data: Any, minutes: float, inner_steps: i
         wait_for(lambda: all(f.exists() for f in relay_files), 60, "the relays to listen")
         net = preset_network(procs, work / "net", data.dir, data.manifest_hash, preset="demo", run_id="planner-bench",
                              inner_steps=inner_steps, coordinator=VARIANTS[name], bridge=bridge)
+        reseed(net.run_toml, seed)
         net.start_coordinator()
         works = {}
         for i, n in enumerate(names, start=1):
@@ -409,11 +464,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--inner-steps", type=int, default=10, help="the run's inner steps H (default 10)")
     ap.add_argument("--rtt-ms", type=float, default=40.0, help="round trip the delay relays add (default 40)")
     ap.add_argument("--variants", default="planner,fixed", help="which to run (default planner,fixed)")
+    ap.add_argument("--seeds", default="0,1,2", help="the run's seeds, a pair of runs each (default 0,1,2)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, checkpoints) and say where")
     args = ap.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
     if not variants or any(v not in VARIANTS for v in variants):
         ap.error(f"--variants: names among {', '.join(VARIANTS)}")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        ap.error(f"--seeds {args.seeds!r}: distinct non-negative integers separated by commas, e.g. 0,1,2")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from peer.localnet.netns import netns_available
 
@@ -423,26 +485,21 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     from models.data import prepared
 
-    runs: dict[str, dict[str, Any]] = {}
+    runs: dict[int, dict[str, dict[str, Any]]] = {}
     with work_directory("hivepath-planner-", keep=args.keep) as work:
         data = prepared(work / "data", 2, 2, "bytes")
-        for v in variants:
-            runs[v] = one_variant(v, work / v, data, args.minutes, args.inner_steps, args.rtt_ms)
+        for seed in seeds:  # a seed's pair back to back, so a slow spell of the machine hits both
+            for v in variants:
+                log.info("seed %d: %s", seed, v)
+                runs.setdefault(seed, {})[v] = one_variant(v, work / f"seed{seed}" / v, data, args.minutes,
+                                                           args.inner_steps, args.rtt_ms, seed)
     result: dict[str, Any] = {
-        "seeds": [0],  # every peer's run config keeps the preset's seed; the benchmark draws nothing
+        "seeds": seeds,
         "setup": {"preset": "demo", "inner_steps": args.inner_steps, "minutes": args.minutes, "rtt_ms": args.rtt_ms,
                   "links": list(RATES), "drop": f"p{DROPPED + 1} to {DROP_RATE} at half the window"},
-        "runs": runs,
+        **summarize(runs),
+        "runs": {str(s): r for s, r in runs.items()},
     }
-    for v, r in runs.items():
-        result[f"utilization_{v}"] = r["utilization"]
-    if "planner" in runs and "fixed" in runs:
-        a, b = runs["planner"]["bpb"]["mean"], runs["fixed"]["bpb"]["mean"]
-        result["bpb_planner_vs_fixed"] = round(a - b, 4) if a is not None and b is not None else None
-    result["rounds_slowed_by_slowest"] = {v: r["rounds_slowed_by_slowest"] for v, r in runs.items()}
-    result["replica_max_abs_diff"] = max(r["replica_max_abs_diff"] for r in runs.values())
-    if "planner" in runs:
-        result["plan_changes"] = {"count": runs["planner"]["plan_changes_total"], "plans": runs["planner"]["plans"]}
     emit("planner", result)
     return 0
 

@@ -35,7 +35,10 @@ all-reduce time for ``ddp``; mean over peers, the final
 overlap flush excluded and reported as ``utilization_with_drain``), ``val_loss`` (mean cross-entropy of
 the final global model on fixed validation windows), ``val_bpb`` (its bits per byte on the first 32
 validation documents of the path), ``bytes_sent_per_peer`` (payload) and ``wire_tx_bytes_per_peer``
-(eth0). Headline keys from :data:`HEADLINE`: ``comm_share_without_overlap`` (``1 - utilization`` without
+(eth0), ``dht_requests_per_round`` (per peer and round, the requests its DHT sent for coalesced
+batches by kind, :func:`peer.network.coalescing.request_counts`: ``find_requests`` for latest reads,
+``store_requests`` for stores, ``hivemind_*_batches`` for batches that went through hivemind's search;
+None with hivemind's DHT as it is). Headline keys from :data:`HEADLINE`: ``comm_share_without_overlap`` (``1 - utilization`` without
 overlap), ``utilization_no_overlap``, ``utilization_overlap`` (target >= 0.95) and
 ``utilization_overlap_bpb_delta`` (``val_bpb`` with overlap minus without, after the same rounds:
 the cost of the steps taken on the old global copy while each exchange was in flight, net of the
@@ -61,6 +64,7 @@ from typing import Optional
 
 from bench.common import emit, run_main
 from peer.localnet.netns import tx_bytes
+from peer.network.coalescing import request_counts
 from models import strict_json
 from models.durable import atomic_write_text
 
@@ -158,7 +162,7 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
             i0, s0 = tx_bytes(), time.perf_counter()
             time.sleep(args.idle_seconds)
             idle_tx, idle_s = tx_bytes() - i0, time.perf_counter() - s0
-        tx0, t0 = tx_bytes(), time.perf_counter()
+        tx0, t0, dht0 = tx_bytes(), time.perf_counter(), request_counts(dht.dht)
         if name == "ddp":
             params = [p for p in model.parameters()]
             exact = get_codec("none")  # DDP's fp32 gradients
@@ -234,14 +238,15 @@ def run_variant(name: str, args: argparse.Namespace, dht, dataset, cfg) -> dict:
                 for p, g in zip([p for mid in mids for p in model.modules_by_id()[mid].parameters()], state):
                     p.copy_(g)
         wire = tx_bytes() - tx0
+        dht1 = request_counts(dht.dht)
+        dht_requests = {k: v - dht0.get(k, 0) for k, v in dht1.items()} if dht1 else None
         if args.out:  # the final state, for the replicas' largest difference (_replica_max_abs_diff)
             torch.save([t.detach().cpu() for t in state], Path(args.out) / f"state{args.peer}.pt")
     finally:
         avg.shutdown()
     out = dict(wall_seconds=wall, wait_seconds=wait, drain_seconds=drain, bytes_sent=sent, bytes_received=received,
                wire_tx_bytes=wire, idle_tx_bytes=idle_tx, idle_seconds=idle_s, inner_steps_done=steps_done, rounds=rounds, failed_rounds=failed, failures=reasons[:5],
-               mean_group_size=sum(groups) / max(1, len(groups)),
-               state_sum=float(sum(float(t.double().sum()) for t in state)))
+               mean_group_size=sum(groups) / max(1, len(groups)), dht_requests=dht_requests)
     if args.peer == 0:
         out["val_loss"] = evaluate(model, dataset, args.batch, cfg.lattice.seq_len)
         out["val_bpb"] = validation_bpb(model, dataset, cfg.lattice.seq_len)
@@ -303,7 +308,9 @@ def _wait_file(path: Path, procs: list, wait_timeout: float) -> None:
         time.sleep(0.1)
 
 
-def _summarize(peers: list[dict], relays: list[dict], names: list[str], codec: str) -> dict:
+def _summarize(peers: list[dict], relays: list[dict], names: list[str], codec: str, diffs: dict[str, float]) -> dict:
+    """The variants' figures from each peer's results (``peers[i][name]``), the relays' stats and each
+    variant's :func:`_replica_max_abs_diff` (``diffs``)."""
     variants = {}
     for name in names:
         runs = [p[name] for p in peers]
@@ -322,13 +329,24 @@ def _summarize(peers: list[dict], relays: list[dict], names: list[str], codec: s
             idle_tx_bytes_per_peer_s=(round(sum(r["idle_tx_bytes"] / r["idle_seconds"] for r in runs) / len(runs), 1)
                                       if all(r.get("idle_seconds") for r in runs) else None),
             rounds=runs[0]["rounds"], failed_rounds=max(r["failed_rounds"] for r in runs),
-            replicas_identical=len({r["state_sum"] for r in runs}) == 1,
-            replica_max_abs_diff=max(r.get("replica_max_abs_diff", 0.0) for r in runs),
+            replicas_identical=diffs[name] == 0.0,
+            replica_max_abs_diff=diffs[name],
             mean_group_size=round(sum(r["mean_group_size"] for r in runs) / len(runs), 2),
             failures=sorted({f for r in runs for f in r["failures"]})[:5],
+            dht_requests_per_round=_requests_per_round(runs),
         )
     relayed = sum(s["bytes_to_target"] + s["bytes_to_client"] for r in relays for s in r.values())
     return dict(variants=variants, relay_bytes_total=relayed)
+
+
+def _requests_per_round(runs: list[dict]) -> Optional[dict]:
+    """Each kind of coalesced DHT request per peer and round, the mean over peers; None when a peer ran
+    hivemind's DHT as it is (nothing counted)."""
+    if any(not r.get("dht_requests") for r in runs):
+        return None
+    kinds = sorted({k for r in runs for k in r["dht_requests"]})
+    return {k: round(sum(r["dht_requests"].get(k, 0) / max(1, r["rounds"]) for r in runs) / len(runs), 1)
+            for k in kinds}
 
 
 def _stop(procs: list) -> None:
@@ -344,8 +362,10 @@ def _stop(procs: list) -> None:
             p.wait()
 
 
-def _run_variant_swarm(net, name: str, out: Path, args: argparse.Namespace, data: Path, env: dict) -> list[dict]:
-    """Start one peer per namespace for variant ``name`` (the first one bootstraps the rest); their results."""
+def _run_variant_swarm(net, name: str, out: Path, args: argparse.Namespace, data: Path,
+                       env: dict) -> tuple[list[dict], float]:
+    """Start one peer per namespace for variant ``name`` (the first one bootstraps the rest); their
+    results and the largest difference between their final states (:func:`_replica_max_abs_diff`)."""
     out.mkdir(parents=True)
     n, procs = args.peers, []
     logs = [open(out / f"peer{i}.log", "wb") for i in range(n)]
@@ -367,10 +387,7 @@ def _run_variant_swarm(net, name: str, out: Path, args: argparse.Namespace, data
                 raise RuntimeError(f"{name} peer {i} exited {p.returncode}:\n{(out / f'peer{i}.log').read_text()[-3000:]}")
         log.info("%s done", name)
         results = [json.loads((out / f"peer{i}.json").read_text())[name] for i in range(n)]
-        diff = _replica_max_abs_diff([out / f"state{i}.pt" for i in range(n)])
-        for r in results:
-            r["replica_max_abs_diff"] = diff
-        return results
+        return results, _replica_max_abs_diff([out / f"state{i}.pt" for i in range(n)])
     finally:
         _stop(procs)
         for f in logs:
@@ -402,6 +419,7 @@ def run_bench(args: argparse.Namespace) -> dict:
            "HIVEMIND_MEMORY_SHARING_STRATEGY": "file_descriptor"}
     n = args.peers
     peers: list[dict] = [{} for _ in range(n)]
+    diffs: dict[str, float] = {}  # variant -> the largest difference between its peers' final states
     with tempfile.TemporaryDirectory(prefix="hivepath-util-") as tmp, \
             NetnsBridge(n, rate=f"{args.rate_mbit}mbit", subnet=SUBNET, prefix=PREFIX) as net:
         out = Path(tmp)
@@ -415,7 +433,8 @@ def run_bench(args: argparse.Namespace) -> dict:
             for i in range(n):
                 _wait_file(out / f"relay{i}.json", relays, 60)
             for name in names:  # fresh peers (DHT, p2p daemon) for every variant
-                for i, res in enumerate(_run_variant_swarm(net, name, out / name, args, data, env)):
+                results, diffs[name] = _run_variant_swarm(net, name, out / name, args, data, env)
+                for i, res in enumerate(results):
                     peers[i][name] = res
         finally:
             _stop(relays)
@@ -427,7 +446,7 @@ def run_bench(args: argparse.Namespace) -> dict:
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy(f, dest)
         relay_stats = [json.loads((out / f"relay{i}.json").read_text()) for i in range(n)]
-    summary = _summarize(peers, relay_stats, names, args.codec)
+    summary = _summarize(peers, relay_stats, names, args.codec, diffs)
     wire = sum(v["wire_tx_bytes_per_peer"] for v in summary["variants"].values()) * n
     result = dict(peers=n, preset=args.preset, codec=args.codec, steps=args.steps, batch=args.batch,
                   tokens_per_peer=args.steps * args.batch * cfg.lattice.seq_len, rate_mbit=args.rate_mbit,

@@ -80,6 +80,7 @@ def real_keys(v: dict, *, peers: int, cap: int, module_sizes: list[int]) -> dict
         idle_bytes_per_s=idle,
         upkeep_bytes_per_round=round(idle * round_s) if idle is not None else None,
         failures=v["failures"],
+        dht_requests_per_peer_round=v.get("dht_requests_per_round"),
     )
 
 

@@ -275,6 +275,7 @@ class Swarm:
         self.next_index = cfg.peers
         self.c: Counter[str] = Counter()  # counts and sums measured in the window
         self.round_times: list[float] = []
+        self.exchange_times: list[float] = []  # per peer round: from its declaration (compute done) to its round's end
         self.group_sizes: list[int] = []
         self.upper_sizes: list[int] = []  # the groups of delegates and the top groups of split rounds
         self.levels_seen = 1  # the most levels of groups a round had, its top group included
@@ -950,6 +951,7 @@ class Swarm:
         self._add("round_s_sum", self.loop.now() - p.round_start)
         if self._in_window():
             self.round_times.append(self.loop.now() - p.round_start)
+            self.exchange_times.append(self.loop.now() - p.round_start - p.compute)
         tokens = int(p.compute * p.spec.tokens_per_s * (1 - share_lost))
         p.tokens += tokens
         p.progress = [ProgressReport(m, p.rounds[m], p.tokens, 3.0) for m in a.module_ids]
@@ -1001,6 +1003,8 @@ class Swarm:
             "refused": len(self.refusals),
             "round_s_median": statistics.median(self.round_times) if self.round_times else None,
             "round_s_p90": _quantile(self.round_times, 0.9),
+            "exchange_s_median": statistics.median(self.exchange_times) if self.exchange_times else None,
+            "exchange_s_p90": _quantile(self.exchange_times, 0.9),
             "peer_rounds": peer_rounds,
             "group_size_mean": c["group_members"] / groups,
             "group_size_max": max(self.group_sizes, default=0),

@@ -178,6 +178,10 @@ class DiLoCoOptimizer:
         self.paced_min_share = paced_min_share
         self.rounds_here = 0
         """Rounds this optimizer has ended since it was built (the newcomer ramp's count)."""
+        self.on_round_end: Optional[Callable[[], None]] = None
+        """Called when a round ends, before its exchanges start (and before it waits for them): a peer's
+        status shows it averaging from then on, whether the round ended on its budget or early because
+        another holder waits for us."""
         self._modules: dict[str, HeldModule] = {}
         seen: set[int] = set()
         for mid in self._ordered(modules):
@@ -332,14 +336,6 @@ class DiLoCoOptimizer:
                     self._steps_in_round, elapsed)
         return self._end_round(elapsed)
 
-    def round_due(self) -> bool:
-        """True when the next :meth:`step` is expected to end the round: by its step count, its time
-        budget, or because other holders already wait for us (a non-blocking, cached check): the
-        caller's cue that it is about to average."""
-        elapsed = self.clock() - self._round_start
-        return (self._budget_spent(self._steps_in_round + 1, elapsed) and not self._exchange_still_running(elapsed)) \
-            or self._others_waiting()
-
     def _budget_spent(self, steps: int, elapsed: float, times: int = 1) -> bool:
         """Whether ``steps`` inner steps or ``elapsed`` seconds are ``times`` a round's budget
         (:meth:`round_steps`, ``outer.round_seconds`` when > 0)."""
@@ -434,6 +430,8 @@ class DiLoCoOptimizer:
         return max(tokens, EMPTY_ROUND_WEIGHT) * ramp_factor(self.rounds_here, self.join_ramp_rounds)
 
     def _end_round(self, elapsed: float) -> Optional[RoundReport]:
+        if self.on_round_end is not None:
+            self.on_round_end()
         tokens, steps = self._tokens_in_round, self._steps_in_round
         weight = self.round_weight(tokens)
         reports = {}

@@ -15,9 +15,12 @@ latest reads that arrive within :data:`COALESCE_S` of each other are served as o
 - **Small swarm** (the routing table holds fewer nodes than a k-bucket, so every node is known, which
   is where any beam search ends up anyway): a batch of stores goes to each key's ``num_replicas``
   nearest known nodes with one ``rpc_store`` per node carrying every key it is a replica of, and no
-  ``rpc_find`` first; a batch of latest reads asks every known node once for all its keys (and any
-  node an answer names that we did not know, the same way), and merges the answers as hivemind's own
-  search does (``_SearchState``: a dictionary value's subkeys merged, the latest expiration kept).
+  ``rpc_find`` first; a batch of latest reads asks each key's ``num_replicas`` nearest known nodes,
+  one ``rpc_find`` per node for the keys it is a replica of (a node that does not answer is replaced by
+  the next nearest, a nearer node an answer names is asked too), and merges the answers as hivemind's
+  own search does (``_SearchState``: a dictionary value's subkeys merged, the latest expiration kept).
+  hivemind's latest read asks every node its beam reaches, in a small swarm all of them: with 17
+  holders of a module gathering, that was most of a member's control bytes (``bench.wire_split``).
 - **Larger swarm**: the batch goes through hivemind's own ``store_many`` and ``get_many_by_id``
   (one traversal for all its keys).
 
@@ -172,7 +175,7 @@ class CoalescingDHT(DHT):
                 value_bytes = validator.sign_value(record)
                 record = dataclasses.replace(record, value=value_bytes)
             payloads.append((key_id, value_bytes))
-            for node_id in sorted([*known, node.node_id], key=key_id.xor_distance)[:node.num_replicas]:
+            for node_id in self._replicas(key_id, [*known, node.node_id]):
                 if node_id == node.node_id:
                     local.append((index, key_id, record))
                 else:
@@ -204,6 +207,10 @@ class CoalescingDHT(DHT):
                                             [items[index].expiration_time], store_ok=[bool(accepted[index])])
         return accepted
 
+    def _replicas(self, key_id: DHTID, nodes: list) -> list:
+        """The key's ``num_replicas`` nearest of ``nodes``: where a store puts it and a read looks."""
+        return sorted(nodes, key=key_id.xor_distance)[:self._node.num_replicas]
+
     # latest reads
 
     async def _flush_reads(self) -> None:
@@ -220,7 +227,7 @@ class CoalescingDHT(DHT):
                 found = await self._node.get_many_by_id(list(ids), sufficient_expiration_time=float("inf"))
                 by_key = {ids[key_id]: value for key_id, value in found.items()}
             else:
-                by_key = await self._read_from_all(ids, known)
+                by_key = await self._read_from_replicas(ids, known)
             for item in items:
                 if not item.future.done():
                     item.future.set_result(by_key.get(item.key))
@@ -232,10 +239,13 @@ class CoalescingDHT(DHT):
                 raise
             log.debug("a batch of %d DHT reads failed: %r", len(items), e)
 
-    async def _read_from_all(self, ids: dict, known: dict) -> dict:
-        """The latest value of each key (``ids``: DHTID -> key) from our storage and every node of a
-        small swarm, one ``rpc_find`` per node for all keys; nodes that an answer names and we did not
-        know are asked too, as a search would."""
+    async def _read_from_replicas(self, ids: dict, known: dict) -> dict:
+        """The latest value of each key (``ids``: DHTID -> key) from our storage and the key's
+        ``num_replicas`` nearest nodes of a small swarm, the nodes stores put it on
+        (:meth:`_store_to_replicas`), one ``rpc_find`` per node for the keys it is a replica of. A node
+        that does not answer is replaced by the next nearest, and a node an answer names that we did not
+        know is asked too when it is among a key's nearest, as a search would: two peers whose views of
+        the swarm differ by a few nodes still share most of each key's replicas."""
         node = self._node
         proto = node.protocol
         states = {key_id: _SearchState(key_id, float("inf"), serializer=proto.serializer,
@@ -243,20 +253,31 @@ class CoalescingDHT(DHT):
         for key_id, state in states.items():
             state.add_candidate(proto.storage.get(key_id), source_node_id=node.node_id)
             state.add_candidate(proto.cache.get(key_id), source_node_id=node.node_id)
-        asked, to_ask, peers = {node.node_id}, set(known), dict(known)
-        while to_ask and len(asked) <= proto.bucket_size:
-            batch = sorted(to_ask, key=lambda n: n.to_bytes())
+        peers = dict(known)
+        asked: dict[DHTID, set] = {key_id: {node.node_id} for key_id in states}
+        silent: set = set()
+        for _ in range(proto.bucket_size):
+            per_node: dict[DHTID, list[DHTID]] = defaultdict(list)
+            live = [n for n in [*peers, node.node_id] if n not in silent]
+            for key_id, done in asked.items():
+                for node_id in self._replicas(key_id, live):
+                    if node_id not in done:
+                        per_node[node_id].append(key_id)
+            if not per_node:
+                break
+            batch = sorted(per_node, key=lambda n: n.to_bytes())
             self._counts()["find_requests"] += len(batch)
-            replies = await asyncio.gather(*(node._call_find_with_blacklist(peers[n], list(states)) for n in batch))
-            asked.update(batch)
-            named = {}
+            replies = await asyncio.gather(*(node._call_find_with_blacklist(peers[n], per_node[n]) for n in batch))
             for node_id, reply in zip(batch, replies):
-                for key_id, (value, nearest) in (reply or {}).items():
+                for key_id in per_node[node_id]:
+                    asked[key_id].add(node_id)
+                if reply is None:
+                    silent.add(node_id)
+                    continue
+                for key_id, (value, nearest) in reply.items():
                     if key_id in states:
                         states[key_id].add_candidate(value, source_node_id=node_id)
-                    named.update({n: p for n, p in nearest.items() if n not in asked})
-            peers.update(named)
-            to_ask = set(named) - asked
+                    peers.update({n: p for n, p in nearest.items() if n not in peers and n != node.node_id})
         for state in states.values():
             state.finish_search()
         return {ids[key_id]: state.future.result() for key_id, state in states.items()}

@@ -334,13 +334,27 @@ def _start_process(kwargs: dict[str, Any], timeout: float, attempts: int = 2, co
         except Exception as e:
             unreached += 1
             if _NO_BOOTSTRAP not in str(e) or unreached >= BOOTSTRAP_ATTEMPTS:
+                _let_exit(dht)
                 raise
             log.warning("the p2p daemon reached none of the initial peers (attempt %d of %d); trying again in "
                         "%.0fs", unreached, BOOTSTRAP_ATTEMPTS, BOOTSTRAP_RETRY_S)
-            if dht.is_alive():
-                dht.kill()
-            dht.join(10)
+            _let_exit(dht)
             time.sleep(BOOTSTRAP_RETRY_S)
+
+
+EXIT_GRACE_S = 30.0
+"""Seconds a DHT process that reported its failure is given to exit on its own before it is killed."""
+
+
+def _let_exit(dht: Any) -> None:
+    """Wait for a DHT process that reported a failed start to exit, as it does right after reporting.
+    Killing it at once can catch it between sending the report and releasing hivemind's
+    ``MPFuture._update_lock``, a lock shared by every process forked from ours: held by a dead process,
+    it stops every DHT started later from this process reporting that it is ready."""
+    dht.join(EXIT_GRACE_S)
+    if dht.is_alive():
+        dht.kill()
+        dht.join(10)
 
 
 _CONNECTED, _IN_TABLE, _UNANSWERED = "connected", "in the routing table", "its TCP port does not answer"

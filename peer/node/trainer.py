@@ -118,6 +118,7 @@ class PathTrainer:
             # waiting, exchanges run behind the next round instead of holding each round up
             overlap_beside_sparse=True,
         )
+        self.opt.on_round_end = self._averaging
         self._fetch_state = fetch_state
         install_resync(self.opt, fetch_state)
         self.sources = self._adopt_state(fetch_state)
@@ -198,12 +199,15 @@ class PathTrainer:
             self.loss_ema = value if self.loss_ema is None else 0.95 * self.loss_ema + 0.05 * value
         tokens = x.numel()
         self.tokens += tokens
-        if self.opt.round_due():
-            self.status.state = "averaging"  # the outer round: the local status page shows it
-        report = self.opt.step(tokens=tokens)
+        report = self.opt.step(tokens=tokens)  # its outer round sets the state "averaging" (_averaging)
         self.status.state = "training"
         self.opt.zero_grad(set_to_none=True)
         return report
+
+    def _averaging(self) -> None:
+        """The outer round began (at the round's budget, or early because another holder waits for
+        us): the local status page shows it until the step returns."""
+        self.status.state = "averaging"
 
     def run(self, should_stop: Callable[[], Optional[str]], on_round: Callable[[RoundReport], None]) -> str:
         """Train until ``should_stop()`` returns a reason; return it. Checkpoints after every round."""

@@ -1,5 +1,5 @@
 """``bench.planner``'s keys from synthetic progress lines and status pages: utilization, rounds set
-by a slow member, plans seen."""
+by a slow member, plans seen, the keys over seeds, and a run config reseeded."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from bench.planner import (group_rounds, mbit, peer_rounds, plans_seen, sampled_rate, shaped_rate, slowed_by_slowest,
-                           unrelayed, utilization)
+from bench.planner import (group_rounds, mbit, peer_rounds, plans_seen, reseed, sampled_rate, shaped_rate,
+                           slowed_by_slowest, summarize, unrelayed, utilization)
 
 
 def _round(t: float, module: str, rnd: int, seconds: float, peers=(), status: str = "done") -> dict:
@@ -80,3 +80,39 @@ def test_unrelayed_connections_are_those_between_namespaces_off_the_relay_ports(
         "0      0      10.87.0.2:54000 10.87.0.5:40000",  # straight to a daemon: not relayed
     ]
     assert unrelayed(lines, "10.87.0.1") == ["10.87.0.2:54000 -> 10.87.0.5:40000"]
+
+
+def _run(util: float, bpb: float, slowed: tuple[int, int], plans: int = 0, diff: float = 0.0) -> dict:
+    count, rounds = slowed
+    part = {"count": count, "rounds": rounds, "share": count / rounds}
+    return {"utilization": util, "bpb": {"mean": bpb}, "replica_max_abs_diff": diff, "plan_changes_total": float(plans),
+            "plans": [{"module": "L0M0", "inner_steps": 20}] * plans,
+            "rounds_slowed_by_slowest": {**part, "measured": {"count": 0, "rounds": rounds, "share": 0.0}}}
+
+
+def test_the_keys_are_over_the_seeds_each_seed_a_paired_difference():
+    runs = {0: {"planner": _run(0.9, 2.0, (1, 10), plans=2), "fixed": _run(0.5, 2.1, (4, 10))},
+            1: {"planner": _run(0.95, 2.3, (0, 20), plans=1, diff=1e-3), "fixed": _run(0.6, 2.2, (5, 10))}}
+    out = summarize(runs)
+    assert out["utilization_planner"] == pytest.approx(0.925) and out["utilization_fixed"] == pytest.approx(0.55)
+    assert out["utilization_planner_by_seed"] == {"0": 0.9, "1": 0.95}
+    assert out["bpb_planner_vs_fixed_by_seed"] == {"0": -0.1, "1": 0.1}
+    assert out["bpb_planner_vs_fixed"] == pytest.approx(0.0) and out["bpb_planner_vs_fixed_stdev"] == pytest.approx(0.1414, abs=1e-4)
+    assert out["rounds_slowed_by_slowest"]["planner"] == {"count": 1, "rounds": 30, "share": 0.0333,
+                                                          "measured": {"count": 0, "rounds": 30, "share": 0.0}}
+    assert out["rounds_slowed_by_slowest"]["fixed"]["share"] == pytest.approx(0.45)
+    assert out["replica_max_abs_diff"] == 1e-3
+    assert out["plan_changes"]["count"] == 3 and [p["seed"] for p in out["plan_changes"]["plans"]] == [0, 0, 1]
+    one = summarize({0: {"planner": _run(0.9, 2.0, (1, 10))}})  # one variant: no difference, no spread
+    assert "bpb_planner_vs_fixed" not in one and one["utilization_planner"] == 0.9
+
+
+def test_reseed_changes_the_seed_and_keeps_the_coordinator_table(tmp_path):
+    from models.presets import PRESETS, load_run_config, read_toml
+
+    cfg = PRESETS["demo"]().replace(outer={"inner_steps": 10})
+    path = tmp_path / "run.toml"
+    path.write_text(cfg.to_toml(coordinator={"planner": True, "planner_codecs": "int4"}))
+    reseed(path, 2)
+    assert load_run_config(path, ignore_sections=("coordinator",)) == cfg.replace(seed=2)
+    assert read_toml(path)["coordinator"] == {"planner": True, "planner_codecs": "int4"}

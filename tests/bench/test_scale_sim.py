@@ -81,6 +81,9 @@ def test_rounds_complete_and_are_measured(result):
     f = result.figures
     assert f["peer_rounds"] > 50
     assert CFG.round_seconds <= f["round_s_median"] <= CFG.round_seconds + CFG.round_timeout
+    # a round's part after its compute: matchmaking and the exchange, within the round and its timeout
+    assert 0 < f["exchange_s_median"] <= f["exchange_s_p90"] <= CFG.round_timeout
+    assert f["exchange_s_median"] < f["round_s_median"] - 0.5 * CFG.round_seconds
     assert f["heartbeats_per_s"] == pytest.approx(CFG.peers / 5.0, rel=0.25)
     assert f["dht_ops_per_peer_round"] > 0 and f["coordinator_cpu_s"] > 0
     assert 0 < f["churn_compute_loss"] < 1

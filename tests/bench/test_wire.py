@@ -92,3 +92,13 @@ def test_split_wire_simulates_the_same_size_in_three_levels():
     sim = simulated(peers=17, cap=4, rate_mbit=50, round_seconds=8.0, round_timeout=60.0, rounds=4, preset="demo")
     assert sim["sim_split_levels"] == 3 and sim["sim_peer_rounds"] >= 17
     assert sim["sim_control_bytes_per_peer_round"] > 0
+
+
+def test_dht_requests_per_round_average_each_peer_s_counts_over_its_rounds():
+    from bench.utilization import _requests_per_round
+
+    runs = [dict(rounds=8, dht_requests=dict(find_requests=80, store_requests=16)),
+            dict(rounds=4, dht_requests=dict(find_requests=20, store_requests=4, hivemind_read_batches=2))]
+    assert _requests_per_round(runs) == dict(find_requests=7.5, store_requests=1.5, hivemind_read_batches=0.2)
+    # a peer with hivemind's DHT as it is counts nothing: no figure rather than a low one
+    assert _requests_per_round([runs[0], dict(rounds=8, dht_requests=None)]) is None

@@ -73,7 +73,10 @@ def test_drain_timeout_abandons_the_round_in_flight(procs, tmp_path, dataset):
         # then waits for b to catch up in short rounds instead of one long one. Thaw, average, freeze again.
         lagging = lambda: "waiting for holders behind us" in procs.log("a")[mark:]  # noqa: E731
         try:
-            wait_for(lambda: lagging() or blocked(), 120, "a to wait in a round for the frozen b")
+            try:
+                wait_for(lambda: lagging() or blocked(), 120, "a to wait in a round for the frozen b")
+            except TimeoutError as e:  # what a made of b's records after the freeze: its first rounds' reasons
+                raise AssertionError(f"{e}; a's log after the freeze began:\n{procs.log('a')[mark:][:6000]}") from None
             if not lagging():
                 code = net.stop("a", timeout=120)
                 break

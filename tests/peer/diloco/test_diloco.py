@@ -388,6 +388,32 @@ def test_a_member_others_wait_for_ends_its_round_early_in_both_modes_once_half_i
     w.opt.close()
 
 
+def test_a_round_ended_early_by_a_waiting_holder_is_announced_before_its_exchange():
+    """``on_round_end`` (what makes a peer's status read "averaging") comes when a round ends, early
+    because another holder waits as well as on its budget, and before any of the round's exchanges."""
+    outer = OuterConfig(inner_steps=8, codec="int8", round_timeout=5.0)
+    hub = LocalAverager()
+    paced = _Paced(hub.member("a"), waiting_round=1)
+    w = make_worker("a", (0,), DENSE, outer, paced, seed=1, train_through_waits=False)
+    events, lock = [], threading.Lock()
+    w.opt.on_round_end = lambda: events.append(("ends", w.opt.round))
+    member_average = paced.average
+
+    def average(module_id, round_no, *args, **kw):
+        with lock:
+            events.append(("exchange", round_no))
+        return member_average(module_id, round_no, *args, **kw)
+
+    paced.average = average
+    half = math.ceil(8 * PACED_MIN_SHARE)
+    for _ in range(8 + half):
+        w.train_step()
+    assert w.opt.module_round("L0M0") == 2 and hub.round_weights("L0M0", 1) == {"a": half * BATCH * SEQ}
+    modules = len(w.opt._modules)
+    assert events == [("ends", 0), *[("exchange", 0)] * modules, ("ends", 1), *[("exchange", 1)] * modules]
+    w.opt.close()
+
+
 def test_absent_member_is_dropped_after_the_timeout_and_the_rest_stay_identical():
     outer = OuterConfig(inner_steps=3, codec="int4", round_timeout=2.0)
     hub = LocalAverager()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 
 import pytest
+from hivemind.dht.routing import DHTID
 from hivemind.utils import MPFuture, get_dht_time
 
 from peer.network import DHTOptions, start_dht
@@ -88,6 +89,51 @@ def test_subkeys_from_several_peers_merge_and_an_older_value_is_refused():
         assert peers[2].dht.get("plain", latest=False).value == "newer"  # hivemind's own path
 
 
+async def _view(dht, node):
+    """This node's id and every node of the swarm it knows (``_small_swarm``), ourselves included."""
+    return node.node_id, [node.node_id, *dht._small_swarm()]
+
+
+def _replicas(key, view, count):
+    return sorted(view, key=DHTID.generate(source=key).xor_distance)[:count]
+
+
+async def _silence(peer_id, dht, node):
+    """From here on this node's finds to ``peer_id`` get no answer, as from a node that died before we
+    noticed (a real shutdown races with our DHT dropping the node on its own, which changes whom a read
+    asks)."""
+    call = node._call_find_with_blacklist
+
+    async def unanswered(to, keys):
+        return None if to.to_base58() == peer_id else await call(to, keys)
+
+    node._call_find_with_blacklist = unanswered
+    return True
+
+
+def test_a_read_asks_only_each_key_s_replicas_and_one_that_is_gone_is_replaced():
+    """A latest read asks a key's ``num_replicas`` nearest nodes, not every node of the swarm; when one
+    of them does not answer the read still finds the value and asks the next nearest in its place."""
+    with swarm(6, num_replicas=2) as peers:
+        a, b = peers[0], peers[1]
+        ids = {p.peer_id: _run(p, _view)[0] for p in peers}
+        b_id, b_view = _run(b, _view)
+        assert len(b_view) == 6, "the reader knows the whole swarm"
+        expires = get_dht_time() + 60
+        # a key whose three nearest nodes (as b sees the swarm) do not include the reader: its two
+        # replicas and the one that stands in for a replica that does not answer are all asked (the
+        # reader's own storage is read, not asked); about half of all names qualify
+        key = next(k for k in (f"narrow-{i}" for i in range(200)) if b_id not in _replicas(k, b_view, 3))
+        assert _run(a, _store_together, [(key, "stored", a.peer_id, expires)]) == [True]
+        assert _run(b, _read_together, [key]) == [{a.peer_id: "stored"}]
+        assert request_counts(b.dht)["find_requests"] == 2  # hivemind's latest read asks all 5 others
+        gone = next(p for p in peers if ids[p.peer_id] == _replicas(key, b_view, 1)[0])
+        assert _run(b, _silence, gone.peer_id)
+        assert _run(b, _read_together, [key]) == [{a.peer_id: "stored"}]
+        # the two replicas again, and the third nearest in place of the one that did not answer
+        assert request_counts(b.dht)["find_requests"] == 2 + 3
+
+
 def test_a_swarm_larger_than_a_bucket_goes_through_hivemind_s_search():
     with swarm(4, bucket_size=2, num_replicas=2) as peers:
         a, b = peers[0], peers[1]
@@ -115,7 +161,7 @@ def test_a_batch_that_fails_fails_each_of_its_callers(kind):
 
 
 async def _break(kind, dht, _node):
-    name = "_store_to_replicas" if kind == "stores" else "_read_from_all"
+    name = "_store_to_replicas" if kind == "stores" else "_read_from_replicas"
 
     async def broken(*args, **kwargs):
         raise RuntimeError("broken on purpose")
@@ -125,4 +171,4 @@ async def _break(kind, dht, _node):
 
 
 async def _mend(kind, dht, _node):
-    delattr(dht, "_store_to_replicas" if kind == "stores" else "_read_from_all")
+    delattr(dht, "_store_to_replicas" if kind == "stores" else "_read_from_replicas")

@@ -42,14 +42,28 @@ def test_a_short_tmpdir_names_the_managers_own_error(monkeypatch):
                        "Permission denied); check that TMPDIR /tmp is a writable directory")
 
 
-def test_initial_peers_that_never_answer_are_tried_again_then_named(caplog):
+def test_initial_peers_that_never_answer_are_tried_again_then_named(caplog, monkeypatch):
     """A daemon that reached none of the initial peers starts again (a peer restarting, a NAT mapping
-    not up yet), and after the last attempt the error names the peers and the fix."""
+    not up yet), and after the last attempt the error names the peers and the fix. Each failed DHT
+    process exits on its own rather than being killed: one killed between reporting its failure and
+    releasing the lock hivemind's futures share across our forked processes leaves it held, and every
+    DHT started later from this process then hangs before it can report that it is ready."""
+    from hivemind.dht import DHT
+    from hivemind.utils.mpfuture import MPFuture
+
     from peer.network.dht import BOOTSTRAP_ATTEMPTS, DHTOptions, DHTStartError, start_dht
 
+    started, killed = [], []
+    run = DHT.run_in_background
+    monkeypatch.setattr(DHT, "run_in_background", lambda self, *a, **k: (started.append(self), run(self, *a, **k))[1])
+    monkeypatch.setattr(DHT, "kill", lambda self: killed.append(self.pid))
     dead = "/ip4/127.0.0.1/tcp/9/p2p/QmXpfUhCkgDJYUCJSfuqj1TMJF8CsjLLbCCtiQTZAmMfLs"  # discard: nothing listens
     with caplog.at_level(logging.WARNING, logger="peer.network.dht"):
         with pytest.raises(DHTStartError, match="initial peers: /ip4/127.0.0.1/tcp/9/.*check that they are live"):
             start_dht(DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=[dead]))
     retries = [r for r in caplog.records if "reached none of the initial peers" in r.getMessage()]
     assert len(retries) == BOOTSTRAP_ATTEMPTS - 1
+    assert len(started) == BOOTSTRAP_ATTEMPTS and killed == []
+    assert [d.exitcode for d in started] == [0] * BOOTSTRAP_ATTEMPTS, "each exited on its own, cleanly"
+    assert MPFuture._update_lock.acquire(timeout=10), "the futures' shared lock is free"
+    MPFuture._update_lock.release()
