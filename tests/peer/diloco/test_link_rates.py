@@ -4,6 +4,7 @@ coordinator keeping them in place of the join probe's figures."""
 from __future__ import annotations
 
 import random
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -154,31 +155,47 @@ def test_rounds_after_the_warm_up_give_the_rates_and_the_overhead_beyond_the_byt
 
 
 STALL_S = 8.0
-"""How long one member of the group holds its loop at the first part it accepts: far longer than the
-other two need to pass each other their parts of this vector if nothing held them."""
+"""The least time one member of the group holds its loop once the other two have passed each other
+their parts of this vector (far longer than they took to do so on an idle machine)."""
+STALL_FACTOR = 8.0
+"""On a slower (loaded) machine the hold is this many times longer than the round had taken until
+then: holder 0 sends 4 parts' worth of bytes in all, one of them before the hold, so its whole
+exchange's rate is at most half the rate of that one part whenever the hold is at least 8 times what
+passing it took."""
 
 
 def test_a_stalled_member_does_not_set_the_others_figures():
     """Three holders average one round over real DHTs and p2p daemons on loopback; holder 2 stalls its
-    loop at the first part it accepts (a busy, slow peer; every member has formed the group by then).
-    Holders 0 and 1 pass each other their parts before the stall ends, while their exchange as a whole
-    waits for holder 2: their figures come from those parts, not from the stall."""
+    loop at the first part it accepts (a busy, slow peer; every member has formed the group by then),
+    before acknowledging it. Holders 0 and 1 pass each other their parts (a part acknowledged while
+    holder 2 stalls can only be acknowledged by the other of the two) and holder 2 stays stalled for
+    :data:`STALL_FACTOR` times as long as that took, so their exchange as a whole waits for holder 2:
+    their figures come from those parts, not from the stall."""
     from helpers.averagers import loopback_holders
     from peer.compression import get_codec
 
     stall_ended: list[float] = []
+    acknowledged = [threading.Event(), threading.Event()]
+
+    def on_ack(i: int):
+        return lambda point: acknowledged[i].set() if point == "part_acknowledged" else None
 
     def staller(point: str) -> None:
         if point == "part_accepted" and not stall_ended:
-            time.sleep(STALL_S)
+            deadline = time.monotonic() + 120  # past it, the checks below say what did not happen
+            for event in acknowledged:
+                event.wait(max(0.0, deadline - time.monotonic()))
+            took = time.monotonic() - began
+            time.sleep(max(STALL_S, STALL_FACTOR * took))
             stall_ended.append(time.monotonic())
 
     numel = 3 << 20  # int8: about 1 MiB a member's part
     deltas = [torch.randn(numel, generator=torch.Generator().manual_seed(i)) for i in range(3)]
-    options = [{}, {}, dict(event_hook=staller)]
+    options = [dict(event_hook=on_ack(0)), dict(event_hook=on_ack(1)), dict(event_hook=staller)]
     with loopback_holders(3, "linkrates", "L0M0", 0, "dddd0000dddd0000", options) as avgs:
+        began = time.monotonic()
         with ThreadPoolExecutor(3) as pool:
-            results = list(pool.map(lambda i: avgs[i].average("L0M0", 0, [deltas[i]], 1.0, get_codec("int8"), 90.0),
+            results = list(pool.map(lambda i: avgs[i].average("L0M0", 0, [deltas[i]], 1.0, get_codec("int8"), 600.0),
                                     range(3)))
     for res in results:
         assert res.group_size == 3, res.reason
