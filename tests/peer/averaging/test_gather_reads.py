@@ -71,6 +71,28 @@ def _first_gathers_alone(avgs, round_no: int, reads: _CountedReads, key: str, po
     return results
 
 
+def _pushes_settled(avg) -> bool:
+    """Whether every declaration ``avg`` pushed has been delivered or given up (its pushes run in the
+    background of its gathers, ``PUSH_BATCH_S`` after the declaration, and may outlast the round)."""
+    mm = avg._matchmaker
+    return not mm._outbox and all(task.done() for task in list(mm._background))
+
+
+def _once_both_pushed(avgs, run_id: str, round_no: int) -> int:
+    """The first round from ``round_no`` at which ``avgs[0]`` knows that the other two push it their
+    declarations (each pushed it one it kept). A push can reach it after the round ended, or be refused
+    when its last read of the holders missed the sender: once the others' pushes have settled and one
+    is still missing, the three average ``round_no`` together and it is asked again (at most 3 rounds)."""
+    a, b, c = avgs
+    for _ in range(3):
+        wait_for(lambda: _pushes_settled(b) and _pushes_settled(c), 60, f"b's and c's pushes before round {round_no}")
+        if {b.peer_id, c.peer_id} <= a._matchmaker.pushers(group_key(run_id, "L0M0", round_no)):
+            return round_no
+        _average_together(avgs, (round_no,))
+        round_no += 1
+    raise AssertionError(f"b's and c's declarations were never kept by a pushed before round {round_no}")
+
+
 @pytest.mark.integration
 def test_a_long_gather_reads_the_holders_key_once_a_holders_poll():
     """``a`` gathers round 4 alone while ``b`` and ``c`` have not begun it: it polls the round's group
@@ -91,18 +113,19 @@ def test_a_long_gather_reads_the_holders_key_once_a_holders_poll():
 @pytest.mark.integration
 def test_a_gather_waiting_only_for_holders_that_push_polls_the_group_key_less_and_less_often():
     """Three holders average rounds 4 and 5 together, so each has pushed the others its declaration
-    of round 5. At round 6 ``a`` gathers alone first: everyone it waits for pushes its declarations,
-    so it reads the round's group key 0.1, 0.2, 0.4, 0.8 s apart, then once a ``PUSHED_POLL``; ``b``'s
-    and ``c``'s pushed declarations still end its gather, and the three form one group. Checked by
-    hand: polled every ``_POLL``, the reads are 0.1-0.3 s apart."""
+    of round 5 (a round more while a push did not arrive, :func:`_once_both_pushed`). At round 6 ``a``
+    gathers alone first: everyone it waits for pushes its declarations, so it reads the round's group
+    key 0.1, 0.2, 0.4, 0.8 s apart, then once a ``PUSHED_POLL``; ``b``'s and ``c``'s pushed
+    declarations still end its gather, and the three form one group. Checked by hand: polled every
+    ``_POLL``, the reads are 0.1-0.3 s apart."""
     with loopback_holders(3, "pushed-poll", "L0M0", 4, CONFIG) as avgs:
         a, b, c = avgs
         _average_together(avgs, (4, 5))
-        assert {b.peer_id, c.peer_id} <= a._matchmaker.pushers(group_key("pushed-poll", "L0M0", 6))
+        round_no = _once_both_pushed(avgs, "pushed-poll", 6)
         reads = _CountedReads(a._matchmaker.dht)
         a._matchmaker.dht = reads
-        group = group_key("pushed-poll", "L0M0", 6)
-        _first_gathers_alone(avgs, 6, reads, group, polls=7)
+        group = group_key("pushed-poll", "L0M0", round_no)
+        _first_gathers_alone(avgs, round_no, reads, group, polls=7)
     times = reads.of(group)
     gaps = [later - earlier for earlier, later in zip(times, times[1:])]
     assert min(gaps[3:6]) >= 0.75 and gaps[4] >= 0.95 * PUSHED_POLL, gaps
