@@ -149,13 +149,18 @@ ROWS: tuple[Row, ...] = tuple(
             ("heartbeat_rate_achieved", "heartbeats per second it served (the simulated rate: 200)"))
     + _rows("scale_calibrate", "scale_calibrate",
             ("sim_vs_real_round_time_error", "simulated vs real round time, largest real size", ("<=", 0.25)),
+            ("sim_vs_real_noncompute_error", "the same on the part of a round beyond compute", ("<=", 0.25)),
+            ("sim_vs_real_noncompute_error_fixed_constants",
+             "the same with the exchange constants of another machine, not this one's probe"),
             ("largest_real_peers", "real peers at that size"))
     + _rows("scale_calibrate", "scale_calibrate_split",
             ("sim_vs_real_round_time_error", "the same with split rounds", ("<=", 0.25)),
+            ("sim_vs_real_noncompute_error", "split rounds: the part of a round beyond compute", ("<=", 0.25)),
             ("largest_real_peers", "real peers at that size"))
     + _rows("scale_calibrate", "scale_calibrate_quick",
             ("sim_vs_real_round_time_error", "quick calibration (4 peers, 5 s rounds): round time", ("<=", 0.25)),
-            ("sim_vs_real_noncompute_error", "the same on the part of a round beyond compute", ("<=", 0.25)))
+            ("sim_vs_real_noncompute_error", "the same on the part of a round beyond compute", ("<=", 0.25)),
+            ("sim_vs_real_noncompute_error_fixed_constants", "the same with the other machine's exchange constants"))
     + _rows("data_fetch", "data_fetch",
             ("fetch_link_efficiency", "shard fetch link efficiency, 1 seeder 3 fetchers", (">=", 0.8)),
             ("two_seeder_speedup", "speed-up with two seeders", (">=", 1.7)),

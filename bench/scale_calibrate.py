@@ -18,15 +18,19 @@ the simulator (one machine per peer) does not model.
 Simulated: :func:`bench.scale_sim.simulate` with the same peers (each joining at the second the real
 one did, with the tokens/s and link bandwidths it measured and reported to the coordinator), the
 same lattice, ``round_seconds``, ``round_timeout``, ``inner_steps``, the tiny run config, no churn,
-and the same window; this machine's loopback as the links' latency (``LOOPBACK_LATENCY``), and the
-peers' exchanges sharing the cores the training leaves (``Plan.exchange_cores``): on one machine each
-member's processing of the others' parts (``scale_sim.swarm.PART_CPU``) slows with the peers sharing
-it, which made the real exchange's wait grow with the group and the network at once.
+and the same window; the exchange's fixed ``latency`` and a member's processing of each other member's
+part (``part_cpu``) as :mod:`bench.exchange_probe` measured them on this machine before the network
+started (real averaging processes and nothing else; ``sim_fixed`` beside: the constants
+``LOOPBACK_LATENCY`` and ``scale_sim.swarm.PART_CPU`` fitted once on another machine), and the peers'
+exchanges sharing the cores the training leaves (``Plan.exchange_cores``): on one machine each
+member's processing of the others' parts slows with the peers sharing it, which made the real
+exchange's wait grow with the group and the network at once.
 
 Keys: ``sim_vs_real_round_time_error``, |simulated median round - real median round| / real median
 round at the largest real size (target <= 0.25), and ``sim_vs_real_noncompute_error``, the same on the
 overheads alone (median round minus ``round_seconds``: matchmaking, exchange and waits, the part the
-simulator models beyond compute; target <= 0.25), where fixed compute cannot hide a gap; the same at
+simulator models beyond compute; target <= 0.25), where fixed compute cannot hide a gap
+(``..._fixed_constants``: the same with the constants instead of the probe's figures); the same at
 every size, both medians, both overheads and
 mean group sizes; the machine's load average over each window, and its CPU use over it (``cpu``,
 :mod:`bench.cpu_use`): the cores the machine was busy (``host_busy_cores_by_peers``), those the
@@ -59,6 +63,7 @@ from peer.localnet import LocalNetwork, ProcessGroup, wait_for
 
 MEASURES = (
     "bench/scale_calibrate.py",
+    "bench/exchange_probe.py",
     "bench/scale_sim",
     "models",
     "peer",
@@ -83,9 +88,9 @@ INNER_STEPS = 100_000
 MODULE = "embed"
 """The module whose rounds are timed: every path holds it, so every peer averages it every round."""
 LOOPBACK_LATENCY = 0.05
-"""The simulator's ``latency`` for this machine's loopback: seconds an exchange and a hop of a split
-round's tree take beside bytes and per-part processing (calls through the daemons and DHTs of a loaded
-machine): a model, chosen with ``scale_sim.swarm.PART_CPU`` on the stored run of commit 1e51584."""
+"""The simulator's ``latency`` on loopback where no probe measured it (``--no-probe``, and results
+from before the probe): seconds an exchange and a hop of a split round's tree take beside bytes and
+per-part processing, chosen with ``scale_sim.swarm.PART_CPU`` on the stored run of commit 1e51584."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,9 @@ class Plan:
     """``[outer] max_group_size`` of the run (0: one group a module): with it, ``embed`` and ``head``
     split into groups averaged in two levels (:mod:`peer.averaging.hierarchy`) once more peers hold
     them, in the real peers and in the simulator alike."""
+    probe: bool = True
+    """Measure the simulator's ``latency`` and ``part_cpu`` on this machine first
+    (:mod:`bench.exchange_probe`); False: the fixed constants."""
     compute_cores: float = 1.0
     """Cores the peers' training takes together at the largest size: each peer trains with
     ``--cpu-limit compute_cores / max(sizes)`` (0: no limit). Volunteers each have a machine of
@@ -196,16 +204,25 @@ def peer_specs(peers: list[dict]) -> tuple:
                  for i, p in enumerate(peers))
 
 
-def simulated(plan: Plan, base_run, measured: dict) -> dict:
+def fixed_model() -> dict:
+    """The simulator's exchange constants where nothing was measured on the machine."""
+    from bench.scale_sim import swarm
+
+    return {"latency": LOOPBACK_LATENCY, "part_cpu": swarm.PART_CPU, "source": "constants"}
+
+
+def simulated(plan: Plan, base_run, measured: dict, model: dict) -> dict:
     """The simulator's figures for the measured peers and window (``measured``: ``peers``, and ``start``
-    and ``stop`` in seconds after the coordinator started)."""
+    and ``stop`` in seconds after the coordinator started), with ``model``'s ``latency`` and
+    ``part_cpu`` (:func:`fixed_model`, or a probe's)."""
     from bench.scale_sim import SimConfig, simulate
 
     specs, start, stop = peer_specs(measured["peers"]), measured["start"], measured["stop"]
     cfg = SimConfig(peers=len(specs), duration=stop - start, ramp=start, leave_per_hour=0.0, seed=plan.seed,
                     inner_steps=INNER_STEPS, round_seconds=plan.round_seconds, round_timeout=plan.round_timeout,
                     replace_departures=False, base_run=base_run, peer_specs=specs, max_group_size=plan.max_group_size,
-                    latency=LOOPBACK_LATENCY, exchange_cores=plan.exchange_cores(measured.get("host_cores")))
+                    latency=model["latency"], part_cpu=model["part_cpu"],
+                    exchange_cores=plan.exchange_cores(measured.get("host_cores")))
     f = simulate(cfg).figures
     return {k: f[k] for k in ("round_s_median", "round_s_p90", "peer_rounds", "group_size_mean", "refused")}
 
@@ -232,6 +249,13 @@ def calibrate(plan: Plan, work: Path) -> dict:
                              data={"manifest_hash": data.manifest_hash, "corpus": "default"})
     net = LocalNetwork(ProcessGroup(work / "logs"), work, data.dir, run, COORDINATOR,
                        env={"HIVEMIND_MEMORY_SHARING_STRATEGY": "file_descriptor"}, peer_flags=["--measure-seconds", "0.3"])
+    model = fixed_model()
+    if plan.probe:  # before the network: the probe's processes have the machine to themselves
+        from bench import exchange_probe
+
+        sizes = [n for n in exchange_probe.SIZES if n <= max(plan.sizes)]
+        model = {**exchange_probe.measure(run, MODULE, sizes, work=work / "probe"), "source": "probe"}
+        log.info("probe: latency %.4f s, part_cpu %.4f s", model["latency"], model["part_cpu"])
     rows = []
     cpu = CpuWindow(os.getpid())
     try:
@@ -265,22 +289,34 @@ def calibrate(plan: Plan, work: Path) -> dict:
                         "host_cores": len(os.sched_getaffinity(0))}
             row = compare(plan, base_run, {"peers": n, "window_s": round(stop - start, 1),
                                            "load_average": [load, os.getloadavg()[0]], "cpu": used,
-                                           "real": real_figures(net, start, stop), "measured": measured})
+                                           "real": real_figures(net, start, stop), "measured": measured},
+                          model)
             log.info("%d peers: %s", n, {k: v for k, v in row.items() if k != "measured"})
             rows.append(row)
     finally:
         net.shutdown()
-    return {"rows": rows, "work": str(work)}
+    return {"rows": rows, "work": str(work), "model": model}
 
 
-def compare(plan: Plan, base_run, row: dict) -> dict:
-    """``row`` (a stage's ``real`` figures and ``measured`` inputs) with the simulator's figures and the error."""
-    real, sim = row["real"], simulated(plan, base_run, row["measured"])
-    for side in (real, sim):
+def compare(plan: Plan, base_run, row: dict, model: dict) -> dict:
+    """``row`` (a stage's ``real`` figures and ``measured`` inputs) with the simulator's figures and the
+    error, with ``model``'s exchange constants (``sim``) and, where those were measured, with the fixed
+    ones (``sim_fixed``: what the probe changed)."""
+    real, sim = row["real"], simulated(plan, base_run, row["measured"], model)
+    sides = [real, sim]
+    fixed = None
+    if model.get("source") == "probe":
+        fixed = simulated(plan, base_run, row["measured"], fixed_model())
+        sides.append(fixed)
+    for side in sides:
         side["overhead_s_median"] = (side["round_s_median"] - plan.round_seconds
                                      if side["round_s_median"] is not None else None)
-    return {**row, "sim": sim, "round_time_error": _error(sim["round_s_median"], real["round_s_median"]),
-            "noncompute_error": _error(sim["overhead_s_median"], real["overhead_s_median"])}
+    out = {**row, "sim": sim, "round_time_error": _error(sim["round_s_median"], real["round_s_median"]),
+           "noncompute_error": _error(sim["overhead_s_median"], real["overhead_s_median"])}
+    if fixed is not None:
+        out.update(sim_fixed=fixed,
+                   noncompute_error_fixed=_error(fixed["overhead_s_median"], real["overhead_s_median"]))
+    return out
 
 
 def _alive(net: LocalNetwork) -> bool:
@@ -306,8 +342,9 @@ def _noncompute_error(row: dict) -> Optional[float]:
     return _error(row["sim"].get("overhead_s_median"), row["real"].get("overhead_s_median"))
 
 
-def headline(plan: Plan, rows: list[dict]) -> dict:
-    """The key at the largest real size, and the figures of every size."""
+def headline(plan: Plan, rows: list[dict], model: dict) -> dict:
+    """The key at the largest real size, and the figures of every size; ``model``: the exchange
+    constants the simulator ran with (a probe's result, or :func:`fixed_model`)."""
     from bench.scale_sim import swarm
 
     measured = [r for r in rows if "real" in r]
@@ -334,31 +371,38 @@ def headline(plan: Plan, rows: list[dict]) -> dict:
         "window_s": plan.window, "compute_cores": plan.compute_cores, "peer_cpu_limit": plan.cpu_limit(),
         "max_group_size": plan.max_group_size,
         "inner_steps": INNER_STEPS, "lattice": "2x2", "preset": "tiny", "seed": plan.seed, "seeds": [plan.seed],
-        "sim_model": {"LATENCY": LOOPBACK_LATENCY, "PART_CPU": swarm.PART_CPU, "GATHER": swarm.GATHER,
-                      "POLL": swarm.POLL, "WAITING_POLL": swarm.WAITING_POLL, "DEADLINE": swarm.DEADLINE,
-                      "exchange_cores": plan.exchange_cores()},
+        "sim_model": {"LATENCY": model["latency"], "PART_CPU": model["part_cpu"], "source": model["source"],
+                      "GATHER": swarm.GATHER, "POLL": swarm.POLL, "WAITING_POLL": swarm.WAITING_POLL,
+                      "DEADLINE": swarm.DEADLINE, "exchange_cores": plan.exchange_cores()},
+        **({"probe": {k: v for k, v in model.items() if k != "source"},
+            "sim_vs_real_noncompute_error_fixed_constants": top.get("noncompute_error_fixed"),
+            "sim_vs_real_noncompute_error_fixed_constants_by_peers": {k: r.get("noncompute_error_fixed")
+                                                                       for k, r in by.items()}}
+           if model["source"] == "probe" else {}),
         "rows": rows,
     }
 
 
-def resimulate(previous: dict) -> tuple[Plan, list[dict]]:
+def resimulate(previous: dict) -> tuple[Plan, list[dict], dict]:
     """The rows of an earlier result with the simulator run again on its measured inputs (after a change
-    to the model): the real figures are kept, the earlier simulated ones move to ``sim_previous``."""
+    to the model): the real figures are kept, the earlier simulated ones move to ``sim_previous``; the
+    exchange constants are its probe's where it ran one, else :func:`fixed_model`'s."""
     plan = Plan(sizes=tuple(previous["sizes"]), round_seconds=previous["round_seconds"],
                 round_timeout=previous["round_timeout"], window=previous["window_s"], seed=previous["seed"],
                 compute_cores=previous.get("compute_cores", 0.0),  # the first runs trained flat out
                 max_group_size=previous.get("max_group_size", 0))
     _, base_run = _dataset()
+    model = {**previous["probe"], "source": "probe"} if "probe" in previous else fixed_model()
     rows = []
     for r in previous["rows"]:
         if "real" not in r:
             rows.append(r)
             continue
         row = compare(plan, base_run, {k: r[k] for k in ("peers", "window_s", "load_average", "cpu", "real", "measured")
-                                       if k in r})
+                                       if k in r}, model)
         rows.append({**row, "sim_previous": r["sim"], "round_time_error_previous": r["round_time_error"],
                      "sim_model_previous": previous["sim_model"]})
-    return plan, rows
+    return plan, rows, model
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -372,6 +416,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--max-group-size", type=int, default=0,
                     help="the run's [outer] max_group_size: split rounds of more holders (default 0: one group a "
                          "module); writes scale_calibrate_split.json")
+    ap.add_argument("--no-probe", action="store_true",
+                    help="simulate with the fixed exchange constants instead of measuring them on this machine "
+                         "first (bench.exchange_probe)")
     ap.add_argument("--work", type=Path, help="keep the processes' logs and work dirs here (default: a temp dir)")
     ap.add_argument("--resimulate", type=Path, metavar="RESULT.json",
                     help="no real run: simulate again the measured inputs of an earlier result (after a model change)")
@@ -381,8 +428,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     logging.getLogger("peer").setLevel(logging.ERROR)
     if args.resimulate is not None:
         previous = json.loads(args.resimulate.read_text())
-        plan, rows = resimulate(previous)
-        emit(previous["bench"], {**headline(plan, rows), "quick": previous["quick"],
+        plan, rows, model = resimulate(previous)
+        emit(previous["bench"], {**headline(plan, rows, model), "quick": previous["quick"],
                                  "real_measured_unix_time": previous.get("real_measured_unix_time",
                                                                          previous["unix_time"]),
                                  "real_measured_commit": previous.get("real_measured_commit", previous["commit"]),
@@ -401,13 +448,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.max_group_size < 2:
             ap.error(f"--max-group-size must be 0 or at least 2, got {args.max_group_size}")
         plan = Plan(**{**plan.__dict__, "max_group_size": args.max_group_size})
+    if args.no_probe:
+        plan = Plan(**{**plan.__dict__, "probe": False})
     if args.work is not None:
         out = calibrate(plan, args.work)
     else:
         with tempfile.TemporaryDirectory(prefix="hivepath-calib-") as d:
             out = calibrate(plan, Path(d))
     name = "scale_calibrate_quick" if args.quick else "scale_calibrate"
-    emit(name + ("_split" if plan.max_group_size else ""), {**headline(plan, out["rows"]), "quick": args.quick})
+    emit(name + ("_split" if plan.max_group_size else ""),
+         {**headline(plan, out["rows"], out["model"]), "quick": args.quick})
     return 0
 
 

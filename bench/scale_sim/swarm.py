@@ -127,10 +127,13 @@ class SimConfig:
     """Split a module's holders into groups of about this size each round (0: one group a module)."""
     latency: float = LATENCY
     """Seconds of round trips per exchange and per hop of a split round's tree (``LATENCY``; a
-    calibration on loopback: none beside the processing ``PART_CPU`` models)."""
+    calibration on loopback measures its machine's beside ``part_cpu``, :mod:`bench.exchange_probe`)."""
+    part_cpu: float = PART_CPU
+    """Seconds a member spends on each other member's part on a core of its own (``PART_CPU``; a
+    calibration measures its machine's, :mod:`bench.exchange_probe`)."""
     exchange_cores: float = 0.0
     """Cores the live peers' exchange processing shares (a calibration's peers on one machine): each
-    member's ``PART_CPU`` per part is that many times slower when more peers than cores are live; 0:
+    member's ``part_cpu`` per part is that many times slower when more peers than cores are live; 0:
     every peer processes its exchange on a core of its own."""
     census: bool = False
     """Model the design of :mod:`bench.scale_sim.census` (control reads of a split round bounded by the
@@ -727,7 +730,7 @@ class Swarm:
             up = rest + part * (n - 1)
             down = part * (n - 1) + rest
             worst = max(worst, up / p.spec.upload_bps, down / p.spec.download_bps)
-        return worst + self.cfg.latency + (n - 1) * PART_CPU * self._cpu_slowdown()
+        return worst + self.cfg.latency + (n - 1) * self.cfg.part_cpu * self._cpu_slowdown()
 
     def _cpu_slowdown(self) -> float:
         """How much slower than on a core of its own a member processes its exchange: the live peers'

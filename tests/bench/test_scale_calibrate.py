@@ -15,10 +15,16 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 @pytest.mark.timeout(600)
 def test_quick_calibration_compares_real_and_simulated_rounds(tmp_path):
-    rows = calibrate(QUICK, tmp_path)["rows"]
-    out = headline(QUICK, rows)
+    result = calibrate(QUICK, tmp_path)
+    rows, model = result["rows"], result["model"]
+    out = headline(QUICK, rows, model)
     assert out["largest_real_peers"] == 4 and [r["peers"] for r in rows] == [4]
+    # the simulator ran with the exchange constants measured here, the fixed ones beside
+    assert model["source"] == "probe" and [r["members"] for r in model["rows"]] == [2, 3, 4]
+    assert out["sim_model"]["PART_CPU"] == model["part_cpu"] > 0 and out["sim_model"]["LATENCY"] >= 0
     row = rows[0]
+    assert row["sim_fixed"]["round_s_median"] > 0
+    assert out["sim_vs_real_noncompute_error_fixed_constants"] == row["noncompute_error_fixed"]
     for side in ("real", "sim"):
         f = row[side]
         assert f["round_s_median"] > 0, (side, f)
