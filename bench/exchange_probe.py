@@ -81,6 +81,7 @@ def measure(run, module: str, sizes: Sequence[int] = SIZES, rounds: int = ROUNDS
     rows = []
     with tempfile.TemporaryDirectory(prefix="hivepath-probe-") as tmp:
         base = Path(work or tmp)
+        base.mkdir(parents=True, exist_ok=True)
         config = base / "run.json"
         config.write_text(run.to_json())
         procs = ProcessGroup(base / "logs")
