@@ -140,6 +140,7 @@ def _member(args: argparse.Namespace) -> None:
 
     import torch
 
+    from models import strict_json
     from models.config import RunConfig
     from peer.averaging.net_averager import NetAverager
     from peer.compression import resolve_codec
@@ -156,7 +157,7 @@ def _member(args: argparse.Namespace) -> None:
     with stop_on_signals(), start_dht(DHTOptions(host_maddrs=(HOST,), initial_peers=initial)) as dht:
         if args.maddrs_out:
             tmp = Path(args.maddrs_out + ".tmp")
-            tmp.write_text(json.dumps(dht.maddrs()))
+            tmp.write_text(strict_json.dumps(dht.maddrs()))
             tmp.replace(args.maddrs_out)
         avg = NetAverager(dht, RUN_ID, run.content_hash())
         try:
@@ -169,10 +170,10 @@ def _member(args: argparse.Namespace) -> None:
                     results = dict(zip(sizes, pool.map(
                         lambda m: avg.average(m, r, [deltas[m]], 1.0, codec, ROUND_TIMEOUT), sizes)))
                     for m, res in results.items():
-                        print(json.dumps({"event": "probe", "round": r, "module": m, "ok": res.ok,
+                        print(strict_json.dumps({"event": "probe", "round": r, "module": m, "ok": res.ok,
                                           "group_size": res.group_size, "transfer_s": res.transfer_seconds,
                                           "reason": res.reason}), flush=True)
-            print(json.dumps({"event": "done", "time": time.time()}), flush=True)
+            print(strict_json.dumps({"event": "done", "time": time.time()}), flush=True)
             threading.Event().wait()  # until SIGTERM (stop_on_signals: KeyboardInterrupt)
         except KeyboardInterrupt:
             pass
