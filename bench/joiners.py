@@ -23,8 +23,14 @@ global copies.
 Keys (each the worst over seeds):
 
 - ``sharer_bpb_rise_max``: the largest rise of the validation bits per byte of any other path a peer
-  trains, within the window after an event, relative to its value just before (target <= 0.01;
-  negative: every other path kept improving).
+  trains, within the window after a newcomer arrives (a join, or a moved peer taking up its new
+  path), relative to its value just before (target <= 0.01; negative: every other path kept
+  improving). The path a moved peer left is not a sharer of what the newcomer does: it lost a
+  trainer, and its figure is reported apart.
+- ``left_path_bpb_rise_max``: the same for the path a moved peer left, which keeps its other
+  trainers but now weighs less in the modules it shares (averages are weighted by tokens).
+- ``network_bpb_change``: per event, the relative change of the mean bits per byte over the paths
+  held both before the event and at the window's end (whether the network as a whole gained).
 - ``joiner_rounds_to_network_bpb``: per event, rounds until the newcomer's path is within 5% of the
   mean of the other paths peers train (None: not within the window).
 - ``replica_max_abs_diff``: over every round and module, the largest difference between two holders'
@@ -183,6 +189,28 @@ class Network:
                 for p in self.held_paths() if self.docs[p]}
 
 
+def event_figures(before: dict[tuple[int, ...], float], window: Sequence[dict[tuple[int, ...], float]],
+                  path: tuple[int, ...], others: Sequence[tuple[int, ...]], left: Optional[tuple[int, ...]],
+                  held_before: dict[str, float]) -> dict[str, Any]:
+    """One event's figures from the paths' bits per byte just before it (``before``: the trained paths;
+    ``held_before``: every held path, by name) and after each round of its window: the largest
+    relative rise of a sharer (``others`` less the path a moved peer ``left``), that of ``left``, the
+    round from which the newcomer's ``path`` is within 5% of the others' mean, and the change of the
+    mean over the paths held both before and at the window's end."""
+    sharers = [p for p in others if p != left]
+    rises = [(s[p] - before[p]) / before[p] for s in window for p in sharers]
+    left_rises = [(s[left] - before[left]) / before[left] for s in window if left in s and left in before]
+    reached = next((r for r, s in enumerate(window, 1)
+                    if others and s[path] <= 1.05 * statistics.fmean(s[p] for p in others)), None)
+    end = {format_path(p): b for p, b in window[-1].items()} if window else {}
+    common = sorted(set(held_before) & set(end))
+    change = ((statistics.fmean(end[p] for p in common) - statistics.fmean(held_before[p] for p in common))
+              / statistics.fmean(held_before[p] for p in common)) if common else None
+    return {"sharer_bpb_rise_max": max(rises) if rises else None,
+            "left_path_bpb_rise_max": max(left_rises) if left_rises else None,
+            "joiner_rounds_to_network_bpb": reached, "network_bpb_change": change}
+
+
 def run_seed(dataset: Dataset, cfg: RunConfig, seed: int, warm_rounds: int, window: int, ramp: int, fresh: str,
              eval_docs: int) -> dict[str, Any]:
     cfg = dataclasses.replace(cfg, seed=seed)
@@ -210,30 +238,32 @@ def run_seed(dataset: Dataset, cfg: RunConfig, seed: int, warm_rounds: int, wind
     events = {}
     for event, name, path, replaces in EVENTS:
         trained = net.trained_paths()
-        before = {p: b for p, b in net.score().items() if p in trained}
+        now = net.score()
+        before = {p: b for p, b in now.items() if p in trained}
+        held_before = {format_path(p): b for p, b in now.items()}
+        left = net.peers[replaces].path if replaces is not None else None
         if replaces is not None:
             net.remove(replaces)
         net.add(name, path)
         others = sorted(p for p in before if p != path and p in net.trained_paths())
-        rises, reached = [], None
-        for r in range(1, window + 1):
-            scores = step(event)
-            rises += [(scores[p] - before[p]) / before[p] for p in others]
-            if reached is None and scores[path] <= 1.05 * statistics.fmean(scores[p] for p in others):
-                reached = r
-        events[event] = {"sharer_bpb_rise_max": max(rises) if rises else None,
-                         "joiner_rounds_to_network_bpb": reached, "origins": net.origins[name],
-                         "bpb_before": {format_path(p): b for p, b in before.items()}}
+        window_scores = [step(event) for _ in range(window)]
+        events[event] = {**event_figures(before, window_scores, path, others, left, held_before),
+                         "origins": net.origins[name], "bpb_before": {format_path(p): b for p, b in before.items()}}
     failed = sorted({p.failed for p in net.peers.values() if p.failed})
     return {"warm_rounds": len(means), "events": events, "replica_max_abs_diff": net.replica_diff,
             "bpb_history": history, "failed_rounds": failed}
 
 
 def _keys(runs: dict[int, dict]) -> dict[str, Any]:
-    rises = [e["sharer_bpb_rise_max"] for r in runs.values() for e in r["events"].values()
-             if e["sharer_bpb_rise_max"] is not None]
+    def worst(key: str) -> Optional[float]:
+        values = [e[key] for r in runs.values() for e in r["events"].values() if e.get(key) is not None]
+        return max(values) if values else None
+
     return {
-        "sharer_bpb_rise_max": max(rises) if rises else None,
+        "sharer_bpb_rise_max": worst("sharer_bpb_rise_max"),
+        "left_path_bpb_rise_max": worst("left_path_bpb_rise_max"),
+        "network_bpb_change": {ev: {str(s): r["events"][ev]["network_bpb_change"] for s, r in runs.items()}
+                               for ev, *_ in EVENTS},
         "joiner_rounds_to_network_bpb": {ev: {str(s): r["events"][ev]["joiner_rounds_to_network_bpb"]
                                               for s, r in runs.items()} for ev, *_ in EVENTS},
         "replica_max_abs_diff": max(r["replica_max_abs_diff"] for r in runs.values()),
@@ -280,6 +310,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     guarded = out["guarded"]
     result = {
         "sharer_bpb_rise_max": guarded["sharer_bpb_rise_max"],
+        "left_path_bpb_rise_max": guarded["left_path_bpb_rise_max"],
+        "network_bpb_change": guarded["network_bpb_change"],
         "joiner_rounds_to_network_bpb": guarded["joiner_rounds_to_network_bpb"],
         "replica_max_abs_diff": guarded["replica_max_abs_diff"],
         "variants": out,

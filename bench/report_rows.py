@@ -182,15 +182,20 @@ ROWS: tuple[Row, ...] = tuple(
             ("rounds_to_ban", "rounds until the attacker is banned"))
     + _rows("joiners", "joiners",
             ("sharer_bpb_rise_max", "3 seeds, H=30, 10 rounds an event: largest rise of another trained path's "
-             "validation bpb after a join or a move", ("<=", 0.01)),
+             "validation bpb after a newcomer arrives (a join, or a moved peer on its new path)", ("<=", 0.01)),
             ("variants.unguarded.sharer_bpb_rise_max", "the same without the guards (seed init, no ramp)"),
+            ("left_path_bpb_rise_max", "largest rise of the path a moved peer left (one trainer fewer, so less "
+             "weight in its shared modules)"),
+            ("network_bpb_change.move.0", "the move: change of the mean bpb over the held paths, 10 rounds on "
+             "(seed 0)"),
             ("joiner_rounds_to_network_bpb.join_held.0", "rounds until a joiner on a held path is within 5% of the "
              "network's (seed 0; the same at seeds 1 and 2)"),
             ("replica_max_abs_diff", "largest difference between replicas", ("==", 0.0)))
     + _rows("joiners", "joiners_quick",
             ("sharer_bpb_rise_max", "quick run (1 seed, H=10, 4 rounds an event): largest rise of another trained "
-             "path's validation bpb after a join or a move", ("<=", 0.01)),
+             "path's validation bpb after a newcomer arrives", ("<=", 0.01)),
             ("variants.unguarded.sharer_bpb_rise_max", "the same without the guards (seed init, no ramp)"),
+            ("left_path_bpb_rise_max", "largest rise of the path a moved peer left"),
             ("joiner_rounds_to_network_bpb.move.0", "rounds until a moved peer's path is within 5% of the "
              "network's"),
             ("replica_max_abs_diff", "largest difference between replicas", ("==", 0.0)))
