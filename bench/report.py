@@ -12,8 +12,10 @@ Two blocks, each between ``<!-- bench.report NAME -->`` and ``<!-- /bench.report
 
 A result is stale when the code its benchmark measures (the module's ``MEASURES``) differs between
 the commit it records and the working tree (``git diff``, and files not yet tracked), when it records
-no commit, or when that commit is not in this clone. A result measured on a dirty tree is stale unless that code is unchanged
-since its commit (the uncommitted edits were then elsewhere).
+no commit, or when that commit is not in this clone. A Python file whose edits are to comments and
+docstrings only (the same syntax tree once string statements are left out, :func:`same_code`) has
+not changed what runs and does not make a result stale. A result measured on a dirty tree is stale
+unless that code is unchanged since its commit (the uncommitted edits were then elsewhere).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any, Optional, Sequence
 
 from bench.report_rows import NOT_RUN_YET, ROWS, Row
 
-__all__ = ["Freshness", "freshness", "measures", "render", "main"]
+__all__ = ["Freshness", "freshness", "measures", "render", "main", "same_code"]
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -40,8 +42,45 @@ DOC = ROOT / "docs" / "BENCHMARKS.md"
 BLOCK = re.compile(r"(<!-- bench\.report (\w+) -->\n)(.*?)(<!-- /bench\.report \2 -->)", re.S)
 
 
-def _git(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+def _git(*args: str, root: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=60)
+
+
+class _DropStrings(ast.NodeTransformer):
+    """Leaves out every statement that is only a string (docstrings, attribute docstrings)."""
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        super().generic_visit(node)
+        for field in ("body", "orelse", "finalbody"):
+            body = getattr(node, field, None)
+            if isinstance(body, list):
+                kept = [s for s in body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
+                                                and isinstance(s.value.value, str))]
+                setattr(node, field, kept or ([ast.Pass()] if field == "body" else []))
+        return node
+
+
+def same_code(old: str, new: str) -> bool:
+    """Whether two versions of a Python source run the same: equal syntax trees once comments (the
+    parser drops them), layout and string statements are left out. A source that does not parse is
+    compared as text."""
+    try:
+        trees = [ast.dump(_DropStrings().visit(ast.parse(src))) for src in (old, new)]
+    except SyntaxError:
+        return old == new
+    return trees[0] == trees[1]
+
+
+def _code_changed(commit: str, path: str, root: Path) -> bool:
+    """Whether ``path`` runs differently in the working tree than at ``commit`` (added, removed, or
+    other than a ``.py`` file whose edits are to comments and docstrings only)."""
+    if not path.endswith(".py"):
+        return True
+    then = _git("show", f"{commit}:{path}", root=root)
+    now = root / path
+    if then.returncode != 0 or not now.is_file():
+        return True
+    return not same_code(then.stdout, now.read_text())
 
 
 @lru_cache(maxsize=None)
@@ -84,16 +123,17 @@ class Freshness:
 
 
 @lru_cache(maxsize=None)
-def freshness(commit: str, dirty: bool, paths: tuple[str, ...]) -> Freshness:
-    """Compare the measured ``paths`` at ``commit`` with the working tree."""
+def freshness(commit: str, dirty: bool, paths: tuple[str, ...], root: Path = ROOT) -> Freshness:
+    """Compare the measured ``paths`` at ``commit`` with the working tree of the repository at ``root``."""
     if not commit or commit == "unknown":
         return Freshness("", dirty, (), "no commit recorded")
-    if _git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+    if _git("cat-file", "-e", f"{commit}^{{commit}}", root=root).returncode != 0:
         return Freshness(commit, dirty, (), "its commit is not in this clone")
-    out = _git("diff", "--name-only", commit, "--", *paths)
+    out = _git("diff", "--name-only", commit, "--", *paths, root=root)
     if out.returncode != 0:
         raise RuntimeError(f"git diff {commit} failed: {out.stderr.strip()}")
-    files = out.stdout.split() + _git("ls-files", "--others", "--exclude-standard", "--", *paths).stdout.split()
+    files = [f for f in out.stdout.split() if _code_changed(commit, f, root)]
+    files += _git("ls-files", "--others", "--exclude-standard", "--", *paths, root=root).stdout.split()
     changed = tuple(p for p in paths if any(f == p or f.startswith(p.rstrip("/") + "/") for f in files))
     why = f"changed since: {', '.join(changed)}" if changed else ""
     return Freshness(commit, dirty, changed, why)

@@ -160,3 +160,37 @@ def test_quality_reuses_a_point_only_under_its_key(tmp_path):
              {"name": points[2].name, "key": keys[points[2].name], "status": "ok"}]
     records.write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert list(load_records(records, keys)) == [points[2].name]
+
+
+def test_same_code_leaves_out_comments_and_docstrings_only():
+    base = 'def f(x):\n    """Doubles."""\n    return 2 * x  # twice\n\nLIMIT = 3\n"""The limit."""\n'
+    assert report.same_code(base, base.replace('"""Doubles."""', '"""Twice x, for the sum."""'))
+    assert report.same_code(base, base.replace("# twice", "# what and why").replace('"""The limit."""', ""))
+    assert report.same_code(base, '"""A module."""\n' + base.replace("2 * x", "2*x"))
+    assert not report.same_code(base, base.replace("2 * x", "3 * x"))
+    assert not report.same_code(base, base.replace("LIMIT = 3", "LIMIT = 4"))
+    assert not report.same_code(base, base.replace("return 2 * x", 'print("Doubles.")\n    return 2 * x'))
+    assert not report.same_code("def f(:\n", "def f(: \n")  # unparsable: compared as text
+
+
+def test_an_edit_to_comments_only_leaves_a_result_fresh(tmp_path):
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True).stdout
+
+    code = tmp_path / "peer" / "a.py"
+    code.parent.mkdir()
+    code.write_text('def f():\n    """One."""\n    return 1\n')
+    (tmp_path / "peer" / "data.toml").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.email=t@example.org", "-c", "user.name=t", "commit", "-qm", "first")
+    commit = git("rev-parse", "HEAD").strip()
+    code.write_text('def f():\n    """The one, as measured."""\n    # a comment\n    return 1\n')
+    assert not report.freshness(commit, False, ("peer",), tmp_path).stale
+    code.write_text('def f():\n    return 2\n')
+    report.freshness.cache_clear()  # one render caches each answer; these edits are between renders
+    assert report.freshness(commit, False, ("peer",), tmp_path).changed == ("peer",)
+    code.write_text('def f():\n    """One."""\n    return 1\n')
+    (tmp_path / "peer" / "data.toml").write_text("x = 2\n")  # not Python: any edit counts
+    report.freshness.cache_clear()
+    assert report.freshness(commit, False, ("peer",), tmp_path).stale
