@@ -5,9 +5,9 @@ each module's declarations and holders while it gathers, checks each module's gr
 paces, and announces each module's next round after it. hivemind's ``DHT.store`` and ``DHT.get``
 serve one key each: a store first asks the nodes near its key where to store (one ``rpc_find`` per
 node) and then stores there (one ``rpc_store`` per node), and a latest read asks every node near its
-key. In a swarm of N nodes a round of a 4-module path cost about 120 requests a member, each a new
+key. A round of a 4-module path thus costs a member a request per module, key and node, each a new
 p2p stream with its own framing: most of the bytes a sparse round puts on the wire beyond its payload
-(``bench.wire``).
+(``bench.wire`` counts them).
 
 :class:`CoalescingDHT` is hivemind's ``DHT`` with its two in-process handlers replaced: stores and
 latest reads that arrive within :data:`COALESCE_S` of each other are served as one batch.
@@ -19,8 +19,8 @@ latest reads that arrive within :data:`COALESCE_S` of each other are served as o
   one ``rpc_find`` per node for the keys it is a replica of (a node that does not answer is replaced by
   the next nearest, a nearer node an answer names is asked too), and merges the answers as hivemind's
   own search does (``_SearchState``: a dictionary value's subkeys merged, the latest expiration kept).
-  hivemind's latest read asks every node its beam reaches, in a small swarm all of them: with 17
-  holders of a module gathering, that was most of a member's control bytes (``bench.wire_split``).
+  hivemind's latest read asks every node its beam reaches, in a small swarm all of them: with many
+  holders of a module gathering, most of a member's control bytes (``bench.wire_split``).
 - **Larger swarm**: the batch goes through hivemind's own ``store_many`` and ``get_many_by_id``
   (one traversal for all its keys).
 
