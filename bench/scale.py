@@ -8,7 +8,8 @@ per second and the share of compute lost to churn (10% of peers leaving per hour
 
 Keys: ``peers_simulated`` (>= 10,000; every join, of which ``peers_admitted`` trained and
 ``peers_refused`` were refused, in the largest run), ``round_time_ratio_1000_vs_10`` (<= 1.5),
-``dht_ops_per_peer_round_at_1000`` (flat in peers), ``coordinator_cpu_share_at_10000`` (<= 0.5),
+``round_time_ratio_10000_vs_10`` (<= 1.5; the same pair at 10,000 peers, whose cap splits rounds into
+several levels), ``dht_ops_per_peer_round_at_1000`` (flat in peers), ``coordinator_cpu_share_at_10000`` (<= 0.5),
 ``churn_compute_loss_10pct_per_hour`` (<= 0.05); ``sweep`` holds every run's figures.
 ``coordinator_cpu_share_at_10000`` is the in-process coordinator's thread CPU inside the simulator;
 ``coordinator_cpu_share_at_10000_grpc`` (<= 0.5) the real server process's, through gRPC at the
@@ -64,7 +65,8 @@ DOCS_PLOT = Path(__file__).resolve().parent.parent / "docs" / "img" / "scale.png
 MAX_GROUP = 64
 """``max_group_size`` of the ``after`` runs (groups of about 64: a network of a few peers keeps one group)."""
 RATIO_GROUP = 8
-"""``max_group_size`` of the pair behind ``round_time_ratio_1000_vs_10`` (groups of 5-8 at both sizes)."""
+"""``max_group_size`` of the runs behind ``round_time_ratio_1000_vs_10`` and ``round_time_ratio_10000_vs_10``
+(groups of 5-8 at every size)."""
 SIZES = (10, 100, 1000, 10_000)
 
 
@@ -79,7 +81,8 @@ def runs(quick: bool, seed: int) -> list[tuple[str, SimConfig]]:
         for n in SIZES:  # the 10,000-peer runs measure 240 simulated s (wall time), the others 900 s
             out.append((tag, SimConfig(peers=n, duration=900.0 if n < 10_000 else 240.0, seed=seed, max_group_size=g,
                                        census=tag == "census")))
-    out += [("ratio", SimConfig(peers=n, duration=600.0, seed=seed, max_group_size=RATIO_GROUP)) for n in (10, 1000)]
+    out += [("ratio", SimConfig(peers=n, duration=600.0 if n < 10_000 else 240.0, seed=seed, max_group_size=RATIO_GROUP))
+            for n in (10, 1000, 10_000)]
     out += [("lattice", SimConfig(peers=1000, levels=l, modules_per_level=m, duration=300.0, seed=seed,
                                   max_group_size=MAX_GROUP)) for l, m in ((4, 4), (2, 16))]
     return out
@@ -112,15 +115,23 @@ def headline(rows: list[dict]) -> dict:
         "peers_admitted": biggest["peers_ever"] - biggest["refused"],
         "peers_refused": biggest["refused"],
         "round_time_ratio_1000_vs_10": (ratio[1000]["round_s_median"] / ratio[10]["round_s_median"]
-                                        if len(ratio) == 2 else None),
-        "round_time_ratio_group_sizes": ([ratio[10]["group_size_mean"], ratio[1000]["group_size_mean"]]
-                                         if len(ratio) == 2 else None),
+                                        if {10, 1000} <= set(ratio) else None),
+        "round_time_ratio_group_sizes": ([ratio[n]["group_size_mean"] for n in sorted(ratio)]
+                                         if {10, 1000} <= set(ratio) else None),
         # the same ratio on the part of a round beyond its fixed compute, which the whole round's ratio
         # dilutes: a peer's median seconds from its declaration (compute done) to its round's end, i.e.
         # matchmaking, the exchange and waiting for the group as the link model and the groups make
         # them (not the median round less round_seconds: a round that pacing ends early is shorter)
         "noncompute_round_ratio_1000_vs_10": (ratio[1000]["exchange_s_median"] / ratio[10]["exchange_s_median"]
-                                              if len(ratio) == 2 else None),
+                                              if {10, 1000} <= set(ratio) else None),
+        # the same pair at 10,000 peers: the cap of 8 splits their rounds into several levels (the
+        # exchange is the link model's, not capped), ``round_time_ratio_split_levels`` the levels of each
+        "round_time_ratio_10000_vs_10": (ratio[10_000]["round_s_median"] / ratio[10]["round_s_median"]
+                                         if {10, 10_000} <= set(ratio) else None),
+        "noncompute_round_ratio_10000_vs_10": (ratio[10_000]["exchange_s_median"] / ratio[10]["exchange_s_median"]
+                                               if {10, 10_000} <= set(ratio) else None),
+        "round_time_ratio_split_levels": ([ratio[n]["split_levels_max"] for n in sorted(ratio)]
+                                          if {10, 10_000} <= set(ratio) else None),
         "dht_ops_per_peer_round_at_1000": mid["dht_ops_per_peer_round"],
         "dht_bytes_per_peer_round_at_1000": mid["dht_bytes_per_peer_round"],
         "coordinator_cpu_share_at_10000": after[top]["coordinator_cpu_share"] if top >= 10_000 else None,
