@@ -35,8 +35,8 @@ __all__ = ["SIZES", "ROUNDS", "fit", "measure", "main"]
 log = logging.getLogger("bench.exchange_probe")
 
 SIZES = (2, 3, 4, 6)
-"""Members at each step of a probe (a calibration probes those up to its largest network): spanning
-its group sizes on a 2-core machine."""
+"""Members at each step of a probe (a calibration probes them all, whatever its largest network):
+from one member a core to three on a 2-core machine."""
 ROUNDS = 6
 """Rounds each size averages; the first (connections opened, buffers sized) is not counted."""
 ROUND_TIMEOUT = 30.0
@@ -142,6 +142,7 @@ def _member(args: argparse.Namespace) -> None:
 
     from models import strict_json
     from models.config import RunConfig
+    from models.durable import atomic_write_text
     from peer.averaging.net_averager import NetAverager
     from peer.compression import resolve_codec
     from peer.localnet import wait_for
@@ -155,10 +156,8 @@ def _member(args: argparse.Namespace) -> None:
     deltas = {m: torch.randn(k, generator=gen) * 1e-3 for m, k in sizes.items()}
     initial = [a for a in (args.initial_peers or "").split(",") if a]
     with stop_on_signals(), start_dht(DHTOptions(host_maddrs=(HOST,), initial_peers=initial)) as dht:
-        if args.maddrs_out:
-            tmp = Path(args.maddrs_out + ".tmp")
-            tmp.write_text(strict_json.dumps(dht.maddrs()))
-            tmp.replace(args.maddrs_out)
+        if args.maddrs_out:  # whole or absent: the prober reads it as soon as it exists
+            atomic_write_text(args.maddrs_out, strict_json.dumps(dht.maddrs()))
         avg = NetAverager(dht, RUN_ID, run.content_hash())
         try:
             for m in sizes:

@@ -253,8 +253,10 @@ def calibrate(plan: Plan, work: Path) -> dict:
     if plan.probe:  # before the network: the probe's processes have the machine to themselves
         from bench import exchange_probe
 
-        sizes = [n for n in exchange_probe.SIZES if n <= max(plan.sizes)]
-        model = {**exchange_probe.measure(run, MODULE, sizes, work=work / "probe"), "source": "probe"}
+        # every size, whatever this calibration's largest network: the constants are the machine's, and
+        # only the sizes past its cores tell the fixed latency from the per-part cost (a fit over the
+        # smaller sizes alone takes part of the latency for per-part cost)
+        model = {**exchange_probe.measure(run, MODULE, exchange_probe.SIZES, work=work / "probe"), "source": "probe"}
         log.info("probe: latency %.4f s, part_cpu %.4f s", model["latency"], model["part_cpu"])
     rows = []
     cpu = CpuWindow(os.getpid())
