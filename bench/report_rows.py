@@ -141,7 +141,14 @@ ROWS: tuple[Row, ...] = tuple(
             ("peers_simulated", "joins simulated, admitted and refused together", (">=", 10000)),
             ("coordinator_cpu_share_at_10000", "coordinator CPU share at 10,000 peers (in-process)", ("<=", 0.5)),
             ("churn_compute_loss_10pct_per_hour", "compute lost to 10% churn per hour", ("<=", 0.05)),
-            ("round_time_ratio_1000_vs_10", "round time at 1,000 peers over 10", ("<=", 1.5)))
+            ("round_time_ratio_1000_vs_10", "round time at 1,000 peers over 10", ("<=", 1.5)),
+            ("round_time_ratio_10000_vs_10", "round time at 10,000 peers over 10 (groups capped at 8, five levels)",
+             ("<=", 1.5)),
+            ("coordinator_cpu_share_at_10000_grpc", "coordinator CPU share through gRPC, 10,000 peers and 1,000 joins at once",
+             ("<=", 0.5)),
+            ("max_group_members_at_10000", "largest group of any level at 10,000 peers (cap 64)", ("<=", 64)),
+            ("control_bytes_growth_10_to_10000",
+             "DHT bytes per peer and round, 10,000 peers over 10 (census design, simulator only)", ("<=", 3)))
     + _rows("scale", "scale_quick",
             ("peers_admitted", "quick sweep (10 and 100 peers): joins admitted"),
             ("peers_refused", "joins refused"),
