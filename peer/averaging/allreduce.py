@@ -86,6 +86,12 @@ A relay between private addresses resets a relayed connection after 128 KiB each
 (``peer.network.relays``), so two relayed members exchanging a demo-preset module meet a few resets
 a round; a reducer that is gone fails to dial instead, and is not asked more than once more."""
 
+DIALS_AFTER_CUT = 4
+"""Most failed dials in a row a part is asked again after its stream was cut: the relay a cut
+came through takes a moment to take the next connection (the daemon then answers "connect failed"
+though the reducer is alive); a reducer that is gone costs these few dials, about 3 s, before its
+fallback."""
+
 
 class ReductionServer(PartReducer):
     """Serves the parts this peer reduces (:class:`~peer.averaging.reducer.PartReducer`), and runs this
@@ -127,23 +133,31 @@ class ReductionServer(PartReducer):
         (the reducer serves an accepted contribution its average without adding it twice). A stream cut
         mid-way (a relay's reset: a relayed connection carries 128 KiB, ``peer.network.relays``) is asked
         again until ``deadline``, at most :data:`RESUMES` times, each over a connection the daemon dials
-        anew; anything else (a refusal, a reducer that cannot be dialled) is asked once more.
+        anew, a dial that fails after a cut at most :data:`DIALS_AFTER_CUT` times in a row; anything
+        else (a refusal, a reducer that cannot be dialled) is asked once more.
 
         Parts asked again of one member go one at a time: a relayed connection's 128 KiB is shared by
         every stream on it, and all the parts in flight restarted together on each new connection would
         use it up before any of them got through (a round between two relayed peers could then never
         complete), while one part at a time gets whole parts through on each connection."""
+        from hivemind.p2p.p2p_daemon_bindings.utils import ControlFailure
+
         peer = state.group.members[j]
+        was_cut = isinstance(error, STREAM_CUT)
+        dials = 0  # failed dials in a row since the last cut
         for attempt in range(RESUMES):
             log.info("part %d.%d of group %s: %r; asking %s again", s, j, state.group.group_id, error, peer[-8:])
             try:
                 async with self._one_at_a_time(state, j, cut=True):
                     return await self._exchange(state, peer, s, j, 0, payload, weight, deadline)
             except Exception as e:
-                if not (isinstance(error, STREAM_CUT) and isinstance(e, STREAM_CUT)) or time.monotonic() >= deadline:
+                dials = dials + 1 if isinstance(e, ControlFailure) else 0
+                retry = was_cut and (isinstance(e, STREAM_CUT) or 0 < dials <= DIALS_AFTER_CUT)
+                if not retry or time.monotonic() >= deadline:
                     raise
                 error = e
-            await asyncio.sleep(min(0.5, 0.05 * 2 ** attempt, max(0.0, deadline - time.monotonic())))
+            pause = 0.125 * 2 ** dials if dials else 0.05 * 2 ** attempt
+            await asyncio.sleep(min(1.0 if dials else 0.5, pause, max(0.0, deadline - time.monotonic())))
         raise RuntimeError(f"the stream to {peer[-8:]} was cut {RESUMES + 1} times: {error!r}")
 
     async def _fallback(self, state: GroupState, s: int, j: int, deadline: float) -> tuple[bytes, list[str]]:
