@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 from models import strict_json
 
@@ -114,6 +114,17 @@ def code_hash(paths: Sequence[str]) -> str:
         for f in files:
             digest.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+def tokens_between(lines: Iterable[dict], since: float, until: float, mode: Optional[str] = None) -> int:
+    """Tokens a process reported processing between the unix times ``since`` and ``until``, from its
+    JSON lines (those of ``event`` "progress" with ``tokens``): the sum of the increases between its
+    consecutive progress lines in one role (a restarted process counts from 0 again; a peer moved from
+    trainer to server counts what it trained and then what it served, never the jump between the two
+    counters). ``mode``: only the lines in that role."""
+    seen = [p for p in lines if p.get("event") == "progress" and "tokens" in p and since <= p.get("time", 0) <= until]
+    return sum(b["tokens"] - a["tokens"] for a, b in zip(seen, seen[1:])
+               if b["tokens"] >= a["tokens"] and a.get("mode") == b.get("mode") and mode in (None, a.get("mode")))
 
 
 def emit(name: str, result: dict[str, Any]) -> dict[str, Any]:

@@ -37,14 +37,13 @@ from __future__ import annotations
 import argparse
 import logging
 import re
-import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import emit, run_main
+from bench.common import emit, run_main, tokens_between
 
 MEASURES = (
     "bench/nat.py",
@@ -102,7 +101,7 @@ def one_run(natted: bool, work: Path, rate: str, inner_steps: int, warmup: int, 
         wait_for(lambda: rounds_done(net, NEWCOMER) >= rounds, 1200, f"{rounds} rounds of the newcomer")
         sent = _sent(bridge) - sent0
         stopped_unix = time.time()
-        out["tokens_per_s"] = round(sum(_tokens(net, n, started_unix, stopped_unix) for n in works)
+        out["tokens_per_s"] = round(sum(tokens_between(net.progress_lines(n), started_unix, stopped_unix) for n in works)
                                     / (stopped_unix - started_unix), 1)
         held = {m["module_id"]: len(m["holders"]) for m in (net.status() or {}).get("modules", [])}
         codes = stop_all(net, [*works])
@@ -140,13 +139,6 @@ def one_run(natted: bool, work: Path, rate: str, inner_steps: int, warmup: int, 
         bridge.close()
 
 
-def _tokens(net: Any, name: str, since: float, until: float) -> int:
-    """Tokens ``name`` trained between the unix times ``since`` and ``until`` (its progress lines)."""
-    seen = [p["tokens"] for p in net.progress_lines(name, "progress")
-            if "tokens" in p and since <= p.get("time", 0.0) <= until]
-    return max(seen) - min(seen) if len(seen) >= 2 else 0
-
-
 def _sent(bridge) -> int:
     """Bytes sent so far on every participant's outside link (a NATed one's router's)."""
     return sum(bridge.tx_bytes(i) for i in range(1, bridge.n))
@@ -169,11 +161,9 @@ def main() -> int:
                    help="keep every process's logs and checkpoints in this directory (default: a temporary one, removed)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from peer.localnet.netns import netns_available
+    from peer.localnet.netns import nat_available
 
-    why = netns_available()
-    if not why and shutil.which("iptables") is None:
-        why = "needs iptables (apt-get install iptables)"
+    why = nat_available()
     if why:
         emit("nat", {"skipped": why})
         return 0

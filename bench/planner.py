@@ -77,7 +77,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-from bench.common import emit, run_main, work_directory
+from bench.common import emit, run_main, tokens_between, work_directory
 
 MEASURES = (
     "bench/planner.py",
@@ -364,7 +364,7 @@ def one_variant(name: str, work: Path, data: Any, minutes: float, inner_steps: i
             "failed_module_rounds_by_peer": {n: sum(1 for e in lines[n] if e.get("event") == "round"
                                                     and t0 <= e.get("time", 0) <= t1 and e.get("status") != "done")
                                              for n in names},
-            "tokens_by_peer": {n: _tokens(lines[n], t0, t1) for n in names},
+            "tokens_by_peer": {n: tokens_between(lines[n], t0, t1) for n in names},
             "link_rates_mbit": {"before_drop": _link_rates(before[-1], names_by_id) if before else {},
                                 "end": _link_rates(statuses[-1][1], names_by_id) if statuses else {}},
             "plans": plans_seen(s for _, s in statuses),
@@ -403,12 +403,6 @@ def _wait(procs: Any, name: str) -> Optional[int]:
         return procs.procs[name].wait(timeout=120)
     except subprocess.TimeoutExpired:
         return None
-
-
-def _tokens(lines: list[dict], since: float, until: float) -> int:
-    seen = [e["tokens"] for e in lines if e.get("event") == "progress" and "tokens" in e
-            and since <= e.get("time", 0) <= until]
-    return max(seen) - min(seen) if len(seen) >= 2 else 0
 
 
 def final_bpb(roots: Sequence[Path], data: Any, until: float) -> dict[str, Any]:

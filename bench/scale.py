@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
+from typing import Optional
 
 from bench.common import emit, run_main
 from bench.scale_grpc import coordinator_cpu_share
@@ -70,6 +71,11 @@ RATIO_GROUP = 8
 SIZES = (10, 100, 1000, 10_000)
 
 
+def _window(peers: int, seconds: float) -> float:
+    """Simulated seconds a run of ``peers`` measures: ``seconds``, but 240 at 10,000 peers (wall time)."""
+    return seconds if peers < 10_000 else 240.0
+
+
 def runs(quick: bool, seed: int) -> list[tuple[str, SimConfig]]:
     """(label, config) of every run: ``before`` (one group a module) and ``after`` (groups bounded by
     ``MAX_GROUP``) at each size on 2x2, the ratio pair, and lattice shapes at 1,000 peers."""
@@ -78,10 +84,10 @@ def runs(quick: bool, seed: int) -> list[tuple[str, SimConfig]]:
                 for tag, g in (("before", 0), ("after", MAX_GROUP)) for n in (10, 100)]
     out = []
     for tag, g in (("before", 0), ("after", MAX_GROUP), ("census", MAX_GROUP)):
-        for n in SIZES:  # the 10,000-peer runs measure 240 simulated s (wall time), the others 900 s
-            out.append((tag, SimConfig(peers=n, duration=900.0 if n < 10_000 else 240.0, seed=seed, max_group_size=g,
+        for n in SIZES:
+            out.append((tag, SimConfig(peers=n, duration=_window(n, 900.0), seed=seed, max_group_size=g,
                                        census=tag == "census")))
-    out += [("ratio", SimConfig(peers=n, duration=600.0 if n < 10_000 else 240.0, seed=seed, max_group_size=RATIO_GROUP))
+    out += [("ratio", SimConfig(peers=n, duration=_window(n, 600.0), seed=seed, max_group_size=RATIO_GROUP))
             for n in (10, 1000, 10_000)]
     out += [("lattice", SimConfig(peers=1000, levels=l, modules_per_level=m, duration=300.0, seed=seed,
                                   max_group_size=MAX_GROUP)) for l, m in ((4, 4), (2, 16))]
@@ -99,6 +105,16 @@ def sweep(quick: bool, seed: int) -> list[dict]:
     return out
 
 
+def _ratio(ratio: dict[int, dict], n: int, key: str) -> Optional[float]:
+    """``key`` of the ratio run at ``n`` peers over the one at 10 (None unless both ran)."""
+    return ratio[n][key] / ratio[10][key] if {10, n} <= set(ratio) else None
+
+
+def _across(ratio: dict[int, dict], n: int, key: str) -> Optional[list]:
+    """``key`` of every ratio run, by peers (None unless the runs at 10 and ``n`` peers both ran)."""
+    return [ratio[m][key] for m in sorted(ratio)] if {10, n} <= set(ratio) else None
+
+
 def headline(rows: list[dict]) -> dict:
     """The headline keys, read from the ``after`` runs (bounded groups), the ratio pair and the ``before`` runs."""
     after = {r["peers"]: r for r in rows if r["run"] == "after"}
@@ -114,24 +130,18 @@ def headline(rows: list[dict]) -> dict:
         # a refused join is a peer that never trained)
         "peers_admitted": biggest["peers_ever"] - biggest["refused"],
         "peers_refused": biggest["refused"],
-        "round_time_ratio_1000_vs_10": (ratio[1000]["round_s_median"] / ratio[10]["round_s_median"]
-                                        if {10, 1000} <= set(ratio) else None),
-        "round_time_ratio_group_sizes": ([ratio[n]["group_size_mean"] for n in sorted(ratio)]
-                                         if {10, 1000} <= set(ratio) else None),
+        "round_time_ratio_1000_vs_10": _ratio(ratio, 1000, "round_s_median"),
+        "round_time_ratio_group_sizes": _across(ratio, 1000, "group_size_mean"),
         # the same ratio on the part of a round beyond its fixed compute, which the whole round's ratio
         # dilutes: a peer's median seconds from its declaration (compute done) to its round's end, i.e.
         # matchmaking, the exchange and waiting for the group as the link model and the groups make
         # them (not the median round less round_seconds: a round that pacing ends early is shorter)
-        "noncompute_round_ratio_1000_vs_10": (ratio[1000]["exchange_s_median"] / ratio[10]["exchange_s_median"]
-                                              if {10, 1000} <= set(ratio) else None),
+        "noncompute_round_ratio_1000_vs_10": _ratio(ratio, 1000, "exchange_s_median"),
         # the same pair at 10,000 peers: the cap of 8 splits their rounds into several levels (the
         # exchange is the link model's, not capped), ``round_time_ratio_split_levels`` the levels of each
-        "round_time_ratio_10000_vs_10": (ratio[10_000]["round_s_median"] / ratio[10]["round_s_median"]
-                                         if {10, 10_000} <= set(ratio) else None),
-        "noncompute_round_ratio_10000_vs_10": (ratio[10_000]["exchange_s_median"] / ratio[10]["exchange_s_median"]
-                                               if {10, 10_000} <= set(ratio) else None),
-        "round_time_ratio_split_levels": ([ratio[n]["split_levels_max"] for n in sorted(ratio)]
-                                          if {10, 10_000} <= set(ratio) else None),
+        "round_time_ratio_10000_vs_10": _ratio(ratio, 10_000, "round_s_median"),
+        "noncompute_round_ratio_10000_vs_10": _ratio(ratio, 10_000, "exchange_s_median"),
+        "round_time_ratio_split_levels": _across(ratio, 10_000, "split_levels_max"),
         "dht_ops_per_peer_round_at_1000": mid["dht_ops_per_peer_round"],
         "dht_bytes_per_peer_round_at_1000": mid["dht_bytes_per_peer_round"],
         "coordinator_cpu_share_at_10000": after[top]["coordinator_cpu_share"] if top >= 10_000 else None,

@@ -271,10 +271,10 @@ def calibrate(plan: Plan, work: Path) -> dict:
                 net.start_peer(name, *peer_flags)
             log.info("%d peers: started %d; waiting until all average together", n, len(new))
             try:
-                wait_for(lambda: _alive(net) and all(net.progress_lines(m, "join") for m in new), 120 + 10 * len(new),
+                wait_for(lambda: net.procs.none_exited() and all(net.progress_lines(m, "join") for m in new), 120 + 10 * len(new),
                            f"{len(new)} new peers to join", interval=0.5, retry_on=())
                 joined = max(net.progress_lines(m, "join")[0]["time"] for m in new)
-                wait_for(lambda: _alive(net) and _settled(net, n, plan.settle_rounds, joined, plan.max_group_size > 0),
+                wait_for(lambda: net.procs.none_exited() and _settled(net, n, plan.settle_rounds, joined, plan.max_group_size > 0),
                            120 + 4 * plan.settle_rounds * (plan.round_seconds + plan.round_timeout),
                            f"all {n} peers to average together", interval=0.5, retry_on=())
             except (TimeoutError, RuntimeError) as e:  # this machine's limit: report the sizes that ran
@@ -283,7 +283,7 @@ def calibrate(plan: Plan, work: Path) -> dict:
                 break
             start, load = time.time(), os.getloadavg()[0]
             cpu.start()
-            wait_for(lambda: _alive(net) and time.time() >= start + plan.window, plan.window + 30,
+            wait_for(lambda: net.procs.none_exited() and time.time() >= start + plan.window, plan.window + 30,
                        "the measured window", interval=1.0, retry_on=())
             stop = time.time()
             used = cpu.stop()
@@ -319,14 +319,6 @@ def compare(plan: Plan, base_run, row: dict, model: dict) -> dict:
         out.update(sim_fixed=fixed,
                    noncompute_error_fixed=_error(fixed["overhead_s_median"], real["overhead_s_median"]))
     return out
-
-
-def _alive(net: LocalNetwork) -> bool:
-    dead = net.procs.exited()
-    if dead:
-        tails = {n: net.procs.log(n)[-1500:] for n in dead}
-        raise RuntimeError(f"exited early: {dead}: {tails}")
-    return True
 
 
 def _error(sim: Optional[float], real: Optional[float]) -> Optional[float]:

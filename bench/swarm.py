@@ -70,7 +70,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from bench.common import emit, run_main, work_directory
+from bench.common import emit, run_main, tokens_between, work_directory
 
 MEASURES = (
     "bench/swarm.py",
@@ -113,13 +113,8 @@ def _lines(net: Any, name: str, since: float, until: float, event: Optional[str]
 
 
 def _tokens(net: Any, name: str, since: float, until: float, mode: Optional[str] = None) -> int:
-    """Tokens ``name`` reported processing between ``since`` and ``until``: the sum of the increases
-    between its consecutive progress lines in one role (a restarted process counts from 0 again; a
-    peer moved from trainer to server counts what it trained and then what it served, never the jump
-    between the two counters). ``mode``: only the lines in that role."""
-    seen = [p for p in _lines(net, name, since, until, "progress") if "tokens" in p]
-    return sum(b["tokens"] - a["tokens"] for a, b in zip(seen, seen[1:])
-               if b["tokens"] >= a["tokens"] and a.get("mode") == b.get("mode") and mode in (None, a.get("mode")))
+    """Tokens ``name`` reported processing between ``since`` and ``until`` (:func:`bench.common.tokens_between`)."""
+    return tokens_between(net.progress_lines(name), since, until, mode)
 
 
 PLAN = re.compile(r"exchange plan: module (\w+): H=(\d+)")

@@ -10,11 +10,12 @@ benchmarks and the tests start one.
   home routers with NAT) and a link's sent-bytes counter (:func:`tx_bytes`, :func:`sample_tx`).
 """
 
-from peer.localnet.netns import NetnsBridge, link_idle, netns_available, read_samples, sample_tx, tx_bytes
+from peer.localnet.netns import (NetnsBridge, link_idle, nat_available, netns_available, read_samples, sample_tx,
+                                 tx_bytes)
 from peer.localnet.network import (SHORT_RUN_ARCHIVE_FLAGS, SHORT_RUN_COORDINATOR, SHORT_RUN_ENV, SHORT_RUN_PEER_FLAGS,
                                    LocalNetwork, preset_network)
 from peer.localnet.procs import ProcessGroup, free_port, hivepath_cmd, wait_for
 
 __all__ = ["LocalNetwork", "SHORT_RUN_ARCHIVE_FLAGS", "SHORT_RUN_COORDINATOR", "SHORT_RUN_ENV", "SHORT_RUN_PEER_FLAGS",
            "NetnsBridge", "ProcessGroup", "free_port", "hivepath_cmd", "link_idle",
-           "netns_available", "read_samples", "sample_tx", "preset_network", "tx_bytes", "wait_for"]
+           "nat_available", "netns_available", "read_samples", "sample_tx", "preset_network", "tx_bytes", "wait_for"]

@@ -63,6 +63,15 @@ def netns_available() -> str:
     return ""
 
 
+def nat_available() -> str:
+    """'' if namespaces behind masquerading routers can be made here (:func:`netns_available` and
+    ``iptables``), else why not."""
+    why = netns_available()
+    if not why and shutil.which("iptables") is None:
+        why = "needs iptables (apt-get install iptables)"
+    return why
+
+
 def _sh(*args: str) -> None:
     subprocess.run(list(args), check=True, capture_output=True, text=True)
 

@@ -127,5 +127,14 @@ class ProcessGroup(ChildProcesses):
         """Names of the children that have exited."""
         return [n for n, p in self.procs.items() if p.poll() is not None]
 
+    def none_exited(self, names: Optional[Sequence[str]] = None) -> bool:
+        """True while none of the children (of ``names`` only, if given) has exited; else raises
+        ``RuntimeError`` naming those that did, with the end of each one's log: a :func:`wait_for` on
+        children that must stay up (``retry_on=()``) then ends at once rather than at its deadline."""
+        dead = [n for n in self.exited() if names is None or n in names]
+        if dead:
+            raise RuntimeError(f"exited early: {dead}: {({n: self.log(n)[-1500:] for n in dead})}")
+        return True
+
     def signal(self, name, sig: int, group: bool = False) -> None:  # one name, or several as in ChildProcesses
         super().signal([name] if isinstance(name, str) else name, sig, group)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import re
-import shutil
 import subprocess
 import sys
 
@@ -38,19 +37,13 @@ from helpers.procs import ROOT
 pytestmark = pytest.mark.integration
 
 
-def _masquerade_missing() -> str:
-    """Why the routers cannot masquerade here ('' when they can): as ``bench.nat`` says it (CI installs
-    iptables, so there these tests run)."""
-    return "" if shutil.which("iptables") else "needs iptables (apt-get install iptables)"
-
-
 @pytest.fixture
 def nat_bridge():
     """Namespaces ``hpc<pid>-p0..3``: the coordinator in 0, a public peer in 1, and in 2 and 3 a router
     with a peer behind it (``hpc-h2``, ``hpc-h3``)."""
-    from peer.localnet.netns import NetnsBridge, netns_available
+    from peer.localnet.netns import NetnsBridge, nat_available
 
-    why = netns_available() or _masquerade_missing()
+    why = nat_available()
     if why:
         pytest.skip(f"network namespaces unavailable: {why}")
     with NetnsBridge(4, rate="100mbit", subnet=CHAOS_SUBNET, prefix=CHAOS_PREFIX, nat=[2, 3]) as b:
@@ -122,9 +115,9 @@ def _rows(net) -> dict[str, dict]:
 def nat_homes():
     """Namespaces ``hpc<pid>-p0..4``: the coordinator in 0, a public peer in 1, and in 2, 3 and 4 a router
     with a peer behind it."""
-    from peer.localnet.netns import NetnsBridge, netns_available
+    from peer.localnet.netns import NetnsBridge, nat_available
 
-    why = netns_available() or _masquerade_missing()
+    why = nat_available()
     if why:
         pytest.skip(f"network namespaces unavailable: {why}")
     with NetnsBridge(5, rate="100mbit", subnet=CHAOS_SUBNET, prefix=CHAOS_PREFIX, nat=[2, 3, 4]) as b:
@@ -195,9 +188,9 @@ def _ids(net, names: list[str]) -> dict[str, str] | None:
 def two_relays():
     """Namespaces ``hpc<pid>-p0..4``: the coordinator in 0, public peers in 1 and 2, and in 3 and 4 a
     router with a peer behind it."""
-    from peer.localnet.netns import NetnsBridge, netns_available
+    from peer.localnet.netns import NetnsBridge, nat_available
 
-    why = netns_available() or _masquerade_missing()
+    why = nat_available()
     if why:
         pytest.skip(f"network namespaces unavailable: {why}")
     with NetnsBridge(5, rate="100mbit", subnet=CHAOS_SUBNET, prefix=CHAOS_PREFIX, nat=[3, 4]) as b:

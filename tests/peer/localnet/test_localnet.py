@@ -77,3 +77,18 @@ def test_a_process_group_reaps_its_children_and_reads_their_events(tmp_path):
     wait_for(lambda: proc.poll() is not None, 60, "the child to exit on SIGTERM")
     assert group.exited() == ["child"]
     group.stop()
+
+
+def test_none_exited_names_a_child_that_exited_with_the_end_of_its_log(tmp_path):
+    import sys
+
+    group = ProcessGroup(tmp_path / "logs")
+    group.start("quitter", [sys.executable, "-c", "print('cannot bind the port'); raise SystemExit(3)"])
+    group.start("stayer", [sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        wait_for(lambda: group.exited() == ["quitter"], 60, "the quitter to exit")
+        assert group.none_exited(["stayer"])
+        with pytest.raises(RuntimeError, match=r"exited early: \['quitter'\].*cannot bind the port"):
+            wait_for(lambda: group.none_exited(), 60, "never", retry_on=())
+    finally:
+        group.stop()
