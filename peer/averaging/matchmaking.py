@@ -364,6 +364,18 @@ class Matchmaker(DeclarationPush):
                       if d.formed and d.digest == digest and p not in members
                       and not self._mismatch(p, d.config_hash, d.data_hash, d.wire))
 
+    async def gathering(self, module_id: str, round_no: int, digest: str) -> bool:
+        """Whether other holders at state ``digest`` declared ``module_id``'s round ``round_no`` and none
+        of them states that a group of it began (:attr:`GroupDeclaration.formed`): they still gather it,
+        so a declaration of ours now joins their group. From the declarations pushed to us and one DHT
+        read of the round's key."""
+        key = group_key(self.run_id, module_id, round_no)
+        found = await self.dht.get(key, latest=True, return_future=True)
+        declared = {**records_from_value(found, GroupDeclaration, self.verifier), **self.pushed_to(key)}
+        ours = [d for p, d in declared.items() if p != self.peer_id and d.digest == digest
+                and not self._mismatch(p, d.config_hash, d.data_hash, d.wire)]
+        return bool(ours) and not any(d.formed for d in ours)
+
     async def withdraw(self, module_id: str) -> None:
         """Replace our last declaration for ``module_id`` with a withdrawal (a drain or a release):
         members still gathering that round stop counting on us now."""

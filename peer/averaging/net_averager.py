@@ -312,6 +312,12 @@ class NetAverager:
         blocks (:meth:`peer.averaging.pacing.WaitingCheck.others_waiting`)."""
         return self._pacing.others_waiting(rounds, paced_too)
 
+    def gathering(self, module_id: str, round_no: int, digest: str, timeout: float = 5.0) -> bool:
+        """Whether other holders at state ``digest`` still gather ``module_id``'s round ``round_no``
+        (declared it, and no group of it began): a declaration of ours now would join their group
+        (:meth:`peer.averaging.matchmaking.Matchmaker.gathering`). Blocks for one DHT read."""
+        return bool(self._call(self._matchmaker.gathering(module_id, round_no, digest), timeout))
+
     @property
     def last_waiting(self) -> Optional[tuple[str, int, str]]:
         """(module, round, peer) of the last declaration :meth:`others_waiting` answered True for."""

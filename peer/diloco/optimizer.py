@@ -456,6 +456,19 @@ class DiLoCoOptimizer:
         self._round_start = self.clock()
         return report
 
+    def exchange_now(self, module_id: str, tokens: float) -> ModuleReport:
+        """Average ``module_id``'s current round now, between our rounds, with the delta it holds (its
+        local progress since its global copy) weighted by ``tokens``, and apply it as a round would:
+        for a member whose round of the module failed behind its group while the group still gathers
+        the next round (:func:`peer.diloco.resync.resync_after_round`). The other modules are not
+        touched. Not in overlap mode, nor with the module's exchange in flight."""
+        st = self._module(module_id)
+        if self.overlapping or st.pending is not None:
+            raise RuntimeError(f"module {module_id}: an exchange between rounds needs no exchange in flight "
+                               "and no overlap mode")
+        self._launch(st, tokens, self.round_weight(tokens), keep_anchor=False)
+        return self._complete(st)
+
     def _exchange(self, st: HeldModule, round_no: int, sent: Tensor, weight: float, digest: str) -> AverageResult:
         try:
             return self.averager.average(

@@ -20,7 +20,8 @@ from peer.diloco.optimizer import DiLoCoOptimizer
 from peer.diloco.reports import RoundReport
 from peer.outer import ModuleState
 
-__all__ = ["FetchState", "resync_module", "resync_after_round", "install_resync", "skip_lost_rounds"]
+__all__ = ["FetchState", "resync_module", "resync_after_round", "join_gathering_group", "install_resync",
+           "skip_lost_rounds"]
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,34 @@ def skip_lost_rounds(opt: DiLoCoOptimizer, module_id: str, left_at: int) -> bool
     return True
 
 
+def join_gathering_group(opt: DiLoCoOptimizer, module_id: str, tokens: float, averager: Any,
+                         fetch_state: Optional[FetchState]) -> bool:
+    """After a round of ``module_id`` failed behind its group and we re-synced to the round the group
+    went on to: when the group's members still gather that round (:meth:`NetAverager.gathering`),
+    average it with them now (:meth:`DiLoCoOptimizer.exchange_now`, our failed round's ``tokens`` and
+    local progress as our part) instead of at the end of our next round. True when it was applied.
+
+    Our failed round's declaration came after that group began, and the group's next round is
+    declared at the same moment as our failed one (the rounds of a peer's modules end together,
+    and the other modules keep the two peers in step). Our next round would declare it as late again:
+    behind the group every round, its updates never counting while the group waits for us until its
+    gather deadline each time, for as long as we hold the module. Joining the round it gathers now
+    puts us back in its rounds. Not applied (the group began meanwhile): re-synced as after any round
+    we missed."""
+    gathering = getattr(averager, "gathering", None)
+    round_no = opt.module_round(module_id)
+    if gathering is None or not gathering(module_id, round_no, opt.module_digest(module_id)):
+        return False
+    late = opt.exchange_now(module_id, tokens)
+    if late.applied:
+        log.info("module %s: joined round %d's group late (averaged by %d), back in step with it", module_id,
+                 round_no, late.group_size)
+        return True
+    log.info("module %s: joining round %d's group late failed (%s)", module_id, round_no, late.reason)
+    resync_module(opt, module_id, fetch_state, late.adopt, left_at=late.ahead if late.ahead_left else -1)
+    return False
+
+
 def install_resync(opt: DiLoCoOptimizer, fetch_state: Optional[FetchState], wait: Optional[float] = None) -> None:
     """Overlap mode: re-sync failed modules between their completed exchange and the next launch,
     polling for the group's state for up to ``wait`` seconds (None: ``min(10, 0.2 * round_timeout)``).
@@ -131,14 +160,21 @@ def install_resync(opt: DiLoCoOptimizer, fetch_state: Optional[FetchState], wait
         opt.before_launch = before_launch
 
 
-def resync_after_round(opt: DiLoCoOptimizer, report: RoundReport, averager: Any, fetch_state: Optional[FetchState]) -> None:
+def resync_after_round(opt: DiLoCoOptimizer, report: RoundReport, averager: Any, fetch_state: Optional[FetchState],
+                       join_late: bool = True) -> None:
     """Re-sync every module whose round was not applied (a NaN delta just waits: the group being
     ahead tells us at the next round; overlap mode re-syncs earlier, see :func:`install_resync`), then
-    announce each module's current round to the DHT (in the background)."""
+    announce each module's current round to the DHT (in the background).
+
+    ``join_late``: a module re-synced to the round live holders went on to without us, while they
+    still gather it, joins their group now (:func:`join_gathering_group`). False for a stage server,
+    whose rounds end inside a request it serves."""
     for mid, m in report.modules.items():
         if not m.applied and "NaN" not in m.reason and not report.overlap:
             try:
-                resync_module(opt, mid, fetch_state, m.adopt, left_at=m.ahead if m.ahead_left else -1)
+                if (resync_module(opt, mid, fetch_state, m.adopt, left_at=m.ahead if m.ahead_left else -1)
+                        and join_late and m.ahead >= 0 and not m.ahead_left):
+                    join_gathering_group(opt, mid, m.tokens, averager, fetch_state)
             except Exception as e:  # a failed re-sync is retried after the next failed round
                 log.warning("module %s: re-sync failed: %r", mid, e)
         if hasattr(averager, "hold"):

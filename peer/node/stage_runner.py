@@ -341,7 +341,7 @@ def run_stage_server(cfg: RunConfig, module_id: str, dataset: Any, device: torch
     fetch = _fetcher(averager, (outer or cfg.outer).round_timeout)
 
     def on_round(report: RoundReport) -> None:
-        resync_after_round(server.opt, report, averager, fetch)
+        resync_after_round(server.opt, report, averager, fetch, join_late=False)  # no exchange inside a request
         status.round_no = server.opt.module_round(module_id)
         for mid, m in report.modules.items():
             status.group_sizes[mid] = m.group_size

@@ -103,3 +103,25 @@ def test_a_late_leader_that_reads_the_round_began_before_its_group_begins_gives_
     assert "began this round's group without us" in leading.reason, leading.reason
     assert following_.group is None, following_  # told the leader gave up: no second group of round 3
     assert lead._declared["L1M1"][0] == key and not _declarations(nodes[0], key)[late[0][0].peer_id].formed
+
+
+def test_gathering_tells_a_member_behind_whether_the_group_of_its_new_round_has_not_begun(swarm):
+    """``Matchmaker.gathering`` (what a member that re-synced after a round behind asks before
+    joining the round it now holds between its rounds): true while holders at our state declared the
+    round and none states that its group began."""
+    from hivemind.utils import get_dht_time
+
+    nodes, loop, digest = swarm
+    me, other, third = nodes[0][1], nodes[1][0], nodes[2][0]
+    key = group_key(RUN_ID, "L0M1", 9)
+    assert not run(loop, me.gathering("L0M1", 9, digest))  # nobody declared it
+    assert third.dht.store(key, to_value(GroupDeclaration(CONFIG, "", 1e6, digest="ab" * 8)), get_dht_time() + 30,
+                           subkey=third.peer_id)
+    wait_for(lambda: third.peer_id in _declarations(nodes[0], key), 60, "the other state's declaration to be readable")
+    assert not run(loop, me.gathering("L0M1", 9, digest))  # another state's holders are no group of ours
+    assert other.dht.store(key, to_value(GroupDeclaration(CONFIG, "", 1e6, digest=digest)), get_dht_time() + 30,
+                           subkey=other.peer_id)
+    wait_for(lambda: run(loop, me.gathering("L0M1", 9, digest)), 60, "a holder at our state gathering the round")
+    assert other.dht.store(key, to_value(GroupDeclaration(CONFIG, "", 1e6, digest=digest, formed=True)),
+                           get_dht_time() + 31, subkey=other.peer_id)
+    wait_for(lambda: not run(loop, me.gathering("L0M1", 9, digest)), 60, "the round's group to read as begun")

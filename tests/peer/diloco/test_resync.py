@@ -215,3 +215,105 @@ def test_an_overlap_round_the_whole_group_failed_is_launched_again_without_waiti
     opt.flush()
     assert asked == ["L0M0"]  # one ask, not a minute of polling
     assert [r for r, _ in averager.calls] == [0, 0]
+
+
+class LateGroup:
+    """Round 0's group began without us (we are behind it, ``ahead`` 1), and its members gather round 1
+    while we re-sync (``gathering``): the round we now hold. ``late_fails``: that group began too
+    before our late declaration reached it."""
+
+    def __init__(self, gathering: bool, late_fails: bool = False):
+        self.gathering_now = gathering
+        self.late_fails = late_fails
+        self.calls: list[tuple[int, str, float]] = []
+        self.asked: list[tuple[str, int, str]] = []
+        self.group = ModuleState([torch.full((2, 3), 0.5), torch.full((2,), -0.25)],
+                                 [torch.zeros(2, 3), torch.zeros(2)], 1)
+
+    def average(self, module_id, round_no, tensors, weight, codec, timeout, digest=""):
+        self.calls.append((round_no, digest, weight))
+        if round_no == 0 or (round_no == 1 and self.late_fails):
+            return AverageResult(None, None, 0, [], 0, 0, reason="behind: leader began this round's group without us",
+                                 ahead=round_no + 1)
+        own = [t.clone() for t in tensors]
+        return AverageResult(own, [t.clone() for t in tensors], 2, ["me", "them"], 0, 0)
+
+    def gathering(self, module_id, round_no, digest):
+        self.asked.append((module_id, round_no, digest))
+        return self.gathering_now
+
+    def hold(self, module_id, round_no, wait=True, digest=""):
+        pass
+
+    def fetch(self, mid, like, accept=None, min_round=-1):
+        return self.group if self.group.round_no >= min_round else None
+
+
+def _sequential(averager):
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    outer = OuterConfig(inner_steps=2, overlap=False, codec="none", round_timeout=5.0)
+    return model, DiLoCoOptimizer({"L0M0": model}, InnerConfig(lr=1e-2, warmup_steps=0), outer, averager=averager)
+
+
+def _one_round(model, opt):
+    report = None
+    while report is None:
+        model(torch.randn(4, 3)).pow(2).sum().backward()
+        report = opt.step(tokens=4)
+        opt.zero_grad()
+    return report
+
+
+def test_a_member_behind_its_group_joins_the_round_the_group_still_gathers_at_once():
+    """Our round 0 failed behind the group, which gathers round 1 as we re-sync to it: we average
+    round 1 with it now, our failed round's local progress and tokens as our part, from the group's
+    state; our next round is round 2, the group's next, instead of round 1 late again."""
+    from peer.diloco import resync_after_round
+
+    group = LateGroup(gathering=True)
+    model, opt = _sequential(group)
+    report = _one_round(model, opt)
+    resync_after_round(opt, report, group, group.fetch)
+    assert group.asked == [("L0M0", 1, group.group.digest)]
+    assert [r for r, _, _ in group.calls] == [0, 1]  # round 1 averaged between our rounds
+    assert group.calls[1][1] == group.group.digest  # from the group's state
+    assert group.calls[1][2] == report.modules["L0M0"].tokens  # weighted by the failed round's tokens
+    assert opt.module_round("L0M0") == 2
+    _one_round(model, opt)
+    assert [r for r, _, _ in group.calls] == [0, 1, 2]
+
+
+def test_a_member_behind_a_group_that_does_not_gather_waits_for_its_next_round():
+    """The group does not gather the round we re-synced to (its members still compute it): nothing
+    is averaged between rounds, and our next round declares it in time, as before."""
+    from peer.diloco import resync_after_round
+
+    group = LateGroup(gathering=False)
+    model, opt = _sequential(group)
+    resync_after_round(opt, _one_round(model, opt), group, group.fetch)
+    assert [r for r, _, _ in group.calls] == [0]
+    assert opt.module_round("L0M0") == 1
+    _one_round(model, opt)
+    assert [r for r, _, _ in group.calls] == [0, 1]
+
+
+def test_a_late_join_that_finds_the_group_begun_re_syncs_again_and_a_stage_server_never_joins_late():
+    from peer.diloco import resync_after_round
+
+    group = LateGroup(gathering=True, late_fails=True)
+    model, opt = _sequential(group)
+    asked = []
+
+    def fetch(mid, like, accept=None, min_round=-1):
+        asked.append(min_round)
+        return group.fetch(mid, like, accept, min_round)
+
+    resync_after_round(opt, _one_round(model, opt), group, fetch)
+    assert [r for r, _, _ in group.calls] == [0, 1] and asked == [1, 2]  # late join failed: re-synced again
+    assert opt.module_round("L0M0") == 1  # nobody sent round 2: our round number stays where it failed
+
+    server = LateGroup(gathering=True)
+    model, opt = _sequential(server)
+    resync_after_round(opt, _one_round(model, opt), server, server.fetch, join_late=False)
+    assert server.asked == [] and [r for r, _, _ in server.calls] == [0]
