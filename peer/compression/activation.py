@@ -139,7 +139,10 @@ class TokenIntCodec:
         absmax = x.abs().amax(dim=1, keepdim=True)  # (R, 1)
         if not bool(torch.isfinite(absmax).all()):  # NaN propagates through amax, Inf is a maximum
             raise ValueError(f"{self.name}: cannot encode values holding NaN or Inf")
-        scale = torch.minimum((absmax / self.QMAX).to(torch.bfloat16), self._max_scale)  # (R, 1)
+        ratio = absmax / self.QMAX  # (R, 1)
+        if self.stochastic:  # toward zero: see below
+            ratio = (ratio.view(torch.int32) & -0x10000).view(torch.float32)  # fp32 bits past bf16's cleared
+        scale = torch.minimum(ratio.to(torch.bfloat16), self._max_scale)  # (R, 1)
         s = scale.to(torch.float32)
         q = torch.div(x, torch.where(s > 0, s, torch.ones_like(s)))  # (R, C)
         if self.stochastic:  # up with probability the fraction: unbiased; a value on the grid stays put
@@ -147,7 +150,11 @@ class TokenIntCodec:
         else:
             q = q.round_()
         # bf16 rounding moves a scale by at most 2^-8 of it, so |codes| < qmax + 0.5 round into range;
-        # the clamp only acts on subnormal scales and the capped ones
+        # the clamp only acts on subnormal scales and the capped ones. With stochastic rounding the
+        # scale is rounded toward zero instead, so a row's absmax codes to qmax or just past it, and the
+        # clamp keeps it at qmax whatever the draw: the decoded row's absmax is qmax * scale, as the
+        # class says (rounded to nearest, a scale rounded up left the absmax below qmax, a draw could
+        # take it down a code, and the decoded tensor re-encoded to other bytes)
         codes = q.clamp_(-self.QMAX, self.QMAX).add_(self.QMAX + 1).to(torch.uint8)  # (R, C) in 1..2 qmax + 1
         if self.bits == 4:
             if width % 2:
