@@ -29,10 +29,10 @@ class Scripted:
         return AverageResult(own, [t.clone() for t in tensors], 1, ["me"], 0, 0)
 
 
-def _opt(averager):
+def _opt(averager, overlap: bool = True):
     torch.manual_seed(0)
     model = nn.Linear(3, 2)
-    outer = OuterConfig(inner_steps=2, overlap=True, codec="none", round_timeout=5.0)
+    outer = OuterConfig(inner_steps=2, overlap=overlap, codec="none", round_timeout=5.0)
     return model, DiLoCoOptimizer({"L0M0": model}, InnerConfig(lr=1e-2, warmup_steps=0), outer, averager=averager,
                                   train_through_waits=False)  # rounds end at their step count exactly
 
@@ -249,13 +249,6 @@ class LateGroup:
         return self.group if self.group.round_no >= min_round else None
 
 
-def _sequential(averager):
-    torch.manual_seed(0)
-    model = nn.Linear(3, 2)
-    outer = OuterConfig(inner_steps=2, overlap=False, codec="none", round_timeout=5.0)
-    return model, DiLoCoOptimizer({"L0M0": model}, InnerConfig(lr=1e-2, warmup_steps=0), outer, averager=averager)
-
-
 def _one_round(model, opt):
     report = None
     while report is None:
@@ -272,7 +265,7 @@ def test_a_member_behind_its_group_joins_the_round_the_group_still_gathers_at_on
     from peer.diloco import resync_after_round
 
     group = LateGroup(gathering=True)
-    model, opt = _sequential(group)
+    model, opt = _opt(group, overlap=False)
     report = _one_round(model, opt)
     resync_after_round(opt, report, group, group.fetch)
     assert group.asked == [("L0M0", 1, group.group.digest)]
@@ -290,7 +283,7 @@ def test_a_member_behind_a_group_that_does_not_gather_waits_for_its_next_round()
     from peer.diloco import resync_after_round
 
     group = LateGroup(gathering=False)
-    model, opt = _sequential(group)
+    model, opt = _opt(group, overlap=False)
     resync_after_round(opt, _one_round(model, opt), group, group.fetch)
     assert [r for r, _, _ in group.calls] == [0]
     assert opt.module_round("L0M0") == 1
@@ -302,7 +295,7 @@ def test_a_late_join_that_finds_the_group_begun_re_syncs_again_and_a_stage_serve
     from peer.diloco import resync_after_round
 
     group = LateGroup(gathering=True, late_fails=True)
-    model, opt = _sequential(group)
+    model, opt = _opt(group, overlap=False)
     asked = []
 
     def fetch(mid, like, accept=None, min_round=-1):
@@ -314,6 +307,6 @@ def test_a_late_join_that_finds_the_group_begun_re_syncs_again_and_a_stage_serve
     assert opt.module_round("L0M0") == 1  # nobody sent round 2: our round number stays where it failed
 
     server = LateGroup(gathering=True)
-    model, opt = _sequential(server)
+    model, opt = _opt(server, overlap=False)
     resync_after_round(opt, _one_round(model, opt), server, server.fetch, join_late=False)
     assert server.asked == [] and [r for r, _, _ in server.calls] == [0]
