@@ -141,7 +141,9 @@ class DeclarationPush(GroupJoin):
         module: each is done with ``key``'s round (a member declares a round only once its last one's
         matchmaking ended; a failed round is declared again, not skipped). A member that declared
         our round during a partition, while it waited for us, then went on without us, is not waited
-        for until the close deadline (``bench.chaos`` measures the first round after a heal)."""
+        for until the close deadline (``bench.chaos`` measures the first round after a heal). So are
+        those whose last declaration pushed under ``key`` has expired: a member that gave the round up
+        pushes one expired on arrival (:meth:`peer.averaging.matchmaking.Matchmaker._give_up`)."""
         head, sep, _ = key.rpartition("_r")
         prefix = head + sep
         round_no = _round_in(key, prefix)
@@ -150,7 +152,7 @@ class DeclarationPush(GroupJoin):
         from hivemind.utils import get_dht_time
 
         now = get_dht_time()
-        gone: set[str] = set()
+        gone = {p for p, (_, expires) in self.pushed.get(key, {}).items() if p in members and expires <= now}
         for other, senders in self.pushed.items():
             if _round_in(other, prefix) > round_no:
                 gone |= {p for p, (_, expires) in senders.items() if p in members and expires > now}
@@ -186,14 +188,21 @@ class DeclarationPush(GroupJoin):
 
     def pushed_to(self, key: str) -> dict[str, GroupDeclaration]:
         """The unexpired declarations other holders pushed us under ``key``, by sender."""
+        return {p: d for p, (d, _) in self.pushed_until(key).items()}
+
+    def pushed_until(self, key: str) -> dict[str, tuple[GroupDeclaration, float]]:
+        """:meth:`pushed_to` with each declaration's DHT expiration."""
         from hivemind.utils import get_dht_time
 
         now = get_dht_time()
-        return {p: d for p, (d, expires) in self.pushed.get(key, {}).items() if expires > now}
+        return {p: (d, expires) for p, (d, expires) in self.pushed.get(key, {}).items() if expires > now}
 
-    def _push(self, module_id: str, looking: Looking, decl: GroupDeclaration) -> None:
+    def _push(self, module_id: str, looking: Looking, decl: GroupDeclaration,
+              expiration: Optional[float] = None) -> None:
         """Send our declaration under ``looking.key`` to the module's other live holders (at most
-        :data:`PUSH_MAX`, from our last gather), in the background. It reaches them before the DHT
+        :data:`PUSH_MAX`, from our last gather), in the background, expiring at ``expiration`` (None:
+        ``looking.expires``; one in the past withdraws what we pushed before under that key: the
+        receivers keep a sender's last declaration of a key and read it only until it expires). It reaches them before the DHT
         record: a slower holder ends its round at its next step (pacing), instead of after its next
         DHT check; a gather counts it without waiting for the store, slow on a busy host with far-apart
         peers (``bench.utilization``). The declarations pushed within :data:`PUSH_BATCH_S` of each
@@ -205,7 +214,8 @@ class DeclarationPush(GroupJoin):
         for 5-20 s (``bench.chaos`` partitions). Holders not connected yet read our DHT record."""
         notice = DeclareNotice(group_key=looking.key, config_hash=decl.config_hash, data_hash=decl.data_hash,
                                bandwidth=decl.bandwidth, credential=decl.credential, digest=decl.digest,
-                               expecting=list(decl.expecting), paced=decl.paced, expiration=looking.expires,
+                               expecting=list(decl.expecting), paced=decl.paced,
+                               expiration=looking.expires if expiration is None else expiration,
                                wire=decl.wire, sparse=decl.sparse and writes("averaging", "DeclareNotice.sparse"))
         holders = sorted(self._live.get(module_id, ()))[:PUSH_MAX]
         for peer in holders:

@@ -70,13 +70,13 @@ import time
 from typing import Any, Callable, Mapping, Optional
 
 from peer.averaging import group_decision
-from peer.averaging.declaration_push import DeclarationPush
+from peer.averaging.declaration_push import PUSHED_KEYS, DeclarationPush
 from peer.averaging.group_decision import LONE, Gathered, Match, behind_a_formed_group, in_bucket
 from peer.averaging.group_join import Looking
 from peer.averaging.holder_memory import HolderMemory
 from peer.network import (MAX_EXPECTING, ArchiveRecord, CredentialProvider, CredentialVerifier, GroupDeclaration,
-                          HolderRecord, archive_key, group_key, holders_key, records_from_value, to_value,
-                          top_group_key, withdrawal, withdrawn_rounds)
+                          HolderRecord, archive_key, group_key, holders_key, is_withdrawal, records_from_value,
+                          to_value, top_group_key, withdrawal, withdrawn_rounds)
 
 __all__ = ["Matchmaker", "Match", "LONE", "BEHIND_PATIENCE_ROUNDS"]
 
@@ -132,6 +132,9 @@ class Matchmaker(DeclarationPush):
         """What our earlier reads of each module's holders said (whom they missed, who vanished, whom we wait for)."""
         self._declared: dict[str, tuple[str, float]] = {}
         """module -> (the group key of our last declaration, its DHT expiration)."""
+        self._withdrawn: dict[str, float] = {}
+        """Group key -> the DHT expiration of our withdrawal of a declaration there (:meth:`_give_up`), the
+        last :data:`~peer.averaging.declaration_push.PUSHED_KEYS` keys."""
         self._top_declared: dict[str, float] = {}
         """Top group key -> the DHT expiration of our declaration there (:meth:`announce_result` outlives it),
         the last few rounds only."""
@@ -173,9 +176,12 @@ class Matchmaker(DeclarationPush):
         end = t0 + min(0.95, end_share) * timeout
         key = group_key(self.run_id, module_id, round_no, None if bucket is None else bucket[0])
         looking = self._looking[key] = Looking(key, digest, paced=paced, sparse=sparse, weight=weight)
+        match: Optional[Match] = None
         try:
             patience = BEHIND_PATIENCE_ROUNDS * timeout
-            looking.expires = get_dht_time() + timeout
+            # the DHT keeps a subkey's value of the later expiration: a declaration of a round we gave up
+            # before must outlive that try's withdrawal
+            looking.expires = max(get_dht_time() + timeout, self._withdrawn.pop(key, -math.inf) + 1.0)
             self._declared[module_id] = (key, looking.expires)
             # pushed to the live holders at once; the DHT store, slow on a busy host, runs behind our gather
             # a failed store is a warning: the holders it was pushed to have it; the others do not see us
@@ -201,10 +207,10 @@ class Matchmaker(DeclarationPush):
                 self._holders.keep_waiting(module_id, decision.waited, patience)
             if decision.match is not None:
                 looking.decided.set()
+                match = decision.match
                 if decision.check_archive:  # the archive may keep a round we missed (its holders left since)
-                    return group_decision.past_the_archive(await self._archived_round(module_id),
-                                                           round_no) or decision.match
-                return decision.match
+                    match = group_decision.past_the_archive(await self._archived_round(module_id), round_no) or match
+                return match
             declared, leader = decision.members, decision.leader
             if leader == self.peer_id:
                 looking.decided.set()
@@ -233,6 +239,37 @@ class Matchmaker(DeclarationPush):
             return match
         finally:
             self._stop_looking(looking)
+            if match is None or match.group is None:
+                self._give_up(module_id, looking)
+
+    def _give_up(self, module_id: str, looking: Looking, pushed: bool = True) -> None:
+        """Our matchmaking of ``looking``'s round (a module's group, a bucket's, a top or level group) ended
+        without a group: replace our declaration of it by a withdrawal, on the DHT and at the holders we
+        pushed it to (``pushed``: a top or level group's declaration is not pushed), in the background.
+
+        A member that fails a round tries it again under the same key after its next round of compute,
+        and its declaration of this try would be read until it expires, a round budget after it was
+        made: a holder that reads it meanwhile counts us as waiting. It paces itself to join us, then
+        leads a group we never join ("no declared member joined us") or follows us while we train
+        ("leader refused: not looking for this group"); two holders a round out of phase did that to each
+        other every round, each reading the other's last try."""
+        from hivemind.utils import get_dht_time
+
+        if looking.expires <= get_dht_time():
+            return  # nothing of ours under the key is still read
+        expires = looking.expires + 1.0
+        self._withdrawn[looking.key] = expires
+        while len(self._withdrawn) > PUSHED_KEYS:
+            del self._withdrawn[next(iter(self._withdrawn))]
+        if self._declared.get(module_id, ("", 0.0))[0] == looking.key:
+            self._declared[module_id] = (looking.key, expires)  # a drain's withdrawal must outlive this one
+        if pushed:
+            decl = GroupDeclaration(self.config_hash, self.data_hash, self.bandwidth, self._own_credential(),
+                                    looking.digest, wire=self.wire)
+            self._push(module_id, looking, decl, expiration=0.0)  # expired on arrival: the receivers drop ours
+        self._in_background(self.dht.store(looking.key, withdrawal(self._own_credential()), expires,
+                                           subkey=self.peer_id, return_future=True),
+                            "withdrawing our declaration of a round we gave up")
 
     def _stop_looking(self, looking: Looking) -> None:
         """Our matchmaking of ``looking``'s round is over: followers still waiting are told we gave up."""
@@ -275,8 +312,10 @@ class Matchmaker(DeclarationPush):
         key = key or top_group_key(self.run_id, module_id, round_no)
         looking = self._looking[key] = Looking(key, digest, weight=weight)
         need = buckets // 2 + 1 if need is None else need
+        match: Optional[Match] = None
         try:
-            looking.expires = get_dht_time() + max(1.0, end - time.monotonic())
+            looking.expires = max(get_dht_time() + max(1.0, end - time.monotonic()),
+                                  self._withdrawn.pop(key, -math.inf) + 1.0)
             self._top_declared[key] = looking.expires
             while len(self._top_declared) > 16:  # of rounds whose top group failed: nothing to state
                 del self._top_declared[next(iter(self._top_declared))]
@@ -291,18 +330,24 @@ class Matchmaker(DeclarationPush):
                 await asyncio.sleep(_POLL)
             decision = group_decision.decide_top(self.peer_id, self.bandwidth, declared, buckets, need)
             if decision.match is not None:
-                return decision.match
+                match = decision.match
+                return match
             leader = decision.leader
             close_deadline = gather_deadline + (end - gather_deadline) * 0.25
             if leader == self.peer_id:
                 looking.decided.set()
-                return Match(*await self._lead(looking, set(declared), close_deadline, end, min_members=need))
+                match = Match(*await self._lead(looking, set(declared), close_deadline, end, min_members=need))
+                return match
             looking.leader = leader
             looking.decided.set()
-            return Match(*await self._follow(key, leader, close_deadline, close_deadline + (end - close_deadline) / 2,
-                                             digest, "", weight))
+            match = Match(*await self._follow(key, leader, close_deadline, close_deadline + (end - close_deadline) / 2,
+                                              digest, "", weight))
+            return match
         finally:
             self._stop_looking(looking)
+            if match is None or match.group is None:
+                self._top_declared.pop(key, None)
+                self._give_up(module_id, looking, pushed=False)
 
     def announce_result(self, module_id: str, round_no: int, digest: str, result: str, keep: float) -> None:
         """As a member of ``module_id``'s round ``round_no`` top group, once its all-reduce ended: state the
@@ -356,25 +401,27 @@ class Matchmaker(DeclarationPush):
         self._in_background(self._declare(looking, looking.expecting, formed=True),
                             "stating that our group formed", logging.WARNING)
 
+    async def _declared_at(self, key: str, digest: str, pushed: bool = False) -> dict[str, GroupDeclaration]:
+        """The other holders of our config that declared state ``digest`` under ``key``, by peer id: from
+        one DHT read, and with ``pushed`` from the declarations pushed to us too (the DHT's record wins)."""
+        found = await self.dht.get(key, latest=True, return_future=True)
+        declared = {**(self.pushed_to(key) if pushed else {}), **records_from_value(found, GroupDeclaration,
+                                                                                    self.verifier)}
+        return {p: d for p, d in declared.items() if p != self.peer_id and d.digest == digest
+                and not self._mismatch(p, d.config_hash, d.data_hash, d.wire)}
+
     async def _formed_without_us(self, key: str, digest: str, members: set[str]) -> list[str]:
         """The holders at our state, not among ``members``, that state under ``key`` that a group they
         lead began (:attr:`GroupDeclaration.formed`): we, about to begin a group of ``members``, must not."""
-        found = await self.dht.get(key, latest=True, return_future=True)
-        return sorted(p for p, d in records_from_value(found, GroupDeclaration, self.verifier).items()
-                      if d.formed and d.digest == digest and p not in members
-                      and not self._mismatch(p, d.config_hash, d.data_hash, d.wire))
+        return sorted(p for p, d in (await self._declared_at(key, digest)).items() if d.formed and p not in members)
 
     async def gathering(self, module_id: str, round_no: int, digest: str) -> bool:
         """Whether other holders at state ``digest`` declared ``module_id``'s round ``round_no`` and none
         of them states that a group of it began (:attr:`GroupDeclaration.formed`): they still gather it,
         so a declaration of ours now joins their group. From the declarations pushed to us and one DHT
         read of the round's key."""
-        key = group_key(self.run_id, module_id, round_no)
-        found = await self.dht.get(key, latest=True, return_future=True)
-        declared = {**records_from_value(found, GroupDeclaration, self.verifier), **self.pushed_to(key)}
-        ours = [d for p, d in declared.items() if p != self.peer_id and d.digest == digest
-                and not self._mismatch(p, d.config_hash, d.data_hash, d.wire)]
-        return bool(ours) and not any(d.formed for d in ours)
+        declared = await self._declared_at(group_key(self.run_id, module_id, round_no), digest, pushed=True)
+        return bool(declared) and not any(d.formed for d in declared.values())
 
     async def withdraw(self, module_id: str) -> None:
         """Replace our last declaration for ``module_id`` with a withdrawal (a drain or a release):
@@ -480,10 +527,14 @@ class Matchmaker(DeclarationPush):
                         self._refuse_log(peer, problem)
                     elif peer != self.peer_id:
                         declared[peer] = d
-                # pushed to us and not yet on the DHT (where a record of the sender's, a withdrawal too, wins)
-                on_dht = set(found.value) if found is not None and isinstance(found.value, dict) else set()
-                for peer, d in self.pushed_to(key).items():  # kept only when of our config (_handle_declare)
-                    if peer not in on_dht and peer != self.peer_id:
+                # pushed to us and not yet on the DHT, where a record of the sender's wins: a withdrawal
+                # too, unless the push expires after it (the sender declares a round it gave up before)
+                on_dht = found.value if found is not None and isinstance(found.value, dict) else {}
+                for peer, (d, expires) in self.pushed_until(key).items():  # of our config only (_handle_declare)
+                    item = on_dht.get(peer)
+                    if peer != self.peer_id and (item is None or (
+                            is_withdrawal(getattr(item, "value", None))
+                            and expires > getattr(item, "expiration_time", math.inf))):
                         declared[peer] = d
                 # an idle holder (a stage server nobody drives) declares no round: nobody waits for it
                 records = {p: h for p, h in records_from_value(holders, HolderRecord, self.verifier).items()

@@ -41,6 +41,12 @@ class ModuleReport:
     link_times: Optional[LinkTimes] = field(default=None, repr=False, compare=False)
     """When the exchange's bytes crossed our link, part by part (None: only the totals are known)."""
 
+    @property
+    def left_at(self) -> int:
+        """The round the holders ahead of us were at when they left (``ahead`` when ``ahead_left``), -1
+        when they did not leave: :func:`peer.diloco.resync.resync_module` numbers our state on from it."""
+        return self.ahead if self.ahead_left else -1
+
 
 @dataclass
 class RoundReport:

@@ -139,7 +139,7 @@ def join_gathering_group(opt: DiLoCoOptimizer, module_id: str, tokens: float, av
                  round_no, late.group_size)
         return True
     log.info("module %s: joining round %d's group late failed (%s)", module_id, round_no, late.reason)
-    resync_module(opt, module_id, fetch_state, late.adopt, left_at=late.ahead if late.ahead_left else -1)
+    resync_module(opt, module_id, fetch_state, late.adopt, left_at=late.left_at)
     return False
 
 
@@ -155,7 +155,7 @@ def install_resync(opt: DiLoCoOptimizer, fetch_state: Optional[FetchState], wait
         def before_launch(mid: str, report: Any) -> None:
             if "NaN" not in report.reason:
                 resync_module(opt, mid, fetch_state, report.adopt, wait=wait,
-                              left_at=report.ahead if report.ahead_left else -1, overlap=True)
+                              left_at=report.left_at, overlap=True)
 
         opt.before_launch = before_launch
 
@@ -172,7 +172,7 @@ def resync_after_round(opt: DiLoCoOptimizer, report: RoundReport, averager: Any,
     for mid, m in report.modules.items():
         if not m.applied and "NaN" not in m.reason and not report.overlap:
             try:
-                if (resync_module(opt, mid, fetch_state, m.adopt, left_at=m.ahead if m.ahead_left else -1)
+                if (resync_module(opt, mid, fetch_state, m.adopt, left_at=m.left_at)
                         and join_late and m.ahead >= 0 and not m.ahead_left):
                     join_gathering_group(opt, mid, m.tokens, averager, fetch_state)
             except Exception as e:  # a failed re-sync is retried after the next failed round

@@ -38,6 +38,7 @@ from peer.network.records import (
     group_key,
     holders_key,
     is_peer_id,
+    is_withdrawal,
     parse_record,
     read_records,
     records_from_value,
@@ -56,7 +57,7 @@ __all__ = [
     "start_dht", "unwrap_dht", "own_p2p", "Identity", "IdentityError", "IdentityInUseError", "load_or_create_identity",
     "peer_id_of", "MAX_EXPECTING", "ArchiveRecord", "GroupDeclaration", "HolderRecord", "archive_key", "group_bucket",
     "group_buckets", "group_key", "top_group_key", "level_group_key", "split_levels",
-    "holders_key", "is_peer_id", "parse_record", "read_records", "records_from_value", "refresh_until", "store_within", "STORE_TIMEOUT", "to_value", "withdrawal",
+    "holders_key", "is_peer_id", "is_withdrawal", "parse_record", "read_records", "records_from_value", "refresh_until", "store_within", "STORE_TIMEOUT", "to_value", "withdrawal",
     "withdrawn_rounds", "stamped", "version_problem",
     "circuit_addrs",
 ]

@@ -102,7 +102,9 @@ def test_a_late_leader_that_reads_the_round_began_before_its_group_begins_gives_
     assert leading.group is None and leading.ahead == 4, leading
     assert "began this round's group without us" in leading.reason, leading.reason
     assert following_.group is None, following_  # told the leader gave up: no second group of round 3
-    assert lead._declared["L1M1"][0] == key and not _declarations(nodes[0], key)[late[0][0].peer_id].formed
+    assert lead._declared["L1M1"][0] == key
+    # it states no group of the round began; it withdraws its declaration of a try that formed none
+    wait_for(lambda: late[0][0].peer_id not in _declarations(nodes[0], key), 60, "the late leader's withdrawal")
 
 
 def test_gathering_tells_a_member_behind_whether_the_group_of_its_new_round_has_not_begun(swarm):
@@ -125,3 +127,38 @@ def test_gathering_tells_a_member_behind_whether_the_group_of_its_new_round_has_
     assert other.dht.store(key, to_value(GroupDeclaration(CONFIG, "", 1e6, digest=digest, formed=True)),
                            get_dht_time() + 31, subkey=other.peer_id)
     wait_for(lambda: not run(loop, me.gathering("L0M1", 9, digest)), 60, "the round's group to read as begun")
+
+
+def test_a_member_that_gives_a_round_up_withdraws_its_declaration_and_declares_it_again(swarm):
+    """A member that fails a round tries it again under the same key a round of compute later. Its
+    declaration of the failed try stayed readable until it expired, a round budget later: the other
+    holder, declaring meanwhile, counted it as waiting and led or followed a member that was training
+    (two holders a round out of phase failed every round so). A try that ends without a group withdraws
+    the declaration, on the DHT and where it was pushed; the next try's declaration outlives that withdrawal."""
+    from hivemind.utils import get_dht_time
+
+    nodes, loop, digest = swarm
+    first, second = nodes[0], nodes[1]  # the first has the smaller id: the second would follow it
+    for d, _ in (first, second):
+        assert d.dht.store(holders_key(RUN_ID, "L0M2"), to_value(HolderRecord(CONFIG, "", 4, 1.0, 1e6)),
+                           get_dht_time() + 120, subkey=d.peer_id)
+    key = group_key(RUN_ID, "L0M2", 4)
+
+    alone = run(loop, first[1].form_group("L0M2", 4, 40.0, digest))
+    assert alone.group is None and "did not declare in time" in alone.reason, alone
+    # its declaration would stay readable for 40 s less the 8 s gather: the withdrawal is read well before
+    wait_for(lambda: first[0].peer_id not in _declarations(second, key), 20, "the failed try's withdrawal to be read")
+    assert first[0].peer_id not in second[1].pushed_to(key)
+
+    # the second holder's try while the first trains: it waits for the first, not for a stale declaration of it
+    later = run(loop, second[1].form_group("L0M2", 4, 30.0, digest))
+    assert later.group is None and "did not declare in time" in later.reason, later
+    assert "joined us" not in later.reason and "refused" not in later.reason
+
+    # both try again at once, the second well within its last try's budget: its withdrawal there is still on
+    # the DHT, and its new declaration must outlive it to be read
+    async def both():
+        return await asyncio.gather(*(mm.form_group("L0M2", 4, 10.0, digest) for _, mm in (first, second)))
+    together = run(loop, both())
+    members = {first[0].peer_id, second[0].peer_id}
+    assert all(m.group is not None and set(m.group.members) == members for m in together), together

@@ -527,3 +527,46 @@ def test_declarations_a_reader_did_not_take_from_a_notice_are_pushed_again_each_
 
     assert streams(also_read=True) == [keys]
     assert streams(also_read=False) == [keys, keys[1:]]
+
+
+def test_a_leader_stops_waiting_for_a_declared_member_that_withdrew_its_declaration():
+    """A member that gives a round up pushes a declaration of it that expired on arrival
+    (``Matchmaker._give_up``): a leader waiting for it to join stops waiting; its declaration of the
+    same round again, expiring later, counts it in again."""
+    from hivemind.utils import get_dht_time
+
+    from peer.averaging.group_join import Looking
+
+    mm = Matchmaker(None, None, "me", "run", CONFIG, "", 1e6, "hivepath_run")
+    mm._live.update({"L0M0": frozenset({"quit", "late"})})
+    key, later = group_key("run", "L0M0", 5), get_dht_time() + 60
+
+    def sender(peer: str) -> SimpleNamespace:
+        return SimpleNamespace(remote_id=SimpleNamespace(to_base58=lambda: peer))
+
+    async def push(peer: str, notice: DeclareNotice) -> None:
+        assert all(ack.ok for ack in [a async for a in mm._handle_declare(notice, sender(peer))])
+
+    async def settle() -> None:
+        for _ in range(5):  # the leader's wait wakes on a push and re-checks (event-loop turns, not time)
+            await asyncio.sleep(0)
+
+    async def scenario():
+        looking = Looking(key, digest="d" * 64, expires=later)
+        mm._looking[key] = looking
+        await push("quit", _notice(key, later))
+        lead = asyncio.ensure_future(mm._lead(looking, {"quit", "late"}, time.monotonic() + 60,
+                                              time.monotonic() + 120))
+        await settle()
+        assert not lead.done() and mm._gone_on(key, {"quit", "late"}) == set()
+        await push("quit", _notice(key, 0.0))  # withdrawn
+        await settle()
+        assert mm._gone_on(key, {"quit", "late"}) == {"quit"} and "quit" not in mm.pushed_to(key)
+        assert not lead.done(), "it stopped waiting for the member that did not withdraw"
+        await push("quit", _notice(key, later))  # declared again
+        assert mm._gone_on(key, {"quit", "late"}) == set() and "quit" in mm.pushed_to(key)
+        await push("late", _notice(group_key("run", "L0M0", 6), later))
+        return await asyncio.wait_for(lead, 60)
+
+    group, why = asyncio.run(scenario())
+    assert group is None and "no declared member (late, quit) joined us" in why, why
