@@ -228,6 +228,14 @@ def run_direct(opts: dict, dht, out: dict) -> None:
             if res.averaged is not None:
                 outer.step(res.averaged)
             current["round"] = r + 1
+    if opts.get("end_barrier"):
+        # a split round's inner node passes the average on to its subtree after it applied it: leaving at
+        # once would cut the children of the last round off (they ask the delegate only after their deadline)
+        try:
+            wait_holders(dht, run_id, mid, config_hash, opts["peers"], min_round=opts["rounds"],
+                         timeout=2 * opts["round_timeout"])
+        except TimeoutError as e:
+            log.info("leaving before every holder ended its last round: %s", e)
     out["modules"] = {mid: ModuleState(outer.global_params, outer.momentum_buffers, current["round"])}
     out["records"] = rec.records
     avg.shutdown()

@@ -162,7 +162,7 @@ def test_split_rounds_gain_levels_so_that_no_group_of_delegates_exceeds_the_cap(
 @pytest.mark.integration
 def test_five_holders_capped_at_two_average_in_three_levels_and_stay_bit_identical(procs, tmp_path):
     common = dict(mode="direct", module="L0M0", numel=NUMEL, peers=PEERS, rounds=ROUNDS, round_timeout=30.0,
-                  max_group_size=2)
+                  max_group_size=2, end_barrier=True)
     names = [f"p{i}" for i in range(PEERS)]
     assert split_levels(PEERS, 2) == (4, 2)
     _swarm(procs, tmp_path, [dict(common, name=n, seed=i) for i, n in enumerate(names)])
@@ -180,7 +180,7 @@ def test_seventeen_holders_capped_at_four_average_in_three_levels_and_stay_bit_i
     assert split_levels(peers, 4) == (8, 2)
     # seventeen processes start on the test machine's 2 cores: a longer start-up barrier and rounds
     common = dict(mode="direct", module="L0M0", numel=NUMEL, peers=peers, rounds=rounds, round_timeout=60.0,
-                  max_group_size=4, start_timeout=300.0)
+                  max_group_size=4, start_timeout=300.0, end_barrier=True)
     names = [f"p{i}" for i in range(peers)]
     _swarm(procs, tmp_path, [dict(common, name=n, seed=i) for i, n in enumerate(names)])
     outs = {n: _result(procs, tmp_path, n, timeout=600.0) for n in names}
