@@ -271,6 +271,17 @@ def test_a_declaration_is_pushed_only_over_an_open_connection():
     assert asyncio.run(push(6)) == sorted([near, far])
 
 
+async def _push(mm: Matchmaker, sender: str, notice: DeclareNotice) -> None:
+    """``notice`` pushed to ``mm`` by ``sender`` and kept."""
+    context = SimpleNamespace(remote_id=SimpleNamespace(to_base58=lambda: sender))
+    assert all(ack.ok for ack in [a async for a in mm._handle_declare(notice, context)])
+
+
+async def _settle() -> None:
+    for _ in range(5):  # a leader's wait wakes on a push and re-checks (event-loop turns, not time)
+        await asyncio.sleep(0)
+
+
 def test_a_leader_stops_waiting_for_a_declared_member_that_pushed_a_later_round():
     """A member that declared our round while it waited for us during a partition, then went on without
     us, still has that declaration on the DHT after the heal: the peer back from the cut, leading that
@@ -284,34 +295,24 @@ def test_a_leader_stops_waiting_for_a_declared_member_that_pushed_a_later_round(
     mm._live.update({"L0M0": frozenset({"gone", "late"}), "L1M0": frozenset({"gone"})})
     key, later = group_key("run", "L0M0", 5), get_dht_time() + 60
 
-    def sender(peer: str) -> SimpleNamespace:
-        return SimpleNamespace(remote_id=SimpleNamespace(to_base58=lambda: peer))
-
-    async def push(peer: str, notice: DeclareNotice) -> None:
-        assert all(ack.ok for ack in [a async for a in mm._handle_declare(notice, sender(peer))])
-
-    async def settle() -> None:
-        for _ in range(5):  # the leader's wait wakes on a push and re-checks (event-loop turns, not time)
-            await asyncio.sleep(0)
-
     async def scenario():
         looking = Looking(key, digest="d" * 64, expires=later)
         mm._looking[key] = looking
         lead = asyncio.ensure_future(mm._lead(looking, {"gone", "late"}, time.monotonic() + 60,
                                               time.monotonic() + 120))
-        await settle()
+        await _settle()
         # our round again, another module's later round, an earlier round, an expired later round: no news
-        await push("gone", _notice(key, later))
-        await push("gone", _notice(group_key("run", "L1M0", 6), later))
-        await push("gone", _notice(group_key("run", "L0M0", 4), later))
-        await push("gone", _notice(group_key("run", "L0M0", 7), get_dht_time() - 1))
-        await settle()
+        await _push(mm, "gone", _notice(key, later))
+        await _push(mm, "gone", _notice(group_key("run", "L1M0", 6), later))
+        await _push(mm, "gone", _notice(group_key("run", "L0M0", 4), later))
+        await _push(mm, "gone", _notice(group_key("run", "L0M0", 7), get_dht_time() - 1))
+        await _settle()
         assert not lead.done() and mm._gone_on(key, {"gone", "late"}) == set()
-        await push("gone", _notice(group_key("run", "L0M0", 6, bucket=1), later))  # a later round (a bucket)
-        await settle()
+        await _push(mm, "gone", _notice(group_key("run", "L0M0", 6, bucket=1), later))  # a later round (a bucket)
+        await _settle()
         assert not lead.done(), "it stopped waiting for the member that did not go on"
         assert mm._gone_on(key, {"gone", "late"}) == {"gone"}
-        await push("late", _notice(group_key("run", "L0M0", 6), later))
+        await _push(mm, "late", _notice(group_key("run", "L0M0", 6), later))
         return await asyncio.wait_for(lead, 60)
 
     group, why = asyncio.run(scenario())
@@ -541,31 +542,21 @@ def test_a_leader_stops_waiting_for_a_declared_member_that_withdrew_its_declarat
     mm._live.update({"L0M0": frozenset({"quit", "late"})})
     key, later = group_key("run", "L0M0", 5), get_dht_time() + 60
 
-    def sender(peer: str) -> SimpleNamespace:
-        return SimpleNamespace(remote_id=SimpleNamespace(to_base58=lambda: peer))
-
-    async def push(peer: str, notice: DeclareNotice) -> None:
-        assert all(ack.ok for ack in [a async for a in mm._handle_declare(notice, sender(peer))])
-
-    async def settle() -> None:
-        for _ in range(5):  # the leader's wait wakes on a push and re-checks (event-loop turns, not time)
-            await asyncio.sleep(0)
-
     async def scenario():
         looking = Looking(key, digest="d" * 64, expires=later)
         mm._looking[key] = looking
-        await push("quit", _notice(key, later))
+        await _push(mm, "quit", _notice(key, later))
         lead = asyncio.ensure_future(mm._lead(looking, {"quit", "late"}, time.monotonic() + 60,
                                               time.monotonic() + 120))
-        await settle()
+        await _settle()
         assert not lead.done() and mm._gone_on(key, {"quit", "late"}) == set()
-        await push("quit", _notice(key, 0.0))  # withdrawn
-        await settle()
+        await _push(mm, "quit", _notice(key, 0.0))  # withdrawn
+        await _settle()
         assert mm._gone_on(key, {"quit", "late"}) == {"quit"} and "quit" not in mm.pushed_to(key)
         assert not lead.done(), "it stopped waiting for the member that did not withdraw"
-        await push("quit", _notice(key, later))  # declared again
+        await _push(mm, "quit", _notice(key, later))  # declared again
         assert mm._gone_on(key, {"quit", "late"}) == set() and "quit" in mm.pushed_to(key)
-        await push("late", _notice(group_key("run", "L0M0", 6), later))
+        await _push(mm, "late", _notice(group_key("run", "L0M0", 6), later))
         return await asyncio.wait_for(lead, 60)
 
     group, why = asyncio.run(scenario())
