@@ -169,8 +169,6 @@ class Matchmaker(DeclarationPush):
         (:mod:`peer.averaging.hierarchy`) and ours is group b; only holders whose
         :func:`peer.network.records.group_bucket` is b are waited for, under the bucket's own key, and a
         member alone in its bucket gets a ``LONE`` group (it carries its own delta to the top group)."""
-        from hivemind.utils import get_dht_time
-
         t0 = time.monotonic()
         gather_deadline, close_deadline, join_deadline = t0 + 0.2 * timeout, t0 + 0.35 * timeout, t0 + 0.45 * timeout
         end = t0 + min(0.95, end_share) * timeout
@@ -179,9 +177,7 @@ class Matchmaker(DeclarationPush):
         match: Optional[Match] = None
         try:
             patience = BEHIND_PATIENCE_ROUNDS * timeout
-            # the DHT keeps a subkey's value of the later expiration: a declaration of a round we gave up
-            # before must outlive that try's withdrawal
-            looking.expires = max(get_dht_time() + timeout, self._withdrawn.pop(key, -math.inf) + 1.0)
+            looking.expires = self._declaration_expiry(key, timeout)
             self._declared[module_id] = (key, looking.expires)
             # pushed to the live holders at once; the DHT store, slow on a busy host, runs behind our gather
             # a failed store is a warning: the holders it was pushed to have it; the others do not see us
@@ -241,6 +237,14 @@ class Matchmaker(DeclarationPush):
             self._stop_looking(looking)
             if match is None or match.group is None:
                 self._give_up(module_id, looking)
+
+    def _declaration_expiry(self, key: str, seconds: float) -> float:
+        """The DHT expiration of a declaration under ``key`` valid ``seconds`` from now: the DHT keeps a
+        subkey's value of the later expiration, so a declaration of a round we gave up before must
+        outlive that try's withdrawal (:meth:`_give_up`)."""
+        from hivemind.utils import get_dht_time
+
+        return max(get_dht_time() + seconds, self._withdrawn.pop(key, -math.inf) + 1.0)
 
     def _give_up(self, module_id: str, looking: Looking, pushed: bool = True) -> None:
         """Our matchmaking of ``looking``'s round (a module's group, a bucket's, a top or level group) ended
@@ -307,15 +311,12 @@ class Matchmaker(DeclarationPush):
         forms the same way under its own ``key`` (:func:`peer.network.records.level_group_key`) with
         ``need`` = 1: whoever of its ``buckets`` delegates came; a delegate alone there gets a ``LONE``
         group (it carries its mean up alone)."""
-        from hivemind.utils import get_dht_time
-
         key = key or top_group_key(self.run_id, module_id, round_no)
         looking = self._looking[key] = Looking(key, digest, weight=weight)
         need = buckets // 2 + 1 if need is None else need
         match: Optional[Match] = None
         try:
-            looking.expires = max(get_dht_time() + max(1.0, end - time.monotonic()),
-                                  self._withdrawn.pop(key, -math.inf) + 1.0)
+            looking.expires = self._declaration_expiry(key, max(1.0, end - time.monotonic()))
             self._top_declared[key] = looking.expires
             while len(self._top_declared) > 16:  # of rounds whose top group failed: nothing to state
                 del self._top_declared[next(iter(self._top_declared))]
