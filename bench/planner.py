@@ -16,8 +16,9 @@ included). The coordinator
 in namespace 0 is dialled directly. Two variants, each on fresh namespaces and processes, measured
 over the same wall time (``--minutes``, from the moment every peer finished 2 rounds):
 
-- **planner**: ``[coordinator] planner = true``, ``planner_codecs = "int4"``: each module's H and codec
-  follow its holders' measured links (``coordinator/planner.py``).
+- **planner**: ``[coordinator] planner = true``, ``planner_codecs = "int4"``: each module's H and codec,
+  and whether its path peers exchange it behind their next round (``overlap_budget``, the default
+  0.3), follow its holders' measured links (``coordinator/planner.py``).
 - **fixed**: ``planner = false``: the run's codec, and H doubled per peer at assignment for a slow link.
 
 Keys:
@@ -45,7 +46,7 @@ Keys:
   peers (``peer.localnet.checks.replica_diff``, start-up forks left out as ``bench.swarm`` does): target 0.
 - ``plan_changes``: the planner run's plans, from ``/status.json`` polled every 5 s: ``count``
   (``_plan_changes_total`` at the end, summed over the seeds) and each distinct plan seen (module,
-  inner_steps, codec, from_round, reason, the seed's run). Report.
+  inner_steps, codec, overlap, from_round, reason, the seed's run). Report.
 
 Seeds (``--seeds``, default 0, 1 and 2): the pair of runs is repeated with the run's ``seed`` set to
 each (both variants of a seed start from the same model). One pair's difference mixes the policies'
@@ -216,7 +217,8 @@ def plans_seen(statuses: Iterable[dict]) -> list[dict[str, Any]]:
                 if not row or not row.get("from_round"):  # from_round 0: the run's H and codec, never planned
                     continue
                 item = {"module": m.get("module_id"), "inner_steps": row.get("inner_steps"), "codec": row.get("codec"),
-                        "from_round": row.get("from_round"), "reason": row.get("reason", "")}
+                        "overlap": bool(row.get("overlap")), "from_round": row.get("from_round"),
+                        "reason": row.get("reason", "")}
                 if item not in out:
                     out.append(item)
     return out

@@ -19,8 +19,13 @@ a long one (over it: most of a short round) as its measured seconds crossed it.
 
 Candidates, in order of preference: H from the run's ``inner_steps`` doubling up to
 ``max_inner_steps_factor`` times it, and for each H the run's codec, then each allowed smaller codec
-(``planner_codecs``) from largest to smallest: a lighter codec is tried before a longer round. The
-plan is the first candidate within ``comm_budget`` (the last one when none is). H is one for the
+(``planner_codecs``) from largest to smallest: a lighter codec is tried before a longer round. Then,
+where ``overlap_budget`` > 0, the same again with the exchange behind the next round: the holders
+(path peers) go on training while it runs and apply it a step after it returns, so it blocks nothing
+but costs staleness (the steps taken on the global copy it replaces), which ``overlap_budget`` bounds
+as a share of a round. A blocking exchange within ``comm_budget`` is preferred at any H: staleness
+is a cost in quality, a longer round only in how often modules meet. The
+plan is the first candidate within its budget (the last one when none is). H is one for the
 lattice (:func:`lattice_h`): each module is planned alone first, then every module again with the
 largest H of those as the least it may have, so a module whose own links would allow a shorter
 round gets the lattice's H and the codec that fits it. Hysteresis: the
@@ -59,13 +64,21 @@ class ModulePlan:
     reason: str = ""
     decided_at: float = 0.0
     """Wall-clock time of the decision."""
+    overlap: bool = False
+    """The holders' exchanges of the module's rounds run behind their next round's steps (a path
+    peer's overlap mode) instead of blocking them: where no H and codec allowed keeps the exchange
+    within ``comm_budget``."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModulePlan":
-        return cls(**d)
+        return cls(**d)  # a plan stored before ``overlap`` existed reads as one without it
+
+    @property
+    def label(self) -> str:
+        return _label(self.inner_steps, self.codec, self.overlap)
 
 
 @dataclass(frozen=True)
@@ -95,15 +108,23 @@ def allowed_codecs(run: RunConfig, settings: CoordinatorSettings) -> list[str]:
     return [base] + sorted(extra, key=lambda c: (-codec_spec(c).encoded_size(1 << 20), c))
 
 
-def candidates(run: RunConfig, settings: CoordinatorSettings) -> list[tuple[int, str]]:
-    """(H, codec) in order of preference (see the module docstring)."""
+def candidates(run: RunConfig, settings: CoordinatorSettings) -> list[tuple[int, str, bool]]:
+    """(H, codec, overlap) in order of preference (see the module docstring): every H and codec with
+    the exchange waited for, then, where ``overlap_budget`` allows it, the same behind the next round."""
     codecs = allowed_codecs(run, settings)
     h0 = run.outer.inner_steps
-    out, h = [], h0
+    blocking, h = [], h0
     while h <= h0 * settings.max_inner_steps_factor:
-        out.extend((h, c) for c in codecs)
+        blocking.extend((h, c, False) for c in codecs)
         h *= 2
-    return out
+    return blocking + ([(h, c, True) for h, c, _ in blocking] if settings.overlap_budget > 0 else [])
+
+
+def _budget(option: tuple[int, str, bool], settings: CoordinatorSettings) -> float:
+    """The share of a round a candidate's exchange may take: ``comm_budget`` when training waits for
+    it, ``overlap_budget`` when it runs behind the next round (the share of that round's steps taken
+    on the global copy the exchange is about to replace)."""
+    return settings.overlap_budget if option[2] else settings.comm_budget
 
 
 def _costs(holders: Sequence[HolderLink]) -> list[tuple[float, float, float, HolderLink]]:
@@ -146,10 +167,11 @@ def _share(numel: int, h: int, codec: str, costs: Sequence[tuple[float, float, f
     return worst
 
 
-def _describe(h: int, codec: str, share: float, link: Optional[HolderLink], seconds: float) -> str:
+def _describe(h: int, codec: str, overlap: bool, share: float, link: Optional[HolderLink], seconds: float) -> str:
+    label = _label(h, codec, overlap)
     if link is None:
-        return f"H={h}, {codec}: every holder's exchange under {MIN_SLOW_EXCHANGE_SECONDS:g}s or of unknown rate"
-    what = f"H={h}, {codec}: exchange {share:.0%} of a round"
+        return f"{label}: every holder's exchange under {MIN_SLOW_EXCHANGE_SECONDS:g}s or of unknown rate"
+    what = f"{label}: exchange {share:.0%} of a round"
     overhead = f"{link.overhead_s:.1f}s overhead + bytes, " if link.overhead_s > 0 else ""
     return (f"{what} ({seconds:.1f}s at slowest holder {link.peer_id[-8:]}: {overhead}"
             f"{link.upload_bps * 8e-6:.1f} Mbit/s up, {link.download_bps * 8e-6:.1f} down)")
@@ -172,47 +194,50 @@ def plan_module(
     (None: the run's H and codec, never planned); ``module_round``: the highest round its holders
     reported; ``h_floor``: the least H a candidate may have (the H other modules need: see
     :func:`lattice_h`)."""
-    budget, slack = settings.comm_budget, settings.plan_hysteresis
+    slack = settings.plan_hysteresis
     options = candidates(run, settings)
     if h_floor:
         options = [o for o in options if o[0] >= h_floor] or [o for o in options if o[0] == options[-1][0]]
-    now_h, now_codec = (current.inner_steps, current.codec) if current else (run.outer.inner_steps, run.outer.codec)
+    now_option = ((current.inner_steps, current.codec, current.overlap) if current
+                  else (run.outer.inner_steps, run.outer.codec, False))
     if current is not None and module_round < current.from_round:
-        return None, f"{_label(now_h, now_codec)} from round {current.from_round} (module at round {module_round})"
+        return None, f"{_label(*now_option)} from round {current.from_round} (module at round {module_round})"
     if not holders:
-        return None, f"{_label(now_h, now_codec)}: no holder"
+        return None, f"{_label(*now_option)}: no holder"
     stale = sum(1 for link in holders if not link.follows_plans)
     if stale:  # a holder that ignores plans encodes with the run's codec whatever a plan says
-        options = [(h, c) for h, c in options if c == run.outer.codec]
+        options = [o for o in options if o[1] == run.outer.codec]
     costs = _costs(holders)
-    exempted = [_share(numel, h, c, costs, run, settings) for h, c in options]
-    shares = [_share(numel, h, c, costs, run, settings, exempt=False) for h, c in options]
+    exempted = [_share(numel, h, c, costs, run, settings) for h, c, _ in options]
+    shares = [_share(numel, h, c, costs, run, settings, exempt=False) for h, c, _ in options]
+    budgets = [_budget(o, settings) for o in options]
     # a new plan is the first candidate whose whole exchange fits; the exemption only keeps a plan
-    best = next((i for i, s in enumerate(shares) if s[0] <= budget),
-                next((i for i, s in enumerate(exempted) if s[0] <= budget), len(options) - 1))
-    here = options.index((now_h, now_codec)) if (now_h, now_codec) in options else None
+    best = next((i for i, s in enumerate(shares) if s[0] <= budgets[i]),
+                next((i for i, s in enumerate(exempted) if s[0] <= budgets[i]), len(options) - 1))
+    here = options.index(now_option) if now_option in options else None
     if here is None and stale:
         why = (f"{stale} holder(s) of an older release ignore plans, so the codec is the run's; "
                f"{_describe(*options[best], *shares[best])}")
-    elif here is None and h_floor > now_h:
+    elif here is None and h_floor > now_option[0]:
         why = (f"the lattice's modules need H={options[0][0]} (a peer's modules end a round together); "
                f"{_describe(*options[best], *shares[best])}")
     elif here is None:
         why = f"the allowed H and codecs changed; {_describe(*options[best], *shares[best])}"
-    elif exempted[here][0] > budget * (1 + slack):
-        why = (f"{_describe(now_h, now_codec, *exempted[here])} passes the budget {budget:.0%}; "
+    elif exempted[here][0] > budgets[here] * (1 + slack):
+        why = (f"{_describe(*now_option, *exempted[here])} passes the budget {budgets[here]:.0%}; "
                f"{_describe(*options[best], *shares[best])}")
-        if shares[best][0] > budget:
+        if shares[best][0] > budgets[best]:
             why += " (the least the allowed H and codecs reach)"
-    elif (shorter := next((i for i in range(here) if shares[i][0] <= budget * (1 - slack)), None)) is not None:
+    elif (shorter := next((i for i in range(here) if shares[i][0] <= budgets[i] * (1 - slack)), None)) is not None:
         best = shorter
         why = f"links allow a shorter or finer exchange: {_describe(*options[best], *shares[best])}"
     else:
-        return None, f"keeps {_describe(now_h, now_codec, *exempted[here])} (budget {budget:.0%})"
-    h, codec = options[best]
-    if (h, codec) == (now_h, now_codec):
-        return None, f"keeps {_describe(now_h, now_codec, *exempted[best])} (budget {budget:.0%})"
-    plan = ModulePlan(module_id, h, codec, module_round + lead_rounds(now_h, holders, run, settings), why, now)
+        return None, f"keeps {_describe(*now_option, *exempted[here])} (budget {budgets[here]:.0%})"
+    if options[best] == now_option:
+        return None, f"keeps {_describe(*now_option, *exempted[best])} (budget {budgets[best]:.0%})"
+    h, codec, overlap = options[best]
+    plan = ModulePlan(module_id, h, codec, module_round + lead_rounds(now_option[0], holders, run, settings), why,
+                      now, overlap)
     return plan, why
 
 
@@ -239,8 +264,8 @@ def lead_rounds(h: int, holders: Sequence[HolderLink], run: RunConfig, settings:
     return max(settings.plan_lead_rounds, math.ceil(3 * settings.heartbeat_interval / round_seconds))
 
 
-def _label(h: int, codec: str) -> str:
-    return f"H={h}, {codec}"
+def _label(h: int, codec: str, overlap: bool = False) -> str:
+    return f"H={h}, {codec}" + (", behind the next round" if overlap else "")
 
 
 def held_back_by(numel: int, holders: Sequence[HolderLink], run: RunConfig,

@@ -127,7 +127,7 @@ class Planning:
             if plan is not None:
                 self.plans[m] = [*history[-1:], plan]
                 self._counters["plan_changes"] += 1
-                events.append(f"module {m}: H={plan.inner_steps}, {plan.codec} from round {plan.from_round}: {why}")
+                events.append(f"module {m}: {plan.label} from round {plan.from_round}: {why}")
         self.link_reason = "no holder's link alone holds a module back"
         for peer_id in sorted(laggards) if may_move else ():
             peer = self._peers[peer_id]

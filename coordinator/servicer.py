@@ -271,7 +271,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             reply.assignment.CopyFrom(assignment_to_proto(result.assignment))
         for plan in result.plans:
             reply.plans.add(module_id=plan.module_id, inner_steps=plan.inner_steps, codec=plan.codec,
-                            from_round=plan.from_round, reason=plan.reason)
+                            from_round=plan.from_round, reason=plan.reason, overlap=plan.overlap)
 
     @_rpc
     async def ProbeUpload(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> pb.ProbeUploadResponse:

@@ -87,6 +87,10 @@ class CoordinatorSettings:
     planner_codecs: str = ""
     """Codecs the planner may give a module's exchange besides the run's, comma-separated (e.g.
     "int4"; only those smaller than the run's codec count); '' lets it change only H."""
+    overlap_budget: float = 0.3
+    """Where no H and codec the planner may choose keeps a module's exchange within comm_budget, its
+    holders' exchanges run behind their next round when the exchange takes at most this share of a
+    round (the share of steps taken on the global copy it replaces); 0: never."""
     plan_hysteresis: float = 0.25
     """A module's plan changes only when its exchange passes comm_budget by this share, or when a
     preferred plan fits within this share below it."""
@@ -161,6 +165,8 @@ class CoordinatorSettings:
             raise ConfigError("coordinator.sqlite_synchronous", f"'{self.sqlite_synchronous}' is not FULL, NORMAL or EXTRA")
         if not 0 <= self.plan_hysteresis < 1:
             raise ConfigError("coordinator.plan_hysteresis", f"must be in [0, 1), got {self.plan_hysteresis}")
+        if not 0 <= self.overlap_budget <= 1:  # past a whole round the exchange would hold the next one up too
+            raise ConfigError("coordinator.overlap_budget", f"must be in [0, 1], got {self.overlap_budget}")
         if self.plan_interval <= 0:
             raise ConfigError("coordinator.plan_interval", f"must be > 0, got {self.plan_interval}")
         self.planner_codec_list()

@@ -212,10 +212,12 @@ def _plan_row(plans: list, module_round: int, coord: Any) -> dict[str, Any]:
     """A module's exchange plan as the status shows it: what applies at its current round, and the
     plan decided for a later round (None until one is)."""
     run = coord.run.outer
-    now = {"inner_steps": run.inner_steps, "codec": run.codec, "from_round": 0, "reason": "the run's H and codec"}
+    now = {"inner_steps": run.inner_steps, "codec": run.codec, "overlap": False, "from_round": 0,
+           "reason": "the run's H and codec"}
     upcoming = None
     for p in plans:
-        row = {"inner_steps": p.inner_steps, "codec": p.codec, "from_round": p.from_round, "reason": p.reason}
+        row = {"inner_steps": p.inner_steps, "codec": p.codec, "overlap": p.overlap, "from_round": p.from_round,
+               "reason": p.reason}
         if p.from_round <= module_round:
             now = row
         else:

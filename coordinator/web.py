@@ -282,10 +282,11 @@ def _plans(snap: dict[str, Any]) -> str:
     rows = []
     for m in planned[:PAGE_PLANS]:
         p, nxt = m["plan"], m["plan"]["next"]
-        then = f"H={nxt['inner_steps']}, {e(nxt['codec'])} from round {nxt['from_round']}" if nxt else ""
+        then = (f"H={nxt['inner_steps']}, {e(nxt['codec'])}{', overlapped' if nxt['overlap'] else ''} "
+                f"from round {nxt['from_round']}") if nxt else ""
         why = e(m["plan_reason"] or p["reason"])
         rows.append(f"<tr><td>{e(m['module_id'])}</td><td>{p['inner_steps']}</td><td>{e(p['codec'])}</td>"
-                    f"<td>{p['from_round']}</td><td>{then}</td><td class='why'>{why}</td></tr>")
+                    f"<td>{'yes' if p['overlap'] else 'no'}</td><td>{p['from_round']}</td><td>{then}</td><td class='why'>{why}</td></tr>")
     rest = len(snap["modules"]) - len(planned)
     line = f"<p>{rest} module(s) on the run's H and codec" + (
         f" (planner: {e(snap['modules'][0]['plan_reason'])})" if rest and snap["modules"] and not planned
@@ -293,7 +294,7 @@ def _plans(snap: dict[str, Any]) -> str:
     if not rows:
         return line
     more = f"<p>... {len(planned) - PAGE_PLANS} more in /status.json</p>" if len(planned) > PAGE_PLANS else ""
-    return (f"<table id='plans'><tr><th>module</th><th>H</th><th>codec</th><th>since round</th><th>next</th>"
+    return (f"<table id='plans'><tr><th>module</th><th>H</th><th>codec</th><th>overlapped</th><th>since round</th><th>next</th>"
             f"<th>why</th></tr>{''.join(rows)}</table>{more}{line}")
 
 

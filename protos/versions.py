@@ -69,13 +69,14 @@ class Contract:
 
 
 CONTRACTS: dict[str, Contract] = {c.name: c for c in (
-    Contract("coordinator", (1, 3), "the coordinator's gRPC service (protos/hivepath/coordinator/v1)", {
+    Contract("coordinator", (1, 4), "the coordinator's gRPC service (protos/hivepath/coordinator/v1)", {
         1: ("JoinRequest.peer_version", "JoinRequest.protocols", "JoinResponse.coordinator_version",
             "JoinResponse.protocols", "HeartbeatRequest.peer_version", "HeartbeatResponse.required_version",
             "PeerStatus.version"),
         2: ("HeartbeatRequest.measured_upload_bps", "HeartbeatRequest.measured_download_bps",
             "HeartbeatResponse.plans"),
         3: ("HeartbeatRequest.measured_exchange_overhead_s",),
+        4: ("ModulePlan.overlap",),
     }),
     Contract("dht", (1, 4), "the records peers write to the DHT (peer.network.records, peer.stage.records, "
              "peer.datasync.records)", {

@@ -199,10 +199,12 @@ class ExchangePlan:
     codec: str
     from_round: int
     reason: str = ""
+    overlap: bool = False
+    """The holders' exchanges run behind their next round (a path peer's overlap mode)."""
 
     @classmethod
     def from_proto(cls, m: pb.ModulePlan) -> "ExchangePlan":
-        return cls(m.module_id, m.inner_steps, m.codec, m.from_round, m.reason)
+        return cls(m.module_id, m.inner_steps, m.codec, m.from_round, m.reason, m.overlap)
 
 
 @dataclass(frozen=True)

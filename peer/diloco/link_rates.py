@@ -22,8 +22,11 @@ slow round does not swing it.
 Bytes are not all a round's exchanges cost: matchmaking, round trips between parts and waiting for
 the group's other members block training too, whatever the codec, and on short rounds or long round
 trips they are most of it. :attr:`LinkRates.overhead_s` is that part: the seconds a round's
-exchanges blocked training (:attr:`peer.diloco.RoundReport.wait_seconds`) beyond its bytes at the
-rates above, from rounds whose every module was applied. The planner adds it to each candidate's
+exchanges block training when it waits for them (:attr:`peer.diloco.RoundReport.blocking_seconds`:
+the wait, or for a round whose exchanges ran behind the next one, their length) beyond its bytes at
+the rates above, from rounds whose every module was applied. A round in overlap mode counts what its
+exchanges would have blocked, not the nothing they did: the planner asks what a plan costs, and were
+overlap to read as free, it would leave overlap for the plan it left, back and forth. The planner adds it to each candidate's
 byte time (:mod:`coordinator.planner`): a longer round amortises it, a smaller codec does not.
 
 A peer's first :data:`WARMUP_ROUNDS` rounds count for neither: they wait for the others to arrive,
@@ -78,7 +81,7 @@ class LinkRates:
             return False
         counted = self.observe(report.modules.values())
         if report.applied:
-            self.observe_overhead(report.modules.values(), report.wait_seconds)
+            self.observe_overhead(report.modules.values(), report.blocking_seconds)
         return counted
 
     def observe_overhead(self, modules: Iterable, blocked_seconds: float) -> None:

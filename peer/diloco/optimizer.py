@@ -101,7 +101,10 @@ class DiLoCoOptimizer:
     mode (below) while the averager saw a peer whose steps are far apart in a recent group of one of
     our modules (``shares_with_sparse``), and wait for their exchange again once it saw none for a few
     rounds and nothing is in flight. Such a member ends its round only once it noticed us waiting, and
-    its group then forms on its machine's time: a good part of a round (:attr:`overlapping`).
+    its group then forms on its machine's time: a good part of a round (:attr:`overlapping`). Such a
+    peer also runs its rounds in overlap mode while the coordinator's plan for one of its modules'
+    rounds says so (:meth:`peer.diloco.PlanBook.overlap_at`: no H and codec allowed keeps that
+    module's exchange within the run's communication budget).
 
     The codec is decided once, here: ``outer.codec`` (the run's, as the coordinator's assignment
     carries it) under ``outer.entropy``, resolved to :attr:`codec` (:func:`peer.compression.resolve_codec`,
@@ -296,19 +299,25 @@ class DiLoCoOptimizer:
     def _choose_mode(self) -> None:
         """With ``overlap_beside_sparse``: exchange behind the next round while the averager saw, in a
         recent round of one of our modules, a member whose steps are far apart (a pipeline trainer or
-        stage server, ``NetAverager.shares_with_sparse``). Such a member declares once it noticed us
+        stage server, ``NetAverager.shares_with_sparse``), or while the plan of one of our modules'
+        rounds about to exchange says so. Such a member declares once it noticed us
         waiting and on a machine of its own pace, so its group forms a good part of a round after ours
         would: waiting for it would hold every round of ours up. Back to waiting for the exchange only
         once none is in flight (a step returns one round's report)."""
         if not self.overlap_beside_sparse:
             return
         probe = getattr(self.averager, "shares_with_sparse", None)
-        want = probe is not None and any(probe(mid, st.round_no) for mid, st in self._modules.items())
+        sparse = probe is not None and any(probe(mid, st.round_no) for mid, st in self._modules.items())
+        planned = self.plans is not None and any(self.plans.overlap_at(mid, st.round_no)
+                                                 for mid, st in self._modules.items())
+        want = sparse or planned
         if want == self.overlapping or (not want and self._in_flight_round is not None):
             return
         self.overlapping = want
-        logger.info("round %d on: %s", self.round, "a module is shared with a peer whose steps are far apart: "
-                    "exchanges run behind the next round" if want else "exchanges are waited for again")
+        logger.info("round %d on: %s", self.round,
+                    "exchanges run behind the next round: " + ("a module is shared with a peer whose steps are "
+                                                               "far apart" if sparse else "a module's plan says so")
+                    if want else "exchanges are waited for again")
         rounds = getattr(self.averager, "use_round_policy", None)
         if rounds is not None:
             rounds(wait_for_behind=not want)
@@ -469,24 +478,29 @@ class DiLoCoOptimizer:
         self._launch(st, tokens, self.round_weight(tokens), keep_anchor=False)
         return self._complete(st)
 
-    def _exchange(self, st: HeldModule, round_no: int, sent: Tensor, weight: float, digest: str) -> AverageResult:
+    def _exchange(self, st: HeldModule, round_no: int, sent: Tensor, weight: float,
+                  digest: str) -> tuple[AverageResult, float]:
+        """The module's exchange of ``round_no`` and the seconds it took."""
+        t0 = time.perf_counter()
         try:
-            return self.averager.average(
+            res = self.averager.average(
                 st.module_id, round_no, unflatten(sent, st.outer.global_params), weight,
                 self.codec_for(st.module_id, round_no),
                 self.outer_cfg.round_timeout, digest=digest,
             )
         except Exception as e:  # an exchange failure must not take the training loop or other modules down
             logger.warning("module %s round %d: exchange failed: %r", st.module_id, round_no, e)
-            return AverageResult(None, None, 0, [], 0, 0, reason=f"exchange failed: {e!r}")
+            res = AverageResult(None, None, 0, [], 0, 0, reason=f"exchange failed: {e!r}")
+        return res, time.perf_counter() - t0
 
-    def _report(self, st: HeldModule, round_no: int, tokens: float, res: AverageResult, wait: float) -> ModuleReport:
+    def _report(self, st: HeldModule, round_no: int, tokens: float, res: AverageResult, wait: float,
+                exchange_seconds: float = 0.0) -> ModuleReport:
         if not res.ok:
             logger.info("module %s round %d not applied: %s", st.module_id, round_no, res.reason)
         return ModuleReport(
             st.module_id, round_no, res.ok, res.reason, res.group_size, list(res.peers), res.bytes_sent,
             res.bytes_received, tokens, wait, transfer_seconds=res.transfer_seconds, adopt=res.adopt,
-            ahead=res.ahead, ahead_left=res.ahead_left, link_times=res.link_times,
+            ahead=res.ahead, ahead_left=res.ahead_left, link_times=res.link_times, exchange_seconds=exchange_seconds,
         )
 
     def _launch(self, st: HeldModule, tokens: float, weight: float, keep_anchor: bool) -> None:
@@ -523,7 +537,7 @@ class DiLoCoOptimizer:
                 st.roll_back(pending)
             return ModuleReport(st.module_id, pending.round_no, False, pending.refused, tokens=pending.tokens)
         t0 = time.perf_counter()
-        res = pending.future.result()
+        res, took = pending.future.result()
         wait = time.perf_counter() - t0
         with self._state_lock:  # the post-step global copy and the end of the pending state, atomically
             st.pending = None
@@ -536,7 +550,7 @@ class DiLoCoOptimizer:
             if give_back is not None:  # applied: nothing reads the round's vectors any more, reuse them
                 give_back(res)
             st.adopt_local(pending.anchor)
-        return self._report(st, pending.round_no, pending.tokens, res, wait)
+        return self._report(st, pending.round_no, pending.tokens, res, wait, took)
 
     # -- state ----------------------------------------------------------------------------------
 

@@ -6,6 +6,11 @@ module's group rounds, which every holder counts alike, so all holders switch in
 a group never mixes codecs: replicas stay bit-identical through a switch. The book keeps, per
 module, the plans it was told, oldest first; :meth:`PlanBook.at` answers for a round with the latest
 plan that applies there, or None where none does (the assignment's H and the run's codec hold).
+
+A plan may also say that the module's exchanges run behind the next round (:meth:`PlanBook.overlap_at`):
+a path peer then trains on while they run. That is each member's own affair (a group's mean and
+every replica are the same whether a member waited for it or not), so a peer that does not follow
+it, or follows it a round late, changes nothing for the others.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ class Plan(Protocol):
     codec: str
     from_round: int
     reason: str
+    overlap: bool
 
 
 class PlanBook:
@@ -35,7 +41,7 @@ class PlanBook:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._plans: dict[str, list[tuple[int, int, str, str]]] = {}  # module -> (from_round, H, codec, reason)
+        self._plans: dict[str, list[tuple[int, int, str, bool, str]]] = {}  # module -> (from_round, H, codec, overlap, reason)
         self.version = 0
         """Increases whenever a plan is added: readers may cache what they derived from the book."""
 
@@ -45,12 +51,14 @@ class PlanBook:
         changed = []
         with self._lock:
             for p in plans:
-                entry = (int(p.from_round), int(p.inner_steps), p.codec, p.reason)
+                entry = (int(p.from_round), int(p.inner_steps), p.codec, bool(getattr(p, "overlap", False)), p.reason)
                 known = self._plans.setdefault(p.module_id, [])
-                if entry[:3] in [k[:3] for k in known]:
+                if entry[:4] in [k[:4] for k in known]:
                     continue
                 known[:] = sorted([k for k in known if k[0] != entry[0]] + [entry])[-MAX_PLANS_PER_MODULE:]
-                changed.append(f"module {p.module_id}: H={entry[1]}, {entry[2]} from round {entry[0]} ({p.reason})")
+                behind = ", behind the next round" if entry[3] else ""
+                changed.append(f"module {p.module_id}: H={entry[1]}, {entry[2]}{behind} from round {entry[0]} "
+                               f"({p.reason})")
             if changed:
                 self.version += 1
         return changed
@@ -59,7 +67,16 @@ class PlanBook:
         """(H, codec) for ``module_id``'s round ``round_no``, or None where no plan applies."""
         with self._lock:
             found = None
-            for from_round, h, codec, _ in self._plans.get(module_id, ()):
+            for from_round, h, codec, _, _ in self._plans.get(module_id, ()):
                 if from_round <= round_no:
                     found = (h, codec)
+            return found
+
+    def overlap_at(self, module_id: str, round_no: int) -> bool:
+        """Whether ``module_id``'s plan for round ``round_no`` runs its exchange behind the next round."""
+        with self._lock:
+            found = False
+            for from_round, _, _, overlap, _ in self._plans.get(module_id, ()):
+                if from_round <= round_no:
+                    found = overlap
             return found

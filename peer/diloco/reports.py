@@ -31,6 +31,9 @@ class ModuleReport:
     """Seconds the training loop was blocked waiting on this exchange."""
     transfer_seconds: float = 0.0
     """Seconds the exchange's all-reduce took once its group formed (0: nothing crossed a network)."""
+    exchange_seconds: float = 0.0
+    """Seconds from the exchange's launch to its end (matchmaking, waiting for the group, the
+    all-reduce): what it would block a round that waits for it, whether this one did or not."""
     adopt: str = ""
     """Not applied because the other holders at this round hold another state (a fork): the digest
     (:func:`peer.outer.state_digest`) of the state to re-sync to."""
@@ -70,3 +73,12 @@ class RoundReport:
     @property
     def wait_seconds(self) -> float:
         return sum(m.wait_seconds for m in self.modules.values())
+
+    @property
+    def blocking_seconds(self) -> float:
+        """Seconds the round's exchanges block, or would block, training when it waits for them: the
+        time it waited, or in overlap mode (where it waits for none, as they ran behind the next
+        round's steps) the longest exchange (all of a round's modules exchange at once)."""
+        if not self.overlap:
+            return self.wait_seconds
+        return max((m.exchange_seconds for m in self.modules.values()), default=0.0)

@@ -61,13 +61,15 @@ def test_slowed_rounds_compare_the_slowest_member_with_the_median():
 
 def test_plans_seen_lists_each_planned_plan_once():
     run = {"inner_steps": 10, "codec": "int8", "from_round": 0, "reason": "the run's H and codec"}
-    planned = {"inner_steps": 10, "codec": "int4", "from_round": 12, "reason": "passes the budget"}
+    planned = {"inner_steps": 10, "codec": "int4", "overlap": False, "from_round": 12, "reason": "passes the budget"}
+    behind = {"inner_steps": 80, "codec": "int4", "overlap": True, "from_round": 20, "reason": "passes the budget"}
     statuses = [
         {"modules": [{"module_id": "L0M0", "plan": {**run, "next": None}}]},
         {"modules": [{"module_id": "L0M0", "plan": {**run, "next": planned}}]},
         {"modules": [{"module_id": "L0M0", "plan": {**planned, "next": None}}, {"module_id": "embed"}]},
+        {"modules": [{"module_id": "L0M0", "plan": {**planned, "next": behind}}]},
     ]
-    assert plans_seen(statuses) == [{"module": "L0M0", **planned}]
+    assert plans_seen(statuses) == [{"module": "L0M0", **planned}, {"module": "L0M0", **behind}]
 
 
 def test_unrelayed_connections_are_those_between_namespaces_off_the_relay_ports():

@@ -392,12 +392,13 @@ def test_heartbeat_replies_carry_the_plans_of_the_peers_modules(server):
         mine = info.assignment.module_ids[0]
         others = sorted(set(RUN.lattice.module_ids()) - set(info.assignment.module_ids))
         with server.coordinator._lock:  # as a planning pass would leave them
-            server.coordinator.plans[mine] = [ModulePlan(mine, 20, "int4", 12, "slow holder")]
+            server.coordinator.plans[mine] = [ModulePlan(mine, 20, "int4", 12, "slow holder"),
+                                              ModulePlan(mine, 80, "int4", 30, "slower", overlap=True)]
             if others:
                 server.coordinator.plans[others[0]] = [ModulePlan(others[0], 40, "int4", 3, "not ours")]
         reply = client.heartbeat()
-        assert [(p.module_id, p.inner_steps, p.codec, p.from_round, p.reason) for p in reply.plans] == [
-            (mine, 20, "int4", 12, "slow holder")]
+        assert [(p.module_id, p.inner_steps, p.codec, p.from_round, p.reason, p.overlap) for p in reply.plans] == [
+            (mine, 20, "int4", 12, "slow holder", False), (mine, 80, "int4", 30, "slower", True)]
     finally:
         with server.coordinator._lock:
             server.coordinator.plans.clear()

@@ -92,3 +92,39 @@ def test_round_length_is_the_largest_planned_h_among_the_modules(overlap):
     w.opt.plans = PlanBook()
     w.opt.plans.update([ExchangePlan("L0M0", 6, "int8", 0, "one module's plan")])
     assert w.opt.round_steps() == 6  # the modules without a plan keep 2; the round lasts the longest
+
+
+def test_a_path_peer_exchanges_behind_its_next_round_where_a_plan_says_so_and_replicas_stay_identical():
+    """Worker a's plans run every module of its path behind the next round from round 2 (no H and
+    codec kept its exchanges within the budget); the others have no such plan. a's rounds 0 and 1
+    are waited for, its later ones run behind the next round's steps; every holder of a module ends
+    with the same global copy and momentum, overlapped member or not."""
+    outer = OuterConfig(inner_steps=2, codec="int8", entropy="none", round_timeout=60.0)
+    hub = LocalAverager()
+    workers = []
+    for k, (name, path) in enumerate(PATHS.items()):
+        w = make_worker(name, path, LATTICE, outer, hub.member(name, LATTICE.path_modules(path)), seed=k)
+        w.opt.overlap_beside_sparse = True  # a path peer (peer.node.trainer)
+        w.opt.plans = PlanBook()
+        workers.append(w)
+    a = workers[0]
+    a.opt.plans.update([ExchangePlan(m, 2, "int8", 2, "test plan", overlap=True) for m in a.opt.module_ids])
+    assert not a.opt.plans.overlap_at(a.opt.module_ids[0], 1) and a.opt.plans.overlap_at(a.opt.module_ids[0], 2)
+
+    def train(w):
+        while w.opt.round < 6:  # an overlapped round may take more than H steps (it trains through waits)
+            w.train_step()
+        report = w.opt.flush()
+        if report is not None:
+            w.reports.append(report)
+
+    run_threads([lambda w=w: train(w) for w in workers])
+    assert [r.overlap for r in a.reports] == [False, False, True, True, True, True]
+    assert [r.round for r in a.reports] == list(range(6)) and all(r.applied for r in a.reports)
+    for w in workers[1:]:
+        assert not any(r.overlap for r in w.reports) and [r.round for r in w.reports] == list(range(6))
+    assert_replicas_identical(workers, check_local=False)
+    # an overlapped round says what its exchanges would have blocked: the planner's measure of it
+    assert all(r.blocking_seconds == max(m.exchange_seconds for m in r.modules.values()) > 0 for r in a.reports[2:])
+    for w in workers:
+        w.opt.close()

@@ -154,6 +154,28 @@ def test_rounds_after_the_warm_up_give_the_rates_and_the_overhead_beyond_the_byt
     assert rates.overhead_s == before
 
 
+def test_a_round_exchanged_behind_the_next_one_counts_what_its_exchange_would_have_blocked():
+    """In overlap mode training waits for (next to) nothing: the overhead is the longest exchange's
+    length beyond its bytes, or the planner would read an overlapped plan as free and leave it."""
+    from peer.diloco import RoundReport
+    from peer.diloco.link_rates import WARMUP_ROUNDS
+
+    def round_(exchange: float, overlap: bool) -> RoundReport:
+        mods = {mid: ModuleReport(mid, 0, True, bytes_sent=MB, bytes_received=MB // 2, transfer_seconds=1.0,
+                                  wait_seconds=0.01, exchange_seconds=exchange - k,
+                                  link_times=LinkTimes(0.0, 0.0, up=[(1.0, MB)], down=[(1.0, MB // 2)]))
+                for k, mid in enumerate(("L0M0", "L1M0"))}
+        return RoundReport(0, 10, 1000.0, 5.0, mods, overlap=overlap)
+
+    overlapped, waited = LinkRates(), LinkRates()
+    for rates, overlap in ((overlapped, True), (waited, False)):
+        for _ in range(WARMUP_ROUNDS + 1):
+            rates.observe_round(round_(6.0, overlap))
+    # 2 MiB up at 2 MiB/s and 1 MiB down at 1 MiB/s: 2 s of bytes; the longer exchange took 6 s
+    assert overlapped.overhead_s == pytest.approx(4.0)
+    assert waited.overhead_s == 0.0  # what it waited: 0.02 s, less than the bytes take
+
+
 STALL_S = 8.0
 """The least time one member of the group holds its loop once the other two have passed each other
 their parts of this vector (far longer than they took to do so on an idle machine)."""

@@ -223,18 +223,20 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, lease_remaining_s: _Optional[float] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., drain: _Optional[bool] = ..., drain_reason: _Optional[str] = ..., credential: _Optional[bytes] = ..., required_version: _Optional[str] = ..., plans: _Optional[_Iterable[_Union[ModulePlan, _Mapping]]] = ...) -> None: ...
 
 class ModulePlan(_message.Message):
-    __slots__ = ("module_id", "inner_steps", "codec", "from_round", "reason")
+    __slots__ = ("module_id", "inner_steps", "codec", "from_round", "reason", "overlap")
     MODULE_ID_FIELD_NUMBER: _ClassVar[int]
     INNER_STEPS_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
     FROM_ROUND_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    OVERLAP_FIELD_NUMBER: _ClassVar[int]
     module_id: str
     inner_steps: int
     codec: str
     from_round: int
     reason: str
-    def __init__(self, module_id: _Optional[str] = ..., inner_steps: _Optional[int] = ..., codec: _Optional[str] = ..., from_round: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    overlap: bool
+    def __init__(self, module_id: _Optional[str] = ..., inner_steps: _Optional[int] = ..., codec: _Optional[str] = ..., from_round: _Optional[int] = ..., reason: _Optional[str] = ..., overlap: _Optional[bool] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
     __slots__ = ("lease_id", "peer_id", "reason")
