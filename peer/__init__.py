@@ -1,35 +1,10 @@
 """The volunteer node, one package per subsystem. Each package's ``__init__`` is its API.
 
-Lowest first; a package imports only packages above it in this list (``tests/project/test_layering.py``
-checks it), and all of them may import ``models`` and ``protos``, never ``coordinator``:
-
-==========================  ==========================================================================
-``peer.settings``           every setting of the peer's processes, each declared once (``Setting``)
-``peer.compression``        codecs (``Codec``): quantisers, the entropy stage, sparse top-k, error
-                            feedback, activation codecs; ``resolve_codec``, the one rule that turns a
-                            run's outer config into its codec
-``peer.outer``              DiLoCo's outer step: ``OuterOptimizer``, ``ModuleState``, ``state_digest``
-``peer.network``            identity file, DHT start-up, DHT record schemas, admission credentials
-``peer.coordinator_client`` the coordinator's gRPC client, its replies and errors (no torch)
-``peer.averaging``          averaging one module among its holders: the reduction rule,
-                            matchmaking, partition, all-reduce, state transfer, ``NetAverager``
-``peer.datasync``           a dataset's files between peers: ``Seeder`` (serve and announce what it
-                            holds), ``fetch`` (a path's shards from seeders, every chunk verified,
-                            resumable); same layer as ``averaging``, neither imports the other
-``peer.diloco``             ``DiLoCoOptimizer`` (H inner steps, then an outer round per module),
-                            round reports, re-sync after a missed round
-``peer.stage``              stage mode (SWARM): stage records, wire format, ``StageServer``,
-                            ``StageClient``
-``peer.node``               the long-running processes: ``hivepath peer join`` (``PeerNode``), the
-                            path trainer, the stage runner, the archive, checkpoints, resources,
-                            progress, the local status page, spot notices
-``peer.localnet``           a local network of real ``hivepath`` processes (coordinator, archives,
-                            peers; on loopback or in network namespaces with shaped links and NAT),
-                            its fault injector and the checks of what its processes wrote: the one
-                            harness of the demo, the benchmarks and the tests
-``peer.demo``               ``hivepath demo``: a whole network on one machine, and its report
-``peer.simulator``          ``hivepath train-local``: K DiLoCo workers in one process
-==========================  ==========================================================================
+Its packages are :data:`LAYERS`, lowest first, each with what it holds: a package imports only
+packages of earlier layers (``tests/project/test_layering.py`` reads :data:`LAYERS` and checks every
+import), and all of them may import ``models`` and ``protos``, never ``coordinator``. README.md's
+layout table shows the same rows (:func:`layout_rows`; ``python tests/golden/regen_readme_layout.py``
+writes them, and a test fails when they drift).
 
 Where a decision lives:
 
@@ -57,5 +32,41 @@ Importing ``peer`` alone pulls in neither torch nor hivemind.
 
 __all__ = [
     "settings", "compression", "outer", "network", "coordinator_client", "averaging", "datasync", "diloco", "stage",
-    "node", "localnet", "demo", "simulator",
+    "node", "localnet", "demo", "simulator", "LAYERS", "layout_rows",
 ]
+
+LAYERS: tuple[tuple[tuple[str, str], ...], ...] = (
+    (("settings", "every setting of the peer's processes, each declared once (`Setting`)"),),
+    (("compression", "codecs (`Codec`): quantisers, the entropy stage, sparse top-k, error feedback, activation "
+                     "codecs; `resolve_codec`, the one rule that turns a run's outer config into its codec"),),
+    (("outer", "DiLoCo's outer step and a module's replicated state: `OuterOptimizer`, `ModuleState`, "
+               "`state_digest`"),),
+    (("network", "identity file, DHT start-up, DHT record schemas, admission credentials"),
+     ("coordinator_client", "the coordinator's gRPC client, its replies and errors (no torch)")),
+    (("averaging", "averaging one module among its holders: the reduction rule, matchmaking, partition, "
+                   "all-reduce, state transfer, `NetAverager`"),
+     ("datasync", "a dataset's files between peers: `Seeder` (serve and announce what it holds), `fetch` (a "
+                  "path's shards from seeders, every chunk verified, resumable); neither it nor `averaging` "
+                  "imports the other")),
+    (("diloco", "`DiLoCoOptimizer` (H inner steps, then an outer round per module), round reports, exchange "
+                "plans, re-sync after a missed round"),),
+    (("stage", "stage mode (SWARM): stage records, wire format, `StageServer`, `StageClient`"),),
+    (("node", "the long-running processes: `hivepath peer join` (`PeerNode`), the path trainer, the stage "
+              "runner, the archive, checkpoints, resources, progress, the local status page, spot notices"),),
+    (("localnet", "a local network of real `hivepath` processes (coordinator, archives, peers; on loopback or "
+                  "in network namespaces with shaped links and NAT), its fault injector and the checks of what "
+                  "its processes wrote: the one harness of the demo, the benchmarks and the tests"),),
+    (("demo", "`hivepath demo`: a whole network on one machine, and its report"),
+     ("simulator", "`hivepath train-local`: K DiLoCo workers in one process")),
+)
+"""The packages of ``peer``, lowest first, as (name, what it holds) per layer: a package imports only
+packages of earlier layers; the packages of one layer do not import each other."""
+
+
+def layout_rows() -> list[str]:
+    """README.md's layout table rows of ``peer``'s packages, lowest layer first."""
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    return [f"| `peer/{name}{'.py' if (here / f'{name}.py').is_file() else '/'}` | {what} |"
+            for layer in LAYERS for name, what in layer]

@@ -17,8 +17,8 @@ import threading
 from typing import Any, Callable, Optional
 
 from peer.averaging.compat import wire_key
-from peer.network import (STORE_TIMEOUT, ArchiveRecord, HolderRecord, archive_key, holders_key, to_value,
-                          withdrawal)
+from peer.network import (STORE_TIMEOUT, ArchiveRecord, HolderRecord, OwnExpirations, archive_key, holders_key,
+                          to_value, withdrawal)
 
 __all__ = ["HolderRecords"]
 
@@ -43,10 +43,8 @@ class HolderRecords:
         self._paused: set[str] = set()
         """Modules we announce as held but idle (:meth:`pause`)."""
         self._lock = threading.Lock()
-        self._withdrawn: dict[str, float] = {}
-        """module -> DHT expiration of our last withdrawal of its holder record."""
-        self._expires: dict[str, float] = {}
-        """module -> DHT expiration of the holder record we last stored."""
+        self._stored = OwnExpirations()
+        """The expiration of our last record or withdrawal under each key: the next one there outlives it."""
         self._stopping = threading.Event()
         self._refresher: Optional[threading.Thread] = None
         self._digests = False
@@ -140,8 +138,9 @@ class HolderRecords:
         from hivemind.utils import get_dht_time
 
         record = ArchiveRecord(self.config_hash, self.data_hash, round_no, self._credential())
-        return self.dht.store(archive_key(self.run_id, module_id), to_value(record),
-                              get_dht_time() + self.holder_ttl, subkey=self.peer_id, return_future=True)
+        key = archive_key(self.run_id, module_id)
+        return self.dht.store(key, to_value(record), self._stored.take(key, get_dht_time() + self.holder_ttl),
+                              subkey=self.peer_id, return_future=True)
 
     def forget(self, module_id: str) -> list[tuple[str, int]]:
         """Stop announcing and refreshing ``module_id``; returns the keys of the records we stored for it,
@@ -158,13 +157,11 @@ class HolderRecords:
         """Replace our records under ``keys`` (from :meth:`forget`) by withdrawals that outlive them."""
         from hivemind.utils import get_dht_time
 
-        # a later expiration than the record's own (refreshed to now + holder_ttl) replaces it on every node
-        # later than the record's own expiration (the DHT keeps the value of the later one)
-        expires = max(get_dht_time() + self.holder_ttl, self._expires.get(module_id, 0.0)) + 1.0
-        self._withdrawn[module_id] = expires  # a later hold must outlive it (see _publish)
-        credential = self._credential()
-        await asyncio.gather(*(self.dht.store(k, withdrawal(credential, r, self.config_hash, self.data_hash), expires,
-                                              subkey=self.peer_id, return_future=True) for k, r in keys))
+        # read for a record's lifetime, and past the record's own expiration: it replaces it on every node
+        now, credential = get_dht_time(), self._credential()
+        await asyncio.gather(*(self.dht.store(k, withdrawal(credential, r, self.config_hash, self.data_hash),
+                                              self._stored.take(k, now + self.holder_ttl), subkey=self.peer_id,
+                                              return_future=True) for k, r in keys))
 
     def modules(self) -> list[str]:
         """The modules we hold or archive, sorted."""
@@ -176,12 +173,10 @@ class HolderRecords:
 
         record = HolderRecord(self.config_hash, self.data_hash, round_no, self.throughput, self.bandwidth,
                               self._credential(), digest, idle=module_id in self._paused, wire=wire_key())
-        # held again soon after a withdrawal (a reassignment keeping a module): the DHT keeps the value
-        # of the later expiration, so ours must expire after the withdrawal's
-        expires = max(get_dht_time() + self.holder_ttl, self._withdrawn.get(module_id, 0.0) + 1.0)
-        self._expires[module_id] = expires
-        return self.dht.store(holders_key(self.run_id, module_id), to_value(record),
-                              expires, subkey=self.peer_id, return_future=True)
+        # held again soon after a withdrawal (a reassignment keeping a module): ours expires after it
+        key = holders_key(self.run_id, module_id)
+        return self.dht.store(key, to_value(record), self._stored.take(key, get_dht_time() + self.holder_ttl),
+                              subkey=self.peer_id, return_future=True)
 
     def _publish_bare(self, module_id: str, round_no: int) -> None:
         """Store the record of a round announced without its digest (:meth:`hold`'s ``digest_wait``), unless

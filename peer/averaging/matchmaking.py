@@ -70,12 +70,12 @@ import time
 from typing import Any, Callable, Mapping, Optional
 
 from peer.averaging import group_decision
-from peer.averaging.declaration_push import PUSHED_KEYS, DeclarationPush
+from peer.averaging.declaration_push import DeclarationPush
 from peer.averaging.group_decision import LONE, Gathered, Match, behind_a_formed_group, in_bucket
 from peer.averaging.group_join import Looking
 from peer.averaging.holder_memory import HolderMemory
 from peer.network import (MAX_EXPECTING, ArchiveRecord, CredentialProvider, CredentialVerifier, GroupDeclaration,
-                          HolderRecord, archive_key, group_key, holders_key, is_withdrawal, records_from_value,
+                          HolderRecord, OwnExpirations, archive_key, group_key, holders_key, is_withdrawal, records_from_value,
                           to_value, top_group_key, withdrawal, withdrawn_rounds)
 
 __all__ = ["Matchmaker", "Match", "LONE", "BEHIND_PATIENCE_ROUNDS"]
@@ -130,14 +130,10 @@ class Matchmaker(DeclarationPush):
         """module -> (the peer we last fetched its state from, the round of that state, when)."""
         self._holders = HolderMemory()
         """What our earlier reads of each module's holders said (whom they missed, who vanished, whom we wait for)."""
-        self._declared: dict[str, tuple[str, float]] = {}
-        """module -> (the group key of our last declaration, its DHT expiration)."""
-        self._withdrawn: dict[str, float] = {}
-        """Group key -> the DHT expiration of our withdrawal of a declaration there (:meth:`_give_up`), the
-        last :data:`~peer.averaging.declaration_push.PUSHED_KEYS` keys."""
-        self._top_declared: dict[str, float] = {}
-        """Top group key -> the DHT expiration of our declaration there (:meth:`announce_result` outlives it),
-        the last few rounds only."""
+        self._declared: dict[str, str] = {}
+        """module -> the group key of our last declaration (:meth:`withdraw`)."""
+        self._stored = OwnExpirations()
+        """The expiration of our last value under each group key: the next one there must outlive it."""
         self._grouped: dict[str, tuple[int, frozenset[str]]] = {}
         """module -> (the last round whose group we formed, its other members): at the next round each
         of them is at that round too, whatever its holder record still says (see :meth:`_gather`)."""
@@ -178,7 +174,7 @@ class Matchmaker(DeclarationPush):
         try:
             patience = BEHIND_PATIENCE_ROUNDS * timeout
             looking.expires = self._declaration_expiry(key, timeout)
-            self._declared[module_id] = (key, looking.expires)
+            self._declared[module_id] = key
             # pushed to the live holders at once; the DHT store, slow on a busy host, runs behind our gather
             # a failed store is a warning: the holders it was pushed to have it; the others do not see us
             # this round, as when a store comes too late
@@ -239,12 +235,12 @@ class Matchmaker(DeclarationPush):
                 self._give_up(module_id, looking)
 
     def _declaration_expiry(self, key: str, seconds: float) -> float:
-        """The DHT expiration of a declaration under ``key`` valid ``seconds`` from now: the DHT keeps a
-        subkey's value of the later expiration, so a declaration of a round we gave up before must
-        outlive that try's withdrawal (:meth:`_give_up`)."""
+        """The DHT expiration of a new declaration under ``key`` valid ``seconds`` from now, or later (a
+        declaration of a round we gave up before must outlive that try's withdrawal, :meth:`_give_up`),
+        taken as our last value there at once: a withdrawal decided before the store runs outlives it."""
         from hivemind.utils import get_dht_time
 
-        return max(get_dht_time() + seconds, self._withdrawn.pop(key, -math.inf) + 1.0)
+        return self._stored.take(key, get_dht_time() + seconds)
 
     def _give_up(self, module_id: str, looking: Looking, pushed: bool = True) -> None:
         """Our matchmaking of ``looking``'s round (a module's group, a bucket's, a top or level group) ended
@@ -261,12 +257,7 @@ class Matchmaker(DeclarationPush):
 
         if looking.expires <= get_dht_time():
             return  # nothing of ours under the key is still read
-        expires = looking.expires + 1.0
-        self._withdrawn[looking.key] = expires
-        while len(self._withdrawn) > PUSHED_KEYS:
-            del self._withdrawn[next(iter(self._withdrawn))]
-        if self._declared.get(module_id, ("", 0.0))[0] == looking.key:
-            self._declared[module_id] = (looking.key, expires)  # a drain's withdrawal must outlive this one
+        expires = self._stored.take(looking.key, looking.expires)
         if pushed:
             decl = GroupDeclaration(self.config_hash, self.data_hash, self.bandwidth, self._own_credential(),
                                     looking.digest, wire=self.wire)
@@ -292,8 +283,9 @@ class Matchmaker(DeclarationPush):
 
         decl = GroupDeclaration(self.config_hash, self.data_hash, self.bandwidth, self._own_credential(), digest,
                                 wire=self.wire)
-        self._in_background(self.dht.store(group_key(self.run_id, module_id, round_no), to_value(decl),
-                                           get_dht_time() + timeout, subkey=self.peer_id, return_future=True),
+        key = group_key(self.run_id, module_id, round_no)
+        self._in_background(self.dht.store(key, to_value(decl), self._stored.take(key, get_dht_time() + timeout),
+                                           subkey=self.peer_id, return_future=True),
                             "announcing a full round")
 
     async def form_top_group(self, module_id: str, round_no: int, digest: str, buckets: int, weight: float,
@@ -317,9 +309,6 @@ class Matchmaker(DeclarationPush):
         match: Optional[Match] = None
         try:
             looking.expires = self._declaration_expiry(key, max(1.0, end - time.monotonic()))
-            self._top_declared[key] = looking.expires
-            while len(self._top_declared) > 16:  # of rounds whose top group failed: nothing to state
-                del self._top_declared[next(iter(self._top_declared))]
             await self._declare(looking, frozenset())
             while True:
                 found = await self.dht.get(key, latest=True, return_future=True)
@@ -347,7 +336,6 @@ class Matchmaker(DeclarationPush):
         finally:
             self._stop_looking(looking)
             if match is None or match.group is None:
-                self._top_declared.pop(key, None)
                 self._give_up(module_id, looking, pushed=False)
 
     def announce_result(self, module_id: str, round_no: int, digest: str, result: str, keep: float) -> None:
@@ -359,8 +347,7 @@ class Matchmaker(DeclarationPush):
         from hivemind.utils import get_dht_time
 
         key = top_group_key(self.run_id, module_id, round_no)
-        # the DHT keeps a subkey's value of the later expiration: ours must outlive the declaration's
-        expires = max(get_dht_time() + keep, self._top_declared.pop(key, 0.0) + 1.0)
+        expires = self._stored.take(key, get_dht_time() + keep)  # past our declaration there
         decl = GroupDeclaration(self.config_hash, self.data_hash, self.bandwidth, self._own_credential(), digest,
                                 wire=self.wire, result=result)
         self._in_background(self.dht.store(key, to_value(decl), expires, subkey=self.peer_id, return_future=True),
@@ -383,22 +370,21 @@ class Matchmaker(DeclarationPush):
                        formed: bool = False) -> None:
         """Store (or re-store, when more peers fetched our state meanwhile) our declaration of this round;
         with ``module_id``, also push it to the module's live holders (:meth:`_push`). ``formed``: the
-        group we lead began (:attr:`GroupDeclaration.formed`); stored a second later than the
-        declaration expires, since the DHT keeps a subkey's value of the later expiration."""
+        group we lead began (:attr:`GroupDeclaration.formed`). Stored to expire at ``looking.expires``:
+        the caller takes it (:class:`~peer.network.OwnExpirations`) before, where it decided to store,
+        so that stores decided in turn expire in turn whichever runs first."""
         looking.expecting = expecting
         decl = GroupDeclaration(self.config_hash, self.data_hash, self.bandwidth, self._own_credential(),
                                 looking.digest, tuple(sorted(expecting))[:MAX_EXPECTING], looking.paced, self.wire,
                                 formed=formed, sparse=looking.sparse)
         if module_id:
             self._push(module_id, looking, decl)
-        await self.dht.store(looking.key, to_value(decl), looking.expires + (1.0 if formed else 0.0),
-                             subkey=self.peer_id, return_future=True)
+        await self.dht.store(looking.key, to_value(decl), looking.expires, subkey=self.peer_id, return_future=True)
 
     def _state_formed(self, module_id: str, looking: Looking) -> None:
         """The group we lead for ``looking``'s round began: say so under the round's key (in the
         background), so that holders that declare the round late do not form a second group of it."""
-        if self._declared.get(module_id, ("", 0.0))[0] == looking.key:
-            self._declared[module_id] = (looking.key, looking.expires + 1.0)  # a withdrawal must outlive it
+        looking.expires = self._stored.take(looking.key, looking.expires)  # past the declaration it replaces
         self._in_background(self._declare(looking, looking.expecting, formed=True),
                             "stating that our group formed", logging.WARNING)
 
@@ -429,11 +415,12 @@ class Matchmaker(DeclarationPush):
         members still gathering that round stop counting on us now."""
         from hivemind.utils import get_dht_time
 
-        key, expires = self._declared.pop(module_id, ("", 0.0))
+        key = self._declared.pop(module_id, "")
         self._grouped.pop(module_id, None)
-        if key and expires > get_dht_time():
-            await self.dht.store(key, withdrawal(self._own_credential()), expires + 1.0, subkey=self.peer_id,
-                                 return_future=True)
+        last = self._stored.last(key) if key else None
+        if last is not None and last > get_dht_time():
+            await self.dht.store(key, withdrawal(self._own_credential()), self._stored.take(key, last),
+                                 subkey=self.peer_id, return_future=True)
 
     async def _gather(self, module_id: str, round_no: int, looking: Looking, deadline: float, patience: float,
                       wait_for_behind: bool, bucket: Optional[tuple[int, int]] = None
@@ -550,8 +537,9 @@ class Matchmaker(DeclarationPush):
                 idle = frozenset(p for p, h in records.items() if h.idle)
                 joiners = self._own_joiners(module_id, round_no, patience, bucket) - idle
                 if not joiners <= looking.expecting:  # tell the others whom to wait for
-                    if looking.storing is not None:  # after the first store: the DHT keeps the later one
+                    if looking.storing is not None:  # after the first store
                         await asyncio.wait([looking.storing])
+                    looking.expires = self._stored.take(key, looking.expires)  # past the first: it replaces it
                     await self._declare(looking, looking.expecting | joiners, module_id)
                 rounds = {p: h.round_no for p, h in live.items()}
                 if unread:  # the read may be rounds old: the last round's members went on with us since

@@ -27,6 +27,7 @@ from peer.network.relays import circuit_addrs
 from peer.network.records import (
     MAX_EXPECTING,
     ArchiveRecord,
+    OwnExpirations,
     GroupDeclaration,
     HolderRecord,
     archive_key,
@@ -55,7 +56,7 @@ from peer.network.records import (
 __all__ = [
     "AdmissionValidator", "CredentialProvider", "CredentialVerifier", "DHTOptions", "DHTStartError", "PeerDHT",
     "start_dht", "unwrap_dht", "own_p2p", "Identity", "IdentityError", "IdentityInUseError", "load_or_create_identity",
-    "peer_id_of", "MAX_EXPECTING", "ArchiveRecord", "GroupDeclaration", "HolderRecord", "archive_key", "group_bucket",
+    "peer_id_of", "MAX_EXPECTING", "ArchiveRecord", "OwnExpirations", "GroupDeclaration", "HolderRecord", "archive_key", "group_bucket",
     "group_buckets", "group_key", "top_group_key", "level_group_key", "split_levels",
     "holders_key", "is_peer_id", "is_withdrawal", "parse_record", "read_records", "records_from_value", "refresh_until", "store_within", "STORE_TIMEOUT", "to_value", "withdrawal",
     "withdrawn_rounds", "stamped", "version_problem",

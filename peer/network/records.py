@@ -41,6 +41,8 @@ import hashlib
 import logging
 import math
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, TypeVar
 
@@ -52,6 +54,7 @@ if TYPE_CHECKING:
     from peer.network.credentials import CredentialVerifier
 
 __all__ = [
+    "OwnExpirations",
     "refresh_until",
     "HolderRecord",
     "GroupDeclaration",
@@ -462,6 +465,50 @@ def stamped(record: Any, value: dict[str, Any], optional: tuple[str, ...] = ()) 
     if versions.writes("dht", f"{kind}.{VERSION_FIELD}"):
         value[VERSION_FIELD] = versions.stated_text("dht")
     return value
+
+
+class OwnExpirations:
+    """The DHT expiration of the value we last stored under each key as our subkey (the last ``keep``
+    keys), so that whatever we store there next replaces it.
+
+    hivemind's storage keeps, per subkey, the value of the later expiration and refuses one that
+    expires no later (the same expiration too), whichever arrived last. So a withdrawal must expire
+    after the declaration or record it withdraws, a declaration made again after a withdrawal after
+    that withdrawal, and a declaration stored again with more to say (whom to wait for, that our
+    group began, the round's result digest) after the one before: a value with the same expiration
+    is refused by every node that holds the earlier one. Every store of a subkey value of ours goes
+    through :meth:`take`. Thread-safe."""
+
+    STEP = 0.01
+    """Seconds past our last value's expiration a new value expires when it would not otherwise be later."""
+
+    def __init__(self, keep: int = 1024):
+        self._last: OrderedDict[str, float] = OrderedDict()
+        self._keep = keep
+        self._lock = threading.Lock()
+
+    def after(self, key: str, wanted: float) -> float:
+        """An expiration for a new value under ``key``: ``wanted``, or just past our last value there
+        when that one would outlive it. Records nothing (:meth:`take` does)."""
+        with self._lock:
+            last = self._last.get(key)
+        return wanted if last is None or wanted > last else last + self.STEP
+
+    def take(self, key: str, wanted: float) -> float:
+        """:meth:`after`, recorded as our last value under ``key``: call it just before storing there."""
+        with self._lock:
+            last = self._last.get(key)
+            expires = wanted if last is None or wanted > last else last + self.STEP
+            self._last[key] = expires
+            self._last.move_to_end(key)
+            while len(self._last) > self._keep:
+                self._last.popitem(last=False)
+            return expires
+
+    def last(self, key: str) -> Optional[float]:
+        """The expiration of our last value under ``key`` (None: none recorded)."""
+        with self._lock:
+            return self._last.get(key)
 
 
 STORE_TIMEOUT = 15.0

@@ -10,24 +10,14 @@ from pathlib import Path
 
 import pytest
 
+import peer
 from helpers.procs import ROOT
 from helpers.pysource import parse_files
 
 TOPS = ("peer", "coordinator", "models", "protos", "hivepath")
 
-PEER_LAYERS = (
-    ("settings",),
-    ("compression",),
-    ("outer",),
-    ("network", "coordinator_client"),
-    ("averaging", "datasync"),
-    ("diloco",),
-    ("stage",),
-    ("node",),
-    ("localnet",),
-    ("demo", "simulator"),
-)
-"""The packages of ``peer``, lowest first: a package imports only packages of earlier layers."""
+PEER_LAYERS = tuple(tuple(name for name, _ in layer) for layer in peer.LAYERS)
+"""The packages of ``peer``, lowest first (:data:`peer.LAYERS`): a package imports only packages of earlier layers."""
 
 
 def _module_name(path: Path) -> str:
@@ -99,7 +89,7 @@ def test_peer_packages_import_only_the_layers_below(graph):
     layer = {pkg: i for i, group in enumerate(PEER_LAYERS) for pkg in group}
     on_disk = {p.stem if p.is_file() else p.name for p in (ROOT / "peer").iterdir()
                if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.stem != "__init__")}
-    assert on_disk == set(layer), "every package of peer/ has a layer in PEER_LAYERS (and peer/__init__.py's map)"
+    assert on_disk == set(layer), "every package of peer/ has a layer in peer.LAYERS"
     wrong = []
     for name, deps in graph.items():
         parts = name.split(".")
@@ -111,7 +101,19 @@ def test_peer_packages_import_only_the_layers_below(graph):
                 continue
             if layer[dparts[1]] >= layer[parts[1]]:
                 wrong.append(f"{name} imports {dep}")
-    assert not wrong, "imports against the layering of peer/__init__.py: " + "; ".join(sorted(wrong))
+    assert not wrong, "imports against the layering of peer.LAYERS: " + "; ".join(sorted(wrong))
+
+
+def test_the_readme_shows_the_layer_map():
+    """README.md's layout table lists peer's packages as :data:`peer.LAYERS` does, in its order."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("regen_readme_layout", ROOT / "tests/golden/regen_readme_layout.py")
+    regen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(regen)
+    text = (ROOT / "README.md").read_text()
+    assert regen.with_layout(text) == text, "regenerate it: python tests/golden/regen_readme_layout.py"
+    assert all(row in text for row in peer.layout_rows())
 
 
 def test_peer_and_coordinator_meet_only_through_protos_and_models(graph):

@@ -303,3 +303,38 @@ def test_a_sparse_paced_declaration_round_trips_and_an_older_minor_leaves_the_fl
         versions.set_override(None)
     assert "sparse" not in older and older["paced"] is True
     assert parse_record(GroupDeclaration, PEER, older) == GroupDeclaration("ab12", "", 1.0, paced=True)
+
+
+def test_each_value_we_store_under_a_key_replaces_our_last_one_on_a_real_dht():
+    """hivemind keeps a subkey's value of the later expiration: a declaration stored again with the same
+    expiration (whom to wait for) is refused by the node that holds the first, and so is a withdrawal
+    expiring earlier than what it withdraws. Through OwnExpirations each store expires past the last
+    one, so every value we store in turn is the one the DHT keeps."""
+    from hivemind.utils import get_dht_time
+
+    from peer.network import DHTOptions, OwnExpirations, start_dht
+
+    opts = DHTOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    with start_dht(opts) as a, start_dht(DHTOptions(host_maddrs=opts.host_maddrs, initial_peers=a.maddrs())) as b:
+        key = group_key("tiny", "L0M1", 4)
+        first, again = GroupDeclaration("ab", "", 1.0), GroupDeclaration("ab", "", 1.0, expecting=(PEER,))
+        exp = get_dht_time() + 30
+        # the premise: the same expiration again is refused
+        assert a.dht.store(key, to_value(first), exp, subkey=a.peer_id)
+        assert not a.dht.store(key, to_value(again), exp, subkey=a.peer_id)
+        assert read_records(b.dht, key, GroupDeclaration)[a.peer_id].expecting == ()
+
+        stored = OwnExpirations()
+        other = group_key("tiny", "L0M1", 5)
+        e1 = stored.take(other, exp)
+        assert e1 == exp and a.dht.store(other, to_value(first), e1, subkey=a.peer_id)
+        e2 = stored.take(other, exp)  # the same wish: just past the first
+        assert e2 > e1 and a.dht.store(other, to_value(again), e2, subkey=a.peer_id)
+        assert read_records(b.dht, other, GroupDeclaration)[a.peer_id].expecting == (PEER,)
+        # a withdrawal wished to expire earlier still replaces the declaration; a later wish is kept as is
+        e3 = stored.take(other, exp - 10)
+        assert e3 > e2 and a.dht.store(other, withdrawal(), e3, subkey=a.peer_id)
+        found = b.dht.get(other, latest=True)
+        assert is_withdrawal(found.value[a.peer_id].value)
+        assert stored.after(other, exp + 60) == exp + 60 and stored.last(other) == e3
+        assert stored.last(key) is None
