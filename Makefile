@@ -37,10 +37,12 @@ test-all: setup
 
 # bench.comm, bench.utilization, bench.wire and bench.wire_split need root (network namespaces); without it they print a skip line.
 # bench.quality runs its reduced CPU grid here; `python -m bench.quality --scale full` is the whole grid.
+# bench.planner runs again with the planner allowed to exchange behind the next round (planner_overlap.json).
 # bench.report then regenerates docs/BENCHMARKS.md's tables from the new results.
 bench: setup
 	@for b in $(BENCHES); do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
 	$(PY) -m bench.quality --quick --jobs 2
+	$(PY) -m bench.planner --overlap-budget 0.3
 	$(PY) -m bench.report
 
 protos: setup

@@ -16,9 +16,10 @@ included). The coordinator
 in namespace 0 is dialled directly. Two variants, each on fresh namespaces and processes, measured
 over the same wall time (``--minutes``, from the moment every peer finished 2 rounds):
 
-- **planner**: ``[coordinator] planner = true``, ``planner_codecs = "int4"``: each module's H and codec,
-  and whether its path peers exchange it behind their next round (``overlap_budget``, the default
-  0.3), follow its holders' measured links (``coordinator/planner.py``).
+- **planner**: ``[coordinator] planner = true``, ``planner_codecs = "int4"``: each module's H and codec
+  follow its holders' measured links (``coordinator/planner.py``). With ``--overlap-budget X`` (> 0) the
+  planner may also have a module's path peers exchange it behind their next round (``overlap_budget``;
+  off by default), and the result is ``planner_overlap.json``.
 - **fixed**: ``planner = false``: the run's codec, and H doubled per peer at assignment for a slow link.
 
 Keys:
@@ -44,6 +45,9 @@ Keys:
   bound that includes waiting for the group's slowest). Report.
 - ``replica_max_abs_diff``: over every pair of snapshots of one module at one round, both variants'
   peers (``peer.localnet.checks.replica_diff``, start-up forks left out as ``bench.swarm`` does): target 0.
+- ``tokens_planner_over_fixed``: tokens every peer trained in the window, the planner run's over the
+  fixed run's, the mean over the seeds (``_by_seed`` each seed's). Report: time not blocked is worth
+  what it trains.
 - ``plan_changes``: the planner run's plans, from ``/status.json`` polled every 5 s: ``count``
   (``_plan_changes_total`` at the end, summed over the seeds) and each distinct plan seen (module,
   inner_steps, codec, overlap, from_round, reason, the seed's run). Report.
@@ -280,6 +284,11 @@ def summarize(runs: dict[int, dict[str, dict[str, Any]]]) -> dict[str, Any]:
         out["bpb_planner_vs_fixed"] = round(statistics.mean(diffs.values()), 4)
         out["bpb_planner_vs_fixed_by_seed"] = diffs
         out["bpb_planner_vs_fixed_stdev"] = round(statistics.stdev(diffs.values()), 4) if len(diffs) > 1 else None
+    ratios = {str(s): round(sum(r["planner"]["tokens_by_peer"].values()) / sum(r["fixed"]["tokens_by_peer"].values()), 4)
+              for s, r in runs.items() if "planner" in r and "fixed" in r and sum(r["fixed"]["tokens_by_peer"].values())}
+    if ratios:
+        out["tokens_planner_over_fixed"] = round(statistics.mean(ratios.values()), 4)
+        out["tokens_planner_over_fixed_by_seed"] = ratios
     slowed: dict[str, Any] = {}
     for v in variants:
         parts = [r[v]["rounds_slowed_by_slowest"] for r in runs.values() if v in r]
@@ -300,7 +309,7 @@ def _counted(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def one_variant(name: str, work: Path, data: Any, minutes: float, inner_steps: int, rtt_ms: float,
-                seed: int = 0) -> dict[str, Any]:
+                seed: int = 0, overlap_budget: float = 0.0) -> dict[str, Any]:
     from peer.localnet import NetnsBridge, ProcessGroup, preset_network, wait_for
     from peer.localnet.checks import forked_rounds, replica_diff
 
@@ -321,7 +330,7 @@ def one_variant(name: str, work: Path, data: Any, minutes: float, inner_steps: i
                                        "--map", f"{ns}:{LANE_PORT}=127.0.0.1:{LANE_PORT}"])
         wait_for(lambda: all(f.exists() for f in relay_files), 60, "the relays to listen")
         net = preset_network(procs, work / "net", data.dir, data.manifest_hash, preset="demo", run_id="planner-bench",
-                             inner_steps=inner_steps, coordinator=VARIANTS[name], bridge=bridge)
+                             inner_steps=inner_steps, coordinator=variant_settings(name, overlap_budget), bridge=bridge)
         reseed(net.run_toml, seed)
         net.start_coordinator()
         works = {}
@@ -454,6 +463,20 @@ def final_bpb(roots: Sequence[Path], data: Any, until: float) -> dict[str, Any]:
     return out
 
 
+def variant_settings(name: str, overlap_budget: float = 0.0) -> dict[str, Any]:
+    """The ``[coordinator]`` settings of variant ``name``; ``overlap_budget`` > 0 lets the planner run an
+    exchange behind the next round (the fixed policy plans nothing, so it keeps none)."""
+    settings = dict(VARIANTS[name])
+    if overlap_budget > 0 and settings.get("planner"):
+        settings["overlap_budget"] = overlap_budget
+    return settings
+
+
+def result_name(overlap_budget: float) -> str:
+    """``planner``, or ``planner_overlap`` for a run whose planner may exchange behind the next round."""
+    return "planner_overlap" if overlap_budget > 0 else "planner"
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.planner", description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=5.0, help="measured minutes per variant (default 5)")
@@ -462,7 +485,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--variants", default="planner,fixed", help="which to run (default planner,fixed)")
     ap.add_argument("--seeds", default="0,1,2", help="the run's seeds, a pair of runs each (default 0,1,2)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, checkpoints) and say where")
+    ap.add_argument("--overlap-budget", type=float, default=0.0,
+                    help="the planner run's [coordinator] overlap_budget (default 0: never behind the next round); "
+                         "> 0 writes planner_overlap.json")
     args = ap.parse_args(argv)
+    if not 0 <= args.overlap_budget <= 1:
+        ap.error(f"--overlap-budget {args.overlap_budget}: a share of a round in [0, 1]")
     variants = [v for v in args.variants.split(",") if v]
     if not variants or any(v not in VARIANTS for v in variants):
         ap.error(f"--variants: names among {', '.join(VARIANTS)}")
@@ -477,7 +505,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     why = netns_available()
     if why:
-        emit("planner", {"skipped": why})
+        emit(result_name(args.overlap_budget), {"skipped": why})
         return 0
     from models.data import prepared
 
@@ -488,15 +516,16 @@ def main(argv: Optional[list[str]] = None) -> int:
             for v in variants:
                 log.info("seed %d: %s", seed, v)
                 runs.setdefault(seed, {})[v] = one_variant(v, work / f"seed{seed}" / v, data, args.minutes,
-                                                           args.inner_steps, args.rtt_ms, seed)
+                                                           args.inner_steps, args.rtt_ms, seed, args.overlap_budget)
     result: dict[str, Any] = {
         "seeds": seeds,
         "setup": {"preset": "demo", "inner_steps": args.inner_steps, "minutes": args.minutes, "rtt_ms": args.rtt_ms,
-                  "links": list(RATES), "drop": f"p{DROPPED + 1} to {DROP_RATE} at half the window"},
+                  "links": list(RATES), "drop": f"p{DROPPED + 1} to {DROP_RATE} at half the window",
+                  "overlap_budget": args.overlap_budget},
         **summarize(runs),
         "runs": {str(s): r for s, r in runs.items()},
     }
-    emit("planner", result)
+    emit(result_name(args.overlap_budget), result)
     return 0
 
 

@@ -133,9 +133,14 @@ ROWS: tuple[Row, ...] = tuple(
             ("utilization_planner", "exchange planner: peers' time not blocked on exchanges, uneven links", (">=", 0.9)),
             ("utilization_fixed", "the same with the fixed policy (planner = false)"),
             ("bpb_planner_vs_fixed", "validation bits per byte at equal wall time, planner minus fixed", ("<", 0.0)),
+            ("tokens_planner_over_fixed", "tokens trained at equal wall time, planner over fixed"),
             ("rounds_slowed_by_slowest.planner.share", "share of rounds with a member under half the median link"),
             ("rounds_slowed_by_slowest.fixed.share", "the same with the fixed policy"),
             ("plan_changes.count", "plan changes in the planner run"),
+            ("replica_max_abs_diff", "largest difference between replicas", ("==", 0.0)))
+    + _rows("planner", "planner_overlap",
+            ("utilization_planner", "the planner allowed to exchange behind the next round (overlap_budget 0.3)"),
+            ("bpb_planner_vs_fixed", "bits per byte at equal wall time, planner (overlap allowed) minus fixed"),
             ("replica_max_abs_diff", "largest difference between replicas", ("==", 0.0)))
     + _rows("scale", "scale",
             ("peers_simulated", "joins simulated, admitted and refused together", (">=", 10000)),

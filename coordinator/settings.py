@@ -87,10 +87,12 @@ class CoordinatorSettings:
     planner_codecs: str = ""
     """Codecs the planner may give a module's exchange besides the run's, comma-separated (e.g.
     "int4"; only those smaller than the run's codec count); '' lets it change only H."""
-    overlap_budget: float = 0.3
+    overlap_budget: float = 0.0
     """Where no H and codec the planner may choose keeps a module's exchange within comm_budget, its
-    holders' exchanges run behind their next round when the exchange takes at most this share of a
-    round (the share of steps taken on the global copy it replaces); 0: never."""
+    holders' exchanges may run behind their next round, taking at most this share of a round (the
+    share of steps taken on the global copy it replaces); 0 (the default): never. Worth it where an
+    exchange's own work does not take the training's cores (a GPU peer): on CPU peers it trained no
+    more tokens and a worse model (docs/BENCHMARKS.md, bench.planner)."""
     plan_hysteresis: float = 0.25
     """A module's plan changes only when its exchange passes comm_budget by this share, or when a
     preferred plan fits within this share below it."""

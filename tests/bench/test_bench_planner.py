@@ -84,18 +84,21 @@ def test_unrelayed_connections_are_those_between_namespaces_off_the_relay_ports(
     assert unrelayed(lines, "10.87.0.1") == ["10.87.0.2:54000 -> 10.87.0.5:40000"]
 
 
-def _run(util: float, bpb: float, slowed: tuple[int, int], plans: int = 0, diff: float = 0.0) -> dict:
+def _run(util: float, bpb: float, slowed: tuple[int, int], plans: int = 0, diff: float = 0.0,
+         tokens: tuple[int, ...] = (100, 100)) -> dict:
     count, rounds = slowed
     part = {"count": count, "rounds": rounds, "share": count / rounds}
     return {"utilization": util, "bpb": {"mean": bpb}, "replica_max_abs_diff": diff, "plan_changes_total": float(plans),
+            "tokens_by_peer": {f"p{i + 1}": t for i, t in enumerate(tokens)},
             "plans": [{"module": "L0M0", "inner_steps": 20}] * plans,
             "rounds_slowed_by_slowest": {**part, "measured": {"count": 0, "rounds": rounds, "share": 0.0}}}
 
 
 def test_the_keys_are_over_the_seeds_each_seed_a_paired_difference():
-    runs = {0: {"planner": _run(0.9, 2.0, (1, 10), plans=2), "fixed": _run(0.5, 2.1, (4, 10))},
+    runs = {0: {"planner": _run(0.9, 2.0, (1, 10), plans=2, tokens=(300, 100)), "fixed": _run(0.5, 2.1, (4, 10))},
             1: {"planner": _run(0.95, 2.3, (0, 20), plans=1, diff=1e-3), "fixed": _run(0.6, 2.2, (5, 10))}}
     out = summarize(runs)
+    assert out["tokens_planner_over_fixed_by_seed"] == {"0": 2.0, "1": 1.0} and out["tokens_planner_over_fixed"] == 1.5
     assert out["utilization_planner"] == pytest.approx(0.925) and out["utilization_fixed"] == pytest.approx(0.55)
     assert out["utilization_planner_by_seed"] == {"0": 0.9, "1": 0.95}
     assert out["bpb_planner_vs_fixed_by_seed"] == {"0": -0.1, "1": 0.1}
@@ -106,7 +109,8 @@ def test_the_keys_are_over_the_seeds_each_seed_a_paired_difference():
     assert out["replica_max_abs_diff"] == 1e-3
     assert out["plan_changes"]["count"] == 3 and [p["seed"] for p in out["plan_changes"]["plans"]] == [0, 0, 1]
     one = summarize({0: {"planner": _run(0.9, 2.0, (1, 10))}})  # one variant: no difference, no spread
-    assert "bpb_planner_vs_fixed" not in one and one["utilization_planner"] == 0.9
+    assert "bpb_planner_vs_fixed" not in one and "tokens_planner_over_fixed" not in one
+    assert one["utilization_planner"] == 0.9
 
 
 def test_reseed_changes_the_seed_and_keeps_the_coordinator_table(tmp_path):
@@ -118,3 +122,12 @@ def test_reseed_changes_the_seed_and_keeps_the_coordinator_table(tmp_path):
     reseed(path, 2)
     assert load_run_config(path, ignore_sections=("coordinator",)) == cfg.replace(seed=2)
     assert read_toml(path)["coordinator"] == {"planner": True, "planner_codecs": "int4"}
+
+
+def test_an_overlap_budget_goes_to_the_planner_run_only_and_names_its_own_result():
+    from bench.planner import result_name, variant_settings
+
+    assert variant_settings("planner") == {"planner": True, "planner_codecs": "int4"}
+    assert variant_settings("planner", 0.3) == {"planner": True, "planner_codecs": "int4", "overlap_budget": 0.3}
+    assert variant_settings("fixed", 0.3) == {"planner": False}
+    assert (result_name(0.0), result_name(0.3)) == ("planner", "planner_overlap")

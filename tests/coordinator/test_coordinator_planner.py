@@ -17,6 +17,8 @@ from models.presets import tiny_cpu
 
 RUN = tiny_cpu().replace(data={"manifest_hash": "ab" * 8})  # H=10, int8, batch 8 x 32 tokens
 SETTINGS = CoordinatorSettings(planner_codecs="int4", comm_budget=0.1, plan_hysteresis=0.25, plan_lead_rounds=4)
+OVERLAP = SETTINGS.replace(overlap_budget=0.3)
+"""The planner allowed to run an exchange behind the next round (off by default)."""
 NUMEL = RUN.lattice.module_param_count("L0M0")
 TOKENS_PER_S = 10 * 8 * 32 / 100.0  # a round of the run's H computes 100 s
 
@@ -32,14 +34,15 @@ def holders(*shares: float) -> list[HolderLink]:
 
 
 def test_candidates_try_a_lighter_codec_before_a_longer_round_and_every_blocking_one_before_overlap():
-    options = candidates(RUN, SETTINGS)
+    options = candidates(RUN, OVERLAP)
     assert options[:4] == [(10, "int8", False), (10, "int4", False), (20, "int8", False), (20, "int4", False)]
     assert options[7] == (80, "int4", False) and options[8] == (10, "int8", True)
     assert options[-1] == (80, "int4", True) and len(options) == 16
     # a codec larger than the run's is never a candidate, and without planner_codecs only H changes
     assert {c for _, c, _ in candidates(RUN, SETTINGS.replace(planner_codecs="fp16"))} == {"int8"}
-    # overlap_budget 0: the exchange is always waited for
-    assert not any(o for _, _, o in candidates(RUN, SETTINGS.replace(overlap_budget=0.0)))
+    # overlap_budget 0 (the default): the exchange is always waited for
+    assert CoordinatorSettings().overlap_budget == 0.0
+    assert candidates(RUN, SETTINGS) == options[:8]
 
 
 def test_fast_links_keep_the_runs_h_and_codec():
@@ -63,46 +66,46 @@ def test_a_much_slower_holder_gets_a_longer_round_too():
 
 def test_an_unreachable_budget_takes_the_last_candidate_and_says_so():
     plan, why = plan_module(0.0, "L0M0", NUMEL, holders(50.0), None, 0, RUN, SETTINGS)
-    assert (plan.inner_steps, plan.codec, plan.overlap) == (80, "int4", True)
-    assert "the least the allowed H and codecs reach" in why and "behind the next round" in why
-    plan, why = plan_module(0.0, "L0M0", NUMEL, holders(50.0), None, 0, RUN, SETTINGS.replace(overlap_budget=0.0))
     assert (plan.inner_steps, plan.codec, plan.overlap) == (80, "int4", False)
+    assert "the least the allowed H and codecs reach" in why
+    plan, why = plan_module(0.0, "L0M0", NUMEL, holders(50.0), None, 0, RUN, OVERLAP)
+    assert (plan.inner_steps, plan.codec, plan.overlap) == (80, "int4", True) and "behind the next round" in why
 
 
 def test_an_exchange_no_blocking_plan_fits_runs_behind_the_next_round_at_the_shortest_h_within_overlap_budget():
     """The run's H with int8 is 4 rounds' worth of exchange: int4 at H=80 is still 0.25 of a round,
     past comm_budget (0.1); behind the next round, the first candidate whose exchange is within
     overlap_budget (0.3) of a round is H=80 in int4."""
-    plan, why = plan_module(0.0, "L0M0", NUMEL, holders(4.0), None, 3, RUN, SETTINGS)
+    plan, why = plan_module(0.0, "L0M0", NUMEL, holders(4.0), None, 3, RUN, OVERLAP)
     assert (plan.inner_steps, plan.codec, plan.overlap, plan.from_round) == (80, "int4", True, 3 + 4)
     assert "H=80, int4, behind the next round: exchange 25% of a round" in why
     assert "passes the budget" in why and "least the allowed" not in why
     # a larger overlap budget takes a shorter round (more meetings, each staler)
-    plan, _ = plan_module(0.0, "L0M0", NUMEL, holders(4.0), None, 3, RUN, SETTINGS.replace(overlap_budget=0.6))
+    plan, _ = plan_module(0.0, "L0M0", NUMEL, holders(4.0), None, 3, RUN, OVERLAP.replace(overlap_budget=0.6))
     assert (plan.inner_steps, plan.codec, plan.overlap) == (40, "int4", True)
     # an exchange a blocking plan can hold within the budget is waited for, however long the round
-    plan, _ = plan_module(0.0, "L0M0", NUMEL, holders(1.5), None, 3, RUN, SETTINGS.replace(overlap_budget=0.6))
+    plan, _ = plan_module(0.0, "L0M0", NUMEL, holders(1.5), None, 3, RUN, OVERLAP.replace(overlap_budget=0.6))
     assert (plan.inner_steps, plan.codec, plan.overlap) == (80, "int4", False)
 
 
 def test_an_overlapped_plan_is_kept_within_its_budget_and_left_only_for_a_blocking_plan_well_within_comm_budget():
     current = ModulePlan("L0M0", 80, "int4", 7, "slow", overlap=True)
     # the exchange measured as long as ever (what it would block, not the nothing it did): kept
-    plan, why = plan_module(0.0, "L0M0", NUMEL, holders(4.0), current, 20, RUN, SETTINGS)
+    plan, why = plan_module(0.0, "L0M0", NUMEL, holders(4.0), current, 20, RUN, OVERLAP)
     assert plan is None and why.startswith("keeps H=80, int4, behind the next round") and "(budget 30%)" in why
     # noise over the budget, within the hysteresis: kept; nothing preferred fits well within its own
-    plan, _ = plan_module(0.0, "L0M0", NUMEL, holders(4.8), current, 20, RUN, SETTINGS)
+    plan, _ = plan_module(0.0, "L0M0", NUMEL, holders(4.8), current, 20, RUN, OVERLAP)
     assert plan is None
-    plan, _ = plan_module(0.0, "L0M0", NUMEL, holders(3.0), current, 20, RUN, SETTINGS)
+    plan, _ = plan_module(0.0, "L0M0", NUMEL, holders(3.0), current, 20, RUN, OVERLAP)
     assert plan is None
     # links got faster: a shorter overlapped round, then back to a blocking exchange
-    plan, why = plan_module(0.0, "L0M0", NUMEL, holders(1.5), current, 20, RUN, SETTINGS)
+    plan, why = plan_module(0.0, "L0M0", NUMEL, holders(1.5), current, 20, RUN, OVERLAP)
     assert (plan.inner_steps, plan.codec, plan.overlap) == (40, "int4", True) and why.startswith("links allow")
-    plan, why = plan_module(0.0, "L0M0", NUMEL, holders(0.2), current, 20, RUN, SETTINGS)
+    plan, why = plan_module(0.0, "L0M0", NUMEL, holders(0.2), current, 20, RUN, OVERLAP)
     assert (plan.inner_steps, plan.codec, plan.overlap) == (20, "int4", False) and why.startswith("links allow")
     # past overlap_budget by more than the hysteresis: the longest, lightest overlapped plan
     short = ModulePlan("L0M0", 40, "int4", 7, "slow", overlap=True)
-    plan, why = plan_module(0.0, "L0M0", NUMEL, holders(4.0), short, 20, RUN, SETTINGS)
+    plan, why = plan_module(0.0, "L0M0", NUMEL, holders(4.0), short, 20, RUN, OVERLAP)
     assert (plan.inner_steps, plan.codec, plan.overlap) == (80, "int4", True) and "passes the budget 30%" in why
 
 
@@ -111,13 +114,13 @@ def test_hysteresis_keeps_a_plan_near_the_budget_and_relaxes_only_well_below_it(
     # int4's share just above the budget (within 25 %): kept
     int4 = rate_for(0.11, "int4")
     near = [HolderLink("p", int4, int4, TOKENS_PER_S)]
-    plan, why = plan_module(0.0, "L0M0", NUMEL, near, current, 20, RUN, SETTINGS)
+    plan, why = plan_module(0.0, "L0M0", NUMEL, near, current, 20, RUN, OVERLAP)
     assert plan is None and why.startswith("keeps H=10, int4")
     # int8 would fit at 0.09 of a round, but not within (1 - 0.25) of the budget: kept
-    plan, _ = plan_module(0.0, "L0M0", NUMEL, holders(0.09), current, 20, RUN, SETTINGS)
+    plan, _ = plan_module(0.0, "L0M0", NUMEL, holders(0.09), current, 20, RUN, OVERLAP)
     assert plan is None
     # well below: back to the run's codec
-    plan, why = plan_module(0.0, "L0M0", NUMEL, holders(0.05), current, 20, RUN, SETTINGS)
+    plan, why = plan_module(0.0, "L0M0", NUMEL, holders(0.05), current, 20, RUN, OVERLAP)
     assert (plan.inner_steps, plan.codec, plan.from_round) == (10, "int8", 24) and why.startswith("links allow")
 
 
@@ -132,7 +135,7 @@ def test_an_exchange_near_the_one_second_exemption_does_not_flip_the_plan():
     current, module_round, changes = None, 0, []
     for overhead in [1.05, 0.95] * 6:
         link = [HolderLink("a", fast, fast, tokens_per_s, overhead_s=overhead)]
-        plan, why = plan_module(0.0, "L0M0", NUMEL, link, current, module_round, RUN, SETTINGS)
+        plan, why = plan_module(0.0, "L0M0", NUMEL, link, current, module_round, RUN, OVERLAP)
         if plan is not None:
             changes.append((plan.inner_steps, plan.codec, why))
             current = plan
@@ -141,7 +144,7 @@ def test_an_exchange_near_the_one_second_exemption_does_not_flip_the_plan():
     assert "passes the budget" in changes[0][2]
     # a module whose exchange is truly small at the shorter H still moves back to it
     quick = [HolderLink("a", fast, fast, tokens_per_s, overhead_s=0.05)]
-    plan, why = plan_module(0.0, "L0M0", NUMEL, quick, current, module_round, RUN, SETTINGS)
+    plan, why = plan_module(0.0, "L0M0", NUMEL, quick, current, module_round, RUN, OVERLAP)
     assert plan is not None and (plan.inner_steps, plan.codec) == (10, "int8") and why.startswith("links allow")
 
 

@@ -102,7 +102,7 @@ def test_a_late_leader_that_reads_the_round_began_before_its_group_begins_gives_
     assert leading.group is None and leading.ahead == 4, leading
     assert "began this round's group without us" in leading.reason, leading.reason
     assert following_.group is None, following_  # told the leader gave up: no second group of round 3
-    assert lead._declared["L1M1"][0] == key
+    assert lead._declared["L1M1"] == key
     # it states no group of the round began; it withdraws its declaration of a try that formed none
     wait_for(lambda: late[0][0].peer_id not in _declarations(nodes[0], key), 60, "the late leader's withdrawal")
 
