@@ -75,8 +75,8 @@ from peer.averaging.group_decision import LONE, Gathered, Match, behind_a_formed
 from peer.averaging.group_join import Looking
 from peer.averaging.holder_memory import HolderMemory
 from peer.network import (MAX_EXPECTING, ArchiveRecord, CredentialProvider, CredentialVerifier, GroupDeclaration,
-                          HolderRecord, OwnExpirations, archive_key, group_key, holders_key, is_withdrawal, records_from_value,
-                          to_value, top_group_key, withdrawal, withdrawn_rounds)
+                          HolderRecord, OwnExpirations, archive_key, group_key, holders_key, is_withdrawal,
+                          records_from_value, to_value, top_group_key, withdrawal, withdrawn_rounds)
 
 __all__ = ["Matchmaker", "Match", "LONE", "BEHIND_PATIENCE_ROUNDS"]
 

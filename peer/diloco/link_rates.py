@@ -26,8 +26,9 @@ exchanges block training when it waits for them (:attr:`peer.diloco.RoundReport.
 the wait, or for a round whose exchanges ran behind the next one, their length) beyond its bytes at
 the rates above, from rounds whose every module was applied. A round in overlap mode counts what its
 exchanges would have blocked, not the nothing they did: the planner asks what a plan costs, and were
-overlap to read as free, it would leave overlap for the plan it left, back and forth. The planner adds it to each candidate's
-byte time (:mod:`coordinator.planner`): a longer round amortises it, a smaller codec does not.
+overlap to read as free, it would leave overlap for the plan it left, back and forth. The planner
+adds it to each candidate's byte time (:mod:`coordinator.planner`): a longer round amortises it, a
+smaller codec does not.
 
 A peer's first :data:`WARMUP_ROUNDS` rounds count for neither: they wait for the others to arrive,
 dial the group's members for the first time and open lanes, and a plan made from them would be a

@@ -41,7 +41,8 @@ class PlanBook:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._plans: dict[str, list[tuple[int, int, str, bool, str]]] = {}  # module -> (from_round, H, codec, overlap, reason)
+        # module -> (from_round, H, codec, overlap, reason), oldest first
+        self._plans: dict[str, list[tuple[int, int, str, bool, str]]] = {}
         self.version = 0
         """Increases whenever a plan is added: readers may cache what they derived from the book."""
 
@@ -51,7 +52,7 @@ class PlanBook:
         changed = []
         with self._lock:
             for p in plans:
-                entry = (int(p.from_round), int(p.inner_steps), p.codec, bool(getattr(p, "overlap", False)), p.reason)
+                entry = (int(p.from_round), int(p.inner_steps), p.codec, bool(p.overlap), p.reason)
                 known = self._plans.setdefault(p.module_id, [])
                 if entry[:4] in [k[:4] for k in known]:
                     continue
@@ -63,20 +64,17 @@ class PlanBook:
                 self.version += 1
         return changed
 
+    def _latest(self, module_id: str, round_no: int) -> Optional[tuple[int, int, str, bool, str]]:
+        """The latest plan of ``module_id`` that applies to round ``round_no`` (None: none does)."""
+        with self._lock:
+            return next((e for e in reversed(self._plans.get(module_id, ())) if e[0] <= round_no), None)
+
     def at(self, module_id: str, round_no: int) -> Optional[tuple[int, str]]:
         """(H, codec) for ``module_id``'s round ``round_no``, or None where no plan applies."""
-        with self._lock:
-            found = None
-            for from_round, h, codec, _, _ in self._plans.get(module_id, ()):
-                if from_round <= round_no:
-                    found = (h, codec)
-            return found
+        found = self._latest(module_id, round_no)
+        return None if found is None else (found[1], found[2])
 
     def overlap_at(self, module_id: str, round_no: int) -> bool:
         """Whether ``module_id``'s plan for round ``round_no`` runs its exchange behind the next round."""
-        with self._lock:
-            found = False
-            for from_round, _, _, overlap, _ in self._plans.get(module_id, ()):
-                if from_round <= round_no:
-                    found = overlap
-            return found
+        found = self._latest(module_id, round_no)
+        return found is not None and found[3]

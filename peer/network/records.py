@@ -487,18 +487,20 @@ class OwnExpirations:
         self._keep = keep
         self._lock = threading.Lock()
 
+    def _after(self, key: str, wanted: float) -> float:
+        last = self._last.get(key)
+        return wanted if last is None or wanted > last else last + self.STEP
+
     def after(self, key: str, wanted: float) -> float:
         """An expiration for a new value under ``key``: ``wanted``, or just past our last value there
         when that one would outlive it. Records nothing (:meth:`take` does)."""
         with self._lock:
-            last = self._last.get(key)
-        return wanted if last is None or wanted > last else last + self.STEP
+            return self._after(key, wanted)
 
     def take(self, key: str, wanted: float) -> float:
         """:meth:`after`, recorded as our last value under ``key``: call it just before storing there."""
         with self._lock:
-            last = self._last.get(key)
-            expires = wanted if last is None or wanted > last else last + self.STEP
+            expires = self._after(key, wanted)
             self._last[key] = expires
             self._last.move_to_end(key)
             while len(self._last) > self._keep:
